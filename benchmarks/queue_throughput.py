@@ -1,0 +1,162 @@
+"""Queue throughput: drainpipe's BatchQueue vs queue.Queue (what a user would write) vs a bare deque (the ceiling).
+
+Every scenario runs all three side by side, ``--runs`` times (default 5), interleaved so machine noise hits them
+alike; the table shows medians (items/s, producer start to last item consumed) and the ratios the targets name.
+
+    .venv/bin/python benchmarks/queue_throughput.py [--items 400000] [--runs 5] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from drainpipe import BatchQueue, BatchQueueConfig, PartitionPolicy, ThreadPolicy  # noqa: E402
+
+BUFFER = 10_000
+BATCH = 1_000
+
+
+def make_items(types: int, n: int) -> list:
+    classes = [type(f"T{i}", (), {"__slots__": ()}) for i in range(types)]
+    objs = [c() for c in classes]
+    return [objs[i % types] for i in range(n)], classes
+
+
+def run_producers(producers: int, items: list, produce_one, produce_batch) -> None:
+    chunks = [items[i::producers] for i in range(producers)]
+
+    def work(chunk: list) -> None:
+        if produce_batch is not None:
+            for i in range(0, len(chunk), BATCH):
+                produce_batch(chunk[i:i + BATCH])
+        else:
+            for x in chunk:
+                produce_one(x)
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def bench_drainpipe(items: list, classes: list, producers: int, batched: bool) -> float:
+    consumed = [0]
+
+    def noop(batch: list) -> None:
+        consumed[0] += len(batch)
+
+    q = BatchQueue("bench", BatchQueueConfig(threads=ThreadPolicy.fixed(1), partitions=PartitionPolicy.adaptive(),
+                                             buffer_size=BUFFER))
+    for c in classes:
+        q.add_handler(c, noop)
+    n = len(items)
+    t0 = time.perf_counter()
+    run_producers(producers, items, q.produce, q.produce_many if batched else None)
+    while consumed[0] < n:
+        time.sleep(0.0002)
+    elapsed = time.perf_counter() - t0
+    q.shutdown()
+    assert consumed[0] == n, (consumed[0], n)
+    return n / elapsed
+
+
+def bench_queue_queue(items: list, producers: int, batched: bool) -> float:
+    q: queue.Queue = queue.Queue(maxsize=BUFFER)
+    n = len(items)
+
+    def consumer() -> None:
+        get = q.get
+        for _ in range(n):
+            get()
+
+    c = threading.Thread(target=consumer)
+    c.start()
+    t0 = time.perf_counter()
+    put = q.put
+
+    def put_many(batch: list) -> None:   # what a user would write: put each item
+        for x in batch:
+            put(x)
+
+    run_producers(producers, items, put, put_many if batched else None)
+    c.join()
+    return n / (time.perf_counter() - t0)
+
+
+def bench_deque(items: list, producers: int, batched: bool) -> float:
+    d: deque = deque()
+    n = len(items)
+    consumed = [0]
+
+    def drain() -> None:
+        pop = d.popleft
+        while consumed[0] < n:
+            k = len(d)
+            if k:
+                batch = list(itertools.starmap(pop, itertools.repeat((), k)))
+                consumed[0] += len(batch)
+            else:
+                time.sleep(0.0002)
+
+    c = threading.Thread(target=drain)
+    c.start()
+    t0 = time.perf_counter()
+    run_producers(producers, items, d.append, d.extend if batched else None)
+    c.join()
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--items", type=int, default=400_000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "queue_throughput.json"))
+    args = ap.parse_args()
+
+    rows = []
+    for producers, types, batched in itertools.product((1, 4), (10, 1000), (False, True)):
+        items, classes = make_items(types, args.items)
+        samples: dict[str, list[float]] = {"drainpipe": [], "queue.Queue": [], "deque": []}
+        for _ in range(args.runs):
+            samples["drainpipe"].append(bench_drainpipe(items, classes, producers, batched))
+            samples["queue.Queue"].append(bench_queue_queue(items, producers, batched))
+            samples["deque"].append(bench_deque(items, producers, batched))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        row = {
+            "producers": producers, "types": types, "mode": "produce_many(1000)" if batched else "produce",
+            "drainpipe": med["drainpipe"], "queue_Queue": med["queue.Queue"], "deque": med["deque"],
+            "vs_queue_Queue": med["drainpipe"] / med["queue.Queue"], "vs_deque": med["drainpipe"] / med["deque"],
+            "samples": samples,
+        }
+        rows.append(row)
+        print(f"{producers} prod {types:>4} types {row['mode']:<18} drainpipe {med['drainpipe']/1e6:6.2f}M/s  "
+              f"queue.Queue {med['queue.Queue']/1e6:6.2f}M/s  deque {med['deque']/1e6:6.2f}M/s  "
+              f"x{row['vs_queue_Queue']:.1f} vs Queue  {row['vs_deque']:.2f} of deque", flush=True)
+
+    print()
+    print("| producers | types | mode | drainpipe (M items/s) | queue.Queue | bare deque | vs queue.Queue | vs deque |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['producers']} | {r['types']} | {r['mode']} | {r['drainpipe']/1e6:.2f} | "
+              f"{r['queue_Queue']/1e6:.2f} | {r['deque']/1e6:.2f} | {r['vs_queue_Queue']:.1f}x | {r['vs_deque']:.2f}x |")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                               "items": args.items, "runs": args.runs, "rows": rows}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

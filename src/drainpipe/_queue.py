@@ -1,0 +1,668 @@
+"""BatchQueue: bounded partitions, self-draining tasks, type-based dispatch.
+
+Concurrency rules (who may touch what):
+
+* Producers (any thread) append to partition deques and bump per-partition ``itertools.count`` counters. Both are
+  single C calls, atomic under the GIL, so the common produce path takes no lock. The bound is checked with
+  ``len()`` just before the append, so concurrent producers can overshoot a partition by at most one item each.
+* A drain task runs on one scheduler thread at a time. It marks each cycle in ``_epoch[task]`` (odd while inside
+  a cycle), then drains only the partitions whose ``_owner`` entry names it, taking items with ``popleft`` (each
+  item leaves the deque exactly once) and dispatching them.
+* Every ownership change (rebalance, partition growth, handler removal, shutdown) runs on the queue's control thread
+  (``_control.Controller``): it revokes (owner = -1), fences on ``_epoch`` (waits until each old owner has left the
+  cycle it was in), then assigns. Drain threads never run or wait for control work.
+* Handlers registered with ``add_handler`` are therefore never called concurrently with themselves under the
+  default ``type_hash`` selector (one type, one partition, one owner at a time). With any other selector a type's
+  items may sit in several partitions owned by different tasks, so its handler is additionally guarded by a lock.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from itertools import groupby, repeat, starmap
+from typing import Any, Callable, Iterable
+
+from ._config import BatchQueueConfig
+from ._routing import BufferStrategy, is_type_hash, stable_type_hash
+from ._scheduler import Scheduler, shared_schedulers
+from ._stats import BatchQueueStats, RebalanceResult
+
+log = logging.getLogger("drainpipe.queue")
+
+UNOWNED = -1
+_SLICE_S = 0.05          # a busy task yields to the scheduler after this long (fairness on shared pools)
+_SMALL_BATCH = 64       # a cycle that found fewer items than this waits min_idle_ms before the next
+_on_drain_thread = threading.local()
+
+
+def count_value(counter: itertools.count) -> int:
+    """The next value an ``itertools.count()`` would return: how many times it was advanced."""
+    return int(repr(counter)[6:-1])
+
+
+class _Target:
+    """One handler instance, as the dispatcher calls it."""
+
+    __slots__ = ("consume", "on_idle", "lock", "type")
+
+    def __init__(self, handler: Any, type_: type | None, locked: bool) -> None:
+        consume = getattr(handler, "consume", None)
+        if consume is None:
+            if not callable(handler):
+                raise TypeError(f"handler for {type_!r} must be callable or have consume(batch)")
+            consume = handler
+        self.consume: Callable[[list], None] = consume
+        self.on_idle: Callable[[], None] | None = getattr(handler, "on_idle", None)
+        self.lock = threading.Lock() if locked else None
+        self.type = type_
+
+
+class _Entry:
+    """A registered handler: its type, weight, and the partition(s) it serves.
+
+    ``split`` entries own one handler instance per sub-partition (built by the factory) and spread their type over
+    ``partitions`` by ``key``; plain entries have one target for their one partition.
+    """
+
+    __slots__ = ("type", "weight", "split", "factory", "key", "partitions", "targets", "_single", "_rr")
+
+    def __init__(self, type_: type, handler: Any, weight: float, split: int, key: Callable | None) -> None:
+        self.type = type_
+        self.weight = weight
+        self.split = split
+        self.factory = handler if split else None
+        self.key = key
+        self.partitions: tuple[int, ...] = ()
+        self.targets: dict[int, _Target] = {}
+        self._single: _Target | None = None
+        self._rr = itertools.count()
+
+    def bind(self, partitions: tuple[int, ...], handler: Any, locked: bool) -> None:
+        self.partitions = partitions
+        if self.split:
+            self.targets = {p: _Target(self.factory(), self.type, locked) for p in partitions}
+        else:
+            self._single = _Target(handler, self.type, locked)
+            self.targets = {partitions[0]: self._single}
+
+    def target(self, partition: int) -> _Target:
+        return self._single or self.targets[partition]
+
+    @property
+    def weighted_count(self) -> float:
+        return self.weight * max(1, self.split)
+
+    def route(self, item: Any) -> int:
+        """Sub-partition of an item of a split type (hash of its key, or round-robin without a key)."""
+        parts = self.partitions
+        i = hash(self.key(item)) if self.key is not None else next(self._rr)
+        return parts[i % len(parts)]
+
+
+class _Counters:
+    """Counters written by a single thread (one drain task, or the control thread for the final drain)."""
+
+    __slots__ = ("dispatched", "errors", "no_handler")
+
+    def __init__(self) -> None:
+        self.dispatched = 0
+        self.errors = 0
+        self.no_handler = 0
+
+
+class _DrainTask:
+    """One drain task of a queue: runs cycles until its partitions are empty, then backs off."""
+
+    def __init__(self, queue: BatchQueue, index: int) -> None:
+        self.queue = queue
+        self.index = index
+        self.idle = 0
+        self.counters = _Counters()
+        self.stopped = False            # hard stop: no new cycle starts
+        self.drain_then_stop = False    # shutdown: run until empty, then finish
+        self.finished = threading.Event()
+
+    def run(self) -> float | None:
+        q = self.queue
+        _on_drain_thread.queue = q
+        try:
+            deadline = time.monotonic() + _SLICE_S
+            while not self.stopped:
+                found = q._cycle(self)
+                if not found:
+                    break
+                self.idle = 0
+                if found < _SMALL_BATCH and not self.drain_then_stop:
+                    # A trickle: let a batch accumulate instead of spinning on the GIL against the producers.
+                    return q.config.min_idle_ms / 1000.0
+                if time.monotonic() > deadline:
+                    return 0.0
+            if self.stopped or self.drain_then_stop:
+                self.finished.set()
+                return None
+            cfg = q.config
+            delay_ms = min(cfg.min_idle_ms * (1 << min(self.idle, 30)), cfg.max_idle_ms)
+            self.idle += 1
+            return delay_ms / 1000.0
+        finally:
+            _on_drain_thread.queue = None
+
+
+class BatchQueue:
+    """A partitioned, self-draining batch queue with type-based dispatch. Starts draining immediately.
+
+    Thread-safety: every public method may be called from any thread. ``produce``/``produce_many`` never take a
+    lock on the common path; with ``BLOCKING`` they wait for room. Handlers must not call ``produce`` with
+    ``BLOCKING`` on their own queue (a full partition would wait for the very thread that is producing).
+    """
+
+    def __init__(self, name: str, config: BatchQueueConfig) -> None:
+        from ._control import Controller   # the control thread operates on this queue's internals
+
+        if not isinstance(name, str) or not name:
+            raise ValueError("queue name must be a non-empty string")
+        config.validate()
+        self._name = name
+        self.config = config
+        self._log = logging.getLogger(f"drainpipe.queue.{name}")
+        self._cap = config.buffer_size
+        self._if_possible = config.strategy is BufferStrategy.IF_POSSIBLE
+        self._type_routing = is_type_hash(config.partition_selector)
+        self._consumer = _Target(config.consumer, None, False) if config.consumer is not None else None
+
+        if config.threads is not None:
+            self._thread_count = config.threads.resolve()
+        else:
+            self._thread_count = 1
+        partitions = config.partitions.resolve(self._thread_count, 0)
+        tasks = self._thread_count if config.threads is not None else 1
+        if tasks > partitions:
+            self._log.warning("queue %r: %d threads for %d partitions; reducing threads to %d",
+                              name, tasks, partitions, partitions)
+            tasks = partitions
+
+        # partition state: lists grown in place (never replaced) by the control thread
+        self._parts: list[deque] = [deque() for _ in range(partitions)]
+        self._conds = [threading.Condition(threading.Lock()) for _ in range(partitions)]
+        self._waiters = [0] * partitions
+        self._produced = [itertools.count() for _ in range(partitions)]
+        self._bulk = [0] * partitions              # produce_many counts, under _bulk_lock
+        self._bulk_lock = threading.Lock()
+        self._dropped_full = itertools.count()
+        self._dropped_early = itertools.count()    # no handler, seen at produce time
+        self._owner = [p % tasks for p in range(partitions)]
+        self._pcount = [partitions]                # published partition count (custom selectors read it)
+        self._part_targets: list[tuple[_Target, ...]] = [() for _ in range(partitions)]
+        self._part_types = [0] * partitions
+
+        # routing (type_hash): type -> partition; split types route through their entry
+        self._routes: dict[type, int] = {}
+        self._split: dict[type, _Entry] = {}
+        self._handlers: dict[type, _Entry] = {}
+        self._home: dict[type, tuple[int, ...]] = {}
+        self._warned: set[type] = set()
+
+        # drain tasks and their cycle epochs (odd = inside a cycle)
+        self._tasks = [_DrainTask(self, i) for i in range(tasks)]
+        self._epoch = [0] * tasks
+        self._assigned: list[tuple[int, ...]] = self._assignment_from_owner()
+        self._final = _Counters()
+
+        # shutdown
+        self._closing = [False]
+        self._close_lock = threading.Lock()
+        self._final_done = False
+        self._retracted = 0
+        self._done = threading.Event()
+
+        self.produce = self._make_produce()
+
+        self._shared_name = config.shared_scheduler[0] if config.shared_scheduler else None
+        if self._shared_name is not None:
+            self._scheduler = shared_schedulers.acquire(*config.shared_scheduler)
+        else:
+            self._scheduler = Scheduler(name, tasks)
+        self._control = Controller(self)
+        for task in self._tasks:
+            self._scheduler.submit(task)
+
+    # ------------------------------------------------------------------ intake
+
+    def _make_produce(self) -> Callable[[Any], bool]:
+        closing, parts, counters, cap = self._closing, self._parts, self._produced, self._cap
+        full, late = self._produce_full, self._produce_late
+        if self._type_routing:
+            route = self._routes.get
+            slow = self._produce_unrouted
+
+            def produce(item: Any) -> bool:
+                """Put ``item`` into its partition. False after shutdown began, or (IF_POSSIBLE) when full."""
+                if closing[0]:
+                    return False
+                p = route(type(item))
+                if p is None:
+                    return slow(item)
+                buf = parts[p]
+                if len(buf) >= cap:
+                    return full(item, p)
+                buf.append(item)
+                next(counters[p])
+                if closing[0]:
+                    return late(p, (item,)) == 1
+                return True
+        else:
+            select, pcount = self.config.partition_selector, self._pcount
+
+            def produce(item: Any) -> bool:
+                """Put ``item`` into its partition. False after shutdown began, or (IF_POSSIBLE) when full."""
+                if closing[0]:
+                    return False
+                n = pcount[0]
+                p = select(item, n) if n > 1 else 0
+                if not 0 <= p < n:
+                    raise ValueError(f"partition selector returned {p!r} for {n} partitions")
+                buf = parts[p]
+                if len(buf) >= cap:
+                    return full(item, p)
+                buf.append(item)
+                next(counters[p])
+                if closing[0]:
+                    return late(p, (item,)) == 1
+                return True
+        return produce
+
+    def _route_slow(self, item: Any) -> int | None:
+        """Partition of an item the fast route table does not know, or None to drop it (no handler)."""
+        t = type(item)
+        entry = self._split.get(t)
+        if entry is not None:
+            return entry.route(item)
+        if self._consumer is not None:
+            p = stable_type_hash(t) % self._pcount[0]
+            self._routes[t] = p
+            return p
+        next(self._dropped_early)
+        self._warn_no_handler(t)
+        return None
+
+    def _produce_unrouted(self, item: Any) -> bool:
+        p = self._route_slow(item)
+        if p is None:
+            return True   # accepted and dropped for want of a handler (counted, logged once)
+        return self._put_many(p, [item]) == 1
+
+    def _produce_full(self, item: Any, p: int) -> bool:
+        return self._put_many(p, [item]) == 1
+
+    def _put_many(self, p: int, items: list) -> int:
+        """Append ``items`` to partition ``p`` respecting the bound and the strategy; returns how many went in."""
+        buf, cap, n = self._parts[p], self._cap, len(items)
+        done = 0
+        while done < n:
+            room = cap - len(buf)
+            if room > 0:
+                chunk = items[done:done + room] if (done or room < n) else items
+                buf.extend(chunk)
+                self._count_bulk(p, len(chunk))
+                done += len(chunk)
+                continue
+            if self._if_possible:
+                for _ in range(n - done):
+                    next(self._dropped_full)
+                break
+            if not self._wait_for_room(p):
+                break
+        if done and self._closing[0]:
+            return self._produce_late(p, items[:done])
+        return done
+
+    def _count_bulk(self, p: int, n: int) -> None:
+        with self._bulk_lock:
+            self._bulk[p] += n
+
+    def _wait_for_room(self, p: int) -> bool:
+        cond, buf = self._conds[p], self._parts[p]
+        with cond:
+            self._waiters[p] += 1
+            try:
+                while len(buf) >= self._cap:
+                    if self._closing[0]:
+                        return False
+                    cond.wait(0.05)
+            finally:
+                self._waiters[p] -= 1
+        return not self._closing[0]
+
+    def _produce_late(self, p: int, items: tuple | list) -> int:
+        """An append that raced with shutdown: keep what the final drain will see, take back the rest."""
+        with self._close_lock:
+            if not self._final_done:
+                return len(items)   # the final drain has not run: it dispatches these
+            buf, kept = self._parts[p], len(items)
+            for item in items:
+                for i in range(len(buf) - 1, -1, -1):
+                    if buf[i] is item:
+                        del buf[i]
+                        self._retracted += 1
+                        kept -= 1
+                        break
+            return kept
+
+    def produce_many(self, items: Iterable[Any]) -> int:
+        """Produce every item (same rules as ``produce``, item by item); returns how many were accepted.
+
+        Items are grouped by partition first, so each partition is extended once per call.
+        """
+        if self._closing[0]:
+            return 0
+        if not isinstance(items, list):
+            items = list(items)
+        if not items:
+            return 0
+        groups: dict[int, list] = {}
+        accepted = 0
+        if self._type_routing:
+            for t, run in self._by_type(items):
+                p = self._routes.get(t)
+                if p is None:
+                    for item in run:
+                        q = self._route_slow(item)
+                        if q is None:
+                            accepted += 1
+                        else:
+                            groups.setdefault(q, []).append(item)
+                elif p in groups:
+                    groups[p].extend(run)
+                else:
+                    groups[p] = run
+        else:
+            n = self._pcount[0]
+            select = self.config.partition_selector
+            for item in items:
+                p = select(item, n) if n > 1 else 0
+                if not 0 <= p < n:
+                    raise ValueError(f"partition selector returned {p!r} for {n} partitions")
+                groups.setdefault(p, []).append(item)
+        for p, g in groups.items():
+            accepted += self._put_many(p, g)
+        return accepted
+
+    @staticmethod
+    def _by_type(items: list) -> Iterable[tuple[type, list]]:
+        """Items grouped by exact type, in order within each type. A homogeneous batch costs one C-level pass."""
+        types = list(map(type, items))
+        first = types[0]
+        if types.count(first) == len(types):
+            return ((first, items),)
+        buckets: dict[type, list] = {}
+        for t, x in zip(types, items):
+            b = buckets.get(t)
+            if b is None:
+                buckets[t] = [x]
+            else:
+                b.append(x)
+        return buckets.items()
+
+    def _warn_no_handler(self, t: type) -> None:
+        if t not in self._warned:
+            self._warned.add(t)
+            self._log.warning("queue %r: no handler for %s; its items are dropped", self._name, t.__qualname__)
+
+    # ------------------------------------------------------------------ drain
+
+    def _cycle(self, task: _DrainTask) -> int:
+        """One drain cycle of ``task``: take everything it owns, dispatch it; on_idle when there was nothing."""
+        t = task.index
+        epoch = self._epoch
+        epoch[t] += 1                      # odd: inside a cycle (published before any ownership read)
+        try:
+            if task.stopped:
+                return 0
+            owner, parts = self._owner, self._parts
+            drained = []
+            for p in self._assigned[t]:
+                if owner[p] != t:
+                    continue
+                buf = parts[p]
+                n = len(buf)
+                if n:
+                    drained.append((p, list(starmap(buf.popleft, repeat((), n)))))
+                    if self._waiters[p]:
+                        self._notify_room(p)
+            if drained:
+                return self._dispatch(drained, task.counters)
+            self._idle(t)
+            return 0
+        finally:
+            epoch[t] += 1
+
+    def _notify_room(self, p: int) -> None:
+        cond = self._conds[p]
+        with cond:
+            cond.notify_all()
+
+    def _dispatch(self, drained: list[tuple[int, list]], counters: _Counters) -> int:
+        """Hand drained items to the consumer, or group them by exact type: one call per handler instance."""
+        total = 0
+        if self._consumer is not None:
+            batch = drained[0][1] if len(drained) == 1 else [x for _, items in drained for x in items]
+            self._invoke(self._consumer, batch, counters)
+            return len(batch)
+        handlers = self._handlers
+        calls: dict[_Target, list] = {}
+        for p, items in drained:
+            total += len(items)
+            for typ, run in groupby(items, type):
+                entry = handlers.get(typ)
+                if entry is None:
+                    counters.no_handler += sum(1 for _ in run)
+                    self._warn_no_handler(typ)
+                    continue
+                target = entry.target(p)
+                batch = calls.get(target)
+                if batch is None:
+                    calls[target] = list(run)
+                else:
+                    batch.extend(run)
+        for target, batch in calls.items():
+            self._invoke(target, batch, counters)
+        return total
+
+    def _invoke(self, target: _Target, batch: list, counters: _Counters) -> None:
+        counters.dispatched += len(batch)
+        try:
+            if target.lock is None:
+                target.consume(batch)
+            else:
+                with target.lock:
+                    target.consume(batch)
+        except BaseException as exc:   # the queue survives any handler error
+            counters.errors += 1
+            self._report_error(batch, exc)
+
+    def _report_error(self, batch: list, exc: BaseException) -> None:
+        handler = self.config.error_handler
+        if handler is None:
+            self._log.error("queue %r: handler failed on %d items: %r", self._name, len(batch), exc,
+                            exc_info=exc)
+            return
+        try:
+            handler(batch, exc)
+        except BaseException:
+            self._log.exception("queue %r: error_handler failed", self._name)
+
+    def _idle(self, t: int) -> None:
+        """on_idle of the consumer, or of each handler on a partition this task owns."""
+        if self._consumer is not None:
+            targets: Iterable[_Target] = (self._consumer,)
+        else:
+            owner = self._owner
+            targets = [tg for p in self._assigned[t] if owner[p] == t for tg in self._part_targets[p]]
+        for target in targets:
+            if target.on_idle is None:
+                continue
+            try:
+                if target.lock is None:
+                    target.on_idle()
+                else:
+                    with target.lock:
+                        target.on_idle()
+            except BaseException as exc:
+                self._report_error([], exc)
+
+    def _final_drain(self) -> None:
+        """Dispatch everything still buffered, once (control thread, after every drain task has stopped)."""
+        with self._close_lock:
+            drained = []
+            for p, buf in enumerate(self._parts):
+                n = len(buf)
+                if n:
+                    drained.append((p, list(starmap(buf.popleft, repeat((), n)))))
+            if drained:
+                self._dispatch(drained, self._final)
+            self._final_done = True
+
+    def _assignment_from_owner(self) -> list[tuple[int, ...]]:
+        per: list[list[int]] = [[] for _ in self._tasks]
+        for p, t in enumerate(self._owner):
+            if t >= 0:
+                per[t].append(p)
+        return [tuple(x) for x in per]
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def is_running(self) -> bool:
+        return not self._closing[0]
+
+    @property
+    def partition_count(self) -> int:
+        return self._pcount[0]
+
+    @property
+    def task_count(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def assigned_partitions(self) -> tuple[tuple[int, ...], ...]:
+        """Partitions per drain task, as last published by the control thread (each partition in one task)."""
+        return tuple(self._assigned)
+
+    @property
+    def rebalancing_enabled(self) -> bool:
+        return self._control.periodic
+
+    def add_handler(self, type_: type, handler: Any, weight: float = 1.0, *, split: int | bool = False,
+                    key: Callable[[Any], Any] | None = None) -> None:
+        """Register ``handler`` for items of exactly ``type_`` (replacing any previous one).
+
+        ``weight`` (> 0) counts toward adaptive partition growth. ``split=True`` (one sub-partition per drain task)
+        or ``split=k`` makes ``handler`` a zero-argument factory: the queue builds one instance per sub-partition
+        and spreads the type over them by ``hash(key(item))`` (round-robin without ``key``), so several threads
+        drain a hot type, each into its own instance; the instances' states must be mergeable. Blocks until the
+        control thread has applied the change (returns at once when called from this queue's drain thread).
+        Raises ValueError for a bad weight/split, RuntimeError after shutdown.
+        """
+        if not isinstance(type_, type):
+            raise ValueError(f"add_handler needs a type, got {type_!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight!r}")
+        if split is True:
+            parts = len(self._tasks)
+        elif split is False or split is None:
+            parts = 0
+        elif isinstance(split, int) and split >= 1:
+            parts = split
+        else:
+            raise ValueError(f"split must be a bool or an int >= 1, got {split!r}")
+        if parts and not callable(handler):
+            raise ValueError("a split handler must be a zero-argument factory of handler instances")
+        if not parts:
+            _Target(handler, type_, False)     # validate the handler's shape now, in the caller
+        self._run_control(self._control.add_handler, type_, handler, float(weight), parts, key)
+
+    def remove_handler(self, type_: type) -> bool:
+        """Unregister the handler of ``type_``; True if there was one. When it returns (called from outside a drain
+        thread) the handler is no longer being called. Items of that type still buffered are dropped and counted."""
+        return bool(self._run_control(self._control.remove_handler, type_))
+
+    def rebalance_now(self) -> RebalanceResult:
+        """Measure throughput since the last measurement and rebalance once, waiting for the handoff to finish."""
+        return self._run_control(self._control.rebalance)
+
+    def _run_control(self, fn: Callable, *args: Any) -> Any:
+        if self._closing[0]:
+            raise RuntimeError(f"queue {self._name!r} is shut down")
+        future = self._control.submit(fn, *args)
+        if getattr(_on_drain_thread, "queue", None) is self:
+            return None   # a drain thread never waits on control work (the control thread may be fencing it)
+        return future.result()
+
+    def stats(self) -> BatchQueueStats:
+        """An immutable snapshot. Counters are exact; buffer usage is a moment's view."""
+        n = self._pcount[0]
+        counters = [t.counters for t in self._tasks] + [self._final]
+        ctl = self._control
+        return BatchQueueStats(
+            name=self._name,
+            buffer_size=self._cap,
+            partition_used_counts=tuple(len(self._parts[p]) for p in range(n)),
+            produced=self.produced_count(),
+            dropped_full=count_value(self._dropped_full),
+            dropped_no_handler=count_value(self._dropped_early) + sum(c.no_handler for c in counters),
+            dispatched=sum(c.dispatched for c in counters),
+            handler_errors=sum(c.errors for c in counters),
+            task_dispatched=tuple(t.counters.dispatched for t in self._tasks),
+            task_partitions=tuple(self._assigned),
+            rebalances=ctl.rebalances,
+            rebalance_state=ctl.state,
+            rebalance_history=tuple(ctl.history),
+        )
+
+    def produced_count(self, partition: int | None = None) -> int:
+        """Items accepted so far (into one partition, or all)."""
+        with self._bulk_lock:
+            bulk = list(self._bulk)
+        ps = range(self._pcount[0]) if partition is None else (partition,)
+        return sum(count_value(self._produced[p]) + bulk[p] for p in ps) - (self._retracted if partition is None else 0)
+
+    def load_history(self) -> list[tuple[float, tuple[int, ...]]]:
+        """Per-interval per-task load samples (time, items per task) recorded by periodic rebalancing."""
+        return list(self._control.load_history)
+
+    def shutdown(self) -> None:
+        """Stop intake, let drain tasks finish (up to ``shutdown_timeout_ms``), then dispatch what is left once.
+
+        The first caller does the work; concurrent callers wait for it; later calls return at once. When it returns
+        no handler of this queue is running and nothing accepted by ``produce`` is lost.
+        """
+        first = False
+        with self._close_lock:
+            if not self._closing[0]:
+                self._closing[0] = True
+                first = True
+        if first:
+            for p in range(len(self._conds)):
+                self._notify_room(p)
+            future = self._control.submit(self._control.shutdown)
+            future.add_done_callback(lambda _: self._done.set())
+        if getattr(_on_drain_thread, "queue", None) is self:
+            return   # called from one of our handlers: waiting here would wait for ourselves
+        self._done.wait()
+
+    def _release_scheduler(self) -> None:
+        if self._shared_name is not None:
+            shared_schedulers.release(self._shared_name)
+        else:
+            self._scheduler.shutdown(wait=threading.current_thread() not in self._scheduler._threads)
+
+    def __repr__(self) -> str:
+        return (f"BatchQueue({self._name!r}, partitions={self.partition_count}, tasks={self.task_count}, "
+                f"running={self.is_running})")

@@ -1,0 +1,1 @@
+"""The drainpipe metrics pipeline: metric definitions, mergeable functions, stores and rendering."""

@@ -1,0 +1,471 @@
+"""Metric and top-N definitions: the data model, the built-in default set and the TOML loader.
+
+Contract (``/work/shared/design/PIPELINE.md``, "Metric definitions"):
+
+* A metric is ``name`` (unique, ``[a-z0-9_]+``), ``scope`` (service | instance | endpoint), ``function``
+  (count cpm sum avg min max sla apdex percentile), ``field`` (only for sum avg min max; a numeric event
+  field), ``threshold_ms`` (apdex only, required there), ``precision_ms`` (percentile only, required there)
+  and an optional ``where`` filter: ``field (==|!=|<|<=|>|>=) literal`` clauses joined by ``and``; literals
+  are numbers, ``true``/``false`` or quoted strings.
+* A top-N is ``name``, ``scope``, ``key`` (a string event field) and ``n``: per entity and 10-minute bucket,
+  the n slowest events by latency_ms desc, ties by key asc, events without a key skipped.
+
+Definitions are frozen dataclasses (hashable, picklable plain data); constructing one validates it and raises
+:class:`DefinitionError` (a ``ValueError``) with a one-line message naming the metric and the problem.
+A ``where`` filter compiles to a :class:`Filter`, plain data whose :meth:`Filter.mask` evaluates it on a
+pyarrow batch with vectorised compute kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "SCOPES",
+    "FUNCTIONS",
+    "FIELD_FUNCTIONS",
+    "EVENT_FIELDS",
+    "NUMERIC_FIELDS",
+    "STRING_FIELDS",
+    "DefinitionError",
+    "Condition",
+    "Filter",
+    "parse_where",
+    "MetricDef",
+    "TopNDef",
+    "Definitions",
+    "DEFAULT_DEFINITIONS",
+    "default_definitions",
+    "parse_definitions",
+    "load_definitions",
+    "signature",
+]
+
+SCOPES: tuple[str, ...] = ("service", "instance", "endpoint")
+FUNCTIONS: tuple[str, ...] = ("count", "cpm", "sum", "avg", "min", "max", "sla", "apdex", "percentile")
+FIELD_FUNCTIONS: frozenset[str] = frozenset({"sum", "avg", "min", "max"})
+#: input event fields and their kinds (the reader's batch schema)
+EVENT_FIELDS: dict[str, str] = {
+    "ts": "number",
+    "service": "string",
+    "instance": "string",
+    "endpoint": "string",
+    "latency_ms": "number",
+    "status": "bool",
+    "db_statement": "string",
+}
+NUMERIC_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "number")
+STRING_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "string")
+
+_NAME_RE = re.compile(r"[a-z0-9_]+\Z")
+
+Literal = Union[str, int, float, bool]
+
+
+class DefinitionError(ValueError):
+    """A metric definition (or definitions file) is invalid; the message is one line."""
+
+
+# --------------------------------------------------------------------------------------------- filters
+
+_OPS: dict[str, str] = {
+    "==": "equal",
+    "!=": "not_equal",
+    "<": "less",
+    "<=": "less_equal",
+    ">": "greater",
+    ">=": "greater_equal",
+}
+
+_TOKEN_RE = re.compile(
+    r"""\s*(?:
+        (?P<op>==|!=|<=|>=|<|>)
+      | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+      | (?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z_0-9.])
+      | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<bad>\S+)
+    )""",
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One ``field op literal`` clause. Null field values never match (SQL semantics)."""
+
+    field: str
+    op: str
+    value: Literal
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.op} {_format_literal(self.value)}"
+
+    def mask(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """Boolean numpy mask, one entry per row of ``batch``."""
+        column = batch.column(self.field)
+        result = getattr(pc, _OPS[self.op])(column, pa.scalar(self.value))
+        if result.null_count:
+            result = pc.fill_null(result, False)
+        if isinstance(result, pa.ChunkedArray):
+            result = result.combine_chunks()
+        return result.to_numpy(zero_copy_only=False)
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A conjunction of :class:`Condition` s (the compiled form of a ``where`` string)."""
+
+    conditions: tuple[Condition, ...]
+
+    def __str__(self) -> str:
+        return " and ".join(str(c) for c in self.conditions)
+
+    def mask(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """Boolean numpy mask of the rows of ``batch`` matching every condition."""
+        result = np.ones(batch.num_rows, dtype=bool)
+        for condition in self.conditions:
+            result &= condition.mask(batch)
+        return result
+
+
+def _format_literal(value: Literal) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _unquote(token: str) -> str:
+    return re.sub(r"\\(.)", r"\1", token[1:-1])
+
+
+def _parse_number(token: str) -> int | float:
+    try:
+        return int(token)
+    except ValueError:
+        return float(token)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    position = 0
+    while position < len(text):
+        match = _TOKEN_RE.match(text, position)
+        if match is None:  # only trailing whitespace is left
+            break
+        kind = match.lastgroup
+        assert kind is not None
+        out.append((kind, match.group(kind)))
+        position = match.end()
+    return out
+
+
+def _check_condition(field: str, op: str, value: Literal) -> None:
+    kind = EVENT_FIELDS.get(field)
+    if kind is None:
+        raise DefinitionError(f"unknown field {field!r} (fields: {', '.join(EVENT_FIELDS)})")
+    if kind == "bool":
+        if not isinstance(value, bool) or op not in ("==", "!="):
+            raise DefinitionError(f"{field} can only be compared with == or != to true or false")
+    elif kind == "number":
+        if isinstance(value, (bool, str)):
+            raise DefinitionError(f"{field} is numeric and must be compared to a number, not {_format_literal(value)}")
+    elif not isinstance(value, str):
+        raise DefinitionError(f"{field} is a string and must be compared to a quoted string, not {_format_literal(value)}")
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_where(text: str) -> Filter:
+    """Compile a ``where`` string; raises :class:`DefinitionError` (without metric context) on bad syntax.
+
+    Grammar: ``clause ("and" clause)*``, ``clause := field op literal``, ``op := == | != | < | <= | > | >=``,
+    ``literal := number | true | false | "string" | 'string'`` (backslash escapes the next character).
+    A pure function; the cache only memoises it.
+    """
+    tokens = _tokens(text)
+    if not tokens:
+        raise DefinitionError("empty where filter")
+    conditions: list[Condition] = []
+    i = 0
+    while True:
+        clause = tokens[i : i + 3]
+        if len(clause) < 3:
+            raise DefinitionError(f"incomplete clause at end of {text!r} (expected: field op literal)")
+        (fkind, field), (okind, op), (lkind, literal) = clause
+        if fkind != "word" or field in ("and", "true", "false"):
+            raise DefinitionError(f"expected a field name, found {field!r}")
+        if okind != "op":
+            raise DefinitionError(f"expected an operator (==, !=, <, <=, >, >=) after {field!r}, found {op!r}")
+        value: Literal
+        if lkind == "str":
+            value = _unquote(literal)
+        elif lkind == "num":
+            value = _parse_number(literal)
+        elif lkind == "word" and literal in ("true", "false"):
+            value = literal == "true"
+        else:
+            raise DefinitionError(f"expected a literal (number, true/false, quoted string) after {field} {op}, found {literal!r}")
+        _check_condition(field, op, value)
+        conditions.append(Condition(field, op, value))
+        i += 3
+        if i == len(tokens):
+            return Filter(tuple(conditions))
+        kind, word = tokens[i]
+        if kind != "word" or word != "and":
+            raise DefinitionError(f"expected 'and' between clauses, found {word!r}")
+        i += 1
+
+
+# --------------------------------------------------------------------------------------------- definitions
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_name(kind: str, name: Any) -> None:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise DefinitionError(f"{kind} name {name!r} is invalid (use [a-z0-9_]+)")
+
+
+def _check_scope(label: str, scope: Any) -> None:
+    if scope not in SCOPES:
+        raise DefinitionError(f"{label}: unknown scope {scope!r} (expected one of {', '.join(SCOPES)})")
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric definition (see the module docstring for the rules); validated on construction."""
+
+    name: str
+    scope: str
+    function: str
+    field: str | None = None
+    threshold_ms: float | None = None
+    precision_ms: float | None = None
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("metric", self.name)
+        label = f"metric {self.name!r}"
+        _check_scope(label, self.scope)
+        if self.function not in FUNCTIONS:
+            raise DefinitionError(f"{label}: unknown function {self.function!r} (expected one of {', '.join(FUNCTIONS)})")
+        self._check_field(label)
+        self._check_parameter(label, "threshold_ms", "apdex")
+        self._check_parameter(label, "precision_ms", "percentile")
+        if self.where is not None:
+            if not isinstance(self.where, str):
+                raise DefinitionError(f"{label}: where must be a string, not {self.where!r}")
+            try:
+                parse_where(self.where)
+            except DefinitionError as exc:
+                raise DefinitionError(f"{label}: bad where {self.where!r}: {exc}") from None
+
+    def _check_field(self, label: str) -> None:
+        if self.function not in FIELD_FUNCTIONS:
+            if self.field is not None:
+                raise DefinitionError(f"{label}: function {self.function!r} takes no field (field is for sum avg min max)")
+            return
+        if self.field is None:
+            raise DefinitionError(f"{label}: function {self.function!r} needs a field (one of {', '.join(NUMERIC_FIELDS)})")
+        if self.field not in EVENT_FIELDS:
+            raise DefinitionError(f"{label}: unknown field {self.field!r} (numeric fields: {', '.join(NUMERIC_FIELDS)})")
+        if self.field not in NUMERIC_FIELDS:
+            raise DefinitionError(f"{label}: field {self.field!r} is not numeric (numeric fields: {', '.join(NUMERIC_FIELDS)})")
+
+    def _check_parameter(self, label: str, parameter: str, function: str) -> None:
+        value = getattr(self, parameter)
+        if self.function != function:
+            if value is not None:
+                raise DefinitionError(f"{label}: {parameter} only applies to {function}, not {self.function}")
+            return
+        if value is None:
+            raise DefinitionError(f"{label}: {function} needs {parameter}")
+        if not _is_number(value) or not value > 0 or value == float("inf"):
+            raise DefinitionError(f"{label}: {parameter} must be a positive number, not {value!r}")
+
+    @property
+    def filter(self) -> Filter | None:
+        """The compiled ``where`` filter, or None."""
+        return None if self.where is None else parse_where(self.where)
+
+
+@dataclass(frozen=True)
+class TopNDef:
+    """A top-N definition: per entity of ``scope`` and 10-minute bucket, the ``n`` slowest keyed events."""
+
+    name: str
+    scope: str = "service"
+    key: str = "db_statement"
+    n: int = 10
+
+    def __post_init__(self) -> None:
+        _check_name("topn", self.name)
+        label = f"topn {self.name!r}"
+        _check_scope(label, self.scope)
+        if self.key not in STRING_FIELDS:
+            raise DefinitionError(f"{label}: key must be a string field ({', '.join(STRING_FIELDS)}), not {self.key!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise DefinitionError(f"{label}: n must be an integer >= 1, not {self.n!r}")
+
+
+Definition = Union[MetricDef, TopNDef]
+
+
+def signature(definition: Definition) -> str:
+    """A canonical one-line description of what a definition computes (everything but its name).
+
+    Stores keep it per name so that states computed by different definitions are never merged.
+    """
+    fields = dataclasses.asdict(definition)
+    fields.pop("name")
+    fields["kind"] = "metric" if isinstance(definition, MetricDef) else "topn"
+    if isinstance(definition, MetricDef) and definition.filter is not None:
+        fields["where"] = str(definition.filter)
+    return json.dumps(fields, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Definitions:
+    """An ordered, name-unique set of metric and top-N definitions."""
+
+    metrics: tuple[MetricDef, ...] = ()
+    topns: tuple[TopNDef, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "topns", tuple(self.topns))
+        seen: set[str] = set()
+        for definition in self.all:
+            if definition.name in seen:
+                raise DefinitionError(f"duplicate name {definition.name!r} (metric and topn names must be unique)")
+            seen.add(definition.name)
+
+    @property
+    def all(self) -> tuple[Definition, ...]:
+        """Metrics then top-Ns, in definition order."""
+        return (*self.metrics, *self.topns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.all)
+
+    def get(self, name: str) -> Definition:
+        """The definition called ``name``; KeyError if there is none."""
+        for definition in self.all:
+            if definition.name == name:
+                return definition
+        raise KeyError(name)
+
+    def select(self, names: Iterable[str]) -> Definitions:
+        """The subset whose names are in ``names`` (order kept); e.g. to skip already-applied metrics."""
+        wanted = set(names)
+        return Definitions(
+            tuple(m for m in self.metrics if m.name in wanted),
+            tuple(t for t in self.topns if t.name in wanted),
+        )
+
+    def __len__(self) -> int:
+        return len(self.metrics) + len(self.topns)
+
+
+def default_definitions() -> Definitions:
+    """The built-in default set of PIPELINE.md: 16 metrics and the ``top_slow_statements`` top-N."""
+    metrics: list[MetricDef] = []
+    for scope in SCOPES:
+        metrics += [
+            MetricDef(f"{scope}_cpm", scope, "cpm"),
+            MetricDef(f"{scope}_resp_time", scope, "avg", field="latency_ms"),
+            MetricDef(f"{scope}_sla", scope, "sla"),
+            MetricDef(f"{scope}_percentile", scope, "percentile", precision_ms=10),
+            MetricDef(f"{scope}_apdex", scope, "apdex", threshold_ms=500),
+        ]
+    metrics.append(MetricDef("service_error_count", "service", "count", where="status == false"))
+    return Definitions(tuple(metrics), (TopNDef("top_slow_statements", "service", "db_statement", 10),))
+
+
+DEFAULT_DEFINITIONS: Definitions = default_definitions()
+
+# --------------------------------------------------------------------------------------------- TOML
+
+_METRIC_KEYS = tuple(f.name for f in dataclasses.fields(MetricDef))
+_TOPN_KEYS = tuple(f.name for f in dataclasses.fields(TopNDef))
+
+
+def _header_lines(text: str, table: str) -> list[int]:
+    """1-based line numbers of the ``[[table]]`` headers, in order."""
+    pattern = re.compile(rf"^\s*\[\[\s*{table}\s*\]\]")
+    return [i + 1 for i, line in enumerate(text.splitlines()) if pattern.match(line)]
+
+
+def _build(kind: str, cls: type, keys: tuple[str, ...], entry: Any) -> Definition:
+    if not isinstance(entry, dict):
+        raise DefinitionError(f"[[{kind}]] must be a table")
+    name = entry.get("name")
+    label = f"{kind} {name!r}" if name is not None else f"{kind} without a name"
+    unknown = sorted(set(entry) - set(keys))
+    if unknown:
+        raise DefinitionError(f"{label}: unknown key {unknown[0]!r} (allowed: {', '.join(keys)})")
+    required = [k for k in keys[:3] if k not in entry] if cls is MetricDef else [k for k in keys[:1] if k not in entry]
+    if required:
+        raise DefinitionError(f"{label}: missing {required[0]}")
+    try:
+        return cls(**entry)
+    except TypeError as exc:  # pragma: no cover - guarded by the key checks above
+        raise DefinitionError(f"{label}: {exc}") from None
+
+
+def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
+    """Parse TOML text (``[[metric]]`` and ``[[topn]]`` tables) into :class:`Definitions`.
+
+    Errors are :class:`DefinitionError` s prefixed with ``source`` and, where known, the line.
+    """
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
+    unknown = sorted(set(document) - {"metric", "topn"})
+    if unknown:
+        raise DefinitionError(f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables)")
+    built: dict[str, list[Definition]] = {"metric": [], "topn": []}
+    for kind, cls, keys in (("metric", MetricDef, _METRIC_KEYS), ("topn", TopNDef, _TOPN_KEYS)):
+        entries = document.get(kind, [])
+        if not isinstance(entries, list):
+            raise DefinitionError(f"{source}: {kind} must be written as [[{kind}]] tables")
+        lines = _header_lines(text, kind)
+        for index, entry in enumerate(entries):
+            try:
+                built[kind].append(_build(kind, cls, keys, entry))
+            except DefinitionError as exc:
+                where = f"{source}:{lines[index]}" if index < len(lines) else source
+                raise DefinitionError(f"{where}: {exc}") from None
+    if not built["metric"] and not built["topn"]:
+        raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
+    try:
+        return Definitions(tuple(built["metric"]), tuple(built["topn"]))  # type: ignore[arg-type]
+    except DefinitionError as exc:
+        raise DefinitionError(f"{source}: {exc}") from None
+
+
+def load_definitions(path: str | Path) -> Definitions:
+    """Read and parse a definitions TOML file; :class:`DefinitionError` if unreadable or invalid."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise DefinitionError(f"{path}: cannot read metric definitions: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise DefinitionError(f"{path}: metric definitions are not UTF-8 text") from None
+    return parse_definitions(text, str(path))

@@ -1,0 +1,863 @@
+"""Reading and validating request events (the input side of the metrics pipeline).
+
+Contract (see ``design/PIPELINE.md``, "Input events"):
+
+* :data:`EVENT_SCHEMA` is the canonical event batch: a :class:`pyarrow.RecordBatch` with
+
+  ============== ========= ==========================================================
+  ``ts``         int64     epoch milliseconds, UTC, in [:data:`TS_MIN`, :data:`TS_MAX`]
+  ``service``    string    non-null, non-empty
+  ``instance``   string    non-null (``""`` when absent)
+  ``endpoint``   string    non-null (``""`` when absent)
+  ``latency_ms`` float64   finite, >= 0
+  ``status``     bool      non-null (``true`` when absent)
+  ``db_statement`` string  nullable (an empty string counts as absent)
+  ============== ========= ==========================================================
+
+* :func:`read_events` reads JSON Lines (``.jsonl``/``.json``/``.ndjson``), CSV (``.csv``), each optionally
+  ``.gz``, and Parquet (``.parquet``), and yields canonical batches. A record that fails validation is
+  rejected: it is counted in :class:`ReadStats` (``read == accepted + rejected`` always; blank lines are
+  neither), written to the :class:`DeadLetter` with a short reason, and reading goes on.
+
+Validation rules (one set, applied to every format):
+
+========================= ===================================================================
+``ts``                    int epoch ms (not bool, not float) or ISO-8601 string (``2026-11-21``,
+                          ``2026-11-21T10:00:00[.fff][Z|+hh:mm|+hhmm|+hh]``; no offset = UTC;
+                          sub-millisecond digits are truncated); must lie in years 0001..9999
+``service``               non-empty string
+``instance``/``endpoint`` string; null/absent -> ``""``
+``latency_ms``            number (int or float, not bool, not a string), finite, >= 0
+``status``                ``true``/``false``, ``0``/``1`` or the strings ``"true"``/``"false"``;
+                          null/absent -> ``true``; anything else is rejected
+``db_statement``          string or null; ``""`` -> null
+========================= ===================================================================
+
+Reject reasons are short, low-cardinality strings: ``invalid JSON``, ``not an object``, ``not UTF-8``,
+``wrong number of columns``, ``bad CSV row``, ``missing field: F``, ``bad type: F``, ``bad value: F``,
+``out of range: F``, ``bad timestamp: ts``.
+
+Two engines apply the rules. Row formats (JSON Lines, CSV) turn each record into plain Python values (CSV
+cells are typed first: see :func:`_csv_values`) and run :func:`_validate_values`. Parquet is validated
+columnar (pyarrow/numpy) in :func:`_validate_columns`; its string-typed ``ts``/``status`` columns are mapped
+through the same scalar rules (:func:`_check_ts`, :func:`_check_status`) once per distinct value, and the
+checks run in the same field order, so the same record gets the same reason whatever its format.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import glob
+import gzip
+import io
+import json
+import math
+import os
+import re
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from itertools import islice
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "FIELDS",
+    "TS_MIN",
+    "TS_MAX",
+    "InputError",
+    "ReadStats",
+    "DeadLetter",
+    "detect_format",
+    "expand_inputs",
+    "read_events",
+]
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("service", pa.string(), nullable=False),
+        pa.field("instance", pa.string(), nullable=False),
+        pa.field("endpoint", pa.string(), nullable=False),
+        pa.field("latency_ms", pa.float64(), nullable=False),
+        pa.field("status", pa.bool_(), nullable=False),
+        pa.field("db_statement", pa.string(), nullable=True),
+    ]
+)
+FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
+
+#: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every
+#: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.
+TS_MIN = -62_135_596_800_000
+TS_MAX = 253_402_300_799_999
+
+_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+_BOM = b"\xef\xbb\xbf"
+_JSON_WS = b" \t\r\n"
+
+
+class InputError(ValueError):
+    """An input problem reported as one clear line: missing file, unmatched glob, unknown format,
+    unreadable (corrupt) file. Per-record problems are never raised: they are rejects."""
+
+
+class _Reject(Exception):
+    """Raised by the validation core; ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics and dead letter
+
+
+@dataclass
+class ReadStats:
+    """Counts of one read (or several: pass the same object). ``read == accepted + rejected`` holds by
+    construction; blank lines are not counted. ``reasons`` counts rejects by reason. Not thread-safe:
+    give each reading thread its own object and :meth:`merge` them."""
+
+    read: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    def add_accepted(self, n: int) -> None:
+        self.read += n
+        self.accepted += n
+
+    def add_rejected(self, reason: str, n: int = 1) -> None:
+        self.read += n
+        self.rejected += n
+        self.reasons[reason] += n
+
+    def merge(self, other: ReadStats) -> None:
+        """Add ``other``'s counts to this one."""
+        self.read += other.read
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.reasons.update(other.reasons)
+
+    def summary(self) -> str:
+        """One line, e.g. ``read 10 = accepted 8 + rejected 2 (bad type: ts: 2)``."""
+        text = f"read {self.read} = accepted {self.accepted} + rejected {self.rejected}"
+        if self.reasons:
+            text += " (" + ", ".join(f"{r}: {n}" for r, n in self.reasons.most_common()) + ")"
+        return text
+
+
+class DeadLetter:
+    """Rejected records as JSON Lines, one object per reject::
+
+        {"source": "<input path>", "line": <n>, "raw": <raw record>, "reason": "<reason>"}
+
+    ``line`` is the 1-based physical line number for JSON Lines and CSV (where a record starts; blank
+    lines count) and the 0-based row index within the file for Parquet. ``raw`` is the line's text for
+    JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
+    ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
+    timestamps as ISO strings, non-finite floats as strings).
+
+    The file is opened eagerly and truncated by ``__enter__``/:meth:`open`, so after a clean run it
+    exists and is empty. :meth:`write` is thread-safe. ``count`` is the number of records written.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.count = 0
+        self._lock = threading.Lock()
+        self._file: io.TextIOBase | None = None
+
+    def open(self) -> DeadLetter:
+        with self._lock:
+            if self._file is None:
+                self._file = open(self.path, "w", encoding="utf-8", errors="backslashreplace")
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> DeadLetter:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def write(self, source: str, line: int, raw: Any, reason: str) -> None:
+        """Append one reject (thread-safe)."""
+        record = {"source": source, "line": line, "raw": _jsonable(raw), "reason": reason}
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"dead letter {self.path!r} is not open")
+            self._file.write(text)
+            self.count += 1
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` made JSON-serialisable without loss of meaning (for Parquet rows)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, (Decimal, _dt.timedelta)):
+        return str(value)
+    return value
+
+
+class _Sink:
+    """Where the rejects of one source file go: the stats and (optionally) the dead letter."""
+
+    def __init__(self, source: str, stats: ReadStats, dead_letter: DeadLetter | None) -> None:
+        self.source = source
+        self.stats = stats
+        self.dead_letter = dead_letter
+
+    def reject(self, line: int, raw: Any, reason: str) -> None:
+        self.stats.add_rejected(reason)
+        if self.dead_letter is not None:
+            if isinstance(raw, (bytes, bytearray)):
+                raw = _raw_text(raw)
+            self.dead_letter.write(self.source, line, raw, reason)
+
+
+def _raw_text(raw: bytes) -> str:
+    if raw.endswith(b"\n"):
+        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+    return raw.decode("utf-8", "backslashreplace")
+
+
+# --------------------------------------------------------------------------------------------------
+# the scalar validation core (JSON Lines, CSV, and string-typed Parquet columns)
+
+_ISO_RE = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+    r"(?:[Tt ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?"
+    r"(?:([Zz])|([+-])([0-9]{2})(?::?([0-9]{2}))?)?)?",
+    re.ASCII,
+)
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+
+
+def _parse_iso_ms(text: str) -> int:
+    """ISO-8601 date or date-time -> epoch ms (UTC when there is no offset). Raises ``_Reject``."""
+    m = _ISO_RE.fullmatch(text)
+    if m is None:
+        raise _Reject("bad timestamp: ts")
+    year, month, day, hh, mm, ss, frac, _z, sign, oh, om = m.groups()
+    try:
+        days = _dt.date(int(year), int(month), int(day)).toordinal() - _EPOCH_ORDINAL
+    except ValueError:
+        raise _Reject("bad timestamp: ts") from None
+    hour, minute, second = int(hh or 0), int(mm or 0), int(ss or 0)
+    off_h, off_m = int(oh or 0), int(om or 0)
+    if hour > 23 or minute > 59 or second > 59 or off_h > 23 or off_m > 59:
+        raise _Reject("bad timestamp: ts")
+    millis = int((frac or "")[:3].ljust(3, "0"))
+    offset_min = (off_h * 60 + off_m) * (-1 if sign == "-" else 1)
+    ms = (((days * 24 + hour) * 60 + minute - offset_min) * 60 + second) * 1000 + millis
+    if not TS_MIN <= ms <= TS_MAX:
+        raise _Reject("out of range: ts")
+    return ms
+
+
+def _check_ts(value: Any) -> int:
+    kind = type(value)
+    if kind is int:
+        if TS_MIN <= value <= TS_MAX:
+            return value
+        raise _Reject("out of range: ts")
+    if kind is str:
+        return _parse_iso_ms(value)
+    raise _Reject("missing field: ts" if value is None else "bad type: ts")
+
+
+def _check_valid_unicode(value: str, name: str) -> str:
+    # JSON escapes can produce lone surrogates ("\ud800"), which are not encodable text.
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Reject(f"bad value: {name}") from None
+    return value
+
+
+def _check_service(value: Any) -> str:
+    if type(value) is not str:
+        raise _Reject("missing field: service" if value is None else "bad type: service")
+    if not value:
+        raise _Reject("bad value: service")
+    return _check_valid_unicode(value, "service")
+
+
+def _check_optional_str(value: Any, name: str) -> str | None:
+    if value is None or type(value) is str:
+        return _check_valid_unicode(value, name) if value else None
+    raise _Reject(f"bad type: {name}")
+
+
+def _check_latency(value: Any) -> float:
+    kind = type(value)
+    if kind is float:
+        if 0.0 <= value < math.inf:
+            return value
+        raise _Reject("out of range: latency_ms")
+    if kind is int:
+        if value >= 0:
+            try:
+                return float(value)
+            except OverflowError:
+                pass
+        raise _Reject("out of range: latency_ms")
+    raise _Reject("missing field: latency_ms" if value is None else "bad type: latency_ms")
+
+
+_STATUS_VALUES: dict[Any, bool] = {True: True, False: False, "true": True, "false": False}
+
+
+def _check_status(value: Any) -> bool:
+    if value is None:
+        return True
+    kind = type(value)
+    if kind is bool or kind is str or (kind is int and (value == 0 or value == 1)):
+        result = _STATUS_VALUES.get(bool(value) if kind is int else value)
+        if result is not None:
+            return result
+    raise _Reject("bad value: status")
+
+
+def _validate_values(
+    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
+) -> tuple:
+    """The validation core for one record given as JSON-typed Python values (``None`` = absent/null).
+
+    Returns the canonical row tuple in :data:`FIELDS` order or raises ``_Reject``; fields are checked
+    in that order and the first failure is the reason."""
+    return (
+        _check_ts(ts),
+        _check_service(service),
+        _check_optional_str(instance, "instance") or "",
+        _check_optional_str(endpoint, "endpoint") or "",
+        _check_latency(latency),
+        _check_status(status),
+        _check_optional_str(db_statement, "db_statement"),
+    )
+
+
+def _rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
+    columns = zip(*rows)
+    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, EVENT_SCHEMA)]
+    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON Lines
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_scan_json = json.JSONDecoder(parse_constant=_reject_constant).scan_once
+
+
+def _json_record(line: bytes) -> tuple:
+    """One stripped, non-blank JSON line -> canonical row tuple, or ``_Reject``."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Reject("not UTF-8") from None
+    try:
+        obj, end = _scan_json(text, 0)
+    except (ValueError, StopIteration, RecursionError):
+        raise _Reject("invalid JSON") from None
+    if end != len(text):
+        raise _Reject("invalid JSON")
+    if type(obj) is not dict:
+        raise _Reject("not an object")
+    get = obj.get
+    return _validate_values(
+        get("ts"), get("service"), get("instance"), get("endpoint"),
+        get("latency_ms"), get("status"), get("db_statement"),
+    )  # fmt: skip
+
+
+def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+    lineno = 0
+    while chunk := list(islice(f, batch_rows)):
+        rows = []
+        for raw in chunk:
+            lineno += 1
+            line = raw.strip(_JSON_WS)
+            if not line:
+                continue
+            try:
+                rows.append(_json_record(line))
+            except _Reject as r:
+                sink.reject(lineno, raw, r.reason)
+        if rows:
+            sink.stats.add_accepted(len(rows))
+            yield _rows_to_batch(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV
+
+_INT_RE = re.compile(r"-?[0-9]+", re.ASCII)
+_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_TOO_BIG = 10**20  # stands for an integer cell too long to convert: certainly out of range
+
+
+def _csv_int(cell: str) -> Any:
+    """A ``ts`` cell: integer text -> int, other text stays a string (ISO-8601), empty -> None."""
+    if not cell:
+        return None
+    if _INT_RE.fullmatch(cell):
+        return int(cell) if len(cell) <= 20 else _TOO_BIG
+    return cell
+
+
+def _csv_number(cell: str) -> Any:
+    """A numeric cell: JSON number text -> int/float, other text stays a string, empty -> None."""
+    if not cell:
+        return None
+    if _NUMBER_RE.fullmatch(cell):
+        return float(cell) if len(cell) > 20 or not _INT_RE.fullmatch(cell) else int(cell)
+    return cell
+
+
+def _csv_values(cells: list[str], index: dict[str, int]) -> tuple:
+    """A CSV row typed like JSON: empty cell = null, ``ts``/``latency_ms``/``status`` cells that spell
+    a JSON number become numbers, everything else stays a string."""
+
+    def cell(name: str) -> str:
+        i = index.get(name)
+        return cells[i] if i is not None else ""
+
+    return (
+        _csv_int(cell("ts")),
+        cell("service") or None,
+        cell("instance") or None,
+        cell("endpoint") or None,
+        _csv_number(cell("latency_ms")),
+        _csv_number(cell("status")),
+        cell("db_statement") or None,
+    )
+
+
+class _LineTracker:
+    """Feeds decoded lines to ``csv.reader`` and remembers the raw bytes of the current record.
+
+    Lines that are not UTF-8 are decoded with ``surrogateescape`` (so parsing goes on) and flag the
+    record as ``bad``."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.lineno = 0
+        self.pending: list[bytes] = []
+        self.bad = False
+
+    def lines(self) -> Iterator[str]:
+        for raw in self._f:
+            self.lineno += 1
+            self.pending.append(raw)
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.bad = True
+                yield raw.decode("utf-8", "surrogateescape")
+
+    def take(self) -> tuple[int, bytes, bool]:
+        """(first line number, raw bytes, had non-UTF-8 bytes) of the record just parsed."""
+        first = self.lineno - len(self.pending) + 1
+        raw, bad = b"".join(self.pending), self.bad
+        self.pending, self.bad = [], False
+        return first, raw, bad
+
+
+def _csv_header(reader: Iterator[list[str]], tracker: _LineTracker, path: str) -> list[str] | None:
+    """The header row (names stripped), or None for an empty file."""
+    try:
+        header = next(reader)
+    except StopIteration:
+        return None
+    except csv.Error as e:
+        raise InputError(f"bad CSV header in {path!r}: {e}") from None
+    if tracker.take()[2]:
+        raise InputError(f"bad CSV header in {path!r}: not UTF-8")
+    return [name.strip() for name in header]
+
+
+def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator[tuple[int, bytes, bool, list | None]]:
+    """(first line, raw bytes, had non-UTF-8, cells or None on a CSV syntax error) per non-blank record."""
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error:
+            cells = None
+        first, raw, bad = tracker.take()
+        if raw.strip():
+            yield first, raw, bad, cells
+
+
+def _csv_row(cells: list[str] | None, bad: bool, index: dict[str, int], width: int) -> tuple:
+    if bad:
+        raise _Reject("not UTF-8")
+    if cells is None:
+        raise _Reject("bad CSV row")
+    if len(cells) != width:
+        raise _Reject("wrong number of columns")
+    return _validate_values(*_csv_values(cells, index))
+
+
+def _read_csv(f: BinaryIO, batch_rows: int, sink: _Sink, path: str) -> Iterator[pa.RecordBatch]:
+    tracker = _LineTracker(f)
+    reader = csv.reader(tracker.lines())
+    header = _csv_header(reader, tracker, path)
+    if header is None:
+        return
+    index: dict[str, int] = {}
+    for i, name in enumerate(header):
+        index.setdefault(name, i)  # the first of duplicate columns wins
+    rows: list[tuple] = []
+    for first, raw, bad, cells in _csv_records(reader, tracker):
+        try:
+            rows.append(_csv_row(cells, bad, index, len(header)))
+        except _Reject as r:
+            sink.reject(first, raw, r.reason)
+            continue
+        if len(rows) == batch_rows:
+            sink.stats.add_accepted(len(rows))
+            yield _rows_to_batch(rows)
+            rows = []
+    if rows:
+        sink.stats.add_accepted(len(rows))
+        yield _rows_to_batch(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parquet (columnar)
+
+
+def _np_mask(arr: pa.Array) -> np.ndarray:
+    """Boolean Arrow array -> numpy bool array, nulls as False."""
+    return pc.fill_null(arr, False).to_numpy(zero_copy_only=False)
+
+
+def _null_mask(arr: pa.Array) -> np.ndarray | None:
+    return None if arr.null_count == 0 else _np_mask(arr.is_null())
+
+
+def _is_stringish(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+class _Checks:
+    """Collects (row mask, reason) pairs in field order; the first reason flagged for a row wins."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.flags: list[tuple[np.ndarray, str]] = []
+
+    def flag(self, mask: np.ndarray | None, reason: str) -> None:
+        if mask is not None and mask.any():
+            self.flags.append((mask, reason))
+
+    def flag_nulls(self, arr: pa.Array, reason: str) -> None:
+        self.flag(_null_mask(arr), reason)
+
+    def flag_non_null(self, arr: pa.Array, reason: str) -> None:
+        self.flag(_np_mask(arr.is_valid()), reason)
+
+    def rejected(self) -> tuple[np.ndarray, list[str]] | None:
+        """(mask of rejected rows, reason per rejected row) or None when every row passes."""
+        if not self.flags:
+            return None
+        reasons = np.full(self.n, None, dtype=object)
+        for mask, reason in reversed(self.flags):
+            reasons[mask] = reason
+        mask = reasons != None  # noqa: E711 (elementwise)
+        return mask, list(reasons[mask])
+
+
+def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, default: Any) -> list:
+    """Apply a scalar rule to each distinct value of ``arr``; returns the per-row results as a list
+    (``default`` for nulls and rejected rows) and flags the rejected rows."""
+    encoded = pc.dictionary_encode(arr)
+    indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    results, bad = [], {}
+    for i, value in enumerate(encoded.dictionary.to_pylist()):
+        try:
+            results.append(check(value))
+        except _Reject as r:
+            results.append(default)
+            bad.setdefault(r.reason, []).append(i)
+    for reason, ids in bad.items():
+        checks.flag(np.isin(indices, ids), reason)
+    table = np.array(results + [default], dtype=object)
+    return table[indices].tolist()
+
+
+_TS_UNIT_MS = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
+
+
+def _int_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
+    if pa.types.is_unsigned_integer(arr.type):
+        values = pc.fill_null(arr.cast(pa.uint64()), 0).to_numpy()
+        out = values > TS_MAX
+        values = np.where(out, 0, values).astype(np.int64)
+    else:
+        values = pc.fill_null(arr.cast(pa.int64()), 0).to_numpy()
+        out = (values < TS_MIN) | (values > TS_MAX)
+    checks.flag(out, "out of range: ts")
+    return values
+
+
+def _temporal_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
+    t = arr.type
+    if pa.types.is_date32(t):
+        mul, div = 86_400_000, 1
+    elif pa.types.is_date64(t):
+        mul, div = 1, 1
+    else:
+        mul, div = _TS_UNIT_MS[t.unit]
+    raw = pc.fill_null(arr.cast(pa.int64()), 0).to_numpy()
+    out = (raw < TS_MIN // mul) | (raw > TS_MAX // mul)
+    values = np.floor_divide(np.where(out, 0, raw) * mul, div)
+    out |= (values < TS_MIN) | (values > TS_MAX)
+    checks.flag(out, "out of range: ts")
+    return values
+
+
+def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
+    t = arr.type
+    checks.flag_nulls(arr, "missing field: ts")
+    if pa.types.is_integer(t):
+        values = _int_ts_ms(arr, checks)
+    elif pa.types.is_timestamp(t) or pa.types.is_date(t):
+        values = _temporal_ts_ms(arr, checks)
+    elif _is_stringish(t):
+        values = _map_distinct(arr.cast(pa.string()), _check_ts, checks, 0)
+    else:
+        checks.flag_non_null(arr, "bad type: ts")
+        values = np.zeros(len(arr), dtype=np.int64)
+    return pa.array(values, type=pa.int64())
+
+
+def _str_column(arr: pa.Array, name: str, checks: _Checks) -> pa.Array:
+    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null)."""
+    n = len(arr)
+    if not _is_stringish(arr.type):
+        if name == "service":
+            checks.flag_nulls(arr, "missing field: service")
+        checks.flag_non_null(arr, f"bad type: {name}")
+        return pa.nulls(n, pa.string()) if name == "db_statement" else pa.array([""] * n, pa.string())
+    arr = arr.cast(pa.string())
+    if name == "service":
+        checks.flag_nulls(arr, "missing field: service")
+        checks.flag(_np_mask(pc.equal(arr, "")), "bad value: service")
+    elif name == "db_statement":
+        empty = pc.equal(arr, "")
+        if pc.any(empty).as_py():
+            arr = pc.if_else(empty, pa.scalar(None, pa.string()), arr)
+    elif arr.null_count:
+        arr = pc.fill_null(arr, "")
+    return arr
+
+
+def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
+    t = arr.type
+    checks.flag_nulls(arr, "missing field: latency_ms")
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        values = pc.fill_null(pc.cast(arr, pa.float64(), safe=False), 0.0).to_numpy()
+        checks.flag(~((values >= 0.0) & (values < np.inf)), "out of range: latency_ms")
+    else:
+        checks.flag_non_null(arr, "bad type: latency_ms")
+        values = np.zeros(len(arr))
+    return pa.array(values, type=pa.float64())
+
+
+def _status_column(arr: pa.Array, checks: _Checks) -> pa.Array:
+    t = arr.type
+    if pa.types.is_boolean(t):
+        return pc.fill_null(arr, True)
+    if pa.types.is_integer(t):
+        checks.flag(_np_mask(pc.invert(pc.is_in(arr, pa.array([0, 1], t)))), "bad value: status")
+        return pc.fill_null(pc.not_equal(arr, pa.scalar(0, t)), True)
+    if _is_stringish(t):
+        return pa.array(_map_distinct(arr.cast(pa.string()), _check_status, checks, True), pa.bool_())
+    checks.flag_non_null(arr, "bad value: status")
+    return pa.array(np.ones(len(arr), dtype=bool))
+
+
+def _plain(arr: pa.Array) -> pa.Array:
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def _validate_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None]:
+    """The columnar validation core: any Arrow batch -> (canonical batch of every row, rejects).
+
+    Rows flagged in ``rejects`` hold placeholder values in the canonical batch; filter them out."""
+    n = batch.num_rows
+    names = batch.schema.names
+
+    def column(name: str) -> pa.Array:
+        return _plain(batch.column(names.index(name))) if name in names else pa.nulls(n)
+
+    checks = _Checks(n)
+    arrays = [
+        _ts_column(column("ts"), checks),
+        _str_column(column("service"), "service", checks),
+        _str_column(column("instance"), "instance", checks),
+        _str_column(column("endpoint"), "endpoint", checks),
+        _latency_column(column("latency_ms"), checks),
+        _status_column(column("status"), checks),
+        _str_column(column("db_statement"), "db_statement", checks),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
+
+
+def _read_parquet(path: str, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+    pf = pq.ParquetFile(path)
+    present = [name for name in FIELDS if name in pf.schema_arrow.names]
+    offset = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=present or None):
+        canonical, rejects = _validate_columns(batch)
+        if rejects is not None:
+            mask, reasons = rejects
+            _reject_rows(batch, mask, reasons, offset, sink)
+            canonical = canonical.filter(pa.array(~mask))
+        offset += batch.num_rows
+        if canonical.num_rows:
+            sink.stats.add_accepted(canonical.num_rows)
+            yield canonical
+
+
+def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: _Sink) -> None:
+    rows = batch.filter(pa.array(mask)).to_pylist()
+    for index, row, reason in zip(np.flatnonzero(mask).tolist(), rows, reasons):
+        sink.reject(offset + index, row, reason)
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs
+
+
+def detect_format(path: str) -> tuple[str, bool]:
+    """``(format, gzipped)`` for a path by suffix: format is ``jsonl``, ``csv`` or ``parquet``.
+
+    Raises :class:`InputError` for any other suffix (``.parquet.gz`` included)."""
+    name = os.fspath(path).lower()
+    gzipped = name.endswith(".gz")
+    stem, ext = os.path.splitext(name[:-3] if gzipped else name)
+    fmt = _FORMATS.get(ext)
+    if fmt is None or (gzipped and fmt == "parquet"):
+        raise InputError(
+            f"unsupported input format: {os.fspath(path)!r} "
+            "(expected .jsonl, .json, .ndjson or .csv, optionally .gz, or .parquet)"
+        )
+    return fmt, gzipped
+
+
+def expand_inputs(patterns: Sequence[str]) -> list[str]:
+    """Files and glob patterns -> the sorted, deduplicated list of files (paths normalised).
+
+    A glob (``*``, ``?``, ``[``; ``**`` recurses) that matches no file, a path that does not exist, or a
+    directory raises :class:`InputError` with a one-line message."""
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    if not patterns:
+        raise InputError("no input files given")
+    found: set[str] = set()
+    for pattern in map(os.fspath, patterns):
+        if glob.has_magic(pattern):
+            matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+            if not matches:
+                raise InputError(f"no input files match {pattern!r}")
+            found.update(os.path.normpath(p) for p in matches)
+        elif os.path.isdir(pattern):
+            raise InputError(f"input {pattern!r} is a directory (use a glob such as '{pattern}/*.jsonl')")
+        elif not os.path.isfile(pattern):
+            raise InputError(f"no such input file: {pattern!r}")
+        else:
+            found.add(os.path.normpath(pattern))
+    return sorted(found)
+
+
+def read_events(
+    paths: Sequence[str] | str,
+    *,
+    batch_rows: int = 65536,
+    dead_letter: DeadLetter | None = None,
+    stats: ReadStats | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Read event files (in the given order) as canonical :data:`EVENT_SCHEMA` batches.
+
+    Each yielded batch holds at most ``batch_rows`` accepted rows and comes from one file; empty batches
+    are not yielded. Rejected records go to ``stats`` and ``dead_letter`` (both optional) and reading
+    goes on; ``stats`` is up to date for everything read so far each time a batch is yielded and when
+    the iterator is exhausted.
+
+    Checked at call time (before iterating): every path has a supported suffix (:func:`detect_format`)
+    and exists, else :class:`InputError`. A file that cannot be read at all (corrupt gzip or Parquet,
+    I/O error) raises :class:`InputError` while iterating; records already yielded stay valid."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if batch_rows < 1:
+        raise ValueError("batch_rows must be >= 1")
+    plan = [(os.fspath(p), *detect_format(p)) for p in paths]
+    for path, _, _ in plan:
+        if not os.path.isfile(path):
+            raise InputError(f"no such input file: {path!r}")
+    return _read_all(plan, batch_rows, stats if stats is not None else ReadStats(), dead_letter)
+
+
+def _read_all(
+    plan: list[tuple[str, str, bool]], batch_rows: int, stats: ReadStats, dead_letter: DeadLetter | None
+) -> Iterator[pa.RecordBatch]:
+    for path, fmt, gzipped in plan:
+        sink = _Sink(path, stats, dead_letter)
+        try:
+            yield from _read_file(path, fmt, gzipped, batch_rows, sink)
+        except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
+            raise InputError(f"cannot read {path!r}: {e}") from e
+
+
+def _read_file(path: str, fmt: str, gzipped: bool, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+    if fmt == "parquet":
+        yield from _read_parquet(path, batch_rows, sink)
+        return
+    with _open_text_source(path, gzipped) as f:
+        if fmt == "jsonl":
+            yield from _read_jsonl(f, batch_rows, sink)
+        else:
+            yield from _read_csv(f, batch_rows, sink, path)
+
+
+def _open_text_source(path: str, gzipped: bool) -> BinaryIO:
+    """Binary line source (split on ``\\n`` only), with a leading UTF-8 BOM skipped."""
+    f: BinaryIO = gzip.open(path, "rb") if gzipped else open(path, "rb", buffering=1 << 20)
+    if f.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
+        f.read(3)
+    return f

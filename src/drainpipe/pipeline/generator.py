@@ -1,0 +1,265 @@
+"""Synthetic request events (a skewed workload) and writing event batches to files.
+
+:func:`generate_events` yields canonical :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` batches, built
+with numpy a block of 65536 events at a time:
+
+* ``service`` ``svc-00``, ``svc-01``, ... chosen with Zipf weights ``1 / rank**skew`` (``svc-00`` hottest);
+* ``endpoint`` ``/api/e00``, ... Zipf(``skew``) within the service (the same names in every service);
+* ``instance`` ``svc-00-i0``, ... uniform within the service;
+* ``latency_ms`` lognormal around a per-(service, endpoint) median, rounded to 0.001 ms; events that
+  carry a ``db_statement`` are slower by a per-statement factor;
+* ``status`` false with probability ``error_rate``;
+* ``db_statement`` on ~30% of events, one of a handful of SQL strings per service;
+* ``ts`` uniform in ``[start_ms, start_ms + duration_s * 1000)`` (not sorted).
+
+The output is a pure function of the arguments other than ``batch_rows`` (which only changes how the rows
+are cut into batches), and the first k events are the same for every ``n >= k``.
+
+:func:`write_events` streams batches to ``.jsonl``/``.json``/``.ndjson``/``.csv`` (each optionally ``.gz``)
+or ``.parquet``, in a form :func:`~drainpipe.pipeline.events.read_events` reads back to identical batches.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from drainpipe.pipeline.events import EVENT_SCHEMA, detect_format
+
+__all__ = ["DEFAULT_START_MS", "generate_events", "write_events"]
+
+#: 2026-11-21T10:00:00Z
+DEFAULT_START_MS = 1_795_255_200_000
+
+_BLOCK = 65536  # generation unit; fixed so the output does not depend on batch_rows
+_LATENCY_SIGMA = 0.5  # spread of one endpoint's latency (lognormal sigma)
+_DB_SHARE = 0.3
+_STATEMENTS = (
+    "SELECT * FROM {t} WHERE id = ?",
+    "SELECT id, status FROM {t} WHERE owner_id = ? ORDER BY created_at DESC LIMIT 50",
+    "UPDATE {t} SET status = ?, updated_at = now() WHERE id = ?",
+    "INSERT INTO {t} (id, owner_id, payload) VALUES (?, ?, ?)",
+    "SELECT count(*) FROM {t} JOIN {t}_items USING (id) WHERE created_at > ?",
+)
+_STATEMENT_FACTOR = np.array([1.0, 1.6, 1.3, 1.1, 3.0])
+
+
+@dataclass(frozen=True)
+class _Workload:
+    """The fixed shape of a workload: names, Zipf CDFs, latency medians, SQL strings."""
+
+    services: pa.Array  # S names
+    service_cdf: np.ndarray
+    endpoints: pa.Array  # E names
+    endpoint_cdf: np.ndarray
+    instances: pa.Array  # S * I names, service-major
+    statements: pa.Array  # S * K strings, service-major
+    median_ms: np.ndarray  # S * E latency medians, service-major
+    n_instances: int
+
+
+def _zipf_cdf(n: int, skew: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** skew
+    cdf = np.cumsum(weights / weights.sum())
+    cdf[-1] = 1.0
+    return cdf
+
+
+def _workload(services: int, endpoints: int, instances: int, skew: float, seed: int) -> _Workload:
+    if min(services, endpoints, instances) < 1:
+        raise ValueError("services, endpoints_per_service and instances_per_service must be >= 1")
+    width = max(2, len(str(services - 1)))
+    svc = [f"svc-{s:0{width}d}" for s in range(services)]
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
+    return _Workload(
+        services=pa.array(svc, pa.string()),
+        service_cdf=_zipf_cdf(services, skew),
+        endpoints=pa.array([f"/api/e{e:02d}" for e in range(endpoints)], pa.string()),
+        endpoint_cdf=_zipf_cdf(endpoints, skew),
+        instances=pa.array([f"{s}-i{i}" for s in svc for i in range(instances)], pa.string()),
+        statements=pa.array(
+            [q.format(t=s.replace("-", "_") + "_orders") for s in svc for q in _STATEMENTS], pa.string()
+        ),
+        median_ms=np.exp(rng.normal(np.log(40.0), 1.0, services * endpoints)),
+        n_instances=instances,
+    )
+
+
+def _block(w: _Workload, rng: np.random.Generator, n: int, start_ms: int, span_ms: int, error_rate: float) -> pa.RecordBatch:
+    svc = np.searchsorted(w.service_cdf, rng.random(n), side="right")
+    ep = np.searchsorted(w.endpoint_cdf, rng.random(n), side="right")
+    inst = svc * w.n_instances + rng.integers(0, w.n_instances, n)
+    ts = start_ms + rng.integers(0, span_ms, n, dtype=np.int64)
+    latency = w.median_ms[svc * len(w.endpoints) + ep] * np.exp(_LATENCY_SIGMA * rng.standard_normal(n))
+    status = rng.random(n) >= error_rate
+    has_db = rng.random(n) < _DB_SHARE
+    stmt = rng.integers(0, len(_STATEMENTS), n)
+    latency = np.round(np.where(has_db, latency * _STATEMENT_FACTOR[stmt], latency), 3)
+    statements = pa.array(svc * len(_STATEMENTS) + stmt, mask=~has_db)
+    arrays = [
+        pa.array(ts, pa.int64()),
+        w.services.take(svc),
+        w.instances.take(inst),
+        w.endpoints.take(ep),
+        pa.array(latency, pa.float64()),
+        pa.array(status, pa.bool_()),
+        w.statements.take(statements),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+def _rechunk(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut a stream of batches into batches of exactly ``size`` rows (the last may be shorter)."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows < size:
+            continue
+        merged = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        cut = rows - rows % size
+        for start in range(0, cut, size):
+            yield merged.slice(start, size)
+        pending = [merged.slice(cut)] if cut < rows else []
+        rows -= cut
+    if rows:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
+def generate_events(
+    n: int,
+    *,
+    services: int = 20,
+    endpoints_per_service: int = 10,
+    instances_per_service: int = 3,
+    skew: float = 1.1,
+    seed: int = 42,
+    start_ms: int = DEFAULT_START_MS,
+    duration_s: int = 3600,
+    error_rate: float = 0.02,
+    batch_rows: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """Yield ``n`` synthetic events (see the module docstring) in batches of ``batch_rows`` rows (the last
+    batch may be shorter). Deterministic for ``seed`` (a non-negative int)."""
+    if n < 0 or batch_rows < 1 or duration_s <= 0 or not 0.0 <= error_rate <= 1.0 or skew < 0:
+        raise ValueError("need n >= 0, batch_rows >= 1, duration_s > 0, 0 <= error_rate <= 1, skew >= 0")
+    w = _workload(services, endpoints_per_service, instances_per_service, skew, seed)
+
+    def blocks() -> Iterator[pa.RecordBatch]:
+        for b, start in enumerate(range(0, n, _BLOCK)):
+            rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, b)))
+            yield _block(w, rng, min(_BLOCK, n - start), start_ms, int(duration_s * 1000), error_rate)
+
+    return _rechunk(blocks(), batch_rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# writing
+
+_ROW_GROUP_ROWS = 1 << 20
+
+
+def _canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
+    if batch.schema.equals(EVENT_SCHEMA):
+        return batch
+    arrays = [batch.column(f.name).cast(f.type) for f in EVENT_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+def _json_string(arr: pa.Array) -> pa.Array:
+    """Strings -> JSON string literals (quoted, escaped); nulls stay null."""
+    if pc.any(pc.match_substring_regex(arr, r'[\x00-\x1f"\\]')).as_py():
+        arr = pc.replace_substring(arr, "\\", "\\\\")
+        arr = pc.replace_substring(arr, '"', '\\"')
+        for code in range(0x20):
+            char = chr(code)
+            if pc.any(pc.match_substring(arr, char)).as_py():
+                arr = pc.replace_substring(arr, char, f"\\u{code:04x}")
+    return pc.binary_join_element_wise('"', arr, '"', "")
+
+
+def _json_lines(batch: pa.RecordBatch) -> pa.Array:
+    """One JSON object per row, each ending in a newline; absent db_statement is omitted."""
+    latency = batch.column("latency_ms")
+    if not pc.all(pc.is_finite(latency)).as_py():
+        raise ValueError("latency_ms must be finite to be written as JSON")
+    db = pc.binary_join_element_wise(',"db_statement":', _json_string(batch.column("db_statement")), "")
+    parts = [
+        '{"ts":', batch.column("ts").cast(pa.string()),
+        ',"service":', _json_string(batch.column("service")),
+        ',"instance":', _json_string(batch.column("instance")),
+        ',"endpoint":', _json_string(batch.column("endpoint")),
+        ',"latency_ms":', latency.cast(pa.string()),
+        ',"status":', batch.column("status").cast(pa.string()),
+        pc.fill_null(db, ""), "}\n",
+    ]  # fmt: skip
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _string_data(arr: pa.Array) -> memoryview:
+    """The concatenated UTF-8 bytes of a string array, without copying."""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    return memoryview(arr.buffers()[2])[offsets[0] : offsets[-1]]
+
+
+def _open_sink(path: str, gzipped: bool):
+    return gzip.open(path, "wb", compresslevel=6) if gzipped else open(path, "wb", buffering=1 << 20)
+
+
+def _write_jsonl(batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
+    rows = 0
+    with _open_sink(path, gzipped) as f:
+        for batch in batches:
+            if batch.num_rows:
+                f.write(_string_data(_json_lines(batch)))
+                rows += batch.num_rows
+    return rows
+
+
+def _write_csv(batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
+    rows = 0
+    with _open_sink(path, gzipped) as f, pacsv.CSVWriter(f, EVENT_SCHEMA) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    return rows
+
+
+def _write_parquet(batches: Iterable[pa.RecordBatch], path: str) -> int:
+    rows, pending, buffered = 0, [], 0
+    with pq.ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
+        for batch in batches:
+            pending.append(batch)
+            buffered += batch.num_rows
+            if buffered >= _ROW_GROUP_ROWS:
+                writer.write_table(pa.Table.from_batches(pending), row_group_size=_ROW_GROUP_ROWS)
+                rows, pending, buffered = rows + buffered, [], 0
+        if pending or rows == 0:
+            writer.write_table(pa.Table.from_batches(pending, schema=EVENT_SCHEMA), row_group_size=_ROW_GROUP_ROWS)
+            rows += buffered
+    return rows
+
+
+def write_events(batches: Iterable[pa.RecordBatch], path: str | os.PathLike[str]) -> int:
+    """Write event batches to ``path`` (format by suffix, as for reading); returns the rows written.
+
+    Streams: memory stays bounded by one batch (one 1M-row row group for Parquet). Batches must carry
+    the :data:`EVENT_SCHEMA` columns (they are cast to it). JSON Lines omit an absent ``db_statement``;
+    CSV has a header row and writes null as an empty cell."""
+    path = os.fspath(path)
+    fmt, gzipped = detect_format(path)
+    canonical = (_canonical(b) for b in batches)
+    if fmt == "jsonl":
+        return _write_jsonl(canonical, path, gzipped)
+    if fmt == "csv":
+        return _write_csv(canonical, path, gzipped)
+    return _write_parquet(canonical, path)
