@@ -1,7 +1,6 @@
 """Throughput-weighted partition placement (LPT), shared by the queue and the Spark engine's skew planner."""
 from __future__ import annotations
 
-import heapq
 import itertools
 from typing import Sequence
 
@@ -29,19 +28,13 @@ def lpt_bins(weights: Sequence[int], bins: int, prefer: Sequence[int] | None = N
     Returns the bin of every item. Deterministic. 4/3-approximation of the optimal makespan.
     """
     order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
-    heap = [(0, b) for b in range(bins)]
+    loads = [0] * bins
     out = [0] * len(weights)
     for i in order:
-        load, b = heap[0]
-        if prefer is not None and 0 <= prefer[i] < bins and prefer[i] != b:
-            # take the preferred bin if it is exactly as light as the lightest
-            for j, (l2, b2) in enumerate(heap):
-                if b2 == prefer[i] and l2 == load:
-                    heap[j], heap[0] = heap[0], heap[j]
-                    heapq.heapify(heap)
-                    b = b2
-                    break
-        heapq.heapreplace(heap, (load + weights[i], b))
+        pref = prefer[i] if prefer is not None else -1
+        # O(bins) argmin: task counts are small, and ties are decided explicitly (preferred bin, then lowest)
+        b = min(range(bins), key=lambda k: (loads[k], k != pref, k))
+        loads[b] += weights[i]
         out[i] = b
     return out
 

@@ -627,11 +627,14 @@ class BatchQueue:
         )
 
     def produced_count(self, partition: int | None = None) -> int:
-        """Items accepted so far (into one partition, or all)."""
+        """Items accepted so far: into one partition, or in all (then including items accepted and dropped at
+        once for want of a handler, and excluding appends taken back because they raced with shutdown)."""
         with self._bulk_lock:
             bulk = list(self._bulk)
-        ps = range(self._pcount[0]) if partition is None else (partition,)
-        return sum(count_value(self._produced[p]) + bulk[p] for p in ps) - (self._retracted if partition is None else 0)
+        if partition is not None:
+            return count_value(self._produced[partition]) + bulk[partition]
+        buffered = sum(count_value(self._produced[p]) + bulk[p] for p in range(self._pcount[0]))
+        return buffered + count_value(self._dropped_early) - self._retracted
 
     def load_history(self) -> list[tuple[float, tuple[int, ...]]]:
         """Per-interval per-task load samples (time, items per task) recorded by periodic rebalancing."""

@@ -351,7 +351,25 @@ def _validate_values(
     """The validation core for one record given as JSON-typed Python values (``None`` = absent/null).
 
     Returns the canonical row tuple in :data:`FIELDS` order or raises ``_Reject``; fields are checked
-    in that order and the first failure is the reason."""
+    in that order and the first failure is the reason. The inline test is only a shortcut for the
+    common, plainly valid record (a strict subset of what the field checks accept, with the same
+    result; ``test_fast_path_agrees_with_field_checks`` holds it to that)."""
+    if (
+        type(ts) is int and TS_MIN <= ts <= TS_MAX
+        and type(service) is str and service and service.isascii()
+        and type(instance) is str and instance.isascii()
+        and type(endpoint) is str and endpoint.isascii()
+        and type(latency) is float and 0.0 <= latency < math.inf
+        and type(status) is bool
+        and (db_statement is None or (type(db_statement) is str and db_statement and db_statement.isascii()))
+    ):  # fmt: skip
+        return (ts, service, instance, endpoint, latency, status, db_statement)
+    return _check_fields(ts, service, instance, endpoint, latency, status, db_statement)
+
+
+def _check_fields(
+    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
+) -> tuple:
     return (
         _check_ts(ts),
         _check_service(service),

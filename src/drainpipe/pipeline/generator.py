@@ -57,20 +57,34 @@ class _Workload:
     """The fixed shape of a workload: names, Zipf CDFs, latency medians, SQL strings."""
 
     services: pa.Array  # S names
-    service_cdf: np.ndarray
+    service_zipf: _Sampler
     endpoints: pa.Array  # E names
-    endpoint_cdf: np.ndarray
+    endpoint_zipf: _Sampler
     instances: pa.Array  # S * I names, service-major
-    statements: pa.Array  # S * K strings, service-major
+    statements: pa.Array  # S * K strings, service-major, plus a final ""
     median_ms: np.ndarray  # S * E latency medians, service-major
     n_instances: int
 
 
-def _zipf_cdf(n: int, skew: float) -> np.ndarray:
-    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** skew
-    cdf = np.cumsum(weights / weights.sum())
-    cdf[-1] = 1.0
-    return cdf
+class _Sampler:
+    """Exact inverse-CDF sampling of ranks 0..n-1 with Zipf weights ``1 / (rank + 1)**skew``, vectorised:
+    a guide table gives each uniform draw a starting rank, a few vector steps finish the search."""
+
+    _GUIDE = 4096
+
+    def __init__(self, n: int, skew: float) -> None:
+        weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** skew
+        self.cdf = np.cumsum(weights / weights.sum())
+        self.cdf[-1] = np.inf  # every u < 1 lands in range despite rounding
+        edges = np.arange(self._GUIDE, dtype=np.float64) / self._GUIDE
+        self.guide = np.searchsorted(self.cdf, edges, side="right").astype(np.int32)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        u = rng.random(n)
+        rank = self.guide[(u * self._GUIDE).astype(np.intp)]
+        while (step := u >= self.cdf[rank]).any():
+            rank += step
+        return rank
 
 
 def _workload(services: int, endpoints: int, instances: int, skew: float, seed: int) -> _Workload:
@@ -81,29 +95,35 @@ def _workload(services: int, endpoints: int, instances: int, skew: float, seed: 
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
     return _Workload(
         services=pa.array(svc, pa.string()),
-        service_cdf=_zipf_cdf(services, skew),
+        service_zipf=_Sampler(services, skew),
         endpoints=pa.array([f"/api/e{e:02d}" for e in range(endpoints)], pa.string()),
-        endpoint_cdf=_zipf_cdf(endpoints, skew),
+        endpoint_zipf=_Sampler(endpoints, skew),
         instances=pa.array([f"{s}-i{i}" for s in svc for i in range(instances)], pa.string()),
         statements=pa.array(
-            [q.format(t=s.replace("-", "_") + "_orders") for s in svc for q in _STATEMENTS], pa.string()
+            [q.format(t=s.replace("-", "_") + "_orders") for s in svc for q in _STATEMENTS] + [""], pa.string()
         ),
         median_ms=np.exp(rng.normal(np.log(40.0), 1.0, services * endpoints)),
         n_instances=instances,
     )
 
 
+def _with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(arr.type, len(arr), [bitmap, *arr.buffers()[1:]])
+
+
 def _block(w: _Workload, rng: np.random.Generator, n: int, start_ms: int, span_ms: int, error_rate: float) -> pa.RecordBatch:
-    svc = np.searchsorted(w.service_cdf, rng.random(n), side="right")
-    ep = np.searchsorted(w.endpoint_cdf, rng.random(n), side="right")
-    inst = svc * w.n_instances + rng.integers(0, w.n_instances, n)
+    svc = w.service_zipf.sample(rng, n)
+    ep = w.endpoint_zipf.sample(rng, n)
+    inst = svc * w.n_instances + rng.integers(0, w.n_instances, n, dtype=np.int32)
     ts = start_ms + rng.integers(0, span_ms, n, dtype=np.int64)
     latency = w.median_ms[svc * len(w.endpoints) + ep] * np.exp(_LATENCY_SIGMA * rng.standard_normal(n))
     status = rng.random(n) >= error_rate
     has_db = rng.random(n) < _DB_SHARE
-    stmt = rng.integers(0, len(_STATEMENTS), n)
+    stmt = rng.integers(0, len(_STATEMENTS), n, dtype=np.int32)
     latency = np.round(np.where(has_db, latency * _STATEMENT_FACTOR[stmt], latency), 3)
-    statements = pa.array(svc * len(_STATEMENTS) + stmt, mask=~has_db)
+    # the final "" entry stands in for the absent statements, which the validity bitmap then nulls
+    statements = w.statements.take(np.where(has_db, svc * len(_STATEMENTS) + stmt, len(w.statements) - 1))
     arrays = [
         pa.array(ts, pa.int64()),
         w.services.take(svc),
@@ -111,7 +131,7 @@ def _block(w: _Workload, rng: np.random.Generator, n: int, start_ms: int, span_m
         w.endpoints.take(ep),
         pa.array(latency, pa.float64()),
         pa.array(status, pa.bool_()),
-        w.statements.take(statements),
+        _with_validity(statements, has_db),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
 
