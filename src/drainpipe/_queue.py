@@ -224,7 +224,7 @@ class BatchQueue:
         if self._shared_name is not None:
             self._scheduler = shared_schedulers.acquire(*config.shared_scheduler)
         else:
-            self._scheduler = Scheduler(name, tasks)
+            self._scheduler = Scheduler(name, tasks, pinned=True)
         self._control = Controller(self)
         for task in self._tasks:
             self._scheduler.submit(task)

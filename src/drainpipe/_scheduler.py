@@ -24,73 +24,96 @@ class Task(Protocol):
     def run(self) -> float | None: ...
 
 
-class Scheduler:
-    """A timer heap served by ``threads`` daemon threads named ``drainpipe-<name>-<n>``. Thread-safe."""
+class _Lane:
+    """A timer heap and the condition its threads wait on."""
 
-    def __init__(self, name: str, threads: int) -> None:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, Task]] = []
+        self.due: dict[int, float] = {}   # id(task) -> due time of its live heap entry (absent while it runs)
+
+
+class Scheduler:
+    """Daemon threads named ``drainpipe-<name>-<n>`` running tasks from timer heaps ("lanes"). Thread-safe.
+
+    ``pinned=True`` (a dedicated scheduler) gives every thread its own lane, and the n-th submitted task goes to
+    the n-th lane: drain task i always runs on thread i. Otherwise (a shared scheduler) all threads serve one lane.
+    """
+
+    def __init__(self, name: str, threads: int, pinned: bool = False) -> None:
         self.name = name
         self.thread_count = threads
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Task]] = []
-        self._due: dict[int, float] = {}   # id(task) -> due time of its live heap entry (absent while running)
+        self._lanes = [_Lane() for _ in range(threads if pinned else 1)]
+        self._lane_of: dict[int, _Lane] = {}
+        self._submitted = itertools.count()
         self._seq = itertools.count()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"drainpipe-{name}-{i}", daemon=True)
+        self._threads = [threading.Thread(target=self._work, args=(self._lanes[i % len(self._lanes)],),
+                                          name=f"drainpipe-{name}-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()
 
     def submit(self, task: Task, delay: float = 0.0) -> None:
-        with self._cond:
-            self._push(task, time.monotonic() + delay)
+        lane = self._lanes[next(self._submitted) % len(self._lanes)]
+        self._lane_of[id(task)] = lane
+        with lane.cond:
+            self._push(lane, task, time.monotonic() + delay)
 
     def wake(self, task: Task) -> None:
         """Run ``task`` as soon as a thread is free if it is waiting in backoff (no-op while it runs)."""
-        with self._cond:
-            due = self._due.get(id(task))
+        lane = self._lane_of.get(id(task))
+        if lane is None:
+            return
+        with lane.cond:
+            due = lane.due.get(id(task))
             if due is not None and due > time.monotonic():
-                self._push(task, 0.0)
+                self._push(lane, task, 0.0)
 
-    def _push(self, task: Task, due: float) -> None:
-        self._due[id(task)] = due
-        heapq.heappush(self._heap, (due, next(self._seq), task))
-        self._cond.notify()
+    def _push(self, lane: _Lane, task: Task, due: float) -> None:
+        lane.due[id(task)] = due
+        heapq.heappush(lane.heap, (due, next(self._seq), task))
+        lane.cond.notify()
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                task = None
-                while task is None:
-                    if self._closed:
-                        return
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    due, _, cand = self._heap[0]
-                    if self._due.get(id(cand)) != due:      # stale entry (woken or finished)
-                        heapq.heappop(self._heap)
-                        continue
-                    wait = due - time.monotonic()
-                    if wait > 0:
-                        self._cond.wait(wait)
-                        continue
-                    heapq.heappop(self._heap)
-                    del self._due[id(cand)]
-                    task = cand
+    def _next(self, lane: _Lane) -> Task | None:
+        with lane.cond:
+            while True:
+                if self._closed:
+                    return None
+                if not lane.heap:
+                    lane.cond.wait()
+                    continue
+                due, _, cand = lane.heap[0]
+                if lane.due.get(id(cand)) != due:      # stale entry (woken early, or finished)
+                    heapq.heappop(lane.heap)
+                    continue
+                wait = due - time.monotonic()
+                if wait > 0:
+                    lane.cond.wait(wait)
+                    continue
+                heapq.heappop(lane.heap)
+                del lane.due[id(cand)]
+                return cand
+
+    def _work(self, lane: _Lane) -> None:
+        while (task := self._next(lane)) is not None:
             try:
                 delay = task.run()
             except BaseException:  # a task must never kill a pool thread
                 log.exception("drain task crashed; it will not run again")
                 delay = None
-            if delay is not None:
-                with self._cond:
-                    if not self._closed:
-                        self._push(task, time.monotonic() + delay)
+            if delay is None:
+                self._lane_of.pop(id(task), None)
+                continue
+            with lane.cond:
+                if not self._closed:
+                    self._push(lane, task, time.monotonic() + delay)
 
     def shutdown(self, wait: bool = True) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        self._closed = True
+        for lane in self._lanes:
+            with lane.cond:
+                lane.cond.notify_all()
         if wait:
             me = threading.current_thread()
             for t in self._threads:

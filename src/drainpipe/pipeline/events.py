@@ -381,10 +381,12 @@ def _check_fields(
     )
 
 
+_ROW_TYPE = pa.struct(list(EVENT_SCHEMA))
+
+
 def _rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
-    columns = zip(*rows)
-    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, EVENT_SCHEMA)]
-    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
+    """Canonical row tuples -> canonical batch (via one struct conversion: the fastest route)."""
+    return pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
 
 
 # --------------------------------------------------------------------------------------------------
