@@ -1,0 +1,223 @@
+"""Rebalancing benchmark: static round-robin ownership vs throughput-weighted rebalancing, in the same run.
+
+Scenarios (4 drain threads, adaptive partitions, BLOCKING, handler cost = a GIL-releasing sleep proportional to
+the batch, standing for a database write):
+
+1. anchor: 100 types weighted 24x (20 types), 8x (30), 4x (20), 1x (30), shuffled with a fixed seed.
+2. zipf:   200 types with Zipf(1.1) weights, default type_hash selector.
+3. hot:    one type carrying 60% of all items, split=True vs not (the bound there is the thread count).
+
+For 1 and 2 the most rebalancing can gain is the static max thread load / mean thread load (perfect balance); the
+table reports that bound beside the measured gain. Medians of --runs runs; JSON and a PNG plot are written.
+
+    .venv/bin/python benchmarks/rebalance.py [--runs 3] [--seconds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from drainpipe import (BatchQueue, BatchQueueConfig, DrainBalancer, PartitionPolicy, RebalanceResult,  # noqa: E402
+                       ThreadPolicy)
+
+TASKS = 4
+COST_S = 20e-6          # per item handled: a sleep, which releases the GIL like a DB driver does
+RESULTS = Path(__file__).parent / "results"
+
+
+def anchor_weights() -> list[float]:
+    w = [24.0] * 20 + [8.0] * 30 + [4.0] * 20 + [1.0] * 30
+    random.Random(2026).shuffle(w)
+    return w
+
+
+def zipf_weights(n: int = 200, s: float = 1.1) -> list[float]:
+    w = [1.0 / (k ** s) for k in range(1, n + 1)]
+    random.Random(11).shuffle(w)
+    return w
+
+
+def hot_weights() -> list[float]:
+    return [60.0] + [1.0] * 40
+
+
+class SleepHandler:
+    def __init__(self) -> None:
+        self.items = 0
+
+    def consume(self, batch: list) -> None:
+        self.items += len(batch)
+        time.sleep(len(batch) * COST_S)
+
+
+def run(weights: list[float], *, rebalance: bool, split_first: bool = False, warmup: float, seconds: float,
+        seed: int) -> dict:
+    types = [type(f"T{i}", (), {"__slots__": ()}) for i in range(len(weights))]
+    cfg = BatchQueueConfig(threads=ThreadPolicy.fixed(TASKS), partitions=PartitionPolicy.adaptive(),
+                           buffer_size=2000,
+                           balancer=DrainBalancer.throughput_weighted() if rebalance else None,
+                           rebalance_interval_ms=250 if rebalance else 0)
+    q = BatchQueue(f"bench-{'rb' if rebalance else 'static'}", cfg)
+    for i, t in enumerate(types):
+        if split_first and i == 0:
+            q.add_handler(t, SleepHandler, split=True)
+        else:
+            q.add_handler(t, SleepHandler())
+    rnd = random.Random(seed)
+    objs = [t() for t in types]
+    seq = rnd.choices(objs, weights=weights, k=200_000)
+    stop = threading.Event()
+
+    def producer(offset: int) -> None:
+        i = offset
+        n = len(seq)
+        produce = q.produce_many
+        while not stop.is_set():
+            produce(seq[i:i + 500])
+            i = (i + 500) % (n - 500)
+
+    producers = [threading.Thread(target=producer, args=(o,), daemon=True) for o in (0, 100_000)]
+    for p in producers:
+        p.start()
+    samples: list[tuple[float, tuple[int, ...]]] = []
+    t_start = time.monotonic()
+
+    def sample() -> tuple[float, tuple[int, ...]]:
+        s = (time.monotonic() - t_start, q.stats().task_dispatched)
+        samples.append(s)
+        return s
+
+    sample()
+    while time.monotonic() - t_start < warmup:
+        time.sleep(0.1)
+        sample()
+    t0, d0 = sample()
+    while time.monotonic() - t_start < warmup + seconds:
+        time.sleep(0.1)
+        sample()
+    t1, d1 = sample()
+    stop.set()
+    for p in producers:
+        p.join()
+    stats = q.stats()
+    q.shutdown()
+    per_task = [b - a for a, b in zip(d0, d1)]
+    # per-thread load over time, items/s, for the plot
+    series = [(samples[i][0], [(b - a) / (samples[i][0] - samples[i - 1][0])
+                               for a, b in zip(samples[i - 1][1], samples[i][1])])
+              for i in range(1, len(samples))]
+    return {
+        "throughput": sum(per_task) / (t1 - t0),
+        "per_task": per_task,
+        "max_min": RebalanceResult.ratio(tuple(per_task)),
+        "rebalances": stats.rebalances,
+        "series": series,
+        "rebalance_times": [r.at for r in stats.rebalance_history],
+    }
+
+
+def static_bound(per_task: list[int]) -> float:
+    """Throughput gain perfect balance could bring: static max thread load / mean thread load.
+
+    Measured on the static run: with BLOCKING, producers are paced by the busiest thread, so every thread handles
+    items in proportion to the load routed to it, and these counts are the offered load's shares.
+    """
+    return max(per_task) / (sum(per_task) / len(per_task))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--warmup", type=float, default=1.5)
+    ap.add_argument("--json", default=str(RESULTS / "rebalance.json"))
+    ap.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs" / "rebalance.png"))
+    args = ap.parse_args()
+
+    scenarios = {
+        "anchor (100 types 24/8/4/1x)": (anchor_weights(), "rebalance"),
+        "zipf(1.1), 200 types": (zipf_weights(), "rebalance"),
+        "one type = 60%": (hot_weights(), "split"),
+    }
+    report = {"machine": {"cpus": os.cpu_count()}, "tasks": TASKS, "cost_per_item_s": COST_S, "scenarios": {}}
+    plot_runs = {}
+    for name, (weights, kind) in scenarios.items():
+        base_runs, new_runs = [], []
+        for r in range(args.runs):
+            base_runs.append(run(weights, rebalance=False, warmup=args.warmup, seconds=args.seconds, seed=r))
+            if kind == "rebalance":
+                new_runs.append(run(weights, rebalance=True, warmup=args.warmup, seconds=args.seconds, seed=r))
+            else:
+                new_runs.append(run(weights, rebalance=True, split_first=True, warmup=args.warmup,
+                                    seconds=args.seconds, seed=r))
+        base_thr = statistics.median(x["throughput"] for x in base_runs)
+        new_thr = statistics.median(x["throughput"] for x in new_runs)
+        bound = (statistics.median(static_bound(x["per_task"]) for x in base_runs) if kind == "rebalance"
+                 else float(TASKS))
+        gain = new_thr / base_thr
+        row = {
+            "static_throughput": base_thr, "new_throughput": new_thr, "ratio": gain,
+            "static_max_min": statistics.median(x["max_min"] for x in base_runs),
+            "new_max_min": statistics.median(x["max_min"] for x in new_runs),
+            "bound": bound,
+            "gain_of_bound": (gain - 1) / (bound - 1) if bound > 1 else float("nan"),
+            "rebalances": statistics.median(x["rebalances"] for x in new_runs),
+            "runs": [{"static": {k: v for k, v in b.items() if k != "series"},
+                      "new": {k: v for k, v in n.items() if k != "series"}} for b, n in zip(base_runs, new_runs)],
+        }
+        report["scenarios"][name] = row
+        plot_runs[name] = (base_runs[0]["series"], new_runs[0]["series"])
+        label = "split" if kind == "split" else "rebalanced"
+        print(f"{name:<30} static {base_thr/1e3:7.1f}k/s max/min {row['static_max_min']:.2f} | {label} "
+              f"{new_thr/1e3:7.1f}k/s max/min {row['new_max_min']:.2f} | x{gain:.3f} (bound x{bound:.3f}, "
+              f"{100*row['gain_of_bound']:.0f}% of it)", flush=True)
+
+    print()
+    print("| scenario | static items/s | static max/min | new items/s | new max/min | gain | bound | % of bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in report["scenarios"].items():
+        print(f"| {name} | {r['static_throughput']:,.0f} | {r['static_max_min']:.2f}x | {r['new_throughput']:,.0f} | "
+              f"{r['new_max_min']:.2f}x | {r['ratio']:.3f}x | {r['bound']:.3f}x | {100*r['gain_of_bound']:.0f}% |")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out}")
+    plot(plot_runs, Path(args.plot))
+
+
+def plot(runs: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.2 * len(runs)), sharey="row")
+    for row, (name, (static, new)) in enumerate(runs.items()):
+        for col, (series, title) in enumerate(((static, "static round-robin"),
+                                               (new, "split hot type" if "60%" in name else "rebalanced"))):
+            ax = axes[row][col]
+            for task in range(TASKS):
+                ax.plot([t for t, _ in series], [v[task] / 1e3 for _, v in series], label=f"thread {task}")
+            ax.set_title(f"{name}: {title}", fontsize=10)
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("items/s (k) per drain thread")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
