@@ -225,7 +225,8 @@ class Controller:
         for p in entry.partitions:
             q._part_targets[p] = tuple(tg for tg in q._part_targets[p] if tg.type is not entry.type)
             q._part_types[p] -= 1
-        self._fence({q._owner[p] for p in entry.partitions if q._owner[p] >= 0}, abortable=True)
+        # not abortable: the caller is promised the handler is no longer running when this returns
+        self._fence({q._owner[p] for p in entry.partitions if q._owner[p] >= 0}, abortable=False)
 
     def _place(self, type_: type, k: int) -> tuple[int, ...]:
         """Partitions for a newly registered type: its previous ones if it had any (items of a re-registered type

@@ -204,6 +204,7 @@ class BatchQueue:
         self._handlers: dict[type, _Entry] = {}
         self._home: dict[type, tuple[int, ...]] = {}
         self._warned: set[type] = set()
+        self._warn_lock = threading.Lock()
 
         # drain tasks and their cycle epochs (odd = inside a cycle)
         self._tasks = [_DrainTask(self, i) for i in range(tasks)]
@@ -407,9 +408,13 @@ class BatchQueue:
         return buckets.items()
 
     def _warn_no_handler(self, t: type) -> None:
-        if t not in self._warned:
+        if t in self._warned:
+            return
+        with self._warn_lock:
+            if t in self._warned:
+                return
             self._warned.add(t)
-            self._log.warning("queue %r: no handler for %s; its items are dropped", self._name, t.__qualname__)
+        self._log.warning("queue %r: no handler for %s; its items are dropped", self._name, t.__qualname__)
 
     # ------------------------------------------------------------------ drain
 
@@ -514,16 +519,24 @@ class BatchQueue:
                 self._report_error([], exc)
 
     def _final_drain(self) -> None:
-        """Dispatch everything still buffered, once (control thread, after every drain task has stopped)."""
+        """Dispatch everything still buffered, once (control thread, after every drain task has stopped).
+
+        Items are taken under ``_close_lock`` (so a producer racing shutdown knows whether the final drain saw
+        its item) but dispatched after releasing it, so a handler may call ``shutdown()`` without deadlocking.
+        """
         with self._close_lock:
             drained = []
             for p, buf in enumerate(self._parts):
                 n = len(buf)
                 if n:
                     drained.append((p, list(starmap(buf.popleft, repeat((), n)))))
-            if drained:
-                self._dispatch(drained, self._final)
             self._final_done = True
+        if drained:
+            _on_drain_thread.queue = self
+            try:
+                self._dispatch(drained, self._final)
+            finally:
+                _on_drain_thread.queue = None
 
     def _assignment_from_owner(self) -> list[tuple[int, ...]]:
         per: list[list[int]] = [[] for _ in self._tasks]
@@ -630,10 +643,10 @@ class BatchQueue:
         """Items accepted so far: into one partition, or in all (then including items accepted and dropped at
         once for want of a handler, and excluding appends taken back because they raced with shutdown)."""
         with self._bulk_lock:
-            bulk = list(self._bulk)
+            bulk = list(self._bulk)     # _grow extends _produced before _bulk: len(bulk) partitions are complete
         if partition is not None:
             return count_value(self._produced[partition]) + bulk[partition]
-        buffered = sum(count_value(self._produced[p]) + bulk[p] for p in range(self._pcount[0]))
+        buffered = sum(count_value(self._produced[p]) + bulk[p] for p in range(len(bulk)))
         return buffered + count_value(self._dropped_early) - self._retracted
 
     def load_history(self) -> list[tuple[float, tuple[int, ...]]]:

@@ -147,7 +147,7 @@ def test_unregistered_types_are_dropped_counted_and_logged_once(qname, caplog, s
     if selector == "key_hash":
         kw["partition_selector"] = PartitionSelector.key_hash(lambda it: it.id % 3)
     rec = Recorder("A", expect_type=A)
-    # one producer and one drain task: the once-per-type check itself is racy across threads (see the xfail below)
+    # one producer and one drain task: the once-per-type check itself is racy across threads
     q = new_queue(qname, partitions=PartitionPolicy.fixed(3), **kw)
     q.add_handler(A, rec)
     for i in range(10):
@@ -335,9 +335,6 @@ def test_data_resets_backoff_and_latency_is_bounded_by_max_idle(qname):
     assert (after[2] - got[0][0]) * 1000 < 150, after
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: BatchQueue._warn_no_handler is check-then-add on a plain set without a lock: two "
-                   "threads dropping the same unhandled type at once can both log")
 def test_unhandled_type_logged_once_even_when_two_threads_drop_it_at_once(qname, caplog):
     """Force the interleaving two producers can hit naturally: both test membership before either adds."""
     caplog.set_level(logging.WARNING)

@@ -216,9 +216,6 @@ def test_add_handler_replaces_previous_handler(qname):
     assert first.ids == [1] and second.ids == [2]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: Controller._detach fences with abortable=True, so a shutdown starting while "
-                   "remove_handler waits makes it return while the removed handler is still running")
 def test_remove_handler_racing_shutdown_still_waits_for_the_running_handler(qname):
     rec_b = Recorder("B")
     rec_b.gate = make_gate()

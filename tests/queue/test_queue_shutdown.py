@@ -229,8 +229,6 @@ def test_shutdown_timeout_zero_still_delivers_everything(qname):
     assert rec.ids == list(range(1000))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: shutdown() called from a handler during the final drain deadlocks: "
-                   "_final_drain holds the non-reentrant _close_lock while dispatching (control thread)")
 def test_shutdown_from_a_handler_during_the_final_drain_does_not_deadlock(qname):
     gate = make_gate()
     entered = threading.Event()

@@ -161,8 +161,6 @@ def test_produced_counts_accepted_items_whatever_the_selector(qname):
     assert results["type_hash"] == results["key_hash"] == (5, 5, 3, 2)
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason="BUG: stats() raises IndexError when partitions grow between the _bulk "
-                   "snapshot and the second read of _pcount in BatchQueue.produced_count")
 def test_stats_while_adaptive_partitions_grow(qname):
     """Force the interleaving: right after stats() copied the per-partition bulk counts, a handler registration
     grows the partitions (as the control thread can at any moment). stats() must still return a snapshot."""
