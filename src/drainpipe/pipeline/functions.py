@@ -146,7 +146,8 @@ P = TypeVar("P", bound="Partial")
 class Partial:
     """Base of the per-definition partial classes: a table of states plus the sources it contains.
 
-    ``table`` has unique keys (:attr:`key_columns`); :func:`merge` output is also sorted by them.
+    ``table`` has unique :attr:`key_columns` (``bucket`` = bucket start in epoch ms), except top-N tables,
+    which hold up to n rows per (entity, bucket), sorted best first. Row order carries no meaning otherwise.
     ``sources`` are the identities of the input batches whose events the states contain (may be empty).
     Treat partials as immutable values.
     """
@@ -154,6 +155,7 @@ class Partial:
     __slots__ = ("table", "sources")
     definition: ClassVar[Definition]
     key_columns: ClassVar[tuple[str, ...]]
+    one_row_per_key: ClassVar[bool] = True
 
     def __init__(self, table: pa.Table, sources: Iterable[str] = ()) -> None:
         self.table = table
@@ -165,9 +167,9 @@ class Partial:
 
     def __len__(self) -> int:
         """Number of (entity, bucket) state keys."""
-        if self.key_columns == ("entity", "bucket") or self.table.num_rows == 0:
+        if self.one_row_per_key or self.table.num_rows == 0:
             return self.table.num_rows
-        return self.table.select(["entity", "bucket"]).group_by(["entity", "bucket"]).aggregate([]).num_rows
+        return _table_groups(self.table, ("entity", "bucket"))[1]
 
     def _with(self: P, table: pa.Table, sources: Iterable[str]) -> P:
         raise NotImplementedError
@@ -201,11 +203,7 @@ class TopNPartial(Partial):
     __slots__ = ()
     definition: ClassVar[TopNDef]
     key_columns = ("entity", "bucket")
-
-    def __len__(self) -> int:
-        if self.table.num_rows == 0:
-            return 0
-        return self.table.select(["entity", "bucket"]).group_by(["entity", "bucket"]).aggregate([]).num_rows
+    one_row_per_key = False
 
     def _with(self: P, table: pa.Table, sources: Iterable[str]) -> P:
         return type(self)(table, sources)
@@ -247,6 +245,7 @@ def _make_type(definition: Definition) -> type[Partial]:
         base: type[Partial] = MetricPartial
         keys = ("entity", "bucket", "b") if definition.function == "percentile" else ("entity", "bucket")
         attributes["key_columns"] = keys
+        attributes["one_row_per_key"] = len(keys) == 2
     elif isinstance(definition, TopNDef):
         base = TopNPartial
     else:
@@ -254,20 +253,22 @@ def _make_type(definition: Definition) -> type[Partial]:
     return type(name, (base,), attributes)
 
 
-# --------------------------------------------------------------------------------------------- batch view
+# --------------------------------------------------------------------------------------------- grouping
 
 _FIELDS = ("ts", "service", "instance", "endpoint", "latency_ms", "status")
+_BUCKET_UNIT_MS = 60_000  # every bucket (minute, hour, day, 10 minutes) is a whole number of minutes
+_MAX_KEY_SPACE = 1 << 62
 
 
 def _dense_limit(rows: int) -> int:
     return max(1 << 16, 4 * rows)
 
 
-def _factorize(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Map non-negative int64 codes below ``size`` to dense ids: (id per element, code per id).
+def _factorize(keys: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """Map non-negative int64 codes below ``size`` to dense ids: (id per element, number of ids).
 
-    Dense (a lookup table of ``size``) when that is small, else pyarrow hashing. Ids follow the code order
-    in the dense case and first appearance otherwise; callers must not depend on either.
+    A lookup table of ``size`` entries when that is small, else pyarrow hashing. Callers must not depend on
+    the order of the ids.
     """
     if size <= _dense_limit(len(keys)):
         seen = np.zeros(size, dtype=bool)
@@ -275,9 +276,72 @@ def _factorize(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         uniques = np.flatnonzero(seen)
         lookup = np.empty(size, dtype=np.int64)
         lookup[uniques] = np.arange(len(uniques), dtype=np.int64)
-        return lookup[keys], uniques
+        return lookup[keys], len(uniques)
     encoded = pc.dictionary_encode(pa.array(keys, pa.int64()))
-    return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_numpy()
+    return encoded.indices.to_numpy().astype(np.int64), len(encoded.dictionary)
+
+
+def _compact(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integer values -> (code per element in [0, size), size) with size <= max(len, dense limit)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), 1
+    low, high = int(values.min()), int(values.max())
+    if high - low < _dense_limit(len(values)):
+        return values.astype(np.int64) - low, high - low + 1
+    return _factorize(values.astype(np.int64) - low, high - low + 1)
+
+
+def _group_ids(codes: Sequence[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+    """Dense group ids of the rows' code tuples (each code in [0, size)): (id per row, number of groups)."""
+    ids, size = codes[0][0].astype(np.int64), codes[0][1]
+    for column, width in codes[1:]:
+        if size * width >= _MAX_KEY_SPACE:  # keep the combined code within int64
+            ids, size = _factorize(ids, size)
+        ids, size = ids * width + column, size * width
+    return _factorize(ids, size)
+
+
+def _first_rows(ids: np.ndarray, size: int) -> np.ndarray:
+    """A representative row index per group id."""
+    rows = np.empty(size, dtype=np.int64)
+    rows[ids] = np.arange(len(ids), dtype=np.int64)
+    return rows
+
+
+def _string_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    return encoded.indices.to_numpy(zero_copy_only=False), max(len(encoded.dictionary), 1)
+
+
+def _key_codes(table: pa.Table, column: str) -> tuple[np.ndarray, int]:
+    if column == "entity":
+        return _string_codes(table.column(column))
+    values = table.column(column).to_numpy()
+    return _compact(values // _BUCKET_UNIT_MS if column == "bucket" else values)
+
+
+def _table_groups(table: pa.Table, key_columns: Sequence[str]) -> tuple[np.ndarray, int]:
+    """Dense group ids of a state table's rows by ``key_columns``."""
+    return _group_ids([_key_codes(table, c) for c in key_columns])
+
+
+def _reduce(ids: np.ndarray, size: int, values: np.ndarray, column: StateColumn) -> np.ndarray:
+    """Combine per-row state values into per-group values with the column's merge operation."""
+    if column.merge == "sum":
+        if pa.types.is_integer(column.type):
+            out = np.zeros(size, dtype=np.int64)
+            np.add.at(out, ids, values.astype(np.int64))
+            return out
+        return np.bincount(ids, weights=values, minlength=size)
+    ufunc, start = (np.minimum, np.inf) if column.merge == "min" else (np.maximum, -np.inf)
+    out = np.full(size, start)
+    ufunc.at(out, ids, values)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- batch view
 
 
 @dataclass(frozen=True)
@@ -312,16 +376,20 @@ class _BatchView:
 
     def arrow(self, name: str) -> pa.Array:
         column = self.batch.column(name)
-        return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        return column
 
     def numpy(self, name: str) -> np.ndarray:
-        """A numeric/bool column as numpy (float64 for numbers, bool for status)."""
+        """A numeric/bool column as numpy (int64 for ts, bool for status, float64 otherwise)."""
 
         def compute() -> np.ndarray:
-            column = self.arrow(name)
-            if pa.types.is_boolean(column.type):
-                return column.to_numpy(zero_copy_only=False).astype(bool)
-            return column.to_numpy(zero_copy_only=False).astype(np.float64 if name != "ts" else np.int64)
+            column = self.arrow(name).to_numpy(zero_copy_only=False)
+            if name == "status":
+                return column.astype(bool)
+            return column.astype(np.int64 if name == "ts" else np.float64)
 
         return self._cached(("numpy", name), compute)
 
@@ -330,101 +398,90 @@ class _BatchView:
 
         def compute() -> tuple[np.ndarray, pa.Array]:
             column = self.arrow(name)
-            if pa.types.is_dictionary(column.type):
-                column = column.cast(column.type.value_type)
             if column.null_count:
                 column = pc.fill_null(column, "")
             encoded = pc.dictionary_encode(column)
-            return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary
+            return encoded.indices.to_numpy(), encoded.dictionary
 
         return self._cached(("encoded", name), compute)
-
-    def entities(self, scope: str) -> tuple[np.ndarray, pa.Array, np.ndarray | None]:
-        """(entity code per row, entity names, counted-row mask or None) for a scope."""
-        return self._cached(("entities", scope), lambda: self._entities(scope))
-
-    def _entities(self, scope: str) -> tuple[np.ndarray, pa.Array, np.ndarray | None]:
-        services, service_names = self.encoded("service")
-        if scope == "service":
-            return services, service_names, None
-        subs, sub_names = self.encoded(scope)
-        empty = pc.index(sub_names, "").as_py()
-        counted = subs != empty if empty >= 0 else None
-        width = max(len(sub_names), 1)
-        pairs = services * width + subs
-        ids, uniques = _factorize(pairs if counted is None else pairs[counted], max(len(service_names), 1) * width)
-        codes = np.zeros(self.rows, dtype=np.int64)
-        if counted is None:
-            codes = ids
-        else:
-            codes[counted] = ids
-        names = pc.binary_join_element_wise(
-            service_names.take(pa.array(uniques // width)), sub_names.take(pa.array(uniques % width)), "/"
-        )
-        return codes, names, counted
 
     def groups(self, scope: str, width_ms: int) -> _Groups:
         return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
 
     def _groups(self, scope: str, width_ms: int) -> _Groups:
-        codes, names, counted = self.entities(scope)
+        services, service_names = self.encoded("service")
         slots = self.numpy("ts") // width_ms
+        columns = [services]
+        names = [service_names]
+        counted = None
+        if scope != "service":
+            subs, sub_names = self.encoded(scope)
+            empty = pc.index(sub_names, "").as_py()
+            counted = subs != empty if empty >= 0 else None
+            columns.append(subs)
+            names.append(sub_names)
         if counted is not None:
-            codes, slots = codes[counted], slots[counted]
-        first = int(slots.min()) if len(slots) else 0
-        span = int(slots.max()) - first + 1 if len(slots) else 1
-        ids, uniques = _factorize(codes * span + (slots - first), max(len(names), 1) * span)
+            columns, slots = [c[counted] for c in columns], slots[counted]
+        codes = [(c, max(len(n), 1)) for c, n in zip(columns, names)]
+        ids, size = _group_ids([*codes, _compact(slots)])
+        first = _first_rows(ids, size)
+        parts = [n.take(pa.array(c[first])) for c, n in zip(columns, names)]
+        entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
         if counted is None:
             gid = ids
         else:
             gid = np.full(self.rows, -1, dtype=np.int64)
             gid[counted] = ids
-        entity = names.take(pa.array(uniques // span))
-        bucket = (uniques % span + first) * width_ms
-        return _Groups(gid, entity, bucket.astype(np.int64), counted)
-
-    def selection(self, scope: str, where: str | None, filter_mask: Callable[[], np.ndarray] | None) -> np.ndarray | None:
-        """Rows a metric counts: the scope's counted rows and its filter (None = every row)."""
-
-        def compute() -> np.ndarray | None:
-            counted = self.groups(scope, GRANULARITY_MS["minute"]).counted
-            if filter_mask is None:
-                return counted
-            mask = filter_mask()
-            return mask if counted is None else mask & counted
-
-        return self._cached(("selection", scope, where), compute)
+        return _Groups(gid, entity, slots[first] * width_ms, counted)
 
     def selected(self, metric: MetricDef, column: str) -> np.ndarray:
-        """A per-row array restricted to the rows ``metric`` counts (``gid``, a numpy column or ``bins:P``)."""
+        """A per-row array restricted to the rows ``metric`` counts.
+
+        ``column``: ``gid`` (minute group id), an event column, ``bin:P`` / ``b:P`` (histogram bin code / bin
+        of precision P).
+        """
 
         def compute() -> np.ndarray:
-            rows = self.selection(metric.scope, metric.where, None if metric.filter is None else self._filter(metric))
+            rows = self.selection(metric)
             if column == "gid":
                 values = self.groups(metric.scope, GRANULARITY_MS["minute"]).gid
-            elif column.startswith("bins:"):
-                values = self.bins(float(column[5:]))[0]
+            elif column.startswith(("bin:", "b:")):
+                kind, precision = column.split(":")
+                codes, _, b = self.bins(float(precision))
+                values = codes if kind == "bin" else b
             else:
                 values = self.numpy(column)
             return values if rows is None else values[rows]
 
         return self._cached(("selected", metric.scope, metric.where, column), compute)
 
-    def _filter(self, metric: MetricDef) -> Callable[[], np.ndarray]:
-        condition = metric.filter
-        assert condition is not None
-        return lambda: condition.mask(self.batch)
+    def counts(self, metric: MetricDef) -> np.ndarray:
+        """Per minute group of the metric's scope: the number of rows the metric counts."""
+        size = self.groups(metric.scope, GRANULARITY_MS["minute"]).size
+        return self._cached(
+            ("counts", metric.scope, metric.where), lambda: np.bincount(self.selected(metric, "gid"), minlength=size)
+        )
 
-    def bins(self, precision: float) -> tuple[np.ndarray, np.ndarray]:
-        """Histogram bins floor(latency / precision): (dense bin id per row, bin value per id)."""
+    def selection(self, metric: MetricDef) -> np.ndarray | None:
+        """Rows a metric counts: the scope's counted rows that pass its filter (None = every row)."""
 
-        def compute() -> tuple[np.ndarray, np.ndarray]:
-            raw = np.floor(self.numpy("latency_ms") / precision)
-            raw = np.minimum(raw, 2.0**53).astype(np.int64)  # latencies beyond 2^53 bins share the last bin
-            low = int(raw.min()) if len(raw) else 0
-            span = int(raw.max()) - low + 1 if len(raw) else 1
-            ids, uniques = _factorize(raw - low, span)
-            return ids, uniques + low
+        def compute() -> np.ndarray | None:
+            counted = self.groups(metric.scope, GRANULARITY_MS["minute"]).counted
+            if metric.filter is None:
+                return counted
+            mask = metric.filter.mask(self.batch)
+            return mask if counted is None else mask & counted
+
+        return self._cached(("selection", metric.scope, metric.where), compute)
+
+    def bins(self, precision: float) -> tuple[np.ndarray, int, np.ndarray]:
+        """Histogram bins b = floor(latency / precision): (bin code per row, code count, b per row)."""
+
+        def compute() -> tuple[np.ndarray, int, np.ndarray]:
+            b = np.floor(self.numpy("latency_ms") / precision)
+            b = np.minimum(b, 2.0**53).astype(np.int64)  # latencies beyond 2^53 bins share the last bin
+            codes, size = _compact(b)
+            return codes, size, b
 
         return self._cached(("bins", precision), compute)
 
@@ -433,6 +490,11 @@ class _BatchView:
 
 StateArrays = dict[str, np.ndarray]
 _Aggregator = Callable[[_BatchView, MetricDef, np.ndarray, np.ndarray, int], StateArrays]
+
+
+def _categories(g: np.ndarray, category: np.ndarray, categories: int, size: int) -> np.ndarray:
+    """Per group, the number of rows of each category: shape (size, categories), one bincount."""
+    return np.bincount(g * categories + category, minlength=size * categories).reshape(size, categories)
 
 
 def _agg_count(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
@@ -448,32 +510,26 @@ def _agg_avg(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, 
     return {**_agg_sum(view, metric, g, n, size), "n": n}
 
 
-def _agg_extreme(ufunc: np.ufunc, start: float) -> _Aggregator:
-    def aggregate(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
-        assert metric.field is not None
-        values = np.full(size, start)
-        ufunc.at(values, g, view.selected(metric, metric.field))
-        return {"v": values}
-
-    return aggregate
+def _agg_extreme(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    assert metric.field is not None
+    (column,) = STATE_COLUMNS[metric.function]
+    return {"v": _reduce(g, size, view.selected(metric, metric.field).astype(np.float64), column)}
 
 
 def _agg_sla(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
-    return {"ok": np.bincount(g[view.selected(metric, "status")], minlength=size), "n": n}
+    return {"ok": _categories(g, view.selected(metric, "status"), 2, size)[:, 1], "n": n}
 
 
 def _agg_apdex(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
     latency = view.selected(metric, "latency_ms")
-    success = view.selected(metric, "status")
     t = metric.threshold_ms
     assert t is not None
-    satisfied = success & (latency <= t)
-    tolerating = success & (latency > t) & (latency <= 4 * t)
-    return {
-        "ok": np.bincount(g[satisfied], minlength=size),
-        "tol": np.bincount(g[tolerating], minlength=size),
-        "n": n,
-    }
+    # 0 = frustrated (or failed), 1 = satisfied (latency <= t), 2 = tolerating (t < latency <= 4t)
+    category = (latency <= t).astype(np.int64)
+    category[(latency > t) & (latency <= 4 * t)] = 2
+    category[~view.selected(metric, "status")] = 0
+    counts = _categories(g, category, 3, size)
+    return {"ok": counts[:, 1], "tol": counts[:, 2], "n": n}
 
 
 _AGGREGATORS: Mapping[str, _Aggregator] = MappingProxyType(
@@ -482,8 +538,8 @@ _AGGREGATORS: Mapping[str, _Aggregator] = MappingProxyType(
         "cpm": _agg_count,
         "sum": _agg_sum,
         "avg": _agg_avg,
-        "min": _agg_extreme(np.minimum, np.inf),
-        "max": _agg_extreme(np.maximum, -np.inf),
+        "min": _agg_extreme,
+        "max": _agg_extreme,
         "sla": _agg_sla,
         "apdex": _agg_apdex,
     }
@@ -500,10 +556,10 @@ def _state_table(entity: pa.Array, bucket: np.ndarray, states: StateArrays, layo
 def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
     groups = view.groups(metric.scope, GRANULARITY_MS["minute"])
     g = view.selected(metric, "gid")
-    layout = STATE_COLUMNS[metric.function]
     if metric.function == "percentile":
         return _aggregate_histogram(view, metric, groups, g)
-    n = np.bincount(g, minlength=groups.size)
+    layout = STATE_COLUMNS[metric.function]
+    n = view.counts(metric)
     states = _AGGREGATORS[metric.function](view, metric, g, n, groups.size)
     if n.all():
         return _state_table(groups.entity, groups.bucket, states, layout)
@@ -515,18 +571,17 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
 
 def _aggregate_histogram(view: _BatchView, metric: MetricDef, groups: _Groups, g: np.ndarray) -> pa.Table:
     assert metric.precision_ms is not None
-    bins = view.selected(metric, f"bins:{float(metric.precision_ms)!r}")
-    bin_values = view.bins(float(metric.precision_ms))[1]
-    width = max(len(bin_values), 1)
-    ids, uniques = _factorize(g * width + bins, max(groups.size, 1) * width)
-    counts = np.bincount(ids, minlength=len(uniques))
-    group = uniques // width
+    precision = float(metric.precision_ms)
+    bin_codes = view.selected(metric, f"bin:{precision!r}")
+    ids, size = _group_ids([(g, max(groups.size, 1)), (bin_codes, view.bins(precision)[1])])
+    first = _first_rows(ids, size)
+    group = g[first]
     return _state_table(
         groups.entity.take(pa.array(group)),
         groups.bucket[group],
-        {"n": counts},
+        {"n": np.bincount(ids, minlength=size)},
         STATE_COLUMNS["percentile"],
-        b=bin_values[uniques % width],
+        b=view.selected(metric, f"b:{precision!r}")[first],
     )
 
 
@@ -535,7 +590,7 @@ def _topn_candidates(g: np.ndarray, latency: np.ndarray, size: int, n: int) -> n
 
     One int64 sort on (group, latency) keys: latency is reduced to its IEEE bit pattern (monotonic for
     non-negative floats), shifted right to make room for the group id, so the keys are non-strictly
-    monotonic in latency; every row at or above its group's n-th key is a candidate.
+    monotonic in latency; every row at or above its group's n-th largest key is a candidate.
     """
     sizes = np.bincount(g, minlength=size)
     if len(g) == 0 or sizes.max() <= n:
@@ -550,6 +605,25 @@ def _topn_candidates(g: np.ndarray, latency: np.ndarray, size: int, n: int) -> n
     return np.flatnonzero(keys >= threshold[g])
 
 
+def _run_starts(table: pa.Table) -> np.ndarray:
+    """Row indices where a new (entity, bucket) run starts in a table sorted by those columns."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    entity = _string_codes(table.column("entity"))[0]
+    bucket = table.column("bucket").to_numpy()
+    change = np.ones(table.num_rows, dtype=bool)
+    change[1:] = (entity[1:] != entity[:-1]) | (bucket[1:] != bucket[:-1])
+    return np.flatnonzero(change)
+
+
+def _run_positions(table: pa.Table) -> np.ndarray:
+    """For a table sorted by (entity, bucket): each row's position within its (entity, bucket) run."""
+    starts = _run_starts(table)
+    run = np.zeros(table.num_rows, dtype=np.int64)
+    run[starts[1:]] = 1
+    return np.arange(table.num_rows) - starts[np.cumsum(run)]
+
+
 def _keep_top(table: pa.Table, n: int) -> pa.Table:
     """Sort top-N rows by (entity, bucket, latency desc, key asc) and keep the first ``n`` per group."""
     if table.num_rows == 0:
@@ -558,32 +632,9 @@ def _keep_top(table: pa.Table, n: int) -> pa.Table:
     return table.filter(pa.array(_run_positions(table) < n))
 
 
-def _run_positions(table: pa.Table) -> np.ndarray:
-    """For a table sorted by (entity, bucket): each row's position within its (entity, bucket) run."""
-    starts = _run_starts(table)
-    change = np.zeros(table.num_rows, dtype=np.int64)
-    change[starts] = 1
-    run = np.cumsum(change) - 1
-    return np.arange(table.num_rows) - starts[run]
-
-
-def _run_starts(table: pa.Table) -> np.ndarray:
-    """Row indices where a new (entity, bucket) run starts in a table sorted by those columns."""
-    rows = table.num_rows
-    if rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    entity = pc.dictionary_encode(table.column("entity")).combine_chunks().indices.to_numpy()
-    bucket = table.column("bucket").to_numpy()
-    change = np.ones(rows, dtype=bool)
-    change[1:] = (entity[1:] != entity[:-1]) | (bucket[1:] != bucket[:-1])
-    return np.flatnonzero(change)
-
-
 def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
     groups = view.groups(topn.scope, TOPN_BUCKET_MS)
     keys = view.arrow(topn.key)
-    if pa.types.is_dictionary(keys.type):
-        keys = keys.cast(keys.type.value_type)
     has_key = pc.fill_null(pc.not_equal(keys, ""), False).to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(has_key & (groups.gid >= 0))
     g = groups.gid[rows]
@@ -607,9 +658,9 @@ def aggregate_batch(
 ) -> list[Partial]:
     """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch.
 
-    Metric partials are minute states; top-N partials are per 10-minute bucket. A partial is returned for
-    every definition even when the batch contributes nothing to it (an empty table), so that ``source``
-    (the identity of this batch, recorded by stores to make ingestion idempotent) reaches every definition.
+    Metric partials hold minute states, top-N partials 10-minute ones. A partial is returned for every
+    definition even when the batch contributes nothing to it (an empty table), so that ``source`` (the
+    identity of this batch, which stores record to make ingestion idempotent) reaches every definition.
     """
     view = _BatchView(batch)
     sources = () if source is None else (source,)
@@ -625,18 +676,21 @@ def aggregate_batch(
 
 
 def _merge_states(table: pa.Table, metric: MetricDef, key_columns: Sequence[str]) -> pa.Table:
-    layout = STATE_COLUMNS[metric.function]
-    keys = list(key_columns)
-    merged = table.group_by(keys, use_threads=False).aggregate([(c.name, c.merge) for c in layout])
-    merged = merged.select(keys + [f"{c.name}_{c.merge}" for c in layout]).rename_columns(keys + [c.name for c in layout])
-    return merged.sort_by([(k, "ascending") for k in keys])
+    """Combine rows with equal keys by each state column's merge operation (row order is not kept)."""
+    ids, size = _table_groups(table, key_columns)
+    first = pa.array(_first_rows(ids, size))
+    columns: dict[str, Any] = {k: table.column(k).take(first) for k in key_columns}
+    for c in STATE_COLUMNS[metric.function]:
+        columns[c.name] = pa.array(_reduce(ids, size, table.column(c.name).to_numpy(), c), c.type)
+    return pa.table(columns)
 
 
 def merge(partials: Iterable[P]) -> P:
-    """Merge partials of one exact type (and granularity) into one sorted partial with unique keys.
+    """Merge partials of one exact type (and granularity) into one partial with unique keys.
 
     Associative and commutative (exactly so for integer states and min/max; float sums up to the last
-    ulp); ``sources`` are united. Raises ``ValueError`` for an empty input, mixed types or granularities.
+    ulp); ``sources`` are united. Row order is unspecified except for top-N (sorted, best first).
+    Raises ``ValueError`` for an empty input or mixed types or granularities.
     """
     parts = list(partials)
     if not parts:
@@ -648,7 +702,7 @@ def merge(partials: Iterable[P]) -> P:
             raise ValueError(f"cannot merge {type(part).__name__} into {cls.__name__}")
         if isinstance(first, MetricPartial) and part.granularity != first.granularity:  # type: ignore[attr-defined]
             raise ValueError(f"cannot merge {part.granularity} states into {first.granularity} states")  # type: ignore[attr-defined]
-    table = pa.concat_tables([p.table for p in parts]) if len(parts) > 1 else first.table
+    table = pa.concat_tables([p.table for p in parts]).combine_chunks()
     sources = frozenset().union(*(p.sources for p in parts))
     definition = first.definition
     if isinstance(definition, MetricDef):
@@ -674,9 +728,10 @@ def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
 class MetricAccumulator:
     """Merges the partials of one definition (and granularity) keyed by (entity, bucket).
 
-    ``add`` buffers partials and merges them in amortised batches; ``drain`` returns everything added since
-    the last drain as one merged partial (or None) and empties the accumulator; ``len`` is the number of
-    distinct state keys held. Works for top-N partials too. Not thread-safe (a queue handler is never called
+    ``add`` buffers partials and merges them in amortised batches (when the buffered rows exceed both
+    ``compact_rows`` and the merged rows held); ``drain`` returns everything added since the last drain as one
+    merged partial (None if nothing was added) and empties the accumulator; ``len`` is the number of distinct
+    state keys held. Works for top-N partials too. Not thread-safe (a queue handler is never called
     concurrently with itself).
     """
 
@@ -707,6 +762,7 @@ class MetricAccumulator:
             self._pending_rows = 0
 
     def drain(self) -> Partial | None:
+        """Everything added since the last drain, merged (None if nothing); the accumulator is left empty."""
         self._compact()
         merged, self._merged = self._merged, None
         return merged
@@ -721,8 +777,9 @@ class MetricAccumulator:
 
 def iso_from_ms(ms: np.ndarray | pa.Array) -> pa.Array:
     """Epoch milliseconds (whole seconds) -> ISO-8601 UTC strings ``YYYY-MM-DDTHH:MM:SSZ``."""
-    seconds = np.asarray(ms, dtype=np.int64) // 1000
-    return pc.strftime(pa.array(seconds, pa.timestamp("s")), format=_ISO_FORMAT)
+    encoded = pc.dictionary_encode(pa.array(np.asarray(ms, dtype=np.int64) // 1000, pa.int64()))
+    text = pc.strftime(encoded.dictionary.cast(pa.timestamp("s")), format=_ISO_FORMAT)
+    return text.take(encoded.indices)  # formats each distinct bucket once
 
 
 def ms_from_iso(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -733,8 +790,7 @@ def ms_from_iso(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def _apdex_values(ok: np.ndarray, tol: np.ndarray, n: np.ndarray) -> np.ndarray:
     """(ok + tol / 2) / n rounded half-up to 4 decimals, computed exactly in integers."""
-    scaled = ((2 * ok + tol) * 10_000 + n) // (2 * n)
-    return scaled / 10_000.0
+    return ((2 * ok + tol) * 10_000 + n) // (2 * n) / 10_000.0
 
 
 def _values(function: str, table: pa.Table, minutes: int) -> np.ndarray:
@@ -756,43 +812,53 @@ def _values(function: str, table: pa.Table, minutes: int) -> np.ndarray:
     raise ValueError(f"no single-value finalizer for {function!r}")
 
 
-def _percentile_rows(table: pa.Table, precision: float) -> tuple[np.ndarray, np.ndarray]:
-    """Row index of each (entity, bucket) run's first row, and its values, shape (runs, 5)."""
-    starts = _run_starts(table)
-    counts = table.column("n").to_numpy()
-    bins = table.column("b").to_numpy()
+def _percentiles(table: pa.Table, precision: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per (entity, bucket): a representative row and the values of :data:`PERCENTILES` (shape (groups, 5)).
+
+    Rows are ordered by (group, b); the r-th smallest event (r = ceil(p * count / 100), in integers) is in
+    the first row whose running count within the group reaches r.
+    """
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, len(PERCENTILES)))
+    ids, size = _table_groups(table, ("entity", "bucket"))
+    b = table.column("b").to_numpy()
+    bin_codes, bin_count = _compact(b)
+    order = np.argsort(ids * bin_count + bin_codes)
+    ids, b, counts = ids[order], b[order], table.column("n").to_numpy()[order]
+    change = np.ones(len(ids), dtype=bool)
+    change[1:] = ids[1:] != ids[:-1]
+    starts = np.flatnonzero(change)
     cumulative = np.cumsum(counts)
     before = np.concatenate(([0], cumulative))[starts]
-    ends = np.concatenate((starts[1:], [table.num_rows]))
+    ends = np.concatenate((starts[1:], [len(ids)]))
     totals = cumulative[ends - 1] - before
-    ranks = (np.array(PERCENTILES)[None, :] * totals[:, None] + 99) // 100  # ceil(p / 100 * count), exactly
+    ranks = (np.array(PERCENTILES, dtype=np.int64)[None, :] * totals[:, None] + 99) // 100
     rows = np.searchsorted(cumulative, before[:, None] + ranks, side="left")
-    return starts, bins[rows].astype(np.float64) * float(precision)
+    return order[starts], b[rows].astype(np.float64) * float(precision)
 
 
 def _metric_value_table(partial: MetricPartial) -> pa.Table:
     definition = partial.definition
-    table = partial.table.sort_by([(k, "ascending") for k in partial.key_columns])
+    table = partial.table
     if definition.function == "percentile":
         assert definition.precision_ms is not None
-        starts, values = _percentile_rows(table, definition.precision_ms)
-        repeat = len(PERCENTILES)
-        index = pa.array(np.repeat(starts, repeat))
-        entity = table.column("entity").take(index)
-        bucket = table.column("bucket").to_numpy()[np.repeat(starts, repeat)]
-        labels = pa.array(np.tile(np.array(PERCENTILE_LABELS, dtype=object), len(starts)), pa.string())
+        first, values = _percentiles(table, definition.precision_ms)
+        index = np.repeat(first, len(PERCENTILES))
+        entity = table.column("entity").take(pa.array(index))
+        bucket = table.column("bucket").to_numpy()[index]
+        labels = pa.array(np.tile(np.array(PERCENTILE_LABELS, dtype=object), len(first)), pa.string())
         value = values.reshape(-1)
     else:
         entity = table.column("entity")
         bucket = table.column("bucket").to_numpy()
-        labels = pa.array([""] * table.num_rows, pa.string())
+        labels = pa.repeat(pa.scalar("", pa.string()), table.num_rows)
         value = _values(definition.function, table, GRANULARITY_MS[partial.granularity] // 60_000)
     rows = len(bucket)
     return pa.table(
         {
-            "metric": pa.array([definition.name] * rows, pa.string()),
+            "metric": pa.repeat(pa.scalar(definition.name, pa.string()), rows),
             "entity": entity,
-            "granularity": pa.array([partial.granularity] * rows, pa.string()),
+            "granularity": pa.repeat(pa.scalar(partial.granularity, pa.string()), rows),
             "time_bucket": iso_from_ms(bucket),
             "label": labels,
             "value": pa.array(value, pa.float64()),
@@ -805,7 +871,7 @@ def _topn_value_table(partial: TopNPartial) -> pa.Table:
     rows = table.num_rows
     return pa.table(
         {
-            "name": pa.array([partial.definition.name] * rows, pa.string()),
+            "name": pa.repeat(pa.scalar(partial.definition.name, pa.string()), rows),
             "entity": table.column("entity"),
             "time_bucket": iso_from_ms(table.column("bucket").to_numpy()),
             "rank": pa.array(_run_positions(table) + 1, pa.int32()),
@@ -816,13 +882,13 @@ def _topn_value_table(partial: TopNPartial) -> pa.Table:
 
 
 def finalize_table(partial: Partial) -> pa.Table:
-    """Value rows of a partial as a pyarrow table (columns :data:`VALUE_COLUMNS`, or :data:`TOPN_COLUMNS`
-    for a top-N), ordered by entity, time bucket and label (rank).
+    """Value rows of a partial as a pyarrow table: columns :data:`VALUE_COLUMNS`, or for a top-N
+    :data:`TOPN_COLUMNS` (ranked 1..n per entity and bucket). Row order is unspecified.
 
-    cpm divides by the minutes in the bucket (1, 60, 1440); avg is sum / count; sla is
-    100 * successes / count; apdex is (satisfied + tolerating / 2) / count rounded half-up to 4 decimals;
-    percentile gives rows p50 p75 p90 p95 p99 with value precision * (bin of the r-th smallest event),
-    r = ceil(p / 100 * count); count and min/max/sum are the state itself.
+    count and sum/min/max are the state; cpm = count / minutes in the bucket (1, 60, 1440); avg = sum /
+    count; sla = 100 * successes / count; apdex = (satisfied + tolerating / 2) / count rounded half-up to 4
+    decimals; percentile gives rows p50 p75 p90 p95 p99 with value precision * (bin of the r-th smallest
+    event), r = ceil(p / 100 * count). Values are float64.
     """
     if isinstance(partial, MetricPartial):
         return _metric_value_table(partial)
@@ -832,9 +898,9 @@ def finalize_table(partial: Partial) -> pa.Table:
 
 
 def finalize(partial: Partial) -> list[tuple[Any, ...]]:
-    """:func:`finalize_table` as a list of row tuples."""
+    """:func:`finalize_table` as a sorted list of row tuples (for small outputs and tests)."""
     table = finalize_table(partial)
-    return list(zip(*(table.column(c).to_pylist() for c in table.column_names)))
+    return sorted(zip(*(table.column(c).to_pylist() for c in table.column_names)))
 
 
 # --------------------------------------------------------------------------------------------- storage form

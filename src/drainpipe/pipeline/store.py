@@ -1,0 +1,566 @@
+"""Metric stores: transactional, idempotent upsert-merge of states, and the query side.
+
+Contract (``/work/shared/design/PIPELINE.md``, "Output (storage)"): rows are upserts keyed by
+(metric, entity, granularity, time_bucket, label); states are merged, not overwritten, so two halves of the
+input ingested one after the other give the same values as the whole; and running the pipeline twice over
+the same input gives the same values.
+
+Tables (portable SQL: the same statements serve DuckDB and, through :class:`SqlStore`, PostgreSQL)::
+
+    metric_state  (metric, entity, granularity, time_bucket, b, n, v, ok, tol)   key: metric..time_bucket, b
+    metric_values (metric, entity, granularity, time_bucket, label, value)        key: metric..time_bucket, label
+    topn_values   (name, entity, time_bucket, rank, key, latency_ms)              key: name..time_bucket, rank
+    applied_sources (source, name)                                                key: source, name
+    definitions   (name, signature)                                               key: name
+
+``time_bucket`` is the bucket start as ISO-8601 text (``2026-11-21T10:05:00Z``; it sorts chronologically).
+``metric_state`` holds the mergeable states in the fixed columns of
+:data:`~drainpipe.pipeline.functions.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1``
+otherwise); ``metric_values`` the finalized values (what :meth:`Store.query` reads); for a top-N the ranked
+rows are the state.
+
+Merge (:meth:`SqlStore.merge`), one transaction per call, so a failure leaves nothing half-written:
+
+1. every definition's :func:`~drainpipe.pipeline.definitions.signature` is checked against (or recorded in)
+   ``definitions``: states of a name computed differently are never merged (:class:`StoreError`);
+2. idempotency, see below;
+3. minute partials are rolled up to hour and day (:func:`~drainpipe.pipeline.functions.rollup`); the
+   partials are merged per (name, granularity) in memory;
+4. per (metric, granularity): the keys are staged, the stored states for them read, merged with the new
+   ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in Python, so every
+   SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N rows;
+5. the applied (source, name) pairs are recorded.
+
+Idempotency. Merging states is not idempotent by itself (merging a count twice doubles it). So every
+partial carries ``sources``: the identities of the input batches it contains (``aggregate_batch(...,
+source=...)``, united by ``merge``). A source identity must name one batch of input content, e.g.
+``"<file path>@<size>:<mtime_ns>#<batch index>"`` or a content fingerprint plus offset range; equal
+identities must mean equal events. The store records (source, name) pairs in ``applied_sources`` in the
+same transaction as the states, and on merge:
+
+* a partial whose every (source, name) pair is already recorded (earlier, or by an earlier partial of the
+  same call) is skipped: re-running the same input changes nothing;
+* a partial mixing recorded and new pairs cannot be split and raises :class:`StoreError`; engines avoid it
+  by asking :meth:`Store.applied` before aggregating a batch and aggregating only the definitions not yet
+  applied for it (``Definitions.select``);
+* a partial without sources is always merged (no deduplication possible).
+
+The primary key of ``applied_sources`` also rejects a concurrent second writer of the same pair (the
+transaction fails rather than double-counting).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import os
+import threading
+import urllib.parse
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .definitions import Definition, MetricDef, TopNDef, signature
+from .functions import (
+    GRANULARITIES,
+    TOPN_COLUMNS,
+    VALUE_COLUMNS,
+    MetricPartial,
+    Partial,
+    TopNPartial,
+    finalize_table,
+    from_state_table,
+    from_topn_table,
+    iso_from_ms,
+    merge,
+    rollup,
+    to_state_table,
+    to_topn_table,
+)
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "StoreError",
+    "MergeReport",
+    "Store",
+    "SqlStore",
+    "DuckDBStore",
+    "open_store",
+    "parse_time",
+]
+
+DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS metric_state (
+        metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
+        time_bucket VARCHAR NOT NULL, b BIGINT NOT NULL,
+        n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT)""",
+    """CREATE TABLE IF NOT EXISTS metric_values (
+        metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
+        time_bucket VARCHAR NOT NULL, label VARCHAR NOT NULL, value DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS topn_values (
+        name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL, rank INTEGER NOT NULL,
+        key VARCHAR NOT NULL, latency_ms DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS applied_sources (
+        source VARCHAR NOT NULL, name VARCHAR NOT NULL, PRIMARY KEY (source, name))""",
+    """CREATE TABLE IF NOT EXISTS definitions (name VARCHAR PRIMARY KEY, signature VARCHAR NOT NULL)""",
+    """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
+        name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL)""",
+    "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (source VARCHAR NOT NULL, name VARCHAR NOT NULL)",
+)
+_STAGED = (
+    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.metric AND k.granularity = t.granularity"
+    " AND k.entity = t.entity AND k.time_bucket = t.time_bucket)"
+)
+_STAGED_TOPN = (
+    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.name AND k.entity = t.entity AND k.time_bucket = t.time_bucket)"
+)
+
+
+class StoreError(ValueError):
+    """A store cannot be opened, written or queried; the message is one line."""
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What one :meth:`Store.merge` call did."""
+
+    applied: int  # partials merged
+    skipped: int  # partials skipped because all their (source, name) pairs were applied before
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where metric states and values live. Implementations are thread-safe."""
+
+    def merge(self, partials: Iterable[Partial], *, rollup: bool = True) -> MergeReport:
+        """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
+
+        With ``rollup`` (the default), minute metric partials also update the hour and day buckets.
+        """
+        ...
+
+    def applied(self, source: str) -> frozenset[str]:
+        """Names of the definitions whose states already contain input batch ``source``."""
+        ...
+
+    def query(
+        self,
+        metric: str | None = None,
+        entity: str | None = None,
+        granularity: str | None = None,
+        start: Any = None,
+        end: Any = None,
+    ) -> list[tuple[str, str, str, str, str, float]]:
+        """Value rows ``(metric, entity, granularity, time_bucket, label, value)`` ordered by those columns;
+        ``start``/``end`` (ISO-8601 text, datetime or epoch ms) bound ``time_bucket`` inclusively."""
+        ...
+
+    def query_topn(
+        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
+    ) -> list[tuple[str, str, str, int, str, float]]:
+        """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def parse_time(value: Any) -> str:
+    """A time bound (ISO-8601 text with optional offset, a date, a datetime or epoch ms) as bucket text."""
+    if isinstance(value, bool):
+        raise StoreError(f"bad time {value!r}: expected ISO-8601 (2026-11-21T10:05:00Z) or epoch milliseconds")
+    if isinstance(value, int):
+        return str(iso_from_ms(np.array([value - value % 1000]))[0])
+    if isinstance(value, str):
+        try:
+            value = _dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise StoreError(f"bad time {value!r}: expected ISO-8601 like 2026-11-21T10:05:00Z") from None
+    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
+        value = _dt.datetime(value.year, value.month, value.day)
+    if not isinstance(value, _dt.datetime):
+        raise StoreError(f"bad time {value!r}: expected ISO-8601 (2026-11-21T10:05:00Z) or epoch milliseconds")
+    if value.tzinfo is not None:
+        value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class SqlStore:
+    """The store logic on top of a few backend primitives (subclasses: DuckDB here, PostgreSQL later).
+
+    Backends implement :meth:`_execute`, :meth:`_fetchall`, :meth:`_fetch_arrow`, :meth:`_insert_arrow`,
+    :meth:`_transaction` and :meth:`_close`; SQL uses ``?`` placeholders, which :meth:`_sql` may rewrite.
+    All SQL statements and the merge logic live here, once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- backend primitives
+
+    def _sql(self, text: str) -> str:
+        return text
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        raise NotImplementedError
+
+    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+        raise NotImplementedError
+
+    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+        """Append ``rows`` (columns in the table's column order) to ``table_name``."""
+        raise NotImplementedError
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._execute("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self._execute("ROLLBACK")
+            raise
+        self._execute("COMMIT")
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def _backend_errors(self) -> tuple[type[BaseException], ...]:
+        return ()
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def _create_schema(self) -> None:
+        for statement in _SCHEMA:
+            self._execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._close()
+
+    def __enter__(self) -> SqlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"cannot {action}: the store is closed")
+            try:
+                yield
+            except StoreError:
+                raise
+            except self._backend_errors() as exc:
+                raise StoreError(f"store {action} failed: {_first_line(exc)}") from exc
+
+    # ----------------------------------------------------------------------------- merge
+
+    def merge(self, partials: Iterable[Partial], *, rollup: bool = True) -> MergeReport:
+        parts = list(partials)
+        for part in parts:
+            if not isinstance(part, (MetricPartial, TopNPartial)):
+                raise TypeError(f"not a partial: {part!r}")
+        with self._guard("merge"), self._transaction():
+            self._check_definitions({p.definition for p in parts})
+            fresh, pairs = self._fresh(parts)
+            grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
+            for part in fresh:
+                for granular in self._granular(part, rollup):
+                    grouped[(part.definition, getattr(granular, "granularity", ""))].append(granular)
+            merged = [merge(group) for group in grouped.values()]
+            merged = [m for m in merged if m.table.num_rows]
+            metrics = [m for m in merged if isinstance(m, MetricPartial)]
+            topns = [m for m in merged if isinstance(m, TopNPartial)]
+            if metrics:
+                self._merge_metrics(metrics)
+            if topns:
+                self._merge_topns(topns)
+            self._record(pairs)
+        return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
+
+    @staticmethod
+    def _granular(part: Partial, with_rollup: bool) -> list[Partial]:
+        if isinstance(part, MetricPartial) and with_rollup and part.granularity == "minute":
+            return [part, rollup(part, "hour"), rollup(part, "day")]
+        return [part]
+
+    def _check_definitions(self, definitions: set[Definition]) -> None:
+        if not definitions:
+            return
+        wanted = {d.name: signature(d) for d in definitions}
+        if len(wanted) != len(definitions):
+            raise StoreError("one merge holds two different definitions with the same name")
+        names = sorted(wanted)
+        marks = ", ".join("?" * len(names))
+        stored = dict(self._fetchall(f"SELECT name, signature FROM definitions WHERE name IN ({marks})", names))
+        for name in names:
+            if name not in stored:
+                self._execute("INSERT INTO definitions VALUES (?, ?)", (name, wanted[name]))
+            elif stored[name] != wanted[name]:
+                raise StoreError(
+                    f"{name!r} is stored with a different definition ({stored[name]}); use another store or name"
+                )
+
+    def _fresh(self, parts: list[Partial]) -> tuple[list[Partial], set[tuple[str, str]]]:
+        """The partials not applied yet, and the (source, name) pairs they bring."""
+        wanted = {(source, p.name) for p in parts for source in p.sources}
+        applied = self._applied_pairs(wanted)
+        fresh: list[Partial] = []
+        claimed: set[tuple[str, str]] = set()
+        for part in parts:
+            pairs = {(source, part.name) for source in part.sources}
+            seen = pairs & (applied | claimed)
+            if pairs and seen == pairs:
+                continue
+            if seen:
+                example = sorted(seen)[0][0]
+                raise StoreError(
+                    f"{part.name!r}: states mix already-applied sources (e.g. {example!r}) with new ones; "
+                    "aggregate only batches not applied yet"
+                )
+            claimed |= pairs
+            fresh.append(part)
+        return fresh, claimed
+
+    def _applied_pairs(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        if not pairs:
+            return set()
+        self._stage_sources(pairs)
+        rows = self._fetchall(
+            "SELECT a.source, a.name FROM applied_sources a JOIN stage_sources s ON a.source = s.source AND a.name = s.name"
+        )
+        return {(source, name) for source, name in rows}
+
+    def _stage_sources(self, pairs: set[tuple[str, str]]) -> None:
+        ordered = sorted(pairs)
+        self._execute("DELETE FROM stage_sources")
+        self._insert_arrow(
+            "stage_sources",
+            pa.table({"source": [s for s, _ in ordered], "name": [n for _, n in ordered]}, schema=_PAIR_SCHEMA),
+        )
+
+    def _record(self, pairs: set[tuple[str, str]]) -> None:
+        if pairs:
+            self._stage_sources(pairs)
+            self._execute("INSERT INTO applied_sources SELECT source, name FROM stage_sources")
+
+    def _stage_keys(self, keys: pa.Table) -> None:
+        """Replace the staged keys by the distinct (name, granularity, entity, time_bucket) rows of ``keys``."""
+        distinct = keys.group_by(list(_KEY_COLUMNS), use_threads=False).aggregate([]).select(list(_KEY_COLUMNS))
+        self._execute("DELETE FROM stage_keys")
+        self._insert_arrow("stage_keys", distinct)
+
+    def _merge_metrics(self, parts: list[MetricPartial]) -> None:
+        """Merge stored states into the new ones for every key of ``parts``; replace their state and value rows."""
+        new_states = [_with_key(to_state_table(p), p.name, p.granularity) for p in parts]
+        self._stage_keys(pa.concat_tables(new_states))
+        stored = self._fetch_arrow(f"SELECT {', '.join(_STATE_COLUMNS)} FROM metric_state t WHERE {_STAGED}")
+        combined = [
+            merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
+            for part, found in zip(parts, _split(stored, "metric", [(p.name, p.granularity) for p in parts]))
+        ]
+        self._execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
+        self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
+        self._insert_arrow(
+            "metric_state",
+            pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined).select(list(_STATE_COLUMNS)),
+        )
+        self._insert_arrow("metric_values", pa.concat_tables(finalize_table(c) for c in combined).select(list(VALUE_COLUMNS)))
+
+    def _merge_topns(self, parts: list[TopNPartial]) -> None:
+        """Merge stored top-N rows into the new ones for every key of ``parts``; replace their rows."""
+        new_rows = [to_topn_table(p) for p in parts]
+        self._stage_keys(pa.concat_tables(_with_key(r, p.name, _TOPN_GRANULARITY) for p, r in zip(parts, new_rows)))
+        stored = self._fetch_arrow(f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values t WHERE {_STAGED_TOPN}")
+        combined = [
+            merge([part, from_topn_table(part.definition, found)]) if found.num_rows else part
+            for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
+        ]
+        self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
+        self._insert_arrow("topn_values", pa.concat_tables(to_topn_table(c) for c in combined).select(list(TOPN_COLUMNS)))
+
+    # ----------------------------------------------------------------------------- reads
+
+    def applied(self, source: str) -> frozenset[str]:
+        with self._guard("read"):
+            rows = self._fetchall("SELECT name FROM applied_sources WHERE source = ?", (source,))
+        return frozenset(name for (name,) in rows)
+
+    def query(
+        self,
+        metric: str | None = None,
+        entity: str | None = None,
+        granularity: str | None = None,
+        start: Any = None,
+        end: Any = None,
+    ) -> list[tuple[str, str, str, str, str, float]]:
+        if granularity is not None and granularity not in GRANULARITIES:
+            raise StoreError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
+        where, params = _filters(
+            [("metric = ?", metric), ("entity = ?", entity), ("granularity = ?", granularity)], start, end
+        )
+        sql = f"SELECT {', '.join(VALUE_COLUMNS)} FROM metric_values{where} ORDER BY {', '.join(VALUE_COLUMNS[:5])}"
+        with self._guard("query"):
+            return self._fetchall(sql, params)
+
+    def query_topn(
+        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
+    ) -> list[tuple[str, str, str, int, str, float]]:
+        where, params = _filters([("name = ?", name), ("entity = ?", entity)], start, end)
+        sql = f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values{where} ORDER BY name, entity, time_bucket, rank"
+        with self._guard("query"):
+            return self._fetchall(sql, params)
+
+
+_PAIR_SCHEMA = pa.schema([("source", pa.string()), ("name", pa.string())])
+_KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
+_STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
+_TOPN_GRANULARITY = "10 minutes"
+
+
+def _with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
+    """``table`` with constant ``name``/``metric`` and ``granularity`` columns added."""
+    rows = table.num_rows
+    for column, value in (("name", name), ("metric", name), ("granularity", granularity)):
+        if column not in table.column_names:
+            table = table.append_column(column, pa.repeat(pa.scalar(value, pa.string()), rows))
+    return table
+
+
+def _split(stored: pa.Table, name_column: str, keys: list[tuple[str, str | None]]) -> list[pa.Table]:
+    """The rows of ``stored`` per (name, granularity) key (granularity None: any)."""
+    out = []
+    names = stored.column(name_column)
+    for name, granularity in keys:
+        mask = pc.equal(names, name)
+        if granularity is not None:
+            mask = pc.and_(mask, pc.equal(stored.column("granularity"), granularity))
+        out.append(stored.filter(mask))
+    return out
+
+
+def _filters(equal: list[tuple[str, Any]], start: Any, end: Any) -> tuple[str, list[Any]]:
+    clauses = [(sql, value) for sql, value in equal if value is not None]
+    if start is not None:
+        clauses.append(("time_bucket >= ?", parse_time(start)))
+    if end is not None:
+        clauses.append(("time_bucket <= ?", parse_time(end)))
+    if not clauses:
+        return "", []
+    return " WHERE " + " AND ".join(sql for sql, _ in clauses), [value for _, value in clauses]
+
+
+class DuckDBStore(SqlStore):
+    """A store in an embedded DuckDB database file (or ``:memory:``)."""
+
+    def __init__(self, path: str = "drainpipe.duckdb") -> None:
+        super().__init__()
+        import duckdb
+
+        self.path = path
+        self._duckdb = duckdb
+        try:
+            self._con = duckdb.connect(path)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open duckdb store {path!r}: {_first_line(exc)}") from None
+        self._views = 0
+        try:
+            self._create_schema()
+        except duckdb.Error as exc:
+            self._con.close()
+            raise StoreError(f"cannot use duckdb store {path!r}: {_first_line(exc)}") from None
+
+    def __repr__(self) -> str:
+        return f"DuckDBStore({self.path!r})"
+
+    def _backend_errors(self) -> tuple[type[BaseException], ...]:
+        return (self._duckdb.Error,)
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._con.execute(sql, list(params))
+
+    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._con.execute(sql, list(params)).fetchall()
+
+    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+        return self._con.sql(sql, params=list(params)).to_arrow_table()
+
+    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        self._views += 1
+        view = f"_drainpipe_rows_{self._views}"
+        self._con.register(view, rows)
+        try:
+            self._con.execute(f"INSERT INTO {table_name} SELECT * FROM {view}")
+        finally:
+            self._con.unregister(view)
+
+    def _close(self) -> None:
+        self._con.close()
+
+
+def _duckdb_path(url: str, rest: str) -> str:
+    if not rest.startswith("/"):
+        raise StoreError(f"bad store URL {url!r}: a duckdb URL has no host; use duckdb:///relative.duckdb or duckdb:////abs/path.duckdb")
+    path = urllib.parse.unquote(rest[1:])
+    if not path or path.endswith("/"):
+        raise StoreError(f"bad store URL {url!r}: no database file after duckdb:///")
+    if path == ":memory:":
+        return path
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist")
+    return path
+
+
+def _open_postgresql(url: str) -> Store:
+    try:
+        module = importlib.import_module(f"{__package__}.postgres_store")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.postgres_store":
+            raise StoreError(f"postgresql store unavailable: {_first_line(exc)}") from None
+        raise StoreError("postgresql stores are not available in this build") from None
+    return module.PostgresStore.from_url(url)
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open (creating if needed) the store at ``url``; :class:`StoreError` for a bad URL or unusable store.
+
+    ``duckdb:///relative/file.duckdb`` (relative to the working directory), ``duckdb:////abs/file.duckdb``,
+    ``duckdb:///:memory:``; ``None`` means :data:`DEFAULT_STORE_URL` (``./drainpipe.duckdb``).
+    ``postgresql://user:pass@host:port/db`` is served by ``drainpipe.pipeline.postgres_store.PostgresStore``
+    (a :class:`SqlStore` subclass with a ``from_url`` constructor) when that module exists.
+    """
+    url = DEFAULT_STORE_URL if url is None else url
+    if not isinstance(url, str) or not url.strip():
+        raise StoreError(f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme:
+        raise StoreError(f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db")
+    scheme = scheme.lower()
+    if scheme == "duckdb":
+        return DuckDBStore(_duckdb_path(url, rest))
+    if scheme in ("postgresql", "postgres"):
+        return _open_postgresql(url)
+    raise StoreError(f"unknown store scheme {scheme!r} in {url!r} (expected duckdb or postgresql)")

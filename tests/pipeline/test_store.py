@@ -1,0 +1,304 @@
+"""Stores: URLs, idempotent and transactional upsert-merge, rollups, queries."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
+from drainpipe.pipeline.functions import aggregate_batch
+from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, StoreError, open_store, parse_time
+
+T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
+AVG_METRICS = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
+
+
+def generated(n: int, seed: int) -> pa.RecordBatch:
+    """Events over ~2 days (so minute, hour and day buckets all have several keys)."""
+    rng = np.random.default_rng(seed)
+    services = np.array(["alpha", "beta", "gamma"], dtype=object)
+    names = np.array(["", "a", "b", "c"], dtype=object)
+    statements = np.array(["select 1", "select 2", "update t"], dtype=object)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(T0 - 3_600_000 * 20 + rng.integers(0, 2 * 86_400_000, n), pa.int64()),
+            pa.array(services[rng.integers(0, 3, n)], pa.string()),
+            pa.array(names[rng.integers(0, 4, n)], pa.string()),
+            pa.array(names[rng.integers(0, 4, n)], pa.string()),
+            pa.array(np.round(rng.exponential(400, n), 2), pa.float64()),
+            pa.array(rng.random(n) < 0.9),
+            pa.array(statements[rng.integers(0, 3, n)], pa.string(), mask=rng.random(n) < 0.5),
+        ],
+        names=list(COLUMNS),
+    )
+
+
+EVENTS = generated(3000, seed=3)
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    s = open_store("duckdb:///:memory:")
+    yield s
+    s.close()
+
+
+def ingest(store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
+    return store.merge(aggregate_batch(events, definitions, source=source))
+
+
+def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
+    """Equal rows; averages (float sums) may differ in the last ulps with the order of additions."""
+    return len(a) == len(b) and all(
+        x[:5] == y[:5] and (x[5] == y[5] or (x[0] in AVG_METRICS and math.isclose(x[5], y[5], rel_tol=1e-12)))
+        for x, y in zip(a, b)
+    )
+
+
+# ------------------------------------------------------------------------------------------ URLs
+
+
+def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    default = open_store()
+    assert isinstance(default, DuckDBStore) and isinstance(default, Store)
+    default.close()
+    assert (tmp_path / "drainpipe.duckdb").exists()
+    (tmp_path / "sub").mkdir()
+    open_store("duckdb:///sub/rel.duckdb").close()
+    assert (tmp_path / "sub" / "rel.duckdb").exists()
+    absolute = tmp_path / "abs.duckdb"
+    open_store(f"duckdb:///{absolute}").close()  # duckdb:////tmp/... is an absolute path
+    assert absolute.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite:///x.db", "unknown store scheme 'sqlite'"),
+        ("drainpipe.duckdb", "bad store URL"),
+        ("", "bad store URL"),
+        ("duckdb://host/x.duckdb", "has no host"),
+        ("duckdb:///", "no database file"),
+        ("duckdb:///no/such/dir/x.duckdb", "does not exist"),
+    ],
+)
+def test_bad_urls(url: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match=message) as info:
+        open_store(url)
+    assert "\n" not in str(info.value) and isinstance(info.value, ValueError)
+
+
+def test_postgresql_goes_through_the_protocol_hook() -> None:
+    try:
+        import drainpipe.pipeline.postgres_store  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(StoreError, match="postgresql"):
+            open_store("postgresql://user:pass@localhost:1/db")
+    else:
+        pytest.skip("a postgres store module exists; its own tests cover it")
+
+
+def test_unusable_file(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-db.duckdb"
+    path.write_bytes(b"this is not a duckdb file" * 100)
+    with pytest.raises(StoreError, match="duckdb store"):
+        open_store(f"duckdb:///{path}")
+
+
+# ------------------------------------------------------------------------------------------ upsert semantics
+
+
+def test_same_input_twice_gives_the_same_values(store: Store) -> None:
+    assert ingest(store, EVENTS, "file.jsonl#0") == MergeReport(applied=17, skipped=0)
+    first, first_topn = store.query(), store.query_topn("top_slow_statements")
+    assert ingest(store, EVENTS, "file.jsonl#0") == MergeReport(applied=0, skipped=17)
+    assert store.query() == first and store.query_topn("top_slow_statements") == first_topn
+    assert store.applied("file.jsonl#0") == frozenset(DEFAULT_DEFINITIONS.names)
+    assert store.applied("other") == frozenset()
+
+
+def test_two_halves_equal_the_whole(tmp_path: Path) -> None:
+    whole = open_store("duckdb:///:memory:")
+    ingest(whole, EVENTS, "all")
+    path = tmp_path / "halves.duckdb"
+    with open_store(f"duckdb:///{path}") as halves:  # type: ignore[attr-defined]
+        ingest(halves, EVENTS.slice(0, 1234), "first")
+    with open_store(f"duckdb:///{path}") as halves:  # a new process later: states were persisted
+        ingest(halves, EVENTS.slice(1234), "second")
+        ingest(halves, EVENTS.slice(0, 1234), "first")  # re-running a half is a no-op
+        assert same_values(halves.query(), whole.query())
+        assert halves.query_topn("top_slow_statements") == whole.query_topn("top_slow_statements")
+    whole.close()
+
+
+def test_without_sources_states_are_merged_each_time(store: Store) -> None:
+    definitions = Definitions((MetricDef("c", "service", "count"),))
+    ingest(store, EVENTS, None, definitions)
+    ingest(store, EVENTS, None, definitions)
+    once = open_store("duckdb:///:memory:")
+    ingest(once, EVENTS, None, definitions)
+    assert [r[5] for r in store.query()] == [2 * r[5] for r in once.query()]
+    once.close()
+
+
+def test_partially_applied_states_are_refused(store: Store) -> None:
+    definitions = Definitions((MetricDef("c", "service", "count"),))
+    (a,) = aggregate_batch(EVENTS.slice(0, 100), definitions, source="a")
+    (b,) = aggregate_batch(EVENTS.slice(100, 100), definitions, source="b")
+    store.merge([a])
+    from drainpipe.pipeline.functions import merge
+
+    with pytest.raises(StoreError, match="already-applied sources"):
+        store.merge([merge([a, b])])
+    assert store.merge([b, b]) == MergeReport(applied=1, skipped=1)  # a repeat within one call is skipped too
+
+
+def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    ingest(store, EVENTS.slice(0, 1000), "one")
+    before, before_topn = store.query(), store.query_topn("top_slow_statements")
+    calls = {"n": 0}
+    original = store._insert_arrow  # type: ignore[attr-defined]
+
+    def failing(table_name: str, rows: pa.Table) -> None:
+        calls["n"] += 1
+        if table_name == "metric_values":
+            raise RuntimeError("disk on fire")
+        original(table_name, rows)
+
+    monkeypatch.setattr(store, "_insert_arrow", failing)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        ingest(store, EVENTS.slice(1000), "two")
+    assert calls["n"] > 1  # states had been written when it failed
+    monkeypatch.undo()
+    assert store.query() == before and store.query_topn("top_slow_statements") == before_topn
+    assert store.applied("two") == frozenset()
+    assert ingest(store, EVENTS.slice(1000), "two").applied == 17  # and it can be retried
+
+
+def test_a_name_with_another_definition_is_refused(store: Store) -> None:
+    ingest(store, EVENTS, "x", Definitions((MetricDef("m", "service", "count"),)))
+    with pytest.raises(StoreError, match="'m' is stored with a different definition"):
+        ingest(store, EVENTS, "y", Definitions((MetricDef("m", "service", "cpm"),)))
+    assert ingest(store, EVENTS, "y", Definitions((MetricDef("m", "service", "count"),))).applied == 1
+
+
+# ------------------------------------------------------------------------------------------ rollups vs raw
+
+
+def _reference(events: pa.RecordBatch, granularity: str) -> dict[tuple[str, str, str, str], float]:
+    """Count, avg, sla and p50/p99 per service computed directly from the raw events in plain Python."""
+    width = {"minute": 60_000, "hour": 3_600_000, "day": 86_400_000}[granularity]
+    groups: dict[tuple[str, int], list[tuple[float, bool]]] = defaultdict(list)
+    for row in events.to_pylist():
+        groups[(row["service"], row["ts"] - row["ts"] % width)].append((row["latency_ms"], row["status"]))
+    out = {}
+    for (service, bucket), items in groups.items():
+        iso = parse_time(bucket)
+        latencies = sorted(math.floor(lat / 10) for lat, _ in items)
+        n = len(items)
+        out[("service_cpm", service, iso, "")] = n / (width // 60_000)
+        out[("service_resp_time", service, iso, "")] = sum(lat for lat, _ in items) / n
+        out[("service_sla", service, iso, "")] = 100 * sum(ok for _, ok in items) / n
+        for p in (50, 99):
+            out[("service_percentile", service, iso, f"p{p}")] = 10.0 * latencies[math.ceil(p * n / 100) - 1]
+    return out
+
+
+@pytest.mark.parametrize("granularity", ["minute", "hour", "day"])
+def test_stored_rollups_equal_computing_from_raw(store: Store, granularity: str) -> None:
+    ingest(store, EVENTS.slice(0, 1700), "a")
+    ingest(store, EVENTS.slice(1700), "b")
+    stored = {
+        (r[0], r[1], r[3], r[4]): r[5]
+        for r in store.query(granularity=granularity)
+        if r[0] in ("service_cpm", "service_resp_time", "service_sla", "service_percentile") and r[4] in ("", "p50", "p99")
+    }
+    expected = _reference(EVENTS, granularity)
+    assert stored.keys() == expected.keys()
+    for key, value in expected.items():
+        assert math.isclose(stored[key], value, rel_tol=1e-12), key
+
+
+# ------------------------------------------------------------------------------------------ queries
+
+
+def test_query_filters_and_order(store: Store) -> None:
+    ingest(store, EVENTS, "all")
+    rows = store.query()
+    assert rows == sorted(rows, key=lambda r: r[:5])
+    assert {r[2] for r in rows} == {"minute", "hour", "day"}
+    hour = store.query(metric="service_percentile", entity="alpha", granularity="hour")
+    assert hour and all(r[0] == "service_percentile" and r[1] == "alpha" and r[2] == "hour" for r in hour)
+    assert [r[4] for r in hour[:5]] == ["p50", "p75", "p90", "p95", "p99"]
+    minutes = store.query(metric="service_cpm", granularity="minute")
+    window = store.query(metric="service_cpm", granularity="minute", start="2026-11-21T10:05:00Z", end="2026-11-21T11:07:00+00:00")
+    assert window and window == [r for r in minutes if "2026-11-21T10:05:00Z" <= r[3] <= "2026-11-21T11:07:00Z"]
+    assert store.query(metric="service_cpm", granularity="minute", start=T0 + 5 * 60_000, end=T0 + 67 * 60_000) == window
+    edge = minutes[len(minutes) // 2][3]
+    assert {r[3] for r in store.query(metric="service_cpm", start=edge, end=edge)} == {edge}  # both bounds inclusive
+    assert store.query(metric="nope") == []
+    endpoint = store.query(metric="endpoint_cpm", granularity="day")
+    assert {r[1] for r in endpoint} == {f"{s}/{e}" for s in ("alpha", "beta", "gamma") for e in "abc"}
+
+
+def test_query_errors(store: Store) -> None:
+    with pytest.raises(StoreError, match="unknown granularity 'week'"):
+        store.query(granularity="week")
+    with pytest.raises(StoreError, match="bad time 'yesterday'"):
+        store.query(start="yesterday")
+
+
+def test_query_topn(store: Store) -> None:
+    topn = Definitions((), (TopNDef("slow", "service", "db_statement", 3),))
+    ingest(store, EVENTS.slice(0, 1500), "a", topn)
+    ingest(store, EVENTS.slice(1500), "b", topn)
+    rows = store.query_topn("slow")
+    assert rows == sorted(rows, key=lambda r: r[:4])
+    per_key: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        per_key[(row[1], row[2])].append(row)
+    assert per_key and all([r[3] for r in ranked] == list(range(1, len(ranked) + 1)) for ranked in per_key.values())
+    # the stored top 3 per (service, 10 minutes) are the 3 slowest of all events
+    candidates: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+    for e in EVENTS.to_pylist():
+        if e["db_statement"]:
+            candidates[(e["service"], parse_time(e["ts"] - e["ts"] % 600_000))].append((-e["latency_ms"], e["db_statement"]))
+    assert per_key.keys() == candidates.keys()
+    for key, ranked in per_key.items():
+        assert [(-r[5], r[4]) for r in ranked] == sorted(candidates[key])[:3]
+    assert store.query_topn("slow", entity="beta", start="2026-11-21T10:00:00Z") == [
+        r for r in rows if r[1] == "beta" and r[2] >= "2026-11-21T10:00:00Z"
+    ]
+
+
+def test_closed_store(tmp_path: Path) -> None:
+    store = open_store(f"duckdb:///{tmp_path / 'c.duckdb'}")
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.query()
+
+
+def test_parse_time() -> None:
+    assert parse_time("2026-11-21T11:05:00+01:00") == "2026-11-21T10:05:00Z"
+    assert parse_time("2026-11-21") == "2026-11-21T00:00:00Z"
+    assert parse_time(T0 + 999) == "2026-11-21T10:00:00Z"
+    with pytest.raises(StoreError):
+        parse_time(True)
+
+
+def test_relative_path_is_relative_to_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open_store("duckdb:///./rel.duckdb") as store:  # type: ignore[attr-defined]
+        ingest(store, EVENTS.slice(0, 10), "s", Definitions((MetricDef("c", "service", "count"),)))
+    assert os.path.exists(tmp_path / "rel.duckdb")
