@@ -4,15 +4,15 @@ Contract (see ``design/PIPELINE.md``, "Input events"):
 
 * :data:`EVENT_SCHEMA` is the canonical event batch: a :class:`pyarrow.RecordBatch` with
 
-  ============== ========= ==========================================================
-  ``ts``         int64     epoch milliseconds, UTC, in [:data:`TS_MIN`, :data:`TS_MAX`]
-  ``service``    string    non-null, non-empty
-  ``instance``   string    non-null (``""`` when absent)
-  ``endpoint``   string    non-null (``""`` when absent)
-  ``latency_ms`` float64   finite, >= 0
-  ``status``     bool      non-null (``true`` when absent)
-  ``db_statement`` string  nullable (an empty string counts as absent)
-  ============== ========= ==========================================================
+  ================ ========= ==========================================================
+  ``ts``           int64     epoch milliseconds, UTC, in [:data:`TS_MIN`, :data:`TS_MAX`]
+  ``service``      string    non-null, non-empty
+  ``instance``     string    non-null (``""`` when absent)
+  ``endpoint``     string    non-null (``""`` when absent)
+  ``latency_ms``   float64   finite, >= 0
+  ``status``       bool      non-null (``true`` when absent)
+  ``db_statement`` string    nullable (an empty string counts as absent)
+  ================ ========= ==========================================================
 
 * :func:`read_events` reads JSON Lines (``.jsonl``/``.json``/``.ndjson``), CSV (``.csv``), each optionally
   ``.gz``, and Parquet (``.parquet``), and yields canonical batches. A record that fails validation is
@@ -38,7 +38,7 @@ Reject reasons are short, low-cardinality strings: ``invalid JSON``, ``not an ob
 ``out of range: F``, ``bad timestamp: ts``.
 
 Two engines apply the rules. Row formats (JSON Lines, CSV) turn each record into plain Python values (CSV
-cells are typed first: see :func:`_csv_values`) and run :func:`_validate_values`. Parquet is validated
+cells are typed first: see :func:`_csv_typer`) and run :func:`_validate_values`. Parquet is validated
 columnar (pyarrow/numpy) in :func:`_validate_columns`; its string-typed ``ts``/``status`` columns are mapped
 through the same scalar rules (:func:`_check_ts`, :func:`_check_status`) once per distinct value, and the
 checks run in the same field order, so the same record gets the same reason whatever its format.
@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
+from operator import itemgetter
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -181,7 +182,7 @@ class DeadLetter:
     def open(self) -> DeadLetter:
         with self._lock:
             if self._file is None:
-                self._file = open(self.path, "w", encoding="utf-8", errors="backslashreplace")
+                self._file = open(self.path, "w", encoding="utf-8")
         return self
 
     def close(self) -> None:
@@ -199,7 +200,7 @@ class DeadLetter:
     def write(self, source: str, line: int, raw: Any, reason: str) -> None:
         """Append one reject (thread-safe)."""
         record = {"source": source, "line": line, "raw": _jsonable(raw), "reason": reason}
-        text = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        text = json.dumps(record, allow_nan=False) + "\n"  # ASCII: safe for any line splitter
         with self._lock:
             if self._file is None:
                 raise RuntimeError(f"dead letter {self.path!r} is not open")
@@ -442,46 +443,50 @@ def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.Record
 # --------------------------------------------------------------------------------------------------
 # CSV
 
-_INT_RE = re.compile(r"-?[0-9]+", re.ASCII)
 _NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _TOO_BIG = 10**20  # stands for an integer cell too long to convert: certainly out of range
+_CSV_STATUS: dict[str, Any] = {"": None, "true": True, "false": False, "1": True, "0": False}
 
 
 def _csv_int(cell: str) -> Any:
-    """A ``ts`` cell: integer text -> int, other text stays a string (ISO-8601), empty -> None."""
-    if not cell:
-        return None
-    if _INT_RE.fullmatch(cell):
-        return int(cell) if len(cell) <= 20 else _TOO_BIG
-    return cell
+    """A ``ts`` cell: ASCII integer text -> int, other text stays a string (ISO-8601), empty -> None."""
+    digits = cell[1:] if cell[:1] == "-" else cell
+    if digits.isdigit() and digits.isascii() and (digits[0] != "0" or digits == "0"):  # JSON integer syntax
+        return int(cell) if len(digits) <= 19 else _TOO_BIG
+    return cell or None
 
 
 def _csv_number(cell: str) -> Any:
-    """A numeric cell: JSON number text -> int/float, other text stays a string, empty -> None."""
-    if not cell:
-        return None
+    """A ``latency_ms`` cell: JSON number text -> float, other text stays a string, empty -> None."""
     if _NUMBER_RE.fullmatch(cell):
-        return float(cell) if len(cell) > 20 or not _INT_RE.fullmatch(cell) else int(cell)
-    return cell
+        return float(cell)  # like JSON's float(int): beyond float range -> inf -> out of range
+    return cell or None
 
 
-def _csv_values(cells: list[str], index: dict[str, int]) -> tuple:
-    """A CSV row typed like JSON: empty cell = null, ``ts``/``latency_ms``/``status`` cells that spell
-    a JSON number become numbers, everything else stays a string."""
+def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
+    """For one header: a function typing a row's cells like JSON values, in :data:`FIELDS` order.
 
-    def cell(name: str) -> str:
-        i = index.get(name)
-        return cells[i] if i is not None else ""
+    Empty cell (or absent column) = null; ``ts`` integer text -> int; ``latency_ms`` JSON number text ->
+    number; ``status`` "0"/"1" -> 0/1 (so false/true) and "true"/"false" stay the accepted strings;
+    everything else stays a string and meets the same checks as in JSON."""
+    index: dict[str, int] = {}
+    for i, name in enumerate(header):
+        index.setdefault(name, i)  # the first of duplicate columns wins
+    cells_of = itemgetter(*(index.get(name, len(header)) for name in FIELDS))
 
-    return (
-        _csv_int(cell("ts")),
-        cell("service") or None,
-        cell("instance") or None,
-        cell("endpoint") or None,
-        _csv_number(cell("latency_ms")),
-        _csv_number(cell("status")),
-        cell("db_statement") or None,
-    )
+    def typed(cells: list[str]) -> tuple:
+        ts, service, instance, endpoint, latency, status, db_statement = cells_of(cells + [""])
+        return (
+            _csv_int(ts),
+            service or None,
+            instance or None,
+            endpoint or None,
+            _csv_number(latency),
+            _CSV_STATUS.get(status, status),
+            db_statement or None,
+        )
+
+    return typed
 
 
 class _LineTracker:
@@ -515,16 +520,19 @@ class _LineTracker:
 
 
 def _csv_header(reader: Iterator[list[str]], tracker: _LineTracker, path: str) -> list[str] | None:
-    """The header row (names stripped), or None for an empty file."""
-    try:
-        header = next(reader)
-    except StopIteration:
-        return None
-    except csv.Error as e:
-        raise InputError(f"bad CSV header in {path!r}: {e}") from None
-    if tracker.take()[2]:
-        raise InputError(f"bad CSV header in {path!r}: not UTF-8")
-    return [name.strip() for name in header]
+    """The header row (names stripped; blank lines before it skipped), or None for an empty file."""
+    while True:
+        try:
+            header = next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            raise InputError(f"bad CSV header in {path!r}: {e}") from None
+        _, raw, bad = tracker.take()
+        if bad:
+            raise InputError(f"bad CSV header in {path!r}: not UTF-8")
+        if raw.strip():
+            return [name.strip() for name in header]
 
 
 def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator[tuple[int, bytes, bool, list | None]]:
@@ -541,29 +549,27 @@ def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator
             yield first, raw, bad, cells
 
 
-def _csv_row(cells: list[str] | None, bad: bool, index: dict[str, int], width: int) -> tuple:
+def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tuple], width: int) -> tuple:
     if bad:
         raise _Reject("not UTF-8")
     if cells is None:
         raise _Reject("bad CSV row")
     if len(cells) != width:
         raise _Reject("wrong number of columns")
-    return _validate_values(*_csv_values(cells, index))
+    return _validate_values(*typed(cells))
 
 
 def _read_csv(f: BinaryIO, batch_rows: int, sink: _Sink, path: str) -> Iterator[pa.RecordBatch]:
     tracker = _LineTracker(f)
-    reader = csv.reader(tracker.lines())
+    reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
     if header is None:
         return
-    index: dict[str, int] = {}
-    for i, name in enumerate(header):
-        index.setdefault(name, i)  # the first of duplicate columns wins
+    typed, width = _csv_typer(header), len(header)
     rows: list[tuple] = []
     for first, raw, bad, cells in _csv_records(reader, tracker):
         try:
-            rows.append(_csv_row(cells, bad, index, len(header)))
+            rows.append(_csv_row(cells, bad, typed, width))
         except _Reject as r:
             sink.reject(first, raw, r.reason)
             continue
@@ -621,9 +627,9 @@ class _Checks:
         return mask, list(reasons[mask])
 
 
-def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, default: Any) -> list:
-    """Apply a scalar rule to each distinct value of ``arr``; returns the per-row results as a list
-    (``default`` for nulls and rejected rows) and flags the rejected rows."""
+def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, default: Any, dtype: Any) -> np.ndarray:
+    """Apply a scalar rule once per distinct value of ``arr``; returns the per-row results (``default``
+    for nulls and rejected rows) and flags the rejected rows with the rule's reason."""
     encoded = pc.dictionary_encode(arr)
     indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
     results, bad = [], {}
@@ -635,8 +641,28 @@ def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, d
             bad.setdefault(r.reason, []).append(i)
     for reason, ids in bad.items():
         checks.flag(np.isin(indices, ids), reason)
-    table = np.array(results + [default], dtype=object)
-    return table[indices].tolist()
+    return np.array(results + [default], dtype=dtype)[indices]
+
+
+def _decode_utf8(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Reject("not UTF-8") from None
+
+
+def _as_strings(arr: pa.Array, checks: _Checks) -> pa.Array | None:
+    """A text column as plain ``string``; binary is decoded (rows that are not UTF-8 are flagged).
+    None for any other type."""
+    t = arr.type
+    if _is_stringish(t):
+        return arr.cast(pa.string())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        try:
+            return arr.cast(pa.string())
+        except pa.ArrowInvalid:
+            return pa.array(_map_distinct(arr, _decode_utf8, checks, None, object), pa.string())
+    return None
 
 
 _TS_UNIT_MS = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
@@ -655,6 +681,7 @@ def _int_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
 
 
 def _temporal_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
+    """date32/date64/timestamp[any unit, any tz] -> epoch ms (floored; the stored values are UTC)."""
     t = arr.type
     if pa.types.is_date32(t):
         mul, div = 86_400_000, 1
@@ -662,10 +689,14 @@ def _temporal_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
         mul, div = 1, 1
     else:
         mul, div = _TS_UNIT_MS[t.unit]
-    raw = pc.fill_null(arr.cast(pa.int64()), 0).to_numpy()
-    out = (raw < TS_MIN // mul) | (raw > TS_MAX // mul)
-    values = np.floor_divide(np.where(out, 0, raw) * mul, div)
-    out |= (values < TS_MIN) | (values > TS_MAX)
+    storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
+    raw = pc.fill_null(arr.cast(storage).cast(pa.int64()), 0).to_numpy()
+    if mul > 1:  # check before multiplying, so nothing overflows
+        out = (raw < -(-TS_MIN // mul)) | (raw > TS_MAX // mul)
+        values = np.where(out, 0, raw) * mul
+    else:
+        values = np.floor_divide(raw, div)
+        out = (values < TS_MIN) | (values > TS_MAX)
     checks.flag(out, "out of range: ts")
     return values
 
@@ -677,8 +708,8 @@ def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
         values = _int_ts_ms(arr, checks)
     elif pa.types.is_timestamp(t) or pa.types.is_date(t):
         values = _temporal_ts_ms(arr, checks)
-    elif _is_stringish(t):
-        values = _map_distinct(arr.cast(pa.string()), _check_ts, checks, 0)
+    elif (text := _as_strings(arr, checks)) is not None:
+        values = _map_distinct(text, _check_ts, checks, 0, np.int64)
     else:
         checks.flag_non_null(arr, "bad type: ts")
         values = np.zeros(len(arr), dtype=np.int64)
@@ -687,23 +718,21 @@ def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
 
 def _str_column(arr: pa.Array, name: str, checks: _Checks) -> pa.Array:
     """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null)."""
-    n = len(arr)
-    if not _is_stringish(arr.type):
-        if name == "service":
-            checks.flag_nulls(arr, "missing field: service")
-        checks.flag_non_null(arr, f"bad type: {name}")
-        return pa.nulls(n, pa.string()) if name == "db_statement" else pa.array([""] * n, pa.string())
-    arr = arr.cast(pa.string())
     if name == "service":
         checks.flag_nulls(arr, "missing field: service")
-        checks.flag(_np_mask(pc.equal(arr, "")), "bad value: service")
+    text = _as_strings(arr, checks)
+    if text is None:
+        checks.flag_non_null(arr, f"bad type: {name}")
+        text = pa.nulls(len(arr), pa.string())
+    if name == "service":
+        checks.flag(_np_mask(pc.equal(text, "")), "bad value: service")
     elif name == "db_statement":
-        empty = pc.equal(arr, "")
+        empty = pc.equal(text, "")
         if pc.any(empty).as_py():
-            arr = pc.if_else(empty, pa.scalar(None, pa.string()), arr)
-    elif arr.null_count:
-        arr = pc.fill_null(arr, "")
-    return arr
+            text = pc.if_else(empty, pa.scalar(None, pa.string()), text)
+    elif text.null_count:
+        text = pc.fill_null(text, "")
+    return text
 
 
 def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
@@ -723,10 +752,11 @@ def _status_column(arr: pa.Array, checks: _Checks) -> pa.Array:
     if pa.types.is_boolean(t):
         return pc.fill_null(arr, True)
     if pa.types.is_integer(t):
-        checks.flag(_np_mask(pc.invert(pc.is_in(arr, pa.array([0, 1], t)))), "bad value: status")
+        bad = pc.and_(arr.is_valid(), pc.invert(pc.is_in(arr, pa.array([0, 1], t))))
+        checks.flag(_np_mask(bad), "bad value: status")
         return pc.fill_null(pc.not_equal(arr, pa.scalar(0, t)), True)
-    if _is_stringish(t):
-        return pa.array(_map_distinct(arr.cast(pa.string()), _check_status, checks, True), pa.bool_())
+    if (text := _as_strings(arr, checks)) is not None:
+        return pa.array(_map_distinct(text, _check_status, checks, True, bool), pa.bool_())
     checks.flag_non_null(arr, "bad value: status")
     return pa.array(np.ones(len(arr), dtype=bool))
 
@@ -790,7 +820,7 @@ def detect_format(path: str) -> tuple[str, bool]:
     Raises :class:`InputError` for any other suffix (``.parquet.gz`` included)."""
     name = os.fspath(path).lower()
     gzipped = name.endswith(".gz")
-    stem, ext = os.path.splitext(name[:-3] if gzipped else name)
+    ext = os.path.splitext(name[:-3] if gzipped else name)[1]
     fmt = _FORMATS.get(ext)
     if fmt is None or (gzipped and fmt == "parquet"):
         raise InputError(

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from drainpipe.pipeline.events import EVENT_SCHEMA, detect_format
+from drainpipe.pipeline.events import EVENT_SCHEMA, InputError, detect_format
 
 __all__ = ["DEFAULT_START_MS", "generate_events", "write_events"]
 
@@ -177,7 +177,9 @@ def generate_events(
     def blocks() -> Iterator[pa.RecordBatch]:
         for b, start in enumerate(range(0, n, _BLOCK)):
             rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, b)))
-            yield _block(w, rng, min(_BLOCK, n - start), start_ms, int(duration_s * 1000), error_rate)
+            # always a whole block (then cut), so the first k events do not depend on n
+            block = _block(w, rng, _BLOCK, start_ms, int(duration_s * 1000), error_rate)
+            yield block if n - start >= _BLOCK else block.slice(0, n - start)
 
     return _rechunk(blocks(), batch_rows)
 
@@ -276,7 +278,13 @@ def write_events(batches: Iterable[pa.RecordBatch], path: str | os.PathLike[str]
     the :data:`EVENT_SCHEMA` columns (they are cast to it). JSON Lines omit an absent ``db_statement``;
     CSV has a header row and writes null as an empty cell."""
     path = os.fspath(path)
-    fmt, gzipped = detect_format(path)
+    try:
+        fmt, gzipped = detect_format(path)
+    except InputError:
+        raise ValueError(
+            f"unsupported output format: {path!r} (expected .jsonl, .json, .ndjson or .csv, optionally .gz, "
+            "or .parquet)"
+        ) from None
     canonical = (_canonical(b) for b in batches)
     if fmt == "jsonl":
         return _write_jsonl(canonical, path, gzipped)

@@ -1,0 +1,743 @@
+"""Input events: validation rules (PIPELINE.md "Input events"), formats, dead letter, inputs."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+import io
+import json
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from drainpipe.pipeline.events import (
+    EVENT_SCHEMA,
+    FIELDS,
+    TS_MAX,
+    TS_MIN,
+    DeadLetter,
+    InputError,
+    ReadStats,
+    _NUMBER_RE,
+    _check_fields,
+    _Reject,
+    _validate_values,
+    detect_format,
+    expand_inputs,
+    read_events,
+)
+
+T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+BASE = {"ts": T0, "service": "svc", "latency_ms": 1.5}
+CSV_HEADER = ",".join(FIELDS)
+HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@dataclass
+class Result:
+    rows: list[dict]
+    stats: ReadStats
+    rejects: list[dict]
+    batches: list[pa.RecordBatch]
+
+
+def check_canonical(batch: pa.RecordBatch) -> None:
+    """Every accepted batch satisfies the canonical contract."""
+    assert batch.schema.equals(EVENT_SCHEMA)
+    batch.validate(full=True)
+    for name in FIELDS[:-1]:
+        assert batch.column(name).null_count == 0, name
+    for row in batch.to_pylist():
+        assert TS_MIN <= row["ts"] <= TS_MAX
+        assert row["service"]
+        assert math.isfinite(row["latency_ms"]) and row["latency_ms"] >= 0
+        assert row["db_statement"] != ""
+
+
+def read(paths: list[Path], tmp_path: Path, batch_rows: int = 65536) -> Result:
+    stats = ReadStats()
+    dl_path = tmp_path / "out.rejected.jsonl"
+    with DeadLetter(dl_path) as dl:
+        batches = list(read_events([str(p) for p in paths], batch_rows=batch_rows, dead_letter=dl, stats=stats))
+    rejects = [json.loads(line) for line in dl_path.read_text(encoding="ascii").split("\n")[:-1]]
+    assert stats.read == stats.accepted + stats.rejected
+    assert sum(b.num_rows for b in batches) == stats.accepted
+    assert len(rejects) == stats.rejected == sum(stats.reasons.values())
+    for b in batches:
+        assert 0 < b.num_rows <= batch_rows
+        check_canonical(b)
+    rows = pa.Table.from_batches(batches, schema=EVENT_SCHEMA).to_pylist()
+    return Result(rows, stats, rejects, batches)
+
+
+def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.lower().endswith(".gz") else data)
+    return path
+
+
+def read_jsonl(tmp_path: Path, lines: list[str | bytes], name: str = "in.jsonl", **kw) -> Result:
+    data = b"".join((x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass")) + b"\n" for x in lines)
+    return read([write_bytes(tmp_path, name, data)], tmp_path, **kw)
+
+
+def read_csv(tmp_path: Path, text: str | bytes, name: str = "in.csv") -> Result:
+    data = text if isinstance(text, bytes) else text.encode()
+    return read([write_bytes(tmp_path, name, data)], tmp_path)
+
+
+def rec(**changes) -> str:
+    record = dict(BASE, **changes)
+    for key in [k for k, v in changes.items() if v is ...]:
+        del record[key]
+    return json.dumps(record)
+
+
+def reasons(result: Result) -> list[str]:
+    return [r["reason"] for r in result.rejects]
+
+
+def row(**values) -> dict:
+    full = {"ts": T0, "service": "svc", "instance": "", "endpoint": "", "latency_ms": 1.5, "status": True,
+            "db_statement": None}  # fmt: skip
+    full.update(values)
+    return full
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+
+
+def test_valid_record_all_fields(tmp_path):
+    line = json.dumps({"ts": T0 + 7, "service": "a", "instance": "a-1", "endpoint": "/x", "latency_ms": 2.25,
+                       "status": False, "db_statement": "SELECT 1", "extra": {"ignored": [1, 2]}})  # fmt: skip
+    r = read_jsonl(tmp_path, [line])
+    assert r.rows == [row(ts=T0 + 7, service="a", instance="a-1", endpoint="/x", latency_ms=2.25, status=False,
+                          db_statement="SELECT 1")]  # fmt: skip
+    assert (r.stats.read, r.stats.accepted, r.stats.rejected) == (1, 1, 0)
+
+
+def test_defaults_and_nulls_for_optional_fields(tmp_path):
+    r = read_jsonl(
+        tmp_path,
+        [rec(), rec(instance=None, endpoint=None, status=None, db_statement=None), rec(db_statement="")],
+    )
+    assert r.rows == [row(), row(), row()]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (True, True), (False, False), (1, True), (0, False), ("true", True), ("false", False), (None, True),
+    ],
+)  # fmt: skip
+def test_status_accepted_spellings(tmp_path, value, expected):
+    assert read_jsonl(tmp_path, [rec(status=value)]).rows == [row(status=expected)]
+
+
+def test_latency_int_becomes_float_and_zero_is_valid(tmp_path):
+    r = read_jsonl(tmp_path, [rec(latency_ms=5), rec(latency_ms=0), rec(latency_ms=1e308)])
+    assert [x["latency_ms"] for x in r.rows] == [5.0, 0.0, 1e308]
+    assert all(type(x["latency_ms"]) is float for x in r.rows)
+
+
+def ms(*args, tz=dt.timezone.utc) -> int:
+    return (dt.datetime(*args, tzinfo=tz) - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(
+        milliseconds=1
+    )
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-11-21T10:00:00Z", T0),
+        ("2026-11-21T10:00:00", T0),  # no offset = UTC
+        ("2026-11-21 10:00:00z", T0),
+        ("2026-11-21T11:00:00+01:00", T0),
+        ("2026-11-21T11:30:00+0130", T0),
+        ("2026-11-21T05:00:00-05", T0),
+        ("2026-11-21T10:00Z", T0),
+        ("2026-11-21T10:00:00.123456789Z", T0 + 123),  # sub-ms digits truncated
+        ("2026-11-21T10:00:00.5Z", T0 + 500),
+        ("2026-11-21", ms(2026, 11, 21)),
+        ("1969-12-31T23:59:59.999Z", -1),
+        ("0001-01-01T00:00:00Z", TS_MIN),
+        ("9999-12-31T23:59:59.999Z", TS_MAX),
+        ("2024-02-29T00:00:00Z", ms(2024, 2, 29)),
+    ],
+)
+def test_iso_timestamps(tmp_path, text, expected):
+    assert read_jsonl(tmp_path, [rec(ts=text)]).rows == [row(ts=expected)]
+
+
+def test_int_timestamp_bounds(tmp_path):
+    r = read_jsonl(tmp_path, [rec(ts=TS_MIN), rec(ts=TS_MAX), rec(ts=0), rec(ts=-1)])
+    assert [x["ts"] for x in r.rows] == [TS_MIN, TS_MAX, 0, -1]
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        # structure
+        ('{"ts": 1', "invalid JSON"),  # truncated
+        ('{"ts": 1795255200000, "service": "svc", "latency_ms": 1.5', "invalid JSON"),
+        ("{'ts': 1}", "invalid JSON"),  # single quotes
+        (rec() + " x", "invalid JSON"),  # trailing characters
+        (rec() + rec(), "invalid JSON"),  # two objects on a line
+        ("{} {}", "invalid JSON"),
+        ('{"ts": 1,}', "invalid JSON"),
+        ("[" * 100_000, "invalid JSON"),  # deep nesting: RecursionError, not a crash
+        ("\x0b" + rec(), "invalid JSON"),  # not JSON whitespace
+        ("[1, 2]", "not an object"),
+        ('"text"', "not an object"),
+        ("42", "not an object"),
+        ("null", "not an object"),
+        # NaN / Infinity are not JSON
+        (rec().replace("1.5", "NaN"), "invalid JSON"),
+        (rec().replace("1.5", "Infinity"), "invalid JSON"),
+        (rec().replace("1.5", "-Infinity"), "invalid JSON"),
+        # ts
+        (rec(ts=...), "missing field: ts"),
+        (rec(ts=None), "missing field: ts"),
+        (rec(ts=True), "bad type: ts"),  # bool is not an int
+        (rec(ts=1.5), "bad type: ts"),
+        (rec(ts=1e30), "bad type: ts"),
+        (rec(ts=[1]), "bad type: ts"),
+        (rec(ts=10**40), "out of range: ts"),
+        (rec(ts=-(10**40)), "out of range: ts"),
+        (rec(ts=TS_MAX + 1), "out of range: ts"),
+        (rec(ts=TS_MIN - 1), "out of range: ts"),
+        (rec(ts="yesterday"), "bad timestamp: ts"),
+        (rec(ts="1795255200000"), "bad timestamp: ts"),  # a JSON string must be ISO-8601
+        (rec(ts="2026-02-30T00:00:00Z"), "bad timestamp: ts"),
+        (rec(ts="2026-11-21T24:00:00Z"), "bad timestamp: ts"),
+        (rec(ts="2026-11-21T10:00:60Z"), "bad timestamp: ts"),
+        (rec(ts="2026-11-21T10:00:00+25:00"), "bad timestamp: ts"),
+        (rec(ts="0000-01-01T00:00:00Z"), "bad timestamp: ts"),
+        (rec(ts="2026-11-21T10:00:00Z "), "bad timestamp: ts"),
+        (rec(ts="２０２６-11-21"), "bad timestamp: ts"),  # non-ASCII digits
+        (rec(ts="0001-01-01T00:00:00+01:00"), "out of range: ts"),
+        # service
+        (rec(service=...), "missing field: service"),
+        (rec(service=None), "missing field: service"),
+        (rec(service=""), "bad value: service"),
+        (rec(service=5), "bad type: service"),
+        (rec(service=["a"]), "bad type: service"),
+        (rec().replace('"svc"', '"\\ud800"'), "bad value: service"),  # lone surrogate
+        # instance / endpoint
+        (rec(instance=5), "bad type: instance"),
+        (rec(endpoint=[]), "bad type: endpoint"),
+        (rec(endpoint=False), "bad type: endpoint"),
+        # latency_ms
+        (rec(latency_ms=...), "missing field: latency_ms"),
+        (rec(latency_ms=None), "missing field: latency_ms"),
+        (rec(latency_ms="5"), "bad type: latency_ms"),  # in JSON a number, not a string
+        (rec(latency_ms=True), "bad type: latency_ms"),  # bool is not a number
+        (rec(latency_ms={}), "bad type: latency_ms"),
+        (rec(latency_ms=-1), "out of range: latency_ms"),
+        (rec(latency_ms=-0.001), "out of range: latency_ms"),
+        (rec().replace("1.5", "1e400"), "out of range: latency_ms"),  # parses to inf
+        (rec(latency_ms=10**400), "out of range: latency_ms"),  # int too big for a float
+        # status
+        (rec(status=2), "bad value: status"),
+        (rec(status=-1), "bad value: status"),
+        (rec(status=1.0), "bad value: status"),
+        (rec(status="TRUE"), "bad value: status"),
+        (rec(status="yes"), "bad value: status"),
+        (rec(status="1"), "bad value: status"),
+        (rec(status={}), "bad value: status"),
+        # db_statement
+        (rec(db_statement=5), "bad type: db_statement"),
+        (rec(db_statement=["x"]), "bad type: db_statement"),
+        # the first failing field (in schema order) is the reason
+        (rec(ts="x", service=None, latency_ms=-1), "bad timestamp: ts"),
+        (rec(latency_ms=-1, status=9), "out of range: latency_ms"),
+    ],
+)
+def test_json_rejects(tmp_path, line, reason):
+    r = read_jsonl(tmp_path, [rec(), line, rec()])
+    assert reasons(r) == [reason]
+    assert r.rows == [row(), row()]
+    assert (r.stats.read, r.stats.accepted, r.stats.rejected) == (3, 2, 1)
+    assert r.stats.reasons == {reason: 1}
+
+
+def test_non_utf8_line_rejected_and_reading_goes_on(tmp_path):
+    bad = b'{"ts": 1795255200000, "service": "caf\xe9", "latency_ms": 1}'
+    r = read_jsonl(tmp_path, [rec(), bad, b"\xff\xfe\x00", rec()])
+    assert reasons(r) == ["not UTF-8", "not UTF-8"]
+    assert r.rejects[0]["raw"] == '{"ts": 1795255200000, "service": "caf\\xe9", "latency_ms": 1}'
+    assert r.rejects[1]["raw"] == "\\xff\\xfe\x00"  # NUL is valid UTF-8, kept as is
+    assert len(r.rows) == 2
+
+
+def test_blank_lines_are_skipped_not_counted_but_keep_line_numbers(tmp_path):
+    r = read_jsonl(tmp_path, ["", rec(), "   ", "\t\r", rec(ts="bad"), ""])
+    assert (r.stats.read, r.stats.accepted, r.stats.rejected) == (2, 1, 1)
+    assert r.rejects == [
+        {"source": str(tmp_path / "in.jsonl"), "line": 5, "raw": rec(ts="bad"), "reason": "bad timestamp: ts"}
+    ]
+
+
+def test_crlf_line_endings_and_bom(tmp_path):
+    data = b"\xef\xbb\xbf" + (rec() + "\r\n" + rec(ts="x") + "\r\n").encode()
+    r = read([write_bytes(tmp_path, "in.jsonl", data)], tmp_path)
+    assert r.rows == [row()]
+    assert r.rejects[0]["raw"] == rec(ts="x") and r.rejects[0]["line"] == 2
+
+
+def test_last_line_without_newline_and_truncated(tmp_path):
+    data = (rec() + "\n" + rec()[:-5]).encode()
+    r = read([write_bytes(tmp_path, "in.jsonl", data)], tmp_path)
+    assert reasons(r) == ["invalid JSON"] and len(r.rows) == 1
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.jsonl.gz", "empty.csv", "empty.csv.gz", "blank.ndjson"])
+def test_empty_files(tmp_path, name):
+    data = b"\n \n" if name.startswith("blank") else b""
+    r = read([write_bytes(tmp_path, name, data)], tmp_path)
+    assert r.batches == [] and r.stats == ReadStats()
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz", "in.json", "in.ndjson", "in.NDJSON.GZ"])
+def test_jsonl_suffixes(tmp_path, name):
+    r = read_jsonl(tmp_path, [rec(), rec(service="b")], name=name)
+    assert [x["service"] for x in r.rows] == ["svc", "b"]
+
+
+def test_batch_rows_bounds_batches(tmp_path):
+    lines = [rec(ts=T0 + i) if i % 4 else rec(ts=None) for i in range(23)]
+    r = read_jsonl(tmp_path, lines, batch_rows=5)
+    assert max(b.num_rows for b in r.batches) <= 5
+    assert [x["ts"] for x in r.rows] == [T0 + i for i in range(23) if i % 4]
+    assert r.stats.rejected == 6
+
+
+def test_stats_accumulate_over_files_and_summary(tmp_path):
+    a = write_bytes(tmp_path, "a.jsonl", (rec() + "\nnope\n").encode())
+    b = write_bytes(tmp_path, "b.jsonl", (rec(ts=None) + "\n" + rec() + "\n").encode())
+    r = read([a, b], tmp_path)
+    assert (r.stats.read, r.stats.accepted, r.stats.rejected) == (4, 2, 2)
+    assert [(x["source"], x["line"]) for x in r.rejects] == [(str(a), 2), (str(b), 1)]
+    assert r.stats.summary() == "read 4 = accepted 2 + rejected 2 (invalid JSON: 1, missing field: ts: 1)"
+    merged = ReadStats()
+    merged.merge(r.stats)
+    merged.merge(r.stats)
+    assert (merged.read, merged.accepted, merged.rejected, merged.reasons["invalid JSON"]) == (8, 4, 4, 2)
+
+
+def test_stats_and_dead_letter_are_optional(tmp_path):
+    path = write_bytes(tmp_path, "a.jsonl", (rec() + "\nnope\n").encode())
+    assert sum(b.num_rows for b in read_events(str(path))) == 1
+
+
+# ----------------------------------------------------------------------------------------------- CSV
+
+
+def test_csv_valid_rows_and_empty_cells(tmp_path):
+    text = (
+        f"{CSV_HEADER}\n"
+        f"{T0},svc,i1,/x,2.5,false,SELECT 1\n"
+        f"{T0},svc,,,3,,\n"
+        f"2026-11-21T10:00:00Z,svc,,,1e2,1,\n"
+        f'{T0},"s,v ""c""",,,0,0,"multi\nline"\n'
+    )
+    r = read_csv(tmp_path, text)
+    assert r.rows == [
+        row(instance="i1", endpoint="/x", latency_ms=2.5, status=False, db_statement="SELECT 1"),
+        row(latency_ms=3.0),
+        row(latency_ms=100.0),
+        row(service='s,v "c"', latency_ms=0.0, status=False, db_statement="multi\nline"),
+    ]
+
+
+def test_csv_columns_in_any_order_unknown_ignored_missing_optional(tmp_path):
+    r = read_csv(tmp_path, f"extra,latency_ms,service,ts\nzzz,1.5,svc,{T0}\n")
+    assert r.rows == [row()]
+
+
+@pytest.mark.parametrize(
+    "cells, reason",
+    [
+        (f"{T0},svc,,,1.5,true", "wrong number of columns"),
+        (f"{T0},svc,,,1.5,true,,extra", "wrong number of columns"),
+        (",svc,,,1.5,true,", "missing field: ts"),
+        ("1.5,svc,,,1.5,true,", "bad timestamp: ts"),
+        (f"0{T0},svc,,,1.5,true,", "bad timestamp: ts"),  # not JSON integer syntax
+        (f"{10**40},svc,,,1.5,true,", "out of range: ts"),
+        (f"{'9' * 5000},svc,,,1.5,true,", "out of range: ts"),
+        ("yesterday,svc,,,1.5,true,", "bad timestamp: ts"),
+        (f"{T0},,,,1.5,true,", "missing field: service"),
+        (f"{T0},svc,,,,true,", "missing field: latency_ms"),
+        (f"{T0},svc,,,abc,true,", "bad type: latency_ms"),
+        (f"{T0},svc,,,nan,true,", "bad type: latency_ms"),
+        (f"{T0},svc,,,inf,true,", "bad type: latency_ms"),
+        (f"{T0},svc,,, 1.5,true,", "bad type: latency_ms"),
+        (f"{T0},svc,,,-1,true,", "out of range: latency_ms"),
+        (f"{T0},svc,,,1e999,true,", "out of range: latency_ms"),
+        (f"{T0},svc,,,1.5,yes,", "bad value: status"),
+        (f"{T0},svc,,,1.5,True,", "bad value: status"),
+        (f"{T0},svc,,,1.5,2,", "bad value: status"),
+        (f"{T0},svc,,,1.5,1.0,", "bad value: status"),
+    ],
+)
+def test_csv_rejects(tmp_path, cells, reason):
+    r = read_csv(tmp_path, f"{CSV_HEADER}\n{T0},svc,,,1.5,true,\n{cells}\n")
+    assert reasons(r) == [reason]
+    assert r.rejects[0]["line"] == 3 and r.rejects[0]["raw"] == cells
+    assert r.rows == [row()]
+
+
+def test_csv_header_missing_a_required_column_rejects_rows(tmp_path):
+    r = read_csv(tmp_path, "ts,latency_ms\n1,2\n3,4\n")
+    assert reasons(r) == ["missing field: service"] * 2
+
+
+def test_csv_header_only_blank_lines_non_utf8_and_bad_quotes(tmp_path):
+    data = (
+        f"\n{CSV_HEADER}\n\n   \n{T0},svc,,,1.5,true,\n".encode()
+        + f"{T0},caf\xe9,,,1.5,true,\r\n".encode("latin-1")
+        + f'{T0},svc,,,1.5,true,"open\n'.encode()
+    )
+    r = read_csv(tmp_path, data)
+    assert r.rows == [row()]
+    assert [(x["line"], x["reason"]) for x in r.rejects] == [(6, "not UTF-8"), (7, "bad CSV row")]
+    assert r.rejects[0]["raw"] == f"{T0},caf\\xe9,,,1.5,true,"
+    assert read_csv(tmp_path, f"{CSV_HEADER}\n").stats.read == 0
+
+
+def test_csv_header_not_utf8_is_an_input_error(tmp_path):
+    path = write_bytes(tmp_path, "in.csv", b"ts,serv\xffice\n1,2\n")
+    with pytest.raises(InputError, match="bad CSV header"):
+        list(read_events([str(path)]))
+
+
+def test_csv_gz(tmp_path):
+    r = read_csv(tmp_path, f"{CSV_HEADER}\n{T0},svc,,,1.5,true,\n", name="in.csv.gz")
+    assert r.rows == [row()]
+
+
+# ------------------------------------------------------------------------------------------- Parquet
+
+
+def write_parquet(tmp_path: Path, table: pa.Table, name: str = "in.parquet", **kw) -> Path:
+    path = tmp_path / name
+    pq.write_table(table, path, **kw)
+    return path
+
+
+def test_parquet_clean_typed_and_lossless_casts(tmp_path):
+    table = pa.table(
+        {
+            "ts": pa.array([dt.datetime(2026, 11, 21, 10), dt.datetime(2026, 11, 21, 10, 0, 0, 1500)],
+                           pa.timestamp("us", tz="UTC")),  # fmt: skip
+            "service": pa.array(["a", "b"]).dictionary_encode(),
+            "latency_ms": pa.array([3, 4], pa.int32()),
+            "status": pa.array([None, 0], pa.int8()),
+            "db_statement": pa.array(["", "SELECT 1"], pa.large_string()),
+            "other": pa.array([1, 2]),
+        }
+    )
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert r.rows == [row(service="a", latency_ms=3.0), row(ts=T0 + 1, service="b", latency_ms=4.0, status=False,
+                                                            db_statement="SELECT 1")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "ts, expected",
+    [
+        (pa.array([T0], pa.int64()), T0),
+        (pa.array([T0], pa.uint64()), T0),
+        (pa.array([T0 // 1000], pa.timestamp("s")), T0),
+        (pa.array([T0], pa.timestamp("ms", tz="Europe/Berlin")), T0),  # values are UTC whatever the tz
+        (pa.array([T0 * 1_000_000 - 1], pa.timestamp("ns")), T0 - 1),  # floored
+        (pa.array([-1], pa.timestamp("us")), -1),
+        (pa.array([dt.date(2026, 11, 21)], pa.date32()), ms(2026, 11, 21)),
+        (pa.array(["2026-11-21T11:00:00+01:00"]), T0),
+        (pa.array([b"2026-11-21T10:00:00Z"], pa.binary()), T0),
+    ],
+)
+def test_parquet_timestamp_types(tmp_path, ts, expected):
+    table = pa.table({"ts": ts, "service": ["s"], "latency_ms": [1.5]})
+    assert read([write_parquet(tmp_path, table)], tmp_path).rows == [row(ts=expected, service="s")]
+
+
+def test_parquet_rejects_with_reasons_and_row_objects(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    table = pa.table(
+        {
+            "ts": pa.array([T0, None, T0, T0, 2**62, T0, T0, T0, T0], pa.int64()),
+            "service": ["a", "a", None, "", "a", "a", "a", "a", "a"],
+            "latency_ms": [1.0, 1.0, 1.0, 1.0, 1.0, -1.0, nan, None, inf],
+            "status": pa.array([True, True, True, True, True, True, True, True, None]),
+            "junk": list("abcdefghi"),
+        }
+    )
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert r.rows == [row(service="a", latency_ms=1.0)]
+    got = [(x["line"], x["reason"]) for x in r.rejects]
+    assert got == [
+        (1, "missing field: ts"),
+        (2, "missing field: service"),
+        (3, "bad value: service"),
+        (4, "out of range: ts"),
+        (5, "out of range: latency_ms"),
+        (6, "out of range: latency_ms"),
+        (7, "missing field: latency_ms"),
+        (8, "out of range: latency_ms"),
+    ]
+    assert r.rejects[0]["raw"] == {"ts": None, "service": "a", "latency_ms": 1.0, "status": True}
+    assert r.rejects[5]["raw"]["latency_ms"] == "nan" and r.rejects[7]["raw"]["latency_ms"] == "inf"
+
+
+def test_parquet_wrong_types_and_bad_values(tmp_path):
+    table = pa.table(
+        {
+            "ts": pa.array([T0, T0, 2**64 - 1, T0, T0], pa.uint64()),
+            "service": ["a", "a", "a", "a", "a"],
+            "instance": pa.array([None, 1, None, None, None], pa.int64()),
+            "latency_ms": [1.0, 1.0, 1.0, 1.0, 1.0],
+            "status": pa.array(["true", "false", "true", "yes", None]),
+            "db_statement": pa.array([b"q", None, None, None, b"\xff"], pa.binary()),
+        }
+    )
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert r.rows == [row(service="a", latency_ms=1.0, db_statement="q")]
+    assert [(x["line"], x["reason"]) for x in r.rejects] == [
+        (1, "bad type: instance"),
+        (2, "out of range: ts"),
+        (3, "bad value: status"),
+        (4, "not UTF-8"),
+    ]
+    assert r.rejects[3]["raw"]["db_statement"] == "\\xff"
+
+
+def test_parquet_missing_required_columns_and_string_ts_rules(tmp_path):
+    table = pa.table({"ts": ["2026-11-21T10:00:00Z", "1795255200000", None], "service": ["a", "b", "c"]})
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert reasons(r) == ["missing field: latency_ms", "bad timestamp: ts", "missing field: ts"]
+
+
+def test_parquet_in_row_groups_with_batch_rows(tmp_path):
+    n = 1000
+    table = pa.table({"ts": pa.array(range(n), pa.int64()), "service": ["s"] * n,
+                      "latency_ms": [float(i % 7) - 1 for i in range(n)]})  # fmt: skip
+    r = read([write_parquet(tmp_path, table, row_group_size=128)], tmp_path, batch_rows=100)
+    assert [x["ts"] for x in r.rows] == [i for i in range(n) if i % 7]
+    assert [x["line"] for x in r.rejects] == [i for i in range(n) if not i % 7]
+
+
+def test_parquet_all_rows_rejected_yields_nothing(tmp_path):
+    table = pa.table({"ts": pa.array([None, None], pa.int64()), "service": ["s", "s"], "latency_ms": [1.0, 1.0]})
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert r.batches == [] and r.stats.rejected == 2
+
+
+def test_corrupt_files_are_input_errors(tmp_path):
+    bad_parquet = write_bytes(tmp_path, "x.parquet", b"PAR1 not really")
+    truncated_gz = tmp_path / "t.jsonl.gz"
+    truncated_gz.write_bytes(gzip.compress((rec() + "\n").encode() * 1000)[:-30])
+    for path in (bad_parquet, truncated_gz):
+        with pytest.raises(InputError, match="cannot read"):
+            list(read_events([str(path)]))
+
+
+# ------------------------------------------------------------------------- one core, three formats
+
+ISO_TEXT = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)).map(
+    lambda d: d.isoformat(timespec="milliseconds") + "Z"
+)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+TS_VALUES = st.one_of(
+    st.none(), st.integers(TS_MIN - 5, TS_MAX + 5), st.integers(-(10**30), 10**30), ISO_TEXT,
+    TEXT.filter(lambda s: s and not s.lstrip("-").isdigit()),  # a CSV cell "" is null, "12" an int
+)  # fmt: skip
+LATENCY_VALUES = st.one_of(
+    st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers(-(10**3), 10**400),
+    TEXT.filter(lambda s: s and not _NUMBER_RE.fullmatch(s)),  # a CSV cell "" is null, "1.5" a number
+)
+STATUS_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 2), st.sampled_from(["true", "false", "yes"]))
+RECORDS = st.fixed_dictionaries(
+    {"ts": TS_VALUES, "service": st.one_of(st.none(), TEXT.filter(bool)), "latency_ms": LATENCY_VALUES},
+    optional={"instance": st.one_of(st.none(), TEXT), "endpoint": st.one_of(st.none(), TEXT),
+              "status": STATUS_VALUES, "db_statement": st.one_of(st.none(), TEXT)},  # fmt: skip
+)
+
+
+def csv_cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def outcome(result: Result) -> tuple[list, list]:
+    return result.rows, [(x["line"], x["reason"]) for x in result.rejects]
+
+
+@HYPO
+@given(st.lists(RECORDS, max_size=12))
+def test_json_and_csv_agree(tmp_path, records):
+    """A record means the same in JSON and in CSV: the same rows accepted, the same reasons."""
+    json_result = read_jsonl(tmp_path, [json.dumps(r, ensure_ascii=False) for r in records])
+    buf = io.StringIO()
+    writer = csv.writer(buf)  # default "\r\n" terminator: fields holding \r or \n get quoted
+    writer.writerow(["line", *FIELDS])
+    for i, r in enumerate(records):
+        writer.writerow([str(i + 1), *(csv_cell(r.get(name)) for name in FIELDS)])
+    csv_result = read_csv(tmp_path, buf.getvalue())
+    assert json_result.rows == csv_result.rows
+    # CSV line numbers differ (header; quoted newlines): compare reasons in order
+    assert [x["reason"] for x in json_result.rejects] == [x["reason"] for x in csv_result.rejects]
+
+
+PARQUET_RECORDS = st.fixed_dictionaries(
+    {
+        "ts": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+        "service": st.one_of(st.none(), TEXT),
+        "instance": st.one_of(st.none(), TEXT),
+        "latency_ms": st.one_of(st.none(), st.floats(allow_nan=False)),
+        "status": st.one_of(st.none(), st.booleans()),
+        "db_statement": st.one_of(st.none(), TEXT),
+    }
+)
+
+
+@HYPO
+@given(st.lists(PARQUET_RECORDS, max_size=12))
+def test_json_and_parquet_agree(tmp_path, records):
+    """The columnar core gives the same rows and reasons as the row core."""
+    json_lines = [json.dumps(r, ensure_ascii=False).replace("Infinity", "1e999") for r in records]
+    json_result = read_jsonl(tmp_path, json_lines)
+    schema = pa.schema([("ts", pa.int64()), ("service", pa.string()), ("instance", pa.string()),
+                        ("latency_ms", pa.float64()), ("status", pa.bool_()), ("db_statement", pa.string())])  # fmt: skip
+    parquet_result = read([write_parquet(tmp_path, pa.Table.from_pylist(records, schema=schema))], tmp_path)
+    assert json_result.rows == parquet_result.rows
+    assert [(x["line"] - 1, x["reason"]) for x in json_result.rejects] == [
+        (x["line"], x["reason"]) for x in parquet_result.rejects
+    ]
+
+
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), TEXT,
+    st.sampled_from(["", "true", "false", "2026-11-21T10:00:00Z", "\ud800", "caf\u00e9"]),
+    st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.tuples(*[ANY_VALUE] * 7))
+def test_fast_path_agrees_with_field_checks(values):
+    def run(fn):
+        try:
+            return fn(*values)
+        except _Reject as r:
+            return r.reason
+
+    assert run(_validate_values) == run(_check_fields)
+
+
+JSONISH_LINE = st.one_of(
+    RECORDS.map(json.dumps),
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), TEXT),
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
+        max_leaves=8,
+    ).map(json.dumps),
+    RECORDS.map(json.dumps).flatmap(lambda s: st.integers(0, len(s)).map(lambda k: s[:k])),  # truncated
+    st.text(max_size=30).map(lambda s: s.replace("\n", " ")),
+    st.binary(max_size=30).map(lambda b: b.replace(b"\n", b" ")),
+)
+
+
+@HYPO
+@given(st.lists(JSONISH_LINE, max_size=15))
+def test_arbitrary_lines_never_crash_and_counts_reconcile(tmp_path, lines):
+    result = read_jsonl(tmp_path, lines, batch_rows=4)
+    encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
+    if encoded and encoded[0].startswith(b"\xef\xbb\xbf"):
+        encoded[0] = encoded[0][3:]  # a UTF-8 byte order mark opening the file is skipped
+    non_blank = sum(1 for x in encoded if x.strip(b" \t\r\n"))
+    assert result.stats.read == non_blank
+    assert all(isinstance(x["reason"], str) and x["reason"] for x in result.rejects)
+
+
+# ---------------------------------------------------------------------------------------- dead letter
+
+
+def test_dead_letter_is_thread_safe_and_created_empty(tmp_path):
+    path = tmp_path / "dl.jsonl"
+    with DeadLetter(path) as dl:
+        threads = [
+            threading.Thread(target=lambda t=t: [dl.write("src", i, f"raw {t} \n \"{i}\"", "r") for i in range(300)])
+            for t in range(4)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(records) == dl.count == 1200
+    assert sorted(r["raw"] for r in records) == sorted(f"raw {t} \n \"{i}\"" for t in range(4) for i in range(300))
+    with DeadLetter(path):
+        pass
+    assert path.read_text() == ""  # truncated: a stale file never survives a clean run
+    with pytest.raises(RuntimeError, match="not open"):
+        dl.write("src", 1, "x", "r")
+
+
+# ------------------------------------------------------------------------------------------- inputs
+
+
+def test_expand_inputs_globs_sorted_deduplicated(tmp_path):
+    for name in ["b.jsonl", "a.jsonl", "c.csv", "sub/d.jsonl"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    got = expand_inputs([f"{tmp_path}/*.jsonl", str(tmp_path / "a.jsonl"), f"{tmp_path}/./c.csv",
+                         f"{tmp_path}/**/*.jsonl"])  # fmt: skip
+    assert got == [str(tmp_path / n) for n in ["a.jsonl", "b.jsonl", "c.csv", "sub/d.jsonl"]]
+
+
+def test_expand_inputs_errors(tmp_path):
+    with pytest.raises(InputError, match=r"^no input files match '.*/x/\*\.jsonl'$"):
+        expand_inputs([f"{tmp_path}/x/*.jsonl"])
+    with pytest.raises(InputError, match=r"^no such input file: '.*missing\.jsonl'$"):
+        expand_inputs([str(tmp_path / "missing.jsonl")])
+    with pytest.raises(InputError, match="is a directory"):
+        expand_inputs([str(tmp_path)])
+    with pytest.raises(InputError, match="no input files given"):
+        expand_inputs([])
+    assert issubclass(InputError, ValueError)
+
+
+def test_read_events_checks_paths_at_call_time(tmp_path):
+    good = write_bytes(tmp_path, "a.jsonl", (rec() + "\n").encode())
+    with pytest.raises(InputError, match=r"unsupported input format: '.*a\.txt'"):
+        read_events([str(good), str(tmp_path / "a.txt")])
+    with pytest.raises(InputError, match="no such input file"):
+        read_events([str(good), str(tmp_path / "gone.csv")])
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a.jsonl", ("jsonl", False)), ("a.JSON.gz", ("jsonl", True)), ("a.ndjson", ("jsonl", False)),
+        ("a.csv.gz", ("csv", True)), ("dir.v2/a.parquet", ("parquet", False)),
+    ],
+)  # fmt: skip
+def test_detect_format(name, expected):
+    assert detect_format(name) == expected
+
+
+@pytest.mark.parametrize("name", ["a.parquet.gz", "a.gz", "a", "a.tsv", "a.jsonl.bz2"])
+def test_detect_format_rejects(name):
+    with pytest.raises(InputError):
+        detect_format(name)
