@@ -27,6 +27,9 @@ from drainpipe.pipeline.functions import (
     merge,
     ms_from_iso,
     partial_type,
+    piece_of,
+    source_root,
+    split_partial,
     rollup,
     to_state_table,
     to_topn_table,
@@ -284,6 +287,22 @@ def test_accumulator() -> None:
         accumulator.add(aggregate_batch(batch([event()]), DEFAULT_DEFINITIONS)[0])
     with pytest.raises(ValueError):
         accumulator.add(rollup(partial, "hour"))  # type: ignore[arg-type]
+
+
+def test_split_partial_pieces() -> None:
+    events = [event(T0 + i * 1_000, endpoint=f"/e{i % 7}", latency=i, db=f"q{i % 3}") for i in range(200)]
+    for partial in aggregate_batch(batch(events), DEFAULT_DEFINITIONS, source="b"):
+        pieces = split_partial(partial, 4)
+        k = len(pieces)
+        assert sum(p.table.num_rows for p in pieces) == partial.table.num_rows
+        assert all(p.table.num_rows <= 4 for p in pieces) and all(type(p) is type(partial) for p in pieces)
+        assert [p.sources for p in pieces] == [{f"b ~{i}/{k}"} for i in range(1, k + 1)] or k == 1
+        assert finalize(merge(pieces)) == finalize(partial)
+        assert [p.table for p in split_partial(partial, 4)] == [p.table for p in pieces]  # deterministic
+    assert piece_of("b ~2/3 ~1/4") == ("b ~2/3", 1, 4) and piece_of("b") is None
+    assert source_root("b ~2/3 ~1/4") == "b"
+    with pytest.raises(ValueError):
+        split_partial(partial, 0)
 
 
 def test_empty_batch_gives_empty_partials() -> None:

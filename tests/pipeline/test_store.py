@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import aggregate_batch
+from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, StoreError, open_store, parse_time
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
@@ -156,11 +156,76 @@ def test_partially_applied_states_are_refused(store: Store) -> None:
     (a,) = aggregate_batch(EVENTS.slice(0, 100), definitions, source="a")
     (b,) = aggregate_batch(EVENTS.slice(100, 100), definitions, source="b")
     store.merge([a])
-    from drainpipe.pipeline.functions import merge
-
-    with pytest.raises(StoreError, match="already-applied sources"):
+    with pytest.raises(StoreError, match="mix input already applied and new input"):
         store.merge([merge([a, b])])
     assert store.merge([b, b]) == MergeReport(applied=1, skipped=1)  # a repeat within one call is skipped too
+    assert store.unapplied([a, b]) == []
+    with pytest.raises(StoreError, match="mixes applied and new"):
+        store.unapplied([merge([a, aggregate_batch(EVENTS.slice(200, 100), definitions, source="c")[0]])])
+
+
+def test_pieces_of_a_source_count_once_all_are_applied(store: Store) -> None:
+    definitions = Definitions((MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10)))
+    whole = open_store("duckdb:///:memory:")
+    ingest(whole, EVENTS, "batch-1", definitions)
+    parts = aggregate_batch(EVENTS, definitions, source="batch-1")
+    pieces = [split_partial(p, 7) for p in parts]
+    assert all(len(group) > 2 for group in pieces)
+    assert pieces[0][0].sources == {f"batch-1 ~1/{len(pieces[0])}"}
+    # first pieces land (a "crash" after that); the batch is not applied yet
+    store.merge([group[0] for group in pieces])
+    assert store.applied("batch-1") == frozenset()
+    assert not store.is_applied("batch-1", definitions.names)
+    # a rerun re-aggregates the same pieces; unapplied() drops the ones already stored
+    again = [q for p in aggregate_batch(EVENTS, definitions, source="batch-1") for q in split_partial(p, 7)]
+    todo = store.unapplied(again)
+    assert len(todo) == sum(len(group) - 1 for group in pieces)
+    with pytest.raises(StoreError, match="mix input already applied"):
+        store.merge([merge([q for q in again if q.name == "c"])])  # the whole batch again would double count
+    store.merge(todo[:3])
+    store.merge(todo[3:] + todo[:3])  # late duplicates are skipped
+    assert store.applied("batch-1") == frozenset({"c", "p"}) and store.is_applied("batch-1")
+    assert store.query() == whole.query()
+    assert store.merge(parts).skipped == 2  # the whole batch is covered by its pieces
+    assert store.query() == whole.query()
+    whole.close()
+
+
+def test_nested_pieces_and_pieces_of_an_applied_source(store: Store) -> None:
+    definitions = Definitions((MetricDef("c", "endpoint", "count"),))
+    (part,) = aggregate_batch(EVENTS, definitions, source="s")
+    first, second = split_partial(part, part.table.num_rows // 2 + 1)
+    nested = split_partial(second, second.table.num_rows // 3 + 1)
+    assert len(nested) == 3 and nested[0].sources == {"s ~2/2 ~1/3"}
+    store.merge([first, *nested[:-1]])
+    assert store.applied("s") == frozenset()
+    store.merge([nested[-1]])
+    assert store.applied("s") == {"c"}
+    assert store.merge([part, first, second, *nested]).skipped == 6
+
+
+def test_explicit_granularities_without_rollup(store: Store) -> None:
+    definitions = Definitions((MetricDef("p", "service", "percentile", precision_ms=10), MetricDef("a", "instance", "apdex", threshold_ms=300)))
+    reference = open_store("duckdb:///:memory:")
+    ingest(reference, EVENTS, "s", definitions)
+    minute = aggregate_batch(EVENTS, definitions, source="s")
+    with pytest.raises(ValueError, match="hour states given to merge"):
+        store.merge([rollup(minute[0], "hour")])
+    every = [q for p in minute for q in (p, rollup(p, "hour"), rollup(p, "day"))]
+    assert store.merge(every, rollup=False) == MergeReport(applied=6, skipped=0)
+    assert store.query() == reference.query()
+    assert store.merge(every, rollup=False).skipped == 6
+    assert store.applied("s") == {"p", "a"}
+    reference.close()
+
+
+def test_different_partials_with_one_source_are_refused(store: Store) -> None:
+    definitions = Definitions((MetricDef("c", "endpoint", "count"),))
+    (part,) = aggregate_batch(EVENTS, definitions, source="s")
+    table = part.table
+    halves = [type(part)(table.slice(0, 10), "minute", part.sources), type(part)(table.slice(10), "minute", part.sources)]
+    with pytest.raises(StoreError, match="two different partials carry source 's'"):
+        store.merge(halves)
 
 
 def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,3 +367,32 @@ def test_relative_path_is_relative_to_the_working_directory(tmp_path: Path, monk
     with open_store("duckdb:///./rel.duckdb") as store:  # type: ignore[attr-defined]
         ingest(store, EVENTS.slice(0, 10), "s", Definitions((MetricDef("c", "service", "count"),)))
     assert os.path.exists(tmp_path / "rel.duckdb")
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+def test_render_formats() -> None:
+    import csv
+    import io
+    import json
+
+    from drainpipe.pipeline.functions import VALUE_COLUMNS
+    from drainpipe.pipeline.render import render
+
+    rows = [
+        ("service_cpm", "svc-00", "minute", "2026-11-21T10:00:00Z", "", 2.0),
+        ("service_resp_time", "svc-01", "hour", "2026-11-21T10:00:00Z", "", 311.6333333333333),
+        ("service_percentile", "a/b", "day", "2026-11-21T00:00:00Z", "p99", 1234567.5),
+    ]
+    table = render(rows, VALUE_COLUMNS, "table").splitlines()
+    assert table[0].split() == list(VALUE_COLUMNS)
+    assert table[2].endswith("        2") and table[3].endswith("311.6333") and table[4].endswith("1234567.5")
+    assert len({len(line) for line in table[2:]}) == 1  # aligned
+    assert render([], VALUE_COLUMNS).splitlines()[-1] == "(no rows)"
+    parsed = list(csv.reader(io.StringIO(render(rows, VALUE_COLUMNS, "csv"))))
+    assert parsed[0] == list(VALUE_COLUMNS) and float(parsed[2][5]) == 311.6333333333333 and parsed[1][4] == ""
+    assert json.loads(render(rows, VALUE_COLUMNS, "json"))[1] == dict(zip(VALUE_COLUMNS, rows[1]))
+    assert json.loads(render([], VALUE_COLUMNS, "json")) == []
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        render(rows, VALUE_COLUMNS, "xml")

@@ -74,6 +74,10 @@ __all__ = [
     "MetricAccumulator",
     "finalize",
     "finalize_table",
+    "split_partial",
+    "piece_of",
+    "source_root",
+    "PIECE_MARK",
     "to_state_table",
     "from_state_table",
     "to_topn_table",
@@ -770,6 +774,47 @@ class MetricAccumulator:
     def __len__(self) -> int:
         self._compact()
         return 0 if self._merged is None else len(self._merged)
+
+
+# --------------------------------------------------------------------------------------------- pieces
+
+PIECE_MARK = " ~"  # reserved in source identities: "<source> ~<i>/<k>" is piece i of k of <source>
+_PIECE_RE = re.compile(r" ~(\d+)/(\d+)\Z")
+
+
+def piece_of(source: str) -> tuple[str, int, int] | None:
+    """``(parent, i, k)`` if ``source`` names piece i of k of ``parent``, else None."""
+    match = _PIECE_RE.search(source)
+    if match is None:
+        return None
+    return source[: match.start()], int(match.group(1)), int(match.group(2))
+
+
+def source_root(source: str) -> str:
+    """The input-batch identity a (possibly nested) piece belongs to."""
+    while (piece := piece_of(source)) is not None:
+        source = piece[0]
+    return source
+
+
+def split_partial(partial: P, max_rows: int) -> list[P]:
+    """Cut a partial into pieces of at most ``max_rows`` state rows that merge back to it.
+
+    Each piece carries distinct sources: source ``s`` of piece i (1-based) of k becomes ``"s ~i/k"``, and
+    stores count ``s`` as applied once all of its pieces are. The cut is deterministic, so re-aggregating the
+    same batch yields the same pieces. This is the only correct way to cut a partial: two pieces carrying
+    the same sources would be taken for one piece delivered twice.
+    """
+    if max_rows < 1:
+        raise ValueError("max_rows must be >= 1")
+    table = partial.table
+    count = -(-table.num_rows // max_rows)
+    if count <= 1:
+        return [partial]
+    return [
+        partial._with(table.slice(i * max_rows, max_rows), (f"{s}{PIECE_MARK}{i + 1}/{count}" for s in partial.sources))
+        for i in range(count)
+    ]
 
 
 # --------------------------------------------------------------------------------------------- finalize

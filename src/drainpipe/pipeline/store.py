@@ -7,11 +7,15 @@ the same input gives the same values.
 
 Tables (portable SQL: the same statements serve DuckDB and, through :class:`SqlStore`, PostgreSQL)::
 
-    metric_state  (metric, entity, granularity, time_bucket, b, n, v, ok, tol)   key: metric..time_bucket, b
-    metric_values (metric, entity, granularity, time_bucket, label, value)        key: metric..time_bucket, label
-    topn_values   (name, entity, time_bucket, rank, key, latency_ms)              key: name..time_bucket, rank
-    applied_sources (source, name)                                                key: source, name
-    definitions   (name, signature)                                               key: name
+    metric_state    (metric, entity, granularity, time_bucket, b, n, v, ok, tol)  a row per key and bin b
+    metric_values   (metric, entity, granularity, time_bucket, label, value)       a row per key and label
+    topn_values     (name, entity, time_bucket, rank, key, latency_ms)             a row per key and rank
+    applied_sources (root, source, name)                                           primary key (source, name)
+    definitions     (name, signature)                                              primary key (name)
+
+The merge keeps the first three unique (a key's rows are deleted and re-inserted in one transaction, under
+the store's lock). They have no primary key in DuckDB, whose index upkeep made merges ~10x slower; a
+PostgreSQL store should index them on (metric|name, granularity, entity, time_bucket).
 
 ``time_bucket`` is the bucket start as ISO-8601 text (``2026-11-21T10:05:00Z``; it sorts chronologically).
 ``metric_state`` holds the mergeable states in the fixed columns of
@@ -26,27 +30,33 @@ Merge (:meth:`SqlStore.merge`), one transaction per call, so a failure leaves no
 2. idempotency, see below;
 3. minute partials are rolled up to hour and day (:func:`~drainpipe.pipeline.functions.rollup`); the
    partials are merged per (name, granularity) in memory;
-4. per (metric, granularity): the keys are staged, the stored states for them read, merged with the new
-   ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in Python, so every
-   SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N rows;
+4. the keys (name, granularity, entity, time_bucket) are staged, the stored states for them read, merged
+   with the new ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in
+   Python, so every SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N
+   rows (a handful of statements per call, whatever the number of metrics);
 5. the applied (source, name) pairs are recorded.
 
 Idempotency. Merging states is not idempotent by itself (merging a count twice doubles it). So every
 partial carries ``sources``: the identities of the input batches it contains (``aggregate_batch(...,
 source=...)``, united by ``merge``). A source identity must name one batch of input content, e.g.
-``"<file path>@<size>:<mtime_ns>#<batch index>"`` or a content fingerprint plus offset range; equal
-identities must mean equal events. The store records (source, name) pairs in ``applied_sources`` in the
-same transaction as the states, and on merge:
+``"<file fingerprint>:<batch rows>:<batch index>"``; equal identities must mean equal events, and
+``" ~"`` is reserved. The store records (source, name) pairs in ``applied_sources`` in the same transaction
+as the states; a source is *applied* for a name when it is recorded, or when all pieces of it are.
 
-* a partial whose every (source, name) pair is already recorded (earlier, or by an earlier partial of the
-  same call) is skipped: re-running the same input changes nothing;
-* a partial mixing recorded and new pairs cannot be split and raises :class:`StoreError`; engines avoid it
-  by asking :meth:`Store.applied` before aggregating a batch and aggregating only the definitions not yet
-  applied for it (``Definitions.select``);
-* a partial without sources is always merged (no deduplication possible).
+* Pieces: a partial may only be cut with :func:`~drainpipe.pipeline.functions.split_partial`, which names
+  piece i of k of source ``s`` ``"s ~i/k"`` (deterministically). ``s`` counts as applied once all k pieces
+  are, whatever merge calls carried them.
+* A partial whose every source is already applied (earlier, or by an earlier partial of the same call) is
+  skipped: re-running the same input changes nothing. Two *different* partials of one call carrying the same
+  source are refused (:class:`StoreError`): that is a partial cut without ``split_partial``.
+* A partial whose sources are only partly applied (say, after a crash between two transactions, a rerun
+  merged piece 1 of s, already stored, with new input) cannot be split apart and raises :class:`StoreError`.
+  Engines avoid it by asking :meth:`Store.is_applied` (per batch) or :meth:`Store.unapplied` (per partial or
+  piece) before the partials of a batch are merged with others.
+* A partial without sources is always merged (no deduplication possible).
 
-The primary key of ``applied_sources`` also rejects a concurrent second writer of the same pair (the
-transaction fails rather than double-counting).
+``applied_sources`` is keyed by (source, name), so a concurrent second writer of the same pair fails its
+transaction rather than double-counting.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ from .functions import (
     GRANULARITIES,
     TOPN_COLUMNS,
     VALUE_COLUMNS,
+    PIECE_MARK,
     MetricPartial,
     Partial,
     TopNPartial,
@@ -78,7 +89,9 @@ from .functions import (
     from_topn_table,
     iso_from_ms,
     merge,
+    piece_of,
     rollup,
+    source_root,
     to_state_table,
     to_topn_table,
 )
@@ -108,11 +121,11 @@ _SCHEMA = (
         name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL, rank INTEGER NOT NULL,
         key VARCHAR NOT NULL, latency_ms DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS applied_sources (
-        source VARCHAR NOT NULL, name VARCHAR NOT NULL, PRIMARY KEY (source, name))""",
+        root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, PRIMARY KEY (source, name))""",
     """CREATE TABLE IF NOT EXISTS definitions (name VARCHAR PRIMARY KEY, signature VARCHAR NOT NULL)""",
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
         name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL)""",
-    "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (source VARCHAR NOT NULL, name VARCHAR NOT NULL)",
+    "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (root VARCHAR NOT NULL)",
 )
 _STAGED = (
     "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.metric AND k.granularity = t.granularity"
@@ -142,12 +155,25 @@ class Store(Protocol):
     def merge(self, partials: Iterable[Partial], *, rollup: bool = True) -> MergeReport:
         """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
 
-        With ``rollup`` (the default), minute metric partials also update the hour and day buckets.
+        With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
+        and day buckets. With ``rollup=False`` each partial updates its own granularity only; then one call
+        must carry all granularities of its sources (a source is recorded as applied by the call).
         """
         ...
 
     def applied(self, source: str) -> frozenset[str]:
-        """Names of the definitions whose states already contain input batch ``source``."""
+        """Names of the definitions whose states already contain all of input batch ``source``."""
+        ...
+
+    def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
+        """Whether ``source`` is applied for every one of ``names`` (default: every definition the store has
+        seen; pass the run's ``Definitions.names``)."""
+        ...
+
+    def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
+        """The partials still to merge: those whose sources are all applied are dropped; a partial whose
+        sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
+        :func:`~drainpipe.pipeline.functions.split_partial`) with it before merging them with others."""
         ...
 
     def query(
@@ -279,6 +305,11 @@ class SqlStore:
         for part in parts:
             if not isinstance(part, (MetricPartial, TopNPartial)):
                 raise TypeError(f"not a partial: {part!r}")
+            if rollup and isinstance(part, MetricPartial) and part.granularity != "minute":
+                raise ValueError(
+                    f"{part.name!r}: {part.granularity} states given to merge(rollup=True), which derives hour and "
+                    "day from minute states itself; pass minute states only, or all granularities with rollup=False"
+                )
         with self._guard("merge"), self._transaction():
             self._check_definitions({p.definition for p in parts})
             fresh, pairs = self._fresh(parts)
@@ -321,47 +352,67 @@ class SqlStore:
                 )
 
     def _fresh(self, parts: list[Partial]) -> tuple[list[Partial], set[tuple[str, str]]]:
-        """The partials not applied yet, and the (source, name) pairs they bring."""
-        wanted = {(source, p.name) for p in parts for source in p.sources}
-        applied = self._applied_pairs(wanted)
+        """The partials not applied yet, and the (source, name) pairs they bring (see the module docstring).
+
+        ``stored`` answers for earlier calls; ``call`` for this one, per granularity, since a call may carry
+        a source's minute, hour and day states (``rollup=False``) and they are not duplicates of each other.
+        """
+        stored = self._ledger({source for p in parts for source in p.sources})
+        call = _Ledger(())
+        first: dict[tuple[str, str], Partial] = {}
         fresh: list[Partial] = []
-        claimed: set[tuple[str, str]] = set()
+        pairs: set[tuple[str, str]] = set()
         for part in parts:
-            pairs = {(source, part.name) for source in part.sources}
-            seen = pairs & (applied | claimed)
-            if pairs and seen == pairs:
+            state = stored.state(part.sources, part.name)
+            if state == "new":
+                channel = f"{part.name}@{getattr(part, 'granularity', '')}"
+                state = call.state(part.sources, channel)
+                if state == "applied" and any(
+                    first.get((source, channel)) is None or not first[(source, channel)].table.equals(part.table)
+                    for source in part.sources
+                ):
+                    raise StoreError(
+                        f"{part.name!r}: two different partials carry source {sorted(part.sources)[0]!r}; cut "
+                        "partials only with functions.split_partial, which gives each piece its own source"
+                    )
+            if state == "applied":
                 continue
-            if seen:
-                example = sorted(seen)[0][0]
+            if state == "partly":
                 raise StoreError(
-                    f"{part.name!r}: states mix already-applied sources (e.g. {example!r}) with new ones; "
-                    "aggregate only batches not applied yet"
+                    f"{part.name!r}: states mix input already applied and new input (sources "
+                    f"{', '.join(sorted(part.sources)[:3])}); ask Store.unapplied() before merging them with others"
                 )
-            claimed |= pairs
+            for source in part.sources:
+                call.add(source, channel)
+                first[(source, channel)] = part
+                pairs.add((source, part.name))
             fresh.append(part)
-        return fresh, claimed
+        return fresh, pairs
 
-    def _applied_pairs(self, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
-        if not pairs:
-            return set()
-        self._stage_sources(pairs)
-        rows = self._fetchall(
-            "SELECT a.source, a.name FROM applied_sources a JOIN stage_sources s ON a.source = s.source AND a.name = s.name"
-        )
-        return {(source, name) for source, name in rows}
-
-    def _stage_sources(self, pairs: set[tuple[str, str]]) -> None:
-        ordered = sorted(pairs)
+    def _ledger(self, sources: set[str]) -> _Ledger:
+        """The recorded (source, name) pairs that bear on ``sources`` (everything under their roots)."""
+        if not sources:
+            return _Ledger(())
+        roots = sorted({source_root(s) for s in sources})
         self._execute("DELETE FROM stage_sources")
-        self._insert_arrow(
-            "stage_sources",
-            pa.table({"source": [s for s, _ in ordered], "name": [n for _, n in ordered]}, schema=_PAIR_SCHEMA),
-        )
+        self._insert_arrow("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
+        rows = self._fetchall("SELECT a.source, a.name FROM applied_sources a JOIN stage_sources s ON a.root = s.root")
+        return _Ledger(rows)
 
     def _record(self, pairs: set[tuple[str, str]]) -> None:
         if pairs:
-            self._stage_sources(pairs)
-            self._execute("INSERT INTO applied_sources SELECT source, name FROM stage_sources")
+            ordered = sorted(pairs)
+            self._insert_arrow(
+                "applied_sources",
+                pa.table(
+                    {
+                        "root": [source_root(s) for s, _ in ordered],
+                        "source": [s for s, _ in ordered],
+                        "name": [n for _, n in ordered],
+                    },
+                    schema=_APPLIED_SCHEMA,
+                ),
+            )
 
     def _stage_keys(self, keys: pa.Table) -> None:
         """Replace the staged keys by the distinct (name, granularity, entity, time_bucket) rows of ``keys``."""
@@ -402,8 +453,29 @@ class SqlStore:
 
     def applied(self, source: str) -> frozenset[str]:
         with self._guard("read"):
-            rows = self._fetchall("SELECT name FROM applied_sources WHERE source = ?", (source,))
-        return frozenset(name for (name,) in rows)
+            ledger = self._ledger({source})
+        return frozenset(name for name in ledger.names if ledger.applied(source, name))
+
+    def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
+        with self._guard("read"):
+            if names is None:
+                names = [name for (name,) in self._fetchall("SELECT name FROM definitions")]
+            ledger = self._ledger({source})
+        names = list(names)
+        return bool(names) and all(ledger.applied(source, name) for name in names)
+
+    def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
+        parts = list(partials)
+        with self._guard("read"):
+            ledger = self._ledger({source for p in parts for source in p.sources})
+        out = []
+        for part in parts:
+            state = ledger.state(part.sources, part.name)
+            if state == "partly":
+                raise StoreError(f"{part.name!r}: partial mixes applied and new sources ({', '.join(sorted(part.sources)[:3])})")
+            if state == "new":
+                out.append(part)
+        return out
 
     def query(
         self,
@@ -431,7 +503,65 @@ class SqlStore:
             return self._fetchall(sql, params)
 
 
-_PAIR_SCHEMA = pa.schema([("source", pa.string()), ("name", pa.string())])
+_ROOT_SCHEMA = pa.schema([("root", pa.string())])
+_APPLIED_SCHEMA = pa.schema([("root", pa.string()), ("source", pa.string()), ("name", pa.string())])
+
+
+class _Ledger:
+    """Recorded (source, name) pairs and what they say about a source: applied, partly applied or new.
+
+    A source is applied for a name when it or an ancestor is recorded, or when, for some k, each of its k
+    pieces ``"<source> ~i/k"`` is applied; it is partly applied when only some of that holds.
+    """
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.names: set[str] = set()
+        self._pairs: set[tuple[str, str]] = set()
+        self._pieces: dict[tuple[str, str], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+        self._touched: set[tuple[str, str]] = set()
+        for source, name in pairs:
+            self.add(source, name)
+
+    def add(self, source: str, name: str) -> None:
+        self.names.add(name)
+        self._pairs.add((source, name))
+        self._touched.add((source, name))
+        while (piece := piece_of(source)) is not None:
+            source, i, k = piece
+            self._pieces[(source, name)][k].add(i)
+            self._touched.add((source, name))
+
+    def applied(self, source: str, name: str) -> bool:
+        ancestor: str | None = source
+        while ancestor is not None:
+            if (ancestor, name) in self._pairs:
+                return True
+            piece = piece_of(ancestor)
+            ancestor = piece[0] if piece else None
+        return self._covered_by_pieces(source, name)
+
+    def _covered_by_pieces(self, source: str, name: str) -> bool:
+        for k, seen in self._pieces.get((source, name), {}).items():
+            if all(
+                (piece := f"{source}{PIECE_MARK}{i}/{k}", name) in self._pairs or self._covered_by_pieces(piece, name)
+                for i in range(1, k + 1)
+            ):
+                return True
+        return False
+
+    def _touches(self, source: str, name: str) -> bool:
+        return (source, name) in self._touched or self.applied(source, name)
+
+    def state(self, sources: Iterable[str], name: str) -> str:
+        """"applied" (every source applied; also for no sources: "new"), "new" (none touched) or "partly"."""
+        sources = list(sources)
+        if not sources:
+            return "new"
+        if all(self.applied(s, name) for s in sources):
+            return "applied"
+        if any(self._touches(s, name) for s in sources):
+            return "partly"
+        return "new"
 _KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
 _TOPN_GRANULARITY = "10 minutes"
