@@ -348,6 +348,8 @@ class Definitions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
         object.__setattr__(self, "topns", tuple(self.topns))
+        if not all(isinstance(m, MetricDef) for m in self.metrics) or not all(isinstance(t, TopNDef) for t in self.topns):
+            raise DefinitionError("Definitions takes MetricDef metrics and TopNDef topns")
         seen: set[str] = set()
         for definition in self.all:
             if definition.name in seen:

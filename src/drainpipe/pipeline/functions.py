@@ -16,6 +16,8 @@ Contract (``/work/shared/design/PIPELINE.md``, "Functions", "Entities and time b
   ``avg``) are float64 additions, whose result may differ in the last ulp with the order of additions; the
   merge itself is deterministic for a given order. :class:`MetricAccumulator` merges partials incrementally.
 * :func:`rollup` turns minute states into hour/day states by merging (values are never averaged).
+* :func:`split_partial` cuts a partial into smaller ones that merge back to it; each piece names its share of
+  the sources (``"s ~i/k"``), which idempotent stores rely on (see :mod:`drainpipe.pipeline.store`).
 * :func:`finalize` turns states into value rows ``(metric, entity, granularity, time_bucket, label, value)``
   (``time_bucket`` = bucket start, ISO-8601 with ``Z``), or for a top-N into rows
   ``(name, entity, time_bucket, rank, key, latency_ms)``.
@@ -45,7 +47,7 @@ import re
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -282,7 +284,7 @@ def _factorize(keys: np.ndarray, size: int) -> tuple[np.ndarray, int]:
         lookup[uniques] = np.arange(len(uniques), dtype=np.int64)
         return lookup[keys], len(uniques)
     encoded = pc.dictionary_encode(pa.array(keys, pa.int64()))
-    return encoded.indices.to_numpy().astype(np.int64), len(encoded.dictionary)
+    return encoded.indices.to_numpy(), len(encoded.dictionary)
 
 
 def _compact(values: np.ndarray) -> tuple[np.ndarray, int]:
@@ -290,18 +292,21 @@ def _compact(values: np.ndarray) -> tuple[np.ndarray, int]:
     if len(values) == 0:
         return np.zeros(0, dtype=np.int64), 1
     low, high = int(values.min()), int(values.max())
+    codes = np.subtract(values, low, dtype=np.int64)
     if high - low < _dense_limit(len(values)):
-        return values.astype(np.int64) - low, high - low + 1
-    return _factorize(values.astype(np.int64) - low, high - low + 1)
+        return codes, high - low + 1
+    return _factorize(codes, high - low + 1)
 
 
 def _group_ids(codes: Sequence[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
     """Dense group ids of the rows' code tuples (each code in [0, size)): (id per row, number of groups)."""
-    ids, size = codes[0][0].astype(np.int64), codes[0][1]
+    ids, size = codes[0][0], codes[0][1]
     for column, width in codes[1:]:
         if size * width >= _MAX_KEY_SPACE:  # keep the combined code within int64
             ids, size = _factorize(ids, size)
-        ids, size = ids * width + column, size * width
+        ids = np.multiply(ids, width, dtype=np.int64)  # a new array: the caller's codes are never modified
+        ids += column
+        size *= width
     return _factorize(ids, size)
 
 
@@ -392,8 +397,8 @@ class _BatchView:
         def compute() -> np.ndarray:
             column = self.arrow(name).to_numpy(zero_copy_only=False)
             if name == "status":
-                return column.astype(bool)
-            return column.astype(np.int64 if name == "ts" else np.float64)
+                return column.astype(bool, copy=False)
+            return column.astype(np.int64 if name == "ts" else np.float64, copy=False)
 
         return self._cached(("numpy", name), compute)
 
@@ -998,5 +1003,3 @@ def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str]
     )
     return partial_type(definition)(_keep_top(state, definition.n), sources)  # type: ignore[return-value]
 
-
-PartialLike = Union[MetricPartial, TopNPartial]

@@ -75,7 +75,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .definitions import Definition, MetricDef, TopNDef, signature
+from .definitions import Definition, signature
 from .functions import (
     GRANULARITIES,
     TOPN_COLUMNS,
