@@ -226,8 +226,9 @@ class SqlStore:
     """The store logic on top of a few backend primitives (subclasses: DuckDB here, PostgreSQL later).
 
     Backends implement :meth:`_execute`, :meth:`_fetchall`, :meth:`_fetch_arrow`, :meth:`_insert_arrow`,
-    :meth:`_transaction` and :meth:`_close`; SQL uses ``?`` placeholders, which :meth:`_sql` may rewrite.
-    All SQL statements and the merge logic live here, once.
+    :meth:`_close` and :meth:`_backend_errors` (and may override :meth:`_transaction`). The SQL text here uses
+    ``?`` placeholders; a backend with another paramstyle translates them in its primitives. All SQL
+    statements and the merge logic live here, once.
     """
 
     def __init__(self) -> None:
@@ -235,9 +236,6 @@ class SqlStore:
         self._closed = False
 
     # ----------------------------------------------------------------------------- backend primitives
-
-    def _sql(self, text: str) -> str:
-        return text
 
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         raise NotImplementedError
@@ -258,7 +256,10 @@ class SqlStore:
         try:
             yield
         except BaseException:
-            self._execute("ROLLBACK")
+            try:
+                self._execute("ROLLBACK")
+            except Exception:  # the original error says more (e.g. a lost connection)
+                pass
             raise
         self._execute("COMMIT")
 
