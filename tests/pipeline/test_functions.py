@@ -490,10 +490,10 @@ def _sql_metric(metric: MetricDef, granularity: str) -> str:
 
 
 def test_default_metrics_match_duckdb_sql() -> None:
-    events = _generated(6000, seed=7)
+    events = _generated(4000, seed=7)
     con = duckdb.connect()
     con.register("events", pa.Table.from_batches([events]))
-    halves = [events.slice(0, 2500), events.slice(2500)]
+    halves = [events.slice(0, 1500), events.slice(1500)]
     partials = [merge(group) for group in zip(*(aggregate_batch(h, DEFAULT_DEFINITIONS) for h in halves))]
     for partial in partials:
         if not isinstance(partial, MetricPartial):

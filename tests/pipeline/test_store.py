@@ -51,6 +51,16 @@ def store() -> Iterator[Store]:
     s.close()
 
 
+@pytest.fixture(scope="module")
+def loaded() -> Iterator[Store]:
+    """A store holding EVENTS, ingested in two halves; tests must not write to it."""
+    s = open_store("duckdb:///:memory:")
+    ingest(s, EVENTS.slice(0, 1700), "a")
+    ingest(s, EVENTS.slice(1700), "b")
+    yield s
+    s.close()
+
+
 def ingest(store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
     return store.merge(aggregate_batch(events, definitions, source=source))
 
@@ -280,12 +290,10 @@ def _reference(events: pa.RecordBatch, granularity: str) -> dict[tuple[str, str,
 
 
 @pytest.mark.parametrize("granularity", ["minute", "hour", "day"])
-def test_stored_rollups_equal_computing_from_raw(store: Store, granularity: str) -> None:
-    ingest(store, EVENTS.slice(0, 1700), "a")
-    ingest(store, EVENTS.slice(1700), "b")
+def test_stored_rollups_equal_computing_from_raw(loaded: Store, granularity: str) -> None:
     stored = {
         (r[0], r[1], r[3], r[4]): r[5]
-        for r in store.query(granularity=granularity)
+        for r in loaded.query(granularity=granularity)
         if r[0] in ("service_cpm", "service_resp_time", "service_sla", "service_percentile") and r[4] in ("", "p50", "p99")
     }
     expected = _reference(EVENTS, granularity)
@@ -297,8 +305,8 @@ def test_stored_rollups_equal_computing_from_raw(store: Store, granularity: str)
 # ------------------------------------------------------------------------------------------ queries
 
 
-def test_query_filters_and_order(store: Store) -> None:
-    ingest(store, EVENTS, "all")
+def test_query_filters_and_order(loaded: Store) -> None:
+    store = loaded
     rows = store.query()
     assert rows == sorted(rows, key=lambda r: r[:5])
     assert {r[2] for r in rows} == {"minute", "hour", "day"}
