@@ -502,10 +502,7 @@ def test_default_metrics_match_duckdb_sql() -> None:
             ours = finalize(rollup(partial, granularity))
             sql = sorted(con.execute(_sql_metric(partial.definition, granularity)).fetchall())
             assert len(ours) == len(sql) > 0, partial.name
-            assert close_rows(ours, sql, FLOAT_METRICS | {"service_apdex", "instance_apdex", "endpoint_apdex"}), partial.name
-            if partial.definition.function != "avg":  # exact apart from float sums
-                assert [r[:5] for r in ours] == [r[:5] for r in sql]
-                assert [r[5] for r in ours] == pytest.approx([r[5] for r in sql], rel=0, abs=0)
+            assert close_rows(ours, sql, FLOAT_METRICS), partial.name  # exact but for averages' last ulps
     topn = [p for p in partials if isinstance(p, TopNPartial)][0]
     sql = con.execute(
         "SELECT 'top_slow_statements', service, strftime(make_timestamp((ts - ts % 600000) * 1000), '%Y-%m-%dT%H:%M:%SZ') AS b, r, db_statement, latency_ms FROM ("
