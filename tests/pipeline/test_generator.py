@@ -60,11 +60,18 @@ def test_deterministic_for_a_seed_and_different_for_another():
     assert not table(generate_events(5000, seed=7)).equals(table(generate_events(5000, seed=8)))
 
 
-def test_batch_rows_and_n_do_not_change_the_events():
+def test_batch_rows_do_not_change_the_events():
     whole = table(generate_events(150_000))
     assert table(generate_events(150_000, batch_rows=7777)).equals(whole)
     assert table(generate_events(150_000, batch_rows=1_000_000)).equals(whole)
-    assert table(generate_events(70_000)).equals(whole.slice(0, 70_000))
+
+
+def test_events_arrive_in_time_order_with_jitter():
+    ts = table(generate_events(150_000, duration_s=600)).column("ts").to_numpy()
+    assert ts.min() >= DEFAULT_START_MS and ts.max() < DEFAULT_START_MS + 600_000
+    # nearly sorted: no event is more than the 2 s jitter out of order
+    assert (np.maximum.accumulate(ts) - ts).max() <= 2000
+    assert not (np.diff(ts) >= 0).all()
 
 
 def test_services_are_zipf_and_names_follow_the_pattern(sample):

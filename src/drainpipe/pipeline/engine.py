@@ -106,8 +106,8 @@ class _L1Handler:
 
 
 class _L2Handler(_L1Handler):
-    """One metric's minute states on L2: merges L1 flushes and sends them to persistence on its period (the store
-    derives hour and day states from them by merging, in the same transaction)."""
+    """One metric's minute states (or one top-N's) on L2: merges what arrives and sends it to persistence on its
+    period only, idle or not (the store derives hour and day states by merging, in the same transaction)."""
 
     def on_idle(self) -> None:
         if self.held and time.monotonic() - self.last >= self.flush_s:
@@ -128,7 +128,7 @@ class LocalEngine:
         self._register_lock = threading.Lock()
         self._l1_handlers: list[_L1Handler] = []
         self._l2_handlers: list[_L2Handler] = []
-        self._topn_handlers: list[_L1Handler] = []
+        self._topn_handlers: list[_L2Handler] = []
         self.name = name
         balancer = DrainBalancer.throughput_weighted()
         self.persist = BatchQueue(f"{name}-persist", BatchQueueConfig(
@@ -152,7 +152,7 @@ class LocalEngine:
             partition_selector=lambda item, n: next(rr) % n, consumer=self._aggregate,
             strategy=BufferStrategy.BLOCKING, shutdown_timeout_ms=60_000))
         for topn in definitions.topns:
-            h = _L1Handler(topn, self.persist.produce, o.l2_flush_s)
+            h = _L2Handler(topn, self.persist.produce, o.l2_flush_s)
             self._topn_handlers.append(h)
             self.topn.add_handler(partial_type(topn), h)
         for metric in definitions.metrics:

@@ -10,10 +10,12 @@ with numpy a block of 65536 events at a time:
   carry a ``db_statement`` are slower by a per-statement factor;
 * ``status`` false with probability ``error_rate``;
 * ``db_statement`` on ~30% of events, one of a handful of SQL strings per service;
-* ``ts`` uniform in ``[start_ms, start_ms + duration_s * 1000)`` (not sorted).
+* ``ts`` in arrival order, as a live service or an access log produces them: event i ends at
+  ``start_ms + i * duration_s * 1000 / n`` plus up to 2 s of jitter (so the file is nearly, not strictly, sorted),
+  and the events span ``[start_ms, start_ms + duration_s * 1000)``.
 
 The output is a pure function of the arguments other than ``batch_rows`` (which only changes how the rows
-are cut into batches), and the first k events are the same for every ``n >= k``.
+are cut into batches).
 
 :func:`write_events` streams batches to ``.jsonl``/``.json``/``.ndjson``/``.csv`` (each optionally ``.gz``)
 or ``.parquet``, in a form :func:`~drainpipe.pipeline.events.read_events` reads back to identical batches.
@@ -112,11 +114,18 @@ def _with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(arr.type, len(arr), [bitmap, *arr.buffers()[1:]])
 
 
-def _block(w: _Workload, rng: np.random.Generator, n: int, start_ms: int, span_ms: int, error_rate: float) -> pa.RecordBatch:
+_JITTER_MS = 2000
+
+
+def _block(w: _Workload, rng: np.random.Generator, n: int, first: int, total: int, start_ms: int, span_ms: int,
+           error_rate: float) -> pa.RecordBatch:
     svc = w.service_zipf.sample(rng, n)
     ep = w.endpoint_zipf.sample(rng, n)
     inst = svc * w.n_instances + rng.integers(0, w.n_instances, n, dtype=np.int32)
-    ts = start_ms + rng.integers(0, span_ms, n, dtype=np.int64)
+    # arrival order: event i at i * span / total, jittered, clipped into the span
+    base = (np.arange(first, first + n, dtype=np.int64) * span_ms) // max(1, total)
+    jitter = rng.integers(0, _JITTER_MS + 1, n, dtype=np.int64) if span_ms > _JITTER_MS else 0
+    ts = start_ms + np.minimum(base + jitter, span_ms - 1)
     latency = w.median_ms[svc * len(w.endpoints) + ep] * np.exp(_LATENCY_SIGMA * rng.standard_normal(n))
     status = rng.random(n) >= error_rate
     has_db = rng.random(n) < _DB_SHARE
@@ -177,8 +186,7 @@ def generate_events(
     def blocks() -> Iterator[pa.RecordBatch]:
         for b, start in enumerate(range(0, n, _BLOCK)):
             rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1, b)))
-            # always a whole block (then cut), so the first k events do not depend on n
-            block = _block(w, rng, _BLOCK, start_ms, int(duration_s * 1000), error_rate)
+            block = _block(w, rng, _BLOCK, start, n, start_ms, int(duration_s * 1000), error_rate)
             yield block if n - start >= _BLOCK else block.slice(0, n - start)
 
     return _rechunk(blocks(), batch_rows)
