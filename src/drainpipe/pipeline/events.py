@@ -81,6 +81,8 @@ __all__ = [
     "detect_format",
     "expand_inputs",
     "read_events",
+    "validate_records",
+    "validate_json_lines",
 ]
 
 EVENT_SCHEMA = pa.schema(
@@ -438,6 +440,51 @@ def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.Record
         if rows:
             sink.stats.add_accepted(len(rows))
             yield _rows_to_batch(rows)
+
+
+def validate_records(records: Sequence[Any], stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """Already-parsed JSON records (e.g. the elements of a JSON array an HTTP client sent) -> a canonical
+    :data:`EVENT_SCHEMA` batch of the valid ones and ``(index, reason)`` per rejected one, by the same rules as
+    files. ``stats`` (optional) counts them as a read would."""
+    rows: list[tuple] = []
+    rejects: list[tuple[int, str]] = []
+    for i, obj in enumerate(records):
+        try:
+            if type(obj) is not dict:
+                raise _Reject("not an object")
+            get = obj.get
+            rows.append(_validate_values(
+                get("ts"), get("service"), get("instance"), get("endpoint"),
+                get("latency_ms"), get("status"), get("db_statement"),
+            ))  # fmt: skip
+        except _Reject as r:
+            rejects.append((i, r.reason))
+    return _counted(rows, rejects, stats)
+
+
+def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """A JSON Lines (NDJSON) body -> a canonical batch of its valid records and ``(line number, reason)`` per
+    rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files."""
+    rows: list[tuple] = []
+    rejects: list[tuple[int, str]] = []
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.strip(_JSON_WS)
+        if not line:
+            continue
+        try:
+            rows.append(_json_record(line))
+        except _Reject as r:
+            rejects.append((lineno, r.reason))
+    return _counted(rows, rejects, stats)
+
+
+def _counted(rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    if stats is not None:
+        stats.add_accepted(len(rows))
+        for _, reason in rejects:
+            stats.add_rejected(reason)
+    batch = _rows_to_batch(rows) if rows else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+    return batch, rejects
 
 
 # --------------------------------------------------------------------------------------------------
