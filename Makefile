@@ -4,7 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+PG_URL ?= $(shell scripts/postgres.sh url)
+
+.PHONY: install demo test bench clean pg pg-stop chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +19,21 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/drainpipe demo
 
-test: install
-	$(PY) -m pytest -q
+test: install pg chromium
+	DRAINPIPE_TEST_PG=$(PG_URL) $(PY) -m pytest -q
+
+# A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432, data in .pg/ (tests/postgres).
+pg:
+	scripts/postgres.sh start
+
+pg-stop:
+	scripts/postgres.sh stop
+
+# Headless Chromium + chromedriver from Debian for the dashboard browser test (tests/server).
+chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; else \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 
 bench: install
 	$(PY) benchmarks/queue_throughput.py

@@ -1,0 +1,191 @@
+"""The PostgreSQL store (``postgresql://user:pass@host:port/db``, psycopg 3).
+
+Same semantics as the DuckDB store, because it *is* the same store: every SQL statement and the whole
+idempotent upsert-merge live in :class:`~drainpipe.pipeline.store.SqlStore`; this module only supplies the
+backend primitives (``?`` placeholders become ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come
+back as Arrow tables) plus what a server database needs beyond an embedded file:
+
+* indexes on the key columns (metric|name, granularity, entity, time_bucket) and on ``applied_sources.root``,
+  as the store module's docstring asks of a server store;
+* schema creation under an advisory lock, so two processes opening one database at once do not race;
+* a lost or refused connection (server restarting, network gone) raises
+  :class:`~drainpipe.pipeline.engine.StoreUnavailable`, which the engine retries with backoff; the next call
+  reconnects (and recreates the session's temporary staging tables). A transaction cut off by the failure is
+  rolled back by the server, so a retried merge starts from a clean state; if the connection died *during*
+  COMMIT and the commit did land, the retry finds its sources in ``applied_sources`` and skips them: nothing
+  is counted twice.
+
+Other database errors (a constraint, a type mismatch) are :class:`~drainpipe.pipeline.store.StoreError`.
+One connection per store, serialised by the store's lock (the engine writes from one persist thread).
+"""
+from __future__ import annotations
+
+import io
+import re
+import urllib.parse
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from .engine import StoreUnavailable
+from .store import SqlStore, StoreError, _first_line
+
+__all__ = ["PostgresStore"]
+
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS metric_state_key ON metric_state (metric, granularity, entity, time_bucket)",
+    "CREATE INDEX IF NOT EXISTS metric_values_key ON metric_values (metric, granularity, entity, time_bucket)",
+    "CREATE INDEX IF NOT EXISTS topn_values_key ON topn_values (name, entity, time_bucket)",
+    "CREATE INDEX IF NOT EXISTS applied_sources_root ON applied_sources (root)",
+)
+_SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
+
+# PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
+_ARROW_TYPES = {
+    16: pa.bool_(), 20: pa.int64(), 21: pa.int16(), 23: pa.int32(), 700: pa.float32(), 701: pa.float64(),
+    25: pa.string(), 1043: pa.string(), 1042: pa.string(), 19: pa.string(),
+}
+
+
+def _pg_sql(sql: str) -> str:
+    """``?`` placeholders -> psycopg's ``%s`` (a literal ``%`` is doubled). The store's SQL has no ``?`` in
+    string literals."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+class PostgresStore(SqlStore):
+    """A store in a PostgreSQL database. Open with :meth:`from_url` (or :func:`open_store`)."""
+
+    def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
+        super().__init__()
+        import psycopg
+
+        self._psycopg = psycopg
+        self._conninfo = conninfo
+        self._connect_timeout = connect_timeout
+        self._display = display or _redact(conninfo)
+        self._con: Any = None
+        self.reconnects = 0
+        try:
+            self._connect()
+        except StoreUnavailable as exc:
+            raise StoreError(f"cannot open postgresql store {self._display}: {exc}") from None
+        except psycopg.Error as exc:
+            self._drop()
+            raise StoreError(f"cannot use postgresql store {self._display}: {_first_line(exc)}") from None
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> PostgresStore:
+        """``postgresql://user:pass@host:port/db[?options]`` (``postgres://`` too): a libpq URI."""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme.lower() not in ("postgresql", "postgres"):
+            raise StoreError(f"bad store URL {_redact(url)!r}: expected postgresql://user:pass@host:port/db")
+        if not parsed.path.strip("/"):
+            raise StoreError(f"bad store URL {_redact(url)!r}: no database name (postgresql://user:pass@host:port/db)")
+        try:
+            parsed.port
+        except ValueError:
+            raise StoreError(f"bad store URL {_redact(url)!r}: bad port") from None
+        conninfo = urllib.parse.urlunsplit(("postgresql",) + tuple(parsed)[1:])
+        return cls(conninfo, display=_redact(url), **kwargs)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._display!r})"
+
+    # ----------------------------------------------------------------------------- connection
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self._con = psycopg.connect(self._conninfo, autocommit=True,
+                                        connect_timeout=max(1, int(self._connect_timeout)))
+        except psycopg.OperationalError as exc:
+            self._con = None
+            raise StoreUnavailable(f"postgresql {self._display} unreachable: {_first_line(exc)}") from exc
+        self._create_schema()
+
+    def _drop(self) -> None:
+        con, self._con = self._con, None
+        if con is not None:
+            try:
+                con.close()
+            except Exception:
+                pass
+
+    def _connected(self) -> bool:
+        con = self._con
+        return con is not None and not con.closed and not con.broken
+
+    def _create_schema(self) -> None:
+        with self._transaction():
+            self._execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            super()._create_schema()
+            for statement in _INDEXES:
+                self._execute(statement)
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """As :meth:`SqlStore._guard`, plus: connect if needed; a lost connection is :class:`StoreUnavailable`."""
+        psycopg = self._psycopg
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"cannot {action}: the store is closed")
+            try:
+                if not self._connected():
+                    self._drop()
+                    self._connect()
+                    self.reconnects += 1
+                yield
+            except (StoreError, StoreUnavailable):
+                if not self._connected():
+                    self._drop()
+                raise
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # connection lost, server shutting down / starting up, or a transient failure: retry later
+                if not self._connected():
+                    self._drop()
+                raise StoreUnavailable(f"postgresql {action} failed: {_first_line(exc)}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"store {action} failed: {_first_line(exc)}") from exc
+
+    # ----------------------------------------------------------------------------- backend primitives
+
+    def _backend_errors(self) -> tuple[type[BaseException], ...]:
+        return (self._psycopg.Error,)
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if params:
+            self._con.execute(_pg_sql(sql), list(params))
+        else:
+            self._con.execute(sql)
+
+    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
+        return cur.fetchall()
+
+    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
+        rows = cur.fetchall()
+        columns = list(zip(*rows)) if rows else [()] * len(cur.description)
+        return pa.table({d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
+                         for d, values in zip(cur.description, columns)})
+
+    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        # Arrow's CSV writer quotes every string ("" stays an empty string) and leaves nulls unquoted and
+        # empty, which is exactly what COPY's CSV format reads back; floats are written round-trip exact.
+        sink = io.BytesIO()
+        pacsv.write_csv(rows, sink, pacsv.WriteOptions(include_header=False))
+        names = ", ".join(f'"{n}"' for n in rows.column_names)
+        with self._con.cursor() as cur, cur.copy(f"COPY {table_name} ({names}) FROM STDIN WITH (FORMAT csv)") as copy:
+            copy.write(sink.getbuffer())
+
+    def _close(self) -> None:
+        self._drop()

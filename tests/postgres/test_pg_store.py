@@ -1,0 +1,222 @@
+"""The PostgreSQL store against a real server: the DuckDB store's semantics, and surviving a server restart."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
+from drainpipe.pipeline.engine import EngineOptions, LocalEngine, StoreUnavailable
+from drainpipe.pipeline.functions import aggregate_batch, merge, split_partial
+from drainpipe.pipeline.generator import generate_events
+from drainpipe.pipeline.store import MergeReport, Store, StoreError, open_store
+
+pytestmark = pytest.mark.postgres
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = 1_795_255_200_000
+AVG = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
+
+
+def events(n: int, seed: int) -> pa.RecordBatch:
+    rng = np.random.default_rng(seed)
+    services = np.array(["alpha", "beta", "gamma"], dtype=object)
+    names = np.array(["", "a", "b", "c"], dtype=object)
+    statements = np.array(["select 1", "select 2", "update t"], dtype=object)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(T0 - 3_600_000 * 20 + rng.integers(0, 2 * 86_400_000, n), pa.int64()),
+            pa.array(services[rng.integers(0, 3, n)], pa.string()),
+            pa.array(names[rng.integers(0, 4, n)], pa.string()),
+            pa.array(names[rng.integers(0, 4, n)], pa.string()),
+            pa.array(np.round(rng.exponential(400, n), 2), pa.float64()),
+            pa.array(rng.random(n) < 0.9),
+            pa.array(statements[rng.integers(0, 3, n)], pa.string(), mask=rng.random(n) < 0.5),
+        ],
+        names=["ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement"],
+    )
+
+
+EVENTS = events(3000, seed=3)
+
+
+def ingest(store: Store, batch: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
+    return store.merge(aggregate_batch(batch, definitions, source=source))
+
+
+def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
+    """Equal rows; averages (float sums) may differ in the last ulps with the order of additions."""
+    return len(a) == len(b) and all(
+        x[:5] == y[:5] and (x[5] == y[5] or (x[0] in AVG and math.isclose(x[5], y[5], rel_tol=1e-9)))
+        for x, y in zip(a, b)
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> Store:
+    """The DuckDB store holding EVENTS: what PostgreSQL must equal."""
+    s = open_store("duckdb:///:memory:")
+    ingest(s, EVENTS, "all")
+    yield s
+    s.close()
+
+
+def test_open_store_dispatches_to_postgres(pg_url: str) -> None:
+    from drainpipe.pipeline.postgres_store import PostgresStore
+
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        assert isinstance(store, PostgresStore) and isinstance(store, Store)
+        assert "***" in repr(store) and "drainpipe:drainpipe" not in repr(store)
+
+
+def test_bad_urls_and_unreachable_server() -> None:
+    with pytest.raises(StoreError, match="no database name"):
+        open_store("postgresql://u:p@127.0.0.1:55432/")
+    with pytest.raises(StoreError, match="cannot open postgresql store") as info:
+        open_store("postgresql://u:secret@127.0.0.1:1/db")
+    assert "secret" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_same_input_twice_gives_the_same_values(pg_url: str, reference: Store) -> None:
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        assert ingest(store, EVENTS, "all") == MergeReport(applied=17, skipped=0)
+        first, first_topn = store.query(), store.query_topn("top_slow_statements")
+        assert ingest(store, EVENTS, "all") == MergeReport(applied=0, skipped=17)
+        assert store.query() == first and store.query_topn("top_slow_statements") == first_topn
+        assert same_values(first, reference.query())
+        assert first_topn == reference.query_topn("top_slow_statements")
+        assert store.applied("all") == frozenset(DEFAULT_DEFINITIONS.names)
+        assert store.is_applied("all", DEFAULT_DEFINITIONS.names) and not store.is_applied("other")
+
+
+def test_two_halves_equal_the_whole(pg_url: str, reference: Store) -> None:
+    with open_store(pg_url) as halves:  # type: ignore[attr-defined]
+        ingest(halves, EVENTS.slice(0, 1234), "first")
+    with open_store(pg_url) as halves:  # type: ignore[attr-defined]  # a new connection later: states persisted
+        ingest(halves, EVENTS.slice(1234), "second")
+        assert ingest(halves, EVENTS.slice(0, 1234), "first").applied == 0  # re-running a half is a no-op
+        assert same_values(halves.query(), reference.query())
+        assert halves.query_topn("top_slow_statements") == reference.query_topn("top_slow_statements")
+
+
+def test_pieces_queries_and_filters(pg_url: str, reference: Store) -> None:
+    definitions = Definitions((MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10)),
+                              (TopNDef("slow", "service", "db_statement", 3),))
+    duck = open_store("duckdb:///:memory:")
+    ingest(duck, EVENTS, "batch-1", definitions)
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        pieces = [q for p in aggregate_batch(EVENTS, definitions, source="batch-1") for q in split_partial(p, 97)]
+        store.merge(pieces[:5])
+        assert not store.is_applied("batch-1", definitions.names)
+        todo = store.unapplied(pieces)
+        assert len(todo) == len(pieces) - 5
+        store.merge(todo)
+        store.merge(pieces)  # late duplicates are skipped
+        assert store.applied("batch-1") == frozenset(definitions.names)
+        assert store.query() == duck.query()
+        for kwargs in ({"metric": "p", "granularity": "hour"}, {"entity": "alpha/a"},
+                       {"start": "2026-11-21T10:05:00Z", "end": "2026-11-21T11:07:00+00:00"}):
+            assert store.query(**kwargs) == duck.query(**kwargs)
+        assert store.query_topn("slow") == duck.query_topn("slow")
+        assert store.query_topn("slow", entity="beta", start=T0) == duck.query_topn("slow", entity="beta", start=T0)
+        with pytest.raises(StoreError, match="unknown granularity"):
+            store.query(granularity="week")
+    duck.close()
+
+
+def test_a_failed_merge_leaves_nothing_half_written(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        ingest(store, EVENTS.slice(0, 1000), "one")
+        before = store.query()
+        original = store._insert_arrow  # type: ignore[attr-defined]
+
+        def failing(table_name: str, rows: pa.Table) -> None:
+            if table_name == "metric_values":
+                raise RuntimeError("disk on fire")
+            original(table_name, rows)
+
+        monkeypatch.setattr(store, "_insert_arrow", failing)
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            ingest(store, EVENTS.slice(1000), "two")
+        monkeypatch.undo()
+        assert store.query() == before and store.applied("two") == frozenset()
+        assert ingest(store, EVENTS.slice(1000), "two").applied == 17
+        with pytest.raises(StoreError, match="different definition"):
+            ingest(store, EVENTS, "y", Definitions((MetricDef("service_cpm", "service", "count"),)))
+
+
+def _server_pid() -> int | None:
+    pidfile = ROOT / ".pg" / "data" / "postmaster.pid"
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pg_script(action: str) -> None:
+    subprocess.run([str(ROOT / "scripts" / "postgres.sh"), action], check=True, capture_output=True, timeout=120)
+
+
+def test_lost_connection_is_store_unavailable_then_reconnects(pg_url: str) -> None:
+    import psycopg
+
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        ingest(store, EVENTS.slice(0, 500), "a")
+        # kill our session from another connection: the next call fails as "unavailable", the one after reconnects
+        pid = store._con.info.backend_pid  # type: ignore[attr-defined]
+        with psycopg.connect(os.environ["DRAINPIPE_TEST_PG"], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(StoreUnavailable):
+            ingest(store, EVENTS.slice(500, 500), "b")
+        assert ingest(store, EVENTS.slice(500, 500), "b").applied == 17
+        assert store.reconnects == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(not (ROOT / ".pg" / "data").is_dir(), reason="the server is not scripts/postgres.sh's (cannot restart it)")
+def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
+    """The engine writes to PostgreSQL; the server stops (fast) mid-run and starts again ~1.5 s later. Writes fail
+    with StoreUnavailable, are retried with backoff while BLOCKING back-pressure holds the data, and the final
+    values equal an uninterrupted run (into DuckDB: the same semantics)."""
+    batches = list(generate_events(240_000, services=12, endpoints_per_service=4, duration_s=600, seed=11,
+                                   batch_rows=4000))
+    opts = EngineOptions(l1_flush_s=0.05, l2_flush_s=0.1, rebalance_interval_ms=50, store_retry_s=(0.05, 0.4))
+
+    def run(store: Store, outage: bool) -> LocalEngine:
+        engine = LocalEngine(DEFAULT_DEFINITIONS, store, opts, name=f"pg-restart-{outage}")
+        stopped = threading.Event()
+        for i, batch in enumerate(batches):
+            if outage and i == len(batches) // 3:
+                _pg_script("stop")
+                stopped.set()
+                threading.Timer(1.5, _pg_script, args=("start",)).start()
+            engine.ingest(batch, f"restart-test:{i}")
+            if outage and stopped.is_set():
+                time.sleep(0.03)   # spread the rest of the input over the outage and the recovery
+        engine.close()
+        return engine
+
+    try:
+        with open_store(pg_url) as pg:  # type: ignore[attr-defined]
+            engine = run(pg, outage=True)
+            assert engine.counters.store_retries > 0, "the outage was not noticed: no write failed"
+            assert engine.counters.store_errors == 0
+            assert pg.reconnects >= 1  # type: ignore[attr-defined]
+            got, got_topn = pg.query(), pg.query_topn("top_slow_statements")
+    finally:
+        if _server_pid() is None or subprocess.run([str(ROOT / "scripts" / "postgres.sh"), "status"]).returncode:
+            _pg_script("start")
+    duck = open_store("duckdb:///:memory:")
+    run(duck, outage=False)
+    assert same_values(got, duck.query())
+    assert got_topn == duck.query_topn("top_slow_statements")
+    total = sum(r[5] for r in got if r[0] == "service_cpm" and r[2] == "minute")
+    assert total == sum(b.num_rows for b in batches)
+    duck.close()
