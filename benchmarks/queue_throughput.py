@@ -27,10 +27,12 @@ BUFFER = 10_000
 BATCH = 1_000
 
 
-def make_items(types: int, n: int) -> list:
+def make_items(types: int, n: int, run: int = 1) -> list:
+    """n items of ``types`` types: interleaved (run=1, the worst case for grouping) or in runs of ``run`` items
+    of one type (run=BATCH: every produce_many batch holds one type, as a per-type dispatcher produces them)."""
     classes = [type(f"T{i}", (), {"__slots__": ()}) for i in range(types)]
     objs = [c() for c in classes]
-    return [objs[i % types] for i in range(n)], classes
+    return [objs[(i // run) % types] for i in range(n)], classes
 
 
 def run_producers(producers: int, items: list, produce_one, produce_batch) -> None:
@@ -126,8 +128,10 @@ def main() -> None:
     args = ap.parse_args()
 
     rows = []
-    for producers, types, batched in itertools.product((1, 4), (10, 1000), (False, True)):
-        items, classes = make_items(types, args.items)
+    scenarios = [(p, t, mode) for p, t, mode in itertools.product((1, 4), (10, 1000), ("each", "many", "many1"))]
+    for producers, types, mode in scenarios:
+        batched = mode != "each"
+        items, classes = make_items(types, args.items, run=BATCH if mode == "many1" else 1)
         samples: dict[str, list[float]] = {"drainpipe": [], "queue.Queue": [], "deque": []}
         for _ in range(args.runs):
             samples["drainpipe"].append(bench_drainpipe(items, classes, producers, batched))
@@ -135,13 +139,14 @@ def main() -> None:
             samples["deque"].append(bench_deque(items, producers, batched))
         med = {k: statistics.median(v) for k, v in samples.items()}
         row = {
-            "producers": producers, "types": types, "mode": "produce_many(1000)" if batched else "produce",
+            "producers": producers, "types": types,
+            "mode": {"each": "produce", "many": "produce_many(1000) mixed", "many1": "produce_many(1000) 1 type/batch"}[mode],
             "drainpipe": med["drainpipe"], "queue_Queue": med["queue.Queue"], "deque": med["deque"],
             "vs_queue_Queue": med["drainpipe"] / med["queue.Queue"], "vs_deque": med["drainpipe"] / med["deque"],
             "samples": samples,
         }
         rows.append(row)
-        print(f"{producers} prod {types:>4} types {row['mode']:<18} drainpipe {med['drainpipe']/1e6:6.2f}M/s  "
+        print(f"{producers} prod {types:>4} types {row['mode']:<32} drainpipe {med['drainpipe']/1e6:6.2f}M/s  "
               f"queue.Queue {med['queue.Queue']/1e6:6.2f}M/s  deque {med['deque']/1e6:6.2f}M/s  "
               f"x{row['vs_queue_Queue']:.1f} vs Queue  {row['vs_deque']:.2f} of deque", flush=True)
 

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from itertools import groupby, repeat, starmap
+from itertools import repeat, starmap
 from typing import Any, Callable, Iterable
 
 from ._config import BatchQueueConfig
@@ -34,7 +34,8 @@ log = logging.getLogger("drainpipe.queue")
 
 UNOWNED = -1
 _SLICE_S = 0.05          # a busy task yields to the scheduler after this long (fairness on shared pools)
-_SMALL_BATCH = 64       # a cycle that found fewer items than this waits min_idle_ms before the next
+_SMALL_BATCH = 64       # a cycle that found fewer items than this waits min_idle_ms before the next,
+_PER_CALL = 16          # as does one that averaged fewer items than this per handler call
 _on_drain_thread = threading.local()
 
 
@@ -105,9 +106,10 @@ class _Entry:
 class _Counters:
     """Counters written by a single thread (one drain task, or the control thread for the final drain)."""
 
-    __slots__ = ("dispatched", "errors", "no_handler")
+    __slots__ = ("dispatched", "errors", "no_handler", "last_calls")
 
     def __init__(self) -> None:
+        self.last_calls = 0           # handler calls of the latest cycle
         self.dispatched = 0
         self.errors = 0
         self.no_handler = 0
@@ -119,7 +121,8 @@ class _DrainTask:
     def __init__(self, queue: BatchQueue, index: int) -> None:
         self.queue = queue
         self.index = index
-        self.idle = 0
+        self.idle = 0                   # empty cycles in a row (the backoff exponent)
+        self.trickle = 0                # trickle cycles in a row
         self.counters = _Counters()
         self.stopped = False            # hard stop: no new cycle starts
         self.drain_then_stop = False    # shutdown: run until empty, then finish
@@ -133,22 +136,31 @@ class _DrainTask:
             while not self.stopped:
                 found = q._cycle(self)
                 if not found:
-                    break
-                self.idle = 0
-                if found < _SMALL_BATCH and not self.drain_then_stop:
-                    # A trickle: let a batch accumulate instead of spinning on the GIL against the producers.
-                    return q.config.min_idle_ms / 1000.0
+                    break                                   # empty: back off
+                if self.drain_then_stop:
+                    continue                                # shutdown: empty the partitions at full speed
+                self.idle = 0                               # any data resets the idle backoff
+                if found < max(_SMALL_BATCH, _PER_CALL * self.counters.last_calls):
+                    # A trickle (few items, or few per handler call) costs more in per-cycle overhead and GIL
+                    # hand-offs than it moves: wait, longer after each trickle in a row, so batches grow.
+                    # (latency stays <= max_idle_ms).
+                    self.trickle += 1
+                    return self._delay(self.trickle - 1)
+                self.trickle = max(0, self.trickle - 1)
                 if time.monotonic() > deadline:
                     return 0.0
             if self.stopped or self.drain_then_stop:
                 self.finished.set()
                 return None
-            cfg = q.config
-            delay_ms = min(cfg.min_idle_ms * (1 << min(self.idle, 30)), cfg.max_idle_ms)
             self.idle += 1
-            return delay_ms / 1000.0
+            return self._delay(self.idle - 1)
         finally:
             _on_drain_thread.queue = None
+
+    def _delay(self, exponent: int) -> float:
+        """min(min_idle_ms * 2**exponent, max_idle_ms), in seconds."""
+        cfg = self.queue.config
+        return min(cfg.min_idle_ms * (1 << min(exponent, 30)), cfg.max_idle_ms) / 1000.0
 
 
 class BatchQueue:
@@ -236,24 +248,25 @@ class BatchQueue:
         closing, parts, counters, cap = self._closing, self._parts, self._produced, self._cap
         full, late = self._produce_full, self._produce_late
         if self._type_routing:
-            route = self._routes.get
+            routes = self._routes
             slow = self._produce_unrouted
 
             def produce(item: Any) -> bool:
                 """Put ``item`` into its partition. False after shutdown began, or (IF_POSSIBLE) when full."""
                 if closing[0]:
                     return False
-                p = route(type(item))
-                if p is None:
+                try:                       # a plain subscript, and try costs nothing until it raises (3.11)
+                    p = routes[type(item)]
+                except KeyError:           # split type, consumer mode's first sight of a type, or no handler
                     return slow(item)
                 buf = parts[p]
-                if len(buf) >= cap:
-                    return full(item, p)
-                buf.append(item)
-                next(counters[p])
-                if closing[0]:
-                    return late(p, (item,)) == 1
-                return True
+                if len(buf) < cap:
+                    buf.append(item)
+                    next(counters[p])
+                    if closing[0]:
+                        return late(p, (item,)) == 1
+                    return True
+                return full(item, p)
         else:
             select, pcount = self.config.partition_selector, self._pcount
 
@@ -300,6 +313,16 @@ class BatchQueue:
 
     def _put_many(self, p: int, items: list) -> int:
         """Append ``items`` to partition ``p`` respecting the bound and the strategy; returns how many went in."""
+        done = self._append_bounded(p, items)
+        if done:
+            with self._bulk_lock:
+                self._bulk[p] += done
+            if self._closing[0]:
+                return self._produce_late(p, items[:done])
+        return done
+
+    def _append_bounded(self, p: int, items: list) -> int:
+        """Append as many of ``items`` as the bound and strategy allow (waiting with BLOCKING); no counting."""
         buf, cap, n = self._parts[p], self._cap, len(items)
         done = 0
         while done < n:
@@ -307,7 +330,6 @@ class BatchQueue:
             if room > 0:
                 chunk = items[done:done + room] if (done or room < n) else items
                 buf.extend(chunk)
-                self._count_bulk(p, len(chunk))
                 done += len(chunk)
                 continue
             if self._if_possible:
@@ -316,13 +338,7 @@ class BatchQueue:
                 break
             if not self._wait_for_room(p):
                 break
-        if done and self._closing[0]:
-            return self._produce_late(p, items[:done])
         return done
-
-    def _count_bulk(self, p: int, n: int) -> None:
-        with self._bulk_lock:
-            self._bulk[p] += n
 
     def _wait_for_room(self, p: int) -> bool:
         cond, buf = self._conds[p], self._parts[p]
@@ -366,7 +382,10 @@ class BatchQueue:
         groups: dict[int, list] = {}
         accepted = 0
         if self._type_routing:
-            for t, run in self._by_type(items):
+            types = list(map(type, items))
+            if len(set(types)) * 4 > len(items):
+                return self._produce_each(items, types)
+            for t, run in self._by_type(items, types):
                 p = self._routes.get(t)
                 if p is None:
                     for item in run:
@@ -387,14 +406,52 @@ class BatchQueue:
                 if not 0 <= p < n:
                     raise ValueError(f"partition selector returned {p!r} for {n} partitions")
                 groups.setdefault(p, []).append(item)
+        parts, cap = self._parts, self._cap
+        counts: list[tuple[int, int]] = []
         for p, g in groups.items():
-            accepted += self._put_many(p, g)
+            buf = parts[p]
+            if cap - len(buf) >= len(g):
+                buf.extend(g)                      # the common case: room for the whole group
+                n = len(g)
+            else:
+                n = self._append_bounded(p, g)
+            if n:
+                counts.append((p, n))
+        with self._bulk_lock:                      # one lock per call, not per group
+            for p, n in counts:
+                self._bulk[p] += n
+        if self._closing[0]:
+            return accepted + sum(self._produce_late(p, groups[p][:n]) for p, n in counts)
+        return accepted + sum(n for _, n in counts)
+
+    def _produce_each(self, items: list, types: list) -> int:
+        """produce_many for batches of mostly distinct types: grouping would cost more than it saves, so this is
+        the produce fast path inlined in one loop (type_hash routing)."""
+        routes, parts, counters, cap = self._routes, self._parts, self._produced, self._cap
+        accepted = 0
+        for item, t in zip(items, types):
+            try:
+                p = routes[t]
+            except KeyError:
+                accepted += self._produce_unrouted(item)
+                continue
+            buf = parts[p]
+            if len(buf) < cap:
+                buf.append(item)
+                next(counters[p])
+                if self._closing[0]:
+                    accepted += self._produce_late(p, (item,))
+                else:
+                    accepted += 1
+            else:
+                accepted += self._put_many(p, [item])
         return accepted
 
     @staticmethod
-    def _by_type(items: list) -> Iterable[tuple[type, list]]:
+    def _by_type(items: list, types: list | None = None) -> Iterable[tuple[type, list]]:
         """Items grouped by exact type, in order within each type. A homogeneous batch costs one C-level pass."""
-        types = list(map(type, items))
+        if types is None:
+            types = list(map(type, items))
         first = types[0]
         if types.count(first) == len(types):
             return ((first, items),)
@@ -460,20 +517,21 @@ class BatchQueue:
         calls: dict[_Target, list] = {}
         for p, items in drained:
             total += len(items)
-            for typ, run in groupby(items, type):
+            for typ, run in self._by_type(items):
                 entry = handlers.get(typ)
                 if entry is None:
-                    counters.no_handler += sum(1 for _ in run)
+                    counters.no_handler += len(run)
                     self._warn_no_handler(typ)
                     continue
                 target = entry.target(p)
                 batch = calls.get(target)
                 if batch is None:
-                    calls[target] = list(run)
+                    calls[target] = run
                 else:
                     batch.extend(run)
         for target, batch in calls.items():
             self._invoke(target, batch, counters)
+        counters.last_calls = len(calls)
         return total
 
     def _invoke(self, target: _Target, batch: list, counters: _Counters) -> None:
