@@ -140,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
 _extra_commands: list[Callable[[Any], None]] = []
 
 
+def _server_commands(sub: Any) -> None:
+    """``drainpipe serve`` and ``drainpipe stats`` (drainpipe.server)."""
+    from .server.commands import add_commands
+
+    add_commands(sub)
+
+
+_extra_commands.append(_server_commands)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

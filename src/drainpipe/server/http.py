@@ -1,0 +1,359 @@
+"""``drainpipe serve``: the HTTP face of :class:`~drainpipe.server.service.IngestService` (stdlib only).
+
+Endpoints::
+
+    POST /v1/events   NDJSON (application/x-ndjson) or a JSON array (application/json), gzip accepted
+                      -> 200 {"accepted", "rejected", "reasons", "errors"}; 400 malformed body, 401 bad token,
+                         411 no Content-Length, 413 too large, 415 wrong type/encoding, 429/503 + Retry-After
+    GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
+    GET  /metrics     Prometheus text
+    GET  /healthz     {"status": "ok"} (503 while shutting down)
+    GET  /            the dashboard (one static page)
+
+With a token every endpoint but ``/healthz`` and ``/`` (a static page without data) wants
+``Authorization: Bearer <token>``; the dashboard sends the token it finds in the page URL's ``#token=...``.
+Binding a non-loopback address without a token is refused.
+
+Shutdown (SIGTERM/SIGINT, or :meth:`IngestServer.shutdown`): stop accepting connections, refuse new posts
+(503), wait for the requests in flight, then flush L1, L2, top-N and persistence and close the store:
+everything answered as accepted is in the store when the process exits.
+"""
+from __future__ import annotations
+
+import gzip
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import zlib
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ..pipeline.events import validate_json_lines, validate_records
+from .dashboard import PAGE
+from .metrics import ServerMetrics
+from .service import IngestService, Refused
+
+log = logging.getLogger("drainpipe.server")
+
+NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
+JSON_TYPES = {"application/json"}
+MAX_ERRORS = 20
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_strict_json = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """Decompress a gzip body (several members allowed) up to ``limit`` bytes: 413 above, 400 if corrupt."""
+    out = bytearray()
+    data = body
+    try:
+        while data:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out += d.decompress(data, limit + 1 - len(out))
+            if len(out) > limit:
+                raise BadRequest(413, f"decompressed body larger than {limit} bytes")
+            if not d.eof:
+                if d.unconsumed_tail:
+                    raise BadRequest(413, f"decompressed body larger than {limit} bytes")
+                raise BadRequest(400, "truncated gzip body")
+            data = d.unused_data.lstrip(b"\0")
+    except zlib.error as exc:
+        raise BadRequest(400, f"bad gzip body: {exc}") from None
+    return bytes(out)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: IngestServer
+    protocol_version = "HTTP/1.1"
+    timeout = 30                       # idle keep-alive connections are closed after this
+    server_version = "drainpipe"
+    sys_version = ""
+
+    # ------------------------------------------------------------------ plumbing
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.server.metrics.count_request(self.path.split("?", 1)[0], status)
+
+    def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(obj, allow_nan=False, separators=(",", ":")).encode(), "application/json",
+                   headers)
+
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self._json(status, {"error": message, "status": status}, headers)
+
+    def _authorized(self) -> bool:
+        token = self.server.token
+        if not token:
+            return True
+        header = self.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+            return True
+        self._error(401, "missing or bad bearer token", {"WWW-Authenticate": 'Bearer realm="drainpipe"'})
+        return False
+
+    # ------------------------------------------------------------------ GET
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        svc = self.server.service
+        if path == "/healthz":
+            status, body = svc.health()
+            self._json(status, body)
+        elif path in ("/", "/index.html"):
+            self._send(200, PAGE, "text/html; charset=utf-8")
+        elif path == "/v1/stats":
+            if self._authorized():
+                self._json(200, svc.stats_view())
+        elif path == "/metrics":
+            if self._authorized():
+                from prometheus_client import CONTENT_TYPE_LATEST
+
+                self._send(200, self.server.metrics.render(), CONTENT_TYPE_LATEST)
+        elif path == "/v1/events":
+            self._error(405, "use POST", {"Allow": "POST"})
+        else:
+            self._error(404, f"no such endpoint: {path}")
+
+    do_HEAD = do_GET
+
+    # ------------------------------------------------------------------ POST
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path != "/v1/events":
+            self._discard_body()
+            self._error(404 if path not in ("/", "/v1/stats", "/metrics", "/healthz") else 405,
+                        f"no POST endpoint: {path}")
+            return
+        t0 = time.perf_counter()
+        svc = self.server.service
+        try:
+            svc.enter()
+        except Refused as r:
+            self.close_connection = True
+            self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
+            return
+        try:
+            self._ingest(svc)
+        finally:
+            svc.leave()
+            self.server.metrics.ingest_latency.observe(time.perf_counter() - t0)
+
+    def _discard_body(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        if 0 < length <= (1 << 20):
+            self.rfile.read(length)
+        elif length:
+            self.close_connection = True
+
+    def _ingest(self, svc: IngestService) -> None:
+        opts = svc.options
+        if not self._authorized():
+            self._discard_body()
+            return
+        ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if ctype not in NDJSON_TYPES and ctype not in JSON_TYPES:
+            self._discard_body()
+            self._error(415, f"unsupported content type {ctype or '(none)'!r}: send application/x-ndjson or "
+                             "application/json")
+            return
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if encoding not in ("identity", "gzip", "x-gzip"):
+            self._discard_body()
+            self._error(415, f"unsupported content encoding {encoding!r}: send gzip or none")
+            return
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self.close_connection = True
+            self._error(411, "send a Content-Length (chunked bodies are not accepted)")
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            self._error(411, "Content-Length required")
+            return
+        if length > opts.max_body_bytes:
+            self.close_connection = True       # the body is not read: the connection cannot be reused
+            self._error(413, f"body of {length} bytes is larger than the limit of {opts.max_body_bytes}")
+            return
+        body = self.rfile.read(length)
+        if len(body) != length:
+            self.close_connection = True
+            return
+        try:
+            if encoding != "identity":
+                body = _gunzip(body, opts.max_decoded_bytes)
+            elif length > opts.max_decoded_bytes:
+                raise BadRequest(413, f"body larger than {opts.max_decoded_bytes} bytes")
+            svc.admit()                         # 429/503 before the parsing work, not after
+            if ctype in JSON_TYPES:
+                records = self._json_records(body, opts.max_events)
+                batch, rejects = validate_records(records)
+            else:
+                batch, rejects = validate_json_lines(body)
+                if batch.num_rows + len(rejects) > opts.max_events:
+                    raise BadRequest(413, f"more than {opts.max_events} events in one request")
+            svc.submit(batch, len(rejects), (reason for _, reason in rejects))
+        except BadRequest as exc:
+            self._error(exc.status, exc.message)
+            return
+        except Refused as r:
+            self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
+            return
+        reasons: dict[str, int] = {}
+        for _, reason in rejects:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        key = "index" if ctype in JSON_TYPES else "line"
+        self._json(200, {"accepted": batch.num_rows, "rejected": len(rejects), "reasons": reasons,
+                         "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]]})
+
+    @staticmethod
+    def _json_records(body: bytes, max_events: int) -> list[Any]:
+        try:
+            text = body.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise BadRequest(400, "body is not UTF-8") from None
+        try:
+            obj, end = _strict_json.raw_decode(text, len(text) - len(text.lstrip()))
+            if text[end:].strip():
+                raise ValueError("extra data after the JSON value")
+        except (ValueError, RecursionError) as exc:
+            raise BadRequest(400, f"malformed JSON: {exc}") from None
+        if isinstance(obj, dict):
+            obj = [obj]
+        if not isinstance(obj, list):
+            raise BadRequest(400, "expected a JSON array of events (or one event object)")
+        if len(obj) > max_events:
+            raise BadRequest(413, f"more than {max_events} events in one request")
+        return obj
+
+
+class IngestServer(ThreadingHTTPServer):
+    """The HTTP server around one :class:`IngestService`. ``serve_forever`` in a thread; ``shutdown_all`` once."""
+
+    daemon_threads = True          # idle keep-alive threads do not hold the process; in-flight work is tracked
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, service: IngestService, host: str = "127.0.0.1", port: int = 8080,
+                 token: str | None = None) -> None:
+        if not token and not is_loopback(host):
+            raise ValueError(f"refusing to listen on non-loopback address {host!r} without a token "
+                             "(--token or DRAINPIPE_TOKEN)")
+        self.service = service
+        self.token = token or None
+        self.metrics = ServerMetrics(service)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.address_family = family
+        super().__init__((host, port), Handler)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"http://{host}:{port}"
+
+    def start(self) -> IngestServer:
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="drainpipe-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown_all(self) -> dict[str, Any]:
+        """Stop accepting, finish the requests in flight, flush the pipeline, close the store. Idempotent."""
+        if self._closed:
+            return self.service.summary()
+        self._closed = True
+        self.service.drain()            # new posts get 503 from here on
+        self.shutdown()                 # stop the accept loop
+        self.server_close()
+        return self.service.close()     # waits for in-flight posts, then flushes L1 -> L2 -> persist
+
+
+def run_server(service: IngestService, host: str, port: int, token: str | None, *,
+               announce: Any = print) -> dict[str, Any]:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the shutdown summary."""
+    server = IngestServer(service, host, port, token)
+    stop = threading.Event()
+    received: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        if stop.is_set() and len(received) > 1:
+            # a second signal while flushing (e.g. the store stays down): give up; what is still queued is lost
+            announce(f"drainpipe serve: {received[-1]} again: exiting without finishing the flush")
+            os._exit(3)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        announce(f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; "
+                 f"{'bearer token required' if token else 'no token'})")
+        while not stop.wait(0.5):
+            pass
+        announce(f"drainpipe serve: {received[0] if received else 'stop'}: draining and flushing")
+        summary = server.shutdown_all()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if not server._closed:
+            server.shutdown_all()
+    announce("drainpipe serve: stopped: " + " ".join(f"{k}={v}" for k, v in summary.items()))
+    return summary
