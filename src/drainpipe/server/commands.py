@@ -10,8 +10,13 @@ from typing import Any
 TOKEN_ENV = "DRAINPIPE_TOKEN"
 
 
+class UserError(ValueError):
+    """A mistake reported as one line by ``drainpipe.cli.main`` (a ValueError, so it is caught the same way when
+    the CLI runs as ``python -m drainpipe.cli``, where the cli module's own classes are ``__main__``'s)."""
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..cli import UserError, _definitions
+    from ..cli import _definitions
     from ..pipeline.store import open_store
     from .http import run_server
     from .service import IngestService, ServiceOptions
@@ -44,7 +49,6 @@ def _display_url(url: str) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from ..cli import UserError
     from .client import StatsError, run_stats
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None

@@ -1,0 +1,85 @@
+"""Helpers for the server tests: an in-process server, HTTP calls with urllib, event payloads."""
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.store import open_store
+from drainpipe.server.http import IngestServer
+from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
+
+_names = itertools.count()
+
+
+@contextmanager
+def running_server(store_url: str = "duckdb:///:memory:", token: str | None = None,
+                   options: ServiceOptions | None = None, **engine: Any) -> Iterator[IngestServer]:
+    store = open_store(store_url)
+    opts = options or ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5)
+    service = IngestService(default_definitions(), store, store_url=store_url, options=opts,
+                            engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
+                            name=f"t{next(_names)}")
+    server = IngestServer(service, "127.0.0.1", 0, token).start()
+    try:
+        yield server
+    finally:
+        server.shutdown_all()
+
+
+def events(n: int, *, services: int = 6, seed: int | None = None, now_ms: int | None = None) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    now_ms = now_ms or int(time.time() * 1000)
+    out = []
+    for _ in range(n):
+        s = min(services - 1, int(rng.paretovariate(1.2)) - 1)
+        e = {"ts": now_ms - rng.randint(0, 3000), "service": f"svc-{s:02d}", "instance": f"svc-{s:02d}-i{rng.randint(0, 2)}",
+             "endpoint": f"/api/e{rng.randint(0, 4)}", "latency_ms": round(rng.expovariate(1 / 40), 3),
+             "status": rng.random() > 0.02}
+        if rng.random() < 0.3:
+            e["db_statement"] = f"SELECT {rng.randint(0, 3)}"
+        out.append(e)
+    return out
+
+
+def ndjson(records: list[Any]) -> bytes:
+    return ("\n".join(json.dumps(r) for r in records) + "\n").encode()
+
+
+def request(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
+            timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def post_events(base: str, records: list[Any], *, kind: str = "json", gzipped: bool = False,
+                token: str | None = None) -> tuple[int, dict[str, str], Any]:
+    body = json.dumps(records).encode() if kind == "json" else ndjson(records)
+    headers = {"Content-Type": "application/json" if kind == "json" else "application/x-ndjson"}
+    if gzipped:
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    status, h, raw = request(base + "/v1/events", "POST", body, headers)
+    return status, h, json.loads(raw) if raw else None
+
+
+def stored_event_count(store_url: str) -> int:
+    """Events in a store: the sum of the minute service_cpm values (cpm of a minute = its event count)."""
+    store = open_store(store_url)
+    try:
+        return int(round(sum(r[5] for r in store.query(metric="service_cpm", granularity="minute"))))
+    finally:
+        store.close()

@@ -1,0 +1,244 @@
+"""Every endpoint of `drainpipe serve`, in process: good input, bad input, limits, tokens, back-pressure."""
+from __future__ import annotations
+
+import gzip
+import json
+import time
+
+import pytest
+from server_testlib import events, ndjson, post_events, request, running_server, stored_event_count
+
+from drainpipe.pipeline.events import EVENT_SCHEMA, validate_json_lines, validate_records
+from drainpipe.server.http import IngestServer, is_loopback
+from drainpipe.server.service import IngestService, ServiceOptions
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server() as srv:
+        yield srv
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+# ------------------------------------------------------------------------------------------ validation entry points
+
+
+def test_validate_records_and_json_lines_use_the_file_rules() -> None:
+    batch, rejects = validate_records([{"ts": 1, "service": "a", "latency_ms": 1}, {"ts": "x", "service": "a"}, 7,
+                                       {"ts": "2026-11-21T10:00:00Z", "service": "b", "latency_ms": 2.5, "status": "false"}])
+    assert batch.schema == EVENT_SCHEMA and batch.num_rows == 2
+    assert rejects == [(1, "bad timestamp: ts"), (2, "not an object")]
+    assert batch.column("status").to_pylist() == [True, False]
+    batch, rejects = validate_json_lines(b'{"ts":1,"service":"a","latency_ms":1}\n\n{oops\n{"ts":1,"service":"a","latency_ms":NaN}\n')
+    assert batch.num_rows == 1 and rejects == [(3, "invalid JSON"), (4, "invalid JSON")]
+    assert validate_records([])[0].num_rows == 0
+
+
+# ------------------------------------------------------------------------------------------ POST /v1/events
+
+
+def test_json_array_ndjson_and_gzip_are_accepted(server: IngestServer) -> None:
+    status, _, body = post_events(server.url, events(500, seed=1))
+    assert status == 200 and body == {"accepted": 500, "rejected": 0, "reasons": {}, "errors": []}
+    status, _, body = post_events(server.url, events(300, seed=2), kind="ndjson")
+    assert status == 200 and body["accepted"] == 300
+    status, _, body = post_events(server.url, events(200, seed=3), kind="ndjson", gzipped=True)
+    assert status == 200 and body["accepted"] == 200
+    status, _, body = post_events(server.url, events(100, seed=4), gzipped=True)
+    assert status == 200 and body["accepted"] == 100
+    status, _, body = post_events(server.url, events(1, seed=5)[0])  # type: ignore[arg-type]  # one object
+    assert status == 200 and body["accepted"] == 1
+
+
+def test_invalid_records_are_counted_as_rejected(server: IngestServer) -> None:
+    good = events(5, seed=6)
+    records = good + [{"ts": 1, "service": ""}, [1, 2], {"service": "a", "latency_ms": 1},
+                      {"ts": 1, "service": "a", "latency_ms": -1}]
+    status, _, body = post_events(server.url, records)
+    assert status == 200
+    assert body["accepted"] == 5 and body["rejected"] == 4
+    assert body["reasons"] == {"bad value: service": 1, "not an object": 1, "missing field: ts": 1,
+                               "out of range: latency_ms": 1}
+    assert body["errors"][0] == {"index": 5, "reason": "bad value: service"}
+    # NDJSON: a malformed line is a reject (with its line number), the others go in
+    text = ndjson(good[:3]) + b"{not json\n\n" + b'{"ts": 1, "service": "x", "latency_ms": NaN}\n' + ndjson(good[3:])
+    status, body, _ = post_events_raw(server, text, "application/x-ndjson")
+    assert status == 200 and body["accepted"] == 5 and body["rejected"] == 2
+    assert body["errors"] == [{"line": 4, "reason": "invalid JSON"}, {"line": 6, "reason": "invalid JSON"}]
+
+
+def post_events_raw(server: IngestServer, body: bytes, ctype: str, headers: dict[str, str] | None = None):
+    status, h, raw = request(server.url + "/v1/events", "POST", body, {"Content-Type": ctype, **(headers or {})})
+    return status, json.loads(raw) if raw else None, h
+
+
+def test_malformed_json_body_is_400(server: IngestServer) -> None:
+    for body in (b"[{\"ts\": 1,", b"[1, 2] trailing", b"\"a string\"", b"[NaN]", b"\xff\xfe"):
+        status, answer, _ = post_events_raw(server, body, "application/json")
+        assert status == 400, body
+        assert answer["status"] == 400 and answer["error"]
+    status, answer, _ = post_events_raw(server, b"not gzip at all", "application/json", {"Content-Encoding": "gzip"})
+    assert status == 400 and "gzip" in answer["error"]
+    status, answer, _ = post_events_raw(server, gzip.compress(b"[]")[:-6], "application/json", {"Content-Encoding": "gzip"})
+    assert status == 400
+
+
+def test_wrong_content_type_or_encoding_is_415(server: IngestServer) -> None:
+    for ctype in ("text/plain", "application/xml", ""):
+        status, answer, _ = post_events_raw(server, b"[]", ctype)
+        assert status == 415 and "content type" in answer["error"]
+    status, answer, _ = post_events_raw(server, b"[]", "application/json", {"Content-Encoding": "br"})
+    assert status == 415 and "encoding" in answer["error"]
+    status, _, _ = post_events_raw(server, b"[]", "application/json; charset=utf-8")
+    assert status == 200
+
+
+def test_other_endpoints_and_methods(server: IngestServer) -> None:
+    assert request(server.url + "/nope")[0] == 404
+    status, headers, _ = request(server.url + "/v1/events")
+    assert status == 405 and headers["Allow"] == "POST"
+    assert request(server.url + "/v1/stats", "POST", b"{}", {"Content-Type": "application/json"})[0] == 405
+
+
+def test_limits_give_413() -> None:
+    opts = ServiceOptions(max_body_bytes=20_000, max_decoded_bytes=50_000, max_events=100)
+    with running_server(options=opts) as srv:
+        status, answer, headers = post_events_raw(srv, json.dumps(events(400, seed=7)).encode(), "application/json")
+        assert status == 413 and "larger than the limit" in answer["error"]
+        assert headers.get("Connection") == "close"
+        bomb = gzip.compress(b"[" + b" " * 200_000 + b"]")   # small on the wire, too big unpacked
+        assert len(bomb) < 20_000
+        status, answer, _ = post_events_raw(srv, bomb, "application/json", {"Content-Encoding": "gzip"})
+        assert status == 413 and "decompressed" in answer["error"]
+        many = [{"ts": 1, "service": "a", "latency_ms": 1}] * 101
+        status, answer, _ = post_events_raw(srv, json.dumps(many, separators=(",", ":")).encode(), "application/json")
+        assert status == 413 and "more than 100 events" in answer["error"]
+        status, answer, _ = post_events_raw(srv, ndjson(many), "application/x-ndjson")
+        assert status == 413
+        assert post_events(srv.url, events(50, seed=8))[0] == 200     # the server is fine afterwards
+        assert srv.service.counters.accepted == 50
+
+
+def test_token_is_required_when_set() -> None:
+    with running_server(token="s3cret") as srv:
+        status, headers, _ = post_events(srv.url, events(10, seed=9))
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+        assert post_events(srv.url, events(10, seed=9), token="wrong")[0] == 401
+        status, _, body = post_events(srv.url, events(10, seed=9), token="s3cret")
+        assert status == 200 and body["accepted"] == 10
+        assert request(srv.url + "/v1/stats")[0] == 401
+        assert request(srv.url + "/metrics")[0] == 401
+        assert request(srv.url + "/metrics", headers={"Authorization": "Bearer s3cret"})[0] == 200
+        assert request(srv.url + "/healthz")[0] == 200 and request(srv.url + "/")[0] == 200
+        assert srv.service.counters.accepted == 10
+
+
+def test_non_loopback_bind_needs_a_token() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    from drainpipe.cli import main
+
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+    service = IngestService.__new__(IngestService)          # never started: the check comes first
+    with pytest.raises(ValueError, match="without a token"):
+        IngestServer(service, "0.0.0.0", 0, None)
+
+
+def test_back_pressure_is_429_or_503_with_retry_after() -> None:
+    opts = ServiceOptions(high_watermark=0.0, admit_wait_s=0.05, sample_interval_s=0.25)   # never any room
+    with running_server(options=opts) as srv:
+        status, headers, body = post_events(srv.url, events(10, seed=10))
+        assert status == 429 and headers["Retry-After"] == "1" and "busy" in body["error"]
+        srv.service.store.consecutive_failures = 1     # as after a failed write: the store is down
+        status, headers, body = post_events(srv.url, events(10, seed=10))
+        assert status == 503 and int(headers["Retry-After"]) >= 1 and "store unavailable" in body["error"]
+        srv.service.store.consecutive_failures = 0
+        assert srv.service.counters.accepted == 0
+        assert srv.service.counters.refused_busy == 1 and srv.service.counters.refused_unavailable == 1
+        status, _, health = request(srv.url + "/healthz")
+        assert status == 200
+    # a server that is shutting down refuses with 503
+    with running_server() as srv:
+        srv.service.drain()
+        status, headers, body = post_events(srv.url, events(10, seed=10))
+        assert status == 503 and headers["Retry-After"] and "shutting down" in body["error"]
+        assert request(srv.url + "/healthz")[0] == 503
+
+
+# ------------------------------------------------------------------------------------------ GET endpoints
+
+
+def test_healthz_stats_and_metrics(server: IngestServer) -> None:
+    status, _, raw = request(server.url + "/healthz")
+    assert status == 200 and json.loads(raw)["status"] == "ok"
+    for i in range(6):
+        assert post_events(server.url, events(2000, seed=100 + i))[0] == 200
+    accepted = server.service.counters.accepted
+    view = wait_for(lambda: (v := json.loads(request(server.url + "/v1/stats")[2]))["engine"]["persisted_batches"] > 0
+                    and v["top_services"]["rows"] and v["ingest"]["accepted"] == accepted and v)
+    assert {q["role"] for q in view["queues"]} == {"ingest", "L1", "L2", "topn", "persist"}
+    l1 = next(q for q in view["queues"] if q["role"] == "L1")
+    assert len(l1["partitions"]) >= 1 and sum(l1["tasks"]) > 0 and len(l1["task_partitions"]) == len(l1["tasks"])
+    assert view["history"] and "task_load" in view["history"][-1]
+    top = view["top_services"]
+    assert top["columns"][:3] == ["service", "minute", "service_cpm"] and top["rows"][0][0].startswith("svc-")
+
+    status, headers, raw = request(server.url + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    text = raw.decode()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("drainpipe_queue_usage_ratio", "drainpipe_partition_usage_ratio", "drainpipe_partition_used_items",
+                 "drainpipe_queue_produced", "drainpipe_queue_dropped", "drainpipe_queue_dispatched",
+                 "drainpipe_drain_task_dispatched", "drainpipe_drain_task_partitions",
+                 "drainpipe_drain_task_load_items_per_second", "drainpipe_queue_rebalances",
+                 "drainpipe_rebalance_handoff_seconds", "drainpipe_store_write_latency_seconds",
+                 "drainpipe_engine_store_retries", "drainpipe_engine_store_write_seconds", "drainpipe_store_up",
+                 "drainpipe_ingest_events", "drainpipe_http_requests", "drainpipe_ingest_request_seconds"):
+        assert name in families, name
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("drainpipe_ingest_events_total", (("outcome", "accepted"),))] == accepted
+    l1_name = l1["name"]
+    assert samples[("drainpipe_queue_dropped_total", (("queue", l1_name), ("reason", "full")))] == 0
+    assert samples[("drainpipe_queue_produced_total", (("queue", l1_name),))] > 0
+    assert samples[("drainpipe_store_write_latency_seconds_count", ())] >= 1
+    assert ("drainpipe_partition_usage_ratio", (("partition", "0"), ("queue", l1_name))) in samples
+
+
+def test_rebalance_handoffs_show_in_metrics() -> None:
+    """A skewed load on two L1 threads makes the queue rebalance; its handoff durations reach the histogram."""
+    with running_server(rebalance_interval_ms=100, l1_threads=__import__("drainpipe").ThreadPolicy.fixed(2)) as srv:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            post_events(srv.url, events(3000, services=12))
+            view = json.loads(request(srv.url + "/v1/stats")[2])
+            if view["rebalances"]:
+                break
+        assert view["rebalances"], "no rebalance happened"
+        r = view["rebalances"][0]
+        assert r["moved"] >= 1 and r["duration_ms"] >= 0
+        text = request(srv.url + "/metrics")[2].decode()
+        count = [line for line in text.splitlines() if line.startswith("drainpipe_rebalance_handoff_seconds_count")]
+        assert count and any(float(line.rsplit(" ", 1)[1]) >= 1 for line in count)
+
+
+def test_everything_accepted_is_stored_after_shutdown(tmp_path) -> None:
+    url = f"duckdb:///{tmp_path / 'http.duckdb'}"
+    with running_server(store_url=url) as srv:
+        total = 0
+        for i in range(10):
+            status, _, body = post_events(srv.url, events(1500, seed=i), kind="ndjson" if i % 2 else "json", gzipped=i % 3 == 0)
+            assert status == 200
+            total += body["accepted"]
+    assert srv.service.summary()["dropped"] == 0
+    assert stored_event_count(url) == total == 15_000
