@@ -324,7 +324,9 @@ class Sampler(threading.Thread):
         self._seen_at: dict[str, float] = {}
         self._prev: dict[str, Any] | None = None
         self._top: dict[str, Any] = {"granularity": "minute", "bucket": None, "columns": [], "rows": []}
-        self._top_at = 0.0
+        # the store query runs on its own thread: a slow store write (which holds the store's lock) must not
+        # stall the sampling of the queues
+        self._top_thread = threading.Thread(target=self._refresh_top, name="drainpipe-top-services", daemon=True)
         self._view: dict[str, Any] = {}
         self.task_load: dict[str, list[float]] = {}
         self.sample()
@@ -336,6 +338,19 @@ class Sampler(threading.Thread):
                 self.sample()
             except Exception:  # never let a sampling bug take the server down
                 log.exception("sampling failed")
+
+    def start(self) -> None:
+        super().start()
+        self._top_thread.start()
+
+    def _refresh_top(self) -> None:
+        while True:
+            try:
+                self._top = self._top_services()
+            except Exception:
+                log.exception("top services refresh failed")
+            if self._halt.wait(self.service.options.top_refresh_s):
+                return
 
     def stop(self) -> None:
         self._halt.set()
@@ -384,9 +399,6 @@ class Sampler(threading.Thread):
             for r in new_rebalances:
                 self.on_handoff(r["queue"], r["duration_ms"] / 1000)
         self._prev = cur
-        if now - self._top_at >= svc.options.top_refresh_s:
-            self._top_at = now
-            self._top = self._top_services()
         self._view = self._build_view(now, stats)
 
     def view(self) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""The dashboard end to end in headless Chromium (Debian's chromium + chromedriver), driven through the W3C
+WebDriver HTTP API with urllib (no Python browser packages): load the page while events flow, check that the
+figures update, keep a screenshot in docs/dashboard.png."""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_testlib import events, post_events, running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="needs Debian's chromium and chromium-driver (make test installs them)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WebDriver:
+    """The few W3C WebDriver commands the test needs."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.session = ""
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 60) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())["value"]
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"webdriver {method} {path}: {exc.code} {exc.read()[:500]!r}") from None
+
+    def start(self, profile: str) -> None:
+        caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1400"]}}}}
+        self.session = self.call("POST", "/session", caps)["sessionId"]
+
+    def s(self, method: str, path: str, body: Any = None) -> Any:
+        return self.call(method, f"/session/{self.session}{path}", body)
+
+    def text(self, element_id: str) -> str:
+        return self.s("POST", "/execute/sync", {"script": "return document.getElementById(arguments[0]).textContent;",
+                                                "args": [element_id]})
+
+    def script(self, script: str) -> Any:
+        return self.s("POST", "/execute/sync", {"script": script, "args": []})
+
+    def quit(self) -> None:
+        if self.session:
+            try:
+                self.call("DELETE", f"/session/{self.session}", timeout=20)
+            except Exception:
+                pass
+
+
+def wait_until(fn, timeout: float = 20, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out; last value {last!r}")
+
+
+def number(text: str) -> float:
+    t = text.strip().replace(",", "")
+    scale = 1e6 if t.endswith("M") else 1e3 if t.endswith("k") else 1
+    return float(t.rstrip("Mk")) * scale if t not in ("", "–") else -1
+
+
+def test_dashboard_updates_while_events_flow() -> None:
+    port = free_port()
+    driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    profile = tempfile.mkdtemp(prefix="drainpipe-chromium-")
+    driver = WebDriver(f"http://127.0.0.1:{port}")
+    stop = threading.Event()
+    try:
+        wait_until(lambda: _ready(driver), timeout=20)
+        with running_server(rebalance_interval_ms=300) as srv:
+            def feed() -> None:
+                seed = 0
+                while not stop.is_set():
+                    post_events(srv.url, events(1500, services=10, seed=seed))
+                    seed += 1
+                    time.sleep(0.05)
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            driver.start(profile)
+            driver.s("POST", "/url", {"url": srv.url + "/"})
+            wait_until(lambda: number(driver.text("accepted-total")) > 0)
+            first = number(driver.text("accepted-total"))
+            polls = int(driver.text("polls"))
+            time.sleep(2.5)
+            second = number(driver.text("accepted-total"))
+            assert second > first, (first, second)
+            assert int(driver.text("polls")) >= polls + 2
+            assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t)) > 0
+            assert driver.text("status") == "live"
+            # heat strips: one row per queue, one cell per partition
+            rows = driver.script("return Array.from(document.querySelectorAll('#heat .heatrow')).map("
+                                 "r => [r.id, r.querySelectorAll('.cell').length])")
+            assert {r[0] for r in rows} == {"heat-ingest", "heat-L1", "heat-L2", "heat-topn", "heat-persist"}
+            assert all(r[1] >= 1 for r in rows)
+            # the busiest services come from the store
+            top = wait_until(lambda: driver.script(
+                "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"))
+            assert top and all(s.startswith("svc-") for s in top)
+            # the load charts have been drawn (some non-transparent pixels)
+            assert driver.script("const c = document.getElementById('load-l1'); const d = c.getContext('2d')"
+                                 ".getImageData(0, 0, c.width, c.height).data; let n = 0;"
+                                 "for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;") > 100
+            assert driver.text("error") == ""
+            time.sleep(2.5)  # a little more history for the screenshot
+            png = base64.b64decode(driver.s("GET", "/screenshot"))
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            (ROOT / "docs").mkdir(exist_ok=True)
+            (ROOT / "docs" / "dashboard.png").write_bytes(png)
+            stop.set()
+            feeder.join(10)
+    finally:
+        stop.set()
+        driver.quit()
+        driver_proc.terminate()
+        try:
+            driver_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            driver_proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _ready(driver: WebDriver) -> bool:
+    try:
+        return bool(driver.call("GET", "/status", timeout=2)["ready"])
+    except Exception:
+        return False
