@@ -220,3 +220,31 @@ def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
     total = sum(r[5] for r in got if r[0] == "service_cpm" and r[2] == "minute")
     assert total == sum(b.num_rows for b in batches)
     duck.close()
+
+
+def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
+    """HTTP ingest into a live engine writing to PostgreSQL: after a graceful shutdown the store holds exactly the
+    events the server answered as accepted."""
+    import json
+    import urllib.request
+
+    from drainpipe.pipeline.definitions import default_definitions
+    from drainpipe.server.http import IngestServer
+    from drainpipe.server.service import IngestService, serve_engine_options
+
+    service = IngestService(default_definitions(), open_store(pg_url), store_url="pg",
+                            engine_options=serve_engine_options(l2_flush_s=0.2), name="pg-serve")
+    server = IngestServer(service, "127.0.0.1", 0).start()
+    accepted = 0
+    try:
+        for i, batch in enumerate(generate_events(12_000, services=5, seed=5, batch_rows=2000)):
+            body = json.dumps(batch.to_pylist()).encode()
+            req = urllib.request.Request(server.url + "/v1/events", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                accepted += json.loads(r.read())["accepted"]
+    finally:
+        summary = server.shutdown_all()
+    assert accepted == 12_000 and summary["dropped"] == 0 and summary["store_errors"] == 0
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == accepted
