@@ -1,0 +1,111 @@
+"""The metrics pipeline on Apache Spark (PySpark >= 4.0): batch over files, streaming over a directory.
+
+Contract (``/work/shared/design/PIPELINE.md``; issue 5):
+
+* Same definitions, same code: events are read and validated by :mod:`drainpipe.pipeline.events` (the same
+  rules, reasons and dead-letter records as the local engine), partially aggregated per Spark task by
+  :func:`drainpipe.pipeline.functions.aggregate_batch`, merged across tasks with Spark's ``sum``/``min``/``max``
+  as each state column's shared merge operation prescribes (exact for integer states and min/max) and
+  :func:`~drainpipe.pipeline.functions.merge` for the top-N, and written by the driver through
+  :mod:`drainpipe.pipeline.store` (one transaction; hour and day roll-ups by the store). Results equal the local
+  engine's row for row; float sums (``sum``/``avg`` values) may differ in the last ulp because additions happen
+  in another order (the local engine itself is not order-stable there either).
+* Idempotent: every file has a source identity (``path@size:mtime_ns``) recorded per definition in the same
+  transaction as the states; re-running a file changes nothing, a new file adds to the states.
+* ``read == accepted + rejected`` always; rejects go to the dead letter (``<store>.rejected.jsonl`` by default)
+  with the local engine's record format, line numbers and order.
+* Workers run this interpreter (``PYSPARK_PYTHON``); on a cluster, drainpipe must be installed on the
+  executors and the input paths readable there (a shared filesystem), as for any ``file://`` input.
+
+Entry points: :func:`run_batch`, :func:`run_stream`, :func:`check_java`; :mod:`drainpipe.spark.skew` holds the
+skew-aware placement of per-type work. Importing this package does not import pyspark.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
+from drainpipe.pipeline.events import DeadLetter, detect_format, expand_inputs
+from drainpipe.pipeline.store import DEFAULT_STORE_URL, open_store
+
+from .engine import PER_TYPE_MODES, JobOptions, ingest_files
+from .session import SparkSetupError, check_java, check_pyspark, spark_session
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+__all__ = ["run_batch", "run_stream", "check_java", "check_pyspark", "spark_session", "SparkSetupError",
+           "JobOptions", "PER_TYPE_MODES", "default_dead_letter"]
+
+
+def default_dead_letter(store_url: str) -> str:
+    """``<store file without suffix>.rejected.jsonl`` (the local engine's default), else ``drainpipe.rejected.jsonl``."""
+    from drainpipe.pipeline.run import _default_dead_letter
+
+    return _default_dead_letter(store_url)
+
+
+def _session(master: str, conf: Mapping[str, str] | None, spark: SparkSession | None) -> tuple[SparkSession, bool]:
+    """(session, created here): an explicit or active session is used as is and not stopped."""
+    if spark is not None:
+        return spark, False
+    check_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    return spark_session(master, conf), active is None
+
+
+def run_batch(
+    inputs: Sequence[str],
+    *,
+    definitions: Definitions = DEFAULT_DEFINITIONS,
+    store_url: str = DEFAULT_STORE_URL,
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    dead_letter: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    spark: SparkSession | None = None,
+    options: JobOptions | None = None,
+) -> dict[str, Any]:
+    """Process event files (paths or globs: JSON Lines, CSV, each optionally gzipped, Parquet) on Spark.
+
+    Input and store problems raise before Spark starts (``InputError``/``StoreError``, one line); no usable
+    Java or pyspark raises :class:`SparkSetupError`. ``progress(events_read, bytes_done)`` is called about
+    twice a second. ``spark``: an existing session to use (it is left running); otherwise one is built from
+    ``master`` and ``conf`` and stopped at the end. ``options``: :class:`JobOptions` (per-type mode, split
+    size, ...), none of which changes results.
+
+    Returns ``read accepted rejected dropped`` (``dropped`` is always 0 for files), ``metrics_rows`` (metric
+    value rows updated, all granularities), ``topn_rows``, ``elapsed_s``, ``events_per_s`` and details:
+    ``files skipped_files splits reasons stage_s spread dead_letter``.
+    """
+    t0 = time.perf_counter()
+    paths = expand_inputs(list(inputs))
+    for path in paths:
+        detect_format(path)
+    store = open_store(store_url)
+    try:
+        session, created = _session(master, conf, spark)
+        try:
+            target = dead_letter or default_dead_letter(store_url)
+            with DeadLetter(target) as dl:
+                summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
+        finally:
+            if created:
+                session.stop()
+    finally:
+        store.close()
+    elapsed = time.perf_counter() - t0
+    summary.update(dead_letter=target, elapsed_s=elapsed,
+                   events_per_s=summary["accepted"] / elapsed if elapsed > 0 else 0.0)
+    return summary
+
+
+def run_stream(input_dir: str, **kwargs: Any) -> dict[str, Any]:
+    """Structured Streaming over a directory of new files; see :func:`drainpipe.spark.stream.run_stream`."""
+    from .stream import run_stream as _run_stream
+
+    return _run_stream(input_dir, **kwargs)
+

@@ -1,0 +1,377 @@
+"""The Spark job: input files -> validated events -> partial states per task -> merged states -> partials.
+
+:func:`aggregate_splits` is the job (no store, no dead letter); :func:`ingest_files` adds what makes it a
+pipeline run: idempotency through the store's applied sources, the dead letter, one store transaction.
+Both batch (:func:`drainpipe.spark.run_batch`) and streaming (each micro-batch) go through
+:func:`ingest_files`, so they share every step.
+
+Stages (``per_type="map"``, the default)::
+
+    splits --repartitionById(1 split / partition, heaviest first)--> mapInArrow(scan_states)
+      = read + validate + aggregate_batch per task                      -> STATE_ROWS (persisted)
+    METRIC rows --groupBy(d, entity, bucket, b).agg(sum / min / max per state column)--> driver
+    TOPN rows   --repartition(d, entity, bucket)--> mapInArrow(merge_topn) ------------> driver
+    REJECT / SPLIT / TASK rows ---------------------------------------------------------> driver
+
+The merge across tasks uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
+:data:`~drainpipe.pipeline.functions.STATE_COLUMNS` (the shared merge operations): exact for the integer
+states and min/max; float sums (``sum``, ``avg``) add in another order than the local engine, so they may
+differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.functions.merge`.
+
+``per_type="placed"`` (and its baseline ``"hash"``) insert the per-type stage: the scan only parses
+(``scan_events``), type weights come from a sample of every split (``sample_types``), the rows are placed with
+:mod:`drainpipe.spark.skew` (salted hot types, LPT, ``repartitionById``) and ``aggregate_events`` aggregates
+each partition; the states then merge exactly as above. Results are identical in every mode.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
+from drainpipe.pipeline.events import DeadLetter, ReadStats
+from drainpipe.pipeline.functions import (GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial,
+                                          merge)
+from drainpipe.pipeline.store import Store
+
+from . import skew
+from .rows import (METRIC, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, EVENT_ROWS, empty_like, metric_partial,
+                   select_rows, spark_schema, topn_partial)
+from .splits import Split, line_offsets, plan_splits
+from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, sample_types, scan_events, scan_states
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["PER_TYPE_MODES", "JobOptions", "JobResult", "aggregate_splits", "per_type_stage", "ingest_files",
+           "Progress"]
+
+PER_TYPE_MODES = ("map", "placed", "hash")
+Progress = Callable[[int, int], None]  # (events read so far, input bytes done so far)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Tuning of the Spark job; none of it changes results."""
+
+    per_type: str = "map"  # map | placed | hash (see the module docstring)
+    type_key: str = "service"  # the event column that names a type for the per-type stage
+    partitions: int | None = None  # per-type stage / top-N merge partitions (default: shuffle partitions)
+    split_bytes: int | None = None  # input split size (default: ~3 splits per core)
+    batch_rows: int = 65_536  # events per aggregated batch inside a task
+    sample_rows: int = 4_096  # events sampled from the head of each split for type weights
+    weights: dict[str, float] | None = None  # type weights to use instead of sampling (previous window)
+
+    def __post_init__(self) -> None:
+        if self.per_type not in PER_TYPE_MODES:
+            raise ValueError(f"unknown per-type mode {self.per_type!r} (expected one of {', '.join(PER_TYPE_MODES)})")
+
+
+@dataclass
+class JobResult:
+    """What :func:`aggregate_splits` computed: one partial per definition (no sources yet), counts, rejects
+    (``(path, line, raw, reason)`` in file/line order), per stage the tasks' ``(seconds, events)`` and the
+    stages' wall times."""
+
+    partials: list[Partial]
+    stats: ReadStats
+    rejects: list[tuple[str, int, Any, str]]
+    tasks: dict[str, list[tuple[float, int]]]
+    stage_s: dict[str, float] = field(default_factory=dict)
+    placement: skew.Placement | None = None
+
+    def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
+        """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the task ``seconds`` (or ``events``)."""
+        column = 0 if measure == "seconds" else 1
+        return {stage: skew.task_spread(t[column] for t in tasks) for stage, tasks in self.tasks.items()}
+
+
+# ------------------------------------------------------------------------------------------ the job
+
+
+def _parallelism(spark: SparkSession) -> int:
+    try:
+        return max(1, spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext
+        return 2
+
+
+def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:
+    if options.partitions:
+        return options.partitions
+    return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
+
+
+def _split_order(splits: Sequence[Split]) -> list[Split]:
+    """The splits heaviest first: Spark schedules partition i before i + 1, so this is
+    longest-processing-time-first list scheduling over the executors' cores."""
+    return sorted(splits, key=lambda s: (-s.weight, s.index))
+
+
+def _splits_frame(spark: SparkSession, count: int) -> DataFrame:
+    """``id`` 0..count-1, one per partition: partition i reads the i-th split of :func:`_split_order`
+    (the split list travels with the task function; no shuffle)."""
+    return spark.range(0, count, 1, numPartitions=max(1, count))
+
+
+def _metric_merge(states: DataFrame, definitions: Definitions) -> DataFrame:
+    """Merge METRIC rows across tasks with Spark aggregates: per state column, the shared merge operation
+    (``StateColumn.merge``) of the definitions that use it."""
+    from pyspark.sql import functions as F
+
+    ops: dict[str, dict[str, list[int]]] = {}
+    for index, definition in enumerate(definitions.all):
+        if isinstance(definition, MetricDef):
+            for column in STATE_COLUMNS[definition.function]:
+                ops.setdefault(column.name, {}).setdefault(column.merge, []).append(index)
+    aggregates = []
+    for name, by_op in ops.items():
+        parts = [getattr(F, op)(F.when(F.col("d").isin(ids), F.col(name))) for op, ids in by_op.items()]
+        aggregates.append((parts[0] if len(parts) == 1 else F.coalesce(*parts)).alias(name))
+    return states.filter(F.col("kind") == METRIC).groupBy("d", "entity", "bucket", "b").agg(*aggregates)
+
+
+def _collect(frame: DataFrame) -> pa.Table:
+    return frame.toArrow()
+
+
+def _sample_weights(frame: DataFrame, splits: Sequence[Split], options: JobOptions) -> dict[str, float]:
+    rows = _collect(frame.mapInArrow(sample_types(splits, options.type_key, options.sample_rows),
+                                     spark_schema(SAMPLE_SCHEMA)))
+    return skew.weights_from_counts(zip(rows.column("type").to_pylist(), rows.column("weight").to_pylist()))
+
+
+def aggregate_splits(spark: SparkSession, splits: Sequence[Split], definitions: Definitions,
+                     options: JobOptions = JobOptions(), accumulators: tuple[Any, Any] | None = None) -> JobResult:
+    """Run the job over ``splits`` (see the module docstring); partials are returned without sources."""
+    stage_s: dict[str, float] = {}
+    clock = time.perf_counter()
+    ordered = _split_order(splits)
+    frame = _splits_frame(spark, len(ordered))
+    if options.per_type == "map":
+        states = frame.mapInArrow(scan_states(definitions, ordered, options.batch_rows, accumulators),
+                                  spark_schema(STATE_ROWS))
+        return _merge_states(spark, states, definitions, options, splits, stage_s, None)
+    partitions = _shuffle_partitions(spark, options)
+    if options.per_type == "placed":
+        weights = options.weights if options.weights is not None else _sample_weights(frame, ordered, options)
+        placement = skew.plan_placement(weights, partitions)
+        stage_s["sample"] = time.perf_counter() - clock
+    else:
+        placement = skew.hash_placement(partitions)
+    events = frame.mapInArrow(scan_events(ordered, options.batch_rows, accumulators), spark_schema(EVENT_ROWS))
+    return per_type_stage(spark, events, definitions, placement, options, splits, stage_s)
+
+
+def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definitions, placement: skew.Placement,
+                   options: JobOptions = JobOptions(), splits: Sequence[Split] = (),
+                   stage_s: dict[str, float] | None = None) -> JobResult:
+    """Aggregate an events DataFrame (the canonical event columns; with ``kind``, non-EVENT rows pass through as
+    bookkeeping) per type: rows placed by ``placement`` on ``options.type_key`` (``repartitionById``), each
+    partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's."""
+    states = skew.place(events, placement, options.type_key).mapInArrow(
+        aggregate_events(definitions), spark_schema(STATE_ROWS))
+    return _merge_states(spark, states, definitions, options, splits, dict(stage_s or {}), placement)
+
+
+def _merge_states(spark: SparkSession, states: DataFrame, definitions: Definitions, options: JobOptions,
+                  splits: Sequence[Split], stage_s: dict[str, float], placement: skew.Placement | None) -> JobResult:
+    """Materialise the tasks' STATE_ROWS once (persisted), merge them across tasks, collect the bookkeeping."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    clock = time.perf_counter()
+    states = states.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # two actions: the metric merge (which materialises the persisted states), then the top-N merge and
+        # the bookkeeping rows together
+        merged = _collect(_metric_merge(states, definitions)) if definitions.metrics else None
+        stage_s["aggregate+merge"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        rest = states.filter(F.col("kind") >= REJECT)
+        if definitions.topns:
+            topn_rows = states.filter(F.col("kind") == TOPN).repartition(
+                _shuffle_partitions(spark, options), "d", "entity", "bucket")
+            rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(rest)
+        collected = _collect(rest)
+        stage_s["topn+bookkeeping"] = time.perf_counter() - clock
+    finally:
+        states.unpersist()
+    meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
+    partials = _partials(definitions, merged, collected if definitions.topns else None)
+    stats, rejects = _read_report(splits, meta)
+    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement)
+
+
+def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None) -> list[Partial]:
+    """One partial per definition from the merged rows (top-N merged once more: across merge tasks)."""
+    out: list[Partial] = []
+    for index, definition in enumerate(definitions.all):
+        if isinstance(definition, MetricDef):
+            rows = merged.filter(pc.equal(merged.column("d"), index)) if merged is not None else None
+            out.append(metric_partial(definition, rows) if rows is not None and rows.num_rows else empty_like(definition))
+        else:
+            assert isinstance(definition, TopNDef)
+            rows = select_rows(topn, TOPN, index) if topn is not None else None
+            out.append(merge([topn_partial(definition, rows)]) if rows is not None and rows.num_rows else empty_like(definition))
+    return out
+
+
+def _read_report(splits: Sequence[Split], meta: pa.Table) -> tuple[ReadStats, list[tuple[str, int, Any, str]]]:
+    """Counts summed over the SPLIT rows; rejects with file line numbers, in file then line order."""
+    stats = ReadStats()
+    lines: dict[int, int] = {}
+    for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
+        report = json.loads(info)
+        part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]))
+        stats.merge(part)
+        lines[d] = report["lines"]
+    offsets = line_offsets(splits, lines)
+    by_index = {s.index: s for s in splits}
+    order = {path: i for i, path in enumerate(dict.fromkeys(s.path for s in splits))}
+    rejected = select_rows(meta, REJECT)
+    rejects = []
+    for d, line, raw, reason in zip(*(rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason"))):
+        split = by_index[d]
+        rejects.append((split.path, line + offsets[d], json.loads(raw), reason))
+    rejects.sort(key=lambda r: (order[r[0]], r[1]))
+    return stats, rejects
+
+
+def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int]]]:
+    out: dict[str, list[tuple[float, int]]] = {}
+    for info in select_rows(meta, TASK).column("info").to_pylist():
+        report = json.loads(info)
+        out.setdefault(report["stage"], []).append((report["seconds"], report["events"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ a pipeline run
+
+
+def _accumulators(spark: SparkSession) -> tuple[Any, Any] | None:
+    try:
+        context = spark.sparkContext
+        return context.accumulator(0), context.accumulator(0)
+    except Exception:  # Spark Connect: no accumulators, no progress
+        return None
+
+
+class _ProgressPoller:
+    """Calls ``progress(events, bytes)`` every ``every_s`` from the accumulators (updated as tasks end)."""
+
+    def __init__(self, progress: Progress | None, accumulators: tuple[Any, Any] | None, base: tuple[int, int],
+                 every_s: float = 0.5) -> None:
+        self.progress, self.accumulators, self.base = progress, accumulators, base
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if progress is not None and accumulators is not None:
+            self._thread = threading.Thread(target=self._run, name="drainpipe-spark-progress", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.report()
+
+    def report(self) -> None:
+        if self.progress is not None and self.accumulators is not None:
+            self.progress(self.base[0] + self.accumulators[0].value, self.base[1] + self.accumulators[1].value)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.report()
+
+
+def ingest_files(spark: SparkSession, paths: Sequence[str], definitions: Definitions, store: Store,
+                 dead_letter: DeadLetter | None, options: JobOptions = JobOptions(),
+                 progress: Progress | None = None) -> dict[str, Any]:
+    """Aggregate ``paths`` on Spark and merge the states into ``store`` in one transaction per group of files.
+
+    Idempotent: each file's source identity is recorded per definition by the store; files whose every
+    definition is applied are skipped unread, and a file applied for some definitions only (the definitions
+    changed) is aggregated for the missing ones (``Definitions.select``). Rejects go to ``dead_letter``
+    before the store commit (a crash in between repeats them on the re-run: the dead letter is at least
+    once, the store exactly once). Returns the counts, the stage times and the task-time spread.
+    """
+    t0 = time.perf_counter()
+    parallelism = _parallelism(spark)
+    splits_all = plan_splits(list(paths), parallelism, options.split_bytes)
+    source_of = {s.path: s.source for s in splits_all}
+    groups: dict[frozenset[str], list[str]] = {}
+    skipped: list[str] = []
+    for path in dict.fromkeys(s.path for s in splits_all):
+        missing = frozenset(definitions.names) - store.applied(source_of[path])
+        if missing:
+            groups.setdefault(missing, []).append(path)
+        else:
+            skipped.append(path)
+    stats = ReadStats()
+    summary: dict[str, Any] = {"files": len(source_of), "skipped_files": len(skipped), "splits": 0,
+                               "applied": 0, "metrics_rows": 0, "topn_rows": 0, "stage_s": {}, "spread": {}}
+    accumulators = _accumulators(spark) if progress is not None else None
+    poller = _ProgressPoller(progress, accumulators, (0, 0))
+    try:
+        for missing, group in groups.items():
+            selected = definitions.select(missing)
+            splits = plan_splits(group, parallelism, options.split_bytes)
+            result = aggregate_splits(spark, splits, selected, options, accumulators)
+            sources = [source_of[p] for p in group]
+            partials = [p._with(p.table, sources) for p in result.partials]
+            if dead_letter is not None:
+                for path, line, raw, reason in result.rejects:
+                    dead_letter.write(path, line, raw, reason)
+                _flush(dead_letter)
+            report = store.merge(partials)
+            stats.merge(result.stats)
+            summary["splits"] += len(splits)
+            summary["applied"] += report.applied
+            summary["metrics_rows"] += _value_rows(partials, metrics=True)
+            summary["topn_rows"] += _value_rows(partials, metrics=False)
+            for stage, seconds in result.stage_s.items():
+                summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
+            summary["spread"].update(result.spread())
+            if result.placement is not None:
+                summary["placement"] = {"partitions": result.placement.partitions,
+                                        "salted": result.placement.salted,
+                                        "expected_ratio": result.placement.expected_ratio}
+    finally:
+        poller.close()
+    elapsed = time.perf_counter() - t0
+    summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, dropped=0,
+                   reasons=dict(stats.reasons), elapsed_s=elapsed,
+                   events_per_s=stats.accepted / elapsed if elapsed > 0 else 0.0)
+    return summary
+
+
+def _flush(dead_letter: DeadLetter) -> None:
+    handle = getattr(dead_letter, "_file", None)
+    if handle is not None:
+        handle.flush()
+
+
+def _value_rows(partials: Sequence[Partial], *, metrics: bool) -> int:
+    """Value rows the partials update: metric rows over minute, hour and day buckets (distinct keys times
+    labels), or top-N rows."""
+    total = 0
+    for partial in partials:
+        table = partial.table
+        if not table.num_rows or metrics != isinstance(partial, MetricPartial):
+            continue
+        if not metrics:
+            total += table.num_rows
+            continue
+        labels = len(PERCENTILE_LABELS) if partial.definition.function == "percentile" else 1
+        bucket = table.column("bucket").to_numpy()
+        for width in GRANULARITY_MS.values():
+            keys = pa.table({"entity": table.column("entity"), "slot": pa.array(bucket // width)})
+            total += keys.group_by(["entity", "slot"], use_threads=False).aggregate([]).num_rows * labels
+    return total

@@ -1,0 +1,176 @@
+"""The row layouts the Spark job exchanges between Python tasks and the JVM, and their conversions.
+
+Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
+
+* :data:`STATE_ROWS` - what the aggregation tasks emit: partial states of every definition plus the run's
+  bookkeeping, told apart by ``kind``:
+
+  ========== ===================================================================================
+  METRIC     ``d`` (index into ``Definitions.all``), ``entity``, ``bucket`` (minute start, epoch ms), ``b``
+             (percentile bin, else -1) and the definition's state columns (``n v ok tol``,
+             :data:`~drainpipe.pipeline.functions.STATE_COLUMNS`)
+  TOPN       ``d``, ``entity``, ``bucket`` (10-minute start), ``latency_ms``, ``key``
+  REJECT     ``d`` = split index, ``line`` (within the split), ``raw`` (JSON text), ``reason``
+  SPLIT      ``d`` = split index, ``info`` = JSON ``{"read", "accepted", "rejected", "reasons", "lines"}``
+  TASK       ``d`` = Spark partition id, ``info`` = JSON ``{"stage", "seconds", "events"}``
+  ========== ===================================================================================
+
+* :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT, the canonical
+  :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns) and the same bookkeeping rows; ``pid`` is unused
+  by the engine's own placement (it is computed in Spark) and free for callers.
+
+State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
+the layouts :func:`~drainpipe.pipeline.functions.aggregate_batch` produces.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from drainpipe.pipeline.definitions import MetricDef, TopNDef
+from drainpipe.pipeline.events import EVENT_SCHEMA
+from drainpipe.pipeline.functions import STATE_COLUMNS, MetricPartial, Partial, TopNPartial, partial_type
+
+__all__ = [
+    "METRIC", "TOPN", "REJECT", "SPLIT", "TASK", "EVENT",
+    "STATE_ROWS", "EVENT_ROWS", "META_COLUMNS",
+    "spark_schema", "partial_rows", "meta_rows", "info_row", "events_rows", "metric_partial", "topn_partial",
+    "empty_like", "select_rows",
+]
+
+METRIC, TOPN, REJECT, SPLIT, TASK, EVENT = 0, 1, 2, 3, 4, 5
+
+_META = [
+    pa.field("line", pa.int64()),
+    pa.field("raw", pa.string()),
+    pa.field("reason", pa.string()),
+    pa.field("info", pa.string()),
+]
+META_COLUMNS: tuple[str, ...] = ("kind", "d", *(f.name for f in _META))
+
+STATE_ROWS = pa.schema(
+    [
+        pa.field("kind", pa.int8()),
+        pa.field("d", pa.int32()),
+        pa.field("entity", pa.string()),
+        pa.field("bucket", pa.int64()),
+        pa.field("b", pa.int64()),
+        pa.field("n", pa.int64()),
+        pa.field("v", pa.float64()),
+        pa.field("ok", pa.int64()),
+        pa.field("tol", pa.int64()),
+        pa.field("latency_ms", pa.float64()),
+        pa.field("key", pa.string()),
+        *_META,
+    ]
+)
+
+EVENT_ROWS = pa.schema(
+    [
+        pa.field("pid", pa.int32()),
+        pa.field("kind", pa.int8()),
+        pa.field("d", pa.int32()),
+        *(pa.field(f.name, f.type) for f in EVENT_SCHEMA),  # nullable here: bookkeeping rows have no event
+        *_META,
+    ]
+)
+
+_DDL = {pa.int8(): "tinyint", pa.int32(): "int", pa.int64(): "bigint", pa.float64(): "double",
+        pa.string(): "string", pa.bool_(): "boolean"}
+
+
+def spark_schema(schema: pa.Schema) -> str:
+    """The Spark DDL of one of the schemas above."""
+    return ", ".join(f"`{f.name}` {_DDL[f.type]}" for f in schema)
+
+
+def _constant(value: Any, rows: int, type_: pa.DataType) -> pa.Array:
+    return pa.array(np.full(rows, value), type_) if rows else pa.array([], type_)
+
+
+def _batch(schema: pa.Schema, rows: int, columns: Mapping[str, Any]) -> pa.RecordBatch:
+    """A batch of ``schema``: given columns (arrays or scalars to repeat), the others null."""
+    arrays = []
+    for f in schema:
+        value = columns.get(f.name)
+        if value is None:
+            arrays.append(pa.nulls(rows, f.type))
+        elif isinstance(value, (pa.Array, pa.ChunkedArray)):
+            arr = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+            arrays.append(arr if arr.type == f.type else arr.cast(f.type))
+        else:
+            arrays.append(_constant(value, rows, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def partial_rows(index: int, partial: Partial) -> pa.RecordBatch:
+    """The states of ``partial`` (definition number ``index``) as :data:`STATE_ROWS`."""
+    table = partial.table
+    columns: dict[str, Any] = {name: table.column(name) for name in table.column_names}
+    columns["d"] = index
+    if isinstance(partial, MetricPartial):
+        columns["kind"] = METRIC
+        columns.setdefault("b", -1)
+    else:
+        columns["kind"] = TOPN
+    return _batch(STATE_ROWS, table.num_rows, columns)
+
+
+def meta_rows(schema: pa.Schema, kind: int, d: Iterable[int], **columns: Iterable[Any]) -> pa.RecordBatch:
+    """Bookkeeping rows (REJECT, SPLIT, TASK) in ``schema`` (:data:`STATE_ROWS` or :data:`EVENT_ROWS`)."""
+    ds = list(d)
+    arrays: dict[str, Any] = {"kind": kind, "d": pa.array(ds, pa.int32())}
+    for name, values in columns.items():
+        arrays[name] = pa.array(list(values), schema.field(name).type)
+    return _batch(schema, len(ds), arrays)
+
+
+def info_row(schema: pa.Schema, kind: int, d: int, info: Mapping[str, Any]) -> pa.RecordBatch:
+    """One SPLIT or TASK row with ``info`` as JSON."""
+    return meta_rows(schema, kind, [d], info=[json.dumps(info, sort_keys=True)])
+
+
+def events_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Canonical events as :data:`EVENT_ROWS` (kind EVENT)."""
+    columns = {name: batch.column(name) for name in EVENT_SCHEMA.names}
+    columns["kind"] = EVENT
+    return _batch(EVENT_ROWS, batch.num_rows, columns)
+
+
+def metric_partial(definition: MetricDef, rows: pa.Table, sources: Iterable[str] = ()) -> MetricPartial:
+    """The minute partial of METRIC rows of one definition (state columns cast to their types)."""
+    cls = partial_type(definition)
+    columns: dict[str, Any] = {"entity": rows.column("entity"), "bucket": rows.column("bucket").cast(pa.int64())}
+    if "b" in cls.key_columns:
+        columns["b"] = rows.column("b").cast(pa.int64())
+    for c in STATE_COLUMNS[definition.function]:
+        columns[c.name] = rows.column(c.name).cast(c.type)
+    return cls(pa.table(columns), "minute", sources)  # type: ignore[call-arg,return-value]
+
+
+def topn_partial(definition: TopNDef, rows: pa.Table, sources: Iterable[str] = ()) -> TopNPartial:
+    """The partial of TOPN rows of one definition (not yet reduced to n per key: merge it)."""
+    cls = partial_type(definition)
+    table = pa.table({name: rows.column(name) for name in ("entity", "bucket", "latency_ms", "key")})
+    return cls(table, sources)  # type: ignore[return-value]
+
+
+def empty_like(definition: MetricDef | TopNDef, sources: Iterable[str] = ()) -> Partial:
+    """A partial without states (it still carries ``sources`` to the store)."""
+    rows = _batch(STATE_ROWS, 0, {})
+    table = pa.Table.from_batches([rows])
+    if isinstance(definition, MetricDef):
+        return metric_partial(definition, table, sources)
+    return topn_partial(definition, table, sources)
+
+
+def select_rows(table: pa.Table, kind: int, d: int | None = None) -> pa.Table:
+    """Rows of ``table`` of one kind (and definition / split number)."""
+    mask = pc.equal(table.column("kind"), kind)
+    if d is not None:
+        mask = pc.and_(mask, pc.equal(table.column("d"), d))
+    return table.filter(mask)

@@ -1,0 +1,122 @@
+"""Spark set-up: a usable Java and pyspark, and the SparkSession the engine runs on.
+
+* :func:`check_java` finds ``$JAVA_HOME/bin/java`` (else ``java`` on ``PATH``), runs ``java -version`` and
+  returns the major version; it raises :class:`SparkSetupError` (a ``ValueError``, one line) when there is no
+  Java or it is older than 17 (PySpark 4 needs 17 or 21).
+* :func:`check_pyspark` imports pyspark and requires version >= 4.0 (``pip install 'drainpipe[spark]'``).
+* :func:`spark_session` sets ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` to this interpreter (so Python
+  workers run in the same venv, with drainpipe importable) and builds or reuses a session with modest defaults:
+  UI and console progress bars off, ``spark.sql.shuffle.partitions=8``, Arrow batches of 64k rows, and for
+  ``local[...]`` masters ``spark.driver.memory=2g``. ``conf`` (``--spark-conf key=value``) overrides any default.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+__all__ = ["SparkSetupError", "MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
+
+MIN_JAVA = 17
+
+#: defaults applied under the user's ``conf``
+DEFAULT_CONF: Mapping[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+    "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+}
+_LOCAL_CONF: Mapping[str, str] = {"spark.driver.memory": "2g"}
+
+
+class SparkSetupError(ValueError):
+    """Spark cannot run here (no usable Java, no pyspark); the message is one line saying what to do."""
+
+
+def _java_binary() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = os.path.join(home, "bin", "java")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("java")
+
+
+def _major(version: str) -> int:
+    """``"17.0.15"`` -> 17, ``"1.8.0_392"`` -> 8, ``"21"`` -> 21."""
+    parts = re.findall(r"\d+", version)
+    if not parts:
+        raise ValueError(version)
+    first = int(parts[0])
+    return int(parts[1]) if first == 1 and len(parts) > 1 else first
+
+
+def check_java(minimum: int = MIN_JAVA) -> int:
+    """The major version of the Java Spark would use; :class:`SparkSetupError` if none or older than ``minimum``."""
+    java = _java_binary()
+    if java is None:
+        raise SparkSetupError(
+            f"no Java found (Spark needs Java {minimum} or newer): install a JDK {minimum}+ or set JAVA_HOME"
+        )
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SparkSetupError(f"cannot run {java} -version ({exc}); install a JDK {minimum}+ or set JAVA_HOME") from None
+    match = re.search(r'version "([^"]+)"', done.stderr + done.stdout)
+    if done.returncode != 0 or match is None:
+        raise SparkSetupError(f"{java} does not work (exit {done.returncode}); install a JDK {minimum}+ or set JAVA_HOME")
+    try:
+        major = _major(match.group(1))
+    except ValueError:
+        raise SparkSetupError(f"cannot read the version of {java}: {match.group(1)!r}") from None
+    if major < minimum:
+        raise SparkSetupError(
+            f"Java {match.group(1)} at {java} is too old: Spark needs Java {minimum} or newer (set JAVA_HOME)"
+        )
+    return major
+
+
+def check_pyspark() -> str:
+    """pyspark's version; :class:`SparkSetupError` if it is missing or older than 4.0."""
+    try:
+        import pyspark
+    except ImportError:
+        raise SparkSetupError("pyspark is not installed: pip install 'drainpipe[spark]' (pyspark>=4.0)") from None
+    major = int(re.match(r"\d+", pyspark.__version__).group())  # type: ignore[union-attr]
+    if major < 4:
+        raise SparkSetupError(f"pyspark {pyspark.__version__} is too old: pip install 'pyspark>=4.0'")
+    return pyspark.__version__
+
+
+def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
+                  app_name: str = "drainpipe") -> SparkSession:
+    """Build (or reuse the active) SparkSession for the engine; checks Java and pyspark first.
+
+    An active session is reused as is (its master and static conf stay what they are).
+    """
+    check_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    check_java()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    settings = dict(DEFAULT_CONF)
+    if master.startswith("local"):
+        settings.update(_LOCAL_CONF)
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session

@@ -1,0 +1,188 @@
+"""Streaming mode: Structured Streaming over a directory of new event files, exactly once into the store.
+
+The stream's source is Spark's file source (``binaryFile`` format, only the ``path`` column is read, so file
+contents never pass through it): it lists the directory, and the checkpoint's offset log pins which new files
+make up each micro-batch. ``foreachBatch`` hands those paths to :func:`drainpipe.spark.engine.ingest_files`,
+the batch engine, so a micro-batch is parsed, validated, aggregated and merged exactly like ``run_batch``.
+
+Exactly once: Spark writes micro-batch N's files to the offset log before running it and marks it in the commit
+log after ``foreachBatch`` returns; after a crash, a batch without a commit entry is run again with the same
+files. The store records each file's source identity (``path@size:mtime_ns``) per definition in the same
+transaction as its states, so the re-run finds them applied and skips them (or applies them, if the crash came
+before the store commit). A killed and restarted stream therefore ends with exactly the values of an
+uninterrupted one. The dead letter is appended to before each store commit, so a crash between the two
+repeats those rejects: it is at-least-once.
+
+Files must appear atomically (write elsewhere, then rename into the directory), as for any Spark file source.
+Names with an unsupported suffix are skipped and counted (``ignored_files``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import urllib.parse
+import urllib.request
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
+from drainpipe.pipeline.events import DeadLetter, InputError, detect_format
+from drainpipe.pipeline.store import DEFAULT_STORE_URL, open_store
+
+from .engine import JobOptions, ingest_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["run_stream", "STREAM_GLOB"]
+
+log = logging.getLogger("drainpipe.spark.stream")
+
+#: names the stream picks up (others are never listed)
+STREAM_GLOB = "*.{jsonl,json,ndjson,csv,gz,parquet}"
+_SUMMED = ("read", "accepted", "rejected", "files", "skipped_files", "splits", "applied", "metrics_rows", "topn_rows")
+
+
+class _AppendingDeadLetter(DeadLetter):
+    """The dead letter of a stream: appended to across micro-batches and restarts."""
+
+    def open(self) -> DeadLetter:
+        with self._lock:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8", errors="backslashreplace")
+        return self
+
+
+def _local_path(uri: str) -> str:
+    """``file:/a/b%20c`` -> ``/a/b c`` (other schemes are passed through)."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "file":
+        return urllib.request.url2pathname(parsed.path)
+    return uri
+
+
+def run_stream(
+    input_dir: str,
+    *,
+    definitions: Definitions = DEFAULT_DEFINITIONS,
+    store_url: str = DEFAULT_STORE_URL,
+    checkpoint: str,
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    trigger_once: bool = False,
+    stop_after_s: float | None = None,
+    dead_letter: str | None = None,
+    spark: SparkSession | None = None,
+    options: JobOptions | None = None,
+    poll_s: float = 1.0,
+    max_files_per_trigger: int | None = None,
+    on_batch: Callable[[int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the pipeline over the files arriving in ``input_dir`` until stopped.
+
+    ``trigger_once``: process everything present now (in as many micro-batches as ``max_files_per_trigger``
+    makes) and return. Otherwise poll every ``poll_s`` seconds until ``stop_after_s`` elapses (None: until
+    interrupted). ``checkpoint`` is the Structured Streaming checkpoint directory: restart with the same one to
+    resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit.
+
+    Returns the summed counts (``read accepted rejected files skipped_files ignored_files metrics_rows
+    topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
+    """
+    from . import _session, default_dead_letter
+
+    if not os.path.isdir(input_dir):
+        raise InputError(f"stream input {input_dir!r} is not a directory")
+    t0 = time.perf_counter()
+    store = open_store(store_url)
+    try:
+        session, created = _session(master, conf, spark)
+        try:
+            with _AppendingDeadLetter(dead_letter or default_dead_letter(store_url)) as dl:
+                batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
+                try:
+                    query = _start(session, input_dir, checkpoint, batches, trigger_once, poll_s,
+                                   max_files_per_trigger)
+                    _await(query, None if trigger_once else stop_after_s)
+                finally:
+                    totals = batches.release()
+        finally:
+            if created:
+                session.stop()
+    finally:
+        store.close()
+    elapsed = time.perf_counter() - t0
+    totals.update(elapsed_s=elapsed, events_per_s=totals["accepted"] / elapsed if elapsed > 0 else 0.0, dropped=0)
+    return totals
+
+
+class _MicroBatches:
+    """The ``foreachBatch`` function: each micro-batch's new files through :func:`ingest_files`.
+
+    Py4J may keep the function alive after the query ends, so :meth:`release` drops its references to the
+    session, store and dead letter (and returns the totals)."""
+
+    def __init__(self, session: SparkSession, definitions: Definitions, store: Any, dead_letter: DeadLetter,
+                 options: JobOptions, on_batch: Callable[[int, dict[str, Any]], None] | None) -> None:
+        self._context: dict[str, Any] = {"session": session, "definitions": definitions, "store": store,
+                                         "dead_letter": dead_letter, "options": options, "on_batch": on_batch}
+        self.totals: dict[str, Any] = {key: 0 for key in _SUMMED}
+        self.totals.update(batches=0, ignored_files=0)
+        self._lock = threading.Lock()
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        c = self._context
+        paths, ignored = [], 0
+        for row in frame.select("path").collect():
+            path = _local_path(row.path)
+            try:
+                detect_format(path)
+            except InputError:
+                ignored += 1
+                log.warning("stream: skipping %s (unsupported suffix)", path)
+                continue
+            paths.append(path)
+        summary = (ingest_files(c["session"], sorted(paths), c["definitions"], c["store"], c["dead_letter"],
+                                c["options"]) if paths else {})
+        with self._lock:
+            for key in _SUMMED:
+                self.totals[key] += summary.get(key, 0)
+            self.totals["batches"] += 1
+            self.totals["ignored_files"] += ignored
+        if c["on_batch"] is not None:
+            c["on_batch"](batch_id, summary)
+
+    def release(self) -> dict[str, Any]:
+        self._context.clear()
+        return dict(self.totals)
+
+
+def _await(query: Any, timeout_s: float | None) -> None:
+    """Wait for the query to finish (or ``timeout_s``), stop it, and raise its failure as one line."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        if timeout_s is None:
+            query.awaitTermination()
+        else:
+            query.awaitTermination(timeout_s)
+    except StreamingQueryException as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"stream failed: {message}") from exc
+    finally:
+        if query.isActive:
+            query.stop()
+
+
+def _start(session: SparkSession, input_dir: str, checkpoint: str, process: Callable[[DataFrame, int], None],
+           trigger_once: bool, poll_s: float, max_files: int | None) -> Any:
+    schema = "path string, modificationTime timestamp, length bigint, content binary"  # binaryFile's fixed schema
+    reader = session.readStream.format("binaryFile").schema(schema).option("pathGlobFilter", STREAM_GLOB)
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", str(max_files))
+    writer = (reader.load(input_dir).select("path").writeStream
+              .queryName(f"drainpipe-{os.path.basename(os.path.abspath(input_dir))}")
+              .option("checkpointLocation", checkpoint)
+              .foreachBatch(process))
+    writer = writer.trigger(availableNow=True) if trigger_once else writer.trigger(processingTime=f"{poll_s} seconds")
+    return writer.start()

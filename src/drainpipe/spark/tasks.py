@@ -1,0 +1,211 @@
+"""The Python side of the Spark job: the functions ``mapInArrow`` runs in the executors.
+
+Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]``
+(what :meth:`pyspark.sql.DataFrame.mapInArrow` calls once per partition). They hold nothing but plain data
+(definitions, sizes), so they pickle to the executors; all the work is the shared pipeline code:
+
+* :func:`scan_states` (``per_type="map"``): read + validate the partition's splits
+  (:func:`~drainpipe.spark.splits.read_split`), partially aggregate every definition over the whole partition
+  (:func:`~drainpipe.pipeline.functions.aggregate_batch` per event batch, :class:`MetricAccumulator` across
+  batches) and emit the states as :data:`~drainpipe.spark.rows.STATE_ROWS`, with the rejects, per-split
+  counts and the task's own timing.
+* :func:`scan_events` (``per_type="placed"``/``"hash"``): read + validate only, emitting the events
+  (:data:`~drainpipe.spark.rows.EVENT_ROWS`) for the per-type stage.
+* :func:`aggregate_events`: the per-type stage: aggregate whatever events the (placed) partition holds, pass
+  bookkeeping rows through.
+* :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.functions.merge`.
+
+Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
+last output being produced (Python work plus waiting for input), the events it aggregated and the stage name;
+that is how the task-time spread (max / median) is measured without a SparkListener.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from drainpipe.pipeline.definitions import Definitions, TopNDef
+from drainpipe.pipeline.events import EVENT_SCHEMA
+from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, merge
+
+from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, events_rows, info_row,
+                   meta_rows, partial_rows, select_rows, topn_partial)
+from .splits import Split, SplitResult, read_split
+
+__all__ = ["ArrowMapFn", "scan_states", "scan_events", "aggregate_events", "merge_topn", "sample_types",
+           "SAMPLE_SCHEMA"]
+
+ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def _splits(batches: Iterator[pa.RecordBatch], splits: Sequence[Split]) -> Iterator[Split]:
+    """The splits named by the ``id`` column of the input (``spark.range``: id i = the plan's i-th split)."""
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            yield splits[i]
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else -1
+
+
+def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterator[pa.RecordBatch]:
+    """REJECT rows and the SPLIT row of one split."""
+    if result.rejects:
+        lines, raws, reasons = zip(*result.rejects)
+        yield meta_rows(schema, REJECT, [split.index] * len(lines), line=lines, raw=raws, reason=reasons)
+    stats = result.stats
+    yield info_row(schema, SPLIT, split.index, {"read": stats.read, "accepted": stats.accepted,
+                                                "rejected": stats.rejected, "reasons": dict(stats.reasons),
+                                                "lines": result.lines, "nbytes": split.nbytes})
+
+
+class _Aggregator:
+    """Partial states of every definition over one task's events (the local engine's L1, in a task)."""
+
+    def __init__(self, definitions: Definitions) -> None:
+        self.definitions = definitions
+        self.accumulators = [MetricAccumulator(d) for d in definitions.all]
+        self.events = 0
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        if batch.num_rows:
+            self.events += batch.num_rows
+            for accumulator, partial in zip(self.accumulators, aggregate_batch(batch, self.definitions)):
+                accumulator.add(partial)
+
+    def rows(self) -> Iterator[pa.RecordBatch]:
+        for index, accumulator in enumerate(self.accumulators):
+            merged = accumulator.drain()
+            if merged is not None and merged.table.num_rows:
+                yield partial_rows(index, merged)
+
+
+def _timed(stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]],
+           events: Callable[[], int]) -> Iterator[pa.RecordBatch]:
+    start = time.perf_counter()
+    yield from body()
+    yield info_row(schema, TASK, _partition_id(),
+                   {"stage": stage, "seconds": time.perf_counter() - start, "events": events()})
+
+
+def scan_states(definitions: Definitions, splits: Sequence[Split], batch_rows: int, accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+    """Read, validate and partially aggregate the partition's splits (``per_type="map"``)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        aggregator = _Aggregator(definitions)
+
+        def body() -> Iterator[pa.RecordBatch]:
+            for split in _splits(batches, splits):
+                reader, result = read_split(split, batch_rows)
+                for events in reader:
+                    aggregator.add(events)
+                yield from _bookkeeping(STATE_ROWS, split, result)
+                _count(accumulators, result.stats.read, split.nbytes)
+            yield from aggregator.rows()
+
+        yield from _timed("scan+aggregate", STATE_ROWS, body, lambda: aggregator.events)
+
+    return run
+
+
+def scan_events(splits: Sequence[Split], batch_rows: int, accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+    """Read and validate the partition's splits, emitting the events (``per_type="placed"``/``"hash"``)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        count = [0]
+
+        def body() -> Iterator[pa.RecordBatch]:
+            for split in _splits(batches, splits):
+                reader, result = read_split(split, batch_rows)
+                for events in reader:
+                    count[0] += events.num_rows
+                    yield events_rows(events)
+                yield from _bookkeeping(EVENT_ROWS, split, result)
+                _count(accumulators, result.stats.read, split.nbytes)
+
+        yield from _timed("scan", EVENT_ROWS, body, lambda: count[0])
+
+    return run
+
+
+def _count(accumulators: tuple[Any, Any] | None, events: int, nbytes: int) -> None:
+    if accumulators is not None:
+        accumulators[0].add(events)
+        accumulators[1].add(nbytes)
+
+
+def _as_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Bookkeeping rows of an EVENT_ROWS batch re-laid as STATE_ROWS."""
+    columns = [batch.column(name) if name in META_COLUMNS else pa.nulls(batch.num_rows, f.type)
+               for name, f in zip(STATE_ROWS.names, STATE_ROWS)]
+    return pa.RecordBatch.from_arrays(columns, schema=STATE_ROWS)
+
+
+def aggregate_events(definitions: Definitions, stage: str = "per-type") -> ArrowMapFn:
+    """The per-type stage: aggregate the events of the partition (any layout holding the
+    :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns; with a ``kind`` column, non-EVENT rows are
+    bookkeeping and pass through)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        aggregator = _Aggregator(definitions)
+
+        def body() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                if "kind" in batch.schema.names:
+                    is_event = np.asarray(batch.column("kind").to_numpy(zero_copy_only=False) == EVENT)
+                    if not is_event.all():
+                        yield _as_meta(batch.filter(pa.array(~is_event)))
+                        batch = batch.filter(pa.array(is_event))
+                aggregator.add(batch.select(EVENT_SCHEMA.names))
+            yield from aggregator.rows()
+
+        yield from _timed(stage, STATE_ROWS, body, lambda: aggregator.events)
+
+    return run
+
+
+def merge_topn(definitions: Definitions) -> ArrowMapFn:
+    """Merge the TOPN rows of the partition per definition with the shared :func:`merge`."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [b for b in batches if b.num_rows]
+        if not received:
+            return
+        table = pa.Table.from_batches(received)
+        for index, definition in enumerate(definitions.all):
+            if isinstance(definition, TopNDef):
+                rows = select_rows(table, TOPN, index)
+                if rows.num_rows:
+                    yield partial_rows(index, merge([topn_partial(definition, rows)]))
+
+    return run
+
+
+def sample_types(splits: Sequence[Split], type_key: str, sample_rows: int) -> ArrowMapFn:
+    """Type weights from the head of each split: ``(type, weight)`` rows, the split's weight shared out in
+    proportion to the types among its first ``sample_rows`` accepted events (validated like everything else)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for split in _splits(batches, splits):
+            reader, _ = read_split(split, sample_rows)
+            head = next(iter(reader), None)
+            if head is None or head.num_rows == 0:
+                continue
+            counts = pc.value_counts(head.column(type_key).drop_null())
+            values = counts.field("values")
+            shares = counts.field("counts").to_numpy() / head.num_rows * split.weight
+            yield pa.RecordBatch.from_arrays([values.cast(pa.string()), pa.array(shares, pa.float64())],
+                                             schema=SAMPLE_SCHEMA)
+
+    return run
+
+
+SAMPLE_SCHEMA = pa.schema([("type", pa.string()), ("weight", pa.float64())])

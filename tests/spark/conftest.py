@@ -1,0 +1,25 @@
+"""Spark test set-up: one local[2] SparkSession per test module."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+#: small and quiet: two cores, 8 shuffle partitions, no UI
+TEST_CONF = {
+    "spark.sql.shuffle.partitions": "8",
+    "spark.driver.memory": "2g",
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[object]:
+    """A local[2] SparkSession for the test module, stopped after it."""
+    from drainpipe.spark import spark_session
+
+    session = spark_session("local[2]", TEST_CONF, app_name="drainpipe-tests")
+    yield session
+    session.stop()

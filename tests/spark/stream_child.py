@@ -1,0 +1,29 @@
+"""Runs a stream and kills itself (SIGKILL, no clean-up) right after micro-batch ``kill_after`` reached the store,
+before Spark could mark that batch committed in the checkpoint: the worst moment for exactly-once.
+
+    python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from conftest import TEST_CONF
+
+from drainpipe.spark import run_stream
+
+
+def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill_after: str) -> None:
+    def on_batch(batch_id: int, summary: dict[str, Any]) -> None:
+        print(f"batch {batch_id} stored: {summary.get('accepted', 0)} events", flush=True)
+        if batch_id == int(kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    run_stream(input_dir, store_url=store_url, checkpoint=checkpoint, dead_letter=dead_letter, master="local[2]",
+               conf=TEST_CONF, trigger_once=True, max_files_per_trigger=1, on_batch=on_batch)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
