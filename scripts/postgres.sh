@@ -7,22 +7,34 @@
 #   scripts/postgres.sh restart   stop, then start
 #   scripts/postgres.sh status    exit 0 when it is running
 #   scripts/postgres.sh url       print the connection URL (what tests read from DRAINPIPE_TEST_PG)
+#   scripts/postgres.sh datadir   print the data directory
 #
 # The server runs as the `postgres` OS user (PostgreSQL refuses to run as root); the data dir is chowned to it.
-# Settings (environment): PG_PORT (55432), PGDATA_DIR (<repo>/.pg/data), PG_DB / PG_USER / PG_PASSWORD (drainpipe).
+# Settings (environment): PG_PORT (55432), PG_BASE (<repo>/.pg, or /tmp/drainpipe-pg-<hash> when the postgres user
+# cannot reach the repo), PGDATA_DIR ($PG_BASE/data), PG_DB / PG_USER / PG_PASSWORD (drainpipe).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_PORT="${PG_PORT:-55432}"
+PG_BASE_SET="${PG_BASE:-}"
 PG_BASE="${PG_BASE:-$ROOT/.pg}"
-PGDATA_DIR="${PGDATA_DIR:-$PG_BASE/data}"
+PGDATA_SET="${PGDATA_DIR:-}"
 PG_DB="${PG_DB:-drainpipe}"
 PG_USER="${PG_USER:-drainpipe}"
 PG_PASSWORD="${PG_PASSWORD:-drainpipe}"
-LOG="$PG_BASE/postgres.log"
 URL="postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
 
 say() { echo "postgres.sh: $*" >&2; }
+
+resolve_base() {
+    # <repo>/.pg, unless the postgres OS user cannot reach the repo (e.g. a clone under /root): then a private
+    # directory under /tmp named after the repo path (the same on every call)
+    if [ -z "$PG_BASE_SET" ] && id postgres >/dev/null 2>&1 && ! as_pg test -x "$ROOT"; then
+        PG_BASE="/tmp/drainpipe-pg-$(printf %s "$ROOT" | md5sum | cut -c1-10)"
+    fi
+    PGDATA_DIR="${PGDATA_SET:-$PG_BASE/data}"
+    LOG="$PG_BASE/postgres.log"
+}
 
 bindir() {
     local d
@@ -66,10 +78,11 @@ psql_admin() {
 
 start() {
     ensure_installed
+    resolve_base   # again: the postgres user exists now
     local bin; bin="$(bindir)"
     id postgres >/dev/null 2>&1 || { say "no postgres OS user (the postgresql package creates it)"; exit 1; }
     if ! as_pg test -x "$(dirname "$PG_BASE")"; then
-        say "the postgres user cannot reach $(dirname "$PG_BASE"); set PG_BASE to a directory it can (e.g. /tmp/drainpipe-pg)"
+        say "the postgres user cannot reach $(dirname "$PG_BASE"); set PG_BASE to a directory it can"
         exit 1
     fi
     mkdir -p "$PG_BASE"
@@ -121,11 +134,13 @@ stop() {
     fi
 }
 
+resolve_base
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
     restart) stop; start ;;
     status) running ;;
+    datadir) echo "$PGDATA_DIR" ;;
     url) echo "$URL" ;;
     *) echo "usage: $0 start|stop|restart|status|url" >&2; exit 2 ;;
 esac
