@@ -46,8 +46,10 @@ bindir() {
 
 as_pg() {
     # run a command as the postgres OS user (we may already be it)
+    # (from /: the postgres user may not be allowed into the current directory; all paths here are absolute)
     if [ "$(id -un)" = postgres ]; then "$@"; return; fi
-    if command -v runuser >/dev/null 2>&1; then runuser -u postgres -- "$@"; else su postgres -s /bin/sh -c "$(printf '%q ' "$@")"; fi
+    if command -v runuser >/dev/null 2>&1; then (cd / && runuser -u postgres -- "$@")
+    else (cd / && su postgres -s /bin/sh -c "$(printf '%q ' "$@")"); fi
 }
 
 ensure_installed() {
