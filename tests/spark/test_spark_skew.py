@@ -3,13 +3,16 @@ placement puts it in one giant task. Same results either way."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
+from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.spark import JobOptions
 from drainpipe.spark.engine import per_type_stage
+from drainpipe.spark.rows import columns_used, fill_unused, topn_only_filter
 from drainpipe.spark.skew import hash_placement, plan_placement, sample_weights
 from spark_testlib import SPARK, assert_same_partials
 
@@ -62,3 +65,25 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
     assert best["placed"]["ratio"] <= 2.0 and best["placed"]["ratio"] < best["hash"]["ratio"], best
     assert best["placed"]["max_s"] < best["hash"]["max_s"], best
     assert_same_partials(hashed.partials, placed.partials)
+
+
+@pytest.mark.parametrize("definitions", [
+    DEFAULT_DEFINITIONS,
+    Definitions(DEFAULT_DEFINITIONS.metrics[:1], ()),
+    Definitions((), DEFAULT_DEFINITIONS.topns),
+    Definitions((MetricDef("m", "endpoint", "max", field="latency_ms", where="status == false and instance != 'x'"),),
+                (TopNDef("t", "instance", "endpoint", 2),)),
+])
+def test_pruned_columns_give_the_same_states(definitions: Definitions) -> None:
+    """The per-type stage ships only ``columns_used`` (and for top-N only the rows with a key): same states."""
+    batch = pa.Table.from_batches(list(generate_events(20_000, services=5, seed=9)))
+    keep = list(columns_used(definitions))
+    pruned = batch.select(keep)
+    keys = topn_only_filter(definitions)
+    if keys:
+        mask = None
+        for key in keys:
+            has = pc.fill_null(pc.not_equal(pruned.column(key), ""), False)
+            mask = has if mask is None else pc.or_(mask, has)
+        pruned = pruned.filter(mask)
+    assert_same_partials(aggregate_batch(batch, definitions), aggregate_batch(fill_unused(pruned), definitions))

@@ -26,32 +26,39 @@ each partition; the states then merge exactly as above. Results are identical in
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.events import DeadLetter, ReadStats
+from drainpipe.pipeline.events import EVENT_SCHEMA, DeadLetter, InputError, ReadStats
 from drainpipe.pipeline.functions import (GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial,
                                           merge)
 from drainpipe.pipeline.store import Store
 
 from . import skew
-from .rows import (METRIC, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, EVENT_ROWS, empty_like, metric_partial,
-                   select_rows, spark_schema, topn_partial)
+from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, METRIC, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, columns_used,
+                   empty_like, metric_partial, select_rows, spark_schema, topn_only_filter, topn_partial)
 from .splits import Split, line_offsets, plan_splits
 from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, sample_types, scan_events, scan_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["PER_TYPE_MODES", "JobOptions", "JobResult", "aggregate_splits", "per_type_stage", "ingest_files",
-           "Progress"]
+__all__ = ["PER_TYPE_MODES", "JobOptions", "JobResult", "SparkJobError", "aggregate_splits", "per_type_stage",
+           "ingest_files", "Progress"]
+
+# pyspark 4.x warns when a pandas/Arrow UDF is declared that it does not fully support pandas 3; the engine
+# exchanges Arrow only
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 PER_TYPE_MODES = ("map", "placed", "hash")
 Progress = Callable[[int, int], None]  # (events read so far, input bytes done so far)
@@ -138,8 +145,28 @@ def _metric_merge(states: DataFrame, definitions: Definitions) -> DataFrame:
     return states.filter(F.col("kind") == METRIC).groupBy("d", "entity", "bucket", "b").agg(*aggregates)
 
 
+class SparkJobError(ValueError):
+    """The Spark job failed for a reason other than the input; the message is one line."""
+
+
+_INPUT_ERROR = re.compile(r"(?:drainpipe\.pipeline\.events\.)?InputError: (.+)")
+
+
 def _collect(frame: DataFrame) -> pa.Table:
-    return frame.toArrow()
+    """``frame.toArrow()``; a failed job becomes a one-line error: the task's :class:`InputError` (a corrupt
+    input file) as such, anything else as :class:`SparkJobError`."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        return frame.toArrow()
+    except (PySparkException, Py4JError) as exc:
+        text = str(exc)
+        found = _INPUT_ERROR.findall(text)
+        if found:
+            raise InputError(found[-1].strip()) from exc
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
 
 
 def _sample_weights(frame: DataFrame, splits: Sequence[Split], options: JobOptions) -> dict[str, float]:
@@ -175,7 +202,21 @@ def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definiti
                    stage_s: dict[str, float] | None = None) -> JobResult:
     """Aggregate an events DataFrame (the canonical event columns; with ``kind``, non-EVENT rows pass through as
     bookkeeping) per type: rows placed by ``placement`` on ``options.type_key`` (``repartitionById``), each
-    partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's."""
+    partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's.
+
+    Only the columns the definitions read cross the shuffle (:func:`~drainpipe.spark.rows.columns_used`), and
+    for top-N-only definitions only the rows with a key."""
+    from pyspark.sql import functions as F
+
+    bookkeeping = "kind" in events.columns
+    keep = [*columns_used(definitions), *([options.type_key] if options.type_key not in EVENT_SCHEMA.names else [])]
+    if bookkeeping:
+        keep += list(META_COLUMNS)
+    events = events.select(*dict.fromkeys(keep))
+    keys = topn_only_filter(definitions)
+    if keys:
+        has_key = reduce(lambda a, b: a | b, [(F.col(k).isNotNull() & (F.col(k) != "")) for k in keys])
+        events = events.where(has_key | (F.col("kind") != EVENT) if bookkeeping else has_key)
     states = skew.place(events, placement, options.type_key).mapInArrow(
         aggregate_events(definitions), spark_schema(STATE_ROWS))
     return _merge_states(spark, states, definitions, options, splits, dict(stage_s or {}), placement)

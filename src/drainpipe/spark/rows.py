@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from drainpipe.pipeline.definitions import MetricDef, TopNDef
+from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.events import EVENT_SCHEMA
 from drainpipe.pipeline.functions import STATE_COLUMNS, MetricPartial, Partial, TopNPartial, partial_type
 
@@ -39,7 +39,7 @@ __all__ = [
     "METRIC", "TOPN", "REJECT", "SPLIT", "TASK", "EVENT",
     "STATE_ROWS", "EVENT_ROWS", "META_COLUMNS",
     "spark_schema", "partial_rows", "meta_rows", "info_row", "events_rows", "metric_partial", "topn_partial",
-    "empty_like", "select_rows",
+    "empty_like", "select_rows", "columns_used", "topn_only_filter", "fill_unused",
 ]
 
 METRIC, TOPN, REJECT, SPLIT, TASK, EVENT = 0, 1, 2, 3, 4, 5
@@ -139,6 +139,59 @@ def events_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
     columns = {name: batch.column(name) for name in EVENT_SCHEMA.names}
     columns["kind"] = EVENT
     return _batch(EVENT_ROWS, batch.num_rows, columns)
+
+
+#: what an unused event column is filled with after :func:`columns_used` pruned it (never read by a definition)
+_FILL: Mapping[str, Any] = {"instance": "", "endpoint": "", "status": True, "db_statement": None}
+
+
+def columns_used(definitions: Definitions) -> tuple[str, ...]:
+    """The event columns ``aggregate_batch`` reads for ``definitions`` (in :data:`EVENT_SCHEMA` order).
+
+    Always ``ts`` and ``service`` (every entity and bucket), then each definition's scope column, its
+    ``field``, the columns its ``where`` filter compares, ``latency_ms`` and ``status`` for the functions that
+    classify events by them (apdex, percentile, sla), and a top-N's ``latency_ms`` and ``key``. The per-type
+    stage ships only these through the shuffle; :func:`fill_unused` restores the rest with constants.
+    """
+    used = {"ts", "service"}
+    for metric in definitions.metrics:
+        if metric.scope != "service":
+            used.add(metric.scope)
+        if metric.field:
+            used.add(metric.field)
+        if metric.filter is not None:
+            used.update(c.field for c in metric.filter.conditions)
+        if metric.function in ("apdex", "percentile"):
+            used.add("latency_ms")
+        if metric.function in ("apdex", "sla"):
+            used.add("status")
+    for topn in definitions.topns:
+        if topn.scope != "service":
+            used.add(topn.scope)
+        used.update(("latency_ms", topn.key))
+    return tuple(name for name in EVENT_SCHEMA.names if name in used)
+
+
+def topn_only_filter(definitions: Definitions) -> list[str] | None:
+    """For a set of top-N definitions only: the key columns of which one must be set for a row to matter
+    (rows without any key are skipped by every top-N); None when a metric needs every row."""
+    if definitions.metrics or not definitions.topns:
+        return None
+    return sorted({t.key for t in definitions.topns})
+
+
+def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """An event batch with every :data:`EVENT_SCHEMA` column: columns absent (pruned) are filled with
+    constants (``latency_ms`` 0.0, strings ``""``, ``status`` true, ``db_statement`` null)."""
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    columns = []
+    for f in EVENT_SCHEMA:
+        if f.name in table.column_names:
+            columns.append(table.column(f.name))
+        else:
+            fill = _FILL.get(f.name, 0.0 if f.name == "latency_ms" else "")
+            columns.append(pa.nulls(table.num_rows, f.type) if fill is None else _constant(fill, table.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA]))
 
 
 def metric_partial(definition: MetricDef, rows: pa.Table, sources: Iterable[str] = ()) -> MetricPartial:

@@ -6,8 +6,9 @@
 * :func:`check_pyspark` imports pyspark and requires version >= 4.0 (``pip install 'drainpipe[spark]'``).
 * :func:`spark_session` sets ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` to this interpreter (so Python
   workers run in the same venv, with drainpipe importable) and builds or reuses a session with modest defaults:
-  UI and console progress bars off, ``spark.sql.shuffle.partitions=8``, Arrow batches of 64k rows, and for
-  ``local[...]`` masters ``spark.driver.memory=2g``. ``conf`` (``--spark-conf key=value``) overrides any default.
+  UI and console progress bars off, ``spark.sql.shuffle.partitions=8``, Arrow batches of 64k rows, log level
+  ERROR, and for ``local[...]`` masters ``spark.driver.memory=2g`` and log level FATAL (a failed task's stack
+  trace is re-raised by the engine as one line). ``conf`` (``--spark-conf key=value``) overrides any default.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import warnings
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,8 +35,12 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
     "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    "spark.log.level": "ERROR",
+    # pyspark 4.x warns on every worker start that it does not fully support pandas 3 (drainpipe uses Arrow)
+    "spark.executorEnv.PYTHONWARNINGS": "ignore:PySpark does not yet fully support pandas:FutureWarning",
 }
-_LOCAL_CONF: Mapping[str, str] = {"spark.driver.memory": "2g"}
+#: on a laptop, a failed task's Java stack trace is noise: the engine re-raises its cause as one line
+_LOCAL_CONF: Mapping[str, str] = {"spark.driver.memory": "2g", "spark.log.level": "FATAL"}
 
 
 class SparkSetupError(ValueError):
@@ -95,6 +102,28 @@ def check_pyspark() -> str:
     return pyspark.__version__
 
 
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j() -> str:
+    """A log4j2 configuration (errors only, no start-up chatter) for local drivers, written once."""
+    path = os.path.join(tempfile.gettempdir(), f"drainpipe-log4j2-{os.getuid() if hasattr(os, 'getuid') else 0}.properties")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(_LOG4J)
+        os.replace(tmp, path)
+    return path
+
+
 def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
                   app_name: str = "drainpipe") -> SparkSession:
     """Build (or reuse the active) SparkSession for the engine; checks Java and pyspark first.
@@ -113,10 +142,11 @@ def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     settings = dict(DEFAULT_CONF)
     if master.startswith("local"):
         settings.update(_LOCAL_CONF)
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
     settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+        return builder.getOrCreate()

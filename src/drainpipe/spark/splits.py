@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 
 # The reader internals below are the local engine's own code; they are imported, never copied.
 from drainpipe.pipeline import events as _events
-from drainpipe.pipeline.events import FIELDS, ReadStats, detect_format
+from drainpipe.pipeline.events import FIELDS, InputError, ReadStats, detect_format
 
 __all__ = ["Split", "SplitResult", "file_source", "plan_splits", "read_split", "MIN_SPLIT_BYTES", "MAX_SPLIT_BYTES"]
 
@@ -157,14 +158,27 @@ class _LineRange:
 
 
 def read_split(split: Split, batch_rows: int = 65_536) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
-    """Canonical event batches of ``split`` (lazily) and the :class:`SplitResult` they fill in as they go."""
+    """Canonical event batches of ``split`` (lazily) and the :class:`SplitResult` they fill in as they go.
+
+    A file that cannot be read (corrupt gzip or Parquet, I/O error) raises :class:`InputError` while
+    iterating, with the local reader's message."""
     result = SplitResult(ReadStats(), [])
     sink = _events._Sink(split.path, result.stats, _RejectList(result.rejects))
     if split.fmt == "parquet":
-        return _parquet_batches(split, batch_rows, sink), result
-    if split.whole_file:
-        return _events._read_file(split.path, split.fmt, split.gzipped, batch_rows, sink), result
-    return _jsonl_range(split, batch_rows, sink, result), result
+        batches = _parquet_batches(split, batch_rows, sink)
+    elif split.whole_file:
+        batches = _events._read_file(split.path, split.fmt, split.gzipped, batch_rows, sink)
+    else:
+        batches = _jsonl_range(split, batch_rows, sink, result)
+    return _guarded(split.path, batches), result
+
+
+def _guarded(path: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``events.read_events``' error policy: unreadable input is an :class:`InputError`."""
+    try:
+        yield from batches
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
+        raise InputError(f"cannot read {path!r}: {exc}") from exc
 
 
 def _jsonl_range(split: Split, batch_rows: int, sink: Any, result: SplitResult) -> Iterator[pa.RecordBatch]:

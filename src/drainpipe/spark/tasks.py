@@ -29,11 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.pipeline.definitions import Definitions, TopNDef
-from drainpipe.pipeline.events import EVENT_SCHEMA
 from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, merge
 
-from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, events_rows, info_row,
-                   meta_rows, partial_rows, select_rows, topn_partial)
+from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, events_rows, fill_unused,
+                   info_row, meta_rows, partial_rows, select_rows, topn_partial)
 from .splits import Split, SplitResult, read_split
 
 __all__ = ["ArrowMapFn", "scan_states", "scan_events", "aggregate_events", "merge_topn", "sample_types",
@@ -150,8 +149,8 @@ def _as_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def aggregate_events(definitions: Definitions, stage: str = "per-type") -> ArrowMapFn:
-    """The per-type stage: aggregate the events of the partition (any layout holding the
-    :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns; with a ``kind`` column, non-EVENT rows are
+    """The per-type stage: aggregate the events of the partition (any layout holding the event columns the
+    definitions use, :func:`~drainpipe.spark.rows.columns_used`; with a ``kind`` column, non-EVENT rows are
     bookkeeping and pass through)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -164,7 +163,7 @@ def aggregate_events(definitions: Definitions, stage: str = "per-type") -> Arrow
                     if not is_event.all():
                         yield _as_meta(batch.filter(pa.array(~is_event)))
                         batch = batch.filter(pa.array(is_event))
-                aggregator.add(batch.select(EVENT_SCHEMA.names))
+                aggregator.add(fill_unused(batch))
             yield from aggregator.rows()
 
         yield from _timed(stage, STATE_ROWS, body, lambda: aggregator.events)
