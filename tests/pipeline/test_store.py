@@ -8,37 +8,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, StoreError, open_store, parse_time
+from eventdata import T0, store_events
 
-T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
-COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
 AVG_METRICS = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
 
 
-def generated(n: int, seed: int) -> pa.RecordBatch:
-    """Events over ~2 days (so minute, hour and day buckets all have several keys)."""
-    rng = np.random.default_rng(seed)
-    services = np.array(["alpha", "beta", "gamma"], dtype=object)
-    names = np.array(["", "a", "b", "c"], dtype=object)
-    statements = np.array(["select 1", "select 2", "update t"], dtype=object)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(T0 - 3_600_000 * 20 + rng.integers(0, 2 * 86_400_000, n), pa.int64()),
-            pa.array(services[rng.integers(0, 3, n)], pa.string()),
-            pa.array(names[rng.integers(0, 4, n)], pa.string()),
-            pa.array(names[rng.integers(0, 4, n)], pa.string()),
-            pa.array(np.round(rng.exponential(400, n), 2), pa.float64()),
-            pa.array(rng.random(n) < 0.9),
-            pa.array(statements[rng.integers(0, 3, n)], pa.string(), mask=rng.random(n) < 0.5),
-        ],
-        names=list(COLUMNS),
-    )
+generated = store_events
 
 
 EVENTS = generated(3000, seed=3)

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -18,31 +17,15 @@ from drainpipe.pipeline.engine import EngineOptions, LocalEngine, StoreUnavailab
 from drainpipe.pipeline.functions import aggregate_batch, merge, split_partial
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.store import MergeReport, Store, StoreError, open_store
+from eventdata import T0, store_events
 
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parents[2]
-T0 = 1_795_255_200_000
 AVG = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
 
 
-def events(n: int, seed: int) -> pa.RecordBatch:
-    rng = np.random.default_rng(seed)
-    services = np.array(["alpha", "beta", "gamma"], dtype=object)
-    names = np.array(["", "a", "b", "c"], dtype=object)
-    statements = np.array(["select 1", "select 2", "update t"], dtype=object)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(T0 - 3_600_000 * 20 + rng.integers(0, 2 * 86_400_000, n), pa.int64()),
-            pa.array(services[rng.integers(0, 3, n)], pa.string()),
-            pa.array(names[rng.integers(0, 4, n)], pa.string()),
-            pa.array(names[rng.integers(0, 4, n)], pa.string()),
-            pa.array(np.round(rng.exponential(400, n), 2), pa.float64()),
-            pa.array(rng.random(n) < 0.9),
-            pa.array(statements[rng.integers(0, 3, n)], pa.string(), mask=rng.random(n) < 0.5),
-        ],
-        names=["ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement"],
-    )
+events = store_events
 
 
 EVENTS = events(3000, seed=3)

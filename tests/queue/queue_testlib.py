@@ -190,3 +190,18 @@ class Recorder:
     def ids(self) -> list:
         with self._cond:
             return [x.id for x in self.items]
+
+
+def first_call_blocks(rec):
+    """Make ``rec`` block on its first consume until ``rec.gate`` is set; returns the gate."""
+    rec.gate = make_gate()
+    first = [True]
+
+    def block_if(batch):
+        if first[0]:
+            first[0] = False
+            return True
+        return False
+
+    rec.block_if = block_if
+    return rec.gate

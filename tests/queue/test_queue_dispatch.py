@@ -7,24 +7,10 @@ import threading
 import time
 
 import pytest
-from queue_testlib import (A, B, Blocker, C, D, Recorder, SubA, make_gate, make_types, new_queue, wait_until)
+from queue_testlib import (A, B, Blocker, C, Recorder, SubA, first_call_blocks, make_types,
+                           new_queue, wait_until)
 
 from drainpipe import PartitionPolicy, PartitionSelector, ThreadPolicy
-
-
-def first_call_blocks(rec):
-    """Make ``rec`` block on its first consume until ``rec.gate`` is set; returns the gate."""
-    rec.gate = make_gate()
-    first = [True]
-
-    def block_if(batch):
-        if first[0]:
-            first[0] = False
-            return True
-        return False
-
-    rec.block_if = block_if
-    return rec.gate
 
 
 # ---------------------------------------------------------------- single-consumer mode

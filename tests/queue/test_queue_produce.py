@@ -5,7 +5,8 @@ import threading
 import time
 
 import pytest
-from queue_testlib import A, B, Blocker, C, Item, Recorder, make_gate, make_types, new_queue, wait_until
+from queue_testlib import (A, B, Blocker, C, Item, Recorder, first_call_blocks, make_types, new_queue,
+                           wait_until)
 
 from drainpipe import BufferStrategy, PartitionPolicy, PartitionSelector, ThreadPolicy
 
@@ -13,16 +14,7 @@ from drainpipe import BufferStrategy, PartitionPolicy, PartitionSelector, Thread
 def blocked_consumer():
     """A single consumer whose first batch blocks until ``rec.gate`` is set (the one drain task is then stuck)."""
     rec = Recorder("consumer")
-    rec.gate = make_gate()
-    first = [True]
-
-    def block_if(batch):
-        if first[0]:
-            first[0] = False
-            return True
-        return False
-
-    rec.block_if = block_if
+    first_call_blocks(rec)
     return rec
 
 

@@ -58,7 +58,7 @@ import re
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
@@ -427,16 +427,8 @@ def _json_record(line: bytes) -> tuple:
 def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
     lineno = 0
     while chunk := list(islice(f, batch_rows)):
-        rows = []
-        for raw in chunk:
-            lineno += 1
-            line = raw.strip(_JSON_WS)
-            if not line:
-                continue
-            try:
-                rows.append(_json_record(line))
-            except _Reject as r:
-                sink.reject(lineno, raw, r.reason)
+        rows = _json_rows(enumerate(chunk, lineno + 1), sink.reject)
+        lineno += len(chunk)
         if rows:
             sink.stats.add_accepted(len(rows))
             yield _rows_to_batch(rows)
@@ -465,17 +457,23 @@ def validate_records(records: Sequence[Any], stats: ReadStats | None = None) -> 
 def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """A JSON Lines (NDJSON) body -> a canonical batch of its valid records and ``(line number, reason)`` per
     rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files."""
-    rows: list[tuple] = []
     rejects: list[tuple[int, str]] = []
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
+    rows = _json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)))
+    return _counted(rows, rejects, stats)
+
+
+def _json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, bytes, str], None]) -> list[tuple]:
+    """Validated rows of numbered JSON lines; blank lines are skipped, every other line is a row or a reject."""
+    rows: list[tuple] = []
+    for lineno, raw in numbered:
         line = raw.strip(_JSON_WS)
         if not line:
             continue
         try:
             rows.append(_json_record(line))
         except _Reject as r:
-            rejects.append((lineno, r.reason))
-    return _counted(rows, rejects, stats)
+            reject(lineno, raw, r.reason)
+    return rows
 
 
 def _counted(rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
