@@ -342,6 +342,9 @@ class BatchQueue:
 
     def _wait_for_room(self, p: int) -> bool:
         cond, buf = self._conds[p], self._parts[p]
+        owner = self._owner[p]
+        if owner >= 0:        # the owner may be asleep in backoff: a full partition is not an idle one
+            self._scheduler.wake(self._tasks[owner])
         with cond:
             self._waiters[p] += 1
             try:
