@@ -49,11 +49,11 @@ class EngineOptions:
 
     l1_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
     l1_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
-    l1_buffer: int = 20_000
+    l1_buffer: int = 256              # items are partial chunks of up to chunk_rows state rows
     l1_idle_ms: tuple[int, int] = (1, 50)
     l2_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores_with_base(1, 0.25))
     l2_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
-    l2_buffer: int = 2_000
+    l2_buffer: int = 64               # items are merged L1 flushes
     ingest_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
     ingest_buffer: int = 2            # event batches per ingest partition: bounds memory
     live: bool = False                # True: L1 drops when full (IF_POSSIBLE), as the seed does for telemetry

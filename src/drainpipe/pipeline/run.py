@@ -74,10 +74,12 @@ def run_local(inputs: Sequence[str], *, definitions: Definitions, store_url: str
             summary.dead_letter = str(dl.path)
             for path in paths:
                 fid = file_identity(path)
+                # one query per file; per-batch checks only for a file an earlier run stored (some of)
+                seen_before = store.has_sources(f"{fid}:{batch_rows}:")
                 for i, batch in enumerate(read_events([path], batch_rows=batch_rows, dead_letter=dl,
                                                       stats=stats)):
                     source = f"{fid}:{batch_rows}:{i}"
-                    if store.is_applied(source, definitions.names):
+                    if seen_before and store.is_applied(source, definitions.names):
                         summary.skipped_batches += 1
                     else:
                         engine.ingest(batch, source)

@@ -170,6 +170,11 @@ class Store(Protocol):
         seen; pass the run's ``Definitions.names``)."""
         ...
 
+    def has_sources(self, prefix: str) -> bool:
+        """Whether any applied source starts with ``prefix`` (one query: lets a reader skip per-batch checks for
+        an input none of whose batches was stored before)."""
+        ...
+
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
         """The partials still to merge: those whose sources are all applied are dropped; a partial whose
         sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
@@ -464,6 +469,12 @@ class SqlStore:
             ledger = self._ledger({source})
         names = list(names)
         return bool(names) and all(ledger.applied(source, name) for name in names)
+
+    def has_sources(self, prefix: str) -> bool:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._guard("read"):
+            return bool(self._fetchall("SELECT 1 FROM applied_sources WHERE root LIKE ? ESCAPE '\\' LIMIT 1",
+                                       [pattern]))
 
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
         parts = list(partials)
