@@ -7,16 +7,18 @@ Both batch (:func:`drainpipe.spark.run_batch`) and streaming (each micro-batch) 
 
 Stages (``per_type="map"``, the default)::
 
-    splits --repartitionById(1 split / partition, heaviest first)--> mapInArrow(scan_states)
-      = read + validate + aggregate_batch per task                      -> STATE_ROWS (persisted)
-    METRIC rows --groupBy(d, entity, bucket, b).agg(sum / min / max per state column)--> driver
-    TOPN rows   --repartition(d, entity, bucket)--> mapInArrow(merge_topn) ------------> driver
-    REJECT / SPLIT / TASK rows ---------------------------------------------------------> driver
+    spark.range(splits, one per partition, heaviest split first) --mapInArrow(scan_states)-->
+        read + validate + aggregate_batch over the task's split             -> STATE_ROWS (persisted)
+    METRIC rows --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)--> driver   (action 1)
+    TOPN, REJECT, SPLIT, TASK rows -------------------------------------------------> driver   (action 2)
+      (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are first merged in Spark:
+       repartition(d, entity, bucket) --mapInArrow(merge_topn))
 
 The merge across tasks uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
 :data:`~drainpipe.pipeline.functions.STATE_COLUMNS` (the shared merge operations): exact for the integer
 states and min/max; float sums (``sum``, ``avg``) add in another order than the local engine, so they may
-differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.functions.merge`.
+differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.functions.merge` (on the
+driver, after a Spark stage of it when many tasks contribute).
 
 ``per_type="placed"`` (and its baseline ``"hash"``) insert the per-type stage: the scan only parses
 (``scan_events``), type weights come from a sample of every split (``sample_types``), the rows are placed with
@@ -185,7 +187,7 @@ def aggregate_splits(spark: SparkSession, splits: Sequence[Split], definitions: 
     if options.per_type == "map":
         states = frame.mapInArrow(scan_states(definitions, ordered, options.batch_rows, accumulators),
                                   spark_schema(STATE_ROWS))
-        return _merge_states(spark, states, definitions, options, splits, stage_s, None)
+        return _merge_states(spark, states, len(ordered), definitions, options, splits, stage_s, None)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
         weights = options.weights if options.weights is not None else _sample_weights(frame, ordered, options)
@@ -219,32 +221,42 @@ def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definiti
         events = events.where(has_key | (F.col("kind") != EVENT) if bookkeeping else has_key)
     states = skew.place(events, placement, options.type_key).mapInArrow(
         aggregate_events(definitions), spark_schema(STATE_ROWS))
-    return _merge_states(spark, states, definitions, options, splits, dict(stage_s or {}), placement)
+    return _merge_states(spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}),
+                         placement)
 
 
-def _merge_states(spark: SparkSession, states: DataFrame, definitions: Definitions, options: JobOptions,
+#: up to this many state-producing tasks, the top-N rows (at most n per key and task) are merged on the driver;
+#: beyond, by a Spark stage first (both with the shared ``merge``)
+DRIVER_TOPN_MERGE_TASKS = 64
+
+
+def _merge_states(spark: SparkSession, states: DataFrame, tasks: int, definitions: Definitions, options: JobOptions,
                   splits: Sequence[Split], stage_s: dict[str, float], placement: skew.Placement | None) -> JobResult:
-    """Materialise the tasks' STATE_ROWS once (persisted), merge them across tasks, collect the bookkeeping."""
+    """Merge the STATE_ROWS of ``tasks`` tasks across tasks and collect them with the bookkeeping rows.
+
+    With metrics, two actions over the persisted states: the metric merge (which materialises them), then
+    the top-N and bookkeeping rows. Without, one action and nothing persisted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     clock = time.perf_counter()
-    states = states.persist(StorageLevel.MEMORY_AND_DISK)
+    if definitions.metrics:
+        states = states.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # two actions: the metric merge (which materialises the persisted states), then the top-N merge and
-        # the bookkeeping rows together
         merged = _collect(_metric_merge(states, definitions)) if definitions.metrics else None
         stage_s["aggregate+merge"] = time.perf_counter() - clock
         clock = time.perf_counter()
-        rest = states.filter(F.col("kind") >= REJECT)
-        if definitions.topns:
+        rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
+        if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
             topn_rows = states.filter(F.col("kind") == TOPN).repartition(
                 _shuffle_partitions(spark, options), "d", "entity", "bucket")
-            rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(rest)
+            rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(
+                states.filter(F.col("kind") >= REJECT))
         collected = _collect(rest)
         stage_s["topn+bookkeeping"] = time.perf_counter() - clock
     finally:
-        states.unpersist()
+        if definitions.metrics:
+            states.unpersist()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
     partials = _partials(definitions, merged, collected if definitions.topns else None)
     stats, rejects = _read_report(splits, meta)
@@ -310,7 +322,7 @@ class _ProgressPoller:
 
     def __init__(self, progress: Progress | None, accumulators: tuple[Any, Any] | None, base: tuple[int, int],
                  every_s: float = 0.5) -> None:
-        self.progress, self.accumulators, self.base = progress, accumulators, base
+        self.progress, self.accumulators, self.base, self.every_s = progress, accumulators, base, every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if progress is not None and accumulators is not None:
@@ -318,7 +330,7 @@ class _ProgressPoller:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(self.every_s):
             self.report()
 
     def report(self) -> None:

@@ -16,8 +16,7 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   ========== ===================================================================================
 
 * :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT, the canonical
-  :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns) and the same bookkeeping rows; ``pid`` is unused
-  by the engine's own placement (it is computed in Spark) and free for callers.
+  :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns) and the same bookkeeping rows.
 
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
 the layouts :func:`~drainpipe.pipeline.functions.aggregate_batch` produces.
@@ -71,7 +70,6 @@ STATE_ROWS = pa.schema(
 
 EVENT_ROWS = pa.schema(
     [
-        pa.field("pid", pa.int32()),
         pa.field("kind", pa.int8()),
         pa.field("d", pa.int32()),
         *(pa.field(f.name, f.type) for f in EVENT_SCHEMA),  # nullable here: bookkeeping rows have no event

@@ -63,12 +63,14 @@ class Placement:
         return max(self.loads) / median if median > 0 else float("inf")
 
     def column(self, type_column: str) -> Column:
-        """The Spark expression of each row's target partition (an int in ``[0, partitions)``)."""
+        """The Spark expression of each row's target partition (an int in ``[0, partitions)``): for a planned
+        type, its sub-groups' partitions dealt round-robin by row; otherwise the type's hash."""
         from pyspark.sql import functions as F
 
         fallback = F.pmod(F.hash(F.col(type_column)), F.lit(self.partitions))
         if not self.bins:
             return fallback.cast("int")
+        # type -> [partition of each sub-group] (a literal map: fine for the few hundred types a sample sees)
         pairs: list[Any] = []
         for name, bins in self.bins.items():
             pairs += [F.lit(name), F.array(*(F.lit(b) for b in bins))]

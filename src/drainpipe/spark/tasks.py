@@ -2,7 +2,7 @@
 
 Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]``
 (what :meth:`pyspark.sql.DataFrame.mapInArrow` calls once per partition). They hold nothing but plain data
-(definitions, sizes), so they pickle to the executors; all the work is the shared pipeline code:
+(definitions, the split plan, sizes), so they pickle to the executors; all the work is the shared pipeline code:
 
 * :func:`scan_states` (``per_type="map"``): read + validate the partition's splits
   (:func:`~drainpipe.spark.splits.read_split`), partially aggregate every definition over the whole partition
@@ -14,6 +14,7 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 * :func:`aggregate_events`: the per-type stage: aggregate whatever events the (placed) partition holds, pass
   bookkeeping rows through.
 * :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.functions.merge`.
+* :func:`sample_types`: type weights for the per-type placement, from the head of every split.
 
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
 last output being produced (Python work plus waiting for input), the events it aggregated and the stage name;
