@@ -4,8 +4,8 @@ Per-type work is work Spark cannot partially aggregate by itself (a pandas/Arrow
 type: the top-N, user handlers). Spark's own answer, ``groupBy(type).applyInPandas`` or ``repartition(type)``,
 hashes each type to one partition, so under Zipf skew the hot type is one giant task. Here instead:
 
-1. **weights** per type are measured on a sample (:func:`sample_weights`, :func:`weights_from_counts`) or
-   carried over from the previous window (streaming);
+1. **weights** per type are measured on a sample (:func:`sample_weights`; the engine's own scan samples the
+   head of every input split) or passed in (``JobOptions.weights``, e.g. the previous window's counts);
 2. **salting**: a type heavier than ``split_share`` of a fair partition load is split into
    ``ceil(weight / (split_share * fair))`` salted sub-groups (rows are dealt round-robin within each input
    partition), so no sub-group outweighs half a partition;
@@ -14,6 +14,10 @@ hashes each type to one partition, so under Zipf skew the hot type is one giant 
 4. the rows are moved with ``DataFrame.repartitionById`` (Spark >= 4.1: the partition is the ``_pid`` value,
    no hashing), the work runs per partition, and the sub-groups' **partial states are merged** (they are
    mergeable states: :func:`drainpipe.pipeline.functions.merge` or exact Spark aggregates).
+
+The partition of a row is a Spark expression (:meth:`Placement.column`: a literal map type -> sub-group
+partitions, the salt from ``monotonically_increasing_id``), so rows never detour through Python before the
+shuffle; the map lookup is linear in the planned types, fine for the hundreds a sample sees.
 
 :func:`hash_placement` is the "without" baseline (Spark's hash partitioning of the type, one group per type).
 :func:`task_spread` summarises task times (from the TASK rows the tasks emit) as max / median.
