@@ -741,3 +741,153 @@ def test_detect_format(name, expected):
 def test_detect_format_rejects(name):
     with pytest.raises(InputError):
         detect_format(name)
+
+
+# ------------------------------------------------------------------- JSON Lines columnar fast path
+
+CLEAN_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)
+EXTRA_VALUE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+              CLEAN_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(CLEAN_TEXT, inner, max_size=3)),
+    max_leaves=6,
+)  # fmt: skip
+CLEAN_RECORDS = st.fixed_dictionaries(
+    {"ts": st.integers(TS_MIN, TS_MAX), "service": CLEAN_TEXT.filter(bool),
+     "latency_ms": st.one_of(st.floats(0, allow_infinity=False), st.integers(0, 2**80))},
+    optional={"instance": st.one_of(st.none(), CLEAN_TEXT), "endpoint": st.one_of(st.none(), CLEAN_TEXT),
+              "status": st.one_of(st.none(), st.booleans()), "db_statement": st.one_of(st.none(), CLEAN_TEXT),
+              "extra": EXTRA_VALUE, "nested": st.dictionaries(CLEAN_TEXT, EXTRA_VALUE, max_size=2)},
+)  # fmt: skip
+
+
+def dump(record: dict, ascii_only: bool, compact: bool) -> str:
+    return json.dumps(record, ensure_ascii=ascii_only, separators=(",", ":") if compact else None)
+
+
+CLEAN_LINE = st.builds(dump, CLEAN_RECORDS, st.booleans(), st.booleans())
+_OK = '"ts":1795255200000,"service":"svc","latency_ms":1.5'
+DIRTY_LINES = [
+    "", "   ", "\t\r", "null", "[1]", "42", '"x"', "{}", "{'ts': 1}", "{" + _OK + ",}", "{ts:1}",
+    "{" + _OK + "} x", "{" + _OK + "}{" + _OK + "}", "{" + _OK + "}\r{" + _OK + "}", "{" + _OK + ",",
+    "  {" + _OK + "}", "{" + _OK + "}  ", "{" + _OK + "}\r", "{" + _OK + "\x0b}",
+    "{" + _OK + ',"x":NaN}', "{" + _OK + ',"x":Infinity}', "{" + _OK + ',"x":-Infinity}', '{"x":"NaN",' + _OK + "}",
+    '{"ts":1795255200000,"service":"svc","latency_ms":NaN}', "{" + _OK + ',"x":' + "[" * 1500 + "]" * 1500 + "}",
+    "{" + _OK + ',"x":1' + "0" * 5000 + "}", "{" + _OK + ',"x":' + "[" * 300 + "]" * 300 + "}",
+    "{" + _OK + ',"ts":1795255200001}', "{" + _OK + ',"\\u0073ervice":"b"}', "{" + _OK + ',"x":1,"x":2}',
+    "{" + _OK + ',"x":"\\ud800"}', "{" + _OK + ',"instance":"\\udc00"}', "{" + _OK + ',"x":"a\tb"}',
+    "{" + _OK + ',"x":"\\q"}', "{" + _OK + ',"x":01}', "{" + _OK + ',"x":1.}', "{" + _OK + ',"x":tru}',
+    "{" + _OK + ',"x":"caf\u00e9","y":"\\u00e9\\ud83d\\ude00"}', "{" + _OK + ',"status":1}', "{" + _OK + ',"status":0}',
+    "{" + _OK + ',"status":"true"}', "{" + _OK + ',"status":2}', "{" + _OK + ',"instance":5}', "{" + _OK + ',"endpoint":[]}',
+    '{"ts":"2026-11-21T10:00:00Z","service":"svc","latency_ms":1.5}', '{"ts":1.0,"service":"svc","latency_ms":1.5}',
+    '{"ts":1e3,"service":"svc","latency_ms":1.5}', '{"ts":99999999999999999999,"service":"svc","latency_ms":1.5}',
+    '{"ts":253402300800000,"service":"svc","latency_ms":1.5}', '{"ts":-0,"service":"svc","latency_ms":-0.0}',
+    '{"ts":1,"service":"","latency_ms":1.5}', '{"ts":1,"service":null,"latency_ms":1.5}', '{"ts":1,"latency_ms":1.5}',
+    '{"ts":1,"service":"svc","latency_ms":-1}', '{"ts":1,"service":"svc","latency_ms":1e400}',
+    '{"ts":1,"service":"svc","latency_ms":"5"}', '{"ts":1,"service":"svc","latency_ms":true}',
+    '{"ts":1,"service":"svc","latency_ms":1' + "0" * 400 + "}", '{"ts":1,"service":"svc","latency_ms":1e-400}',
+    "{" + _OK + ',"db_statement":""}', "{" + _OK + ',"db_statement":5}', "{" + _OK + ',"x":/*c*/1}',
+    b"{" + _OK.encode() + b',"x":"caf\xe9"}', b"\xff\xfe", "{\n", "}",
+    "{" + _OK + "}\x00 x }", "{" + _OK + ',"x":"a\x00b"}', "{" + _OK + ',"x":1}\x00{"ts":1}', "{" + _OK + ',"x":"\x7f"}',
+]  # fmt: skip
+#: Lines pyarrow.json reads without complaint (some of them as several rows) but strict JSON rejects.
+LENIENT_IN_PYARROW = [
+    "{" + _OK + "}{" + _OK + "}", "{" + _OK + "}\r{" + _OK + "}", "{" + _OK + ',"x":NaN}', "{" + _OK + ',"x":Infinity}',
+    "{" + _OK + ',"x":-Infinity}', '{"ts":1795255200000,"service":"svc","latency_ms":NaN}',
+    "{" + _OK + ',"x":' + "[" * 1500 + "]" * 1500 + "}", "{" + _OK + ',"x":1' + "0" * 5000 + "}",
+    b"{" + _OK.encode() + b',"x":"caf\xe9"}', "null", "{\n",
+]  # fmt: skip
+MIXED_LINE = st.one_of(CLEAN_LINE, CLEAN_LINE, st.sampled_from(DIRTY_LINES))
+
+
+def read_both_paths(tmp_path: Path, data: bytes, name: str, batch_rows: int) -> tuple[Result, Result]:
+    import drainpipe.pipeline.events as events
+
+    path = write_bytes(tmp_path, name, data)
+    results = []
+    for fast in (True, False):
+        events._JSONL_FAST_PATH = fast
+        try:
+            results.append(read([path], tmp_path, batch_rows=batch_rows))
+        finally:
+            events._JSONL_FAST_PATH = True
+    return results[0], results[1]
+
+
+def assert_same(fast: Result, slow: Result) -> None:
+    assert [b.schema for b in fast.batches] == [b.schema for b in slow.batches]
+    assert [b.to_pylist() for b in fast.batches] == [b.to_pylist() for b in slow.batches]
+    assert [b.equals(s) for b, s in zip(fast.batches, slow.batches)] == [True] * len(slow.batches)
+    assert fast.stats == slow.stats
+    assert fast.rejects == slow.rejects
+
+
+@HYPO
+@given(
+    st.lists(MIXED_LINE, max_size=24),
+    st.integers(1, 8),
+    st.sampled_from(["in.jsonl", "in.ndjson.gz"]),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.booleans(),
+)
+def test_fast_path_equals_per_line_path(tmp_path, lines, batch_rows, name, ending, final_newline):
+    """Columnar fast path on or off: identical batches, stats and dead-letter records (mixed clean/dirty)."""
+    encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
+    data = ending.join(encoded) + (ending if final_newline and encoded else b"")
+    assert_same(*read_both_paths(tmp_path, data, name, batch_rows))
+
+
+@HYPO
+@given(st.lists(CLEAN_LINE.filter(lambda s: "NaN" not in s and "Infinity" not in s), min_size=1, max_size=30))
+def test_fast_path_taken_for_clean_blocks(lines):
+    """A clean block really takes the fast path, with the per-line result (the bytes ``NaN``/``Infinity``
+    anywhere, even inside a string, conservatively send a block to the per-line path)."""
+    from drainpipe.pipeline.events import _fast_jsonl_block, _json_rows, _rows_to_batch
+
+    chunk = [x.encode() + b"\n" for x in lines]
+    fast = _fast_jsonl_block(chunk)
+    assert fast is not None and fast[1] == []
+    batch = fast[0]
+    rejects: list = []
+    expected = _rows_to_batch(_json_rows(enumerate(chunk, 1), lambda *a: rejects.append(a)))
+    assert rejects == [] and batch.equals(expected) and batch.schema.equals(EVENT_SCHEMA)
+
+
+@pytest.mark.parametrize("line", DIRTY_LINES)
+def test_fast_path_declines_dirty_lines(tmp_path, line):
+    """Each dirty line sends its block to the per-line path, with the per-line outcome."""
+    from drainpipe.pipeline.events import _fast_jsonl_block
+
+    raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+    clean = rec().encode()
+    if line in LENIENT_IN_PYARROW:
+        assert _fast_jsonl_block([clean + b"\n", raw + b"\n", clean + b"\n"]) is None
+    assert_same(*read_both_paths(tmp_path, clean + b"\n" + raw + b"\n" + clean + b"\n", "in.jsonl", 65536))
+
+
+def test_fast_path_generated_events_round_trip(tmp_path):
+    from drainpipe.pipeline.generator import generate_events, write_events
+
+    path = tmp_path / "gen.jsonl"
+    write_events(generate_events(3000, batch_rows=1000), path)
+    expected = pa.Table.from_batches(list(generate_events(3000, batch_rows=1000)))
+    fast, slow = read_both_paths(tmp_path, path.read_bytes(), "gen.jsonl", 1024)
+    assert_same(fast, slow)
+    assert pa.Table.from_batches(fast.batches).equals(expected)
+
+
+def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
+    """Rows the columnar checks reject stay on the fast path, with the per-line reason, raw text and line."""
+    from drainpipe.pipeline.events import _fast_jsonl_block
+
+    lines = [rec(), rec(service=""), rec(latency_ms=-1), rec(ts=TS_MAX + 1), "{}", rec(service=None), rec()]
+    chunk = [x.encode() + b"\n" for x in lines]
+    fast = _fast_jsonl_block(chunk, 10)
+    assert fast is not None
+    batch, rejects = fast
+    assert batch.to_pylist() == [row(), row()]
+    assert [(line, reason) for line, _, reason in rejects] == [
+        (12, "bad value: service"), (13, "out of range: latency_ms"), (14, "out of range: ts"),
+        (15, "missing field: ts"), (16, "missing field: service"),
+    ]  # fmt: skip
+    assert_same(*read_both_paths(tmp_path, b"".join(chunk), "in.jsonl", 65536))

@@ -42,6 +42,11 @@ cells are typed first: see :func:`_csv_typer`) and run :func:`_validate_values`.
 columnar (pyarrow/numpy) in :func:`_validate_columns`; its string-typed ``ts``/``status`` columns are mapped
 through the same scalar rules (:func:`_check_ts`, :func:`_check_status`) once per distinct value, and the
 checks run in the same field order, so the same record gets the same reason whatever its format.
+
+JSON Lines are read a block of ``batch_rows`` lines at a time. A block goes through ``pyarrow.json`` and the
+columnar core (:func:`_fast_jsonl_block`) when that provably gives the per-line result (every line a strict
+JSON object with canonically typed known fields; value rejects then get their reasons from the per-line
+core); any other block is validated line by line, so the result never depends on which path ran.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import zlib
 from collections import Counter
@@ -68,6 +74,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -426,12 +433,138 @@ def _json_record(line: bytes) -> tuple:
 
 def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
     lineno = 0
+    skip = backoff = 0  # after a block the fast path declines, the next `skip` blocks go straight line by line
     while chunk := list(islice(f, batch_rows)):
+        fast = None
+        if _JSONL_FAST_PATH and not skip:
+            fast = _fast_jsonl_block(chunk, lineno)
+            backoff = 0 if fast is not None else min(2 * backoff or 1, _JSONL_MAX_BACKOFF)
+            skip = backoff
+        elif skip:
+            skip -= 1
+        if fast is not None:
+            batch, rejects = fast
+            for reject in rejects:
+                sink.reject(*reject)
+            lineno += len(chunk)
+            if batch.num_rows:
+                sink.stats.add_accepted(batch.num_rows)
+                yield batch
+            continue
         rows = _json_rows(enumerate(chunk, lineno + 1), sink.reject)
         lineno += len(chunk)
         if rows:
             sink.stats.add_accepted(len(rows))
             yield _rows_to_batch(rows)
+
+
+#: Switch for the columnar JSON Lines fast path (tests turn it off to compare with the per-line path).
+_JSONL_FAST_PATH = True
+#: Most blocks skipped after a declined one (doubling per decline in a row): bounds what failed attempts cost
+#: on files whose blocks all need the per-line path (e.g. ``status`` written as 0/1 or ISO ``ts`` strings).
+_JSONL_MAX_BACKOFF = 16
+_ARROW_JSON_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA])  # all nullable: nulls are checked
+_ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="ignore")
+_ARROW_JSON_READ = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
+_MAX_NESTING = 200  # a line with fewer brackets than this cannot reach Python's recursion limit
+
+
+def _int_digits_limit() -> int:
+    """Longest integer literal :func:`json.loads` converts (Python >= 3.11 caps ``int()``)."""
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    return limit or (1 << 62)
+
+
+_OPEN, _CLOSE, _BRACKET, _CR, _NL = ord("{"), ord("}"), ord("["), ord("\r"), ord("\n")
+
+
+def _fast_jsonl_block(
+    chunk: list[bytes], lineno: int = 0
+) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
+    """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
+    rows, (line, raw, reason) per rejected line)`` via ``pyarrow.json`` and the columnar core, or None when
+    this cannot be proven to equal what the per-line path (:func:`_json_rows`) gives for the block.
+
+    Only a block in which every line is one strict-JSON object whose known fields have the canonical JSON
+    types takes this path; the rows the columnar checks reject get their reasons from the per-line path.
+    Anything else returns None and the caller reads the block line by line, so rejects, reasons and line
+    numbers never depend on the path:
+
+    * pyarrow is more lenient than :func:`json.loads` in a few ways, all excluded up front: ``NaN`` and
+      ``Infinity`` tokens (any block containing those bytes), unbounded nesting and huge integers in
+      unknown fields (long or bracket-heavy lines), bytes that are not UTF-8, objects spanning lines or
+      several objects on one line (every line must start with ``{`` and end with ``}``, and pyarrow must
+      return exactly one row per line);
+    * pyarrow raises for everything else strict JSON rejects, and for any value of another JSON type than
+      the canonical column's (an ISO string or float ``ts``, ``status`` 0/1/"true", a number for a string,
+      numbers beyond int64/double, duplicate keys), which the per-line path may accept or reject;
+    * a row the columnar checks (:func:`_validate_columns`) flag that the per-line path accepts (never
+      expected) sends the block back too."""
+    n = len(chunk)
+    data = b"".join(chunk)
+    if b"NaN" in data or b"Infinity" in data:
+        return None
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    lines = _one_object_per_line(data, n)
+    if lines is None:
+        return None
+    buf, starts, ends = lines
+    if int((ends - starts).max()) >= _int_digits_limit():  # a shorter line holds no integer int() refuses
+        return None
+    if data.count(b"{") + data.count(b"[") - n >= _MAX_NESTING - 1:  # else no line has _MAX_NESTING brackets
+        brackets = np.cumsum((buf == _OPEN) | (buf == _BRACKET), dtype=np.int64)
+        if np.any(brackets[ends - 1] - brackets[starts] + 1 >= _MAX_NESTING):
+            return None
+    try:
+        table = pajson.read_json(pa.BufferReader(data), read_options=_ARROW_JSON_READ, parse_options=_ARROW_JSON_PARSE)
+    except Exception:  # noqa: BLE001 (any pyarrow complaint: the per-line path decides)
+        return None
+    if table.num_rows != n or table.schema != _ARROW_JSON_SCHEMA:
+        return None
+    table = table.combine_chunks()
+    batch = pa.RecordBatch.from_arrays([col.chunk(0) if col.num_chunks else pa.array([], col.type)
+                                        for col in table.columns], schema=_ARROW_JSON_SCHEMA)  # fmt: skip
+    canonical, flagged = _validate_columns(batch)
+    if flagged is None:
+        return canonical, []
+    # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
+    # their reasons (and must reject every one of them, or the whole block goes back to it).
+    mask = flagged[0]
+    rejects: list[tuple[int, bytes, str]] = []
+    bad = np.flatnonzero(mask).tolist()
+    accepted = _json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
+    if accepted or len(rejects) != len(bad):
+        return None
+    return canonical.filter(pa.array(~mask)), rejects
+
+
+def _one_object_per_line(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(bytes, line starts, line ends)`` as numpy arrays when every one of the ``n`` lines in ``data``
+    starts with ``{`` and ends with ``}`` (before an optional ``\\r`` and the ``\\n``), so no line is blank
+    and no object can continue on the next line; else None."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == _NL)
+    if buf[-1] != _NL:
+        ends = np.append(ends, len(buf))  # last line without a line ending
+    if len(ends) != n:
+        return None
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts
+    if lengths.min() < 2 or np.any(buf[starts] != _OPEN):
+        return None
+    last = ends - 1
+    cr = buf[last] == _CR
+    if cr.any():
+        last = np.where(cr, last - 1, last)
+    if not np.all(buf[last] == _CLOSE):
+        return None
+    return buf, starts, ends
 
 
 def validate_records(records: Sequence[Any], stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
