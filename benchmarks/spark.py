@@ -221,6 +221,7 @@ def per_type_benchmark(spark: Any, path: str, runs: int) -> dict[str, Any]:
         "hash_event_spread": hash_result.spread("events")["per-type"],
         "placed_s": placed_s, "placed_runs": placed_runs, "placed_task_spread": placed_result.spread()["per-type"],
         "placed_event_spread": placed_result.spread("events")["per-type"],
+        "hash_cpu_spread": hash_result.spread("cpu")["per-type"], "placed_cpu_spread": placed_result.spread("cpu")["per-type"],
         "placed_salted": plan.salted, "placed_expected_ratio": plan.expected_ratio,
         "sample_s": sample_s, "sample_runs": sample_runs, "placed_with_sample_s": placed_s + sample_s,
         "map_s": map_s, "map_runs": map_runs, "map_task_spread": map_result.spread()["scan+aggregate"],
@@ -255,7 +256,8 @@ def table(results: dict[str, Any]) -> str:
         f"   (sampling alone {p['sample_s']:.2f} s)",
         f"  drainpipe map-side (default engine) {p['map_s']:8.2f}   {p['naive_s'] / p['map_s']:7.2f}x   {spread(p['map_task_spread'])}",
         f"  salted: {p['placed_salted']}  expected max/median load {p['placed_expected_ratio']:.2f};"
-        f" events per task max/median: hash {p['hash_event_spread']['ratio']:.2f}, placed {p['placed_event_spread']['ratio']:.2f}",
+        f" max/median events per task: hash {p['hash_event_spread']['ratio']:.2f}, placed {p['placed_event_spread']['ratio']:.2f};"
+        f" CPU s per task: hash {p['hash_cpu_spread']['ratio']:.2f}, placed {p['placed_cpu_spread']['ratio']:.2f}",
         "",
         "targets: job <= 1.3x plain: {}; placed >= 3x faster than naive: {}; placed max/median <= 2: {}".format(
             *("yes" if ok else "NO" for ok in results["targets"].values())),

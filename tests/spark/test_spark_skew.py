@@ -51,19 +51,22 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
     placed_plan = plan_placement(weights, PARTITIONS)
     assert placed_plan.salted.get("svc-00", 0) >= 3
     best: dict[str, dict] = {}
-    for attempt in range(2):  # task times are wall-clock: allow a noisy neighbour a retry
+    for attempt in range(2):  # wall-clock task times: allow a noisy neighbour a retry
         hashed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, hash_placement(PARTITIONS), options)
         placed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, placed_plan, options)
-        best = {"hash": hashed.spread()["per-type"], "placed": placed.spread()["per-type"],
-                "hash_events": hashed.spread("events")["per-type"], "placed_events": placed.spread("events")["per-type"]}
-        if best["placed"]["ratio"] <= 2.0 and best["placed"]["ratio"] < best["hash"]["ratio"]:
+        best = {f"{plan}_{measure}": result.spread(measure)["per-type"]
+                for plan, result in (("hash", hashed), ("placed", placed)) for measure in ("events", "cpu", "seconds")}
+        if best["placed_seconds"]["ratio"] <= 2.0 and best["placed_seconds"]["ratio"] < best["hash_seconds"]["ratio"]:
             break
     print("per-type task spread (max/median):", {k: round(v["ratio"], 2) for k, v in best.items()})
     assert best["placed_events"]["tasks"] == best["hash_events"]["tasks"] == PARTITIONS
-    assert best["placed_events"]["ratio"] <= 1.35  # events per task: deterministic given the sample
-    assert best["hash_events"]["ratio"] >= 2.5
-    assert best["placed"]["ratio"] <= 2.0 and best["placed"]["ratio"] < best["hash"]["ratio"], best
-    assert best["placed"]["max_s"] < best["hash"]["max_s"], best
+    # events per task: deterministic given the (seeded) sample
+    assert best["placed_events"]["ratio"] <= 1.35 and best["hash_events"]["ratio"] >= 2.5
+    # CPU seconds per task: what each task did, unaffected by other processes on the machine
+    assert best["placed_cpu"]["ratio"] <= 2.0 < best["hash_cpu"]["ratio"], best
+    assert best["placed_cpu"]["max_s"] < best["hash_cpu"]["max_s"], best
+    # wall seconds per task: what the stage waits for (noisy on a shared machine, hence only the ordering)
+    assert best["placed_seconds"]["ratio"] < best["hash_seconds"]["ratio"], best
     assert_same_partials(hashed.partials, placed.partials)
 
 

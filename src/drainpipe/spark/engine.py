@@ -86,19 +86,20 @@ class JobOptions:
 @dataclass
 class JobResult:
     """What :func:`aggregate_splits` computed: one partial per definition (no sources yet), counts, rejects
-    (``(path, line, raw, reason)`` in file/line order), per stage the tasks' ``(seconds, events)`` and the
-    stages' wall times."""
+    (``(path, line, raw, reason)`` in file/line order), per stage the tasks' ``(seconds, events, cpu seconds)``
+    and the stages' wall times."""
 
     partials: list[Partial]
     stats: ReadStats
     rejects: list[tuple[str, int, Any, str]]
-    tasks: dict[str, list[tuple[float, int]]]
+    tasks: dict[str, list[tuple[float, int, float]]]
     stage_s: dict[str, float] = field(default_factory=dict)
     placement: skew.Placement | None = None
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
-        """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the task ``seconds`` (or ``events``)."""
-        column = 0 if measure == "seconds" else 1
+        """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
+        seconds or ``events``."""
+        column = ("seconds", "events", "cpu").index(measure)
         return {stage: skew.task_spread(t[column] for t in tasks) for stage, tasks in self.tasks.items()}
 
 
@@ -298,11 +299,11 @@ def _read_report(splits: Sequence[Split], meta: pa.Table) -> tuple[ReadStats, li
     return stats, rejects
 
 
-def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int]]]:
-    out: dict[str, list[tuple[float, int]]] = {}
+def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int, float]]]:
+    out: dict[str, list[tuple[float, int, float]]] = {}
     for info in select_rows(meta, TASK).column("info").to_pylist():
         report = json.loads(info)
-        out.setdefault(report["stage"], []).append((report["seconds"], report["events"]))
+        out.setdefault(report["stage"], []).append((report["seconds"], report["events"], report["cpu_s"]))
     return out
 
 

@@ -17,7 +17,8 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 * :func:`sample_types`: type weights for the per-type placement, from the head of every split.
 
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
-last output being produced (Python work plus waiting for input), the events it aggregated and the stage name;
+last output being produced (Python work plus waiting for input), the CPU seconds of its Python worker over the
+same span (what the task did, whatever else the machine runs), the events it aggregated and the stage name;
 that is how the task-time spread (max / median) is measured without a SparkListener.
 """
 from __future__ import annotations
@@ -90,10 +91,10 @@ class _Aggregator:
 
 def _timed(stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]],
            events: Callable[[], int]) -> Iterator[pa.RecordBatch]:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     yield from body()
-    yield info_row(schema, TASK, _partition_id(),
-                   {"stage": stage, "seconds": time.perf_counter() - start, "events": events()})
+    yield info_row(schema, TASK, _partition_id(), {"stage": stage, "seconds": time.perf_counter() - start,
+                                                   "cpu_s": time.process_time() - cpu, "events": events()})
 
 
 def scan_states(definitions: Definitions, splits: Sequence[Split], batch_rows: int, accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
