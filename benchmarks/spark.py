@@ -19,12 +19,19 @@ workload), as Parquet with 256k-row row groups, generated once into ``--data-dir
    * ``drainpipe placed``: the same with salted hot services and LPT placement (``repartitionById``), the
      type weights from a 2% sample measured once and reused as a previous window's would be (the time of
      measuring them is reported beside it);
-   * ``drainpipe map``: the engine's default, which does the top-N partially per input task (no shuffle).
+   * ``drainpipe map``: the engine's default, which does the top-N partially per input task (no shuffle of
+     events at all) and merges the partial top-Ns with the shared ``merge``: this is how the engine runs its
+     per-type work; the placed stage is for work that needs a type's events together.
    Task times are measured inside the tasks (max / median over the stage's tasks).
 
 Targets (issue 5): ``drainpipe job`` within 1.3x of ``plain``; ``placed`` >= 3x faster than ``naive`` with
-max/median task time <= 2. Each figure is the median of ``--runs`` runs after one warm-up. Writes
+max/median task time <= 2. Each figure is the median of ``--runs`` runs after one warm-up, the contenders of a
+section taking turns round after round (so that load from elsewhere hits them alike). Writes
 ``benchmarks/results/spark.json`` and prints a table.
+
+On a machine with fewer cores than per-type partitions (the default 8), a stage's wall time is bounded by its
+total work over the cores, so balancing cannot shorten it there; what placement changes is the task-time spread,
+and the longest task, which is the stage's time on a cluster with a core per partition: both are reported.
 
     .venv/bin/python benchmarks/spark.py [--events 5000000] [--runs 3] [--master local[*]]
 """
@@ -77,15 +84,19 @@ def dataset(events: int, directory: Path) -> str:
     return str(path)
 
 
-def timed(runs: int, fn: Callable[[], Any]) -> tuple[float, list[float], Any]:
-    """Median wall time of ``runs`` runs after a warm-up; the last run's result."""
-    fn()
-    times, result = [], None
+def interleaved(runs: int, contenders: dict[str, Callable[[], Any]]) -> dict[str, tuple[float, list[float], Any]]:
+    """Per contender: median wall time of ``runs`` runs, all runs, the last run's result. One warm-up each,
+    then the contenders take turns, round after round, so that load from elsewhere hits them alike."""
+    for fn in contenders.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    results: dict[str, Any] = {}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times, result
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(times[name]), times[name], results[name]) for name in contenders}
 
 
 # ------------------------------------------------------------------------------------------ built-in metrics
@@ -137,10 +148,7 @@ def check_plain_against_engine(plain: dict[str, pa.Table], partials: list[Any]) 
 
 
 def builtin_benchmark(spark: Any, path: str, runs: int, workdir: Path) -> dict[str, Any]:
-    plain_s, plain_runs, plain = timed(runs, lambda: plain_job(spark, path))
     splits = plan_splits([path], spark.sparkContext.defaultParallelism)
-    job_s, job_runs, job = timed(runs, lambda: aggregate_splits(spark, splits, BUILTIN))
-    check = check_plain_against_engine(plain, job.partials)
 
     counter = iter(range(10**6))
 
@@ -149,7 +157,11 @@ def builtin_benchmark(spark: Any, path: str, runs: int, workdir: Path) -> dict[s
         return run_batch([path], definitions=BUILTIN, store_url=f"duckdb:///{store}", spark=spark,
                          dead_letter=str(workdir / "rejected.jsonl"))
 
-    run_s, run_runs, summary = timed(runs, end_to_end)
+    measured = interleaved(runs, {"plain": lambda: plain_job(spark, path),
+                                  "job": lambda: aggregate_splits(spark, splits, BUILTIN),
+                                  "run": end_to_end})
+    (plain_s, plain_runs, plain), (job_s, job_runs, job), (run_s, run_runs, summary) = measured.values()
+    check = check_plain_against_engine(plain, job.partials)
     return {
         "plain_s": plain_s, "plain_runs": plain_runs,
         "job_s": job_s, "job_runs": job_runs, "job_stage_s": job.stage_s,
@@ -195,23 +207,29 @@ def naive_per_type(spark: Any, path: str, definitions: Definitions) -> tuple[Any
 
 def per_type_benchmark(spark: Any, path: str, runs: int) -> dict[str, Any]:
     options = JobOptions(partitions=PARTITIONS)
-    naive_s, naive_runs, (naive_partial, naive_spread) = timed(runs, lambda: naive_per_type(spark, path, PER_TYPE))
 
     def hashed() -> Any:
         return per_type_stage(spark, spark.read.parquet(path), PER_TYPE, hash_placement(PARTITIONS), options)
 
     # type weights: a 2% sample, measured once and reused like the previous window's (streaming, daily jobs);
     # what measuring them costs is reported on its own
-    sample_s, sample_runs, weights = timed(runs, lambda: sample_weights(spark.read.parquet(path), "service"))
-    plan = plan_placement(weights, PARTITIONS)
+    plan = plan_placement(sample_weights(spark.read.parquet(path), "service"), PARTITIONS)
 
     def placed() -> Any:
         return per_type_stage(spark, spark.read.parquet(path), PER_TYPE, plan, options)
 
     splits = plan_splits([path], spark.sparkContext.defaultParallelism)
-    hash_s, hash_runs, hash_result = timed(runs, hashed)
-    placed_s, placed_runs, placed_result = timed(runs, placed)
-    map_s, map_runs, map_result = timed(runs, lambda: aggregate_splits(spark, splits, PER_TYPE))
+    measured = interleaved(runs, {
+        "naive": lambda: naive_per_type(spark, path, PER_TYPE),
+        "sample": lambda: sample_weights(spark.read.parquet(path), "service"),
+        "hash": hashed,
+        "placed": placed,
+        "map": lambda: aggregate_splits(spark, splits, PER_TYPE),
+    })
+    (naive_s, naive_runs, (naive_partial, naive_spread)), (sample_s, sample_runs, _) = measured["naive"], measured["sample"]
+    hash_s, hash_runs, hash_result = measured["hash"]
+    placed_s, placed_runs, placed_result = measured["placed"]
+    map_s, map_runs, map_result = measured["map"]
     reference = finalize(naive_partial)
     for result in (hash_result, placed_result, map_result):
         assert finalize(result.partials[0]) == reference, "per-type results differ"
@@ -259,7 +277,8 @@ def table(results: dict[str, Any]) -> str:
         f" max/median events per task: hash {p['hash_event_spread']['ratio']:.2f}, placed {p['placed_event_spread']['ratio']:.2f};"
         f" CPU s per task: hash {p['hash_cpu_spread']['ratio']:.2f}, placed {p['placed_cpu_spread']['ratio']:.2f}",
         "",
-        "targets: job <= 1.3x plain: {}; placed >= 3x faster than naive: {}; placed max/median <= 2: {}".format(
+        "targets: job <= 1.3x plain: {}; the engine's per-type work (map-side) >= 3x faster than naive: {},"
+        " max/median <= 2: {};\n         placed per-type stage >= 3x faster than naive: {}, max/median <= 2: {}".format(
             *("yes" if ok else "NO" for ok in results["targets"].values())),
     ]
     return "\n".join(lines)
@@ -292,6 +311,8 @@ def main() -> int:
     }
     results["targets"] = {
         "job_within_1.3x_plain": builtin["job_vs_plain"] <= 1.3,
+        "engine_per_type_3x_faster_than_naive": per_type["naive_s"] / per_type["map_s"] >= 3.0,
+        "engine_per_type_task_spread_le_2": per_type["map_task_spread"]["ratio"] <= 2.0,
         "placed_3x_faster_than_naive": per_type["naive_vs_placed"] >= 3.0,
         "placed_task_spread_le_2": per_type["placed_task_spread"]["ratio"] <= 2.0,
     }
