@@ -53,6 +53,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    definitions = _definitions(args.metrics)
+    if args.engine != "spark":
+        raise UserError("streaming runs on the spark engine: use --engine spark")
+    from .spark import run_stream
+
+    def on_batch(batch_id: int, info: dict) -> None:
+        if not args.quiet:
+            print(f"micro-batch {batch_id}: " + ", ".join(f"{k} {v}" for k, v in info.items()
+                                                         if isinstance(v, (int, float))), flush=True)
+
+    result = run_stream(args.input, definitions=definitions, store_url=args.store, checkpoint=args.checkpoint,
+                        master=args.spark_master, conf=dict(_kv(c) for c in args.spark_conf),
+                        trigger_once=args.trigger_once, stop_after_s=args.stop_after, dead_letter=args.dead_letter,
+                        on_batch=on_batch)
+    print(", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, (int, float))))
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from .pipeline.render import render
     from .pipeline.store import open_store
@@ -119,6 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     r.set_defaults(fn=cmd_run)
+
+    st = sub.add_parser("stream", help="Structured Streaming over a directory of new files (spark engine)")
+    st.add_argument("--input", required=True, metavar="DIR", help="directory new event files arrive in")
+    st.add_argument("--engine", choices=("spark",), default="spark")
+    st.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint location")
+    st.add_argument("--metrics", help="metric definitions (TOML); default: the built-in set")
+    st.add_argument("--store", default="duckdb:///drainpipe.duckdb")
+    st.add_argument("--dead-letter", help="rejected records go here")
+    st.add_argument("--spark-master", default="local[*]")
+    st.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
+    st.add_argument("--trigger-once", action="store_true", help="process what is there, then stop")
+    st.add_argument("--stop-after", type=float, metavar="SECONDS", help="stop after this long")
+    st.add_argument("-q", "--quiet", action="store_true")
+    st.set_defaults(fn=cmd_stream)
 
     q = sub.add_parser("query", help="print stored metric rows (or top-N rows with --topn)")
     q.add_argument("--store", default="duckdb:///drainpipe.duckdb")
