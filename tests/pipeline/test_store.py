@@ -14,9 +14,8 @@ import pytest
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, StoreError, open_store, parse_time
-from eventdata import T0, store_events
+from eventdata import T0, ingest, same_values, store_events
 
-AVG_METRICS = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
 
 
 generated = store_events
@@ -40,18 +39,6 @@ def loaded() -> Iterator[Store]:
     ingest(s, EVENTS.slice(1700), "b")
     yield s
     s.close()
-
-
-def ingest(store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
-    return store.merge(aggregate_batch(events, definitions, source=source))
-
-
-def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
-    """Equal rows; averages (float sums) may differ in the last ulps with the order of additions."""
-    return len(a) == len(b) and all(
-        x[:5] == y[:5] and (x[5] == y[5] or (x[0] in AVG_METRICS and math.isclose(x[5], y[5], rel_tol=1e-12)))
-        for x, y in zip(a, b)
-    )
 
 
 # ------------------------------------------------------------------------------------------ URLs

@@ -1,46 +1,31 @@
 """The PostgreSQL store against a real server: the DuckDB store's semantics, and surviving a server restart."""
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine, StoreUnavailable
-from drainpipe.pipeline.functions import aggregate_batch, merge, split_partial
+from drainpipe.pipeline.functions import aggregate_batch, split_partial
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.store import MergeReport, Store, StoreError, open_store
-from eventdata import T0, store_events
+from eventdata import T0, ingest, same_values, store_events
 
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parents[2]
-AVG = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
 
 
 events = store_events
 
 
 EVENTS = events(3000, seed=3)
-
-
-def ingest(store: Store, batch: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
-    return store.merge(aggregate_batch(batch, definitions, source=source))
-
-
-def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
-    """Equal rows; averages (float sums) may differ in the last ulps with the order of additions."""
-    return len(a) == len(b) and all(
-        x[:5] == y[:5] and (x[5] == y[5] or (x[0] in AVG and math.isclose(x[5], y[5], rel_tol=1e-9)))
-        for x, y in zip(a, b)
-    )
 
 
 @pytest.fixture(scope="module")
