@@ -47,22 +47,20 @@ def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int
     for line in summary.lines():
         console.print(line)
 
-    l1 = next(s for name, s in summary.queues.items() if name.endswith("-L1"))
-    t = Table(title="L1 drain threads: load before / after rebalancing (partials per interval)")
-    t.add_column("rebalance")
-    t.add_column("moves", justify="right")
-    t.add_column("loads before")
-    t.add_column("max/min before", justify="right")
-    t.add_column("loads after")
-    t.add_column("max/min after", justify="right")
-    for i, r in enumerate(l1.rebalance_history[:5]):
-        t.add_row(str(i + 1), str(r.moved), " ".join(map(str, r.loads_before)), f"{r.ratio_before:.2f}",
-                  " ".join(map(str, r.loads_after)), f"{r.ratio_after:.2f}")
-    if not l1.rebalance_history:
-        t.add_row("-", "0", "", "", "", "(loads were already even: nothing moved)")
+    t = Table(title="drain threads: load per rebalance interval (partials), before -> after")
+    for c in ("queue", "moves", "before", "after"):
+        t.add_column(c)
+    for qname, st in summary.queues.items():
+        if not (qname.endswith("-L1") or qname.endswith("-L2")):
+            continue
+        label = qname.rsplit("-", 1)[1]
+        for r in st.rebalance_history[:3]:
+            t.add_row(label, str(r.moved), f"{' '.join(map(str, r.loads_before))} ({r.ratio_before:.2f}x)",
+                      f"{' '.join(map(str, r.loads_after))} ({r.ratio_after:.2f}x)")
+        if not st.rebalance_history:
+            t.add_row(label, "0", "already even", "(split hot types)")
+        t.add_row(label, "", "items per thread", ", ".join(f"{n:,}" for n in st.task_dispatched))
     console.print(t)
-    console.print(f"L1 items dispatched per drain thread: {', '.join(f'{n:,}' for n in l1.task_dispatched)}; "
-                  f"partitions {l1.partition_count}, rebalances {l1.rebalances}")
 
     store = open_store(f"duckdb:///{db}")
     try:
