@@ -42,7 +42,6 @@ class Scheduler:
 
     def __init__(self, name: str, threads: int, pinned: bool = False) -> None:
         self.name = name
-        self.thread_count = threads
         self._lanes = [_Lane() for _ in range(threads if pinned else 1)]
         self._lane_of: dict[int, _Lane] = {}
         self._submitted = itertools.count()

@@ -20,7 +20,6 @@ everything answered as accepted is in the store when the process exits.
 """
 from __future__ import annotations
 
-import gzip
 import hmac
 import ipaddress
 import json
@@ -31,7 +30,6 @@ import socket
 import threading
 import time
 import zlib
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
