@@ -242,3 +242,121 @@ def test_everything_accepted_is_stored_after_shutdown(tmp_path) -> None:
             total += body["accepted"]
     assert srv.service.summary()["dropped"] == 0
     assert stored_event_count(url) == total == 15_000
+
+
+# ------------------------------------------------------------------------------------------ chunked request bodies
+
+
+def raw_post(url: str, head: list[str], body: bytes, *, sock=None):
+    """Send a hand-framed POST /v1/events (``head``: extra header lines; ``body``: the bytes after the blank
+    line, sent as they are) and read the answer. Returns (status, headers, json, socket)."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    s = sock or socket.create_connection((parts.hostname, parts.port), timeout=30)
+    s.sendall(("POST /v1/events HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in head) + "\r\n").encode() + body)
+    r = http.client.HTTPResponse(s)
+    r.begin()
+    raw = r.read()
+    return r.status, {k: v for k, v in r.getheaders()}, json.loads(raw) if raw else None, s
+
+
+def chunked(data: bytes, sizes: list[int]) -> bytes:
+    """``data`` framed as chunks of the given sizes (cycled), then the last chunk and an empty trailer."""
+    out, i, k = [], 0, 0
+    while i < len(data):
+        n = sizes[k % len(sizes)]
+        out.append(b"%x\r\n" % len(data[i:i + n]) + data[i:i + n] + b"\r\n")
+        i, k = i + n, k + 1
+    return b"".join(out) + b"0\r\n\r\n"
+
+
+def test_chunked_ndjson_and_gzip_bodies_are_accepted(server: IngestServer) -> None:
+    before = server.service.counters.accepted
+    body = ndjson(events(700, seed=40))
+    head = ["Content-Type: application/x-ndjson", "Transfer-Encoding: chunked"]
+    status, _, answer, sock = raw_post(server.url, head, chunked(body, [1, 100, 4096, 7]))
+    assert status == 200 and answer["accepted"] == 700 and answer["rejected"] == 0
+    # the connection stays usable (the body was consumed exactly); chunk extensions and trailers are ignored
+    framed = b"%x;name=value\r\n" % len(body) + body + b"\r\n0\r\nX-Checksum: abc\r\n\r\n"
+    status, _, answer, sock = raw_post(server.url, head, framed, sock=sock)
+    assert status == 200 and answer["accepted"] == 700
+    sock.close()
+    # gzip inside chunked: de-chunked first, then decompressed
+    gz = gzip.compress(json.dumps(events(300, seed=41)).encode())
+    status, _, answer, sock = raw_post(server.url, ["Content-Type: application/json", "Content-Encoding: gzip",
+                                                    "Transfer-Encoding: chunked"], chunked(gz, [333]))
+    sock.close()
+    assert status == 200 and answer["accepted"] == 300
+    # http.client's own chunked encoding (an iterable body without a length)
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("POST", "/v1/events", iter([body[:5000], body[5000:]]), {"Content-Type": "application/x-ndjson"},
+                 encode_chunked=True)
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["accepted"] == 700
+    conn.close()
+    assert server.service.counters.accepted - before == 700 * 3 + 300
+
+
+def test_oversize_chunked_body_is_413_without_reading_it() -> None:
+    opts = ServiceOptions(max_body_bytes=20_000, max_decoded_bytes=50_000)
+    with running_server(options=opts) as srv:
+        head = ["Content-Type: application/x-ndjson", "Transfer-Encoding: chunked"]
+        body = ndjson(events(400, seed=42))
+        assert len(body) > 20_000
+        status, headers, answer, sock = raw_post(srv.url, head, chunked(body, [1000]))
+        sock.close()
+        assert status == 413 and "larger than the limit" in answer["error"] and headers.get("Connection") == "close"
+        # one chunk that announces more than the limit: answered before its data is even sent
+        status, headers, answer, sock = raw_post(srv.url, head, b"%x\r\n" % 20_001)
+        sock.close()
+        assert status == 413 and headers.get("Connection") == "close"
+        # exactly the limit is fine
+        small = ndjson(events(100, seed=43))
+        assert len(small) < 20_000
+        small = small + b"\n" * (20_000 - len(small))
+        status, _, answer, sock = raw_post(srv.url, head, chunked(small, [20_000]))
+        sock.close()
+        assert status == 200 and answer["accepted"] == 100
+        # a gzip bomb sent chunked still hits the decoded limit
+        bomb = gzip.compress(b"[" + b" " * 200_000 + b"]")
+        status, _, answer, sock = raw_post(srv.url, ["Content-Type: application/json", "Content-Encoding: gzip",
+                                                     "Transfer-Encoding: chunked"], chunked(bomb, [100]))
+        sock.close()
+        assert status == 413 and "decompressed" in answer["error"]
+        assert srv.service.counters.accepted == 100
+
+
+def test_malformed_chunked_framing_is_400(server: IngestServer) -> None:
+    before = server.service.counters.accepted
+    head = ["Content-Type: application/x-ndjson", "Transfer-Encoding: chunked"]
+    line = ndjson(events(1, seed=44))
+    bad = [
+        b"zz\r\n" + line + b"\r\n0\r\n\r\n",                               # not hex
+        b"\r\n" + line + b"\r\n0\r\n\r\n",                                 # empty size
+        b"-5\r\n" + line + b"\r\n0\r\n\r\n",                               # signed
+        b"%x\r\n" % (len(line) - 3) + line + b"0\r\n\r\n",                 # data longer than announced (no CRLF)
+        b"1" * 5000 + b"\r\n",                                             # endless size line
+    ]
+    for framed in bad:
+        status, headers, answer, sock = raw_post(server.url, head, framed)
+        sock.close()
+        assert status == 400 and "chunked" in answer["error"], framed[:30]
+        assert headers.get("Connection") == "close"
+    status, _, answer, sock = raw_post(server.url, head + ["Content-Length: 10"], chunked(line, [50]))
+    sock.close()
+    assert status == 400 and "both" in answer["error"]
+    status, _, answer, sock = raw_post(server.url, ["Content-Type: application/x-ndjson",
+                                                    "Transfer-Encoding: gzip, chunked"], chunked(line, [50]))
+    sock.close()
+    assert status == 501
+    status, _, answer, sock = raw_post(server.url, ["Content-Type: application/x-ndjson"], b"")
+    sock.close()
+    assert status == 411
+    assert server.service.counters.accepted == before

@@ -3,8 +3,13 @@
 Endpoints::
 
     POST /v1/events   NDJSON (application/x-ndjson) or a JSON array (application/json), gzip accepted
-                      -> 200 {"accepted", "rejected", "reasons", "errors"}; 400 malformed body, 401 bad token,
-                         411 no Content-Length, 413 too large, 415 wrong type/encoding, 429/503 + Retry-After
+                      -> 200 {"accepted", "rejected", "reasons", "errors"}; 400 malformed body (or malformed
+                         chunked framing), 401 bad token, 411 neither Content-Length nor chunked, 413 too large,
+                         415 wrong type/encoding, 429/503 + Retry-After
+                      The body comes with a Content-Length or ``Transfer-Encoding: chunked``; either way the body
+                      as sent (after de-chunking, before gzip) is limited to ``max_body_bytes`` and never more
+                      than that is read into memory: a chunk that would pass the limit is answered 413 before
+                      it is read.
     GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
     GET  /metrics     Prometheus text
     GET  /healthz     {"status": "ok"} (503 while shutting down)
@@ -43,6 +48,9 @@ log = logging.getLogger("drainpipe.server")
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 JSON_TYPES = {"application/json"}
 MAX_ERRORS = 20
+MAX_CHUNK_LINE = 4096            # a chunk-size line (with extensions) or a trailer line
+MAX_TRAILERS = 32
+HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 
 
 class BadRequest(Exception):
@@ -187,6 +195,9 @@ class Handler(BaseHTTPRequestHandler):
             self.server.metrics.ingest_latency.observe(time.perf_counter() - t0)
 
     def _discard_body(self) -> None:
+        if "Transfer-Encoding" in self.headers:
+            self.close_connection = True       # not worth de-chunking a body we do not want
+            return
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -212,30 +223,19 @@ class Handler(BaseHTTPRequestHandler):
             self._discard_body()
             self._error(415, f"unsupported content encoding {encoding!r}: send gzip or none")
             return
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            self.close_connection = True
-            self._error(411, "send a Content-Length (chunked bodies are not accepted)")
-            return
         try:
-            length = int(self.headers.get("Content-Length", ""))
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            self._error(411, "Content-Length required")
+            body = self._read_body(opts.max_body_bytes)
+        except BadRequest as exc:
+            self.close_connection = True       # the body was not (fully) read: the connection cannot be reused
+            self._error(exc.status, exc.message)
             return
-        if length > opts.max_body_bytes:
-            self.close_connection = True       # the body is not read: the connection cannot be reused
-            self._error(413, f"body of {length} bytes is larger than the limit of {opts.max_body_bytes}")
-            return
-        body = self.rfile.read(length)
-        if len(body) != length:
+        if body is None:                       # the client went away mid-body
             self.close_connection = True
             return
         try:
             if encoding != "identity":
                 body = _gunzip(body, opts.max_decoded_bytes)
-            elif length > opts.max_decoded_bytes:
+            elif len(body) > opts.max_decoded_bytes:
                 raise BadRequest(413, f"body larger than {opts.max_decoded_bytes} bytes")
             svc.admit()                         # 429/503 before the parsing work, not after
             if ctype in JSON_TYPES:
@@ -258,6 +258,67 @@ class Handler(BaseHTTPRequestHandler):
         key = "index" if ctype in JSON_TYPES else "line"
         self._json(200, {"accepted": batch.num_rows, "rejected": len(rejects), "reasons": reasons,
                          "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]]})
+
+    def _read_body(self, limit: int) -> bytes | None:
+        """The request body, by Content-Length or chunked; at most ``limit`` bytes are ever read into memory.
+        Raises :class:`BadRequest` (411/413/400/501; the caller closes the connection); None on EOF mid-body."""
+        te = self.headers.get("Transfer-Encoding")
+        if te is not None:
+            if "Content-Length" in self.headers:
+                raise BadRequest(400, "both Transfer-Encoding and Content-Length")   # ambiguous framing (smuggling)
+            codings = [c.strip().lower() for c in te.split(",") if c.strip()]
+            if codings != ["chunked"]:
+                raise BadRequest(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
+            return self._read_chunked(limit)
+        try:
+            text = self.headers.get("Content-Length", "")
+            length = int(text)
+            if length < 0 or not text.strip().isdigit():
+                raise ValueError
+        except ValueError:
+            raise BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) required") from None
+        if length > limit:
+            raise BadRequest(413, f"body of {length} bytes is larger than the limit of {limit}")
+        body = self.rfile.read(length)
+        return body if len(body) == length else None
+
+    def _read_chunked(self, limit: int) -> bytes | None:
+        """De-chunk the body (RFC 9112 7.1): size lines in hex (extensions ignored), CRLF after each chunk,
+        optional trailer lines (ignored) after the last (size 0) chunk."""
+        body = bytearray()
+        rfile = self.rfile
+        while True:
+            line = rfile.readline(MAX_CHUNK_LINE + 1)
+            if not line:
+                return None
+            if len(line) > MAX_CHUNK_LINE or not line.endswith(b"\n"):
+                raise BadRequest(400, "malformed chunked body: chunk size line too long")
+            size_text = line.split(b";", 1)[0].strip()
+            if not size_text or len(size_text) > 16 or not all(c in HEX_DIGITS for c in size_text):
+                raise BadRequest(400, f"malformed chunked body: bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
+            if size == 0:
+                break
+            if len(body) + size > limit:
+                raise BadRequest(413, f"chunked body larger than the limit of {limit} bytes")
+            data = rfile.read(size)
+            if len(data) != size:
+                return None
+            body += data
+            end = rfile.readline(3)
+            if not end:
+                return None
+            if end not in (b"\r\n", b"\n"):
+                raise BadRequest(400, "malformed chunked body: chunk data not followed by CRLF")
+        for _ in range(MAX_TRAILERS + 1):       # trailer section, ended by an empty line
+            line = rfile.readline(MAX_CHUNK_LINE + 1)
+            if not line:
+                return None
+            if line in (b"\r\n", b"\n"):
+                return bytes(body)
+            if len(line) > MAX_CHUNK_LINE:
+                break
+        raise BadRequest(400, "malformed chunked body: trailer section too long")
 
     @staticmethod
     def _json_records(body: bytes, max_events: int) -> list[Any]:
