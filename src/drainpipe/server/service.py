@@ -8,8 +8,11 @@ when the pipeline has room for it:
   BLOCKING and small; we never let request threads pile up on it);
 * no partition of L1, L2, top-N or persist may be above ``high_watermark`` of its buffer. L1 runs IF_POSSIBLE
   (live mode drops when a partition is *full*); refusing at the watermark keeps it from ever getting full, so
-  what was accepted is not dropped. When the store is down, persist stops draining, L2 and then L1 back up,
-  and requests are refused until it is back: the data already accepted waits in the (bounded) queues.
+  what was accepted is not dropped;
+* at most ``max_persist_backlog`` merged L2 flushes may wait for the store. The persist queue's own buffer is
+  large (1000 flushes, each one metric's merged states of a flush period): waiting for its watermark would let
+  a store outage hold hundreds of MB before anyone is refused. With the cap, an outage is refused (503) after a
+  few flush periods, and what was accepted waits in small, bounded buffers until the store is back.
 
 A request that finds no room waits up to ``admit_wait_s``, then is refused: 503 when the store is unavailable
 or the server is shutting down, 429 when the pipeline is merely busy; both with ``Retry-After``.
@@ -51,6 +54,7 @@ class ServiceOptions:
     max_events: int = 200_000               # events (records) per request: 413 above
     max_pending_batches: int = 8            # accepted batches waiting for the ingest stage
     high_watermark: float = 0.5             # refuse when a downstream partition is fuller than this
+    max_persist_backlog: int = 128          # refuse when more L2 flushes than this wait for the store
     admit_wait_s: float = 0.5               # how long a request waits for room before 429/503
     max_concurrent_requests: int = 64       # POSTs being processed at once: 429 above
     retry_after_s: int = 1
@@ -154,7 +158,7 @@ class IngestService:
         self._submitted_batches = 0
         self._max_ts: int | None = None
         self._pressure_at = 0.0
-        self._pressure: tuple[float, str] = (0.0, "")
+        self._pressure: tuple[float, str, int] = (0.0, "", 0)
         self._pressure_lock = threading.Lock()
         self.sampler = Sampler(self)
         self.sampler.start()
@@ -221,9 +225,13 @@ class IngestService:
                     used = max(s.partition_used_counts, default=0) / max(1, s.buffer_size)
                     if used > worst:
                         worst, where = used, q.name
-                self._pressure = (worst, where)
+                    if q is e.persist:
+                        backlog = s.total_used()
+                self._pressure = (worst, where, backlog)
                 self._pressure_at = now
-            worst, where = self._pressure
+            worst, where, backlog = self._pressure
+        if backlog >= self.options.max_persist_backlog:
+            return True, f"{backlog} flushes waiting for the store"
         if worst >= self.options.high_watermark:
             return True, f"{where} {100 * worst:.0f}% full"
         return False, ""
