@@ -8,7 +8,7 @@ PG_URL ?= $(shell scripts/postgres.sh url)
 
 .PHONY: install demo test bench clean pg pg-stop chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]'

@@ -12,7 +12,6 @@ by the new owner. A fence is bounded by the old owner's current cycle; a shutdow
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import queue as _queue_mod
 import threading
@@ -206,7 +205,7 @@ class Controller:
             if split:
                 q._split[type_] = entry
             else:
-                q._routes[type_] = parts[0]
+                q.produce.set_route(type_, parts[0])
         q._warned.discard(type_)
 
     def remove_handler(self, type_: type) -> bool:
@@ -219,7 +218,8 @@ class Controller:
     def _detach(self, entry: _Entry) -> None:
         """Unroute and unregister a handler, then fence its partitions' owners so it is no longer running."""
         q = self.q
-        q._routes.pop(entry.type, None)
+        if q._type_routing:
+            q.produce.drop_route(entry.type)
         q._split.pop(entry.type, None)
         q._handlers.pop(entry.type, None)
         for p in entry.partitions:
@@ -261,12 +261,9 @@ class Controller:
             if t >= 0:
                 owned[t] += 1
         for _ in range(current, want):
-            q._parts.append(deque())
+            q._buffers.grow()
             q._conds.append(threading.Condition(threading.Lock()))
             q._waiters.append(0)
-            q._produced.append(itertools.count())
-            with q._bulk_lock:
-                q._bulk.append(0)
             q._part_targets.append(())
             q._part_types.append(0)
             t = min(range(len(owned)), key=lambda i: (owned[i], i))

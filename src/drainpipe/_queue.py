@@ -2,12 +2,13 @@
 
 Concurrency rules (who may touch what):
 
-* Producers (any thread) append to partition deques and bump per-partition ``itertools.count`` counters. Both are
-  single C calls, atomic under the GIL, so the common produce path takes no lock. The bound is checked with
-  ``len()`` just before the append, so concurrent producers can overshoot a partition by at most one item each.
+* Partition buffers, their bound and their produced counters live in ``_fastpath.Buffers`` (C). Producers (any
+  thread) route, check the bound, append and count inside one C call (``_fastpath.Producer``, ``Buffers.put``),
+  which no other Python thread can interleave with (see ``_fastpath.c``), so the common produce path takes no
+  lock, never overshoots the bound, and the counters are exact.
 * A drain task runs on one scheduler thread at a time. It marks each cycle in ``_epoch[task]`` (odd while inside
-  a cycle), then drains only the partitions whose ``_owner`` entry names it, taking items with ``popleft`` (each
-  item leaves the deque exactly once) and dispatching them.
+  a cycle), then drains only the partitions whose ``_owner`` entry names it, swapping each one's buffer for an
+  empty one (``Buffers.take``, O(1): each item leaves exactly once) and dispatching the items.
 * Every ownership change (rebalance, partition growth, handler removal, shutdown) runs on the queue's control thread
   (``_control.Controller``): it revokes (owner = -1), fences on ``_epoch`` (waits until each old owner has left the
   cycle it was in), then assigns. Drain threads never run or wait for control work.
@@ -21,11 +22,10 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
-from itertools import repeat, starmap
 from typing import Any, Callable, Iterable
 
 from ._config import BatchQueueConfig
+from ._fastpath import Buffers, Producer, group_by_type
 from ._routing import BufferStrategy, is_type_hash, stable_type_hash
 from ._scheduler import Scheduler, shared_schedulers
 from ._stats import BatchQueueStats, RebalanceResult
@@ -196,13 +196,11 @@ class BatchQueue:
                               name, tasks, partitions, partitions)
             tasks = partitions
 
-        # partition state: lists grown in place (never replaced) by the control thread
-        self._parts: list[deque] = [deque() for _ in range(partitions)]
+        # partition state: grown in place (never replaced) by the control thread
+        self._closing = [False]                    # set once, under _close_lock; read by the C fast path
+        self._buffers = Buffers(partitions, self._cap, self._closing)
         self._conds = [threading.Condition(threading.Lock()) for _ in range(partitions)]
         self._waiters = [0] * partitions
-        self._produced = [itertools.count() for _ in range(partitions)]
-        self._bulk = [0] * partitions              # produce_many counts, under _bulk_lock
-        self._bulk_lock = threading.Lock()
         self._dropped_full = itertools.count()
         self._dropped_early = itertools.count()    # no handler, seen at produce time
         self._owner = [p % tasks for p in range(partitions)]
@@ -211,7 +209,7 @@ class BatchQueue:
         self._part_types = [0] * partitions
 
         # routing (type_hash): type -> partition; split types route through their entry
-        self._routes: dict[type, int] = {}
+        self._routes: dict[type, int] = {}         # read by the C producer; change only via produce.set_route/drop_route
         self._split: dict[type, _Entry] = {}
         self._handlers: dict[type, _Entry] = {}
         self._home: dict[type, tuple[int, ...]] = {}
@@ -225,10 +223,7 @@ class BatchQueue:
         self._final = _Counters()
 
         # shutdown
-        self._closing = [False]
         self._close_lock = threading.Lock()
-        self._final_done = False
-        self._retracted = 0
         self._done = threading.Event()
 
         self.produce = self._make_produce()
@@ -245,48 +240,12 @@ class BatchQueue:
     # ------------------------------------------------------------------ intake
 
     def _make_produce(self) -> Callable[[Any], bool]:
-        closing, parts, counters, cap = self._closing, self._parts, self._produced, self._cap
-        full, late = self._produce_full, self._produce_late
-        if self._type_routing:
-            routes = self._routes
-            slow = self._produce_unrouted
-
-            def produce(item: Any) -> bool:
-                """Put ``item`` into its partition. False after shutdown began, or (IF_POSSIBLE) when full."""
-                if closing[0]:
-                    return False
-                try:                       # a plain subscript, and try costs nothing until it raises (3.11)
-                    p = routes[type(item)]
-                except KeyError:           # split type, consumer mode's first sight of a type, or no handler
-                    return slow(item)
-                buf = parts[p]
-                if len(buf) < cap:
-                    buf.append(item)
-                    next(counters[p])
-                    if closing[0]:
-                        return late(p, (item,)) == 1
-                    return True
-                return full(item, p)
-        else:
-            select, pcount = self.config.partition_selector, self._pcount
-
-            def produce(item: Any) -> bool:
-                """Put ``item`` into its partition. False after shutdown began, or (IF_POSSIBLE) when full."""
-                if closing[0]:
-                    return False
-                n = pcount[0]
-                p = select(item, n) if n > 1 else 0
-                if not 0 <= p < n:
-                    raise ValueError(f"partition selector returned {p!r} for {n} partitions")
-                buf = parts[p]
-                if len(buf) >= cap:
-                    return full(item, p)
-                buf.append(item)
-                next(counters[p])
-                if closing[0]:
-                    return late(p, (item,)) == 1
-                return True
-        return produce
+        """``produce(item) -> bool``: route, check the bound, append and count in one C call; the rare cases
+        (unknown or split type, full partition) call back into this class."""
+        typed = self._type_routing
+        return Producer(self._buffers, self._routes if typed else None,
+                        None if typed else self.config.partition_selector, self._pcount,
+                        self._route_slow, self._produce_full)
 
     def _route_slow(self, item: Any) -> int | None:
         """Partition of an item the fast route table does not know, or None to drop it (no handler)."""
@@ -296,59 +255,37 @@ class BatchQueue:
             return entry.route(item)
         if self._consumer is not None:
             p = stable_type_hash(t) % self._pcount[0]
-            self._routes[t] = p
+            self.produce.set_route(t, p)
             return p
         next(self._dropped_early)
         self._warn_no_handler(t)
         return None
 
-    def _produce_unrouted(self, item: Any) -> bool:
-        p = self._route_slow(item)
-        if p is None:
-            return True   # accepted and dropped for want of a handler (counted, logged once)
-        return self._put_many(p, [item]) == 1
-
     def _produce_full(self, item: Any, p: int) -> bool:
-        return self._put_many(p, [item]) == 1
+        """produce() found partition ``p`` full: drop (IF_POSSIBLE) or wait for room (BLOCKING)."""
+        return self._put_rest(p, [item], 0) == 1
 
-    def _put_many(self, p: int, items: list) -> int:
-        """Append ``items`` to partition ``p`` respecting the bound and the strategy; returns how many went in."""
-        done = self._append_bounded(p, items)
-        if done:
-            with self._bulk_lock:
-                self._bulk[p] += done
-            if self._closing[0]:
-                return self._produce_late(p, items[:done])
-        return done
-
-    def _append_bounded(self, p: int, items: list) -> int:
-        """Append as many of ``items`` as the bound and strategy allow (waiting with BLOCKING); no counting."""
-        buf, cap, n = self._parts[p], self._cap, len(items)
-        done = 0
-        while done < n:
-            room = cap - len(buf)
-            if room > 0:
-                chunk = items[done:done + room] if (done or room < n) else items
-                buf.extend(chunk)
-                done += len(chunk)
-                continue
-            if self._if_possible:
-                for _ in range(n - done):
-                    next(self._dropped_full)
-                break
-            if not self._wait_for_room(p):
-                break
-        return done
+    def _put_rest(self, p: int, items: list, done: int) -> int:
+        """``items[done:]`` did not fit into partition ``p``: count them as dropped (IF_POSSIBLE), or wait for room
+        and put them (BLOCKING) until all are in or shutdown begins. Returns how many more went in."""
+        if self._if_possible:
+            for _ in range(len(items) - done):
+                next(self._dropped_full)
+            return 0
+        put = 0
+        while done + put < len(items) and self._wait_for_room(p):
+            put += self._buffers.put(p, items, done + put)
+        return put
 
     def _wait_for_room(self, p: int) -> bool:
-        cond, buf = self._conds[p], self._parts[p]
+        cond, size = self._conds[p], self._buffers.size
         owner = self._owner[p]
         if owner >= 0:        # the owner may be asleep in backoff: a full partition is not an idle one
             self._scheduler.wake(self._tasks[owner])
         with cond:
             self._waiters[p] += 1
             try:
-                while len(buf) >= self._cap:
+                while size(p) >= self._cap:
                     if self._closing[0]:
                         return False
                     cond.wait(0.05)
@@ -356,116 +293,20 @@ class BatchQueue:
                 self._waiters[p] -= 1
         return not self._closing[0]
 
-    def _produce_late(self, p: int, items: tuple | list) -> int:
-        """An append that raced with shutdown: keep what the final drain will see, take back the rest."""
-        with self._close_lock:
-            if not self._final_done:
-                return len(items)   # the final drain has not run: it dispatches these
-            buf, kept = self._parts[p], len(items)
-            for item in items:
-                for i in range(len(buf) - 1, -1, -1):
-                    if buf[i] is item:
-                        del buf[i]
-                        self._retracted += 1
-                        kept -= 1
-                        break
-            return kept
-
     def produce_many(self, items: Iterable[Any]) -> int:
         """Produce every item (same rules as ``produce``, item by item); returns how many were accepted.
 
-        Items are grouped by partition first, so each partition is extended once per call.
+        One C call routes and appends the items; only those that found their partition full come back to Python.
         """
         if self._closing[0]:
             return 0
         if not isinstance(items, list):
             items = list(items)
-        if not items:
-            return 0
-        groups: dict[int, list] = {}
-        accepted = 0
-        if self._type_routing:
-            types = list(map(type, items))
-            if len(set(types)) * 4 > len(items):
-                return self._produce_each(items, types)
-            for t, run in self._by_type(items, types):
-                p = self._routes.get(t)
-                if p is None:
-                    for item in run:
-                        q = self._route_slow(item)
-                        if q is None:
-                            accepted += 1
-                        else:
-                            groups.setdefault(q, []).append(item)
-                elif p in groups:
-                    groups[p].extend(run)
-                else:
-                    groups[p] = run
-        else:
-            n = self._pcount[0]
-            select = self.config.partition_selector
-            for item in items:
-                p = select(item, n) if n > 1 else 0
-                if not 0 <= p < n:
-                    raise ValueError(f"partition selector returned {p!r} for {n} partitions")
-                groups.setdefault(p, []).append(item)
-        parts, cap = self._parts, self._cap
-        counts: list[tuple[int, int]] = []
-        for p, g in groups.items():
-            buf = parts[p]
-            if cap - len(buf) >= len(g):
-                buf.extend(g)                      # the common case: room for the whole group
-                n = len(g)
-            else:
-                n = self._append_bounded(p, g)
-            if n:
-                counts.append((p, n))
-        with self._bulk_lock:                      # one lock per call, not per group
-            for p, n in counts:
-                self._bulk[p] += n
-        if self._closing[0]:
-            return accepted + sum(self._produce_late(p, groups[p][:n]) for p, n in counts)
-        return accepted + sum(n for _, n in counts)
-
-    def _produce_each(self, items: list, types: list) -> int:
-        """produce_many for batches of mostly distinct types: grouping would cost more than it saves, so this is
-        the produce fast path inlined in one loop (type_hash routing)."""
-        routes, parts, counters, cap = self._routes, self._parts, self._produced, self._cap
-        accepted = 0
-        for item, t in zip(items, types):
-            try:
-                p = routes[t]
-            except KeyError:
-                accepted += self._produce_unrouted(item)
-                continue
-            buf = parts[p]
-            if len(buf) < cap:
-                buf.append(item)
-                next(counters[p])
-                if self._closing[0]:
-                    accepted += self._produce_late(p, (item,))
-                else:
-                    accepted += 1
-            else:
-                accepted += self._put_many(p, [item])
+        accepted, overflow = self.produce.many(items)
+        if overflow is not None:                  # partitions that were full: drop, or wait for room (BLOCKING)
+            for p, rest in overflow.items():
+                accepted += self._put_rest(p, rest, 0)
         return accepted
-
-    @staticmethod
-    def _by_type(items: list, types: list | None = None) -> Iterable[tuple[type, list]]:
-        """Items grouped by exact type, in order within each type. A homogeneous batch costs one C-level pass."""
-        if types is None:
-            types = list(map(type, items))
-        first = types[0]
-        if types.count(first) == len(types):
-            return ((first, items),)
-        buckets: dict[type, list] = {}
-        for t, x in zip(types, items):
-            b = buckets.get(t)
-            if b is None:
-                buckets[t] = [x]
-            else:
-                b.append(x)
-        return buckets.items()
 
     def _warn_no_handler(self, t: type) -> None:
         if t in self._warned:
@@ -486,15 +327,14 @@ class BatchQueue:
         try:
             if task.stopped:
                 return 0
-            owner, parts = self._owner, self._parts
+            owner, take = self._owner, self._buffers.take
             drained = []
             for p in self._assigned[t]:
                 if owner[p] != t:
                     continue
-                buf = parts[p]
-                n = len(buf)
-                if n:
-                    drained.append((p, list(starmap(buf.popleft, repeat((), n)))))
+                items = take(p)
+                if items is not None:
+                    drained.append((p, items))
                     if self._waiters[p]:
                         self._notify_room(p)
             if drained:
@@ -520,7 +360,7 @@ class BatchQueue:
         calls: dict[_Target, list] = {}
         for p, items in drained:
             total += len(items)
-            for typ, run in self._by_type(items):
+            for typ, run in group_by_type(items):
                 entry = handlers.get(typ)
                 if entry is None:
                     counters.no_handler += len(run)
@@ -582,16 +422,14 @@ class BatchQueue:
     def _final_drain(self) -> None:
         """Dispatch everything still buffered, once (control thread, after every drain task has stopped).
 
-        Items are taken under ``_close_lock`` (so a producer racing shutdown knows whether the final drain saw
-        its item) but dispatched after releasing it, so a handler may call ``shutdown()`` without deadlocking.
+        ``_closing`` was set before this runs, and the C fast path never appends once it is set, so nothing can
+        arrive after the take. Dispatch holds no lock, so a handler may call ``shutdown()`` without deadlocking.
         """
-        with self._close_lock:
-            drained = []
-            for p, buf in enumerate(self._parts):
-                n = len(buf)
-                if n:
-                    drained.append((p, list(starmap(buf.popleft, repeat((), n)))))
-            self._final_done = True
+        drained = []
+        for p in range(len(self._buffers)):
+            items = self._buffers.take(p)
+            if items is not None:
+                drained.append((p, items))
         if drained:
             _on_drain_thread.queue = self
             try:
@@ -687,7 +525,7 @@ class BatchQueue:
         return BatchQueueStats(
             name=self._name,
             buffer_size=self._cap,
-            partition_used_counts=tuple(len(self._parts[p]) for p in range(n)),
+            partition_used_counts=self._buffers.sizes()[:n],
             produced=self.produced_count(),
             dropped_full=count_value(self._dropped_full),
             dropped_no_handler=count_value(self._dropped_early) + sum(c.no_handler for c in counters),
@@ -702,13 +540,10 @@ class BatchQueue:
 
     def produced_count(self, partition: int | None = None) -> int:
         """Items accepted so far: into one partition, or in all (then including items accepted and dropped at
-        once for want of a handler, and excluding appends taken back because they raced with shutdown)."""
-        with self._bulk_lock:
-            bulk = list(self._bulk)     # _grow extends _produced before _bulk: len(bulk) partitions are complete
+        once for want of a handler)."""
         if partition is not None:
-            return count_value(self._produced[partition]) + bulk[partition]
-        buffered = sum(count_value(self._produced[p]) + bulk[p] for p in range(len(bulk)))
-        return buffered + count_value(self._dropped_early) - self._retracted
+            return self._buffers.produced(partition)
+        return sum(self._buffers.produced_all()) + count_value(self._dropped_early)
 
     def load_history(self) -> list[tuple[float, tuple[int, ...]]]:
         """Per-interval per-task load samples (time, items per task) recorded by periodic rebalancing."""

@@ -162,7 +162,7 @@ def test_produced_counts_accepted_items_whatever_the_selector(qname):
 
 
 def test_stats_while_adaptive_partitions_grow(qname):
-    """Force the interleaving: right after stats() copied the per-partition bulk counts, a handler registration
+    """Force the interleaving: right after stats() read the published partition count, a handler registration
     grows the partitions (as the control thread can at any moment). stats() must still return a snapshot."""
     t1, t2, t3 = make_types(3, "G")
     q = new_queue(qname, partitions=PartitionPolicy.adaptive(multiplier=1))
@@ -171,20 +171,22 @@ def test_stats_while_adaptive_partitions_grow(qname):
     assert q.partition_count == 1                      # resolve(1, 2) = 1 + 1 // 2
     me = threading.current_thread()
     armed = [True]
-    real = q._bulk_lock
+    real = q._buffers
 
-    class HookLock:
-        def __enter__(self):
-            real.acquire()
+    class HookBuffers:                                 # the real buffers, growing just before stats reads sizes
+        def __getattr__(self, name):
+            return getattr(real, name)
 
-        def __exit__(self, *exc):
-            real.release()
+        def sizes(self):
             if threading.current_thread() is me and armed[0]:
                 armed[0] = False
                 q.add_handler(t3, Recorder())          # resolve(1, 3) = 2 partitions
                 assert q.partition_count == 2
+            return real.sizes()
 
-    q._bulk_lock = HookLock()
+    q._buffers = HookBuffers()
     s = q.stats()
+    q._buffers = real
     assert not armed[0]
+    assert len(s.partition_used_counts) == 1          # the snapshot is of the partition count it read
     assert s.partition_count in (1, 2)
