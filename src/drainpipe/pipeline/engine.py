@@ -167,22 +167,30 @@ class LocalEngine:
         pipeline is full; False if the engine is closed."""
         return self.ingest_queue.produce((batch, source))
 
+    def ingest_partials(self, partials: Sequence[Partial], events: int, batches: int = 1) -> None:
+        """Queue partials aggregated elsewhere (e.g. in worker processes, :mod:`.parallel`) from ``events``
+        events of ``batches`` input batches: metric partials go to L1 in chunks, top-N partials to topn. Blocks
+        while L1 is full. Each partial must carry the sources of its batches (see :func:`aggregate_batch`)."""
+        self._dispatch(list(partials), events, batches)
+
     def _aggregate(self, items: list[tuple[pa.RecordBatch, str | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
         for batch, source in items:
-            partials = aggregate_batch(batch, self.definitions, source=source)
-            self._register_l1(partials)
-            l1_items: list[Partial] = []
-            for p in partials:
-                if isinstance(p, MetricPartial):
-                    l1_items.extend(split_partial(p, self.options.chunk_rows))
-                else:
-                    self.topn.produce(p)
-            self.l1.produce_many(l1_items)
-            with self._count_lock:
-                self.counters.batches += 1
-                self.counters.events += batch.num_rows
-                self.counters.partials += len(l1_items)
+            self._dispatch(aggregate_batch(batch, self.definitions, source=source), batch.num_rows, 1)
+
+    def _dispatch(self, partials: list[Partial], events: int, batches: int) -> None:
+        self._register_l1(partials)
+        l1_items: list[Partial] = []
+        for p in partials:
+            if isinstance(p, MetricPartial):
+                l1_items.extend(split_partial(p, self.options.chunk_rows))
+            else:
+                self.topn.produce(p)
+        self.l1.produce_many(l1_items)
+        with self._count_lock:
+            self.counters.batches += batches
+            self.counters.events += events
+            self.counters.partials += len(l1_items)
 
     def _register_l1(self, partials: list[Partial]) -> None:
         """Register L1 handlers on the first batch, splitting metric types heavier than one thread's share."""

@@ -431,31 +431,57 @@ def _json_record(line: bytes) -> tuple:
     )  # fmt: skip
 
 
-def _read_jsonl(f: BinaryIO, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+def _read_jsonl(f: Iterable[bytes], batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+    for _, batch in _read_jsonl_indexed(f, batch_rows, sink):
+        yield batch
+
+
+def _read_jsonl_indexed(f: Iterable[bytes], batch_rows: int, sink: _Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(block index, batch)`` per block of ``batch_rows`` lines that has accepted rows."""
     lineno = 0
-    skip = backoff = 0  # after a block the fast path declines, the next `skip` blocks go straight line by line
-    while chunk := list(islice(f, batch_rows)):
+    blocks = _JsonlBlocks()
+    lines = iter(f)
+    index = 0
+    while chunk := list(islice(lines, batch_rows)):
+        batch = blocks.read(chunk, lineno, sink)
+        lineno += len(chunk)
+        if batch is not None:
+            yield index, batch
+        index += 1
+
+
+class _JsonlBlocks:
+    """Validates consecutive blocks of raw JSON lines (fast columnar path when provably equal, else per line).
+
+    After a block the fast path declines, the next blocks go straight line by line (doubling backoff): that
+    only saves failed attempts; the result of a block never depends on the path."""
+
+    def __init__(self) -> None:
+        self.skip = self.backoff = 0
+
+    def read(self, chunk: list[bytes], lineno: int, sink: _Sink, data: bytes | None = None) -> pa.RecordBatch | None:
+        """The accepted rows of ``chunk`` (its first line is line ``lineno + 1``; ``data`` = the joined chunk,
+        if the caller has it) as a canonical batch, None if there are none; rejects go to ``sink``."""
         fast = None
-        if _JSONL_FAST_PATH and not skip:
-            fast = _fast_jsonl_block(chunk, lineno)
-            backoff = 0 if fast is not None else min(2 * backoff or 1, _JSONL_MAX_BACKOFF)
-            skip = backoff
-        elif skip:
-            skip -= 1
+        if _JSONL_FAST_PATH and not self.skip:
+            fast = _fast_jsonl_block(chunk, lineno, data)
+            self.backoff = 0 if fast is not None else min(2 * self.backoff or 1, _JSONL_MAX_BACKOFF)
+            self.skip = self.backoff
+        elif self.skip:
+            self.skip -= 1
         if fast is not None:
             batch, rejects = fast
             for reject in rejects:
                 sink.reject(*reject)
-            lineno += len(chunk)
             if batch.num_rows:
                 sink.stats.add_accepted(batch.num_rows)
-                yield batch
-            continue
+                return batch
+            return None
         rows = _json_rows(enumerate(chunk, lineno + 1), sink.reject)
-        lineno += len(chunk)
         if rows:
             sink.stats.add_accepted(len(rows))
-            yield _rows_to_batch(rows)
+            return _rows_to_batch(rows)
+        return None
 
 
 #: Switch for the columnar JSON Lines fast path (tests turn it off to compare with the per-line path).
@@ -479,7 +505,7 @@ _OPEN, _CLOSE, _BRACKET, _CR, _NL = ord("{"), ord("}"), ord("["), ord("\r"), ord
 
 
 def _fast_jsonl_block(
-    chunk: list[bytes], lineno: int = 0
+    chunk: list[bytes], lineno: int = 0, data: bytes | None = None
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
     rows, (line, raw, reason) per rejected line)`` via ``pyarrow.json`` and the columnar core, or None when
@@ -501,7 +527,8 @@ def _fast_jsonl_block(
     * a row the columnar checks (:func:`_validate_columns`) flag that the per-line path accepts (never
       expected) sends the block back too."""
     n = len(chunk)
-    data = b"".join(chunk)
+    if data is None:
+        data = b"".join(chunk)
     if b"NaN" in data or b"Infinity" in data:
         return None
     if not data.isascii():
@@ -967,19 +994,38 @@ def _validate_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[np.n
 
 
 def _read_parquet(path: str, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+    for _, batch in _read_parquet_indexed(path, batch_rows, sink):
+        yield batch
+
+
+def _read_parquet_indexed(path: str, batch_rows: int, sink: _Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(batch index, batch)`` per ``iter_batches`` batch that has accepted rows."""
     pf = pq.ParquetFile(path)
     present = [name for name in FIELDS if name in pf.schema_arrow.names]
     offset = 0
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=present or None):
-        canonical, rejects = _validate_columns(batch)
-        if rejects is not None:
-            mask, reasons = rejects
-            _reject_rows(batch, mask, reasons, offset, sink)
-            canonical = canonical.filter(pa.array(~mask))
+    for index, batch in enumerate(pf.iter_batches(batch_size=batch_rows, columns=present or None)):
+        canonical = _parquet_batch(batch, offset, sink)
         offset += batch.num_rows
-        if canonical.num_rows:
-            sink.stats.add_accepted(canonical.num_rows)
-            yield canonical
+        if canonical is not None:
+            yield index, canonical
+
+
+def _parquet_batch(batch: pa.RecordBatch, offset: int, sink: _Sink) -> pa.RecordBatch | None:
+    """The accepted rows of one raw Parquet batch (its first row is file row ``offset``), None if none."""
+    canonical, rejects = _validate_columns(batch)
+    if rejects is not None:
+        mask, reasons = rejects
+        _reject_rows(batch, mask, reasons, offset, sink)
+        canonical = canonical.filter(pa.array(~mask))
+    if canonical.num_rows:
+        sink.stats.add_accepted(canonical.num_rows)
+        return canonical
+    return None
+
+
+def parquet_columns(pf: pq.ParquetFile) -> list[str] | None:
+    """The event columns a Parquet file has (what the reader asks for), None for none of them."""
+    return [name for name in FIELDS if name in pf.schema_arrow.names] or None
 
 
 def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: _Sink) -> None:
@@ -1070,6 +1116,30 @@ def _read_all(
             yield from _read_file(path, fmt, gzipped, batch_rows, sink)
         except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
             raise InputError(f"cannot read {path!r}: {e}") from e
+
+
+def read_file_indexed(
+    path: str, *, batch_rows: int = 65536, dead_letter: DeadLetter | None = None, stats: ReadStats | None = None
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """:func:`read_events` of one file, each batch with its index among the file's raw blocks (``batch_rows``
+    lines of JSON Lines or CSV records, or Parquet ``iter_batches`` batches), counting blocks that had no
+    accepted row: the index names the same input rows whichever blocks are rejected or who reads the block
+    (:mod:`drainpipe.pipeline.parallel` reads blocks in worker processes)."""
+    fmt, gzipped = detect_format(path)
+    if not os.path.isfile(path):
+        raise InputError(f"no such input file: {path!r}")
+    sink = _Sink(path, stats if stats is not None else ReadStats(), dead_letter)
+    try:
+        if fmt == "parquet":
+            yield from _read_parquet_indexed(path, batch_rows, sink)
+            return
+        with _open_text_source(path, gzipped) as f:
+            if fmt == "jsonl":
+                yield from _read_jsonl_indexed(f, batch_rows, sink)
+            else:
+                yield from enumerate(_read_csv(f, batch_rows, sink, path))
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
+        raise InputError(f"cannot read {path!r}: {e}") from e
 
 
 def _read_file(path: str, fmt: str, gzipped: bool, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,8 @@ from typing import Any, Callable, Sequence
 
 from .definitions import Definitions
 from .engine import EngineOptions, LocalEngine
-from .events import DeadLetter, ReadStats, expand_inputs, read_events
+from . import parallel
+from .events import DeadLetter, ReadStats, expand_inputs, read_file_indexed
 from .store import open_store
 
 Progress = Callable[[int, int], None]   # (events read so far, bytes of input done so far)
@@ -57,34 +59,70 @@ def file_identity(path: str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def default_workers() -> int:
+    """Worker processes for large files: one per CPU when there are several, else none."""
+    cpus = os.cpu_count() or 1
+    return cpus if cpus > 1 else 0
+
+
 def run_local(inputs: Sequence[str], *, definitions: Definitions, store_url: str,
               dead_letter: str | None = None, options: EngineOptions | None = None,
-              batch_rows: int = 65_536, progress: Progress | None = None) -> RunSummary:
+              batch_rows: int = 65_536, progress: Progress | None = None,
+              workers: int | None = None) -> RunSummary:
     """Process ``inputs`` (files and globs) on the local engine into ``store_url``. Raises ``InputError`` /
-    ``StoreError`` (ValueError subclasses with one-line messages) for user mistakes before any data is read."""
+    ``StoreError`` (ValueError subclasses with one-line messages) for user mistakes before any data is read.
+
+    ``workers``: processes that read, validate and aggregate large uncompressed JSON Lines and Parquet files
+    (:mod:`.parallel`; default :func:`default_workers`, 0 = everything in this process). Results are the same
+    either way: a batch's source identity is ``<file fingerprint>:<batch rows>:<block index>`` on both paths.
+    A file an earlier run stored (some of) is read in process, checking each batch."""
+    t0 = time.perf_counter()    # the clock includes starting the workers
     paths = expand_inputs(inputs)
+    workers = default_workers() if workers is None else max(0, workers)
+    big = [p for p in paths if workers > 0 and parallel.eligible(p)]
+    pool = parallel.start_pool(workers, definitions) if big else None   # before any thread starts (fork)
+    try:
+        return _run(t0, paths, set(big), pool, workers, definitions=definitions, store_url=store_url,
+                    dead_letter=dead_letter, options=options, batch_rows=batch_rows, progress=progress)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run(t0: float, paths: list[str], big: set[str], pool: Any, workers: int, *, definitions: Definitions, store_url: str,
+         dead_letter: str | None, options: EngineOptions | None, batch_rows: int,
+         progress: Progress | None) -> RunSummary:
     store = open_store(store_url)
     summary = RunSummary(files=paths, store=store_url, dead_letter=dead_letter)
     stats = ReadStats()
-    t0 = time.perf_counter()
     engine = LocalEngine(definitions, store, options)
     try:
         done_bytes = 0
         with DeadLetter(dead_letter or _default_dead_letter(store_url)) as dl:
             summary.dead_letter = str(dl.path)
             for path in paths:
-                fid = file_identity(path)
-                # one query per file; per-batch checks only for a file an earlier run stored (some of)
-                seen_before = store.has_sources(f"{fid}:{batch_rows}:")
-                for i, batch in enumerate(read_events([path], batch_rows=batch_rows, dead_letter=dl,
-                                                      stats=stats)):
-                    source = f"{fid}:{batch_rows}:{i}"
-                    if seen_before and store.is_applied(source, definitions.names):
-                        summary.skipped_batches += 1
-                    else:
-                        engine.ingest(batch, source)
-                    if progress:
-                        progress(stats.read, done_bytes)
+                fid = None
+                if path in big:   # the workers start at once, the fingerprint is taken meanwhile
+                    def identify(path: str = path) -> tuple[str, bool]:
+                        identity = file_identity(path)
+                        return identity, not store.has_sources(f"{identity}:{batch_rows}:")
+                    fid, done = parallel.run_file(pool, workers, path, batch_rows, identify, engine.ingest_partials,
+                                                  stats, dl,
+                                                  (lambda: progress(stats.read, done_bytes)) if progress else None)
+                else:
+                    done = False
+                if not done:
+                    fid = fid or file_identity(path)
+                    # one query per file; per-batch checks only for a file an earlier run stored (some of)
+                    seen_before = store.has_sources(f"{fid}:{batch_rows}:")
+                    for i, batch in read_file_indexed(path, batch_rows=batch_rows, dead_letter=dl, stats=stats):
+                        source = f"{fid}:{batch_rows}:{i}"
+                        if seen_before and store.is_applied(source, definitions.names):
+                            summary.skipped_batches += 1
+                        else:
+                            engine.ingest(batch, source)
+                        if progress:
+                            progress(stats.read, done_bytes)
                 done_bytes += Path(path).stat().st_size
                 if progress:
                     progress(stats.read, done_bytes)
