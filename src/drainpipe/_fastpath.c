@@ -212,7 +212,8 @@ buffers_take(BuffersObject *self, PyObject *arg)
     PyObject_GC_UnTrack(fresh);
     PyObject *taken = PyList_GET_ITEM(self->lists, p);
     PyList_SET_ITEM(self->lists, p, fresh);   /* our reference to taken moves to the caller */
-    PyObject_GC_Track(taken);                 /* a batch in user hands is an ordinary list again */
+    if (!PyObject_GC_IsTracked(taken))
+        PyObject_GC_Track(taken);             /* a batch in user hands is an ordinary list again */
     return taken;
 }
 
