@@ -327,37 +327,47 @@ class BatchQueue:
         try:
             if task.stopped:
                 return 0
-            owner, take = self._owner, self._buffers.take
-            drained = []
-            for p in self._assigned[t]:
-                if owner[p] != t:
-                    continue
-                items = take(p)
-                if items is not None:
-                    drained.append((p, items))
-                    if self._waiters[p]:
-                        self._notify_room(p)
-            if drained:
-                return self._dispatch(drained, task.counters)
-            self._idle(t)
-            return 0
+            found = self._dispatch(self._take_owned(t), task.counters)
+            if not found:
+                self._idle(t)
+            return found
         finally:
             epoch[t] += 1
+
+    def _take_owned(self, t: int) -> Iterable[tuple[int, list]]:
+        """(partition, items) of each non-empty partition task ``t`` owns, taken as the iteration reaches it."""
+        owner, take, waiters = self._owner, self._buffers.take, self._waiters
+        for p in self._assigned[t]:
+            if owner[p] != t:
+                continue
+            items = take(p)
+            if items is not None:
+                if waiters[p]:
+                    self._notify_room(p)
+                yield p, items
 
     def _notify_room(self, p: int) -> None:
         cond = self._conds[p]
         with cond:
             cond.notify_all()
 
-    def _dispatch(self, drained: list[tuple[int, list]], counters: _Counters) -> int:
-        """Hand drained items to the consumer, or group them by exact type: one call per handler instance."""
-        total = 0
+    def _dispatch(self, drained: Iterable[tuple[int, list]], counters: _Counters) -> int:
+        """Hand drained items to the consumer, or group them by exact type: one call per handler instance.
+
+        With type_hash routing every handler instance serves one partition, so a partition's groups are dispatched
+        as soon as it is taken (its batches die young, before the cyclic GC walks them again and again). With
+        other selectors a type may sit in several partitions: its batches are merged over the cycle first.
+        """
         if self._consumer is not None:
-            batch = drained[0][1] if len(drained) == 1 else [x for _, items in drained for x in items]
+            parts = [items for _, items in drained]
+            if not parts:
+                return 0
+            batch = parts[0] if len(parts) == 1 else [x for items in parts for x in items]
             self._invoke(self._consumer, batch, counters)
             return len(batch)
         handlers = self._handlers
-        calls: dict[_Target, list] = {}
+        merge: dict[_Target, list] | None = None if self._type_routing else {}
+        total = calls = 0
         for p, items in drained:
             total += len(items)
             for typ, run in group_by_type(items):
@@ -367,14 +377,20 @@ class BatchQueue:
                     self._warn_no_handler(typ)
                     continue
                 target = entry.target(p)
-                batch = calls.get(target)
+                if merge is None:
+                    self._invoke(target, run, counters)
+                    calls += 1
+                    continue
+                batch = merge.get(target)
                 if batch is None:
-                    calls[target] = run
+                    merge[target] = run
                 else:
                     batch.extend(run)
-        for target, batch in calls.items():
-            self._invoke(target, batch, counters)
-        counters.last_calls = len(calls)
+        if merge:
+            for target, batch in merge.items():
+                self._invoke(target, batch, counters)
+            calls += len(merge)
+        counters.last_calls = calls
         return total
 
     def _invoke(self, target: _Target, batch: list, counters: _Counters) -> None:
@@ -425,11 +441,8 @@ class BatchQueue:
         ``_closing`` was set before this runs, and the C fast path never appends once it is set, so nothing can
         arrive after the take. Dispatch holds no lock, so a handler may call ``shutdown()`` without deadlocking.
         """
-        drained = []
-        for p in range(len(self._buffers)):
-            items = self._buffers.take(p)
-            if items is not None:
-                drained.append((p, items))
+        take = self._buffers.take
+        drained = [(p, items) for p in range(len(self._buffers)) if (items := take(p)) is not None]
         if drained:
             _on_drain_thread.queue = self
             try:
