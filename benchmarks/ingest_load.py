@@ -1,17 +1,25 @@
-"""A bounded load test of `drainpipe serve` on loopback.
+"""A bounded load test of `drainpipe serve` on loopback, and whether its memory stays flat.
 
 The server runs as its own process (``drainpipe serve``, a fresh DuckDB store by default); this process is the
-load generator: ``--clients`` threads, each with one keep-alive connection, send a fixed number of NDJSON
-requests (``--requests`` x ``--events-per-request``, bodies built before the clock starts). A 429/503 answer is
-retried after its Retry-After (counted). Meanwhile the server's RSS is sampled every 0.5 s.
+load generator: ``--clients`` threads, each with one keep-alive connection, post NDJSON bodies of
+``--events-per-request`` events (built before the clock starts, cycled) for ``--warmup`` + ``--measure`` seconds.
+A 429/503 answer is retried after its Retry-After (counted). The server's RSS is sampled every 0.5 s.
+
+Memory is judged on the measured window only (after the warm-up, in which the allocators, DuckDB's WAL and
+buffer pool and the engine's buffers reach their working size): first / last / min / max RSS there, and the slope
+of a least-squares line through all samples of the window, in MB per minute and in % of the window's mean RSS per
+minute. **Flat** means |slope| < ``--flat-pct`` (1 %) of the mean per minute: a leak of that rate would be
+visible in the window as a steady climb; allocator noise (RSS going up and down by tens of MB as arenas fill and
+are trimmed) averages out in the fit.
 
 Afterwards the server is stopped with SIGTERM (graceful: drains, flushes, closes the store) and the events in
 the store (sum of the minute ``service_cpm`` values) are compared with the events the server accepted.
 
-Prints a table and writes benchmarks/results/ingest_load.json.
+Prints a table and writes benchmarks/results/ingest_load.json (``--out``).
 
-    .venv/bin/python benchmarks/ingest_load.py                      # defaults: 8 clients, 1200 x 1000 events (~30 s)
-    .venv/bin/python benchmarks/ingest_load.py --store postgresql://drainpipe:drainpipe@127.0.0.1:55432/drainpipe
+    flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 30 s + 60 s
+    flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
+        --store postgresql://drainpipe:drainpipe@127.0.0.1:55432/drainpipe --out benchmarks/results/ingest_load_postgres.json
 """
 from __future__ import annotations
 
@@ -81,10 +89,10 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def start_server(store: str) -> tuple[subprocess.Popen, str, int]:
+def start_server(store: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, int]:
     proc = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "serve", "--store", store, "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
     line = proc.stdout.readline()
     m = re.search(r"listening on http://([\d.]+):(\d+)", line)
     if not m:
@@ -93,13 +101,64 @@ def start_server(store: str) -> tuple[subprocess.Popen, str, int]:
     return proc, m.group(1), int(m.group(2))
 
 
+def ledger_rows(store: str) -> int | None:
+    """Rows of the store's ``applied_sources`` ledger: one per (request, definition), kept forever (the one part
+    of the server's state that grows with the number of requests)."""
+    try:
+        if store.startswith("duckdb:///"):
+            import duckdb
+
+            with duckdb.connect(store[len("duckdb:///"):], read_only=True) as con:
+                return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as con:
+            return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
+    except Exception:  # noqa: BLE001  (a figure for the report, not a check)
+        return None
+
+
+def fit_slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (t, y) points (y per unit of t)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (y - my) for t, y in points) / var if var else 0.0
+
+
+def memory_verdict(rss: list[tuple[float, int]], warmup: float, end: float, flat_pct: float) -> dict:
+    """RSS figures of the measured window [warmup, end] (samples in KB -> MB) and the flat verdict."""
+    window = [(t, kb / 1024) for t, kb in rss if warmup <= t <= end]
+    if len(window) < 10:
+        return {"flat": False, "note": "too few samples in the measured window"}
+    values = [mb for _, mb in window]
+    mean = statistics.mean(values)
+    slope_per_min = fit_slope(window) * 60
+    return {
+        "window_s": [round(warmup, 1), round(end, 1)], "samples": len(window),
+        "first": round(values[0], 1), "last": round(values[-1], 1), "min": round(min(values), 1),
+        "max": round(max(values), 1), "mean": round(mean, 1),
+        "slope_mb_per_min": round(slope_per_min, 2), "slope_pct_per_min": round(100 * slope_per_min / mean, 2),
+        "flat_criterion": f"|slope| < {flat_pct}% of the mean RSS per minute",
+        "flat": abs(100 * slope_per_min / mean) < flat_pct,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--requests", type=int, default=1200, help="total requests (fixed)")
+    ap.add_argument("--warmup", type=float, default=30.0, help="seconds of load before the measured window")
+    ap.add_argument("--measure", type=float, default=90.0, help="seconds of the measured window")
+    ap.add_argument("--bodies", type=int, default=600, help="distinct request bodies (cycled)")
     ap.add_argument("--events-per-request", type=int, default=1000)
     ap.add_argument("--store", help="store URL (default: a fresh DuckDB file in a temp dir)")
     ap.add_argument("--gzip", action="store_true", help="gzip the bodies")
+    ap.add_argument("--flat-pct", type=float, default=1.0, help="flat: |RSS slope| below this %% of RSS per minute")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra environment of the server process (e.g. allocator settings to compare)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ingest_load.json"))
     args = ap.parse_args()
@@ -109,15 +168,19 @@ def main() -> int:
     schema = None
     if store.startswith(("postgresql://", "postgres://")):
         store, schema = fresh_pg_schema(store)
-    print(f"building {args.requests} bodies of {args.events_per_request} events ...", flush=True)
-    bodies = build_bodies(args.requests, args.events_per_request, args.gzip, args.seed)
-    proc, host, port = start_server(store)
-    print(f"server pid {proc.pid} on {host}:{port}, store {store}; {args.clients} clients", flush=True)
+    print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
+    bodies = build_bodies(args.bodies, args.events_per_request, args.gzip, args.seed)
+    server_env = dict(kv.split("=", 1) for kv in args.server_env)
+    load_before = os.getloadavg()
+    proc, host, port = start_server(store, server_env)
+    total_s = args.warmup + args.measure
+    print(f"server pid {proc.pid} on {host}:{port}, store {store}; {args.clients} clients, "
+          f"{args.warmup:.0f} s warm-up + {args.measure:.0f} s measured", flush=True)
 
     next_index = [0]
     lock = threading.Lock()
-    latencies: list[float] = []          # successful attempt, seconds
-    end_to_end: list[float] = []         # including back-pressure retries
+    latencies: list[tuple[float, float]] = []        # (finished at, seconds) of successful attempts
+    end_to_end: list[float] = []                     # including back-pressure retries
     accepted = [0]
     retries = {"429": 0, "503": 0}
     errors: list[str] = []
@@ -126,20 +189,21 @@ def main() -> int:
     headers = {"Content-Type": "application/x-ndjson"}
     if args.gzip:
         headers["Content-Encoding"] = "gzip"
+    t_start = time.perf_counter()
+    deadline = t_start + total_s
 
     def client() -> None:
         conn = http.client.HTTPConnection(host, port, timeout=60)
-        while True:
+        while time.perf_counter() < deadline:
             with lock:
                 i = next_index[0]
                 next_index[0] += 1
-            if i >= len(bodies):
-                break
+            body = bodies[i % len(bodies)]
             first = time.perf_counter()
             while True:
                 t0 = time.perf_counter()
                 try:
-                    conn.request("POST", "/v1/events", bodies[i], headers)
+                    conn.request("POST", "/v1/events", body, headers)
                     r = conn.getresponse()
                     payload = r.read()
                 except (OSError, http.client.HTTPException) as exc:
@@ -165,22 +229,20 @@ def main() -> int:
                 answer = json.loads(payload)
                 with lock:
                     accepted[0] += answer["accepted"]
-                    latencies.append(t1 - t0)
+                    latencies.append((t1 - t_start, t1 - t0))
                     end_to_end.append(t1 - first)
                 break
         conn.close()
 
     def sample_rss() -> None:
-        start = time.perf_counter()
         while not done.is_set():
-            rss.append((time.perf_counter() - start, rss_kb(proc.pid)))
+            rss.append((time.perf_counter() - t_start, rss_kb(proc.pid)))
             done.wait(0.5)
 
-    sampler = threading.Thread(target=sample_rss, daemon=True)
     rss_idle = rss_kb(proc.pid)
+    sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     threads = [threading.Thread(target=client) for _ in range(args.clients)]
-    t_start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
@@ -188,6 +250,7 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
     done.set()
     sampler.join()
+    load_after = os.getloadavg()
 
     t_stop = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
@@ -201,46 +264,50 @@ def main() -> int:
         stored = int(round(sum(r[5] for r in s.query(metric="service_cpm", granularity="minute"))))
     finally:
         s.close()
+    ledger = ledger_rows(store)
 
     if schema:
         drop_pg_schema(args.store, schema)
-    lat_ms = sorted(x * 1000 for x in latencies)
-    e2e_ms = sorted(x * 1000 for x in end_to_end)
     q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")  # noqa: E731
-    warm = [kb for t, kb in rss if t >= 5.0] or [kb for _, kb in rss]   # after 5 s of warm-up
-    mem = warm
-    third = max(1, len(mem) // 3)
+    lat_ms = sorted(x * 1000 for _, x in latencies)
+    measured = [x for t, x in latencies if t >= args.warmup]
+    lat_measured_ms = sorted(x * 1000 for x in measured)
+    e2e_ms = sorted(x * 1000 for x in end_to_end)
+    memory = memory_verdict(rss, args.warmup, min(elapsed, total_s), args.flat_pct)
+    requests_done = len(latencies)
+    events_measured = len(measured) * args.events_per_request
     result = {
-        "clients": args.clients, "requests": args.requests, "events_per_request": args.events_per_request,
-        "gzip": args.gzip, "store": re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", store), "cpus": os.cpu_count(),
-        "elapsed_s": round(elapsed, 2), "events_sent": args.requests * args.events_per_request,
+        "clients": args.clients, "warmup_s": args.warmup, "measure_s": args.measure,
+        "events_per_request": args.events_per_request, "gzip": args.gzip, "server_env": server_env,
+        "store": re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", store), "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in load_after],
+        "elapsed_s": round(elapsed, 2), "requests": requests_done,
         "events_accepted": accepted[0], "events_per_s": round(accepted[0] / elapsed, 1),
-        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "events_per_s_measured": round(events_measured / args.measure, 1),
+        "requests_per_s": round(requests_done / elapsed, 1),
         "latency_ms": {"p50": round(q(lat_ms, 0.5), 2), "p90": round(q(lat_ms, 0.9), 2), "p99": round(q(lat_ms, 0.99), 2),
                        "max": round(lat_ms[-1], 2) if lat_ms else None},
+        "latency_measured_ms": {"p50": round(q(lat_measured_ms, 0.5), 2), "p99": round(q(lat_measured_ms, 0.99), 2)},
         "latency_with_retries_ms": {"p50": round(q(e2e_ms, 0.5), 2), "p99": round(q(e2e_ms, 0.99), 2)},
         "retries": retries, "errors": len(errors), "error_samples": errors[:5],
         "server_accepted": int(server.get("accepted", -1)), "server_dropped": int(server.get("dropped", -1)),
         "events_in_store": stored, "lost": accepted[0] - stored, "shutdown_s": round(shutdown_s, 2),
+        "ledger_rows": ledger, "ledger_rows_per_s": round(ledger / elapsed, 1) if ledger else None,
         "server_exit_code": proc.returncode,
-        "rss_mb": {"idle": round(rss_idle / 1024, 1),
-                   "first_third_mean": round(statistics.mean(mem[:third]) / 1024, 1) if mem else None,
-                   "last_third_mean": round(statistics.mean(mem[-third:]) / 1024, 1) if mem else None,
-                   "growth_pct": round(100 * (statistics.mean(mem[-third:]) / statistics.mean(mem[:third]) - 1), 1)
-                   if mem else None,
-                   "max": round(max(kb for _, kb in rss) / 1024, 1) if rss else None,
-                   "note": "first/last third of the samples after 5 s of warm-up",
+        "rss_mb": {"idle": round(rss_idle / 1024, 1), **memory,
                    "samples": [[round(t, 1), round(kb / 1024, 1)] for t, kb in rss]},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
+    m = result["rss_mb"]
     rows = [
-        ("clients x requests x events", f"{args.clients} x {args.requests} x {args.events_per_request}"
-         + (" (gzip)" if args.gzip else "")),
-        ("elapsed", f"{elapsed:.1f} s"),
-        ("sustained events/s", f"{result['events_per_s']:,.0f}"),
-        ("requests/s", f"{result['requests_per_s']:,.1f}"),
+        ("clients x events/request", f"{args.clients} x {args.events_per_request}" + (" (gzip)" if args.gzip else "")
+         + (f"  server env {server_env}" if server_env else "")),
+        ("elapsed (warm-up + measured)", f"{elapsed:.1f} s ({args.warmup:.0f} + {args.measure:.0f})"),
+        ("requests / events accepted", f"{requests_done:,} / {accepted[0]:,}"),
+        ("sustained events/s (all / measured window)", f"{result['events_per_s']:,.0f} / "
+                                                        f"{result['events_per_s_measured']:,.0f}"),
         ("ingest latency p50 / p90 / p99", f"{result['latency_ms']['p50']} / {result['latency_ms']['p90']} / "
                                           f"{result['latency_ms']['p99']} ms"),
         ("incl. back-pressure retries p50 / p99", f"{result['latency_with_retries_ms']['p50']} / "
@@ -248,18 +315,22 @@ def main() -> int:
         ("429 / 503 retries", f"{retries['429']} / {retries['503']}"),
         ("accepted / in store / lost", f"{accepted[0]:,} / {stored:,} / {accepted[0] - stored}"),
         ("dropped in queues", str(result["server_dropped"])),
-        ("server RSS idle / steady first third / last third / max", f"{result['rss_mb']['idle']} / "
-         f"{result['rss_mb']['first_third_mean']} / {result['rss_mb']['last_third_mean']} / {result['rss_mb']['max']} MB"
-         f" ({result['rss_mb']['growth_pct']:+.1f}%)"),
+        ("store ledger (applied_sources) rows", f"{ledger} ({result['ledger_rows_per_s']}/s)"),
+        ("server RSS idle", f"{m['idle']} MB"),
+        ("RSS in the window first / last / min / max", f"{m.get('first')} / {m.get('last')} / {m.get('min')} / "
+                                                        f"{m.get('max')} MB (mean {m.get('mean')})"),
+        ("RSS slope (least squares)", f"{m.get('slope_mb_per_min')} MB/min = {m.get('slope_pct_per_min')} %/min"
+                                      f" -> {'FLAT' if m.get('flat') else 'NOT flat'} ({m.get('flat_criterion')})"),
         ("graceful shutdown (drain + flush)", f"{shutdown_s:.1f} s, exit {proc.returncode}"),
         ("transport errors", str(len(errors))),
+        ("load average before / after", f"{load_before[0]:.2f} / {load_after[0]:.2f}"),
     ]
     width = max(len(k) for k, _ in rows)
     print()
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     print(f"\nwrote {args.out}")
-    ok = accepted[0] == stored == args.requests * args.events_per_request and proc.returncode == 0 and not errors
+    ok = accepted[0] == stored and stored > 0 and proc.returncode == 0 and not errors and memory.get("flat", False)
     return 0 if ok else 1
 
 
