@@ -68,7 +68,7 @@ class _Entry:
     ``partitions`` by ``key``; plain entries have one target for their one partition.
     """
 
-    __slots__ = ("type", "weight", "split", "factory", "key", "partitions", "targets", "_single", "_rr")
+    __slots__ = ("type", "weight", "split", "factory", "key", "partitions", "targets", "_single", "_anywhere", "_rr")
 
     def __init__(self, type_: type, handler: Any, weight: float, split: int, key: Callable | None) -> None:
         self.type = type_
@@ -79,6 +79,7 @@ class _Entry:
         self.partitions: tuple[int, ...] = ()
         self.targets: dict[int, _Target] = {}
         self._single: _Target | None = None
+        self._anywhere = False
         self._rr = itertools.count()
 
     def bind(self, partitions: tuple[int, ...], handler: Any, locked: bool) -> None:
@@ -88,9 +89,13 @@ class _Entry:
         else:
             self._single = _Target(handler, self.type, locked)
             self.targets = {partitions[0]: self._single}
+            self._anywhere = locked     # a custom selector may put the type anywhere: the lock guards the instance
 
-    def target(self, partition: int) -> _Target:
-        return self._single or self.targets[partition]
+    def target(self, partition: int) -> _Target | None:
+        """The instance that serves this type's items in ``partition``; None if none does (items an earlier
+        registration of the type left in a partition this one does not use: they are dropped and counted, as
+        after remove_handler, since handing them to an instance owned elsewhere could run it twice at once)."""
+        return self._single if self._anywhere else self.targets.get(partition)
 
     @property
     def weighted_count(self) -> float:
@@ -263,18 +268,18 @@ class BatchQueue:
 
     def _produce_full(self, item: Any, p: int) -> bool:
         """produce() found partition ``p`` full: drop (IF_POSSIBLE) or wait for room (BLOCKING)."""
-        return self._put_rest(p, [item], 0) == 1
+        return self._put_rest(p, [item]) == 1
 
-    def _put_rest(self, p: int, items: list, done: int) -> int:
-        """``items[done:]`` did not fit into partition ``p``: count them as dropped (IF_POSSIBLE), or wait for room
-        and put them (BLOCKING) until all are in or shutdown begins. Returns how many more went in."""
+    def _put_rest(self, p: int, items: list) -> int:
+        """``items`` found partition ``p`` full: count them as dropped (IF_POSSIBLE), or wait for room and put them
+        in order (BLOCKING) until all are in or shutdown begins. Returns how many went in."""
         if self._if_possible:
-            for _ in range(len(items) - done):
+            for _ in items:
                 next(self._dropped_full)
             return 0
         put = 0
-        while done + put < len(items) and self._wait_for_room(p):
-            put += self._buffers.put(p, items, done + put)
+        while put < len(items) and self._wait_for_room(p):
+            put += self._buffers.put(p, items, put)
         return put
 
     def _wait_for_room(self, p: int) -> bool:
@@ -305,7 +310,7 @@ class BatchQueue:
         accepted, overflow = self.produce.many(items)
         if overflow is not None:                  # partitions that were full: drop, or wait for room (BLOCKING)
             for p, rest in overflow.items():
-                accepted += self._put_rest(p, rest, 0)
+                accepted += self._put_rest(p, rest)
         return accepted
 
     def _warn_no_handler(self, t: type) -> None:
@@ -372,11 +377,11 @@ class BatchQueue:
             total += len(items)
             for typ, run in group_by_type(items):
                 entry = handlers.get(typ)
-                if entry is None:
+                target = None if entry is None else entry.target(p)
+                if target is None:
                     counters.no_handler += len(run)
                     self._warn_no_handler(typ)
                     continue
-                target = entry.target(p)
                 if merge is None:
                     self._invoke(target, run, counters)
                     calls += 1

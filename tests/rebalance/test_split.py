@@ -106,3 +106,35 @@ def test_split_needs_a_factory_and_type_hash():
             q.add_handler(Hot, lambda b: None, split=-1)
     finally:
         q.shutdown()
+
+
+def test_items_left_in_a_partition_the_new_registration_does_not_serve_are_dropped_and_counted():
+    """A type re-registered with another split may leave items in a partition none of its new instances serves.
+    Handing them to an instance owned by another task could run it twice at once: they are dropped and counted,
+    as remove_handler does with what is still buffered."""
+    q = BatchQueue("split-leftover", BatchQueueConfig(threads=ThreadPolicy.fixed(2),
+                                                      partitions=PartitionPolicy.fixed(4)))
+    try:
+        violations: list[str] = []
+        Counting.instances = []
+
+        def factory():
+            c = Counting(violations)
+            Counting.instances.append(c)
+            return c
+
+        q.add_handler(Hot, factory, split=2, key=lambda it: it.key)
+        served = set(q._handlers[Hot].partitions)
+        stray = min(set(range(4)) - served)
+        assert q._buffers.put(stray, [Hot(1, i) for i in range(50)]) == 50   # as an earlier registration left them
+        for i in range(100):
+            assert q.produce(Hot(i % 7, 1000 + i))
+        deadline = time.monotonic() + 10
+        while q.stats().dispatched + q.stats().dropped_no_handler < 150 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s = q.stats()
+        assert (s.dispatched, s.dropped_no_handler) == (100, 50)
+        assert sorted(x for c in Counting.instances for x in c.seen) == list(range(1000, 1100))
+        assert not violations
+    finally:
+        q.shutdown()
