@@ -226,6 +226,8 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
     assert accepted == 12_000 and summary["dropped"] == 0 and summary["store_errors"] == 0
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == accepted
+        # a server store can lose a COMMIT's acknowledgement: requests carry source ids so a retry is a no-op
+        assert service.source_ids is True and store.has_sources("http:")
 
 
 def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url: str) -> None:

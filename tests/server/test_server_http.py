@@ -242,6 +242,13 @@ def test_everything_accepted_is_stored_after_shutdown(tmp_path) -> None:
             total += body["accepted"]
     assert srv.service.summary()["dropped"] == 0
     assert stored_event_count(url) == total == 15_000
+    # the embedded store never retries a write, so requests carry no source id: its ledger of applied sources
+    # (one row per request and definition, kept for good) does not grow with the request count
+    assert srv.service.source_ids is False
+    from drainpipe.pipeline.store import open_store
+
+    with open_store(url) as store:  # type: ignore[attr-defined]
+        assert not store.has_sources("")       # no ledger row at all
 
 
 # ------------------------------------------------------------------------------------------ chunked request bodies

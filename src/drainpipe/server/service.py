@@ -17,8 +17,12 @@ when the pipeline has room for it:
 A request that finds no room waits up to ``admit_wait_s``, then is refused: 503 when the store is unavailable
 or the server is shutting down, 429 when the pipeline is merely busy; both with ``Retry-After``.
 
-Events of one request get a fresh source id (``http:<uuid4>``): requests are never replayed, and the id keeps
-the store's idempotent merge exact (a write retried after a lost COMMIT is not counted twice).
+Source ids. With a server store (PostgreSQL) the events of one request get a fresh source id (``http:<uuid4>``):
+requests are never replayed, and the id keeps the store's idempotent merge exact when the engine retries a write
+whose COMMIT went through but whose acknowledgement was lost. The store records every (source, definition) pair
+in its ``applied_sources`` ledger for good. With the embedded DuckDB store a write either commits or raises (no
+lost acknowledgements, no retries), so requests carry no source id: the ledger would be pure growth, one row per
+request and definition, held by DuckDB in the server's memory (its primary-key index) and scanned on every write.
 """
 from __future__ import annotations
 
@@ -71,6 +75,14 @@ def serve_engine_options(**overrides: Any) -> EngineOptions:
                 rebalance_interval_ms=1_000, store_retry_s=(0.05, 2.0))
     base.update(overrides)
     return EngineOptions(**base)
+
+
+def needs_source_ids(store: Any) -> bool:
+    """Whether request batches need source ids for exactness: unless the store is embedded (DuckDB), a write can
+    commit and still fail for the engine (a lost acknowledgement), and only the id makes the retry a no-op."""
+    from ..pipeline.store import DuckDBStore
+
+    return not isinstance(store, DuckDBStore)
 
 
 class InstrumentedStore:
@@ -147,6 +159,7 @@ class IngestService:
         self.options = options or ServiceOptions()
         self.store_url = store_url
         self.store = InstrumentedStore(store)
+        self.source_ids = needs_source_ids(store)
         self.engine = LocalEngine(definitions, self.store, engine_options or serve_engine_options(), name=name)
         self.counters = IngestCounters()
         self.started = time.time()
@@ -243,7 +256,7 @@ class IngestService:
         if n:
             with self._lock:
                 self._submitted_batches += 1
-            if not self.engine.ingest(batch, f"http:{uuid.uuid4().hex}"):
+            if not self.engine.ingest(batch, f"http:{uuid.uuid4().hex}" if self.source_ids else None):
                 with self._lock:
                     self._submitted_batches -= 1
                     self.counters.refused_unavailable += 1
