@@ -51,6 +51,50 @@ buffers_index(BuffersObject *self, Py_ssize_t p)
     return 0;
 }
 
+/* A partition number given from Python: 0 and *p set, or -1 with an exception. */
+static int
+partition_arg(BuffersObject *self, PyObject *arg, Py_ssize_t *p)
+{
+    *p = PyLong_AsSsize_t(arg);
+    if (*p == -1 && PyErr_Occurred())
+        return -1;
+    return buffers_index(self, *p);
+}
+
+static long long
+partition_size(BuffersObject *self, Py_ssize_t p)
+{
+    return PyList_GET_SIZE(PyList_GET_ITEM(self->lists, p));
+}
+
+static long long
+partition_produced(BuffersObject *self, Py_ssize_t p)
+{
+    return self->counts[p];
+}
+
+/* A tuple of value(self, p) for every partition, made in one atomic step (a consistent snapshot). */
+static PyObject *
+per_partition(BuffersObject *self, long long (*value)(BuffersObject *, Py_ssize_t))
+{
+    Py_ssize_t n = PyList_GET_SIZE(self->lists);
+    long long *values = PyMem_Malloc((n ? n : 1) * sizeof(long long));
+    if (values == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t p = 0; p < n; p++)      /* read everything before allocating Python objects (GC) */
+        values[p] = value(self, p);
+    PyObject *out = PyTuple_New(n);
+    for (Py_ssize_t p = 0; out != NULL && p < n; p++) {
+        PyObject *v = PyLong_FromLongLong(values[p]);
+        if (v == NULL)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, p, v);
+    }
+    PyMem_Free(values);
+    return out;
+}
+
 static int
 buffers_grow_one(BuffersObject *self)
 {
@@ -177,10 +221,9 @@ buffers_put(BuffersObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "put(partition, items: list, start=0)");
         return NULL;
     }
-    Py_ssize_t p = PyLong_AsSsize_t(args[0]);
-    if (p == -1 && PyErr_Occurred())
+    Py_ssize_t p, start = 0;
+    if (partition_arg(self, args[0], &p) < 0)
         return NULL;
-    Py_ssize_t start = 0;
     if (nargs == 3) {
         start = PyLong_AsSsize_t(args[2]);
         if (start == -1 && PyErr_Occurred())
@@ -190,8 +233,6 @@ buffers_put(BuffersObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    if (buffers_index(self, p) < 0)
-        return NULL;
     Py_ssize_t k = buffers_put_impl(self, p, args[1], start);
     return k < 0 ? NULL : PyLong_FromSsize_t(k);
 }
@@ -199,10 +240,8 @@ buffers_put(BuffersObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 buffers_take(BuffersObject *self, PyObject *arg)
 {
-    Py_ssize_t p = PyLong_AsSsize_t(arg);
-    if (p == -1 && PyErr_Occurred())
-        return NULL;
-    if (buffers_index(self, p) < 0)
+    Py_ssize_t p;
+    if (partition_arg(self, arg, &p) < 0)
         return NULL;
     if (PyList_GET_SIZE(PyList_GET_ITEM(self->lists, p)) == 0)
         Py_RETURN_NONE;
@@ -220,59 +259,27 @@ buffers_take(BuffersObject *self, PyObject *arg)
 static PyObject *
 buffers_size(BuffersObject *self, PyObject *arg)
 {
-    Py_ssize_t p = PyLong_AsSsize_t(arg);
-    if (p == -1 && PyErr_Occurred())
-        return NULL;
-    if (buffers_index(self, p) < 0)
-        return NULL;
-    return PyLong_FromSsize_t(PyList_GET_SIZE(PyList_GET_ITEM(self->lists, p)));
+    Py_ssize_t p;
+    return partition_arg(self, arg, &p) < 0 ? NULL : PyLong_FromLongLong(partition_size(self, p));
 }
 
 static PyObject *
 buffers_sizes(BuffersObject *self, PyObject *Py_UNUSED(ignored))
 {
-    Py_ssize_t n = PyList_GET_SIZE(self->lists);
-    PyObject *out = PyTuple_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t p = 0; p < n; p++) {
-        PyObject *v = PyLong_FromSsize_t(PyList_GET_SIZE(PyList_GET_ITEM(self->lists, p)));
-        if (v == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(out, p, v);
-    }
-    return out;
+    return per_partition(self, partition_size);
 }
 
 static PyObject *
 buffers_produced(BuffersObject *self, PyObject *arg)
 {
-    Py_ssize_t p = PyLong_AsSsize_t(arg);
-    if (p == -1 && PyErr_Occurred())
-        return NULL;
-    if (buffers_index(self, p) < 0)
-        return NULL;
-    return PyLong_FromLongLong(self->counts[p]);
+    Py_ssize_t p;
+    return partition_arg(self, arg, &p) < 0 ? NULL : PyLong_FromLongLong(partition_produced(self, p));
 }
 
 static PyObject *
 buffers_produced_all(BuffersObject *self, PyObject *Py_UNUSED(ignored))
 {
-    Py_ssize_t n = PyList_GET_SIZE(self->lists);
-    PyObject *out = PyTuple_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t p = 0; p < n; p++) {
-        PyObject *v = PyLong_FromLongLong(self->counts[p]);
-        if (v == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(out, p, v);
-    }
-    return out;
+    return per_partition(self, partition_produced);
 }
 
 static PyObject *
