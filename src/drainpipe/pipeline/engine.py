@@ -59,7 +59,7 @@ class EngineOptions:
     live: bool = False                # True: L1 drops when full (IF_POSSIBLE), as the seed does for telemetry
     rebalance_interval_ms: int = 500
     l1_flush_s: float = 1.0
-    l2_flush_s: float = 2.0
+    l2_flush_s: float = 5.0
     chunk_rows: int = 4096
     store_retry_s: tuple[float, float] = (0.05, 2.0)   # backoff from .. to
 

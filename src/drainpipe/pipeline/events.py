@@ -459,12 +459,14 @@ class _JsonlBlocks:
     def __init__(self) -> None:
         self.skip = self.backoff = 0
 
-    def read(self, chunk: list[bytes], lineno: int, sink: _Sink, data: bytes | None = None) -> pa.RecordBatch | None:
-        """The accepted rows of ``chunk`` (its first line is line ``lineno + 1``; ``data`` = the joined chunk,
-        if the caller has it) as a canonical batch, None if there are none; rejects go to ``sink``."""
+    def read(self, chunk: Sequence[bytes], lineno: int, sink: _Sink, data: bytes | None = None,
+             newlines: np.ndarray | None = None) -> pa.RecordBatch | None:
+        """The accepted rows of ``chunk`` (its first line is line ``lineno + 1``; ``data`` = the joined chunk
+        and ``newlines`` = the offsets of its ``\\n`` bytes, if the caller has them) as a canonical batch, None
+        if there are none; rejects go to ``sink``."""
         fast = None
         if _JSONL_FAST_PATH and not self.skip:
-            fast = _fast_jsonl_block(chunk, lineno, data)
+            fast = _fast_jsonl_block(chunk, lineno, data, newlines)
             self.backoff = 0 if fast is not None else min(2 * self.backoff or 1, _JSONL_MAX_BACKOFF)
             self.skip = self.backoff
         elif self.skip:
@@ -492,6 +494,8 @@ _JSONL_MAX_BACKOFF = 16
 _ARROW_JSON_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA])  # all nullable: nulls are checked
 _ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="ignore")
 _ARROW_JSON_READ = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
+#: the same on one thread, with blocks large enough that a block of lines comes back as one chunk (workers)
+_ARROW_JSON_READ_SERIAL = pajson.ReadOptions(use_threads=False, block_size=32 << 20)
 _MAX_NESTING = 200  # a line with fewer brackets than this cannot reach Python's recursion limit
 
 
@@ -505,7 +509,7 @@ _OPEN, _CLOSE, _BRACKET, _CR, _NL = ord("{"), ord("}"), ord("["), ord("\r"), ord
 
 
 def _fast_jsonl_block(
-    chunk: list[bytes], lineno: int = 0, data: bytes | None = None
+    chunk: Sequence[bytes], lineno: int = 0, data: bytes | None = None, newlines: np.ndarray | None = None
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
     rows, (line, raw, reason) per rejected line)`` via ``pyarrow.json`` and the columnar core, or None when
@@ -536,7 +540,7 @@ def _fast_jsonl_block(
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    lines = _one_object_per_line(data, n)
+    lines = _one_object_per_line(data, n, newlines)
     if lines is None:
         return None
     buf, starts, ends = lines
@@ -569,12 +573,15 @@ def _fast_jsonl_block(
     return canonical.filter(pa.array(~mask)), rejects
 
 
-def _one_object_per_line(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _one_object_per_line(
+    data: bytes, n: int, newlines: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``(bytes, line starts, line ends)`` as numpy arrays when every one of the ``n`` lines in ``data``
     starts with ``{`` and ends with ``}`` (before an optional ``\\r`` and the ``\\n``), so no line is blank
-    and no object can continue on the next line; else None."""
+    and no object can continue on the next line; else None. ``newlines``: the offsets of the ``\\n`` bytes,
+    if known."""
     buf = np.frombuffer(data, dtype=np.uint8)
-    ends = np.flatnonzero(buf == _NL)
+    ends = np.flatnonzero(buf == _NL) if newlines is None else newlines
     if buf[-1] != _NL:
         ends = np.append(ends, len(buf))  # last line without a line ending
     if len(ends) != n:

@@ -96,7 +96,7 @@ def _init_worker(definitions: Definitions) -> None:
     global _definitions
     _definitions = definitions
     # the pool is the parallelism: pyarrow's JSON reader on one thread per process wastes less CPU
-    _events._ARROW_JSON_READ = _events.pajson.ReadOptions(use_threads=False, block_size=1 << 20)
+    _events._ARROW_JSON_READ = _events._ARROW_JSON_READ_SERIAL
 
 
 def process_task(task: Task, definitions: Definitions | None = None) -> TaskResult:
@@ -132,8 +132,9 @@ def _jsonl_blocks(task: Task, sink: Any) -> Iterator[tuple[int, pa.RecordBatch]]
         block = data[begin:stop]
         if not block:
             break
-        lines = _Lines(block, min(last + 1, len(newlines)) - k * task.batch_rows + (block[-1] != 10))
-        batch = reader.read(lines, lineno, sink, block)  # type: ignore[arg-type]
+        ends = newlines[k * task.batch_rows:last + 1] - begin
+        lines = _Lines(block, len(ends) + (block[-1] != 10))
+        batch = reader.read(lines, lineno, sink, block, ends)
         lineno += len(lines)
         begin = stop
         if batch is not None:
@@ -237,7 +238,7 @@ def plan_tasks(path: str, source: str, batch_rows: int, workers: int = 2) -> Ite
         raise ValueError(f"{path!r}: only uncompressed JSON Lines and Parquet are read in worker processes")
     if fmt == "parquet":
         return iter(_parquet_tasks(path, source, batch_rows, workers))
-    return _jsonl_tasks(path, source, batch_rows)
+    return _jsonl_tasks(path, source, batch_rows, workers)
 
 
 def _parquet_tasks(path: str, source: str, batch_rows: int, workers: int) -> list[Task]:
@@ -266,12 +267,15 @@ def _parquet_tasks(path: str, source: str, batch_rows: int, workers: int) -> lis
     return tasks
 
 
-def _jsonl_tasks(path: str, source: str, batch_rows: int) -> Iterator[Task]:
-    lines_per_task = JSONL_TASK_BLOCKS * batch_rows
+def _jsonl_tasks(path: str, source: str, batch_rows: int, workers: int) -> Iterator[Task]:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return
+        # at most JSONL_TASK_BLOCKS blocks per task, fewer when that leaves under three tasks per worker
+        sample = f.read(1 << 20)
+        estimate = size * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
+        lines_per_task = batch_rows * max(1, min(JSONL_TASK_BLOCKS, int(estimate // (3 * max(1, workers)))))
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             buf = np.frombuffer(mm, dtype=np.uint8)
             window = buf[:0]
