@@ -5,8 +5,9 @@ load generator: ``--clients`` threads, each with one keep-alive connection, post
 ``--events-per-request`` events (built before the clock starts, cycled) for ``--warmup`` + ``--measure`` seconds.
 A 429/503 answer is retried after its Retry-After (counted). The server's RSS is sampled every 0.5 s.
 
-Memory is judged on the measured window only (after the warm-up, in which the allocators, DuckDB's WAL and
-buffer pool and the engine's buffers reach their working size): first / last / min / max RSS there, and the slope
+Memory is judged on the measured window only, after the warm-up: RSS climbs for 60-90 s under load while the
+allocators (glibc's per-thread arenas, Arrow's mimalloc pool), DuckDB's WAL and buffer pool and the engine's
+buffers reach their working size, then stays in a band of about +-30 MB. In the window: first / last / min / max RSS there, and the slope
 of a least-squares line through all samples of the window, in MB per minute and in % of the window's mean RSS per
 minute. **Flat** means |slope| < ``--flat-pct`` (1 %) of the mean per minute: a leak of that rate would be
 visible in the window as a steady climb; allocator noise (RSS going up and down by tens of MB as arenas fill and
@@ -17,7 +18,7 @@ the store (sum of the minute ``service_cpm`` values) are compared with the event
 
 Prints a table and writes benchmarks/results/ingest_load.json (``--out``).
 
-    flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 30 s + 60 s
+    flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 60 s + 90 s
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
         --store postgresql://drainpipe:drainpipe@127.0.0.1:55432/drainpipe --out benchmarks/results/ingest_load_postgres.json
 """
@@ -29,6 +30,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -150,7 +152,7 @@ def memory_verdict(rss: list[tuple[float, int]], warmup: float, end: float, flat
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--warmup", type=float, default=30.0, help="seconds of load before the measured window")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the measured window")
     ap.add_argument("--measure", type=float, default=90.0, help="seconds of the measured window")
     ap.add_argument("--bodies", type=int, default=600, help="distinct request bodies (cycled)")
     ap.add_argument("--events-per-request", type=int, default=1000)
@@ -265,6 +267,7 @@ def main() -> int:
     finally:
         s.close()
     ledger = ledger_rows(store)
+    shutil.rmtree(tmp, ignore_errors=True)
 
     if schema:
         drop_pg_schema(args.store, schema)
@@ -273,7 +276,8 @@ def main() -> int:
     measured = [x for t, x in latencies if t >= args.warmup]
     lat_measured_ms = sorted(x * 1000 for x in measured)
     e2e_ms = sorted(x * 1000 for x in end_to_end)
-    memory = memory_verdict(rss, args.warmup, min(elapsed, total_s), args.flat_pct)
+    # the window ends when the clients stop starting requests (after that the load tapers off)
+    memory = memory_verdict(rss, args.warmup, total_s - 0.25, args.flat_pct)
     requests_done = len(latencies)
     events_measured = len(measured) * args.events_per_request
     result = {
