@@ -610,6 +610,21 @@ def verify(data_dir: Path, work: Path, events: int) -> dict[str, Any]:
             CONTENDERS[name](path, db)
             values, topn = _rows_of(db)
             _check(report, f"{name} {fmt}", reference_values, reference_topn, values, topn)
+        # the timed runs read large files in worker processes: check that path too (small blocks, several tasks)
+        from drainpipe.pipeline import parallel
+        from drainpipe.pipeline.definitions import default_definitions
+        from drainpipe.pipeline.run import run_local
+
+        saved = parallel.MIN_PARALLEL_BYTES
+        parallel.MIN_PARALLEL_BYTES = 0
+        try:
+            db = fresh_db(work, f"verify-drainpipe-workers-{fmt}")
+            run_local([str(path)], definitions=default_definitions(), store_url=f"duckdb:///{db}",
+                      batch_rows=max(1, events // 7), workers=2)
+        finally:
+            parallel.MIN_PARALLEL_BYTES = saved
+        values, topn = _rows_of(db)
+        _check(report, f"drainpipe workers {fmt}", reference_values, reference_topn, values, topn)
     report["ok"] = all(c["ok"] for c in report["checks"])
     return report
 
