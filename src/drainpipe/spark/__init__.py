@@ -23,7 +23,8 @@ skew-aware placement of per-type work. Importing this package does not import py
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.events import DeadLetter, detect_format, expand_inputs
@@ -57,6 +58,29 @@ def _session(master: str, conf: Mapping[str, str] | None, spark: SparkSession | 
     return spark_session(master, conf), active is None
 
 
+@contextmanager
+def _job(store_url: str, master: str, conf: Mapping[str, str] | None,
+         spark: SparkSession | None) -> Iterator[tuple[Any, SparkSession]]:
+    """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
+    store = open_store(store_url)
+    try:
+        session, created = _session(master, conf, spark)
+        try:
+            yield store, session
+        finally:
+            if created:
+                session.stop()
+    finally:
+        store.close()
+
+
+def _add_rate(summary: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Add ``elapsed_s`` (since perf_counter ``t0``) and ``events_per_s`` (accepted per second) to ``summary``."""
+    elapsed = time.perf_counter() - t0
+    summary.update(elapsed_s=elapsed, events_per_s=summary["accepted"] / elapsed if elapsed > 0 else 0.0)
+    return summary
+
+
 def run_batch(
     inputs: Sequence[str],
     *,
@@ -85,22 +109,11 @@ def run_batch(
     paths = expand_inputs(list(inputs))
     for path in paths:
         detect_format(path)
-    store = open_store(store_url)
-    try:
-        session, created = _session(master, conf, spark)
-        try:
-            target = dead_letter or default_dead_letter(store_url)
-            with DeadLetter(target) as dl:
-                summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
-        finally:
-            if created:
-                session.stop()
-    finally:
-        store.close()
-    elapsed = time.perf_counter() - t0
-    summary.update(dead_letter=target, elapsed_s=elapsed,
-                   events_per_s=summary["accepted"] / elapsed if elapsed > 0 else 0.0)
-    return summary
+    target = dead_letter or default_dead_letter(store_url)
+    with _job(store_url, master, conf, spark) as (store, session), DeadLetter(target) as dl:
+        summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
+    summary.update(dead_letter=target)
+    return _add_rate(summary, t0)
 
 
 def run_stream(input_dir: str, **kwargs: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.events import DeadLetter, InputError, detect_format
-from drainpipe.pipeline.store import DEFAULT_STORE_URL, open_store
+from drainpipe.pipeline.store import DEFAULT_STORE_URL
 
 from .engine import JobOptions, ingest_files
 
@@ -89,31 +89,21 @@ def run_stream(
     Returns the summed counts (``read accepted rejected files skipped_files ignored_files metrics_rows
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
     """
-    from . import _session, default_dead_letter
+    from . import _add_rate, _job, default_dead_letter
 
     if not os.path.isdir(input_dir):
         raise InputError(f"stream input {input_dir!r} is not a directory")
     t0 = time.perf_counter()
-    store = open_store(store_url)
-    try:
-        session, created = _session(master, conf, spark)
+    with _job(store_url, master, conf, spark) as (store, session), \
+            _AppendingDeadLetter(dead_letter or default_dead_letter(store_url)) as dl:
+        batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
         try:
-            with _AppendingDeadLetter(dead_letter or default_dead_letter(store_url)) as dl:
-                batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
-                try:
-                    query = _start(session, input_dir, checkpoint, batches, trigger_once, poll_s,
-                                   max_files_per_trigger)
-                    _await(query, None if trigger_once else stop_after_s)
-                finally:
-                    totals = batches.release()
+            query = _start(session, input_dir, checkpoint, batches, trigger_once, poll_s, max_files_per_trigger)
+            _await(query, None if trigger_once else stop_after_s)
         finally:
-            if created:
-                session.stop()
-    finally:
-        store.close()
-    elapsed = time.perf_counter() - t0
-    totals.update(elapsed_s=elapsed, events_per_s=totals["accepted"] / elapsed if elapsed > 0 else 0.0, dropped=0)
-    return totals
+            totals = batches.release()
+    totals.update(dropped=0)
+    return _add_rate(totals, t0)
 
 
 class _MicroBatches:
