@@ -226,8 +226,24 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
     assert accepted == 12_000 and summary["dropped"] == 0 and summary["store_errors"] == 0
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == accepted
-        # a server store can lose a COMMIT's acknowledgement: requests carry source ids so a retry is a no-op
-        assert service.source_ids is True and store.has_sources("http:")
+        # a server store can lose a COMMIT's acknowledgement: requests carry source ids so a retry is a no-op;
+        # once a write succeeded its ids are forgotten again, so the ledger does not grow with every request
+        assert service.source_ids is True and not store.has_sources("http:")
+
+
+def test_forget_removes_a_source_and_its_pieces_from_the_ledger(pg_url: str) -> None:
+    batch = generate_events(500, services=3, seed=9, batch_rows=500).__next__()
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        whole = aggregate_batch(batch, DEFAULT_DEFINITIONS, source="http:forget-a")
+        store.merge(whole)
+        piece = split_partial(aggregate_batch(batch, DEFAULT_DEFINITIONS, source="http:forget-b")[0], 2)[0]
+        store.merge([piece])
+        keep = aggregate_batch(batch, DEFAULT_DEFINITIONS, source="file:keep")
+        store.merge(keep)
+        assert store.has_sources("http:forget-a") and store.has_sources("http:forget-b")
+        store.forget(["http:forget-a", "http:forget-b"])
+        assert not store.has_sources("http:forget-") and store.is_applied("file:keep", DEFAULT_DEFINITIONS.names)
+        store.forget([])                                   # nothing to do
 
 
 def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url: str) -> None:

@@ -20,7 +20,9 @@ or the server is shutting down, 429 when the pipeline is merely busy; both with 
 Source ids. With a server store (PostgreSQL) the events of one request get a fresh source id (``http:<uuid4>``):
 requests are never replayed, and the id keeps the store's idempotent merge exact when the engine retries a write
 whose COMMIT went through but whose acknowledgement was lost. The store records every (source, definition) pair
-in its ``applied_sources`` ledger for good. With the embedded DuckDB store a write either commits or raises (no
+in its ``applied_sources`` ledger; once a write has succeeded it is never retried, so its request ids are then
+removed again (``Store.forget``, after the write, on the persist thread) and the ledger holds only the writes in
+flight instead of growing with every request. With the embedded DuckDB store a write either commits or raises (no
 lost acknowledgements, no retries), so requests carry no source id: the ledger would be pure growth, one row per
 request and definition, held by DuckDB in the server's memory (its primary-key index) and scanned on every write.
 """
@@ -77,6 +79,9 @@ def serve_engine_options(**overrides: Any) -> EngineOptions:
     return EngineOptions(**base)
 
 
+REQUEST_SOURCE_PREFIX = "http:"    # source ids of request batches (never replayed)
+
+
 def needs_source_ids(store: Any) -> bool:
     """Whether request batches need source ids for exactness: unless the store is embedded (DuckDB), a write can
     commit and still fail for the engine (a lost acknowledgement), and only the id makes the retry a no-op."""
@@ -87,10 +92,16 @@ def needs_source_ids(store: Any) -> bool:
 
 class InstrumentedStore:
     """Wraps the engine's store: times each merge (write latency), notices unavailability. Everything else passes
-    through. ``merge`` is only called from the engine's single persist thread."""
+    through. ``merge`` is only called from the engine's single persist thread.
 
-    def __init__(self, store: Any) -> None:
+    ``forget_prefix``: sources starting with it are never merged again once written (HTTP requests), so after each
+    successful merge they are removed from the store's ledger; if that fails they are tried after the next one.
+    """
+
+    def __init__(self, store: Any, forget_prefix: str | None = None) -> None:
         self._store = store
+        self._forget_prefix = forget_prefix
+        self._to_forget: set[str] = set()
         self.lock = threading.Lock()
         self.writes = 0
         self.failures = 0
@@ -101,6 +112,7 @@ class InstrumentedStore:
         self.on_write: Callable[[float], None] | None = None    # e.g. a Prometheus histogram's observe
 
     def merge(self, partials: Iterable[Any], **kwargs: Any) -> Any:
+        partials = list(partials)
         t0 = time.perf_counter()
         try:
             result = self._store.merge(partials, **kwargs)
@@ -118,7 +130,21 @@ class InstrumentedStore:
             self.write_seconds.append(dt)
         if self.on_write is not None:
             self.on_write(dt)
+        if self._forget_prefix is not None:
+            self._forget([p.sources for p in partials])
         return result
+
+    def _forget(self, source_sets: list[Any]) -> None:
+        prefix = self._forget_prefix
+        self._to_forget.update(s for sources in source_sets for s in sources if s.startswith(prefix))
+        if not self._to_forget:
+            return
+        try:
+            self._store.forget(self._to_forget)
+        except Exception as exc:  # noqa: BLE001 (a ledger left behind costs rows, not exactness: retry later)
+            log.warning("could not trim the store's source ledger (%s); will retry after the next write", exc)
+            return
+        self._to_forget.clear()
 
     @property
     def available(self) -> bool:
@@ -158,8 +184,8 @@ class IngestService:
         self.definitions = definitions
         self.options = options or ServiceOptions()
         self.store_url = store_url
-        self.store = InstrumentedStore(store)
         self.source_ids = needs_source_ids(store)
+        self.store = InstrumentedStore(store, forget_prefix=REQUEST_SOURCE_PREFIX if self.source_ids else None)
         self.engine = LocalEngine(definitions, self.store, engine_options or serve_engine_options(), name=name)
         self.counters = IngestCounters()
         self.started = time.time()
@@ -256,7 +282,7 @@ class IngestService:
         if n:
             with self._lock:
                 self._submitted_batches += 1
-            if not self.engine.ingest(batch, f"http:{uuid.uuid4().hex}" if self.source_ids else None):
+            if not self.engine.ingest(batch, f"{REQUEST_SOURCE_PREFIX}{uuid.uuid4().hex}" if self.source_ids else None):
                 with self._lock:
                     self._submitted_batches -= 1
                     self.counters.refused_unavailable += 1
