@@ -993,6 +993,7 @@ def print_profile(sequential: dict, stages: dict, prof: dict) -> None:
 
 
 def main() -> None:
+    global FORMATS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--runs", type=int, default=3)
@@ -1007,6 +1008,9 @@ def main() -> None:
     ap.add_argument("--data-dir", default=os.environ.get("DRAINPIPE_BENCH_DATA",
                                                          str(Path.home() / ".cache" / "drainpipe-bench")))
     ap.add_argument("--json", default=None, help="output JSON (default benchmarks/results/pipeline.json)")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help="comma-separated input formats to run (parquet,jsonl); without parquet there are no "
+                         "memory or profile runs, and the JSON goes to pipeline-<formats>.json unless --json")
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -1021,6 +1025,13 @@ def main() -> None:
             worker(args)
         return
 
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    if not formats or set(formats) - set(FORMATS):
+        raise SystemExit(f"--formats: choose from {', '.join(FORMATS)}")
+    partial = formats != FORMATS
+    FORMATS = formats
+    if "parquet" not in FORMATS:
+        args.memory_events, args.no_profile, args.no_whatif = "", True, True
     if args.quick:
         args.events, args.runs, args.loop_events = 200_000, 1, 100_000
         args.verify_events = 10_000
@@ -1030,7 +1041,7 @@ def main() -> None:
         args.memory_events = "1000000,10000000"
     json_path = Path(args.json) if args.json else (
         Path(tempfile.gettempdir()) / "drainpipe-bench-pipeline.quick.json" if args.quick
-        else RESULTS / "pipeline.json")
+        else RESULTS / (f"pipeline-{'-'.join(FORMATS)}.json" if partial else "pipeline.json"))
     data_dir = Path(args.data_dir)
     memory_sizes = [int(x) for x in args.memory_events.split(",") if x.strip()]
     import duckdb
@@ -1108,7 +1119,7 @@ def main() -> None:
                     "pyarrow": pyarrow.__version__, "platform": platform.platform(),
                     "load_average_start": load0, "load_average_end": load1},
         "commit": commit,
-        "config": {"events": args.events, "runs": args.runs, "loop_events": args.loop_events,
+        "config": {"formats": list(FORMATS), "events": args.events, "runs": args.runs, "loop_events": args.loop_events,
                    "verify_events": args.verify_events, "memory_events": memory_sizes, "quick": args.quick,
                    "workload": "drainpipe.pipeline.generator.generate_events defaults (20 services x 10 endpoints "
                                "x 3 instances, Zipf skew 1.1, seed 42, 1 hour)",
