@@ -25,6 +25,7 @@ Tasks:
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import multiprocessing
 import os
@@ -231,14 +232,17 @@ def eligible(path: str) -> bool:
     return fmt in ("jsonl", "parquet") and not gzipped and size >= MIN_PARALLEL_BYTES
 
 
-def plan_tasks(path: str, source: str, batch_rows: int, workers: int = 2) -> Iterator[Task]:
-    """The tasks of one file, in file order (lazily for JSON Lines: the scan keeps ahead of the workers)."""
+def plan_tasks(path: str, source: str, batch_rows: int, workers: int = 2, hasher: Any = None) -> Iterator[Task]:
+    """The tasks of one file, in file order (lazily for JSON Lines: the scan keeps ahead of the workers).
+
+    ``hasher`` (JSON Lines only): a hashlib object the scan feeds every byte of the file, in order, by the end
+    of the iteration (the fingerprint without a second pass over the file)."""
     fmt, gzipped = detect_format(path)
     if gzipped or fmt not in ("jsonl", "parquet"):
         raise ValueError(f"{path!r}: only uncompressed JSON Lines and Parquet are read in worker processes")
     if fmt == "parquet":
         return iter(_parquet_tasks(path, source, batch_rows, workers))
-    return _jsonl_tasks(path, source, batch_rows, workers)
+    return _jsonl_tasks(path, source, batch_rows, workers, hasher)
 
 
 def _parquet_tasks(path: str, source: str, batch_rows: int, workers: int) -> list[Task]:
@@ -267,7 +271,7 @@ def _parquet_tasks(path: str, source: str, batch_rows: int, workers: int) -> lis
     return tasks
 
 
-def _jsonl_tasks(path: str, source: str, batch_rows: int, workers: int) -> Iterator[Task]:
+def _jsonl_tasks(path: str, source: str, batch_rows: int, workers: int, hasher: Any = None) -> Iterator[Task]:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -281,6 +285,8 @@ def _jsonl_tasks(path: str, source: str, batch_rows: int, workers: int) -> Itera
             window = buf[:0]
             try:
                 pos = len(_events._BOM) if bytes(buf[:3]) == _events._BOM else 0
+                if hasher is not None:
+                    hasher.update(buf[:pos])
                 first, lineno = 0, 0
                 step = 8 << 20
                 while pos < size:
@@ -293,12 +299,14 @@ def _jsonl_tasks(path: str, source: str, batch_rows: int, workers: int) -> Itera
                             need = 0
                         else:
                             need -= count
-                        if hasattr(mm, "madvise"):  # scanned pages leave this process's RSS
-                            page = scan - scan % mmap.PAGESIZE
-                            mm.madvise(mmap.MADV_DONTNEED, page, min(size, scan + len(window)) - page)
                         if not need:
                             break
                         scan += len(window)
+                    if hasher is not None:
+                        hasher.update(buf[pos:end])
+                    if hasattr(mm, "madvise"):  # scanned (and hashed) pages leave this process's RSS
+                        page = pos - pos % mmap.PAGESIZE
+                        mm.madvise(mmap.MADV_DONTNEED, page, end - page)
                     lines = lines_per_task - need + (1 if need and buf[size - 1] != 10 else 0)
                     blocks = -(-lines // batch_rows)
                     yield Task(path, "jsonl", source, batch_rows, first, blocks, pos, end, lineno)
@@ -331,23 +339,26 @@ PENDING_SOURCE = "*"
 
 
 def run_file(pool: ProcessPoolExecutor, workers: int, path: str, batch_rows: int,
-             identify: Callable[[], tuple[str, bool]], ingest: Callable[[list[Partial], int, int], Any],
+             identify: Callable[[str | None], tuple[str, bool]], ingest: Callable[[list[Partial], int, int], Any],
              stats: ReadStats, dead_letter: DeadLetter | None,
              progress: Callable[[], Any] | None = None) -> tuple[str, bool]:
     """Process one file on the pool; returns the file's identity and whether it was processed.
 
-    The workers start at once; meanwhile ``identify()`` gives the file identity (a content fingerprint, which
-    takes a pass over the file) and whether to go on. If not, the workers' results are dropped, nothing is
+    The workers start at once; meanwhile the rest of the file is planned and ``identify(digest)`` gives the
+    file identity and whether to go on (a content fingerprint; ``digest``: the SHA-256 hex digest of the file
+    the JSON Lines planner computed in its pass, None for Parquet). If not, the workers' results are dropped, nothing is
     counted and the caller reads the file itself. Else the results are consumed in task order: counts and
     rejects, then ``ingest(partials, events, batches)`` with the sources renamed to the identity."""
-    tasks = plan_tasks(path, PENDING_SOURCE, batch_rows, workers)
+    hasher = hashlib.sha256() if detect_format(path)[0] == "jsonl" else None
+    planned = plan_tasks(path, PENDING_SOURCE, batch_rows, workers, hasher)
     window: deque[Future[TaskResult]] = deque()
     try:
-        for task in tasks:
+        for task in planned:
             window.append(pool.submit(process_task, task))
             if len(window) >= 2 * workers:
                 break
-        identity, proceed = identify()
+        tasks = iter(list(planned))  # the rest of the plan: the scan reaches the end of the file (and hashes it)
+        identity, proceed = identify(hasher.hexdigest() if hasher is not None else None)
         if not proceed:
             return identity, False
         for task in tasks:
