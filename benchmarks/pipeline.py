@@ -148,8 +148,8 @@ def _pss_kb(pid: str) -> int:
     return 0
 
 
-def _descendants() -> list[str]:
-    out, todo = [], ["self"]
+def _descendants(root: str = "self") -> list[str]:
+    out, todo = [], [root]
     while todo:
         pid = todo.pop()
         try:
@@ -170,34 +170,64 @@ def _descendants() -> list[str]:
 class MemorySampler:
     """Peak memory of this process and its worker processes together: the sum of their PSS (proportional set
     size: pages a forked worker shares with its parent count once), sampled every ``interval`` seconds (reading
-    ``smaps_rollup`` costs ~1.5 ms a process, so not more often)."""
+    ``smaps_rollup`` costs ~1.5 ms a process, so not more often).
+
+    The sampling runs in a forked child process, not a thread: a thread in the measured process would change
+    what it measures (drainpipe forks its worker processes only when no other thread runs, else spawns them,
+    which costs each worker its imports; ``drainpipe run`` itself runs no other thread). The child's CPU time
+    is counted with the contender's child processes (a few ms)."""
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
         self.peak_kb = 0
         self.peak_workers = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+        self._child = 0
+        self._stop_w = self._result_r = -1
 
-    def sample(self) -> None:
-        kids = _descendants()
-        total = _pss_kb("self") + sum(_pss_kb(k) for k in kids)
+    def sample(self, root: str = "self", exclude: str = "") -> None:
+        kids = [k for k in _descendants(root) if k != exclude]
+        total = _pss_kb(root) + sum(_pss_kb(k) for k in kids)
         if total > self.peak_kb:
             self.peak_kb = total
         self.peak_workers = max(self.peak_workers, len(kids))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
+    def _run_child(self, root: str, stop_r: int, result_w: int) -> None:
+        import select
+
+        me = str(os.getpid())
+        try:
+            while not select.select([stop_r], [], [], self.interval)[0]:
+                self.sample(root, me)
+            self.sample(root, me)
+            os.write(result_w, f"{self.peak_kb} {self.peak_workers}".encode())
+        finally:
+            os._exit(0)
 
     def __enter__(self) -> "MemorySampler":
         self.sample()
-        self._thread.start()
+        stop_r, self._stop_w = os.pipe()
+        self._result_r, result_w = os.pipe()
+        root = str(os.getpid())
+        self._child = os.fork()
+        if self._child == 0:
+            os.close(self._stop_w)
+            os.close(self._result_r)
+            self._run_child(root, stop_r, result_w)
+        os.close(stop_r)
+        os.close(result_w)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        os.close(self._stop_w)   # EOF: the child takes a last sample and reports
+        data = b""
+        while chunk := os.read(self._result_r, 4096):
+            data += chunk
+        os.close(self._result_r)
+        os.waitpid(self._child, 0)
+        if data:
+            peak_kb, workers = map(int, data.split())
+            self.peak_kb = max(self.peak_kb, peak_kb)
+            self.peak_workers = max(self.peak_workers, workers)
 
     @property
     def peak_mb(self) -> float:
