@@ -1026,11 +1026,6 @@ def _validate_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[np.n
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
 
 
-def _read_parquet(path: str, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
-    for _, batch in _read_parquet_indexed(path, batch_rows, sink):
-        yield batch
-
-
 def _read_parquet_indexed(path: str, batch_rows: int, sink: _Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(batch index, batch)`` per ``iter_batches`` batch that has accepted rows."""
     pf = pq.ParquetFile(path)
@@ -1146,7 +1141,8 @@ def _read_all(
     for path, fmt, gzipped in plan:
         sink = _Sink(path, stats, dead_letter)
         try:
-            yield from _read_file(path, fmt, gzipped, batch_rows, sink)
+            for _, batch in _read_blocks(path, fmt, gzipped, batch_rows, sink):
+                yield batch
         except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
             raise InputError(f"cannot read {path!r}: {e}") from e
 
@@ -1163,27 +1159,23 @@ def read_file_indexed(
         raise InputError(f"no such input file: {path!r}")
     sink = _Sink(path, stats if stats is not None else ReadStats(), dead_letter)
     try:
-        if fmt == "parquet":
-            yield from _read_parquet_indexed(path, batch_rows, sink)
-            return
-        with _open_text_source(path, gzipped) as f:
-            if fmt == "jsonl":
-                yield from _read_jsonl_indexed(f, batch_rows, sink)
-            else:
-                yield from enumerate(_read_csv(f, batch_rows, sink, path))
+        yield from _read_blocks(path, fmt, gzipped, batch_rows, sink)
     except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
         raise InputError(f"cannot read {path!r}: {e}") from e
 
 
-def _read_file(path: str, fmt: str, gzipped: bool, batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+def _read_blocks(
+    path: str, fmt: str, gzipped: bool, batch_rows: int, sink: _Sink
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(block index, batch)`` of one file in any format (CSV blocks are numbered as they come)."""
     if fmt == "parquet":
-        yield from _read_parquet(path, batch_rows, sink)
+        yield from _read_parquet_indexed(path, batch_rows, sink)
         return
     with _open_text_source(path, gzipped) as f:
         if fmt == "jsonl":
-            yield from _read_jsonl(f, batch_rows, sink)
+            yield from _read_jsonl_indexed(f, batch_rows, sink)
         else:
-            yield from _read_csv(f, batch_rows, sink, path)
+            yield from enumerate(_read_csv(f, batch_rows, sink, path))
 
 
 def _open_text_source(path: str, gzipped: bool) -> BinaryIO:
