@@ -167,7 +167,7 @@ def read_split(split: Split, batch_rows: int = 65_536) -> tuple[Iterator[pa.Reco
     if split.fmt == "parquet":
         batches = _parquet_batches(split, batch_rows, sink)
     elif split.whole_file:
-        batches = _events._read_file(split.path, split.fmt, split.gzipped, batch_rows, sink)
+        batches = (b for _, b in _events._read_blocks(split.path, split.fmt, split.gzipped, batch_rows, sink))
     else:
         batches = _jsonl_range(split, batch_rows, sink, result)
     return _guarded(split.path, batches), result
@@ -188,7 +188,7 @@ def _jsonl_range(split: Split, batch_rows: int, sink: Any, result: SplitResult) 
 
 
 def _parquet_batches(split: Split, batch_rows: int, sink: Any) -> Iterator[pa.RecordBatch]:
-    """``events._read_parquet`` restricted to the split's row groups (same columnar validation)."""
+    """``events._read_parquet_indexed`` restricted to the split's row groups (same columnar validation)."""
     if split.end <= split.start:
         return
     pf = pq.ParquetFile(split.path)
