@@ -24,9 +24,11 @@ generated = store_events
 EVENTS = generated(3000, seed=3)
 
 
-@pytest.fixture
-def store() -> Iterator[Store]:
-    s = open_store("duckdb:///:memory:")
+@pytest.fixture(params=["duckdb", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """Each store backend in turn: the semantics are the same (PostgreSQL in a fresh schema of the test server)."""
+    url = "duckdb:///:memory:" if request.param == "duckdb" else request.getfixturevalue("pg_url")
+    s = open_store(url)
     yield s
     s.close()
 
@@ -222,6 +224,20 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
     assert store.query() == before and store.query_topn("top_slow_statements") == before_topn
     assert store.applied("two") == frozenset()
     assert ingest(store, EVENTS.slice(1000), "two").applied == 17  # and it can be retried
+
+
+def test_forget_removes_a_source_and_its_pieces_from_the_ledger(store: Store) -> None:
+    ingest(store, EVENTS.slice(0, 500), "http:forget-a")
+    partial = aggregate_batch(EVENTS.slice(500, 500), DEFAULT_DEFINITIONS, source="http:forget-b")[0]
+    piece = split_partial(partial, 2)[0]
+    store.merge([piece])
+    ingest(store, EVENTS.slice(1000, 500), "file:keep")
+    assert store.has_sources("http:forget-a") and store.has_sources("http:forget-b")
+    store.forget(["http:forget-a", "http:forget-b"])
+    store.forget([])                                   # nothing to do
+    assert not store.has_sources("http:forget-")
+    assert store.is_applied("file:keep", DEFAULT_DEFINITIONS.names)
+    assert store.applied("http:forget-a") == frozenset()   # would merge again: only for input never replayed
 
 
 def test_a_name_with_another_definition_is_refused(store: Store) -> None:

@@ -1,4 +1,5 @@
-"""The PostgreSQL store against a real server: the DuckDB store's semantics, and surviving a server restart."""
+"""The PostgreSQL store against a real server: values equal to the DuckDB store's, surviving a server restart,
+and serving into it. (The store semantics suite, tests/pipeline/test_store.py, runs against both backends.)"""
 from __future__ import annotations
 
 import os
@@ -7,14 +8,13 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine, StoreUnavailable
 from drainpipe.pipeline.functions import aggregate_batch, split_partial
 from drainpipe.pipeline.generator import generate_events
-from drainpipe.pipeline.store import MergeReport, Store, StoreError, open_store
+from drainpipe.pipeline.store import Store, StoreError, open_store
 from eventdata import T0, ingest, same_values, store_events
 
 pytestmark = pytest.mark.postgres
@@ -53,18 +53,6 @@ def test_bad_urls_and_unreachable_server() -> None:
     assert "secret" not in str(info.value) and "\n" not in str(info.value)
 
 
-def test_same_input_twice_gives_the_same_values(pg_url: str, reference: Store) -> None:
-    with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        assert ingest(store, EVENTS, "all") == MergeReport(applied=17, skipped=0)
-        first, first_topn = store.query(), store.query_topn("top_slow_statements")
-        assert ingest(store, EVENTS, "all") == MergeReport(applied=0, skipped=17)
-        assert store.query() == first and store.query_topn("top_slow_statements") == first_topn
-        assert same_values(first, reference.query())
-        assert first_topn == reference.query_topn("top_slow_statements")
-        assert store.applied("all") == frozenset(DEFAULT_DEFINITIONS.names)
-        assert store.is_applied("all", DEFAULT_DEFINITIONS.names) and not store.is_applied("other")
-
-
 def test_two_halves_equal_the_whole(pg_url: str, reference: Store) -> None:
     with open_store(pg_url) as halves:  # type: ignore[attr-defined]
         ingest(halves, EVENTS.slice(0, 1234), "first")
@@ -98,27 +86,6 @@ def test_pieces_queries_and_filters(pg_url: str, reference: Store) -> None:
         with pytest.raises(StoreError, match="unknown granularity"):
             store.query(granularity="week")
     duck.close()
-
-
-def test_a_failed_merge_leaves_nothing_half_written(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        ingest(store, EVENTS.slice(0, 1000), "one")
-        before = store.query()
-        original = store._insert_arrow  # type: ignore[attr-defined]
-
-        def failing(table_name: str, rows: pa.Table) -> None:
-            if table_name == "metric_values":
-                raise RuntimeError("disk on fire")
-            original(table_name, rows)
-
-        monkeypatch.setattr(store, "_insert_arrow", failing)
-        with pytest.raises(RuntimeError, match="disk on fire"):
-            ingest(store, EVENTS.slice(1000), "two")
-        monkeypatch.undo()
-        assert store.query() == before and store.applied("two") == frozenset()
-        assert ingest(store, EVENTS.slice(1000), "two").applied == 17
-        with pytest.raises(StoreError, match="different definition"):
-            ingest(store, EVENTS, "y", Definitions((MetricDef("service_cpm", "service", "count"),)))
 
 
 SCRIPT = ROOT / "scripts" / "postgres.sh"
@@ -229,21 +196,6 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
         # a server store can lose a COMMIT's acknowledgement: requests carry source ids so a retry is a no-op;
         # once a write succeeded its ids are forgotten again, so the ledger does not grow with every request
         assert service.source_ids is True and not store.has_sources("http:")
-
-
-def test_forget_removes_a_source_and_its_pieces_from_the_ledger(pg_url: str) -> None:
-    batch = generate_events(500, services=3, seed=9, batch_rows=500).__next__()
-    with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        whole = aggregate_batch(batch, DEFAULT_DEFINITIONS, source="http:forget-a")
-        store.merge(whole)
-        piece = split_partial(aggregate_batch(batch, DEFAULT_DEFINITIONS, source="http:forget-b")[0], 2)[0]
-        store.merge([piece])
-        keep = aggregate_batch(batch, DEFAULT_DEFINITIONS, source="file:keep")
-        store.merge(keep)
-        assert store.has_sources("http:forget-a") and store.has_sources("http:forget-b")
-        store.forget(["http:forget-a", "http:forget-b"])
-        assert not store.has_sources("http:forget-") and store.is_applied("file:keep", DEFAULT_DEFINITIONS.names)
-        store.forget([])                                   # nothing to do
 
 
 def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url: str) -> None:

@@ -1,4 +1,4 @@
-"""PostgreSQL fixtures: the server `make test` starts (scripts/postgres.sh), named by DRAINPIPE_TEST_PG.
+"""Shared fixtures. PostgreSQL: the server `make test` starts (scripts/postgres.sh), named by DRAINPIPE_TEST_PG.
 
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped.
