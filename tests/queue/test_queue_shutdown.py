@@ -252,3 +252,38 @@ def test_shutdown_from_a_handler_during_the_final_drain_does_not_deadlock(qname)
     gate.set()
     closer.join(1.5)
     assert not closer.is_alive(), "shutdown() deadlocked"
+
+
+def test_a_produce_still_routing_when_shutdown_completes_is_refused_not_lost(qname):
+    """The race the fast path closes: a producer checked the closing flag, then ran Python code while routing (a
+    split type's key), and shutdown finished its final drain meanwhile. Its append must be refused (False), not
+    land in a partition nobody will drain."""
+    class Hot:
+        __slots__ = ("n", "block")
+
+        def __init__(self, n, block=False):
+            self.n, self.block = n, block
+
+    routing = threading.Event()
+    release = threading.Event()
+
+    def key(item):
+        if item.block:
+            routing.set()
+            release.wait(5)
+        return item.n
+
+    got: list = []
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4))
+    q.add_handler(Hot, lambda: got.extend, split=True, key=key)
+    assert q.produce(Hot(1)) and q.produce_many([Hot(2), Hot(3)]) == 2
+    result: list = []
+    producer = threading.Thread(target=lambda: result.append(q.produce(Hot(4, block=True))), daemon=True)
+    producer.start()
+    assert routing.wait(5)                       # past the first closing check, inside the key function
+    q.shutdown()                                 # stops intake and runs the final drain
+    release.set()
+    producer.join(5)
+    assert result == [False]
+    s = q.stats()
+    assert s.produced == s.dispatched == 3 and sorted(x.n for x in got) == [1, 2, 3]
