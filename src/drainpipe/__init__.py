@@ -1,9 +1,10 @@
 """drainpipe: a partitioned, self-balancing batch queue for Python, and a metrics pipeline that runs on it.
 
-The public API (fixed by API.md) is re-exported here; modules starting with ``_`` are internal.
+The public API (docs/api.md) is re-exported here; modules starting with ``_`` are internal.
 """
 from ._balancer import DrainBalancer
 from ._config import BatchQueueConfig
+from ._handlers import HandlerConsumer
 from ._manager import BatchQueueManager
 from ._policies import PartitionPolicy, ThreadPolicy
 from ._queue import BatchQueue
@@ -17,6 +18,7 @@ __all__ = [
     "BatchQueueStats",
     "BufferStrategy",
     "DrainBalancer",
+    "HandlerConsumer",
     "PartitionPolicy",
     "PartitionSelector",
     "PartitionUsage",

@@ -108,6 +108,10 @@ class Scheduler:
                 if not self._closed:
                     self._push(lane, task, time.monotonic() + delay)
 
+    def owns_current_thread(self) -> bool:
+        """Whether the calling thread is one of this scheduler's threads."""
+        return threading.current_thread() in self._threads
+
     def shutdown(self, wait: bool = True) -> None:
         self._closed = True
         for lane in self._lanes:

@@ -338,7 +338,7 @@ def test_unhandled_type_logged_once_even_when_two_threads_drop_it_at_once(qname,
                 pass
             return found
 
-    q._warned = RacySet()
+    q._table._warned = RacySet()
     producers = [threading.Thread(target=q.produce, args=(Unhandled(i),)) for i in range(2)]
     for t in producers:
         t.start()

@@ -171,7 +171,7 @@ def test_stats_while_adaptive_partitions_grow(qname):
     assert q.partition_count == 1                      # resolve(1, 2) = 1 + 1 // 2
     me = threading.current_thread()
     armed = [True]
-    real = q._buffers
+    real = q._parts.buffers
 
     class HookBuffers:                                 # the real buffers, growing just before stats reads sizes
         def __getattr__(self, name):
@@ -184,9 +184,9 @@ def test_stats_while_adaptive_partitions_grow(qname):
                 assert q.partition_count == 2
             return real.sizes()
 
-    q._buffers = HookBuffers()
+    q._parts.buffers = HookBuffers()
     s = q.stats()
-    q._buffers = real
+    q._parts.buffers = real
     assert not armed[0]
     assert len(s.partition_used_counts) == 1          # the snapshot is of the partition count it read
     assert s.partition_count in (1, 2)

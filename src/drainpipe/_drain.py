@@ -1,0 +1,212 @@
+"""Drain tasks and dispatch: take whole partitions, group them by type, call the handlers.
+
+A :class:`DrainTask` runs on one scheduler thread at a time. Each cycle it marks itself inside a cycle in
+``Partitions.epoch`` (odd), takes every partition it owns (``Buffers.take``: O(1), each item leaves exactly once)
+and hands the items to the :class:`Dispatcher`. The task knows nothing of the queue: it gets the dispatcher, its
+partitions and the idle delays, as a worker of ``concurrent.futures.thread`` gets only its work queue.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._fastpath import group_by_type
+from ._handlers import HandlerTable, Target
+from ._partitions import Partitions
+
+_SLICE_S = 0.05  # a busy task yields to the scheduler after this long (fairness on shared pools)
+_SMALL_BATCH = 64  # a cycle that found fewer items than this waits min_idle_ms before the next,
+_PER_CALL = 16  # as does one that averaged fewer items than this per handler call
+
+#: ``on_drain_thread.queue`` is the queue whose handler this thread is running (None elsewhere): a control call
+#: made from a handler must not wait for the control thread, which may be fencing this very thread.
+on_drain_thread = threading.local()
+
+
+class Counters:
+    """Counters written by a single thread (one drain task, or the control thread for the final drain)."""
+
+    __slots__ = ("dispatched", "errors", "no_handler", "last_calls")
+
+    def __init__(self) -> None:
+        self.last_calls = 0  # handler calls of the latest cycle
+        self.dispatched = 0
+        self.errors = 0
+        self.no_handler = 0
+
+
+class Dispatcher:
+    """Hands taken items to the consumer, or by exact type to the handler instances of ``table``."""
+
+    def __init__(self, name: str, parts: Partitions, table: HandlerTable, consumer: Target | None,
+                 type_routing: bool, error_handler: Callable[[list[Any], BaseException], None] | None,
+                 log: logging.Logger, owner: object) -> None:
+        self._name = name
+        self._parts = parts
+        self._table = table
+        self._consumer = consumer
+        self._type_routing = type_routing
+        self._error_handler = error_handler
+        self._log = log
+        self._owner = owner  # the queue, as recorded in on_drain_thread
+        self.final = Counters()
+
+    def cycle(self, task: DrainTask) -> int:
+        """One drain cycle of ``task``: take everything it owns, dispatch it; on_idle when there was nothing."""
+        t = task.index
+        epoch = self._parts.epoch
+        epoch[t] += 1  # odd: inside a cycle (published before any ownership read)
+        try:
+            if task.stopped:
+                return 0
+            found = self.dispatch(self._parts.take_owned(t), task.counters)
+            if not found:
+                self._idle(t)
+            return found
+        finally:
+            epoch[t] += 1
+
+    def dispatch(self, drained: Iterable[tuple[int, list[Any]]], counters: Counters) -> int:
+        """Hand drained items to the consumer, or group them by exact type: one call per handler instance.
+
+        With type_hash routing every handler instance serves one partition, so a partition's groups are dispatched
+        as soon as it is taken (its batches die young, before the cyclic GC walks them again and again). With
+        other selectors a type may sit in several partitions: its batches are merged over the cycle first.
+        """
+        if self._consumer is not None:
+            parts = [items for _, items in drained]
+            if not parts:
+                return 0
+            batch = parts[0] if len(parts) == 1 else [x for items in parts for x in items]
+            self._invoke(self._consumer, batch, counters)
+            return len(batch)
+        entries = self._table.entries
+        merge: dict[Target, list[Any]] | None = None if self._type_routing else {}
+        total = calls = 0
+        for p, items in drained:
+            total += len(items)
+            for typ, run in group_by_type(items):
+                entry = entries.get(typ)
+                target = None if entry is None else entry.target(p)
+                if target is None:
+                    counters.no_handler += len(run)
+                    self._table.warn_no_handler(typ)
+                    continue
+                if merge is None:
+                    self._invoke(target, run, counters)
+                    calls += 1
+                    continue
+                batch = merge.get(target)
+                if batch is None:
+                    merge[target] = run
+                else:
+                    batch.extend(run)
+        if merge:
+            for target, batch in merge.items():
+                self._invoke(target, batch, counters)
+            calls += len(merge)
+        counters.last_calls = calls
+        return total
+
+    def final_drain(self) -> None:
+        """Dispatch everything still buffered, once (control thread, after every drain task has stopped).
+
+        ``closing`` was set before this runs, and the C fast path never appends once it is set, so nothing can
+        arrive after the take. Dispatch holds no lock, so a handler may call ``shutdown()`` without deadlocking.
+        """
+        drained = self._parts.take_all()
+        if drained:
+            on_drain_thread.queue = self._owner
+            try:
+                self.dispatch(drained, self.final)
+            finally:
+                on_drain_thread.queue = None
+
+    def _invoke(self, target: Target, batch: list[Any], counters: Counters) -> None:
+        counters.dispatched += len(batch)
+        try:
+            if target.lock is None:
+                target.consume(batch)
+            else:
+                with target.lock:
+                    target.consume(batch)
+        except BaseException as exc:  # the queue survives any handler error
+            counters.errors += 1
+            self._report_error(batch, exc)
+
+    def _report_error(self, batch: list[Any], exc: BaseException) -> None:
+        handler = self._error_handler
+        if handler is None:
+            self._log.error("queue %r: handler failed on %d items: %r", self._name, len(batch), exc, exc_info=exc)
+            return
+        try:
+            handler(batch, exc)
+        except BaseException:
+            self._log.exception("queue %r: error_handler failed", self._name)
+
+    def _idle(self, t: int) -> None:
+        """on_idle of the consumer, or of each handler on a partition this task owns."""
+        targets = (self._consumer,) if self._consumer is not None else self._parts.owned_targets(t)
+        for target in targets:
+            if target.on_idle is None:
+                continue
+            try:
+                if target.lock is None:
+                    target.on_idle()
+                else:
+                    with target.lock:
+                        target.on_idle()
+            except BaseException as exc:
+                self._report_error([], exc)
+
+
+class DrainTask:
+    """One drain task: runs cycles until its partitions are empty, then backs off (``run`` returns the delay)."""
+
+    def __init__(self, index: int, dispatcher: Dispatcher, idle_ms: tuple[int, int], owner: object) -> None:
+        self.index = index
+        self._dispatcher = dispatcher
+        self._min_idle_ms, self._max_idle_ms = idle_ms
+        self._owner = owner
+        self.idle = 0  # empty cycles in a row (the backoff exponent)
+        self.trickle = 0  # trickle cycles in a row
+        self.counters = Counters()
+        self.stopped = False  # hard stop: no new cycle starts
+        self.drain_then_stop = False  # shutdown: run until empty, then finish
+        self.finished = threading.Event()
+
+    def run(self) -> float | None:
+        cycle = self._dispatcher.cycle
+        on_drain_thread.queue = self._owner
+        try:
+            deadline = time.monotonic() + _SLICE_S
+            while not self.stopped:
+                found = cycle(self)
+                if not found:
+                    break  # empty: back off
+                if self.drain_then_stop:
+                    continue  # shutdown: empty the partitions at full speed
+                self.idle = 0  # any data resets the idle backoff
+                if found < max(_SMALL_BATCH, _PER_CALL * self.counters.last_calls):
+                    # A trickle (few items, or few per handler call) costs more in per-cycle overhead and GIL
+                    # hand-offs than it moves: wait, longer after each trickle in a row, so batches grow
+                    # (latency stays <= max_idle_ms).
+                    self.trickle += 1
+                    return self._delay(self.trickle - 1)
+                self.trickle = max(0, self.trickle - 1)
+                if time.monotonic() > deadline:
+                    return 0.0
+            if self.stopped or self.drain_then_stop:
+                self.finished.set()
+                return None
+            self.idle += 1
+            return self._delay(self.idle - 1)
+        finally:
+            on_drain_thread.queue = None
+
+    def _delay(self, exponent: int) -> float:
+        """min(min_idle_ms * 2**exponent, max_idle_ms), in seconds."""
+        return min(self._min_idle_ms * (1 << min(exponent, 30)), self._max_idle_ms) / 1000.0

@@ -1,0 +1,183 @@
+"""The shared partition state of one queue, and the ownership handoff over it.
+
+One object per queue, shared by the producers (:mod:`._queue`), the drain tasks (:mod:`._drain`) and the control
+thread (:mod:`._control`). Who may write what:
+
+* ``buffers`` (C, ``_fastpath.Buffers``): producers append and drain tasks take, each in one atomic C call.
+* ``closing``: set once by the first ``shutdown()`` caller; read by the C fast path and by waiting producers.
+* ``epoch[t]``: only drain task ``t`` (odd while inside a drain cycle); the control thread reads it to fence.
+* ``owner``, ``assigned``, ``targets``, ``type_count``, ``count`` and growth of every list: only the control thread.
+  Lists grow in place (never replaced), and a new partition count is published last, so a reader on another
+  thread never indexes past what exists.
+* ``conds``/``waiters``: producers waiting for room, and drain tasks that free room.
+
+Handoff (revoke, fence, assign; :meth:`handoff`): the partition becomes unowned, the control thread waits until
+each old owner has left the drain cycle it was in, then the new owner is published. Items produced meanwhile stay
+in the partition and are drained by the new owner.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ._fastpath import Buffers
+from ._handlers import Target
+
+UNOWNED = -1
+
+
+class Partitions:
+    """Buffers, owners and cycle epochs of one queue's partitions (see the module docstring for the rules)."""
+
+    def __init__(self, count: int, capacity: int, tasks: int) -> None:
+        self.capacity = capacity
+        self.closing = [False]  # a list: the C fast path holds a reference and reads element 0
+        self.buffers = Buffers(count, capacity, self.closing)
+        self.count = [count]  # published partition count (custom selectors read it through the C producer)
+        self.conds = [threading.Condition(threading.Lock()) for _ in range(count)]
+        self.waiters = [0] * count
+        self.owner = [p % tasks for p in range(count)]
+        self.targets: list[tuple[Target, ...]] = [() for _ in range(count)]  # handler instances per partition
+        self.type_count = [0] * count  # types placed on each partition
+        self.epoch = [0] * tasks
+        self.assigned: list[tuple[int, ...]] = self._assignment()
+
+    # ------------------------------------------------------------------ drain side
+
+    def take_owned(self, t: int) -> Iterator[tuple[int, list[Any]]]:
+        """(partition, items) of each non-empty partition task ``t`` owns, taken as the iteration reaches it."""
+        owner, take, waiters = self.owner, self.buffers.take, self.waiters
+        for p in self.assigned[t]:
+            if owner[p] != t:
+                continue
+            items = take(p)
+            if items is not None:
+                if waiters[p]:
+                    self.notify_room(p)
+                yield p, items
+
+    def owned_targets(self, t: int) -> list[Target]:
+        """The handler instances on the partitions task ``t`` owns now."""
+        owner = self.owner
+        return [tg for p in self.assigned[t] if owner[p] == t for tg in self.targets[p]]
+
+    def take_all(self) -> list[tuple[int, list[Any]]]:
+        """Every non-empty partition's items (the final drain, once no task runs)."""
+        take = self.buffers.take
+        return [(p, items) for p in range(len(self.buffers)) if (items := take(p)) is not None]
+
+    # ------------------------------------------------------------------ producer side
+
+    def notify_room(self, p: int) -> None:
+        cond = self.conds[p]
+        with cond:
+            cond.notify_all()
+
+    def notify_all_rooms(self) -> None:
+        for p in range(len(self.conds)):
+            self.notify_room(p)
+
+    def wait_for_room(self, p: int) -> bool:
+        """Wait until partition ``p`` has room; False once shutdown began."""
+        cond, size, cap = self.conds[p], self.buffers.size, self.capacity
+        with cond:
+            self.waiters[p] += 1
+            try:
+                while size(p) >= cap:
+                    if self.closing[0]:
+                        return False
+                    cond.wait(0.05)
+            finally:
+                self.waiters[p] -= 1
+        return not self.closing[0]
+
+    # ------------------------------------------------------------------ control side (the control thread only)
+
+    def fence(self, tasks: Iterable[int], abortable: bool) -> bool:
+        """Wait until each task has left the cycle it is in now. False if a shutdown cut an abortable fence short."""
+        epoch = self.epoch
+        waiting = {t: epoch[t] for t in tasks if epoch[t] & 1}
+        pause = 0.00005
+        while waiting:
+            if abortable and self.closing[0]:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.001)
+            waiting = {t: e for t, e in waiting.items() if epoch[t] == e}
+        return True
+
+    def handoff(self, moves: list[tuple[int, int, int]], on_state: Callable[[str], None]) -> bool:
+        """Move partitions ``(p, old, new)``: all revokes, one fence over the old owners, all assigns.
+        False (nothing assigned; the revoked partitions are left to the final drain) if shutdown cut the fence."""
+        on_state("revoking")
+        for p, _, _ in moves:
+            self.owner[p] = UNOWNED
+        on_state("fencing")
+        if not self.fence({old for _, old, _ in moves}, abortable=True):
+            return False
+        on_state("assigning")
+        for p, _, new in moves:
+            self.owner[p] = new
+        self.assigned = self._assignment()
+        return True
+
+    def grow(self, want: int) -> None:
+        """Add partitions up to ``want``. Existing partitions keep their owners (and their items); each new
+        partition goes to the task that owns the fewest. The new count is published last."""
+        current = self.count[0]
+        if want <= current:
+            return
+        owned = [0] * len(self.epoch)
+        for t in self.owner:
+            if t >= 0:
+                owned[t] += 1
+        for _ in range(current, want):
+            self.buffers.grow()
+            self.conds.append(threading.Condition(threading.Lock()))
+            self.waiters.append(0)
+            self.targets.append(())
+            self.type_count.append(0)
+            t = min(range(len(owned)), key=lambda i: (owned[i], i))
+            owned[t] += 1
+            self.owner.append(t)
+        self.assigned = self._assignment()
+        self.count[0] = want
+
+    def place(self, k: int, home: tuple[int, ...] | None) -> tuple[int, ...]:
+        """Partitions for a newly registered type: its previous ones if it had any (items of a re-registered type
+        must not sit in two partitions), else the k partitions carrying the fewest types, on distinct owners."""
+        n = self.count[0]
+        k = min(k, n)
+        if home is not None and len(home) == k and all(p < n for p in home):
+            return home
+        order = sorted(range(n), key=lambda p: (self.type_count[p], p))
+        chosen: list[int] = []
+        owners: set[int] = set()
+        for p in order:
+            if len(chosen) < k and self.owner[p] not in owners:
+                chosen.append(p)
+                owners.add(self.owner[p])
+        for p in order:
+            if len(chosen) < k and p not in chosen:
+                chosen.append(p)
+        return tuple(sorted(chosen))
+
+    def attach(self, partition: int, target: Target) -> None:
+        self.targets[partition] = self.targets[partition] + (target,)
+        self.type_count[partition] += 1
+
+    def detach(self, partition: int, type_: type) -> None:
+        self.targets[partition] = tuple(tg for tg in self.targets[partition] if tg.type is not type_)
+        self.type_count[partition] -= 1
+
+    def owners_of(self, partitions: Iterable[int]) -> set[int]:
+        return {self.owner[p] for p in partitions if self.owner[p] >= 0}
+
+    def _assignment(self) -> list[tuple[int, ...]]:
+        per: list[list[int]] = [[] for _ in self.epoch]
+        for p, t in enumerate(self.owner):
+            if t >= 0:
+                per[t].append(p)
+        return [tuple(x) for x in per]
