@@ -23,6 +23,7 @@ Prints a table and writes benchmarks/results/ingest_load.json (``--out``).
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
         --store postgresql://drainpipe:drainpipe@127.0.0.1:55432/drainpipe --out benchmarks/results/ingest_load_postgres.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from drainpipe.pipeline.generator import generate_events, write_events  # noqa: E402
-from drainpipe.pipeline.store import open_store  # noqa: E402
+from drainpipe.pipeline.generator import generate_events, write_events
+from drainpipe.pipeline.store import open_store
 
 
 def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int) -> list[bytes]:
@@ -56,7 +57,7 @@ def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int) -> l
         now = int(time.time() * 1000)
         write_events(generate_events(total, services=20, seed=seed, start_ms=now - 120_000, duration_s=120), path)
         lines = path.read_bytes().splitlines(keepends=True)
-    bodies = [b"".join(lines[i * per_request:(i + 1) * per_request]) for i in range(requests)]
+    bodies = [b"".join(lines[i * per_request : (i + 1) * per_request]) for i in range(requests)]
     return [gzip.compress(b, 1) for b in bodies] if gzipped else bodies
 
 
@@ -93,9 +94,13 @@ def rss_kb(pid: int) -> int:
 
 
 def start_server(store: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "serve", "--store", store, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},
+    )
     line = proc.stdout.readline()
     m = re.search(r"listening on http://([\d.]+):(\d+)", line)
     if not m:
@@ -111,13 +116,13 @@ def ledger_rows(store: str) -> int | None:
         if store.startswith("duckdb:///"):
             import duckdb
 
-            with duckdb.connect(store[len("duckdb:///"):], read_only=True) as con:
+            with duckdb.connect(store[len("duckdb:///") :], read_only=True) as con:
                 return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
         import psycopg
 
         with psycopg.connect(store, autocommit=True) as con:
             return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
-    except Exception:  # noqa: BLE001  (a figure for the report, not a check)
+    except Exception:
         return None
 
 
@@ -141,10 +146,15 @@ def memory_verdict(rss: list[tuple[float, int]], warmup: float, end: float, flat
     mean = statistics.mean(values)
     slope_per_min = fit_slope(window) * 60
     return {
-        "window_s": [round(warmup, 1), round(end, 1)], "samples": len(window),
-        "first": round(values[0], 1), "last": round(values[-1], 1), "min": round(min(values), 1),
-        "max": round(max(values), 1), "mean": round(mean, 1),
-        "slope_mb_per_min": round(slope_per_min, 2), "slope_pct_per_min": round(100 * slope_per_min / mean, 2),
+        "window_s": [round(warmup, 1), round(end, 1)],
+        "samples": len(window),
+        "first": round(values[0], 1),
+        "last": round(values[-1], 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+        "mean": round(mean, 1),
+        "slope_mb_per_min": round(slope_per_min, 2),
+        "slope_pct_per_min": round(100 * slope_per_min / mean, 2),
         "flat_criterion": f"no upward trend: slope < {flat_pct}% of the mean RSS per minute",
         "flat": 100 * slope_per_min / mean < flat_pct,
     }
@@ -160,8 +170,13 @@ def main() -> int:
     ap.add_argument("--store", help="store URL (default: a fresh DuckDB file in a temp dir)")
     ap.add_argument("--gzip", action="store_true", help="gzip the bodies")
     ap.add_argument("--flat-pct", type=float, default=1.0, help="flat: RSS slope below this %% of RSS per minute")
-    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="extra environment of the server process (e.g. allocator settings to compare)")
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the server process (e.g. allocator settings to compare)",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ingest_load.json"))
     args = ap.parse_args()
@@ -177,13 +192,16 @@ def main() -> int:
     load_before = os.getloadavg()
     proc, host, port = start_server(store, server_env)
     total_s = args.warmup + args.measure
-    print(f"server pid {proc.pid} on {host}:{port}, store {store}; {args.clients} clients, "
-          f"{args.warmup:.0f} s warm-up + {args.measure:.0f} s measured", flush=True)
+    print(
+        f"server pid {proc.pid} on {host}:{port}, store {store}; {args.clients} clients, "
+        f"{args.warmup:.0f} s warm-up + {args.measure:.0f} s measured",
+        flush=True,
+    )
 
     next_index = [0]
     lock = threading.Lock()
-    latencies: list[tuple[float, float]] = []        # (finished at, seconds) of successful attempts
-    end_to_end: list[float] = []                     # including back-pressure retries
+    latencies: list[tuple[float, float]] = []  # (finished at, seconds) of successful attempts
+    end_to_end: list[float] = []  # including back-pressure retries
     accepted = [0]
     retries = {"429": 0, "503": 0}
     errors: list[str] = []
@@ -223,7 +241,7 @@ def main() -> int:
                     if r.getheader("Connection", "").lower() == "close":
                         conn.close()
                         conn = http.client.HTTPConnection(host, port, timeout=60)
-                    time.sleep(float(r.getheader("Retry-After") or 1) / 10)   # polite, but keep the test bounded
+                    time.sleep(float(r.getheader("Retry-After") or 1) / 10)  # polite, but keep the test bounded
                     continue
                 if r.status != 200:
                     with lock:
@@ -272,7 +290,7 @@ def main() -> int:
 
     if schema:
         drop_pg_schema(args.store, schema)
-    q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")  # noqa: E731
+    q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
     lat_ms = sorted(x * 1000 for _, x in latencies)
     measured = [x for t, x in latencies if t >= args.warmup]
     lat_measured_ms = sorted(x * 1000 for x in measured)
@@ -282,50 +300,86 @@ def main() -> int:
     requests_done = len(latencies)
     events_measured = len(measured) * args.events_per_request
     result = {
-        "clients": args.clients, "warmup_s": args.warmup, "measure_s": args.measure,
-        "events_per_request": args.events_per_request, "gzip": args.gzip, "server_env": server_env,
-        "store": re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", store), "cpus": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in load_after],
-        "elapsed_s": round(elapsed, 2), "requests": requests_done,
-        "events_accepted": accepted[0], "events_per_s": round(accepted[0] / elapsed, 1),
+        "clients": args.clients,
+        "warmup_s": args.warmup,
+        "measure_s": args.measure,
+        "events_per_request": args.events_per_request,
+        "gzip": args.gzip,
+        "server_env": server_env,
+        "store": re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", store),
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "elapsed_s": round(elapsed, 2),
+        "requests": requests_done,
+        "events_accepted": accepted[0],
+        "events_per_s": round(accepted[0] / elapsed, 1),
         "events_per_s_measured": round(events_measured / args.measure, 1),
         "requests_per_s": round(requests_done / elapsed, 1),
-        "latency_ms": {"p50": round(q(lat_ms, 0.5), 2), "p90": round(q(lat_ms, 0.9), 2), "p99": round(q(lat_ms, 0.99), 2),
-                       "max": round(lat_ms[-1], 2) if lat_ms else None},
+        "latency_ms": {
+            "p50": round(q(lat_ms, 0.5), 2),
+            "p90": round(q(lat_ms, 0.9), 2),
+            "p99": round(q(lat_ms, 0.99), 2),
+            "max": round(lat_ms[-1], 2) if lat_ms else None,
+        },
         "latency_measured_ms": {"p50": round(q(lat_measured_ms, 0.5), 2), "p99": round(q(lat_measured_ms, 0.99), 2)},
         "latency_with_retries_ms": {"p50": round(q(e2e_ms, 0.5), 2), "p99": round(q(e2e_ms, 0.99), 2)},
-        "retries": retries, "errors": len(errors), "error_samples": errors[:5],
-        "server_accepted": int(server.get("accepted", -1)), "server_dropped": int(server.get("dropped", -1)),
-        "events_in_store": stored, "lost": accepted[0] - stored, "shutdown_s": round(shutdown_s, 2),
-        "ledger_rows": ledger, "ledger_rows_per_s": round(ledger / elapsed, 1) if ledger is not None else None,
+        "retries": retries,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "server_accepted": int(server.get("accepted", -1)),
+        "server_dropped": int(server.get("dropped", -1)),
+        "events_in_store": stored,
+        "lost": accepted[0] - stored,
+        "shutdown_s": round(shutdown_s, 2),
+        "ledger_rows": ledger,
+        "ledger_rows_per_s": round(ledger / elapsed, 1) if ledger is not None else None,
         "server_exit_code": proc.returncode,
-        "rss_mb": {"idle": round(rss_idle / 1024, 1), **memory,
-                   "samples": [[round(t, 1), round(kb / 1024, 1)] for t, kb in rss]},
+        "rss_mb": {
+            "idle": round(rss_idle / 1024, 1),
+            **memory,
+            "samples": [[round(t, 1), round(kb / 1024, 1)] for t, kb in rss],
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
     m = result["rss_mb"]
     rows = [
-        ("clients x events/request", f"{args.clients} x {args.events_per_request}" + (" (gzip)" if args.gzip else "")
-         + (f"  server env {server_env}" if server_env else "")),
+        (
+            "clients x events/request",
+            f"{args.clients} x {args.events_per_request}"
+            + (" (gzip)" if args.gzip else "")
+            + (f"  server env {server_env}" if server_env else ""),
+        ),
         ("elapsed (warm-up + measured)", f"{elapsed:.1f} s ({args.warmup:.0f} + {args.measure:.0f})"),
         ("requests / events accepted", f"{requests_done:,} / {accepted[0]:,}"),
-        ("sustained events/s (all / measured window)", f"{result['events_per_s']:,.0f} / "
-                                                        f"{result['events_per_s_measured']:,.0f}"),
-        ("ingest latency p50 / p90 / p99", f"{result['latency_ms']['p50']} / {result['latency_ms']['p90']} / "
-                                          f"{result['latency_ms']['p99']} ms"),
-        ("incl. back-pressure retries p50 / p99", f"{result['latency_with_retries_ms']['p50']} / "
-                                                  f"{result['latency_with_retries_ms']['p99']} ms"),
+        (
+            "sustained events/s (all / measured window)",
+            f"{result['events_per_s']:,.0f} / {result['events_per_s_measured']:,.0f}",
+        ),
+        (
+            "ingest latency p50 / p90 / p99",
+            f"{result['latency_ms']['p50']} / {result['latency_ms']['p90']} / {result['latency_ms']['p99']} ms",
+        ),
+        (
+            "incl. back-pressure retries p50 / p99",
+            f"{result['latency_with_retries_ms']['p50']} / {result['latency_with_retries_ms']['p99']} ms",
+        ),
         ("429 / 503 retries", f"{retries['429']} / {retries['503']}"),
         ("accepted / in store / lost", f"{accepted[0]:,} / {stored:,} / {accepted[0] - stored}"),
         ("dropped in queues", str(result["server_dropped"])),
         ("store ledger (applied_sources) rows", f"{ledger} ({result['ledger_rows_per_s']}/s)"),
         ("server RSS idle", f"{m['idle']} MB"),
-        ("RSS in the window first / last / min / max", f"{m.get('first')} / {m.get('last')} / {m.get('min')} / "
-                                                        f"{m.get('max')} MB (mean {m.get('mean')})"),
-        ("RSS slope (least squares)", f"{m.get('slope_mb_per_min')} MB/min = {m.get('slope_pct_per_min')} %/min"
-                                      f" -> {'FLAT' if m.get('flat') else 'NOT flat'} ({m.get('flat_criterion')})"),
+        (
+            "RSS in the window first / last / min / max",
+            f"{m.get('first')} / {m.get('last')} / {m.get('min')} / {m.get('max')} MB (mean {m.get('mean')})",
+        ),
+        (
+            "RSS slope (least squares)",
+            f"{m.get('slope_mb_per_min')} MB/min = {m.get('slope_pct_per_min')} %/min"
+            f" -> {'FLAT' if m.get('flat') else 'NOT flat'} ({m.get('flat_criterion')})",
+        ),
         ("graceful shutdown (drain + flush)", f"{shutdown_s:.1f} s, exit {proc.returncode}"),
         ("transport errors", str(len(errors))),
         ("load average before / after", f"{load_before[0]:.2f} / {load_after[0]:.2f}"),

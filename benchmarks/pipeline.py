@@ -47,11 +47,12 @@ merge, queue produce); one under cProfile on every thread.
 Input files are generated once with ``drainpipe.pipeline.generator`` (skewed default workload, seed 42) into
 ``--data-dir`` (default ``~/.cache/drainpipe-bench``) and reused.
 """
+
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import heapq
 import json
 import math
@@ -65,8 +66,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -106,8 +108,9 @@ def data_file(data_dir: Path, events: int, fmt: str) -> Path:
         t0 = time.perf_counter()
         write_events(generate_events(events), tmp)
         os.replace(tmp, path)
-        print(f"  generated {path} ({path.stat().st_size / 1e6:,.0f} MB) in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+            f"  generated {path} ({path.stat().st_size / 1e6:,.0f} MB) in {time.perf_counter() - t0:.1f} s", flush=True
+        )
     return path
 
 
@@ -203,7 +206,7 @@ class MemorySampler:
         finally:
             os._exit(0)
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self.sample()
         stop_r, self._stop_w = os.pipe()
         self._result_r, result_w = os.pipe()
@@ -218,7 +221,7 @@ class MemorySampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        os.close(self._stop_w)   # EOF: the child takes a last sample and reports
+        os.close(self._stop_w)  # EOF: the child takes a last sample and reports
         data = b""
         while chunk := os.read(self._result_r, 4096):
             data += chunk
@@ -237,13 +240,14 @@ class MemorySampler:
 # -------------------------------------------------------------------------------------------------- contenders
 
 
-def run_drainpipe(path: Path, db: Path, *, bypass_is_applied: bool = False,
-                  trace: list | None = None, expected: int | None = None) -> dict[str, Any]:
+def run_drainpipe(
+    path: Path, db: Path, *, bypass_is_applied: bool = False, trace: list | None = None, expected: int | None = None
+) -> dict[str, Any]:
     from drainpipe.pipeline.definitions import default_definitions
     from drainpipe.pipeline.run import run_local
     from drainpipe.pipeline.store import SqlStore
 
-    if bypass_is_applied:   # what-if: the per-batch idempotency check answered without the store (fresh store)
+    if bypass_is_applied:  # what-if: the per-batch idempotency check answered without the store (fresh store)
         SqlStore.is_applied = lambda self, source, names=None: False  # type: ignore[method-assign]
     step = max(1, (expected or 0) // 40)
     mark = [0]
@@ -253,8 +257,7 @@ def run_drainpipe(path: Path, db: Path, *, bypass_is_applied: bool = False,
             trace.append((read, round(rss_mb(), 1)))
             mark[0] = read + step
 
-    summary = run_local([str(path)], definitions=default_definitions(), store_url=f"duckdb:///{db}",
-                        progress=progress)
+    summary = run_local([str(path)], definitions=default_definitions(), store_url=f"duckdb:///{db}", progress=progress)
     if summary.rejected or summary.dropped or summary.handler_errors:
         raise SystemExit(f"drainpipe run not clean: {summary.lines()}")
     return {"events": summary.accepted, "summary": summary.lines()}
@@ -378,10 +381,14 @@ def loop_compute(events: Iterable[dict]) -> tuple[list[tuple], list[tuple], int]
     return rows, top_rows, count
 
 
-_VALUES_DDL = ("CREATE TABLE metric_values (metric VARCHAR, entity VARCHAR, granularity VARCHAR, "
-               "time_bucket VARCHAR, label VARCHAR, value DOUBLE)")
-_TOPN_DDL = ("CREATE TABLE topn_values (name VARCHAR, entity VARCHAR, time_bucket VARCHAR, rank INTEGER, "
-             "key VARCHAR, latency_ms DOUBLE)")
+_VALUES_DDL = (
+    "CREATE TABLE metric_values (metric VARCHAR, entity VARCHAR, granularity VARCHAR, "
+    "time_bucket VARCHAR, label VARCHAR, value DOUBLE)"
+)
+_TOPN_DDL = (
+    "CREATE TABLE topn_values (name VARCHAR, entity VARCHAR, time_bucket VARCHAR, rank INTEGER, "
+    "key VARCHAR, latency_ms DOUBLE)"
+)
 
 
 def run_loop(path: Path, db: Path) -> dict[str, Any]:
@@ -409,9 +416,11 @@ def run_loop(path: Path, db: Path) -> dict[str, Any]:
 def _sql_source(path: Path) -> str:
     if path.suffix == ".parquet":
         return f"read_parquet('{path}')"
-    return (f"read_json('{path}', format = 'newline_delimited', columns = {{ts: 'BIGINT', service: 'VARCHAR', "
-            "instance: 'VARCHAR', endpoint: 'VARCHAR', latency_ms: 'DOUBLE', status: 'BOOLEAN', "
-            "db_statement: 'VARCHAR'})")
+    return (
+        f"read_json('{path}', format = 'newline_delimited', columns = {{ts: 'BIGINT', service: 'VARCHAR', "
+        "instance: 'VARCHAR', endpoint: 'VARCHAR', latency_ms: 'DOUBLE', status: 'BOOLEAN', "
+        "db_statement: 'VARCHAR'})"
+    )
 
 
 def sql_statements(path: Path) -> list[str]:
@@ -419,7 +428,7 @@ def sql_statements(path: Path) -> list[str]:
     src = _sql_source(path)
     events = "ev"
     statements = [_VALUES_DDL, _TOPN_DDL]
-    if path.suffix != ".parquet":   # parse JSON once, not once per query
+    if path.suffix != ".parquet":  # parse JSON once, not once per query
         statements.append(f"CREATE TEMP TABLE ev AS SELECT * FROM {src}")
     else:
         events = src
@@ -516,8 +525,16 @@ def _preload() -> None:
     """Imports are not part of any timing."""
     import importlib
 
-    for module in ("duckdb", "numpy", "pyarrow.acero", "pyarrow.compute", "pyarrow.json", "pyarrow.parquet",
-                   "drainpipe.pipeline.run", "drainpipe.pipeline.store"):
+    for module in (
+        "duckdb",
+        "numpy",
+        "pyarrow.acero",
+        "pyarrow.compute",
+        "pyarrow.json",
+        "pyarrow.parquet",
+        "drainpipe.pipeline.run",
+        "drainpipe.pipeline.store",
+    ):
         importlib.import_module(module)
 
 
@@ -541,12 +558,21 @@ def worker(args: argparse.Namespace) -> None:
         else:
             out = CONTENDERS[args.worker](path, db)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)   # worker processes, reaped by the run
+    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # worker processes, reaped by the run
     cpu_children = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
-    out.update(wall_s=wall, cpu_s=cpu + cpu_children, cpu_main_s=cpu, cpu_workers_s=cpu_children,
-               eps=out["events"] / wall, maxrss_mb=maxrss_mb(), base_rss_mb=base_rss,
-               peak_mem_mb=max(sampler.peak_mb, maxrss_mb()), base_mem_mb=base_mem,
-               workers=sampler.peak_workers, rss_trace=trace)
+    out.update(
+        wall_s=wall,
+        cpu_s=cpu + cpu_children,
+        cpu_main_s=cpu,
+        cpu_workers_s=cpu_children,
+        eps=out["events"] / wall,
+        maxrss_mb=maxrss_mb(),
+        base_rss_mb=base_rss,
+        peak_mem_mb=max(sampler.peak_mb, maxrss_mb()),
+        base_mem_mb=base_mem,
+        workers=sampler.peak_workers,
+        rss_trace=trace,
+    )
     print(json.dumps(out))
 
 
@@ -580,10 +606,14 @@ def _rows_of(db: Path) -> tuple[list[tuple], list[tuple]]:
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)
-    values = con.execute("SELECT metric, entity, granularity, time_bucket, label, value FROM metric_values "
-                         "ORDER BY metric, entity, granularity, time_bucket, label").fetchall()
-    topn = con.execute("SELECT name, entity, time_bucket, rank, key, latency_ms FROM topn_values "
-                       "ORDER BY name, entity, time_bucket, rank").fetchall()
+    values = con.execute(
+        "SELECT metric, entity, granularity, time_bucket, label, value FROM metric_values "
+        "ORDER BY metric, entity, granularity, time_bucket, label"
+    ).fetchall()
+    topn = con.execute(
+        "SELECT name, entity, time_bucket, rank, key, latency_ms FROM topn_values "
+        "ORDER BY name, entity, time_bucket, rank"
+    ).fetchall()
     con.close()
     return values, topn
 
@@ -650,8 +680,13 @@ def verify(data_dir: Path, work: Path, events: int) -> dict[str, Any]:
         parallel.MIN_PARALLEL_BYTES = 0
         try:
             db = fresh_db(work, f"verify-drainpipe-workers-{fmt}")
-            run_local([str(path)], definitions=default_definitions(), store_url=f"duckdb:///{db}",
-                      batch_rows=max(1, events // 7), workers=2)
+            run_local(
+                [str(path)],
+                definitions=default_definitions(),
+                store_url=f"duckdb:///{db}",
+                batch_rows=max(1, events // 7),
+                workers=2,
+            )
         finally:
             parallel.MIN_PARALLEL_BYTES = saved
         values, topn = _rows_of(db)
@@ -665,8 +700,9 @@ def _check(report: dict, name: str, ref_values: list, ref_topn: list, values: li
     topn_same = [tuple(r) for r in ref_topn] == [tuple(r) for r in topn]
     if not topn_same:
         problems.append(f"top-N rows differ ({len(ref_topn)} vs {len(topn)})")
-    report["checks"].append({"contender": name, "rows_compared": compared, "topn_rows": len(topn),
-                             "ok": not problems, "problems": problems})
+    report["checks"].append(
+        {"contender": name, "rows_compared": compared, "topn_rows": len(topn), "ok": not problems, "problems": problems}
+    )
     status = "equal" if not problems else "DIFFERENT: " + "; ".join(problems)
     print(f"  {name:16s} {compared:>7,} value rows, {len(topn):>5,} top-N rows vs drainpipe: {status}", flush=True)
 
@@ -698,6 +734,7 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
                     r[0] += wall
                     r[1] += cpu
                     r[2] += 1
+
         return wrapper
 
     class TimedMethod:
@@ -747,8 +784,10 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     out = run_drainpipe(path, db)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    stages = [{"thread": th, "stage": st, "wall_s": w, "cpu_s": c, "calls": n}
-              for (th, st), (w, c, n) in sorted(acc.items(), key=lambda kv: -kv[1][0])]
+    stages = [
+        {"thread": th, "stage": st, "wall_s": w, "cpu_s": c, "calls": n}
+        for (th, st), (w, c, n) in sorted(acc.items(), key=lambda kv: -kv[1][0])
+    ]
     return {"events": out["events"], "wall_s": wall, "cpu_s": cpu, "stages": stages}
 
 
@@ -780,23 +819,26 @@ def profile_cprofile(path: Path, db: Path, top: int = 25) -> dict[str, Any]:
     for p in profiles:
         stats.add(p)
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": nc, "tottime_s": tt,
-                     "cumtime_s": ct})
+    for (file, line, func), (_cc, nc, tt, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": nc, "tottime_s": tt, "cumtime_s": ct})
     rows.sort(key=lambda r: -r["tottime_s"])
     # idle waits (Condition.wait, sleep) dominate tottime on queue threads; list compute first
     waiting = ("wait", "sleep", "acquire", "_next", "select", "SimpleQueue", "lock")
     busy = [r for r in rows if not any(w in r["function"].split("(", 1)[-1] for w in waiting)]
-    return {"events": out["events"], "wall_s": wall, "top_tottime": busy[:top],
-            "waits": [r for r in rows if r not in busy][:8]}
+    return {
+        "events": out["events"],
+        "wall_s": wall,
+        "top_tottime": busy[:top],
+        "waits": [r for r in rows if r not in busy][:8],
+    }
 
 
 def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
     """The engine's stages run one after the other on one thread (no queues, no contention): CPU per stage."""
     import pyarrow.parquet as pq
 
+    from drainpipe.inputs import read_events
     from drainpipe.pipeline.definitions import default_definitions
-    from drainpipe.pipeline.events import read_events
     from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, merge, split_partial
     from drainpipe.pipeline.run import file_identity
     from drainpipe.pipeline.store import open_store
@@ -808,22 +850,39 @@ def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
         c0, t0 = time.process_time(), time.perf_counter()
         result = fn()
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        stages.append({"stage": label, "events": events, "cpu_s": cpu, "wall_s": wall,
-                       "cpu_us_per_event": 1e6 * cpu / max(1, events)})
+        stages.append(
+            {
+                "stage": label,
+                "events": events,
+                "cpu_s": cpu,
+                "wall_s": wall,
+                "cpu_us_per_event": 1e6 * cpu / max(1, events),
+            }
+        )
         return result
 
     string_columns = ["service", "instance", "endpoint", "db_statement"]
     n = pq.ParquetFile(path).metadata.num_rows
     stage("file fingerprint (Parquet)", n, lambda: file_identity(str(path)))
-    stage("Parquet decode only (pyarrow iter_batches)", n,
-          lambda: sum(b.num_rows for b in pq.ParquetFile(path).iter_batches(batch_size=65_536)))
-    stage("  the same, strings as dictionaries", n,
-          lambda: sum(b.num_rows for b in pq.ParquetFile(path, read_dictionary=string_columns)
-                      .iter_batches(batch_size=65_536)))
+    stage(
+        "Parquet decode only (pyarrow iter_batches)",
+        n,
+        lambda: sum(b.num_rows for b in pq.ParquetFile(path).iter_batches(batch_size=65_536)),
+    )
+    stage(
+        "  the same, strings as dictionaries",
+        n,
+        lambda: sum(
+            b.num_rows for b in pq.ParquetFile(path, read_dictionary=string_columns).iter_batches(batch_size=65_536)
+        ),
+    )
     stage("read_events Parquet (decode + validate)", n, lambda: sum(b.num_rows for b in read_events([str(path)])))
-    batches = list(read_events([str(path)]))   # held for the next stage (not timed: page faults of holding all)
-    partials = stage("aggregate_batch (16 metrics + top-N)", n,
-                     lambda: [aggregate_batch(b, definitions, source=f"s{i}") for i, b in enumerate(batches)])
+    batches = list(read_events([str(path)]))  # held for the next stage (not timed: page faults of holding all)
+    partials = stage(
+        "aggregate_batch (16 metrics + top-N)",
+        n,
+        lambda: [aggregate_batch(b, definitions, source=f"s{i}") for i, b in enumerate(batches)],
+    )
 
     def l1() -> list:
         accumulators: dict[str, MetricAccumulator] = {}
@@ -868,12 +927,18 @@ def _median(values: list[float]) -> float:
 
 def summarise(runs: list[dict]) -> dict[str, Any]:
     eps = [r["eps"] for r in runs]
-    return {"events": runs[0]["events"], "eps_median": _median(eps), "eps_min": min(eps), "eps_max": max(eps),
-            "wall_s_median": _median([r["wall_s"] for r in runs]),
-            "cpu_s_median": _median([r["cpu_s"] for r in runs]),
-            "maxrss_mb_median": _median([r["maxrss_mb"] for r in runs]),
-            "peak_mem_mb_median": _median([r["peak_mem_mb"] for r in runs]),
-            "cpu_workers_s_median": _median([r["cpu_workers_s"] for r in runs]), "runs": runs}
+    return {
+        "events": runs[0]["events"],
+        "eps_median": _median(eps),
+        "eps_min": min(eps),
+        "eps_max": max(eps),
+        "wall_s_median": _median([r["wall_s"] for r in runs]),
+        "cpu_s_median": _median([r["cpu_s"] for r in runs]),
+        "maxrss_mb_median": _median([r["maxrss_mb"] for r in runs]),
+        "peak_mem_mb_median": _median([r["peak_mem_mb"] for r in runs]),
+        "cpu_workers_s_median": _median([r["cpu_workers_s"] for r in runs]),
+        "runs": runs,
+    }
 
 
 def paired_ratios(raw: dict[str, list[dict]], runs: int) -> dict[str, dict[str, Any]]:
@@ -887,8 +952,12 @@ def paired_ratios(raw: dict[str, list[dict]], runs: int) -> dict[str, dict[str, 
             if name == "drainpipe" or not base or len(other) != len(base):
                 continue
             ratios = [a["eps"] / b["eps"] for a, b in zip(base, other)]
-            out[f"drainpipe/{name} {fmt}"] = {"median": _median(ratios), "min": min(ratios), "max": max(ratios),
-                                              "runs": ratios}
+            out[f"drainpipe/{name} {fmt}"] = {
+                "median": _median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+                "runs": ratios,
+            }
     return out
 
 
@@ -899,8 +968,10 @@ def fmt_eps(v: float) -> str:
 def print_table(results: dict[str, dict], paired: dict[str, dict], args: argparse.Namespace) -> dict[str, Any]:
     print()
     print(f"End to end, file -> fresh DuckDB file; medians of {args.runs} interleaved run(s), spread = min..max")
-    header = (f"{'contender':<14} {'input':<8} {'events':>10} {'events/s':>9} {'spread':>15} {'wall s':>7} "
-              f"{'CPU s':>6} {'us/ev':>6} {'cores':>5} {'peak mem':>9}  vs drainpipe (wall; CPU/event)")
+    header = (
+        f"{'contender':<14} {'input':<8} {'events':>10} {'events/s':>9} {'spread':>15} {'wall s':>7} "
+        f"{'CPU s':>6} {'us/ev':>6} {'cores':>5} {'peak mem':>9}  vs drainpipe (wall; CPU/event)"
+    )
     print(header)
     print("-" * len(header))
     ratios: dict[str, Any] = {}
@@ -919,21 +990,31 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
                 ratios[f"drainpipe/{name} {fmt}"] = x
                 ratios[f"drainpipe/{name} {fmt} (CPU per event)"] = y
             label = name + (" (1)" if name == "loop" else " (2)" if name == "drainpipe*" else "")
-            print(f"{label:<14} {fmt:<8} {r['events']:>10,} {fmt_eps(r['eps_median']):>9} "
-                  f"{fmt_eps(r['eps_min']) + '..' + fmt_eps(r['eps_max']):>15} {r['wall_s_median']:>7.2f} "
-                  f"{r['cpu_s_median']:>6.2f} {us:>6.2f} {r['cpu_s_median'] / r['wall_s_median']:>5.2f} "
-                  f"{r['peak_mem_mb_median']:>6.0f} MB  {rel}")
-    print("us/ev = CPU microseconds per event (all threads and worker processes; less sensitive to a busy machine "
-          "than wall time); cores = CPU s / wall s.")
-    print("peak mem = peak memory of the contender's process and its worker processes together (the larger of the "
-          "sampled sum of their PSS and the main process's peak RSS).")
-    print("vs drainpipe: how many times drainpipe's events/s (wall), and how many times drainpipe's CPU per event "
-          "the contender spends; > 1 favours drainpipe.")
+            print(
+                f"{label:<14} {fmt:<8} {r['events']:>10,} {fmt_eps(r['eps_median']):>9} "
+                f"{fmt_eps(r['eps_min']) + '..' + fmt_eps(r['eps_max']):>15} {r['wall_s_median']:>7.2f} "
+                f"{r['cpu_s_median']:>6.2f} {us:>6.2f} {r['cpu_s_median'] / r['wall_s_median']:>5.2f} "
+                f"{r['peak_mem_mb_median']:>6.0f} MB  {rel}"
+            )
+    print(
+        "us/ev = CPU microseconds per event (all threads and worker processes; less sensitive to a busy machine "
+        "than wall time); cores = CPU s / wall s."
+    )
+    print(
+        "peak mem = peak memory of the contender's process and its worker processes together (the larger of the "
+        "sampled sum of their PSS and the main process's peak RSS)."
+    )
+    print(
+        "vs drainpipe: how many times drainpipe's events/s (wall), and how many times drainpipe's CPU per event "
+        "the contender spends; > 1 favours drainpipe."
+    )
     print(f"(1) the loop runs on {args.loop_events:,} events (it is slow); compared as events/s.")
     if "drainpipe*/parquet" in results:
-        print("(2) what-if, not a contender: drainpipe with Store.is_applied answered without the store "
-              "(fresh store: False).")
-    checks: dict[str, tuple[bool, str, str]] = {}   # name -> (pass, value, paired ratio)
+        print(
+            "(2) what-if, not a contender: drainpipe with Store.is_applied answered without the store "
+            "(fresh store: False)."
+        )
+    checks: dict[str, tuple[bool, str, str]] = {}  # name -> (pass, value, paired ratio)
 
     def spread(key: str, invert: bool = False) -> str:
         p = paired.get(key)
@@ -946,8 +1027,10 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
     dp = results.get("drainpipe/parquet")
     if dp:
         checks[f">= {TARGET_EPS / 1e6:.0f}M events/s from Parquet"] = (
-            dp["eps_median"] >= TARGET_EPS, fmt_eps(dp["eps_median"]),
-            f"   [runs: {', '.join(fmt_eps(r['eps']) for r in dp['runs'])}]")
+            dp["eps_median"] >= TARGET_EPS,
+            fmt_eps(dp["eps_median"]),
+            f"   [runs: {', '.join(fmt_eps(r['eps']) for r in dp['runs'])}]",
+        )
     for fmt in FORMATS:
         key = f"drainpipe/loop {fmt}"
         if key in ratios:
@@ -957,32 +1040,44 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
         if key in ratios:
             x = 1 / ratios[key]
             checks[f"within {TARGET_SQL_RATIO:.0f}x of DuckDB SQL ({fmt})"] = (
-                x <= TARGET_SQL_RATIO, f"SQL {x:.2f}x drainpipe", spread(key, invert=True))
+                x <= TARGET_SQL_RATIO,
+                f"SQL {x:.2f}x drainpipe",
+                spread(key, invert=True),
+            )
     print()
     print("Targets (on the medians; in brackets the ratio within each run, median and min..max)")
     for name, (ok, value, extra) in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name:<36} {value:<18}{extra}")
     if "drainpipe/drainpipe* parquet" in paired:
         print(f"  what-if (2): drainpipe* events/s over drainpipe's{spread('drainpipe/drainpipe* parquet', True)}")
-    return {"ratios": ratios, "paired_ratios": paired,
-            "targets": {k: {"pass": ok, "value": v} for k, (ok, v, _) in checks.items()}}
+    return {
+        "ratios": ratios,
+        "paired_ratios": paired,
+        "targets": {k: {"pass": ok, "value": v} for k, (ok, v, _) in checks.items()},
+    }
 
 
 def print_memory(memory: list[dict]) -> dict[str, Any]:
     print()
-    print("Peak memory of the local engine (Parquet in, fresh subprocess each, worker processes included; "
-          "memory after imports = baseline)")
-    print(f"{'events':>12} {'baseline':>9} {'peak mem':>9} {'peak - base':>11} {'state rows':>11}  "
-          "main process RSS while reading (at 10%/50%/90%)")
+    print(
+        "Peak memory of the local engine (Parquet in, fresh subprocess each, worker processes included; "
+        "memory after imports = baseline)"
+    )
+    print(
+        f"{'events':>12} {'baseline':>9} {'peak mem':>9} {'peak - base':>11} {'state rows':>11}  "
+        "main process RSS while reading (at 10%/50%/90%)"
+    )
     for m in memory:
         trace = m["rss_trace"]
         marks = []
         for share in (0.1, 0.5, 0.9):
             pick = min(trace, key=lambda t: abs(t[0] - share * m["events"])) if trace else (0, float("nan"))
             marks.append(f"{pick[1]:.0f}")
-        print(f"{m['events']:>12,} {m['base_mem_mb']:>6.0f} MB {m['peak_mem_mb']:>6.0f} MB "
-              f"{m['peak_mem_mb'] - m['base_mem_mb']:>8.0f} MB {m.get('state_rows', 0):>11,}  {' / '.join(marks)} MB"
-              f"   ({fmt_eps(m['eps'])} events/s)")
+        print(
+            f"{m['events']:>12,} {m['base_mem_mb']:>6.0f} MB {m['peak_mem_mb']:>6.0f} MB "
+            f"{m['peak_mem_mb'] - m['base_mem_mb']:>8.0f} MB {m.get('state_rows', 0):>11,}  {' / '.join(marks)} MB"
+            f"   ({fmt_eps(m['eps'])} events/s)"
+        )
     out: dict[str, Any] = {"runs": memory}
     if len(memory) >= 2:
         small, large = memory[0], memory[-1]
@@ -993,9 +1088,11 @@ def print_memory(memory: list[dict]) -> dict[str, Any]:
         # here because more events fill more histogram bins of the same hour
         ok = growth <= max(1.25, states) and growth <= 0.25 * inputs
         out.update(growth=growth, bounded=ok, state_growth=states, input_growth=inputs)
-        print(f"  {'PASS' if ok else 'FAIL'}  bounded: {inputs:.0f}x the events -> {growth:.2f}x the memory above "
-              f"baseline, while the stored state grew {states:.2f}x (the input spans one hour whatever its size; "
-              "more events fill more histogram bins)")
+        print(
+            f"  {'PASS' if ok else 'FAIL'}  bounded: {inputs:.0f}x the events -> {growth:.2f}x the memory above "
+            f"baseline, while the stored state grew {states:.2f}x (the input spans one hour whatever its size; "
+            "more events fill more histogram bins)"
+        )
     return out
 
 
@@ -1007,8 +1104,10 @@ def print_profile(sequential: dict, stages: dict, prof: dict) -> None:
         print(f"{s['stage']:<48} {s['events']:>10,} {s['cpu_s']:>7.2f} {s['cpu_us_per_event']:>9.3f}")
     print(f"  ({sequential['state_rows']:,} minute state rows after merging)")
     print()
-    print(f"Profile of the local engine on {stages['events']:,} Parquet events: wall {stages['wall_s']:.2f} s, "
-          f"process CPU {stages['cpu_s']:.2f} s (stage timers; threads overlap, so walls add up to more)")
+    print(
+        f"Profile of the local engine on {stages['events']:,} Parquet events: wall {stages['wall_s']:.2f} s, "
+        f"process CPU {stages['cpu_s']:.2f} s (stage timers; threads overlap, so walls add up to more)"
+    )
     print(f"{'thread group':<16} {'stage':<30} {'wall s':>7} {'CPU s':>7} {'calls':>6}")
     for s in stages["stages"]:
         if s["wall_s"] >= 0.01:
@@ -1029,18 +1128,24 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--loop-events", type=int, default=1_000_000)
     ap.add_argument("--verify-events", type=int, default=20_000)
-    ap.add_argument("--memory-events", default=None,
-                    help="comma-separated event counts for the peak-memory runs (default 1000000,10000000; "
-                         "'' to skip)")
+    ap.add_argument(
+        "--memory-events",
+        default=None,
+        help="comma-separated event counts for the peak-memory runs (default 1000000,10000000; '' to skip)",
+    )
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-whatif", action="store_true", help="skip the drainpipe* what-if contender")
     ap.add_argument("--quick", action="store_true", help="small smoke run (JSON goes to a temp dir)")
-    ap.add_argument("--data-dir", default=os.environ.get("DRAINPIPE_BENCH_DATA",
-                                                         str(Path.home() / ".cache" / "drainpipe-bench")))
+    ap.add_argument(
+        "--data-dir", default=os.environ.get("DRAINPIPE_BENCH_DATA", str(Path.home() / ".cache" / "drainpipe-bench"))
+    )
     ap.add_argument("--json", default=None, help="output JSON (default benchmarks/results/pipeline.json)")
-    ap.add_argument("--formats", default=",".join(FORMATS),
-                    help="comma-separated input formats to run (parquet,jsonl); without parquet there are no "
-                         "memory or profile runs, and the JSON goes to pipeline-<formats>.json unless --json")
+    ap.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help="comma-separated input formats to run (parquet,jsonl); without parquet there are no "
+        "memory or profile runs, and the JSON goes to pipeline-<formats>.json unless --json",
+    )
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--input", help=argparse.SUPPRESS)
@@ -1069,17 +1174,25 @@ def main() -> None:
             args.memory_events = "100000,1000000"
     if args.memory_events is None:
         args.memory_events = "1000000,10000000"
-    json_path = Path(args.json) if args.json else (
-        Path(tempfile.gettempdir()) / "drainpipe-bench-pipeline.quick.json" if args.quick
-        else RESULTS / (f"pipeline-{'-'.join(FORMATS)}.json" if partial else "pipeline.json"))
+    json_path = (
+        Path(args.json)
+        if args.json
+        else (
+            Path(tempfile.gettempdir()) / "drainpipe-bench-pipeline.quick.json"
+            if args.quick
+            else RESULTS / (f"pipeline-{'-'.join(FORMATS)}.json" if partial else "pipeline.json")
+        )
+    )
     data_dir = Path(args.data_dir)
     memory_sizes = [int(x) for x in args.memory_events.split(",") if x.strip()]
     import duckdb
     import pyarrow
 
     load0 = os.getloadavg()
-    print(f"drainpipe pipeline benchmark: {args.events:,} events (loop {args.loop_events:,}), {args.runs} run(s), "
-          f"{os.cpu_count()} CPUs, load average {load0[0]:.1f}")
+    print(
+        f"drainpipe pipeline benchmark: {args.events:,} events (loop {args.loop_events:,}), {args.runs} run(s), "
+        f"{os.cpu_count()} CPUs, load average {load0[0]:.1f}"
+    )
     print("input files:", flush=True)
     files = {(n, fmt): data_file(data_dir, n, fmt) for n in (args.events, args.loop_events) for fmt in FORMATS}
     for n in memory_sizes:
@@ -1098,7 +1211,7 @@ def main() -> None:
             plan.append(("drainpipe*", "parquet"))
         raw: dict[str, list[dict]] = collections.defaultdict(list)
         for run in range(args.runs):
-            order = plan[run % len(plan):] + plan[:run % len(plan)]
+            order = plan[run % len(plan) :] + plan[: run % len(plan)]
             print(f"run {run + 1}/{args.runs}:", flush=True)
             for name, fmt in order:
                 n = args.loop_events if name == "loop" else args.events
@@ -1108,9 +1221,12 @@ def main() -> None:
                 if r["events"] != n:
                     raise SystemExit(f"{name} {fmt}: processed {r['events']} events, expected {n}")
                 raw[f"{name}/{fmt}"].append(r)
-                print(f"  {name:<10} {fmt:<8} {fmt_eps(r['eps']):>7} events/s  ({r['wall_s']:.2f} s wall, "
-                      f"{r['cpu_s']:.2f} s CPU of which workers {r['cpu_workers_s']:.2f}, "
-                      f"{r['peak_mem_mb']:.0f} MB peak)", flush=True)
+                print(
+                    f"  {name:<10} {fmt:<8} {fmt_eps(r['eps']):>7} events/s  ({r['wall_s']:.2f} s wall, "
+                    f"{r['cpu_s']:.2f} s CPU of which workers {r['cpu_workers_s']:.2f}, "
+                    f"{r['peak_mem_mb']:.0f} MB peak)",
+                    flush=True,
+                )
         results = {k: summarise(v) for k, v in raw.items()}
         paired = paired_ratios(raw, args.runs)
 
@@ -1123,15 +1239,23 @@ def main() -> None:
             db.unlink(missing_ok=True)
             r["events"] = n
             memory.append(r)
-            print(f"  {n:>12,} events: peak memory {r['peak_mem_mb']:.0f} MB (main process peak RSS "
-                  f"{r['maxrss_mb']:.0f} MB, at most {r['workers']} child processes)", flush=True)
+            print(
+                f"  {n:>12,} events: peak memory {r['peak_mem_mb']:.0f} MB (main process peak RSS "
+                f"{r['maxrss_mb']:.0f} MB, at most {r['workers']} child processes)",
+                flush=True,
+            )
 
         profile = None
         if not args.no_profile:
             print("profiling the local engine (Parquet):", flush=True)
             path = files[(args.events, "parquet")]
-            sequential = spawn("profile-sequential", path, fresh_db(work, "profile-sequential"),
-                               "--jsonl", str(files[(args.loop_events, "jsonl")]))
+            sequential = spawn(
+                "profile-sequential",
+                path,
+                fresh_db(work, "profile-sequential"),
+                "--jsonl",
+                str(files[(args.loop_events, "jsonl")]),
+            )
             stages = spawn("profile-stages", path, fresh_db(work, "profile-stages"))
             prof = spawn("profile-cprofile", path, fresh_db(work, "profile-cprofile"))
             profile = {"sequential": sequential, "stages": stages, "cprofile": prof}
@@ -1141,19 +1265,33 @@ def main() -> None:
     if profile:
         print_profile(profile["sequential"], profile["stages"], profile["cprofile"])
     load1 = os.getloadavg()
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     doc = {
         "benchmark": "pipeline",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "duckdb": duckdb.__version__,
-                    "pyarrow": pyarrow.__version__, "platform": platform.platform(),
-                    "load_average_start": load0, "load_average_end": load1},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "duckdb": duckdb.__version__,
+            "pyarrow": pyarrow.__version__,
+            "platform": platform.platform(),
+            "load_average_start": load0,
+            "load_average_end": load1,
+        },
         "commit": commit,
-        "config": {"formats": list(FORMATS), "events": args.events, "runs": args.runs, "loop_events": args.loop_events,
-                   "verify_events": args.verify_events, "memory_events": memory_sizes, "quick": args.quick,
-                   "workload": "drainpipe.pipeline.generator.generate_events defaults (20 services x 10 endpoints "
-                               "x 3 instances, Zipf skew 1.1, seed 42, 1 hour)",
-                   "metrics": "default set: 16 metrics (minute/hour/day) + top_slow_statements"},
+        "config": {
+            "formats": list(FORMATS),
+            "events": args.events,
+            "runs": args.runs,
+            "loop_events": args.loop_events,
+            "verify_events": args.verify_events,
+            "memory_events": memory_sizes,
+            "quick": args.quick,
+            "workload": "drainpipe.pipeline.generator.generate_events defaults (20 services x 10 endpoints "
+            "x 3 instances, Zipf skew 1.1, seed 42, 1 hour)",
+            "metrics": "default set: 16 metrics (minute/hour/day) + top_slow_statements",
+        },
         "verification": verification,
         "results": {k: v for k, v in results.items()},
         **summary,

@@ -11,6 +11,7 @@ alike; the table shows medians (items/s, producer start to last item consumed) a
 Throughput is steady state: each contender's consumer is awake when timing starts (drainpipe's drain task gets a
 warm-up batch first; an idle one would otherwise sleep up to max_idle_ms before its first cycle).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from drainpipe import BatchQueue, BatchQueueConfig, PartitionPolicy, ThreadPolicy  # noqa: E402
+from drainpipe import BatchQueue, BatchQueueConfig, PartitionPolicy, ThreadPolicy
 
 BUFFER = 10_000
 BATCH = 1_000
@@ -47,7 +48,7 @@ def run_producers(producers: int, items: list, produce_one, produce_batch) -> No
     def work(chunk: list) -> None:
         if produce_batch is not None:
             for i in range(0, len(chunk), BATCH):
-                produce_batch(chunk[i:i + BATCH])
+                produce_batch(chunk[i : i + BATCH])
         else:
             for x in chunk:
                 produce_one(x)
@@ -65,11 +66,13 @@ def bench_drainpipe(items: list, classes: list, producers: int, batched: bool) -
     def noop(batch: list) -> None:
         consumed[0] += len(batch)
 
-    q = BatchQueue("bench", BatchQueueConfig(threads=ThreadPolicy.fixed(1), partitions=PartitionPolicy.adaptive(),
-                                             buffer_size=BUFFER))
+    q = BatchQueue(
+        "bench",
+        BatchQueueConfig(threads=ThreadPolicy.fixed(1), partitions=PartitionPolicy.adaptive(), buffer_size=BUFFER),
+    )
     for c in classes:
         q.add_handler(c, noop)
-    q.produce_many(items[:BATCH])          # warm-up: the drain task is awake, not deep in idle backoff
+    q.produce_many(items[:BATCH])  # warm-up: the drain task is awake, not deep in idle backoff
     while consumed[0] < BATCH:
         time.sleep(0.0002)
     consumed[0] = 0
@@ -98,7 +101,7 @@ def bench_queue_queue(items: list, producers: int, batched: bool) -> float:
     t0 = time.perf_counter()
     put = q.put
 
-    def put_many(batch: list) -> None:   # what a user would write: put each item
+    def put_many(batch: list) -> None:  # what a user would write: put each item
         for x in batch:
             put(x)
 
@@ -146,36 +149,58 @@ def main() -> None:
         for _ in range(args.runs):
             samples["drainpipe"].append(bench_drainpipe(items, classes, producers, batched))
             samples["queue.Queue"].append(bench_queue_queue(items, producers, batched))
-            samples["deque"].append(bench_deque(items, producers, False))       # the ceiling: append per item
+            samples["deque"].append(bench_deque(items, producers, False))  # the ceiling: append per item
             if batched:
                 samples["deque.extend"].append(bench_deque(items, producers, True))
         med = {k: statistics.median(v) for k, v in samples.items() if v}
         row = {
-            "producers": producers, "types": types,
-            "mode": {"each": "produce", "many": "produce_many(1000) mixed", "many1": "produce_many(1000) 1 type/batch"}[mode],
-            "drainpipe": med["drainpipe"], "queue_Queue": med["queue.Queue"], "deque": med["deque"],
+            "producers": producers,
+            "types": types,
+            "mode": {"each": "produce", "many": "produce_many(1000) mixed", "many1": "produce_many(1000) 1 type/batch"}[
+                mode
+            ],
+            "drainpipe": med["drainpipe"],
+            "queue_Queue": med["queue.Queue"],
+            "deque": med["deque"],
             "deque_extend": med.get("deque.extend"),
-            "vs_queue_Queue": med["drainpipe"] / med["queue.Queue"], "vs_deque": med["drainpipe"] / med["deque"],
+            "vs_queue_Queue": med["drainpipe"] / med["queue.Queue"],
+            "vs_deque": med["drainpipe"] / med["deque"],
             "samples": samples,
         }
         rows.append(row)
-        print(f"{producers} prod {types:>4} types {row['mode']:<32} drainpipe {med['drainpipe']/1e6:6.2f}M/s  "
-              f"queue.Queue {med['queue.Queue']/1e6:6.2f}M/s  deque {med['deque']/1e6:6.2f}M/s  "
-              f"x{row['vs_queue_Queue']:.1f} vs Queue  {row['vs_deque']:.2f} of deque", flush=True)
+        print(
+            f"{producers} prod {types:>4} types {row['mode']:<32} drainpipe {med['drainpipe'] / 1e6:6.2f}M/s  "
+            f"queue.Queue {med['queue.Queue'] / 1e6:6.2f}M/s  deque {med['deque'] / 1e6:6.2f}M/s  "
+            f"x{row['vs_queue_Queue']:.1f} vs Queue  {row['vs_deque']:.2f} of deque",
+            flush=True,
+        )
 
     print()
-    print("| producers | types | mode | drainpipe (M items/s) | queue.Queue | deque append (ceiling) | "
-          "vs queue.Queue | vs ceiling | deque.extend (info) |")
+    print(
+        "| producers | types | mode | drainpipe (M items/s) | queue.Queue | deque append (ceiling) | "
+        "vs queue.Queue | vs ceiling | deque.extend (info) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ext = f"{r['deque_extend']/1e6:.2f}" if r["deque_extend"] else "-"
-        print(f"| {r['producers']} | {r['types']} | {r['mode']} | {r['drainpipe']/1e6:.2f} | "
-              f"{r['queue_Queue']/1e6:.2f} | {r['deque']/1e6:.2f} | {r['vs_queue_Queue']:.1f}x | {r['vs_deque']:.2f}x | "
-              f"{ext} |")
+        ext = f"{r['deque_extend'] / 1e6:.2f}" if r["deque_extend"] else "-"
+        print(
+            f"| {r['producers']} | {r['types']} | {r['mode']} | {r['drainpipe'] / 1e6:.2f} | "
+            f"{r['queue_Queue'] / 1e6:.2f} | {r['deque'] / 1e6:.2f} | {r['vs_queue_Queue']:.1f}x | {r['vs_deque']:.2f}x | "
+            f"{ext} |"
+        )
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                               "items": args.items, "runs": args.runs, "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "items": args.items,
+                "runs": args.runs,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {out}")
 
 

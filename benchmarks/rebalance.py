@@ -12,6 +12,7 @@ table reports that bound beside the measured gain. Medians of --runs runs; JSON 
 
     .venv/bin/python benchmarks/rebalance.py [--runs 3] [--seconds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from drainpipe import (BatchQueue, BatchQueueConfig, DrainBalancer, PartitionPolicy, RebalanceResult,  # noqa: E402
-                       ThreadPolicy)
+from drainpipe import (
+    BatchQueue,
+    BatchQueueConfig,
+    DrainBalancer,
+    PartitionPolicy,
+    RebalanceResult,
+    ThreadPolicy,
+)
 
 TASKS = 4
-COST_S = 20e-6          # per item handled: a sleep, which releases the GIL like a DB driver does
+COST_S = 20e-6  # per item handled: a sleep, which releases the GIL like a DB driver does
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -40,7 +47,7 @@ def anchor_weights() -> list[float]:
 
 
 def zipf_weights(n: int = 200, s: float = 1.1) -> list[float]:
-    w = [1.0 / (k ** s) for k in range(1, n + 1)]
+    w = [1.0 / (k**s) for k in range(1, n + 1)]
     random.Random(11).shuffle(w)
     return w
 
@@ -74,13 +81,17 @@ class SleepHandler:
         _debt.s = owed
 
 
-def run(weights: list[float], *, rebalance: bool, split_first: bool = False, warmup: float, seconds: float,
-        seed: int) -> dict:
+def run(
+    weights: list[float], *, rebalance: bool, split_first: bool = False, warmup: float, seconds: float, seed: int
+) -> dict:
     types = [type(f"T{i}", (), {"__slots__": ()}) for i in range(len(weights))]
-    cfg = BatchQueueConfig(threads=ThreadPolicy.fixed(TASKS), partitions=PartitionPolicy.adaptive(),
-                           buffer_size=2000,
-                           balancer=DrainBalancer.throughput_weighted() if rebalance else None,
-                           rebalance_interval_ms=250 if rebalance else 0)
+    cfg = BatchQueueConfig(
+        threads=ThreadPolicy.fixed(TASKS),
+        partitions=PartitionPolicy.adaptive(),
+        buffer_size=2000,
+        balancer=DrainBalancer.throughput_weighted() if rebalance else None,
+        rebalance_interval_ms=250 if rebalance else 0,
+    )
     q = BatchQueue(f"bench-{'rb' if rebalance else 'static'}", cfg)
     for i, t in enumerate(types):
         if split_first and i == 0:
@@ -97,7 +108,7 @@ def run(weights: list[float], *, rebalance: bool, split_first: bool = False, war
         n = len(seq)
         produce = q.produce_many
         while not stop.is_set():
-            produce(seq[i:i + 500])
+            produce(seq[i : i + 500])
             i = (i + 500) % (n - 500)
 
     producers = [threading.Thread(target=producer, args=(o,), daemon=True) for o in (0, 100_000)]
@@ -128,9 +139,13 @@ def run(weights: list[float], *, rebalance: bool, split_first: bool = False, war
     q.shutdown()
     per_task = [b - a for a, b in zip(d0, d1)]
     # per-thread load over time, items/s, for the plot
-    series = [(samples[i][0], [(b - a) / (samples[i][0] - samples[i - 1][0])
-                               for a, b in zip(samples[i - 1][1], samples[i][1])])
-              for i in range(1, len(samples))]
+    series = [
+        (
+            samples[i][0],
+            [(b - a) / (samples[i][0] - samples[i - 1][0]) for a, b in zip(samples[i - 1][1], samples[i][1])],
+        )
+        for i in range(1, len(samples))
+    ]
     return {
         "throughput": sum(per_task) / (t1 - t0),
         "per_task": per_task,
@@ -173,36 +188,50 @@ def main() -> None:
             if kind == "rebalance":
                 new_runs.append(run(weights, rebalance=True, warmup=args.warmup, seconds=args.seconds, seed=r))
             else:
-                new_runs.append(run(weights, rebalance=True, split_first=True, warmup=args.warmup,
-                                    seconds=args.seconds, seed=r))
+                new_runs.append(
+                    run(weights, rebalance=True, split_first=True, warmup=args.warmup, seconds=args.seconds, seed=r)
+                )
         base_thr = statistics.median(x["throughput"] for x in base_runs)
         new_thr = statistics.median(x["throughput"] for x in new_runs)
-        bound = (statistics.median(static_bound(x["per_task"]) for x in base_runs) if kind == "rebalance"
-                 else float(TASKS))
+        bound = (
+            statistics.median(static_bound(x["per_task"]) for x in base_runs) if kind == "rebalance" else float(TASKS)
+        )
         gain = new_thr / base_thr
         row = {
-            "static_throughput": base_thr, "new_throughput": new_thr, "ratio": gain,
+            "static_throughput": base_thr,
+            "new_throughput": new_thr,
+            "ratio": gain,
             "static_max_min": statistics.median(x["max_min"] for x in base_runs),
             "new_max_min": statistics.median(x["max_min"] for x in new_runs),
             "bound": bound,
             "gain_of_bound": (gain - 1) / (bound - 1) if bound > 1 else float("nan"),
             "rebalances": statistics.median(x["rebalances"] for x in new_runs),
-            "runs": [{"static": {k: v for k, v in b.items() if k != "series"},
-                      "new": {k: v for k, v in n.items() if k != "series"}} for b, n in zip(base_runs, new_runs)],
+            "runs": [
+                {
+                    "static": {k: v for k, v in b.items() if k != "series"},
+                    "new": {k: v for k, v in n.items() if k != "series"},
+                }
+                for b, n in zip(base_runs, new_runs)
+            ],
         }
         report["scenarios"][name] = row
         plot_runs[name] = (base_runs[0]["series"], new_runs[0]["series"], new_runs[0]["rebalance_times"])
         label = "split" if kind == "split" else "rebalanced"
-        print(f"{name:<30} static {base_thr/1e3:7.1f}k/s max/min {row['static_max_min']:.2f} | {label} "
-              f"{new_thr/1e3:7.1f}k/s max/min {row['new_max_min']:.2f} | x{gain:.3f} (bound x{bound:.3f}, "
-              f"{100*row['gain_of_bound']:.0f}% of it)", flush=True)
+        print(
+            f"{name:<30} static {base_thr / 1e3:7.1f}k/s max/min {row['static_max_min']:.2f} | {label} "
+            f"{new_thr / 1e3:7.1f}k/s max/min {row['new_max_min']:.2f} | x{gain:.3f} (bound x{bound:.3f}, "
+            f"{100 * row['gain_of_bound']:.0f}% of it)",
+            flush=True,
+        )
 
     print()
     print("| scenario | static items/s | static max/min | new items/s | new max/min | gain | bound | % of bound |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in report["scenarios"].items():
-        print(f"| {name} | {r['static_throughput']:,.0f} | {r['static_max_min']:.2f}x | {r['new_throughput']:,.0f} | "
-              f"{r['new_max_min']:.2f}x | {r['ratio']:.3f}x | {r['bound']:.3f}x | {100*r['gain_of_bound']:.0f}% |")
+        print(
+            f"| {name} | {r['static_throughput']:,.0f} | {r['static_max_min']:.2f}x | {r['new_throughput']:,.0f} | "
+            f"{r['new_max_min']:.2f}x | {r['ratio']:.3f}x | {r['bound']:.3f}x | {100 * r['gain_of_bound']:.0f}% |"
+        )
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
@@ -213,6 +242,7 @@ def main() -> None:
 def plot(runs: dict, path: Path) -> None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -220,8 +250,9 @@ def plot(runs: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.2 * len(runs)), sharey="row")
     for row, (name, (static, new, moves)) in enumerate(runs.items()):
-        for col, (series, title) in enumerate(((static, "static round-robin"),
-                                               (new, "split hot type" if "60%" in name else "rebalanced"))):
+        for col, (series, title) in enumerate(
+            ((static, "static round-robin"), (new, "split hot type" if "60%" in name else "rebalanced"))
+        ):
             ax = axes[row][col]
             if col == 1:
                 for i, t in enumerate(moves):

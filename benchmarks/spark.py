@@ -35,6 +35,7 @@ and the longest task, which is the stage's time on a cluster with a core per par
 
     .venv/bin/python benchmarks/spark.py [--events 5000000] [--runs 3] [--master local[*]]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,22 +46,23 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions  # noqa: E402
-from drainpipe.pipeline.functions import aggregate_batch, finalize, merge  # noqa: E402
-from drainpipe.pipeline.generator import generate_events  # noqa: E402
-from drainpipe.spark import JobOptions, run_batch, spark_session  # noqa: E402
-from drainpipe.spark.engine import aggregate_splits, per_type_stage  # noqa: E402
-from drainpipe.spark.skew import hash_placement, plan_placement, sample_weights, task_spread  # noqa: E402
-from drainpipe.spark.splits import plan_splits  # noqa: E402
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
+from drainpipe.pipeline.functions import aggregate_batch, finalize, merge
+from drainpipe.pipeline.generator import generate_events
+from drainpipe.spark import JobOptions, run_batch, spark_session
+from drainpipe.spark.engine import aggregate_splits, per_type_stage
+from drainpipe.spark.skew import hash_placement, plan_placement, sample_weights, task_spread
+from drainpipe.spark.splits import plan_splits
 
 RESULTS = Path(__file__).parent / "results"
 BUILTIN = Definitions(DEFAULT_DEFINITIONS.metrics, ())
@@ -110,20 +112,31 @@ def plain_job(spark: Any, path: str) -> dict[str, pa.Table]:
     minute = F.col("ts") - F.pmod(F.col("ts"), F.lit(60_000))
     scopes = F.array(
         F.struct(F.lit("service").alias("s"), F.col("service").alias("e")),
-        F.struct(F.lit("instance").alias("s"),
-                 F.when(F.col("instance") != "", F.concat_ws("/", "service", "instance")).alias("e")),
-        F.struct(F.lit("endpoint").alias("s"),
-                 F.when(F.col("endpoint") != "", F.concat_ws("/", "service", "endpoint")).alias("e")),
+        F.struct(
+            F.lit("instance").alias("s"),
+            F.when(F.col("instance") != "", F.concat_ws("/", "service", "instance")).alias("e"),
+        ),
+        F.struct(
+            F.lit("endpoint").alias("s"),
+            F.when(F.col("endpoint") != "", F.concat_ws("/", "service", "endpoint")).alias("e"),
+        ),
     )
-    rows = (events.select(F.explode(scopes).alias("x"), minute.alias("bucket"), "latency_ms", "status")
-            .where(F.col("x.e").isNotNull())
-            .select(F.col("x.s").alias("scope"), F.col("x.e").alias("entity"), "bucket", "latency_ms", "status"))
+    rows = (
+        events.select(F.explode(scopes).alias("x"), minute.alias("bucket"), "latency_ms", "status")
+        .where(F.col("x.e").isNotNull())
+        .select(F.col("x.s").alias("scope"), F.col("x.e").alias("entity"), "bucket", "latency_ms", "status")
+    )
     ok = F.col("status").cast("long")
     satisfied = (F.col("status") & (F.col("latency_ms") <= 500)).cast("long")
     tolerating = (F.col("status") & (F.col("latency_ms") > 500) & (F.col("latency_ms") <= 2000)).cast("long")
     states = rows.groupBy("scope", "entity", "bucket").agg(
-        F.count("*").alias("n"), F.sum("latency_ms").alias("v"), F.sum(ok).alias("ok"),
-        F.sum(satisfied).alias("sat"), F.sum(tolerating).alias("tol"), F.sum(1 - ok).alias("errors"))
+        F.count("*").alias("n"),
+        F.sum("latency_ms").alias("v"),
+        F.sum(ok).alias("ok"),
+        F.sum(satisfied).alias("sat"),
+        F.sum(tolerating).alias("tol"),
+        F.sum(1 - ok).alias("errors"),
+    )
     bins = rows.groupBy("scope", "entity", "bucket", F.floor(F.col("latency_ms") / 10).alias("b")).count()
     return {"states": states.toArrow(), "bins": bins.toArrow()}
 
@@ -136,8 +149,13 @@ def check_plain_against_engine(plain: dict[str, pa.Table], partials: list[Any]) 
     for scope in ("service", "instance", "endpoint"):
         mine = by_name[f"{scope}_resp_time"].table
         theirs = states.filter(pa.compute.equal(states.column("scope"), scope))
-        a = {(e, b): (n, v) for e, b, n, v in zip(*(mine.column(c).to_pylist() for c in ("entity", "bucket", "n", "v")))}
-        b = {(e, t): (n, v) for e, t, n, v in zip(*(theirs.column(c).to_pylist() for c in ("entity", "bucket", "n", "v")))}
+        a = {
+            (e, b): (n, v) for e, b, n, v in zip(*(mine.column(c).to_pylist() for c in ("entity", "bucket", "n", "v")))
+        }
+        b = {
+            (e, t): (n, v)
+            for e, t, n, v in zip(*(theirs.column(c).to_pylist() for c in ("entity", "bucket", "n", "v")))
+        }
         assert a.keys() == b.keys(), f"{scope}: different keys"
         for key, (n, v) in a.items():
             assert b[key][0] == n and abs(b[key][1] - v) <= 1e-9 * max(1.0, abs(v)), (scope, key)
@@ -154,21 +172,38 @@ def builtin_benchmark(spark: Any, path: str, runs: int, workdir: Path) -> dict[s
 
     def end_to_end() -> dict[str, Any]:
         store = workdir / f"run-{next(counter)}.duckdb"
-        return run_batch([path], definitions=BUILTIN, store_url=f"duckdb:///{store}", spark=spark,
-                         dead_letter=str(workdir / "rejected.jsonl"))
+        return run_batch(
+            [path],
+            definitions=BUILTIN,
+            store_url=f"duckdb:///{store}",
+            spark=spark,
+            dead_letter=str(workdir / "rejected.jsonl"),
+        )
 
-    measured = interleaved(runs, {"plain": lambda: plain_job(spark, path),
-                                  "job": lambda: aggregate_splits(spark, splits, BUILTIN),
-                                  "run": end_to_end})
+    measured = interleaved(
+        runs,
+        {
+            "plain": lambda: plain_job(spark, path),
+            "job": lambda: aggregate_splits(spark, splits, BUILTIN),
+            "run": end_to_end,
+        },
+    )
     (plain_s, plain_runs, plain), (job_s, job_runs, job), (run_s, run_runs, summary) = measured.values()
     check = check_plain_against_engine(plain, job.partials)
     return {
-        "plain_s": plain_s, "plain_runs": plain_runs,
-        "job_s": job_s, "job_runs": job_runs, "job_stage_s": job.stage_s,
+        "plain_s": plain_s,
+        "plain_runs": plain_runs,
+        "job_s": job_s,
+        "job_runs": job_runs,
+        "job_stage_s": job.stage_s,
         "job_task_spread": job.spread()["scan+aggregate"],
-        "run_s": run_s, "run_runs": run_runs, "run_events_per_s": summary["accepted"] / run_s,
+        "run_s": run_s,
+        "run_runs": run_runs,
+        "run_events_per_s": summary["accepted"] / run_s,
         "run_summary": {k: summary[k] for k in ("read", "accepted", "rejected", "metrics_rows", "splits", "stage_s")},
-        "job_vs_plain": job_s / plain_s, "run_vs_plain": run_s / plain_s, "plain_check": check,
+        "job_vs_plain": job_s / plain_s,
+        "run_vs_plain": run_s / plain_s,
+        "plain_check": check,
     }
 
 
@@ -219,14 +254,20 @@ def per_type_benchmark(spark: Any, path: str, runs: int) -> dict[str, Any]:
         return per_type_stage(spark, spark.read.parquet(path), PER_TYPE, plan, options)
 
     splits = plan_splits([path], spark.sparkContext.defaultParallelism)
-    measured = interleaved(runs, {
-        "naive": lambda: naive_per_type(spark, path, PER_TYPE),
-        "sample": lambda: sample_weights(spark.read.parquet(path), "service"),
-        "hash": hashed,
-        "placed": placed,
-        "map": lambda: aggregate_splits(spark, splits, PER_TYPE),
-    })
-    (naive_s, naive_runs, (naive_partial, naive_spread)), (sample_s, sample_runs, _) = measured["naive"], measured["sample"]
+    measured = interleaved(
+        runs,
+        {
+            "naive": lambda: naive_per_type(spark, path, PER_TYPE),
+            "sample": lambda: sample_weights(spark.read.parquet(path), "service"),
+            "hash": hashed,
+            "placed": placed,
+            "map": lambda: aggregate_splits(spark, splits, PER_TYPE),
+        },
+    )
+    (naive_s, naive_runs, (naive_partial, naive_spread)), (sample_s, sample_runs, _) = (
+        measured["naive"],
+        measured["sample"],
+    )
     hash_s, hash_runs, hash_result = measured["hash"]
     placed_s, placed_runs, placed_result = measured["placed"]
     map_s, map_runs, map_result = measured["map"]
@@ -234,16 +275,29 @@ def per_type_benchmark(spark: Any, path: str, runs: int) -> dict[str, Any]:
     for result in (hash_result, placed_result, map_result):
         assert finalize(result.partials[0]) == reference, "per-type results differ"
     return {
-        "naive_s": naive_s, "naive_runs": naive_runs, "naive_task_spread": naive_spread,
-        "hash_s": hash_s, "hash_runs": hash_runs, "hash_task_spread": hash_result.spread()["per-type"],
+        "naive_s": naive_s,
+        "naive_runs": naive_runs,
+        "naive_task_spread": naive_spread,
+        "hash_s": hash_s,
+        "hash_runs": hash_runs,
+        "hash_task_spread": hash_result.spread()["per-type"],
         "hash_event_spread": hash_result.spread("events")["per-type"],
-        "placed_s": placed_s, "placed_runs": placed_runs, "placed_task_spread": placed_result.spread()["per-type"],
+        "placed_s": placed_s,
+        "placed_runs": placed_runs,
+        "placed_task_spread": placed_result.spread()["per-type"],
         "placed_event_spread": placed_result.spread("events")["per-type"],
-        "hash_cpu_spread": hash_result.spread("cpu")["per-type"], "placed_cpu_spread": placed_result.spread("cpu")["per-type"],
-        "placed_salted": plan.salted, "placed_expected_ratio": plan.expected_ratio,
-        "sample_s": sample_s, "sample_runs": sample_runs, "placed_with_sample_s": placed_s + sample_s,
-        "map_s": map_s, "map_runs": map_runs, "map_task_spread": map_result.spread()["scan+aggregate"],
-        "naive_vs_placed": naive_s / placed_s, "naive_vs_placed_with_sample": naive_s / (placed_s + sample_s),
+        "hash_cpu_spread": hash_result.spread("cpu")["per-type"],
+        "placed_cpu_spread": placed_result.spread("cpu")["per-type"],
+        "placed_salted": plan.salted,
+        "placed_expected_ratio": plan.expected_ratio,
+        "sample_s": sample_s,
+        "sample_runs": sample_runs,
+        "placed_with_sample_s": placed_s + sample_s,
+        "map_s": map_s,
+        "map_runs": map_runs,
+        "map_task_spread": map_result.spread()["scan+aggregate"],
+        "naive_vs_placed": naive_s / placed_s,
+        "naive_vs_placed_with_sample": naive_s / (placed_s + sample_s),
         "results_equal": True,
     }
 
@@ -279,7 +333,8 @@ def table(results: dict[str, Any]) -> str:
         "",
         "targets: job <= 1.3x plain: {}; the engine's per-type work (map-side) >= 3x faster than naive: {},"
         " max/median <= 2: {};\n         placed per-type stage >= 3x faster than naive: {}, max/median <= 2: {}".format(
-            *("yes" if ok else "NO" for ok in results["targets"].values())),
+            *("yes" if ok else "NO" for ok in results["targets"].values())
+        ),
     ]
     return "\n".join(lines)
 
@@ -302,10 +357,20 @@ def main() -> int:
     per_type = per_type_benchmark(spark, path, args.runs)
     spark.stop()
     results: dict[str, Any] = {
-        "config": {"events": args.events, "skew": 1.1, "services": 20, "master": args.master, "runs": args.runs,
-                   "partitions": PARTITIONS, "row_group_rows": ROW_GROUP, "cores": os.cpu_count(),
-                   "python": platform.python_version(), "pyspark": __import__("pyspark").__version__,
-                   "load_avg_start": load_start, "load_avg_end": os.getloadavg()[0]},
+        "config": {
+            "events": args.events,
+            "skew": 1.1,
+            "services": 20,
+            "master": args.master,
+            "runs": args.runs,
+            "partitions": PARTITIONS,
+            "row_group_rows": ROW_GROUP,
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyspark": __import__("pyspark").__version__,
+            "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg()[0],
+        },
         "builtin": builtin,
         "per_type": per_type,
     }

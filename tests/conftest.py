@@ -3,12 +3,13 @@
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped.
 """
+
 from __future__ import annotations
 
 import os
 import urllib.parse
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -1,4 +1,5 @@
 """Test event batches shared by the store suites (DuckDB and PostgreSQL run the same cases on the same data)."""
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,9 @@ def store_events(n: int, seed: int) -> pa.RecordBatch:
     )
 
 
-def ingest(store: Store, events: pa.RecordBatch, source: str | None,
-           definitions: Definitions = DEFAULT_DEFINITIONS) -> MergeReport:
+def ingest(
+    store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS
+) -> MergeReport:
     """Aggregate one batch and merge it into ``store`` (one transaction)."""
     return store.merge(aggregate_batch(events, definitions, source=source))
 

@@ -2,6 +2,7 @@
 
 The public API (docs/api.md) is re-exported here; modules starting with ``_`` are internal.
 """
+
 from ._balancer import DrainBalancer
 from ._config import BatchQueueConfig
 from ._handlers import HandlerConsumer

@@ -1,11 +1,12 @@
 """Throughput-weighted partition placement (LPT), shared by the queue and the Spark engine's skew planner."""
+
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
-SKIP_RATIO = 1.15          # below this max/min task load nothing moves
-_EXACT_RELABEL_TASKS = 7   # up to this many tasks, bins are matched to tasks by trying every permutation
+SKIP_RATIO = 1.15  # below this max/min task load nothing moves
+_EXACT_RELABEL_TASKS = 7  # up to this many tasks, bins are matched to tasks by trying every permutation
 
 
 def task_loads(throughput: Sequence[int], owner: Sequence[int], task_count: int) -> list[int]:
@@ -45,23 +46,25 @@ def _relabel(plan: list[int], throughput: Sequence[int], owner: Sequence[int], t
     Bins are interchangeable (the same loads under any naming), so this picks the naming that keeps the most
     throughput on its current owner; lightly loaded partitions are then the ones that move.
     """
-    keep = [[0] * task_count for _ in range(task_count)]   # keep[bin][task]: load of bin already on task
+    keep = [[0] * task_count for _ in range(task_count)]  # keep[bin][task]: load of bin already on task
     for p, b in enumerate(plan):
         t = owner[p]
         if 0 <= t < task_count:
             keep[b][t] += throughput[p]
     if task_count <= _EXACT_RELABEL_TASKS:
-        best = max(itertools.permutations(range(task_count)),
-                   key=lambda perm: sum(keep[b][perm[b]] for b in range(task_count)))
+        best: Sequence[int] = max(
+            itertools.permutations(range(task_count)), key=lambda perm: sum(keep[b][perm[b]] for b in range(task_count))
+        )
     else:
-        best = [-1] * task_count
+        chosen = [-1] * task_count
         used: set[int] = set()
         pairs = sorted(((keep[b][t], -b, -t) for b in range(task_count) for t in range(task_count)), reverse=True)
         for _, nb, nt in pairs:
             b, t = -nb, -nt
-            if best[b] < 0 and t not in used:
-                best[b] = t
+            if chosen[b] < 0 and t not in used:
+                chosen[b] = t
                 used.add(t)
+        best = chosen
     return [best[b] for b in plan]
 
 
@@ -95,8 +98,9 @@ class DrainBalancer:
         for p, b in zip(hot, bins):
             plan[p] = b
         # zero-throughput partitions stay put; relabel so the heaviest partitions stay on their owners
-        relabeled_hot = _relabel([plan[p] for p in hot], [throughput[p] for p in hot],
-                                 [current_owner[p] for p in hot], task_count)
+        relabeled_hot = _relabel(
+            [plan[p] for p in hot], [throughput[p] for p in hot], [current_owner[p] for p in hot], task_count
+        )
         for p, b in zip(hot, relabeled_hot):
             plan[p] = b
         after = task_loads(throughput, plan, task_count)

@@ -1,11 +1,14 @@
 """BatchQueueConfig: a frozen, validated description of one queue."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ._policies import PartitionPolicy, ThreadPolicy
 from ._routing import BufferStrategy, PartitionSelector, Selector
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -29,29 +32,34 @@ class BatchQueueConfig:
     def validate(self) -> BatchQueueConfig:
         """Check every field; return self so calls chain."""
         if (self.threads is None) == (self.shared_scheduler is None):
-            raise ValueError("threads / shared_scheduler: set exactly one of the two")
+            raise ConfigError("threads / shared_scheduler: set exactly one of the two")
         if self.threads is not None and not isinstance(self.threads, ThreadPolicy):
-            raise ValueError(f"threads must be a ThreadPolicy, got {self.threads!r}")
+            raise ConfigError(f"threads must be a ThreadPolicy, got {self.threads!r}")
         if self.shared_scheduler is not None:
             ss = self.shared_scheduler
-            if (not isinstance(ss, tuple) or len(ss) != 2 or not isinstance(ss[0], str) or not ss[0]
-                    or not isinstance(ss[1], ThreadPolicy)):
-                raise ValueError("shared_scheduler must be (name, ThreadPolicy) with a non-empty name")
+            if (
+                not isinstance(ss, tuple)
+                or len(ss) != 2
+                or not isinstance(ss[0], str)
+                or not ss[0]
+                or not isinstance(ss[1], ThreadPolicy)
+            ):
+                raise ConfigError("shared_scheduler must be (name, ThreadPolicy) with a non-empty name")
         if not isinstance(self.partitions, PartitionPolicy):
-            raise ValueError(f"partitions must be a PartitionPolicy, got {self.partitions!r}")
+            raise ConfigError(f"partitions must be a PartitionPolicy, got {self.partitions!r}")
         if not callable(self.partition_selector):
-            raise ValueError("partition_selector must be callable (item, partition_count) -> int")
+            raise ConfigError("partition_selector must be callable (item, partition_count) -> int")
         _int_at_least("buffer_size", self.buffer_size, 1)
         if not isinstance(self.strategy, BufferStrategy):
-            raise ValueError(f"strategy must be a BufferStrategy, got {self.strategy!r}")
+            raise ConfigError(f"strategy must be a BufferStrategy, got {self.strategy!r}")
         if self.consumer is not None and not (callable(self.consumer) or hasattr(self.consumer, "consume")):
-            raise ValueError("consumer must be callable or have a consume(batch) method")
+            raise ConfigError("consumer must be callable or have a consume(batch) method")
         if self.error_handler is not None and not callable(self.error_handler):
-            raise ValueError("error_handler must be callable (batch, exc)")
+            raise ConfigError("error_handler must be callable (batch, exc)")
         _int_at_least("min_idle_ms", self.min_idle_ms, 1)
         _int_at_least("max_idle_ms", self.max_idle_ms, self.min_idle_ms)
         if self.balancer is not None and not callable(getattr(self.balancer, "assign", None)):
-            raise ValueError("balancer must have assign(throughput, current_owner, task_count)")
+            raise ConfigError("balancer must have assign(throughput, current_owner, task_count)")
         _int_at_least("rebalance_interval_ms", self.rebalance_interval_ms, 0)
         _int_at_least("shutdown_timeout_ms", self.shutdown_timeout_ms, 0)
         return self
@@ -59,4 +67,4 @@ class BatchQueueConfig:
 
 def _int_at_least(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")

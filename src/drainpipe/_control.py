@@ -14,6 +14,7 @@ The controller works on the queue's parts, never on the queue: the partition sta
 handler table (:mod:`._handlers`), the drain tasks and dispatcher (:mod:`._drain`), the scheduler, and the C
 producer (the only writer of the route table).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ from ._partitions import Partitions
 from ._routing import is_type_hash
 from ._scheduler import Scheduler
 from ._stats import RebalanceResult
+from .errors import ConfigError, QueueError
 
 log = logging.getLogger("drainpipe.control")
 _DEFAULT_BALANCER = DrainBalancer.throughput_weighted()
@@ -44,9 +46,20 @@ _LOAD_SAMPLES = 2000
 class Controller:
     """Owns the control thread of one queue. ``state`` is stable | revoking | fencing | assigning."""
 
-    def __init__(self, name: str, config: BatchQueueConfig, *, parts: Partitions, table: HandlerTable,
-                 tasks: Sequence[DrainTask], dispatcher: Dispatcher, scheduler: Scheduler, producer: Producer,
-                 thread_count: int, release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: BatchQueueConfig,
+        *,
+        parts: Partitions,
+        table: HandlerTable,
+        tasks: Sequence[DrainTask],
+        dispatcher: Dispatcher,
+        scheduler: Scheduler,
+        producer: Producer,
+        thread_count: int,
+        release: Callable[[], None],
+    ) -> None:
         self.name = name
         self._config = config
         self._parts = parts
@@ -59,8 +72,12 @@ class Controller:
         self._release = release
         self._type_routing = is_type_hash(config.partition_selector)
         self._consumer = config.consumer is not None
-        self.periodic = (config.balancer is not None and config.rebalance_interval_ms > 0 and len(tasks) > 1
-                         and config.shared_scheduler is None)
+        self.periodic = (
+            config.balancer is not None
+            and config.rebalance_interval_ms > 0
+            and len(tasks) > 1
+            and config.shared_scheduler is None
+        )
         self.interval = config.rebalance_interval_ms / 1000.0
         self.state = "stable"
         self.rebalances = 0
@@ -68,7 +85,8 @@ class Controller:
         self.load_history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=_LOAD_SAMPLES)
         self._last_counts: list[int] = []
         self._events: _queue_mod.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = (
-            _queue_mod.SimpleQueue())
+            _queue_mod.SimpleQueue()
+        )
         self._lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=f"drainpipe-{name}-control", daemon=True)
@@ -81,7 +99,7 @@ class Controller:
         fut: Future[Any] = Future()
         with self._lock:
             if self._stopped:
-                fut.set_exception(RuntimeError(f"queue {self.name!r} is shut down"))
+                fut.set_exception(QueueError(f"queue {self.name!r} is shut down"))
                 return fut
             self._events.put((fn, args, fut))
         return fut
@@ -119,7 +137,7 @@ class Controller:
             except _queue_mod.Empty:
                 return
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError(f"queue {self.name!r} is shut down"))
+                fut.set_exception(QueueError(f"queue {self.name!r} is shut down"))
 
     # ------------------------------------------------------------------ rebalancing
 
@@ -143,8 +161,9 @@ class Controller:
         if periodic:
             self.load_history.append((time.time(), before))
 
-        def result(moves: tuple[tuple[int, int, int], ...] = (), after: tuple[int, ...] = before,
-                   skipped: str = "") -> RebalanceResult:
+        def result(
+            moves: tuple[tuple[int, int, int], ...] = (), after: tuple[int, ...] = before, skipped: str = ""
+        ) -> RebalanceResult:
             return RebalanceResult(time.time(), moves, before, after, (time.monotonic() - started) * 1000, skipped)
 
         if tasks <= 1:
@@ -169,17 +188,24 @@ class Controller:
         res = result(tuple(moves), tuple(task_loads(tp, plan, tasks)))
         self.rebalances += 1
         self.history.append(res)
-        log.info("queue %r: rebalanced %d partitions, max/min load %.2f -> %.2f in %.1f ms", self.name, len(moves),
-                 res.ratio_before, res.ratio_after, res.duration_ms)
+        log.info(
+            "queue %r: rebalanced %d partitions, max/min load %.2f -> %.2f in %.1f ms",
+            self.name,
+            len(moves),
+            res.ratio_before,
+            res.ratio_after,
+            res.duration_ms,
+        )
         return res
 
     # ------------------------------------------------------------------ handlers and growth
 
-    def add_handler(self, type_: type, handler: Any, weight: float, split: int,
-                    key: Callable[[Any], Any] | None) -> None:
+    def add_handler(
+        self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None
+    ) -> None:
         table, parts = self._table, self._parts
         if split and not self._type_routing:
-            raise ValueError("split handlers need the type_hash partition selector")
+            raise ConfigError("split handlers need the type_hash partition selector")
         old = table.entries.get(type_)
         if old is not None:
             self._detach(old)

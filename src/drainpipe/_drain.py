@@ -5,6 +5,7 @@ A :class:`DrainTask` runs on one scheduler thread at a time. Each cycle it marks
 and hands the items to the :class:`Dispatcher`. The task knows nothing of the queue: it gets the dispatcher, its
 partitions and the idle delays, as a worker of ``concurrent.futures.thread`` gets only its work queue.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,17 @@ class Counters:
 class Dispatcher:
     """Hands taken items to the consumer, or by exact type to the handler instances of ``table``."""
 
-    def __init__(self, name: str, parts: Partitions, table: HandlerTable, consumer: Target | None,
-                 type_routing: bool, error_handler: Callable[[list[Any], BaseException], None] | None,
-                 log: logging.Logger, owner: object) -> None:
+    def __init__(
+        self,
+        name: str,
+        parts: Partitions,
+        table: HandlerTable,
+        consumer: Target | None,
+        type_routing: bool,
+        error_handler: Callable[[list[Any], BaseException], None] | None,
+        log: logging.Logger,
+        owner: object,
+    ) -> None:
         self._name = name
         self._parts = parts
         self._table = table
@@ -99,11 +108,11 @@ class Dispatcher:
                     self._invoke(target, run, counters)
                     calls += 1
                     continue
-                batch = merge.get(target)
-                if batch is None:
+                pending = merge.get(target)
+                if pending is None:
                     merge[target] = run
                 else:
-                    batch.extend(run)
+                    pending.extend(run)
         if merge:
             for target, batch in merge.items():
                 self._invoke(target, batch, counters)

@@ -2,7 +2,8 @@
 atomicity rules). Every call is atomic with respect to other Python threads: it runs under the GIL without
 releasing it."""
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 class Buffers:
     """A queue's bounded partition buffers and their produced counters."""

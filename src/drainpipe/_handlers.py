@@ -4,12 +4,14 @@ Written only by the control thread (:mod:`._control`); read by drain tasks (:mod
 types the C route table does not know (split types). Reads need no lock: every update replaces or inserts a
 whole entry in a dict, which is atomic under the GIL, and an entry is fully built before it is published.
 """
+
 from __future__ import annotations
 
 import itertools
 import logging
 import threading
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
 """BatchQueueManager: the process-wide registry of named queues (and, through them, shared schedulers)."""
+
 from __future__ import annotations
 
 import threading
@@ -6,6 +7,7 @@ import threading
 from ._config import BatchQueueConfig
 from ._queue import BatchQueue
 from ._scheduler import shared_schedulers
+from .errors import QueueError
 
 
 class BatchQueueManager:
@@ -21,7 +23,7 @@ class BatchQueueManager:
         config.validate()
         with cls._lock:
             if name in cls._queues:
-                raise RuntimeError(f"a queue named {name!r} already exists")
+                raise QueueError(f"a queue named {name!r} already exists")
             q = cls._queues[name] = BatchQueue(name, config)
             return q
 
@@ -32,7 +34,7 @@ class BatchQueueManager:
             q = cls._queues.get(name)
             return q if q is not None else cls.create(name, config)
 
-    create_if_absent = get_or_create   # the seed's name
+    create_if_absent = get_or_create  # the seed's name
 
     @classmethod
     def get(cls, name: str) -> BatchQueue | None:

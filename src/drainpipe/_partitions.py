@@ -15,6 +15,7 @@ Handoff (revoke, fence, assign; :meth:`handoff`): the partition becomes unowned,
 each old owner has left the drain cycle it was in, then the new owner is published. Items produced meanwhile stay
 in the partition and are drained by the new owner.
 """
+
 from __future__ import annotations
 
 import threading

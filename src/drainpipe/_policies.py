@@ -2,11 +2,14 @@
 
 Policies are immutable values (``==`` and ``hash`` by kind and parameters) with the string forms of API.md.
 """
+
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
+
+from .errors import ConfigError
 
 
 def _round_half_up(x: float) -> int:
@@ -15,15 +18,15 @@ def _round_half_up(x: float) -> int:
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
 
 def _check_float(name: str, value: object, minimum: float, strict: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
     if value < minimum or (strict and value == minimum):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be {'>' if strict else '>='} {minimum}, got {value!r}")
     return float(value)
 
 

@@ -1,4 +1,5 @@
 """Progress displays for long commands (rich on a terminal, nothing when quiet or not a terminal)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -6,7 +7,7 @@ import glob
 import os
 import sys
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 @contextlib.contextmanager
@@ -21,8 +22,16 @@ def file_progress(*, quiet: bool, inputs: Sequence[str]) -> Iterator[Callable[[i
     start = time.perf_counter()
     # No auto-refresh thread: the local engine forks its worker processes only while the process has one
     # thread, so the display refreshes from update() instead (at most 10 times a second).
-    with Progress(TextColumn("[bold]run"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[rate]}"),
-                  TimeElapsedColumn(), transient=True, console=None, auto_refresh=False) as bar:
+    with Progress(
+        TextColumn("[bold]run"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        transient=True,
+        console=None,
+        auto_refresh=False,
+    ) as bar:
         task = bar.add_task("run", total=total or None, rate="")
         shown = [0.0]
 

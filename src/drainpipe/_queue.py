@@ -22,6 +22,7 @@ Concurrency rules (who may touch what):
   default ``type_hash`` selector (one type, one partition, one owner at a time). With any other selector a type's
   items may sit in several partitions owned by different tasks, so its handler is additionally guarded by a lock.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,6 +40,7 @@ from ._partitions import Partitions
 from ._routing import BufferStrategy, is_type_hash, stable_type_hash
 from ._scheduler import Scheduler, shared_schedulers
 from ._stats import BatchQueueStats, RebalanceResult
+from .errors import ConfigError, QueueError
 
 log = logging.getLogger("drainpipe.queue")
 
@@ -67,7 +69,7 @@ class BatchQueue:
 
     def __init__(self, name: str, config: BatchQueueConfig) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError("queue name must be a non-empty string")
+            raise ConfigError("queue name must be a non-empty string")
         config.validate()
         self._name = name
         self.config = config
@@ -80,8 +82,9 @@ class BatchQueue:
         partitions = config.partitions.resolve(thread_count, 0)
         tasks = thread_count if config.threads is not None else 1
         if tasks > partitions:
-            self._log.warning("queue %r: %d threads for %d partitions; reducing threads to %d",
-                              name, tasks, partitions, partitions)
+            self._log.warning(
+                "queue %r: %d threads for %d partitions; reducing threads to %d", name, tasks, partitions, partitions
+            )
             tasks = partitions
 
         self._parts = Partitions(partitions, config.buffer_size, tasks)
@@ -89,15 +92,20 @@ class BatchQueue:
         self._dropped_full = itertools.count()
         self._dropped_early = itertools.count()  # no handler, seen at produce time
         self._routes: dict[type, int] = {}  # read by the C producer; changed only via produce.set_route/drop_route
-        self.produce = Producer(self._parts.buffers, self._routes if typed else None,
-                                None if typed else config.partition_selector, self._parts.count,
-                                self._route_slow, self._produce_full)
+        self.produce = Producer(
+            self._parts.buffers,
+            self._routes if typed else None,
+            None if typed else config.partition_selector,
+            self._parts.count,
+            self._route_slow,
+            self._produce_full,
+        )
 
-        dispatcher = Dispatcher(name, self._parts, self._table, self._consumer, typed, config.error_handler,
-                                self._log, self)
+        dispatcher = Dispatcher(
+            name, self._parts, self._table, self._consumer, typed, config.error_handler, self._log, self
+        )
         self._final: Counters = dispatcher.final
-        self._tasks = [DrainTask(i, dispatcher, (config.min_idle_ms, config.max_idle_ms), self)
-                       for i in range(tasks)]
+        self._tasks = [DrainTask(i, dispatcher, (config.min_idle_ms, config.max_idle_ms), self) for i in range(tasks)]
         self._close_lock = threading.Lock()
         self._done = threading.Event()
 
@@ -106,9 +114,18 @@ class BatchQueue:
             self._scheduler = shared_schedulers.acquire(*config.shared_scheduler)
         else:
             self._scheduler = Scheduler(name, tasks, pinned=True)
-        self._control = Controller(name, config, parts=self._parts, table=self._table, tasks=self._tasks,
-                                   dispatcher=dispatcher, scheduler=self._scheduler, producer=self.produce,
-                                   thread_count=thread_count, release=self._release_scheduler)
+        self._control = Controller(
+            name,
+            config,
+            parts=self._parts,
+            table=self._table,
+            tasks=self._tasks,
+            dispatcher=dispatcher,
+            scheduler=self._scheduler,
+            producer=self.produce,
+            thread_count=thread_count,
+            release=self._release_scheduler,
+        )
         for task in self._tasks:
             self._scheduler.submit(task)
 
@@ -194,8 +211,15 @@ class BatchQueue:
     def rebalancing_enabled(self) -> bool:
         return self._control.periodic
 
-    def add_handler(self, type_: type, handler: HandlerConsumer | Callable[[list[Any]], Any], weight: float = 1.0, *, split: int | bool = False,
-                    key: Callable[[Any], Any] | None = None) -> None:
+    def add_handler(
+        self,
+        type_: type,
+        handler: HandlerConsumer | Callable[..., Any],
+        weight: float = 1.0,
+        *,
+        split: int | bool = False,
+        key: Callable[[Any], Any] | None = None,
+    ) -> None:
         """Register ``handler`` for items of exactly ``type_`` (replacing any previous one).
 
         ``handler`` is a :class:`HandlerConsumer` or a callable ``f(batch)``. ``weight`` (> 0) counts toward
@@ -207,9 +231,9 @@ class BatchQueue:
         Raises ValueError for a bad weight/split, RuntimeError after shutdown.
         """
         if not isinstance(type_, type):
-            raise ValueError(f"add_handler needs a type, got {type_!r}")
+            raise ConfigError(f"add_handler needs a type, got {type_!r}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"weight must be > 0, got {weight!r}")
+            raise ConfigError(f"weight must be > 0, got {weight!r}")
         if split is True:
             parts = len(self._tasks)
         elif split is False or split is None:
@@ -217,9 +241,9 @@ class BatchQueue:
         elif isinstance(split, int) and split >= 1:
             parts = split
         else:
-            raise ValueError(f"split must be a bool or an int >= 1, got {split!r}")
+            raise ConfigError(f"split must be a bool or an int >= 1, got {split!r}")
         if parts and not callable(handler):
-            raise ValueError("a split handler must be a zero-argument factory of handler instances")
+            raise ConfigError("a split handler must be a zero-argument factory of handler instances")
         if not parts:
             Target(handler, type_, False)  # validate the handler's shape now, in the caller
         self._run_control(self._control.add_handler, type_, handler, float(weight), parts, key)
@@ -236,7 +260,7 @@ class BatchQueue:
 
     def _run_control(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._parts.closing[0]:
-            raise RuntimeError(f"queue {self._name!r} is shut down")
+            raise QueueError(f"queue {self._name!r} is shut down")
         future = self._control.submit(fn, *args)
         if getattr(on_drain_thread, "queue", None) is self:
             return None  # a drain thread never waits on control work (the control thread may be fencing it)
@@ -301,5 +325,7 @@ class BatchQueue:
             self._scheduler.shutdown(wait=not self._scheduler.owns_current_thread())
 
     def __repr__(self) -> str:
-        return (f"BatchQueue({self._name!r}, partitions={self.partition_count}, tasks={self.task_count}, "
-                f"running={self.is_running})")
+        return (
+            f"BatchQueue({self._name!r}, partitions={self.partition_count}, tasks={self.task_count}, "
+            f"running={self.is_running})"
+        )

@@ -1,9 +1,13 @@
 """Buffer strategies and partition selectors."""
+
 from __future__ import annotations
 
 import enum
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ConfigError
 
 Selector = Callable[[Any, int], int]
 
@@ -11,7 +15,7 @@ Selector = Callable[[Any, int], int]
 class BufferStrategy(enum.Enum):
     """What ``produce`` does when the item's partition is full."""
 
-    BLOCKING = "blocking"        # wait for room (the default)
+    BLOCKING = "blocking"  # wait for room (the default)
     IF_POSSIBLE = "if_possible"  # return False: the item is dropped and counted
 
 
@@ -40,7 +44,7 @@ class _KeyHash:
 
     def __init__(self, key_fn: Callable[[Any], Any]) -> None:
         if not callable(key_fn):
-            raise ValueError("key_hash needs a callable key function")
+            raise ConfigError("key_hash needs a callable key function")
         self.key_fn = key_fn
 
     def __call__(self, item: Any, partition_count: int) -> int:

@@ -6,6 +6,7 @@ use, reference-counted, and shut down when its last queue releases it; each queu
 A task is any object with ``run() -> float | None``: the delay in seconds before it runs again, or None when it is
 finished. A task is never run by two threads at once (it is out of the timer heap while it runs).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -30,7 +31,7 @@ class _Lane:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.heap: list[tuple[float, int, Task]] = []
-        self.due: dict[int, float] = {}   # id(task) -> due time of its live heap entry (absent while it runs)
+        self.due: dict[int, float] = {}  # id(task) -> due time of its live heap entry (absent while it runs)
 
 
 class Scheduler:
@@ -47,9 +48,12 @@ class Scheduler:
         self._submitted = itertools.count()
         self._seq = itertools.count()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, args=(self._lanes[i % len(self._lanes)],),
-                                          name=f"drainpipe-{name}-{i}", daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(
+                target=self._work, args=(self._lanes[i % len(self._lanes)],), name=f"drainpipe-{name}-{i}", daemon=True
+            )
+            for i in range(threads)
+        ]
         for t in self._threads:
             t.start()
 
@@ -83,7 +87,7 @@ class Scheduler:
                     lane.cond.wait()
                     continue
                 due, _, cand = lane.heap[0]
-                if lane.due.get(id(cand)) != due:      # stale entry (woken early, or finished)
+                if lane.due.get(id(cand)) != due:  # stale entry (woken early, or finished)
                     heapq.heappop(lane.heap)
                     continue
                 wait = due - time.monotonic()

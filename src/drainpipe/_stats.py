@@ -1,4 +1,5 @@
 """Immutable snapshots of a queue's state: buffer usage, counters, per-task load and rebalance history."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ class RebalanceResult:
     "single task", "shutdown".
     """
 
-    at: float                      # time.time() when it finished
-    moves: tuple[tuple[int, int, int], ...]   # (partition, from_task, to_task)
+    at: float  # time.time() when it finished
+    moves: tuple[tuple[int, int, int], ...]  # (partition, from_task, to_task)
     loads_before: tuple[int, ...]
     loads_after: tuple[int, ...]
     duration_ms: float = 0.0
@@ -53,15 +54,15 @@ class BatchQueueStats:
     name: str
     buffer_size: int
     partition_used_counts: tuple[int, ...]
-    produced: int = 0                 # items accepted by produce/produce_many
-    dropped_full: int = 0             # IF_POSSIBLE produce on a full partition
-    dropped_no_handler: int = 0       # items of a type without a handler
-    dispatched: int = 0               # items handed to a handler or the consumer
+    produced: int = 0  # items accepted by produce/produce_many
+    dropped_full: int = 0  # IF_POSSIBLE produce on a full partition
+    dropped_no_handler: int = 0  # items of a type without a handler
+    dispatched: int = 0  # items handed to a handler or the consumer
     handler_errors: int = 0
-    task_dispatched: tuple[int, ...] = ()     # per drain task: items it dispatched
+    task_dispatched: tuple[int, ...] = ()  # per drain task: items it dispatched
     task_partitions: tuple[tuple[int, ...], ...] = ()
-    rebalances: int = 0               # rebalances that moved partitions
-    rebalance_state: str = "stable"   # stable | revoking | fencing | assigning
+    rebalances: int = 0  # rebalances that moved partitions
+    rebalance_state: str = "stable"  # stable | revoking | fencing | assigning
     rebalance_history: tuple[RebalanceResult, ...] = field(default=(), repr=False)
 
     @property
@@ -87,8 +88,10 @@ class BatchQueueStats:
     def top_n(self, n: int) -> list[PartitionUsage]:
         """The ``n`` fullest partitions: used desc, ties by index asc."""
         order = sorted(range(self.partition_count), key=lambda i: (-self.partition_used_counts[i], i))
-        return [PartitionUsage(i, self.partition_used_counts[i], self.partition_used_percentage(i))
-                for i in order[:max(0, n)]]
+        return [
+            PartitionUsage(i, self.partition_used_counts[i], self.partition_used_percentage(i))
+            for i in order[: max(0, n)]
+        ]
 
     @property
     def task_count(self) -> int:

@@ -1,73 +1,116 @@
-"""The ``drainpipe`` command. Every user mistake is one line on stderr and a non-zero exit, never a traceback."""
+"""The ``drainpipe`` command.
+
+Errors: a :class:`~drainpipe.errors.DrainpipeError` (a mistake the user can fix: bad option, missing file, bad
+store URL, ...) is printed as one line and exits 2. Anything else is a bug in drainpipe: the traceback is printed
+with a line saying so, and the exit status is 70 (EX_SOFTWARE). Ctrl-C exits 130.
+"""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import sys
-from typing import Any, Callable, Sequence
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import DrainpipeError, UsageError
 
 EXIT_USER = 2
+EXIT_BUG = 70
 
-
-class UserError(Exception):
-    """A mistake the user can fix (bad file, bad URL, bad option): reported as one line."""
-
-
-def _definitions(path: str | None):
-    from .pipeline.definitions import default_definitions, load_definitions
-
-    return load_definitions(path) if path else default_definitions()
+_STORE_HELP = (
+    "store URL: duckdb:///relative/path.duckdb, duckdb:////absolute/path.duckdb (four slashes) or "
+    "postgresql://user:pass@host:port/db (default: %(default)s)"
+)
+_DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .pipeline.generator import generate_events, write_events
 
-    batches = generate_events(args.events, services=args.services, endpoints_per_service=args.endpoints,
-                              skew=args.skew, seed=args.seed, duration_s=args.duration)
+    for name in ("services", "endpoints", "duration"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.skew < 0:
+        raise UsageError(f"--skew must be >= 0, got {args.skew}")
+    _check_output_dir(args.output)
+    batches = generate_events(
+        args.events,
+        services=args.services,
+        endpoints_per_service=args.endpoints,
+        skew=args.skew,
+        seed=args.seed,
+        duration_s=args.duration,
+    )
     n = write_events(batches, args.output)
     print(f"wrote {n:,} events to {args.output}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    definitions = _definitions(args.metrics)     # validated before any data is read
+    from .pipeline.definitions import definitions_from
+
+    definitions = definitions_from(args.metrics)  # validated before any data is read
     if args.engine == "spark":
         from .spark import run_batch
 
         conf = dict(_kv(c) for c in args.spark_conf)
-        result = run_batch(args.input, definitions=definitions, store_url=args.store, master=args.spark_master,
-                           conf=conf, dead_letter=args.dead_letter)
-        print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
-              f"   dropped {result.get('dropped', 0)}")
+        result = run_batch(
+            args.input,
+            definitions=definitions,
+            store_url=args.store,
+            master=args.spark_master,
+            conf=conf,
+            dead_letter=args.dead_letter,
+            quiet=args.quiet,
+        )
+        print(
+            f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
+            f"   dropped {result.get('dropped', 0)}"
+        )
         print(f"{result['events_per_s']:,.0f} events/s over {result['elapsed_s']:.2f} s into {args.store} (spark)")
         return 0
-    from .pipeline.run import run_local
     from ._progress import file_progress
+    from .pipeline.run import run_local
 
     with file_progress(quiet=args.quiet, inputs=args.input) as progress:
-        summary = run_local(args.input, definitions=definitions, store_url=args.store,
-                            dead_letter=args.dead_letter, progress=progress)
+        summary = run_local(
+            args.input, definitions=definitions, store_url=args.store, dead_letter=args.dead_letter, progress=progress
+        )
     for line in summary.lines():
         print(line)
     return 0
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    definitions = _definitions(args.metrics)
-    if args.engine != "spark":
-        raise UserError("streaming runs on the spark engine: use --engine spark")
+    from .pipeline.definitions import definitions_from
+
+    definitions = definitions_from(args.metrics)
     from .spark import run_stream
 
-    def on_batch(batch_id: int, info: dict) -> None:
+    def on_batch(batch_id: int, info: dict[str, Any]) -> None:
         if not args.quiet:
-            print(f"micro-batch {batch_id}: " + ", ".join(f"{k} {v}" for k, v in info.items()
-                                                         if isinstance(v, (int, float))), flush=True)
+            print(
+                f"micro-batch {batch_id}: "
+                + ", ".join(f"{k} {v}" for k, v in info.items() if isinstance(v, (int, float))),
+                flush=True,
+            )
 
-    result = run_stream(args.input, definitions=definitions, store_url=args.store, checkpoint=args.checkpoint,
-                        master=args.spark_master, conf=dict(_kv(c) for c in args.spark_conf),
-                        trigger_once=args.trigger_once, stop_after_s=args.stop_after, dead_letter=args.dead_letter,
-                        on_batch=on_batch)
+    result = run_stream(
+        args.input,
+        definitions=definitions,
+        store_url=args.store,
+        checkpoint=args.checkpoint,
+        master=args.spark_master,
+        conf=dict(_kv(c) for c in args.spark_conf),
+        trigger_once=args.trigger_once,
+        stop_after_s=args.stop_after,
+        dead_letter=args.dead_letter,
+        on_batch=on_batch,
+    )
     print(", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, (int, float))))
     return 0
 
@@ -76,19 +119,28 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .pipeline.render import render
     from .pipeline.store import open_store
 
-    store = open_store(args.store)
+    end = _end_bound(args.end)
+    store = open_store(args.store, must_exist=True)
     try:
+        names = store.stored_names()
+        wanted, kind = (args.topn, "topn") if args.topn else (args.metric, "metric")
+        if wanted is not None and names.get(wanted) != kind:
+            stored = ", ".join(n for n, k in names.items() if k == kind) or "none"
+            label = "top-N" if kind == "topn" else "metric"
+            raise UsageError(f"no {label} named {wanted!r} in the store; stored {label}s: {stored}")
+        rows: Sequence[Sequence[Any]]
         if args.topn:
-            rows = store.query_topn(args.topn, entity=args.entity, start=args.start, end=args.end)
-            columns = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
+            rows = store.query_topn(args.topn, entity=args.entity, start=args.start, end=end)
+            columns: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
         else:
-            rows = store.query(metric=args.metric, entity=args.entity, granularity=args.granularity,
-                               start=args.start, end=args.end)
+            rows = store.query(
+                metric=args.metric, entity=args.entity, granularity=args.granularity, start=args.start, end=end
+            )
             columns = ("metric", "entity", "granularity", "time_bucket", "label", "value")
     finally:
         store.close()
     if args.limit:
-        rows = rows[:args.limit]
+        rows = rows[: args.limit]
     sys.stdout.write(render(rows, columns, args.format))
     return 0
 
@@ -96,100 +148,213 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    if args.events < 1:
+        raise UsageError(f"--events must be >= 1, got {args.events}")
     return run_demo(events=args.events, out_dir=args.out, seed=args.seed)
+
+
+def _end_bound(value: str | None) -> str | None:
+    """``--to``: an inclusive bucket start; a bare date means the whole day (up to its last minute)."""
+    if value is not None and _DATE_ONLY.match(value.strip()):
+        return value.strip() + "T23:59:59Z"
+    return value
+
+
+def _check_output_dir(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"cannot write {path!r}: directory {parent!r} does not exist")
 
 
 def _kv(text: str) -> tuple[str, str]:
     if "=" not in text:
-        raise UserError(f"--spark-conf expects key=value, got {text!r}")
+        raise UsageError(f"--spark-conf expects key=value, got {text!r}")
     k, v = text.split("=", 1)
     return k.strip(), v.strip()
 
 
+def _count(minimum: int) -> Any:
+    """An argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def _store_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="duckdb:///drainpipe.duckdb", metavar="URL", help=_STORE_HELP)
+
+
+def _metrics_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="metric definitions (TOML), validated before any data is "
+        "read; default: the built-in set (docs/pipeline.md)",
+    )
+
+
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--spark-master",
+        default="local[*]",
+        metavar="URL",
+        help="Spark master: local[N], spark://host:port, ... (default: %(default)s)",
+    )
+    p.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), e.g. spark.executor.memory=4g",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="drainpipe", description="Partitioned, self-balancing batch processing and "
-                                "the metrics pipeline that runs on it.")
+    from .server.commands import add_commands
+
+    p = argparse.ArgumentParser(
+        prog="drainpipe",
+        description="Partitioned, self-balancing batch processing and the metrics pipeline that runs on it.",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log what the queues do")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="a skewed synthetic workload through the local engine into DuckDB")
-    d.add_argument("--events", type=int, default=2_000_000)
-    d.add_argument("--out", default="drainpipe-demo", help="directory for the files it writes")
-    d.add_argument("--seed", type=int, default=42)
+    d = sub.add_parser(
+        "demo",
+        help="a skewed synthetic workload through the local engine into DuckDB",
+        description="Generate a skewed workload, run it through the local engine with rebalancing "
+        "into an embedded DuckDB file, and show what happened.",
+    )
+    d.add_argument("--events", type=_count(1), default=2_000_000, help="events to generate (default: %(default)s)")
+    d.add_argument(
+        "--out",
+        default=os.path.join(".drainpipe", "demo"),
+        metavar="DIR",
+        help="directory for the files it writes (default: %(default)s)",
+    )
+    d.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
     d.set_defaults(fn=cmd_demo)
 
-    g = sub.add_parser("generate", help="write a synthetic workload to a file (.jsonl[.gz], .csv, .parquet)")
-    g.add_argument("--events", type=int, default=1_000_000)
-    g.add_argument("--services", type=int, default=20)
-    g.add_argument("--endpoints", type=int, default=10, help="endpoints per service")
-    g.add_argument("--skew", type=float, default=1.1, help="Zipf exponent of service popularity")
-    g.add_argument("--duration", type=int, default=3600, help="seconds of traffic the events span")
-    g.add_argument("--seed", type=int, default=42)
-    g.add_argument("-o", "--output", required=True)
+    g = sub.add_parser(
+        "generate",
+        help="write a synthetic workload to a file (.jsonl[.gz], .csv, .parquet)",
+        description="Write synthetic request events (Zipf-skewed services) to a file; the format follows the suffix.",
+    )
+    g.add_argument("--events", type=_count(0), default=1_000_000, help="how many events (default: %(default)s)")
+    g.add_argument("--services", type=int, default=20, help="number of services (default: %(default)s)")
+    g.add_argument("--endpoints", type=int, default=10, help="endpoints per service (default: %(default)s)")
+    g.add_argument(
+        "--skew", type=float, default=1.1, help="Zipf exponent of service popularity, >= 0 (default: %(default)s)"
+    )
+    g.add_argument(
+        "--duration", type=int, default=3600, help="seconds of traffic the events span (default: %(default)s)"
+    )
+    g.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
+    g.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="output file (.jsonl, .jsonl.gz, .csv, .csv.gz or .parquet)",
+    )
     g.set_defaults(fn=cmd_generate)
 
-    r = sub.add_parser("run", help="process event files into a store")
-    r.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or globs")
-    r.add_argument("--engine", choices=("local", "spark"), default="local")
-    r.add_argument("--metrics", help="metric definitions (TOML); default: the built-in set")
-    r.add_argument("--store", default="duckdb:///drainpipe.duckdb")
-    r.add_argument("--dead-letter", help="rejected records go here (default: <store>.rejected.jsonl)")
-    r.add_argument("--spark-master", default="local[*]")
-    r.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    r = sub.add_parser(
+        "run",
+        help="process event files into a store",
+        description="Read, validate and aggregate event files into a store. Running the same input "
+        "again changes nothing; rejected records go to the dead letter with a reason.",
+    )
+    r.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="files or globs (.jsonl, .json, .ndjson, .csv, each optionally .gz, or .parquet)",
+    )
+    r.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local: this machine's queues and worker processes; spark: a PySpark job (default: %(default)s)",
+    )
+    _metrics_option(r)
+    _store_option(r)
+    r.add_argument("--dead-letter", metavar="FILE", help="rejected records go here (default: <store>.rejected.jsonl)")
+    _spark_options(r)
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress display (and, for spark, no JVM logs)")
     r.set_defaults(fn=cmd_run)
 
-    st = sub.add_parser("stream", help="Structured Streaming over a directory of new files (spark engine)")
+    st = sub.add_parser(
+        "stream",
+        help="Structured Streaming over a directory of new files (spark engine)",
+        description="Process new files as they arrive in a directory, with Spark Structured "
+        "Streaming; progress is kept in the checkpoint directory.",
+    )
     st.add_argument("--input", required=True, metavar="DIR", help="directory new event files arrive in")
-    st.add_argument("--engine", choices=("spark",), default="spark")
+    st.add_argument("--engine", choices=("spark",), default="spark", help="streaming runs on spark")
     st.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint location")
-    st.add_argument("--metrics", help="metric definitions (TOML); default: the built-in set")
-    st.add_argument("--store", default="duckdb:///drainpipe.duckdb")
-    st.add_argument("--dead-letter", help="rejected records go here")
-    st.add_argument("--spark-master", default="local[*]")
-    st.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
+    _metrics_option(st)
+    _store_option(st)
+    st.add_argument("--dead-letter", metavar="FILE", help="rejected records go here")
+    _spark_options(st)
     st.add_argument("--trigger-once", action="store_true", help="process what is there, then stop")
     st.add_argument("--stop-after", type=float, metavar="SECONDS", help="stop after this long")
-    st.add_argument("-q", "--quiet", action="store_true")
+    st.add_argument("-q", "--quiet", action="store_true", help="no per-micro-batch lines")
     st.set_defaults(fn=cmd_stream)
 
-    q = sub.add_parser("query", help="print stored metric rows (or top-N rows with --topn)")
-    q.add_argument("--store", default="duckdb:///drainpipe.duckdb")
-    q.add_argument("--metric")
-    q.add_argument("--entity")
-    q.add_argument("--granularity", choices=("minute", "hour", "day"))
-    q.add_argument("--from", dest="start", metavar="T")
-    q.add_argument("--to", dest="end", metavar="T")
-    q.add_argument("--topn", metavar="NAME")
-    q.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    q.add_argument("--limit", type=int, default=0)
+    q = sub.add_parser(
+        "query",
+        help="print stored metric rows (or top-N rows with --topn)",
+        description="Print stored rows, ordered by metric, entity, granularity, time bucket and "
+        "label. Time bounds are inclusive bucket starts, UTC.",
+    )
+    _store_option(q)
+    q.add_argument("--metric", help="only this metric (its name, e.g. service_cpm)")
+    q.add_argument("--entity", help="only this entity: service, service/instance or service/endpoint")
+    q.add_argument("--granularity", choices=("minute", "hour", "day"), help="only this granularity")
+    q.add_argument(
+        "--from",
+        dest="start",
+        metavar="T",
+        help="first bucket start, ISO-8601 (2026-11-21T10:05:00Z, 2026-11-21) or epoch milliseconds",
+    )
+    q.add_argument(
+        "--to",
+        dest="end",
+        metavar="T",
+        help="last bucket start, inclusive; a date alone (2026-11-21) means the whole day",
+    )
+    q.add_argument("--topn", metavar="NAME", help="print this top-N's rows instead of metric rows")
+    q.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="output format (default: %(default)s)"
+    )
+    q.add_argument("--limit", type=_count(0), default=0, metavar="N", help="print at most N rows (0: all)")
     q.set_defaults(fn=cmd_query)
 
-    for extra in _extra_commands:
-        extra(sub)
+    add_commands(sub, _store_option, _metrics_option)
     return p
 
 
-_extra_commands: list[Callable[[Any], None]] = []
-
-
-def _server_commands(sub: Any) -> None:
-    """``drainpipe serve`` and ``drainpipe stats`` (drainpipe.server)."""
-    from .server.commands import add_commands
-
-    add_commands(sub)
-
-
-_extra_commands.append(_server_commands)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``drainpipe`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     try:
-        return args.fn(args)
-    except (UserError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        status: int = args.fn(args)
+        return status
+    except DrainpipeError as exc:
         print(f"drainpipe: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USER
     except KeyboardInterrupt:
@@ -198,13 +363,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:  # a bug: say so, with the traceback
+        traceback.print_exc()
+        print(
+            "drainpipe: internal error: this is a bug in drainpipe; please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return EXIT_BUG
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, FileNotFoundError) and exc.filename:
-        text = f"no such file: {exc.filename}"
-    return " ".join(text.split())
+    return " ".join((str(exc) or type(exc).__name__).split())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """``drainpipe demo``: a skewed synthetic workload through the local engine, into an embedded DuckDB file."""
+
 from __future__ import annotations
 
 import sys
@@ -25,16 +26,25 @@ def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int
     for stale in (db, Path(str(db) + ".wal")):
         stale.unlink(missing_ok=True)
 
-    console.print(f"[bold]drainpipe demo[/]: {events:,} request events from 20 services (Zipf 1.1 skew), "
-                  f"through L1 -> L2 -> DuckDB")
+    console.print(
+        f"[bold]drainpipe demo[/]: {events:,} request events from 20 services (Zipf 1.1 skew), "
+        f"through L1 -> L2 -> DuckDB"
+    )
     t0 = time.perf_counter()
     if not data.exists() or _rows(data) != events:
         write_events(generate_events(events, services=20, skew=1.1, seed=seed), str(data))
     console.print(f"generated {data} in {time.perf_counter() - t0:.1f} s")
 
-    with Progress(TextColumn("[bold]pipeline"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                  TimeElapsedColumn(), console=console, transient=not sys.stdout.isatty(),
-                  disable=not sys.stdout.isatty()) as bar:
+    with Progress(
+        TextColumn("[bold]pipeline"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=not sys.stdout.isatty(),
+        disable=not sys.stdout.isatty(),
+    ) as bar:
         task = bar.add_task("pipeline", total=events, rate="")
         start = time.perf_counter()
 
@@ -42,8 +52,13 @@ def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int
             rate = read / max(1e-9, time.perf_counter() - start)
             bar.update(task, completed=read, rate=f"{rate:,.0f} events/s")
 
-        summary = run_local([str(data)], definitions=default_definitions(), store_url=f"duckdb:///{db}",
-                            options=EngineOptions(rebalance_interval_ms=200), progress=progress)
+        summary = run_local(
+            [str(data)],
+            definitions=default_definitions(),
+            store_url=f"duckdb:///{db}",
+            options=EngineOptions(rebalance_interval_ms=200),
+            progress=progress,
+        )
     for line in summary.lines():
         console.print(line)
 
@@ -55,8 +70,12 @@ def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int
             continue
         label = qname.rsplit("-", 1)[1]
         for r in st.rebalance_history[:3]:
-            t.add_row(label, str(r.moved), f"{' '.join(map(str, r.loads_before))} ({r.ratio_before:.2f}x)",
-                      f"{' '.join(map(str, r.loads_after))} ({r.ratio_after:.2f}x)")
+            t.add_row(
+                label,
+                str(r.moved),
+                f"{' '.join(map(str, r.loads_before))} ({r.ratio_before:.2f}x)",
+                f"{' '.join(map(str, r.loads_after))} ({r.ratio_after:.2f}x)",
+            )
         if not st.rebalance_history:
             t.add_row(label, "0", "already even", "(split hot types)")
         t.add_row(label, "", "items per thread", ", ".join(f"{n:,}" for n in st.task_dispatched))
@@ -77,8 +96,10 @@ def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int
         m.add_row(r[1], r[3], f"{r[5]:,.1f}", f"{p99.get(r[1], float('nan')):,.0f}", f"{sla.get(r[1], 0):.2f}")
     console.print(m)
     console.print(f"files: events {data}\n       store  {db}\n       rejects {summary.dead_letter}")
-    console.print(f"try:   .venv/bin/drainpipe query --store duckdb:///{db} --metric service_percentile "
-                  f"--granularity hour --limit 10")
+    console.print(
+        f"try:   .venv/bin/drainpipe query --store duckdb:///{db} --metric service_percentile "
+        f"--granularity hour --limit 10"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """The local engine end to end: files in, store out, checked against an independent DuckDB SQL computation."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("events")
     events = d / "events.jsonl"
     write_events(generate_events(60_000, services=8, endpoints_per_service=5, duration_s=900, seed=3), events)
-    bad = ['{"ts": 1, "service": ""}', "not json", '{"ts": "yesterday", "service": "a", "latency_ms": 1}',
-           '{"ts": 1763719200000, "service": "x", "latency_ms": -1}', "[1,2]", '{"service": "a", "latency_ms": 1}']
+    bad = [
+        '{"ts": 1, "service": ""}',
+        "not json",
+        '{"ts": "yesterday", "service": "a", "latency_ms": 1}',
+        '{"ts": 1763719200000, "service": "x", "latency_ms": -1}',
+        "[1,2]",
+        '{"service": "a", "latency_ms": 1}',
+    ]
     lines = events.read_text().splitlines()
     for i, b in enumerate(bad):
         lines.insert(1000 * (i + 1), b)
@@ -31,13 +38,18 @@ def data(tmp_path_factory):
     mixed.write_text("\n".join(lines) + "\n")
     half1, half2 = d / "h1.jsonl", d / "h2.jsonl"
     half1.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
-    half2.write_text("\n".join(lines[len(lines) // 2:]) + "\n")
+    half2.write_text("\n".join(lines[len(lines) // 2 :]) + "\n")
     return {"mixed": mixed, "h1": half1, "h2": half2, "bad": len(bad), "good": 60_000}
 
 
 def run(paths, db, tmp_path):
-    return run_local([str(p) for p in paths], definitions=default_definitions(), store_url=f"duckdb:///{db}",
-                     dead_letter=str(tmp_path / "rejects.jsonl"), options=OPTS)
+    return run_local(
+        [str(p) for p in paths],
+        definitions=default_definitions(),
+        store_url=f"duckdb:///{db}",
+        dead_letter=str(tmp_path / "rejects.jsonl"),
+        options=OPTS,
+    )
 
 
 def values(db):
@@ -110,7 +122,7 @@ def test_rerun_changes_nothing_and_halves_equal_the_whole(data, tmp_path):
     want, want_top = first
     assert got.keys() == want.keys()
     for k, v in want.items():
-        assert math.isclose(got[k], v, rel_tol=1e-12), k     # float sums may differ in the last ulp
+        assert math.isclose(got[k], v, rel_tol=1e-12), k  # float sums may differ in the last ulp
     assert top == want_top
 
 

@@ -1,6 +1,7 @@
 """Worker-process reading (drainpipe.pipeline.parallel): the same blocks, rejects, sources and results as the
 in-process reader, whatever the task cut (row groups not a multiple of the block size, tasks cutting row
 groups, JSON Lines with blank lines, BOM, CRLF, bad lines and no final newline)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from drainpipe.inputs import EVENT_SCHEMA, ReadStats, Sink, parts, plan_parts, read_part, whole_file
 from drainpipe.pipeline import parallel
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.events import EVENT_SCHEMA, ReadStats, read_file_indexed
 from drainpipe.pipeline.functions import aggregate_batch, merge
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.run import run_local
@@ -30,8 +31,9 @@ class Rejects:
 
 
 def events(n, seed=5):
-    return pa.Table.from_batches(list(generate_events(n, services=6, endpoints_per_service=4, duration_s=600,
-                                                       seed=seed)))
+    return pa.Table.from_batches(
+        list(generate_events(n, services=6, endpoints_per_service=4, duration_s=600, seed=seed))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +46,23 @@ def files(tmp_path_factory):
     for i, change in bad.items():
         rows[i] = {**rows[i], **change}
     parquet = d / "events.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA.remove(6).append(
-        pa.field("db_statement", pa.string()))).cast(pa.schema([f.with_nullable(True) for f in EVENT_SCHEMA])),
-        parquet, row_group_size=2_345)
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=EVENT_SCHEMA.remove(6).append(pa.field("db_statement", pa.string()))).cast(
+            pa.schema([f.with_nullable(True) for f in EVENT_SCHEMA])
+        ),
+        parquet,
+        row_group_size=2_345,
+    )
     # JSON Lines: BOM, CRLF lines, blank lines, bad lines, no final newline
     lines = [json.dumps({k: v for k, v in r.items() if v is not None}) for r in table.to_pylist()]
-    for i, text in ((5, ""), (6, "   "), (700, "not json"), (701, '{"ts": 1, "service": "x"}'),
-                    (2_000, '{"ts": "2026-11-21T10:00:00Z", "service": "iso", "latency_ms": 3}'),
-                    (3_000, '{"service": "a", "latency_ms": NaN}')):
+    for i, text in (
+        (5, ""),
+        (6, "   "),
+        (700, "not json"),
+        (701, '{"ts": 1, "service": "x"}'),
+        (2_000, '{"ts": "2026-11-21T10:00:00Z", "service": "iso", "latency_ms": 3}'),
+        (3_000, '{"service": "a", "latency_ms": NaN}'),
+    ):
         lines.insert(i, text)
     body = "".join(line + ("\r\n" if i % 3 == 0 else "\n") for i, line in enumerate(lines)).rstrip("\n")
     jsonl = d / "events.jsonl"
@@ -61,29 +72,33 @@ def files(tmp_path_factory):
 
 def sequential(path, batch_rows):
     stats, dl = ReadStats(), Rejects()
-    blocks = [(i, b) for i, b in read_file_indexed(str(path), batch_rows=batch_rows, dead_letter=dl, stats=stats)]
+    blocks = list(read_part(whole_file(str(path), batch_rows, "fid"), Sink(str(path), stats, dl)))
     return blocks, stats, dl.rows
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 @pytest.mark.parametrize("batch_rows,task_blocks", [(1_000, 1), (1_000, 3), (4_096, 2), (50_000, 4)])
 def test_tasks_read_the_same_blocks_rejects_and_sources(files, fmt, batch_rows, task_blocks, monkeypatch):
-    monkeypatch.setattr(parallel, "PARQUET_TASK_BLOCKS", task_blocks)
-    monkeypatch.setattr(parallel, "JSONL_TASK_BLOCKS", task_blocks)
+    monkeypatch.setattr(parts, "PARQUET_PART_BLOCKS", task_blocks)
+    monkeypatch.setattr(parts, "JSONL_PART_BLOCKS", task_blocks)
     path = str(files[fmt])
     want_blocks, want_stats, want_rejects = sequential(path, batch_rows)
     assert want_stats.rejected >= 3
-    tasks = list(parallel.plan_tasks(path, "fid", batch_rows))
+    tasks = list(plan_parts(path, batch_rows, identity="fid"))
     assert [t.first for t in tasks] == sorted(t.first for t in tasks)
     stats, rejects, partials = ReadStats(), [], []
     for task in tasks:
-        result = parallel.process_task(task, DEFS)
+        result = parallel.process_part(task, DEFS)
         stats.merge(result.stats)
         rejects += [(line, json.loads(json.dumps(raw, default=str)), reason) for line, raw, reason in result.rejects]
         partials += result.partials
         assert result.events == result.stats.accepted
     assert (stats.read, stats.accepted, stats.rejected, stats.reasons) == (
-        want_stats.read, want_stats.accepted, want_stats.rejected, want_stats.reasons)
+        want_stats.read,
+        want_stats.accepted,
+        want_stats.rejected,
+        want_stats.reasons,
+    )
     assert rejects == want_rejects
     # the merged partials equal those of the in-process blocks, sources included
     want = [p for i, b in want_blocks for p in aggregate_batch(b, DEFS, source=f"fid:{batch_rows}:{i}")]
@@ -92,16 +107,19 @@ def test_tasks_read_the_same_blocks_rejects_and_sources(files, fmt, batch_rows, 
         want_p = merge([p for p in want if p.definition == definition])
         assert got_p.sources == want_p.sources
         key = list(got_p.key_columns)
-        assert got_p.table.sort_by([(k, "ascending") for k in key]).select(key).equals(
-            want_p.table.sort_by([(k, "ascending") for k in key]).select(key))
+        assert (
+            got_p.table.sort_by([(k, "ascending") for k in key])
+            .select(key)
+            .equals(want_p.table.sort_by([(k, "ascending") for k in key]).select(key))
+        )
 
 
 def test_a_task_cut_mid_row_group_reads_the_right_rows(files, monkeypatch):
-    monkeypatch.setattr(parallel, "PARQUET_TASK_BLOCKS", 1)
+    monkeypatch.setattr(parts, "PARQUET_PART_BLOCKS", 1)
     path = str(files["parquet"])
     blocks, _, _ = sequential(path, 1_000)
-    for task in parallel.plan_tasks(path, "fid", 1_000):
-        got = list(parallel._parquet_blocks(task, parallel._events._Sink(path, ReadStats(), None)))
+    for task in plan_parts(path, 1_000, identity="fid"):
+        got = list(read_part(task, Sink(path, ReadStats(), None)))
         want = [(i, b) for i, b in blocks if task.first <= i < task.first + task.blocks]
         assert [(i, b.to_pylist()) for i, b in got] == [(i, b.to_pylist()) for i, b in want]
 
@@ -117,26 +135,38 @@ def query(db):
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_run_with_workers_equals_run_in_process_and_reruns_change_nothing(files, fmt, tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(parallel, "JSONL_TASK_BLOCKS", 2)
-    monkeypatch.setattr(parallel, "PARQUET_TASK_BLOCKS", 2)
+    monkeypatch.setattr(parts, "JSONL_PART_BLOCKS", 2)
+    monkeypatch.setattr(parts, "PARQUET_PART_BLOCKS", 2)
     pools, start_pool = [], parallel.start_pool
     monkeypatch.setattr(parallel, "start_pool", lambda *a: pools.append(a) or start_pool(*a))
     results = {}
     for workers in (0, 2):
         db = tmp_path / f"w{workers}.duckdb"
         dead = tmp_path / f"w{workers}.rejected.jsonl"
-        summary = run_local([str(files[fmt])], definitions=DEFS, store_url=f"duckdb:///{db}", dead_letter=str(dead),
-                            batch_rows=1_000, workers=workers)
+        summary = run_local(
+            [str(files[fmt])],
+            definitions=DEFS,
+            store_url=f"duckdb:///{db}",
+            dead_letter=str(dead),
+            batch_rows=1_000,
+            workers=workers,
+        )
         assert summary.read == summary.accepted + summary.rejected and summary.rejected >= 3
         assert summary.dropped == 0 and summary.handler_errors == 0
         results[workers] = (summary, query(db), dead.read_text())
-        again = run_local([str(files[fmt])], definitions=DEFS, store_url=f"duckdb:///{db}",
-                          dead_letter=str(tmp_path / "again.jsonl"), batch_rows=1_000, workers=workers)
+        again = run_local(
+            [str(files[fmt])],
+            definitions=DEFS,
+            store_url=f"duckdb:///{db}",
+            dead_letter=str(tmp_path / "again.jsonl"),
+            batch_rows=1_000,
+            workers=workers,
+        )
         assert again.skipped_batches >= 1 and query(db) == results[workers][1]
-    assert len(pools) == 2      # workers=2: both runs started a pool (the rerun then read in process)
+    assert len(pools) == 2  # workers=2: both runs started a pool (the rerun then read in process)
     (s0, (v0, t0), d0), (s2, (v2, t2), d2) = results[0], results[2]
     assert (s0.read, s0.accepted, s0.rejected, s0.reasons) == (s2.read, s2.accepted, s2.rejected, s2.reasons)
     assert d0 == d2
     assert v0.keys() == v2.keys() and t0 == t2
     for k, v in v0.items():
-        assert math.isclose(v, v2[k], rel_tol=1e-12), k     # float sums may differ in the last ulp
+        assert math.isclose(v, v2[k], rel_tol=1e-12), k  # float sums may differ in the last ulp

@@ -49,7 +49,9 @@ def test_default_set_is_exactly_the_contract() -> None:
         assert metrics[f"{scope}_sla"] == MetricDef(f"{scope}_sla", scope, "sla")
         assert metrics[f"{scope}_percentile"] == MetricDef(f"{scope}_percentile", scope, "percentile", precision_ms=10)
         assert metrics[f"{scope}_apdex"] == MetricDef(f"{scope}_apdex", scope, "apdex", threshold_ms=500)
-    assert metrics["service_error_count"] == MetricDef("service_error_count", "service", "count", where="status == false")
+    assert metrics["service_error_count"] == MetricDef(
+        "service_error_count", "service", "count", where="status == false"
+    )
     assert DEFAULT_DEFINITIONS.topns == (TopNDef("top_slow_statements", "service", "db_statement", 10),)
     assert len(DEFAULT_DEFINITIONS) == 17
 
@@ -113,7 +115,9 @@ def test_load_the_documented_example(tmp_path: Path) -> None:
     definitions = load_definitions(path)
     assert definitions.names == ("service_resp_time", "slow_errors", "ep_p", "inst_apdex", "top_slow_statements")
     assert definitions.get("slow_errors").filter is not None
-    assert str(definitions.get("slow_errors").filter) == 'status == false and latency_ms >= 1000 and db_statement != "x"'
+    assert (
+        str(definitions.get("slow_errors").filter) == 'status == false and latency_ms >= 1000 and db_statement != "x"'
+    )
     assert definitions.get("ep_p").precision_ms == 2.5
 
 
@@ -160,7 +164,9 @@ def test_unknown_scope(tmp_path: Path) -> None:
 
 def test_line_of_the_failing_table(tmp_path: Path) -> None:
     text = '[[metric]]\nname = "ok"\nscope = "service"\nfunction = "cpm"\n\n[[metric]]\nname = "bad"\nscope = "x"\nfunction = "cpm"\n'
-    assert _load_error(tmp_path, text).endswith("metrics.toml:6: metric 'bad': unknown scope 'x' (expected one of service, instance, endpoint)")
+    assert _load_error(tmp_path, text).endswith(
+        "metrics.toml:6: metric 'bad': unknown scope 'x' (expected one of service, instance, endpoint)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -206,7 +212,10 @@ def test_constructing_invalid_definitions_raises() -> None:
     with pytest.raises(DefinitionError, match="duplicate name"):
         Definitions((MetricDef("x", "service", "cpm"), MetricDef("x", "service", "count")))
     assert isinstance(DefinitionError("x"), ValueError)
-    assert parse_definitions('[[metric]]\nname="a"\nscope="service"\nfunction="min"\nfield="ts"\n').metrics[0].field == "ts"
+    assert (
+        parse_definitions('[[metric]]\nname="a"\nscope="service"\nfunction="min"\nfield="ts"\n').metrics[0].field
+        == "ts"
+    )
 
 
 # ------------------------------------------------------------------------------------------ where filters

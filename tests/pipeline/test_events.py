@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.pipeline.events import (
+from drainpipe.errors import InputError
+from drainpipe.inputs.records import (
+    _NUMBER_RE,
     EVENT_SCHEMA,
     FIELDS,
     TS_MAX,
     TS_MIN,
     DeadLetter,
-    InputError,
     ReadStats,
-    _NUMBER_RE,
     _check_fields,
     _Reject,
     _validate_values,
@@ -148,10 +148,8 @@ def test_latency_int_becomes_float_and_zero_is_valid(tmp_path):
     assert all(type(x["latency_ms"]) is float for x in r.rows)
 
 
-def ms(*args, tz=dt.timezone.utc) -> int:
-    return (dt.datetime(*args, tzinfo=tz) - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(
-        milliseconds=1
-    )
+def ms(*args, tz=dt.UTC) -> int:
+    return (dt.datetime(*args, tzinfo=tz) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(milliseconds=1)
 
 
 @pytest.mark.parametrize(
@@ -436,8 +434,9 @@ def write_parquet(tmp_path: Path, table: pa.Table, name: str = "in.parquet", **k
 def test_parquet_clean_typed_and_lossless_casts(tmp_path):
     table = pa.table(
         {
-            "ts": pa.array([dt.datetime(2026, 11, 21, 10), dt.datetime(2026, 11, 21, 10, 0, 0, 1500)],
-                           pa.timestamp("us", tz="UTC")),  # fmt: skip
+            "ts": pa.array(
+                [dt.datetime(2026, 11, 21, 10), dt.datetime(2026, 11, 21, 10, 0, 0, 1500)], pa.timestamp("us", tz="UTC")
+            ),  # fmt: skip
             "service": pa.array(["a", "b"]).dictionary_encode(),
             "latency_ms": pa.array([3, 4], pa.int32()),
             "status": pa.array([None, 0], pa.int8()),
@@ -560,14 +559,20 @@ TS_VALUES = st.one_of(
     TEXT.filter(lambda s: s and not s.lstrip("-").isdigit()),  # a CSV cell "" is null, "12" an int
 )  # fmt: skip
 LATENCY_VALUES = st.one_of(
-    st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers(-(10**3), 10**400),
+    st.none(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(10**3), 10**400),
     TEXT.filter(lambda s: s and not _NUMBER_RE.fullmatch(s)),  # a CSV cell "" is null, "1.5" a number
 )
 STATUS_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 2), st.sampled_from(["true", "false", "yes"]))
 RECORDS = st.fixed_dictionaries(
     {"ts": TS_VALUES, "service": st.one_of(st.none(), TEXT.filter(bool)), "latency_ms": LATENCY_VALUES},
-    optional={"instance": st.one_of(st.none(), TEXT), "endpoint": st.one_of(st.none(), TEXT),
-              "status": STATUS_VALUES, "db_statement": st.one_of(st.none(), TEXT)},  # fmt: skip
+    optional={
+        "instance": st.one_of(st.none(), TEXT),
+        "endpoint": st.one_of(st.none(), TEXT),
+        "status": STATUS_VALUES,
+        "db_statement": st.one_of(st.none(), TEXT),
+    },  # fmt: skip
 )
 
 
@@ -686,7 +691,7 @@ def test_dead_letter_is_thread_safe_and_created_empty(tmp_path):
             t.join()
     records = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(records) == dl.count == 1200
-    assert sorted(r["raw"] for r in records) == sorted(f"raw {t} \n \"{i}\"" for t in range(4) for i in range(300))
+    assert sorted(r["raw"] for r in records) == sorted(f'raw {t} \n "{i}"' for t in range(4) for i in range(300))
     with DeadLetter(path):
         pass
     assert path.read_text() == ""  # truncated: a stale file never survives a clean run
@@ -801,7 +806,7 @@ MIXED_LINE = st.one_of(CLEAN_LINE, CLEAN_LINE, st.sampled_from(DIRTY_LINES))
 
 
 def read_both_paths(tmp_path: Path, data: bytes, name: str, batch_rows: int) -> tuple[Result, Result]:
-    import drainpipe.pipeline.events as events
+    import drainpipe.inputs.records as events
 
     path = write_bytes(tmp_path, name, data)
     results = []
@@ -842,7 +847,7 @@ def test_fast_path_equals_per_line_path(tmp_path, lines, batch_rows, name, endin
 def test_fast_path_taken_for_clean_blocks(lines):
     """A clean block really takes the fast path, with the per-line result (the bytes ``NaN``/``Infinity``
     anywhere, even inside a string, conservatively send a block to the per-line path)."""
-    from drainpipe.pipeline.events import _fast_jsonl_block, _json_rows, _rows_to_batch
+    from drainpipe.inputs.records import _fast_jsonl_block, _json_rows, _rows_to_batch
 
     chunk = [x.encode() + b"\n" for x in lines]
     fast = _fast_jsonl_block(chunk)
@@ -856,7 +861,7 @@ def test_fast_path_taken_for_clean_blocks(lines):
 @pytest.mark.parametrize("line", DIRTY_LINES)
 def test_fast_path_declines_dirty_lines(tmp_path, line):
     """Each dirty line sends its block to the per-line path, with the per-line outcome."""
-    from drainpipe.pipeline.events import _fast_jsonl_block
+    from drainpipe.inputs.records import _fast_jsonl_block
 
     raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
     clean = rec().encode()
@@ -878,7 +883,7 @@ def test_fast_path_generated_events_round_trip(tmp_path):
 
 def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
     """Rows the columnar checks reject stay on the fast path, with the per-line reason, raw text and line."""
-    from drainpipe.pipeline.events import _fast_jsonl_block
+    from drainpipe.inputs.records import _fast_jsonl_block
 
     lines = [rec(), rec(service=""), rec(latency_ms=-1), rec(ts=TS_MAX + 1), "{}", rec(service=None), rec()]
     chunk = [x.encode() + b"\n" for x in lines]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -28,9 +29,9 @@ from drainpipe.pipeline.functions import (
     ms_from_iso,
     partial_type,
     piece_of,
+    rollup,
     source_root,
     split_partial,
-    rollup,
     to_state_table,
     to_topn_table,
 )
@@ -51,14 +52,18 @@ def batch(events: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(columns, types)], names=list(COLUMNS))
 
 
-def rows(metric: MetricDef | TopNDef, events: Sequence[tuple[Any, ...]], granularity: str = "minute") -> list[tuple[Any, ...]]:
+def rows(
+    metric: MetricDef | TopNDef, events: Sequence[tuple[Any, ...]], granularity: str = "minute"
+) -> list[tuple[Any, ...]]:
     (partial,) = aggregate_batch(batch(events), _single(metric))
     if granularity != "minute":
         partial = rollup(partial, granularity)  # type: ignore[arg-type]
     return finalize(partial)
 
 
-def values(metric: MetricDef, events: Sequence[tuple[Any, ...]], granularity: str = "minute") -> dict[tuple[str, str, str], float]:
+def values(
+    metric: MetricDef, events: Sequence[tuple[Any, ...]], granularity: str = "minute"
+) -> dict[tuple[str, str, str], float]:
     return {(r[1], r[3], r[4]): r[5] for r in rows(metric, events, granularity)}
 
 
@@ -95,8 +100,14 @@ def test_count_cpm_and_buckets() -> None:
         ("other", "2026-11-21T10:00:00Z", ""): 1.0,
     }
     cpm = MetricDef("m", "service", "cpm")
-    assert values(cpm, events, "hour") == {("svc", "2026-11-21T10:00:00Z", ""): 3 / 60, ("other", "2026-11-21T10:00:00Z", ""): 1 / 60}
-    assert values(cpm, events, "day") == {("svc", "2026-11-21T00:00:00Z", ""): 3 / 1440, ("other", "2026-11-21T00:00:00Z", ""): 1 / 1440}
+    assert values(cpm, events, "hour") == {
+        ("svc", "2026-11-21T10:00:00Z", ""): 3 / 60,
+        ("other", "2026-11-21T10:00:00Z", ""): 1 / 60,
+    }
+    assert values(cpm, events, "day") == {
+        ("svc", "2026-11-21T00:00:00Z", ""): 3 / 1440,
+        ("other", "2026-11-21T00:00:00Z", ""): 1 / 1440,
+    }
     assert rows(cpm, events[:1]) == [("m", "svc", "minute", "2026-11-21T10:00:00Z", "", 1.0)]
 
 
@@ -109,7 +120,9 @@ def test_sum_avg_min_max() -> None:
         ("svc", "2026-11-21T10:00:00Z", ""): 20.75 / 4  # from the events, not an average of minute averages
     }
     assert values(MetricDef("lo", "service", "min", field="latency_ms"), events)[key] == 1.5
-    assert values(MetricDef("hi", "service", "max", field="latency_ms"), events, "day") == {("svc", "2026-11-21T00:00:00Z", ""): 10.25}
+    assert values(MetricDef("hi", "service", "max", field="latency_ms"), events, "day") == {
+        ("svc", "2026-11-21T00:00:00Z", ""): 10.25
+    }
     assert values(MetricDef("t", "service", "max", field="ts"), events)[key] == float(T0)
 
 
@@ -119,15 +132,25 @@ def test_sla_with_failures() -> None:
         ("svc", "2026-11-21T10:00:00Z", ""): 75.0,
         ("svc", "2026-11-21T10:01:00Z", ""): 0.0,
     }
-    assert values(MetricDef("s", "service", "sla"), [event()] * 3 + [event(ok=False)] * 4, "hour")[
-        ("svc", "2026-11-21T10:00:00Z", "")
-    ] == 100 * 3 / 7
+    assert (
+        values(MetricDef("s", "service", "sla"), [event()] * 3 + [event(ok=False)] * 4, "hour")[
+            ("svc", "2026-11-21T10:00:00Z", "")
+        ]
+        == 100 * 3 / 7
+    )
 
 
 def test_apdex_boundaries() -> None:
     apdex = MetricDef("a", "service", "apdex", threshold_ms=100)
     # t and 4t are inclusive upper bounds; failures are frustrated whatever their latency
-    cases = [(100, True, 1.0), (100.0001, True, 0.5), (400, True, 0.5), (400.0001, True, 0.0), (0, False, 0.0), (0, True, 1.0)]
+    cases = [
+        (100, True, 1.0),
+        (100.0001, True, 0.5),
+        (400, True, 0.5),
+        (400.0001, True, 0.0),
+        (0, False, 0.0),
+        (0, True, 1.0),
+    ]
     for latency, ok, expected in cases:
         assert values(apdex, [event(latency=latency, ok=ok)]) == {("svc", "2026-11-21T10:00:00Z", ""): expected}
     mixed = [event(latency=50), event(latency=150), event(latency=1000), event(latency=10, ok=False)]
@@ -201,7 +224,10 @@ def test_scopes_and_empty_scope_rows() -> None:
 def test_where_filter_and_entities_without_matches() -> None:
     errors = MetricDef("e", "service", "count", where="status == false")
     events = [event(ok=False), event(ok=True), event(service="fine"), event(T0 + MIN, ok=False, latency=3)]
-    assert values(errors, events) == {("svc", "2026-11-21T10:00:00Z", ""): 1.0, ("svc", "2026-11-21T10:01:00Z", ""): 1.0}
+    assert values(errors, events) == {
+        ("svc", "2026-11-21T10:00:00Z", ""): 1.0,
+        ("svc", "2026-11-21T10:01:00Z", ""): 1.0,
+    }
     slow = MetricDef("s", "endpoint", "avg", field="latency_ms", where="latency_ms > 2 and status == false")
     assert values(slow, [event(endpoint="/e", latency=1, ok=False), event(endpoint="/e", latency=5, ok=False)]) == {
         ("svc//e", "2026-11-21T10:00:00Z", ""): 5.0
@@ -260,7 +286,9 @@ def test_partials_pickle_by_definition() -> None:
 
 
 def test_merge_rejects_mixed_inputs() -> None:
-    a, b = aggregate_batch(batch([event()]), Definitions((MetricDef("a", "service", "cpm"), MetricDef("b", "service", "cpm"))))
+    a, b = aggregate_batch(
+        batch([event()]), Definitions((MetricDef("a", "service", "cpm"), MetricDef("b", "service", "cpm")))
+    )
     with pytest.raises(ValueError, match="cannot merge"):
         merge([a, b])
     with pytest.raises(ValueError, match="cannot merge"):
@@ -276,7 +304,9 @@ def test_accumulator() -> None:
     accumulator = MetricAccumulator(metric, compact_rows=2)
     assert len(accumulator) == 0 and accumulator.drain() is None
     for i in range(5):
-        (partial,) = aggregate_batch(batch([event(endpoint="/e", latency=i * 10), event(endpoint="/f")]), _single(metric), source=f"b{i}")
+        (partial,) = aggregate_batch(
+            batch([event(endpoint="/e", latency=i * 10), event(endpoint="/f")]), _single(metric), source=f"b{i}"
+        )
         accumulator.add(partial)
     assert len(accumulator) == 2  # two (entity, bucket) keys
     drained = accumulator.drain()
@@ -314,7 +344,12 @@ def test_empty_batch_gives_empty_partials() -> None:
 
 
 def test_state_encoding_round_trip() -> None:
-    events = [event(T0 + i * 7_000, instance=f"i{i % 3}", endpoint=f"/e{i % 2}", latency=i * 3.5, ok=i % 5 > 0, db=f"q{i % 4}") for i in range(40)]
+    events = [
+        event(
+            T0 + i * 7_000, instance=f"i{i % 3}", endpoint=f"/e{i % 2}", latency=i * 3.5, ok=i % 5 > 0, db=f"q{i % 4}"
+        )
+        for i in range(40)
+    ]
     for partial in aggregate_batch(batch(events), DEFAULT_DEFINITIONS):
         if isinstance(partial, MetricPartial):
             copy = from_state_table(partial.definition, "minute", to_state_table(partial))
@@ -332,7 +367,14 @@ def test_iso_round_trip() -> None:
 
 def test_finalize_table_columns() -> None:
     partials = aggregate_batch(batch([event(db="q")]), DEFAULT_DEFINITIONS)
-    assert finalize_table(partials[0]).column_names == ["metric", "entity", "granularity", "time_bucket", "label", "value"]
+    assert finalize_table(partials[0]).column_names == [
+        "metric",
+        "entity",
+        "granularity",
+        "time_bucket",
+        "label",
+        "value",
+    ]
     assert finalize_table(partials[-1]).column_names == ["name", "entity", "time_bucket", "rank", "key", "latency_ms"]
 
 
@@ -411,11 +453,18 @@ def test_merge_is_associative_and_commutative(groups: list[list[tuple[Any, ...]]
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1.0, 2.0, 3.0, 4.5]), st.sampled_from(["a", "b", "c", "d", None])), max_size=80),
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.sampled_from([1.0, 2.0, 3.0, 4.5]), st.sampled_from(["a", "b", "c", "d", None])
+        ),
+        max_size=80,
+    ),
     st.integers(1, 4),
 )
 def test_topn_matches_brute_force(picks: list[tuple[int, float, str | None]], n: int) -> None:
-    events = [event(T0 + slot * 10 * MIN + i, service="s", latency=lat, db=db) for i, (slot, lat, db) in enumerate(picks)]
+    events = [
+        event(T0 + slot * 10 * MIN + i, service="s", latency=lat, db=db) for i, (slot, lat, db) in enumerate(picks)
+    ]
     topn = TopNDef("t", "service", "db_statement", n)
     expected = []
     for slot in range(4):
@@ -463,7 +512,9 @@ def _sql_metric(metric: MetricDef, granularity: str) -> str:
     where = [] if metric.scope == "service" else [f"{metric.scope} <> ''"]
     if metric.where:
         where.append(metric.where.replace("==", "="))
-    source = f"SELECT *, {entity} AS entity, {bucket} AS bucket FROM events" + (f" WHERE {' AND '.join(where)}" if where else "")
+    source = f"SELECT *, {entity} AS entity, {bucket} AS bucket FROM events" + (
+        f" WHERE {' AND '.join(where)}" if where else ""
+    )
     minutes = _MS[granularity] // 60_000
     head = f"SELECT '{metric.name}', entity, '{granularity}', bucket"
     t = metric.threshold_ms or 0
@@ -484,9 +535,7 @@ def _sql_metric(metric: MetricDef, granularity: str) -> str:
         f"SELECT entity, bucket, floor(latency_ms / {p})::BIGINT AS b, row_number() OVER (PARTITION BY entity, bucket ORDER BY latency_ms) AS r, "
         f"count(*) OVER (PARTITION BY entity, bucket) AS c FROM ({source})"
     )
-    return (
-        f"{head}, 'p' || p::VARCHAR, {p} * b::DOUBLE FROM ({ranked}) JOIN (SELECT unnest([50, 75, 90, 95, 99]) AS p) ON r = (p * c + 99) // 100"
-    )
+    return f"{head}, 'p' || p::VARCHAR, {p} * b::DOUBLE FROM ({ranked}) JOIN (SELECT unnest([50, 75, 90, 95, 99]) AS p) ON r = (p * c + 99) // 100"
 
 
 def test_default_metrics_match_duckdb_sql() -> None:

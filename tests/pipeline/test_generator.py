@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.pipeline.events import EVENT_SCHEMA, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
+from drainpipe.inputs import EVENT_SCHEMA, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
 from drainpipe.pipeline.generator import DEFAULT_START_MS, _Sampler, generate_events, write_events
 
 FORMATS = ["jsonl", "jsonl.gz", "json", "ndjson", "csv", "csv.gz", "parquet"]
@@ -30,7 +30,7 @@ def sample() -> pa.Table:
 
 
 def test_default_start_is_the_documented_instant():
-    assert DEFAULT_START_MS == dt.datetime(2026, 11, 21, 10, tzinfo=dt.timezone.utc).timestamp() * 1000
+    assert DEFAULT_START_MS == dt.datetime(2026, 11, 21, 10, tzinfo=dt.UTC).timestamp() * 1000
 
 
 def test_schema_batches_and_canonical_values():
@@ -168,7 +168,9 @@ def test_written_files_look_as_documented(tmp_path):
     assert first == [{k: v for k, v in r.items() if not (k == "db_statement" and v is None)}
                      for r in batch.to_pylist()]  # fmt: skip
     write_events([batch], tmp_path / "e.csv")
-    assert (tmp_path / "e.csv").read_text().split("\n")[0] == '"ts","service","instance","endpoint","latency_ms","status","db_statement"'
+    assert (tmp_path / "e.csv").read_text().split("\n")[
+        0
+    ] == '"ts","service","instance","endpoint","latency_ms","status","db_statement"'
 
 
 def test_write_empty_and_errors(tmp_path):

@@ -5,18 +5,18 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from drainpipe.errors import StoreError
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
-from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, StoreError, open_store, parse_time
+from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store, parse_time
 from eventdata import T0, ingest, same_values, store_events
-
-
 
 generated = store_events
 
@@ -141,7 +141,9 @@ def test_partially_applied_states_are_refused(store: Store) -> None:
 
 
 def test_pieces_of_a_source_count_once_all_are_applied(store: Store) -> None:
-    definitions = Definitions((MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10)))
+    definitions = Definitions(
+        (MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10))
+    )
     whole = open_store("duckdb:///:memory:")
     ingest(whole, EVENTS, "batch-1", definitions)
     parts = aggregate_batch(EVENTS, definitions, source="batch-1")
@@ -181,7 +183,12 @@ def test_nested_pieces_and_pieces_of_an_applied_source(store: Store) -> None:
 
 
 def test_explicit_granularities_without_rollup(store: Store) -> None:
-    definitions = Definitions((MetricDef("p", "service", "percentile", precision_ms=10), MetricDef("a", "instance", "apdex", threshold_ms=300)))
+    definitions = Definitions(
+        (
+            MetricDef("p", "service", "percentile", precision_ms=10),
+            MetricDef("a", "instance", "apdex", threshold_ms=300),
+        )
+    )
     reference = open_store("duckdb:///:memory:")
     ingest(reference, EVENTS, "s", definitions)
     minute = aggregate_batch(EVENTS, definitions, source="s")
@@ -199,7 +206,10 @@ def test_different_partials_with_one_source_are_refused(store: Store) -> None:
     definitions = Definitions((MetricDef("c", "endpoint", "count"),))
     (part,) = aggregate_batch(EVENTS, definitions, source="s")
     table = part.table
-    halves = [type(part)(table.slice(0, 10), "minute", part.sources), type(part)(table.slice(10), "minute", part.sources)]
+    halves = [
+        type(part)(table.slice(0, 10), "minute", part.sources),
+        type(part)(table.slice(10), "minute", part.sources),
+    ]
     with pytest.raises(StoreError, match="two different partials carry source 's'"):
         store.merge(halves)
 
@@ -234,10 +244,10 @@ def test_forget_removes_a_source_and_its_pieces_from_the_ledger(store: Store) ->
     ingest(store, EVENTS.slice(1000, 500), "file:keep")
     assert store.has_sources("http:forget-a") and store.has_sources("http:forget-b")
     store.forget(["http:forget-a", "http:forget-b"])
-    store.forget([])                                   # nothing to do
+    store.forget([])  # nothing to do
     assert not store.has_sources("http:forget-")
     assert store.is_applied("file:keep", DEFAULT_DEFINITIONS.names)
-    assert store.applied("http:forget-a") == frozenset()   # would merge again: only for input never replayed
+    assert store.applied("http:forget-a") == frozenset()  # would merge again: only for input never replayed
 
 
 def test_a_name_with_another_definition_is_refused(store: Store) -> None:
@@ -274,7 +284,8 @@ def test_stored_rollups_equal_computing_from_raw(loaded: Store, granularity: str
     stored = {
         (r[0], r[1], r[3], r[4]): r[5]
         for r in loaded.query(granularity=granularity)
-        if r[0] in ("service_cpm", "service_resp_time", "service_sla", "service_percentile") and r[4] in ("", "p50", "p99")
+        if r[0] in ("service_cpm", "service_resp_time", "service_sla", "service_percentile")
+        and r[4] in ("", "p50", "p99")
     }
     expected = _reference(EVENTS, granularity)
     assert stored.keys() == expected.keys()
@@ -294,9 +305,13 @@ def test_query_filters_and_order(loaded: Store) -> None:
     assert hour and all(r[0] == "service_percentile" and r[1] == "alpha" and r[2] == "hour" for r in hour)
     assert [r[4] for r in hour[:5]] == ["p50", "p75", "p90", "p95", "p99"]
     minutes = store.query(metric="service_cpm", granularity="minute")
-    window = store.query(metric="service_cpm", granularity="minute", start="2026-11-21T10:05:00Z", end="2026-11-21T11:07:00+00:00")
+    window = store.query(
+        metric="service_cpm", granularity="minute", start="2026-11-21T10:05:00Z", end="2026-11-21T11:07:00+00:00"
+    )
     assert window and window == [r for r in minutes if "2026-11-21T10:05:00Z" <= r[3] <= "2026-11-21T11:07:00Z"]
-    assert store.query(metric="service_cpm", granularity="minute", start=T0 + 5 * 60_000, end=T0 + 67 * 60_000) == window
+    assert (
+        store.query(metric="service_cpm", granularity="minute", start=T0 + 5 * 60_000, end=T0 + 67 * 60_000) == window
+    )
     edge = minutes[len(minutes) // 2][3]
     assert {r[3] for r in store.query(metric="service_cpm", start=edge, end=edge)} == {edge}  # both bounds inclusive
     assert store.query(metric="nope") == []
@@ -325,7 +340,9 @@ def test_query_topn(store: Store) -> None:
     candidates: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
     for e in EVENTS.to_pylist():
         if e["db_statement"]:
-            candidates[(e["service"], parse_time(e["ts"] - e["ts"] % 600_000))].append((-e["latency_ms"], e["db_statement"]))
+            candidates[(e["service"], parse_time(e["ts"] - e["ts"] % 600_000))].append(
+                (-e["latency_ms"], e["db_statement"])
+            )
     assert per_key.keys() == candidates.keys()
     for key, ranked in per_key.items():
         assert [(-r[5], r[4]) for r in ranked] == sorted(candidates[key])[:3]

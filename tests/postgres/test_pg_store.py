@@ -1,5 +1,6 @@
 """The PostgreSQL store against a real server: values equal to the DuckDB store's, surviving a server restart,
 and serving into it. (The store semantics suite, tests/pipeline/test_store.py, runs against both backends.)"""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from drainpipe.errors import StoreError, StoreUnavailable
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.engine import EngineOptions, LocalEngine, StoreUnavailable
+from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.functions import aggregate_batch, split_partial
 from drainpipe.pipeline.generator import generate_events
-from drainpipe.pipeline.store import Store, StoreError, open_store
+from drainpipe.pipeline.store import Store, open_store
 from eventdata import T0, ingest, same_values, store_events
 
 pytestmark = pytest.mark.postgres
@@ -64,8 +66,10 @@ def test_two_halves_equal_the_whole(pg_url: str, reference: Store) -> None:
 
 
 def test_pieces_queries_and_filters(pg_url: str, reference: Store) -> None:
-    definitions = Definitions((MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10)),
-                              (TopNDef("slow", "service", "db_statement", 3),))
+    definitions = Definitions(
+        (MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10)),
+        (TopNDef("slow", "service", "db_statement", 3),),
+    )
     duck = open_store("duckdb:///:memory:")
     ingest(duck, EVENTS, "batch-1", definitions)
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
@@ -78,8 +82,11 @@ def test_pieces_queries_and_filters(pg_url: str, reference: Store) -> None:
         store.merge(pieces)  # late duplicates are skipped
         assert store.applied("batch-1") == frozenset(definitions.names)
         assert store.query() == duck.query()
-        for kwargs in ({"metric": "p", "granularity": "hour"}, {"entity": "alpha/a"},
-                       {"start": "2026-11-21T10:05:00Z", "end": "2026-11-21T11:07:00+00:00"}):
+        for kwargs in (
+            {"metric": "p", "granularity": "hour"},
+            {"entity": "alpha/a"},
+            {"start": "2026-11-21T10:05:00Z", "end": "2026-11-21T11:07:00+00:00"},
+        ):
             assert store.query(**kwargs) == duck.query(**kwargs)
         assert store.query_topn("slow") == duck.query_topn("slow")
         assert store.query_topn("slow", entity="beta", start=T0) == duck.query_topn("slow", entity="beta", start=T0)
@@ -124,8 +131,9 @@ def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
     values equal an uninterrupted run (into DuckDB: the same semantics)."""
     if not _script_runs_the_server():
         pytest.skip("the test server is not scripts/postgres.sh's: cannot stop and start it")
-    batches = list(generate_events(240_000, services=12, endpoints_per_service=4, duration_s=600, seed=11,
-                                   batch_rows=4000))
+    batches = list(
+        generate_events(240_000, services=12, endpoints_per_service=4, duration_s=600, seed=11, batch_rows=4000)
+    )
     opts = EngineOptions(l1_flush_s=0.05, l2_flush_s=0.1, rebalance_interval_ms=50, store_retry_s=(0.05, 0.4))
 
     timers: list[threading.Timer] = []
@@ -142,7 +150,7 @@ def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
                 timer.start()
             engine.ingest(batch, f"restart-test:{i}")
             if outage and stopped.is_set():
-                time.sleep(0.03)   # spread the rest of the input over the outage and the recovery
+                time.sleep(0.03)  # spread the rest of the input over the outage and the recovery
         engine.close()
         return engine
 
@@ -177,15 +185,21 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
     from drainpipe.server.http import IngestServer
     from drainpipe.server.service import IngestService, serve_engine_options
 
-    service = IngestService(default_definitions(), open_store(pg_url), store_url="pg",
-                            engine_options=serve_engine_options(l2_flush_s=0.2), name="pg-serve")
+    service = IngestService(
+        default_definitions(),
+        open_store(pg_url),
+        store_url="pg",
+        engine_options=serve_engine_options(l2_flush_s=0.2),
+        name="pg-serve",
+    )
     server = IngestServer(service, "127.0.0.1", 0).start()
     accepted = 0
     try:
-        for i, batch in enumerate(generate_events(12_000, services=5, seed=5, batch_rows=2000)):
+        for _i, batch in enumerate(generate_events(12_000, services=5, seed=5, batch_rows=2000)):
             body = json.dumps(batch.to_pylist()).encode()
-            req = urllib.request.Request(server.url + "/v1/events", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                server.url + "/v1/events", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 accepted += json.loads(r.read())["accepted"]
     finally:
@@ -215,22 +229,31 @@ def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url:
         pytest.skip("the test server is not scripts/postgres.sh's: cannot stop and start it")
     backlog_cap = 24
     service = IngestService(
-        default_definitions(), open_store(pg_url), store_url="pg", name="pg-outage",
-        options=ServiceOptions(max_persist_backlog=backlog_cap, admit_wait_s=0.1, sample_interval_s=0.25,
-                               top_refresh_s=0.5),
-        engine_options=serve_engine_options(l1_flush_s=0.1, l2_flush_s=0.2, store_retry_s=(0.05, 0.3)))
+        default_definitions(),
+        open_store(pg_url),
+        store_url="pg",
+        name="pg-outage",
+        options=ServiceOptions(
+            max_persist_backlog=backlog_cap, admit_wait_s=0.1, sample_interval_s=0.25, top_refresh_s=0.5
+        ),
+        engine_options=serve_engine_options(l1_flush_s=0.1, l2_flush_s=0.2, store_retry_s=(0.05, 0.3)),
+    )
     server = IngestServer(service, "127.0.0.1", 0).start()
     n_defs = len(default_definitions().metrics) + len(default_definitions().topns)
 
-    phase = ["before"]                    # the phase a request *started* in
+    phase = ["before"]  # the phase a request *started* in
     accepted = {"before": 0, "outage": 0, "after": 0}
     refused: dict[int, int] = {}
     problems: list[str] = []
     lock = threading.Lock()
     stop = threading.Event()
     max_backlog = [0]
-    batches = [b.to_pylist() for b in generate_events(400 * 64, services=6, seed=21, batch_rows=400,
-                                                      start_ms=int(time.time() * 1000) - 60_000, duration_s=60)]
+    batches = [
+        b.to_pylist()
+        for b in generate_events(
+            400 * 64, services=6, seed=21, batch_rows=400, start_ms=int(time.time() * 1000) - 60_000, duration_s=60
+        )
+    ]
 
     def client(k: int) -> None:
         i = k
@@ -238,8 +261,11 @@ def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url:
             records = batches[i % len(batches)]
             i += 3
             started_in = phase[0]
-            req = urllib.request.Request(server.url + "/v1/events", data=json.dumps(records).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                server.url + "/v1/events",
+                data=json.dumps(records).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
                     n = json.loads(r.read())["accepted"]
@@ -251,7 +277,7 @@ def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url:
                     refused[exc.code] = refused.get(exc.code, 0) + 1
                     if exc.code not in (429, 503) or not exc.headers.get("Retry-After"):
                         problems.append(f"{exc.code} {exc.headers.get('Retry-After')!r} {body[:200]!r}")
-                stop.wait(0.02)           # a client's backoff; the test never waits on it
+                stop.wait(0.02)  # a client's backoff; the test never waits on it
 
     def wait_until(what: str, predicate, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -266,16 +292,17 @@ def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url:
     try:
         for t in threads:
             t.start()
-        wait_until("events accepted and persisted before the outage",
-                   lambda: accepted["before"] >= 8_000 and service.engine.counters.persisted_batches > 0)
+        wait_until(
+            "events accepted and persisted before the outage",
+            lambda: accepted["before"] >= 8_000 and service.engine.counters.persisted_batches > 0,
+        )
         phase[0] = "outage"
         _pg_script("stop")
         pg_stopped = True
         wait_until("503 while the store is down", lambda: refused.get(503, 0) >= 1)
         # once the backlog is at the cap every request is refused: a further 30 are, and meanwhile nothing is
         # accepted but what was already past admission
-        wait_until("the persist backlog at its cap",
-                   lambda: service.engine.persist.stats().total_used() >= backlog_cap)
+        wait_until("the persist backlog at its cap", lambda: service.engine.persist.stats().total_used() >= backlog_cap)
         with lock:
             accepted_at_first_refusal = accepted["before"] + accepted["outage"]
             refusals = sum(refused.values())
@@ -288,8 +315,11 @@ def test_serve_through_a_postgres_outage_refuses_then_catches_up_exactly(pg_url:
         _pg_script("start")
         pg_stopped = False
         wait_until("events accepted after the restart", lambda: accepted["after"] >= 8_000, timeout=90)
-        wait_until("the store to catch up", lambda: service.store.available
-                   and service.engine.persist.stats().total_used() == 0, timeout=90)
+        wait_until(
+            "the store to catch up",
+            lambda: service.store.available and service.engine.persist.stats().total_used() == 0,
+            timeout=90,
+        )
     finally:
         stop.set()
         for t in threads:

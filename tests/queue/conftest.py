@@ -4,7 +4,6 @@ import itertools
 import re
 
 import pytest
-
 from queue_testlib import release_all_gates
 
 from drainpipe import BatchQueueManager

@@ -1,10 +1,12 @@
 """Shared helpers for the queue runtime tests (imported as a plain module: tests/queue is on sys.path)."""
+
 from __future__ import annotations
 
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from drainpipe import BatchQueue, BatchQueueConfig, BatchQueueManager, ThreadPolicy
 
@@ -111,8 +113,14 @@ class Recorder:
     ``gate``: when set to an Event, each consume whose batch satisfies ``block_if`` waits for it (test control).
     """
 
-    def __init__(self, name: str = "", *, expect_type: type | None = None, delay: float = 0.0,
-                 fail_if: Callable[[list], bool] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "",
+        *,
+        expect_type: type | None = None,
+        delay: float = 0.0,
+        fail_if: Callable[[list], bool] | None = None,
+    ) -> None:
         self.name = name
         self.expect_type = expect_type
         self.delay = delay

@@ -1,4 +1,5 @@
 """drainpipe._fastpath, the C hot paths, against plain-Python models of what they must do."""
+
 from __future__ import annotations
 
 import gc
@@ -31,15 +32,16 @@ def producer(parts: int = 4, cap: int = 100, routes: dict | None = None, slow=No
 
 # ------------------------------------------------------------------------------------------------------ Buffers
 
+
 def test_put_respects_the_bound_and_counts_exactly():
     b = Buffers(2, 3, [False])
     assert b.put(0, [1, 2, 3, 4, 5]) == 3
     assert b.put(0, [6]) == 0
-    assert b.put(1, [7, 8, 9], 1) == 2                 # items[start:]
+    assert b.put(1, [7, 8, 9], 1) == 2  # items[start:]
     assert b.sizes() == (3, 2) and b.produced_all() == (3, 2)
     assert b.take(0) == [1, 2, 3] and b.take(0) is None
     assert b.put(0, [10]) == 1
-    assert b.produced(0) == 4 and b.size(0) == 1       # produced is monotonic, size is what is buffered
+    assert b.produced(0) == 4 and b.size(0) == 1  # produced is monotonic, size is what is buffered
 
 
 def test_take_hands_out_a_tracked_list_and_keeps_no_reference():
@@ -48,10 +50,10 @@ def test_take_hands_out_a_tracked_list_and_keeps_no_reference():
     b.put(0, [marker])
     before = sys.getrefcount(marker)
     taken = b.take(0)
-    assert gc.is_tracked(taken)                        # an ordinary list again in user hands
+    assert gc.is_tracked(taken)  # an ordinary list again in user hands
     assert taken == [marker]
     del taken
-    assert sys.getrefcount(marker) == before - 1       # the buffer no longer holds it
+    assert sys.getrefcount(marker) == before - 1  # the buffer no longer holds it
 
 
 def test_nothing_is_appended_once_closing():
@@ -84,23 +86,24 @@ def test_bad_arguments_are_errors_not_crashes():
     with pytest.raises(IndexError):
         b.take(-1)
     with pytest.raises(TypeError):
-        Producer(b, {}, lambda item, n: 0, [1], print, print)   # routes and a selector: exactly one
+        Producer(b, {}, lambda item, n: 0, [1], print, print)  # routes and a selector: exactly one
     with pytest.raises(TypeError):
         group_by_type((1, 2))
 
 
 # ----------------------------------------------------------------------------------------------------- Producer
 
+
 def test_routes_and_route_changes_take_effect_at_once():
     seen = []
     b, prod, _ = producer(routes={TYPES[0]: 1}, slow=lambda item: seen.append(item) or 3)
     a = obj(0, 1)
     assert prod(a) is True and b.sizes() == (0, 1, 0, 0)
-    prod.set_route(TYPES[0], 2)                        # the cached route is forgotten
+    prod.set_route(TYPES[0], 2)  # the cached route is forgotten
     assert prod(obj(0, 2)) is True and b.sizes() == (0, 1, 1, 0)
     assert prod.drop_route(TYPES[0]) is True and prod.drop_route(TYPES[0]) is False
     c = obj(0, 3)
-    assert prod(c) is True and seen == [c] and b.sizes() == (0, 1, 1, 1)   # unrouted: asks route_slow
+    assert prod(c) is True and seen == [c] and b.sizes() == (0, 1, 1, 1)  # unrouted: asks route_slow
 
 
 def test_no_handler_is_accepted_without_buffering():
@@ -135,7 +138,7 @@ def test_many_survives_a_selector_that_mutates_the_list():
 
     def select(item, n):
         if item == 3:
-            items.clear()                              # a user bug: must not crash or misroute the routed item
+            items.clear()  # a user bug: must not crash or misroute the routed item
         return item % n
 
     prod = Producer(b, None, select, [2], print, print)
@@ -145,8 +148,11 @@ def test_many_survives_a_selector_that_mutates_the_list():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers()), max_size=60), st.integers(1, 8),
-       st.dictionaries(st.integers(0, 5), st.integers(0, 2)))
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers()), max_size=60),
+    st.integers(1, 8),
+    st.dictionaries(st.integers(0, 5), st.integers(0, 2)),
+)
 def test_many_equals_produce_one_by_one(spec, cap, route_of):
     """many() = produce item by item, except that after a partition overflowed, later items of that partition go
     to overflow too (order); a partition's buffer plus its overflow keep the produced order."""
@@ -189,11 +195,12 @@ def test_concurrent_producers_never_overshoot_and_count_exactly():
         t.start()
     for t in threads:
         t.join()
-    assert b.sizes() == (500, 500)                     # full, never above the bound
+    assert b.sizes() == (500, 500)  # full, never above the bound
     assert sum(results) == sum(b.produced_all()) == 1000
 
 
 # ----------------------------------------------------------------------------------------------- group_by_type
+
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 11), st.integers()), max_size=80))
@@ -203,7 +210,7 @@ def test_group_by_type_equals_a_dict_of_lists(spec):
     for x in items:
         model.setdefault(type(x), []).append(x)
     got = group_by_type(items)
-    assert [t for t, _ in got] == list(model)          # first-seen order, more than the 8 scanned types too
+    assert [t for t, _ in got] == list(model)  # first-seen order, more than the 8 scanned types too
     assert {t: run for t, run in got} == model
 
 
@@ -226,7 +233,7 @@ def test_no_reference_leaks():
             for p in range(4):
                 group_by_type(b.take(p))
 
-    rounds(3)                                          # warm caches and free lists
+    rounds(3)  # warm caches and free lists
     gc.collect()
     before = [sys.getrefcount(x) for x in items[:10]]
     rounds(5)

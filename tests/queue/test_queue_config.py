@@ -1,4 +1,5 @@
 """BatchQueueConfig: defaults, readable frozen fields, validate() naming the bad field (API.md Config)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +7,16 @@ import threading
 
 import pytest
 
-from drainpipe import (BatchQueue, BatchQueueConfig, BatchQueueManager, BufferStrategy, DrainBalancer,
-                       PartitionPolicy, PartitionSelector, ThreadPolicy)
+from drainpipe import (
+    BatchQueue,
+    BatchQueueConfig,
+    BatchQueueManager,
+    BufferStrategy,
+    DrainBalancer,
+    PartitionPolicy,
+    PartitionSelector,
+    ThreadPolicy,
+)
 
 T1 = ThreadPolicy.fixed(1)
 
@@ -44,8 +53,9 @@ def test_valid_edge_values_pass():
         def consume(self, batch):
             pass
 
-    BatchQueueConfig(threads=T1, buffer_size=1, min_idle_ms=7, max_idle_ms=7, shutdown_timeout_ms=0,
-                     rebalance_interval_ms=0).validate()
+    BatchQueueConfig(
+        threads=T1, buffer_size=1, min_idle_ms=7, max_idle_ms=7, shutdown_timeout_ms=0, rebalance_interval_ms=0
+    ).validate()
     BatchQueueConfig(threads=T1, consumer=OnlyConsume()).validate()
     BatchQueueConfig(threads=T1, consumer=lambda batch: None, error_handler=lambda b, e: None).validate()
     BatchQueueConfig(threads=T1, balancer=DrainBalancer.throughput_weighted(), rebalance_interval_ms=10).validate()
@@ -84,8 +94,15 @@ def test_validate_names_the_bad_field(field, kwargs):
 
 @pytest.mark.parametrize(
     "shared",
-    [("", ThreadPolicy.fixed(1)), (None, ThreadPolicy.fixed(1)), ("pool", None), ("pool", 2), ("pool",),
-     "pool", ("pool", ThreadPolicy.fixed(1), "extra")],
+    [
+        ("", ThreadPolicy.fixed(1)),
+        (None, ThreadPolicy.fixed(1)),
+        ("pool", None),
+        ("pool", 2),
+        ("pool",),
+        "pool",
+        ("pool", ThreadPolicy.fixed(1), "extra"),
+    ],
     ids=["empty-name", "no-name", "no-policy", "int-policy", "1-tuple", "str", "3-tuple"],
 )
 def test_shared_scheduler_needs_name_and_policy(shared):

@@ -1,5 +1,6 @@
 """Dispatch: single-consumer batches, handler-map grouping by exact type, unhandled types, errors, on_idle,
 adaptive backoff (API.md BatchQueue "Dispatch")."""
+
 from __future__ import annotations
 
 import logging
@@ -7,11 +8,9 @@ import threading
 import time
 
 import pytest
-from queue_testlib import (A, B, Blocker, C, Recorder, SubA, first_call_blocks, make_types,
-                           new_queue, wait_until)
+from queue_testlib import A, B, Blocker, C, Recorder, SubA, first_call_blocks, make_types, new_queue, wait_until
 
 from drainpipe import PartitionPolicy, PartitionSelector, ThreadPolicy
-
 
 # ---------------------------------------------------------------- single-consumer mode
 
@@ -43,13 +42,18 @@ def test_single_consumer_is_called_from_every_drain_task(qname):
     lock = threading.Lock()
     names = set()
 
-    def consumer(batch):                       # must be thread-safe: several tasks may call it at once
+    def consumer(batch):  # must be thread-safe: several tasks may call it at once
         with lock:
             got.extend(batch)
             names.add(threading.current_thread().name)
 
-    q = new_queue(qname, consumer=consumer, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2),
-                  partition_selector=lambda item, n: item % n)
+    q = new_queue(
+        qname,
+        consumer=consumer,
+        threads=ThreadPolicy.fixed(2),
+        partitions=PartitionPolicy.fixed(2),
+        partition_selector=lambda item, n: item % n,
+    )
     assert q.produce_many(range(200)) == 200
     assert wait_until(lambda: len(got) == 200)
     assert sorted(got) == list(range(200))
@@ -89,13 +93,13 @@ def test_handler_map_groups_by_exact_type_one_call_per_type_per_cycle(qname):
     blk = Recorder("blocker")
     gate = first_call_blocks(blk)
     recs = {t: Recorder(t.__name__, expect_type=t) for t in (A, B, C)}
-    q = new_queue(qname, partitions=PartitionPolicy.fixed(1))     # every type shares one partition
+    q = new_queue(qname, partitions=PartitionPolicy.fixed(1))  # every type shares one partition
     q.add_handler(Blocker, blk)
     for t, r in recs.items():
         q.add_handler(t, r)
     assert q.produce(Blocker(0))
     assert blk.entered.wait(5)
-    for i in range(6):                       # interleaved types in one partition
+    for i in range(6):  # interleaved types in one partition
         q.produce(A(i))
         q.produce(B(i))
         if i % 2:
@@ -104,9 +108,9 @@ def test_handler_map_groups_by_exact_type_one_call_per_type_per_cycle(qname):
     for t, n in ((A, 6), (B, 6), (C, 3)):
         assert recs[t].wait_items(n)
     for t, r in recs.items():
-        assert len(r.batches) == 1, t        # one call with all of its items
+        assert len(r.batches) == 1, t  # one call with all of its items
         assert r.wrong_type == 0
-    assert recs[A].ids == list(range(6))     # produce order kept
+    assert recs[A].ids == list(range(6))  # produce order kept
     assert recs[B].ids == list(range(6))
     assert recs[C].ids == [1, 3, 5]
 
@@ -173,7 +177,7 @@ def test_error_handler_receives_sub_batch_and_queue_keeps_running(qname):
     assert err_event.wait(5)
     assert len(errors) == 1
     batch, exc = errors[0]
-    assert [(type(x), x.id) for x in batch] == [(A, 1), (A, 2), (A, 3)]    # only the failing handler's items
+    assert [(type(x), x.id) for x in batch] == [(A, 1), (A, 2), (A, 3)]  # only the failing handler's items
     assert isinstance(exc, ValueError) and "on purpose" in str(exc)
     assert rec_b.wait_items(2)
     # still running: later items are delivered
@@ -250,17 +254,16 @@ def test_on_idle_only_for_handlers_of_partitions_the_task_owns(qname):
     assert q.stats().total_used() == 1
 
     a_idle, b_idle, c_idle = rec_a.idle_calls, rec_b.idle_calls, rec_c.idle_calls
-    assert rec_b.wait_idle(b_idle + 5)             # the free task idles: on_idle of B only ...
-    assert rec_c.idle_calls == c_idle               # ... not of C, whose owner is busy in A.consume
+    assert rec_b.wait_idle(b_idle + 5)  # the free task idles: on_idle of B only ...
+    assert rec_c.idle_calls == c_idle  # ... not of C, whose owner is busy in A.consume
     assert rec_a.idle_calls == a_idle
     assert stuck_thread not in rec_b.idle_threads[b_idle:]
     gate.set()
     assert rec_c.wait_items(1)
-    assert rec_c.wait_idle(c_idle + 3)              # C's owner is free again
+    assert rec_c.wait_idle(c_idle + 3)  # C's owner is free again
     # dedicated schedulers run drain task i on thread i: each handler's calls come from its owner's thread only
     owner_of = {0: f"drainpipe-{qname}-0", 1: f"drainpipe-{qname}-1"}
-    assert set(rec_a.idle_threads) | set(rec_a.threads) | set(rec_c.idle_threads) | set(rec_c.threads) \
-        == {stuck_thread}
+    assert set(rec_a.idle_threads) | set(rec_a.threads) | set(rec_c.idle_threads) | set(rec_c.threads) == {stuck_thread}
     assert set(rec_b.idle_threads) | set(rec_b.threads) == set(owner_of.values()) - {stuck_thread}
     assert rec_a.overlaps == rec_b.overlaps == rec_c.overlaps == 0
 
@@ -288,10 +291,10 @@ def test_idle_gaps_follow_min_times_two_to_the_k_capped(qname):
     assert rec.wait_idle(9, timeout=5)
     times = rec.idle_times[:9]
     gaps_ms = [(b - a) * 1000 for a, b in zip(times, times[1:])]
-    expected = [min(4 * 2 ** k, 64) for k in range(len(gaps_ms))]    # 4, 8, 16, 32, 64, 64, 64, 64
+    expected = [min(4 * 2**k, 64) for k in range(len(gaps_ms))]  # 4, 8, 16, 32, 64, 64, 64, 64
     for gap, want in zip(gaps_ms, expected):
-        assert gap >= want * 0.9, (gaps_ms, expected)                 # never shorter than the backoff
-        assert gap <= want + 60, (gaps_ms, expected)                  # loose upper bound (scheduling slack)
+        assert gap >= want * 0.9, (gaps_ms, expected)  # never shorter than the backoff
+        assert gap <= want + 60, (gaps_ms, expected)  # loose upper bound (scheduling slack)
 
 
 def test_data_resets_backoff_and_latency_is_bounded_by_max_idle(qname):
@@ -333,7 +336,7 @@ def test_unhandled_type_logged_once_even_when_two_threads_drop_it_at_once(qname,
         def __contains__(self, item):
             found = super().__contains__(item)
             try:
-                barrier.wait()          # a correct (locked) implementation lets only one thread get here at a time
+                barrier.wait()  # a correct (locked) implementation lets only one thread get here at a time
             except threading.BrokenBarrierError:
                 pass
             return found

@@ -1,4 +1,5 @@
 """add_handler / remove_handler, adaptive partition growth under load (API.md BatchQueue, Handlers)."""
+
 from __future__ import annotations
 
 import collections
@@ -14,7 +15,7 @@ from drainpipe import PartitionPolicy, ThreadPolicy
 
 def _check_assignment(q):
     parts = [p for task in q.assigned_partitions for p in task]
-    assert sorted(parts) == list(range(q.partition_count))       # every partition in exactly one task
+    assert sorted(parts) == list(range(q.partition_count))  # every partition in exactly one task
     assert len(q.assigned_partitions) == q.task_count
 
 
@@ -23,8 +24,9 @@ def _check_assignment(q):
 def test_add_handler_while_producing_grows_partitions_without_loss_or_misrouting(qname, round_):
     types = make_types(24, "Grow")
     recs = {t: Recorder(t.__name__, expect_type=t) for t in types}
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(multiplier=1),
-                  buffer_size=1000)
+    q = new_queue(
+        qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(multiplier=1), buffer_size=1000
+    )
     assert q.partition_count == 2
     registered: list[type] = []
     q.add_handler(types[0], recs[types[0]])
@@ -58,7 +60,7 @@ def test_add_handler_while_producing_grows_partitions_without_loss_or_misrouting
     for t in types[1:]:
         q.add_handler(t, recs[t])
         registered.append(t)
-        assert recs[registered[-2]].wait_items(1)      # the previous type is flowing while we grow
+        assert recs[registered[-2]].wait_items(1)  # the previous type is flowing while we grow
         counts.append(q.partition_count)
         _check_assignment(q)
     for r in recs.values():
@@ -68,16 +70,16 @@ def test_add_handler_while_producing_grows_partitions_without_loss_or_misrouting
         t.join(10)
     q.shutdown()
 
-    assert counts == sorted(counts)                                       # never shrinks
+    assert counts == sorted(counts)  # never shrinks
     assert q.partition_count == PartitionPolicy.adaptive(1).resolve(2, 24) == 13
     produced = [x for mine in accepted.values() for x in mine]
     by_type = collections.defaultdict(list)
     for x in produced:
         by_type[type(x)].append(x.id)
     for t, r in recs.items():
-        assert r.wrong_type == 0, t                                       # each handler sees only its type
+        assert r.wrong_type == 0, t  # each handler sees only its type
         assert r.overlaps == 0, t
-        assert sorted(r.ids) == sorted(by_type[t]), t                    # every item exactly once
+        assert sorted(r.ids) == sorted(by_type[t]), t  # every item exactly once
         # produce order per producer is preserved (a type never changes partition)
         for src in accepted:
             seqs = [x.seq for x in r.items if x.src == src]
@@ -92,16 +94,16 @@ def test_weighted_handlers_grow_adaptive_partitions(qname):
     assert q.partition_count == 2
     t1, t2, t3, t4 = make_types(4, "W")
     q.add_handler(t1, Recorder(), weight=2.0)
-    assert q.partition_count == 2            # resolve(2, 2) = 2
+    assert q.partition_count == 2  # resolve(2, 2) = 2
     q.add_handler(t2, Recorder(), weight=2.0)
-    assert q.partition_count == 3            # resolve(2, 4) = 2 + 2 // 2
+    assert q.partition_count == 3  # resolve(2, 4) = 2 + 2 // 2
     q.add_handler(t3, Recorder(), weight=2.5)
-    assert q.partition_count == 4            # ceil(6.5) = 7 -> 2 + 5 // 2
+    assert q.partition_count == 4  # ceil(6.5) = 7 -> 2 + 5 // 2
     q.add_handler(t4, Recorder(), weight=1.5)
-    assert q.partition_count == 5            # ceil(8.0) = 8 -> 2 + 6 // 2
+    assert q.partition_count == 5  # ceil(8.0) = 8 -> 2 + 6 // 2
     _check_assignment(q)
     assert q.remove_handler(t4)
-    assert q.partition_count == 5            # partitions never shrink
+    assert q.partition_count == 5  # partitions never shrink
 
 
 def test_fixed_partitions_do_not_grow(qname):
@@ -121,7 +123,7 @@ def test_add_handler_rejects_non_positive_weight(qname, weight):
 def test_remove_handler_returns_true_then_false_and_drops_later_items(qname):
     rec = Recorder("A")
     q = new_queue(qname, partitions=PartitionPolicy.fixed(2))
-    assert q.remove_handler(A) is False                 # never registered
+    assert q.remove_handler(A) is False  # never registered
     q.add_handler(A, rec)
     q.produce(A(1))
     assert rec.wait_items(1)
@@ -139,7 +141,7 @@ def test_remove_handler_returns_true_then_false_and_drops_later_items(qname):
 def test_remove_handler_waits_for_in_flight_call_and_drops_buffered_items(qname):
     blk, rec_b = Recorder("blocker"), Recorder("B")
     blk.gate = make_gate()
-    q = new_queue(qname, partitions=PartitionPolicy.fixed(2))      # one task owns both partitions
+    q = new_queue(qname, partitions=PartitionPolicy.fixed(2))  # one task owns both partitions
     q.add_handler(Blocker, blk)
     q.add_handler(B, rec_b)
     q.produce(B(0))
@@ -147,12 +149,12 @@ def test_remove_handler_waits_for_in_flight_call_and_drops_buffered_items(qname)
     q.produce(Blocker(0))
     assert blk.entered.wait(5)
     for i in range(1, 6):
-        assert q.produce(B(i))                            # buffered: the only task is busy
+        assert q.produce(B(i))  # buffered: the only task is busy
     out = []
     remover = threading.Thread(target=lambda: out.append(q.remove_handler(B)), daemon=True)
     remover.start()
     remover.join(0.1)
-    assert remover.is_alive()                             # waits for the cycle the task is in
+    assert remover.is_alive()  # waits for the cycle the task is in
     blk.gate.set()
     remover.join(5)
     assert out == [True]
@@ -222,17 +224,17 @@ def test_remove_handler_racing_shutdown_still_waits_for_the_running_handler(qnam
     q = new_queue(qname, partitions=PartitionPolicy.fixed(2), shutdown_timeout_ms=0)
     q.add_handler(B, rec_b)
     q.produce(B(0))
-    assert rec_b.entered.wait(5)                       # B.consume is in flight (blocked)
+    assert rec_b.entered.wait(5)  # B.consume is in flight (blocked)
     out = []
 
     def remove():
         result = q.remove_handler(B)
-        out.append((result, rec_b.active))             # was B still running when remove_handler returned?
+        out.append((result, rec_b.active))  # was B still running when remove_handler returned?
 
     remover = threading.Thread(target=remove, daemon=True)
     remover.start()
     remover.join(0.1)
-    assert remover.is_alive()                          # waiting for B's call to end, as documented
+    assert remover.is_alive()  # waiting for B's call to end, as documented
     closer = threading.Thread(target=q.shutdown, daemon=True)
     closer.start()
     remover.join(0.3)

@@ -1,4 +1,5 @@
 """BatchQueueManager: the process-wide registry (API.md Manager)."""
+
 from __future__ import annotations
 
 import threading
@@ -22,9 +23,9 @@ def test_create_get_and_name_taken(qname):
     threads_before = _all_drainpipe_threads()
     with pytest.raises(RuntimeError):
         BatchQueueManager.create(qname, config(threads=ThreadPolicy.fixed(4), partitions=PartitionPolicy.fixed(4)))
-    assert _all_drainpipe_threads() == threads_before          # the new queue was not started
+    assert _all_drainpipe_threads() == threads_before  # the new queue was not started
     assert len(pool_threads(qname)) == 1
-    assert BatchQueueManager.get(qname) is q                   # the original stays registered and working
+    assert BatchQueueManager.get(qname) is q  # the original stays registered and working
     assert q.produce(1)
     assert rec.wait_items(1)
 
@@ -36,7 +37,7 @@ def test_name_taken_with_shared_scheduler_does_not_take_a_reference(qname):
         BatchQueueManager.create(qname, config(shared_scheduler=(pool, ThreadPolicy.fixed(1))))
     assert len(pool_threads(pool)) == 1
     BatchQueueManager.shutdown(qname)
-    assert pool_threads(pool) == []                             # the failed create left no reference behind
+    assert pool_threads(pool) == []  # the failed create left no reference behind
     assert not q.is_running
 
 
@@ -73,9 +74,9 @@ def test_shutdown_removes_then_shuts_down(qname):
     BatchQueueManager.shutdown(qname)
     assert BatchQueueManager.get(qname) is None
     assert not q.is_running
-    assert rec.items == list(range(10))              # shut down (and drained) when shutdown returns
+    assert rec.items == list(range(10))  # shut down (and drained) when shutdown returns
     assert pool_threads(qname) == []
-    q2 = BatchQueueManager.create(qname, config())   # the name is free again
+    q2 = BatchQueueManager.create(qname, config())  # the name is free again
     assert q2 is not q and q2.is_running
 
 
@@ -104,10 +105,15 @@ def test_shutdown_all_stops_every_queue_and_shared_scheduler(qname):
     pool = qname + "_pool"
     recs = [Recorder() for _ in range(3)]
     qs = [
-        BatchQueueManager.create(qname + "_a", config(consumer=recs[0], threads=ThreadPolicy.fixed(2),
-                                                      partitions=PartitionPolicy.fixed(2))),
-        BatchQueueManager.create(qname + "_b", config(consumer=recs[1], shared_scheduler=(pool, ThreadPolicy.fixed(2)))),
-        BatchQueueManager.create(qname + "_c", config(consumer=recs[2], shared_scheduler=(pool, ThreadPolicy.fixed(2)))),
+        BatchQueueManager.create(
+            qname + "_a", config(consumer=recs[0], threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2))
+        ),
+        BatchQueueManager.create(
+            qname + "_b", config(consumer=recs[1], shared_scheduler=(pool, ThreadPolicy.fixed(2)))
+        ),
+        BatchQueueManager.create(
+            qname + "_c", config(consumer=recs[2], shared_scheduler=(pool, ThreadPolicy.fixed(2)))
+        ),
     ]
     for q in qs:
         q.produce_many(range(5))
@@ -119,7 +125,7 @@ def test_shutdown_all_stops_every_queue_and_shared_scheduler(qname):
     assert pool_threads(pool) == []
     assert pool_threads(qname + "_a") == []
     assert wait_until(lambda: queue_threads(qname + "_a") == [], timeout=2)
-    BatchQueueManager.shutdown_all()                  # idempotent on an empty registry
+    BatchQueueManager.shutdown_all()  # idempotent on an empty registry
 
 
 def test_concurrent_get_or_create_returns_one_queue(qname):
@@ -128,8 +134,11 @@ def test_concurrent_get_or_create_returns_one_queue(qname):
 
     def worker():
         barrier.wait()
-        results.append(BatchQueueManager.get_or_create(qname, config(threads=ThreadPolicy.fixed(2),
-                                                                     partitions=PartitionPolicy.fixed(2))))
+        results.append(
+            BatchQueueManager.get_or_create(
+                qname, config(threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2))
+            )
+        )
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:

@@ -1,4 +1,5 @@
 """ThreadPolicy and PartitionPolicy: resolution rules, validation, string forms, value semantics (API.md Policies)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,6 @@ import os
 import pytest
 
 from drainpipe import PartitionPolicy, ThreadPolicy
-
 
 # ---------------------------------------------------------------- ThreadPolicy: resolution
 
@@ -23,17 +23,17 @@ def test_fixed_and_io_bound_resolve_to_n(n):
     "policy, cores, expected",
     [
         (ThreadPolicy.cpu_cores(1.0), 8, 8),
-        (ThreadPolicy.cpu_cores(0.5), 5, 3),        # 2.5 rounds half UP (banker's rounding would give 2)
-        (ThreadPolicy.cpu_cores(0.5), 3, 2),        # 1.5 -> 2
-        (ThreadPolicy.cpu_cores(1.5), 3, 5),        # 4.5 -> 5 (banker's: 4)
-        (ThreadPolicy.cpu_cores(0.125), 4, 1),      # 0.5 -> 1
-        (ThreadPolicy.cpu_cores(0.1), 4, 1),        # 0.4 -> 0 -> max(1, 0)
-        (ThreadPolicy.cpu_cores(0.3), 4, 1),        # 1.2 -> 1
+        (ThreadPolicy.cpu_cores(0.5), 5, 3),  # 2.5 rounds half UP (banker's rounding would give 2)
+        (ThreadPolicy.cpu_cores(0.5), 3, 2),  # 1.5 -> 2
+        (ThreadPolicy.cpu_cores(1.5), 3, 5),  # 4.5 -> 5 (banker's: 4)
+        (ThreadPolicy.cpu_cores(0.125), 4, 1),  # 0.5 -> 1
+        (ThreadPolicy.cpu_cores(0.1), 4, 1),  # 0.4 -> 0 -> max(1, 0)
+        (ThreadPolicy.cpu_cores(0.3), 4, 1),  # 1.2 -> 1
         (ThreadPolicy.cpu_cores(2), 4, 8),
-        (ThreadPolicy.cpu_cores_with_base(2, 0.25), 10, 5),   # 2 + round_half_up(2.5)
-        (ThreadPolicy.cpu_cores_with_base(0, 0.1), 4, 1),     # 0 + 0 -> max(1, 0)
-        (ThreadPolicy.cpu_cores_with_base(3, 0.1), 4, 3),     # base added, 0.4 rounds down
-        (ThreadPolicy.cpu_cores_with_base(1, 0.5), 1, 2),     # 1 + round_half_up(0.5)
+        (ThreadPolicy.cpu_cores_with_base(2, 0.25), 10, 5),  # 2 + round_half_up(2.5)
+        (ThreadPolicy.cpu_cores_with_base(0, 0.1), 4, 1),  # 0 + 0 -> max(1, 0)
+        (ThreadPolicy.cpu_cores_with_base(3, 0.1), 4, 3),  # base added, 0.4 rounds down
+        (ThreadPolicy.cpu_cores_with_base(1, 0.5), 1, 2),  # 1 + round_half_up(0.5)
         (ThreadPolicy.cpu_cores_with_base(4, 1.0), 6, 10),
     ],
     ids=str,
@@ -134,16 +134,16 @@ def test_thread_policies_are_immutable(policy):
 @pytest.mark.parametrize(
     "threads, handlers, expected",
     [
-        (8, 0, 8),        # no handlers -> max(1, threads)
-        (8, 100, 100),    # below threshold 25*8 = 200 -> count
-        (8, 200, 200),    # at threshold -> count
-        (8, 500, 350),    # 200 + (500 - 200) // 2
-        (8, 201, 200),    # 200 + 1 // 2
+        (8, 0, 8),  # no handlers -> max(1, threads)
+        (8, 100, 100),  # below threshold 25*8 = 200 -> count
+        (8, 200, 200),  # at threshold -> count
+        (8, 500, 350),  # 200 + (500 - 200) // 2
+        (8, 201, 200),  # 200 + 1 // 2
         (8, 202, 201),
-        (0, 0, 1),        # max(1, 0)
+        (0, 0, 1),  # max(1, 0)
         (1, 0, 1),
-        (2, 3.2, 4),      # ceil(3.2) = 4 <= 50
-        (2, 0.5, 1),      # ceil -> 1
+        (2, 3.2, 4),  # ceil(3.2) = 4 <= 50
+        (2, 0.5, 1),  # ceil -> 1
     ],
 )
 def test_adaptive_default_multiplier_examples(threads, handlers, expected):
@@ -154,10 +154,10 @@ def test_adaptive_custom_multiplier_and_default_handler_count():
     p = PartitionPolicy.adaptive(multiplier=1)
     assert p.resolve(2) == 2
     assert p.resolve(2, 2) == 2
-    assert p.resolve(2, 5) == 3            # threshold 2: 2 + 3 // 2
-    assert p.resolve(2, 24) == 13          # 2 + 22 // 2
-    assert p.resolve(0, 5) == 3            # threshold max(1, 0) = 1: 1 + 4 // 2
-    assert PartitionPolicy.adaptive(4).resolve(3, 20) == 16   # threshold 12: 12 + 8 // 2
+    assert p.resolve(2, 5) == 3  # threshold 2: 2 + 3 // 2
+    assert p.resolve(2, 24) == 13  # 2 + 22 // 2
+    assert p.resolve(0, 5) == 3  # threshold max(1, 0) = 1: 1 + 4 // 2
+    assert PartitionPolicy.adaptive(4).resolve(3, 20) == 16  # threshold 12: 12 + 8 // 2
 
 
 def test_fixed_and_thread_multiply_resolution():
@@ -165,11 +165,10 @@ def test_fixed_and_thread_multiply_resolution():
     assert PartitionPolicy.fixed(3).resolve(8, 1000) == 3
     assert PartitionPolicy.thread_multiply(2).resolve(4) == 8
     assert PartitionPolicy.thread_multiply(1).resolve(5, 100) == 5
-    assert PartitionPolicy.thread_multiply(3).resolve(0) == 1     # max(1, m * threads)
+    assert PartitionPolicy.thread_multiply(3).resolve(0) == 1  # max(1, m * threads)
 
 
-@pytest.mark.parametrize("factory", [PartitionPolicy.fixed, PartitionPolicy.thread_multiply,
-                                     PartitionPolicy.adaptive])
+@pytest.mark.parametrize("factory", [PartitionPolicy.fixed, PartitionPolicy.thread_multiply, PartitionPolicy.adaptive])
 @pytest.mark.parametrize("bad", [0, -1])
 def test_partition_policies_reject_values_below_one(factory, bad):
     with pytest.raises(ValueError):

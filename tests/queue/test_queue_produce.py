@@ -1,12 +1,12 @@
 """produce / produce_many with both buffer strategies, and partition selectors (API.md BatchQueue, Routing)."""
+
 from __future__ import annotations
 
 import threading
 import time
 
 import pytest
-from queue_testlib import (A, B, Blocker, C, Item, Recorder, first_call_blocks, make_types, new_queue,
-                           wait_until)
+from queue_testlib import A, B, Blocker, C, Item, Recorder, first_call_blocks, make_types, new_queue, wait_until
 
 from drainpipe import BufferStrategy, PartitionPolicy, PartitionSelector, ThreadPolicy
 
@@ -41,9 +41,9 @@ def test_blocking_producer_waits_for_room_and_nothing_is_lost(qname):
 
     t = threading.Thread(target=producer, daemon=True)
     t.start()
-    assert wait_until(lambda: q.stats().total_used() == 2)      # the 2-slot buffer is full ...
+    assert wait_until(lambda: q.stats().total_used() == 2)  # the 2-slot buffer is full ...
     time.sleep(0.15)
-    assert t.is_alive()                                        # ... and the producer waits for room
+    assert t.is_alive()  # ... and the producer waits for room
     assert len(progress) == 2
     assert q.stats().dropped_full == 0
     rec.gate.set()
@@ -51,7 +51,7 @@ def test_blocking_producer_waits_for_room_and_nothing_is_lost(qname):
     assert not t.is_alive()
     assert results == [True] * 50
     assert rec.wait_items(51)
-    assert [x for x in rec.items if not isinstance(x, Blocker)] == list(range(50))   # all, once, in order
+    assert [x for x in rec.items if not isinstance(x, Blocker)] == list(range(50))  # all, once, in order
     s = q.stats()
     assert s.produced == 51 and s.dropped_full == 0
 
@@ -86,7 +86,7 @@ def test_blocked_producer_returns_false_when_shutdown_starts(qname):
     closer = threading.Thread(target=q.shutdown, daemon=True)
     closer.start()
     t.join(5)
-    assert out == [False]           # released by the shutdown, not accepted
+    assert out == [False]  # released by the shutdown, not accepted
     rec.gate.set()
     closer.join(5)
     assert not closer.is_alive()
@@ -156,7 +156,7 @@ def test_produce_many_multi_type_handler_map(qname):
     items = [t(i) for i in range(30) for t in (A, B, C)]
     assert q.produce_many(items) == 90
     q.shutdown()
-    for t, r in recs.items():
+    for r in recs.values():
         assert [x.id for x in r.items] == list(range(30))
         assert r.wrong_type == 0
 
@@ -192,12 +192,12 @@ def test_type_hash_is_default_and_puts_a_type_in_one_partition(qname):
     stuck(q, rec)
     seen = {}
     for t in make_types(8, "Th"):
-        delta = _partition_of(q, lambda: [q.produce(t(i)) for i in range(5)])
+        delta = _partition_of(q, lambda: [q.produce(t(i)) for i in range(5)])  # noqa: B023 (called at once)
         assert len(delta) == 1 and list(delta.values()) == [5]
         seen[t] = next(iter(delta))
-        delta = _partition_of(q, lambda: q.produce_many([t(i) for i in range(3)]))
+        delta = _partition_of(q, lambda: q.produce_many([t(i) for i in range(3)]))  # noqa: B023
         assert delta == {seen[t]: 3}
-    assert len(set(seen.values())) > 1      # 8 types over 4 partitions do not all collide
+    assert len(set(seen.values())) > 1  # 8 types over 4 partitions do not all collide
     sel = PartitionSelector.type_hash()
     for n in (1, 3, 7, 64):
         assert {sel(A(i), n) for i in range(20)} == {sel(A(0), n)}
@@ -212,7 +212,7 @@ def test_key_hash_puts_equal_keys_in_one_partition(qname):
     parts = {}
     for key in ["a", "b", "c", "d", "e", "f", 1, 2, 3]:
         # different item types and payloads, one key
-        delta = _partition_of(q, lambda: [q.produce((key, i)) for i in range(3)] + [q.produce([key, "x"])])
+        delta = _partition_of(q, lambda: [q.produce((key, i)) for i in range(3)] + [q.produce([key, "x"])])  # noqa: B023
         assert list(delta.values()) == [4]
         parts[key] = next(iter(delta))
     assert len(set(parts.values())) > 1
@@ -259,8 +259,12 @@ def test_selector_not_called_with_one_partition(qname):
 @pytest.mark.parametrize("bad", [4, 5, -1, 100])
 def test_selector_out_of_range_raises(qname, bad):
     rec = Recorder()
-    q = new_queue(qname, consumer=rec, partitions=PartitionPolicy.fixed(4),
-                  partition_selector=lambda item, n: bad if item == "bad" else 0)
+    q = new_queue(
+        qname,
+        consumer=rec,
+        partitions=PartitionPolicy.fixed(4),
+        partition_selector=lambda item, n: bad if item == "bad" else 0,
+    )
     with pytest.raises(ValueError):
         q.produce("bad")
     with pytest.raises(ValueError):
@@ -273,8 +277,12 @@ def test_selector_out_of_range_raises(qname, bad):
 
 def test_key_hash_handler_map_routes_by_key_but_dispatches_by_type(qname):
     recs = {t: Recorder(t.__name__, expect_type=t) for t in (A, B)}
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4),
-                  partition_selector=PartitionSelector.key_hash(lambda it: it.id % 5))
+    q = new_queue(
+        qname,
+        threads=ThreadPolicy.fixed(2),
+        partitions=PartitionPolicy.fixed(4),
+        partition_selector=PartitionSelector.key_hash(lambda it: it.id % 5),
+    )
     for t, r in recs.items():
         q.add_handler(t, r)
     for i in range(200):

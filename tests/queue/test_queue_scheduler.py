@@ -1,5 +1,6 @@
 """Dedicated and shared drain schedulers: thread names, daemon threads, thread reduction, shared pools
 (API.md Config "Shared schedulers")."""
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,7 @@ def test_dedicated_scheduler_threads_are_named_and_daemon(qname):
     assert rec.wait_items(100)
     assert set(rec.threads) <= {t.name for t in threads}
     q.shutdown()
-    assert pool_threads(qname) == []           # joined by the time shutdown returns
+    assert pool_threads(qname) == []  # joined by the time shutdown returns
 
 
 def test_io_bound_and_cpu_policies_start_the_resolved_thread_count(qname, monkeypatch):
@@ -65,9 +66,14 @@ def test_shared_scheduler_is_shared_first_policy_wins_and_stops_with_last_queue(
     pool = f"{qname}_pool"
     shared = (pool, ThreadPolicy.fixed(2))
     recs = [Recorder(f"c{i}") for i in range(3)]
-    q1 = new_queue(qname + "_1", shared_scheduler=shared, consumer=recs[0],
-                   balancer=DrainBalancer.throughput_weighted(), rebalance_interval_ms=5,
-                   partitions=PartitionPolicy.fixed(4))
+    q1 = new_queue(
+        qname + "_1",
+        shared_scheduler=shared,
+        consumer=recs[0],
+        balancer=DrainBalancer.throughput_weighted(),
+        rebalance_interval_ms=5,
+        partitions=PartitionPolicy.fixed(4),
+    )
     q2 = new_queue(qname + "_2", shared_scheduler=shared, consumer=recs[1])
     assert sorted(t.name for t in pool_threads(pool)) == [f"drainpipe-{pool}-0", f"drainpipe-{pool}-1"]
     assert all(t.daemon for t in pool_threads(pool))
@@ -80,25 +86,25 @@ def test_shared_scheduler_is_shared_first_policy_wins_and_stops_with_last_queue(
     # no dedicated pool threads for shared-scheduler queues
     for q in (q1, q2, q3):
         assert pool_threads(q.name) == []
-        assert q.task_count == 1                       # exactly one drain task ...
-        assert q.rebalancing_enabled is False          # ... and never rebalances
+        assert q.task_count == 1  # exactly one drain task ...
+        assert q.rebalancing_enabled is False  # ... and never rebalances
     assert q1.assigned_partitions == ((0, 1, 2, 3),)
 
     pool_names = {t.name for t in pool_threads(pool)}
-    for q, rec in zip((q1, q2, q3), recs):
+    for q in (q1, q2, q3):
         q.produce_many(range(50))
     for rec in recs:
         assert rec.wait_items(50)
-        assert set(rec.threads) <= pool_names          # every queue drains on the shared threads
+        assert set(rec.threads) <= pool_names  # every queue drains on the shared threads
 
     BatchQueueManager.shutdown(q1.name)
-    assert len(pool_threads(pool)) == 2                # still referenced by q2 and q3
+    assert len(pool_threads(pool)) == 2  # still referenced by q2 and q3
     q2.produce_many(range(50, 60))
     assert recs[1].wait_items(60)
     BatchQueueManager.shutdown(q2.name)
     assert len(pool_threads(pool)) == 2
     BatchQueueManager.shutdown(q3.name)
-    assert pool_threads(pool) == []                    # stopped with its last queue
+    assert pool_threads(pool) == []  # stopped with its last queue
     assert recs[1].items == list(range(60))
 
 
@@ -110,7 +116,7 @@ def test_shared_scheduler_recreated_after_last_queue_left(qname, caplog):
     assert pool_threads(pool) == []
     rec = Recorder()
     q2 = new_queue(qname + "_b", shared_scheduler=(pool, ThreadPolicy.fixed(3)), consumer=rec)
-    assert len(pool_threads(pool)) == 3              # a fresh pool: the new first policy wins, no warning
+    assert len(pool_threads(pool)) == 3  # a fresh pool: the new first policy wins, no warning
     assert _warnings(caplog) == []
     q2.produce(1)
     assert rec.wait_items(1)

@@ -1,4 +1,5 @@
 """Shutdown: concurrent callers, in-flight handler calls, no loss, idempotence (API.md BatchQueue "Shutdown")."""
+
 from __future__ import annotations
 
 import itertools
@@ -6,8 +7,21 @@ import threading
 import time
 
 import pytest
-from queue_testlib import (A, B, Blocker, C, D, Recorder, config, make_gate, make_types, new_queue, pool_threads,
-                           queue_threads, wait_until)
+from queue_testlib import (
+    A,
+    B,
+    Blocker,
+    C,
+    D,
+    Recorder,
+    config,
+    make_gate,
+    make_types,
+    new_queue,
+    pool_threads,
+    queue_threads,
+    wait_until,
+)
 
 from drainpipe import BatchQueue, BufferStrategy, PartitionPolicy, ThreadPolicy
 
@@ -33,8 +47,8 @@ def test_concurrent_callers_all_return_after_completion(qname):
         t.start()
     assert wait_until(lambda: not q.is_running)
     assert q.produce(99) is False
-    time.sleep(0.1)                                   # longer than shutdown_timeout_ms
-    assert seen_at_return == []                        # nobody returns while the handler is in flight
+    time.sleep(0.1)  # longer than shutdown_timeout_ms
+    assert seen_at_return == []  # nobody returns while the handler is in flight
     rec.gate.set()
     for t in callers:
         t.join(5)
@@ -43,7 +57,7 @@ def test_concurrent_callers_all_return_after_completion(qname):
     assert [x for x in rec.items if not isinstance(x, Blocker)] == list(range(20))
     assert rec.overlaps == 0
     t0 = time.monotonic()
-    q.shutdown()                                       # after completion: returns at once
+    q.shutdown()  # after completion: returns at once
     assert time.monotonic() - t0 < 0.05
 
 
@@ -52,18 +66,19 @@ def test_final_dispatch_never_overlaps_in_flight_consume(qname, threads):
     """Slow handlers, a 5 ms shutdown timeout: the final dispatch must wait out every in-flight call."""
     types = (A, B, C, D)
     recs = {t: Recorder(t.__name__, delay=0.02, expect_type=t) for t in types}
-    q = new_queue(qname, threads=ThreadPolicy.fixed(threads), partitions=PartitionPolicy.fixed(4),
-                  shutdown_timeout_ms=5)
+    q = new_queue(
+        qname, threads=ThreadPolicy.fixed(threads), partitions=PartitionPolicy.fixed(4), shutdown_timeout_ms=5
+    )
     for t, r in recs.items():
         q.add_handler(t, r)
     n = 0
-    for i in range(50):
+    for _i in range(50):
         for t in types:
             assert q.produce(t(n))
             n += 1
     assert wait_until(lambda: any(r.active for r in recs.values()))
     q.shutdown()
-    assert not any(r.active for r in recs.values())    # no handler is running once shutdown returned
+    assert not any(r.active for r in recs.values())  # no handler is running once shutdown returned
     calls = {t: len(r.batches) for t, r in recs.items()}
     time.sleep(0.05)
     assert {t: len(r.batches) for t, r in recs.items()} == calls
@@ -93,7 +108,7 @@ def test_final_dispatch_waits_for_in_flight_on_idle(qname):
         def on_idle(self):
             super().on_idle()
             if armed.is_set() and not in_idle.is_set():
-                self._busy.acquire()           # stays "inside" the handler while it waits
+                self._busy.acquire()  # stays "inside" the handler while it waits
                 try:
                     in_idle.set()
                     gate.wait(10)
@@ -106,12 +121,12 @@ def test_final_dispatch_waits_for_in_flight_on_idle(qname):
     armed.set()
     assert in_idle.wait(5)
     for i in range(5):
-        q.produce(A(i))                        # buffered while the only task is in on_idle
+        q.produce(A(i))  # buffered while the only task is in on_idle
     done = threading.Event()
     closer = threading.Thread(target=lambda: (q.shutdown(), done.set()), daemon=True)
     closer.start()
     assert not done.wait(0.1)
-    assert rec.items == []                     # the final dispatch did not start during on_idle
+    assert rec.items == []  # the final dispatch did not start during on_idle
     gate.set()
     assert done.wait(5)
     assert rec.ids == list(range(5)) and rec.overlaps == 0
@@ -123,8 +138,14 @@ def test_final_dispatch_waits_for_in_flight_on_idle(qname):
 def test_nothing_accepted_is_lost_when_shutdown_races_producers(qname, strategy, round_):
     types = make_types(6, "Race")
     recs = {t: Recorder(t.__name__, expect_type=t) for t in types}
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4), buffer_size=64,
-                  strategy=strategy, shutdown_timeout_ms=5)
+    q = new_queue(
+        qname,
+        threads=ThreadPolicy.fixed(2),
+        partitions=PartitionPolicy.fixed(4),
+        buffer_size=64,
+        strategy=strategy,
+        shutdown_timeout_ms=5,
+    )
     for t, r in recs.items():
         q.add_handler(t, r)
     ids = itertools.count()
@@ -161,19 +182,19 @@ def test_nothing_accepted_is_lost_when_shutdown_races_producers(qname, strategy,
         assert not t.is_alive()
 
     dispatched = [i for r in recs.values() for i in r.ids]
-    assert len(dispatched) == len(set(dispatched))           # exactly once
+    assert len(dispatched) == len(set(dispatched))  # exactly once
     got = set(dispatched)
     total_accepted = 0
     for mine in accepted:
         for entry in mine:
-            if isinstance(entry, int):                         # produce() returned True
+            if isinstance(entry, int):  # produce() returned True
                 total_accepted += 1
                 assert entry in got
-            else:                                              # produce_many() returned n
+            else:  # produce_many() returned n
                 n, batch_ids = entry
                 total_accepted += n
-                assert sum(i in got for i in batch_ids) == n   # exactly that many of its items were dispatched
-    assert total_accepted == len(dispatched)                   # sum of accepted == items dispatched
+                assert sum(i in got for i in batch_ids) == n  # exactly that many of its items were dispatched
+    assert total_accepted == len(dispatched)  # sum of accepted == items dispatched
     s = q.stats()
     assert s.produced == s.dispatched == len(dispatched)
     assert all(r.overlaps == 0 and r.wrong_type == 0 for r in recs.values())
@@ -194,7 +215,7 @@ def test_shutdown_twice_and_after_completion_returns_immediately(qname):
 
 def test_shutdown_stops_every_queue_thread(qname):
     q = BatchQueue(qname, config(threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(3)))
-    assert len(queue_threads(qname)) == 4           # 3 pool threads + the control thread
+    assert len(queue_threads(qname)) == 4  # 3 pool threads + the control thread
     q.shutdown()
     assert pool_threads(qname) == []
     assert wait_until(lambda: queue_threads(qname) == [], timeout=2)
@@ -207,7 +228,7 @@ def test_shutdown_from_a_handler_on_a_drain_thread_returns(qname):
     def handler(batch):
         got.extend(batch)
         if any(x.flag == "stop" for x in batch):
-            q.shutdown()                   # would wait for itself if it blocked here
+            q.shutdown()  # would wait for itself if it blocked here
             returned.set()
 
     q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2))
@@ -221,8 +242,14 @@ def test_shutdown_from_a_handler_on_a_drain_thread_returns(qname):
 
 def test_shutdown_timeout_zero_still_delivers_everything(qname):
     rec = Recorder("A", expect_type=A)
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2), shutdown_timeout_ms=0,
-                  min_idle_ms=50, max_idle_ms=50)
+    q = new_queue(
+        qname,
+        threads=ThreadPolicy.fixed(2),
+        partitions=PartitionPolicy.fixed(2),
+        shutdown_timeout_ms=0,
+        min_idle_ms=50,
+        max_idle_ms=50,
+    )
     q.add_handler(A, rec)
     q.produce_many([A(i) for i in range(1000)])
     q.shutdown()
@@ -238,14 +265,14 @@ def test_shutdown_from_a_handler_during_the_final_drain_does_not_deadlock(qname)
             entered.set()
             gate.wait(10)
         if any(x.flag == "stop" for x in batch):
-            q.shutdown()           # e.g. a poison pill; here dispatched by the final drain
+            q.shutdown()  # e.g. a poison pill; here dispatched by the final drain
 
     # not registered with the manager: if the bug is present the queue never finishes shutting down
     q = BatchQueue(qname, config(shutdown_timeout_ms=0))
     q.add_handler(A, handler)
     q.produce(A(0, flag="block"))
     assert entered.wait(5)
-    q.produce(A(1, flag="stop"))                 # buffered behind the blocked cycle -> final drain
+    q.produce(A(1, flag="stop"))  # buffered behind the blocked cycle -> final drain
     closer = threading.Thread(target=q.shutdown, daemon=True)
     closer.start()
     assert wait_until(lambda: not q.is_running)
@@ -258,6 +285,7 @@ def test_a_produce_still_routing_when_shutdown_completes_is_refused_not_lost(qna
     """The race the fast path closes: a producer checked the closing flag, then ran Python code while routing (a
     split type's key), and shutdown finished its final drain meanwhile. Its append must be refused (False), not
     land in a partition nobody will drain."""
+
     class Hot:
         __slots__ = ("n", "block")
 
@@ -280,8 +308,8 @@ def test_a_produce_still_routing_when_shutdown_completes_is_refused_not_lost(qna
     result: list = []
     producer = threading.Thread(target=lambda: result.append(q.produce(Hot(4, block=True))), daemon=True)
     producer.start()
-    assert routing.wait(5)                       # past the first closing check, inside the key function
-    q.shutdown()                                 # stops intake and runs the final drain
+    assert routing.wait(5)  # past the first closing check, inside the key function
+    q.shutdown()  # stops intake and runs the final drain
     release.set()
     producer.join(5)
     assert result == [False]

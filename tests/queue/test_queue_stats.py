@@ -1,14 +1,14 @@
 """BatchQueueStats: usage view and exact counters (API.md Stats)."""
+
 from __future__ import annotations
 
 import dataclasses
 import threading
 
 import pytest
-from queue_testlib import A, B, Blocker, C, D, Recorder, make_gate, make_types, new_queue, wait_until
+from queue_testlib import A, B, Blocker, C, Recorder, make_gate, make_types, new_queue, wait_until
 
-from drainpipe import (BatchQueueStats, BufferStrategy, PartitionPolicy, PartitionSelector, PartitionUsage,
-                       ThreadPolicy)
+from drainpipe import BatchQueueStats, BufferStrategy, PartitionPolicy, PartitionSelector, PartitionUsage, ThreadPolicy
 
 
 def _stuck_queue(qname, **kw):
@@ -41,7 +41,7 @@ def test_usage_view_and_top_n_ordering(qname):
     pb = _produce_into(q, B, 7)
     pc = _produce_into(q, C, 10)
     pblk = _produce_into(q, Blocker, 3)
-    assert len({pa, pb, pc, pblk}) == 4              # fewest-types placement: one type per partition
+    assert len({pa, pb, pc, pblk}) == 4  # fewest-types placement: one type per partition
 
     s = q.stats()
     assert s.partition_count == 4 == q.partition_count
@@ -57,7 +57,7 @@ def test_usage_view_and_top_n_ordering(qname):
 
     top = s.top_n(4)
     assert [u.partition_index for u in top[:2]] == [pc, pb]
-    assert [u.partition_index for u in top[2:]] == sorted([pa, pblk])     # tie on used -> index ascending
+    assert [u.partition_index for u in top[2:]] == sorted([pa, pblk])  # tie on used -> index ascending
     assert top[0] == PartitionUsage(pc, 10, pytest.approx(100.0))
     assert [(u.used, u.used_percentage) for u in top] == [(10, 100.0), (7, 70.0), (3, 30.0), (3, 30.0)]
     assert len(s.top_n(2)) == 2 and s.top_n(2) == top[:2]
@@ -88,13 +88,17 @@ def test_counters_are_exact(qname):
     rec_a = Recorder("A", fail_if=lambda batch: any(x.flag == "bad" for x in batch))
     rec_b = Recorder("B")
     Unhandled = make_types(1, "Unhandled")[0]
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2),
-                  error_handler=lambda batch, exc: errors.set())
+    q = new_queue(
+        qname,
+        threads=ThreadPolicy.fixed(2),
+        partitions=PartitionPolicy.fixed(2),
+        error_handler=lambda batch, exc: errors.set(),
+    )
     q.add_handler(A, rec_a)
     q.add_handler(B, rec_b)
     assert q.produce_many([A(i) for i in range(10)]) == 10
     assert rec_a.wait_items(10)
-    for k in range(2):                                   # two failing calls, one at a time
+    for k in range(2):  # two failing calls, one at a time
         errors.clear()
         assert q.produce(A(100 + k, flag="bad"))
         assert errors.wait(5)
@@ -104,8 +108,8 @@ def test_counters_are_exact(qname):
         q.produce(Unhandled(i))
     assert wait_until(lambda: sum(q.stats().task_dispatched) == 17)
     s = q.stats()
-    assert s.produced == 21                              # accepted: 17 handled + 4 accepted-and-dropped
-    assert s.dispatched == 17                            # items handed to handlers, failed calls included
+    assert s.produced == 21  # accepted: 17 handled + 4 accepted-and-dropped
+    assert s.dispatched == 17  # items handed to handlers, failed calls included
     assert s.handler_errors == 2
     assert s.dropped_no_handler == 4
     assert s.dropped_full == 0
@@ -124,7 +128,7 @@ def test_dropped_full_exact(qname):
     assert q.produce_many([A(i) for i in range(10, 15)]) == 0
     s = q.stats()
     assert s.dropped_full == 11
-    assert s.produced == 1 + 4                           # blocker + accepted
+    assert s.produced == 1 + 4  # blocker + accepted
     blk.gate.set()
     q.shutdown()
     s = q.stats()
@@ -141,7 +145,7 @@ def test_task_dispatched_is_per_task(qname):
     q.produce_many([B(i) for i in range(12)])
     assert recs[A].wait_items(30) and recs[B].wait_items(12)
     assert wait_until(lambda: sum(q.stats().task_dispatched) == 42)
-    assert sorted(q.stats().task_dispatched) == [12, 30]       # A and B live on different tasks
+    assert sorted(q.stats().task_dispatched) == [12, 30]  # A and B live on different tasks
 
 
 def test_produced_counts_accepted_items_whatever_the_selector(qname):
@@ -149,8 +153,10 @@ def test_produced_counts_accepted_items_whatever_the_selector(qname):
     it at produce time, key_hash at dispatch time; the counters must not depend on where it was dropped."""
     Unhandled = make_types(1, "Unhandled")[0]
     results = {}
-    for name, sel in (("type_hash", PartitionSelector.type_hash()),
-                      ("key_hash", PartitionSelector.key_hash(lambda it: it.id))):
+    for name, sel in (
+        ("type_hash", PartitionSelector.type_hash()),
+        ("key_hash", PartitionSelector.key_hash(lambda it: it.id)),
+    ):
         q = new_queue(f"{qname}_{name}", partitions=PartitionPolicy.fixed(2), partition_selector=sel)
         q.add_handler(A, Recorder())
         accepted = sum([q.produce(A(1)), q.produce(A(2)), q.produce(Unhandled(3))])
@@ -168,19 +174,19 @@ def test_stats_while_adaptive_partitions_grow(qname):
     q = new_queue(qname, partitions=PartitionPolicy.adaptive(multiplier=1))
     q.add_handler(t1, Recorder())
     q.add_handler(t2, Recorder())
-    assert q.partition_count == 1                      # resolve(1, 2) = 1 + 1 // 2
+    assert q.partition_count == 1  # resolve(1, 2) = 1 + 1 // 2
     me = threading.current_thread()
     armed = [True]
     real = q._parts.buffers
 
-    class HookBuffers:                                 # the real buffers, growing just before stats reads sizes
+    class HookBuffers:  # the real buffers, growing just before stats reads sizes
         def __getattr__(self, name):
             return getattr(real, name)
 
         def sizes(self):
             if threading.current_thread() is me and armed[0]:
                 armed[0] = False
-                q.add_handler(t3, Recorder())          # resolve(1, 3) = 2 partitions
+                q.add_handler(t3, Recorder())  # resolve(1, 3) = 2 partitions
                 assert q.partition_count == 2
             return real.sizes()
 
@@ -188,5 +194,5 @@ def test_stats_while_adaptive_partitions_grow(qname):
     s = q.stats()
     q._parts.buffers = real
     assert not armed[0]
-    assert len(s.partition_used_counts) == 1          # the snapshot is of the partition count it read
+    assert len(s.partition_used_counts) == 1  # the snapshot is of the partition count it read
     assert s.partition_count in (1, 2)

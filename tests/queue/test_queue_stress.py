@@ -1,4 +1,5 @@
 """Concurrency stress: many producers, several drain threads, many types; exactly-once and no handler overlap."""
+
 from __future__ import annotations
 
 import collections
@@ -41,7 +42,7 @@ class Detector:
             self.items.extend(batch)
             self.ids.extend(x.id for x in batch)
             if len(batch) > 3:
-                threading.Event().wait(0)       # give other threads a chance to run into us
+                threading.Event().wait(0)  # give other threads a chance to run into us
         finally:
             self.lock.release()
 
@@ -62,9 +63,15 @@ def _run(qname, *, selector=None, rebalance=False, types_n=50, threads=3, partit
         kw["balancer"] = DrainBalancer.throughput_weighted()
         kw["rebalance_interval_ms"] = 5
     errors = []
-    q = new_queue(qname, threads=ThreadPolicy.fixed(threads),
-                  partitions=partitions or PartitionPolicy.thread_multiply(4), buffer_size=256,
-                  error_handler=lambda batch, exc: errors.append(exc), shutdown_timeout_ms=200, **kw)
+    q = new_queue(
+        qname,
+        threads=ThreadPolicy.fixed(threads),
+        partitions=partitions or PartitionPolicy.thread_multiply(4),
+        buffer_size=256,
+        error_handler=lambda batch, exc: errors.append(exc),
+        shutdown_timeout_ms=200,
+        **kw,
+    )
     detectors = {t: Detector(t) for t in types}
     for t, d in detectors.items():
         q.add_handler(t, d)
@@ -109,8 +116,8 @@ def _run(qname, *, selector=None, rebalance=False, types_n=50, threads=3, partit
     assert sum(d.overlaps for d in detectors.values()) == 0
     assert errors == []
     assert sum(d.wrong_type for d in detectors.values()) == 0
-    assert max(dispatched.values()) == 1                       # never twice
-    assert dispatched == produced_ids                          # every produced id exactly once
+    assert max(dispatched.values()) == 1  # never twice
+    assert dispatched == produced_ids  # every produced id exactly once
     by_type = collections.defaultdict(set)
     for x in produced:
         by_type[type(x)].add(x.id)
@@ -133,14 +140,14 @@ def _assert_fifo_per_producer(detectors):
 @pytest.mark.stress
 def test_stress_type_hash_exactly_once_no_overlap(qname):
     q, detectors = _run(qname)
-    _assert_fifo_per_producer(detectors)          # one type, one partition: produce order per producer kept
+    _assert_fifo_per_producer(detectors)  # one type, one partition: produce order per producer kept
 
 
 @pytest.mark.stress
 def test_stress_type_hash_with_periodic_rebalancing(qname):
     q, detectors = _run(qname, rebalance=True)
-    assert q.stats().rebalances >= 1              # partitions really moved while items flowed
-    _assert_fifo_per_producer(detectors)          # handoffs keep order (fence before assign)
+    assert q.stats().rebalances >= 1  # partitions really moved while items flowed
+    _assert_fifo_per_producer(detectors)  # handoffs keep order (fence before assign)
 
 
 @pytest.mark.stress

@@ -1,9 +1,11 @@
 """Property tests of the LPT balancer (no threads involved)."""
+
 from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drainpipe import DrainBalancer
 from drainpipe._balancer import lpt_bins, task_loads
@@ -26,9 +28,9 @@ def test_plan_is_a_valid_assignment(case):
     plan = B.assign(tp, owner, tasks)
     if plan is None:
         return
-    assert len(plan) == len(owner)                       # every partition owned exactly once
+    assert len(plan) == len(owner)  # every partition owned exactly once
     assert all(0 <= t < tasks for t in plan)
-    for p, w in enumerate(tp):                           # idle partitions keep their owner
+    for p, w in enumerate(tp):  # idle partitions keep their owner
         if w == 0:
             assert plan[p] == owner[p]
     assert max(task_loads(tp, plan, tasks)) < max(task_loads(tp, owner, tasks))
@@ -68,7 +70,7 @@ def test_no_load_means_no_plan():
 
 
 def test_small_imbalance_below_threshold_is_left_alone():
-    assert B.assign([114, 100], [0, 1], 2) is None          # 1.14 < 1.15
+    assert B.assign([114, 100], [0, 1], 2) is None  # 1.14 < 1.15
     assert B.assign([300, 100, 100], [0, 0, 1], 2) is not None
 
 

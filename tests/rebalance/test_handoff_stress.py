@@ -3,6 +3,7 @@
 A broken handoff shows up here as an overlapping handler call (detector), a lost or duplicated item (exact id
 accounting), or an item of one producer arriving before an earlier one of the same type (per-type FIFO).
 """
+
 from __future__ import annotations
 
 import random
@@ -11,8 +12,7 @@ import time
 
 import pytest
 
-from drainpipe import (BatchQueue, BatchQueueConfig, DrainBalancer, PartitionPolicy, RebalanceResult,
-                       ThreadPolicy)
+from drainpipe import BatchQueue, BatchQueueConfig, DrainBalancer, PartitionPolicy, RebalanceResult, ThreadPolicy
 
 
 class ChaosBalancer:
@@ -38,7 +38,7 @@ class Detector:
         self.name = name
         self.lock = threading.Lock()
         self.violations = violations
-        self.seen: list[tuple[int, int]] = []   # (producer, seq)
+        self.seen: list[tuple[int, int]] = []  # (producer, seq)
         self.calls = 0
         self.threads: set[str] = set()
 
@@ -55,7 +55,7 @@ class Detector:
             self.threads.add(threading.current_thread().name)
             self.seen.extend((it.producer, it.seq) for it in batch)
             if self.calls % 7 == 0:
-                time.sleep(0.0002)      # widen the window in which a broken fence would overlap
+                time.sleep(0.0002)  # widen the window in which a broken fence would overlap
         finally:
             if entered:
                 self.lock.release()
@@ -67,10 +67,17 @@ class Detector:
 
 
 def make_types(n):
-    return [type(f"E{i}", (), {"__slots__": ("producer", "seq"),
-                               "__init__": lambda self, p, s: (setattr(self, "producer", p),
-                                                               setattr(self, "seq", s)) and None})
-            for i in range(n)]
+    return [
+        type(
+            f"E{i}",
+            (),
+            {
+                "__slots__": ("producer", "seq"),
+                "__init__": lambda self, p, s: (setattr(self, "producer", p), setattr(self, "seq", s)) and None,
+            },
+        )
+        for i in range(n)
+    ]
 
 
 def check_fifo(det: Detector):
@@ -84,12 +91,21 @@ def run_stress(balancer, tasks: int, seconds: float, seed: int):
     rnd = random.Random(seed)
     violations: list[str] = []
     types = make_types(24)
-    q = BatchQueue("stress", BatchQueueConfig(
-        threads=ThreadPolicy.fixed(tasks), partitions=PartitionPolicy.adaptive(multiplier=2),
-        buffer_size=500, balancer=balancer, rebalance_interval_ms=10, min_idle_ms=1, max_idle_ms=5))
+    q = BatchQueue(
+        "stress",
+        BatchQueueConfig(
+            threads=ThreadPolicy.fixed(tasks),
+            partitions=PartitionPolicy.adaptive(multiplier=2),
+            buffer_size=500,
+            balancer=balancer,
+            rebalance_interval_ms=10,
+            min_idle_ms=1,
+            max_idle_ms=5,
+        ),
+    )
     detectors = {t: Detector(t.__name__, violations) for t in types}
-    stable = types[:16]                 # always registered
-    churn = types[16:]                  # added / removed / re-added while traffic flows
+    stable = types[:16]  # always registered
+    churn = types[16:]  # added / removed / re-added while traffic flows
     for t in stable:
         q.add_handler(t, detectors[t])
     stop = threading.Event()
@@ -101,7 +117,7 @@ def run_stress(balancer, tasks: int, seconds: float, seed: int):
         counts = produced_ok[pid]
         while not stop.is_set():
             for _ in range(200):
-                t = types[0] if r.random() < 0.9 else r.choice(types)   # one type carries 90%
+                t = types[0] if r.random() < 0.9 else r.choice(types)  # one type carries 90%
                 if q.produce(t(pid, seq)):
                     counts[t] = counts.get(t, 0) + 1
                 seq += 1
@@ -170,8 +186,15 @@ def test_throughput_balancer_under_skew():
 
 
 def test_rebalance_states_and_history_visible():
-    q = BatchQueue("hist", BatchQueueConfig(threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4),
-                                            balancer=ChaosBalancer(1), rebalance_interval_ms=0))
+    q = BatchQueue(
+        "hist",
+        BatchQueueConfig(
+            threads=ThreadPolicy.fixed(2),
+            partitions=PartitionPolicy.fixed(4),
+            balancer=ChaosBalancer(1),
+            rebalance_interval_ms=0,
+        ),
+    )
     types = make_types(4)
     for t in types:
         q.add_handler(t, lambda b: None)
@@ -188,12 +211,18 @@ def test_rebalance_states_and_history_visible():
 
 def test_growth_after_rebalance_keeps_moved_partitions():
     """The anchor's bug: growth after a rebalance rebuilt the assignment round-robin and orphaned moves."""
-    q = BatchQueue("grow", BatchQueueConfig(threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(),
-                                            balancer=DrainBalancer.throughput_weighted()))
+    q = BatchQueue(
+        "grow",
+        BatchQueueConfig(
+            threads=ThreadPolicy.fixed(2),
+            partitions=PartitionPolicy.adaptive(),
+            balancer=DrainBalancer.throughput_weighted(),
+        ),
+    )
     types = make_types(8)
     for t in types[:4]:
         q.add_handler(t, lambda b: None)
-    for i in range(4000):                       # types 0 and 2 hot: round-robin puts both on task 0
+    for i in range(4000):  # types 0 and 2 hot: round-robin puts both on task 0
         q.produce(types[(i % 2) * 2 if i % 10 else 1](0, i))
     res = q.rebalance_now()
     assert res.moves, res
@@ -223,8 +252,15 @@ def test_shutdown_during_fence_ends_it():
             pass
 
     types = make_types(2)
-    q = BatchQueue("fence", BatchQueueConfig(threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2),
-                                             balancer=ChaosBalancer(3), shutdown_timeout_ms=50))
+    q = BatchQueue(
+        "fence",
+        BatchQueueConfig(
+            threads=ThreadPolicy.fixed(2),
+            partitions=PartitionPolicy.fixed(2),
+            balancer=ChaosBalancer(3),
+            shutdown_timeout_ms=50,
+        ),
+    )
     q.add_handler(types[0], Slow())
     q.add_handler(types[1], Fast())
     q.produce(types[0](0, 0))

@@ -1,4 +1,5 @@
 """Helpers for the server tests: an in-process server, HTTP calls with urllib, event payloads."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,8 +9,9 @@ import random
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import open_store
@@ -20,13 +22,22 @@ _names = itertools.count()
 
 
 @contextmanager
-def running_server(store_url: str = "duckdb:///:memory:", token: str | None = None,
-                   options: ServiceOptions | None = None, **engine: Any) -> Iterator[IngestServer]:
+def running_server(
+    store_url: str = "duckdb:///:memory:",
+    token: str | None = None,
+    options: ServiceOptions | None = None,
+    **engine: Any,
+) -> Iterator[IngestServer]:
     store = open_store(store_url)
     opts = options or ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5)
-    service = IngestService(default_definitions(), store, store_url=store_url, options=opts,
-                            engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
-                            name=f"t{next(_names)}")
+    service = IngestService(
+        default_definitions(),
+        store,
+        store_url=store_url,
+        options=opts,
+        engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
+        name=f"t{next(_names)}",
+    )
     server = IngestServer(service, "127.0.0.1", 0, token).start()
     try:
         yield server
@@ -40,9 +51,14 @@ def events(n: int, *, services: int = 6, seed: int | None = None, now_ms: int | 
     out = []
     for _ in range(n):
         s = min(services - 1, int(rng.paretovariate(1.2)) - 1)
-        e = {"ts": now_ms - rng.randint(0, 3000), "service": f"svc-{s:02d}", "instance": f"svc-{s:02d}-i{rng.randint(0, 2)}",
-             "endpoint": f"/api/e{rng.randint(0, 4)}", "latency_ms": round(rng.expovariate(1 / 40), 3),
-             "status": rng.random() > 0.02}
+        e = {
+            "ts": now_ms - rng.randint(0, 3000),
+            "service": f"svc-{s:02d}",
+            "instance": f"svc-{s:02d}-i{rng.randint(0, 2)}",
+            "endpoint": f"/api/e{rng.randint(0, 4)}",
+            "latency_ms": round(rng.expovariate(1 / 40), 3),
+            "status": rng.random() > 0.02,
+        }
         if rng.random() < 0.3:
             e["db_statement"] = f"SELECT {rng.randint(0, 3)}"
         out.append(e)
@@ -53,8 +69,9 @@ def ndjson(records: list[Any]) -> bytes:
     return ("\n".join(json.dumps(r) for r in records) + "\n").encode()
 
 
-def request(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
-            timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def request(
+    url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 30
+) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -63,8 +80,9 @@ def request(url: str, method: str = "GET", body: bytes | None = None, headers: d
         return exc.code, dict(exc.headers), exc.read()
 
 
-def post_events(base: str, records: list[Any], *, kind: str = "json", gzipped: bool = False,
-                token: str | None = None) -> tuple[int, dict[str, str], Any]:
+def post_events(
+    base: str, records: list[Any], *, kind: str = "json", gzipped: bool = False, token: str | None = None
+) -> tuple[int, dict[str, str], Any]:
     body = json.dumps(records).encode() if kind == "json" else ndjson(records)
     headers = {"Content-Type": "application/json" if kind == "json" else "application/x-ndjson"}
     if gzipped:

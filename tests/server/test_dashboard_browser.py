@@ -1,11 +1,12 @@
 """The dashboard end to end in headless Chromium (Debian's chromium + chromedriver), driven through the W3C
 WebDriver HTTP API with urllib (no Python browser packages): load the page while events flow, check that the
 figures update, keep a screenshot in docs/dashboard.png."""
+
 from __future__ import annotations
 
 import base64
-import os
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
-pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                                reason="needs Debian's chromium and chromium-driver (make test installs them)")
+pytestmark = pytest.mark.skipif(
+    not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+    reason="needs Debian's chromium and chromium-driver (make test installs them)",
+)
 
 
 def free_port() -> int:
@@ -42,8 +45,9 @@ class WebDriver:
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 60) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return json.loads(r.read())["value"]
@@ -51,19 +55,40 @@ class WebDriver:
             raise AssertionError(f"webdriver {method} {path}: {exc.code} {exc.read()[:500]!r}") from None
 
     def start(self, profile: str) -> None:
-        caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": CHROMIUM,
-            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1400"]}}}}
+        caps = {
+            "capabilities": {
+                "alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": CHROMIUM,
+                        "args": [
+                            "--headless",
+                            "--no-sandbox",
+                            "--disable-gpu",
+                            "--disable-quic",
+                            "--no-first-run",
+                            "--disable-background-networking",
+                            "--disable-component-update",
+                            "--disable-sync",
+                            "--disable-dev-shm-usage",
+                            f"--user-data-dir={profile}",
+                            "--window-size=1400,1400",
+                        ],
+                    },
+                }
+            }
+        }
         self.session = self.call("POST", "/session", caps)["sessionId"]
 
     def s(self, method: str, path: str, body: Any = None) -> Any:
         return self.call(method, f"/session/{self.session}{path}", body)
 
     def text(self, element_id: str) -> str:
-        return self.s("POST", "/execute/sync", {"script": "return document.getElementById(arguments[0]).textContent;",
-                                                "args": [element_id]})
+        return self.s(
+            "POST",
+            "/execute/sync",
+            {"script": "return document.getElementById(arguments[0]).textContent;", "args": [element_id]},
+        )
 
     def script(self, script: str) -> Any:
         return self.s("POST", "/execute/sync", {"script": script, "args": []})
@@ -95,13 +120,16 @@ def number(text: str) -> float:
 
 def test_dashboard_updates_while_events_flow() -> None:
     port = free_port()
-    driver_proc = subprocess.Popen([CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver_proc = subprocess.Popen(
+        [CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     profile = tempfile.mkdtemp(prefix="drainpipe-chromium-")
     driver = WebDriver(f"http://127.0.0.1:{port}")
     stop = threading.Event()
     try:
         wait_until(lambda: _ready(driver), timeout=20)
         with running_server(rebalance_interval_ms=300) as srv:
+
             def feed() -> None:
                 seed = 0
                 while not stop.is_set():
@@ -123,22 +151,32 @@ def test_dashboard_updates_while_events_flow() -> None:
             assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t)) > 0
             assert driver.text("status") == "live"
             # heat strips: one row per queue, one cell per partition
-            rows = driver.script("return Array.from(document.querySelectorAll('#heat .heatrow')).map("
-                                 "r => [r.id, r.querySelectorAll('.cell').length])")
+            rows = driver.script(
+                "return Array.from(document.querySelectorAll('#heat .heatrow')).map("
+                "r => [r.id, r.querySelectorAll('.cell').length])"
+            )
             assert {r[0] for r in rows} == {"heat-ingest", "heat-L1", "heat-L2", "heat-topn", "heat-persist"}
             assert all(r[1] >= 1 for r in rows)
             # the busiest services come from the store
-            top = wait_until(lambda: driver.script(
-                "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"))
+            top = wait_until(
+                lambda: driver.script(
+                    "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"
+                )
+            )
             assert top and all(s.startswith("svc-") for s in top)
             # the load charts have been drawn (some non-transparent pixels)
-            assert driver.script("const c = document.getElementById('load-l1'); const d = c.getContext('2d')"
-                                 ".getImageData(0, 0, c.width, c.height).data; let n = 0;"
-                                 "for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;") > 100
+            assert (
+                driver.script(
+                    "const c = document.getElementById('load-l1'); const d = c.getContext('2d')"
+                    ".getImageData(0, 0, c.width, c.height).data; let n = 0;"
+                    "for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"
+                )
+                > 100
+            )
             assert driver.text("error") == ""
             png = base64.b64decode(driver.s("GET", "/screenshot"))
             assert png[:8] == b"\x89PNG\r\n\x1a\n"
-            if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):   # refresh the docs' screenshot on request only
+            if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):  # refresh the docs' screenshot on request only
                 time.sleep(2.5)  # a little more history for the screenshot
                 (ROOT / "docs").mkdir(exist_ok=True)
                 (ROOT / "docs" / "dashboard.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))

@@ -1,4 +1,5 @@
 """`drainpipe serve` as a real process: SIGTERM while clients post loses nothing; `drainpipe stats --once`."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,12 @@ from server_testlib import events, post_events, stored_event_count
 
 
 def start_serve(store_url: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "serve", "--store", store_url, "--port", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store_url, "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     m = re.search(r"listening on (http://\S+)", line)
     if not m:
@@ -37,10 +42,11 @@ def test_sigterm_while_posting_loses_nothing(tmp_path: Path) -> None:
         i = 0
         while not stop.is_set():
             try:
-                status, _, body = post_events(url, events(800, seed=seed * 1000 + i), kind="ndjson" if i % 2 else "json",
-                                              gzipped=i % 3 == 0)
+                status, _, body = post_events(
+                    url, events(800, seed=seed * 1000 + i), kind="ndjson" if i % 2 else "json", gzipped=i % 3 == 0
+                )
             except (urllib.error.URLError, ConnectionError, OSError):
-                return          # the server has closed its socket: done
+                return  # the server has closed its socket: done
             i += 1
             with lock:
                 if status == 200:
@@ -59,11 +65,16 @@ def test_sigterm_while_posting_loses_nothing(tmp_path: Path) -> None:
         while accepted[0] < 20_000 and time.monotonic() < deadline:
             time.sleep(0.05)
         # also: the terminal view works against the running server
-        out = subprocess.run([sys.executable, "-m", "drainpipe.cli", "stats", "--url", url, "--once"],
-                             capture_output=True, text=True, timeout=30, env={**os.environ, "COLUMNS": "120"})
+        out = subprocess.run(
+            [sys.executable, "-m", "drainpipe.cli", "stats", "--url", url, "--once"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "COLUMNS": "120"},
+        )
         assert out.returncode == 0, out.stderr
         assert "accepted" in out.stdout and "serve-L1" in out.stdout and "partition buffers" in out.stdout
-        proc.send_signal(signal.SIGTERM)          # while the clients are still posting
+        proc.send_signal(signal.SIGTERM)  # while the clients are still posting
         time.sleep(0.5)
         stop.set()
         for t in threads:
@@ -82,9 +93,17 @@ def test_sigterm_while_posting_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_serve_errors_are_one_line(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "drainpipe.cli", "serve", "--store", "sqlite:///x", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", "sqlite:///x", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "unknown store scheme" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "drainpipe.cli", "stats", "--url", "http://127.0.0.1:9", "--once"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "drainpipe.cli", "stats", "--url", "http://127.0.0.1:9", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "cannot reach" in out.stderr and out.stderr.count("\n") == 1

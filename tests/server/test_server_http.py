@@ -1,4 +1,5 @@
 """Every endpoint of `drainpipe serve`, in process: good input, bad input, limits, tokens, back-pressure."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,7 +9,7 @@ import time
 import pytest
 from server_testlib import events, ndjson, post_events, request, running_server, stored_event_count
 
-from drainpipe.pipeline.events import EVENT_SCHEMA, validate_json_lines, validate_records
+from drainpipe.inputs import EVENT_SCHEMA, validate_json_lines, validate_records
 from drainpipe.server.http import IngestServer, is_loopback
 from drainpipe.server.service import IngestService, ServiceOptions
 
@@ -33,12 +34,20 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
 
 
 def test_validate_records_and_json_lines_use_the_file_rules() -> None:
-    batch, rejects = validate_records([{"ts": 1, "service": "a", "latency_ms": 1}, {"ts": "x", "service": "a"}, 7,
-                                       {"ts": "2026-11-21T10:00:00Z", "service": "b", "latency_ms": 2.5, "status": "false"}])
+    batch, rejects = validate_records(
+        [
+            {"ts": 1, "service": "a", "latency_ms": 1},
+            {"ts": "x", "service": "a"},
+            7,
+            {"ts": "2026-11-21T10:00:00Z", "service": "b", "latency_ms": 2.5, "status": "false"},
+        ]
+    )
     assert batch.schema == EVENT_SCHEMA and batch.num_rows == 2
     assert rejects == [(1, "bad timestamp: ts"), (2, "not an object")]
     assert batch.column("status").to_pylist() == [True, False]
-    batch, rejects = validate_json_lines(b'{"ts":1,"service":"a","latency_ms":1}\n\n{oops\n{"ts":1,"service":"a","latency_ms":NaN}\n')
+    batch, rejects = validate_json_lines(
+        b'{"ts":1,"service":"a","latency_ms":1}\n\n{oops\n{"ts":1,"service":"a","latency_ms":NaN}\n'
+    )
     assert batch.num_rows == 1 and rejects == [(3, "invalid JSON"), (4, "invalid JSON")]
     assert validate_records([])[0].num_rows == 0
 
@@ -61,13 +70,21 @@ def test_json_array_ndjson_and_gzip_are_accepted(server: IngestServer) -> None:
 
 def test_invalid_records_are_counted_as_rejected(server: IngestServer) -> None:
     good = events(5, seed=6)
-    records = good + [{"ts": 1, "service": ""}, [1, 2], {"service": "a", "latency_ms": 1},
-                      {"ts": 1, "service": "a", "latency_ms": -1}]
+    records = good + [
+        {"ts": 1, "service": ""},
+        [1, 2],
+        {"service": "a", "latency_ms": 1},
+        {"ts": 1, "service": "a", "latency_ms": -1},
+    ]
     status, _, body = post_events(server.url, records)
     assert status == 200
     assert body["accepted"] == 5 and body["rejected"] == 4
-    assert body["reasons"] == {"bad value: service": 1, "not an object": 1, "missing field: ts": 1,
-                               "out of range: latency_ms": 1}
+    assert body["reasons"] == {
+        "bad value: service": 1,
+        "not an object": 1,
+        "missing field: ts": 1,
+        "out of range: latency_ms": 1,
+    }
     assert body["errors"][0] == {"index": 5, "reason": "bad value: service"}
     # NDJSON: a malformed line is a reject (with its line number), the others go in
     text = ndjson(good[:3]) + b"{not json\n\n" + b'{"ts": 1, "service": "x", "latency_ms": NaN}\n' + ndjson(good[3:])
@@ -82,13 +99,15 @@ def post_events_raw(server: IngestServer, body: bytes, ctype: str, headers: dict
 
 
 def test_malformed_json_body_is_400(server: IngestServer) -> None:
-    for body in (b"[{\"ts\": 1,", b"[1, 2] trailing", b"\"a string\"", b"[NaN]", b"\xff\xfe"):
+    for body in (b'[{"ts": 1,', b"[1, 2] trailing", b'"a string"', b"[NaN]", b"\xff\xfe"):
         status, answer, _ = post_events_raw(server, body, "application/json")
         assert status == 400, body
         assert answer["status"] == 400 and answer["error"]
     status, answer, _ = post_events_raw(server, b"not gzip at all", "application/json", {"Content-Encoding": "gzip"})
     assert status == 400 and "gzip" in answer["error"]
-    status, answer, _ = post_events_raw(server, gzip.compress(b"[]")[:-6], "application/json", {"Content-Encoding": "gzip"})
+    status, answer, _ = post_events_raw(
+        server, gzip.compress(b"[]")[:-6], "application/json", {"Content-Encoding": "gzip"}
+    )
     assert status == 400
 
 
@@ -115,7 +134,7 @@ def test_limits_give_413() -> None:
         status, answer, headers = post_events_raw(srv, json.dumps(events(400, seed=7)).encode(), "application/json")
         assert status == 413 and "larger than the limit" in answer["error"]
         assert headers.get("Connection") == "close"
-        bomb = gzip.compress(b"[" + b" " * 200_000 + b"]")   # small on the wire, too big unpacked
+        bomb = gzip.compress(b"[" + b" " * 200_000 + b"]")  # small on the wire, too big unpacked
         assert len(bomb) < 20_000
         status, answer, _ = post_events_raw(srv, bomb, "application/json", {"Content-Encoding": "gzip"})
         assert status == 413 and "decompressed" in answer["error"]
@@ -124,7 +143,7 @@ def test_limits_give_413() -> None:
         assert status == 413 and "more than 100 events" in answer["error"]
         status, answer, _ = post_events_raw(srv, ndjson(many), "application/x-ndjson")
         assert status == 413
-        assert post_events(srv.url, events(50, seed=8))[0] == 200     # the server is fine afterwards
+        assert post_events(srv.url, events(50, seed=8))[0] == 200  # the server is fine afterwards
         assert srv.service.counters.accepted == 50
 
 
@@ -148,17 +167,17 @@ def test_non_loopback_bind_needs_a_token() -> None:
     from drainpipe.cli import main
 
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
-    service = IngestService.__new__(IngestService)          # never started: the check comes first
+    service = IngestService.__new__(IngestService)  # never started: the check comes first
     with pytest.raises(ValueError, match="without a token"):
         IngestServer(service, "0.0.0.0", 0, None)
 
 
 def test_back_pressure_is_429_or_503_with_retry_after() -> None:
-    opts = ServiceOptions(high_watermark=0.0, admit_wait_s=0.05, sample_interval_s=0.25)   # never any room
+    opts = ServiceOptions(high_watermark=0.0, admit_wait_s=0.05, sample_interval_s=0.25)  # never any room
     with running_server(options=opts) as srv:
         status, headers, body = post_events(srv.url, events(10, seed=10))
         assert status == 429 and headers["Retry-After"] == "1" and "busy" in body["error"]
-        srv.service.store.consecutive_failures = 1     # as after a failed write: the store is down
+        srv.service.store.consecutive_failures = 1  # as after a failed write: the store is down
         status, headers, body = post_events(srv.url, events(10, seed=10))
         assert status == 503 and int(headers["Retry-After"]) >= 1 and "store unavailable" in body["error"]
         srv.service.store.consecutive_failures = 0
@@ -183,8 +202,14 @@ def test_healthz_stats_and_metrics(server: IngestServer) -> None:
     for i in range(6):
         assert post_events(server.url, events(2000, seed=100 + i))[0] == 200
     accepted = server.service.counters.accepted
-    view = wait_for(lambda: (v := json.loads(request(server.url + "/v1/stats")[2]))["engine"]["persisted_batches"] > 0
-                    and v["top_services"]["rows"] and v["ingest"]["accepted"] == accepted and v)
+    view = wait_for(
+        lambda: (
+            (v := json.loads(request(server.url + "/v1/stats")[2]))["engine"]["persisted_batches"] > 0
+            and v["top_services"]["rows"]
+            and v["ingest"]["accepted"] == accepted
+            and v
+        )
+    )
     assert {q["role"] for q in view["queues"]} == {"ingest", "L1", "L2", "topn", "persist"}
     l1 = next(q for q in view["queues"] if q["role"] == "L1")
     assert len(l1["partitions"]) >= 1 and sum(l1["tasks"]) > 0 and len(l1["task_partitions"]) == len(l1["tasks"])
@@ -198,13 +223,26 @@ def test_healthz_stats_and_metrics(server: IngestServer) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("drainpipe_queue_usage_ratio", "drainpipe_partition_usage_ratio", "drainpipe_partition_used_items",
-                 "drainpipe_queue_produced", "drainpipe_queue_dropped", "drainpipe_queue_dispatched",
-                 "drainpipe_drain_task_dispatched", "drainpipe_drain_task_partitions",
-                 "drainpipe_drain_task_load_items_per_second", "drainpipe_queue_rebalances",
-                 "drainpipe_rebalance_handoff_seconds", "drainpipe_store_write_latency_seconds",
-                 "drainpipe_engine_store_retries", "drainpipe_engine_store_write_seconds", "drainpipe_store_up",
-                 "drainpipe_ingest_events", "drainpipe_http_requests", "drainpipe_ingest_request_seconds"):
+    for name in (
+        "drainpipe_queue_usage_ratio",
+        "drainpipe_partition_usage_ratio",
+        "drainpipe_partition_used_items",
+        "drainpipe_queue_produced",
+        "drainpipe_queue_dropped",
+        "drainpipe_queue_dispatched",
+        "drainpipe_drain_task_dispatched",
+        "drainpipe_drain_task_partitions",
+        "drainpipe_drain_task_load_items_per_second",
+        "drainpipe_queue_rebalances",
+        "drainpipe_rebalance_handoff_seconds",
+        "drainpipe_store_write_latency_seconds",
+        "drainpipe_engine_store_retries",
+        "drainpipe_engine_store_write_seconds",
+        "drainpipe_store_up",
+        "drainpipe_ingest_events",
+        "drainpipe_http_requests",
+        "drainpipe_ingest_request_seconds",
+    ):
         assert name in families, name
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("drainpipe_ingest_events_total", (("outcome", "accepted"),))] == accepted
@@ -237,7 +275,9 @@ def test_everything_accepted_is_stored_after_shutdown(tmp_path) -> None:
     with running_server(store_url=url) as srv:
         total = 0
         for i in range(10):
-            status, _, body = post_events(srv.url, events(1500, seed=i), kind="ndjson" if i % 2 else "json", gzipped=i % 3 == 0)
+            status, _, body = post_events(
+                srv.url, events(1500, seed=i), kind="ndjson" if i % 2 else "json", gzipped=i % 3 == 0
+            )
             assert status == 200
             total += body["accepted"]
     assert srv.service.summary()["dropped"] == 0
@@ -248,7 +288,7 @@ def test_everything_accepted_is_stored_after_shutdown(tmp_path) -> None:
     from drainpipe.pipeline.store import open_store
 
     with open_store(url) as store:  # type: ignore[attr-defined]
-        assert not store.has_sources("")       # no ledger row at all
+        assert not store.has_sources("")  # no ledger row at all
 
 
 # ------------------------------------------------------------------------------------------ chunked request bodies
@@ -275,7 +315,7 @@ def chunked(data: bytes, sizes: list[int]) -> bytes:
     out, i, k = [], 0, 0
     while i < len(data):
         n = sizes[k % len(sizes)]
-        out.append(b"%x\r\n" % len(data[i:i + n]) + data[i:i + n] + b"\r\n")
+        out.append(b"%x\r\n" % len(data[i : i + n]) + data[i : i + n] + b"\r\n")
         i, k = i + n, k + 1
     return b"".join(out) + b"0\r\n\r\n"
 
@@ -293,8 +333,11 @@ def test_chunked_ndjson_and_gzip_bodies_are_accepted(server: IngestServer) -> No
     sock.close()
     # gzip inside chunked: de-chunked first, then decompressed
     gz = gzip.compress(json.dumps(events(300, seed=41)).encode())
-    status, _, answer, sock = raw_post(server.url, ["Content-Type: application/json", "Content-Encoding: gzip",
-                                                    "Transfer-Encoding: chunked"], chunked(gz, [333]))
+    status, _, answer, sock = raw_post(
+        server.url,
+        ["Content-Type: application/json", "Content-Encoding: gzip", "Transfer-Encoding: chunked"],
+        chunked(gz, [333]),
+    )
     sock.close()
     assert status == 200 and answer["accepted"] == 300
     # http.client's own chunked encoding (an iterable body without a length)
@@ -303,8 +346,13 @@ def test_chunked_ndjson_and_gzip_bodies_are_accepted(server: IngestServer) -> No
 
     parts = urllib.parse.urlsplit(server.url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    conn.request("POST", "/v1/events", iter([body[:5000], body[5000:]]), {"Content-Type": "application/x-ndjson"},
-                 encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v1/events",
+        iter([body[:5000], body[5000:]]),
+        {"Content-Type": "application/x-ndjson"},
+        encode_chunked=True,
+    )
     r = conn.getresponse()
     assert r.status == 200 and json.loads(r.read())["accepted"] == 700
     conn.close()
@@ -333,8 +381,11 @@ def test_oversize_chunked_body_is_413_without_reading_it() -> None:
         assert status == 200 and answer["accepted"] == 100
         # a gzip bomb sent chunked still hits the decoded limit
         bomb = gzip.compress(b"[" + b" " * 200_000 + b"]")
-        status, _, answer, sock = raw_post(srv.url, ["Content-Type: application/json", "Content-Encoding: gzip",
-                                                     "Transfer-Encoding: chunked"], chunked(bomb, [100]))
+        status, _, answer, sock = raw_post(
+            srv.url,
+            ["Content-Type: application/json", "Content-Encoding: gzip", "Transfer-Encoding: chunked"],
+            chunked(bomb, [100]),
+        )
         sock.close()
         assert status == 413 and "decompressed" in answer["error"]
         assert srv.service.counters.accepted == 100
@@ -345,11 +396,11 @@ def test_malformed_chunked_framing_is_400(server: IngestServer) -> None:
     head = ["Content-Type: application/x-ndjson", "Transfer-Encoding: chunked"]
     line = ndjson(events(1, seed=44))
     bad = [
-        b"zz\r\n" + line + b"\r\n0\r\n\r\n",                               # not hex
-        b"\r\n" + line + b"\r\n0\r\n\r\n",                                 # empty size
-        b"-5\r\n" + line + b"\r\n0\r\n\r\n",                               # signed
-        b"%x\r\n" % (len(line) - 3) + line + b"0\r\n\r\n",                 # data longer than announced (no CRLF)
-        b"1" * 5000 + b"\r\n",                                             # endless size line
+        b"zz\r\n" + line + b"\r\n0\r\n\r\n",  # not hex
+        b"\r\n" + line + b"\r\n0\r\n\r\n",  # empty size
+        b"-5\r\n" + line + b"\r\n0\r\n\r\n",  # signed
+        b"%x\r\n" % (len(line) - 3) + line + b"0\r\n\r\n",  # data longer than announced (no CRLF)
+        b"1" * 5000 + b"\r\n",  # endless size line
     ]
     for framed in bad:
         status, headers, answer, sock = raw_post(server.url, head, framed)
@@ -359,8 +410,9 @@ def test_malformed_chunked_framing_is_400(server: IngestServer) -> None:
     status, _, answer, sock = raw_post(server.url, head + ["Content-Length: 10"], chunked(line, [50]))
     sock.close()
     assert status == 400 and "both" in answer["error"]
-    status, _, answer, sock = raw_post(server.url, ["Content-Type: application/x-ndjson",
-                                                    "Transfer-Encoding: gzip, chunked"], chunked(line, [50]))
+    status, _, answer, sock = raw_post(
+        server.url, ["Content-Type: application/x-ndjson", "Transfer-Encoding: gzip, chunked"], chunked(line, [50])
+    )
     sock.close()
     assert status == 501
     status, _, answer, sock = raw_post(server.url, ["Content-Type: application/x-ndjson"], b"")

@@ -1,7 +1,8 @@
 """Spark test set-up: one local[2] SparkSession per test module."""
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -1,11 +1,13 @@
 """Helpers of the Spark tests: skewed inputs with bad records, the local reference, exact comparison."""
+
 from __future__ import annotations
 
 import gzip
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,15 +21,15 @@ from drainpipe.pipeline.store import open_store
 FLOAT_SUM_FUNCTIONS = frozenset({"sum", "avg"})
 
 BAD_JSON_LINES = [
-    b'{"ts": 1795255200000, "service": "", "latency_ms": 3}',          # bad value: service
-    b"not json at all",                                                  # invalid JSON
+    b'{"ts": 1795255200000, "service": "", "latency_ms": 3}',  # bad value: service
+    b"not json at all",  # invalid JSON
     b'{"ts": "2026-11-21T10:00:00Z", "service": "x", "latency_ms": -1}',  # out of range: latency_ms
-    b"[1, 2, 3]",                                                        # not an object
-    b'{"ts": 1795255200000, "service": "x", "latency_ms": "7"}',        # bad type: latency_ms
+    b"[1, 2, 3]",  # not an object
+    b'{"ts": 1795255200000, "service": "x", "latency_ms": "7"}',  # bad type: latency_ms
     b'{"ts": 1795255200000, "service": "x", "latency_ms": 1, "status": "yes"}',  # bad value: status
-    b'{"ts": 1795255200000, "service": "caf\xe9", "latency_ms": 1}',    # not UTF-8
-    b'{"service": "x", "latency_ms": 1}',                                # missing field: ts
-    b'{"ts": 1795255200000, "service": "x", "latency_ms": NaN}',        # invalid JSON
+    b'{"ts": 1795255200000, "service": "caf\xe9", "latency_ms": 1}',  # not UTF-8
+    b'{"service": "x", "latency_ms": 1}',  # missing field: ts
+    b'{"ts": 1795255200000, "service": "x", "latency_ms": NaN}',  # invalid JSON
 ]
 
 
@@ -59,15 +61,18 @@ def skewed_inputs(directory: Path, events: int = 40_000, seed: int = 11) -> list
     table = pa.Table.from_batches(list(generate_events(events // 4, seed=seed + 2, **common)))
     schema = pa.schema([f.with_nullable(True) for f in table.schema])
     table = table.cast(schema)
-    bad = pa.table({
-        "ts": pa.array([1_795_255_200_000, 1_795_255_260_000], pa.int64()),
-        "service": pa.array(["svc-01", None], pa.string()),
-        "instance": pa.array(["", ""], pa.string()),
-        "endpoint": pa.array(["", ""], pa.string()),
-        "latency_ms": pa.array([-3.0, 4.0], pa.float64()),
-        "status": pa.array([True, True]),
-        "db_statement": pa.array([None, None], pa.string()),
-    }, schema=schema)
+    bad = pa.table(
+        {
+            "ts": pa.array([1_795_255_200_000, 1_795_255_260_000], pa.int64()),
+            "service": pa.array(["svc-01", None], pa.string()),
+            "instance": pa.array(["", ""], pa.string()),
+            "endpoint": pa.array(["", ""], pa.string()),
+            "latency_ms": pa.array([-3.0, 4.0], pa.float64()),
+            "status": pa.array([True, True]),
+            "db_statement": pa.array([None, None], pa.string()),
+        },
+        schema=schema,
+    )
     pq.write_table(pa.concat_tables([table.slice(0, 100), bad, table.slice(100)]), parquet_path, row_group_size=2_000)
     return [str(jsonl), str(csv_path), str(parquet_path)]
 
@@ -111,7 +116,8 @@ def assert_same_results(expected_url: str, actual_url: str, definitions: Definit
 
 
 def _spark_unavailable() -> str | None:
-    from drainpipe.spark import SparkSetupError, check_java, check_pyspark
+    from drainpipe.errors import SparkSetupError
+    from drainpipe.spark import check_java, check_pyspark
 
     try:
         check_pyspark()

@@ -3,6 +3,7 @@ before Spark could mark that batch committed in the checkpoint: the worst moment
 
     python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,6 @@ import sys
 from typing import Any
 
 from conftest import TEST_CONF
-
 from drainpipe.spark import run_stream
 
 
@@ -21,8 +21,17 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         if batch_id == int(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    run_stream(input_dir, store_url=store_url, checkpoint=checkpoint, dead_letter=dead_letter, master="local[2]",
-               conf=TEST_CONF, trigger_once=True, max_files_per_trigger=1, on_batch=on_batch)
+    run_stream(
+        input_dir,
+        store_url=store_url,
+        checkpoint=checkpoint,
+        dead_letter=dead_letter,
+        master="local[2]",
+        conf=TEST_CONF,
+        trigger_once=True,
+        max_files_per_trigger=1,
+        on_batch=on_batch,
+    )
 
 
 if __name__ == "__main__":

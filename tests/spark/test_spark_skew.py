@@ -1,11 +1,13 @@
 """Skew: per-type work placed with salting + LPT spreads a Zipf-hot type over the partitions; Spark's hash
 placement puts it in one giant task. Same results either way."""
+
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from spark_testlib import SPARK, assert_same_partials
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import aggregate_batch
@@ -14,7 +16,6 @@ from drainpipe.spark import JobOptions
 from drainpipe.spark.engine import per_type_stage
 from drainpipe.spark.rows import columns_used, fill_unused, topn_only_filter
 from drainpipe.spark.skew import hash_placement, plan_placement, sample_weights
-from spark_testlib import SPARK, assert_same_partials
 
 pytestmark = SPARK
 PARTITIONS = 8
@@ -51,11 +52,14 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
     placed_plan = plan_placement(weights, PARTITIONS)
     assert placed_plan.salted.get("svc-00", 0) >= 3
     best: dict[str, dict] = {}
-    for attempt in range(2):  # wall-clock task times: allow a noisy neighbour a retry
+    for _attempt in range(2):  # wall-clock task times: allow a noisy neighbour a retry
         hashed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, hash_placement(PARTITIONS), options)
         placed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, placed_plan, options)
-        best = {f"{plan}_{measure}": result.spread(measure)["per-type"]
-                for plan, result in (("hash", hashed), ("placed", placed)) for measure in ("events", "cpu", "seconds")}
+        best = {
+            f"{plan}_{measure}": result.spread(measure)["per-type"]
+            for plan, result in (("hash", hashed), ("placed", placed))
+            for measure in ("events", "cpu", "seconds")
+        }
         if best["placed_seconds"]["ratio"] <= 2.0 and best["placed_seconds"]["ratio"] < best["hash_seconds"]["ratio"]:
             break
     print("per-type task spread (max/median):", {k: round(v["ratio"], 2) for k, v in best.items()})
@@ -70,13 +74,18 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
     assert_same_partials(hashed.partials, placed.partials)
 
 
-@pytest.mark.parametrize("definitions", [
-    DEFAULT_DEFINITIONS,
-    Definitions(DEFAULT_DEFINITIONS.metrics[:1], ()),
-    Definitions((), DEFAULT_DEFINITIONS.topns),
-    Definitions((MetricDef("m", "endpoint", "max", field="latency_ms", where="status == false and instance != 'x'"),),
-                (TopNDef("t", "instance", "endpoint", 2),)),
-])
+@pytest.mark.parametrize(
+    "definitions",
+    [
+        DEFAULT_DEFINITIONS,
+        Definitions(DEFAULT_DEFINITIONS.metrics[:1], ()),
+        Definitions((), DEFAULT_DEFINITIONS.topns),
+        Definitions(
+            (MetricDef("m", "endpoint", "max", field="latency_ms", where="status == false and instance != 'x'"),),
+            (TopNDef("t", "instance", "endpoint", 2),),
+        ),
+    ],
+)
 def test_pruned_columns_give_the_same_states(definitions: Definitions) -> None:
     """The per-type stage ships only ``columns_used`` (and for top-N only the rows with a key): same states."""
     batch = pa.Table.from_batches(list(generate_events(20_000, services=5, seed=9)))

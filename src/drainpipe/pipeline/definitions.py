@@ -23,13 +23,16 @@ import functools
 import json
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ..errors import DefinitionError
 
 __all__ = [
     "SCOPES",
@@ -38,7 +41,6 @@ __all__ = [
     "EVENT_FIELDS",
     "NUMERIC_FIELDS",
     "STRING_FIELDS",
-    "DefinitionError",
     "Condition",
     "Filter",
     "parse_where",
@@ -49,6 +51,7 @@ __all__ = [
     "default_definitions",
     "parse_definitions",
     "load_definitions",
+    "definitions_from",
     "signature",
 ]
 
@@ -70,11 +73,7 @@ STRING_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k =
 
 _NAME_RE = re.compile(r"[a-z0-9_]+\Z")
 
-Literal = Union[str, int, float, bool]
-
-
-class DefinitionError(ValueError):
-    """A metric definition (or definitions file) is invalid; the message is one line."""
+Literal = str | int | float | bool
 
 
 # --------------------------------------------------------------------------------------------- filters
@@ -183,7 +182,9 @@ def _check_condition(field: str, op: str, value: Literal) -> None:
         if isinstance(value, (bool, str)):
             raise DefinitionError(f"{field} is numeric and must be compared to a number, not {_format_literal(value)}")
     elif not isinstance(value, str):
-        raise DefinitionError(f"{field} is a string and must be compared to a quoted string, not {_format_literal(value)}")
+        raise DefinitionError(
+            f"{field} is a string and must be compared to a quoted string, not {_format_literal(value)}"
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -216,7 +217,9 @@ def parse_where(text: str) -> Filter:
         elif lkind == "word" and literal in ("true", "false"):
             value = literal == "true"
         else:
-            raise DefinitionError(f"expected a literal (number, true/false, quoted string) after {field} {op}, found {literal!r}")
+            raise DefinitionError(
+                f"expected a literal (number, true/false, quoted string) after {field} {op}, found {literal!r}"
+            )
         _check_condition(field, op, value)
         conditions.append(Condition(field, op, value))
         i += 3
@@ -262,7 +265,9 @@ class MetricDef:
         label = f"metric {self.name!r}"
         _check_scope(label, self.scope)
         if self.function not in FUNCTIONS:
-            raise DefinitionError(f"{label}: unknown function {self.function!r} (expected one of {', '.join(FUNCTIONS)})")
+            raise DefinitionError(
+                f"{label}: unknown function {self.function!r} (expected one of {', '.join(FUNCTIONS)})"
+            )
         self._check_field(label)
         self._check_parameter(label, "threshold_ms", "apdex")
         self._check_parameter(label, "precision_ms", "percentile")
@@ -277,14 +282,22 @@ class MetricDef:
     def _check_field(self, label: str) -> None:
         if self.function not in FIELD_FUNCTIONS:
             if self.field is not None:
-                raise DefinitionError(f"{label}: function {self.function!r} takes no field (field is for sum avg min max)")
+                raise DefinitionError(
+                    f"{label}: function {self.function!r} takes no field (field is for sum avg min max)"
+                )
             return
         if self.field is None:
-            raise DefinitionError(f"{label}: function {self.function!r} needs a field (one of {', '.join(NUMERIC_FIELDS)})")
+            raise DefinitionError(
+                f"{label}: function {self.function!r} needs a field (one of {', '.join(NUMERIC_FIELDS)})"
+            )
         if self.field not in EVENT_FIELDS:
-            raise DefinitionError(f"{label}: unknown field {self.field!r} (numeric fields: {', '.join(NUMERIC_FIELDS)})")
+            raise DefinitionError(
+                f"{label}: unknown field {self.field!r} (numeric fields: {', '.join(NUMERIC_FIELDS)})"
+            )
         if self.field not in NUMERIC_FIELDS:
-            raise DefinitionError(f"{label}: field {self.field!r} is not numeric (numeric fields: {', '.join(NUMERIC_FIELDS)})")
+            raise DefinitionError(
+                f"{label}: field {self.field!r} is not numeric (numeric fields: {', '.join(NUMERIC_FIELDS)})"
+            )
 
     def _check_parameter(self, label: str, parameter: str, function: str) -> None:
         value = getattr(self, parameter)
@@ -322,7 +335,7 @@ class TopNDef:
             raise DefinitionError(f"{label}: n must be an integer >= 1, not {self.n!r}")
 
 
-Definition = Union[MetricDef, TopNDef]
+Definition = MetricDef | TopNDef
 
 
 def signature(definition: Definition) -> str:
@@ -348,7 +361,9 @@ class Definitions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
         object.__setattr__(self, "topns", tuple(self.topns))
-        if not all(isinstance(m, MetricDef) for m in self.metrics) or not all(isinstance(t, TopNDef) for t in self.topns):
+        if not all(isinstance(m, MetricDef) for m in self.metrics) or not all(
+            isinstance(t, TopNDef) for t in self.topns
+        ):
             raise DefinitionError("Definitions takes MetricDef metrics and TopNDef topns")
         seen: set[str] = set()
         for definition in self.all:
@@ -441,7 +456,9 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
     unknown = sorted(set(document) - {"metric", "topn"})
     if unknown:
-        raise DefinitionError(f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables)")
+        raise DefinitionError(
+            f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables)"
+        )
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
     for kind, cls, keys in (("metric", MetricDef, _METRIC_KEYS), ("topn", TopNDef, _TOPN_KEYS)):
         entries = document.get(kind, [])
@@ -460,6 +477,11 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         return Definitions(tuple(built["metric"]), tuple(built["topn"]))  # type: ignore[arg-type]
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
+
+
+def definitions_from(path: str | Path | None) -> Definitions:
+    """The definitions in the TOML file ``path``, or the built-in default set when ``path`` is None."""
+    return load_definitions(path) if path else default_definitions()
 
 
 def load_definitions(path: str | Path) -> Definitions:

@@ -4,8 +4,9 @@ Four BatchQueues, as in the seed's "Usage in the Codebase":
 
 * ``ingest`` (single consumer, called from every drain task at once): turns each event batch into one partial per
   definition with :func:`aggregate_batch` (columnar, numpy/pyarrow). Metric partials are cut into chunks of at most
-  ``chunk_rows`` state rows (:func:`split_partial`, which names the pieces so stores stay idempotent), so the number of items a metric puts into L1 follows the merge work it causes: that is
-  what throughput-weighted rebalancing measures.
+  ``chunk_rows`` state rows (:func:`split_partial`, which names the pieces so stores stay idempotent), so the
+  number of items a metric puts into L1 follows the merge work it causes: that is what throughput-weighted
+  rebalancing measures.
 * ``L1`` (handler map, one handler per metric type; defaults cpu_cores(1.0), adaptive, idle 1-50 ms): merges minute
   states in memory and hands them to L2 every ``l1_flush_s`` and when idle. Metric types that carry more than one
   thread's share of the rows are registered ``split=True``: several threads merge them into separate accumulators
@@ -21,26 +22,25 @@ Back-pressure: a file replay must never lose an accepted event, so ``LocalEngine
 told otherwise (``live=True`` picks the seed's IF_POSSIBLE for live telemetry). Every summary reports drops.
 Thread-safety: ``ingest`` may be called from several threads; ``close`` once, after the last ``ingest``.
 """
+
 from __future__ import annotations
 
 import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
-from .. import (BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy)
+from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
+from ..errors import StoreUnavailable
 from .definitions import Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
 
 log = logging.getLogger("drainpipe.engine")
-
-
-class StoreUnavailable(RuntimeError):
-    """A store write failed for a reason that may pass (connection lost, server restarting): retry later."""
 
 
 @dataclass(frozen=True)
@@ -49,19 +49,19 @@ class EngineOptions:
 
     l1_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
     l1_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
-    l1_buffer: int = 256              # items are partial chunks of up to chunk_rows state rows
+    l1_buffer: int = 256  # items are partial chunks of up to chunk_rows state rows
     l1_idle_ms: tuple[int, int] = (1, 50)
     l2_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores_with_base(1, 0.25))
     l2_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
-    l2_buffer: int = 64               # items are merged L1 flushes
+    l2_buffer: int = 64  # items are merged L1 flushes
     ingest_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
-    ingest_buffer: int = 2            # event batches per ingest partition: bounds memory
-    live: bool = False                # True: L1 drops when full (IF_POSSIBLE), as the seed does for telemetry
+    ingest_buffer: int = 2  # event batches per ingest partition: bounds memory
+    live: bool = False  # True: L1 drops when full (IF_POSSIBLE), as the seed does for telemetry
     rebalance_interval_ms: int = 500
     l1_flush_s: float = 1.0
     l2_flush_s: float = 5.0
     chunk_rows: int = 4096
-    store_retry_s: tuple[float, float] = (0.05, 2.0)   # backoff from .. to
+    store_retry_s: tuple[float, float] = (0.05, 2.0)  # backoff from .. to
 
 
 @dataclass
@@ -117,8 +117,9 @@ class _L2Handler(_L1Handler):
 class LocalEngine:
     """The pipeline on this machine's BatchQueues. ``ingest(batch, source)`` from any thread, then ``close()``."""
 
-    def __init__(self, definitions: Definitions, store: Any, options: EngineOptions | None = None,
-                 name: str = "pipeline") -> None:
+    def __init__(
+        self, definitions: Definitions, store: Any, options: EngineOptions | None = None, name: str = "pipeline"
+    ) -> None:
         self.definitions = definitions
         self.store = store
         self.options = o = options or EngineOptions()
@@ -131,26 +132,71 @@ class LocalEngine:
         self._topn_handlers: list[_L2Handler] = []
         self.name = name
         balancer = DrainBalancer.throughput_weighted()
-        self.persist = BatchQueue(f"{name}-persist", BatchQueueConfig(
-            threads=ThreadPolicy.fixed(1), partitions=PartitionPolicy.fixed(1), buffer_size=1_000,
-            consumer=self._persist, min_idle_ms=5, max_idle_ms=100, shutdown_timeout_ms=60_000))
-        self.l2 = BatchQueue(f"{name}-L2", BatchQueueConfig(
-            threads=o.l2_threads, partitions=o.l2_partitions, buffer_size=o.l2_buffer,
-            strategy=BufferStrategy.BLOCKING, min_idle_ms=1, max_idle_ms=50, balancer=balancer,
-            rebalance_interval_ms=o.rebalance_interval_ms, shutdown_timeout_ms=60_000))
-        self.topn = BatchQueue(f"{name}-topn", BatchQueueConfig(
-            threads=ThreadPolicy.fixed(1), partitions=PartitionPolicy.adaptive(), buffer_size=1_000,
-            strategy=BufferStrategy.BLOCKING, min_idle_ms=10, max_idle_ms=100, shutdown_timeout_ms=60_000))
-        self.l1 = BatchQueue(f"{name}-L1", BatchQueueConfig(
-            threads=o.l1_threads, partitions=o.l1_partitions, buffer_size=o.l1_buffer,
-            strategy=BufferStrategy.IF_POSSIBLE if o.live else BufferStrategy.BLOCKING,
-            min_idle_ms=o.l1_idle_ms[0], max_idle_ms=o.l1_idle_ms[1], balancer=balancer,
-            rebalance_interval_ms=o.rebalance_interval_ms, shutdown_timeout_ms=60_000))
+        self.persist = BatchQueue(
+            f"{name}-persist",
+            BatchQueueConfig(
+                threads=ThreadPolicy.fixed(1),
+                partitions=PartitionPolicy.fixed(1),
+                buffer_size=1_000,
+                consumer=self._persist,
+                min_idle_ms=5,
+                max_idle_ms=100,
+                shutdown_timeout_ms=60_000,
+            ),
+        )
+        self.l2 = BatchQueue(
+            f"{name}-L2",
+            BatchQueueConfig(
+                threads=o.l2_threads,
+                partitions=o.l2_partitions,
+                buffer_size=o.l2_buffer,
+                strategy=BufferStrategy.BLOCKING,
+                min_idle_ms=1,
+                max_idle_ms=50,
+                balancer=balancer,
+                rebalance_interval_ms=o.rebalance_interval_ms,
+                shutdown_timeout_ms=60_000,
+            ),
+        )
+        self.topn = BatchQueue(
+            f"{name}-topn",
+            BatchQueueConfig(
+                threads=ThreadPolicy.fixed(1),
+                partitions=PartitionPolicy.adaptive(),
+                buffer_size=1_000,
+                strategy=BufferStrategy.BLOCKING,
+                min_idle_ms=10,
+                max_idle_ms=100,
+                shutdown_timeout_ms=60_000,
+            ),
+        )
+        self.l1 = BatchQueue(
+            f"{name}-L1",
+            BatchQueueConfig(
+                threads=o.l1_threads,
+                partitions=o.l1_partitions,
+                buffer_size=o.l1_buffer,
+                strategy=BufferStrategy.IF_POSSIBLE if o.live else BufferStrategy.BLOCKING,
+                min_idle_ms=o.l1_idle_ms[0],
+                max_idle_ms=o.l1_idle_ms[1],
+                balancer=balancer,
+                rebalance_interval_ms=o.rebalance_interval_ms,
+                shutdown_timeout_ms=60_000,
+            ),
+        )
         rr = itertools.count()
-        self.ingest_queue = BatchQueue(f"{name}-ingest", BatchQueueConfig(
-            threads=o.ingest_threads, partitions=PartitionPolicy.thread_multiply(1), buffer_size=o.ingest_buffer,
-            partition_selector=lambda item, n: next(rr) % n, consumer=self._aggregate,
-            strategy=BufferStrategy.BLOCKING, shutdown_timeout_ms=60_000))
+        self.ingest_queue = BatchQueue(
+            f"{name}-ingest",
+            BatchQueueConfig(
+                threads=o.ingest_threads,
+                partitions=PartitionPolicy.thread_multiply(1),
+                buffer_size=o.ingest_buffer,
+                partition_selector=lambda item, n: next(rr) % n,
+                consumer=self._aggregate,
+                strategy=BufferStrategy.BLOCKING,
+                shutdown_timeout_ms=60_000,
+            ),
+        )
         for topn in definitions.topns:
             h = _L2Handler(topn, self.persist.produce, o.l2_flush_s)
             self._topn_handlers.append(h)
@@ -216,6 +262,7 @@ class LocalEngine:
             h = _L1Handler(definition, self.l2.produce, self.options.l1_flush_s)
             self._l1_handlers.append(h)
             return h
+
         return make
 
     # ------------------------------------------------------------------ persistence
@@ -247,7 +294,7 @@ class LocalEngine:
         """Flush every stage in order and shut the queues down; returns the queue statistics and drops."""
         self.ingest_queue.shutdown()
         self.l1.shutdown()
-        for h in self._l1_handlers:       # no L1 drain task runs any more: flushing here cannot race them
+        for h in self._l1_handlers:  # no L1 drain task runs any more: flushing here cannot race them
             h.flush()
         self.l2.shutdown()
         for h2 in self._l2_handlers:

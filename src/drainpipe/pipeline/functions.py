@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -220,7 +221,7 @@ class TopNPartial(Partial):
 
 def _restore(definition: Definition, table: pa.Table, sources: frozenset[str], *granularity: str) -> Partial:
     cls = partial_type(definition)
-    return cls(table, *granularity, sources=sources)  # type: ignore[call-arg]
+    return cls(table, *granularity, sources=sources)  # type: ignore[misc]
 
 
 _TYPES: dict[Definition, type[Partial]] = {}
@@ -246,7 +247,12 @@ def partial_type(definition: Definition) -> type[Partial]:
 
 def _make_type(definition: Definition) -> type[Partial]:
     name = "".join(part.capitalize() for part in re.split(r"_+", definition.name) if part) + "Partial"
-    attributes: dict[str, Any] = {"__slots__": (), "__module__": __name__, "__qualname__": name, "definition": definition}
+    attributes: dict[str, Any] = {
+        "__slots__": (),
+        "__module__": __name__,
+        "__qualname__": name,
+        "definition": definition,
+    }
     if isinstance(definition, MetricDef):
         base: type[Partial] = MetricPartial
         keys = ("entity", "bucket", "b") if definition.function == "percentile" else ("entity", "bucket")
@@ -555,7 +561,9 @@ _AGGREGATORS: Mapping[str, _Aggregator] = MappingProxyType(
 )
 
 
-def _state_table(entity: pa.Array, bucket: np.ndarray, states: StateArrays, layout: Sequence[StateColumn], **extra: np.ndarray) -> pa.Table:
+def _state_table(
+    entity: pa.Array, bucket: np.ndarray, states: StateArrays, layout: Sequence[StateColumn], **extra: np.ndarray
+) -> pa.Table:
     columns: dict[str, Any] = {"entity": entity, "bucket": pa.array(bucket, pa.int64())}
     columns.update({k: pa.array(v, pa.int64()) for k, v in extra.items()})
     columns.update({c.name: pa.array(states[c.name], c.type) for c in layout})
@@ -574,7 +582,10 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
         return _state_table(groups.entity, groups.bucket, states, layout)
     present = np.flatnonzero(n)
     return _state_table(
-        groups.entity.take(pa.array(present)), groups.bucket[present], {k: v[present] for k, v in states.items()}, layout
+        groups.entity.take(pa.array(present)),
+        groups.bucket[present],
+        {k: v[present] for k, v in states.items()},
+        layout,
     )
 
 
@@ -731,7 +742,7 @@ def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
     table = partial.table
     bucket = table.column("bucket").to_numpy()
     table = table.set_column(table.schema.get_field_index("bucket"), "bucket", pa.array(bucket - bucket % width))
-    return merge([type(partial)(table, granularity, partial.sources)])  # type: ignore[call-arg]
+    return merge([type(partial)(table, granularity, partial.sources)])
 
 
 class MetricAccumulator:
@@ -966,7 +977,9 @@ def to_state_table(partial: MetricPartial) -> pa.Table:
         "b": table.column("b") if "b" in table.column_names else pa.array(np.full(rows, -1, dtype=np.int64)),
     }
     for field in STATE_TABLE_SCHEMA.names[3:]:
-        columns[field] = table.column(field) if field in table.column_names else pa.nulls(rows, STATE_TABLE_SCHEMA.field(field).type)
+        columns[field] = (
+            table.column(field) if field in table.column_names else pa.nulls(rows, STATE_TABLE_SCHEMA.field(field).type)
+        )
     return pa.table(columns, schema=STATE_TABLE_SCHEMA)
 
 
@@ -983,7 +996,7 @@ def from_state_table(
         columns["b"] = table.column("b").cast(pa.int64())
     for c in STATE_COLUMNS[definition.function]:
         columns[c.name] = table.column(c.name).cast(c.type)
-    return cls(pa.table(columns), granularity, sources)  # type: ignore[call-arg]
+    return cls(pa.table(columns), granularity, sources)  # type: ignore[call-arg,return-value]
 
 
 def to_topn_table(partial: TopNPartial) -> pa.Table:
@@ -1002,4 +1015,3 @@ def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str]
         }
     )
     return partial_type(definition)(_keep_top(state, definition.n), sources)  # type: ignore[return-value]
-

@@ -1,6 +1,6 @@
 """Synthetic request events (a skewed workload) and writing event batches to files.
 
-:func:`generate_events` yields canonical :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` batches, built
+:func:`generate_events` yields canonical :data:`~drainpipe.inputs.EVENT_SCHEMA` batches, built
 with numpy a block of 65536 events at a time:
 
 * ``service`` ``svc-00``, ``svc-01``, ... chosen with Zipf weights ``1 / rank**skew`` (``svc-00`` hottest);
@@ -18,7 +18,7 @@ The output is a pure function of the arguments other than ``batch_rows`` (which 
 are cut into batches).
 
 :func:`write_events` streams batches to ``.jsonl``/``.json``/``.ndjson``/``.csv`` (each optionally ``.gz``)
-or ``.parquet``, in a form :func:`~drainpipe.pipeline.events.read_events` reads back to identical batches.
+or ``.parquet``, in a form :func:`~drainpipe.inputs.read_events` reads back to identical batches.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from drainpipe.pipeline.events import EVENT_SCHEMA, InputError, detect_format
+from drainpipe.errors import InputError, UsageError
+from drainpipe.inputs import EVENT_SCHEMA, detect_format
 
 __all__ = ["DEFAULT_START_MS", "generate_events", "write_events"]
 
@@ -117,8 +118,16 @@ def _with_validity(arr: pa.Array, valid: np.ndarray) -> pa.Array:
 _JITTER_MS = 2000
 
 
-def _block(w: _Workload, rng: np.random.Generator, n: int, first: int, total: int, start_ms: int, span_ms: int,
-           error_rate: float) -> pa.RecordBatch:
+def _block(
+    w: _Workload,
+    rng: np.random.Generator,
+    n: int,
+    first: int,
+    total: int,
+    start_ms: int,
+    span_ms: int,
+    error_rate: float,
+) -> pa.RecordBatch:
     svc = w.service_zipf.sample(rng, n)
     ep = w.endpoint_zipf.sample(rng, n)
     inst = svc * w.n_instances + rng.integers(0, w.n_instances, n, dtype=np.int32)
@@ -289,7 +298,7 @@ def write_events(batches: Iterable[pa.RecordBatch], path: str | os.PathLike[str]
     try:
         fmt, gzipped = detect_format(path)
     except InputError:
-        raise ValueError(
+        raise UsageError(
             f"unsupported output format: {path!r} (expected .jsonl, .json, .ndjson or .csv, optionally .gz, "
             "or .parquet)"
         ) from None

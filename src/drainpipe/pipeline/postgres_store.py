@@ -15,22 +15,24 @@ back as Arrow tables) plus what a server database needs beyond an embedded file:
   COMMIT and the commit did land, the retry finds its sources in ``applied_sources`` and skips them: nothing
   is counted twice.
 
-Other database errors (a constraint, a type mismatch) are :class:`~drainpipe.pipeline.store.StoreError`.
+Other database errors (a constraint, a type mismatch) are :class:`~drainpipe.errors.StoreError`.
 One connection per store, serialised by the store's lock (the engine writes from one persist thread).
 """
+
 from __future__ import annotations
 
 import io
 import re
 import urllib.parse
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from .engine import StoreUnavailable
-from .store import SqlStore, StoreError, _first_line
+from ..errors import StoreError, StoreUnavailable
+from .store import SqlStore, _first_line
 
 __all__ = ["PostgresStore"]
 
@@ -44,8 +46,16 @@ _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
-    16: pa.bool_(), 20: pa.int64(), 21: pa.int16(), 23: pa.int32(), 700: pa.float32(), 701: pa.float64(),
-    25: pa.string(), 1043: pa.string(), 1042: pa.string(), 19: pa.string(),
+    16: pa.bool_(),
+    20: pa.int64(),
+    21: pa.int16(),
+    23: pa.int32(),
+    700: pa.float32(),
+    701: pa.float64(),
+    25: pa.string(),
+    1043: pa.string(),
+    1042: pa.string(),
+    19: pa.string(),
 }
 
 
@@ -89,7 +99,7 @@ class PostgresStore(SqlStore):
         if not parsed.path.strip("/"):
             raise StoreError(f"bad store URL {_redact(url)!r}: no database name (postgresql://user:pass@host:port/db)")
         try:
-            parsed.port
+            _ = parsed.port  # raises for a port that is not a number
         except ValueError:
             raise StoreError(f"bad store URL {_redact(url)!r}: bad port") from None
         conninfo = urllib.parse.urlunsplit(("postgresql",) + tuple(parsed)[1:])
@@ -103,8 +113,9 @@ class PostgresStore(SqlStore):
     def _connect(self) -> None:
         psycopg = self._psycopg
         try:
-            self._con = psycopg.connect(self._conninfo, autocommit=True,
-                                        connect_timeout=max(1, int(self._connect_timeout)))
+            self._con = psycopg.connect(
+                self._conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+            )
         except psycopg.OperationalError as exc:
             self._con = None
             raise StoreUnavailable(f"postgresql {self._display} unreachable: {_first_line(exc)}") from exc
@@ -173,8 +184,12 @@ class PostgresStore(SqlStore):
         cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
         rows = cur.fetchall()
         columns = list(zip(*rows)) if rows else [()] * len(cur.description)
-        return pa.table({d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
-                         for d, values in zip(cur.description, columns)})
+        return pa.table(
+            {
+                d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
+                for d, values in zip(cur.description, columns)
+            }
+        )
 
     def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["FORMATS", "render"]
 
@@ -29,7 +30,10 @@ def _cell(value: Any) -> str:
 
 def _table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
-    numeric = [bool(rows) and all(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows) for i in range(len(columns))]
+    numeric = [
+        bool(rows) and all(isinstance(row[i], (int, float)) and not isinstance(row[i], bool) for row in rows)
+        for i in range(len(columns))
+    ]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:

@@ -63,24 +63,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import json
 import os
 import threading
 import urllib.parse
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import StoreError
 from .definitions import Definition, signature
 from .functions import (
     GRANULARITIES,
+    PIECE_MARK,
     TOPN_COLUMNS,
     VALUE_COLUMNS,
-    PIECE_MARK,
     MetricPartial,
     Partial,
     TopNPartial,
@@ -98,7 +101,6 @@ from .functions import (
 
 __all__ = [
     "DEFAULT_STORE_URL",
-    "StoreError",
     "MergeReport",
     "Store",
     "SqlStore",
@@ -132,12 +134,9 @@ _STAGED = (
     " AND k.entity = t.entity AND k.time_bucket = t.time_bucket)"
 )
 _STAGED_TOPN = (
-    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.name AND k.entity = t.entity AND k.time_bucket = t.time_bucket)"
+    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.name AND k.entity = t.entity"
+    " AND k.time_bucket = t.time_bucket)"
 )
-
-
-class StoreError(ValueError):
-    """A store cannot be opened, written or queried; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +174,10 @@ class Store(Protocol):
         an input none of whose batches was stored before)."""
         ...
 
+    def applied_under(self, prefix: str) -> dict[str, frozenset[str]]:
+        """Each recorded source (root) starting with ``prefix`` -> the names it is applied for."""
+        ...
+
     def forget(self, sources: Iterable[str]) -> None:
         """Remove ``sources`` (and their pieces) from the ledger. Only for input that will never be merged again
         (e.g. an HTTP request whose write succeeded): forgotten input merged again would be counted twice."""
@@ -204,6 +207,10 @@ class Store(Protocol):
         """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns."""
         ...
 
+    def stored_names(self) -> dict[str, str]:
+        """The definitions the store holds states of: name -> ``"metric"`` or ``"topn"``."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -223,7 +230,7 @@ def parse_time(value: Any) -> str:
     if not isinstance(value, _dt.datetime):
         raise StoreError(f"bad time {value!r}: expected ISO-8601 (2026-11-21T10:05:00Z) or epoch milliseconds")
     if value.tzinfo is not None:
-        value = value.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        value = value.astimezone(_dt.UTC).replace(tzinfo=None)
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -444,9 +451,13 @@ class SqlStore:
         self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
         self._insert_arrow(
             "metric_state",
-            pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined).select(list(_STATE_COLUMNS)),
+            pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined).select(
+                list(_STATE_COLUMNS)
+            ),
         )
-        self._insert_arrow("metric_values", pa.concat_tables(finalize_table(c) for c in combined).select(list(VALUE_COLUMNS)))
+        self._insert_arrow(
+            "metric_values", pa.concat_tables(finalize_table(c) for c in combined).select(list(VALUE_COLUMNS))
+        )
 
     def _merge_topns(self, parts: list[TopNPartial]) -> None:
         """Merge stored top-N rows into the new ones for every key of ``parts``; replace their rows."""
@@ -458,7 +469,9 @@ class SqlStore:
             for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
         ]
         self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
-        self._insert_arrow("topn_values", pa.concat_tables(to_topn_table(c) for c in combined).select(list(TOPN_COLUMNS)))
+        self._insert_arrow(
+            "topn_values", pa.concat_tables(to_topn_table(c) for c in combined).select(list(TOPN_COLUMNS))
+        )
 
     # ----------------------------------------------------------------------------- reads
 
@@ -484,11 +497,24 @@ class SqlStore:
             self._insert_arrow("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
             self._execute("DELETE FROM applied_sources WHERE root IN (SELECT root FROM stage_sources)")
 
+    def applied_under(self, prefix: str) -> dict[str, frozenset[str]]:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._guard("read"):
+            roots = {
+                r
+                for (r,) in self._fetchall(
+                    "SELECT DISTINCT root FROM applied_sources WHERE root LIKE ? ESCAPE '\\'", [pattern]
+                )
+            }
+            ledger = self._ledger(roots)
+        return {root: frozenset(n for n in ledger.names if ledger.applied(root, n)) for root in roots}
+
     def has_sources(self, prefix: str) -> bool:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         with self._guard("read"):
-            return bool(self._fetchall("SELECT 1 FROM applied_sources WHERE root LIKE ? ESCAPE '\\' LIMIT 1",
-                                       [pattern]))
+            return bool(
+                self._fetchall("SELECT 1 FROM applied_sources WHERE root LIKE ? ESCAPE '\\' LIMIT 1", [pattern])
+            )
 
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
         parts = list(partials)
@@ -498,7 +524,9 @@ class SqlStore:
         for part in parts:
             state = ledger.state(part.sources, part.name)
             if state == "partly":
-                raise StoreError(f"{part.name!r}: partial mixes applied and new sources ({', '.join(sorted(part.sources)[:3])})")
+                raise StoreError(
+                    f"{part.name!r}: partial mixes applied and new sources ({', '.join(sorted(part.sources)[:3])})"
+                )
             if state == "new":
                 out.append(part)
         return out
@@ -527,6 +555,11 @@ class SqlStore:
         sql = f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values{where} ORDER BY name, entity, time_bucket, rank"
         with self._guard("query"):
             return self._fetchall(sql, params)
+
+    def stored_names(self) -> dict[str, str]:
+        with self._guard("query"):
+            rows = self._fetchall("SELECT name, signature FROM definitions ORDER BY name")
+        return {name: json.loads(sig).get("kind", "metric") for name, sig in rows}
 
 
 _ROOT_SCHEMA = pa.schema([("root", pa.string())])
@@ -567,7 +600,7 @@ class _Ledger:
         return self._covered_by_pieces(source, name)
 
     def _covered_by_pieces(self, source: str, name: str) -> bool:
-        for k, seen in self._pieces.get((source, name), {}).items():
+        for k, _seen in self._pieces.get((source, name), {}).items():
             if all(
                 (piece := f"{source}{PIECE_MARK}{i}/{k}", name) in self._pairs or self._covered_by_pieces(piece, name)
                 for i in range(1, k + 1)
@@ -579,7 +612,7 @@ class _Ledger:
         return (source, name) in self._touched or self.applied(source, name)
 
     def state(self, sources: Iterable[str], name: str) -> str:
-        """"applied" (every source applied; also for no sources: "new"), "new" (none touched) or "partly"."""
+        """ "applied" (every source applied; also for no sources: "new"), "new" (none touched) or "partly"."""
         sources = list(sources)
         if not sources:
             return "new"
@@ -588,6 +621,8 @@ class _Ledger:
         if any(self._touches(s, name) for s in sources):
             return "partly"
         return "new"
+
+
 _KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
 _TOPN_GRANULARITY = "10 minutes"
@@ -677,7 +712,9 @@ class DuckDBStore(SqlStore):
 
 def _duckdb_path(url: str, rest: str) -> str:
     if not rest.startswith("/"):
-        raise StoreError(f"bad store URL {url!r}: a duckdb URL has no host; use duckdb:///relative.duckdb or duckdb:////abs/path.duckdb")
+        raise StoreError(
+            f"bad store URL {url!r}: a duckdb URL has no host; use duckdb:///relative.duckdb or duckdb:////abs/path.duckdb"
+        )
     path = urllib.parse.unquote(rest[1:])
     if not path or path.endswith("/"):
         raise StoreError(f"bad store URL {url!r}: no database file after duckdb:///")
@@ -699,8 +736,11 @@ def _open_postgresql(url: str) -> Store:
     return module.PostgresStore.from_url(url)
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, *, must_exist: bool = False) -> Store:
     """Open (creating if needed) the store at ``url``; :class:`StoreError` for a bad URL or unusable store.
+
+    ``must_exist``: refuse to create an embedded (DuckDB) store file that is not there ("no such store"), for
+    readers such as ``drainpipe query``.
 
     ``duckdb:///relative/file.duckdb`` (relative to the working directory), ``duckdb:////abs/file.duckdb``,
     ``duckdb:///:memory:``; ``None`` means :data:`DEFAULT_STORE_URL` (``./drainpipe.duckdb``).
@@ -709,14 +749,21 @@ def open_store(url: str | None = None) -> Store:
     """
     url = DEFAULT_STORE_URL if url is None else url
     if not isinstance(url, str) or not url.strip():
-        raise StoreError(f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db")
+        raise StoreError(
+            f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db"
+        )
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep or not scheme:
-        raise StoreError(f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db")
+        raise StoreError(
+            f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db"
+        )
     scheme = scheme.lower()
     if scheme == "duckdb":
-        return DuckDBStore(_duckdb_path(url, rest))
+        path = _duckdb_path(url, rest)
+        if must_exist and path != ":memory:" and not os.path.exists(path):
+            raise StoreError(f"no such store: {path!r} does not exist ({url})")
+        return DuckDBStore(path)
     if scheme in ("postgresql", "postgres"):
         return _open_postgresql(url)
     raise StoreError(f"unknown store scheme {scheme!r} in {url!r} (expected duckdb or postgresql)")

@@ -1,5 +1,6 @@
 """drainpipe as a service: HTTP ingest into a live local engine, ``/metrics``, ``/healthz``, a live dashboard,
 and the ``drainpipe stats`` terminal view (:mod:`.client`)."""
+
 from __future__ import annotations
 
 from .service import IngestService, ServiceOptions, serve_engine_options

@@ -6,6 +6,7 @@ load over time for L1 and L2 with rebalance events marked, ingest / drop rates o
 minute's metrics for the busiest services (from the store). A token in the URL (``/#token=...``) is sent as a
 bearer token.
 """
+
 from __future__ import annotations
 
 PAGE_TEXT = r"""<!doctype html>

@@ -23,6 +23,7 @@ Shutdown (SIGTERM/SIGINT, or :meth:`IngestServer.shutdown`): stop accepting conn
 (503), wait for the requests in flight, then flush L1, L2, top-N and persistence and close the store:
 everything answered as accepted is in the store when the process exits.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -38,22 +39,23 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..pipeline.events import validate_json_lines, validate_records
+from ..errors import IngestRefused
+from ..inputs import validate_json_lines, validate_records
 from .dashboard import PAGE
 from .metrics import ServerMetrics
-from .service import IngestService, Refused
+from .service import IngestService
 
 log = logging.getLogger("drainpipe.server")
 
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 JSON_TYPES = {"application/json"}
 MAX_ERRORS = 20
-MAX_CHUNK_LINE = 4096            # a chunk-size line (with extensions) or a trailer line
+MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 
 
-class BadRequest(Exception):
+class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -91,27 +93,27 @@ def _gunzip(body: bytes, limit: int) -> bytes:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
             out += d.decompress(data, limit + 1 - len(out))
             if len(out) > limit:
-                raise BadRequest(413, f"decompressed body larger than {limit} bytes")
+                raise _BadRequest(413, f"decompressed body larger than {limit} bytes")
             if not d.eof:
                 if d.unconsumed_tail:
-                    raise BadRequest(413, f"decompressed body larger than {limit} bytes")
-                raise BadRequest(400, "truncated gzip body")
+                    raise _BadRequest(413, f"decompressed body larger than {limit} bytes")
+                raise _BadRequest(400, "truncated gzip body")
             data = d.unused_data.lstrip(b"\0")
     except zlib.error as exc:
-        raise BadRequest(400, f"bad gzip body: {exc}") from None
+        raise _BadRequest(400, f"bad gzip body: {exc}") from None
     return bytes(out)
 
 
 class Handler(BaseHTTPRequestHandler):
     server: IngestServer
     protocol_version = "HTTP/1.1"
-    timeout = 30                       # idle keep-alive connections are closed after this
+    timeout = 30  # idle keep-alive connections are closed after this
     server_version = "drainpipe"
     sys_version = ""
 
     # ------------------------------------------------------------------ plumbing
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
@@ -129,8 +131,9 @@ class Handler(BaseHTTPRequestHandler):
         self.server.metrics.count_request(self.path.split("?", 1)[0], status)
 
     def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(obj, allow_nan=False, separators=(",", ":")).encode(), "application/json",
-                   headers)
+        self._send(
+            status, json.dumps(obj, allow_nan=False, separators=(",", ":")).encode(), "application/json", headers
+        )
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self._json(status, {"error": message, "status": status}, headers)
@@ -148,7 +151,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ GET
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         svc = self.server.service
         if path == "/healthz":
@@ -173,18 +176,19 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ POST
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         if path != "/v1/events":
             self._discard_body()
-            self._error(404 if path not in ("/", "/v1/stats", "/metrics", "/healthz") else 405,
-                        f"no POST endpoint: {path}")
+            self._error(
+                404 if path not in ("/", "/v1/stats", "/metrics", "/healthz") else 405, f"no POST endpoint: {path}"
+            )
             return
         t0 = time.perf_counter()
         svc = self.server.service
         try:
             svc.enter()
-        except Refused as r:
+        except IngestRefused as r:
             self.close_connection = True
             self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
             return
@@ -196,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _discard_body(self) -> None:
         if "Transfer-Encoding" in self.headers:
-            self.close_connection = True       # not worth de-chunking a body we do not want
+            self.close_connection = True  # not worth de-chunking a body we do not want
             return
         try:
             length = int(self.headers.get("Content-Length") or 0)
@@ -215,8 +219,9 @@ class Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if ctype not in NDJSON_TYPES and ctype not in JSON_TYPES:
             self._discard_body()
-            self._error(415, f"unsupported content type {ctype or '(none)'!r}: send application/x-ndjson or "
-                             "application/json")
+            self._error(
+                415, f"unsupported content type {ctype or '(none)'!r}: send application/x-ndjson or application/json"
+            )
             return
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip"):
@@ -225,50 +230,57 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self._read_body(opts.max_body_bytes)
-        except BadRequest as exc:
-            self.close_connection = True       # the body was not (fully) read: the connection cannot be reused
+        except _BadRequest as exc:
+            self.close_connection = True  # the body was not (fully) read: the connection cannot be reused
             self._error(exc.status, exc.message)
             return
-        if body is None:                       # the client went away mid-body
+        if body is None:  # the client went away mid-body
             self.close_connection = True
             return
         try:
             if encoding != "identity":
                 body = _gunzip(body, opts.max_decoded_bytes)
             elif len(body) > opts.max_decoded_bytes:
-                raise BadRequest(413, f"body larger than {opts.max_decoded_bytes} bytes")
-            svc.admit()                         # 429/503 before the parsing work, not after
+                raise _BadRequest(413, f"body larger than {opts.max_decoded_bytes} bytes")
+            svc.admit()  # 429/503 before the parsing work, not after
             if ctype in JSON_TYPES:
                 records = self._json_records(body, opts.max_events)
                 batch, rejects = validate_records(records)
             else:
                 batch, rejects = validate_json_lines(body)
                 if batch.num_rows + len(rejects) > opts.max_events:
-                    raise BadRequest(413, f"more than {opts.max_events} events in one request")
+                    raise _BadRequest(413, f"more than {opts.max_events} events in one request")
             svc.submit(batch, len(rejects), (reason for _, reason in rejects))
-        except BadRequest as exc:
+        except _BadRequest as exc:
             self._error(exc.status, exc.message)
             return
-        except Refused as r:
+        except IngestRefused as r:
             self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
             return
         reasons: dict[str, int] = {}
         for _, reason in rejects:
             reasons[reason] = reasons.get(reason, 0) + 1
         key = "index" if ctype in JSON_TYPES else "line"
-        self._json(200, {"accepted": batch.num_rows, "rejected": len(rejects), "reasons": reasons,
-                         "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]]})
+        self._json(
+            200,
+            {
+                "accepted": batch.num_rows,
+                "rejected": len(rejects),
+                "reasons": reasons,
+                "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]],
+            },
+        )
 
     def _read_body(self, limit: int) -> bytes | None:
         """The request body, by Content-Length or chunked; at most ``limit`` bytes are ever read into memory.
-        Raises :class:`BadRequest` (411/413/400/501; the caller closes the connection); None on EOF mid-body."""
+        Raises :class:`_BadRequest` (411/413/400/501; the caller closes the connection); None on EOF mid-body."""
         te = self.headers.get("Transfer-Encoding")
         if te is not None:
             if "Content-Length" in self.headers:
-                raise BadRequest(400, "both Transfer-Encoding and Content-Length")   # ambiguous framing (smuggling)
+                raise _BadRequest(400, "both Transfer-Encoding and Content-Length")  # ambiguous framing (smuggling)
             codings = [c.strip().lower() for c in te.split(",") if c.strip()]
             if codings != ["chunked"]:
-                raise BadRequest(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
+                raise _BadRequest(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
             return self._read_chunked(limit)
         try:
             text = self.headers.get("Content-Length", "")
@@ -276,9 +288,9 @@ class Handler(BaseHTTPRequestHandler):
             if length < 0 or not text.strip().isdigit():
                 raise ValueError
         except ValueError:
-            raise BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) required") from None
+            raise _BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) required") from None
         if length > limit:
-            raise BadRequest(413, f"body of {length} bytes is larger than the limit of {limit}")
+            raise _BadRequest(413, f"body of {length} bytes is larger than the limit of {limit}")
         body = self.rfile.read(length)
         return body if len(body) == length else None
 
@@ -292,15 +304,15 @@ class Handler(BaseHTTPRequestHandler):
             if not line:
                 return None
             if len(line) > MAX_CHUNK_LINE or not line.endswith(b"\n"):
-                raise BadRequest(400, "malformed chunked body: chunk size line too long")
+                raise _BadRequest(400, "malformed chunked body: chunk size line too long")
             size_text = line.split(b";", 1)[0].strip()
             if not size_text or len(size_text) > 16 or not all(c in HEX_DIGITS for c in size_text):
-                raise BadRequest(400, f"malformed chunked body: bad chunk size {size_text[:20]!r}")
+                raise _BadRequest(400, f"malformed chunked body: bad chunk size {size_text[:20]!r}")
             size = int(size_text, 16)
             if size == 0:
                 break
             if len(body) + size > limit:
-                raise BadRequest(413, f"chunked body larger than the limit of {limit} bytes")
+                raise _BadRequest(413, f"chunked body larger than the limit of {limit} bytes")
             data = rfile.read(size)
             if len(data) != size:
                 return None
@@ -309,8 +321,8 @@ class Handler(BaseHTTPRequestHandler):
             if not end:
                 return None
             if end not in (b"\r\n", b"\n"):
-                raise BadRequest(400, "malformed chunked body: chunk data not followed by CRLF")
-        for _ in range(MAX_TRAILERS + 1):       # trailer section, ended by an empty line
+                raise _BadRequest(400, "malformed chunked body: chunk data not followed by CRLF")
+        for _ in range(MAX_TRAILERS + 1):  # trailer section, ended by an empty line
             line = rfile.readline(MAX_CHUNK_LINE + 1)
             if not line:
                 return None
@@ -318,41 +330,43 @@ class Handler(BaseHTTPRequestHandler):
                 return bytes(body)
             if len(line) > MAX_CHUNK_LINE:
                 break
-        raise BadRequest(400, "malformed chunked body: trailer section too long")
+        raise _BadRequest(400, "malformed chunked body: trailer section too long")
 
     @staticmethod
     def _json_records(body: bytes, max_events: int) -> list[Any]:
         try:
             text = body.decode("utf-8-sig")
         except UnicodeDecodeError:
-            raise BadRequest(400, "body is not UTF-8") from None
+            raise _BadRequest(400, "body is not UTF-8") from None
         try:
             obj, end = _strict_json.raw_decode(text, len(text) - len(text.lstrip()))
             if text[end:].strip():
                 raise ValueError("extra data after the JSON value")
         except (ValueError, RecursionError) as exc:
-            raise BadRequest(400, f"malformed JSON: {exc}") from None
+            raise _BadRequest(400, f"malformed JSON: {exc}") from None
         if isinstance(obj, dict):
             obj = [obj]
         if not isinstance(obj, list):
-            raise BadRequest(400, "expected a JSON array of events (or one event object)")
+            raise _BadRequest(400, "expected a JSON array of events (or one event object)")
         if len(obj) > max_events:
-            raise BadRequest(413, f"more than {max_events} events in one request")
+            raise _BadRequest(413, f"more than {max_events} events in one request")
         return obj
 
 
 class IngestServer(ThreadingHTTPServer):
     """The HTTP server around one :class:`IngestService`. ``serve_forever`` in a thread; ``shutdown_all`` once."""
 
-    daemon_threads = True          # idle keep-alive threads do not hold the process; in-flight work is tracked
+    daemon_threads = True  # idle keep-alive threads do not hold the process; in-flight work is tracked
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, service: IngestService, host: str = "127.0.0.1", port: int = 8080,
-                 token: str | None = None) -> None:
+    def __init__(
+        self, service: IngestService, host: str = "127.0.0.1", port: int = 8080, token: str | None = None
+    ) -> None:
         if not token and not is_loopback(host):
-            raise ValueError(f"refusing to listen on non-loopback address {host!r} without a token "
-                             "(--token or DRAINPIPE_TOKEN)")
+            raise ValueError(
+                f"refusing to listen on non-loopback address {host!r} without a token (--token or DRAINPIPE_TOKEN)"
+            )
         self.service = service
         self.token = token or None
         self.metrics = ServerMetrics(service)
@@ -364,13 +378,15 @@ class IngestServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
+        address, port = self.server_address[:2]
+        host = str(address, "ascii") if isinstance(address, bytes) else address
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
 
     def start(self) -> IngestServer:
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="drainpipe-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="drainpipe-http", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -379,14 +395,15 @@ class IngestServer(ThreadingHTTPServer):
         if self._closed:
             return self.service.summary()
         self._closed = True
-        self.service.drain()            # new posts get 503 from here on
-        self.shutdown()                 # stop the accept loop
+        self.service.drain()  # new posts get 503 from here on
+        self.shutdown()  # stop the accept loop
         self.server_close()
-        return self.service.close()     # waits for in-flight posts, then flushes L1 -> L2 -> persist
+        return self.service.close()  # waits for in-flight posts, then flushes L1 -> L2 -> persist
 
 
-def run_server(service: IngestService, host: str, port: int, token: str | None, *,
-               announce: Any = print) -> dict[str, Any]:
+def run_server(
+    service: IngestService, host: str, port: int, token: str | None, *, announce: Any = print
+) -> dict[str, Any]:
     """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the shutdown summary."""
     server = IngestServer(service, host, port, token)
     stop = threading.Event()
@@ -403,8 +420,10 @@ def run_server(service: IngestService, host: str, port: int, token: str | None, 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.start()
-        announce(f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; "
-                 f"{'bearer token required' if token else 'no token'})")
+        announce(
+            f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; "
+            f"{'bearer token required' if token else 'no token'})"
+        )
         while not stop.wait(0.5):
             pass
         announce(f"drainpipe serve: {received[0] if received else 'stop'}: draining and flushing")

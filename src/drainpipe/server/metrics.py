@@ -6,9 +6,10 @@ items, partitions and recent load, rebalance counts; plus the engine counters (s
 Rebalance handoff durations (``RebalanceResult.duration_ms``) and store write latencies are histograms fed by
 the sampler and the instrumented store. HTTP request counts and ingest latency are ordinary client metrics.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,25 +29,32 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         svc = self.service
         e = svc.engine
-        g = lambda name, doc, labels=(): GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))  # noqa: E731
-        c = lambda name, doc, labels=(): CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))  # noqa: E731
+        g = lambda name, doc, labels=(): GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+        c = lambda name, doc, labels=(): CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
 
         partitions = g("queue_partitions", "Partitions of the queue", ["queue"])
         capacity = g("queue_partition_capacity_items", "Buffer size of each partition", ["queue"])
         used = g("queue_used_items", "Items buffered in the queue", ["queue"])
         usage = g("queue_usage_ratio", "Buffered items / capacity of the queue (0..1)", ["queue"])
         p_used = g("partition_used_items", "Items buffered in one partition", ["queue", "partition"])
-        p_usage = g("partition_usage_ratio", "Buffered items / capacity of one partition (0..1)", ["queue", "partition"])
+        p_usage = g(
+            "partition_usage_ratio", "Buffered items / capacity of one partition (0..1)", ["queue", "partition"]
+        )
         produced = c("queue_produced", "Items accepted by produce", ["queue"])
         dropped = c("queue_dropped", "Items dropped: full partition (IF_POSSIBLE) or no handler", ["queue", "reason"])
         dispatched = c("queue_dispatched", "Items handed to handlers", ["queue"])
         errors = c("queue_handler_errors", "Handler calls that raised", ["queue"])
         t_disp = c("drain_task_dispatched", "Items dispatched by one drain task (thread)", ["queue", "task"])
         t_parts = g("drain_task_partitions", "Partitions owned by one drain task", ["queue", "task"])
-        t_load = g("drain_task_load_items_per_second", "Items per second one drain task dispatched over the last "
-                   "sampling interval", ["queue", "task"])
+        t_load = g(
+            "drain_task_load_items_per_second",
+            "Items per second one drain task dispatched over the last sampling interval",
+            ["queue", "task"],
+        )
         rebalances = c("queue_rebalances", "Rebalances that moved partitions", ["queue"])
-        rebalancing = g("queue_rebalancing", "1 while a handoff is in progress (revoking, fencing, assigning)", ["queue"])
+        rebalancing = g(
+            "queue_rebalancing", "1 while a handoff is in progress (revoking, fencing, assigning)", ["queue"]
+        )
         loads = svc.sampler.task_load
         for q in e.queues():
             s = q.stats()
@@ -71,19 +79,38 @@ class EngineCollector(Collector):
                 t_load.add_metric([name, str(t)], rate)
             rebalances.add_metric([name], s.rebalances)
             rebalancing.add_metric([name], 0 if s.rebalance_state == "stable" else 1)
-        yield from (partitions, capacity, used, usage, p_used, p_usage, produced, dropped, dispatched, errors,
-                    t_disp, t_parts, t_load, rebalances, rebalancing)
+        yield from (
+            partitions,
+            capacity,
+            used,
+            usage,
+            p_used,
+            p_usage,
+            produced,
+            dropped,
+            dispatched,
+            errors,
+            t_disp,
+            t_parts,
+            t_load,
+            rebalances,
+            rebalancing,
+        )
 
         ec = e.counters
-        for field, doc in (("batches", "Event batches aggregated"), ("events", "Events aggregated"),
-                           ("partials", "Partial chunks sent to L1"),
-                           ("persisted_batches", "Store transactions committed"),
-                           ("persisted_partials", "Partials written to the store"),
-                           ("store_errors", "Store writes that failed for good"),
-                           ("store_retries", "Store writes retried because the store was unavailable")):
+        for field, doc in (
+            ("batches", "Event batches aggregated"),
+            ("events", "Events aggregated"),
+            ("partials", "Partial chunks sent to L1"),
+            ("persisted_batches", "Store transactions committed"),
+            ("persisted_partials", "Partials written to the store"),
+            ("store_errors", "Store writes that failed for good"),
+            ("store_retries", "Store writes retried because the store was unavailable"),
+        ):
             yield CounterMetricFamily(f"{PREFIX}_engine_{field}", doc, value=getattr(ec, field))
-        yield CounterMetricFamily(f"{PREFIX}_engine_store_write_seconds", "Time spent in successful store writes",
-                                  value=ec.store_write_s)
+        yield CounterMetricFamily(
+            f"{PREFIX}_engine_store_write_seconds", "Time spent in successful store writes", value=ec.store_write_s
+        )
         up = g("store_up", "1 when the last store write succeeded")
         up.add_metric([], 1 if svc.store.available else 0)
         yield up
@@ -109,16 +136,28 @@ class ServerMetrics:
         self.service = service
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(service))
-        self.write_latency = Histogram(f"{PREFIX}_store_write_latency_seconds", "Latency of one store transaction "
-                                       "(merge of a persist batch)", buckets=WRITE_BUCKETS, registry=self.registry)
-        self.handoff = Histogram(f"{PREFIX}_rebalance_handoff_seconds", "Duration of a rebalance handoff (revoke, "
-                                 "fence, assign) that moved partitions", ["queue"], buckets=HANDOFF_BUCKETS,
-                                 registry=self.registry)
-        self.requests = Counter(f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"],
-                                registry=self.registry)
-        self.ingest_latency = Histogram(f"{PREFIX}_ingest_request_seconds", "Time to answer POST /v1/events",
-                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-                                        registry=self.registry)
+        self.write_latency = Histogram(
+            f"{PREFIX}_store_write_latency_seconds",
+            "Latency of one store transaction (merge of a persist batch)",
+            buckets=WRITE_BUCKETS,
+            registry=self.registry,
+        )
+        self.handoff = Histogram(
+            f"{PREFIX}_rebalance_handoff_seconds",
+            "Duration of a rebalance handoff (revoke, fence, assign) that moved partitions",
+            ["queue"],
+            buckets=HANDOFF_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"], registry=self.registry
+        )
+        self.ingest_latency = Histogram(
+            f"{PREFIX}_ingest_request_seconds",
+            "Time to answer POST /v1/events",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
 
         service.store.on_write = self.write_latency.observe
         service.sampler.on_handoff = lambda queue, seconds: self.handoff.labels(queue).observe(seconds)

@@ -26,6 +26,7 @@ flight instead of growing with every request. With the embedded DuckDB store a w
 lost acknowledgements, no retries), so requests carry no source id: the ledger would be pure growth, one row per
 request and definition, held by DuckDB in the server's memory (its primary-key index) and scanned on every write.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,15 +34,17 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import IngestRefused, StoreUnavailable
 from ..pipeline.definitions import Definitions, MetricDef
-from ..pipeline.engine import EngineOptions, LocalEngine, StoreUnavailable
+from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
 
 log = logging.getLogger("drainpipe.server")
@@ -55,17 +58,17 @@ HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 class ServiceOptions:
     """Limits and periods of a serving engine."""
 
-    max_body_bytes: int = 16 << 20          # request body as sent (compressed or not): 413 above
-    max_decoded_bytes: int = 64 << 20       # body after gzip: 413 above
-    max_events: int = 200_000               # events (records) per request: 413 above
-    max_pending_batches: int = 8            # accepted batches waiting for the ingest stage
-    high_watermark: float = 0.5             # refuse when a downstream partition is fuller than this
-    max_persist_backlog: int = 128          # refuse when more L2 flushes than this wait for the store
-    admit_wait_s: float = 0.5               # how long a request waits for room before 429/503
-    max_concurrent_requests: int = 64       # POSTs being processed at once: 429 above
+    max_body_bytes: int = 16 << 20  # request body as sent (compressed or not): 413 above
+    max_decoded_bytes: int = 64 << 20  # body after gzip: 413 above
+    max_events: int = 200_000  # events (records) per request: 413 above
+    max_pending_batches: int = 8  # accepted batches waiting for the ingest stage
+    high_watermark: float = 0.5  # refuse when a downstream partition is fuller than this
+    max_persist_backlog: int = 128  # refuse when more L2 flushes than this wait for the store
+    admit_wait_s: float = 0.5  # how long a request waits for room before 429/503
+    max_concurrent_requests: int = 64  # POSTs being processed at once: 429 above
     retry_after_s: int = 1
-    sample_interval_s: float = 1.0          # the dashboard's time resolution
-    history: int = 300                      # samples kept (5 minutes at 1 s)
+    sample_interval_s: float = 1.0  # the dashboard's time resolution
+    history: int = 300  # samples kept (5 minutes at 1 s)
     top_services: int = 8
     top_refresh_s: float = 2.0
 
@@ -73,13 +76,21 @@ class ServiceOptions:
 def serve_engine_options(**overrides: Any) -> EngineOptions:
     """The engine configuration for serving: live mode (L1 IF_POSSIBLE), small buffers (admission keeps them
     from filling), one batch per ingest partition, shorter flush periods so the dashboard moves."""
-    base = dict(live=True, l1_buffer=2_000, l2_buffer=1_000, ingest_buffer=2, l1_flush_s=0.5, l2_flush_s=1.0,
-                rebalance_interval_ms=1_000, store_retry_s=(0.05, 2.0))
+    base: dict[str, Any] = dict(
+        live=True,
+        l1_buffer=2_000,
+        l2_buffer=1_000,
+        ingest_buffer=2,
+        l1_flush_s=0.5,
+        l2_flush_s=1.0,
+        rebalance_interval_ms=1_000,
+        store_retry_s=(0.05, 2.0),
+    )
     base.update(overrides)
     return EngineOptions(**base)
 
 
-REQUEST_SOURCE_PREFIX = "http:"    # source ids of request batches (never replayed)
+REQUEST_SOURCE_PREFIX = "http:"  # source ids of request batches (never replayed)
 
 
 def needs_source_ids(store: Any) -> bool:
@@ -108,8 +119,8 @@ class InstrumentedStore:
         self.consecutive_failures = 0
         self.last_error = ""
         self.last_write_s = 0.0
-        self.write_seconds: deque[float] = deque(maxlen=2048)   # recent latencies (for p50/p99 in the view)
-        self.on_write: Callable[[float], None] | None = None    # e.g. a Prometheus histogram's observe
+        self.write_seconds: deque[float] = deque(maxlen=2048)  # recent latencies (for p50/p99 in the view)
+        self.on_write: Callable[[float], None] | None = None  # e.g. a Prometheus histogram's observe
 
     def merge(self, partials: Iterable[Any], **kwargs: Any) -> Any:
         partials = list(partials)
@@ -141,7 +152,7 @@ class InstrumentedStore:
             return
         try:
             self._store.forget(self._to_forget)
-        except Exception as exc:  # noqa: BLE001 (a ledger left behind costs rows, not exactness: retry later)
+        except Exception as exc:
             log.warning("could not trim the store's source ledger (%s); will retry after the next write", exc)
             return
         self._to_forget.clear()
@@ -157,30 +168,27 @@ class InstrumentedStore:
 @dataclass
 class IngestCounters:
     requests: int = 0
-    accepted: int = 0            # events handed to the engine
-    rejected: int = 0            # events that failed validation
-    refused_busy: int = 0        # 429
+    accepted: int = 0  # events handed to the engine
+    rejected: int = 0  # events that failed validation
+    refused_busy: int = 0  # 429
     refused_unavailable: int = 0  # 503
     batches: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
 
-class Refused(Exception):
-    """The pipeline has no room: answer ``status`` with Retry-After."""
-
-    def __init__(self, status: int, reason: str, retry_after: int) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.retry_after = retry_after
-
-
 class IngestService:
     """A live engine plus admission control and sampling. ``submit`` from any thread; ``close`` once."""
 
-    def __init__(self, definitions: Definitions, store: Any, *, store_url: str = "",
-                 engine_options: EngineOptions | None = None, options: ServiceOptions | None = None,
-                 name: str = "serve") -> None:
+    def __init__(
+        self,
+        definitions: Definitions,
+        store: Any,
+        *,
+        store_url: str = "",
+        engine_options: EngineOptions | None = None,
+        options: ServiceOptions | None = None,
+        name: str = "serve",
+    ) -> None:
         self.definitions = definitions
         self.options = options or ServiceOptions()
         self.store_url = store_url
@@ -209,14 +217,14 @@ class IngestService:
         return self._draining
 
     def enter(self) -> None:
-        """A POST begins (raises :class:`Refused` when shutting down or too many are in flight)."""
+        """A POST begins (raises :class:`IngestRefused` when shutting down or too many are in flight)."""
         with self._lock:
             if self._draining:
                 self.counters.refused_unavailable += 1
-                raise Refused(503, "shutting down", self.options.retry_after_s)
+                raise IngestRefused(503, "shutting down", self.options.retry_after_s)
             if self._inflight >= self.options.max_concurrent_requests:
                 self.counters.refused_busy += 1
-                raise Refused(429, "too many concurrent requests", self.options.retry_after_s)
+                raise IngestRefused(429, "too many concurrent requests", self.options.retry_after_s)
             self._inflight += 1
             self.counters.requests += 1
 
@@ -227,13 +235,13 @@ class IngestService:
                 self._inflight_zero.notify_all()
 
     def admit(self) -> None:
-        """Wait (up to ``admit_wait_s``) until the pipeline has room; else raise :class:`Refused`."""
+        """Wait (up to ``admit_wait_s``) until the pipeline has room; else raise :class:`IngestRefused`."""
         deadline = time.monotonic() + self.options.admit_wait_s
         while True:
             if self._draining:
                 with self._lock:
                     self.counters.refused_unavailable += 1
-                raise Refused(503, "shutting down", self.options.retry_after_s)
+                raise IngestRefused(503, "shutting down", self.options.retry_after_s)
             full, why = self.pressure()
             if not full:
                 return
@@ -245,8 +253,10 @@ class IngestService:
                     else:
                         self.counters.refused_busy += 1
                 if down:
-                    raise Refused(503, f"store unavailable, pipeline full ({why})", 2 * self.options.retry_after_s)
-                raise Refused(429, f"pipeline busy ({why})", self.options.retry_after_s)
+                    raise IngestRefused(
+                        503, f"store unavailable, pipeline full ({why})", 2 * self.options.retry_after_s
+                    )
+                raise IngestRefused(429, f"pipeline busy ({why})", self.options.retry_after_s)
             time.sleep(0.005)
 
     def pressure(self) -> tuple[bool, str]:
@@ -276,7 +286,7 @@ class IngestService:
         return False, ""
 
     def submit(self, batch: pa.RecordBatch, rejected: int, reasons: Iterable[str]) -> None:
-        """Hand one validated batch (already admitted) to the engine and count it. Raises :class:`Refused` if
+        """Hand one validated batch (already admitted) to the engine and count it. Raises :class:`IngestRefused` if
         the engine is closed meanwhile (nothing was accepted then)."""
         n = batch.num_rows
         if n:
@@ -286,7 +296,7 @@ class IngestService:
                 with self._lock:
                     self._submitted_batches -= 1
                     self.counters.refused_unavailable += 1
-                raise Refused(503, "shutting down", self.options.retry_after_s)
+                raise IngestRefused(503, "shutting down", self.options.retry_after_s)
             top = pc.max(batch.column("ts")).as_py()
         with self._lock:
             if n:
@@ -327,11 +337,18 @@ class IngestService:
     def summary(self) -> dict[str, Any]:
         report = getattr(self, "_report", None) or self.engine.report()
         c = self.counters
-        return {"requests": c.requests, "accepted": c.accepted, "rejected": c.rejected,
-                "refused_429": c.refused_busy, "refused_503": c.refused_unavailable,
-                "dropped": report["dropped"], "handler_errors": report["handler_errors"],
-                "store_retries": self.engine.counters.store_retries, "store_errors": self.engine.counters.store_errors,
-                "persisted_batches": self.engine.counters.persisted_batches}
+        return {
+            "requests": c.requests,
+            "accepted": c.accepted,
+            "rejected": c.rejected,
+            "refused_429": c.refused_busy,
+            "refused_503": c.refused_unavailable,
+            "dropped": report["dropped"],
+            "handler_errors": report["handler_errors"],
+            "store_retries": self.engine.counters.store_retries,
+            "store_errors": self.engine.counters.store_errors,
+            "persisted_batches": self.engine.counters.persisted_batches,
+        }
 
     # ------------------------------------------------------------------ views
 
@@ -341,8 +358,11 @@ class IngestService:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         status = "draining" if self._draining else "ok"
-        body = {"status": status, "store": "ok" if self.store.available else "unavailable",
-                "uptime_s": round(time.time() - self.started, 1)}
+        body = {
+            "status": status,
+            "store": "ok" if self.store.available else "unavailable",
+            "uptime_s": round(time.time() - self.started, 1),
+        }
         return (503 if self._draining else 200), body
 
     def stats_view(self) -> dict[str, Any]:
@@ -367,7 +387,7 @@ class Sampler(threading.Thread):
         self._lock = threading.Lock()
         self.samples: deque[dict[str, Any]] = deque(maxlen=o.history)
         self.rebalances: deque[dict[str, Any]] = deque(maxlen=200)
-        self.on_handoff: Callable[[str, float], None] | None = None   # (queue, seconds), e.g. a histogram
+        self.on_handoff: Callable[[str, float], None] | None = None  # (queue, seconds), e.g. a histogram
         self._seen_at: dict[str, float] = {}
         self._prev: dict[str, Any] | None = None
         self._top: dict[str, Any] = {"granularity": "minute", "bucket": None, "columns": [], "rows": []}
@@ -408,9 +428,14 @@ class Sampler(threading.Thread):
         now = time.time()
         stats = {q.name: q.stats() for q in e.queues()}
         dropped = sum(s.dropped_full + s.dropped_no_handler for s in stats.values())
-        cur = {"t": now, "accepted": svc.counters.accepted, "rejected": svc.counters.rejected, "dropped": dropped,
-               "refused": svc.counters.refused_busy + svc.counters.refused_unavailable,
-               "tasks": {name: s.task_dispatched for name, s in stats.items()}}
+        cur: dict[str, Any] = {
+            "t": now,
+            "accepted": svc.counters.accepted,
+            "rejected": svc.counters.rejected,
+            "dropped": dropped,
+            "refused": svc.counters.refused_busy + svc.counters.refused_unavailable,
+            "tasks": {name: s.task_dispatched for name, s in stats.items()},
+        }
         prev = self._prev
         point: dict[str, Any] = {"t": round(now, 3)}
         if prev is not None:
@@ -422,29 +447,38 @@ class Sampler(threading.Thread):
             loads = {}
             for name, tasks in cur["tasks"].items():
                 before = prev["tasks"].get(name, ())
-                loads[name] = [round(_rate(a - (before[i] if i < len(before) else 0), dt), 1)
-                               for i, a in enumerate(tasks)]
+                loads[name] = [
+                    round(_rate(a - (before[i] if i < len(before) else 0), dt), 1) for i, a in enumerate(tasks)
+                ]
             point["task_load"] = loads
             self.task_load = loads
-        new_rebalances = []
+        new_rebalances: list[dict[str, Any]] = []
         for name, s in stats.items():
             seen = self._seen_at.get(name, 0.0)
             for r in s.rebalance_history:
                 if r.at > seen and r.moved:
-                    new_rebalances.append({"queue": name, "at": round(r.at, 3), "moved": r.moved,
-                                           "duration_ms": round(r.duration_ms, 3),
-                                           "ratio_before": _finite(r.ratio_before), "ratio_after": _finite(r.ratio_after),
-                                           "loads_before": list(r.loads_before), "loads_after": list(r.loads_after)})
+                    new_rebalances.append(
+                        {
+                            "queue": name,
+                            "at": round(r.at, 3),
+                            "moved": r.moved,
+                            "duration_ms": round(r.duration_ms, 3),
+                            "ratio_before": _finite(r.ratio_before),
+                            "ratio_after": _finite(r.ratio_after),
+                            "loads_before": list(r.loads_before),
+                            "loads_after": list(r.loads_after),
+                        }
+                    )
             if s.rebalance_history:
                 self._seen_at[name] = max(seen, max(r.at for r in s.rebalance_history))
         with self._lock:
-            for r in new_rebalances:
-                self.rebalances.append(r)
+            for event in new_rebalances:
+                self.rebalances.append(event)
             if prev is not None:
                 self.samples.append(point)
         if self.on_handoff is not None:
-            for r in new_rebalances:
-                self.on_handoff(r["queue"], r["duration_ms"] / 1000)
+            for event in new_rebalances:
+                self.on_handoff(event["queue"], event["duration_ms"] / 1000)
         self._prev = cur
         self._view = self._build_view(now, stats)
 
@@ -463,33 +497,62 @@ class Sampler(threading.Thread):
         queues = []
         for q in e.queues():
             s = stats[q.name]
-            queues.append({
-                "name": q.name, "role": q.name.rsplit("-", 1)[-1], "buffer_size": s.buffer_size,
-                "partitions": [round(100 * n / max(1, s.buffer_size), 1) for n in s.partition_used_counts],
-                "used": s.total_used(), "used_pct": round(s.total_used_percentage(), 2),
-                "produced": s.produced, "dispatched": s.dispatched, "dropped_full": s.dropped_full,
-                "dropped_no_handler": s.dropped_no_handler, "handler_errors": s.handler_errors,
-                "tasks": list(s.task_dispatched), "task_partitions": [len(p) for p in s.task_partitions],
-                "task_load": self.task_load.get(q.name, []),
-                "rebalances": s.rebalances, "rebalance_state": s.rebalance_state,
-            })
+            queues.append(
+                {
+                    "name": q.name,
+                    "role": q.name.rsplit("-", 1)[-1],
+                    "buffer_size": s.buffer_size,
+                    "partitions": [round(100 * n / max(1, s.buffer_size), 1) for n in s.partition_used_counts],
+                    "used": s.total_used(),
+                    "used_pct": round(s.total_used_percentage(), 2),
+                    "produced": s.produced,
+                    "dispatched": s.dispatched,
+                    "dropped_full": s.dropped_full,
+                    "dropped_no_handler": s.dropped_no_handler,
+                    "handler_errors": s.handler_errors,
+                    "tasks": list(s.task_dispatched),
+                    "task_partitions": [len(p) for p in s.task_partitions],
+                    "task_load": self.task_load.get(q.name, []),
+                    "rebalances": s.rebalances,
+                    "rebalance_state": s.rebalance_state,
+                }
+            )
         ec = e.counters
         latencies = sorted(st.write_seconds)
         return {
-            "now": round(now, 3), "uptime_s": round(now - svc.started, 1), "store_url": svc.store_url,
+            "now": round(now, 3),
+            "uptime_s": round(now - svc.started, 1),
+            "store_url": svc.store_url,
             "draining": svc.draining,
-            "ingest": {"requests": c.requests, "accepted": c.accepted, "rejected": c.rejected,
-                       "refused_429": c.refused_busy, "refused_503": c.refused_unavailable,
-                       "events_per_s": last.get("events_per_s", 0.0), "drops_per_s": last.get("drops_per_s", 0.0),
-                       "dropped": sum(q["dropped_full"] + q["dropped_no_handler"] for q in queues),
-                       "reasons": dict(sorted(c.reasons.items(), key=lambda kv: -kv[1])[:8])},
-            "engine": {"batches": ec.batches, "events": ec.events, "partials": ec.partials,
-                       "persisted_batches": ec.persisted_batches, "persisted_partials": ec.persisted_partials,
-                       "store_retries": ec.store_retries, "store_errors": ec.store_errors},
-            "store": {"available": st.available, "writes": st.writes, "failures": st.failures,
-                      "last_error": st.last_error, "last_write_ms": round(1000 * st.last_write_s, 2),
-                      "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
-                      "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2)},
+            "ingest": {
+                "requests": c.requests,
+                "accepted": c.accepted,
+                "rejected": c.rejected,
+                "refused_429": c.refused_busy,
+                "refused_503": c.refused_unavailable,
+                "events_per_s": last.get("events_per_s", 0.0),
+                "drops_per_s": last.get("drops_per_s", 0.0),
+                "dropped": sum(q["dropped_full"] + q["dropped_no_handler"] for q in queues),
+                "reasons": dict(sorted(c.reasons.items(), key=lambda kv: -kv[1])[:8]),
+            },
+            "engine": {
+                "batches": ec.batches,
+                "events": ec.events,
+                "partials": ec.partials,
+                "persisted_batches": ec.persisted_batches,
+                "persisted_partials": ec.persisted_partials,
+                "store_retries": ec.store_retries,
+                "store_errors": ec.store_errors,
+            },
+            "store": {
+                "available": st.available,
+                "writes": st.writes,
+                "failures": st.failures,
+                "last_error": st.last_error,
+                "last_write_ms": round(1000 * st.last_write_s, 2),
+                "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
+                "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2),
+            },
             "queues": queues,
             "history": history[-120:],
             "rebalances": rebalances,
@@ -511,7 +574,9 @@ class Sampler(threading.Thread):
         values: dict[tuple[str, str], dict[str, float]] = {}
         try:
             for m in ordered:
-                for metric, entity, _g, bucket, label, value in svc.store.query(metric=m.name, granularity="minute", start=start):
+                for _metric, entity, _g, bucket, label, value in svc.store.query(
+                    metric=m.name, granularity="minute", start=start
+                ):
                     if m.function == "percentile" and label != "p99":
                         continue
                     values.setdefault((entity, bucket), {})[m.name] = value
@@ -520,12 +585,14 @@ class Sampler(threading.Thread):
         except Exception as exc:  # the store may be down: keep what we had
             log.debug("top services query failed: %s", exc)
             return self._top
-        rows = []
+        rows: list[list[Any]] = []
         for entity, bucket in latest.items():
             v = values.get((entity, bucket), {})
             rows.append([entity, bucket] + [v.get(m.name) for m in ordered])
         rows.sort(key=lambda r: -(r[2] or 0))
-        out["columns"] = ["service", "minute"] + [m.name + (" p99" if m.function == "percentile" else "") for m in ordered]
+        out["columns"] = ["service", "minute"] + [
+            m.name + (" p99" if m.function == "percentile" else "") for m in ordered
+        ]
         out["rows"] = rows[: svc.options.top_services]
         out["bucket"] = max(latest.values()) if latest else None
         return out

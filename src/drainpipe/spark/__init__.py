@@ -2,7 +2,7 @@
 
 Contract (``/work/shared/design/PIPELINE.md``; issue 5):
 
-* Same definitions, same code: events are read and validated by :mod:`drainpipe.pipeline.events` (the same
+* Same definitions, same code: events are read and validated by :mod:`drainpipe.inputs` (the same
   rules, reasons and dead-letter records as the local engine), partially aggregated per Spark task by
   :func:`drainpipe.pipeline.functions.aggregate_batch`, merged across tasks with Spark's ``sum``/``min``/``max``
   as each state column's shared merge operation prescribes (exact for integer states and min/max) and
@@ -20,34 +20,39 @@ Contract (``/work/shared/design/PIPELINE.md``; issue 5):
 Entry points: :func:`run_batch`, :func:`run_stream`, :func:`check_java`; :mod:`drainpipe.spark.skew` holds the
 skew-aware placement of per-type work. Importing this package does not import pyspark.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format, expand_inputs
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.events import DeadLetter, detect_format, expand_inputs
 from drainpipe.pipeline.store import DEFAULT_STORE_URL, open_store
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
-from .session import SparkSetupError, check_java, check_pyspark, spark_session
+from .session import check_java, check_pyspark, spark_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-__all__ = ["run_batch", "run_stream", "check_java", "check_pyspark", "spark_session", "SparkSetupError",
-           "JobOptions", "PER_TYPE_MODES", "default_dead_letter"]
+__all__ = [
+    "run_batch",
+    "run_stream",
+    "check_java",
+    "check_pyspark",
+    "spark_session",
+    "JobOptions",
+    "PER_TYPE_MODES",
+    "default_dead_letter",
+]
 
 
-def default_dead_letter(store_url: str) -> str:
-    """``<store file without suffix>.rejected.jsonl`` (the local engine's default), else ``drainpipe.rejected.jsonl``."""
-    from drainpipe.pipeline.run import _default_dead_letter
-
-    return _default_dead_letter(store_url)
-
-
-def _session(master: str, conf: Mapping[str, str] | None, spark: SparkSession | None) -> tuple[SparkSession, bool]:
+def _session(
+    master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+) -> tuple[SparkSession, bool]:
     """(session, created here): an explicit or active session is used as is and not stopped."""
     if spark is not None:
         return spark, False
@@ -55,16 +60,17 @@ def _session(master: str, conf: Mapping[str, str] | None, spark: SparkSession | 
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    return spark_session(master, conf), active is None
+    return spark_session(master, conf, quiet=quiet), active is None
 
 
 @contextmanager
-def _job(store_url: str, master: str, conf: Mapping[str, str] | None,
-         spark: SparkSession | None) -> Iterator[tuple[Any, SparkSession]]:
+def _job(
+    store_url: str, master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+) -> Iterator[tuple[Any, SparkSession]]:
     """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
     store = open_store(store_url)
     try:
-        session, created = _session(master, conf, spark)
+        session, created = _session(master, conf, spark, quiet)
         try:
             yield store, session
         finally:
@@ -92,6 +98,7 @@ def run_batch(
     progress: Callable[[int, int], None] | None = None,
     spark: SparkSession | None = None,
     options: JobOptions | None = None,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Process event files (paths or globs: JSON Lines, CSV, each optionally gzipped, Parquet) on Spark.
 
@@ -99,18 +106,18 @@ def run_batch(
     Java or pyspark raises :class:`SparkSetupError`. ``progress(events_read, bytes_done)`` is called about
     twice a second. ``spark``: an existing session to use (it is left running); otherwise one is built from
     ``master`` and ``conf`` and stopped at the end. ``options``: :class:`JobOptions` (per-type mode, split
-    size, ...), none of which changes results.
+    size, ...), none of which changes results. ``quiet``: the JVM's own output goes to a log file.
 
     Returns ``read accepted rejected dropped`` (``dropped`` is always 0 for files), ``metrics_rows`` (metric
     value rows updated, all granularities), ``topn_rows``, ``elapsed_s``, ``events_per_s`` and details:
-    ``files skipped_files splits reasons stage_s spread dead_letter``.
+    ``files skipped_blocks splits reasons stage_s spread dead_letter``.
     """
     t0 = time.perf_counter()
     paths = expand_inputs(list(inputs))
     for path in paths:
         detect_format(path)
     target = dead_letter or default_dead_letter(store_url)
-    with _job(store_url, master, conf, spark) as (store, session), DeadLetter(target) as dl:
+    with _job(store_url, master, conf, spark, quiet) as (store, session), DeadLetter(target) as dl:
         summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
     summary.update(dead_letter=target)
     return _add_rate(summary, t0)
@@ -121,4 +128,3 @@ def run_stream(input_dir: str, **kwargs: Any) -> dict[str, Any]:
     from .stream import run_stream as _run_stream
 
     return _run_stream(input_dir, **kwargs)
-

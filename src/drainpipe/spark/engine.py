@@ -25,6 +25,7 @@ driver, after a Spark stage of it when many tasks contribute).
 :mod:`drainpipe.spark.skew` (salted hot types, LPT, ``repartitionById``) and ``aggregate_events`` aggregates
 each partition; the states then merge exactly as above. Results are identical in every mode.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,30 +34,54 @@ import threading
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from drainpipe.errors import InputError, SparkJobError
+from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, ReadStats, source_prefix
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.events import EVENT_SCHEMA, DeadLetter, InputError, ReadStats
-from drainpipe.pipeline.functions import (GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial,
-                                          merge)
+from drainpipe.pipeline.functions import GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial, merge
 from drainpipe.pipeline.store import Store
 
 from . import skew
-from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, METRIC, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, columns_used,
-                   empty_like, metric_partial, select_rows, spark_schema, topn_only_filter, topn_partial)
-from .splits import Split, line_offsets, plan_splits
+from .rows import (
+    EVENT,
+    EVENT_ROWS,
+    META_COLUMNS,
+    METRIC,
+    REJECT,
+    SPLIT,
+    STATE_ROWS,
+    TASK,
+    TOPN,
+    columns_used,
+    empty_like,
+    metric_partial,
+    select_rows,
+    spark_schema,
+    topn_only_filter,
+    topn_partial,
+)
+from .splits import Split, plan_file, plan_splits
 from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, sample_types, scan_events, scan_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["PER_TYPE_MODES", "JobOptions", "JobResult", "SparkJobError", "aggregate_splits", "per_type_stage",
-           "ingest_files", "Progress"]
+__all__ = [
+    "PER_TYPE_MODES",
+    "JobOptions",
+    "JobResult",
+    "aggregate_splits",
+    "per_type_stage",
+    "ingest_files",
+    "Progress",
+]
 
 # pyspark 4.x warns when a pandas/Arrow UDF is declared that it does not fully support pandas 3; the engine
 # exchanges Arrow only
@@ -73,8 +98,7 @@ class JobOptions:
     per_type: str = "map"  # map | placed | hash (see the module docstring)
     type_key: str = "service"  # the event column that names a type for the per-type stage
     partitions: int | None = None  # per-type stage / top-N merge partitions (default: shuffle partitions)
-    split_bytes: int | None = None  # input split size (default: ~3 splits per core)
-    batch_rows: int = 65_536  # events per aggregated batch inside a task
+    batch_rows: int = 65_536  # rows per input block (the local engine's default: the same source ids)
     sample_rows: int = 4_096  # events sampled from the head of each split for type weights
     weights: dict[str, float] | None = None  # type weights to use instead of sampling (previous window)
 
@@ -95,6 +119,7 @@ class JobResult:
     tasks: dict[str, list[tuple[float, int, float]]]
     stage_s: dict[str, float] = field(default_factory=dict)
     placement: skew.Placement | None = None
+    sources: list[str] = field(default_factory=list)  # source ids of the blocks aggregated
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
@@ -148,11 +173,7 @@ def _metric_merge(states: DataFrame, definitions: Definitions) -> DataFrame:
     return states.filter(F.col("kind") == METRIC).groupBy("d", "entity", "bucket", "b").agg(*aggregates)
 
 
-class SparkJobError(ValueError):
-    """The Spark job failed for a reason other than the input; the message is one line."""
-
-
-_INPUT_ERROR = re.compile(r"(?:drainpipe\.pipeline\.events\.)?InputError: (.+)")
+_INPUT_ERROR = re.compile(r"(?:drainpipe\.errors\.)?InputError: (.+)")
 
 
 def _collect(frame: DataFrame) -> pa.Table:
@@ -173,21 +194,26 @@ def _collect(frame: DataFrame) -> pa.Table:
 
 
 def _sample_weights(frame: DataFrame, splits: Sequence[Split], options: JobOptions) -> dict[str, float]:
-    rows = _collect(frame.mapInArrow(sample_types(splits, options.type_key, options.sample_rows),
-                                     spark_schema(SAMPLE_SCHEMA)))
+    rows = _collect(
+        frame.mapInArrow(sample_types(splits, options.type_key, options.sample_rows), spark_schema(SAMPLE_SCHEMA))
+    )
     return skew.weights_from_counts(zip(rows.column("type").to_pylist(), rows.column("weight").to_pylist()))
 
 
-def aggregate_splits(spark: SparkSession, splits: Sequence[Split], definitions: Definitions,
-                     options: JobOptions = JobOptions(), accumulators: tuple[Any, Any] | None = None) -> JobResult:
+def aggregate_splits(
+    spark: SparkSession,
+    splits: Sequence[Split],
+    definitions: Definitions,
+    options: JobOptions = JobOptions(),
+    accumulators: tuple[Any, Any] | None = None,
+) -> JobResult:
     """Run the job over ``splits`` (see the module docstring); partials are returned without sources."""
     stage_s: dict[str, float] = {}
     clock = time.perf_counter()
     ordered = _split_order(splits)
     frame = _splits_frame(spark, len(ordered))
     if options.per_type == "map":
-        states = frame.mapInArrow(scan_states(definitions, ordered, options.batch_rows, accumulators),
-                                  spark_schema(STATE_ROWS))
+        states = frame.mapInArrow(scan_states(definitions, ordered, accumulators), spark_schema(STATE_ROWS))
         return _merge_states(spark, states, len(ordered), definitions, options, splits, stage_s, None)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
@@ -196,13 +222,19 @@ def aggregate_splits(spark: SparkSession, splits: Sequence[Split], definitions: 
         stage_s["sample"] = time.perf_counter() - clock
     else:
         placement = skew.hash_placement(partitions)
-    events = frame.mapInArrow(scan_events(ordered, options.batch_rows, accumulators), spark_schema(EVENT_ROWS))
+    events = frame.mapInArrow(scan_events(ordered, accumulators), spark_schema(EVENT_ROWS))
     return per_type_stage(spark, events, definitions, placement, options, splits, stage_s)
 
 
-def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definitions, placement: skew.Placement,
-                   options: JobOptions = JobOptions(), splits: Sequence[Split] = (),
-                   stage_s: dict[str, float] | None = None) -> JobResult:
+def per_type_stage(
+    spark: SparkSession,
+    events: DataFrame,
+    definitions: Definitions,
+    placement: skew.Placement,
+    options: JobOptions = JobOptions(),
+    splits: Sequence[Split] = (),
+    stage_s: dict[str, float] | None = None,
+) -> JobResult:
     """Aggregate an events DataFrame (the canonical event columns; with ``kind``, non-EVENT rows pass through as
     bookkeeping) per type: rows placed by ``placement`` on ``options.type_key`` (``repartitionById``), each
     partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's.
@@ -221,9 +253,11 @@ def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definiti
         has_key = reduce(lambda a, b: a | b, [(F.col(k).isNotNull() & (F.col(k) != "")) for k in keys])
         events = events.where(has_key | (F.col("kind") != EVENT) if bookkeeping else has_key)
     states = skew.place(events, placement, options.type_key).mapInArrow(
-        aggregate_events(definitions), spark_schema(STATE_ROWS))
-    return _merge_states(spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}),
-                         placement)
+        aggregate_events(definitions), spark_schema(STATE_ROWS)
+    )
+    return _merge_states(
+        spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}), placement
+    )
 
 
 #: up to this many state-producing tasks, the top-N rows (at most n per key and task) are merged on the driver;
@@ -231,8 +265,16 @@ def per_type_stage(spark: SparkSession, events: DataFrame, definitions: Definiti
 DRIVER_TOPN_MERGE_TASKS = 64
 
 
-def _merge_states(spark: SparkSession, states: DataFrame, tasks: int, definitions: Definitions, options: JobOptions,
-                  splits: Sequence[Split], stage_s: dict[str, float], placement: skew.Placement | None) -> JobResult:
+def _merge_states(
+    spark: SparkSession,
+    states: DataFrame,
+    tasks: int,
+    definitions: Definitions,
+    options: JobOptions,
+    splits: Sequence[Split],
+    stage_s: dict[str, float],
+    placement: skew.Placement | None,
+) -> JobResult:
     """Merge the STATE_ROWS of ``tasks`` tasks across tasks and collect them with the bookkeeping rows.
 
     With metrics, two actions over the persisted states: the metric merge (which materialises them), then
@@ -250,9 +292,11 @@ def _merge_states(spark: SparkSession, states: DataFrame, tasks: int, definition
         rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
         if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
             topn_rows = states.filter(F.col("kind") == TOPN).repartition(
-                _shuffle_partitions(spark, options), "d", "entity", "bucket")
+                _shuffle_partitions(spark, options), "d", "entity", "bucket"
+            )
             rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(
-                states.filter(F.col("kind") >= REJECT))
+                states.filter(F.col("kind") >= REJECT)
+            )
         collected = _collect(rest)
         stage_s["topn+bookkeeping"] = time.perf_counter() - clock
     finally:
@@ -260,8 +304,8 @@ def _merge_states(spark: SparkSession, states: DataFrame, tasks: int, definition
             states.unpersist()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
     partials = _partials(definitions, merged, collected if definitions.topns else None)
-    stats, rejects = _read_report(splits, meta)
-    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement)
+    stats, rejects, sources = _read_report(splits, meta)
+    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, sources)
 
 
 def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None) -> list[Partial]:
@@ -270,33 +314,40 @@ def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table 
     for index, definition in enumerate(definitions.all):
         if isinstance(definition, MetricDef):
             rows = merged.filter(pc.equal(merged.column("d"), index)) if merged is not None else None
-            out.append(metric_partial(definition, rows) if rows is not None and rows.num_rows else empty_like(definition))
+            out.append(
+                metric_partial(definition, rows) if rows is not None and rows.num_rows else empty_like(definition)
+            )
         else:
             assert isinstance(definition, TopNDef)
             rows = select_rows(topn, TOPN, index) if topn is not None else None
-            out.append(merge([topn_partial(definition, rows)]) if rows is not None and rows.num_rows else empty_like(definition))
+            out.append(
+                merge([topn_partial(definition, rows)])
+                if rows is not None and rows.num_rows
+                else empty_like(definition)
+            )
     return out
 
 
-def _read_report(splits: Sequence[Split], meta: pa.Table) -> tuple[ReadStats, list[tuple[str, int, Any, str]]]:
-    """Counts summed over the SPLIT rows; rejects with file line numbers, in file then line order."""
+def _read_report(
+    splits: Sequence[Split], meta: pa.Table
+) -> tuple[ReadStats, list[tuple[str, int, Any, str]], list[str]]:
+    """Counts summed over the SPLIT rows; rejects (file line numbers) in file then line order; the source ids
+    of the blocks aggregated."""
     stats = ReadStats()
-    lines: dict[int, int] = {}
+    by_index = {s.index: s for s in splits}
+    sources: list[str] = []
     for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
         report = json.loads(info)
         part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]))
         stats.merge(part)
-        lines[d] = report["lines"]
-    offsets = line_offsets(splits, lines)
-    by_index = {s.index: s for s in splits}
+        sources += [by_index[d].part.source(block) for block in report["blocks"]]
     order = {path: i for i, path in enumerate(dict.fromkeys(s.path for s in splits))}
     rejected = select_rows(meta, REJECT)
     rejects = []
     for d, line, raw, reason in zip(*(rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason"))):
-        split = by_index[d]
-        rejects.append((split.path, line + offsets[d], json.loads(raw), reason))
+        rejects.append((by_index[d].path, line, json.loads(raw), reason))
     rejects.sort(key=lambda r: (order[r[0]], r[1]))
-    return stats, rejects
+    return stats, rejects, sources
 
 
 def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int, float]]]:
@@ -321,8 +372,13 @@ def _accumulators(spark: SparkSession) -> tuple[Any, Any] | None:
 class _ProgressPoller:
     """Calls ``progress(events, bytes)`` every ``every_s`` from the accumulators (updated as tasks end)."""
 
-    def __init__(self, progress: Progress | None, accumulators: tuple[Any, Any] | None, base: tuple[int, int],
-                 every_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        progress: Progress | None,
+        accumulators: tuple[Any, Any] | None,
+        base: tuple[int, int],
+        every_s: float = 0.5,
+    ) -> None:
         self.progress, self.accumulators, self.base, self.every_s = progress, accumulators, base, every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -345,71 +401,89 @@ class _ProgressPoller:
         self.report()
 
 
-def ingest_files(spark: SparkSession, paths: Sequence[str], definitions: Definitions, store: Store,
-                 dead_letter: DeadLetter | None, options: JobOptions = JobOptions(),
-                 progress: Progress | None = None) -> dict[str, Any]:
+def ingest_files(
+    spark: SparkSession,
+    paths: Sequence[str],
+    definitions: Definitions,
+    store: Store,
+    dead_letter: DeadLetter | None,
+    options: JobOptions = JobOptions(),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Aggregate ``paths`` on Spark and merge the states into ``store`` in one transaction per group of files.
 
-    Idempotent: each file's source identity is recorded per definition by the store; files whose every
-    definition is applied are skipped unread, and a file applied for some definitions only (the definitions
-    changed) is aggregated for the missing ones (``Definitions.select``). Rejects go to ``dead_letter``
-    before the store commit (a crash in between repeats them on the re-run: the dead letter is at least
-    once, the store exactly once). Returns the counts, the stage times and the task-time spread.
+    Idempotent, with the local engine's source ids (:mod:`drainpipe.inputs.parts`): the blocks of a file an
+    earlier run (of either engine) stored for every definition are read and counted but not aggregated again; a
+    file stored for some definitions only (the definitions changed) is aggregated for the missing ones
+    (``Definitions.select``). Rejects go to ``dead_letter`` before the store commit (a crash in between repeats
+    them on the re-run: the dead letter is at least once, the store exactly once). Returns the counts, the stage
+    times and the task-time spread.
     """
     t0 = time.perf_counter()
     parallelism = _parallelism(spark)
-    splits_all = plan_splits(list(paths), parallelism, options.split_bytes)
-    source_of = {s.path: s.source for s in splits_all}
-    groups: dict[frozenset[str], list[str]] = {}
-    skipped: list[str] = []
-    for path in dict.fromkeys(s.path for s in splits_all):
-        missing = frozenset(definitions.names) - store.applied(source_of[path])
-        if missing:
-            groups.setdefault(missing, []).append(path)
-        else:
-            skipped.append(path)
+    names = frozenset(definitions.names)
+    groups: dict[frozenset[str], list[Part]] = {}
+    skip: dict[str, frozenset[int]] = {}
+    files = list(dict.fromkeys(paths))
+    for path in files:
+        parts = plan_file(path, options.batch_rows, parallelism)
+        recorded = store.applied_under(source_prefix(parts[0].identity, options.batch_rows)) if parts else {}
+        done = frozenset(int(src.rsplit(":", 1)[1]) for src, applied in recorded.items() if applied >= names)
+        partly = [applied for applied in recorded.values() if not applied >= names]
+        missing = names - frozenset.intersection(*partly) if partly else names
+        skip[path] = done
+        groups.setdefault(missing, []).extend(parts)
     stats = ReadStats()
-    summary: dict[str, Any] = {"files": len(source_of), "skipped_files": len(skipped), "splits": 0,
-                               "applied": 0, "metrics_rows": 0, "topn_rows": 0, "stage_s": {}, "spread": {}}
+    summary: dict[str, Any] = {
+        "files": len(files),
+        "skipped_blocks": sum(map(len, skip.values())),
+        "splits": 0,
+        "applied": 0,
+        "metrics_rows": 0,
+        "topn_rows": 0,
+        "stage_s": {},
+        "spread": {},
+    }
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
     try:
-        for missing, group in groups.items():
+        for missing, parts in groups.items():
             selected = definitions.select(missing)
-            splits = plan_splits(group, parallelism, options.split_bytes)
+            splits = plan_splits(parts, skip)
             result = aggregate_splits(spark, splits, selected, options, accumulators)
-            sources = [source_of[p] for p in group]
-            partials = [p._with(p.table, sources) for p in result.partials]
+            partials = [p._with(p.table, result.sources) for p in result.partials]
             if dead_letter is not None:
                 for path, line, raw, reason in result.rejects:
                     dead_letter.write(path, line, raw, reason)
-                _flush(dead_letter)
-            report = store.merge(partials)
+                dead_letter.flush()
+            report = store.merge(partials) if result.sources else None
             stats.merge(result.stats)
             summary["splits"] += len(splits)
-            summary["applied"] += report.applied
+            summary["applied"] += report.applied if report is not None else 0
             summary["metrics_rows"] += _value_rows(partials, metrics=True)
             summary["topn_rows"] += _value_rows(partials, metrics=False)
             for stage, seconds in result.stage_s.items():
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())
             if result.placement is not None:
-                summary["placement"] = {"partitions": result.placement.partitions,
-                                        "salted": result.placement.salted,
-                                        "expected_ratio": result.placement.expected_ratio}
+                summary["placement"] = {
+                    "partitions": result.placement.partitions,
+                    "salted": result.placement.salted,
+                    "expected_ratio": result.placement.expected_ratio,
+                }
     finally:
         poller.close()
     elapsed = time.perf_counter() - t0
-    summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, dropped=0,
-                   reasons=dict(stats.reasons), elapsed_s=elapsed,
-                   events_per_s=stats.accepted / elapsed if elapsed > 0 else 0.0)
+    summary.update(
+        read=stats.read,
+        accepted=stats.accepted,
+        rejected=stats.rejected,
+        dropped=0,
+        reasons=dict(stats.reasons),
+        elapsed_s=elapsed,
+        events_per_s=stats.accepted / elapsed if elapsed > 0 else 0.0,
+    )
     return summary
-
-
-def _flush(dead_letter: DeadLetter) -> None:
-    handle = getattr(dead_letter, "_file", None)
-    if handle is not None:
-        handle.flush()
 
 
 def _value_rows(partials: Sequence[Partial], *, metrics: bool) -> int:
@@ -423,6 +497,7 @@ def _value_rows(partials: Sequence[Partial], *, metrics: bool) -> int:
         if not metrics:
             total += table.num_rows
             continue
+        assert isinstance(partial.definition, MetricDef)
         labels = len(PERCENTILE_LABELS) if partial.definition.function == "percentile" else 1
         bucket = table.column("bucket").to_numpy()
         for width in GRANULARITY_MS.values():

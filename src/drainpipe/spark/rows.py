@@ -16,29 +16,48 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   ========== ===================================================================================
 
 * :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT, the canonical
-  :data:`~drainpipe.pipeline.events.EVENT_SCHEMA` columns) and the same bookkeeping rows.
+  :data:`~drainpipe.inputs.EVENT_SCHEMA` columns) and the same bookkeeping rows.
 
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
 the layouts :func:`~drainpipe.pipeline.functions.aggregate_batch` produces.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.events import EVENT_SCHEMA
 from drainpipe.pipeline.functions import STATE_COLUMNS, MetricPartial, Partial, TopNPartial, partial_type
 
 __all__ = [
-    "METRIC", "TOPN", "REJECT", "SPLIT", "TASK", "EVENT",
-    "STATE_ROWS", "EVENT_ROWS", "META_COLUMNS",
-    "spark_schema", "partial_rows", "meta_rows", "info_row", "events_rows", "metric_partial", "topn_partial",
-    "empty_like", "select_rows", "columns_used", "topn_only_filter", "fill_unused",
+    "METRIC",
+    "TOPN",
+    "REJECT",
+    "SPLIT",
+    "TASK",
+    "EVENT",
+    "STATE_ROWS",
+    "EVENT_ROWS",
+    "META_COLUMNS",
+    "spark_schema",
+    "partial_rows",
+    "meta_rows",
+    "info_row",
+    "events_rows",
+    "metric_partial",
+    "topn_partial",
+    "empty_like",
+    "select_rows",
+    "columns_used",
+    "topn_only_filter",
+    "fill_unused",
 ]
 
 METRIC, TOPN, REJECT, SPLIT, TASK, EVENT = 0, 1, 2, 3, 4, 5
@@ -77,8 +96,14 @@ EVENT_ROWS = pa.schema(
     ]
 )
 
-_DDL = {pa.int8(): "tinyint", pa.int32(): "int", pa.int64(): "bigint", pa.float64(): "double",
-        pa.string(): "string", pa.bool_(): "boolean"}
+_DDL = {
+    pa.int8(): "tinyint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.float64(): "double",
+    pa.string(): "string",
+    pa.bool_(): "boolean",
+}
 
 
 def spark_schema(schema: pa.Schema) -> str:
@@ -188,7 +213,9 @@ def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
             columns.append(table.column(f.name))
         else:
             fill = _FILL.get(f.name, 0.0 if f.name == "latency_ms" else "")
-            columns.append(pa.nulls(table.num_rows, f.type) if fill is None else _constant(fill, table.num_rows, f.type))
+            columns.append(
+                pa.nulls(table.num_rows, f.type) if fill is None else _constant(fill, table.num_rows, f.type)
+            )
     return pa.Table.from_arrays(columns, schema=pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA]))
 
 

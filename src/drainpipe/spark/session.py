@@ -10,8 +10,10 @@
   ERROR, and for ``local[...]`` masters ``spark.driver.memory=2g`` and log level FATAL (a failed task's stack
   trace is re-raised by the engine as one line). ``conf`` (``--spark-conf key=value``) overrides any default.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,12 +21,15 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from drainpipe.errors import SparkSetupError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkSetupError", "MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
+__all__ = ["MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
 
 MIN_JAVA = 17
 
@@ -41,10 +46,6 @@ DEFAULT_CONF: Mapping[str, str] = {
 }
 #: on a laptop, a failed task's Java stack trace is noise: the engine re-raises its cause as one line
 _LOCAL_CONF: Mapping[str, str] = {"spark.driver.memory": "2g", "spark.log.level": "FATAL"}
-
-
-class SparkSetupError(ValueError):
-    """Spark cannot run here (no usable Java, no pyspark); the message is one line saying what to do."""
 
 
 def _java_binary() -> str | None:
@@ -75,10 +76,14 @@ def check_java(minimum: int = MIN_JAVA) -> int:
     try:
         done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SparkSetupError(f"cannot run {java} -version ({exc}); install a JDK {minimum}+ or set JAVA_HOME") from None
+        raise SparkSetupError(
+            f"cannot run {java} -version ({exc}); install a JDK {minimum}+ or set JAVA_HOME"
+        ) from None
     match = re.search(r'version "([^"]+)"', done.stderr + done.stdout)
     if done.returncode != 0 or match is None:
-        raise SparkSetupError(f"{java} does not work (exit {done.returncode}); install a JDK {minimum}+ or set JAVA_HOME")
+        raise SparkSetupError(
+            f"{java} does not work (exit {done.returncode}); install a JDK {minimum}+ or set JAVA_HOME"
+        )
     try:
         major = _major(match.group(1))
     except ValueError:
@@ -115,7 +120,9 @@ appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 
 def _quiet_log4j() -> str:
     """A log4j2 configuration (errors only, no start-up chatter) for local drivers, written once."""
-    path = os.path.join(tempfile.gettempdir(), f"drainpipe-log4j2-{os.getuid() if hasattr(os, 'getuid') else 0}.properties")
+    path = os.path.join(
+        tempfile.gettempdir(), f"drainpipe-log4j2-{os.getuid() if hasattr(os, 'getuid') else 0}.properties"
+    )
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -124,11 +131,14 @@ def _quiet_log4j() -> str:
     return path
 
 
-def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
-                  app_name: str = "drainpipe") -> SparkSession:
+def spark_session(
+    master: str = "local[*]", conf: Mapping[str, str] | None = None, app_name: str = "drainpipe", quiet: bool = False
+) -> SparkSession:
     """Build (or reuse the active) SparkSession for the engine; checks Java and pyspark first.
 
-    An active session is reused as is (its master and static conf stay what they are).
+    An active session is reused as is (its master and static conf stay what they are). ``quiet``: the JVM's
+    own output (start-up banners, log lines) goes to a file in the temp directory instead of this process's
+    stderr; failures still reach the caller as exceptions.
     """
     check_pyspark()
     from pyspark.sql import SparkSession
@@ -147,6 +157,27 @@ def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _jvm_output(quiet):
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
         return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _jvm_output(quiet: bool) -> Iterator[None]:
+    """While the JVM starts, point file descriptor 2 at a log file (quiet), so the JVM inherits that instead of
+    the terminal; this process's stderr is restored afterwards."""
+    if not quiet:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"drainpipe-spark-{os.getpid()}.log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)

@@ -22,20 +22,21 @@ shuffle; the map lookup is linear in the planned types, fine for the hundreds a 
 :func:`hash_placement` is the "without" baseline (Spark's hash partitioning of the type, one group per type).
 :func:`task_spread` summarises task times (from the TASK rows the tasks emit) as max / median.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from drainpipe._balancer import lpt_bins
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Placement", "plan_placement", "hash_placement", "sample_weights", "place", "task_spread",
-           "PID_COLUMN"]
+__all__ = ["Placement", "plan_placement", "hash_placement", "sample_weights", "place", "task_spread", "PID_COLUMN"]
 
 PID_COLUMN = "_pid"
 DEFAULT_SPLIT_SHARE = 0.5
@@ -83,8 +84,9 @@ class Placement:
         return F.coalesce(F.try_element_at(targets, (salt + 1).cast("int")), fallback).cast("int")
 
 
-def plan_placement(weights: Mapping[str, float], partitions: int, *,
-                   split_share: float = DEFAULT_SPLIT_SHARE) -> Placement:
+def plan_placement(
+    weights: Mapping[str, float], partitions: int, *, split_share: float = DEFAULT_SPLIT_SHARE
+) -> Placement:
     """Salt the hot types and place all sub-groups with LPT (see the module docstring)."""
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
@@ -117,8 +119,11 @@ def hash_placement(partitions: int, weights: Mapping[str, float] | None = None) 
         spark = SparkSession.getActiveSession()
         if spark is not None:
             names = sorted(weights)
-            rows = spark.createDataFrame([(n,) for n in names], "t string").selectExpr(
-                "t", f"pmod(hash(t), {partitions}) AS p").collect()
+            rows = (
+                spark.createDataFrame([(n,) for n in names], "t string")
+                .selectExpr("t", f"pmod(hash(t), {partitions}) AS p")
+                .collect()
+            )
             acc = [0.0] * partitions
             for row in rows:
                 acc[row.p] += weights[row.t]
@@ -155,5 +160,9 @@ def task_spread(seconds: Iterable[float]) -> dict[str, float]:
     if not values:
         return {"tasks": 0, "max_s": 0.0, "median_s": 0.0, "ratio": float("nan")}
     median = statistics.median(values)
-    return {"tasks": len(values), "max_s": values[-1], "median_s": median,
-            "ratio": values[-1] / median if median > 0 else float("inf")}
+    return {
+        "tasks": len(values),
+        "max_s": values[-1],
+        "median_s": median,
+        "ratio": values[-1] / median if median > 0 else float("inf"),
+    }

@@ -7,15 +7,16 @@ the batch engine, so a micro-batch is parsed, validated, aggregated and merged e
 
 Exactly once: Spark writes micro-batch N's files to the offset log before running it and marks it in the commit
 log after ``foreachBatch`` returns; after a crash, a batch without a commit entry is run again with the same
-files. The store records each file's source identity (``path@size:mtime_ns``) per definition in the same
-transaction as its states, so the re-run finds them applied and skips them (or applies them, if the crash came
-before the store commit). A killed and restarted stream therefore ends with exactly the values of an
-uninterrupted one. The dead letter is appended to before each store commit, so a crash between the two
+files. The store records the source ids of each file's blocks (content fingerprint, block size, block index:
+:mod:`drainpipe.inputs.parts`) per definition in the same transaction as its states, so the re-run finds them
+applied and skips them (or applies them, if the crash came before the store commit). A killed and restarted
+stream therefore ends with exactly the values of an uninterrupted one. The dead letter is appended to before each store commit, so a crash between the two
 repeats those rejects: it is at-least-once.
 
 Files must appear atomically (write elsewhere, then rename into the directory), as for any Spark file source.
 Names with an unsupported suffix are skipped and counted (``ignored_files``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,10 +25,12 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from drainpipe.errors import InputError
+from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.events import DeadLetter, InputError, detect_format
 from drainpipe.pipeline.store import DEFAULT_STORE_URL
 
 from .engine import JobOptions, ingest_files
@@ -41,17 +44,7 @@ log = logging.getLogger("drainpipe.spark.stream")
 
 #: names the stream picks up (others are never listed)
 STREAM_GLOB = "*.{jsonl,json,ndjson,csv,gz,parquet}"
-_SUMMED = ("read", "accepted", "rejected", "files", "skipped_files", "splits", "applied", "metrics_rows", "topn_rows")
-
-
-class _AppendingDeadLetter(DeadLetter):
-    """The dead letter of a stream: appended to across micro-batches and restarts."""
-
-    def open(self) -> DeadLetter:
-        with self._lock:
-            if self._file is None:
-                self._file = open(self.path, "a", encoding="utf-8", errors="backslashreplace")
-        return self
+_SUMMED = ("read", "accepted", "rejected", "files", "skipped_blocks", "splits", "applied", "metrics_rows", "topn_rows")
 
 
 def _local_path(uri: str) -> str:
@@ -86,16 +79,18 @@ def run_stream(
     interrupted). ``checkpoint`` is the Structured Streaming checkpoint directory: restart with the same one to
     resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit.
 
-    Returns the summed counts (``read accepted rejected files skipped_files ignored_files metrics_rows
+    Returns the summed counts (``read accepted rejected files skipped_blocks ignored_files metrics_rows
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
     """
-    from . import _add_rate, _job, default_dead_letter
+    from . import _add_rate, _job
 
     if not os.path.isdir(input_dir):
         raise InputError(f"stream input {input_dir!r} is not a directory")
     t0 = time.perf_counter()
-    with _job(store_url, master, conf, spark) as (store, session), \
-            _AppendingDeadLetter(dead_letter or default_dead_letter(store_url)) as dl:
+    with (
+        _job(store_url, master, conf, spark) as (store, session),
+        DeadLetter(dead_letter or default_dead_letter(store_url), append=True) as dl,
+    ):
         batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
         try:
             query = _start(session, input_dir, checkpoint, batches, trigger_once, poll_s, max_files_per_trigger)
@@ -112,10 +107,23 @@ class _MicroBatches:
     Py4J may keep the function alive after the query ends, so :meth:`release` drops its references to the
     session, store and dead letter (and returns the totals)."""
 
-    def __init__(self, session: SparkSession, definitions: Definitions, store: Any, dead_letter: DeadLetter,
-                 options: JobOptions, on_batch: Callable[[int, dict[str, Any]], None] | None) -> None:
-        self._context: dict[str, Any] = {"session": session, "definitions": definitions, "store": store,
-                                         "dead_letter": dead_letter, "options": options, "on_batch": on_batch}
+    def __init__(
+        self,
+        session: SparkSession,
+        definitions: Definitions,
+        store: Any,
+        dead_letter: DeadLetter,
+        options: JobOptions,
+        on_batch: Callable[[int, dict[str, Any]], None] | None,
+    ) -> None:
+        self._context: dict[str, Any] = {
+            "session": session,
+            "definitions": definitions,
+            "store": store,
+            "dead_letter": dead_letter,
+            "options": options,
+            "on_batch": on_batch,
+        }
         self.totals: dict[str, Any] = {key: 0 for key in _SUMMED}
         self.totals.update(batches=0, ignored_files=0)
         self._lock = threading.Lock()
@@ -132,8 +140,11 @@ class _MicroBatches:
                 log.warning("stream: skipping %s (unsupported suffix)", path)
                 continue
             paths.append(path)
-        summary = (ingest_files(c["session"], sorted(paths), c["definitions"], c["store"], c["dead_letter"],
-                                c["options"]) if paths else {})
+        summary = (
+            ingest_files(c["session"], sorted(paths), c["definitions"], c["store"], c["dead_letter"], c["options"])
+            if paths
+            else {}
+        )
         with self._lock:
             for key in _SUMMED:
                 self.totals[key] += summary.get(key, 0)
@@ -164,15 +175,25 @@ def _await(query: Any, timeout_s: float | None) -> None:
             query.stop()
 
 
-def _start(session: SparkSession, input_dir: str, checkpoint: str, process: Callable[[DataFrame, int], None],
-           trigger_once: bool, poll_s: float, max_files: int | None) -> Any:
+def _start(
+    session: SparkSession,
+    input_dir: str,
+    checkpoint: str,
+    process: Callable[[DataFrame, int], None],
+    trigger_once: bool,
+    poll_s: float,
+    max_files: int | None,
+) -> Any:
     schema = "path string, modificationTime timestamp, length bigint, content binary"  # binaryFile's fixed schema
     reader = session.readStream.format("binaryFile").schema(schema).option("pathGlobFilter", STREAM_GLOB)
     if max_files:
         reader = reader.option("maxFilesPerTrigger", str(max_files))
-    writer = (reader.load(input_dir).select("path").writeStream
-              .queryName(f"drainpipe-{os.path.basename(os.path.abspath(input_dir))}")
-              .option("checkpointLocation", checkpoint)
-              .foreachBatch(process))
+    writer = (
+        reader.load(input_dir)
+        .select("path")
+        .writeStream.queryName(f"drainpipe-{os.path.basename(os.path.abspath(input_dir))}")
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(process)
+    )
     writer = writer.trigger(availableNow=True) if trigger_once else writer.trigger(processingTime=f"{poll_s} seconds")
     return writer.start()

@@ -21,10 +21,12 @@ last output being produced (Python work plus waiting for input), the CPU seconds
 same span (what the task did, whatever else the machine runs), the events it aggregated and the stage name;
 that is how the task-time spread (max / median) is measured without a SparkListener.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,12 +35,34 @@ import pyarrow.compute as pc
 from drainpipe.pipeline.definitions import Definitions, TopNDef
 from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, merge
 
-from .rows import (EVENT, EVENT_ROWS, META_COLUMNS, REJECT, SPLIT, STATE_ROWS, TASK, TOPN, events_rows, fill_unused,
-                   info_row, meta_rows, partial_rows, select_rows, topn_partial)
+from .rows import (
+    EVENT,
+    EVENT_ROWS,
+    META_COLUMNS,
+    REJECT,
+    SPLIT,
+    STATE_ROWS,
+    TASK,
+    TOPN,
+    events_rows,
+    fill_unused,
+    info_row,
+    meta_rows,
+    partial_rows,
+    select_rows,
+    topn_partial,
+)
 from .splits import Split, SplitResult, read_split
 
-__all__ = ["ArrowMapFn", "scan_states", "scan_events", "aggregate_events", "merge_topn", "sample_types",
-           "SAMPLE_SCHEMA"]
+__all__ = [
+    "ArrowMapFn",
+    "scan_states",
+    "scan_events",
+    "aggregate_events",
+    "merge_topn",
+    "sample_types",
+    "SAMPLE_SCHEMA",
+]
 
 ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -63,9 +87,19 @@ def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterat
         lines, raws, reasons = zip(*result.rejects)
         yield meta_rows(schema, REJECT, [split.index] * len(lines), line=lines, raw=raws, reason=reasons)
     stats = result.stats
-    yield info_row(schema, SPLIT, split.index, {"read": stats.read, "accepted": stats.accepted,
-                                                "rejected": stats.rejected, "reasons": dict(stats.reasons),
-                                                "lines": result.lines, "nbytes": split.nbytes})
+    yield info_row(
+        schema,
+        SPLIT,
+        split.index,
+        {
+            "read": stats.read,
+            "accepted": stats.accepted,
+            "rejected": stats.rejected,
+            "reasons": dict(stats.reasons),
+            "blocks": result.blocks,
+            "nbytes": split.nbytes,
+        },
+    )
 
 
 class _Aggregator:
@@ -89,15 +123,27 @@ class _Aggregator:
                 yield partial_rows(index, merged)
 
 
-def _timed(stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]],
-           events: Callable[[], int]) -> Iterator[pa.RecordBatch]:
+def _timed(
+    stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]], events: Callable[[], int]
+) -> Iterator[pa.RecordBatch]:
     start, cpu = time.perf_counter(), time.process_time()
     yield from body()
-    yield info_row(schema, TASK, _partition_id(), {"stage": stage, "seconds": time.perf_counter() - start,
-                                                   "cpu_s": time.process_time() - cpu, "events": events()})
+    yield info_row(
+        schema,
+        TASK,
+        _partition_id(),
+        {
+            "stage": stage,
+            "seconds": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu,
+            "events": events(),
+        },
+    )
 
 
-def scan_states(definitions: Definitions, splits: Sequence[Split], batch_rows: int, accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+def scan_states(
+    definitions: Definitions, splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None
+) -> ArrowMapFn:
     """Read, validate and partially aggregate the partition's splits (``per_type="map"``)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -105,7 +151,7 @@ def scan_states(definitions: Definitions, splits: Sequence[Split], batch_rows: i
 
         def body() -> Iterator[pa.RecordBatch]:
             for split in _splits(batches, splits):
-                reader, result = read_split(split, batch_rows)
+                reader, result = read_split(split)
                 for events in reader:
                     aggregator.add(events)
                 yield from _bookkeeping(STATE_ROWS, split, result)
@@ -117,7 +163,7 @@ def scan_states(definitions: Definitions, splits: Sequence[Split], batch_rows: i
     return run
 
 
-def scan_events(splits: Sequence[Split], batch_rows: int, accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
     """Read and validate the partition's splits, emitting the events (``per_type="placed"``/``"hash"``)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -125,7 +171,7 @@ def scan_events(splits: Sequence[Split], batch_rows: int, accumulators: tuple[An
 
         def body() -> Iterator[pa.RecordBatch]:
             for split in _splits(batches, splits):
-                reader, result = read_split(split, batch_rows)
+                reader, result = read_split(split)
                 for events in reader:
                     count[0] += events.num_rows
                     yield events_rows(events)
@@ -145,8 +191,10 @@ def _count(accumulators: tuple[Any, Any] | None, events: int, nbytes: int) -> No
 
 def _as_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Bookkeeping rows of an EVENT_ROWS batch re-laid as STATE_ROWS."""
-    columns = [batch.column(name) if name in META_COLUMNS else pa.nulls(batch.num_rows, f.type)
-               for name, f in zip(STATE_ROWS.names, STATE_ROWS)]
+    columns = [
+        batch.column(name) if name in META_COLUMNS else pa.nulls(batch.num_rows, f.type)
+        for name, f in zip(STATE_ROWS.names, STATE_ROWS)
+    ]
     return pa.RecordBatch.from_arrays(columns, schema=STATE_ROWS)
 
 
@@ -196,15 +244,17 @@ def sample_types(splits: Sequence[Split], type_key: str, sample_rows: int) -> Ar
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for split in _splits(batches, splits):
-            reader, _ = read_split(split, sample_rows)
-            head = next(iter(reader), None)
-            if head is None or head.num_rows == 0:
+            reader, _ = read_split(split)
+            first = next(iter(reader), None)
+            if first is None or first.num_rows == 0:
                 continue
+            head = first.slice(0, sample_rows)
             counts = pc.value_counts(head.column(type_key).drop_null())
             values = counts.field("values")
             shares = counts.field("counts").to_numpy() / head.num_rows * split.weight
-            yield pa.RecordBatch.from_arrays([values.cast(pa.string()), pa.array(shares, pa.float64())],
-                                             schema=SAMPLE_SCHEMA)
+            yield pa.RecordBatch.from_arrays(
+                [values.cast(pa.string()), pa.array(shares, pa.float64())], schema=SAMPLE_SCHEMA
+            )
 
     return run
 

@@ -1,6 +1,6 @@
-"""Reading and validating request events (the input side of the metrics pipeline).
+"""Records: the event schema, the validation rules, and the per-format block readers (JSON Lines, CSV, Parquet).
 
-Contract (see ``design/PIPELINE.md``, "Input events"):
+Contract (``docs/pipeline.md``, "Input events"):
 
 * :data:`EVENT_SCHEMA` is the canonical event batch: a :class:`pyarrow.RecordBatch` with
 
@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
 from operator import itemgetter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -77,12 +77,13 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from ..errors import InputError, UsageError
+
 __all__ = [
     "EVENT_SCHEMA",
     "FIELDS",
     "TS_MIN",
     "TS_MAX",
-    "InputError",
     "ReadStats",
     "DeadLetter",
     "detect_format",
@@ -111,13 +112,8 @@ TS_MIN = -62_135_596_800_000
 TS_MAX = 253_402_300_799_999
 
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 _JSON_WS = b" \t\r\n"
-
-
-class InputError(ValueError):
-    """An input problem reported as one clear line: missing file, unmatched glob, unknown format,
-    unreadable (corrupt) file. Per-record problems are never raised: they are rejects."""
 
 
 class _Reject(Exception):
@@ -178,12 +174,13 @@ class DeadLetter:
     ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
     timestamps as ISO strings, non-finite floats as strings).
 
-    The file is opened eagerly and truncated by ``__enter__``/:meth:`open`, so after a clean run it
-    exists and is empty. :meth:`write` is thread-safe. ``count`` is the number of records written.
+    The file is opened eagerly by ``__enter__``/:meth:`open` and truncated (unless ``append``), so after a
+    clean run it exists. :meth:`write` is thread-safe. ``count`` is the number of records written.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = os.fspath(path)
+        self.append = append
         self.count = 0
         self._lock = threading.Lock()
         self._file: io.TextIOBase | None = None
@@ -191,7 +188,10 @@ class DeadLetter:
     def open(self) -> DeadLetter:
         with self._lock:
             if self._file is None:
-                self._file = open(self.path, "w", encoding="utf-8")
+                try:
+                    self._file = open(self.path, "a" if self.append else "w", encoding="utf-8")
+                except OSError as exc:
+                    raise UsageError(f"cannot write the dead letter {self.path!r}: {exc.strerror or exc}") from None
         return self
 
     def close(self) -> None:
@@ -206,9 +206,15 @@ class DeadLetter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def flush(self) -> None:
+        """Push what was written to the operating system (before a store commit that follows it)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
     def write(self, source: str, line: int, raw: Any, reason: str) -> None:
         """Append one reject (thread-safe)."""
-        record = {"source": source, "line": line, "raw": _jsonable(raw), "reason": reason}
+        record = {"source": source, "line": line, "raw": jsonable(raw), "reason": reason}
         text = json.dumps(record, allow_nan=False) + "\n"  # ASCII: safe for any line splitter
         with self._lock:
             if self._file is None:
@@ -217,12 +223,12 @@ class DeadLetter:
             self.count += 1
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """``value`` made JSON-serialisable without loss of meaning (for Parquet rows)."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     if isinstance(value, (bytes, bytearray)):
@@ -234,10 +240,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-class _Sink:
-    """Where the rejects of one source file go: the stats and (optionally) the dead letter."""
+class RejectWriter(Protocol):
+    """Where rejected records are written: a :class:`DeadLetter`, or a collector of them."""
 
-    def __init__(self, source: str, stats: ReadStats, dead_letter: DeadLetter | None) -> None:
+    def write(self, source: str, line: int, raw: Any, reason: str) -> None: ...
+
+
+class Sink:
+    """Where the rejects of one source file go: the stats and (optionally) a reject writer."""
+
+    def __init__(self, source: str, stats: ReadStats, dead_letter: RejectWriter | None) -> None:
         self.source = source
         self.stats = stats
         self.dead_letter = dead_letter
@@ -246,7 +258,7 @@ class _Sink:
         self.stats.add_rejected(reason)
         if self.dead_letter is not None:
             if isinstance(raw, (bytes, bytearray)):
-                raw = _raw_text(raw)
+                raw = _raw_text(bytes(raw))
             self.dead_letter.write(self.source, line, raw, reason)
 
 
@@ -407,7 +419,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_scan_json = json.JSONDecoder(parse_constant=_reject_constant).scan_once
+_scan_json = json.JSONDecoder(parse_constant=_reject_constant).scan_once  # type: ignore[attr-defined]
 
 
 def _json_record(line: bytes) -> tuple:
@@ -431,15 +443,15 @@ def _json_record(line: bytes) -> tuple:
     )  # fmt: skip
 
 
-def _read_jsonl(f: Iterable[bytes], batch_rows: int, sink: _Sink) -> Iterator[pa.RecordBatch]:
+def _read_jsonl(f: Iterable[bytes], batch_rows: int, sink: Sink) -> Iterator[pa.RecordBatch]:
     for _, batch in _read_jsonl_indexed(f, batch_rows, sink):
         yield batch
 
 
-def _read_jsonl_indexed(f: Iterable[bytes], batch_rows: int, sink: _Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+def _read_jsonl_indexed(f: Iterable[bytes], batch_rows: int, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(block index, batch)`` per block of ``batch_rows`` lines that has accepted rows."""
     lineno = 0
-    blocks = _JsonlBlocks()
+    blocks = JsonlBlocks()
     lines = iter(f)
     index = 0
     while chunk := list(islice(lines, batch_rows)):
@@ -450,7 +462,7 @@ def _read_jsonl_indexed(f: Iterable[bytes], batch_rows: int, sink: _Sink) -> Ite
         index += 1
 
 
-class _JsonlBlocks:
+class JsonlBlocks:
     """Validates consecutive blocks of raw JSON lines (fast columnar path when provably equal, else per line).
 
     After a block the fast path declines, the next blocks go straight line by line (doubling backoff): that
@@ -459,8 +471,14 @@ class _JsonlBlocks:
     def __init__(self) -> None:
         self.skip = self.backoff = 0
 
-    def read(self, chunk: Sequence[bytes], lineno: int, sink: _Sink, data: bytes | None = None,
-             newlines: np.ndarray | None = None) -> pa.RecordBatch | None:
+    def read(
+        self,
+        chunk: Sequence[bytes],
+        lineno: int,
+        sink: Sink,
+        data: bytes | None = None,
+        newlines: np.ndarray | None = None,
+    ) -> pa.RecordBatch | None:
         """The accepted rows of ``chunk`` (its first line is line ``lineno + 1``; ``data`` = the joined chunk
         and ``newlines`` = the offsets of its ``\\n`` bytes, if the caller has them) as a canonical batch, None
         if there are none; rejects go to ``sink``."""
@@ -498,6 +516,15 @@ _ARROW_JSON_PARSE_KNOWN = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA
 _ARROW_JSON_READ = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
 #: the same on one thread, with blocks large enough that a block of lines comes back as one chunk (workers)
 _ARROW_JSON_READ_SERIAL = pajson.ReadOptions(use_threads=False, block_size=32 << 20)
+
+
+def use_serial_json_reader() -> None:
+    """Parse JSON blocks on the calling thread only (worker processes: the process pool is the parallelism, and
+    pyarrow's own threads would waste CPU)."""
+    global _ARROW_JSON_READ
+    _ARROW_JSON_READ = _ARROW_JSON_READ_SERIAL
+
+
 _MAX_NESTING = 200  # a line with fewer brackets than this cannot reach Python's recursion limit
 
 
@@ -557,9 +584,10 @@ def _fast_jsonl_block(
             if np.any(brackets[ends - 1] - brackets[starts] + 1 >= _MAX_NESTING):
                 return None
         try:
-            table = pajson.read_json(pa.BufferReader(data), read_options=_ARROW_JSON_READ,
-                                     parse_options=_ARROW_JSON_PARSE)
-        except Exception:  # noqa: BLE001 (any pyarrow complaint: the per-line path decides)
+            table = pajson.read_json(
+                pa.BufferReader(data), read_options=_ARROW_JSON_READ, parse_options=_ARROW_JSON_PARSE
+            )
+        except Exception:
             return None
     if table.num_rows != n or table.schema != _ARROW_JSON_SCHEMA:
         return None
@@ -589,9 +617,10 @@ def _arrow_known_fields_only(data: bytes) -> pa.Table | None:
     only be a ``latency_ms`` value, seen as a non-finite value in the column (such a table is refused here:
     the caller's other path declines it). Saves those guards' passes over the bytes on the usual input."""
     try:
-        table = pajson.read_json(pa.BufferReader(data), read_options=_ARROW_JSON_READ,
-                                 parse_options=_ARROW_JSON_PARSE_KNOWN)
-    except Exception:  # noqa: BLE001 (unknown field or any other complaint: the guarded parse decides)
+        table = pajson.read_json(
+            pa.BufferReader(data), read_options=_ARROW_JSON_READ, parse_options=_ARROW_JSON_PARSE_KNOWN
+        )
+    except Exception:
         return None
     latency = table.column("latency_ms")
     if latency.null_count < len(latency) and not pc.all(pc.is_finite(latency)).as_py():
@@ -627,7 +656,9 @@ def _one_object_per_line(
     return buf, starts, ends
 
 
-def validate_records(records: Sequence[Any], stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+def validate_records(
+    records: Sequence[Any], stats: ReadStats | None = None
+) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """Already-parsed JSON records (e.g. the elements of a JSON array an HTTP client sent) -> a canonical
     :data:`EVENT_SCHEMA` batch of the valid ones and ``(index, reason)`` per rejected one, by the same rules as
     files. ``stats`` (optional) counts them as a read would."""
@@ -669,7 +700,9 @@ def _json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, byt
     return rows
 
 
-def _counted(rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+def _counted(
+    rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None
+) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     if stats is not None:
         stats.add_accepted(len(rows))
         for _, reason in rejects:
@@ -797,7 +830,7 @@ def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tu
     return _validate_values(*typed(cells))
 
 
-def _read_csv(f: BinaryIO, batch_rows: int, sink: _Sink, path: str) -> Iterator[pa.RecordBatch]:
+def _read_csv(f: BinaryIO, batch_rows: int, sink: Sink, path: str) -> Iterator[pa.RecordBatch]:
     tracker = _LineTracker(f)
     reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
@@ -870,7 +903,8 @@ def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, d
     for nulls and rejected rows) and flags the rejected rows with the rule's reason."""
     encoded = pc.dictionary_encode(arr)
     indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-    results, bad = [], {}
+    results: list[Any] = []
+    bad: dict[str, list[int]] = {}
     for i, value in enumerate(encoded.dictionary.to_pylist()):
         try:
             results.append(check(value))
@@ -1026,19 +1060,19 @@ def _validate_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[np.n
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
 
 
-def _read_parquet_indexed(path: str, batch_rows: int, sink: _Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+def read_parquet_indexed(path: str, batch_rows: int, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(batch index, batch)`` per ``iter_batches`` batch that has accepted rows."""
     pf = pq.ParquetFile(path)
     present = [name for name in FIELDS if name in pf.schema_arrow.names]
     offset = 0
     for index, batch in enumerate(pf.iter_batches(batch_size=batch_rows, columns=present or None)):
-        canonical = _parquet_batch(batch, offset, sink)
+        canonical = parquet_batch(batch, offset, sink)
         offset += batch.num_rows
         if canonical is not None:
             yield index, canonical
 
 
-def _parquet_batch(batch: pa.RecordBatch, offset: int, sink: _Sink) -> pa.RecordBatch | None:
+def parquet_batch(batch: pa.RecordBatch, offset: int, sink: Sink) -> pa.RecordBatch | None:
     """The accepted rows of one raw Parquet batch (its first row is file row ``offset``), None if none."""
     canonical, rejects = _validate_columns(batch)
     if rejects is not None:
@@ -1056,7 +1090,7 @@ def parquet_columns(pf: pq.ParquetFile) -> list[str] | None:
     return [name for name in FIELDS if name in pf.schema_arrow.names] or None
 
 
-def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: _Sink) -> None:
+def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: Sink) -> None:
     rows = batch.filter(pa.array(mask)).to_pylist()
     for index, row, reason in zip(np.flatnonzero(mask).tolist(), rows, reasons):
         sink.reject(offset + index, row, reason)
@@ -1139,37 +1173,20 @@ def _read_all(
     plan: list[tuple[str, str, bool]], batch_rows: int, stats: ReadStats, dead_letter: DeadLetter | None
 ) -> Iterator[pa.RecordBatch]:
     for path, fmt, gzipped in plan:
-        sink = _Sink(path, stats, dead_letter)
+        sink = Sink(path, stats, dead_letter)
         try:
-            for _, batch in _read_blocks(path, fmt, gzipped, batch_rows, sink):
+            for _, batch in read_blocks(path, fmt, gzipped, batch_rows, sink):
                 yield batch
         except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
             raise InputError(f"cannot read {path!r}: {e}") from e
 
 
-def read_file_indexed(
-    path: str, *, batch_rows: int = 65536, dead_letter: DeadLetter | None = None, stats: ReadStats | None = None
-) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """:func:`read_events` of one file, each batch with its index among the file's raw blocks (``batch_rows``
-    lines of JSON Lines or CSV records, or Parquet ``iter_batches`` batches), counting blocks that had no
-    accepted row: the index names the same input rows whichever blocks are rejected or who reads the block
-    (:mod:`drainpipe.pipeline.parallel` reads blocks in worker processes)."""
-    fmt, gzipped = detect_format(path)
-    if not os.path.isfile(path):
-        raise InputError(f"no such input file: {path!r}")
-    sink = _Sink(path, stats if stats is not None else ReadStats(), dead_letter)
-    try:
-        yield from _read_blocks(path, fmt, gzipped, batch_rows, sink)
-    except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
-        raise InputError(f"cannot read {path!r}: {e}") from e
-
-
-def _read_blocks(
-    path: str, fmt: str, gzipped: bool, batch_rows: int, sink: _Sink
+def read_blocks(
+    path: str, fmt: str, gzipped: bool, batch_rows: int, sink: Sink
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(block index, batch)`` of one file in any format (CSV blocks are numbered as they come)."""
     if fmt == "parquet":
-        yield from _read_parquet_indexed(path, batch_rows, sink)
+        yield from read_parquet_indexed(path, batch_rows, sink)
         return
     with _open_text_source(path, gzipped) as f:
         if fmt == "jsonl":
@@ -1180,7 +1197,7 @@ def _read_blocks(
 
 def _open_text_source(path: str, gzipped: bool) -> BinaryIO:
     """Binary line source (split on ``\\n`` only), with a leading UTF-8 BOM skipped."""
-    f: BinaryIO = gzip.open(path, "rb") if gzipped else open(path, "rb", buffering=1 << 20)
-    if f.peek(3)[:3] == _BOM:  # type: ignore[attr-defined]
+    f: Any = gzip.open(path, "rb") if gzipped else open(path, "rb", buffering=1 << 20)
+    if f.peek(3)[:3] == BOM:
         f.read(3)
     return f

@@ -1,0 +1,101 @@
+"""Every exception drainpipe raises on purpose, in one tree.
+
+::
+
+    DrainpipeError                      base: catch this to catch them all
+    ├── ConfigError (ValueError)        a queue configuration, policy or handler registration is invalid
+    ├── QueueError (RuntimeError)       the queue cannot do that now: it is shut down, or its name is taken
+    ├── UsageError (ValueError)         a command-line option or argument is wrong
+    ├── InputError (ValueError)         an input cannot be read: missing file, unmatched glob, unknown format,
+    │                                   a file that is not what its name says (corrupt gzip or Parquet, no CSV header)
+    ├── DefinitionError (ValueError)    a metric definition or definitions file is invalid
+    ├── StoreError (ValueError)         a store cannot be opened, written or queried
+    │   └── StoreUnavailable            a store write failed for a reason that may pass (server restarting,
+    │                                   connection lost): the engine retries it with backoff
+    ├── SparkSetupError (ValueError)    Spark cannot run here: no usable Java or pyspark
+    ├── SparkJobError (ValueError)      a Spark job failed for a reason other than its input
+    ├── StatsError                      ``drainpipe stats`` cannot read the server
+    └── IngestRefused                   ``drainpipe serve`` has no room for a request now (HTTP 429/503 + Retry-After)
+
+Every message is one line that says what is wrong and, where it helps, what to do. The ``ValueError`` and
+``RuntimeError`` bases keep the contracts that name those builtins (a bad ``BatchQueueConfig`` raises
+``ValueError``, a call on a shut-down queue ``RuntimeError``).
+
+The ``drainpipe`` command prints a :class:`DrainpipeError` as one line (``drainpipe: error: ...``) and exits 2.
+Any other exception reaching it is a bug in drainpipe: it prints the traceback and says so.
+
+Per-record validation failures are not exceptions a caller sees: they are rejects, counted and written to the
+dead letter with a reason.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DrainpipeError",
+    "ConfigError",
+    "QueueError",
+    "UsageError",
+    "InputError",
+    "DefinitionError",
+    "StoreError",
+    "StoreUnavailable",
+    "SparkSetupError",
+    "SparkJobError",
+    "StatsError",
+    "IngestRefused",
+]
+
+
+class DrainpipeError(Exception):
+    """The base of every error drainpipe raises on purpose; the message is one line."""
+
+
+class ConfigError(DrainpipeError, ValueError):
+    """A queue configuration, policy or handler registration is invalid; the message names the bad field."""
+
+
+class QueueError(DrainpipeError, RuntimeError):
+    """The queue cannot do that now: it is shut down, or (``BatchQueueManager.create``) its name is taken."""
+
+
+class UsageError(DrainpipeError, ValueError):
+    """A command-line option or argument is wrong (a mistake the user can fix)."""
+
+
+class InputError(DrainpipeError, ValueError):
+    """An input problem reported as one clear line: missing file, unmatched glob, unknown format, unreadable
+    (corrupt) file, a CSV without its header. Per-record problems are never raised: they are rejects."""
+
+
+class DefinitionError(DrainpipeError, ValueError):
+    """A metric definition (or definitions file) is invalid."""
+
+
+class StoreError(DrainpipeError, ValueError):
+    """A store cannot be opened, written or queried."""
+
+
+class StoreUnavailable(StoreError):
+    """A store write failed for a reason that may pass (connection lost, server restarting): retry later."""
+
+
+class SparkSetupError(DrainpipeError, ValueError):
+    """Spark cannot run here (no usable Java, no pyspark); the message says what to do."""
+
+
+class SparkJobError(DrainpipeError, ValueError):
+    """The Spark job failed for a reason other than the input."""
+
+
+class StatsError(DrainpipeError):
+    """The server could not be read."""
+
+
+class IngestRefused(DrainpipeError):
+    """The pipeline has no room for a request now: answer ``status`` (429 or 503) with ``Retry-After``."""
+
+    def __init__(self, status: int, reason: str, retry_after: int) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after

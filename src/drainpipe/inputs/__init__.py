@@ -1,0 +1,71 @@
+"""The input layer: every way events enter drainpipe goes through here.
+
+* Records (:mod:`.records`): the canonical event batch (:data:`EVENT_SCHEMA`), one set of validation rules for
+  every format, and rejects with reasons (:class:`ReadStats`, :class:`DeadLetter`).
+* Files: :func:`expand_inputs` (paths and globs), :func:`detect_format` (by suffix: JSON Lines, CSV, each optionally
+  gzipped, and Parquet).
+* Parts (:mod:`.parts`): :func:`plan_parts` cuts a file into parts, :func:`read_part` reads one anywhere (in
+  process, in a worker process, in a Spark task) into validated columnar batches, with the rejects' file line
+  numbers; :func:`file_identity` and :func:`source_id` name what was read, the same for every engine.
+* Bodies: :func:`validate_records` and :func:`validate_json_lines` validate what an HTTP client sent.
+
+Formats plug in at two points: :func:`detect_format` names a file's format, and :func:`records.read_blocks`
+(whole files) / :func:`read_part` (ranges) read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .parts import PENDING, Part, RejectList, file_identity, plan_parts, read_part, source_id, source_prefix, whole_file
+from .records import (
+    EVENT_SCHEMA,
+    FIELDS,
+    TS_MAX,
+    TS_MIN,
+    DeadLetter,
+    ReadStats,
+    Sink,
+    detect_format,
+    expand_inputs,
+    jsonable,
+    read_events,
+    use_serial_json_reader,
+    validate_json_lines,
+    validate_records,
+)
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "FIELDS",
+    "TS_MIN",
+    "TS_MAX",
+    "ReadStats",
+    "DeadLetter",
+    "Sink",
+    "RejectList",
+    "Part",
+    "PENDING",
+    "detect_format",
+    "expand_inputs",
+    "file_identity",
+    "source_id",
+    "source_prefix",
+    "plan_parts",
+    "whole_file",
+    "read_part",
+    "read_events",
+    "validate_records",
+    "validate_json_lines",
+    "jsonable",
+    "use_serial_json_reader",
+    "default_dead_letter",
+]
+
+
+def default_dead_letter(store_url: str) -> str:
+    """``<store file without suffix>.rejected.jsonl`` beside a DuckDB store file, else (server stores, in-memory
+    stores) ``drainpipe.rejected.jsonl`` in the working directory."""
+    if store_url.startswith("duckdb:///") and ":memory:" not in store_url:
+        return str(Path(store_url[len("duckdb:///") :]).with_suffix("")) + ".rejected.jsonl"
+    return "drainpipe.rejected.jsonl"

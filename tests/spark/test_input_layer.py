@@ -1,0 +1,127 @@
+"""One input layer for every engine: a file with bad lines gives the same parts, rejects (line numbers and order)
+and source ids in process, through the worker processes and in Spark; the same file run through the local engine
+and then Spark into one store is counted once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from spark_testlib import BAD_JSON_LINES, SPARK, assert_same_results
+
+from drainpipe.inputs import file_identity, plan_parts, source_prefix
+from drainpipe.pipeline import parallel
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
+from drainpipe.pipeline.generator import generate_events, write_events
+from drainpipe.pipeline.run import run_local
+from drainpipe.pipeline.store import open_store
+from drainpipe.spark import JobOptions, run_batch
+from drainpipe.spark.splits import plan_file
+
+pytestmark = SPARK
+BLOCK = 1_000
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("inputs")
+    parquet = d / "events.parquet"
+    table = pa.Table.from_batches(list(generate_events(9_500, services=5, seed=3)))
+    bad = np.zeros(table.num_rows, dtype=bool)
+    bad[[5, 999, 1_000, 4_321, 9_499]] = True  # out of range: latency_ms, on and off block edges
+    latency = pc.if_else(pa.array(bad), -1.0, table.column("latency_ms"))
+    table = table.set_column(table.schema.get_field_index("latency_ms"), "latency_ms", latency)
+    pq.write_table(table, parquet, row_group_size=2_500)  # row groups not a multiple of the block
+    good = d / "good.jsonl"
+    write_events(generate_events(9_500, services=5, seed=4), good)
+    lines = good.read_bytes().splitlines(keepends=True)
+    for i, bad in enumerate(BAD_JSON_LINES):  # bad lines in several blocks, and on block edges
+        lines.insert(BLOCK * i + (BLOCK - 1 if i % 2 else 3), bad + b"\n")
+    jsonl = d / "events.jsonl"
+    jsonl.write_bytes(b"".join(lines))
+    return {"jsonl": jsonl, "parquet": parquet}
+
+
+def _sources(url: str, path: Path) -> dict[str, frozenset[str]]:
+    store = open_store(url)
+    try:
+        return store.applied_under(source_prefix(file_identity(str(path)), BLOCK))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_every_engine_reads_the_same_parts_rejects_and_sources(spark, files, fmt, tmp_path, monkeypatch) -> None:
+    path = files[fmt]
+    planned = list(plan_parts(str(path), BLOCK, workers=2))
+    assert len(planned) > 1 and [p.first for p in planned] == sorted(p.first for p in planned)
+    assert [p.first for p in plan_file(str(path), BLOCK, 2)] == [p.first for p in planned]  # Spark's plan
+
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    runs = {}
+    for engine in ("in-process", "workers", "spark"):
+        url, dead = f"duckdb:///{tmp_path}/{engine}.duckdb", tmp_path / f"{engine}.rejected.jsonl"
+        if engine == "spark":
+            summary = run_batch(
+                [str(path)], store_url=url, dead_letter=str(dead), spark=spark, options=JobOptions(batch_rows=BLOCK)
+            )
+            counts = (summary["read"], summary["accepted"], summary["rejected"])
+        else:
+            s = run_local(
+                [str(path)],
+                definitions=DEFAULT_DEFINITIONS,
+                store_url=url,
+                dead_letter=str(dead),
+                batch_rows=BLOCK,
+                workers=0 if engine == "in-process" else 2,
+            )
+            counts = (s.read, s.accepted, s.rejected)
+        runs[engine] = (counts, dead.read_bytes(), _sources(url, path), url)
+    base = runs["in-process"]
+    assert base[0][2] == (5 if fmt == "parquet" else len(BAD_JSON_LINES))
+    assert len(base[2]) >= 9 and all(names == frozenset(DEFAULT_DEFINITIONS.names) for names in base[2].values())
+    for engine in ("workers", "spark"):
+        counts, dead, sources, url = runs[engine]
+        assert counts == base[0], engine
+        assert dead == base[1], engine  # same records, reasons, line numbers and order
+        assert sources == base[2], engine  # same source ids, each applied for every definition
+        assert_same_results(base[3], url, DEFAULT_DEFINITIONS)
+
+
+def test_local_then_spark_into_one_store_counts_the_file_once(spark, files, tmp_path) -> None:
+    path = str(files["jsonl"])
+    once = f"duckdb:///{tmp_path}/once.duckdb"
+    run_local(
+        [path], definitions=DEFAULT_DEFINITIONS, store_url=once, dead_letter=str(tmp_path / "a.jsonl"), batch_rows=BLOCK
+    )
+    both = f"duckdb:///{tmp_path}/both.duckdb"
+    run_local(
+        [path], definitions=DEFAULT_DEFINITIONS, store_url=both, dead_letter=str(tmp_path / "b.jsonl"), batch_rows=BLOCK
+    )
+    again = run_batch(
+        [path], store_url=both, dead_letter=str(tmp_path / "c.jsonl"), spark=spark, options=JobOptions(batch_rows=BLOCK)
+    )
+    assert again["applied"] == 0 and again["skipped_blocks"] >= 9
+    assert_same_results(once, both, DEFAULT_DEFINITIONS)
+    # and the other way round: Spark first, then the local engine skips every batch
+    spark_first = f"duckdb:///{tmp_path}/spark-first.duckdb"
+    run_batch(
+        [path],
+        store_url=spark_first,
+        dead_letter=str(tmp_path / "d.jsonl"),
+        spark=spark,
+        options=JobOptions(batch_rows=BLOCK),
+    )
+    local = run_local(
+        [path],
+        definitions=DEFAULT_DEFINITIONS,
+        store_url=spark_first,
+        dead_letter=str(tmp_path / "e.jsonl"),
+        batch_rows=BLOCK,
+    )
+    assert local.applied == 0 and local.skipped_batches >= 9
+    assert_same_results(once, spark_first, DEFAULT_DEFINITIONS)
