@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 PG_URL ?= $(shell scripts/postgres.sh url)
 
-.PHONY: install demo test bench clean pg pg-stop chromium
+.PHONY: install check demo test bench clean pg pg-stop chromium
 
 $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,17 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/drainpipe demo
 
-test: install pg chromium
+# The quality gate: lint, format and types (configured in pyproject.toml). `make test` runs it first.
+check: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+test: check pg chromium
 	DRAINPIPE_TEST_PG=$(PG_URL) $(PY) -m pytest -q
 
-# A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432, data in .pg/ (tests/postgres).
+# A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432 (or a free port when that one is
+# taken), data in .pg/ (tests/postgres).
 pg:
 	scripts/postgres.sh start
 

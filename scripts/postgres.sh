@@ -10,11 +10,13 @@
 #   scripts/postgres.sh datadir   print the data directory
 #
 # The server runs as the `postgres` OS user (PostgreSQL refuses to run as root); the data dir is chowned to it.
-# Settings (environment): PG_PORT (55432), PG_BASE (<repo>/.pg, or /tmp/drainpipe-pg-<hash> when the postgres user
+# Settings (environment): PG_PORT (55432; when that port is taken by another process, e.g. a second checkout's
+# test server, start picks a free one and records it in the server's postgresql.conf, where `url` reads it), PG_BASE (<repo>/.pg, or /tmp/drainpipe-pg-<hash> when the postgres user
 # cannot reach the repo), PGDATA_DIR ($PG_BASE/data), PG_DB / PG_USER / PG_PASSWORD (drainpipe).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_PORT_SET="${PG_PORT:-}"
 PG_PORT="${PG_PORT:-55432}"
 PG_BASE_SET="${PG_BASE:-}"
 PG_BASE="${PG_BASE:-$ROOT/.pg}"
@@ -22,7 +24,8 @@ PGDATA_SET="${PGDATA_DIR:-}"
 PG_DB="${PG_DB:-drainpipe}"
 PG_USER="${PG_USER:-drainpipe}"
 PG_PASSWORD="${PG_PASSWORD:-drainpipe}"
-URL="postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+
+url_of() { echo "postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"; }
 
 say() { echo "postgres.sh: $*" >&2; }
 
@@ -34,6 +37,26 @@ resolve_base() {
     fi
     PGDATA_DIR="${PGDATA_SET:-$PG_BASE/data}"
     LOG="$PG_BASE/postgres.log"
+    # this checkout's server keeps the port it was last started on (unless PG_PORT says otherwise)
+    local configured
+    configured="$(grep -E '^port = [0-9]+' "$PGDATA_DIR/postgresql.conf" 2>/dev/null | tail -n 1 | awk '{print $3}')" || true
+    if [ -z "$PG_PORT_SET" ] && [ -n "$configured" ]; then PG_PORT="$configured"; fi
+}
+
+port_taken() {
+    python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(0)   # taken
+sys.exit(1)
+PY
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 bindir() {
@@ -111,6 +134,12 @@ EOF
         chown postgres: "$PGDATA_DIR/pg_hba.conf"
     fi
     if ! running; then
+        if port_taken "$PG_PORT"; then   # another server (another checkout's?) has it: take a free port
+            local old="$PG_PORT"
+            PG_PORT="$(free_port)"
+            echo "port = $PG_PORT" >>"$PGDATA_DIR/postgresql.conf"
+            say "port $old is taken by another process; using $PG_PORT"
+        fi
         as_pg "$bin/pg_ctl" -D "$PGDATA_DIR" -l "$LOG" -w -t 60 start >/dev/null
     fi
     # role and database (idempotent)
@@ -124,7 +153,7 @@ SQL
     if [ -z "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
         psql_admin -c "CREATE DATABASE $PG_DB OWNER $PG_USER" >/dev/null
     fi
-    say "running on 127.0.0.1:$PG_PORT (data $PGDATA_DIR): $URL"
+    say "running on 127.0.0.1:$PG_PORT (data $PGDATA_DIR): $(url_of)"
 }
 
 stop() {
@@ -143,6 +172,6 @@ case "${1:-}" in
     restart) stop; start ;;
     status) running ;;
     datadir) echo "$PGDATA_DIR" ;;
-    url) echo "$URL" ;;
+    url) url_of ;;
     *) echo "usage: $0 start|stop|restart|status|url" >&2; exit 2 ;;
 esac

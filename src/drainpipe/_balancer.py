@@ -78,6 +78,13 @@ class DrainBalancer:
     def throughput_weighted(cls) -> DrainBalancer:
         return cls()
 
+    @staticmethod
+    def place(weights: Sequence[int], bins: int) -> list[int]:
+        """The LPT planner itself: the bin of each item, items by weight desc each onto the least-loaded bin
+        (ties to the lowest bin). Deterministic; within 4/3 of the optimal makespan. Used wherever weighted work
+        is placed (the Spark engine places skewed per-type work with it)."""
+        return lpt_bins(weights, bins)
+
     def assign(self, throughput: Sequence[int], current_owner: Sequence[int], task_count: int) -> list[int] | None:
         """New owner per partition, or None to leave things as they are.
 

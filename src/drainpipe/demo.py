@@ -17,7 +17,7 @@ from .pipeline.run import run_local
 from .pipeline.store import open_store
 
 
-def run_demo(events: int = 2_000_000, out_dir: str = "drainpipe-demo", seed: int = 42) -> int:
+def run_demo(events: int = 2_000_000, out_dir: str = ".drainpipe/demo", seed: int = 42) -> int:
     console = Console(stderr=False, highlight=False)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import StoreError, StoreUnavailable
-from .store import SqlStore, _first_line
+from .store import SqlStore, first_line
 
 __all__ = ["PostgresStore"]
 
@@ -88,7 +88,7 @@ class PostgresStore(SqlStore):
             raise StoreError(f"cannot open postgresql store {self._display}: {exc}") from None
         except psycopg.Error as exc:
             self._drop()
-            raise StoreError(f"cannot use postgresql store {self._display}: {_first_line(exc)}") from None
+            raise StoreError(f"cannot use postgresql store {self._display}: {first_line(exc)}") from None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> PostgresStore:
@@ -118,7 +118,7 @@ class PostgresStore(SqlStore):
             )
         except psycopg.OperationalError as exc:
             self._con = None
-            raise StoreUnavailable(f"postgresql {self._display} unreachable: {_first_line(exc)}") from exc
+            raise StoreUnavailable(f"postgresql {self._display} unreachable: {first_line(exc)}") from exc
         self._create_schema()
 
     def _drop(self) -> None:
@@ -161,9 +161,9 @@ class PostgresStore(SqlStore):
                 # connection lost, server shutting down / starting up, or a transient failure: retry later
                 if not self._connected():
                     self._drop()
-                raise StoreUnavailable(f"postgresql {action} failed: {_first_line(exc)}") from exc
+                raise StoreUnavailable(f"postgresql {action} failed: {first_line(exc)}") from exc
             except psycopg.Error as exc:
-                raise StoreError(f"store {action} failed: {_first_line(exc)}") from exc
+                raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
 
     # ----------------------------------------------------------------------------- backend primitives
 

@@ -234,7 +234,7 @@ def parse_time(value: Any) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -314,7 +314,7 @@ class SqlStore:
             except StoreError:
                 raise
             except self._backend_errors() as exc:
-                raise StoreError(f"store {action} failed: {_first_line(exc)}") from exc
+                raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
 
     # ----------------------------------------------------------------------------- merge
 
@@ -672,13 +672,13 @@ class DuckDBStore(SqlStore):
         try:
             self._con = duckdb.connect(path)
         except duckdb.Error as exc:
-            raise StoreError(f"cannot open duckdb store {path!r}: {_first_line(exc)}") from None
+            raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
         self._views = 0
         try:
             self._create_schema()
         except duckdb.Error as exc:
             self._con.close()
-            raise StoreError(f"cannot use duckdb store {path!r}: {_first_line(exc)}") from None
+            raise StoreError(f"cannot use duckdb store {path!r}: {first_line(exc)}") from None
 
     def __repr__(self) -> str:
         return f"DuckDBStore({self.path!r})"
@@ -731,7 +731,7 @@ def _open_postgresql(url: str) -> Store:
         module = importlib.import_module(f"{__package__}.postgres_store")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.postgres_store":
-            raise StoreError(f"postgresql store unavailable: {_first_line(exc)}") from None
+            raise StoreError(f"postgresql store unavailable: {first_line(exc)}") from None
         raise StoreError("postgresql stores are not available in this build") from None
     return module.PostgresStore.from_url(url)
 

@@ -24,16 +24,15 @@ skew-aware placement of per-type work. Importing this package does not import py
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format, expand_inputs
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.store import DEFAULT_STORE_URL, open_store
+from drainpipe.pipeline.store import DEFAULT_STORE_URL
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
-from .session import check_java, check_pyspark, spark_session
+from .session import add_rate, check_java, check_pyspark, job, spark_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -48,43 +47,6 @@ __all__ = [
     "PER_TYPE_MODES",
     "default_dead_letter",
 ]
-
-
-def _session(
-    master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
-) -> tuple[SparkSession, bool]:
-    """(session, created here): an explicit or active session is used as is and not stopped."""
-    if spark is not None:
-        return spark, False
-    check_pyspark()
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    return spark_session(master, conf, quiet=quiet), active is None
-
-
-@contextmanager
-def _job(
-    store_url: str, master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
-) -> Iterator[tuple[Any, SparkSession]]:
-    """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
-    store = open_store(store_url)
-    try:
-        session, created = _session(master, conf, spark, quiet)
-        try:
-            yield store, session
-        finally:
-            if created:
-                session.stop()
-    finally:
-        store.close()
-
-
-def _add_rate(summary: dict[str, Any], t0: float) -> dict[str, Any]:
-    """Add ``elapsed_s`` (since perf_counter ``t0``) and ``events_per_s`` (accepted per second) to ``summary``."""
-    elapsed = time.perf_counter() - t0
-    summary.update(elapsed_s=elapsed, events_per_s=summary["accepted"] / elapsed if elapsed > 0 else 0.0)
-    return summary
 
 
 def run_batch(
@@ -117,10 +79,10 @@ def run_batch(
     for path in paths:
         detect_format(path)
     target = dead_letter or default_dead_letter(store_url)
-    with _job(store_url, master, conf, spark, quiet) as (store, session), DeadLetter(target) as dl:
+    with job(store_url, master, conf, spark, quiet) as (store, session), DeadLetter(target) as dl:
         summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
     summary.update(dead_letter=target)
-    return _add_rate(summary, t0)
+    return add_rate(summary, t0)
 
 
 def run_stream(input_dir: str, **kwargs: Any) -> dict[str, Any]:

@@ -20,16 +20,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drainpipe.errors import SparkSetupError
+from drainpipe.pipeline.store import open_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-__all__ = ["MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
+__all__ = ["job", "add_rate", "MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
 
 MIN_JAVA = 17
 
@@ -181,3 +183,40 @@ def _jvm_output(quiet: bool) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(log)
+
+
+def _session(
+    master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+) -> tuple[SparkSession, bool]:
+    """(session, created here): an explicit or active session is used as is and not stopped."""
+    if spark is not None:
+        return spark, False
+    check_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    return spark_session(master, conf, quiet=quiet), active is None
+
+
+@contextlib.contextmanager
+def job(
+    store_url: str, master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+) -> Iterator[tuple[Any, SparkSession]]:
+    """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
+    store = open_store(store_url)
+    try:
+        session, created = _session(master, conf, spark, quiet)
+        try:
+            yield store, session
+        finally:
+            if created:
+                session.stop()
+    finally:
+        store.close()
+
+
+def add_rate(summary: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Add ``elapsed_s`` (since perf_counter ``t0``) and ``events_per_s`` (accepted per second) to ``summary``."""
+    elapsed = time.perf_counter() - t0
+    summary.update(elapsed_s=elapsed, events_per_s=summary["accepted"] / elapsed if elapsed > 0 else 0.0)
+    return summary

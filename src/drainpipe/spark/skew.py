@@ -9,7 +9,7 @@ hashes each type to one partition, so under Zipf skew the hot type is one giant 
 2. **salting**: a type heavier than ``split_share`` of a fair partition load is split into
    ``ceil(weight / (split_share * fair))`` salted sub-groups (rows are dealt round-robin within each input
    partition), so no sub-group outweighs half a partition;
-3. **placement**: the sub-groups are placed on partitions with :func:`drainpipe._balancer.lpt_bins`, the queue's
+3. **placement**: the sub-groups are placed on partitions with :meth:`drainpipe.DrainBalancer.place`, the queue's
    LPT planner (heaviest first onto the least loaded partition); types the sample did not see are hashed;
 4. the rows are moved with ``DataFrame.repartitionById`` (Spark >= 4.1: the partition is the ``_pid`` value,
    no hashing), the work runs per partition, and the sub-groups' **partial states are merged** (they are
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from drainpipe._balancer import lpt_bins
+from drainpipe import DrainBalancer
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
@@ -99,9 +99,9 @@ def plan_placement(
     for name, weight in items:
         pieces = min(partitions, max(1, math.ceil(weight / limit)))
         groups += [(name, weight / pieces)] * pieces
-    # lpt_bins takes integer weights: scale so that the lightest group keeps a few significant digits
+    # the planner takes integer weights: scale so that the lightest group keeps a few significant digits
     scale = 1_000_000 / max(w for _, w in groups)
-    placed = lpt_bins([max(1, round(w * scale)) for _, w in groups], partitions)
+    placed = DrainBalancer.place([max(1, round(w * scale)) for _, w in groups], partitions)
     bins: dict[str, list[int]] = {}
     loads = [0.0] * partitions
     for (name, weight), b in zip(groups, placed):

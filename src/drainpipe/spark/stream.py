@@ -10,8 +10,8 @@ log after ``foreachBatch`` returns; after a crash, a batch without a commit entr
 files. The store records the source ids of each file's blocks (content fingerprint, block size, block index:
 :mod:`drainpipe.inputs.parts`) per definition in the same transaction as its states, so the re-run finds them
 applied and skips them (or applies them, if the crash came before the store commit). A killed and restarted
-stream therefore ends with exactly the values of an uninterrupted one. The dead letter is appended to before each store commit, so a crash between the two
-repeats those rejects: it is at-least-once.
+stream therefore ends with exactly the values of an uninterrupted one. The dead letter is appended to before
+each store commit, so a crash between the two repeats those rejects: it is at-least-once.
 
 Files must appear atomically (write elsewhere, then rename into the directory), as for any Spark file source.
 Names with an unsupported suffix are skipped and counted (``ignored_files``).
@@ -34,6 +34,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.store import DEFAULT_STORE_URL
 
 from .engine import JobOptions, ingest_files
+from .session import add_rate, job
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -82,13 +83,11 @@ def run_stream(
     Returns the summed counts (``read accepted rejected files skipped_blocks ignored_files metrics_rows
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
     """
-    from . import _add_rate, _job
-
     if not os.path.isdir(input_dir):
         raise InputError(f"stream input {input_dir!r} is not a directory")
     t0 = time.perf_counter()
     with (
-        _job(store_url, master, conf, spark) as (store, session),
+        job(store_url, master, conf, spark) as (store, session),
         DeadLetter(dead_letter or default_dead_letter(store_url), append=True) as dl,
     ):
         batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
@@ -98,7 +97,7 @@ def run_stream(
         finally:
             totals = batches.release()
     totals.update(dropped=0)
-    return _add_rate(totals, t0)
+    return add_rate(totals, t0)
 
 
 class _MicroBatches:
