@@ -23,6 +23,7 @@ from drainpipe.inputs.records import (
     _NUMBER_RE,
     EVENT_SCHEMA,
     FIELDS,
+    LATENCY_MAX_MS,
     TS_MAX,
     TS_MIN,
     DeadLetter,
@@ -143,9 +144,21 @@ def test_status_accepted_spellings(tmp_path, value, expected):
 
 
 def test_latency_int_becomes_float_and_zero_is_valid(tmp_path):
-    r = read_jsonl(tmp_path, [rec(latency_ms=5), rec(latency_ms=0), rec(latency_ms=1e308)])
-    assert [x["latency_ms"] for x in r.rows] == [5.0, 0.0, 1e308]
+    r = read_jsonl(tmp_path, [rec(latency_ms=5), rec(latency_ms=0), rec(latency_ms=1e12), rec(latency_ms=10**12)])
+    assert [x["latency_ms"] for x in r.rows] == [5.0, 0.0, 1e12, 1e12]
     assert all(type(x["latency_ms"]) is float for x in r.rows)
+
+
+@pytest.mark.parametrize("value", [1e308, 1e12 * (1 + 1e-15), 10**12 + 1, 10**400])
+def test_absurd_latencies_are_out_of_range_in_every_format(tmp_path, value):
+    """Above LATENCY_MAX_MS (1e12 ms) a latency is rejected, so no sum, average or percentile overflows."""
+    assert read_jsonl(tmp_path, [rec(latency_ms=value)]).stats.reasons == {"out of range: latency_ms": 1}
+    if isinstance(value, float):
+        table = pa.table({"ts": [T0], "service": ["s"], "latency_ms": [value]})
+        pq.write_table(table, tmp_path / "big.parquet")
+        stats = ReadStats()
+        assert list(read_events(str(tmp_path / "big.parquet"), stats=stats)) == []
+        assert stats.reasons == {"out of range: latency_ms": 1}
 
 
 def ms(*args, tz=dt.UTC) -> int:
@@ -393,9 +406,16 @@ def test_csv_rejects(tmp_path, cells, reason):
     assert r.rows == [row()]
 
 
-def test_csv_header_missing_a_required_column_rejects_rows(tmp_path):
-    r = read_csv(tmp_path, "ts,latency_ms\n1,2\n3,4\n")
-    assert reasons(r) == ["missing field: service"] * 2
+def test_csv_header_missing_a_required_column_is_one_clear_error(tmp_path):
+    with pytest.raises(InputError, match=r"header row lacks the column\(s\) service \("):
+        read_csv(tmp_path, "ts,latency_ms\n1,2\n3,4\n")
+
+
+def test_csv_without_a_header_row_is_one_clear_error_naming_the_missing_columns(tmp_path):
+    """A CSV whose first line is data: refused, not read with its first record taken for the header."""
+    with pytest.raises(InputError, match=r"lacks the column\(s\) ts, service, latency_ms") as info:
+        read_csv(tmp_path, f"{T0},svc,,,1.5,true,\n{T0},svc,,,2.5,true,\n")
+    assert "\n" not in str(info.value)
 
 
 def test_csv_header_only_blank_lines_non_utf8_and_bad_quotes(tmp_path):
@@ -759,7 +779,7 @@ EXTRA_VALUE = st.recursive(
 )  # fmt: skip
 CLEAN_RECORDS = st.fixed_dictionaries(
     {"ts": st.integers(TS_MIN, TS_MAX), "service": CLEAN_TEXT.filter(bool),
-     "latency_ms": st.one_of(st.floats(0, allow_infinity=False), st.integers(0, 2**80))},
+     "latency_ms": st.one_of(st.floats(0, LATENCY_MAX_MS), st.integers(0, int(LATENCY_MAX_MS)))},
     optional={"instance": st.one_of(st.none(), CLEAN_TEXT), "endpoint": st.one_of(st.none(), CLEAN_TEXT),
               "status": st.one_of(st.none(), st.booleans()), "db_statement": st.one_of(st.none(), CLEAN_TEXT),
               "extra": EXTRA_VALUE, "nested": st.dictionaries(CLEAN_TEXT, EXTRA_VALUE, max_size=2)},

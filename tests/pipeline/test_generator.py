@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.inputs import EVENT_SCHEMA, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
+from drainpipe.inputs import EVENT_SCHEMA, LATENCY_MAX_MS, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
 from drainpipe.pipeline.generator import DEFAULT_START_MS, _Sampler, generate_events, write_events
 
 FORMATS = ["jsonl", "jsonl.gz", "json", "ndjson", "csv", "csv.gz", "parquet"]
@@ -194,7 +194,7 @@ EVENTS = st.lists(
             "service": TEXT.filter(bool),
             "instance": TEXT,
             "endpoint": TEXT,
-            "latency_ms": st.floats(min_value=0, allow_infinity=False),
+            "latency_ms": st.floats(min_value=0, max_value=LATENCY_MAX_MS),
             "status": st.booleans(),
             "db_statement": st.one_of(st.none(), TEXT),
         }

@@ -21,6 +21,7 @@ from .parts import PENDING, Part, RejectList, file_identity, plan_parts, read_pa
 from .records import (
     EVENT_SCHEMA,
     FIELDS,
+    LATENCY_MAX_MS,
     TS_MAX,
     TS_MIN,
     DeadLetter,
@@ -40,6 +41,7 @@ __all__ = [
     "FIELDS",
     "TS_MIN",
     "TS_MAX",
+    "LATENCY_MAX_MS",
     "ReadStats",
     "DeadLetter",
     "Sink",

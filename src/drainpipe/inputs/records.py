@@ -9,7 +9,7 @@ Contract (``docs/pipeline.md``, "Input events"):
   ``service``      string    non-null, non-empty
   ``instance``     string    non-null (``""`` when absent)
   ``endpoint``     string    non-null (``""`` when absent)
-  ``latency_ms``   float64   finite, >= 0
+  ``latency_ms``   float64   in [0, :data:`LATENCY_MAX_MS`]
   ``status``       bool      non-null (``true`` when absent)
   ``db_statement`` string    nullable (an empty string counts as absent)
   ================ ========= ==========================================================
@@ -27,7 +27,8 @@ Validation rules (one set, applied to every format):
                           sub-millisecond digits are truncated); must lie in years 0001..9999
 ``service``               non-empty string
 ``instance``/``endpoint`` string; null/absent -> ``""``
-``latency_ms``            number (int or float, not bool, not a string), finite, >= 0
+``latency_ms``            number (int or float, not bool, not a string), 0 <= latency_ms <= 1e12
+                          (:data:`LATENCY_MAX_MS`)
 ``status``                ``true``/``false``, ``0``/``1`` or the strings ``"true"``/``"false"``;
                           null/absent -> ``true``; anything else is rejected
 ``db_statement``          string or null; ``""`` -> null
@@ -84,6 +85,7 @@ __all__ = [
     "FIELDS",
     "TS_MIN",
     "TS_MAX",
+    "LATENCY_MAX_MS",
     "ReadStats",
     "DeadLetter",
     "detect_format",
@@ -110,6 +112,10 @@ FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
 #: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.
 TS_MIN = -62_135_596_800_000
 TS_MAX = 253_402_300_799_999
+#: Largest accepted ``latency_ms`` (1e12 ms, about 31.7 years): larger values are rejected as out of range, so
+#: every sum, average and percentile bucket of accepted events is finite (two latencies of 1e308 would average
+#: to infinity, which no JSON can carry).
+LATENCY_MAX_MS = 1e12
 
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 BOM = b"\xef\xbb\xbf"
@@ -340,15 +346,12 @@ def _check_optional_str(value: Any, name: str) -> str | None:
 def _check_latency(value: Any) -> float:
     kind = type(value)
     if kind is float:
-        if 0.0 <= value < math.inf:
+        if 0.0 <= value <= LATENCY_MAX_MS:
             return value
         raise _Reject("out of range: latency_ms")
     if kind is int:
-        if value >= 0:
-            try:
-                return float(value)
-            except OverflowError:
-                pass
+        if 0 <= value <= LATENCY_MAX_MS:
+            return float(value)
         raise _Reject("out of range: latency_ms")
     raise _Reject("missing field: latency_ms" if value is None else "bad type: latency_ms")
 
@@ -381,7 +384,7 @@ def _validate_values(
         and type(service) is str and service and service.isascii()
         and type(instance) is str and instance.isascii()
         and type(endpoint) is str and endpoint.isascii()
-        and type(latency) is float and 0.0 <= latency < math.inf
+        and type(latency) is float and 0.0 <= latency <= LATENCY_MAX_MS
         and type(status) is bool
         and (db_statement is None or (type(db_statement) is str and db_statement and db_statement.isascii()))
     ):  # fmt: skip
@@ -790,8 +793,15 @@ class _LineTracker:
         return first, raw, bad
 
 
+#: the columns a CSV header must name (the required fields): without them the first row is data, not a header
+_CSV_REQUIRED = ("ts", "service", "latency_ms")
+
+
 def _csv_header(reader: Iterator[list[str]], tracker: _LineTracker, path: str) -> list[str] | None:
-    """The header row (names stripped; blank lines before it skipped), or None for an empty file."""
+    """The header row (names stripped; blank lines before it skipped), or None for an empty file.
+
+    A first row that does not name every required column is refused (:class:`InputError`): a CSV without a header
+    row would otherwise lose its first record to it."""
     while True:
         try:
             header = next(reader)
@@ -803,7 +813,14 @@ def _csv_header(reader: Iterator[list[str]], tracker: _LineTracker, path: str) -
         if bad:
             raise InputError(f"bad CSV header in {path!r}: not UTF-8")
         if raw.strip():
-            return [name.strip() for name in header]
+            names = [name.strip() for name in header]
+            missing = [name for name in _CSV_REQUIRED if name not in names]
+            if missing:
+                raise InputError(
+                    f"{path!r}: the CSV header row lacks the column(s) {', '.join(missing)} (a CSV input starts "
+                    f"with a header row naming its columns, e.g. {','.join(FIELDS)})"
+                )
+            return names
 
 
 def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator[tuple[int, bytes, bool, list | None]]:
@@ -1012,7 +1029,7 @@ def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
     checks.flag_nulls(arr, "missing field: latency_ms")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
         values = pc.fill_null(pc.cast(arr, pa.float64(), safe=False), 0.0).to_numpy()
-        checks.flag(~((values >= 0.0) & (values < np.inf)), "out of range: latency_ms")
+        checks.flag(~((values >= 0.0) & (values <= LATENCY_MAX_MS)), "out of range: latency_ms")
     else:
         checks.flag_non_null(arr, "bad type: latency_ms")
         values = np.zeros(len(arr))

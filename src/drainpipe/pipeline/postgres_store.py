@@ -118,7 +118,7 @@ class PostgresStore(SqlStore):
             )
         except psycopg.OperationalError as exc:
             self._con = None
-            raise StoreUnavailable(f"postgresql {self._display} unreachable: {first_line(exc)}") from exc
+            raise StoreUnavailable(f"server unreachable: {first_line(exc)}") from exc
         self._create_schema()
 
     def _drop(self) -> None:

@@ -3,7 +3,8 @@
 * ``table``: a header, a rule and one line per row; numbers right-aligned, floats shown with at most 4
   decimals (trailing zeros dropped); ``(no rows)`` when empty. For people.
 * ``csv``: a header line, then the rows; floats in full (shortest round-trip) precision.
-* ``json``: an array of objects keyed by column name; floats in full precision.
+* ``json``: an array of objects keyed by column name; floats in full precision; always standard JSON (a
+  non-finite value is ``null``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +55,12 @@ def _csv(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> str:
 
 
 def _json(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> str:
-    return json.dumps([dict(zip(columns, row)) for row in rows], indent=1, ensure_ascii=False) + "\n"
+    # strict JSON only: a non-finite value (which validation keeps out of new data) becomes null, never NaN/Infinity
+    objects = [
+        {c: (None if isinstance(v, float) and not math.isfinite(v) else v) for c, v in zip(columns, row)}
+        for row in rows
+    ]
+    return json.dumps(objects, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 _RENDERERS = {"table": _table, "csv": _csv, "json": _json}

@@ -1,0 +1,188 @@
+"""The command a newcomer meets: one clear line and exit 2 for every mistake they can make, a traceback and
+"this is a bug" for anything else, and the defects found by trying it as a new user would."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from drainpipe import cli
+from drainpipe.cli import EXIT_BUG, EXIT_USER, build_parser, main
+from drainpipe.pipeline.store import open_store
+
+T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_jsonl(path: Path, records: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+@pytest.fixture
+def store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """A store holding two days of events of one service (10:00 on 2026-11-21 and 2026-11-22)."""
+    records = [
+        {"ts": T0 + day * 86_400_000 + i * 60_000, "service": "svc", "latency_ms": 10.0 + i}
+        for day in (0, 1)
+        for i in range(3)
+    ]
+    url = f"duckdb:///{tmp_path}/s.duckdb"
+    code, _, err = run(capsys, "run", "-q", "--input", write_jsonl(tmp_path / "e.jsonl", records), "--store", url)
+    assert code == 0, err
+    return url
+
+
+def test_query_on_a_store_that_does_not_exist_says_so_and_creates_nothing(tmp_path, capsys) -> None:
+    code, out, err = run(capsys, "query", "--store", f"duckdb:///{tmp_path}/missing.duckdb")
+    assert code == EXIT_USER and out == ""
+    assert err.startswith("drainpipe: error: no such store") and err.count("\n") == 1
+    assert not (tmp_path / "missing.duckdb").exists()
+
+
+def test_unknown_metric_or_topn_names_the_stored_ones(store, capsys) -> None:
+    code, _, err = run(capsys, "query", "--store", store, "--metric", "service_cmp")
+    assert code == EXIT_USER and "no metric named 'service_cmp'" in err and "service_cpm" in err
+    code, _, err = run(capsys, "query", "--store", store, "--topn", "top_slow")
+    assert code == EXIT_USER and "no top-N named 'top_slow'" in err and "top_slow_statements" in err
+    code, out, _ = run(capsys, "query", "--store", store, "--metric", "service_cpm")
+    assert code == 0 and "service_cpm" in out
+
+
+def test_negative_limit_is_refused(store, capsys) -> None:
+    code, out, err = run(capsys, "query", "--store", store, "--limit", "-2")
+    assert code == EXIT_USER and out == "" and "--limit: must be >= 0, got -2" in err
+    code, out, _ = run(
+        capsys,
+        "query",
+        "--store",
+        store,
+        "--metric",
+        "service_cpm",
+        "--granularity",
+        "minute",
+        "--limit",
+        "2",
+        "--format",
+        "csv",
+    )
+    assert code == 0 and len(out.splitlines()) == 3  # header + 2
+
+
+def test_to_a_date_means_the_whole_day(store, capsys) -> None:
+    args = ("query", "--store", store, "--metric", "service_cpm", "--granularity", "minute", "--format", "json")
+    code, out, _ = run(capsys, *args, "--to", "2026-11-21")
+    buckets = [r["time_bucket"] for r in json.loads(out)]
+    assert code == 0 and buckets == ["2026-11-21T10:00:00Z", "2026-11-21T10:01:00Z", "2026-11-21T10:02:00Z"]
+    code, out, _ = run(capsys, *args, "--from", "2026-11-22", "--to", "2026-11-22T10:01:00Z")
+    assert [r["time_bucket"] for r in json.loads(out)] == ["2026-11-22T10:00:00Z", "2026-11-22T10:01:00Z"]
+
+
+@pytest.mark.parametrize("command", ["query", "run", "generate", "stream", "serve", "demo"])
+def test_every_option_has_help_text(command: str) -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]  # type: ignore[union-attr]
+    missing = [a.option_strings for a in sub._actions if a.option_strings and not a.help]
+    assert not missing, missing
+
+
+def _strict_json(text: str) -> object:
+    def refuse(token: str) -> object:
+        raise ValueError(f"non-standard JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_absurd_latencies_are_rejected_and_json_output_is_always_standard(tmp_path, capsys) -> None:
+    records = [
+        {"ts": T0, "service": "svc", "latency_ms": 1e308},
+        {"ts": T0, "service": "svc", "latency_ms": 1e308},
+        {"ts": T0, "service": "svc", "latency_ms": 20.0},
+    ]
+    url = f"duckdb:///{tmp_path}/big.duckdb"
+    code, out, _ = run(capsys, "run", "-q", "--input", write_jsonl(tmp_path / "big.jsonl", records), "--store", url)
+    assert code == 0 and "accepted 1 + rejected 2" in out
+    code, out, _ = run(capsys, "query", "--store", url, "--metric", "service_resp_time", "--format", "json")
+    assert code == 0 and {r["value"] for r in _strict_json(out)} == {20.0}  # type: ignore[union-attr]
+    # a stored non-finite value (from an older build) is rendered as null, never as Infinity
+    s = open_store(url)
+    s._con.execute("UPDATE metric_values SET value = 'inf'::DOUBLE")  # type: ignore[attr-defined]
+    s.close()
+    code, out, _ = run(capsys, "query", "--store", url, "--metric", "service_resp_time", "--format", "json")
+    assert code == 0 and {r["value"] for r in _strict_json(out)} == {None}  # type: ignore[union-attr]
+
+
+def test_csv_without_a_header_row_is_one_clear_error(tmp_path, capsys) -> None:
+    path = tmp_path / "no-header.csv"
+    path.write_text(f"{T0},svc,,,1.5,true,\n{T0},svc,,,2.5,true,\n")
+    code, out, err = run(capsys, "run", "-q", "--input", str(path), "--store", f"duckdb:///{tmp_path}/c.duckdb")
+    assert code == EXIT_USER and err.count("\n") == 1
+    assert "lacks the column(s) ts, service, latency_ms" in err
+
+
+def test_generate_mistakes_name_the_options(tmp_path, capsys) -> None:
+    code, _, err = run(capsys, "generate", "--events", "-5", "-o", str(tmp_path / "x.jsonl"))
+    assert code == EXIT_USER and "--events: must be >= 0, got -5" in err and "n >= 0" not in err
+    code, _, err = run(capsys, "generate", "--services", "0", "-o", str(tmp_path / "x.jsonl"))
+    assert code == EXIT_USER and "--services must be >= 1" in err
+    code, _, err = run(capsys, "generate", "--events", "5", "-o", str(tmp_path / "nodir" / "x.jsonl"))
+    assert code == EXIT_USER and "does not exist" in err and "no such file" not in err
+
+
+def test_postgresql_errors_name_the_url_once_without_the_password(capsys) -> None:
+    code, _, err = run(capsys, "query", "--store", "postgresql://u:secret@127.0.0.1:1/db")
+    assert code == EXIT_USER and err.count("postgresql://") == 1 and "secret" not in err
+
+
+def test_a_rerun_that_applies_nothing_says_so(tmp_path, capsys) -> None:
+    records = [{"ts": T0 + i, "service": "svc", "latency_ms": 1.0} for i in range(50)]
+    args = (
+        "run",
+        "-q",
+        "--input",
+        write_jsonl(tmp_path / "e.jsonl", records),
+        "--store",
+        f"duckdb:///{tmp_path}/r.duckdb",
+    )
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "events/s" in out and "nothing new" not in out
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "nothing new: all 50 accepted events were already stored" in out and "events/s" not in out
+
+
+def test_a_bug_prints_the_traceback_and_says_it_is_a_bug(monkeypatch, capsys) -> None:
+    def broken(args: object) -> int:
+        raise KeyError("internal")
+
+    monkeypatch.setattr(cli, "cmd_query", broken)
+    code, _, err = run(capsys, "query")
+    assert code == EXIT_BUG and "Traceback" in err and "KeyError" in err and "this is a bug in drainpipe" in err
+
+
+def test_a_value_error_from_a_bug_is_not_mistaken_for_a_user_error(monkeypatch, capsys) -> None:
+    def broken(args: object) -> int:
+        raise ValueError("a bug's ValueError")
+
+    monkeypatch.setattr(cli, "cmd_query", broken)
+    code, _, err = run(capsys, "query")
+    assert code == EXIT_BUG and "Traceback" in err
+
+
+def test_demo_writes_where_git_ignores_it() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["demo"]  # type: ignore[union-attr]
+    out = next(a for a in sub._actions if a.dest == "out").default
+    assert out == os.path.join(".drainpipe", "demo")
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().split()
+    assert ".drainpipe/" in ignored
