@@ -749,10 +749,10 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
         def __getattr__(self, name: str) -> Any:
             return getattr(self._fn, name)
 
-    read_events = R.read_file_indexed
+    read_part = R.read_part
 
     def timed_read(*a: Any, **k: Any) -> Iterator:
-        it = read_events(*a, **k)
+        it = read_part(*a, **k)
         step = timed("read + validate (next batch)", it.__next__)
         while True:
             try:
@@ -760,7 +760,7 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
             except StopIteration:
                 return
 
-    R.read_file_indexed = timed_read
+    R.read_part = timed_read
     E.LocalEngine.ingest_partials = timed("ingest_partials (from workers)", E.LocalEngine.ingest_partials)
     R.file_identity = timed("file fingerprint", R.file_identity)
     E.aggregate_batch = timed("aggregate_batch", E.aggregate_batch)
@@ -840,7 +840,7 @@ def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
     from drainpipe.inputs import read_events
     from drainpipe.pipeline.definitions import default_definitions
     from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, merge, split_partial
-    from drainpipe.pipeline.run import file_identity
+    from drainpipe.inputs import file_identity
     from drainpipe.pipeline.store import open_store
 
     definitions = default_definitions()
