@@ -1,6 +1,6 @@
 """Metrics pipeline benchmark: drainpipe's local engine vs a plain Python loop vs DuckDB SQL, end to end.
 
-Contenders (the same work: the 16 default metrics of PIPELINE.md at minute, hour and day granularity, plus the
+Contenders (the same work: the 16 default metrics of docs/pipeline.md at minute, hour and day granularity, plus the
 ``top_slow_statements`` top-N, from one input file into a fresh DuckDB file):
 
 * ``drainpipe``: ``drainpipe.pipeline.run.run_local`` (validating reader, columnar aggregation, L1 -> L2 ->
@@ -80,7 +80,7 @@ TARGET_LOOP_RATIO = 5.0
 TARGET_SQL_RATIO = 10.0
 
 # -------------------------------------------------------------------------------------------------- the workload
-# The default metric set of PIPELINE.md, as the loop and the SQL hard-code it (drainpipe reads its definitions).
+# The default metric set of docs/pipeline.md, as the loop and the SQL hard-code it (drainpipe reads its definitions).
 SCOPES = ("service", "instance", "endpoint")
 GRANULARITIES = (("minute", 60_000), ("hour", 3_600_000), ("day", 86_400_000))
 APDEX_T = 500.0

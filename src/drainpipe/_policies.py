@@ -1,6 +1,6 @@
 """Thread and partition policies: callers declare intent, the queue resolves concrete counts.
 
-Policies are immutable values (``==`` and ``hash`` by kind and parameters) with the string forms of API.md.
+Policies are immutable values (``==`` and ``hash`` by kind and parameters) with the string forms of ``docs/api.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Input events: validation rules (PIPELINE.md "Input events"), formats, dead letter, inputs."""
+"""Input events: validation rules (docs/pipeline.md "Input events"), formats, dead letter, inputs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BatchQueueConfig: defaults, readable frozen fields, validate() naming the bad field (API.md Config)."""
+"""BatchQueueConfig: defaults, readable frozen fields, validate() naming the bad field (docs/api.md Config)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Dispatch: single-consumer batches, handler-map grouping by exact type, unhandled types, errors, on_idle,
-adaptive backoff (API.md BatchQueue "Dispatch")."""
+adaptive backoff (docs/api.md BatchQueue "Dispatch")."""
 
 from __future__ import annotations
 

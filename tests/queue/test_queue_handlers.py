@@ -1,4 +1,4 @@
-"""add_handler / remove_handler, adaptive partition growth under load (API.md BatchQueue, Handlers)."""
+"""add_handler / remove_handler, adaptive partition growth under load (docs/api.md BatchQueue, Handlers)."""
 
 from __future__ import annotations
 

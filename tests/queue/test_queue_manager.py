@@ -1,4 +1,4 @@
-"""BatchQueueManager: the process-wide registry (API.md Manager)."""
+"""BatchQueueManager: the process-wide registry (docs/api.md Manager)."""
 
 from __future__ import annotations
 

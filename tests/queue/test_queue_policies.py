@@ -1,4 +1,4 @@
-"""ThreadPolicy and PartitionPolicy: resolution rules, validation, string forms, value semantics (API.md Policies)."""
+"""ThreadPolicy and PartitionPolicy: resolution rules, validation, string forms, value semantics (docs/api.md Policies)."""
 
 from __future__ import annotations
 

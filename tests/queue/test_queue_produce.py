@@ -1,4 +1,4 @@
-"""produce / produce_many with both buffer strategies, and partition selectors (API.md BatchQueue, Routing)."""
+"""produce / produce_many with both buffer strategies, and partition selectors (docs/api.md BatchQueue, Routing)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Dedicated and shared drain schedulers: thread names, daemon threads, thread reduction, shared pools
-(API.md Config "Shared schedulers")."""
+(docs/api.md Config "Shared schedulers")."""
 
 from __future__ import annotations
 

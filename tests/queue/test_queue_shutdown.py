@@ -1,4 +1,4 @@
-"""Shutdown: concurrent callers, in-flight handler calls, no loss, idempotence (API.md BatchQueue "Shutdown")."""
+"""Shutdown: concurrent callers, in-flight handler calls, no loss, idempotence (docs/api.md BatchQueue "Shutdown")."""
 
 from __future__ import annotations
 

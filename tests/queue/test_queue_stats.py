@@ -1,4 +1,4 @@
-"""BatchQueueStats: usage view and exact counters (API.md Stats)."""
+"""BatchQueueStats: usage view and exact counters (docs/api.md Stats)."""
 
 from __future__ import annotations
 

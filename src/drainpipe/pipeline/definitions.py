@@ -1,6 +1,6 @@
 """Metric and top-N definitions: the data model, the built-in default set and the TOML loader.
 
-Contract (``/work/shared/design/PIPELINE.md``, "Metric definitions"):
+Contract (``docs/pipeline.md``, "Metric definitions"):
 
 * A metric is ``name`` (unique, ``[a-z0-9_]+``), ``scope`` (service | instance | endpoint), ``function``
   (count cpm sum avg min max sla apdex percentile), ``field`` (only for sum avg min max; a numeric event
@@ -400,7 +400,7 @@ class Definitions:
 
 
 def default_definitions() -> Definitions:
-    """The built-in default set of PIPELINE.md: 16 metrics and the ``top_slow_statements`` top-N."""
+    """The built-in default set (``docs/pipeline.md``): 16 metrics and the ``top_slow_statements`` top-N."""
     metrics: list[MetricDef] = []
     for scope in SCOPES:
         metrics += [

@@ -1,6 +1,6 @@
 """The metric functions and the top-N as mergeable states: aggregate, merge, roll up, finalize, encode.
 
-Contract (``/work/shared/design/PIPELINE.md``, "Functions", "Entities and time buckets"):
+Contract (``docs/pipeline.md``, "Functions", "Entities and time buckets"):
 
 * :func:`aggregate_batch` turns one event batch (pyarrow ``RecordBatch``/``Table`` with the reader's columns
   ``ts service instance endpoint latency_ms status db_statement``) into one partial per definition:

@@ -1,6 +1,6 @@
 """Metric stores: transactional, idempotent upsert-merge of states, and the query side.
 
-Contract (``/work/shared/design/PIPELINE.md``, "Output (storage)"): rows are upserts keyed by
+Contract (``docs/pipeline.md``, "Output (storage)"): rows are upserts keyed by
 (metric, entity, granularity, time_bucket, label); states are merged, not overwritten, so two halves of the
 input ingested one after the other give the same values as the whole; and running the pipeline twice over
 the same input gives the same values.

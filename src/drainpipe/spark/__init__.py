@@ -1,6 +1,6 @@
 """The metrics pipeline on Apache Spark (PySpark >= 4.0): batch over files, streaming over a directory.
 
-Contract (``/work/shared/design/PIPELINE.md``; issue 5):
+Contract (``docs/pipeline.md``, "Engines"):
 
 * Same definitions, same code: events are read and validated by :mod:`drainpipe.inputs` (the same
   rules, reasons and dead-letter records as the local engine), partially aggregated per Spark task by
