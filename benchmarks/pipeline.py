@@ -837,10 +837,9 @@ def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
     """The engine's stages run one after the other on one thread (no queues, no contention): CPU per stage."""
     import pyarrow.parquet as pq
 
-    from drainpipe.inputs import read_events
+    from drainpipe.inputs import file_identity, read_events
     from drainpipe.pipeline.definitions import default_definitions
     from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, merge, split_partial
-    from drainpipe.inputs import file_identity
     from drainpipe.pipeline.store import open_store
 
     definitions = default_definitions()

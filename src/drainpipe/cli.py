@@ -1,8 +1,10 @@
 """The ``drainpipe`` command.
 
 Errors: a :class:`~drainpipe.errors.DrainpipeError` (a mistake the user can fix: bad option, missing file, bad
-store URL, ...) is printed as one line and exits 2. Anything else is a bug in drainpipe: the traceback is printed
-with a line saying so, and the exit status is 70 (EX_SOFTWARE). Ctrl-C exits 130.
+store URL, ...) is printed as one line and exits 2. A run whose data did not all reach the store prints its summary
+with a line saying what was not stored and exits 1 (2 when the cause is an unreadable input file). Anything else is
+a bug in drainpipe: the traceback is printed with a line saying so, and the exit status is 70 (EX_SOFTWARE).
+Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from .errors import DrainpipeError, UsageError
 
 EXIT_USER = 2
+EXIT_NOT_STORED = 1  # a run whose data did not all reach the store
 EXIT_BUG = 70
 
 _STORE_HELP = (
@@ -82,7 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     for line in summary.lines():
         print(line)
-    return 0
+    if summary.complete:
+        return 0
+    print(f"drainpipe: error: {_one_line(summary.failure())}", file=sys.stderr)
+    return EXIT_USER if summary.input_error else EXIT_NOT_STORED
 
 
 def cmd_stream(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def check_canonical(batch: pa.RecordBatch) -> None:
 def read(paths: list[Path], tmp_path: Path, batch_rows: int = 65536) -> Result:
     stats = ReadStats()
     dl_path = tmp_path / "out.rejected.jsonl"
+    dl_path.unlink(missing_ok=True)  # the dead letter appends: one file per read here
     with DeadLetter(dl_path) as dl:
         batches = list(read_events([str(p) for p in paths], batch_rows=batch_rows, dead_letter=dl, stats=stats))
     rejects = [json.loads(line) for line in dl_path.read_text(encoding="ascii").split("\n")[:-1]]
@@ -304,9 +305,11 @@ def test_crlf_line_endings_and_bom(tmp_path):
     assert r.rejects[0]["raw"] == rec(ts="x") and r.rejects[0]["line"] == 2
 
 
-def test_last_line_without_newline_and_truncated(tmp_path):
+def test_last_line_without_newline_waits_in_a_growable_file_and_is_read_in_gzip(tmp_path):
     data = (rec() + "\n" + rec()[:-5]).encode()
     r = read([write_bytes(tmp_path, "in.jsonl", data)], tmp_path)
+    assert reasons(r) == [] and len(r.rows) == 1  # a log's partial last line is still being written
+    r = read([write_bytes(tmp_path, "in.jsonl.gz", data)], tmp_path)  # a gzip file is complete: read it all
     assert reasons(r) == ["invalid JSON"] and len(r.rows) == 1
 
 
@@ -503,14 +506,14 @@ def test_parquet_rejects_with_reasons_and_row_objects(tmp_path):
     assert r.rows == [row(service="a", latency_ms=1.0)]
     got = [(x["line"], x["reason"]) for x in r.rejects]
     assert got == [
-        (1, "missing field: ts"),
-        (2, "missing field: service"),
-        (3, "bad value: service"),
-        (4, "out of range: ts"),
-        (5, "out of range: latency_ms"),
+        (2, "missing field: ts"),
+        (3, "missing field: service"),
+        (4, "bad value: service"),
+        (5, "out of range: ts"),
         (6, "out of range: latency_ms"),
-        (7, "missing field: latency_ms"),
-        (8, "out of range: latency_ms"),
+        (7, "out of range: latency_ms"),
+        (8, "missing field: latency_ms"),
+        (9, "out of range: latency_ms"),
     ]
     assert r.rejects[0]["raw"] == {"ts": None, "service": "a", "latency_ms": 1.0, "status": True}
     assert r.rejects[5]["raw"]["latency_ms"] == "nan" and r.rejects[7]["raw"]["latency_ms"] == "inf"
@@ -530,10 +533,10 @@ def test_parquet_wrong_types_and_bad_values(tmp_path):
     r = read([write_parquet(tmp_path, table)], tmp_path)
     assert r.rows == [row(service="a", latency_ms=1.0, db_statement="q")]
     assert [(x["line"], x["reason"]) for x in r.rejects] == [
-        (1, "bad type: instance"),
-        (2, "out of range: ts"),
-        (3, "bad value: status"),
-        (4, "not UTF-8"),
+        (2, "bad type: instance"),
+        (3, "out of range: ts"),
+        (4, "bad value: status"),
+        (5, "not UTF-8"),
     ]
     assert r.rejects[3]["raw"]["db_statement"] == "\\xff"
 
@@ -550,7 +553,7 @@ def test_parquet_in_row_groups_with_batch_rows(tmp_path):
                       "latency_ms": [float(i % 7) - 1 for i in range(n)]})  # fmt: skip
     r = read([write_parquet(tmp_path, table, row_group_size=128)], tmp_path, batch_rows=100)
     assert [x["ts"] for x in r.rows] == [i for i in range(n) if i % 7]
-    assert [x["line"] for x in r.rejects] == [i for i in range(n) if not i % 7]
+    assert [x["line"] for x in r.rejects] == [i + 1 for i in range(n) if not i % 7]  # 1-based rows
 
 
 def test_parquet_all_rows_rejected_yields_nothing(tmp_path):
@@ -646,7 +649,7 @@ def test_json_and_parquet_agree(tmp_path, records):
                         ("latency_ms", pa.float64()), ("status", pa.bool_()), ("db_statement", pa.string())])  # fmt: skip
     parquet_result = read([write_parquet(tmp_path, pa.Table.from_pylist(records, schema=schema))], tmp_path)
     assert json_result.rows == parquet_result.rows
-    assert [(x["line"] - 1, x["reason"]) for x in json_result.rejects] == [
+    assert [(x["line"], x["reason"]) for x in json_result.rejects] == [
         (x["line"], x["reason"]) for x in parquet_result.rejects
     ]
 
@@ -698,7 +701,7 @@ def test_arbitrary_lines_never_crash_and_counts_reconcile(tmp_path, lines):
 # ---------------------------------------------------------------------------------------- dead letter
 
 
-def test_dead_letter_is_thread_safe_and_created_empty(tmp_path):
+def test_dead_letter_is_thread_safe_and_appends(tmp_path):
     path = tmp_path / "dl.jsonl"
     with DeadLetter(path) as dl:
         threads = [
@@ -712,9 +715,13 @@ def test_dead_letter_is_thread_safe_and_created_empty(tmp_path):
     records = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(records) == dl.count == 1200
     assert sorted(r["raw"] for r in records) == sorted(f'raw {t} \n "{i}"' for t in range(4) for i in range(300))
-    with DeadLetter(path):
+    with DeadLetter(path) as again:
+        again.write("src", 1, "x", "r")
+    assert len(path.read_text().splitlines()) == 1201  # appended: rejects of earlier runs are never destroyed
+    (tmp_path / "new.jsonl").unlink(missing_ok=True)
+    with DeadLetter(tmp_path / "new.jsonl"):
         pass
-    assert path.read_text() == ""  # truncated: a stale file never survives a clean run
+    assert (tmp_path / "new.jsonl").read_text() == ""  # created even when nothing is rejected
     with pytest.raises(RuntimeError, match="not open"):
         dl.write("src", 1, "x", "r")
 

@@ -1,6 +1,6 @@
 """One input layer for every engine: a file with bad lines gives the same parts, rejects (line numbers and order)
-and source ids in process, through the worker processes and in Spark; the same file run through the local engine
-and then Spark into one store is counted once."""
+and file progress (identity, how far applied) in process, through the worker processes and in Spark; the same file
+run through the local engine and then Spark into one store is counted once."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from spark_testlib import BAD_JSON_LINES, SPARK, assert_same_results
 
-from drainpipe.inputs import file_identity, plan_parts, source_prefix
+from drainpipe.inputs import head_of, plan_parts
 from drainpipe.pipeline import parallel
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
 from drainpipe.spark import JobOptions, run_batch
-from drainpipe.spark.splits import plan_file
 
 pytestmark = SPARK
 BLOCK = 1_000
@@ -46,10 +45,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"jsonl": jsonl, "parquet": parquet}
 
 
-def _sources(url: str, path: Path) -> dict[str, frozenset[str]]:
+def _progress(url: str, path: Path) -> set[tuple]:
     store = open_store(url)
     try:
-        return store.applied_under(source_prefix(file_identity(str(path)), BLOCK))
+        return {(r.fid, r.name, r.end, r.lines, r.prefix) for r in store.file_progress(head_of(str(path)), "")}
     finally:
         store.close()
 
@@ -59,7 +58,6 @@ def test_every_engine_reads_the_same_parts_rejects_and_sources(spark, files, fmt
     path = files[fmt]
     planned = list(plan_parts(str(path), BLOCK, workers=2))
     assert len(planned) > 1 and [p.first for p in planned] == sorted(p.first for p in planned)
-    assert [p.first for p in plan_file(str(path), BLOCK, 2)] == [p.first for p in planned]  # Spark's plan
 
     monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
     runs = {}
@@ -80,15 +78,17 @@ def test_every_engine_reads_the_same_parts_rejects_and_sources(spark, files, fmt
                 workers=0 if engine == "in-process" else 2,
             )
             counts = (s.read, s.accepted, s.rejected)
-        runs[engine] = (counts, dead.read_bytes(), _sources(url, path), url)
+        runs[engine] = (counts, dead.read_bytes(), _progress(url, path), url)
     base = runs["in-process"]
     assert base[0][2] == (5 if fmt == "parquet" else len(BAD_JSON_LINES))
-    assert len(base[2]) >= 9 and all(names == frozenset(DEFAULT_DEFINITIONS.names) for names in base[2].values())
+    assert {name for _, name, *_ in base[2]} == set(DEFAULT_DEFINITIONS.names) and len(base[2]) == len(
+        DEFAULT_DEFINITIONS.names
+    )  # one row per definition, all at the file's end
     for engine in ("workers", "spark"):
         counts, dead, sources, url = runs[engine]
         assert counts == base[0], engine
         assert dead == base[1], engine  # same records, reasons, line numbers and order
-        assert sources == base[2], engine  # same source ids, each applied for every definition
+        assert sources == base[2], engine  # same identity, same end, same prefix hash
         assert_same_results(base[3], url, DEFAULT_DEFINITIONS)
 
 
@@ -105,7 +105,7 @@ def test_local_then_spark_into_one_store_counts_the_file_once(spark, files, tmp_
     again = run_batch(
         [path], store_url=both, dead_letter=str(tmp_path / "c.jsonl"), spark=spark, options=JobOptions(batch_rows=BLOCK)
     )
-    assert again["applied"] == 0 and again["skipped_blocks"] >= 9
+    assert again["read"] == 0 and again["unchanged_files"] == 1
     assert_same_results(once, both, DEFAULT_DEFINITIONS)
     # and the other way round: Spark first, then the local engine skips every batch
     spark_first = f"duckdb:///{tmp_path}/spark-first.duckdb"
@@ -123,5 +123,5 @@ def test_local_then_spark_into_one_store_counts_the_file_once(spark, files, tmp_
         dead_letter=str(tmp_path / "e.jsonl"),
         batch_rows=BLOCK,
     )
-    assert local.applied == 0 and local.skipped_batches >= 9
+    assert local.read == 0 and local.unchanged_files == 1 and local.complete
     assert_same_results(once, spark_first, DEFAULT_DEFINITIONS)

@@ -75,10 +75,10 @@ def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path
     url = f"duckdb:///{tmp_path}/spark.duckdb"
     first = run_batch(inputs[:1], store_url=url, spark=spark, dead_letter=str(tmp_path / "a.jsonl"))
     rest = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "b.jsonl"))
-    assert rest["skipped_blocks"] >= 1 and first["skipped_blocks"] == 0
-    assert rest["read"] == reference["default"][1]["read"]  # every file is read; stored blocks are not aggregated
+    assert rest["unchanged_files"] == 1 and first["unchanged_files"] == 0
+    assert first["read"] + rest["read"] == reference["default"][1]["read"]  # a stored file is not read again
     again = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "c.jsonl"))
-    assert again["applied"] == 0 and again["metrics_rows"] == 0
+    assert again["read"] == 0 and again["unchanged_files"] == len(inputs) and again["metrics_rows"] == 0
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
 
 

@@ -4,9 +4,10 @@
   every format, and rejects with reasons (:class:`ReadStats`, :class:`DeadLetter`).
 * Files: :func:`expand_inputs` (paths and globs), :func:`detect_format` (by suffix: JSON Lines, CSV, each optionally
   gzipped, and Parquet).
-* Parts (:mod:`.parts`): :func:`plan_parts` cuts a file into parts, :func:`read_part` reads one anywhere (in
-  process, in a worker process, in a Spark task) into validated columnar batches, with the rejects' file line
-  numbers; :func:`file_identity` and :func:`source_id` name what was read, the same for every engine.
+* Parts (:mod:`.parts`): :func:`plan_parts` cuts a file into parts from a :class:`Position` on, :func:`read_part`
+  reads one anywhere (in process, in a worker process, in a Spark task) into validated columnar batches, with the
+  rejects' file line numbers; :func:`head_of`, :func:`node_of`, :func:`prefix_hasher` and :func:`file_identity`
+  say what a file is, the same for every engine.
 * Bodies: :func:`validate_records` and :func:`validate_json_lines` validate what an HTTP client sent.
 
 Formats plug in at two points: :func:`detect_format` names a file's format, and :func:`records.read_blocks`
@@ -17,7 +18,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .parts import PENDING, Part, RejectList, file_identity, plan_parts, read_part, source_id, source_prefix, whole_file
+from .parts import (
+    HEAD_BYTES,
+    Part,
+    RejectList,
+    file_identity,
+    growable,
+    head_of,
+    node_of,
+    plan_parts,
+    prefix_hasher,
+    read_part,
+    whole_file,
+)
+from .position import Position
 from .records import (
     EVENT_SCHEMA,
     FIELDS,
@@ -47,12 +61,15 @@ __all__ = [
     "Sink",
     "RejectList",
     "Part",
-    "PENDING",
+    "Position",
+    "HEAD_BYTES",
+    "growable",
+    "head_of",
+    "node_of",
+    "prefix_hasher",
     "detect_format",
     "expand_inputs",
     "file_identity",
-    "source_id",
-    "source_prefix",
     "plan_parts",
     "whole_file",
     "read_part",

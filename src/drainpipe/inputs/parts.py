@@ -1,21 +1,22 @@
-"""Parts: how every engine cuts an input file into pieces of work, and how a piece is read.
+"""Parts: how every engine cuts an input file into pieces of work, how a piece is read, and what a file is.
 
 One scheme for every engine (the in-process reader, the local engine's worker processes, Spark tasks):
 
-* A file is read as consecutive **blocks**: ``batch_rows`` lines of JSON Lines or CSV records, or one
-  ``iter_batches(batch_size=batch_rows)`` batch of Parquet. Block ``j`` of a file always holds the same input
-  rows, whoever reads it and however the file is cut into parts.
+* A file is read as consecutive **blocks**: ``batch_rows`` lines of JSON Lines, ``batch_rows`` CSV records, or
+  one ``iter_batches(batch_size=batch_rows)`` batch of Parquet.
 * A **part** (:class:`Part`) is a run of consecutive blocks of one file: a byte range of whole lines for JSON Lines,
   a range of blocks for Parquet, or the whole file (CSV, whose quoted fields may span lines, and gzip, which
-  cannot be entered in the middle). :func:`plan_parts` cuts a file; :func:`read_part` reads one part, anywhere
-  (parts are plain picklable data).
-* A file's **identity** is a fingerprint of its content (:func:`file_identity`), and block ``j``'s **source id**
-  is ``f"{identity}:{batch_rows}:{j}"`` (:func:`source_id`). Stores record source ids, so the same file run
-  through any engine, or cut differently, is counted once.
+  cannot be entered in the middle). :func:`plan_parts` cuts a file from a :class:`Position` on; :func:`read_part`
+  reads one part, anywhere (parts are plain picklable data). Parts end where they say
+  (:attr:`Part.end_position`), so an engine that applied parts up to one records how far the file is applied.
+* What a file **is**: uncompressed JSON Lines and CSV can grow (logs: :func:`growable`); they are read up to
+  their last complete line, found again by a fingerprint of their head (:func:`head_of`) and checked by a hash
+  of the part already applied (:func:`prefix_hasher`). Compressed files and Parquet are immutable, named by a
+  hash of their content (:func:`file_identity`). :mod:`drainpipe.pipeline.progress` keeps the books.
 
 Reading a part gives ``(block index, canonical batch)`` for each block with accepted rows; the rejects go to the
 part's :class:`~drainpipe.inputs.records.Sink` with file line numbers (1-based physical lines for JSON Lines and
-CSV, 0-based rows for Parquet), the same whichever part and engine read them.
+CSV, 1-based rows for Parquet), the same whichever part and engine read them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import mmap
 import os
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -34,15 +35,19 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from . import records
+from .position import Position
 from .records import BOM, JsonlBlocks, Sink, detect_format, parquet_batch, parquet_columns
 
 __all__ = [
     "Part",
+    "Position",
     "RejectList",
-    "PENDING",
+    "HEAD_BYTES",
+    "growable",
     "file_identity",
-    "source_prefix",
-    "source_id",
+    "head_of",
+    "node_of",
+    "prefix_hasher",
     "plan_parts",
     "whole_file",
     "read_part",
@@ -52,14 +57,20 @@ __all__ = [
 JSONL_PART_BLOCKS = 4
 #: Parquet: most blocks per part (a row group with more is cut into near-equal parts)
 PARQUET_PART_BLOCKS = 16
-#: the identity of parts planned before the file's fingerprint is known (see :meth:`Part.identified`)
-PENDING = "*"
+#: a growable file's head fingerprint covers its first complete lines within this many bytes
+HEAD_BYTES = 4096
+
+
+def growable(fmt: str, gzipped: bool) -> bool:
+    """Whether files of this kind can grow between runs (uncompressed JSON Lines and CSV, e.g. logs): they are read
+    up to their last complete line and resumed there; compressed files and Parquet are immutable."""
+    return fmt in ("jsonl", "csv") and not gzipped
 
 
 def file_identity(path: str, digest: str | None = None) -> str:
     """A content fingerprint: the same bytes anywhere give the same identity (96 bits of SHA-256, hex).
 
-    ``digest``: the file's SHA-256 hex digest if already known (the JSON Lines planner computes it in its scan)."""
+    ``digest``: the file's SHA-256 hex digest if already known."""
     if digest is None:
         try:
             with open(path, "rb") as f:
@@ -69,20 +80,51 @@ def file_identity(path: str, digest: str | None = None) -> str:
     return digest[:24]
 
 
-def source_prefix(identity: str, batch_rows: int) -> str:
-    """What every source id of the file ``identity`` read in blocks of ``batch_rows`` starts with."""
-    return f"{identity}:{batch_rows}:"
+def head_of(path: str) -> str:
+    """The fingerprint a file is looked up by: for a growable file, SHA-256 of its complete lines within the first
+    :data:`HEAD_BYTES` bytes (appending to the file does not change it once it is that long); for an immutable
+    one, its content identity. Raises :class:`InputError` if the file cannot be read."""
+    fmt, gzipped = detect_format(path)
+    if not growable(fmt, gzipped):
+        return file_identity(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError as exc:
+        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    cut = head.rfind(b"\n")
+    return hashlib.sha256(head[: cut + 1] if cut >= 0 else head).hexdigest()[:24]
 
 
-def source_id(identity: str, batch_rows: int, block: int) -> str:
-    """The source id of block ``block`` of the file ``identity`` read in blocks of ``batch_rows``."""
-    return f"{source_prefix(identity, batch_rows)}{block}"
+def node_of(path: str) -> str:
+    """``"<device>:<inode>"``: which file this is on its filesystem (a file rewritten in place keeps it, a rotated
+    log's new file gets a new one)."""
+    st = os.stat(path)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def prefix_hasher(path: str, end: int) -> Any:
+    """A SHA-256 object fed the first ``end`` bytes of ``path`` (fewer if the file is shorter)."""
+    hasher = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            left = end
+            while left > 0:
+                chunk = f.read(min(left, 8 << 20))
+                if not chunk:
+                    break
+                hasher.update(chunk)
+                left -= len(chunk)
+    except OSError as exc:
+        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    return hasher
 
 
 @dataclass(frozen=True)
 class Part:
-    """Blocks ``first .. first + blocks - 1`` of one file (``blocks == -1``: every block from ``first`` to the end
-    of the file, read sequentially). JSON Lines byte-range parts also give the byte range and the lines before it.
+    """Blocks ``first .. first + blocks - 1`` of one file (``blocks == -1``: every block from the part's start to
+    the end of the file, read sequentially). Byte-range parts (JSON Lines) give the byte range, the lines before it
+    and in it, and (when planned with a hasher) the SHA-256 of every byte of the file before ``end``.
     """
 
     path: str
@@ -91,21 +133,27 @@ class Part:
     batch_rows: int
     first: int = 0
     blocks: int = -1
-    start: int = 0  # jsonl range: byte offset of the first line
+    start: int = 0  # jsonl range: byte offset of the first line; whole text file: where reading resumes
     end: int = 0  # jsonl range: byte offset after the last line
-    lineno: int = 0  # jsonl range: lines before the first one
+    lineno: int = 0  # lines before the first one
+    lines: int = 0  # jsonl range: lines in the part
     nbytes: int = 0  # bytes of the file this part stands for (progress, placement weights)
-    identity: str = PENDING
+    prefix: str = ""  # jsonl range: SHA-256 hex digest of the file's bytes before ``end`` ("" if not planned so)
+    rows: int = 0  # parquet: rows in the whole file
 
     @property
     def whole(self) -> bool:
         return self.blocks < 0
 
-    def source(self, block: int) -> str:
-        return source_id(self.identity, self.batch_rows, block)
-
-    def identified(self, identity: str) -> Part:
-        return replace(self, identity=identity)
+    @property
+    def end_position(self) -> Position | None:
+        """Where the part ends (None for a whole-file part: known once it has been read, as ``Sink.end``)."""
+        if self.whole:
+            return None
+        if self.fmt == "parquet":
+            rows = min(self.rows, (self.first + self.blocks) * self.batch_rows)
+            return Position(rows, rows)
+        return Position(self.end, self.lineno + self.lines)
 
 
 class RejectList:
@@ -122,27 +170,29 @@ class RejectList:
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def whole_file(path: str, batch_rows: int, identity: str = PENDING) -> Part:
-    """The part that reads all of ``path`` sequentially."""
+def whole_file(path: str, batch_rows: int, start: Position = Position()) -> Part:
+    """The part that reads ``path`` sequentially from ``start`` (a growable text file's resume point) to its end."""
     fmt, gzipped = detect_format(path)
-    return Part(path, fmt, gzipped, batch_rows, nbytes=_size(path), identity=identity)
+    return Part(path, fmt, gzipped, batch_rows, start=start.offset, lineno=start.lines, nbytes=_size(path))
 
 
 def plan_parts(
-    path: str, batch_rows: int, *, workers: int = 2, identity: str = PENDING, hasher: Any = None
+    path: str, batch_rows: int, *, workers: int = 2, start: Position = Position(), hasher: Any = None
 ) -> Iterator[Part]:
-    """The parts of one file, in file order: byte ranges of JSON Lines and block ranges of Parquet (about three
-    parts per worker, at most :data:`JSONL_PART_BLOCKS` / :data:`PARQUET_PART_BLOCKS` blocks each), else the whole
-    file. Lazy for JSON Lines: the newline scan keeps just ahead of the consumer.
+    """The parts of one file from ``start`` on, in file order: byte ranges of JSON Lines and block ranges of Parquet
+    (about three parts per worker, at most :data:`JSONL_PART_BLOCKS` / :data:`PARQUET_PART_BLOCKS` blocks each),
+    else the whole file. Lazy for JSON Lines: the newline scan keeps just ahead of the consumer.
 
-    ``hasher`` (JSON Lines only): a hashlib object fed every byte of the file, in order, by the end of the
-    iteration (the fingerprint without a second pass). Raises :class:`InputError` for an unreadable file."""
+    JSON Lines parts end at the file's last newline: a last line without one is still being written (a growing log)
+    and waits for a later run. ``hasher`` (JSON Lines): a hashlib object already fed the bytes before ``start``;
+    the scan feeds it the rest, and each part records the digest of everything before its end (``Part.prefix``).
+    Raises :class:`InputError` for an unreadable file."""
     fmt, gzipped = detect_format(path)
     if gzipped or fmt == "csv":
-        return iter([whole_file(path, batch_rows, identity)])
+        return iter([whole_file(path, batch_rows, start)])
     if fmt == "parquet":
-        return iter(_parquet_parts(path, batch_rows, identity))
-    return _jsonl_parts(path, batch_rows, workers, identity, hasher)
+        return iter(_parquet_parts(path, batch_rows, start.offset))
+    return _jsonl_parts(path, batch_rows, workers, start, hasher)
 
 
 def _size(path: str) -> int:
@@ -152,7 +202,7 @@ def _size(path: str) -> int:
         raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
 
 
-def _parquet_parts(path: str, batch_rows: int, identity: str) -> list[Part]:
+def _parquet_parts(path: str, batch_rows: int, start_row: int) -> list[Part]:
     try:
         md = pq.ParquetFile(path).metadata
     except (OSError, pa.ArrowException) as e:
@@ -161,80 +211,76 @@ def _parquet_parts(path: str, batch_rows: int, identity: str) -> list[Part]:
     total = sum(sizes)
     nbytes = _size(path)
     blocks = -(-total // batch_rows)
+    skip = -(-start_row // batch_rows)  # blocks an earlier run applied (a resume point ends a block, or the file)
     # per row group: the blocks that start in it (a part starts at a row group's first block boundary, so a
     # reader decodes at most one batch it does not use)
     ranges: list[tuple[int, int]] = []
-    start = 0
+    begin = 0
     for rows in sizes:
-        first, stop = -(-start // batch_rows), min(blocks, -(-(start + rows) // batch_rows))
+        first, stop = max(skip, -(-begin // batch_rows)), min(blocks, -(-(begin + rows) // batch_rows))
         if stop > first:
             ranges.append((first, stop))
-        start += rows
+        begin += rows
     parts = []
     for first, stop in ranges:
         pieces = -(-(stop - first) // PARQUET_PART_BLOCKS)
         bounds = np.linspace(first, stop, pieces + 1).round().astype(int)
         for a, b in zip(bounds[:-1], bounds[1:]):
-            parts.append(
-                Part(
-                    path,
-                    "parquet",
-                    False,
-                    batch_rows,
-                    int(a),
-                    int(b - a),
-                    nbytes=nbytes * int(b - a) // max(1, blocks),
-                    identity=identity,
-                )
-            )
-    if not parts:  # no rows: one empty part, so the file still has a part
-        parts.append(Part(path, "parquet", False, batch_rows, 0, 0, nbytes=nbytes, identity=identity))
+            parts.append(Part(path, "parquet", False, batch_rows, int(a), int(b - a), lineno=int(a) * batch_rows,
+                              nbytes=nbytes * int(b - a) // max(1, blocks), rows=total))  # fmt: skip
     return parts
 
 
-def _jsonl_parts(path: str, batch_rows: int, workers: int, identity: str, hasher: Any) -> Iterator[Part]:
+def _jsonl_parts(path: str, batch_rows: int, workers: int, start: Position, hasher: Any) -> Iterator[Part]:
     try:
         f = open(path, "rb")
     except OSError as exc:
         raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
     with f:
         size = os.fstat(f.fileno()).st_size
-        if size == 0:
+        if size <= start.offset:
             return
         # at most JSONL_PART_BLOCKS blocks per part, fewer when that leaves under three parts per worker
+        f.seek(start.offset)
         sample = f.read(1 << 20)
-        estimate = size * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
+        estimate = (size - start.offset) * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
         lines_per_part = batch_rows * max(1, min(JSONL_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             buf = np.frombuffer(mm, dtype=np.uint8)
             window = buf[:0]
             try:
-                pos = len(BOM) if bytes(buf[:3]) == BOM else 0
-                if hasher is not None:
-                    hasher.update(buf[:pos])
-                first, lineno = 0, 0
+                pos = start.offset
+                if pos == 0 and bytes(buf[:3]) == BOM:
+                    pos = len(BOM)
+                    if hasher is not None:
+                        hasher.update(buf[:pos])
+                first, lineno = 0, start.lines
                 step = 8 << 20
                 while pos < size:
-                    need, scan, end = lines_per_part, pos, size
+                    need, scan, end = lines_per_part, pos, pos
                     while scan < size:
                         window = buf[scan : scan + step]
-                        count = int(np.count_nonzero(window == 10))
-                        if count >= need:
-                            end = scan + int(np.flatnonzero(window == 10)[need - 1]) + 1
+                        newlines = np.flatnonzero(window == 10)
+                        if len(newlines) >= need:
+                            end = scan + int(newlines[need - 1]) + 1
                             need = 0
-                        else:
-                            need -= count
-                        if not need:
                             break
+                        if len(newlines):
+                            end = scan + int(newlines[-1]) + 1  # the last complete line so far
+                        need -= len(newlines)
                         scan += len(window)
+                    lines = lines_per_part - need
+                    if not lines:
+                        return  # only a partial last line is left: it waits for a later run
                     if hasher is not None:
                         hasher.update(buf[pos:end])
                     if hasattr(mm, "madvise"):  # scanned (and hashed) pages leave this process's RSS
                         page = pos - pos % mmap.PAGESIZE
                         mm.madvise(mmap.MADV_DONTNEED, page, end - page)
-                    lines = lines_per_part - need + (1 if need and buf[size - 1] != 10 else 0)
                     blocks = -(-lines // batch_rows)
-                    yield Part(path, "jsonl", False, batch_rows, first, blocks, pos, end, lineno, end - pos, identity)
+                    digest = hasher.copy().hexdigest() if hasher is not None else ""
+                    yield Part(path, "jsonl", False, batch_rows, first, blocks, pos, end, lineno, lines, end - pos,
+                               digest)  # fmt: skip
                     first += blocks
                     lineno += lines
                     pos = end
@@ -247,11 +293,13 @@ def _jsonl_parts(path: str, batch_rows: int, workers: int, identity: str, hasher
 
 def read_part(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(block index, canonical batch)`` for each block of ``part`` with accepted rows; counts and rejects go to
-    ``sink``. A file that cannot be read (missing, corrupt gzip or Parquet, I/O error) raises
+    ``sink``. A whole growable file is read from ``part.start`` to its last complete line, and ``sink.end`` says
+    where that is. A file that cannot be read (missing, corrupt gzip or Parquet, I/O error) raises
     :class:`InputError` while iterating; batches already yielded stay valid."""
     try:
         if part.whole:
-            yield from records.read_blocks(part.path, part.fmt, part.gzipped, part.batch_rows, sink)
+            yield from records.read_blocks(part.path, part.fmt, part.gzipped, part.batch_rows, sink,
+                                           part.start, part.lineno)  # fmt: skip
         elif part.fmt == "parquet":
             yield from _parquet_blocks(part, sink)
         else:

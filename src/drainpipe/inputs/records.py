@@ -79,6 +79,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from ..errors import InputError, UsageError
+from .position import Position
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -175,18 +176,18 @@ class DeadLetter:
         {"source": "<input path>", "line": <n>, "raw": <raw record>, "reason": "<reason>"}
 
     ``line`` is the 1-based physical line number for JSON Lines and CSV (where a record starts; blank
-    lines count) and the 0-based row index within the file for Parquet. ``raw`` is the line's text for
+    lines count) and the 1-based row number within the file for Parquet. ``raw`` is the line's text for
     JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
     ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
     timestamps as ISO strings, non-finite floats as strings).
 
-    The file is opened eagerly by ``__enter__``/:meth:`open` and truncated (unless ``append``), so after a
-    clean run it exists. :meth:`write` is thread-safe. ``count`` is the number of records written.
+    The file is opened eagerly by ``__enter__``/:meth:`open` and appended to: rejected records of earlier runs
+    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe. ``count`` is the
+    number of records written.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self.append = append
         self.count = 0
         self._lock = threading.Lock()
         self._file: io.TextIOBase | None = None
@@ -195,7 +196,7 @@ class DeadLetter:
         with self._lock:
             if self._file is None:
                 try:
-                    self._file = open(self.path, "a" if self.append else "w", encoding="utf-8")
+                    self._file = open(self.path, "a", encoding="utf-8")
                 except OSError as exc:
                     raise UsageError(f"cannot write the dead letter {self.path!r}: {exc.strerror or exc}") from None
         return self
@@ -253,12 +254,15 @@ class RejectWriter(Protocol):
 
 
 class Sink:
-    """Where the rejects of one source file go: the stats and (optionally) a reject writer."""
+    """Where the rejects of one source file go: the stats and (optionally) a reject writer. ``end``: where a whole
+    text file's reading stopped (after its last complete line), set when the read is done."""
 
     def __init__(self, source: str, stats: ReadStats, dead_letter: RejectWriter | None) -> None:
         self.source = source
         self.stats = stats
         self.dead_letter = dead_letter
+        self.end: tuple[int, int] | None = None  # (bytes, lines)
+        self.pending = 0  # bytes of a last line without a newline yet (a growing file): not read
 
     def reject(self, line: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
@@ -451,9 +455,11 @@ def _read_jsonl(f: Iterable[bytes], batch_rows: int, sink: Sink) -> Iterator[pa.
         yield batch
 
 
-def _read_jsonl_indexed(f: Iterable[bytes], batch_rows: int, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """``(block index, batch)`` per block of ``batch_rows`` lines that has accepted rows."""
-    lineno = 0
+def _read_jsonl_indexed(
+    f: Iterable[bytes], batch_rows: int, sink: Sink, lineno: int = 0
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(block index, batch)`` per block of ``batch_rows`` lines that has accepted rows (the first line read is
+    line ``lineno + 1``)."""
     blocks = JsonlBlocks()
     lines = iter(f)
     index = 0
@@ -763,13 +769,34 @@ def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
     return typed
 
 
+class _CountedLines:
+    """The raw lines of a text file, counted in bytes and lines. For a growable file a last line without a newline
+    is held back (``pending`` bytes): it may still be being written."""
+
+    def __init__(self, f: BinaryIO, offset: int, growable: bool) -> None:
+        self._f = f
+        self.offset = offset
+        self.count = 0
+        self.pending = 0
+        self._growable = growable
+
+    def __iter__(self) -> Iterator[bytes]:
+        for raw in self._f:
+            if self._growable and not raw.endswith(b"\n"):
+                self.pending = len(raw)
+                return
+            self.offset += len(raw)
+            self.count += 1
+            yield raw
+
+
 class _LineTracker:
     """Feeds decoded lines to ``csv.reader`` and remembers the raw bytes of the current record.
 
     Lines that are not UTF-8 are decoded with ``surrogateescape`` (so parsing goes on) and flag the
     record as ``bad``."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: Iterable[bytes]) -> None:
         self._f = f
         self.lineno = 0
         self.pending: list[bytes] = []
@@ -847,12 +874,17 @@ def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tu
     return _validate_values(*typed(cells))
 
 
-def _read_csv(f: BinaryIO, batch_rows: int, sink: Sink, path: str) -> Iterator[pa.RecordBatch]:
-    tracker = _LineTracker(f)
+def _read_csv(f: BinaryIO, lines: _CountedLines, batch_rows: int, sink: Sink, path: str,
+              start: Position) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    tracker = _LineTracker(lines)
     reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
     if header is None:
         return
+    if start.offset > lines.offset:  # resume after what an earlier run applied; the header is read again
+        f.seek(start.offset)
+        lines.offset, lines.count = start.offset, start.lines
+        tracker.lineno = start.lines
     typed, width = _csv_typer(header), len(header)
     rows: list[tuple] = []
     for first, raw, bad, cells in _csv_records(reader, tracker):
@@ -1110,7 +1142,7 @@ def parquet_columns(pf: pq.ParquetFile) -> list[str] | None:
 def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: Sink) -> None:
     rows = batch.filter(pa.array(mask)).to_pylist()
     for index, row, reason in zip(np.flatnonzero(mask).tolist(), rows, reasons):
-        sink.reject(offset + index, row, reason)
+        sink.reject(offset + index + 1, row, reason)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1199,17 +1231,27 @@ def _read_all(
 
 
 def read_blocks(
-    path: str, fmt: str, gzipped: bool, batch_rows: int, sink: Sink
+    path: str, fmt: str, gzipped: bool, batch_rows: int, sink: Sink, start: int = 0, start_lines: int = 0
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """``(block index, batch)`` of one file in any format (CSV blocks are numbered as they come)."""
+    """``(block index, batch)`` of one whole file in any format (CSV blocks are numbered as they come).
+
+    An uncompressed text file (it may be growing) is read from byte ``start`` (``start_lines`` lines before it) up
+    to its last complete line; ``sink.end`` and ``sink.pending`` say where reading stopped and what was held back.
+    """
     if fmt == "parquet":
         yield from read_parquet_indexed(path, batch_rows, sink)
         return
     with _open_text_source(path, gzipped) as f:
+        lines = _CountedLines(f, f.tell(), not gzipped)
         if fmt == "jsonl":
-            yield from _read_jsonl_indexed(f, batch_rows, sink)
+            if start > lines.offset:
+                f.seek(start)
+                lines.offset = start
+            yield from _read_jsonl_indexed(iter(lines), batch_rows, sink, start_lines)
+            lines.count += start_lines
         else:
-            yield from enumerate(_read_csv(f, batch_rows, sink, path))
+            yield from enumerate(_read_csv(f, lines, batch_rows, sink, path, Position(start, start_lines)))
+        sink.end, sink.pending = (lines.offset, lines.count), lines.pending
 
 
 def _open_text_source(path: str, gzipped: bool) -> BinaryIO:

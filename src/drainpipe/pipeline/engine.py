@@ -37,8 +37,9 @@ import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable
-from .definitions import Definitions
+from .definitions import Definition, Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
+from .store import FileProgress, first_line
 
 log = logging.getLogger("drainpipe.engine")
 
@@ -62,6 +63,7 @@ class EngineOptions:
     l2_flush_s: float = 5.0
     chunk_rows: int = 4096
     store_retry_s: tuple[float, float] = (0.05, 2.0)  # backoff from .. to
+    checkpoints: bool = False  # True: the store is written only at checkpoint(), one transaction each (file runs)
 
 
 @dataclass
@@ -74,24 +76,56 @@ class EngineCounters:
     store_errors: int = 0
     store_retries: int = 0
     store_write_s: float = 0.0
+    checkpoints: int = 0  # committed
+    events_stored: int = 0  # events covered by committed checkpoints
+    events_not_stored: int = 0  # events covered by checkpoints whose commit failed (or rolled back)
+    store_error: str = ""  # the first store failure, one line
+
+
+class _FlushRequest:
+    """A checkpoint's request that every handler hand its state on at its next idle moment (``epoch`` moves)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+
+@dataclass
+class Commit:
+    """A checkpoint marker on the persist queue: everything produced to it before the marker is committed in one
+    transaction with ``progress`` (or, with ``rollback``, discarded). ``done`` is set once that has happened;
+    ``error`` is the failure, if any."""
+
+    progress: list[FileProgress]
+    events: int
+    rollback: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
 
 
 class _L1Handler:
-    """One metric's minute states on L1; flushes to L2 on a period and when its drain task is idle."""
+    """One metric's minute states on L1; flushes to L2 on a period and when its drain task is idle.
 
-    def __init__(self, definition: Any, emit: Callable[[Partial], Any], flush_s: float) -> None:
+    ``consumed`` and ``emitted`` count items in and flushes out; only the handler's own thread writes them (a
+    handler is never called concurrently with itself), and a checkpoint reads them to know the stage is empty."""
+
+    def __init__(self, definition: Any, emit: Callable[[Partial], Any], flush_s: float, request: _FlushRequest) -> None:
         self.acc = MetricAccumulator(definition)
         self.emit = emit
         self.flush_s = flush_s
         self.last = time.monotonic()
         self.held = False
+        self.consumed = 0
+        self.emitted = 0
+        self.request = request
+        self.seen = request.epoch
 
     def consume(self, batch: list[Partial]) -> None:
         for p in batch:
             self.acc.add(p)
         self.held = True
-        if time.monotonic() - self.last >= self.flush_s:
+        if time.monotonic() - self.last >= self.flush_s or self.seen != self.request.epoch:
             self.flush()
+        self.consumed += len(batch)
 
     def on_idle(self) -> None:
         if self.held:
@@ -99,18 +133,21 @@ class _L1Handler:
 
     def flush(self) -> None:
         self.last = time.monotonic()
-        self.held = False
+        self.seen = self.request.epoch
         merged = self.acc.drain()
         if merged is not None:
             self.emit(merged)
+            self.emitted += 1
+        self.held = False
 
 
 class _L2Handler(_L1Handler):
     """One metric's minute states (or one top-N's) on L2: merges what arrives and sends it to persistence on its
-    period only, idle or not (the store derives hour and day states by merging, in the same transaction)."""
+    period, idle or not (the store derives hour and day states by merging, in the same transaction), and at once
+    when a checkpoint asks."""
 
     def on_idle(self) -> None:
-        if self.held and time.monotonic() - self.last >= self.flush_s:
+        if self.held and (time.monotonic() - self.last >= self.flush_s or self.seen != self.request.epoch):
             self.flush()
 
 
@@ -130,6 +167,9 @@ class LocalEngine:
         self._l1_handlers: list[_L1Handler] = []
         self._l2_handlers: list[_L2Handler] = []
         self._topn_handlers: list[_L2Handler] = []
+        self._request = _FlushRequest()
+        self._ingest_in = self._ingest_done = self._topn_in = 0  # written under _count_lock
+        self._held: dict[Definition, MetricAccumulator] = {}  # persist thread: states waiting for their checkpoint
         self.name = name
         balancer = DrainBalancer.throughput_weighted()
         self.persist = BatchQueue(
@@ -198,20 +238,28 @@ class LocalEngine:
             ),
         )
         for topn in definitions.topns:
-            h = _L2Handler(topn, self.persist.produce, o.l2_flush_s)
+            h = _L2Handler(topn, self.persist.produce, o.l2_flush_s, self._request)
             self._topn_handlers.append(h)
             self.topn.add_handler(partial_type(topn), h)
         for metric in definitions.metrics:
-            h2 = _L2Handler(metric, self.persist.produce, o.l2_flush_s)
+            h2 = _L2Handler(metric, self.persist.produce, o.l2_flush_s, self._request)
             self._l2_handlers.append(h2)
             self.l2.add_handler(partial_type(metric), h2)
 
     # ------------------------------------------------------------------ intake
 
-    def ingest(self, batch: pa.RecordBatch | pa.Table, source: str | None = None) -> bool:
-        """Queue one validated event batch (``source`` = its identity, for idempotent stores). Blocks when the
-        pipeline is full; False if the engine is closed."""
-        return self.ingest_queue.produce((batch, source))
+    def ingest(
+        self, batch: pa.RecordBatch | pa.Table, source: str | None = None, definitions: Definitions | None = None
+    ) -> bool:
+        """Queue one validated event batch (``source`` = its identity, for idempotent stores; ``definitions``: a
+        subset to aggregate it for, default all). Blocks when the pipeline is full; False if the engine is closed."""
+        with self._count_lock:
+            self._ingest_in += 1
+        if self.ingest_queue.produce((batch, source, definitions)):
+            return True
+        with self._count_lock:
+            self._ingest_in -= 1
+        return False
 
     def ingest_partials(self, partials: Sequence[Partial], events: int, batches: int = 1) -> None:
         """Queue partials aggregated elsewhere (e.g. in worker processes, :mod:`.parallel`) from ``events``
@@ -219,24 +267,28 @@ class LocalEngine:
         while L1 is full. Each partial must carry the sources of its batches (see :func:`aggregate_batch`)."""
         self._dispatch(list(partials), events, batches)
 
-    def _aggregate(self, items: list[tuple[pa.RecordBatch, str | None]]) -> None:
+    def _aggregate(self, items: list[tuple[pa.RecordBatch, str | None, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
-        for batch, source in items:
-            self._dispatch(aggregate_batch(batch, self.definitions, source=source), batch.num_rows, 1)
+        for batch, source, definitions in items:
+            self._dispatch(aggregate_batch(batch, definitions or self.definitions, source=source), batch.num_rows, 1)
+            with self._count_lock:
+                self._ingest_done += 1
 
     def _dispatch(self, partials: list[Partial], events: int, batches: int) -> None:
         self._register_l1(partials)
         l1_items: list[Partial] = []
+        topns = 0
         for p in partials:
             if isinstance(p, MetricPartial):
                 l1_items.extend(split_partial(p, self.options.chunk_rows))
-            else:
-                self.topn.produce(p)
+            elif self.topn.produce(p):
+                topns += 1
         self.l1.produce_many(l1_items)
         with self._count_lock:
             self.counters.batches += batches
             self.counters.events += events
             self.counters.partials += len(l1_items)
+            self._topn_in += topns
 
     def _register_l1(self, partials: list[Partial]) -> None:
         """Register L1 handlers on the first batch, splitting metric types heavier than one thread's share."""
@@ -245,21 +297,20 @@ class LocalEngine:
         with self._register_lock:
             if self._registered:
                 return
-            metric_parts = [p for p in partials if isinstance(p, MetricPartial)]
-            total = sum(p.table.num_rows for p in metric_parts) or 1
-            fair = total / max(1, self.l1.task_count)
-            for p in metric_parts:
-                split = self.l1.task_count > 1 and p.table.num_rows > fair
-                factory = self._l1_factory(p.definition)
+            rows = {p.definition: p.table.num_rows for p in partials if isinstance(p, MetricPartial)}
+            fair = (sum(rows.values()) or 1) / max(1, self.l1.task_count)
+            for definition in self.definitions.metrics:  # every metric, whichever this batch was aggregated for
+                split = self.l1.task_count > 1 and rows.get(definition, 0) > fair
+                factory = self._l1_factory(definition)
                 if split:
-                    self.l1.add_handler(type(p), factory, weight=1.0, split=True)
+                    self.l1.add_handler(partial_type(definition), factory, weight=1.0, split=True)
                 else:
-                    self.l1.add_handler(type(p), factory())
+                    self.l1.add_handler(partial_type(definition), factory())
             self._registered = True
 
     def _l1_factory(self, definition: Any) -> Callable[[], _L1Handler]:
         def make() -> _L1Handler:
-            h = _L1Handler(definition, self.l2.produce, self.options.l1_flush_s)
+            h = _L1Handler(definition, self.l2.produce, self.options.l1_flush_s, self._request)
             self._l1_handlers.append(h)
             return h
 
@@ -267,13 +318,42 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ persistence
 
-    def _persist(self, partials: list[Partial]) -> None:
-        """persist consumer: one transaction per drained batch; retried with backoff while the store is down."""
+    def _persist(self, items: list[Any]) -> None:
+        """persist consumer. Live: one transaction per drained batch. With checkpoints: partials are merged in
+        memory until their :class:`Commit` marker, then written in one transaction with its file progress."""
+        if not self.options.checkpoints:
+            self._write(items, ())
+            return
+        for item in items:
+            if not isinstance(item, Commit):
+                acc = self._held.get(item.definition)
+                if acc is None:
+                    acc = self._held[item.definition] = MetricAccumulator(item.definition)
+                acc.add(item)
+                continue
+            held = [p for p in (a.drain() for a in self._held.values()) if p is not None]
+            self._held.clear()
+            if item.rollback:
+                self.counters.events_not_stored += item.events
+            else:
+                try:
+                    self._write(held, item.progress)
+                    self.counters.checkpoints += 1
+                    self.counters.events_stored += item.events
+                except Exception as exc:  # recorded for the run's summary and exit status; a rerun stores it
+                    item.error = first_line(exc)
+                    self.counters.events_not_stored += item.events
+                    self.counters.store_error = self.counters.store_error or item.error
+                    log.error("checkpoint not stored: %s", item.error)
+            item.done.set()
+
+    def _write(self, partials: Sequence[Partial], progress: Sequence[FileProgress]) -> None:
+        """One store transaction, retried with backoff while the store is down (StoreUnavailable)."""
         delay, cap = self.options.store_retry_s
         while True:
             t0 = time.perf_counter()
             try:
-                self.store.merge(partials)
+                self.store.merge(partials, progress=progress)
             except StoreUnavailable as exc:
                 self.counters.store_retries += 1
                 log.warning("store unavailable (%s); retrying in %.2fs", exc, delay)
@@ -287,6 +367,43 @@ class LocalEngine:
             self.counters.persisted_batches += 1
             self.counters.persisted_partials += len(partials)
             return
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, progress: Sequence[FileProgress], events: int, *, wait: bool = False,
+                   rollback: bool = False) -> Commit:  # fmt: skip
+        """Hand everything ingested so far to the store in one transaction together with ``progress`` (the input
+        it covers: ``events`` events), or discard it (``rollback``, e.g. after a read error in a file).
+
+        Call between ingests, from the thread that ingests (nothing may be ingested meanwhile). Blocks until every
+        stage has passed its states on (usually a few milliseconds), then queues the commit behind them; with
+        ``wait``, until it is done. Needs ``EngineOptions.checkpoints``."""
+        if not self.options.checkpoints:
+            raise RuntimeError("checkpoint() needs EngineOptions(checkpoints=True)")
+        self._quiesce()
+        commit = Commit(list(progress), events, rollback)
+        self.persist.produce(commit)
+        if wait:
+            commit.done.wait()
+        return commit
+
+    def _quiesce(self) -> None:
+        """Wait until ingest, L1, L2 and top-N have processed what they were given and flushed it downstream."""
+        dropped = lambda q: q.stats().dropped_full
+        self._wait(lambda: self._ingest_done == self._ingest_in)
+        self._wait(lambda: sum(h.consumed for h in self._l1_handlers) + dropped(self.l1) >= self.counters.partials)
+        self._request.epoch += 1  # every handler holding state hands it on at its next idle moment
+        self._wait(lambda: not any(h.held for h in self._l1_handlers))
+        self._wait(lambda: sum(h.consumed for h in self._l2_handlers) >= sum(h.emitted for h in self._l1_handlers))
+        self._wait(lambda: sum(h.consumed for h in self._topn_handlers) >= self._topn_in)
+        self._wait(lambda: not any(h.held for h in (*self._l2_handlers, *self._topn_handlers)))
+
+    @staticmethod
+    def _wait(condition: Callable[[], bool]) -> None:
+        pause = 0.0002
+        while not condition():
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -302,6 +419,8 @@ class LocalEngine:
         self.topn.shutdown()
         for h3 in self._topn_handlers:
             h3.flush()
+        if self.options.checkpoints:  # what no checkpoint covered is not written (the caller checkpoints first)
+            self.persist.produce(Commit([], 0, rollback=True))
         self.persist.shutdown()
         return self.report()
 

@@ -17,32 +17,29 @@ states of its part, and results are small (states, not events).
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
+import signal
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..inputs import (
-    PENDING,
-    DeadLetter,
     Part,
     ReadStats,
     RejectList,
     Sink,
     detect_format,
-    plan_parts,
     read_part,
     use_serial_json_reader,
 )
 from .definitions import Definitions
 from .functions import MetricAccumulator, Partial, aggregate_batch, partial_type
 
-__all__ = ["PartResult", "eligible", "start_pool", "process_part", "run_file"]
+__all__ = ["PartResult", "eligible", "start_pool", "process_part", "map_parts"]
 
 #: files smaller than this stay in process (starting workers costs more than they save)
 MIN_PARALLEL_BYTES = 8 << 20
@@ -55,6 +52,7 @@ class PartResult:
     partials: list[Partial] = field(default_factory=list)  # merged over the part's blocks
     events: int = 0
     blocks: int = 0  # blocks with accepted rows
+    names: frozenset[str] = frozenset()  # the definitions the part was aggregated for
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -62,21 +60,41 @@ class PartResult:
 _definitions: Definitions | None = None
 
 
-def _init_worker(definitions: Definitions) -> None:
+def _init_worker(definitions: Definitions, parent: int) -> None:
     global _definitions
     _definitions = definitions
     use_serial_json_reader()  # the pool is the parallelism
+    _die_with(parent)
 
 
-def process_part(part: Part, definitions: Definitions | None = None) -> PartResult:
-    """Read, validate and aggregate one part's blocks (in a worker process, or anywhere: it is pure)."""
+def _die_with(parent: int) -> None:
+    """Ask the kernel to kill this worker when the process that started it dies (SIGKILL, SIGTERM, a crash), so no
+    worker outlives a killed ``drainpipe run`` (Linux ``PR_SET_PDEATHSIG``; elsewhere the pool's own pipe check
+    remains)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def process_part(part: Part, names: frozenset[str] | None = None, definitions: Definitions | None = None) -> PartResult:
+    """Read, validate and aggregate one part's blocks for the definitions ``names`` (default all), in a worker
+    process or anywhere (it is pure)."""
     definitions = definitions or _definitions
     assert definitions is not None, "worker not initialised"
-    result = PartResult(ReadStats())
+    if names is not None and names != frozenset(definitions.names):
+        definitions = definitions.select(names)
+    result = PartResult(ReadStats(), names=frozenset(definitions.names))
     rejects = RejectList()
     accumulators = {d: MetricAccumulator(d) for d in definitions.all}
-    for index, batch in read_part(part, Sink(part.path, result.stats, rejects)):
-        for partial in aggregate_batch(batch, definitions, source=part.source(index)):
+    for _, batch in read_part(part, Sink(part.path, result.stats, rejects)):
+        for partial in aggregate_batch(batch, definitions):
             accumulators[partial.definition].add(partial)
         result.events += batch.num_rows
         result.blocks += 1
@@ -95,9 +113,6 @@ def eligible(path: str) -> bool:
     return fmt in ("jsonl", "parquet") and not gzipped and size >= MIN_PARALLEL_BYTES
 
 
-# ------------------------------------------------------------------------------------------------ the pool
-
-
 def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
     """Worker processes, started now. Forked when this process runs no other thread (cheap: the modules are
     loaded), else spawned."""
@@ -108,7 +123,7 @@ def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
         max_workers=workers,
         mp_context=multiprocessing.get_context(method),
         initializer=_init_worker,
-        initargs=(definitions,),
+        initargs=(definitions, os.getpid()),
     )
     # start every worker now, before the caller starts threads (fork) and so that start-up overlaps setup
     for f in [pool.submit(os.getpid) for _ in range(workers)]:
@@ -116,70 +131,26 @@ def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
     return pool
 
 
-def run_file(
-    pool: ProcessPoolExecutor,
-    workers: int,
-    path: str,
-    batch_rows: int,
-    identify: Callable[[str | None], tuple[str, bool]],
-    ingest: Callable[[list[Partial], int, int], Any],
-    stats: ReadStats,
-    dead_letter: DeadLetter | None,
-    progress: Callable[[], Any] | None = None,
-) -> tuple[str, bool]:
-    """Process one file on the pool; returns the file's identity and whether it was processed.
-
-    The workers start at once; meanwhile the rest of the file is planned and ``identify(digest)`` gives the
-    file identity and whether to go on (a content fingerprint; ``digest``: the SHA-256 hex digest of the file
-    the JSON Lines planner computed in its pass, None for Parquet). If not, the workers' results are dropped, nothing is
-    counted and the caller reads the file itself. Else the results are consumed in task order: counts and
-    rejects, then ``ingest(partials, events, batches)`` with the sources renamed to the identity."""
-    hasher = hashlib.sha256() if detect_format(path)[0] == "jsonl" else None
-    planned = plan_parts(path, batch_rows, workers=workers, hasher=hasher)
-    window: deque[Future[PartResult]] = deque()
+def map_parts(
+    pool: ProcessPoolExecutor, workers: int, parts: Iterable[Part], names_of: Callable[[int], frozenset[str]]
+) -> Iterator[tuple[Part, PartResult]]:
+    """Each part processed on the pool (for the definitions ``names_of(part start)``), yielded in part order with
+    its result. At most ``2 * workers`` parts are in flight; the plan is consumed lazily, so the JSON Lines scan
+    stays just ahead of the workers. A part's read error is raised when its turn comes."""
+    window: deque[tuple[Part, Future[PartResult]]] = deque()
     try:
-        for part in planned:
-            window.append(pool.submit(process_part, part))
-            if len(window) >= 2 * workers:
-                break
-        rest = iter(list(planned))  # the rest of the plan: the scan reaches the end of the file (and hashes it)
-        identity, proceed = identify(hasher.hexdigest() if hasher is not None else None)
-        if not proceed:
-            return identity, False
-        for part in rest:
-            window.append(pool.submit(process_part, part))
+        for part in parts:
+            names = names_of(part.start if part.fmt != "parquet" else part.lineno)
+            window.append((part, pool.submit(process_part, part, names)))
             if len(window) > 2 * workers:
-                _consume(window.popleft().result(), identity, path, ingest, stats, dead_letter, progress)
+                done, future = window.popleft()
+                yield done, future.result()
         while window:
-            _consume(window.popleft().result(), identity, path, ingest, stats, dead_letter, progress)
+            done, future = window.popleft()
+            yield done, future.result()
     finally:
-        for f in window:
+        for _, f in window:
             f.cancel()
-        for f in window:
+        for _, f in window:
             if not f.cancelled():
                 f.exception()  # wait: a running task must not outlive the file's turn
-    return identity, True
-
-
-def _consume(
-    result: PartResult,
-    identity: str,
-    path: str,
-    ingest: Callable[[list[Partial], int, int], Any],
-    stats: ReadStats,
-    dead_letter: DeadLetter | None,
-    progress: Callable[[], Any] | None,
-) -> None:
-    stats.merge(result.stats)
-    if dead_letter is not None:
-        for line, raw, reason in result.rejects:
-            dead_letter.write(path, line, raw, reason)
-    if result.partials:
-        cut = len(PENDING)
-        ingest(
-            [p._with(p.table, [identity + s[cut:] for s in p.sources]) for p in result.partials],
-            result.events,
-            result.blocks,
-        )
-    if progress is not None:
-        progress()

@@ -1,48 +1,62 @@
-"""``drainpipe run`` on the local engine: files in, validated batches through the engine, a summary out."""
+"""``drainpipe run`` on the local engine: files in, validated batches through the engine, a summary out.
+
+Exactly once, whatever happens (see :mod:`.progress`): each file is resumed where the store has it applied, read
+part by part, and the engine commits a checkpoint (every ``l2_flush_s`` of work, and at the end of each file) that
+writes the states of whole parts together with how far each file is applied, in one transaction. A run killed at
+any instant leaves every file applied up to a part boundary; the next run resumes there.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..inputs import (
     DeadLetter,
+    Part,
+    Position,
     ReadStats,
     Sink,
     default_dead_letter,
     expand_inputs,
-    file_identity,
+    plan_parts,
     read_part,
-    source_prefix,
-    whole_file,
 )
 from . import parallel
 from .definitions import Definitions
-from .engine import EngineOptions, LocalEngine
-from .store import open_store
+from .engine import Commit, EngineOptions, LocalEngine
+from .progress import InputFile, resolve
+from .store import Store, open_store
 
 Progress = Callable[[int, int], None]  # (events read so far, bytes of input done so far)
 
 
 @dataclass
 class RunSummary:
-    """What a run did. ``read == accepted + rejected`` always; ``dropped`` is zero for file input."""
+    """What a run did. ``read == accepted + rejected`` always; ``dropped`` is zero for file input.
+
+    ``stored`` counts the accepted events whose checkpoint reached the store; when it is less than ``accepted``,
+    ``error`` says why (a store failure, or a file that could not be read), and a rerun stores the rest."""
 
     files: list[str]
     read: int = 0
     accepted: int = 0
     rejected: int = 0
-    skipped_batches: int = 0  # batches a previous run already stored (idempotent re-run)
-    skipped_events: int = 0  # accepted events in those batches
+    stored: int = 0
+    unchanged_files: int = 0  # files an earlier run stored in full: nothing new to read
+    pending: dict[str, int] = field(default_factory=dict)  # path -> bytes of a partial last line, left for later
     dropped: int = 0
     handler_errors: int = 0
     elapsed_s: float = 0.0
     dead_letter: str | None = None
     store: str = ""
+    error: str = ""  # why not everything read was stored (one line)
+    input_error: bool = False  # the error is a file that could not be read (exit 2), not the store (exit 1)
     queues: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
 
@@ -52,31 +66,35 @@ class RunSummary:
         return self.accepted / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
-    def applied(self) -> int:
-        """Accepted events this run added to the store (the rest were stored by an earlier run)."""
-        return self.accepted - self.skipped_events
+    def complete(self) -> bool:
+        """Every accepted event reached the store, and nothing failed."""
+        return not self.error and self.stored == self.accepted and not self.handler_errors
 
     def lines(self) -> list[str]:
         out = [
             f"read {self.read:,} = accepted {self.accepted:,} + rejected {self.rejected:,}"
             f"   dropped {self.dropped:,}   handler errors {self.handler_errors}"
         ]
-        if self.skipped_events and not self.applied:
-            out.append(
-                f"nothing new: all {self.accepted:,} accepted events were already stored in {self.store} "
-                f"by an earlier run ({self.elapsed_s:.2f} s)"
-            )
+        if not self.read and self.unchanged_files == len(self.files) and not self.error:
+            out.append(f"nothing new: every input was already stored in {self.store} ({self.elapsed_s:.2f} s)")
         else:
             out.append(f"{self.events_per_s:,.0f} events/s over {self.elapsed_s:.2f} s into {self.store}")
-        if self.skipped_events and self.applied:
-            out.append(
-                f"{self.skipped_events:,} events in {self.skipped_batches} batches were already stored by an "
-                f"earlier run: skipped; {self.applied:,} new"
-            )
+            if self.unchanged_files:
+                out.append(f"{self.unchanged_files} of {len(self.files)} files were already stored: nothing new")
+        for path, size in self.pending.items():
+            out.append(f"{path}: its last {size:,} bytes are a partial line (no newline yet): left for the next run")
         if self.rejected:
             top = ", ".join(f"{r} ({n})" for r, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:4])
-            out.append(f"rejects in {self.dead_letter}: {top}")
+            out.append(f"rejects appended to {self.dead_letter}: {top}")
         return out
+
+    def failure(self) -> str:
+        """One line saying what was not stored and why ("" when everything was)."""
+        if self.complete:
+            return ""
+        why = self.error or f"{self.handler_errors} handler errors"
+        return (f"not stored: {self.accepted - self.stored:,} of {self.accepted:,} accepted events ({why}); "
+                "running the same input again stores them")  # fmt: skip
 
 
 def default_workers() -> int:
@@ -96,111 +114,159 @@ def run_local(
     progress: Progress | None = None,
     workers: int | None = None,
 ) -> RunSummary:
-    """Process ``inputs`` (files and globs) on the local engine into ``store_url``. Raises ``InputError`` /
-    ``StoreError`` (ValueError subclasses with one-line messages) for user mistakes before any data is read.
+    """Process ``inputs`` (files and globs) on the local engine into ``store_url``.
+
+    Raises ``InputError``/``StoreError``/``DefinitionError`` (one-line messages) for mistakes found before any
+    data is read: a missing file, a bad store URL, a definition that conflicts with the store. Problems met while
+    running (an unreadable file, a failed store write) are reported in the summary (``error``, ``complete``).
 
     ``workers``: processes that read, validate and aggregate large uncompressed JSON Lines and Parquet files
     (:mod:`.parallel`; default :func:`default_workers`, 0 = everything in this process). Results are the same
-    either way: a batch's source identity is ``<file fingerprint>:<batch rows>:<block index>`` on both paths.
-    A file an earlier run stored (some of) is read in process, checking each batch."""
+    either way."""
     t0 = time.perf_counter()  # the clock includes starting the workers
     paths = expand_inputs(inputs)
     workers = default_workers() if workers is None else max(0, workers)
-    big = [p for p in paths if workers > 0 and parallel.eligible(p)]
+    big = {p for p in paths if workers > 0 and parallel.eligible(p)}
     pool = parallel.start_pool(workers, definitions) if big else None  # before any thread starts (fork)
     try:
-        return _run(
-            t0,
-            paths,
-            set(big),
-            pool,
-            workers,
-            definitions=definitions,
-            store_url=store_url,
-            dead_letter=dead_letter,
-            options=options,
-            batch_rows=batch_rows,
-            progress=progress,
-        )
+        store = open_store(store_url)
+        try:
+            store.register(definitions.all)  # a conflicting definition is refused before any data is read
+            return _Run(t0, paths, big, pool, workers, definitions, store, store_url, dead_letter, options,
+                        batch_rows, progress).run()  # fmt: skip
+        finally:
+            store.close()
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run(
-    t0: float,
-    paths: list[str],
-    big: set[str],
-    pool: Any,
-    workers: int,
-    *,
-    definitions: Definitions,
-    store_url: str,
-    dead_letter: str | None,
-    options: EngineOptions | None,
-    batch_rows: int,
-    progress: Progress | None,
-) -> RunSummary:
-    store = open_store(store_url)
-    summary = RunSummary(files=paths, store=store_url, dead_letter=dead_letter)
-    stats = ReadStats()
-    engine = LocalEngine(definitions, store, options)
-    try:
-        done_bytes = 0
-        with DeadLetter(dead_letter or default_dead_letter(store_url)) as dl:
-            summary.dead_letter = str(dl.path)
-            for path in paths:
-                fid = None
-                if path in big:  # the workers start at once, the fingerprint is taken meanwhile
+class _Run:
+    """One run: files in order, parts in order, checkpoints between parts and at the end of every file."""
 
-                    def identify(digest: str | None, path: str = path) -> tuple[str, bool]:
-                        identity = file_identity(path, digest)
-                        return identity, not store.has_sources(source_prefix(identity, batch_rows))
+    def __init__(self, t0: float, paths: list[str], big: set[str], pool: Any, workers: int,
+                 definitions: Definitions, store: Store, store_url: str, dead_letter: str | None,
+                 options: EngineOptions | None, batch_rows: int, progress: Progress | None) -> None:  # fmt: skip
+        self.t0 = t0
+        self.paths, self.big, self.pool, self.workers = paths, big, pool, workers
+        self.definitions, self.store = definitions, store
+        self.names = frozenset(definitions.names)
+        self.options = replace(options or EngineOptions(), checkpoints=True)
+        self.batch_rows = batch_rows
+        self.progress = progress
+        self.summary = RunSummary(files=paths, store=store_url,
+                                  dead_letter=dead_letter or default_dead_letter(store_url))  # fmt: skip
+        self.stats = ReadStats()
+        self.done_bytes = 0
+        self.uncommitted = 0  # events ingested since the last checkpoint
+        self.last_checkpoint = time.monotonic()
+        self.commits: list[tuple[Commit, str]] = []  # (checkpoint, the file it ended in)
 
-                    fid, done = parallel.run_file(
-                        pool,
-                        workers,
-                        path,
-                        batch_rows,
-                        identify,
-                        engine.ingest_partials,
-                        stats,
-                        dl,
-                        _progress_of(progress, stats, done_bytes),
-                    )
-                else:
-                    done = False
-                if not done:
-                    fid = fid or file_identity(path)
-                    # one query per file; per-batch checks only for a file an earlier run stored (some of)
-                    part = whole_file(path, batch_rows, fid)
-                    seen_before = store.has_sources(source_prefix(fid, batch_rows))
-                    for i, batch in read_part(part, Sink(path, stats, dl)):
-                        source = part.source(i)
-                        if seen_before and store.is_applied(source, definitions.names):
-                            summary.skipped_batches += 1
-                            summary.skipped_events += batch.num_rows
-                        else:
-                            engine.ingest(batch, source)
-                        if progress:
-                            progress(stats.read, done_bytes)
-                done_bytes += Path(path).stat().st_size
-                if progress:
-                    progress(stats.read, done_bytes)
-    finally:
-        report = engine.close()
-        store.close()
-    summary.elapsed_s = time.perf_counter() - t0
-    summary.read, summary.accepted, summary.rejected = stats.read, stats.accepted, stats.rejected
-    summary.reasons = dict(stats.reasons)
-    summary.dropped = report["dropped"]
-    summary.handler_errors = report["handler_errors"]
-    summary.queues = report["stats"]
-    return summary
+    def run(self) -> RunSummary:
+        engine = LocalEngine(self.definitions, self.store, self.options)
+        summary = self.summary
+        try:
+            with DeadLetter(summary.dead_letter or "") as dl:
+                for path in self.paths:
+                    if not self._file(engine, path, dl):
+                        break
+                    self.done_bytes += Path(path).stat().st_size
+                    if self.progress:
+                        self.progress(self.stats.read, self.done_bytes)
+        finally:
+            report = engine.close()
+        summary.elapsed_s = time.perf_counter() - self.t0
+        summary.read, summary.accepted, summary.rejected = self.stats.read, self.stats.accepted, self.stats.rejected
+        summary.reasons = dict(self.stats.reasons)
+        summary.stored = engine.counters.events_stored
+        summary.error = summary.error or engine.counters.store_error
+        summary.dropped = report["dropped"]
+        summary.handler_errors = report["handler_errors"]
+        summary.queues = report["stats"]
+        return summary
+
+    def _file(self, engine: LocalEngine, path: str, dl: DeadLetter) -> bool:
+        """Read one file into the engine from where the store has it; False if the run must stop (read error)."""
+        file = resolve(path, self.store, self.names)
+        if file.done:
+            self.summary.unchanged_files += 1
+            return True
+        start = file.start
+        parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher)
+        sink = Sink(path, self.stats, dl)
+        read = 0
+        try:
+            if path in self.big:
+                read = self._parts_on_workers(engine, file, parts, dl)
+            else:
+                read = self._parts_in_process(engine, file, parts, sink)
+        except InputError as exc:
+            engine.checkpoint((), self.uncommitted, rollback=True, wait=True)  # what this file brought since
+            self.uncommitted = 0
+            stored = sum(c.events for c, p in self.commits if p == path and not c.error)
+            self.summary.error = f"{exc}; {stored:,} events of this file were stored before it (a rerun resumes there)"
+            self.summary.input_error = True
+            return False
+        if sink.pending:
+            self.summary.pending[path] = sink.pending
+        elif (tail := _partial_tail(file, parts_end=read)) > 0:
+            self.summary.pending[path] = tail
+        if not file.advanced:
+            self.summary.unchanged_files += 1  # a growable file with nothing new
+        self._checkpoint(engine, file, wait=True)
+        return True
+
+    def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> int:
+        end = file.start.offset
+        for part in parts:
+            names = file.names_from(part.start if part.fmt != "parquet" else part.lineno)
+            subset = None if names == self.names else self.definitions.select(names)
+            before = self.stats.accepted
+            for _, batch in read_part(part, sink):
+                engine.ingest(batch, None, subset)
+                if self.progress:
+                    self.progress(self.stats.read, self.done_bytes)
+            self.uncommitted += self.stats.accepted - before
+            position = part.end_position
+            if position is None:  # a whole file read sequentially
+                position = Position(*sink.end) if file.growable and sink.end is not None else None
+            file.advance(names, position, part.prefix)
+            end = position.offset if position is not None else end
+            self._maybe_checkpoint(engine, file)
+        return end
+
+    def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], dl: DeadLetter) -> int:
+        end = file.start.offset
+        for part, result in parallel.map_parts(self.pool, self.workers, parts, file.names_from):
+            self.stats.merge(result.stats)
+            for line, raw, reason in result.rejects:
+                dl.write(part.path, line, raw, reason)
+            if result.partials:
+                engine.ingest_partials(result.partials, result.events, result.blocks)
+            self.uncommitted += result.events
+            position = part.end_position
+            assert position is not None
+            file.advance(result.names, position, part.prefix)
+            end = position.offset
+            if self.progress:
+                self.progress(self.stats.read, self.done_bytes)
+            self._maybe_checkpoint(engine, file)
+        return end
+
+    def _maybe_checkpoint(self, engine: LocalEngine, file: InputFile) -> None:
+        if time.monotonic() - self.last_checkpoint >= self.options.l2_flush_s:
+            self._checkpoint(engine, file)
+
+    def _checkpoint(self, engine: LocalEngine, file: InputFile, wait: bool = False) -> None:
+        commit = engine.checkpoint(file.progress(), self.uncommitted, wait=wait)
+        self.commits.append((commit, file.path))
+        self.uncommitted = 0
+        self.last_checkpoint = time.monotonic()
 
 
-def _progress_of(progress: Progress | None, stats: ReadStats, done_bytes: int) -> Callable[[], None] | None:
-    """A no-argument progress callback for one file: events read so far, input bytes done before the file."""
-    if progress is None:
-        return None
-    return lambda: progress(stats.read, done_bytes)
+def _partial_tail(file: InputFile, parts_end: int) -> int:
+    """Bytes after the last complete line of a growable JSON Lines file read in byte ranges (left for later)."""
+    if not file.growable or file.fmt != "jsonl":
+        return 0
+    size = os.path.getsize(file.path)
+    return max(0, size - max(parts_end, file.start.offset))

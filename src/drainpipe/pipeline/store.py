@@ -102,6 +102,7 @@ from .functions import (
 __all__ = [
     "DEFAULT_STORE_URL",
     "MergeReport",
+    "FileProgress",
     "Store",
     "SqlStore",
     "DuckDBStore",
@@ -125,6 +126,10 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS applied_sources (
         root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, PRIMARY KEY (source, name))""",
     """CREATE TABLE IF NOT EXISTS definitions (name VARCHAR PRIMARY KEY, signature VARCHAR NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS file_progress (
+        fid VARCHAR NOT NULL, name VARCHAR NOT NULL, head VARCHAR NOT NULL, node VARCHAR NOT NULL,
+        path VARCHAR NOT NULL, end_offset BIGINT NOT NULL, end_lines BIGINT NOT NULL, prefix VARCHAR NOT NULL,
+        PRIMARY KEY (fid, name))""",
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
         name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL)""",
     "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (root VARCHAR NOT NULL)",
@@ -140,6 +145,25 @@ _STAGED_TOPN = (
 
 
 @dataclass(frozen=True)
+class FileProgress:
+    """How far one input file is applied for one definition, recorded in the same transaction as the states it
+    brought (so a killed run leaves each file applied up to a part boundary, for every definition alike).
+
+    ``fid`` names the file (see :mod:`drainpipe.pipeline.progress`); ``head`` and ``node`` are what it is looked up
+    by; ``end``/``lines`` say where the applied data ends (bytes and lines of a text file, rows of Parquet; ``-1``:
+    the whole of an immutable file); ``prefix`` is the SHA-256 of a text file's bytes before ``end``."""
+
+    fid: str
+    name: str
+    head: str
+    node: str
+    path: str
+    end: int
+    lines: int
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
 class MergeReport:
     """What one :meth:`Store.merge` call did."""
 
@@ -151,7 +175,9 @@ class MergeReport:
 class Store(Protocol):
     """Where metric states and values live. Implementations are thread-safe."""
 
-    def merge(self, partials: Iterable[Partial], *, rollup: bool = True) -> MergeReport:
+    def merge(
+        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
         """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
 
         With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
@@ -176,6 +202,15 @@ class Store(Protocol):
 
     def applied_under(self, prefix: str) -> dict[str, frozenset[str]]:
         """Each recorded source (root) starting with ``prefix`` -> the names it is applied for."""
+        ...
+
+    def register(self, definitions: Iterable[Definition]) -> None:
+        """Check each definition against the one stored under its name (and record new ones), before any data is
+        read; :class:`StoreError` naming the first that was stored with a different definition."""
+        ...
+
+    def file_progress(self, head: str, node: str) -> list[FileProgress]:
+        """The progress rows of files with this head fingerprint or this device/inode."""
         ...
 
     def forget(self, sources: Iterable[str]) -> None:
@@ -318,7 +353,9 @@ class SqlStore:
 
     # ----------------------------------------------------------------------------- merge
 
-    def merge(self, partials: Iterable[Partial], *, rollup: bool = True) -> MergeReport:
+    def merge(
+        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
         parts = list(partials)
         for part in parts:
             if not isinstance(part, (MetricPartial, TopNPartial)):
@@ -344,7 +381,29 @@ class SqlStore:
             if topns:
                 self._merge_topns(topns)
             self._record(pairs)
+            self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
+
+    def _record_progress(self, progress: Sequence[FileProgress]) -> None:
+        for row in progress:
+            self._execute("DELETE FROM file_progress WHERE fid = ? AND name = ?", (row.fid, row.name))
+            self._execute(
+                "INSERT INTO file_progress VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.fid, row.name, row.head, row.node, row.path, row.end, row.lines, row.prefix),
+            )
+
+    def register(self, definitions: Iterable[Definition]) -> None:
+        with self._guard("register definitions"), self._transaction():
+            self._check_definitions(set(definitions))
+
+    def file_progress(self, head: str, node: str) -> list[FileProgress]:
+        with self._guard("read"):
+            rows = self._fetchall(
+                "SELECT fid, name, head, node, path, end_offset, end_lines, prefix FROM file_progress "
+                "WHERE head = ? OR node = ? ORDER BY fid, name",
+                (head, node),
+            )
+        return [FileProgress(*row) for row in rows]
 
     @staticmethod
     def _granular(part: Partial, with_rollup: bool) -> list[Partial]:

@@ -72,7 +72,7 @@ def run_batch(
 
     Returns ``read accepted rejected dropped`` (``dropped`` is always 0 for files), ``metrics_rows`` (metric
     value rows updated, all granularities), ``topn_rows``, ``elapsed_s``, ``events_per_s`` and details:
-    ``files skipped_blocks splits reasons stage_s spread dead_letter``.
+    ``files unchanged_files splits pending reasons stage_s spread dead_letter``.
     """
     t0 = time.perf_counter()
     paths = expand_inputs(list(inputs))

@@ -43,9 +43,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
-from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, ReadStats, source_prefix
+from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial, merge
+from drainpipe.pipeline.progress import InputFile, resolve
 from drainpipe.pipeline.store import Store
 
 from . import skew
@@ -119,7 +120,7 @@ class JobResult:
     tasks: dict[str, list[tuple[float, int, float]]]
     stage_s: dict[str, float] = field(default_factory=dict)
     placement: skew.Placement | None = None
-    sources: list[str] = field(default_factory=list)  # source ids of the blocks aggregated
+    ends: dict[int, tuple[tuple[int, int] | None, int]] = field(default_factory=dict)  # per split: (end, pending)
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
@@ -304,8 +305,8 @@ def _merge_states(
             states.unpersist()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
     partials = _partials(definitions, merged, collected if definitions.topns else None)
-    stats, rejects, sources = _read_report(splits, meta)
-    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, sources)
+    stats, rejects, ends = _read_report(splits, meta)
+    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends)
 
 
 def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None) -> list[Partial]:
@@ -330,24 +331,25 @@ def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table 
 
 def _read_report(
     splits: Sequence[Split], meta: pa.Table
-) -> tuple[ReadStats, list[tuple[str, int, Any, str]], list[str]]:
-    """Counts summed over the SPLIT rows; rejects (file line numbers) in file then line order; the source ids
-    of the blocks aggregated."""
+) -> tuple[ReadStats, list[tuple[str, int, Any, str]], dict[int, tuple[tuple[int, int] | None, int]]]:
+    """Counts summed over the SPLIT rows; rejects (file line numbers) in file then line order; per split, where a
+    whole text file's read stopped and the bytes of a partial last line left for later."""
     stats = ReadStats()
     by_index = {s.index: s for s in splits}
-    sources: list[str] = []
+    ends: dict[int, tuple[tuple[int, int] | None, int]] = {}
     for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
         report = json.loads(info)
         part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]))
         stats.merge(part)
-        sources += [by_index[d].part.source(block) for block in report["blocks"]]
+        end = report["end"]
+        ends[d] = ((int(end[0]), int(end[1])) if end is not None else None, int(report["pending"]))
     order = {path: i for i, path in enumerate(dict.fromkeys(s.path for s in splits))}
     rejected = select_rows(meta, REJECT)
     rejects = []
     for d, line, raw, reason in zip(*(rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason"))):
         rejects.append((by_index[d].path, line, json.loads(raw), reason))
     rejects.sort(key=lambda r: (order[r[0]], r[1]))
-    return stats, rejects, sources
+    return stats, rejects, ends
 
 
 def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int, float]]]:
@@ -412,56 +414,63 @@ def ingest_files(
 ) -> dict[str, Any]:
     """Aggregate ``paths`` on Spark and merge the states into ``store`` in one transaction per group of files.
 
-    Idempotent, with the local engine's source ids (:mod:`drainpipe.inputs.parts`): the blocks of a file an
-    earlier run (of either engine) stored for every definition are read and counted but not aggregated again; a
-    file stored for some definitions only (the definitions changed) is aggregated for the missing ones
-    (``Definitions.select``). Rejects go to ``dead_letter`` before the store commit (a crash in between repeats
-    them on the re-run: the dead letter is at least once, the store exactly once). Returns the counts, the stage
-    times and the task-time spread.
+    Exactly once, with the local engine's books (:mod:`drainpipe.pipeline.progress`): each file is read from where
+    the store has it applied (nothing, for a file stored in full), and the transaction that writes the states
+    records how far each file is now applied. A file stored for some definitions only (the definitions changed) is
+    aggregated for the missing ones. Rejects go to ``dead_letter`` before the store commit (a crash in between
+    repeats them on the re-run: the dead letter is at least once, the store exactly once). Returns the counts, the
+    stage times and the task-time spread.
     """
     t0 = time.perf_counter()
     parallelism = _parallelism(spark)
     names = frozenset(definitions.names)
-    groups: dict[frozenset[str], list[Part]] = {}
-    skip: dict[str, frozenset[int]] = {}
-    files = list(dict.fromkeys(paths))
-    for path in files:
-        parts = plan_file(path, options.batch_rows, parallelism)
-        recorded = store.applied_under(source_prefix(parts[0].identity, options.batch_rows)) if parts else {}
-        done = frozenset(int(src.rsplit(":", 1)[1]) for src, applied in recorded.items() if applied >= names)
-        partly = [applied for applied in recorded.values() if not applied >= names]
-        missing = names - frozenset.intersection(*partly) if partly else names
-        skip[path] = done
-        groups.setdefault(missing, []).extend(parts)
+    store.register(definitions.all)
+    files = [resolve(path, store, names) for path in dict.fromkeys(paths)]
+    groups: dict[frozenset[str], list[tuple[InputFile, Part]]] = {}
+    unchanged = 0
+    for file in files:
+        parts = [] if file.done else plan_file(file.path, options.batch_rows, parallelism, file.start, file.hasher)
+        unchanged += not parts  # stored in full by an earlier run: nothing new
+        for part in parts:
+            wanted = file.names_from(part.start if part.fmt != "parquet" else part.lineno)
+            groups.setdefault(wanted, []).append((file, part))
     stats = ReadStats()
     summary: dict[str, Any] = {
         "files": len(files),
-        "skipped_blocks": sum(map(len, skip.values())),
+        "unchanged_files": unchanged,
         "splits": 0,
         "applied": 0,
         "metrics_rows": 0,
         "topn_rows": 0,
+        "pending": {},
         "stage_s": {},
         "spread": {},
     }
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
     try:
-        for missing, parts in groups.items():
-            selected = definitions.select(missing)
-            splits = plan_splits(parts, skip)
+        for wanted, items in groups.items():
+            selected = definitions.select(wanted)
+            splits = plan_splits([part for _, part in items])
             result = aggregate_splits(spark, splits, selected, options, accumulators)
-            partials = [p._with(p.table, result.sources) for p in result.partials]
+            for (file, part), split in zip(items, splits):
+                end, pending = result.ends.get(split.index, (None, 0))
+                position = part.end_position
+                if position is None and file.growable and end is not None:
+                    position = Position(*end)
+                file.advance(wanted, position, part.prefix)
+                if pending:
+                    summary["pending"][file.path] = pending
             if dead_letter is not None:
                 for path, line, raw, reason in result.rejects:
                     dead_letter.write(path, line, raw, reason)
                 dead_letter.flush()
-            report = store.merge(partials) if result.sources else None
+            report = store.merge(result.partials, progress=[row for f in files for row in f.progress()])
             stats.merge(result.stats)
             summary["splits"] += len(splits)
-            summary["applied"] += report.applied if report is not None else 0
-            summary["metrics_rows"] += _value_rows(partials, metrics=True)
-            summary["topn_rows"] += _value_rows(partials, metrics=False)
+            summary["applied"] += report.applied
+            summary["metrics_rows"] += _value_rows(result.partials, metrics=True)
+            summary["topn_rows"] += _value_rows(result.partials, metrics=False)
             for stage, seconds in result.stage_s.items():
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())

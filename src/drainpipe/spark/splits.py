@@ -1,35 +1,23 @@
 """Input splits: the input layer's parts (:mod:`drainpipe.inputs.parts`) as Spark tasks' inputs.
 
-A :class:`Split` is one planned :class:`~drainpipe.inputs.Part` (the same parts, blocks and source ids the local
-engine uses), its placement weight, and the blocks an earlier run already stored (read and counted, but not
-aggregated again). :func:`read_split` reads it with :func:`~drainpipe.inputs.read_part`: the same validation,
-reject reasons and file line numbers as the local engine, and the indices of the blocks it aggregated, from
-which the driver records the blocks' source ids in the store.
+A :class:`Split` is one planned :class:`~drainpipe.inputs.Part` (the same parts the local engine reads, from where
+the store has the file applied), its placement weight, and the definitions to aggregate it for. :func:`read_split`
+reads it with :func:`~drainpipe.inputs.read_part`: the same validation, reject reasons and file line numbers as the
+local engine, and, for a whole text file, where reading stopped (its last complete line).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from drainpipe.inputs import (
-    Part,
-    ReadStats,
-    RejectList,
-    Sink,
-    detect_format,
-    file_identity,
-    jsonable,
-    plan_parts,
-    read_part,
-)
+from drainpipe.inputs import Part, ReadStats, RejectList, Sink, jsonable, plan_parts, read_part
 
-__all__ = ["Split", "SplitResult", "plan_file", "plan_splits", "read_split"]
+__all__ = ["Split", "SplitResult", "plan_splits", "read_split"]
 
 #: estimated relative processing cost per input byte (the weights only order and place splits)
 _COST_PER_BYTE = {
@@ -48,7 +36,6 @@ class Split:
     index: int
     part: Part
     weight: int  # estimated cost, for placement
-    skip: frozenset[int] = frozenset()  # blocks already stored: read and counted, not aggregated
 
     @property
     def path(self) -> str:
@@ -59,35 +46,20 @@ class Split:
         return self.part.nbytes
 
 
-def plan_file(path: str, batch_rows: int, parallelism: int) -> list[Part]:
-    """The parts of ``path`` with the file's identity set (the JSON Lines planner fingerprints as it scans)."""
-    hasher = hashlib.sha256() if detect_format(path) == ("jsonl", False) else None
-    parts = list(plan_parts(path, batch_rows, workers=parallelism, hasher=hasher))
-    identity = file_identity(path, hasher.hexdigest() if hasher is not None else None)
-    return [p.identified(identity) for p in parts]
-
-
-def plan_splits(parts: Sequence[Part], skip: dict[str, frozenset[int]] | None = None) -> list[Split]:
-    """Splits of planned parts, in order; ``skip``: per file path, the blocks already stored."""
-    skip = skip or {}
-    return [
-        Split(
-            i,
-            part,
-            max(1, int(part.nbytes * _COST_PER_BYTE[(part.fmt, part.gzipped)])),
-            skip.get(part.path, frozenset()),
-        )
-        for i, part in enumerate(parts)
-    ]
+def plan_splits(parts: Sequence[Part]) -> list[Split]:
+    """Splits of planned parts, in order."""
+    return [Split(i, part, max(1, int(part.nbytes * _COST_PER_BYTE[(part.fmt, part.gzipped)])))
+            for i, part in enumerate(parts)]  # fmt: skip
 
 
 @dataclass
 class SplitResult:
-    """What reading a split produced besides its batches: counts, rejects and the blocks it aggregated."""
+    """What reading a split produced besides its batches: counts, rejects, and where a whole file's read stopped."""
 
     stats: ReadStats
     rejects: list[tuple[int, str, str]]  # (file line or row, raw as JSON text, reason)
-    blocks: list[int] = field(default_factory=list)  # blocks with accepted rows that were not skipped
+    end: tuple[int, int] | None = None  # whole text file: (bytes, lines) after its last complete line
+    pending: int = 0  # whole text file: bytes of a partial last line left for later
 
 
 class _JsonRejects(RejectList):
@@ -100,15 +72,20 @@ class _JsonRejects(RejectList):
 
 
 def read_split(split: Split) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
-    """Canonical event batches of ``split`` (lazily; skipped blocks are left out) and the :class:`SplitResult`
-    they fill in as they go. An unreadable file raises :class:`~drainpipe.errors.InputError` while iterating."""
+    """Canonical event batches of ``split`` (lazily) and the :class:`SplitResult` they fill in as they go. An
+    unreadable file raises :class:`~drainpipe.errors.InputError` while iterating."""
     rejects = _JsonRejects()
     result = SplitResult(ReadStats(), rejects.rows)
+    sink = Sink(split.path, result.stats, rejects)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for block, batch in read_part(split.part, Sink(split.path, result.stats, rejects)):
-            if block not in split.skip:
-                result.blocks.append(block)
-                yield batch
+        for _, batch in read_part(split.part, sink):
+            yield batch
+        result.end, result.pending = sink.end, sink.pending
 
     return batches(), result
+
+
+def plan_file(path: str, batch_rows: int, parallelism: int, start: Any, hasher: Any) -> list[Part]:
+    """The parts of ``path`` from ``start`` (see :func:`drainpipe.inputs.plan_parts`)."""
+    return list(plan_parts(path, batch_rows, workers=parallelism, start=start, hasher=hasher))

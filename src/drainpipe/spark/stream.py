@@ -45,7 +45,7 @@ log = logging.getLogger("drainpipe.spark.stream")
 
 #: names the stream picks up (others are never listed)
 STREAM_GLOB = "*.{jsonl,json,ndjson,csv,gz,parquet}"
-_SUMMED = ("read", "accepted", "rejected", "files", "skipped_blocks", "splits", "applied", "metrics_rows", "topn_rows")
+_SUMMED = ("read", "accepted", "rejected", "files", "unchanged_files", "splits", "applied", "metrics_rows", "topn_rows")
 
 
 def _local_path(uri: str) -> str:
@@ -80,7 +80,7 @@ def run_stream(
     interrupted). ``checkpoint`` is the Structured Streaming checkpoint directory: restart with the same one to
     resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit.
 
-    Returns the summed counts (``read accepted rejected files skipped_blocks ignored_files metrics_rows
+    Returns the summed counts (``read accepted rejected files unchanged_files ignored_files metrics_rows
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
     """
     if not os.path.isdir(input_dir):
@@ -88,7 +88,7 @@ def run_stream(
     t0 = time.perf_counter()
     with (
         job(store_url, master, conf, spark) as (store, session),
-        DeadLetter(dead_letter or default_dead_letter(store_url), append=True) as dl,
+        DeadLetter(dead_letter or default_dead_letter(store_url)) as dl,
     ):
         batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
         try:

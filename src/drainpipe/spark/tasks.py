@@ -96,7 +96,8 @@ def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterat
             "accepted": stats.accepted,
             "rejected": stats.rejected,
             "reasons": dict(stats.reasons),
-            "blocks": result.blocks,
+            "end": result.end,
+            "pending": result.pending,
             "nbytes": split.nbytes,
         },
     )
