@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(line)
     if summary.complete:
         return 0
-    print(f"drainpipe: error: {_one_line(summary.failure())}", file=sys.stderr)
+    print(f"drainpipe: error: {summary.failure()}", file=sys.stderr)
     return EXIT_USER if summary.input_error else EXIT_NOT_STORED
 
 
