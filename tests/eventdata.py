@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.functions import aggregate_batch
-from drainpipe.pipeline.store import MergeReport, Store
+from drainpipe.pipeline.store import MergeReport, Store, open_store
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
@@ -51,3 +51,36 @@ def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
         x[:5] == y[:5] and (x[5] == y[5] or (x[0] in AVG_METRICS and math.isclose(x[5], y[5], rel_tol=1e-9)))
         for x, y in zip(a, b)
     )
+
+
+#: functions whose values are float sums: the only ones allowed to differ, in the last ulps
+FLOAT_SUM_FUNCTIONS = frozenset({"sum", "avg"})
+
+
+def stored(store_url: str, definitions: Definitions) -> tuple[list[tuple], dict[str, list[tuple]]]:
+    """Every metric value row and every top-N's rows of a store."""
+    store = open_store(store_url)
+    try:
+        return store.query(), {t.name: store.query_topn(t.name) for t in definitions.topns}
+    finally:
+        store.close()
+
+
+def assert_same_results(expected_url: str, actual_url: str, definitions: Definitions) -> int:
+    """Row for row equality of two stores: keys and labels exactly, values exactly except float sums
+    (``sum``/``avg``), which may differ by a few ulps (relative 1e-12) because the additions happen in
+    another order. Returns the number of values that differ at all."""
+    expected_rows, expected_topn = stored(expected_url, definitions)
+    actual_rows, actual_topn = stored(actual_url, definitions)
+    assert expected_rows, "the reference store is empty"
+    assert len(actual_rows) == len(expected_rows)
+    functions = {m.name: m.function for m in definitions.metrics}
+    inexact = 0
+    for want, got in zip(expected_rows, actual_rows):
+        assert got[:5] == want[:5]
+        if got[5] != want[5]:
+            inexact += 1
+            assert functions[want[0]] in FLOAT_SUM_FUNCTIONS, (want, got)
+            assert math.isclose(got[5], want[5], rel_tol=1e-12, abs_tol=0.0), (want, got)
+    assert actual_topn == expected_topn
+    return inexact

@@ -15,10 +15,7 @@ import pytest
 
 from drainpipe.pipeline.definitions import Definitions
 from drainpipe.pipeline.generator import generate_events, write_events
-from drainpipe.pipeline.store import open_store
-
-#: functions whose values are float sums: the only ones allowed to differ, in the last ulps
-FLOAT_SUM_FUNCTIONS = frozenset({"sum", "avg"})
+from eventdata import FLOAT_SUM_FUNCTIONS, assert_same_results, stored  # noqa: F401  (re-exported)
 
 BAD_JSON_LINES = [
     b'{"ts": 1795255200000, "service": "", "latency_ms": 3}',  # bad value: service
@@ -84,35 +81,6 @@ def local_reference(paths: Sequence[str], definitions: Definitions, store_url: s
     summary = run_local(list(paths), definitions=definitions, store_url=store_url, dead_letter=dead_letter)
     assert summary.dropped == 0
     return {"read": summary.read, "accepted": summary.accepted, "rejected": summary.rejected}
-
-
-def stored(store_url: str, definitions: Definitions) -> tuple[list[tuple], dict[str, list[tuple]]]:
-    """Every metric value row and every top-N's rows of a store."""
-    store = open_store(store_url)
-    try:
-        return store.query(), {t.name: store.query_topn(t.name) for t in definitions.topns}
-    finally:
-        store.close()
-
-
-def assert_same_results(expected_url: str, actual_url: str, definitions: Definitions) -> int:
-    """Row for row equality of two stores: keys and labels exactly, values exactly except float sums
-    (``sum``/``avg``), which may differ by a few ulps (relative 1e-12) because the additions happen in
-    another order. Returns the number of values that differ at all."""
-    expected_rows, expected_topn = stored(expected_url, definitions)
-    actual_rows, actual_topn = stored(actual_url, definitions)
-    assert expected_rows, "the reference store is empty"
-    assert len(actual_rows) == len(expected_rows)
-    functions = {m.name: m.function for m in definitions.metrics}
-    inexact = 0
-    for want, got in zip(expected_rows, actual_rows):
-        assert got[:5] == want[:5]
-        if got[5] != want[5]:
-            inexact += 1
-            assert functions[want[0]] in FLOAT_SUM_FUNCTIONS, (want, got)
-            assert math.isclose(got[5], want[5], rel_tol=1e-12, abs_tol=0.0), (want, got)
-    assert actual_topn == expected_topn
-    return inexact
 
 
 def _spark_unavailable() -> str | None:

@@ -125,3 +125,50 @@ def test_local_then_spark_into_one_store_counts_the_file_once(spark, files, tmp_
     )
     assert local.read == 0 and local.unchanged_files == 1 and local.complete
     assert_same_results(once, spark_first, DEFAULT_DEFINITIONS)
+
+
+def test_a_file_that_grows_is_read_once_across_engines(spark, tmp_path) -> None:
+    log = tmp_path / "app.jsonl"
+    line = lambda i: b'{"ts": %d, "service": "s%d", "latency_ms": 2.0}\n' % (1_795_255_200_000 + i * 1000, i % 3)
+    log.write_bytes(b"".join(line(i) for i in range(5_000)))
+    url = f"duckdb:///{tmp_path}/s.duckdb"
+    run_local([str(log)], definitions=DEFAULT_DEFINITIONS, store_url=url, dead_letter=str(tmp_path / "d.jsonl"))
+    with open(log, "ab") as f:
+        f.write(b"".join(line(i) for i in range(5_000, 8_000)) + line(8_000)[:-5])  # and a partial last line
+    grown = run_batch([str(log)], store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+    assert grown["read"] == 3_000 and grown["pending"] == {str(log): len(line(8_000)) - 5}
+    again = run_batch([str(log)], store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+    assert again["read"] == 0 and again["unchanged_files"] == 1
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b"".join(line(i) for i in range(8_000)))
+    once = f"duckdb:///{tmp_path}/once.duckdb"
+    run_local([str(whole)], definitions=DEFAULT_DEFINITIONS, store_url=once, dead_letter=str(tmp_path / "e.jsonl"))
+    assert_same_results(once, url, DEFAULT_DEFINITIONS)
+
+
+def test_a_truncated_gzip_commits_nothing_in_either_engine(spark, tmp_path) -> None:
+    import gzip
+
+    from drainpipe.errors import InputError
+    from drainpipe.pipeline.store import open_store
+
+    body = b"".join(
+        b'{"ts": %d, "service": "s", "latency_ms": 1.0}\n' % (1_795_255_200_000 + i) for i in range(150_000)
+    )
+    packed = gzip.compress(body)
+    bad = tmp_path / "cut.jsonl.gz"
+    bad.write_bytes(packed[: len(packed) * 2 // 3])
+    for engine in ("local", "spark"):
+        url = f"duckdb:///{tmp_path}/{engine}.duckdb"
+        if engine == "spark":
+            with pytest.raises(InputError, match="cannot read"):
+                run_batch([str(bad)], store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+        else:
+            summary = run_local([str(bad)], definitions=DEFAULT_DEFINITIONS, store_url=url,
+                                dead_letter=str(tmp_path / "d.jsonl"))  # fmt: skip
+            assert summary.input_error and summary.stored == 0 and "cannot read" in summary.error
+        store = open_store(url)
+        try:
+            assert store.query() == [], engine  # nothing of the file was committed
+        finally:
+            store.close()

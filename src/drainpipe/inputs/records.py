@@ -262,7 +262,6 @@ class Sink:
         self.stats = stats
         self.dead_letter = dead_letter
         self.end: tuple[int, int] | None = None  # (bytes, lines)
-        self.pending = 0  # bytes of a last line without a newline yet (a growing file): not read
 
     def reject(self, line: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
@@ -771,19 +770,17 @@ def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
 
 class _CountedLines:
     """The raw lines of a text file, counted in bytes and lines. For a growable file a last line without a newline
-    is held back (``pending`` bytes): it may still be being written."""
+    is held back: it may still be being written."""
 
     def __init__(self, f: BinaryIO, offset: int, growable: bool) -> None:
         self._f = f
         self.offset = offset
         self.count = 0
-        self.pending = 0
         self._growable = growable
 
     def __iter__(self) -> Iterator[bytes]:
         for raw in self._f:
             if self._growable and not raw.endswith(b"\n"):
-                self.pending = len(raw)
                 return
             self.offset += len(raw)
             self.count += 1
@@ -1236,7 +1233,7 @@ def read_blocks(
     """``(block index, batch)`` of one whole file in any format (CSV blocks are numbered as they come).
 
     An uncompressed text file (it may be growing) is read from byte ``start`` (``start_lines`` lines before it) up
-    to its last complete line; ``sink.end`` and ``sink.pending`` say where reading stopped and what was held back.
+    to its last complete line; ``sink.end`` says where reading stopped.
     """
     if fmt == "parquet":
         yield from read_parquet_indexed(path, batch_rows, sink)
@@ -1251,7 +1248,7 @@ def read_blocks(
             lines.count += start_lines
         else:
             yield from enumerate(_read_csv(f, lines, batch_rows, sink, path, Position(start, start_lines)))
-        sink.end, sink.pending = (lines.offset, lines.count), lines.pending
+        sink.end = (lines.offset, lines.count)
 
 
 def _open_text_source(path: str, gzipped: bool) -> BinaryIO:

@@ -84,6 +84,13 @@ class InputFile:
                 self._dirty.add(name)
                 self.advanced = True
 
+    def pending(self) -> int:
+        """Bytes of a growable file after its last applied complete line: a partial last line left for later."""
+        if not self.growable:
+            return 0
+        ends = [p.offset for p in self.applied.values() if p != COMPLETE]
+        return max(0, os.path.getsize(self.path) - max(ends, default=0))
+
     def progress(self) -> list[FileProgress]:
         """Rows for the definitions advanced since the last call (the file's identity is fixed at the first)."""
         if not self._dirty:

@@ -193,13 +193,11 @@ class _Run:
             return True
         start = file.start
         parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher)
-        sink = Sink(path, self.stats, dl)
-        read = 0
         try:
             if path in self.big:
-                read = self._parts_on_workers(engine, file, parts, dl)
+                self._parts_on_workers(engine, file, parts, dl)
             else:
-                read = self._parts_in_process(engine, file, parts, sink)
+                self._parts_in_process(engine, file, parts, Sink(path, self.stats, dl))
         except InputError as exc:
             engine.checkpoint((), self.uncommitted, rollback=True, wait=True)  # what this file brought since
             self.uncommitted = 0
@@ -207,17 +205,14 @@ class _Run:
             self.summary.error = f"{exc}; {stored:,} events of this file were stored before it (a rerun resumes there)"
             self.summary.input_error = True
             return False
-        if sink.pending:
-            self.summary.pending[path] = sink.pending
-        elif (tail := _partial_tail(file, parts_end=read)) > 0:
-            self.summary.pending[path] = tail
+        if file.pending():
+            self.summary.pending[path] = file.pending()
         if not file.advanced:
             self.summary.unchanged_files += 1  # a growable file with nothing new
         self._checkpoint(engine, file, wait=True)
         return True
 
-    def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> int:
-        end = file.start.offset
+    def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> None:
         for part in parts:
             names = file.names_from(part.start if part.fmt != "parquet" else part.lineno)
             subset = None if names == self.names else self.definitions.select(names)
@@ -231,12 +226,9 @@ class _Run:
             if position is None:  # a whole file read sequentially
                 position = Position(*sink.end) if file.growable and sink.end is not None else None
             file.advance(names, position, part.prefix)
-            end = position.offset if position is not None else end
             self._maybe_checkpoint(engine, file)
-        return end
 
-    def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], dl: DeadLetter) -> int:
-        end = file.start.offset
+    def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], dl: DeadLetter) -> None:
         for part, result in parallel.map_parts(self.pool, self.workers, parts, file.names_from):
             self.stats.merge(result.stats)
             for line, raw, reason in result.rejects:
@@ -247,11 +239,9 @@ class _Run:
             position = part.end_position
             assert position is not None
             file.advance(result.names, position, part.prefix)
-            end = position.offset
             if self.progress:
                 self.progress(self.stats.read, self.done_bytes)
             self._maybe_checkpoint(engine, file)
-        return end
 
     def _maybe_checkpoint(self, engine: LocalEngine, file: InputFile) -> None:
         if time.monotonic() - self.last_checkpoint >= self.options.l2_flush_s:
@@ -262,11 +252,3 @@ class _Run:
         self.commits.append((commit, file.path))
         self.uncommitted = 0
         self.last_checkpoint = time.monotonic()
-
-
-def _partial_tail(file: InputFile, parts_end: int) -> int:
-    """Bytes after the last complete line of a growable JSON Lines file read in byte ranges (left for later)."""
-    if not file.growable or file.fmt != "jsonl":
-        return 0
-    size = os.path.getsize(file.path)
-    return max(0, size - max(parts_end, file.start.offset))

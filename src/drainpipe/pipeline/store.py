@@ -762,8 +762,13 @@ class DuckDBStore(SqlStore):
         self._con.register(view, rows)
         try:
             self._con.execute(f"INSERT INTO {table_name} SELECT * FROM {view}")
-        finally:
-            self._con.unregister(view)
+        except BaseException:
+            try:  # in an aborted transaction this fails too; the INSERT's error is the one that says why
+                self._con.unregister(view)
+            except Exception:
+                pass
+            raise
+        self._con.unregister(view)
 
     def _close(self) -> None:
         self._con.close()

@@ -120,7 +120,7 @@ class JobResult:
     tasks: dict[str, list[tuple[float, int, float]]]
     stage_s: dict[str, float] = field(default_factory=dict)
     placement: skew.Placement | None = None
-    ends: dict[int, tuple[tuple[int, int] | None, int]] = field(default_factory=dict)  # per split: (end, pending)
+    ends: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # per split: where a whole file ended
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
@@ -331,18 +331,18 @@ def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table 
 
 def _read_report(
     splits: Sequence[Split], meta: pa.Table
-) -> tuple[ReadStats, list[tuple[str, int, Any, str]], dict[int, tuple[tuple[int, int] | None, int]]]:
+) -> tuple[ReadStats, list[tuple[str, int, Any, str]], dict[int, tuple[int, int] | None]]:
     """Counts summed over the SPLIT rows; rejects (file line numbers) in file then line order; per split, where a
-    whole text file's read stopped and the bytes of a partial last line left for later."""
+    whole text file's read stopped."""
     stats = ReadStats()
     by_index = {s.index: s for s in splits}
-    ends: dict[int, tuple[tuple[int, int] | None, int]] = {}
+    ends: dict[int, tuple[int, int] | None] = {}
     for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
         report = json.loads(info)
         part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]))
         stats.merge(part)
         end = report["end"]
-        ends[d] = ((int(end[0]), int(end[1])) if end is not None else None, int(report["pending"]))
+        ends[d] = (int(end[0]), int(end[1])) if end is not None else None
     order = {path: i for i, path in enumerate(dict.fromkeys(s.path for s in splits))}
     rejected = select_rows(meta, REJECT)
     rejects = []
@@ -454,18 +454,17 @@ def ingest_files(
             splits = plan_splits([part for _, part in items])
             result = aggregate_splits(spark, splits, selected, options, accumulators)
             for (file, part), split in zip(items, splits):
-                end, pending = result.ends.get(split.index, (None, 0))
+                end = result.ends.get(split.index)
                 position = part.end_position
                 if position is None and file.growable and end is not None:
                     position = Position(*end)
                 file.advance(wanted, position, part.prefix)
-                if pending:
-                    summary["pending"][file.path] = pending
             if dead_letter is not None:
                 for path, line, raw, reason in result.rejects:
                     dead_letter.write(path, line, raw, reason)
                 dead_letter.flush()
             report = store.merge(result.partials, progress=[row for f in files for row in f.progress()])
+            summary["pending"].update({f.path: f.pending() for f in files if f.pending()})
             stats.merge(result.stats)
             summary["splits"] += len(splits)
             summary["applied"] += report.applied

@@ -59,7 +59,6 @@ class SplitResult:
     stats: ReadStats
     rejects: list[tuple[int, str, str]]  # (file line or row, raw as JSON text, reason)
     end: tuple[int, int] | None = None  # whole text file: (bytes, lines) after its last complete line
-    pending: int = 0  # whole text file: bytes of a partial last line left for later
 
 
 class _JsonRejects(RejectList):
@@ -81,7 +80,7 @@ def read_split(split: Split) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
     def batches() -> Iterator[pa.RecordBatch]:
         for _, batch in read_part(split.part, sink):
             yield batch
-        result.end, result.pending = sink.end, sink.pending
+        result.end = sink.end
 
     return batches(), result
 

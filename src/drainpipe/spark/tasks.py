@@ -97,7 +97,6 @@ def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterat
             "rejected": stats.rejected,
             "reasons": dict(stats.reasons),
             "end": result.end,
-            "pending": result.pending,
             "nbytes": split.nbytes,
         },
     )

@@ -1,0 +1,52 @@
+"""A `drainpipe run` in a child process for kill tests: the real local engine, with a short checkpoint period and
+markers on stdout at the moments a test kills it.
+
+    python run_child.py STORE_URL FLUSH_S WORKERS [--slow-commit] INPUT...
+
+Markers (one line each, flushed): ``start``, ``in-txn N`` (inside checkpoint N's store transaction, before its
+COMMIT; with --slow-commit the transaction then sleeps 0.5 s so a kill lands inside it), ``committed N``,
+``done``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.engine import EngineOptions
+from drainpipe.pipeline.run import run_local
+from drainpipe.pipeline.store import SqlStore
+
+
+def main() -> None:
+    store_url, flush_s, workers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    slow = "--slow-commit" in sys.argv
+    inputs = [a for a in sys.argv[4:] if not a.startswith("--")]
+    record, merge = SqlStore._record_progress, SqlStore.merge
+    count = [0]
+
+    def traced_record(self: SqlStore, progress: object) -> None:  # runs inside the transaction, before COMMIT
+        record(self, progress)  # type: ignore[arg-type]
+        if progress:
+            count[0] += 1
+            print(f"in-txn {count[0]}", flush=True)
+            if slow:
+                time.sleep(0.5)
+
+    def traced_merge(self: SqlStore, *args: object, **kwargs: object) -> object:
+        report = merge(self, *args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("progress"):
+            print(f"committed {count[0]}", flush=True)
+        return report
+
+    SqlStore._record_progress = traced_record  # type: ignore[method-assign]
+    SqlStore.merge = traced_merge  # type: ignore[method-assign]
+    print("start", flush=True)
+    summary = run_local(inputs, definitions=default_definitions(), store_url=store_url,
+                        options=EngineOptions(l2_flush_s=flush_s), workers=workers)  # fmt: skip
+    print("done" if summary.complete else f"incomplete {summary.failure()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
