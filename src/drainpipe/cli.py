@@ -56,6 +56,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .pipeline.definitions import definitions_from
 
+    if args.checkpoint_s <= 0:
+        raise UsageError(f"--checkpoint-s must be > 0, got {args.checkpoint_s}")
     definitions = definitions_from(args.metrics)  # validated before any data is read
     if args.engine == "spark":
         from .spark import run_batch
@@ -77,11 +79,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{result['events_per_s']:,.0f} events/s over {result['elapsed_s']:.2f} s into {args.store} (spark)")
         return 0
     from ._progress import file_progress
+    from .pipeline.engine import EngineOptions
     from .pipeline.run import run_local
 
     with file_progress(quiet=args.quiet, inputs=args.input) as progress:
         summary = run_local(
-            args.input, definitions=definitions, store_url=args.store, dead_letter=args.dead_letter, progress=progress
+            args.input,
+            definitions=definitions,
+            store_url=args.store,
+            dead_letter=args.dead_letter,
+            progress=progress,
+            options=EngineOptions(l2_flush_s=args.checkpoint_s),
         )
     for line in summary.lines():
         print(line)
@@ -295,7 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _metrics_option(r)
     _store_option(r)
-    r.add_argument("--dead-letter", metavar="FILE", help="rejected records go here (default: <store>.rejected.jsonl)")
+    r.add_argument(
+        "--dead-letter", metavar="FILE", help="rejected records are appended here (default: <store>.rejected.jsonl)"
+    )
+    r.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="local engine: seconds of work between two commits to the store; a killed run resumes from "
+        "the last one (default: %(default)s)",
+    )
     _spark_options(r)
     r.add_argument("-q", "--quiet", action="store_true", help="no progress display (and, for spark, no JVM logs)")
     r.set_defaults(fn=cmd_run)

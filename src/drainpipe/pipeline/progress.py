@@ -133,14 +133,16 @@ def resolve(path: str, store: Store, names: frozenset[str]) -> InputFile:
     size = os.path.getsize(path)
     for fid, found in sorted(by_fid.items(), key=lambda kv: -max(r.end for r in kv[1])):
         far = max(found, key=lambda r: r.end)
-        if far.end <= size and prefix_hasher(path, far.end).hexdigest() == far.prefix:
+        if far.end > size:
+            continue
+        hasher = prefix_hasher(path, far.end)
+        if hasher.hexdigest() == far.prefix:
             applied = fresh | {r.name: Position(r.end, r.lines) for r in found if r.name in names}
             file = InputFile(path, fmt, gzipped, head, node, fid, applied)
             for r in found:
                 file._prefix[Position(r.end, r.lines)] = r.prefix
-            start = file.start
-            if start != COMPLETE:
-                file.hasher = prefix_hasher(path, start.offset)
+            start = file.start  # usually where ``hasher`` stopped: one pass over the applied bytes
+            file.hasher = hasher if start.offset == far.end else prefix_hasher(path, start.offset)
             return file
     same_node = [r for r in rows if r.node == node]
     if same_node:
