@@ -83,10 +83,11 @@ class EngineCounters:
 
 
 class _FlushRequest:
-    """A checkpoint's request that every handler hand its state on at its next idle moment (``epoch`` moves)."""
+    """While ``active`` (a checkpoint is draining the stages), every handler hands its state on as soon as it has
+    any and is idle, instead of on its period."""
 
     def __init__(self) -> None:
-        self.epoch = 0
+        self.active = False
 
 
 @dataclass
@@ -117,13 +118,12 @@ class _L1Handler:
         self.consumed = 0
         self.emitted = 0
         self.request = request
-        self.seen = request.epoch
 
     def consume(self, batch: list[Partial]) -> None:
         for p in batch:
             self.acc.add(p)
         self.held = True
-        if time.monotonic() - self.last >= self.flush_s or self.seen != self.request.epoch:
+        if self.request.active or time.monotonic() - self.last >= self.flush_s:
             self.flush()
         self.consumed += len(batch)
 
@@ -133,7 +133,6 @@ class _L1Handler:
 
     def flush(self) -> None:
         self.last = time.monotonic()
-        self.seen = self.request.epoch
         merged = self.acc.drain()
         if merged is not None:
             self.emit(merged)
@@ -147,7 +146,7 @@ class _L2Handler(_L1Handler):
     when a checkpoint asks."""
 
     def on_idle(self) -> None:
-        if self.held and (time.monotonic() - self.last >= self.flush_s or self.seen != self.request.epoch):
+        if self.held and (self.request.active or time.monotonic() - self.last >= self.flush_s):
             self.flush()
 
 
@@ -392,11 +391,14 @@ class LocalEngine:
         dropped = lambda q: q.stats().dropped_full
         self._wait(lambda: self._ingest_done == self._ingest_in)
         self._wait(lambda: sum(h.consumed for h in self._l1_handlers) + dropped(self.l1) >= self.counters.partials)
-        self._request.epoch += 1  # every handler holding state hands it on at its next idle moment
-        self._wait(lambda: not any(h.held for h in self._l1_handlers))
-        self._wait(lambda: sum(h.consumed for h in self._l2_handlers) >= sum(h.emitted for h in self._l1_handlers))
-        self._wait(lambda: sum(h.consumed for h in self._topn_handlers) >= self._topn_in)
-        self._wait(lambda: not any(h.held for h in (*self._l2_handlers, *self._topn_handlers)))
+        self._request.active = True  # every handler holding state hands it on when idle
+        try:
+            self._wait(lambda: not any(h.held for h in self._l1_handlers))
+            self._wait(lambda: sum(h.consumed for h in self._l2_handlers) >= sum(h.emitted for h in self._l1_handlers))
+            self._wait(lambda: sum(h.consumed for h in self._topn_handlers) >= self._topn_in)
+            self._wait(lambda: not any(h.held for h in (*self._l2_handlers, *self._topn_handlers)))
+        finally:
+            self._request.active = False
 
     @staticmethod
     def _wait(condition: Callable[[], bool]) -> None:
