@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable
-from .definitions import Definition, Definitions
+from .definitions import Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
 from .store import FileProgress, first_line
 
@@ -123,7 +123,7 @@ class _L1Handler:
         for p in batch:
             self.acc.add(p)
         self.held = True
-        if self.request.active or time.monotonic() - self.last >= self.flush_s:
+        if time.monotonic() - self.last >= self.flush_s:
             self.flush()
         self.consumed += len(batch)
 
@@ -168,7 +168,7 @@ class LocalEngine:
         self._topn_handlers: list[_L2Handler] = []
         self._request = _FlushRequest()
         self._ingest_in = self._ingest_done = self._topn_in = 0  # written under _count_lock
-        self._held: dict[Definition, MetricAccumulator] = {}  # persist thread: states waiting for their checkpoint
+        self._held: list[Partial] = []  # persist thread: states waiting for their checkpoint
         self.name = name
         balancer = DrainBalancer.throughput_weighted()
         self.persist = BatchQueue(
@@ -325,13 +325,9 @@ class LocalEngine:
             return
         for item in items:
             if not isinstance(item, Commit):
-                acc = self._held.get(item.definition)
-                if acc is None:
-                    acc = self._held[item.definition] = MetricAccumulator(item.definition)
-                acc.add(item)
+                self._held.append(item)  # L2's flushes: already merged per definition; the store merges them once
                 continue
-            held = [p for p in (a.drain() for a in self._held.values()) if p is not None]
-            self._held.clear()
+            held, self._held = self._held, []
             if item.rollback:
                 self.counters.events_not_stored += item.events
             else:

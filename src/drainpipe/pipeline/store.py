@@ -28,8 +28,8 @@ Merge (:meth:`SqlStore.merge`), one transaction per call, so a failure leaves no
 1. every definition's :func:`~drainpipe.pipeline.definitions.signature` is checked against (or recorded in)
    ``definitions``: states of a name computed differently are never merged (:class:`StoreError`);
 2. idempotency, see below;
-3. minute partials are rolled up to hour and day (:func:`~drainpipe.pipeline.functions.rollup`); the
-   partials are merged per (name, granularity) in memory;
+3. the partials are merged per (name, granularity) in memory, and merged minute states are rolled up to hour
+   and day (:func:`~drainpipe.pipeline.functions.rollup`); definitions are written one after the other;
 4. the keys (name, granularity, entity, time_bucket) are staged, the stored states for them read, merged
    with the new ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in
    Python, so every SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N
@@ -370,16 +370,15 @@ class SqlStore:
             fresh, pairs = self._fresh(parts)
             grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
             for part in fresh:
-                for granular in self._granular(part, rollup):
-                    grouped[(part.definition, getattr(granular, "granularity", ""))].append(granular)
-            merged = [merge(group) for group in grouped.values()]
-            merged = [m for m in merged if m.table.num_rows]
-            metrics = [m for m in merged if isinstance(m, MetricPartial)]
-            topns = [m for m in merged if isinstance(m, TopNPartial)]
-            if metrics:
-                self._merge_metrics(metrics)
-            if topns:
-                self._merge_topns(topns)
+                grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
+            # one definition at a time (memory: one definition's states, not all of them), its minute states merged
+            # first and rolled up once (merging is associative: the roll-up of the merge is the merge of roll-ups)
+            for group in grouped.values():
+                merged = [m for m in self._granular(merge(group), rollup) if m.table.num_rows]
+                if merged and isinstance(merged[0], MetricPartial):
+                    self._merge_metrics(merged)  # type: ignore[arg-type]
+                elif merged:
+                    self._merge_topns(merged)  # type: ignore[arg-type]
             self._record(pairs)
             self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
