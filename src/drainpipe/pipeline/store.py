@@ -29,7 +29,7 @@ Merge (:meth:`SqlStore.merge`), one transaction per call, so a failure leaves no
    ``definitions``: states of a name computed differently are never merged (:class:`StoreError`);
 2. idempotency, see below;
 3. the partials are merged per (name, granularity) in memory, and merged minute states are rolled up to hour
-   and day (:func:`~drainpipe.pipeline.functions.rollup`); definitions are written one after the other;
+   and day (:func:`~drainpipe.pipeline.functions.rollup`); definitions are written in batches of rows;
 4. the keys (name, granularity, entity, time_bucket) are staged, the stored states for them read, merged
    with the new ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in
    Python, so every SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N
@@ -111,6 +111,8 @@ __all__ = [
 ]
 
 DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
+#: state rows written per batch of statements within one merge transaction
+_WRITE_ROWS = 400_000
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS metric_state (
@@ -371,14 +373,24 @@ class SqlStore:
             grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
             for part in fresh:
                 grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
-            # one definition at a time (memory: one definition's states, not all of them), its minute states merged
-            # first and rolled up once (merging is associative: the roll-up of the merge is the merge of roll-ups)
+            # each definition's minute states merged first and rolled up once (merging is associative: the roll-up
+            # of the merge is the merge of the roll-ups), written in batches of about _WRITE_ROWS state rows: memory
+            # holds a batch, not every state of the transaction, and statements stay few
+            metrics: list[MetricPartial] = []
+            topns: list[TopNPartial] = []
             for group in grouped.values():
-                merged = [m for m in self._granular(merge(group), rollup) if m.table.num_rows]
-                if merged and isinstance(merged[0], MetricPartial):
-                    self._merge_metrics(merged)  # type: ignore[arg-type]
-                elif merged:
-                    self._merge_topns(merged)  # type: ignore[arg-type]
+                for m in self._granular(merge(group), rollup):
+                    if isinstance(m, MetricPartial):
+                        metrics.append(m)
+                    elif isinstance(m, TopNPartial):
+                        topns.append(m)
+                if sum(m.table.num_rows for m in metrics) >= _WRITE_ROWS:
+                    self._merge_metrics([m for m in metrics if m.table.num_rows])
+                    metrics = []
+            if any(m.table.num_rows for m in metrics):
+                self._merge_metrics([m for m in metrics if m.table.num_rows])
+            if any(t.table.num_rows for t in topns):
+                self._merge_topns([t for t in topns if t.table.num_rows])
             self._record(pairs)
             self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
