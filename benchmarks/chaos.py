@@ -31,32 +31,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.store import open_store
 
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import alive, children_of  # shared with the kill tests
+
 DRAINPIPE = [sys.executable, "-m", "drainpipe.cli"]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except OSError:
-                continue
-    return out
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(pid)
-        except OSError:
-            pass
-    return alive
 
 
 def _run(args: list[str]) -> tuple[int, float, str]:
@@ -111,13 +89,13 @@ def run_mode(opts: argparse.Namespace) -> dict[str, Any]:
         workers: list[int] = []
         deadline = time.monotonic() + at
         while time.monotonic() < deadline and child.poll() is None:
-            workers = _children(child.pid) or workers
+            workers = children_of(child.pid) or workers
             time.sleep(0.01)
         finished_first = child.poll() is not None
         child.send_signal(signal.SIGKILL)
         child.wait()
         time.sleep(0.5)
-        orphans = _alive(workers)
+        orphans = alive(workers)
         code, rerun_s, out = _run([*common, "--store", url])
         diff = _same(reference, _contents(url)) if code == 0 else f"rerun exit {code}: {out[-300:]}"
         rows.append({"kill": i + 1, "at_s": round(at, 2), "finished_before_kill": finished_first,

@@ -5,7 +5,6 @@ uninterrupted run's, row for row. Each kill also takes down the run's worker pro
 from __future__ import annotations
 
 import gzip
-import os
 import random
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.generator import generate_events, write_events
 from eventdata import assert_same_results
+from procs import alive, children_of
 
 HERE = Path(__file__).resolve().parent
 FLUSH_S = "0.05"  # a checkpoint every 50 ms of work: several per run
@@ -42,32 +42,6 @@ def _child(url: str, inputs: list[str], workers: int, *extra: str) -> subprocess
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)  # fmt: skip
 
 
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(pid)
-        except OSError:
-            pass
-    return alive
-
-
 def run_clean(url: str, inputs: list[str], workers: int) -> list[str]:
     child = _child(url, inputs, workers)
     out, err = child.communicate(timeout=300)
@@ -84,11 +58,11 @@ def kill_at(url: str, inputs: list[str], workers: int, marker: str | None, after
     deadline = time.monotonic() + after_s
     if marker is None:
         while time.monotonic() < deadline and child.poll() is None:
-            workers_seen = _children_of(child.pid) or workers_seen
+            workers_seen = children_of(child.pid) or workers_seen
             time.sleep(0.01)
     else:
         for line in child.stdout:
-            workers_seen = _children_of(child.pid) or workers_seen
+            workers_seen = children_of(child.pid) or workers_seen
             if line.strip() == marker:
                 break
         else:
@@ -116,9 +90,9 @@ def _rerun_equals_reference(url: str, inputs: list[str], reference: tuple[str, i
 
 def _no_orphans(pids: list[int]) -> None:
     deadline = time.monotonic() + 10
-    while _alive(pids) and time.monotonic() < deadline:
+    while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pids), f"worker processes outlived their killed parent: {_alive(pids)}"
+    assert not alive(pids), f"worker processes outlived their killed parent: {alive(pids)}"
 
 
 def test_the_reference_run_checkpoints_several_times(reference) -> None:
@@ -160,7 +134,7 @@ def test_workers_die_with_a_parent_stopped_by_sigterm(inputs, tmp_path) -> None:
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "start"
     deadline = time.monotonic() + 30
-    while not (workers := _children_of(child.pid)) and time.monotonic() < deadline:
+    while not (workers := children_of(child.pid)) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert workers
     child.send_signal(signal.SIGTERM)

@@ -1,0 +1,24 @@
+"""Processes seen through /proc (Linux): a process's children, and which of some pids still run. Shared by the kill
+tests and benchmarks/chaos.py."""
+
+from __future__ import annotations
+
+import os
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+    except OSError:
+        return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _stat(e)) is not None and int(s[1]) == pid]
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not gone, not zombies)."""
+    return [pid for pid in pids if (s := _stat(pid)) is not None and s[0] != "Z"]
