@@ -44,9 +44,12 @@ resolve_base() {
 }
 
 port_taken() {
+    # a listener holds it (SO_REUSEADDR: the TIME_WAIT sockets a server just stopped leaves behind do not count,
+    # as they do not stop PostgreSQL from binding it again)
     python3 - "$1" <<'PY'
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
