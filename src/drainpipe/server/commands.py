@@ -44,6 +44,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
+    return port
+
+
 def _display_url(url: str) -> str:
     import re
 
@@ -73,7 +84,7 @@ def add_commands(
     store_option(s)
     metrics_option(s)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs a token)")
-    s.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
+    s.add_argument("--port", type=_port, default=8080, help="port, 0-65535 (0: any free port)")
     s.add_argument("--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV})")
     s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (413 above)")
     s.set_defaults(fn=cmd_serve)

@@ -15,6 +15,10 @@ Endpoints::
     GET  /healthz     {"status": "ok"} (503 while shutting down)
     GET  /            the dashboard (one static page)
 
+Every error body is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
+request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
+with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line.
+
 With a token every endpoint but ``/healthz`` and ``/`` (a static page without data) wants
 ``Authorization: Bearer <token>``; the dashboard sends the token it finds in the page URL's ``#token=...``.
 Binding a non-loopback address without a token is refused.
@@ -33,6 +37,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -110,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 30  # idle keep-alive connections are closed after this
     server_version = "drainpipe"
     sys_version = ""
+    default_request_version = "HTTP/1.0"  # an error before the version is parsed still gets a status line (no 0.9)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -126,9 +132,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
+        if getattr(self, "command", None) != "HEAD":
             self.wfile.write(body)
-        self.server.metrics.count_request(self.path.split("?", 1)[0], status)
+        self.server.metrics.count_request(getattr(self, "path", "").split("?", 1)[0], status)
 
     def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         self._send(
@@ -137,6 +143,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self._json(status, {"error": message, "status": status}, headers)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own errors (a malformed request line, headers too long, an unknown method) as
+        JSON, like every other error of this API, and the connection closed."""
+        self.close_connection = True
+        try:
+            short, _ = self.responses.get(code, ("error", ""))
+            self._error(code, message or short)
+        except OSError:  # the client is gone
+            pass
 
     def _authorized(self) -> bool:
         token = self.server.token
@@ -282,6 +298,9 @@ class Handler(BaseHTTPRequestHandler):
             if codings != ["chunked"]:
                 raise _BadRequest(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
             return self._read_chunked(limit)
+        lengths = {v.strip() for v in self.headers.get_all("Content-Length") or ()}
+        if len(lengths) > 1:  # RFC 9112 6.3: an invalid framing; the rest could be read as another request
+            raise _BadRequest(400, "conflicting Content-Length headers")
         try:
             text = self.headers.get("Content-Length", "")
             length = int(text)
@@ -382,6 +401,14 @@ class IngestServer(ThreadingHTTPServer):
         host = str(address, "ascii") if isinstance(address, bytes) else address
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that goes away mid-request is one log line; anything else keeps its traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.info("client %s went away: %s", client_address[0], type(exc).__name__)
+            return
+        log.error("request from %s failed", client_address[0], exc_info=exc)
 
     def start(self) -> IngestServer:
         self._thread = threading.Thread(

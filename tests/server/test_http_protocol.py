@@ -1,0 +1,98 @@
+"""The HTTP face speaks the protocol strictly and in one voice: conflicting Content-Length is refused (RFC 9112
+6.3), every error body is JSON (the standard library's own errors too), a client that goes away is one log line,
+and a bad --port is one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from server_testlib import events, running_server
+
+
+def _raw(url: str, data: bytes, timeout: float = 10) -> bytes:
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _split(response: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server() as srv:
+        yield srv
+
+
+def test_conflicting_content_length_is_400_and_the_rest_is_not_read_as_a_request(server) -> None:
+    body = json.dumps(events(2)).encode()
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = (
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nContent-Length: {len(body) + len(smuggled)}\r\n\r\n"
+    ).encode()
+    response = _raw(server.url, request + body + smuggled)
+    status, headers, rest = _split(response)
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    assert json.loads(rest.split(b"HTTP/1.1")[0])["error"] == "conflicting Content-Length headers"
+    assert response.count(b"HTTP/1.1 ") == 1  # the connection closed: nothing answered the smuggled request
+
+
+def test_the_same_content_length_twice_is_one_length(server) -> None:
+    body = json.dumps(events(3)).encode()
+    request = (
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    status, _, rest = _split(_raw(server.url, request + body))
+    assert status == 200 and json.loads(rest)["accepted"] == 3
+
+
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"BREW /coffee HTTP/1.1\r\nHost: x\r\n\r\n", 501),  # a method the server does not know
+        (b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n", 505),  # a protocol version it does not speak
+        (b"GET / HTTP/1.1\r\n" + b"X-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431),  # a header line too long
+        (b"this is not http\r\n\r\n", 400),
+    ],
+)
+def test_errors_of_the_standard_library_server_are_json_too(server, request_bytes: bytes, status: int) -> None:
+    got, headers, body = _split(_raw(server.url, request_bytes))
+    assert got == status and headers["Content-Type"] == "application/json"
+    assert json.loads(body)["status"] == status and json.loads(body)["error"]
+
+
+def test_a_client_that_goes_away_mid_request_is_one_log_line(server, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="drainpipe")
+    host, port = server.url.split("//")[1].rsplit(":", 1)
+    for _ in range(5):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n[{"
+        )
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+        sock.close()
+    time.sleep(0.5)
+    assert not [r for r in caplog.records if r.exc_info], "a client going away logged a traceback"
+
+
+def test_a_port_out_of_range_is_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "drainpipe.cli", "serve", "--port", "70000"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "a port is 0-65535, got 70000" in done.stderr
