@@ -96,3 +96,31 @@ def test_a_port_out_of_range_is_one_line() -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "a port is 0-65535, got 70000" in done.stderr
+
+
+def test_slow_clients_without_the_token_hold_no_slot_of_authorized_ones() -> None:
+    """More unauthenticated clients than there are request slots, each sending its body at a trickle: every
+    authorized post still gets through (the token is checked before admission, and a bad one's body is not read)."""
+    from server_testlib import post_events
+
+    from drainpipe.server.service import ServiceOptions
+
+    opts = ServiceOptions(max_concurrent_requests=2, sample_interval_s=0.25, top_refresh_s=0.5)
+    with running_server(token="s3cret", options=opts) as srv:
+        host, port = srv.url.split("//")[1].rsplit(":", 1)
+        slow = []
+        for _ in range(6):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(
+                b"POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n["
+            )
+            slow.append(sock)
+        try:
+            for sock in slow:
+                sock.sendall(b" ")  # still sending, slowly
+            statuses = [post_events(srv.url, events(20, seed=i), token="s3cret")[0] for i in range(10)]
+        finally:
+            for sock in slow:
+                sock.close()
+        assert statuses == [200] * 10

@@ -155,12 +155,7 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _authorized(self) -> bool:
-        token = self.server.token
-        if not token:
-            return True
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        if self.server.token_ok(self.headers):
             return True
         self._error(401, "missing or bad bearer token", {"WWW-Authenticate": 'Bearer realm="drainpipe"'})
         return False
@@ -200,6 +195,10 @@ class Handler(BaseHTTPRequestHandler):
                 404 if path not in ("/", "/v1/stats", "/metrics", "/healthz") else 405, f"no POST endpoint: {path}"
             )
             return
+        if not self.server.token_ok(self.headers):  # before admission: a client without the token never holds a slot
+            self.close_connection = True  # and its body is not read (a slow sender would tie up this thread)
+            self._error(401, "missing or bad bearer token", {"WWW-Authenticate": 'Bearer realm="drainpipe"'})
+            return
         t0 = time.perf_counter()
         svc = self.server.service
         try:
@@ -229,9 +228,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _ingest(self, svc: IngestService) -> None:
         opts = svc.options
-        if not self._authorized():
-            self._discard_body()
-            return
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if ctype not in NDJSON_TYPES and ctype not in JSON_TYPES:
             self._discard_body()
@@ -401,6 +397,13 @@ class IngestServer(ThreadingHTTPServer):
         host = str(address, "ascii") if isinstance(address, bytes) else address
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
+
+    def token_ok(self, headers: Any) -> bool:
+        """Whether a request's ``Authorization`` header carries the bearer token (always, without a token)."""
+        if not self.token:
+            return True
+        scheme, _, given = (headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that goes away mid-request is one log line; anything else keeps its traceback."""
