@@ -26,6 +26,7 @@ def running_server(
     store_url: str = "duckdb:///:memory:",
     token: str | None = None,
     options: ServiceOptions | None = None,
+    shutdown_grace_s: float = 30.0,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     store = open_store(store_url)
@@ -38,7 +39,7 @@ def running_server(
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
         name=f"t{next(_names)}",
     )
-    server = IngestServer(service, "127.0.0.1", 0, token).start()
+    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s).start()
     try:
         yield server
     finally:

@@ -124,3 +124,21 @@ def test_slow_clients_without_the_token_hold_no_slot_of_authorized_ones() -> Non
             for sock in slow:
                 sock.close()
         assert statuses == [200] * 10
+
+
+def test_shutdown_is_bounded_and_cuts_slow_requests_with_one_log_line(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="drainpipe")
+    with running_server(shutdown_grace_s=1.0) as srv:
+        host, port = srv.url.split("//")[1].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n["
+        )  # a slow sender: the rest never comes
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        srv.shutdown_all()
+        took = time.monotonic() - t0
+        sock.close()
+    assert took < 5, f"shutdown took {took:.1f} s with one slow client"
+    cut = [r for r in caplog.records if "cut 1 request(s) still in flight" in r.getMessage()]
+    assert len(cut) == 1 and not cut[0].exc_info

@@ -37,7 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     service = IngestService(definitions, store, store_url=_display_url(args.store), options=options)
     try:
-        run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True))
+        run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
+                   shutdown_grace_s=args.shutdown_grace_s)  # fmt: skip
     except OSError as exc:
         service.close()
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
@@ -87,6 +88,13 @@ def add_commands(
     s.add_argument("--port", type=_port, default=8080, help="port, 0-65535 (0: any free port)")
     s.add_argument("--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV})")
     s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (413 above)")
+    s.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take before they are cut (default: %(default)s)",
+    )
     s.set_defaults(fn=cmd_serve)
 
     t = sub.add_parser("stats", help="the live view of a running server in the terminal")

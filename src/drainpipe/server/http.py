@@ -23,8 +23,9 @@ With a token every endpoint but ``/healthz`` and ``/`` (a static page without da
 ``Authorization: Bearer <token>``; the dashboard sends the token it finds in the page URL's ``#token=...``.
 Binding a non-loopback address without a token is refused.
 
-Shutdown (SIGTERM/SIGINT, or :meth:`IngestServer.shutdown`): stop accepting connections, refuse new posts
-(503), wait for the requests in flight, then flush L1, L2, top-N and persistence and close the store:
+Shutdown (SIGTERM/SIGINT, or :meth:`IngestServer.shutdown_all`): stop accepting connections, refuse new posts
+(503), give the requests in flight ``shutdown_grace_s`` (30 s) to finish and cut those still running (logged: they
+were not acknowledged, so their clients send again), then flush L1, L2, top-N and persistence and close the store:
 everything answered as accepted is in the store when the process exits.
 """
 
@@ -207,9 +208,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
             return
+        self.server.in_flight.add(self.connection)
         try:
             self._ingest(svc)
         finally:
+            self.server.in_flight.discard(self.connection)
             svc.leave()
             self.server.metrics.ingest_latency.observe(time.perf_counter() - t0)
 
@@ -376,7 +379,12 @@ class IngestServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(
-        self, service: IngestService, host: str = "127.0.0.1", port: int = 8080, token: str | None = None
+        self,
+        service: IngestService,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        token: str | None = None,
+        shutdown_grace_s: float = 30.0,
     ) -> None:
         if not token and not is_loopback(host):
             raise ValueError(
@@ -384,6 +392,8 @@ class IngestServer(ThreadingHTTPServer):
             )
         self.service = service
         self.token = token or None
+        self.shutdown_grace_s = shutdown_grace_s
+        self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
         self.metrics = ServerMetrics(service)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
@@ -425,17 +435,34 @@ class IngestServer(ThreadingHTTPServer):
         if self._closed:
             return self.service.summary()
         self._closed = True
-        self.service.drain()  # new posts get 503 from here on
+        t0 = time.monotonic()
+        if not self.service.drain(self.shutdown_grace_s):  # new posts get 503 from here on
+            # requests still in flight after the grace (slow senders): cut them; none was acknowledged, so nothing
+            # accepted is lost, and their clients send again
+            cut = list(self.in_flight)
+            for sock in cut:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            log.warning("shutdown: cut %d request(s) still in flight after %.0f s", len(cut), time.monotonic() - t0)
         self.shutdown()  # stop the accept loop
         self.server_close()
         return self.service.close()  # waits for in-flight posts, then flushes L1 -> L2 -> persist
 
 
 def run_server(
-    service: IngestService, host: str, port: int, token: str | None, *, announce: Any = print
+    service: IngestService,
+    host: str,
+    port: int,
+    token: str | None,
+    *,
+    announce: Any = print,
+    shutdown_grace_s: float = 30.0,
 ) -> dict[str, Any]:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the shutdown summary."""
-    server = IngestServer(service, host, port, token)
+    """Serve until SIGTERM or SIGINT, then shut down gracefully: requests in flight get ``shutdown_grace_s`` to
+    finish, then are cut; the pipeline is flushed. Returns the shutdown summary."""
+    server = IngestServer(service, host, port, token, shutdown_grace_s)
     stop = threading.Event()
     received: list[str] = []
 
