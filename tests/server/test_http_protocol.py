@@ -142,3 +142,32 @@ def test_shutdown_is_bounded_and_cuts_slow_requests_with_one_log_line(caplog) ->
     assert took < 5, f"shutdown took {took:.1f} s with one slow client"
     cut = [r for r in caplog.records if "cut 1 request(s) still in flight" in r.getMessage()]
     assert len(cut) == 1 and not cut[0].exc_info
+
+
+@pytest.mark.parametrize("stage", ["headers", "body"])
+def test_a_trickling_client_is_cut_at_its_deadline(stage: str, caplog) -> None:
+    """Slowloris: a byte every 0.2 s keeps the idle timeout from ever firing; the deadline ends it anyway."""
+    from drainpipe.server.service import ServiceOptions
+
+    caplog.set_level(logging.INFO, logger="drainpipe")
+    opts = ServiceOptions(header_deadline_s=1.0, body_deadline_s=1.0, sample_interval_s=0.25, top_refresh_s=0.5)
+    with running_server(options=opts) as srv:
+        host, port = srv.url.split("//")[1].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        start = b"POST /v1/events HTTP/1.1\r\n"
+        if stage == "body":
+            start += b"Host: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n["
+        sock.sendall(start)
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 6:
+            try:
+                sock.sendall(b"X" if stage == "headers" else b" ")
+                time.sleep(0.2)
+            except OSError:
+                closed = True
+                break
+        took = time.monotonic() - t0
+        sock.close()
+    assert closed and took < 3, f"the {stage} trickle was not cut ({took:.1f} s)"
+    assert any(f"its {stage} took too long" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,8 @@ Endpoints::
 
 Every error body is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
 request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
-with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line.
+with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line. A request line and headers must arrive within ``header_deadline_s``
+(30 s), a body within ``body_deadline_s`` (60 s): a slow sender is cut then, whatever its pace.
 
 With a token every endpoint but ``/healthz`` and ``/`` (a static page without data) wants
 ``Authorization: Bearer <token>``; the dashboard sends the token it finds in the page URL's ``#token=...``.
@@ -120,6 +121,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ plumbing
 
+    def handle_one_request(self) -> None:
+        # the request line and headers must arrive within the deadline (an idle keep-alive connection is closed then)
+        self.server.deadlines.set(self.connection, self.server.service.options.header_deadline_s, "headers")
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.deadlines.clear(self.connection)
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
@@ -164,6 +173,7 @@ class Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ GET
 
     def do_GET(self) -> None:
+        self.server.deadlines.clear(self.connection)
         path = self.path.split("?", 1)[0]
         svc = self.server.service
         if path == "/healthz":
@@ -189,6 +199,7 @@ class Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ POST
 
     def do_POST(self) -> None:
+        self.server.deadlines.clear(self.connection)
         path = self.path.split("?", 1)[0]
         if path != "/v1/events":
             self._discard_body()
@@ -243,12 +254,17 @@ class Handler(BaseHTTPRequestHandler):
             self._discard_body()
             self._error(415, f"unsupported content encoding {encoding!r}: send gzip or none")
             return
+        self.server.deadlines.set(self.connection, opts.body_deadline_s, "body")
         try:
             body = self._read_body(opts.max_body_bytes)
         except _BadRequest as exc:
             self.close_connection = True  # the body was not (fully) read: the connection cannot be reused
             self._error(exc.status, exc.message)
             return
+        except OSError:  # cut at its deadline, or the client went away
+            body = None
+        finally:
+            self.server.deadlines.clear(self.connection)
         if body is None:  # the client went away mid-body
             self.close_connection = True
             return
@@ -371,6 +387,45 @@ class Handler(BaseHTTPRequestHandler):
         return obj
 
 
+class _Deadlines:
+    """One watchdog thread for every connection's deadline: a connection still reading its request line and headers,
+    or its body, when its deadline passes is cut (its socket shut down), which ends the blocked read. Slow senders
+    (slowloris) cannot hold a thread for longer than the deadline, however slowly they trickle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[socket.socket, tuple[float, str]] = {}
+        self._thread = threading.Thread(target=self._watch, name="drainpipe-http-deadlines", daemon=True)
+        self._stopped = threading.Event()
+        self._thread.start()
+
+    def set(self, sock: socket.socket, seconds: float, what: str) -> None:
+        with self._lock:
+            self._due[sock] = (time.monotonic() + seconds, what)
+
+    def clear(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._due.pop(sock, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(0.1):
+            now = time.monotonic()
+            with self._lock:
+                late = [(sock, what) for sock, (due, what) in self._due.items() if due <= now]
+                for sock, _ in late:
+                    del self._due[sock]
+            for sock, what in late:
+                try:
+                    peer = sock.getpeername()[0]
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    continue
+                log.info("cut a connection from %s: its %s took too long", peer, what)
+
+
 class IngestServer(ThreadingHTTPServer):
     """The HTTP server around one :class:`IngestService`. ``serve_forever`` in a thread; ``shutdown_all`` once."""
 
@@ -394,6 +449,7 @@ class IngestServer(ThreadingHTTPServer):
         self.token = token or None
         self.shutdown_grace_s = shutdown_grace_s
         self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
+        self.deadlines = _Deadlines()
         self.metrics = ServerMetrics(service)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
@@ -447,6 +503,7 @@ class IngestServer(ThreadingHTTPServer):
                     pass
             log.warning("shutdown: cut %d request(s) still in flight after %.0f s", len(cut), time.monotonic() - t0)
         self.shutdown()  # stop the accept loop
+        self.deadlines.stop()
         self.server_close()
         return self.service.close()  # waits for in-flight posts, then flushes L1 -> L2 -> persist
 

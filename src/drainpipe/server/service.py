@@ -66,6 +66,8 @@ class ServiceOptions:
     max_persist_backlog: int = 128  # refuse when more L2 flushes than this wait for the store
     admit_wait_s: float = 0.5  # how long a request waits for room before 429/503
     max_concurrent_requests: int = 64  # POSTs being processed at once: 429 above
+    header_deadline_s: float = 30.0  # a request line and headers (or an idle keep-alive wait) take at most this
+    body_deadline_s: float = 60.0  # a request body takes at most this to arrive
     retry_after_s: int = 1
     sample_interval_s: float = 1.0  # the dashboard's time resolution
     history: int = 300  # samples kept (5 minutes at 1 s)
