@@ -17,8 +17,9 @@ Endpoints::
 
 Every error body is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
 request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
-with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line. A request line and headers must arrive within ``header_deadline_s``
-(30 s), a body within ``body_deadline_s`` (60 s): a slow sender is cut then, whatever its pace.
+with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line. A
+request line and headers must arrive within ``header_deadline_s`` (30 s), a body within ``body_deadline_s``
+(60 s): a slow sender is cut then, whatever its pace.
 
 With a token every endpoint but ``/healthz`` and ``/`` (a static page without data) wants
 ``Authorization: Bearer <token>``; the dashboard sends the token it finds in the page URL's ``#token=...``.
