@@ -186,3 +186,20 @@ def test_demo_writes_where_git_ignores_it() -> None:
     assert out == os.path.join(".drainpipe", "demo")
     ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().split()
     assert ".drainpipe/" in ignored
+
+
+def test_a_relative_duckdb_path_that_was_meant_absolute_gets_the_four_slashes_hint(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the relative reading (tmp/...) does not exist here; the absolute one does
+    absolute = tmp_path / "x.duckdb"
+    code, _, err = run(capsys, "query", "--store", f"duckdb://{absolute}")  # three slashes + an absolute path
+    assert code == EXIT_USER and f"use four slashes: duckdb:///{absolute}" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "query", "--store", "duckdb:///nowhere/x.duckdb")  # no absolute reading either
+    assert code == EXIT_USER and "four slashes" not in err
+
+
+def test_query_help_shows_the_duckdb_url_convention(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["query", "--help"])
+    assert "duckdb:////absolute/path.duckdb (four slashes)" in " ".join(capsys.readouterr().out.split())

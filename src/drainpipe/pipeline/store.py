@@ -797,7 +797,10 @@ def _duckdb_path(url: str, rest: str) -> str:
         return path
     parent = os.path.dirname(path)
     if parent and not os.path.isdir(parent):
-        raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist")
+        hint = ""
+        if not os.path.isabs(path) and os.path.isdir(os.path.dirname("/" + path)):
+            hint = f"; for the absolute path /{path} use four slashes: duckdb:////{path}"
+        raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist{hint}")
     return path
 
 
