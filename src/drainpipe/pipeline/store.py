@@ -202,10 +202,6 @@ class Store(Protocol):
         an input none of whose batches was stored before)."""
         ...
 
-    def applied_under(self, prefix: str) -> dict[str, frozenset[str]]:
-        """Each recorded source (root) starting with ``prefix`` -> the names it is applied for."""
-        ...
-
     def register(self, definitions: Iterable[Definition]) -> None:
         """Check each definition against the one stored under its name (and record new ones), before any data is
         read; :class:`StoreError` naming the first that was stored with a different definition."""
@@ -566,18 +562,6 @@ class SqlStore:
             self._execute("DELETE FROM stage_sources")
             self._insert_arrow("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
             self._execute("DELETE FROM applied_sources WHERE root IN (SELECT root FROM stage_sources)")
-
-    def applied_under(self, prefix: str) -> dict[str, frozenset[str]]:
-        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        with self._guard("read"):
-            roots = {
-                r
-                for (r,) in self._fetchall(
-                    "SELECT DISTINCT root FROM applied_sources WHERE root LIKE ? ESCAPE '\\'", [pattern]
-                )
-            }
-            ledger = self._ledger(roots)
-        return {root: frozenset(n for n in ledger.names if ledger.applied(root, n)) for root in roots}
 
     def has_sources(self, prefix: str) -> bool:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
