@@ -146,6 +146,11 @@ class Part:
         return self.blocks < 0
 
     @property
+    def start_offset(self) -> int:
+        """Where the part starts, in the file's progress unit: a byte offset (text) or a row (Parquet)."""
+        return self.lineno if self.fmt == "parquet" else self.start
+
+    @property
     def end_position(self) -> Position | None:
         """Where the part ends (None for a whole-file part: known once it has been read, as ``Sink.end``)."""
         if self.whole:

@@ -318,8 +318,8 @@ class LocalEngine:
     # ------------------------------------------------------------------ persistence
 
     def _persist(self, items: list[Any]) -> None:
-        """persist consumer. Live: one transaction per drained batch. With checkpoints: partials are merged in
-        memory until their :class:`Commit` marker, then written in one transaction with its file progress."""
+        """persist consumer. Live: one transaction per drained batch. With checkpoints: partials are held until
+        their :class:`Commit` marker, then written in one transaction with its file progress."""
         if not self.options.checkpoints:
             self._write(items, ())
             return

@@ -140,7 +140,7 @@ def map_parts(
     window: deque[tuple[Part, Future[PartResult]]] = deque()
     try:
         for part in parts:
-            names = names_of(part.start if part.fmt != "parquet" else part.lineno)
+            names = names_of(part.start_offset)
             window.append((part, pool.submit(process_part, part, names)))
             if len(window) > 2 * workers:
                 done, future = window.popleft()

@@ -160,7 +160,7 @@ class _Run:
         self.done_bytes = 0
         self.uncommitted = 0  # events ingested since the last checkpoint
         self.last_checkpoint = time.monotonic()
-        self.commits: list[tuple[Commit, str]] = []  # (checkpoint, the file it ended in)
+        self.commits: list[Commit] = []  # the checkpoints of the file being read
 
     def run(self) -> RunSummary:
         engine = LocalEngine(self.definitions, self.store, self.options)
@@ -192,6 +192,7 @@ class _Run:
             self.summary.unchanged_files += 1
             return True
         start = file.start
+        self.commits = []
         parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher)
         try:
             if path in self.big:
@@ -201,7 +202,7 @@ class _Run:
         except InputError as exc:
             engine.checkpoint((), self.uncommitted, rollback=True, wait=True)  # what this file brought since
             self.uncommitted = 0
-            stored = sum(c.events for c, p in self.commits if p == path and not c.error)
+            stored = sum(c.events for c in self.commits if not c.error)
             self.summary.error = f"{exc}; {stored:,} events of this file were stored before it (a rerun resumes there)"
             self.summary.input_error = True
             return False
@@ -214,7 +215,7 @@ class _Run:
 
     def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> None:
         for part in parts:
-            names = file.names_from(part.start if part.fmt != "parquet" else part.lineno)
+            names = file.names_from(part.start_offset)
             subset = None if names == self.names else self.definitions.select(names)
             before = self.stats.accepted
             for _, batch in read_part(part, sink):
@@ -248,7 +249,6 @@ class _Run:
             self._checkpoint(engine, file)
 
     def _checkpoint(self, engine: LocalEngine, file: InputFile, wait: bool = False) -> None:
-        commit = engine.checkpoint(file.progress(), self.uncommitted, wait=wait)
-        self.commits.append((commit, file.path))
+        self.commits.append(engine.checkpoint(file.progress(), self.uncommitted, wait=wait))
         self.uncommitted = 0
         self.last_checkpoint = time.monotonic()

@@ -432,7 +432,7 @@ def ingest_files(
         parts = [] if file.done else plan_file(file.path, options.batch_rows, parallelism, file.start, file.hasher)
         unchanged += not parts  # stored in full by an earlier run: nothing new
         for part in parts:
-            wanted = file.names_from(part.start if part.fmt != "parquet" else part.lineno)
+            wanted = file.names_from(part.start_offset)
             groups.setdefault(wanted, []).append((file, part))
     stats = ReadStats()
     summary: dict[str, Any] = {
