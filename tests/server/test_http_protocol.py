@@ -77,18 +77,31 @@ def test_errors_of_the_standard_library_server_are_json_too(server, request_byte
     assert json.loads(body)["status"] == status and json.loads(body)["error"]
 
 
-def test_a_client_that_goes_away_mid_request_is_one_log_line(server, caplog) -> None:
+def _reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+    sock.close()
+
+
+@pytest.mark.parametrize("when", ["mid-body", "between-requests"])
+def test_a_client_that_goes_away_is_one_log_line(server, caplog, capfd, when: str) -> None:
     caplog.set_level(logging.DEBUG, logger="drainpipe")
+    capfd.readouterr()
     host, port = server.url.split("//")[1].rsplit(":", 1)
+    body = json.dumps(events(2)).encode()
     for _ in range(5):
-        sock = socket.create_connection((host, int(port)))
-        sock.sendall(
-            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n[{"
-        )
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
-        sock.close()
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        if when == "mid-body":
+            sock.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n[{")  # fmt: skip
+        else:  # a keep-alive client that resets while the server waits for its next request
+            sock.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        _reset(sock)
     time.sleep(0.5)
     assert not [r for r in caplog.records if r.exc_info], "a client going away logged a traceback"
+    assert "Traceback" not in capfd.readouterr().err  # socketserver's default handler prints one to stderr
+    assert sum("went away" in r.getMessage() for r in caplog.records) == 5
 
 
 def test_a_port_out_of_range_is_one_line() -> None:

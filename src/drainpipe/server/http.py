@@ -266,8 +266,9 @@ class Handler(BaseHTTPRequestHandler):
             body = None
         finally:
             self.server.deadlines.clear(self.connection)
-        if body is None:  # the client went away mid-body
+        if body is None:  # the client went away mid-body (or was cut at its deadline)
             self.close_connection = True
+            log.info("client %s went away mid-body", self.client_address[0])
             return
         try:
             if encoding != "identity":
