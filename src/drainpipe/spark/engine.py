@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
-from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats
+from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial, merge
 from drainpipe.pipeline.progress import InputFile, resolve
@@ -68,7 +68,7 @@ from .rows import (
     topn_only_filter,
     topn_partial,
 )
-from .splits import Split, plan_file, plan_splits
+from .splits import Split, plan_splits
 from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, sample_types, scan_events, scan_states
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -429,7 +429,13 @@ def ingest_files(
     groups: dict[frozenset[str], list[tuple[InputFile, Part]]] = {}
     unchanged = 0
     for file in files:
-        parts = [] if file.done else plan_file(file.path, options.batch_rows, parallelism, file.start, file.hasher)
+        parts = (
+            []
+            if file.done
+            else list(
+                plan_parts(file.path, options.batch_rows, workers=parallelism, start=file.start, hasher=file.hasher)
+            )
+        )
         unchanged += not parts  # stored in full by an earlier run: nothing new
         for part in parts:
             wanted = file.names_from(part.start_offset)

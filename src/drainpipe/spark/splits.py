@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from drainpipe.inputs import Part, ReadStats, RejectList, Sink, jsonable, plan_parts, read_part
+from drainpipe.inputs import Part, ReadStats, RejectList, Sink, jsonable, read_part
 
 __all__ = ["Split", "SplitResult", "plan_splits", "read_split"]
 
@@ -83,8 +83,3 @@ def read_split(split: Split) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
         result.end = sink.end
 
     return batches(), result
-
-
-def plan_file(path: str, batch_rows: int, parallelism: int, start: Any, hasher: Any) -> list[Part]:
-    """The parts of ``path`` from ``start`` (see :func:`drainpipe.inputs.plan_parts`)."""
-    return list(plan_parts(path, batch_rows, workers=parallelism, start=start, hasher=hasher))
