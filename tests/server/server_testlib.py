@@ -17,6 +17,7 @@ from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
+from drainpipe.server.wal import EventLog
 
 _names = itertools.count()
 
@@ -27,6 +28,7 @@ def running_server(
     token: str | None = None,
     options: ServiceOptions | None = None,
     shutdown_grace_s: float = 30.0,
+    log: EventLog | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     store = open_store(store_url)
@@ -34,6 +36,7 @@ def running_server(
     service = IngestService(
         default_definitions(),
         store,
+        log=log,
         store_url=store_url,
         options=opts,
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),

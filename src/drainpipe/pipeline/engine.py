@@ -330,6 +330,12 @@ class LocalEngine:
             held, self._held = self._held, []
             if item.rollback:
                 self.counters.events_not_stored += item.events
+            elif self.counters.store_error:
+                # a checkpoint failed: committing a later one would record its input position past the states
+                # that were not stored, and they would never be stored (Flink's rule: a failed checkpoint ends
+                # the job). Its input is applied again by the next run or start, from the last committed position.
+                item.error = f"not stored: an earlier checkpoint failed ({self.counters.store_error})"
+                self.counters.events_not_stored += item.events
             else:
                 try:
                     self._write(held, item.progress)

@@ -365,6 +365,8 @@ class SqlStore:
                 )
         with self._guard("merge"), self._transaction():
             self._check_definitions({p.definition for p in parts})
+            if progress and self._progress_recorded(progress):
+                return MergeReport(applied=0, skipped=len(parts))
             fresh, pairs = self._fresh(parts)
             grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
             for part in fresh:
@@ -390,6 +392,22 @@ class SqlStore:
             self._record(pairs)
             self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
+
+    def _progress_recorded(self, progress: Sequence[FileProgress]) -> bool:
+        """Whether the store already has every row of ``progress`` at or past its position: the transaction that
+        brought them committed (a retry after a COMMIT whose acknowledgement was lost finds this, and skips)."""
+        fids = sorted({row.fid for row in progress})
+        stored = {
+            (fid, name): end
+            for fid, name, end in self._fetchall(
+                f"SELECT fid, name, end_offset FROM file_progress WHERE fid IN ({', '.join('?' * len(fids))})", fids
+            )
+        }
+        for row in progress:
+            end = stored.get((row.fid, row.name))
+            if end is None or (end != -1 and (row.end == -1 or end < row.end)):
+                return False
+        return True
 
     def _record_progress(self, progress: Sequence[FileProgress]) -> None:
         for row in progress:
@@ -786,6 +804,11 @@ def _duckdb_path(url: str, rest: str) -> str:
             hint = f"; for the absolute path /{path} use four slashes: duckdb:////{path}"
         raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist{hint}")
     return path
+
+
+def duckdb_path(url: str) -> str:
+    """The file (or ``:memory:``) a ``duckdb:///...`` store URL names; :class:`StoreError` for a bad one."""
+    return _duckdb_path(url, url.strip().partition("://")[2])
 
 
 def _open_postgresql(url: str) -> Store:

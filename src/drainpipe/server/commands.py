@@ -7,9 +7,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .wal import MemoryLog, WriteAheadLog
 
 TOKEN_ENV = "DRAINPIPE_TOKEN"
 
@@ -29,13 +32,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     if args.max_body_mb <= 0:
         raise UsageError("--max-body-mb must be > 0")
+    if args.wal_max_bytes <= 0:
+        raise UsageError("--wal-max-bytes must be > 0")
     definitions = definitions_from(args.metrics)
+    event_log = _open_log(args)
     store = open_store(args.store)
     options = ServiceOptions(
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
     )
-    service = IngestService(definitions, store, store_url=_display_url(args.store), options=options)
+    service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options)
     try:
         run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
                    shutdown_grace_s=args.shutdown_grace_s)  # fmt: skip
@@ -43,6 +49,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service.close()
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0
+
+
+def default_wal_dir(store_url: str | None) -> str | None:
+    """Where the write-ahead log lives unless ``--wal`` says: next to a DuckDB file (``<file>.drainpipe-wal``; DuckDB
+    has its own ``<file>.wal``); for a server store, ``drainpipe-wal-<database>`` in the working directory; None for
+    an in-memory store."""
+    from urllib.parse import urlsplit
+
+    from ..pipeline.store import DEFAULT_STORE_URL, duckdb_path
+
+    store_url = store_url or DEFAULT_STORE_URL
+    if store_url.startswith("duckdb:"):
+        path = duckdb_path(store_url)
+        return None if path == ":memory:" else path + ".drainpipe-wal"
+    database = urlsplit(store_url).path.strip("/") or "store"
+    return f"drainpipe-wal-{database}"
+
+
+def _open_log(args: argparse.Namespace) -> WriteAheadLog | MemoryLog:
+    from .wal import MemoryLog, WriteAheadLog
+
+    if args.durability == "none":
+        return MemoryLog(max_bytes=min(args.wal_max_bytes, 512 << 20))
+    directory = args.wal or default_wal_dir(args.store)
+    if directory is None:
+        raise UsageError("an in-memory store has nothing to be durable with: pass --wal DIR or --durability none")
+    return WriteAheadLog(directory, max_bytes=args.wal_max_bytes)
+
+
+def _byte_size(text: str) -> int:
+    """An argparse type: bytes, with an optional K, M, G or T suffix (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 4G, got {text!r}") from None
 
 
 def _port(text: str) -> int:
@@ -95,6 +139,21 @@ def add_commands(
         metavar="SECONDS",
         help="on SIGTERM, how long requests in flight may take before they are cut (default: %(default)s)",
     )
+    s.add_argument(
+        "--durability",
+        choices=("fsync", "none"),
+        default="fsync",
+        help="fsync (default): a request is answered 200 only once its events are fsynced to the write-ahead log, "
+        "and a restart after a crash, kill -9 or power cut stores each of them exactly once; store outages wait "
+        "on disk. none: acknowledged events are held in memory until stored; a crash loses them, and an outage "
+        "is refused (503) after 512 MB",
+    )
+    s.add_argument("--wal", metavar="DIR", default=None,
+                   help="write-ahead log directory (default: next to a DuckDB store, <file>.drainpipe-wal; for "
+                   "PostgreSQL, drainpipe-wal-<database> here). One server per directory")  # fmt: skip
+    s.add_argument("--wal-max-bytes", type=_byte_size, default="4G", metavar="SIZE",
+                   help="most bytes the log may hold that the store has not applied (e.g. during a store outage); "
+                   "beyond, requests get 503 with Retry-After (default: 4G)")  # fmt: skip
     s.set_defaults(fn=cmd_serve)
 
     t = sub.add_parser("stats", help="the live view of a running server in the terminal")

@@ -537,7 +537,7 @@ def run_server(
     try:
         server.start()
         announce(
-            f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; "
+            f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; {service.log_note()}; "
             f"{'bearer token required' if token else 'no token'})"
         )
         while not stop.wait(0.5):

@@ -124,6 +124,21 @@ class EngineCollector(Collector):
         refused.add_metric(["429"], ic.refused_busy)
         refused.add_metric(["503"], ic.refused_unavailable)
         yield refused
+        lg = svc.log
+        for name, doc, value in (
+            ("log_bytes", "Bytes in the event log not yet in the store (the write-ahead log on disk, when durable)",
+             lg.size),
+            ("log_max_bytes", "The event log's byte budget: requests get 503 beyond it", lg.max_bytes),
+            ("log_lag_bytes", "Bytes of the event log not yet fed to the engine", svc.feeder.lag),
+            ("log_durable", "1 when acknowledged events are fsynced to a write-ahead log", int(lg.durable)),
+            ("store_failed", "1 after a store write failed for good (the server accepts nothing more)",
+             int(bool(svc.feeder.failed))),
+        ):  # fmt: skip
+            gauge = g(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+        yield CounterMetricFamily(f"{PREFIX}_log_replayed_events", "Events replayed from the log at start-up",
+                                  value=svc.feeder.replayed_events)  # fmt: skip
         draining = g("draining", "1 while shutting down")
         draining.add_metric([], 1 if svc.draining else 0)
         yield draining

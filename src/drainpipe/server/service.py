@@ -1,30 +1,23 @@
-"""The serving core, without HTTP: a long-running live :class:`LocalEngine`, admission control, and the sampled
-view that ``/v1/stats``, ``/metrics``, the dashboard and ``drainpipe stats`` show.
+"""The serving core, without HTTP: an event log feeding a long-running :class:`LocalEngine`, admission control, and
+the sampled view that ``/v1/stats``, ``/metrics``, the dashboard and ``drainpipe stats`` show.
 
-Admission (back-pressure as refusals, never unbounded memory). An HTTP request is only handed to the engine
-when the pipeline has room for it:
+Acknowledged means logged. A request's validated events are appended to the event log (:mod:`.wal`): on disk and
+fsynced for a durable :class:`~.wal.WriteAheadLog` (the default of ``drainpipe serve``), in memory for a
+:class:`~.wal.MemoryLog` (``--durability none``). Only then is the request answered 200. The engine consumes the
+log in order (:mod:`.feeder`) and commits the log position with the states in one store transaction, so on a
+restart it resumes exactly where the store is: each acknowledged event is counted once, whatever killed the
+process and when. The same position makes a retried commit whose acknowledgement was lost a no-op, so requests
+need no ids in the store's ledger.
 
-* at most ``max_pending_batches`` accepted batches may wait for the ingest stage (the engine's ingest queue is
-  BLOCKING and small; we never let request threads pile up on it);
-* no partition of L1, L2, top-N or persist may be above ``high_watermark`` of its buffer. L1 runs IF_POSSIBLE
-  (live mode drops when a partition is *full*); refusing at the watermark keeps it from ever getting full, so
-  what was accepted is not dropped;
-* at most ``max_persist_backlog`` merged L2 flushes may wait for the store. The persist queue's own buffer is
-  large (1000 flushes, each one metric's merged states of a flush period): waiting for its watermark would let
-  a store outage hold hundreds of MB before anyone is refused. With the cap, an outage is refused (503) after a
-  few flush periods, and what was accepted waits in small, bounded buffers until the store is back.
+Admission (back-pressure as refusals, never unbounded memory). A request is refused when:
 
-A request that finds no room waits up to ``admit_wait_s``, then is refused: 503 when the store is unavailable
-or the server is shutting down, 429 when the pipeline is merely busy; both with ``Retry-After``.
+* the server is shutting down, or a store write failed for good (503: the data stays in the log);
+* the log holds ``max_bytes`` not yet in the store (503 with Retry-After: the store is down or far behind). A
+  store outage is ridden out in the log, on disk, up to that budget (``--wal-max-bytes``); memory stays flat;
+* more than ``max_lag_bytes`` of the log wait for the engine while the store keeps up: the engine is the
+  bottleneck (429 after waiting up to ``admit_wait_s``).
 
-Source ids. With a server store (PostgreSQL) the events of one request get a fresh source id (``http:<uuid4>``):
-requests are never replayed, and the id keeps the store's idempotent merge exact when the engine retries a write
-whose COMMIT went through but whose acknowledgement was lost. The store records every (source, definition) pair
-in its ``applied_sources`` ledger; once a write has succeeded it is never retried, so its request ids are then
-removed again (``Store.forget``, after the write, on the persist thread) and the ledger holds only the writes in
-flight instead of growing with every request. With the embedded DuckDB store a write either commits or raises (no
-lost acknowledgements, no retries), so requests carry no source id: the ledger would be pure growth, one row per
-request and definition, held by DuckDB in the server's memory (its primary-key index) and scanned on every write.
+The engine runs BLOCKING throughout: nothing accepted is dropped inside it; the feeder simply reads slower.
 """
 
 from __future__ import annotations
@@ -32,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,6 +38,8 @@ from ..errors import IngestRefused, StoreUnavailable
 from ..pipeline.definitions import Definitions, MetricDef
 from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
+from .feeder import Feeder
+from .wal import EventLog, LogFull, MemoryLog
 
 log = logging.getLogger("drainpipe.server")
 
@@ -61,9 +55,8 @@ class ServiceOptions:
     max_body_bytes: int = 16 << 20  # request body as sent (compressed or not): 413 above
     max_decoded_bytes: int = 64 << 20  # body after gzip: 413 above
     max_events: int = 200_000  # events (records) per request: 413 above
-    max_pending_batches: int = 8  # accepted batches waiting for the ingest stage
-    high_watermark: float = 0.5  # refuse when a downstream partition is fuller than this
-    max_persist_backlog: int = 128  # refuse when more L2 flushes than this wait for the store
+    max_lag_bytes: int = 64 << 20  # log bytes not yet fed to the engine before 429 (while the store keeps up)
+    checkpoint_s: float = 1.0  # how often the engine commits states with the log position
     admit_wait_s: float = 0.5  # how long a request waits for room before 429/503
     max_concurrent_requests: int = 64  # POSTs being processed at once: 429 above
     header_deadline_s: float = 30.0  # a request line and headers (or an idle keep-alive wait) take at most this
@@ -76,10 +69,11 @@ class ServiceOptions:
 
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
-    """The engine configuration for serving: live mode (L1 IF_POSSIBLE), small buffers (admission keeps them
-    from filling), one batch per ingest partition, shorter flush periods so the dashboard moves."""
+    """The engine configuration for serving: checkpoints (states are committed with the log position), BLOCKING
+    stages (the feeder slows down instead of anything being dropped), one batch per ingest partition, shorter
+    flush periods so the dashboard moves."""
     base: dict[str, Any] = dict(
-        live=True,
+        checkpoints=True,
         l1_buffer=2_000,
         l2_buffer=1_000,
         ingest_buffer=2,
@@ -92,29 +86,12 @@ def serve_engine_options(**overrides: Any) -> EngineOptions:
     return EngineOptions(**base)
 
 
-REQUEST_SOURCE_PREFIX = "http:"  # source ids of request batches (never replayed)
-
-
-def needs_source_ids(store: Any) -> bool:
-    """Whether request batches need source ids for exactness: unless the store is embedded (DuckDB), a write can
-    commit and still fail for the engine (a lost acknowledgement), and only the id makes the retry a no-op."""
-    from ..pipeline.store import DuckDBStore
-
-    return not isinstance(store, DuckDBStore)
-
-
 class InstrumentedStore:
     """Wraps the engine's store: times each merge (write latency), notices unavailability. Everything else passes
-    through. ``merge`` is only called from the engine's single persist thread.
+    through. ``merge`` is only called from the engine's single persist thread."""
 
-    ``forget_prefix``: sources starting with it are never merged again once written (HTTP requests), so after each
-    successful merge they are removed from the store's ledger; if that fails they are tried after the next one.
-    """
-
-    def __init__(self, store: Any, forget_prefix: str | None = None) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
-        self._forget_prefix = forget_prefix
-        self._to_forget: set[str] = set()
         self.lock = threading.Lock()
         self.writes = 0
         self.failures = 0
@@ -125,7 +102,6 @@ class InstrumentedStore:
         self.on_write: Callable[[float], None] | None = None  # e.g. a Prometheus histogram's observe
 
     def merge(self, partials: Iterable[Any], **kwargs: Any) -> Any:
-        partials = list(partials)
         t0 = time.perf_counter()
         try:
             result = self._store.merge(partials, **kwargs)
@@ -143,21 +119,7 @@ class InstrumentedStore:
             self.write_seconds.append(dt)
         if self.on_write is not None:
             self.on_write(dt)
-        if self._forget_prefix is not None:
-            self._forget([p.sources for p in partials])
         return result
-
-    def _forget(self, source_sets: list[Any]) -> None:
-        prefix = self._forget_prefix
-        self._to_forget.update(s for sources in source_sets for s in sources if s.startswith(prefix))
-        if not self._to_forget:
-            return
-        try:
-            self._store.forget(self._to_forget)
-        except Exception as exc:
-            log.warning("could not trim the store's source ledger (%s); will retry after the next write", exc)
-            return
-        self._to_forget.clear()
 
     @property
     def available(self) -> bool:
@@ -179,13 +141,16 @@ class IngestCounters:
 
 
 class IngestService:
-    """A live engine plus admission control and sampling. ``submit`` from any thread; ``close`` once."""
+    """An event log, a live engine fed from it, admission control and sampling. ``submit`` from any thread;
+    ``close`` once. ``log`` defaults to a :class:`MemoryLog` (not durable); ``drainpipe serve`` passes a
+    :class:`WriteAheadLog`. On construction the engine starts replaying what the store has not applied."""
 
     def __init__(
         self,
         definitions: Definitions,
         store: Any,
         *,
+        log: EventLog | None = None,
         store_url: str = "",
         engine_options: EngineOptions | None = None,
         options: ServiceOptions | None = None,
@@ -194,9 +159,14 @@ class IngestService:
         self.definitions = definitions
         self.options = options or ServiceOptions()
         self.store_url = store_url
-        self.source_ids = needs_source_ids(store)
-        self.store = InstrumentedStore(store, forget_prefix=REQUEST_SOURCE_PREFIX if self.source_ids else None)
-        self.engine = LocalEngine(definitions, self.store, engine_options or serve_engine_options(), name=name)
+        self.store = InstrumentedStore(store)
+        self.log = log if log is not None else MemoryLog()
+        engine_options = engine_options or serve_engine_options()
+        if not engine_options.checkpoints or engine_options.live:
+            raise ValueError("serving needs EngineOptions(checkpoints=True, live=False): see serve_engine_options")
+        self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
+        self.feeder = Feeder(self.log, self.engine, definitions, checkpoint_s=self.options.checkpoint_s)
+        self.feeder.recover()
         self.counters = IngestCounters()
         self.started = time.time()
         self._lock = threading.Lock()
@@ -204,11 +174,8 @@ class IngestService:
         self._closed = False
         self._inflight = 0
         self._inflight_zero = threading.Condition(self._lock)
-        self._submitted_batches = 0
         self._max_ts: int | None = None
-        self._pressure_at = 0.0
-        self._pressure: tuple[float, str, int] = (0.0, "", 0)
-        self._pressure_lock = threading.Lock()
+        self.feeder.start()
         self.sampler = Sampler(self)
         self.sampler.start()
 
@@ -236,69 +203,47 @@ class IngestService:
             if self._inflight == 0:
                 self._inflight_zero.notify_all()
 
+    def _refuse(self, status: int, why: str, retry_after: int) -> IngestRefused:
+        with self._lock:
+            if status == 503:
+                self.counters.refused_unavailable += 1
+            else:
+                self.counters.refused_busy += 1
+        return IngestRefused(status, why, retry_after)
+
     def admit(self) -> None:
-        """Wait (up to ``admit_wait_s``) until the pipeline has room; else raise :class:`IngestRefused`."""
+        """Wait (up to ``admit_wait_s``) until the engine has caught up enough; else raise :class:`IngestRefused`:
+        503 when shutting down, when a store write failed for good, or when the log is at its byte budget; 429
+        when the engine is merely behind."""
         deadline = time.monotonic() + self.options.admit_wait_s
+        retry = self.options.retry_after_s
         while True:
             if self._draining:
-                with self._lock:
-                    self.counters.refused_unavailable += 1
-                raise IngestRefused(503, "shutting down", self.options.retry_after_s)
-            full, why = self.pressure()
-            if not full:
-                return
+                raise self._refuse(503, "shutting down", retry)
+            if self.feeder.failed:
+                raise self._refuse(503, f"store write failed; accepting nothing until restarted ({self.feeder.failed})",
+                                   10 * retry)  # fmt: skip
+            if self.log.size >= self.log.max_bytes:
+                raise self._refuse(503, f"{'write-ahead log' if self.log.durable else 'in-memory buffer'} full "
+                                   f"({self.log.size:,} of {self.log.max_bytes:,} bytes wait for the store)",
+                                   2 * retry)  # fmt: skip
+            lag = self.feeder.lag
+            # half the budget at most: the other half is what a store outage can be ridden out with
+            if lag <= min(self.options.max_lag_bytes, self.log.max_bytes // 2) or not self.store.available:
+                return  # while the store is down the log takes the data, up to its budget
             if time.monotonic() >= deadline:
-                down = not self.store.available
-                with self._lock:
-                    if down:
-                        self.counters.refused_unavailable += 1
-                    else:
-                        self.counters.refused_busy += 1
-                if down:
-                    raise IngestRefused(
-                        503, f"store unavailable, pipeline full ({why})", 2 * self.options.retry_after_s
-                    )
-                raise IngestRefused(429, f"pipeline busy ({why})", self.options.retry_after_s)
+                raise self._refuse(429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry)
             time.sleep(0.005)
 
-    def pressure(self) -> tuple[bool, str]:
-        """(no room?, why): pending ingest batches and the fullest downstream partition (cached for 5 ms)."""
-        pending = self._submitted_batches - self.engine.counters.batches
-        if pending >= self.options.max_pending_batches:
-            return True, f"{pending} batches waiting for ingest"
-        now = time.monotonic()
-        with self._pressure_lock:
-            if now - self._pressure_at > 0.005:
-                worst, where = 0.0, ""
-                e = self.engine
-                for q in (e.l1, e.l2, e.topn, e.persist):
-                    s = q.stats()
-                    used = max(s.partition_used_counts, default=0) / max(1, s.buffer_size)
-                    if used > worst:
-                        worst, where = used, q.name
-                    if q is e.persist:
-                        backlog = s.total_used()
-                self._pressure = (worst, where, backlog)
-                self._pressure_at = now
-            worst, where, backlog = self._pressure
-        if backlog >= self.options.max_persist_backlog:
-            return True, f"{backlog} flushes waiting for the store"
-        if worst >= self.options.high_watermark:
-            return True, f"{where} {100 * worst:.0f}% full"
-        return False, ""
-
     def submit(self, batch: pa.RecordBatch, rejected: int, reasons: Iterable[str]) -> None:
-        """Hand one validated batch (already admitted) to the engine and count it. Raises :class:`IngestRefused` if
-        the engine is closed meanwhile (nothing was accepted then)."""
+        """Log one validated batch (already admitted) and count it; returns once it is durable (the request may be
+        answered 200 then). Raises :class:`IngestRefused` (503) if the log cannot take it: nothing was accepted."""
         n = batch.num_rows
         if n:
-            with self._lock:
-                self._submitted_batches += 1
-            if not self.engine.ingest(batch, f"{REQUEST_SOURCE_PREFIX}{uuid.uuid4().hex}" if self.source_ids else None):
-                with self._lock:
-                    self._submitted_batches -= 1
-                    self.counters.refused_unavailable += 1
-                raise IngestRefused(503, "shutting down", self.options.retry_after_s)
+            try:
+                self.log.append(batch)
+            except LogFull as exc:
+                raise self._refuse(503, str(exc), 2 * self.options.retry_after_s) from None
             top = pc.max(batch.column("ts")).as_py()
         with self._lock:
             if n:
@@ -324,16 +269,28 @@ class IngestService:
                 self._inflight_zero.wait(left)
         return True
 
-    def close(self) -> dict[str, Any]:
-        """Drain requests, flush the engine (L1, L2, top-N, persist) and close the store. Returns a summary."""
+    def close(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Drain requests, feed and commit the rest of the log (waiting up to ``timeout_s`` for the store), close
+        the engine, the store and the log. Returns a summary. If the store does not take the rest in time, it stays
+        in a durable log for the next start (logged); a memory log loses it (logged, counted as not stored)."""
         self.drain()
         with self._lock:
             if self._closed:
                 return self.summary()
             self._closed = True
         self.sampler.stop()
-        self._report = self.engine.close()
-        self.store.close()
+        self.all_stored = self.feeder.stop(timeout_s)
+        if self.all_stored:
+            self._report = self.engine.close()
+            self.store.close()
+        else:
+            left = self.log.end - self.feeder.committed
+            if self.log.durable:
+                log.warning("%d bytes of acknowledged events are not in the store yet; they stay in the write-ahead "
+                            "log and are stored at the next start", left)  # fmt: skip
+            else:
+                log.error("%d bytes of acknowledged events were not stored (--durability none: they are lost)", left)
+        self.log.close()
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -345,6 +302,9 @@ class IngestService:
             "rejected": c.rejected,
             "refused_429": c.refused_busy,
             "refused_503": c.refused_unavailable,
+            "replayed": self.feeder.replayed_events,
+            "stored": self.engine.counters.events_stored,
+            "in_log": self.log.end - self.feeder.committed,
             "dropped": report["dropped"],
             "handler_errors": report["handler_errors"],
             "store_retries": self.engine.counters.store_retries,
@@ -354,18 +314,27 @@ class IngestService:
 
     # ------------------------------------------------------------------ views
 
+    def log_note(self) -> str:
+        """One phrase for the start-up line: where acknowledged events are kept, and what was replayed."""
+        lg = self.log
+        if not lg.durable:
+            return "durability none: acknowledged events are held in memory"
+        return f"write-ahead log {getattr(lg, 'dir', '?')}, {lg.end - self.feeder.committed:,} bytes to replay"
+
     @property
     def max_ts(self) -> int | None:
         return self._max_ts
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        status = "draining" if self._draining else "ok"
+        status = "draining" if self._draining else "failed" if self.feeder.failed else "ok"
         body = {
             "status": status,
             "store": "ok" if self.store.available else "unavailable",
             "uptime_s": round(time.time() - self.started, 1),
         }
-        return (503 if self._draining else 200), body
+        if self.feeder.failed:
+            body["error"] = self.feeder.failed
+        return (200 if status == "ok" else 503), body
 
     def stats_view(self) -> dict[str, Any]:
         """The JSON behind the dashboard and ``drainpipe stats``."""
@@ -554,6 +523,17 @@ class Sampler(threading.Thread):
                 "last_write_ms": round(1000 * st.last_write_s, 2),
                 "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
                 "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2),
+            },
+            "log": {
+                "durable": svc.log.durable,
+                "bytes": svc.log.size,
+                "max_bytes": svc.log.max_bytes,
+                "end": svc.log.end,
+                "fed": svc.feeder.position,
+                "committed": svc.feeder.committed,
+                "replayed_events": svc.feeder.replayed_events,
+                "recovery_s": None if svc.feeder.recovered_s is None else round(svc.feeder.recovered_s, 3),
+                "failed": svc.feeder.failed,
             },
             "queues": queues,
             "history": history[-120:],

@@ -1,0 +1,208 @@
+"""The engine as a consumer of the log: batches go from the event log into the engine in log order, and the log
+position they reach is committed in the same store transaction as the states they brought.
+
+Request threads only append to the log (and answer once it is durable); one feeder thread reads the log from the
+position the store has applied and ingests each batch. Every ``checkpoint_s`` it asks the engine for a checkpoint
+(:meth:`LocalEngine.checkpoint`), with one :class:`FileProgress` row per definition that says "this log, applied up
+to this position". A kill at any instant therefore leaves the store at the end of some committed checkpoint, and
+the next start replays the log from exactly there: every acknowledged event is counted once.
+
+Recovery is the same loop started from the store's position; the server answers requests meanwhile (they append
+after the replayed records). When the store is slow or down, commits queue up; at ``max_commits`` outstanding the
+feeder stops reading, so what waits for the store waits in the log, not in memory. A commit that fails for good
+(not "unavailable") stops the feeder: nothing after it may be committed, the data stays in the log, and the
+service reports the reason (unhealthy, 503).
+
+Thread-safety: one feeder thread owns the reader and the engine's intake; ``position``, ``committed``, ``failed``
+are read by others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import pyarrow as pa
+
+from ..pipeline.definitions import Definitions
+from ..pipeline.engine import Commit, LocalEngine
+from ..pipeline.store import FileProgress
+from .wal import EventLog
+
+log = logging.getLogger("drainpipe.server")
+
+__all__ = ["Feeder"]
+
+READ_RECORDS = 64  # records per read
+COALESCE_ROWS = 32_768  # events per batch handed to the engine
+
+
+class Feeder:
+    """Feeds ``engine`` from ``log``; see the module docstring. ``start`` once, ``stop`` once."""
+
+    def __init__(
+        self,
+        log_: EventLog,
+        engine: LocalEngine,
+        definitions: Definitions,
+        *,
+        checkpoint_s: float = 1.0,
+        max_commits: int = 2,
+    ) -> None:
+        self.log = log_
+        self.engine = engine
+        self.definitions = definitions
+        self.checkpoint_s = checkpoint_s
+        self.max_commits = max_commits
+        self.applied: dict[str, int] = {}  # per definition: the position the store has (from recovery)
+        self.position = 0  # fed up to here
+        self.committed = 0  # the store has everything up to here
+        self.replay_end = 0  # the log's end when recovery began
+        self.replayed_events = 0
+        self.recovered_s: float | None = None  # time to feed what the log held at start
+        self.fed_events = 0
+        self.failed = ""  # a commit failed for good: the reason
+        self._events_since = 0
+        self._outstanding: deque[tuple[Commit, int]] = deque()
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drainpipe-feeder", daemon=True)
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> int:
+        """Read from the store how far this log is applied (per definition); returns where feeding starts.
+
+        A store that has applied more of this log's identity than the log holds was fed from another copy of the
+        log (or the log's files were deleted): then the log starts over under a new identity, with a warning."""
+        rows = self.engine.store.file_progress(self.log.key, self.log.key)
+        self.applied = {r.name: r.end for r in rows if r.fid == self.log.key}
+        top = max(self.applied.values(), default=0)
+        if top > self.log.end:
+            renew = getattr(self.log, "renew", None)
+            log.warning(
+                "the store has applied the write-ahead log %s up to position %d, but the log ends at %d: not the "
+                "log that fed it; starting a new log", self.log.key, top, self.log.end,
+            )  # fmt: skip
+            if renew is not None:
+                renew()
+            self.applied = {}
+        names = self.definitions.names
+        start = min((self.applied.get(n, 0) for n in names), default=0)
+        self.position = self.committed = start
+        self.replay_end = self.log.end
+        return start
+
+    # ------------------------------------------------------------------ the loop
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        reader = self.log.reader(self.position)
+        last = time.monotonic()
+        try:
+            while not self.failed:
+                self._reap()
+                if time.monotonic() - last >= self.checkpoint_s:
+                    self._checkpoint()
+                    last = time.monotonic()
+                if len(self._outstanding) >= self.max_commits:  # the store is behind: let the log hold the data
+                    self._outstanding[0][0].done.wait(0.05)
+                    continue
+                if self.recovered_s is None and self.position >= self.replay_end:
+                    self._recovered()
+                records = reader.read(READ_RECORDS)
+                if not records:
+                    if self._halt.is_set():
+                        break
+                    self.log.wait(self.position, 0.05)
+                    continue
+                self._feed(records)
+            self._checkpoint()
+            while self._outstanding and not self.failed:
+                self._outstanding[0][0].done.wait(0.1)
+                self._reap()
+        except Exception as exc:  # a bug: stop feeding, keep the data in the log, say so
+            self.failed = f"feeder failed: {exc!r}"
+            log.exception("the feeder failed; acknowledged events stay in the write-ahead log")
+        finally:
+            reader.close()
+
+    def _feed(self, records: list[tuple[int, pa.RecordBatch]]) -> None:
+        """Ingest records, consecutive ones coalesced into batches of up to ``COALESCE_ROWS`` events: a request's
+        batch is small, and the engine's cost per batch (one partial per definition, L1 items) is what limits it."""
+        group: list[pa.RecordBatch] = []
+        rows = 0
+        lagging: list[str] = []
+        for end, batch in records:
+            now_lagging = [n for n in self.definitions.names if self.applied.get(n, 0) < end]
+            if group and (now_lagging != lagging or rows + batch.num_rows > COALESCE_ROWS):
+                self._ingest(group, lagging)
+                group, rows = [], 0
+            lagging = now_lagging
+            if lagging:  # definitions ahead of the rest (applied further before a restart) skip what they have
+                group.append(batch)
+                rows += batch.num_rows
+                if end <= self.replay_end:
+                    self.replayed_events += batch.num_rows
+            self.position = end  # fed once ingested below: checkpoints run between _feed calls only
+        if group:
+            self._ingest(group, lagging)
+
+    def _ingest(self, group: list[pa.RecordBatch], names: list[str]) -> None:
+        subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
+        table = group[0] if len(group) == 1 else pa.Table.from_batches(group).combine_chunks()
+        self.engine.ingest(table, None, subset)
+        n = table.num_rows
+        self._events_since += n
+        self.fed_events += n
+
+    def _recovered(self) -> None:
+        self.recovered_s = time.monotonic() - self._t0
+        if self.replayed_events:
+            log.info(
+                "replayed %d events (%d bytes of the log) in %.2f s", self.replayed_events,
+                self.replay_end - self.committed, self.recovered_s,
+            )  # fmt: skip
+
+    def _checkpoint(self) -> None:
+        """Commit everything fed so far together with the log position (not waiting for the store)."""
+        if self.position == (self._outstanding[-1][1] if self._outstanding else self.committed):
+            return
+        rows = [
+            FileProgress(self.log.key, name, self.log.key, self.log.key, str(getattr(self.log, "dir", "")),
+                         max(self.position, self.applied.get(name, 0)), 0)
+            for name in self.definitions.names
+        ]  # fmt: skip
+        self._outstanding.append((self.engine.checkpoint(rows, self._events_since), self.position))
+        self._events_since = 0
+
+    def _reap(self) -> None:
+        while self._outstanding and self._outstanding[0][0].done.is_set():
+            commit, position = self._outstanding.popleft()
+            if commit.error:
+                self.failed = commit.error
+                log.error(
+                    "store write failed for good: %s; accepting no more events; what was acknowledged stays in the "
+                    "write-ahead log and is stored at the next start", commit.error,
+                )  # fmt: skip
+                return
+            self.committed = position
+            self.log.release(position)
+
+    # ------------------------------------------------------------------ stopping
+
+    def stop(self, timeout_s: float) -> bool:
+        """Feed the rest of the log, commit it and wait for the store, up to ``timeout_s``. True if everything
+        in the log is stored; False if not (it stays in the log: a durable log applies it at the next start)."""
+        self._halt.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive() and not self.failed and self.committed >= self.log.end
+
+    @property
+    def lag(self) -> int:
+        """Bytes in the log not yet fed to the engine."""
+        return self.log.end - self.position

@@ -1,0 +1,503 @@
+"""The write-ahead log of ``drainpipe serve``: validated event batches, on disk before a request is answered.
+
+A log is a sequence of records, each one validated event batch, at positions that only grow: a record's
+position is the byte offset of its end in the log, counted from the log's birth (Kafka's offsets, in bytes). The
+store records, in the same transaction as the states the records brought, the position it has applied (Flink's
+checkpoint: input position and state committed atomically), so after any crash the server resumes exactly there.
+
+Two kinds, one interface (``append``, ``reader``, ``wait``, ``release``):
+
+* :class:`WriteAheadLog`, on disk. Segment files ``<base position>.wal`` (20 digits) of about ``segment_bytes``;
+  each starts with an 8-byte magic and holds records ``<length u32><crc32 u32><payload>``, the payload an Arrow
+  IPC message of an :data:`~drainpipe.inputs.EVENT_SCHEMA` batch. ``append`` returns once the record is written
+  *and* fsynced; concurrent appends share one fsync (group commit: the first caller to get the flush lock writes
+  and syncs everything queued so far, the others find their record already done). On open, every record's CRC is
+  checked; a torn tail (a crash mid-write) or a damaged record is truncated away, counted and logged, never
+  fatal. A segment is deleted once the store has applied everything in it (``release``). A write that fails
+  (disk full) is truncated back, so the log never holds a partial record, and raises :class:`LogFull`.
+* :class:`MemoryLog`, for ``--durability none``: the same positions and interface, batches kept in memory. Nothing
+  survives the process.
+
+Both keep at most ``max_bytes`` not yet released; beyond, ``append`` raises :class:`LogFull` (the server answers
+503 with Retry-After). Thread-safety: ``append`` from any number of threads; one reader per reader object;
+``release`` from the thread that commits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import pyarrow as pa
+
+from ..errors import DrainpipeError
+from ..inputs import EVENT_SCHEMA
+
+__all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog", "Repair", "WriteAheadLog"]
+
+log = logging.getLogger("drainpipe.wal")
+
+MAGIC = b"DPWAL\x00\x00\x01"  # segment header: format version 1
+HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
+MAX_RECORD = 1 << 30
+SUFFIX = ".wal"
+ID_FILE = "log.id"
+DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: at about 60 bytes an event, some 70 million events (minutes at full load)
+DEFAULT_SEGMENT_BYTES = 64 << 20
+
+
+class LogFull(DrainpipeError):
+    """The log cannot take a record now: its byte budget is used up (the store is behind) or the disk is full."""
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What opening a log found damaged and cut away."""
+
+    records: int = 0  # records dropped (a torn last record, or a damaged one and what followed it in its segment)
+    bytes: int = 0
+
+
+class LogReader(Protocol):
+    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+        """Up to ``max_records`` (end position, batch) pairs available now, in order; [] when caught up."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EventLog(Protocol):
+    """What the server needs of a log (see the module docstring)."""
+
+    key: str  # names this log in the store's progress rows
+    durable: bool
+    max_bytes: int
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def append(self, batch: pa.RecordBatch) -> int: ...
+    def reader(self, position: int) -> LogReader: ...
+    def wait(self, position: int, timeout: float) -> bool: ...
+    def release(self, position: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Ticket:
+    __slots__ = ("data", "end", "error")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.end = 0
+        self.error: BaseException | None = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _decode(payload: bytes | memoryview) -> pa.RecordBatch:
+    return pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
+
+
+class WriteAheadLog:
+    """A durable event log in ``directory`` (created if missing). See the module docstring."""
+
+    durable = True
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: bool = True,
+    ) -> None:
+        self.dir = Path(directory)
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        self._fsync = fsync
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DrainpipeError(
+                f"cannot create the write-ahead log directory {str(self.dir)!r}: {exc.strerror}"
+            ) from None
+        self._lock_fd = self._lock_directory()
+        self._lock = threading.Lock()  # queue, positions, segment list
+        self._flush_lock = threading.Lock()  # one writer at a time (the group-commit leader)
+        self._grown = threading.Condition(self._lock)
+        self._queue: list[_Ticket] = []
+        self._queued = 0
+        self._bases: list[int] = []  # each segment's first position
+        self._ends: list[int] = []  # each segment's end position
+        self._fd = -1
+        self._closed = False
+        self.key = "wal:" + self._identity()
+        self.repair = self._open_segments()
+        if not self._bases:
+            self._new_segment(0)
+        else:
+            self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
+
+    # ------------------------------------------------------------------ opening
+
+    def _lock_directory(self) -> int:
+        """One process per log: a second server on the same directory would interleave its records."""
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DrainpipeError(
+                f"the write-ahead log {str(self.dir)!r} is in use by another process (pid {owner}); give each server "
+                "its own --wal DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _identity(self) -> str:
+        path = self.dir / ID_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        ident = uuid.uuid4().hex
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(ident + "\n")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+        return ident
+
+    def renew(self) -> None:
+        """Start a new log under a new identity (the store has applied more than this log holds: it is not the
+        log the store was fed from). Everything in it is deleted."""
+        with self._flush_lock, self._lock:
+            os.close(self._fd)
+            for base in self._bases:
+                self._path(base).unlink(missing_ok=True)
+            (self.dir / ID_FILE).unlink(missing_ok=True)
+            self.key = "wal:" + self._identity()
+            self._bases.clear()
+            self._ends.clear()
+            self._new_segment(0)
+
+    def _path(self, base: int) -> Path:
+        return self.dir / f"{base:020d}{SUFFIX}"
+
+    def _open_segments(self) -> Repair:
+        """Find the segments, check every record, cut damaged tails. Sets the segment list and positions."""
+        bases = sorted(int(p.stem) for p in self.dir.glob("*" + SUFFIX) if p.stem.isdigit())
+        records = cut = 0
+        for base in bases:
+            path = self._path(base)
+            good, total, bad = self._scan(path)
+            if good < total:
+                with open(path, "rb+") as f:
+                    f.truncate(good)
+                    os.fsync(f.fileno())
+                records += bad
+                cut += total - good
+                log.warning(
+                    "write-ahead log %s: cut %d damaged byte(s) at offset %d (%s); what was acknowledged before "
+                    "them is kept", path.name, total - good, good, "a torn last write" if base == bases[-1]
+                    else "a damaged record",
+                )  # fmt: skip
+            if good < len(MAGIC):  # not even a segment header: an empty segment from a crash at creation
+                path.unlink()
+                continue
+            self._bases.append(base)
+            self._ends.append(base + good - len(MAGIC))
+        return Repair(records, cut)
+
+    @staticmethod
+    def _scan(path: Path) -> tuple[int, int, int]:
+        """(bytes of valid records incl. the header, file size, damaged records found) of one segment."""
+        data = path.read_bytes()
+        if data[: len(MAGIC)] != MAGIC:
+            return 0, len(data), 1 if data else 0
+        at = len(MAGIC)
+        while at < len(data):
+            if at + HEADER.size > len(data):
+                return at, len(data), 1
+            length, crc = HEADER.unpack_from(data, at)
+            end = at + HEADER.size + length
+            if length > MAX_RECORD or end > len(data) or zlib.crc32(data[at + HEADER.size : end]) != crc:
+                return at, len(data), 1
+            at = end
+        return at, len(data), 0
+
+    def _new_segment(self, base: int) -> None:
+        path = self._path(base)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.write(fd, MAGIC)
+        if self._fsync:
+            os.fsync(fd)
+            _fsync_dir(self.dir)
+        self._fd = fd
+        self._bases.append(base)
+        self._ends.append(base)
+
+    # ------------------------------------------------------------------ positions
+
+    @property
+    def start(self) -> int:
+        """The position of the oldest record still in the log."""
+        return self._bases[0]
+
+    @property
+    def end(self) -> int:
+        """The position after the last durable record."""
+        return self._ends[-1]
+
+    @property
+    def size(self) -> int:
+        """Bytes in the log (not yet released) plus bytes queued for the next write."""
+        return self._ends[-1] - self._bases[0] + self._queued
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Write one validated batch; returns its end position once it is on disk (fsynced). Blocks for one group
+        commit (a few ms). Raises :class:`LogFull` over the budget or when the disk refuses the write (then the
+        batch is not in the log)."""
+        payload = batch.serialize()
+        data = HEADER.pack(payload.size, zlib.crc32(payload)) + payload.to_pybytes()
+        ticket = _Ticket(data)
+        with self._lock:
+            if self._closed:
+                raise LogFull("the log is closed")
+            if self.size + len(data) > self.max_bytes:
+                raise LogFull(f"write-ahead log full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
+            self._queue.append(ticket)
+            self._queued += len(data)
+        with self._flush_lock:
+            if not ticket.end and ticket.error is None:
+                self._flush()
+        if ticket.error is not None:
+            raise LogFull(f"write-ahead log write failed: {ticket.error}") from ticket.error
+        return ticket.end
+
+    def _flush(self) -> None:
+        """Write and sync every queued record (under the flush lock): one group commit."""
+        with self._lock:
+            group, self._queue = self._queue, []
+            self._queued -= sum(len(t.data) for t in group)
+        at = self._ends[-1]
+        if at - self._bases[-1] >= self.segment_bytes:  # roll over before, never inside, a group
+            os.close(self._fd)
+            with self._lock:
+                self._new_segment(at)
+        size_before = len(MAGIC) + at - self._bases[-1]
+        try:
+            data = b"".join(t.data for t in group)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self._fsync:
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            try:  # never leave part of a record behind: the next start would cut it, but the next write follows it
+                os.ftruncate(self._fd, size_before)
+            except OSError:
+                log.exception("write-ahead log: could not cut a failed write back")
+            if exc.errno == errno.ENOSPC:
+                log.error("write-ahead log: disk full in %s; refusing writes until there is room", self.dir)
+            for t in group:
+                t.error = exc
+            return
+        for t in group:
+            at += len(t.data)
+            t.end = at
+        with self._lock:
+            self._ends[-1] = at
+            self._grown.notify_all()
+
+    # ------------------------------------------------------------------ reading
+
+    def reader(self, position: int) -> _DiskReader:
+        """A reader of the records after ``position`` (or from the oldest one, if those are gone)."""
+        return _DiskReader(self, max(position, self.start))
+
+    def wait(self, position: int, timeout: float) -> bool:
+        """Block until the log ends after ``position`` or ``timeout`` passes; True if it does."""
+        with self._lock:
+            return self._grown.wait_for(lambda: self._ends[-1] > position or self._closed, timeout) and (
+                self._ends[-1] > position
+            )
+
+    def _segment_of(self, position: int) -> tuple[int, int]:
+        """(base, end) of the segment holding ``position`` (or the next one after a gap)."""
+        with self._lock:
+            i = max(0, bisect.bisect_right(self._bases, position) - 1)
+            if i < len(self._bases) - 1 and position >= self._ends[i]:
+                i += 1
+            return self._bases[i], self._ends[i]
+
+    # ------------------------------------------------------------------ releasing
+
+    def release(self, position: int) -> None:
+        """The store has applied everything up to ``position``: delete the segments that end at or before it
+        (never the one being written)."""
+        while True:
+            with self._lock:
+                if len(self._bases) < 2 or self._ends[0] > position:
+                    return
+                base = self._bases.pop(0)
+                self._ends.pop(0)
+            self._path(base).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._fd)
+            os.close(self._lock_fd)  # releases the directory lock
+            self._grown.notify_all()
+
+
+class _DiskReader:
+    """Reads a :class:`WriteAheadLog` sequentially from a position (durable records only)."""
+
+    def __init__(self, wal: WriteAheadLog, position: int) -> None:
+        self._wal = wal
+        self.position = position
+        self._file: BinaryIO | None = None
+        self._base = -1
+        self._seg_end = -1  # the end of the open segment, as last seen (the active one grows)
+
+    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+        out: list[tuple[int, pa.RecordBatch]] = []
+        while len(out) < max_records:
+            if self.position >= self._seg_end and not self._next_segment():
+                break
+            assert self._file is not None
+            length, crc = HEADER.unpack(self._file.read(HEADER.size))
+            payload = self._file.read(length)
+            if len(payload) != length or zlib.crc32(payload) != crc:  # checked at open, written whole: a bug
+                raise DrainpipeError(f"write-ahead log damaged at position {self.position} in {self._wal.dir}")
+            self.position += HEADER.size + length
+            out.append((self.position, _decode(payload)))
+        return out
+
+    def _next_segment(self) -> bool:
+        """Move on to what follows ``position`` (more of the active segment, or the next one); False if nothing."""
+        base, end = self._wal._segment_of(self.position)
+        if base != self._base:
+            if self._file is not None:
+                self._file.close()
+            self.position = max(self.position, base)  # after a gap (a damaged segment was cut)
+            self._file = open(self._wal._path(base), "rb")  # kept open across reads
+            self._file.seek(len(MAGIC) + self.position - base)
+            self._base = base
+        self._seg_end = end
+        return self.position < end
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MemoryLog:
+    """The log's interface without the disk (``--durability none``): positions count the batches' Arrow bytes.
+    Acknowledged batches live in memory until the store has them; a crash loses them."""
+
+    durable = False
+
+    def __init__(self, *, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.key = "memory:" + uuid.uuid4().hex  # never replayed: a new identity per process
+        self._records: deque[tuple[int, pa.RecordBatch]] = deque()
+        self._start = self._end = 0
+        self._popped = 0  # records released so far: the absolute index of _records[0]
+        self._lock = threading.Lock()
+        self._grown = threading.Condition(self._lock)
+        self._closed = False
+
+    @property
+    def start(self) -> int:
+        return self._start
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    @property
+    def size(self) -> int:
+        return self._end - self._start
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        with self._lock:
+            if self._closed:
+                raise LogFull("the log is closed")
+            if self.size + batch.nbytes > self.max_bytes:
+                raise LogFull(f"in-memory buffer full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
+            self._end += batch.nbytes
+            self._records.append((self._end, batch))
+            self._grown.notify_all()
+            return self._end
+
+    def reader(self, position: int) -> _MemoryReader:
+        with self._lock:
+            index = self._popped + bisect.bisect_right([e for e, _ in self._records], position)
+        return _MemoryReader(self, index)
+
+    def _records_from(self, index: int, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+        """Up to ``max_records`` records from absolute index ``index`` on."""
+        with self._lock:
+            i = max(0, index - self._popped)
+            return list(itertools.islice(self._records, i, i + max_records))
+
+    def wait(self, position: int, timeout: float) -> bool:
+        with self._lock:
+            return self._grown.wait_for(lambda: self._end > position or self._closed, timeout) and self._end > position
+
+    def release(self, position: int) -> None:
+        with self._lock:
+            while self._records and self._records[0][0] <= position:
+                self._start = self._records.popleft()[0]
+                self._popped += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._grown.notify_all()
+
+
+class _MemoryReader:
+    def __init__(self, log: MemoryLog, index: int) -> None:
+        self._log = log
+        self._index = index
+
+    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+        out = self._log._records_from(self._index, max_records)
+        self._index += len(out)
+        return out
+
+    def close(self) -> None:
+        pass
