@@ -1,0 +1,158 @@
+"""kill -9 of a serving ``drainpipe serve`` under load, and the books to check it by. Shared by the fault tests
+(tests/faults/test_serve_kill.py) and ``benchmarks/chaos.py serve``.
+
+Every request carries events of one service name used by no other request (``r<round>-c<client>-<n>``), so the
+store says, per request, how many of its events it holds. After the kills and a final graceful stop:
+
+* an acknowledged request (answered 200) must be in the store exactly once: lost if fewer, duplicated if more;
+* a request that got no answer (the kill cut it) may be stored or not, but whole and once: its events were in the
+  log or not;
+* service, instance and endpoint counts agree (the issue's "metrics of one store disagree").
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from drainpipe.pipeline.store import open_store
+
+PLACEHOLDER = b"SERVICE-PLACEHOLDER"
+
+
+def start_serve(store_url: str, wal_dir: str, *extra: str, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+    """Start ``drainpipe serve`` and wait for its "listening on" line; returns the process and its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store_url, "--port", str(port), "--wal", wal_dir,
+         "--shutdown-grace-s", "10", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"listening on (http://\S+)", line)
+    if not m:
+        proc.kill()
+        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+    # keep the pipes from filling up; what the server says is kept in proc.output
+    proc.output = [line]  # type: ignore[attr-defined]
+    for pipe in (proc.stdout, proc.stderr):
+        threading.Thread(target=lambda p=pipe: proc.output.extend(p), daemon=True).start()  # type: ignore[attr-defined]
+    return proc, m.group(1)
+
+
+def body_template(events: int) -> bytes:
+    """NDJSON of ``events`` events of service PLACEHOLDER, timestamps in the last minute."""
+    now = int(time.time() * 1000)
+    lines = [
+        b'{"ts": %d, "service": "%s", "instance": "%s-i%d", "endpoint": "/e%d", "latency_ms": %d, "status": %s}'
+        % (now - (i * 37) % 60_000, PLACEHOLDER, PLACEHOLDER, i % 3, i % 4, 1 + i % 300,
+           b"false" if i % 17 == 0 else b"true")
+        for i in range(events)
+    ]  # fmt: skip
+    return b"\n".join(lines) + b"\n"
+
+
+@dataclass
+class Books:
+    """What the clients sent and what was acknowledged, per request name."""
+
+    size: int
+    attempted: set[str] = field(default_factory=set)
+    acked: set[str] = field(default_factory=set)
+    refused: int = 0
+    cut: int = 0  # no answer (connection reset by the kill)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def post_until(url: str, books: Books, template: bytes, tag: str, clients: int, stop: threading.Event) -> list[threading.Thread]:
+    """Start ``clients`` threads posting (one keep-alive connection each) until ``stop`` or the server dies."""
+    host, port = url.removeprefix("http://").split(":")
+
+    def client(c: int) -> None:
+        conn: http.client.HTTPConnection | None = None
+        n = 0
+        while not stop.is_set():
+            name = f"{tag}-c{c}-{n}"
+            n += 1
+            with books.lock:
+                books.attempted.add(name)
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                conn.request("POST", "/v1/events", template.replace(PLACEHOLDER, name.encode()),
+                             {"Content-Type": "application/x-ndjson"})  # fmt: skip
+                r = conn.getresponse()
+                r.read()
+            except OSError:
+                with books.lock:
+                    books.cut += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                if stop.wait(0.05):
+                    return
+                continue
+            with books.lock:
+                if r.status == 200:
+                    books.acked.add(name)
+                else:
+                    books.refused += 1
+            if r.status != 200:
+                stop.wait(0.05)
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def check(store_url: str, books: Books) -> dict[str, Any]:
+    """Compare the store with the books: counts of acknowledged, stored, lost, duplicated events."""
+    store = open_store(store_url)
+    try:
+        per_service: dict[str, float] = defaultdict(float)
+        for _m, entity, _g, _b, _l, value in store.query(metric="service_cpm", granularity="minute"):
+            per_service[entity] += value
+        totals = {
+            m: sum(r[5] for r in store.query(metric=m, granularity="minute"))
+            for m in ("service_cpm", "instance_cpm", "endpoint_cpm")
+        }
+        hours = 60 * sum(r[5] for r in store.query(metric="service_cpm", granularity="hour"))  # cpm of an hour
+    finally:
+        store.close()
+    size = books.size
+    lost = duplicated = partial = unacked_stored = 0
+    for name in books.attempted:
+        got = int(round(per_service.get(name, 0)))
+        if name in books.acked:
+            lost += max(0, size - got)
+            duplicated += max(0, got - size)
+        elif got:
+            unacked_stored += 1
+            if got != size:
+                partial += 1
+                duplicated += max(0, got - size)
+    unknown = [s for s in per_service if s not in books.attempted]
+    stored = int(round(sum(per_service.values())))
+    return {
+        "acknowledged": len(books.acked) * size,
+        "stored": stored,
+        "lost": lost,
+        "duplicated": duplicated,
+        "partial_requests": partial,
+        "unacknowledged_but_stored_requests": unacked_stored,  # the kill came between fsync and the answer
+        "unknown_services": len(unknown),
+        "metrics_agree": len({round(v) for v in totals.values()} | {round(hours)}) == 1,
+        "totals": {**{k: round(v, 3) for k, v in totals.items()}, "service_cpm_hours": round(hours, 3)},
+        "refused": books.refused,
+        "cut": books.cut,
+    }
