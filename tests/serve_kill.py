@@ -73,7 +73,9 @@ class Books:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def post_until(url: str, books: Books, template: bytes, tag: str, clients: int, stop: threading.Event) -> list[threading.Thread]:
+def post_until(
+    url: str, books: Books, template: bytes, tag: str, clients: int, stop: threading.Event
+) -> list[threading.Thread]:
     """Start ``clients`` threads posting (one keep-alive connection each) until ``stop`` or the server dies."""
     host, port = url.removeprefix("http://").split(":")
 

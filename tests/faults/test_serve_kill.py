@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_kill import Books, body_template, check, post_until, start_serve
 
 from drainpipe.server.wal import HEADER, SUFFIX
+from serve_kill import Books, body_template, check, post_until, start_serve
 
 SIZE = 200  # events per request
 
