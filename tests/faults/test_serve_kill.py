@@ -4,19 +4,23 @@ log at its byte budget answers 503."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from drainpipe.server.wal import HEADER, SUFFIX
 from serve_kill import Books, body_template, check, post_until, start_serve
 
 SIZE = 200  # events per request
+REPLAY_REQUESTS = 12_000  # 2.4 million events: a replay of several seconds
 
 
 def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int) -> None:
@@ -81,3 +85,40 @@ def test_a_torn_last_record_is_cut_at_start_up_and_nothing_acknowledged_is_lost(
     assert "cut 1508 damaged byte(s)" in err and "torn last write" in err, err
     assert last.stat().st_size <= size or not last.exists()
     _assert_exact(check(url, books), books)
+
+
+def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tmp_path: Path) -> None:
+    """A log of 12,000 acknowledged requests (written as a server would) is replayed at start; the server is
+    killed while the replay is half done (seen in /v1/stats), restarted, and stopped: every request once."""
+    from drainpipe.inputs import validate_json_lines
+    from drainpipe.server.wal import WriteAheadLog
+
+    url = f"duckdb:///{tmp_path / 'serve.duckdb'}"
+    log = WriteAheadLog(tmp_path / "wal")
+    books = Books(size=SIZE)
+    template_batch, rejects = validate_json_lines(body_template(SIZE))
+    assert not rejects
+    column = template_batch.schema.get_field_index("service")
+    for i in range(REPLAY_REQUESTS):
+        name = f"w-{i}"
+        log.append(template_batch.set_column(column, "service", pa.array([name] * SIZE)))
+        books.attempted.add(name)
+        books.acked.add(name)
+    end = log.end
+    log.close()
+    proc, base = start_serve(url, str(tmp_path / "wal"))
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
+            state = json.loads(r.read())["log"]
+        if 0 < state["committed"] < end:
+            break  # mid-replay: part of the log is in the store
+        assert state["committed"] < end, "the replay finished before the kill: make the log longer"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _final_stop(url, tmp_path / "wal")
+    result = check(url, books)
+    assert result["acknowledged"] == result["stored"] == REPLAY_REQUESTS * SIZE, result
+    assert result["lost"] == result["duplicated"] == 0 and result["metrics_agree"], result

@@ -92,6 +92,7 @@ class Feeder:
         start = min((self.applied.get(n, 0) for n in names), default=0)
         self.position = self.committed = start
         self.replay_end = self.log.end
+        self.log.release(start)
         return start
 
     # ------------------------------------------------------------------ the loop

@@ -151,6 +151,7 @@ class WriteAheadLog:
         self._bases: list[int] = []  # each segment's first position
         self._ends: list[int] = []  # each segment's end position
         self._fd = -1
+        self._released = 0  # the store has everything up to here
         self._closed = False
         self.key = "wal:" + self._identity()
         self.repair = self._open_segments()
@@ -275,8 +276,9 @@ class WriteAheadLog:
 
     @property
     def size(self) -> int:
-        """Bytes in the log (not yet released) plus bytes queued for the next write."""
-        return self._ends[-1] - self._bases[0] + self._queued
+        """Bytes the store has not applied (not released), plus bytes queued for the next write. (The disk holds
+        up to one segment more: segments are deleted whole.)"""
+        return self._ends[-1] - max(self._bases[0], self._released) + self._queued
 
     # ------------------------------------------------------------------ writing
 
@@ -362,6 +364,8 @@ class WriteAheadLog:
     def release(self, position: int) -> None:
         """The store has applied everything up to ``position``: delete the segments that end at or before it
         (never the one being written)."""
+        with self._lock:
+            self._released = max(self._released, position)
         while True:
             with self._lock:
                 if len(self._bases) < 2 or self._ends[0] > position:
