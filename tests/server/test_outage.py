@@ -1,0 +1,84 @@
+"""A store outage is ridden out in the write-ahead log, on disk: the server keeps accepting far past what the
+engine holds in memory, answers 503 + Retry-After at the log's byte budget, and after the outage catches up with
+every acknowledged event stored once. The embedded DuckDB store cannot go away by itself, so its outage is
+injected: the store raises StoreUnavailable (as a lost PostgreSQL connection does) while ``down`` is set.
+tests/postgres has the same with a real PostgreSQL server stopped and started."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from drainpipe.errors import StoreUnavailable
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.store import open_store
+from drainpipe.server.http import IngestServer
+from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
+from drainpipe.server.wal import WriteAheadLog
+from serve_kill import Books, body_template, check, post_until
+
+
+class Outage:
+    """A store whose merges fail as unavailable while ``down`` is set."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.down = threading.Event()
+
+    def merge(self, partials, **kwargs):
+        if self.down.is_set():
+            raise StoreUnavailable("injected outage")
+        return self.store.merge(partials, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_duckdb_outage_waits_in_the_log_then_everything_acknowledged_is_stored_once(tmp_path: Path) -> None:
+    url = f"duckdb:///{tmp_path / 'store.duckdb'}"
+    budget = 6 << 20
+    wal = WriteAheadLog(tmp_path / "wal", max_bytes=budget, segment_bytes=512 << 10)
+    store = Outage(open_store(url))
+    service = IngestService(
+        default_definitions(),
+        store,
+        log=wal,
+        store_url=url,
+        options=ServiceOptions(admit_wait_s=0.05, sample_interval_s=0.25, checkpoint_s=0.2),
+        engine_options=serve_engine_options(store_retry_s=(0.05, 0.2)),
+    )
+    server = IngestServer(service, "127.0.0.1", 0).start()
+    books = Books(size=200)
+    stop = threading.Event()
+    threads = post_until(server.url, books, body_template(200), "o", 3, stop)
+    try:
+        deadline = time.monotonic() + 60
+        while len(books.acked) < 50:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        store.down.set()
+        acked_before = len(books.acked)
+        while books.refused < 5:  # until the log is at its budget
+            assert time.monotonic() < deadline, (len(books.acked), books.refused, wal.size)
+            time.sleep(0.01)
+        acked_in_outage = len(books.acked) - acked_before
+        held = service.engine.persist.stats().total_used()
+        in_log = wal.size
+        store.down.clear()
+        while len(books.acked) < acked_before + acked_in_outage + 50:  # accepting again after the outage
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        summary = server.shutdown_all()
+    # the outage lasted past the old in-memory cap (128 flushes refused it after a few thousand events) ...
+    assert acked_in_outage * 200 >= 15_000 and in_log >= budget - (256 << 10), (acked_in_outage, in_log)
+    # ... held on disk: the engine had at most two checkpoints' states (one flush per definition and stage each)
+    assert held <= 6 * len(default_definitions().names), held
+    assert summary["store_retries"] > 0 and summary["refused_503"] >= 5 and summary["in_log"] == 0, summary
+    result = check(url, books)
+    assert result["lost"] == result["duplicated"] == result["partial_requests"] == 0, result
+    assert result["stored"] == result["acknowledged"] and result["metrics_agree"], result
