@@ -1,6 +1,7 @@
 """Chaos: kill -9 at random moments, then check that nothing was lost or counted twice.
 
     .venv/bin/python benchmarks/chaos.py run [--kills 20] [--events 4000000] [--checkpoint-s 1] [--json out.json]
+    .venv/bin/python benchmarks/chaos.py serve [--kills 20] [--clients 4] [--store duckdb|postgresql] [--pg URL]
 
 ``run`` mode: ``drainpipe run`` (the real command, worker processes and all) over one large JSON Lines file, with a
 checkpoint every ``--checkpoint-s`` seconds. First one uninterrupted run gives the reference store and the run
@@ -8,6 +9,14 @@ time T. Then, ``--kills`` times: a fresh store, a run SIGKILLed at a random mome
 that no worker process outlived it, and a rerun of the same command to the end; the store must equal the
 reference row for row (metric values, float sums to 1e-12 relative, and every top-N row). Prints a table (one row
 per kill) and a verdict, and writes JSON (default ``benchmarks/results/chaos-run.json``).
+
+``serve`` mode: ``drainpipe serve`` (durable, the default) on a fresh DuckDB file or a fresh PostgreSQL schema,
+``--clients`` threads posting NDJSON requests of 200 events, each request under a service name of its own (see
+tests/serve_kill.py). ``--kills`` times: start the server (it replays what the last kill left in its write-ahead
+log: the bytes to replay and the time the replay took are recorded), post for a random 0.5-3 s, SIGKILL. Then
+one last start and a graceful stop. Per request the store must hold all of an acknowledged request once, and of
+an unanswered one all or nothing: lost and duplicated events must both be 0. Writes
+``benchmarks/results/chaos-serve-<store>.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +43,7 @@ from drainpipe.pipeline.store import open_store
 
 sys.path.insert(0, str(ROOT / "tests"))
 from procs import alive, children_of  # shared with the kill tests
+from serve_kill import Books, body_template, check, post_until, start_serve
 
 DRAINPIPE = [sys.executable, "-m", "drainpipe.cli"]
 
@@ -119,9 +130,92 @@ def run_mode(opts: argparse.Namespace) -> dict[str, Any]:
             "kills": rows, "identical": identical, "pass": verdict}  # fmt: skip
 
 
+def _stats(base: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _start_and_recover(url: str, wal: str) -> tuple[subprocess.Popen[str], str, int, float]:
+    """Start serve; wait until it has replayed its log. (process, base URL, bytes it had to replay, seconds)."""
+    proc, base = start_serve(url, wal)
+    m = re.search(r"([\d,]+) bytes to replay", proc.output[0])  # type: ignore[attr-defined]
+    to_replay = int(m.group(1).replace(",", "")) if m else -1
+    deadline = time.monotonic() + 300
+    while (recovery := _stats(base)["log"]["recovery_s"]) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit("the server did not finish its replay in 300 s")
+        time.sleep(0.05)
+    return proc, base, to_replay, recovery
+
+
+def serve_mode(opts: argparse.Namespace) -> dict[str, Any]:
+    import threading
+
+    work = Path(tempfile.mkdtemp(prefix="drainpipe-chaos-serve-"))
+    schema = ""
+    if opts.store == "postgresql":
+        from ingest_load import drop_pg_schema, fresh_pg_schema
+
+        pg = opts.pg or subprocess.run([str(ROOT / "scripts" / "postgres.sh"), "url"], capture_output=True,
+                                       text=True, check=True).stdout.strip()  # fmt: skip
+        url, schema = fresh_pg_schema(pg)
+    else:
+        url = f"duckdb:///{work}/serve.duckdb"
+    wal = str(work / "wal")
+    books = Books(size=200)
+    template = body_template(200)
+    rng = random.Random(opts.seed)
+    rows = []
+    for i in range(opts.kills):
+        proc, base, to_replay, recovery_s = _start_and_recover(url, wal)
+        if rows:
+            rows[-1] |= {"log_bytes_to_replay": to_replay, "recovery_s": round(recovery_s, 3)}
+        stop = threading.Event()
+        threads = post_until(base, books, template, f"k{i}", opts.clients, stop)
+        at = rng.uniform(0.5, 3.0)
+        time.sleep(at)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        stop.set()
+        for t in threads:
+            t.join(60)
+        rows.append({"kill": i + 1, "at_s": round(at, 2), "acknowledged_so_far": len(books.acked) * books.size})
+        print(f"kill {i + 1:>2} after {at:4.2f} s of load  acknowledged so far {rows[-1]['acknowledged_so_far']:>9,}",
+              flush=True)  # fmt: skip
+    proc, base, to_replay, recovery_s = _start_and_recover(url, wal)
+    rows[-1] |= {"log_bytes_to_replay": to_replay, "recovery_s": round(recovery_s, 3)}
+    proc.send_signal(signal.SIGTERM)
+    stopped = proc.wait(120)
+    result = check(url, books)
+    if schema:
+        drop_pg_schema(opts.pg or url, schema)
+    print()
+    print("| kill | after (s) | log to replay at restart (bytes) | recovery (s) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kill']} | {r['at_s']} | {r['log_bytes_to_replay']:,} | {r['recovery_s']} |")
+    print()
+    print("| store | kills | clients | acknowledged | stored | lost | duplicated | unanswered but stored (requests) |"
+          " metrics agree |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {opts.store} | {len(rows)} | {opts.clients} | {result['acknowledged']:,} | {result['stored']:,} | "
+          f"{result['lost']} | {result['duplicated']} | {result['unacknowledged_but_stored_requests']} | "
+          f"{result['metrics_agree']} |")  # fmt: skip
+    verdict = (result["lost"] == 0 and result["duplicated"] == 0 and result["partial_requests"] == 0
+               and result["metrics_agree"] and stopped == 0)  # fmt: skip
+    print("PASS" if verdict else "FAIL")
+    return {"mode": "serve", "store": opts.store, "clients": opts.clients, "kills": rows, **result,
+            "final_stop_exit": stopped, "pass": verdict}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("run",))
+    ap.add_argument("mode", choices=("run", "serve"))
+    ap.add_argument("--clients", type=int, default=4, help="serve: posting clients")
+    ap.add_argument("--store", choices=("duckdb", "postgresql"), default="duckdb", help="serve: the store")
+    ap.add_argument("--pg", default=None, help="serve: PostgreSQL URL (default: scripts/postgres.sh url)")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--events", type=int, default=4_000_000)
     ap.add_argument("--checkpoint-s", type=float, default=1.0)
@@ -130,9 +224,10 @@ def main() -> None:
                                                          str(Path.home() / ".cache" / "drainpipe-bench")))  # fmt: skip
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
-    result = run_mode(opts)
+    result = run_mode(opts) if opts.mode == "run" else serve_mode(opts)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()}
-    out = Path(opts.json or ROOT / "benchmarks" / "results" / f"chaos-{opts.mode}.json")
+    name = "chaos-run" if opts.mode == "run" else f"chaos-serve-{opts.store}"
+    out = Path(opts.json or ROOT / "benchmarks" / "results" / f"{name}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
 

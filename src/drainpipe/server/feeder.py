@@ -59,9 +59,9 @@ class Feeder:
         self.applied: dict[str, int] = {}  # per definition: the position the store has (from recovery)
         self.position = 0  # fed up to here
         self.committed = 0  # the store has everything up to here
-        self.replay_end = 0  # the log's end when recovery began
+        self.replay_start = self.replay_end = 0  # what the log held beyond the store's position at start
         self.replayed_events = 0
-        self.recovered_s: float | None = None  # time to feed what the log held at start
+        self.recovered_s: float | None = None  # time until what the log held at start was in the store
         self.fed_events = 0
         self.failed = ""  # a commit failed for good: the reason
         self._events_since = 0
@@ -90,7 +90,7 @@ class Feeder:
             self.applied = {}
         names = self.definitions.names
         start = min((self.applied.get(n, 0) for n in names), default=0)
-        self.position = self.committed = start
+        self.position = self.committed = self.replay_start = start
         self.replay_end = self.log.end
         self.log.release(start)
         return start
@@ -114,7 +114,10 @@ class Feeder:
                     self._outstanding[0][0].done.wait(0.05)
                     continue
                 if self.recovered_s is None and self.position >= self.replay_end:
-                    self._recovered()
+                    if self.committed >= self.replay_end:
+                        self._recovered()
+                    elif not self._outstanding:
+                        self._checkpoint()  # the replay is fed: commit it now, not at the next period
                 records = reader.read(READ_RECORDS)
                 if not records:
                     if self._halt.is_set():
@@ -164,9 +167,9 @@ class Feeder:
     def _recovered(self) -> None:
         self.recovered_s = time.monotonic() - self._t0
         if self.replayed_events:
-            log.info(
-                "replayed %d events (%d bytes of the log) in %.2f s", self.replayed_events,
-                self.replay_end - self.committed, self.recovered_s,
+            log.warning(
+                "replayed %d events (%d bytes of the write-ahead log) into the store in %.2f s", self.replayed_events,
+                self.replay_end - self.replay_start, self.recovered_s,
             )  # fmt: skip
 
     def _checkpoint(self) -> None:
