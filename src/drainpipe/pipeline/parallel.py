@@ -39,7 +39,7 @@ from ..inputs import (
 from .definitions import Definitions
 from .functions import MetricAccumulator, Partial, aggregate_batch, partial_type
 
-__all__ = ["PartResult", "eligible", "start_pool", "process_part", "map_parts"]
+__all__ = ["PartResult", "die_with", "eligible", "map_parts", "process_part", "process_pool", "start_pool"]
 
 #: files smaller than this stay in process (starting workers costs more than they save)
 MIN_PARALLEL_BYTES = 8 << 20
@@ -64,10 +64,10 @@ def _init_worker(definitions: Definitions, parent: int) -> None:
     global _definitions
     _definitions = definitions
     use_serial_json_reader()  # the pool is the parallelism
-    _die_with(parent)
+    die_with(parent)
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """Ask the kernel to kill this worker when the process that started it dies (SIGKILL, SIGTERM, a crash), so no
     worker outlives a killed ``drainpipe run`` (Linux ``PR_SET_PDEATHSIG``; elsewhere the pool's own pipe check
     remains)."""
@@ -114,18 +114,23 @@ def eligible(path: str) -> bool:
 
 
 def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
-    """Worker processes, started now. Forked when this process runs no other thread (cheap: the modules are
-    loaded), else spawned."""
-    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    for d in definitions.all:  # the partial classes exist before the fork
+    """Worker processes for :func:`process_part`, started now."""
+    for d in definitions.all:  # the partial classes exist before a fork
         partial_type(d)
+    return process_pool(workers, _init_worker, (definitions, os.getpid()))
+
+
+def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> ProcessPoolExecutor:
+    """``workers`` processes, every one started before this returns (so start-up overlaps the caller's setup).
+    Forked when this process runs no other thread (cheap: the modules are loaded), else spawned. ``initializer``
+    should call :func:`die_with` so that no worker outlives this process."""
+    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context(method),
-        initializer=_init_worker,
-        initargs=(definitions, os.getpid()),
+        initializer=initializer,
+        initargs=initargs,
     )
-    # start every worker now, before the caller starts threads (fork) and so that start-up overlaps setup
     for f in [pool.submit(os.getpid) for _ in range(workers)]:
         f.result()
     return pool

@@ -20,6 +20,7 @@ TOKEN_ENV = "DRAINPIPE_TOKEN"
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..pipeline.definitions import definitions_from
     from ..pipeline.store import open_store
+    from .bodies import BodyDecoder
     from .http import run_server
     from .service import IngestService, ServiceOptions
 
@@ -34,9 +35,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--max-body-mb must be > 0")
     if args.wal_max_bytes <= 0:
         raise UsageError("--wal-max-bytes must be > 0")
+    if args.parsers is not None and args.parsers < 0:
+        raise UsageError("--parsers must be >= 0")
     definitions = definitions_from(args.metrics)
-    event_log = _open_log(args)
-    store = open_store(args.store)
+    # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
+    # engine's threads nor DuckDB's exist yet)
+    decoder = BodyDecoder(default_parsers() if args.parsers is None else args.parsers)
+    try:
+        event_log = _open_log(args)
+        store = open_store(args.store)
+    except BaseException:
+        decoder.close()
+        raise
     options = ServiceOptions(
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
@@ -44,8 +54,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options)
     try:
         run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
-                   shutdown_grace_s=args.shutdown_grace_s)  # fmt: skip
+                   shutdown_grace_s=args.shutdown_grace_s, decoder=decoder)  # fmt: skip
     except OSError as exc:
+        decoder.close()
         service.close()
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return 0
@@ -65,6 +76,11 @@ def default_wal_dir(store_url: str | None) -> str | None:
         return None if path == ":memory:" else path + ".drainpipe-wal"
     database = urlsplit(store_url).path.strip("/") or "store"
     return f"drainpipe-wal-{database}"
+
+
+def default_parsers() -> int:
+    """Parser processes by default: one per core beyond the first (the first runs HTTP, the log and the engine)."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def _open_log(args: argparse.Namespace) -> WriteAheadLog | MemoryLog:
@@ -139,6 +155,9 @@ def add_commands(
         metavar="SECONDS",
         help="on SIGTERM, how long requests in flight may take before they are cut (default: %(default)s)",
     )
+    s.add_argument("--parsers", type=int, default=None, metavar="N",
+                   help="processes that parse and validate request bodies (default: one per core beyond the first; "
+                   "0: parse in the request threads)")  # fmt: skip
     s.add_argument(
         "--durability",
         choices=("fsync", "none"),

@@ -43,12 +43,11 @@ import socket
 import sys
 import threading
 import time
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..errors import IngestRefused
-from ..inputs import validate_json_lines, validate_records
+from .bodies import BadBody, BodyDecoder
 from .dashboard import PAGE
 from .metrics import ServerMetrics
 from .service import IngestService
@@ -61,20 +60,6 @@ MAX_ERRORS = 20
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_strict_json = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def is_loopback(host: str) -> bool:
@@ -90,26 +75,6 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompress a gzip body (several members allowed) up to ``limit`` bytes: 413 above, 400 if corrupt."""
-    out = bytearray()
-    data = body
-    try:
-        while data:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            out += d.decompress(data, limit + 1 - len(out))
-            if len(out) > limit:
-                raise _BadRequest(413, f"decompressed body larger than {limit} bytes")
-            if not d.eof:
-                if d.unconsumed_tail:
-                    raise _BadRequest(413, f"decompressed body larger than {limit} bytes")
-                raise _BadRequest(400, "truncated gzip body")
-            data = d.unused_data.lstrip(b"\0")
-    except zlib.error as exc:
-        raise _BadRequest(400, f"bad gzip body: {exc}") from None
-    return bytes(out)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -258,7 +223,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.deadlines.set(self.connection, opts.body_deadline_s, "body")
         try:
             body = self._read_body(opts.max_body_bytes)
-        except _BadRequest as exc:
+        except BadBody as exc:
             self.close_connection = True  # the body was not (fully) read: the connection cannot be reused
             self._error(exc.status, exc.message)
             return
@@ -271,20 +236,13 @@ class Handler(BaseHTTPRequestHandler):
             log.info("client %s went away mid-body", self.client_address[0])
             return
         try:
-            if encoding != "identity":
-                body = _gunzip(body, opts.max_decoded_bytes)
-            elif len(body) > opts.max_decoded_bytes:
-                raise _BadRequest(413, f"body larger than {opts.max_decoded_bytes} bytes")
             svc.admit()  # 429/503 before the parsing work, not after
-            if ctype in JSON_TYPES:
-                records = self._json_records(body, opts.max_events)
-                batch, rejects = validate_records(records)
-            else:
-                batch, rejects = validate_json_lines(body)
-                if batch.num_rows + len(rejects) > opts.max_events:
-                    raise _BadRequest(413, f"more than {opts.max_events} events in one request")
+            batch, rejects = self.server.decoder.decode(
+                body, array=ctype in JSON_TYPES, gzipped=encoding != "identity",
+                max_decoded=opts.max_decoded_bytes, max_events=opts.max_events,
+            )  # fmt: skip
             svc.submit(batch, len(rejects), (reason for _, reason in rejects))
-        except _BadRequest as exc:
+        except BadBody as exc:
             self._error(exc.status, exc.message)
             return
         except IngestRefused as r:
@@ -306,27 +264,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def _read_body(self, limit: int) -> bytes | None:
         """The request body, by Content-Length or chunked; at most ``limit`` bytes are ever read into memory.
-        Raises :class:`_BadRequest` (411/413/400/501; the caller closes the connection); None on EOF mid-body."""
+        Raises :class:`BadBody` (411/413/400/501; the caller closes the connection); None on EOF mid-body."""
         te = self.headers.get("Transfer-Encoding")
         if te is not None:
             if "Content-Length" in self.headers:
-                raise _BadRequest(400, "both Transfer-Encoding and Content-Length")  # ambiguous framing (smuggling)
+                raise BadBody(400, "both Transfer-Encoding and Content-Length")  # ambiguous framing (smuggling)
             codings = [c.strip().lower() for c in te.split(",") if c.strip()]
             if codings != ["chunked"]:
-                raise _BadRequest(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
+                raise BadBody(501, f"unsupported transfer encoding {te!r}: send chunked or a Content-Length")
             return self._read_chunked(limit)
         lengths = {v.strip() for v in self.headers.get_all("Content-Length") or ()}
         if len(lengths) > 1:  # RFC 9112 6.3: an invalid framing; the rest could be read as another request
-            raise _BadRequest(400, "conflicting Content-Length headers")
+            raise BadBody(400, "conflicting Content-Length headers")
         try:
             text = self.headers.get("Content-Length", "")
             length = int(text)
             if length < 0 or not text.strip().isdigit():
                 raise ValueError
         except ValueError:
-            raise _BadRequest(411, "Content-Length (or Transfer-Encoding: chunked) required") from None
+            raise BadBody(411, "Content-Length (or Transfer-Encoding: chunked) required") from None
         if length > limit:
-            raise _BadRequest(413, f"body of {length} bytes is larger than the limit of {limit}")
+            raise BadBody(413, f"body of {length} bytes is larger than the limit of {limit}")
         body = self.rfile.read(length)
         return body if len(body) == length else None
 
@@ -340,15 +298,15 @@ class Handler(BaseHTTPRequestHandler):
             if not line:
                 return None
             if len(line) > MAX_CHUNK_LINE or not line.endswith(b"\n"):
-                raise _BadRequest(400, "malformed chunked body: chunk size line too long")
+                raise BadBody(400, "malformed chunked body: chunk size line too long")
             size_text = line.split(b";", 1)[0].strip()
             if not size_text or len(size_text) > 16 or not all(c in HEX_DIGITS for c in size_text):
-                raise _BadRequest(400, f"malformed chunked body: bad chunk size {size_text[:20]!r}")
+                raise BadBody(400, f"malformed chunked body: bad chunk size {size_text[:20]!r}")
             size = int(size_text, 16)
             if size == 0:
                 break
             if len(body) + size > limit:
-                raise _BadRequest(413, f"chunked body larger than the limit of {limit} bytes")
+                raise BadBody(413, f"chunked body larger than the limit of {limit} bytes")
             data = rfile.read(size)
             if len(data) != size:
                 return None
@@ -357,7 +315,7 @@ class Handler(BaseHTTPRequestHandler):
             if not end:
                 return None
             if end not in (b"\r\n", b"\n"):
-                raise _BadRequest(400, "malformed chunked body: chunk data not followed by CRLF")
+                raise BadBody(400, "malformed chunked body: chunk data not followed by CRLF")
         for _ in range(MAX_TRAILERS + 1):  # trailer section, ended by an empty line
             line = rfile.readline(MAX_CHUNK_LINE + 1)
             if not line:
@@ -366,27 +324,7 @@ class Handler(BaseHTTPRequestHandler):
                 return bytes(body)
             if len(line) > MAX_CHUNK_LINE:
                 break
-        raise _BadRequest(400, "malformed chunked body: trailer section too long")
-
-    @staticmethod
-    def _json_records(body: bytes, max_events: int) -> list[Any]:
-        try:
-            text = body.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise _BadRequest(400, "body is not UTF-8") from None
-        try:
-            obj, end = _strict_json.raw_decode(text, len(text) - len(text.lstrip()))
-            if text[end:].strip():
-                raise ValueError("extra data after the JSON value")
-        except (ValueError, RecursionError) as exc:
-            raise _BadRequest(400, f"malformed JSON: {exc}") from None
-        if isinstance(obj, dict):
-            obj = [obj]
-        if not isinstance(obj, list):
-            raise _BadRequest(400, "expected a JSON array of events (or one event object)")
-        if len(obj) > max_events:
-            raise _BadRequest(413, f"more than {max_events} events in one request")
-        return obj
+        raise BadBody(400, "malformed chunked body: trailer section too long")
 
 
 class _Deadlines:
@@ -442,12 +380,14 @@ class IngestServer(ThreadingHTTPServer):
         port: int = 8080,
         token: str | None = None,
         shutdown_grace_s: float = 30.0,
+        decoder: BodyDecoder | None = None,
     ) -> None:
         if not token and not is_loopback(host):
             raise ValueError(
                 f"refusing to listen on non-loopback address {host!r} without a token (--token or DRAINPIPE_TOKEN)"
             )
         self.service = service
+        self.decoder = decoder or BodyDecoder()  # in process unless given parser processes
         self.token = token or None
         self.shutdown_grace_s = shutdown_grace_s
         self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
@@ -507,6 +447,7 @@ class IngestServer(ThreadingHTTPServer):
         self.shutdown()  # stop the accept loop
         self.deadlines.stop()
         self.server_close()
+        self.decoder.close()
         return self.service.close()  # waits for in-flight posts, then flushes L1 -> L2 -> persist
 
 
@@ -518,10 +459,11 @@ def run_server(
     *,
     announce: Any = print,
     shutdown_grace_s: float = 30.0,
+    decoder: BodyDecoder | None = None,
 ) -> dict[str, Any]:
     """Serve until SIGTERM or SIGINT, then shut down gracefully: requests in flight get ``shutdown_grace_s`` to
     finish, then are cut; the pipeline is flushed. Returns the shutdown summary."""
-    server = IngestServer(service, host, port, token, shutdown_grace_s)
+    server = IngestServer(service, host, port, token, shutdown_grace_s, decoder)
     stop = threading.Event()
     received: list[str] = []
 
