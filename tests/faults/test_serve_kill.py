@@ -30,20 +30,24 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
         proc, base = start_serve(store_url, str(wal))
         stop = threading.Event()
         threads = post_until(base, books, template, f"r{r}", 4, stop)
-        time.sleep(rng.uniform(0.6, 2.0))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        stop.set()
+        try:
+            time.sleep(rng.uniform(0.6, 2.0))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            stop.set()
         for t in threads:
             t.join(30)
 
 
-def _final_stop(store_url: str, wal: Path) -> str:
+def _final_stop(store_url: str, wal: Path) -> None:
     proc, _ = start_serve(store_url, str(wal))
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
-    return ""
+    try:
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
 
 
 def _assert_exact(result: dict, books: Books) -> None:
@@ -107,17 +111,19 @@ def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tm
     end = log.end
     log.close()
     proc, base = start_serve(url, str(tmp_path / "wal"))
-    deadline = time.monotonic() + 60
-    while True:
-        with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
-            state = json.loads(r.read())["log"]
-        if 0 < state["committed"] < end:
-            break  # mid-replay: part of the log is in the store
-        assert state["committed"] < end, "the replay finished before the kill: make the log longer"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
+                state = json.loads(r.read())["log"]
+            if 0 < state["committed"] < end:
+                break  # mid-replay: part of the log is in the store
+            assert state["committed"] < end, "the replay finished before the kill: make the log longer"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     _final_stop(url, tmp_path / "wal")
     result = check(url, books)
     assert result["acknowledged"] == result["stored"] == REPLAY_REQUESTS * SIZE, result

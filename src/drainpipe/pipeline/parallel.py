@@ -39,7 +39,16 @@ from ..inputs import (
 from .definitions import Definitions
 from .functions import MetricAccumulator, Partial, aggregate_batch, partial_type
 
-__all__ = ["PartResult", "die_with", "eligible", "map_parts", "process_part", "process_pool", "start_pool"]
+__all__ = [
+    "PartResult",
+    "die_with",
+    "eligible",
+    "map_parts",
+    "mp_context",
+    "process_part",
+    "process_pool",
+    "start_pool",
+]
 
 #: files smaller than this stay in process (starting workers costs more than they save)
 MIN_PARALLEL_BYTES = 8 << 20
@@ -120,14 +129,20 @@ def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
     return process_pool(workers, _init_worker, (definitions, os.getpid()))
 
 
-def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> ProcessPoolExecutor:
-    """``workers`` processes, every one started before this returns (so start-up overlaps the caller's setup).
-    Forked when this process runs no other thread (cheap: the modules are loaded), else spawned. ``initializer``
-    should call :func:`die_with` so that no worker outlives this process."""
+def mp_context() -> Any:
+    """How to start worker processes: forked when this process runs no other thread (cheap: the modules are
+    loaded; and safe: no lock is held by a thread that would not exist in the child), else spawned."""
     method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method)
+
+
+def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> ProcessPoolExecutor:
+    """``workers`` processes (:func:`mp_context`), every one started before this returns (so start-up overlaps the
+    caller's setup). ``initializer``
+    should call :func:`die_with` so that no worker outlives this process."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=multiprocessing.get_context(method),
+        mp_context=mp_context(),
         initializer=initializer,
         initargs=initargs,
     )

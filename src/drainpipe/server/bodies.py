@@ -2,11 +2,12 @@
 this process or in parser processes (the server's second core).
 
 Parsing and validating are the per-event Python work of ingest; under one GIL they would share a core with HTTP,
-the log and the whole engine. :class:`BodyDecoder` with ``processes > 0`` hands each body to a pool of parser
-processes (``concurrent.futures.ProcessPoolExecutor``) that send back the validated batch as an Arrow IPC
-message (a memory copy to rebuild) and the rejects; the request thread waits without holding the GIL. A parser
-process that dies (killed, out of memory) breaks the pool: the request it was serving and those queued behind it
-are parsed in process instead, and a new pool is started, so a crashed parser costs time, never a request.
+the log and the whole engine. :class:`BodyDecoder` with ``processes > 0`` hands each body to one of its parser
+processes, which sends back the validated batch as an Arrow IPC message (a memory copy to rebuild) and the
+rejects; the request thread waits without holding the GIL. (``concurrent.futures.ProcessPoolExecutor`` was
+measured first: its feeder and manager threads and pickling took a third of the server's GIL time.) A parser that
+dies (killed, out of memory) is replaced, and the request it was serving is parsed in process: a crashed parser
+costs time, never a request.
 Bodies under ``INLINE_BYTES`` are parsed in process: the round trip would cost more than the parse.
 
 Errors are :class:`BadBody` (an HTTP status and a one-line message), raised in the request thread either way.
@@ -17,10 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
+import queue
 import zlib
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from typing import Any
 
 import pyarrow as pa
@@ -109,68 +109,94 @@ def decode_body(
     return batch, rejects
 
 
-def _decode_in_parser(body: bytes, kwargs: dict[str, Any]) -> tuple[Any, Rejects] | tuple[int, str]:
-    """In a parser process: (IPC message of the batch, rejects), or (status, message) for a bad body."""
-    try:
-        batch, rejects = decode_body(body, **kwargs)
-    except BadBody as exc:
-        return exc.status, exc.message
-    return batch.serialize(), rejects
-
-
-def _init_parser(parent: int) -> None:
+def _parser_main(conn: Connection, parent: int) -> None:
+    """A parser process: decode the bodies that arrive on ``conn`` until it closes; reply (IPC message of the
+    batch, rejects), or (status, message) for a bad body."""
     from ..inputs import use_serial_json_reader
     from ..pipeline.parallel import die_with
 
-    use_serial_json_reader()  # the pool is the parallelism
     die_with(parent)
+    use_serial_json_reader()  # the processes are the parallelism
+    while True:
+        try:
+            kwargs = conn.recv()
+            body = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            batch, rejects = decode_body(body, **kwargs)
+        except BadBody as exc:
+            conn.send((exc.status, exc.message))
+            continue
+        conn.send((batch.serialize(), rejects))
+
+
+class _Parser:
+    """One parser process and the parent's end of its pipe."""
+
+    def __init__(self, context: Any) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_parser_main, args=(child, os.getpid()), daemon=True)
+        self.process.start()
+        child.close()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
 
 
 class BodyDecoder:
-    """Decodes bodies in ``processes`` parser processes (0: in the calling thread). Thread-safe; ``close`` once."""
+    """Decodes bodies in ``processes`` parser processes (0: in the calling thread). Thread-safe; ``close`` once.
+
+    Each parser serves one request at a time over its own pipe: a request thread takes a free parser, sends the
+    body as raw bytes, and waits for the reply (without the GIL); no executor threads, no pickling of bodies."""
 
     def __init__(self, processes: int = 0) -> None:
         self.processes = processes
-        self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = self._start() if processes else None
         self.restarts = 0
+        from ..pipeline.parallel import mp_context
 
-    def _start(self) -> ProcessPoolExecutor:
-        from ..pipeline.parallel import process_pool
-
-        return process_pool(self.processes, _init_parser, (os.getpid(),))
+        self._context = mp_context()
+        self._free: queue.SimpleQueue[_Parser] = queue.SimpleQueue()
+        self._all = [_Parser(self._context) for _ in range(processes)]
+        for parser in self._all:
+            self._free.put(parser)
+        self._closed = False
 
     def decode(
         self, body: bytes, *, array: bool, gzipped: bool, max_decoded: int, max_events: int
     ) -> tuple[pa.RecordBatch, Rejects]:
         """As :func:`decode_body`; blocks until parsed. Raises :class:`BadBody`."""
         kwargs = dict(array=array, gzipped=gzipped, max_decoded=max_decoded, max_events=max_events)
-        pool = self._pool
-        if pool is None or len(body) < INLINE_BYTES:
+        if not self._all or len(body) < INLINE_BYTES:
             return decode_body(body, **kwargs)  # type: ignore[arg-type]
+        parser = self._free.get()
         try:
-            first, second = pool.submit(_decode_in_parser, body, kwargs).result()
-        except BrokenProcessPool:
-            self._replace(pool)
+            parser.conn.send(kwargs)
+            parser.conn.send_bytes(body)
+            first, second = parser.conn.recv()
+        except (EOFError, OSError):  # the parser died (killed, out of memory): replace it, parse this one here
+            parser = self._replace(parser)
             return decode_body(body, **kwargs)  # type: ignore[arg-type]
+        finally:
+            self._free.put(parser)
         if isinstance(first, int):
             raise BadBody(first, str(second))
-        return pa.ipc.read_record_batch(first, EVENT_SCHEMA), second  # type: ignore[return-value]
+        return pa.ipc.read_record_batch(first, EVENT_SCHEMA), second
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is not broken:
-                return  # another request thread replaced it already
-            log.error("a parser process died; starting new ones (requests meanwhile are parsed in process)")
-            self.restarts += 1
-            self._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
-        pool = self._start()
-        with self._lock:
-            self._pool = pool
+    def _replace(self, dead: _Parser) -> _Parser:
+        log.error("parser process %d died (exit %s); starting another", dead.process.pid, dead.process.exitcode)
+        self.restarts += 1
+        dead.close()
+        fresh = _Parser(self._context)
+        self._all[self._all.index(dead)] = fresh
+        return fresh
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if self._closed:
+            return
+        self._closed = True
+        for parser in self._all:
+            parser.close()

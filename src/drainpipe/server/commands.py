@@ -35,6 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--max-body-mb must be > 0")
     if args.wal_max_bytes <= 0:
         raise UsageError("--wal-max-bytes must be > 0")
+    if args.checkpoint_s <= 0:
+        raise UsageError("--checkpoint-s must be > 0")
     if args.parsers is not None and args.parsers < 0:
         raise UsageError("--parsers must be >= 0")
     definitions = definitions_from(args.metrics)
@@ -50,6 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServiceOptions(
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
+        checkpoint_s=args.checkpoint_s,
     )
     service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options)
     try:
@@ -155,6 +158,10 @@ def add_commands(
         metavar="SECONDS",
         help="on SIGTERM, how long requests in flight may take before they are cut (default: %(default)s)",
     )
+    s.add_argument("--checkpoint-s", type=float, default=2.0, metavar="SECONDS",
+                   help="how often the states are committed to the store with the log position: how fresh the "
+                   "store is, and about what a restart replays. Each commit costs a store merge of every touched "
+                   "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
     s.add_argument("--parsers", type=int, default=None, metavar="N",
                    help="processes that parse and validate request bodies (default: one per core beyond the first; "
                    "0: parse in the request threads)")  # fmt: skip

@@ -37,6 +37,7 @@ __all__ = ["Feeder"]
 
 READ_RECORDS = 64  # records per read
 COALESCE_ROWS = 32_768  # events per batch handed to the engine
+GATHER_S = 0.05  # how long live records are gathered into one batch
 
 
 class Feeder:
@@ -124,6 +125,16 @@ class Feeder:
                         break
                     self.log.wait(self.position, 0.05)
                     continue
+                # live traffic arrives a request at a time: gather for up to GATHER_S (the requests are answered
+                # already) so the engine gets batches of thousands of events, not one request's
+                gather_until = time.monotonic() + GATHER_S
+                while (sum(b.num_rows for _, b in records) < COALESCE_ROWS and not self._halt.is_set()
+                       and time.monotonic() < gather_until):  # fmt: skip
+                    more = reader.read(READ_RECORDS)
+                    if more:
+                        records += more
+                    else:
+                        self.log.wait(records[-1][0], gather_until - time.monotonic())
                 self._feed(records)
             self._checkpoint()
             while self._outstanding and not self.failed:

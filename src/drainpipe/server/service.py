@@ -56,7 +56,7 @@ class ServiceOptions:
     max_decoded_bytes: int = 64 << 20  # body after gzip: 413 above
     max_events: int = 200_000  # events (records) per request: 413 above
     max_lag_bytes: int = 64 << 20  # log bytes not yet fed to the engine before 429 (while the store keeps up)
-    checkpoint_s: float = 1.0  # how often the engine commits states with the log position
+    checkpoint_s: float = 2.0  # how often the engine commits states with the log position
     admit_wait_s: float = 0.5  # how long a request waits for room before 429/503
     max_concurrent_requests: int = 64  # POSTs being processed at once: 429 above
     header_deadline_s: float = 30.0  # a request line and headers (or an idle keep-alive wait) take at most this
