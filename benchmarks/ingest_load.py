@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,79 @@ def drop_pg_schema(url: str, schema: str) -> None:
         con.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+@dataclass
+class Load:
+    """What the clients of one load run saw."""
+
+    accepted: int = 0
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (finished at, seconds) of 200 answers
+    end_to_end: list[float] = field(default_factory=list)  # including back-pressure retries
+    retries: dict[str, int] = field(default_factory=lambda: {"429": 0, "503": 0})
+    errors: list[str] = field(default_factory=list)
+
+
+def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int, t_start: float,
+          seconds: float) -> Load:  # fmt: skip
+    """``clients`` threads, one keep-alive connection each, posting ``bodies`` (cycled) until ``t_start +
+    seconds``; a 429/503 is retried after a tenth of its Retry-After."""
+    load = Load()
+    next_index = [0]
+    lock = threading.Lock()
+    headers = {"Content-Type": "application/x-ndjson"}
+    if gzipped:
+        headers["Content-Encoding"] = "gzip"
+    deadline = t_start + seconds
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        while time.perf_counter() < deadline:
+            with lock:
+                i = next_index[0]
+                next_index[0] += 1
+            body = bodies[i % len(bodies)]
+            first = time.perf_counter()
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    conn.request("POST", "/v1/events", body, headers)
+                    r = conn.getresponse()
+                    payload = r.read()
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    conn = http.client.HTTPConnection(host, port, timeout=60)
+                    with lock:
+                        load.errors.append(f"{type(exc).__name__}: {exc}")
+                    time.sleep(0.1)
+                    continue
+                t1 = time.perf_counter()
+                if r.status in (429, 503):
+                    with lock:
+                        load.retries[str(r.status)] += 1
+                    if r.getheader("Connection", "").lower() == "close":
+                        conn.close()
+                        conn = http.client.HTTPConnection(host, port, timeout=60)
+                    time.sleep(float(r.getheader("Retry-After") or 1) / 10)  # polite, but keep the test bounded
+                    continue
+                if r.status != 200:
+                    with lock:
+                        load.errors.append(f"HTTP {r.status}: {payload[:200]!r}")
+                    break
+                answer = json.loads(payload)
+                with lock:
+                    load.accepted += answer["accepted"]
+                    load.latencies.append((t1 - t_start, t1 - t0))
+                    load.end_to_end.append(t1 - first)
+                break
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return load
+
+
 def rss_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -93,9 +167,11 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def start_server(store: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, int]:
+def start_server(
+    store: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str, int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store, "--port", "0"],
+        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store, "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -160,6 +236,117 @@ def memory_verdict(rss: list[tuple[float, int]], warmup: float, end: float, flat
     }
 
 
+def _q(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measure: float,
+             extra: tuple[str, ...]) -> dict:  # fmt: skip
+    """One server (``extra`` flags) under load: events/s and latency in the measured window, then a graceful stop
+    and the store checked against what was acknowledged."""
+    proc, host, port = start_server(store, extra=extra)
+    t_start = time.perf_counter()
+    load = drive(host, port, bodies, False, clients, t_start, warmup + measure)
+    t_stop = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=300)
+    drained_s = time.perf_counter() - t_stop
+    s = open_store(store)
+    try:
+        stored = int(round(sum(r[5] for r in s.query(metric="service_cpm", granularity="minute"))))
+    finally:
+        s.close()
+    window = sorted(x * 1000 for t, x in load.latencies if t >= warmup)
+    per_request = len(bodies[0].splitlines())
+    return {
+        "events_per_s": round(len(window) * per_request / measure, 1),
+        "p50_ms": round(_q(window, 0.5), 2),
+        "p99_ms": round(_q(window, 0.99), 2),
+        "acknowledged": load.accepted,
+        "stored": stored,
+        "lost": load.accepted - stored,
+        "retries": load.retries,
+        "errors": len(load.errors),
+        "shutdown_s": round(drained_s, 2),
+        "exit": proc.returncode,
+    }
+
+
+def file_run(path: str, store: str) -> dict:
+    """``drainpipe run`` on one JSON Lines file, timed as the user waits (start-up included)."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", path, "--store", store],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"drainpipe run failed: {done.stdout} {done.stderr}")
+    events = int(re.search(r"accepted ([\d,]+)", done.stdout).group(1).replace(",", ""))  # type: ignore[union-attr]
+    return {"events": events, "wall_s": round(wall, 3), "events_per_s": round(events / wall, 1)}
+
+
+def compare(args: argparse.Namespace, bodies: list[bytes]) -> int:
+    """HTTP durable (fsync), HTTP --durability none and ``drainpipe run`` on the same events as one JSON Lines
+    file, in alternation, ``args.compare`` rounds; medians and per-round ratios."""
+    tmp = Path(tempfile.mkdtemp(prefix="drainpipe-compare-"))
+    jsonl = tmp / "events.jsonl"
+    with open(jsonl, "wb") as f:
+        for _ in range(args.file_repeats):
+            for b in bodies:
+                f.write(b)
+    extra = tuple(args.serve_arg)
+    rounds = []
+    for i in range(args.compare):
+        row = {}
+        for name, flags in (("fsync", ("--durability", "fsync")), ("none", ("--durability", "none"))):
+            store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
+            row[name] = http_run(store, bodies, args.clients, args.warmup, args.measure,
+                                 flags + ("--wal", str(tmp / f"wal-{name}-{i}")) + extra)  # fmt: skip
+        row["file"] = file_run(str(jsonl), f"duckdb:///{tmp}/file-{i}.duckdb")
+        row["durable_vs_none"] = round(row["fsync"]["events_per_s"] / row["none"]["events_per_s"], 3)
+        row["durable_vs_file"] = round(row["fsync"]["events_per_s"] / row["file"]["events_per_s"], 3)
+        rounds.append(row)
+        print(f"round {i + 1}: HTTP fsync {row['fsync']['events_per_s']:>9,.0f} ev/s (p50 {row['fsync']['p50_ms']} "
+              f"p99 {row['fsync']['p99_ms']} ms)  HTTP none {row['none']['events_per_s']:>9,.0f} ev/s  run "
+              f"{row['file']['events_per_s']:>9,.0f} ev/s  durable/none {row['durable_vs_none']}  durable/run "
+              f"{row['durable_vs_file']}", flush=True)  # fmt: skip
+    med = lambda xs: round(statistics.median(xs), 3)
+    summary = {
+        "http_fsync_events_per_s": med([r["fsync"]["events_per_s"] for r in rounds]),
+        "http_none_events_per_s": med([r["none"]["events_per_s"] for r in rounds]),
+        "file_run_events_per_s": med([r["file"]["events_per_s"] for r in rounds]),
+        "fsync_p50_ms": med([r["fsync"]["p50_ms"] for r in rounds]),
+        "fsync_p99_ms": med([r["fsync"]["p99_ms"] for r in rounds]),
+        "none_p50_ms": med([r["none"]["p50_ms"] for r in rounds]),
+        "none_p99_ms": med([r["none"]["p99_ms"] for r in rounds]),
+        "durable_vs_none": med([r["durable_vs_none"] for r in rounds]),
+        "durable_vs_file": med([r["durable_vs_file"] for r in rounds]),
+        "lost": sum(r[k]["lost"] for r in rounds for k in ("fsync", "none")),
+    }
+    print()
+    print("| | events/s (median) | p50 ms | p99 ms | ratio (median of the rounds' ratios) |")
+    print("|---|---|---|---|---|")
+    print(
+        f"| HTTP, durable (fsync) | {summary['http_fsync_events_per_s']:,.0f} | {summary['fsync_p50_ms']} | "
+        f"{summary['fsync_p99_ms']} | {summary['durable_vs_none']} of none, {summary['durable_vs_file']} of run |"
+    )
+    print(
+        f"| HTTP, --durability none | {summary['http_none_events_per_s']:,.0f} | {summary['none_p50_ms']} | "
+        f"{summary['none_p99_ms']} | |"
+    )
+    print(
+        f"| drainpipe run, one JSONL file (wall, start-up included) | {summary['file_run_events_per_s']:,.0f} | | | |"
+    )
+    result = {"mode": "compare", "clients": args.clients, "events_per_request": args.events_per_request,
+              "warmup_s": args.warmup, "measure_s": args.measure, "serve_args": list(extra),
+              "file_events": rounds[0]["file"]["events"], "cpus": os.cpu_count(),
+              "load_average": os.getloadavg(), "rounds": rounds, "median": summary}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if summary["lost"] == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -178,8 +365,21 @@ def main() -> int:
         help="extra environment of the server process (e.g. allocator settings to compare)",
     )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ingest_load.json"))
+    ap.add_argument("--out", default=None, help="JSON result (default: benchmarks/results/ingest_load.json, or "
+                    "ingest_compare.json with --compare)")  # fmt: skip
+    ap.add_argument("--compare", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the memory test: HTTP durable vs --durability none vs drainpipe run on the same "
+                    "events as one JSONL file, ROUNDS rounds in alternation")  # fmt: skip
+    ap.add_argument(
+        "--file-repeats", type=int, default=5, help="--compare: the JSONL file is the bodies this many times"
+    )
+    ap.add_argument("--serve-arg", action="append", default=[], help="--compare: an extra flag for drainpipe serve")
     args = ap.parse_args()
+    if args.compare:
+        args.out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_compare.json")
+        print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
+        return compare(args, build_bodies(args.bodies, args.events_per_request, False, args.seed))
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_load.json")
 
     tmp = tempfile.mkdtemp(prefix="drainpipe-load-")
     store = args.store or f"duckdb:///{tmp}/load.duckdb"
@@ -198,62 +398,9 @@ def main() -> int:
         flush=True,
     )
 
-    next_index = [0]
-    lock = threading.Lock()
-    latencies: list[tuple[float, float]] = []  # (finished at, seconds) of successful attempts
-    end_to_end: list[float] = []  # including back-pressure retries
-    accepted = [0]
-    retries = {"429": 0, "503": 0}
-    errors: list[str] = []
     rss: list[tuple[float, int]] = []
     done = threading.Event()
-    headers = {"Content-Type": "application/x-ndjson"}
-    if args.gzip:
-        headers["Content-Encoding"] = "gzip"
     t_start = time.perf_counter()
-    deadline = t_start + total_s
-
-    def client() -> None:
-        conn = http.client.HTTPConnection(host, port, timeout=60)
-        while time.perf_counter() < deadline:
-            with lock:
-                i = next_index[0]
-                next_index[0] += 1
-            body = bodies[i % len(bodies)]
-            first = time.perf_counter()
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    conn.request("POST", "/v1/events", body, headers)
-                    r = conn.getresponse()
-                    payload = r.read()
-                except (OSError, http.client.HTTPException) as exc:
-                    conn.close()
-                    conn = http.client.HTTPConnection(host, port, timeout=60)
-                    with lock:
-                        errors.append(f"{type(exc).__name__}: {exc}")
-                    time.sleep(0.1)
-                    continue
-                t1 = time.perf_counter()
-                if r.status in (429, 503):
-                    with lock:
-                        retries[str(r.status)] += 1
-                    if r.getheader("Connection", "").lower() == "close":
-                        conn.close()
-                        conn = http.client.HTTPConnection(host, port, timeout=60)
-                    time.sleep(float(r.getheader("Retry-After") or 1) / 10)  # polite, but keep the test bounded
-                    continue
-                if r.status != 200:
-                    with lock:
-                        errors.append(f"HTTP {r.status}: {payload[:200]!r}")
-                    break
-                answer = json.loads(payload)
-                with lock:
-                    accepted[0] += answer["accepted"]
-                    latencies.append((t1 - t_start, t1 - t0))
-                    end_to_end.append(t1 - first)
-                break
-        conn.close()
 
     def sample_rss() -> None:
         while not done.is_set():
@@ -263,11 +410,14 @@ def main() -> int:
     rss_idle = rss_kb(proc.pid)
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
-    threads = [threading.Thread(target=client) for _ in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    load = drive(host, port, bodies, args.gzip, args.clients, t_start, total_s)
+    accepted, latencies, end_to_end, retries, errors = (
+        [load.accepted],
+        load.latencies,
+        load.end_to_end,
+        load.retries,
+        load.errors,
+    )
     elapsed = time.perf_counter() - t_start
     done.set()
     sampler.join()

@@ -15,6 +15,7 @@ from typing import Any
 
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import open_store
+from drainpipe.server.bodies import BodyDecoder
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
 from drainpipe.server.wal import EventLog
@@ -29,6 +30,7 @@ def running_server(
     options: ServiceOptions | None = None,
     shutdown_grace_s: float = 30.0,
     log: EventLog | None = None,
+    decoder: BodyDecoder | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     store = open_store(store_url)
@@ -42,7 +44,7 @@ def running_server(
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
         name=f"t{next(_names)}",
     )
-    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s).start()
+    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, decoder).start()
     try:
         yield server
     finally:

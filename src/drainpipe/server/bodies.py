@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import queue
+import threading
 import zlib
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -164,6 +166,19 @@ class BodyDecoder:
         for parser in self._all:
             self._free.put(parser)
         self._closed = False
+        # replacements are started by one long-lived thread: the kernel kills a child whose parent *thread* exits
+        # (PR_SET_PDEATHSIG), and request threads end with their connection
+        self._spawns: queue.SimpleQueue[Future[_Parser] | None] = queue.SimpleQueue()
+        self._spawner = threading.Thread(target=self._spawn_loop, name="drainpipe-parser-spawner", daemon=True)
+        if processes:
+            self._spawner.start()
+
+    def _spawn_loop(self) -> None:
+        while (future := self._spawns.get()) is not None:
+            try:
+                future.set_result(_Parser(self._context))
+            except BaseException as exc:  # e.g. out of processes: the request parses in process meanwhile
+                future.set_exception(exc)
 
     def decode(
         self, body: bytes, *, array: bool, gzipped: bool, max_decoded: int, max_events: int
@@ -187,10 +202,12 @@ class BodyDecoder:
         return pa.ipc.read_record_batch(first, EVENT_SCHEMA), second
 
     def _replace(self, dead: _Parser) -> _Parser:
+        dead.close()
         log.error("parser process %d died (exit %s); starting another", dead.process.pid, dead.process.exitcode)
         self.restarts += 1
-        dead.close()
-        fresh = _Parser(self._context)
+        future: Future[_Parser] = Future()
+        self._spawns.put(future)
+        fresh = future.result()
         self._all[self._all.index(dead)] = fresh
         return fresh
 
@@ -198,5 +215,6 @@ class BodyDecoder:
         if self._closed:
             return
         self._closed = True
+        self._spawns.put(None)
         for parser in self._all:
             parser.close()

@@ -82,8 +82,10 @@ def default_wal_dir(store_url: str | None) -> str | None:
 
 
 def default_parsers() -> int:
-    """Parser processes by default: one per core beyond the first (the first runs HTTP, the log and the engine)."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    """Parser processes by default: one per core, plus one. A parser serves one request at a time and is idle
+    while the body travels through its pipe; measured on 2 cores under 24 clients, 1 parser gave 242k events/s,
+    2 gave 288k, 3 gave 306k."""
+    return (os.cpu_count() or 1) + 1
 
 
 def _open_log(args: argparse.Namespace) -> WriteAheadLog | MemoryLog:
@@ -163,7 +165,7 @@ def add_commands(
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
                    "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
     s.add_argument("--parsers", type=int, default=None, metavar="N",
-                   help="processes that parse and validate request bodies (default: one per core beyond the first; "
+                   help="processes that parse and validate request bodies (default: one per core, plus one; "
                    "0: parse in the request threads)")  # fmt: skip
     s.add_argument(
         "--durability",

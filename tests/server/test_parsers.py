@@ -1,0 +1,53 @@
+"""Parser processes: bodies decoded in another process give the same answers as in process (accepted, rejects,
+400/413 errors), and a parser killed mid-service is replaced without failing a request."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+
+from server_testlib import events, ndjson, post_events, request, running_server, stored_event_count
+
+from drainpipe.server.bodies import INLINE_BYTES, BodyDecoder, decode_body
+
+
+def test_a_parser_process_decodes_like_the_request_thread() -> None:
+    decoder = BodyDecoder(1)
+    try:
+        good = events(300, seed=1)
+        body = ndjson(good + [{"ts": 1, "service": ""}]) + b"not json\n"
+        assert len(body) > INLINE_BYTES  # goes to the parser
+        kwargs = dict(array=False, gzipped=False, max_decoded=1 << 26, max_events=10_000)
+        here_batch, here_rejects = decode_body(body, **kwargs)
+        there_batch, there_rejects = decoder.decode(body, **kwargs)
+        assert there_batch.equals(here_batch) and there_rejects == here_rejects and len(there_rejects) == 2
+        zipped = gzip.compress(json.dumps(good).encode())
+        batch, _ = decoder.decode(zipped + b"\0" * INLINE_BYTES, **(kwargs | {"array": True, "gzipped": True}))
+        assert batch.num_rows == 300
+        for bad, status in ((b"[" + b" " * INLINE_BYTES, 400), (body, 413)):
+            try:
+                decoder.decode(bad, **(kwargs | {"array": bad.startswith(b"["), "max_events": 10}))
+            except Exception as exc:  # BadBody, raised in this thread with the parser's status and message
+                assert getattr(exc, "status", None) == status, exc
+            else:
+                raise AssertionError("no error")
+    finally:
+        decoder.close()
+
+
+def test_a_killed_parser_is_replaced_and_no_request_fails(tmp_path) -> None:
+    url = f"duckdb:///{tmp_path / 'p.duckdb'}"
+    decoder = BodyDecoder(2)
+    with running_server(store_url=url, decoder=decoder) as srv:
+        total = 0
+        for i in range(12):
+            if i == 4:
+                os.kill(decoder._all[0].process.pid, signal.SIGKILL)
+            status, _, body = post_events(srv.url, events(400, seed=i), kind="ndjson")
+            assert status == 200, body
+            total += body["accepted"]
+        assert decoder.restarts == 1
+        assert request(srv.url + "/healthz")[0] == 200
+    assert stored_event_count(url) == total == 12 * 400
