@@ -27,8 +27,12 @@ Binding a non-loopback address without a token is refused.
 
 Shutdown (SIGTERM/SIGINT, or :meth:`IngestServer.shutdown_all`): stop accepting connections, refuse new posts
 (503), give the requests in flight ``shutdown_grace_s`` (30 s) to finish and cut those still running (logged: they
-were not acknowledged, so their clients send again), then flush L1, L2, top-N and persistence and close the store:
-everything answered as accepted is in the store when the process exits.
+were not acknowledged, so their clients send again), then apply the rest of the event log and close the store.
+What the store does not take within the grace stays in a durable log for the next start.
+
+A POST is answered 200 only once its events are in the service's event log (:mod:`.service`): fsynced, unless
+the log is a memory log (``--durability none``). Bodies are parsed by :class:`~.bodies.BodyDecoder` (parser
+processes in ``drainpipe serve``).
 """
 
 from __future__ import annotations
@@ -448,7 +452,7 @@ class IngestServer(ThreadingHTTPServer):
         self.deadlines.stop()
         self.server_close()
         self.decoder.close()
-        return self.service.close()  # waits for in-flight posts, then flushes L1 -> L2 -> persist
+        return self.service.close(self.shutdown_grace_s)  # applies the rest of the log (what the store takes in time)
 
 
 def run_server(
@@ -470,8 +474,11 @@ def run_server(
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signal.Signals(signum).name)
         if stop.is_set() and len(received) > 1:
-            # a second signal while flushing (e.g. the store stays down): give up; what is still queued is lost
-            announce(f"drainpipe serve: {received[-1]} again: exiting without finishing the flush")
+            # a second signal while flushing (e.g. the store stays down): give up; a durable log keeps what the
+            # store does not have yet for the next start, a memory log loses it
+            kept = "it stays in the write-ahead log" if service.log.durable else "it is lost (--durability none)"
+            announce(f"drainpipe serve: {received[-1]} again: exiting without finishing; what the store does not "
+                     f"have yet: {kept}")  # fmt: skip
             os._exit(3)
         stop.set()
 
