@@ -27,10 +27,12 @@ from drainpipe.pipeline.store import open_store
 PLACEHOLDER = b"SERVICE-PLACEHOLDER"
 
 
-def start_serve(store_url: str, wal_dir: str, *extra: str, port: int = 0) -> tuple[subprocess.Popen[str], str]:
-    """Start ``drainpipe serve`` and wait for its "listening on" line; returns the process and its base URL."""
+def start_serve(store_url: str, wal_dir: str, *extra: str, port: int = 0,
+                program: tuple[str, ...] = ("-m", "drainpipe.cli", "serve")) -> tuple[subprocess.Popen[str], str]:  # fmt: skip
+    """Start ``drainpipe serve`` (or ``program`` with serve's arguments) and wait for its "listening on" line;
+    returns the process (what it prints is collected in ``proc.output``) and its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "drainpipe.cli", "serve", "--store", store_url, "--port", str(port), "--wal", wal_dir,
+        [sys.executable, *program, "--store", store_url, "--port", str(port), "--wal", wal_dir,
          "--shutdown-grace-s", "10", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -19,6 +19,7 @@ import pytest
 from drainpipe.server.wal import HEADER, SUFFIX
 from serve_kill import Books, body_template, check, post_until, start_serve
 
+HERE = Path(__file__).resolve().parent
 SIZE = 200  # events per request
 REPLAY_REQUESTS = 12_000  # 2.4 million events: a replay of several seconds
 
@@ -128,3 +129,33 @@ def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tm
     result = check(url, books)
     assert result["acknowledged"] == result["stored"] == REPLAY_REQUESTS * SIZE, result
     assert result["lost"] == result["duplicated"] == 0 and result["metrics_agree"], result
+
+
+@pytest.mark.parametrize("backend", ["duckdb", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_kill_inside_the_commit_transaction_then_a_restart_stores_each_acknowledged_event_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Deterministic, where the random kills are not: SIGKILL while a checkpoint's store transaction is open (its
+    states and log position written, COMMIT not yet sent), twice, under load."""
+    url = f"duckdb:///{tmp_path / 'serve.duckdb'}" if backend == "duckdb" else request.getfixturevalue("pg_url")
+    books = Books(size=SIZE)
+    template = body_template(SIZE)
+    for r in range(2):
+        proc, base = start_serve(
+            url, str(tmp_path / "wal"), "--checkpoint-s", "0.3", program=(str(HERE / "serve_child.py"),)
+        )
+        stop = threading.Event()
+        threads = post_until(base, books, template, f"t{r}", 4, stop)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(line.startswith("in-txn 2") for line in list(proc.output)):
+                assert time.monotonic() < deadline and proc.poll() is None, "".join(proc.output)
+                time.sleep(0.005)
+        finally:
+            proc.send_signal(signal.SIGKILL)  # inside the transaction: it sleeps 0.3 s before COMMIT
+            proc.wait()
+            stop.set()
+            for t in threads:
+                t.join(30)
+    _final_stop(url, tmp_path / "wal")
+    _assert_exact(check(url, books), books)
