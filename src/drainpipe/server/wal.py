@@ -153,18 +153,27 @@ class WriteAheadLog:
         self._fd = -1
         self._released = 0  # the store has everything up to here
         self._closed = False
-        self.key = "wal:" + self._identity()
-        self.repair = self._open_segments()
-        if not self._bases:
-            self._new_segment(0)
-        else:
-            self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
+        try:
+            self.key = "wal:" + self._identity()
+            self.repair = self._open_segments()
+            if not self._bases:
+                self._new_segment(0)
+            else:
+                self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise DrainpipeError(
+                f"cannot open the write-ahead log in {str(self.dir)!r}: {exc.strerror or exc}"
+            ) from None
 
     # ------------------------------------------------------------------ opening
 
     def _lock_directory(self) -> int:
         """One process per log: a second server on the same directory would interleave its records."""
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DrainpipeError(f"cannot open the write-ahead log in {str(self.dir)!r}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
