@@ -28,15 +28,29 @@ on_drain_thread = threading.local()
 
 
 class Counters:
-    """Counters written by a single thread (one drain task, or the control thread for the final drain)."""
+    """Counters written by a single thread (one drain task, or the control thread for the final drain), and what
+    that thread holds in its hands during a cycle: items taken from a partition but not yet handed to a handler
+    (so that a cycle that fails can hand them on instead of dropping them)."""
 
-    __slots__ = ("dispatched", "errors", "no_handler", "last_calls")
+    __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost",
+                 "partition", "taken", "runs", "next_run", "merged", "parts")  # fmt: skip
 
     def __init__(self) -> None:
         self.last_calls = 0  # handler calls of the latest cycle
         self.dispatched = 0
         self.errors = 0
         self.no_handler = 0
+        self.restarts = 0  # cycles that raised (the task was restarted)
+        self.lost = 0  # items a failed cycle had taken and that could not be handed on even then
+        self.clear_hands()
+
+    def clear_hands(self) -> None:
+        self.partition = -1
+        self.taken: list[Any] | None = None  # one partition's items, taken
+        self.runs: list[tuple[type, list[Any]]] | None = None  # ... grouped by type
+        self.next_run = 0  # ... of which runs before this one were handed on
+        self.merged: dict[Target, list[Any]] | None = None  # merged batches not yet handed on (other selectors)
+        self.parts: list[list[Any]] | None = None  # the consumer's items, taken
 
 
 class Dispatcher:
@@ -84,41 +98,96 @@ class Dispatcher:
         With type_hash routing every handler instance serves one partition, so a partition's groups are dispatched
         as soon as it is taken (its batches die young, before the cyclic GC walks them again and again). With
         other selectors a type may sit in several partitions: its batches are merged over the cycle first.
+
+        What has been taken and not yet handed on is recorded in ``counters`` (see :meth:`recover`).
         """
         if self._consumer is not None:
-            parts = [items for _, items in drained]
+            parts = counters.parts = []
+            for _, items in drained:
+                parts.append(items)
             if not parts:
+                counters.parts = None
                 return 0
             batch = parts[0] if len(parts) == 1 else [x for items in parts for x in items]
+            counters.parts = [batch]
             self._invoke(self._consumer, batch, counters)
+            counters.parts = None
             return len(batch)
         entries = self._table.entries
         merge: dict[Target, list[Any]] | None = None if self._type_routing else {}
+        counters.merged = merge
         total = calls = 0
         for p, items in drained:
+            counters.partition, counters.taken, counters.runs = p, items, None
             total += len(items)
-            for typ, run in group_by_type(items):
+            runs = counters.runs = group_by_type(items)
+            counters.next_run = 0
+            for typ, run in runs:
                 entry = entries.get(typ)
                 target = None if entry is None else entry.target(p)
                 if target is None:
                     counters.no_handler += len(run)
                     self._table.warn_no_handler(typ)
-                    continue
-                if merge is None:
+                elif merge is None:
                     self._invoke(target, run, counters)
                     calls += 1
-                    continue
-                pending = merge.get(target)
-                if pending is None:
-                    merge[target] = run
                 else:
-                    pending.extend(run)
+                    pending = merge.get(target)
+                    if pending is None:
+                        merge[target] = run
+                    else:
+                        pending.extend(run)
+                counters.next_run += 1
+            counters.taken = counters.runs = None
         if merge:
-            for target, batch in merge.items():
-                self._invoke(target, batch, counters)
-            calls += len(merge)
+            while merge:  # each batch leaves the record just before it is handed on
+                target = next(iter(merge))
+                self._invoke(target, merge.pop(target), counters)
+                calls += 1
+        counters.merged = None
         counters.last_calls = calls
         return total
+
+    def recover(self, counters: Counters, exc: BaseException, task: int) -> None:
+        """After a cycle raised: hand on what the task had taken and not yet handed on (grouped again in plain
+        Python, in case the fast path was what failed). What cannot be handed on even then is counted as lost and
+        logged: nothing vanishes. Runs on the failed task's own thread, so no handler runs twice at once."""
+        counters.restarts += 1
+        left: list[tuple[Target | None, int, list[Any]]] = []
+        if counters.taken is not None:
+            if counters.runs is not None:
+                left += [(None, counters.partition, run) for _, run in counters.runs[counters.next_run :]]
+            else:
+                left.append((None, counters.partition, counters.taken))
+        if counters.merged:
+            left += [(target, -1, batch) for target, batch in counters.merged.items()]
+        if counters.parts and self._consumer is not None:
+            left += [(self._consumer, -1, items) for items in counters.parts]
+        counters.clear_hands()
+        held = sum(len(items) for _, _, items in left)
+        self._log.error("queue %r: drain task %d failed (%r); restarted, handing on the %d item(s) it held",
+                        self._name, task, exc, held, exc_info=exc)  # fmt: skip
+        try:
+            for target, p, items in left:
+                if target is not None:
+                    self._invoke(target, items, counters)
+                    held -= len(items)
+                    continue
+                by_type: dict[type, list[Any]] = {}
+                for x in items:
+                    by_type.setdefault(type(x), []).append(x)
+                for typ, run in by_type.items():
+                    entry = self._table.entries.get(typ)
+                    handler = None if entry is None else entry.target(p)
+                    if handler is None:
+                        counters.no_handler += len(run)
+                    else:
+                        self._invoke(handler, run, counters)
+                    held -= len(run)
+        except BaseException as again:
+            counters.lost += held
+            self._log.error("queue %r: %d item(s) lost: drain task %d could not hand them on (%r)",
+                            self._name, held, task, again)  # fmt: skip
 
     def final_drain(self) -> None:
         """Dispatch everything still buffered, once (control thread, after every drain task has stopped).
@@ -130,9 +199,19 @@ class Dispatcher:
         if drained:
             on_drain_thread.queue = self._owner
             try:
-                self.dispatch(drained, self.final)
+                if self._consumer is not None:  # one call; every part is recorded before it
+                    self._dispatch_or_recover(drained)
+                else:  # one partition at a time: everything is taken already, a failure must not skip the rest
+                    for part in drained:
+                        self._dispatch_or_recover([part])
             finally:
                 on_drain_thread.queue = None
+
+    def _dispatch_or_recover(self, drained: list[tuple[int, list[Any]]]) -> None:
+        try:
+            self.dispatch(drained, self.final)
+        except BaseException as exc:
+            self.recover(self.final, exc, -1)
 
     def _invoke(self, target: Target, batch: list[Any], counters: Counters) -> None:
         counters.dispatched += len(batch)
@@ -193,7 +272,11 @@ class DrainTask:
         try:
             deadline = time.monotonic() + _SLICE_S
             while not self.stopped:
-                found = cycle(self)
+                try:
+                    found = cycle(self)
+                except BaseException as exc:  # supervision: the same task, in the same slot, at once
+                    self._dispatcher.recover(self.counters, exc, self.index)
+                    return 0.0
                 if not found:
                     break  # empty: back off
                 if self.drain_then_stop:

@@ -280,6 +280,8 @@ class BatchQueue:
             dropped_no_handler=count_value(self._dropped_early) + sum(c.no_handler for c in counters),
             dispatched=sum(c.dispatched for c in counters),
             handler_errors=sum(c.errors for c in counters),
+            task_restarts=sum(c.restarts for c in counters),
+            lost=sum(c.lost for c in counters),
             task_dispatched=tuple(t.counters.dispatched for t in self._tasks),
             task_partitions=tuple(self._parts.assigned),
             rebalances=ctl.rebalances,

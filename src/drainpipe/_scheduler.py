@@ -102,9 +102,9 @@ class Scheduler:
         while (task := self._next(lane)) is not None:
             try:
                 delay = task.run()
-            except BaseException:  # a task must never kill a pool thread
-                log.exception("drain task crashed; it will not run again")
-                delay = None
+            except BaseException:  # a task must never kill a pool thread, nor be dropped (its partitions would
+                log.exception("drain task raised out of run(); running it again in 0.1 s")  # keep a dead owner)
+                delay = 0.1
             if delay is None:
                 self._lane_of.pop(id(task), None)
                 continue

@@ -59,6 +59,8 @@ class BatchQueueStats:
     dropped_no_handler: int = 0  # items of a type without a handler
     dispatched: int = 0  # items handed to a handler or the consumer
     handler_errors: int = 0
+    task_restarts: int = 0  # drain cycles that raised: the task was restarted and handed on what it held
+    lost: int = 0  # items a failed cycle held and could not hand on even then (logged)
     task_dispatched: tuple[int, ...] = ()  # per drain task: items it dispatched
     task_partitions: tuple[tuple[int, ...], ...] = ()
     rebalances: int = 0  # rebalances that moved partitions
