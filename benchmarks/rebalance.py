@@ -10,6 +10,15 @@ the batch, standing for a database write):
 For 1 and 2 the most rebalancing can gain is the static max thread load / mean thread load (perfect balance); the
 table reports that bound beside the measured gain. Medians of --runs runs; JSON and a PNG plot are written.
 
+Churn (the planner alone, measured loads fed to it as the queue would, no threads): the old planner (LPT from
+scratch on each interval's raw loads whenever max/min >= 1.15) against the current one (smoothed loads, sticky
+moves, trigger and minimum gain), side by side:
+
+4. noisy: 120 partitions with steady loads (uniform 50-150) and +-30% noise per interval, 4 tasks, 200 intervals:
+   partitions and load moved per interval after the first plan.
+5. pareto: 500 partitions with Pareto(1.1) loads, round-robin owners, 4 tasks, one plan: partitions and load
+   moved, against the lower bound for the same improvement (each task's excess over the new heaviest load).
+
     .venv/bin/python benchmarks/rebalance.py [--runs 3] [--seconds 3]
 """
 
@@ -172,7 +181,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--json", default=str(RESULTS / "rebalance.json"))
     ap.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs" / "rebalance.png"))
+    ap.add_argument("--churn-only", action="store_true", help="only the planner churn figures (seconds)")
     args = ap.parse_args()
+    if args.churn_only:
+        churn()
+        return
 
     scenarios = {
         "anchor (100 types 24/8/4/1x)": (anchor_weights(), "rebalance"),
@@ -232,11 +245,95 @@ def main() -> None:
             f"| {name} | {r['static_throughput']:,.0f} | {r['static_max_min']:.2f}x | {r['new_throughput']:,.0f} | "
             f"{r['new_max_min']:.2f}x | {r['ratio']:.3f}x | {r['bound']:.3f}x | {100 * r['gain_of_bound']:.0f}% |"
         )
+    report["churn"] = churn()
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {out}")
     plot(plot_runs, Path(args.plot))
+
+
+def _old_plan(tp: list[int], owner: list[int]) -> list[int] | None:
+    """The planner before the sticky one: LPT from scratch whenever max/min >= 1.15 and it lowers the max."""
+    from drainpipe._balancer import SKIP_RATIO, lpt_bins, task_loads
+
+    before = task_loads(tp, owner, TASKS)
+    if min(before) > 0 and max(before) / min(before) < SKIP_RATIO:
+        return None
+    plan = lpt_bins(tp, TASKS, owner)
+    return plan if max(task_loads(tp, plan, TASKS)) < max(before) else None
+
+
+def churn() -> dict:
+    from drainpipe._balancer import moved_load_lower_bound, task_loads
+    from drainpipe._control import smooth
+
+    out: dict = {}
+    balancer = DrainBalancer.throughput_weighted()
+    rows = []
+    for name in ("old", "new"):
+        moved_parts = moved_load = 0
+        ratios = []
+        for seed in range(5):
+            rng = random.Random(seed)
+            base = [rng.uniform(50, 150) for _ in range(120)]
+            owner = [p % TASKS for p in range(120)]
+            ewma: list[float] = []
+            first = True
+            for n in range(1, 201):
+                sample = [int(b * rng.uniform(0.7, 1.3)) for b in base]
+                if name == "old":
+                    tp = sample
+                    plan = _old_plan(tp, owner)
+                else:
+                    ewma = smooth(ewma, sample, n)
+                    tp = [round(x) for x in ewma]
+                    plan = balancer.assign(tp, owner, TASKS) if n >= 3 else None
+                if plan is not None:
+                    if not first:
+                        moved_parts += sum(plan[p] != owner[p] for p in range(120))
+                        moved_load += sum(base[p] for p in range(120) if plan[p] != owner[p])
+                    first = False
+                    owner = plan
+                loads = task_loads([round(b) for b in base], owner, TASKS)
+                ratios.append(max(loads) / min(loads))
+        intervals = 5 * 199
+        rows.append({"planner": name, "partitions_moved_per_interval": moved_parts / intervals,
+                     "load_moved_per_interval_pct": 100 * moved_load / intervals / sum(base),
+                     "true_max_min_median": statistics.median(ratios)})  # fmt: skip
+    out["noisy_stationary"] = rows
+    rng = random.Random(7)
+    tp = [int(rng.paretovariate(1.1) * 100) for _ in range(500)]
+    owner = [p % TASKS for p in range(500)]
+    before = task_loads(tp, owner, TASKS)
+    pareto = []
+    for name, plan in (("old", _old_plan(tp, owner)), ("new", balancer.assign(tp, owner, TASKS))):
+        assert plan is not None
+        after = task_loads(tp, plan, TASKS)
+        moved = sum(tp[p] for p in range(500) if plan[p] != owner[p])
+        bound = moved_load_lower_bound(before, max(after))
+        pareto.append({"planner": name, "max_min_before": max(before) / min(before),
+                       "max_min_after": max(after) / min(after),
+                       "partitions_moved": sum(plan[p] != owner[p] for p in range(500)),
+                       "load_moved_pct": 100 * moved / sum(tp), "lower_bound_pct": 100 * bound / sum(tp),
+                       "moved_over_bound": moved / bound if bound else float("nan")})  # fmt: skip
+    out["pareto"] = pareto
+    print()
+    print("| noisy stationary load (120 partitions, +-30%) | partitions moved / interval | load moved / interval |"
+          " true max/min (median) |")  # fmt: skip
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['planner']} planner | {r['partitions_moved_per_interval']:.2f} | "
+              f"{r['load_moved_per_interval_pct']:.2f}% | {r['true_max_min_median']:.3f} |")  # fmt: skip
+    print()
+    print("| Pareto(1.1), 500 partitions, one plan | max/min before -> after | partitions moved | load moved |"
+          " lower bound | moved / bound |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for r in pareto:
+        print(f"| {r['planner']} planner | {r['max_min_before']:.3f} -> {r['max_min_after']:.3f} | "
+              f"{r['partitions_moved']} | {r['load_moved_pct']:.1f}% | {r['lower_bound_pct']:.1f}% | "
+              f"{r['moved_over_bound']:.2f}x |")  # fmt: skip
+    return out
 
 
 def plot(runs: dict, path: Path) -> None:

@@ -43,6 +43,19 @@ _HISTORY = 200
 _LOAD_SAMPLES = 2000
 
 
+SMOOTHING = 0.25  # weight of the newest interval in the per-partition load the periodic rebalance plans on
+WARMUP_SAMPLES = 3  # intervals measured before the first periodic plan
+
+
+def smooth(previous: Sequence[float], sample: Sequence[int], n: int, alpha: float = SMOOTHING) -> list[float]:
+    """Per-partition load: the mean of the first ``1/alpha`` intervals, then an exponentially weighted mean with
+    ``alpha`` for the newest (``n`` counts the intervals so far, this one included). Interval noise on a steady
+    load then stays under the balancer's trigger, while a real shift shows within a few intervals. A partition
+    new since the last sample starts at its sample."""
+    a = max(alpha, 1.0 / max(1, n))
+    return [a * x + (1 - a) * previous[i] if i < len(previous) else float(x) for i, x in enumerate(sample)]
+
+
 class Controller:
     """Owns the control thread of one queue. ``state`` is stable | revoking | fencing | assigning."""
 
@@ -84,6 +97,8 @@ class Controller:
         self.history: deque[RebalanceResult] = deque(maxlen=_HISTORY)
         self.load_history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=_LOAD_SAMPLES)
         self._last_counts: list[int] = []
+        self._smoothed: list[float] = []
+        self._samples = 0
         self._events: _queue_mod.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = (
             _queue_mod.SimpleQueue()
         )
@@ -155,6 +170,10 @@ class Controller:
     def rebalance(self, periodic: bool = False) -> RebalanceResult:
         started = time.monotonic()
         tp = self._throughput()
+        if periodic:  # plan on the smoothed load; rebalance_now plans on what happened since the last measurement
+            self._samples += 1
+            self._smoothed = smooth(self._smoothed, tp, self._samples)
+            tp = [round(x) for x in self._smoothed]
         owner = list(self._parts.owner)
         tasks = len(self._tasks)
         before = tuple(task_loads(tp, owner, tasks))
@@ -168,11 +187,15 @@ class Controller:
 
         if tasks <= 1:
             return result(skipped="single task")
-        plan = (self._config.balancer or _DEFAULT_BALANCER).assign(tp, owner, tasks)
+        if periodic and self._samples < WARMUP_SAMPLES:
+            return result(skipped="measuring")
+        balancer = self._config.balancer or _DEFAULT_BALANCER
+        plan = balancer.assign(tp, owner, tasks)
         if plan is None:
             if sum(tp) == 0:
                 return result(skipped="no load")
-            return result(skipped="already even" if RebalanceResult.ratio(before) < SKIP_RATIO else "no gain")
+            trigger = getattr(balancer, "trigger", SKIP_RATIO)
+            return result(skipped="already even" if RebalanceResult.ratio(before) < trigger else "no gain")
         if len(plan) != len(owner) or any(not (0 <= t < tasks) for t in plan):
             log.error("queue %r: balancer returned an invalid plan; ignored", self.name)
             return result(skipped="invalid plan")
