@@ -207,6 +207,10 @@ class Dispatcher:
             finally:
                 on_drain_thread.queue = None
 
+    def has_items(self, t: int) -> bool:
+        """Whether a partition task ``t`` owns holds items now."""
+        return self._parts.has_items(t)
+
     def _dispatch_or_recover(self, drained: list[tuple[int, list[Any]]]) -> None:
         try:
             self.dispatch(drained, self.final)
@@ -259,8 +263,7 @@ class DrainTask:
         self._dispatcher = dispatcher
         self._min_idle_ms, self._max_idle_ms = idle_ms
         self._owner = owner
-        self.idle = 0  # empty cycles in a row (the backoff exponent)
-        self.trickle = 0  # trickle cycles in a row
+        self.idle = 0  # empty cycles in a row (the backoff exponent); > 0: producers wake this task
         self.counters = Counters()
         self.stopped = False  # hard stop: no new cycle starts
         self.drain_then_stop = False  # shutdown: run until empty, then finish
@@ -284,17 +287,20 @@ class DrainTask:
                 self.idle = 0  # any data resets the idle backoff
                 if found < max(_SMALL_BATCH, _PER_CALL * self.counters.last_calls):
                     # A trickle (few items, or few per handler call) costs more in per-cycle overhead and GIL
-                    # hand-offs than it moves: wait, longer after each trickle in a row, so batches grow
-                    # (latency stays <= max_idle_ms).
-                    self.trickle += 1
-                    return self._delay(self.trickle - 1)
-                self.trickle = max(0, self.trickle - 1)
+                    # hand-offs than it moves: wait min_idle_ms so the next batch is bigger (at most one cycle per
+                    # min_idle_ms; latency stays about min_idle_ms). Producers do not cut this wait short.
+                    return self._min_idle_ms / 1000.0
                 if time.monotonic() > deadline:
                     return 0.0
             if self.stopped or self.drain_then_stop:
                 self.finished.set()
                 return None
+            # Empty: back off, min_idle_ms * 2**k up to max_idle_ms (the API's contract for on_idle). A producer
+            # that puts the first item into an empty partition of this task wakes it (BatchQueue._wake_owner), so
+            # the first item after a pause waits for no backoff, and an idle queue still costs almost nothing.
             self.idle += 1
+            if self._dispatcher.has_items(self.index):  # arrived after the take, while idle was still 0: the
+                return 0.0  # producer may not have woken us
             return self._delay(self.idle - 1)
         finally:
             on_drain_thread.queue = None

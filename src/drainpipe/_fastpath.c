@@ -363,6 +363,7 @@ typedef struct {
     PyObject *pcount;         /* list [int]: the published partition count, for the selector */
     PyObject *route_slow;     /* (item) -> partition | None: types the route table lacks (None: dropped) */
     PyObject *full;           /* (item, p) -> bool: partition p was full (drop, or wait for room) */
+    PyObject *wake;           /* (p) -> None: the item just put made partition p non-empty, or NULL */
     vectorcallfunc vectorcall;
     /* A direct-mapped cache of routes hits (type -> partition): a dict lookup keyed by a type costs several times
      * the rest of a produce. Entries are valid while their type is in routes (which keeps it alive); every change
@@ -449,6 +450,22 @@ route_item(ProducerObject *self, PyObject *item, Py_ssize_t *out, int *table)
     return 1;
 }
 
+/* After an item went into partition p: if it was the first (the partition was empty, its owner may be asleep in
+ * backoff), call wake(p). A failing wake must not fail a produce that has already happened: it is reported as
+ * unraisable. */
+static void
+maybe_wake(ProducerObject *self, Py_ssize_t p)
+{
+    if (self->wake == NULL || PyList_GET_SIZE(PyList_GET_ITEM(self->buffers->lists, p)) != 1)
+        return;
+    PyObject *pobj = PyLong_FromSsize_t(p);
+    PyObject *r = pobj == NULL ? NULL : PyObject_CallOneArg(self->wake, pobj);
+    Py_XDECREF(pobj);
+    if (r == NULL)
+        PyErr_WriteUnraisable(self->wake);
+    Py_XDECREF(r);
+}
+
 static PyObject *
 producer_vectorcall(ProducerObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -472,8 +489,10 @@ producer_vectorcall(ProducerObject *self, PyObject *const *args, size_t nargsf, 
     int done = buffers_append(b, p, item);
     if (done < 0)
         return NULL;
-    if (done)
+    if (done) {
+        maybe_wake(self, p);
         Py_RETURN_TRUE;
+    }
     if (is_closing(b))
         Py_RETURN_FALSE;
     PyObject *pobj = PyLong_FromSsize_t(p);
@@ -531,7 +550,10 @@ many_one(ProducerObject *self, ManyState *st, PyObject *item)
     if (pending == NULL) {                    /* partition p has not overflowed in this call */
         int r = buffers_append(b, p, item);
         if (r != 0) {
-            st->accepted += r > 0;
+            if (r > 0) {
+                st->accepted++;
+                maybe_wake(self, p);
+            }
             return r;
         }
         if (is_closing(b))
@@ -624,11 +646,15 @@ producer_drop_route(ProducerObject *self, PyObject *type)
 static int
 producer_init(ProducerObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffers", "routes", "select", "pcount", "route_slow", "full", NULL};
-    PyObject *buffers, *routes, *select, *pcount, *route_slow, *full;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OO:Producer", kwlist, &BuffersType, &buffers,
-                                     &routes, &select, &PyList_Type, &pcount, &route_slow, &full))
+    static char *kwlist[] = {"buffers", "routes", "select", "pcount", "route_slow", "full", "wake", NULL};
+    PyObject *buffers, *routes, *select, *pcount, *route_slow, *full, *wake = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OO|O:Producer", kwlist, &BuffersType, &buffers,
+                                     &routes, &select, &PyList_Type, &pcount, &route_slow, &full, &wake))
         return -1;
+    if (wake != Py_None && !PyCallable_Check(wake)) {
+        PyErr_SetString(PyExc_TypeError, "wake must be callable or None");
+        return -1;
+    }
     if (PyList_GET_SIZE(pcount) != 1) {
         PyErr_SetString(PyExc_ValueError, "pcount must be a one-element list");
         return -1;
@@ -647,6 +673,7 @@ producer_init(ProducerObject *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->pcount, Py_NewRef(pcount));
     Py_XSETREF(self->route_slow, Py_NewRef(route_slow));
     Py_XSETREF(self->full, Py_NewRef(full));
+    Py_XSETREF(self->wake, wake == Py_None ? NULL : Py_NewRef(wake));
     forget_routes(self);
     self->vectorcall = (vectorcallfunc)producer_vectorcall;
     return 0;
@@ -671,6 +698,7 @@ producer_traverse(ProducerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->pcount);
     Py_VISIT(self->route_slow);
     Py_VISIT(self->full);
+    Py_VISIT(self->wake);
     return 0;
 }
 
@@ -683,6 +711,7 @@ producer_clear(ProducerObject *self)
     Py_CLEAR(self->pcount);
     Py_CLEAR(self->route_slow);
     Py_CLEAR(self->full);
+    Py_CLEAR(self->wake);
     return 0;
 }
 

@@ -59,6 +59,11 @@ class Partitions:
                     self.notify_room(p)
                 yield p, items
 
+    def has_items(self, t: int) -> bool:
+        """Whether a partition task ``t`` owns holds items now."""
+        owner, size = self.owner, self.buffers.size
+        return any(owner[p] == t and size(p) for p in self.assigned[t])
+
     def owned_targets(self, t: int) -> list[Target]:
         """The handler instances on the partitions task ``t`` owns now."""
         owner = self.owner

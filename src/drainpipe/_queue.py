@@ -99,6 +99,7 @@ class BatchQueue:
             self._parts.count,
             self._route_slow,
             self._produce_full,
+            self._wake_owner,
         )
 
         dispatcher = Dispatcher(
@@ -144,6 +145,15 @@ class BatchQueue:
         next(self._dropped_early)
         self._table.warn_no_handler(t)
         return None
+
+    def _wake_owner(self, p: int) -> None:
+        """An item made partition ``p`` non-empty: wake its owner if it is backing off idle (not if it is busy, or
+        waiting on purpose after a trickle so that batches grow)."""
+        owner = self._parts.owner[p]
+        if owner >= 0:
+            task = self._tasks[owner]
+            if task.idle:
+                self._scheduler.wake(task)
 
     def _produce_full(self, item: Any, p: int) -> bool:
         """produce() found partition ``p`` full: drop (IF_POSSIBLE) or wait for room (BLOCKING)."""

@@ -32,6 +32,7 @@ class _Lane:
         self.cond = threading.Condition()
         self.heap: list[tuple[float, int, Task]] = []
         self.due: dict[int, float] = {}  # id(task) -> due time of its live heap entry (absent while it runs)
+        self.woken: set[int] = set()  # tasks woken while they ran: they run again at once
 
 
 class Scheduler:
@@ -64,13 +65,16 @@ class Scheduler:
             self._push(lane, task, time.monotonic() + delay)
 
     def wake(self, task: Task) -> None:
-        """Run ``task`` as soon as a thread is free if it is waiting in backoff (no-op while it runs)."""
+        """Run ``task`` as soon as a thread is free if it is waiting in backoff; if it is running, run it again as
+        soon as this run ends, whatever delay it asks for (what woke it arrived after it looked)."""
         lane = self._lane_of.get(id(task))
         if lane is None:
             return
         with lane.cond:
             due = lane.due.get(id(task))
-            if due is not None and due > time.monotonic():
+            if due is None:
+                lane.woken.add(id(task))
+            elif due > time.monotonic():
                 self._push(lane, task, 0.0)
 
     def _push(self, lane: _Lane, task: Task, due: float) -> None:
@@ -107,8 +111,13 @@ class Scheduler:
                 delay = 0.1
             if delay is None:
                 self._lane_of.pop(id(task), None)
+                with lane.cond:
+                    lane.woken.discard(id(task))
                 continue
             with lane.cond:
+                if id(task) in lane.woken:
+                    lane.woken.discard(id(task))
+                    delay = 0.0
                 if not self._closed:
                     self._push(lane, task, time.monotonic() + delay)
 
