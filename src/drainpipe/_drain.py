@@ -33,7 +33,7 @@ class Counters:
     (so that a cycle that fails can hand them on instead of dropping them)."""
 
     __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost",
-                 "partition", "taken", "runs", "next_run", "merged", "parts")  # fmt: skip
+                 "hand", "next_run", "merged", "parts")  # fmt: skip
 
     def __init__(self) -> None:
         self.last_calls = 0  # handler calls of the latest cycle
@@ -45,10 +45,9 @@ class Counters:
         self.clear_hands()
 
     def clear_hands(self) -> None:
-        self.partition = -1
-        self.taken: list[Any] | None = None  # one partition's items, taken
-        self.runs: list[tuple[type, list[Any]]] | None = None  # ... grouped by type
-        self.next_run = 0  # ... of which runs before this one were handed on
+        # (partition, its items as taken, the items grouped by type or None before grouping)
+        self.hand: tuple[int, list[Any], list[tuple[type, list[Any]]] | None] | None = None
+        self.next_run = 0  # set on failure: the runs before this one were handed on
         self.merged: dict[Target, list[Any]] | None = None  # merged batches not yet handed on (other selectors)
         self.parts: list[list[Any]] | None = None  # the consumer's items, taken
 
@@ -103,12 +102,12 @@ class Dispatcher:
         """
         if self._consumer is not None:
             parts = counters.parts = []
-            for _, items in drained:
-                parts.append(items)
+            for _, taken in drained:
+                parts.append(taken)
             if not parts:
                 counters.parts = None
                 return 0
-            batch = parts[0] if len(parts) == 1 else [x for items in parts for x in items]
+            batch = parts[0] if len(parts) == 1 else [x for taken in parts for x in taken]
             counters.parts = [batch]
             self._invoke(self._consumer, batch, counters)
             counters.parts = None
@@ -117,28 +116,38 @@ class Dispatcher:
         merge: dict[Target, list[Any]] | None = None if self._type_routing else {}
         counters.merged = merge
         total = calls = 0
-        for p, items in drained:
-            counters.partition, counters.taken, counters.runs = p, items, None
-            total += len(items)
-            runs = counters.runs = group_by_type(items)
-            counters.next_run = 0
-            for typ, run in runs:
-                entry = entries.get(typ)
-                target = None if entry is None else entry.target(p)
-                if target is None:
-                    counters.no_handler += len(run)
-                    self._table.warn_no_handler(typ)
-                elif merge is None:
-                    self._invoke(target, run, counters)
-                    calls += 1
-                else:
-                    pending = merge.get(target)
-                    if pending is None:
-                        merge[target] = run
+        # What this thread holds is kept in locals (free on the happy path) and recorded only if something raises
+        p, i = -1, 0
+        items: list[Any] | None = None
+        runs: list[tuple[type, list[Any]]] | None = None
+        try:
+            for p, items in drained:
+                runs = None
+                total += len(items)
+                runs = group_by_type(items)
+                i = 0
+                for typ, run in runs:
+                    entry = entries.get(typ)
+                    target = None if entry is None else entry.target(p)
+                    if target is None:
+                        counters.no_handler += len(run)
+                        self._table.warn_no_handler(typ)
+                    elif merge is None:
+                        self._invoke(target, run, counters)
+                        calls += 1
                     else:
-                        pending.extend(run)
-                counters.next_run += 1
-            counters.taken = counters.runs = None
+                        pending = merge.get(target)
+                        if pending is None:
+                            merge[target] = run
+                        else:
+                            pending.extend(run)
+                    i += 1
+                items = None  # this partition is handed on (or merged)
+        except BaseException:
+            # the partition in hand: all of it (grouping failed), or its runs from the one that failed on
+            counters.hand = None if items is None else (p, items, runs)
+            counters.next_run = i
+            raise
         if merge:
             while merge:  # each batch leaves the record just before it is handed on
                 target = next(iter(merge))
@@ -154,11 +163,12 @@ class Dispatcher:
         logged: nothing vanishes. Runs on the failed task's own thread, so no handler runs twice at once."""
         counters.restarts += 1
         left: list[tuple[Target | None, int, list[Any]]] = []
-        if counters.taken is not None:
-            if counters.runs is not None:
-                left += [(None, counters.partition, run) for _, run in counters.runs[counters.next_run :]]
+        if counters.hand is not None:
+            p, taken, runs = counters.hand
+            if runs is not None:
+                left += [(None, p, run) for _, run in runs[counters.next_run :]]
             else:
-                left.append((None, counters.partition, counters.taken))
+                left.append((None, p, taken))
         if counters.merged:
             left += [(target, -1, batch) for target, batch in counters.merged.items()]
         if counters.parts and self._consumer is not None:
@@ -210,6 +220,10 @@ class Dispatcher:
     def has_items(self, t: int) -> bool:
         """Whether a partition task ``t`` owns holds items now."""
         return self._parts.has_items(t)
+
+    def set_idle(self, t: int, idle: bool) -> None:
+        """Task ``t`` backs off idle (producers wake it), or is busy again."""
+        self._parts.idle[t] = idle
 
     def _dispatch_or_recover(self, drained: list[tuple[int, list[Any]]]) -> None:
         try:
@@ -284,7 +298,9 @@ class DrainTask:
                     break  # empty: back off
                 if self.drain_then_stop:
                     continue  # shutdown: empty the partitions at full speed
-                self.idle = 0  # any data resets the idle backoff
+                if self.idle:
+                    self.idle = 0  # any data resets the idle backoff
+                    self._dispatcher.set_idle(self.index, False)  # (a waking producer may have lowered it)
                 if found < max(_SMALL_BATCH, _PER_CALL * self.counters.last_calls):
                     # A trickle (few items, or few per handler call) costs more in per-cycle overhead and GIL
                     # hand-offs than it moves: wait min_idle_ms so the next batch is bigger (at most one cycle per
@@ -298,9 +314,10 @@ class DrainTask:
             # Empty: back off, min_idle_ms * 2**k up to max_idle_ms (the API's contract for on_idle). A producer
             # that puts the first item into an empty partition of this task wakes it (BatchQueue._wake_owner), so
             # the first item after a pause waits for no backoff, and an idle queue still costs almost nothing.
+            self._dispatcher.set_idle(self.index, True)  # from here on the first producer wakes this task
             self.idle += 1
-            if self._dispatcher.has_items(self.index):  # arrived after the take, while idle was still 0: the
-                return 0.0  # producer may not have woken us
+            if self._dispatcher.has_items(self.index):  # arrived after the take, before the flag was up: the
+                return 0.0  # producer did not wake us
             return self._delay(self.idle - 1)
         finally:
             on_drain_thread.queue = None

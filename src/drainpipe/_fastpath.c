@@ -177,18 +177,19 @@ is_closing(BuffersObject *self)
     return PyList_GET_ITEM(self->closing, 0) == Py_True;
 }
 
-/* Append one item to partition p if it is open and has room: 1 appended (and counted), 0 full or closing, -1 error.
- * Atomic: see the module docstring. */
+/* Append one item to partition p if it is open and has room: 1 appended (and counted), 2 appended as the first
+ * item of an empty partition, 0 full or closing, -1 error. Atomic: see the module docstring. */
 static inline int
 buffers_append(BuffersObject *self, Py_ssize_t p, PyObject *item)
 {
     PyObject *buf = PyList_GET_ITEM(self->lists, p);
-    if (PyList_GET_SIZE(buf) >= self->cap || is_closing(self))
+    Py_ssize_t size = PyList_GET_SIZE(buf);
+    if (size >= self->cap || is_closing(self))
         return 0;
     if (PyList_Append(buf, item) < 0)
         return -1;
     self->counts[p]++;
-    return 1;
+    return size == 0 ? 2 : 1;
 }
 
 /* Append items[start:] to partition p while there is room and shutdown has not begun; count them. */
@@ -363,13 +364,16 @@ typedef struct {
     PyObject *pcount;         /* list [int]: the published partition count, for the selector */
     PyObject *route_slow;     /* (item) -> partition | None: types the route table lacks (None: dropped) */
     PyObject *full;           /* (item, p) -> bool: partition p was full (drop, or wait for room) */
-    PyObject *wake;           /* (p) -> None: the item just put made partition p non-empty, or NULL */
     vectorcallfunc vectorcall;
     /* A direct-mapped cache of routes hits (type -> partition): a dict lookup keyed by a type costs several times
      * the rest of a produce. Entries are valid while their type is in routes (which keeps it alive); every change
      * of routes goes through set_route/drop_route, which empty the cache in the same atomic step. */
     PyTypeObject *cache_type[ROUTE_CACHE];
     Py_ssize_t cache_p[ROUTE_CACHE];
+    /* cold: read only when an item lands in an empty partition */
+    PyObject *wake;           /* (p) -> None: the item just put made partition p non-empty, or NULL */
+    PyObject *owners;         /* list: owner task of each partition (-1: none), grown in place; with wake */
+    PyObject *idle;           /* list: per task, True while it backs off idle; with wake */
 } ProducerObject;
 
 static PyTypeObject ProducerType;
@@ -450,13 +454,23 @@ route_item(ProducerObject *self, PyObject *item, Py_ssize_t *out, int *table)
     return 1;
 }
 
-/* After an item went into partition p: if it was the first (the partition was empty, its owner may be asleep in
- * backoff), call wake(p). A failing wake must not fail a produce that has already happened: it is reported as
+/* After the first item went into the empty partition p (its owner may be asleep in backoff): call wake(p) if the
+ * owner backs off idle. A failing wake must not fail a produce that has already happened: it is reported as
  * unraisable. */
 static void
 maybe_wake(ProducerObject *self, Py_ssize_t p)
 {
-    if (self->wake == NULL || PyList_GET_SIZE(PyList_GET_ITEM(self->buffers->lists, p)) != 1)
+    if (self->wake == NULL)
+        return;
+    /* only an owner that backs off idle needs waking: the common case (a busy owner) costs two list reads */
+    if (p >= PyList_GET_SIZE(self->owners))
+        return;
+    Py_ssize_t t = PyLong_AsSsize_t(PyList_GET_ITEM(self->owners, p));
+    if (t < 0 || t >= PyList_GET_SIZE(self->idle)) {
+        PyErr_Clear();
+        return;
+    }
+    if (PyList_GET_ITEM(self->idle, t) != Py_True)
         return;
     PyObject *pobj = PyLong_FromSsize_t(p);
     PyObject *r = pobj == NULL ? NULL : PyObject_CallOneArg(self->wake, pobj);
@@ -489,10 +503,10 @@ producer_vectorcall(ProducerObject *self, PyObject *const *args, size_t nargsf, 
     int done = buffers_append(b, p, item);
     if (done < 0)
         return NULL;
-    if (done) {
+    if (done == 2)
         maybe_wake(self, p);
+    if (done)
         Py_RETURN_TRUE;
-    }
     if (is_closing(b))
         Py_RETURN_FALSE;
     PyObject *pobj = PyLong_FromSsize_t(p);
@@ -552,9 +566,10 @@ many_one(ProducerObject *self, ManyState *st, PyObject *item)
         if (r != 0) {
             if (r > 0) {
                 st->accepted++;
-                maybe_wake(self, p);
+                if (r == 2)
+                    maybe_wake(self, p);
             }
-            return r;
+            return r < 0 ? -1 : 1;
         }
         if (is_closing(b))
             return 0;
@@ -646,13 +661,16 @@ producer_drop_route(ProducerObject *self, PyObject *type)
 static int
 producer_init(ProducerObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"buffers", "routes", "select", "pcount", "route_slow", "full", "wake", NULL};
-    PyObject *buffers, *routes, *select, *pcount, *route_slow, *full, *wake = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OO|O:Producer", kwlist, &BuffersType, &buffers,
-                                     &routes, &select, &PyList_Type, &pcount, &route_slow, &full, &wake))
+    static char *kwlist[] = {"buffers", "routes", "select", "pcount", "route_slow", "full", "wake", "owners", "idle",
+                             NULL};
+    PyObject *buffers, *routes, *select, *pcount, *route_slow, *full, *wake = Py_None, *owners = Py_None,
+             *idle = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OO|OOO:Producer", kwlist, &BuffersType, &buffers,
+                                     &routes, &select, &PyList_Type, &pcount, &route_slow, &full, &wake, &owners,
+                                     &idle))
         return -1;
-    if (wake != Py_None && !PyCallable_Check(wake)) {
-        PyErr_SetString(PyExc_TypeError, "wake must be callable or None");
+    if (wake != Py_None && (!PyCallable_Check(wake) || !PyList_Check(owners) || !PyList_Check(idle))) {
+        PyErr_SetString(PyExc_TypeError, "wake must be callable, with owners and idle lists");
         return -1;
     }
     if (PyList_GET_SIZE(pcount) != 1) {
@@ -674,6 +692,8 @@ producer_init(ProducerObject *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->route_slow, Py_NewRef(route_slow));
     Py_XSETREF(self->full, Py_NewRef(full));
     Py_XSETREF(self->wake, wake == Py_None ? NULL : Py_NewRef(wake));
+    Py_XSETREF(self->owners, wake == Py_None ? NULL : Py_NewRef(owners));
+    Py_XSETREF(self->idle, wake == Py_None ? NULL : Py_NewRef(idle));
     forget_routes(self);
     self->vectorcall = (vectorcallfunc)producer_vectorcall;
     return 0;
@@ -699,6 +719,8 @@ producer_traverse(ProducerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->route_slow);
     Py_VISIT(self->full);
     Py_VISIT(self->wake);
+    Py_VISIT(self->owners);
+    Py_VISIT(self->idle);
     return 0;
 }
 
@@ -712,6 +734,8 @@ producer_clear(ProducerObject *self)
     Py_CLEAR(self->route_slow);
     Py_CLEAR(self->full);
     Py_CLEAR(self->wake);
+    Py_CLEAR(self->owners);
+    Py_CLEAR(self->idle);
     return 0;
 }
 

@@ -29,8 +29,9 @@ class Buffers:
 class Producer:
     """``produce(item) -> bool``: route the item, check the closing flag and the bound, append and count, in one
     call. False after shutdown began, or (IF_POSSIBLE) when the partition is full; with BLOCKING the ``full``
-    callback waits for room. ``wake(p)``, if given, is called when an item made partition ``p`` non-empty (its
-    owner may be asleep in backoff). Routes change only through :meth:`set_route` / :meth:`drop_route`."""
+    callback waits for room. ``wake(p)``, if given, is called when an item made partition ``p`` non-empty and
+    ``idle[owners[p]]`` is True (its owner backs off idle; both lists are read, never written). Routes change
+    only through :meth:`set_route` / :meth:`drop_route`."""
 
     def __init__(
         self,
@@ -41,6 +42,8 @@ class Producer:
         route_slow: Callable[[Any], int | None],
         full: Callable[[Any, int], bool],
         wake: Callable[[int], None] | None = None,
+        owners: list[int] | None = None,
+        idle: list[bool] | None = None,
     ) -> None: ...
     def __call__(self, item: Any, /) -> bool: ...
     def many(self, items: list[Any], /) -> tuple[int, dict[int, list[Any]] | None]:

@@ -6,6 +6,8 @@ thread (:mod:`._control`). Who may write what:
 * ``buffers`` (C, ``_fastpath.Buffers``): producers append and drain tasks take, each in one atomic C call.
 * ``closing``: set once by the first ``shutdown()`` caller; read by the C fast path and by waiting producers.
 * ``epoch[t]``: only drain task ``t`` (odd while inside a drain cycle); the control thread reads it to fence.
+* ``idle[t]``: drain task ``t`` raises it when it backs off idle; the producer that wakes it lowers it (one wake
+  per idle spell).
 * ``owner``, ``assigned``, ``targets``, ``type_count``, ``count`` and growth of every list: only the control thread.
   Lists grow in place (never replaced), and a new partition count is published last, so a reader on another
   thread never indexes past what exists.
@@ -43,6 +45,7 @@ class Partitions:
         self.targets: list[tuple[Target, ...]] = [() for _ in range(count)]  # handler instances per partition
         self.type_count = [0] * count  # types placed on each partition
         self.epoch = [0] * tasks
+        self.idle = [False] * tasks  # True while task t backs off idle (only task t writes it; producers read it)
         self.assigned: list[tuple[int, ...]] = self._assignment()
 
     # ------------------------------------------------------------------ drain side

@@ -100,6 +100,8 @@ class BatchQueue:
             self._route_slow,
             self._produce_full,
             self._wake_owner,
+            self._parts.owner,
+            self._parts.idle,
         )
 
         dispatcher = Dispatcher(
@@ -147,13 +149,12 @@ class BatchQueue:
         return None
 
     def _wake_owner(self, p: int) -> None:
-        """An item made partition ``p`` non-empty: wake its owner if it is backing off idle (not if it is busy, or
-        waiting on purpose after a trickle so that batches grow)."""
+        """An item made partition ``p`` non-empty while its owner backs off idle (the C producer checked): wake it.
+        A busy owner, or one waiting on purpose after a trickle so that batches grow, is not called for."""
         owner = self._parts.owner[p]
         if owner >= 0:
-            task = self._tasks[owner]
-            if task.idle:
-                self._scheduler.wake(task)
+            self._parts.idle[owner] = False  # one wake per idle spell: other partitions' first items skip it
+            self._scheduler.wake(self._tasks[owner])
 
     def _produce_full(self, item: Any, p: int) -> bool:
         """produce() found partition ``p`` full: drop (IF_POSSIBLE) or wait for room (BLOCKING)."""
