@@ -230,6 +230,7 @@ class BatchQueue:
         *,
         split: int | bool = False,
         key: Callable[[Any], Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Register ``handler`` for items of exactly ``type_`` (replacing any previous one).
 
@@ -238,8 +239,9 @@ class BatchQueue:
         ``handler`` a zero-argument factory: the queue builds one instance per sub-partition and spreads the type
         over them by ``hash(key(item))`` (round-robin without ``key``), so several threads drain a hot type, each
         into its own instance; the instances' states must be mergeable. Blocks until the control thread has applied
-        the change (returns at once when called from this queue's drain thread).
-        Raises ValueError for a bad weight/split, RuntimeError after shutdown.
+        the change (returns at once when called from this queue's drain thread); ``timeout`` (seconds) bounds
+        the wait (see :meth:`remove_handler`).
+        Raises ValueError for a bad weight/split, RuntimeError after shutdown, TimeoutError after ``timeout``.
         """
         if not isinstance(type_, type):
             raise ConfigError(f"add_handler needs a type, got {type_!r}")
@@ -257,25 +259,34 @@ class BatchQueue:
             raise ConfigError("a split handler must be a zero-argument factory of handler instances")
         if not parts:
             Target(handler, type_, False)  # validate the handler's shape now, in the caller
-        self._run_control(self._control.add_handler, type_, handler, float(weight), parts, key)
+        self._run_control(self._control.add_handler, (type_, handler, float(weight), parts, key), timeout)
 
-    def remove_handler(self, type_: type) -> bool:
+    def remove_handler(self, type_: type, timeout: float | None = None) -> bool:
         """Unregister the handler of ``type_``; True if there was one. When it returns (called from outside a drain
-        thread) the handler is no longer being called. Items of that type still buffered are dropped and counted."""
-        return bool(self._run_control(self._control.remove_handler, type_))
+        thread) the handler is no longer being called. Items of that type still buffered are dropped and counted.
 
-    def rebalance_now(self) -> RebalanceResult:
-        """Measure throughput since the last measurement and rebalance once, waiting for the handoff to finish."""
-        result: RebalanceResult = self._run_control(self._control.rebalance)
+        ``timeout`` (seconds): raise TimeoutError if the change is not done by then. If the control thread had not
+        started it yet it is withdrawn (nothing changed); if it had (it waits for a handler call to end), it
+        completes when that call ends. Either way the queue stays consistent."""
+        return bool(self._run_control(self._control.remove_handler, (type_,), timeout))
+
+    def rebalance_now(self, timeout: float | None = None) -> RebalanceResult:
+        """Measure throughput since the last measurement and rebalance once, waiting for the handoff to finish;
+        ``timeout`` as for :meth:`remove_handler`."""
+        result: RebalanceResult = self._run_control(self._control.rebalance, (), timeout)
         return result
 
-    def _run_control(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _run_control(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
         if self._parts.closing[0]:
             raise QueueError(f"queue {self._name!r} is shut down")
         future = self._control.submit(fn, *args)
         if getattr(on_drain_thread, "queue", None) is self:
             return None  # a drain thread never waits on control work (the control thread may be fencing it)
-        return future.result()
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            what = "withdrawn, nothing changed" if future.cancel() else "still running; it completes in the background"
+            raise TimeoutError(f"queue {self._name!r}: {fn.__name__} not done after {timeout} s ({what})") from None
 
     def stats(self) -> BatchQueueStats:
         """An immutable snapshot. Counters are exact; buffer usage is a moment's view. Thread-safe."""
