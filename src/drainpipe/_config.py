@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._policies import PartitionPolicy, ThreadPolicy
+from ._protocols import Balancer, ErrorHandler
 from ._routing import BufferStrategy, PartitionSelector, Selector
 from .errors import ConfigError
 
@@ -22,12 +23,13 @@ class BatchQueueConfig:
     buffer_size: int = 10_000
     strategy: BufferStrategy = BufferStrategy.BLOCKING
     consumer: Any = None
-    error_handler: Callable[[list, BaseException], None] | None = None
+    error_handler: ErrorHandler | Callable[[list, BaseException], None] | None = None
     min_idle_ms: int = 1
     max_idle_ms: int = 50
-    balancer: Any = None
+    balancer: Balancer | None = None
     rebalance_interval_ms: int = 0
     shutdown_timeout_ms: int = 500
+    rebalance_listener: Any = None  # a RebalanceListener: told what each task loses and gains in a rebalance
 
     def validate(self) -> BatchQueueConfig:
         """Check every field; return self so calls chain."""
@@ -61,6 +63,11 @@ class BatchQueueConfig:
         if self.balancer is not None and not callable(getattr(self.balancer, "assign", None)):
             raise ConfigError("balancer must have assign(throughput, current_owner, task_count)")
         _int_at_least("rebalance_interval_ms", self.rebalance_interval_ms, 0)
+        listener = self.rebalance_listener
+        if listener is not None and not all(
+            callable(getattr(listener, m, None)) for m in ("on_revoked", "on_assigned")
+        ):
+            raise ConfigError("rebalance_listener must have on_revoked(task, partitions, types) and on_assigned(...)")
         _int_at_least("shutdown_timeout_ms", self.shutdown_timeout_ms, 0)
         return self
 

@@ -202,7 +202,16 @@ class Controller:
         moves = [(p, owner[p], plan[p]) for p in range(len(owner)) if plan[p] != owner[p]]
         if not moves:
             return result(skipped="no gain")
-        done = self._parts.handoff(moves, self._set_state)
+        listener = self._config.rebalance_listener
+
+        def on_state(state: str) -> None:
+            if state in ("revoked", "assigned"):
+                if listener is not None:
+                    self._tell(listener, state, moves)
+                return
+            self._set_state(state)
+
+        done = self._parts.handoff(moves, on_state)
         self.state = "stable"
         if not done:
             return result(skipped="shutdown")
@@ -220,6 +229,18 @@ class Controller:
             res.duration_ms,
         )
         return res
+
+    def _tell(self, listener: Any, phase: str, moves: list[tuple[int, int, int]]) -> None:
+        """on_revoked per old owner, or on_assigned per new owner, with its partitions and their types."""
+        by_task: dict[int, list[int]] = {}
+        for p, old, new in moves:
+            by_task.setdefault(old if phase == "revoked" else new, []).append(p)
+        callback = listener.on_revoked if phase == "revoked" else listener.on_assigned
+        for task, partitions in sorted(by_task.items()):
+            try:
+                callback(task, tuple(partitions), self._parts.types_on(partitions))
+            except Exception:
+                log.exception("queue %r: rebalance listener failed in %s", self.name, callback.__name__)
 
     # ------------------------------------------------------------------ handlers and growth
 

@@ -119,18 +119,26 @@ class Partitions:
 
     def handoff(self, moves: list[tuple[int, int, int]], on_state: Callable[[str], None]) -> bool:
         """Move partitions ``(p, old, new)``: all revokes, one fence over the old owners, all assigns.
-        False (nothing assigned; the revoked partitions are left to the final drain) if shutdown cut the fence."""
+        ``on_state`` hears each phase ("revoking", "fencing", "revoked" once the old owners are out, "assigning",
+        "assigned"). False (nothing assigned; the revoked partitions are left to the final drain) if shutdown cut
+        the fence."""
         on_state("revoking")
         for p, _, _ in moves:
             self.owner[p] = UNOWNED
         on_state("fencing")
         if not self.fence({old for _, old, _ in moves}, abortable=True):
             return False
+        on_state("revoked")
         on_state("assigning")
         for p, _, new in moves:
             self.owner[p] = new
         self.assigned = self._assignment()
+        on_state("assigned")
         return True
+
+    def types_on(self, partitions: Iterable[int]) -> tuple[type, ...]:
+        """The item types placed on ``partitions``."""
+        return tuple(dict.fromkeys(tg.type for p in partitions for tg in self.targets[p] if tg.type is not None))
 
     def grow(self, want: int) -> None:
         """Add partitions up to ``want``. Existing partitions keep their owners (and their items); each new

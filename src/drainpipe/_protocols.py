@@ -1,0 +1,37 @@
+"""The typed shapes a user plugs into a queue besides handlers: a balancer, an error handler, a rebalance
+listener. (Handlers: :class:`drainpipe.HandlerConsumer`.) Structural: any object of the right shape will do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Balancer(Protocol):
+    """Decides partition -> drain task ownership (``BatchQueueConfig.balancer``). Called on the queue's control
+    thread only, with per-partition throughput (items per interval, smoothed for periodic rebalances), the current
+    owners and the task count; returns the new owner of every partition, or None to leave things as they are."""
+
+    def assign(self, throughput: Sequence[int], current_owner: Sequence[int], task_count: int) -> list[int] | None: ...
+
+
+class ErrorHandler(Protocol):
+    """``BatchQueueConfig.error_handler``: called with the batch and the exception when a handler raised, on the
+    drain thread that called the handler. Whatever it raises is logged; the queue keeps running."""
+
+    def __call__(self, batch: list[Any], exc: BaseException, /) -> None: ...
+
+
+class RebalanceListener(Protocol):
+    """``BatchQueueConfig.rebalance_listener``, as Kafka's ``ConsumerRebalanceListener``: told which partitions
+    (and the item types placed on them) each drain task loses and gains when a rebalance moves partitions.
+
+    Both run on the queue's control thread, in order: every ``on_revoked`` of a rebalance first (called once the
+    old owner has left the drain cycle it was in, so no handler of those partitions runs on it any more), then
+    every ``on_assigned`` (before the new owner's first cycle over them). Keep them short: the handoff waits for
+    them. What they raise is logged; the rebalance goes on."""
+
+    def on_revoked(self, task: int, partitions: tuple[int, ...], types: tuple[type, ...]) -> None: ...
+
+    def on_assigned(self, task: int, partitions: tuple[int, ...], types: tuple[type, ...]) -> None: ...
