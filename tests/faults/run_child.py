@@ -11,7 +11,8 @@ COMMIT; with --slow-commit the transaction then sleeps 0.5 s so a kill lands ins
 from __future__ import annotations
 
 import sys
-import time
+
+import txn_markers
 
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import EngineOptions
@@ -23,24 +24,15 @@ def main() -> None:
     store_url, flush_s, workers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     slow = "--slow-commit" in sys.argv
     inputs = [a for a in sys.argv[4:] if not a.startswith("--")]
-    record, merge = SqlStore._record_progress, SqlStore.merge
-    count = [0]
-
-    def traced_record(self: SqlStore, progress: object) -> None:  # runs inside the transaction, before COMMIT
-        record(self, progress)  # type: ignore[arg-type]
-        if progress:
-            count[0] += 1
-            print(f"in-txn {count[0]}", flush=True)
-            if slow:
-                time.sleep(0.5)
+    merge = SqlStore.merge
+    txn_markers.install(0.5 if slow else 0.0)
 
     def traced_merge(self: SqlStore, *args: object, **kwargs: object) -> object:
         report = merge(self, *args, **kwargs)  # type: ignore[arg-type]
         if kwargs.get("progress"):
-            print(f"committed {count[0]}", flush=True)
+            print(f"committed {txn_markers.count[0]}", flush=True)
         return report
 
-    SqlStore._record_progress = traced_record  # type: ignore[method-assign]
     SqlStore.merge = traced_merge  # type: ignore[method-assign]
     print("start", flush=True)
     summary = run_local(inputs, definitions=default_definitions(), store_url=store_url,
