@@ -236,20 +236,6 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
     assert ingest(store, EVENTS.slice(1000), "two").applied == 17  # and it can be retried
 
 
-def test_forget_removes_a_source_and_its_pieces_from_the_ledger(store: Store) -> None:
-    ingest(store, EVENTS.slice(0, 500), "http:forget-a")
-    partial = aggregate_batch(EVENTS.slice(500, 500), DEFAULT_DEFINITIONS, source="http:forget-b")[0]
-    piece = split_partial(partial, 2)[0]
-    store.merge([piece])
-    ingest(store, EVENTS.slice(1000, 500), "file:keep")
-    assert store.has_sources("http:forget-a") and store.has_sources("http:forget-b")
-    store.forget(["http:forget-a", "http:forget-b"])
-    store.forget([])  # nothing to do
-    assert not store.has_sources("http:forget-")
-    assert store.is_applied("file:keep", DEFAULT_DEFINITIONS.names)
-    assert store.applied("http:forget-a") == frozenset()  # would merge again: only for input never replayed
-
-
 def test_a_name_with_another_definition_is_refused(store: Store) -> None:
     ingest(store, EVENTS, "x", Definitions((MetricDef("m", "service", "count"),)))
     with pytest.raises(StoreError, match="'m' is stored with a different definition"):

@@ -211,11 +211,6 @@ class Store(Protocol):
         """The progress rows of files with this head fingerprint or this device/inode."""
         ...
 
-    def forget(self, sources: Iterable[str]) -> None:
-        """Remove ``sources`` (and their pieces) from the ledger. Only for input that will never be merged again
-        (e.g. an HTTP request whose write succeeded): forgotten input merged again would be counted twice."""
-        ...
-
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
         """The partials still to merge: those whose sources are all applied are dropped; a partial whose
         sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
@@ -571,15 +566,6 @@ class SqlStore:
             ledger = self._ledger({source})
         names = list(names)
         return bool(names) and all(ledger.applied(source, name) for name in names)
-
-    def forget(self, sources: Iterable[str]) -> None:
-        roots = sorted({source_root(s) for s in sources})
-        if not roots:
-            return
-        with self._guard("forget"), self._transaction():
-            self._execute("DELETE FROM stage_sources")
-            self._insert_arrow("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
-            self._execute("DELETE FROM applied_sources WHERE root IN (SELECT root FROM stage_sources)")
 
     def has_sources(self, prefix: str) -> bool:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

@@ -49,7 +49,7 @@ class Feeder:
         engine: LocalEngine,
         definitions: Definitions,
         *,
-        checkpoint_s: float = 1.0,
+        checkpoint_s: float = 2.0,
         max_commits: int = 2,
     ) -> None:
         self.log = log_
@@ -63,7 +63,6 @@ class Feeder:
         self.replay_start = self.replay_end = 0  # what the log held beyond the store's position at start
         self.replayed_events = 0
         self.recovered_s: float | None = None  # time until what the log held at start was in the store
-        self.fed_events = 0
         self.failed = ""  # a commit failed for good: the reason
         self._events_since = 0
         self._outstanding: deque[tuple[Commit, int]] = deque()
@@ -81,13 +80,11 @@ class Feeder:
         self.applied = {r.name: r.end for r in rows if r.fid == self.log.key}
         top = max(self.applied.values(), default=0)
         if top > self.log.end:
-            renew = getattr(self.log, "renew", None)
             log.warning(
                 "the store has applied the write-ahead log %s up to position %d, but the log ends at %d: not the "
                 "log that fed it; starting a new log", self.log.key, top, self.log.end,
             )  # fmt: skip
-            if renew is not None:
-                renew()
+            self.log.renew()
             self.applied = {}
         names = self.definitions.names
         start = min((self.applied.get(n, 0) for n in names), default=0)
@@ -128,11 +125,12 @@ class Feeder:
                 # live traffic arrives a request at a time: gather for up to GATHER_S (the requests are answered
                 # already) so the engine gets batches of thousands of events, not one request's
                 gather_until = time.monotonic() + GATHER_S
-                while (sum(b.num_rows for _, b in records) < COALESCE_ROWS and not self._halt.is_set()
-                       and time.monotonic() < gather_until):  # fmt: skip
+                rows = sum(b.num_rows for _, b in records)
+                while rows < COALESCE_ROWS and not self._halt.is_set() and time.monotonic() < gather_until:
                     more = reader.read(READ_RECORDS)
                     if more:
                         records += more
+                        rows += sum(b.num_rows for _, b in more)
                     else:
                         self.log.wait(records[-1][0], gather_until - time.monotonic())
                 self._feed(records)
@@ -173,7 +171,6 @@ class Feeder:
         self.engine.ingest(table, None, subset)
         n = table.num_rows
         self._events_since += n
-        self.fed_events += n
 
     def _recovered(self) -> None:
         self.recovered_s = time.monotonic() - self._t0
@@ -188,7 +185,7 @@ class Feeder:
         if self.position == (self._outstanding[-1][1] if self._outstanding else self.committed):
             return
         rows = [
-            FileProgress(self.log.key, name, self.log.key, self.log.key, str(getattr(self.log, "dir", "")),
+            FileProgress(self.log.key, name, self.log.key, self.log.key, self.log.location,
                          max(self.position, self.applied.get(name, 0)), 0)
             for name in self.definitions.names
         ]  # fmt: skip

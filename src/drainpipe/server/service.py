@@ -319,7 +319,7 @@ class IngestService:
         lg = self.log
         if not lg.durable:
             return "durability none: acknowledged events are held in memory"
-        return f"write-ahead log {getattr(lg, 'dir', '?')}, {lg.end - self.feeder.committed:,} bytes to replay"
+        return f"write-ahead log {lg.location}, {lg.end - self.feeder.committed:,} bytes to replay"
 
     @property
     def max_ts(self) -> int | None:

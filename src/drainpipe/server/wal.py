@@ -82,6 +82,7 @@ class EventLog(Protocol):
     """What the server needs of a log (see the module docstring)."""
 
     key: str  # names this log in the store's progress rows
+    location: str  # where it lives, for messages and progress rows
     durable: bool
     max_bytes: int
 
@@ -95,6 +96,7 @@ class EventLog(Protocol):
     def reader(self, position: int) -> LogReader: ...
     def wait(self, position: int, timeout: float) -> bool: ...
     def release(self, position: int) -> None: ...
+    def renew(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -130,12 +132,11 @@ class WriteAheadLog:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        fsync: bool = True,
     ) -> None:
         self.dir = Path(directory)
+        self.location = str(self.dir)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
-        self._fsync = fsync
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -264,9 +265,8 @@ class WriteAheadLog:
         path = self._path(base)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         os.write(fd, MAGIC)
-        if self._fsync:
-            os.fsync(fd)
-            _fsync_dir(self.dir)
+        os.fsync(fd)
+        _fsync_dir(self.dir)
         self._fd = fd
         self._bases.append(base)
         self._ends.append(base)
@@ -328,8 +328,7 @@ class WriteAheadLog:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
-            if self._fsync:
-                os.fdatasync(self._fd)
+            os.fdatasync(self._fd)
         except OSError as exc:
             try:  # never leave part of a record behind: the next start would cut it, but the next write follows it
                 os.ftruncate(self._fd, size_before)
@@ -444,6 +443,7 @@ class MemoryLog:
 
     def __init__(self, *, max_bytes: int = 512 << 20) -> None:
         self.max_bytes = max_bytes
+        self.location = "memory"
         self.key = "memory:" + uuid.uuid4().hex  # never replayed: a new identity per process
         self._records: deque[tuple[int, pa.RecordBatch]] = deque()
         self._start = self._end = 0
@@ -495,6 +495,10 @@ class MemoryLog:
             while self._records and self._records[0][0] <= position:
                 self._start = self._records.popleft()[0]
                 self._popped += 1
+
+    def renew(self) -> None:
+        """A new identity (the log is empty at start anyway)."""
+        self.key = "memory:" + uuid.uuid4().hex
 
     def close(self) -> None:
         with self._lock:
