@@ -1,14 +1,16 @@
-"""The control thread: every ownership change of one queue, serialised, answered with Futures.
+"""The control work of one queue: ownership changes, handler registrations, rebalancing, liveness, shutdown.
 
 Requests (periodic rebalance, ``rebalance_now``, ``add_handler`` growth, ``remove_handler``, shutdown) arrive as
-events on a queue and run one at a time on the thread ``drainpipe-<queue>-control``, in the spirit of a consumer's
-background thread: callers wait on a ``concurrent.futures.Future``; drain threads never run control work.
+steps on the process's control thread (:mod:`._control_loop`) and are answered with ``concurrent.futures.Future``s;
+drain threads never run control work. Steps of one queue run one at a time. Requests about one handler type run in
+order; requests about different types never wait for each other.
 
-A partition changes owner with the two-phase handoff (:meth:`Partitions.handoff`): revoke (owner = UNOWNED),
-fence (wait until each old owner has left the drain cycle it was in; a task sleeping in backoff is not in a
-cycle), assign. Moves are batched: all revokes, one fence over all old owners, all assigns. Items produced
-meanwhile stay in the partition and are drained by the new owner. A fence is bounded by the old owner's current
-cycle; a shutdown ends a rebalance's fence early (the revoked partitions are then emptied by the final drain).
+A partition changes owner with the two-phase handoff of the seed: revoke (owner = UNOWNED), fence (wait until its
+old owner has left the drain cycle it was in; a task sleeping in backoff is not in a cycle), assign. The fence is
+per old owner: a moved partition waits only for its own old owner, and the control thread never blocks on it (the
+fence is a wait the control loop polls). Items produced meanwhile stay in the partition and are drained by the new
+owner. A partition in motion is not moved again until its handoff completes. A shutdown ends a rebalance's fences
+early (the revoked partitions are then emptied by the final drain).
 
 The controller works on the queue's parts, never on the queue: the partition state (:mod:`._partitions`), the
 handler table (:mod:`._handlers`), the drain tasks and dispatcher (:mod:`._drain`), the scheduler, and the C
@@ -17,30 +19,32 @@ producer (the only writer of the route table).
 
 from __future__ import annotations
 
+import functools
 import logging
-import queue as _queue_mod
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from ._balancer import SKIP_RATIO, DrainBalancer, task_loads
 from ._config import BatchQueueConfig
+from ._control_loop import ControlLoop
 from ._drain import Dispatcher, DrainTask
 from ._fastpath import Producer
 from ._handlers import Entry, HandlerTable
-from ._partitions import Partitions
+from ._partitions import UNOWNED, Partitions
 from ._routing import is_type_hash
 from ._scheduler import Scheduler
-from ._stats import RebalanceResult
+from ._stats import RebalanceResult, SlowCall
 from .errors import ConfigError, QueueError
 
 log = logging.getLogger("drainpipe.control")
 _DEFAULT_BALANCER = DrainBalancer.throughput_weighted()
 _HISTORY = 200
 _LOAD_SAMPLES = 2000
+Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
 
 
 SMOOTHING = 0.25  # weight of the newest interval in the per-partition load the periodic rebalance plans on
@@ -56,14 +60,29 @@ def smooth(previous: Sequence[float], sample: Sequence[int], n: int, alpha: floa
     return [a * x + (1 - a) * previous[i] if i < len(previous) else float(x) for i, x in enumerate(sample)]
 
 
+def _then(source: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
+    """A Future of ``fn(source's result)``, settled where ``source`` is (on the control thread)."""
+    out: Future[Any] = Future()
+
+    def settle(f: Future[Any]) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    source.add_done_callback(settle)
+    return out
+
+
 class Controller:
-    """Owns the control thread of one queue. ``state`` is stable | revoking | fencing | assigning."""
+    """The control state of one queue. ``state`` is stable | revoking | fencing | assigning."""
 
     def __init__(
         self,
         name: str,
         config: BatchQueueConfig,
         *,
+        loop: ControlLoop,
         parts: Partitions,
         table: HandlerTable,
         tasks: Sequence[DrainTask],
@@ -75,6 +94,7 @@ class Controller:
     ) -> None:
         self.name = name
         self._config = config
+        self._loop = loop
         self._parts = parts
         self._table = table
         self._tasks = tasks
@@ -99,65 +119,120 @@ class Controller:
         self._last_counts: list[int] = []
         self._smoothed: list[float] = []
         self._samples = 0
-        self._events: _queue_mod.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = (
-            _queue_mod.SimpleQueue()
-        )
+        self._moving: dict[int, tuple[int, int]] = {}  # partition -> (old owner, new owner) while in handoff
+        self._serial: dict[Hashable, deque[Op]] = {}  # requests waiting behind a running one about the same type
+        self._slow_ms = config.slow_handler_ms
+        self._reported: set[tuple[int, float]] = set()  # slow calls already logged: (task, started)
         self._lock = threading.Lock()
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name=f"drainpipe-{name}-control", daemon=True)
-        self._thread.start()
+        loop.call(self._start_timers)
 
-    # ------------------------------------------------------------------ event loop
+    # ------------------------------------------------------------------ requests
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Queue ``fn(*args)`` for the control thread; its Future fails with RuntimeError once shut down."""
+    def submit(self, fn: Callable[..., Any], *args: Any, serial: Hashable | None = None) -> Future[Any]:
+        """Queue ``fn(*args)`` for the control thread (thread-safe). ``fn`` returns its result, or a Future of it
+        (when it has to wait for drain tasks). Requests with the same ``serial`` key run one after another. The
+        Future fails with QueueError once the queue is shut down; cancelling it before it starts withdraws it."""
         fut: Future[Any] = Future()
         with self._lock:
             if self._stopped:
                 fut.set_exception(QueueError(f"queue {self.name!r} is shut down"))
                 return fut
-            self._events.put((fn, args, fut))
+        self._loop.call(lambda: self._admit((fn, args, fut), serial))
         return fut
 
-    def _loop(self) -> None:
-        next_tick = time.monotonic() + self.interval if self.periodic else None
-        while True:
-            timeout = None if next_tick is None else max(0.0, next_tick - time.monotonic())
-            fn: Callable[..., Any] | None
-            try:
-                fn, args, fut = self._events.get(timeout=timeout)
-            except _queue_mod.Empty:
-                fn = None
-            if fn is not None and fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(*args))
-                except BaseException as exc:
-                    fut.set_exception(exc)
-                if fn == self.shutdown:
-                    self._refuse_pending()
-                    return
-            if self.periodic and next_tick is not None and time.monotonic() >= next_tick:
-                try:
-                    self.rebalance(periodic=True)
-                except Exception:
-                    log.exception("queue %r: periodic rebalance failed", self.name)
-                next_tick = time.monotonic() + self.interval
+    def _admit(self, op: Op, serial: Hashable | None) -> None:
+        if serial is None:
+            self._start(op)
+            return
+        waiting = self._serial.get(serial)
+        if waiting is not None:  # one about this type is running: this one runs after it
+            waiting.append(op)
+            return
+        self._serial[serial] = deque()
+        op[2].add_done_callback(lambda _: self._loop.call(lambda: self._next(serial)))
+        self._start(op)
 
-    def _refuse_pending(self) -> None:
-        with self._lock:
-            self._stopped = True
-        while True:
-            try:
-                _, _, fut = self._events.get_nowait()
-            except _queue_mod.Empty:
-                return
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(QueueError(f"queue {self.name!r} is shut down"))
+    def _next(self, serial: Hashable) -> None:
+        waiting = self._serial.get(serial)
+        if not waiting:
+            self._serial.pop(serial, None)
+            return
+        op = waiting.popleft()
+        op[2].add_done_callback(lambda _: self._loop.call(lambda: self._next(serial)))
+        self._start(op)
+
+    def _start(self, op: Op) -> None:
+        fn, args, fut = op
+        if not fut.set_running_or_notify_cancel():
+            return  # withdrawn by a caller's timeout
+        if self._stopped and fn != self.shutdown:
+            fut.set_exception(QueueError(f"queue {self.name!r} is shut down"))
+            return
+        try:
+            out = fn(*args)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            return
+        if isinstance(out, Future):
+            out.add_done_callback(lambda f: _copy(f, fut))
+        else:
+            fut.set_result(out)
+
+    def _after_cycle(self, tasks: Iterable[int], then: Callable[[], None], abortable: bool) -> None:
+        """Run ``then`` once each of ``tasks`` has left the drain cycle it is in now (at once if none is in one).
+        An abortable wait also ends when shutdown begins."""
+        waiting = self._parts.in_cycle(tasks)
+        closing = self._parts.closing
+        self._loop.when(lambda: self._parts.left(waiting) or (abortable and closing[0]), then)
+
+    # ------------------------------------------------------------------ timers
+
+    def _start_timers(self) -> None:
+        if self.periodic:
+            self._loop.at(self.interval, self._tick)
+        self._loop.at(self._watch_interval(), self._watch)
+
+    def _tick(self) -> None:
+        if not self.periodic or self._stopped:
+            return
+        try:
+            self.rebalance(periodic=True)
+        except Exception:
+            log.exception("queue %r: periodic rebalance failed", self.name)
+        self._loop.at(self.interval, self._tick)
+
+    def _watch_interval(self) -> float:
+        return min(1.0, max(0.01, self._slow_ms / 4000.0))
+
+    def _watch(self) -> None:
+        """Log each handler call that has run longer than slow_handler_ms, once."""
+        if self._stopped:
+            return
+        slow = self.slow_calls()
+        current = {(c.task, c.started) for c in slow}
+        for call in slow:
+            if (call.task, call.started) not in self._reported:
+                log.warning("queue %r: handler of %s on drain task %d has been in %s for %.1f s "
+                            "(slow_handler_ms=%d)", self.name, call.type_name, call.task, call.method,
+                            call.seconds, self._slow_ms)  # fmt: skip
+        self._reported = current
+        self._loop.at(self._watch_interval(), self._watch)
+
+    def slow_calls(self) -> tuple[SlowCall, ...]:
+        """Handler calls running now for longer than slow_handler_ms (thread-safe: reads one tuple per task)."""
+        now = time.monotonic()
+        out = []
+        for task in self._tasks:
+            calling = task.counters.calling
+            if calling is not None:
+                type_, method, started = calling
+                if (now - started) * 1000 >= self._slow_ms:
+                    name = "consumer" if type_ is None else type_.__qualname__
+                    out.append(SlowCall(name, task.index, method, now - started, started))
+        return tuple(out)
 
     # ------------------------------------------------------------------ rebalancing
-
-    def _set_state(self, state: str) -> None:
-        self.state = state
 
     def _throughput(self) -> list[int]:
         """Items produced per partition since the previous measurement (snapshot-and-reset)."""
@@ -167,14 +242,19 @@ class Controller:
         self._last_counts = counts
         return [c - b for c, b in zip(counts, last)]
 
-    def rebalance(self, periodic: bool = False) -> RebalanceResult:
+    def rebalance(self, periodic: bool = False) -> RebalanceResult | Future[RebalanceResult]:
+        """Plan on the load and start the handoffs; the result (a Future when partitions move) is settled once every
+        moved partition is assigned."""
         started = time.monotonic()
         tp = self._throughput()
         if periodic:  # plan on the smoothed load; rebalance_now plans on what happened since the last measurement
             self._samples += 1
             self._smoothed = smooth(self._smoothed, tp, self._samples)
             tp = [round(x) for x in self._smoothed]
+        # a partition in handoff counts as its new owner's, and is not moved again before it gets there
         owner = list(self._parts.owner)
+        for p, (_, new) in self._moving.items():
+            owner[p] = new
         tasks = len(self._tasks)
         before = tuple(task_loads(tp, owner, tasks))
         if periodic:
@@ -199,39 +279,67 @@ class Controller:
         if len(plan) != len(owner) or any(not (0 <= t < tasks) for t in plan):
             log.error("queue %r: balancer returned an invalid plan; ignored", self.name)
             return result(skipped="invalid plan")
-        moves = [(p, owner[p], plan[p]) for p in range(len(owner)) if plan[p] != owner[p]]
+        plan = [owner[p] if p in self._moving else t for p, t in enumerate(plan)]
+        moves = tuple((p, owner[p], plan[p]) for p in range(len(owner)) if plan[p] != owner[p])
         if not moves:
             return result(skipped="no gain")
-        listener = self._config.rebalance_listener
 
-        def on_state(state: str) -> None:
-            if state in ("revoked", "assigned"):
-                if listener is not None:
-                    self._tell(listener, state, moves)
-                return
-            self._set_state(state)
+        def finish(done: bool) -> RebalanceResult:
+            if not done:
+                return result(skipped="shutdown")
+            res = result(moves, tuple(task_loads(tp, plan, tasks)))
+            self.rebalances += 1
+            self.history.append(res)
+            log.info("queue %r: rebalanced %d partitions, max/min load %.2f -> %.2f in %.1f ms", self.name,
+                     len(moves), res.ratio_before, res.ratio_after, res.duration_ms)  # fmt: skip
+            return res
 
-        done = self._parts.handoff(moves, on_state)
-        self.state = "stable"
-        if not done:
-            return result(skipped="shutdown")
-        for t in {new for _, _, new in moves}:
-            self._scheduler.wake(self._tasks[t])
-        res = result(tuple(moves), tuple(task_loads(tp, plan, tasks)))
-        self.rebalances += 1
-        self.history.append(res)
-        log.info(
-            "queue %r: rebalanced %d partitions, max/min load %.2f -> %.2f in %.1f ms",
-            self.name,
-            len(moves),
-            res.ratio_before,
-            res.ratio_after,
-            res.duration_ms,
-        )
-        return res
+        return _then(self._handoff(moves), finish)
 
-    def _tell(self, listener: Any, phase: str, moves: list[tuple[int, int, int]]) -> None:
+    def _handoff(self, moves: Sequence[tuple[int, int, int]]) -> Future[bool]:
+        """Revoke every moved partition now; assign each old owner's share once that owner has left its cycle.
+        The Future is True once all are assigned, False if shutdown came first (the rest is left to the final
+        drain)."""
+        done: Future[bool] = Future()
+        self.state = "revoking"
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for move in moves:
+            p, old, new = move
+            self._parts.owner[p] = UNOWNED
+            self._moving[p] = (old, new)
+            groups.setdefault(old, []).append(move)
+        self.state = "fencing"
+        left = [len(groups)]
+
+        def assign(old: int, group: list[tuple[int, int, int]]) -> None:
+            closing = self._parts.closing[0]
+            if not closing:
+                self._tell("revoked", group)
+                self.state = "assigning"
+                for p, _, new in group:
+                    self._parts.owner[p] = new
+                self._parts.publish()
+                self._tell("assigned", group)
+            for p, _, _ in group:
+                del self._moving[p]
+            self.state = "fencing" if self._moving else "stable"
+            if not closing:
+                for t in {new for _, _, new in group}:
+                    self._scheduler.wake(self._tasks[t])
+            left[0] -= 1
+            if left[0] == 0 or closing:
+                if not done.done():
+                    done.set_result(not closing)
+
+        for old, group in groups.items():
+            self._after_cycle({old}, functools.partial(assign, old, group), abortable=True)
+        return done
+
+    def _tell(self, phase: str, moves: list[tuple[int, int, int]]) -> None:
         """on_revoked per old owner, or on_assigned per new owner, with its partitions and their types."""
+        listener = self._config.rebalance_listener
+        if listener is None:
+            return
         by_task: dict[int, list[int]] = {}
         for p, old, new in moves:
             by_task.setdefault(old if phase == "revoked" else new, []).append(p)
@@ -246,18 +354,23 @@ class Controller:
 
     def add_handler(
         self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None
-    ) -> None:
-        table, parts = self._table, self._parts
+    ) -> None | Future[None]:
         if split and not self._type_routing:
             raise ConfigError("split handlers need the type_hash partition selector")
-        old = table.entries.get(type_)
-        if old is not None:
-            self._detach(old)
         entry = Entry(type_, handler, weight, split, key)
+        old = self._table.entries.get(type_)
+        if old is None:
+            self._attach(entry, handler)
+            return None
+        # the old instance must have left every drain cycle before the new one can be called
+        return _then(self._detach(old), lambda _: self._attach(entry, handler))
+
+    def _attach(self, entry: Entry, handler: Any) -> None:
+        table, parts, type_ = self._table, self._parts, entry.type
         if not self._consumer and self._config.partitions.is_adaptive:
             weighted = table.weighted_count() + entry.weighted_count
             parts.grow(self._config.partitions.resolve(self._thread_count, weighted))
-        placed = parts.place(max(1, split), table.home.get(type_))
+        placed = parts.place(max(1, entry.split), table.home.get(type_))
         entry.bind(placed, handler, locked=not self._type_routing)
         table.home[type_] = placed
         table.entries[type_] = entry
@@ -266,45 +379,84 @@ class Controller:
             assert target is not None
             parts.attach(p, target)
         if self._type_routing and not self._consumer:  # publish the route last: the handler is ready
-            if split:
+            if entry.split:
                 table.split[type_] = entry
             else:
                 self._producer.set_route(type_, placed[0])
         table.clear_warning(type_)
 
-    def remove_handler(self, type_: type) -> bool:
+    def remove_handler(self, type_: type) -> bool | Future[bool]:
         entry = self._table.entries.get(type_)
         if entry is None:
             return False
-        self._detach(entry)
-        return True
+        return _then(self._detach(entry), lambda _: True)
 
-    def _detach(self, entry: Entry) -> None:
-        """Unroute and unregister a handler, then fence its partitions' owners so it is no longer running."""
+    def _detach(self, entry: Entry) -> Future[None]:
+        """Unroute and unregister a handler; the Future is settled once it is no longer running: when every task
+        that owns, or owned until a handoff still under way, one of its partitions has left its cycle."""
         if self._type_routing:
             self._producer.drop_route(entry.type)
         self._table.split.pop(entry.type, None)
         self._table.entries.pop(entry.type, None)
         for p in entry.partitions:
             self._parts.detach(p, entry.type)
-        # not abortable: the caller is promised the handler is no longer running when this returns
-        self._parts.fence(self._parts.owners_of(entry.partitions), abortable=False)
+        tasks = self._parts.owners_of(entry.partitions)
+        tasks |= {self._moving[p][0] for p in entry.partitions if p in self._moving}
+        done: Future[None] = Future()
+        self._after_cycle(tasks, lambda: done.set_result(None), abortable=False)
+        return done
 
     # ------------------------------------------------------------------ shutdown
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> Future[None]:
         """Let drain tasks empty their partitions (up to shutdown_timeout_ms), stop them, wait out any in-flight
-        handler call however long it takes, then dispatch what is left once and release the scheduler."""
+        handler call however long it takes, then dispatch what is left once, on a thread of the queue's scheduler,
+        and release the scheduler. The Future is settled when all that is done."""
+        with self._lock:
+            self._stopped = True  # requests queued after this one are refused
         self.periodic = False
         for task in self._tasks:
             task.drain_then_stop = True
             self._scheduler.wake(task)
         deadline = time.monotonic() + self._config.shutdown_timeout_ms / 1000.0
-        for task in self._tasks:
-            task.finished.wait(max(0.0, deadline - time.monotonic()))
-        for task in self._tasks:
-            task.stopped = True
-        self._parts.fence(range(len(self._tasks)), abortable=False)
-        self._dispatcher.final_drain()
-        self._release()
-        self.state = "stable"
+        done: Future[None] = Future()
+
+        def stop() -> None:
+            for task in self._tasks:
+                task.stopped = True
+            self._after_cycle(range(len(self._tasks)), final, abortable=False)
+
+        def final() -> None:
+            self.state = "stable"
+            self._scheduler.submit(_FinalDrain(self._dispatcher, self._release, done))
+
+        tasks = self._tasks
+        self._loop.when(lambda: time.monotonic() >= deadline or all(t.finished.is_set() for t in tasks), stop)
+        return done
+
+
+class _FinalDrain:
+    """The last task a queue puts on its scheduler: dispatch what is left, release the scheduler, settle ``done``.
+    It runs on a drain thread (not the control thread) because it calls handlers, which may take their time."""
+
+    def __init__(self, dispatcher: Dispatcher, release: Callable[[], None], done: Future[None]) -> None:
+        self._dispatcher = dispatcher
+        self._release = release
+        self._done = done
+
+    def run(self) -> None:
+        try:
+            self._dispatcher.final_drain()
+        finally:
+            try:
+                self._release()
+            finally:
+                self._done.set_result(None)
+
+
+def _copy(source: Future[Any], target: Future[Any]) -> None:
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())

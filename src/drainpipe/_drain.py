@@ -18,6 +18,7 @@ from ._fastpath import group_by_type
 from ._handlers import HandlerTable, Target
 from ._partitions import Partitions
 
+_monotonic = time.monotonic
 _SLICE_S = 0.05  # a busy task yields to the scheduler after this long (fairness on shared pools)
 _SMALL_BATCH = 64  # a cycle that found fewer items than this waits min_idle_ms before the next,
 _PER_CALL = 16  # as does one that averaged fewer items than this per handler call
@@ -32,7 +33,7 @@ class Counters:
     that thread holds in its hands during a cycle: items taken from a partition but not yet handed to a handler
     (so that a cycle that fails can hand them on instead of dropping them)."""
 
-    __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost",
+    __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost", "calling",
                  "hand", "next_run", "merged", "parts")  # fmt: skip
 
     def __init__(self) -> None:
@@ -42,6 +43,9 @@ class Counters:
         self.no_handler = 0
         self.restarts = 0  # cycles that raised (the task was restarted)
         self.lost = 0  # items a failed cycle had taken and that could not be handed on even then
+        # the handler call in progress: (type or None for the consumer, "consume" | "on_idle", monotonic start);
+        # one tuple, replaced whole, so the control thread's liveness check reads it without a lock
+        self.calling: tuple[type | None, str, float] | None = None
         self.clear_hands()
 
     def clear_hands(self) -> None:
@@ -86,7 +90,7 @@ class Dispatcher:
                 return 0
             found = self.dispatch(self._parts.take_owned(t), task.counters)
             if not found:
-                self._idle(t)
+                self._idle(t, task.counters)
             return found
         finally:
             epoch[t] += 1
@@ -233,6 +237,7 @@ class Dispatcher:
 
     def _invoke(self, target: Target, batch: list[Any], counters: Counters) -> None:
         counters.dispatched += len(batch)
+        counters.calling = (target.type, "consume", _monotonic())
         try:
             if target.lock is None:
                 target.consume(batch)
@@ -242,6 +247,8 @@ class Dispatcher:
         except BaseException as exc:  # the queue survives any handler error
             counters.errors += 1
             self._report_error(batch, exc)
+        finally:
+            counters.calling = None
 
     def _report_error(self, batch: list[Any], exc: BaseException) -> None:
         handler = self._error_handler
@@ -253,12 +260,13 @@ class Dispatcher:
         except BaseException:
             self._log.exception("queue %r: error_handler failed", self._name)
 
-    def _idle(self, t: int) -> None:
+    def _idle(self, t: int, counters: Counters) -> None:
         """on_idle of the consumer, or of each handler on a partition this task owns."""
         targets = (self._consumer,) if self._consumer is not None else self._parts.owned_targets(t)
         for target in targets:
             if target.on_idle is None:
                 continue
+            counters.calling = (target.type, "on_idle", _monotonic())
             try:
                 if target.lock is None:
                     target.on_idle()
@@ -267,6 +275,8 @@ class Dispatcher:
                         target.on_idle()
             except BaseException as exc:
                 self._report_error([], exc)
+            finally:
+                counters.calling = None
 
 
 class DrainTask:

@@ -13,16 +13,15 @@ thread (:mod:`._control`). Who may write what:
   thread never indexes past what exists.
 * ``conds``/``waiters``: producers waiting for room, and drain tasks that free room.
 
-Handoff (revoke, fence, assign; :meth:`handoff`): the partition becomes unowned, the control thread waits until
-each old owner has left the drain cycle it was in, then the new owner is published. Items produced meanwhile stay
-in the partition and are drained by the new owner.
+Handoff (revoke, fence, assign; run by :mod:`._control`): the partition becomes unowned, the control thread waits
+(without blocking: :meth:`in_cycle`, :meth:`left`) until its old owner has left the drain cycle it was in, then the
+new owner is published. Items produced meanwhile stay in the partition and are drained by the new owner.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._fastpath import Buffers
@@ -104,37 +103,21 @@ class Partitions:
 
     # ------------------------------------------------------------------ control side (the control thread only)
 
-    def fence(self, tasks: Iterable[int], abortable: bool) -> bool:
-        """Wait until each task has left the cycle it is in now. False if a shutdown cut an abortable fence short."""
+    def in_cycle(self, tasks: Iterable[int]) -> dict[int, int]:
+        """The tasks among ``tasks`` that are inside a drain cycle now, with that cycle's epoch (for :meth:`left`)."""
         epoch = self.epoch
-        waiting = {t: epoch[t] for t in tasks if epoch[t] & 1}
-        pause = 0.00005
-        while waiting:
-            if abortable and self.closing[0]:
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.001)
-            waiting = {t: e for t, e in waiting.items() if epoch[t] == e}
-        return True
+        return {t: epoch[t] for t in tasks if epoch[t] & 1}
 
-    def handoff(self, moves: list[tuple[int, int, int]], on_state: Callable[[str], None]) -> bool:
-        """Move partitions ``(p, old, new)``: all revokes, one fence over the old owners, all assigns.
-        ``on_state`` hears each phase ("revoking", "fencing", "revoked" once the old owners are out, "assigning",
-        "assigned"). False (nothing assigned; the revoked partitions are left to the final drain) if shutdown cut
-        the fence."""
-        on_state("revoking")
-        for p, _, _ in moves:
-            self.owner[p] = UNOWNED
-        on_state("fencing")
-        if not self.fence({old for _, old, _ in moves}, abortable=True):
-            return False
-        on_state("revoked")
-        on_state("assigning")
-        for p, _, new in moves:
-            self.owner[p] = new
+    def left(self, waiting: dict[int, int]) -> bool:
+        """Whether every task of ``waiting`` (from :meth:`in_cycle`) has left that cycle; forgets those that have."""
+        epoch = self.epoch
+        for t in [t for t, e in waiting.items() if epoch[t] != e]:
+            del waiting[t]
+        return not waiting
+
+    def publish(self) -> None:
+        """Publish each task's partitions after owners changed (the drain side reads ``assigned``)."""
         self.assigned = self._assignment()
-        on_state("assigned")
-        return True
 
     def types_on(self, partitions: Iterable[int]) -> tuple[type, ...]:
         """The item types placed on ``partitions``."""

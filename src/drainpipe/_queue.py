@@ -33,6 +33,7 @@ from typing import Any
 
 from ._config import BatchQueueConfig
 from ._control import Controller
+from ._control_loop import control_loops
 from ._drain import Counters, Dispatcher, DrainTask, on_drain_thread
 from ._fastpath import Producer
 from ._handlers import HandlerConsumer, HandlerTable, Target
@@ -120,6 +121,7 @@ class BatchQueue:
         self._control = Controller(
             name,
             config,
+            loop=control_loops.acquire(),
             parts=self._parts,
             table=self._table,
             tasks=self._tasks,
@@ -259,7 +261,7 @@ class BatchQueue:
             raise ConfigError("a split handler must be a zero-argument factory of handler instances")
         if not parts:
             Target(handler, type_, False)  # validate the handler's shape now, in the caller
-        self._run_control(self._control.add_handler, (type_, handler, float(weight), parts, key), timeout)
+        self._run_control(self._control.add_handler, (type_, handler, float(weight), parts, key), timeout, type_)
 
     def remove_handler(self, type_: type, timeout: float | None = None) -> bool:
         """Unregister the handler of ``type_``; True if there was one. When it returns (called from outside a drain
@@ -268,7 +270,7 @@ class BatchQueue:
         ``timeout`` (seconds): raise TimeoutError if the change is not done by then. If the control thread had not
         started it yet it is withdrawn (nothing changed); if it had (it waits for a handler call to end), it
         completes when that call ends. Either way the queue stays consistent."""
-        return bool(self._run_control(self._control.remove_handler, (type_,), timeout))
+        return bool(self._run_control(self._control.remove_handler, (type_,), timeout, type_))
 
     def rebalance_now(self, timeout: float | None = None) -> RebalanceResult:
         """Measure throughput since the last measurement and rebalance once, waiting for the handoff to finish;
@@ -276,10 +278,12 @@ class BatchQueue:
         result: RebalanceResult = self._run_control(self._control.rebalance, (), timeout)
         return result
 
-    def _run_control(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> Any:
+    def _run_control(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, serial: type | None = None
+    ) -> Any:
         if self._parts.closing[0]:
             raise QueueError(f"queue {self._name!r} is shut down")
-        future = self._control.submit(fn, *args)
+        future = self._control.submit(fn, *args, serial=serial)
         if getattr(on_drain_thread, "queue", None) is self:
             return None  # a drain thread never waits on control work (the control thread may be fencing it)
         try:
@@ -309,6 +313,7 @@ class BatchQueue:
             rebalances=ctl.rebalances,
             rebalance_state=ctl.state,
             rebalance_history=tuple(ctl.history),
+            slow_calls=ctl.slow_calls(),
         )
 
     def produced_count(self, partition: int | None = None) -> int:
@@ -341,12 +346,16 @@ class BatchQueue:
         if getattr(on_drain_thread, "queue", None) is self:
             return  # called from one of our handlers: waiting here would wait for ourselves
         self._done.wait()
+        self._scheduler.join()  # the final drain ran on a scheduler thread: let its threads end
 
     def _release_scheduler(self) -> None:
+        """The last step of shutdown (on a scheduler thread, after the final drain): release the scheduler and the
+        control thread."""
         if self._shared_name is not None:
             shared_schedulers.release(self._shared_name)
         else:
-            self._scheduler.shutdown(wait=not self._scheduler.owns_current_thread())
+            self._scheduler.shutdown(wait=False)
+        control_loops.release()
 
     def __repr__(self) -> str:
         return (

@@ -126,15 +126,22 @@ class Scheduler:
         return threading.current_thread() in self._threads
 
     def shutdown(self, wait: bool = True) -> None:
+        """Stop the threads once their current task returns; ``wait``: join them (see :meth:`join`)."""
         self._closed = True
         for lane in self._lanes:
             with lane.cond:
                 lane.cond.notify_all()
         if wait:
-            me = threading.current_thread()
-            for t in self._threads:
-                if t is not me:
-                    t.join()
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the threads of a shut-down scheduler to end (the calling thread excepted); no-op before."""
+        if not self._closed:
+            return
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join()
 
 
 class _SharedRegistry:

@@ -48,6 +48,19 @@ class RebalanceResult:
 
 
 @dataclass(frozen=True)
+class SlowCall:
+    """A handler call that has run longer than ``slow_handler_ms`` (Kafka's ``max.poll.interval.ms``): the
+    handler's type (``"consumer"`` in single-consumer mode), the drain task, ``consume`` or ``on_idle``, and the
+    seconds it has been running when the snapshot was taken."""
+
+    type_name: str
+    task: int
+    method: str
+    seconds: float
+    started: float = field(default=0.0, repr=False)  # time.monotonic() when the call began (identifies it)
+
+
+@dataclass(frozen=True)
 class BatchQueueStats:
     """Point-in-time snapshot of a queue (the seed's usage view plus the counters an operator needs)."""
 
@@ -66,6 +79,7 @@ class BatchQueueStats:
     rebalances: int = 0  # rebalances that moved partitions
     rebalance_state: str = "stable"  # stable | revoking | fencing | assigning
     rebalance_history: tuple[RebalanceResult, ...] = field(default=(), repr=False)
+    slow_calls: tuple[SlowCall, ...] = ()  # handler calls running longer than slow_handler_ms right now
 
     @property
     def partition_count(self) -> int:

@@ -213,12 +213,23 @@ def test_shutdown_twice_and_after_completion_returns_immediately(qname):
     assert not q.is_running
 
 
+def _control_threads():
+    return [t for t in threading.enumerate() if t.name == "drainpipe-control"]
+
+
 def test_shutdown_stops_every_queue_thread(qname):
+    """A queue has its pool threads; the control thread is one per process, shared, and ends with the last queue."""
+    alive = len(_control_threads())
     q = BatchQueue(qname, config(threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(3)))
-    assert len(queue_threads(qname)) == 4  # 3 pool threads + the control thread
+    q2 = BatchQueue(qname + "_b", config(threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2)))
+    assert len(queue_threads(qname)) == 3  # its pool threads, and no thread of its own for control
+    assert len(_control_threads()) == 1
     q.shutdown()
     assert pool_threads(qname) == []
-    assert wait_until(lambda: queue_threads(qname) == [], timeout=2)
+    assert len(_control_threads()) == 1  # still serving q2
+    q2.shutdown()
+    if alive == 0:  # no other queue of this process is alive: the control thread ends
+        assert wait_until(lambda: _control_threads() == [], timeout=2)
 
 
 def test_shutdown_from_a_handler_on_a_drain_thread_returns(qname):
