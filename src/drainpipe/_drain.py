@@ -29,7 +29,7 @@ on_drain_thread = threading.local()
 
 
 class Counters:
-    """Counters written by a single thread (one drain task, or the control thread for the final drain), and what
+    """Counters written by a single thread (one drain task, or the thread of the final drain), and what
     that thread holds in its hands during a cycle: items taken from a partition but not yet handed to a handler
     (so that a cycle that fails can hand them on instead of dropping them)."""
 
@@ -204,7 +204,7 @@ class Dispatcher:
                             self._name, held, task, again)  # fmt: skip
 
     def final_drain(self) -> None:
-        """Dispatch everything still buffered, once (control thread, after every drain task has stopped).
+        """Dispatch everything still buffered, once (a scheduler thread, after every drain task has stopped).
 
         ``closing`` was set before this runs, and the C fast path never appends once it is set, so nothing can
         arrive after the take. Dispatch holds no lock, so a handler may call ``shutdown()`` without deadlocking.

@@ -27,10 +27,11 @@ class RebalanceListener(Protocol):
     """``BatchQueueConfig.rebalance_listener``, as Kafka's ``ConsumerRebalanceListener``: told which partitions
     (and the item types placed on them) each drain task loses and gains when a rebalance moves partitions.
 
-    Both run on the queue's control thread, in order: every ``on_revoked`` of a rebalance first (called once the
-    old owner has left the drain cycle it was in, so no handler of those partitions runs on it any more), then
-    every ``on_assigned`` (before the new owner's first cycle over them). Keep them short: the handoff waits for
-    them. What they raise is logged; the rebalance goes on."""
+    Both run on the control thread. Partitions are handed over per old owner: ``on_revoked`` once that owner has
+    left the drain cycle it was in (no handler of those partitions runs on it any more), then ``on_assigned`` for
+    their new owners (before a new owner's first cycle over them); a partition's ``on_revoked`` always precedes
+    its ``on_assigned``. Keep them short: every queue's control work waits for them. What they raise is logged;
+    the rebalance goes on."""
 
     def on_revoked(self, task: int, partitions: tuple[int, ...], types: tuple[type, ...]) -> None: ...
 

@@ -5,7 +5,8 @@ The queue is the public face over four internal parts, each in its own module:
 * :mod:`._partitions`: the shared partition state (buffers, owners, cycle epochs) and the handoff over it;
 * :mod:`._handlers`: the handler table;
 * :mod:`._drain`: the drain tasks and the dispatcher;
-* :mod:`._control`: the control thread, the only writer of ownership, routes and handler registrations.
+* :mod:`._control`: the control work (on the process's control thread, :mod:`._control_loop`), the only writer of
+  ownership, routes and handler registrations.
 
 Concurrency rules (who may touch what):
 
@@ -15,9 +16,9 @@ Concurrency rules (who may touch what):
   lock, never overshoots the bound, and the counters are exact.
 * A drain task runs on one scheduler thread at a time. It marks each cycle in ``epoch[task]`` (odd while inside
   a cycle), then drains only the partitions whose owner entry names it.
-* Every ownership change (rebalance, partition growth, handler removal, shutdown) runs on the queue's control thread:
-  it revokes (owner = -1), fences on the epochs (waits until each old owner has left the cycle it was in), then
-  assigns. Drain threads never run or wait for control work.
+* Every ownership change (rebalance, partition growth, handler removal, shutdown) runs on the control thread: it
+  revokes (owner = -1), fences on the epochs (a non-blocking wait until the partition's old owner has left the
+  cycle it was in), then assigns. Drain threads never run or wait for control work.
 * Handlers registered with ``add_handler`` are therefore never called concurrently with themselves under the
   default ``type_hash`` selector (one type, one partition, one owner at a time). With any other selector a type's
   items may sit in several partitions owned by different tasks, so its handler is additionally guarded by a lock.

@@ -63,6 +63,7 @@ class EngineOptions:
     l2_flush_s: float = 5.0
     chunk_rows: int = 4096
     store_retry_s: tuple[float, float] = (0.05, 2.0)  # backoff from .. to
+    slow_handler_ms: int = 10_000  # a stage call running longer than this is reported (stats, /metrics, dashboard)
     checkpoints: bool = False  # True: the store is written only at checkpoint(), one transaction each (file runs)
 
 
@@ -181,6 +182,7 @@ class LocalEngine:
                 min_idle_ms=5,
                 max_idle_ms=100,
                 shutdown_timeout_ms=60_000,
+                slow_handler_ms=o.slow_handler_ms,
             ),
         )
         self.l2 = BatchQueue(
@@ -195,6 +197,7 @@ class LocalEngine:
                 balancer=balancer,
                 rebalance_interval_ms=o.rebalance_interval_ms,
                 shutdown_timeout_ms=60_000,
+                slow_handler_ms=o.slow_handler_ms,
             ),
         )
         self.topn = BatchQueue(
@@ -207,6 +210,7 @@ class LocalEngine:
                 min_idle_ms=10,
                 max_idle_ms=100,
                 shutdown_timeout_ms=60_000,
+                slow_handler_ms=o.slow_handler_ms,
             ),
         )
         self.l1 = BatchQueue(
@@ -221,6 +225,7 @@ class LocalEngine:
                 balancer=balancer,
                 rebalance_interval_ms=o.rebalance_interval_ms,
                 shutdown_timeout_ms=60_000,
+                slow_handler_ms=o.slow_handler_ms,
             ),
         )
         rr = itertools.count()
@@ -234,6 +239,7 @@ class LocalEngine:
                 consumer=self._aggregate,
                 strategy=BufferStrategy.BLOCKING,
                 shutdown_timeout_ms=60_000,
+                slow_handler_ms=o.slow_handler_ms,
             ),
         )
         for topn in definitions.topns:

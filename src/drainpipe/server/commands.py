@@ -22,7 +22,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..pipeline.store import open_store
     from .bodies import BodyDecoder
     from .http import run_server
-    from .service import IngestService, ServiceOptions
+    from .service import IngestService, ServiceOptions, serve_engine_options
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     from .http import is_loopback
@@ -39,6 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-s must be > 0")
     if args.parsers is not None and args.parsers < 0:
         raise UsageError("--parsers must be >= 0")
+    if args.slow_handler_s <= 0:
+        raise UsageError("--slow-handler-s must be > 0")
     definitions = definitions_from(args.metrics)
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
     # engine's threads nor DuckDB's exist yet)
@@ -54,7 +56,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
         checkpoint_s=args.checkpoint_s,
     )
-    service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options)
+    engine = serve_engine_options(slow_handler_ms=max(1, round(args.slow_handler_s * 1000)))
+    service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options,
+                            engine_options=engine)  # fmt: skip
     try:
         run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
                    shutdown_grace_s=args.shutdown_grace_s, decoder=decoder)  # fmt: skip
@@ -164,6 +168,10 @@ def add_commands(
                    help="how often the states are committed to the store with the log position: how fresh the "
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
                    "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
+    s.add_argument("--slow-handler-s", type=float, default=10.0, metavar="SECONDS",
+                   help="a stage call (an aggregation, a merge, a store write) running longer than this is logged and "
+                   "shown in /metrics (drainpipe_queue_slow_handler_seconds) and on the dashboard "
+                   "(default: %(default)s)")  # fmt: skip
     s.add_argument("--parsers", type=int, default=None, metavar="N",
                    help="processes that parse and validate request bodies (default: one per core, plus one; "
                    "0: parse in the request threads)")  # fmt: skip

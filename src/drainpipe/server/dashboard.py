@@ -80,7 +80,8 @@ PAGE_TEXT = r"""<!doctype html>
     <div class="legend"><span><i class="swatch" style="background:#5cc8ff"></i>events/s</span>
       <span><i class="swatch" style="background:#ff5d5d"></i>drops/s</span>
       <span><i class="swatch" style="background:#ffb547"></i>refused/s</span></div></section>
-  <section class="panel third"><h2>Recent rebalances</h2><div id="rebalances"></div></section>
+  <section class="panel third"><h2>Recent rebalances</h2><div id="rebalances"></div>
+    <h2>Slow handler calls (over slow_handler_ms)</h2><div id="slow-calls"></div></section>
   <section class="panel wide"><h2>Busiest services · latest minute in the store <span id="top-bucket" class="dim"></span></h2>
     <table id="top-services"><thead></thead><tbody></tbody></table></section>
 </main>
@@ -186,6 +187,8 @@ function render(d) {
   renderLoad("L1", d); renderLoad("L2", d); renderRates(d); renderTop(d.top_services);
   $("rebalances").innerHTML = d.rebalances.slice(-12).reverse().map((r) =>
     `<div>${new Date(r.at * 1000).toLocaleTimeString()} · ${r.queue.split("-").pop()} · moved ${r.moved} · ${r.duration_ms.toFixed(2)} ms · max/min ${r.ratio_before ?? "∞"} → ${r.ratio_after ?? "∞"}</div>`).join("") || "<div>none yet</div>";
+  $("slow-calls").innerHTML = d.queues.flatMap((q) => q.slow_calls.map((c) =>
+    `<div class="bad">${q.role} · ${c.type}.${c.method} on thread ${c.task} · running ${c.seconds.toFixed(1)} s</div>`)).join("") || "<div>none</div>";
   $("updated").textContent = new Date(d.now * 1000).toLocaleTimeString();
   $("polls").textContent = ++polls;
 }

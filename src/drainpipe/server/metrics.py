@@ -44,6 +44,13 @@ class EngineCollector(Collector):
         dropped = c("queue_dropped", "Items dropped: full partition (IF_POSSIBLE) or no handler", ["queue", "reason"])
         dispatched = c("queue_dispatched", "Items handed to handlers", ["queue"])
         errors = c("queue_handler_errors", "Handler calls that raised", ["queue"])
+        restarts = c("queue_task_restarts", "Drain cycles that raised (the task was restarted)", ["queue"])
+        lost = c("queue_lost", "Items a failed drain cycle held and could not hand on", ["queue"])
+        slow = g(
+            "queue_slow_handler_seconds",
+            "Seconds so far of each handler call running longer than slow_handler_ms",
+            ["queue", "task", "type", "method"],
+        )
         t_disp = c("drain_task_dispatched", "Items dispatched by one drain task (thread)", ["queue", "task"])
         t_parts = g("drain_task_partitions", "Partitions owned by one drain task", ["queue", "task"])
         t_load = g(
@@ -71,6 +78,10 @@ class EngineCollector(Collector):
             dropped.add_metric([name, "no_handler"], s.dropped_no_handler)
             dispatched.add_metric([name], s.dispatched)
             errors.add_metric([name], s.handler_errors)
+            restarts.add_metric([name], s.task_restarts)
+            lost.add_metric([name], s.lost)
+            for call in s.slow_calls:
+                slow.add_metric([name, str(call.task), call.type_name, call.method], call.seconds)
             for t, n in enumerate(s.task_dispatched):
                 t_disp.add_metric([name, str(t)], n)
             for t, owned in enumerate(s.task_partitions):
@@ -90,6 +101,9 @@ class EngineCollector(Collector):
             dropped,
             dispatched,
             errors,
+            restarts,
+            lost,
+            slow,
             t_disp,
             t_parts,
             t_load,

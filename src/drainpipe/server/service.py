@@ -481,6 +481,12 @@ class Sampler(threading.Thread):
                     "dropped_full": s.dropped_full,
                     "dropped_no_handler": s.dropped_no_handler,
                     "handler_errors": s.handler_errors,
+                    "task_restarts": s.task_restarts,
+                    "lost": s.lost,
+                    "slow_calls": [
+                        {"type": c.type_name, "task": c.task, "method": c.method, "seconds": round(c.seconds, 1)}
+                        for c in s.slow_calls
+                    ],
                     "tasks": list(s.task_dispatched),
                     "task_partitions": [len(p) for p in s.task_partitions],
                     "task_load": self.task_load.get(q.name, []),
