@@ -19,16 +19,18 @@ def test_a_parser_process_decodes_like_the_request_thread() -> None:
         good = events(300, seed=1)
         body = ndjson(good + [{"ts": 1, "service": ""}]) + b"not json\n"
         assert len(body) > INLINE_BYTES  # goes to the parser
-        kwargs = dict(array=False, gzipped=False, max_decoded=1 << 26, max_events=10_000)
+        kwargs = dict(form="ndjson", gzipped=False, max_decoded=1 << 26, max_events=10_000)
         here_batch, here_rejects = decode_body(body, **kwargs)
         there_batch, there_rejects = decoder.decode(body, **kwargs)
         assert there_batch.equals(here_batch) and there_rejects == here_rejects and len(there_rejects) == 2
         zipped = gzip.compress(json.dumps(good).encode())
-        batch, _ = decoder.decode(zipped + b"\0" * INLINE_BYTES, **(kwargs | {"array": True, "gzipped": True}))
+        batch, _ = decoder.decode(zipped + b"\0" * INLINE_BYTES, **(kwargs | {"form": "array", "gzipped": True}))
         assert batch.num_rows == 300
         for bad, status in ((b"[" + b" " * INLINE_BYTES, 400), (body, 413)):
             try:
-                decoder.decode(bad, **(kwargs | {"array": bad.startswith(b"["), "max_events": 10}))
+                decoder.decode(
+                    bad, **(kwargs | {"form": "array" if bad.startswith(b"[") else "ndjson", "max_events": 10})
+                )
             except Exception as exc:  # BadBody, raised in this thread with the parser's status and message
                 assert getattr(exc, "status", None) == status, exc
             else:

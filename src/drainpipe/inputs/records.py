@@ -94,6 +94,11 @@ __all__ = [
     "read_events",
     "validate_records",
     "validate_json_lines",
+    "validate_tuples",
+    "REQUESTS_KEY",
+    "with_exits",
+    "request_rows",
+    "join_events",
 ]
 
 EVENT_SCHEMA = pa.schema(
@@ -684,6 +689,62 @@ def validate_records(
         except _Reject as r:
             rejects.append((i, r.reason))
     return _counted(rows, rejects, stats)
+
+
+def validate_tuples(
+    numbered: Iterable[tuple[int, tuple]], stats: ReadStats | None = None
+) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """``(index, (ts, service, instance, endpoint, latency_ms, status, db_statement))`` per record, as an input
+    format decoded them (for example a span) -> a canonical batch of the valid ones and ``(index, reason)`` per
+    rejected one, by the same rules as every other input."""
+    rows: list[tuple] = []
+    rejects: list[tuple[int, str]] = []
+    for i, values in numbered:
+        try:
+            rows.append(_validate_values(*values))
+        except _Reject as r:
+            rejects.append((i, r.reason))
+    return _counted(rows, rejects, stats)
+
+
+# --------------------------------------------------------------------------------------------------
+# exit rows: events that are not requests
+
+
+#: Schema metadata key of a batch whose first N rows are requests and whose other rows are *exit rows*: calls a
+#: service made (a CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``.
+REQUESTS_KEY = b"drainpipe.requests"
+
+
+def with_exits(requests: pa.RecordBatch, exits: pa.RecordBatch) -> pa.RecordBatch:
+    """One batch: ``requests`` rows, then ``exits`` rows, marked (see :data:`REQUESTS_KEY`)."""
+    if exits.num_rows == 0:
+        return requests
+    joined = pa.Table.from_batches([requests, exits]).combine_chunks().to_batches()[0]
+    return joined.replace_schema_metadata({REQUESTS_KEY: str(requests.num_rows).encode()})
+
+
+def request_rows(batch: pa.RecordBatch | pa.Table) -> int:
+    """How many leading rows of ``batch`` are requests (all of them unless it is marked)."""
+    meta = batch.schema.metadata
+    if meta is None or REQUESTS_KEY not in meta:
+        return batch.num_rows
+    return int(meta[REQUESTS_KEY])
+
+
+def join_events(batches: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """Batches -> one batch (requests of all first, then exit rows of all, marked if there are any)."""
+    if len(batches) == 1:
+        return batches[0]
+    heads = [b.slice(0, request_rows(b)) for b in batches]
+    tails = [b.slice(request_rows(b)) for b in batches if request_rows(b) < b.num_rows]
+    plain = [h.replace_schema_metadata(None) for h in heads]
+    requests = pa.Table.from_batches(plain, schema=EVENT_SCHEMA).combine_chunks().to_batches()
+    req = requests[0] if requests else EVENT_SCHEMA.empty_table().to_batches()[0]
+    if not tails:
+        return req
+    exits = pa.Table.from_batches([t.replace_schema_metadata(None) for t in tails], schema=EVENT_SCHEMA)
+    return with_exits(req, exits.combine_chunks().to_batches()[0])
 
 
 def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:

@@ -33,6 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DefinitionError
+from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
+from ..inputs.spans import SpanMapping, parse_span_mapping
 
 __all__ = [
     "SCOPES",
@@ -353,10 +355,13 @@ def signature(definition: Definition) -> str:
 
 @dataclass(frozen=True)
 class Definitions:
-    """An ordered, name-unique set of metric and top-N definitions."""
+    """An ordered, name-unique set of metric and top-N definitions, and how inputs become events: the span mapping
+    (``[spans]``) and the endpoint rules (``[[endpoint_rule]]``, ``endpoint_ids``)."""
 
     metrics: tuple[MetricDef, ...] = ()
     topns: tuple[TopNDef, ...] = ()
+    spans: SpanMapping = SpanMapping()
+    endpoints: EndpointRules = EndpointRules()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -390,9 +395,10 @@ class Definitions:
     def select(self, names: Iterable[str]) -> Definitions:
         """The subset whose names are in ``names`` (order kept); e.g. to skip already-applied metrics."""
         wanted = set(names)
-        return Definitions(
-            tuple(m for m in self.metrics if m.name in wanted),
-            tuple(t for t in self.topns if t.name in wanted),
+        return dataclasses.replace(
+            self,
+            metrics=tuple(m for m in self.metrics if m.name in wanted),
+            topns=tuple(t for t in self.topns if t.name in wanted),
         )
 
     def __len__(self) -> int:
@@ -454,11 +460,14 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    unknown = sorted(set(document) - {"metric", "topn"})
+    unknown = sorted(set(document) - {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids"})
     if unknown:
         raise DefinitionError(
-            f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables)"
+            f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
+            "[[endpoint_rule]] and endpoint_ids)"
         )
+    spans = parse_span_mapping(document.get("spans", {}), source)
+    endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
     for kind, cls, keys in (("metric", MetricDef, _METRIC_KEYS), ("topn", TopNDef, _TOPN_KEYS)):
         entries = document.get(kind, [])
@@ -474,7 +483,7 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
     if not built["metric"] and not built["topn"]:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
     try:
-        return Definitions(tuple(built["metric"]), tuple(built["topn"]))  # type: ignore[arg-type]
+        return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints)  # type: ignore[arg-type]
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable
+from ..inputs import request_rows
 from .definitions import Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
 from .store import FileProgress, first_line
@@ -275,7 +276,8 @@ class LocalEngine:
     def _aggregate(self, items: list[tuple[pa.RecordBatch, str | None, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
         for batch, source, definitions in items:
-            self._dispatch(aggregate_batch(batch, definitions or self.definitions, source=source), batch.num_rows, 1)
+            partials = aggregate_batch(batch, definitions or self.definitions, source=source)
+            self._dispatch(partials, request_rows(batch), 1)
             with self._count_lock:
                 self._ingest_done += 1
 

@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..inputs.records import request_rows
 from .definitions import FUNCTIONS, Definition, Definitions, MetricDef, TopNDef
 
 __all__ = [
@@ -682,13 +683,18 @@ def aggregate_batch(
     definition even when the batch contributes nothing to it (an empty table), so that ``source`` (the
     identity of this batch, which stores record to make ingestion idempotent) reaches every definition.
     """
-    view = _BatchView(batch)
+    requests = request_rows(batch)
+    every = _BatchView(batch)
+    # exit rows (a CLIENT span's statement) feed only the top-Ns keyed on db_statement
+    view = every if requests == batch.num_rows else _BatchView(batch.slice(0, requests))
     sources = () if source is None else (source,)
     partials: list[Partial] = []
     for metric in definitions.metrics:
         partials.append(partial_type(metric)(_aggregate_metric(view, metric), "minute", sources))  # type: ignore[call-arg]
     for topn in definitions.topns:
-        partials.append(partial_type(topn)(_aggregate_topn(view, topn), sources))
+        partials.append(
+            partial_type(topn)(_aggregate_topn(every if topn.key == "db_statement" else view, topn), sources)
+        )
     return partials
 
 

@@ -27,9 +27,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..inputs import EVENT_SCHEMA, validate_json_lines, validate_records
+from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows, validate_json_lines, validate_records
+from ..inputs.endpoints import EndpointRules
+from ..inputs.spans import SpanMapping
 
-__all__ = ["INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
+__all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
 
 log = logging.getLogger("drainpipe.server")
 
@@ -94,21 +96,45 @@ def _json_records(body: bytes, max_events: int) -> list[Any]:
     return obj
 
 
+#: what a body holds: NDJSON events, a JSON array of events, an OTLP trace export in protobuf or in OTLP JSON
+FORMS = ("ndjson", "array", "otlp-protobuf", "otlp-json")
+
+
 def decode_body(
-    body: bytes, *, array: bool, gzipped: bool, max_decoded: int, max_events: int
+    body: bytes,
+    *,
+    form: str,
+    gzipped: bool,
+    max_decoded: int,
+    max_events: int,
+    spans: SpanMapping | None = None,
+    endpoints: EndpointRules | None = None,
 ) -> tuple[pa.RecordBatch, Rejects]:
-    """A body as sent (``array``: a JSON array or one object; else NDJSON) -> the valid events as an
-    :data:`EVENT_SCHEMA` batch, and ``(index or line, reason)`` per rejected one. Raises :class:`BadBody`."""
+    """A body as sent (``form``: one of :data:`FORMS`) -> the valid events as an :data:`EVENT_SCHEMA` batch (an
+    OTLP export's exit rows marked, see :func:`drainpipe.inputs.with_exits`), and ``(index, reason)`` per rejected
+    record (the array index, the line number, or the span's index in the export). ``spans``/``endpoints``: the
+    OTLP mapping (default: the built-in one). Raises :class:`BadBody`."""
     if gzipped:
         body = gunzip(body, max_decoded)
     elif len(body) > max_decoded:
         raise BadBody(413, f"body larger than {max_decoded} bytes")
-    if array:
+    if form == "array":
         return validate_records(_json_records(body, max_events))
-    batch, rejects = validate_json_lines(body)
-    if batch.num_rows + len(rejects) > max_events:
-        raise BadBody(413, f"more than {max_events} events in one request")
-    return batch, rejects
+    if form == "ndjson":
+        batch, rejects = validate_json_lines(body)
+        if batch.num_rows + len(rejects) > max_events:
+            raise BadBody(413, f"more than {max_events} events in one request")
+        return batch, rejects
+    from ..inputs.otlp import OtlpError, decode_traces
+
+    try:
+        result = decode_traces(body, json_body=form == "otlp-json", mapping=spans or SpanMapping(),
+                               endpoints=endpoints or EndpointRules())  # fmt: skip
+    except OtlpError as exc:
+        raise BadBody(400, str(exc)) from None
+    if result.spans > max_events:
+        raise BadBody(413, f"more than {max_events} spans in one request")
+    return result.batch, result.rejects
 
 
 def _parser_main(conn: Connection, parent: int) -> None:
@@ -128,9 +154,9 @@ def _parser_main(conn: Connection, parent: int) -> None:
         try:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
-            conn.send((exc.status, exc.message))
+            conn.send((exc.status, exc.message, 0))
             continue
-        conn.send((batch.serialize(), rejects))
+        conn.send((batch.serialize(), rejects, request_rows(batch)))
 
 
 class _Parser:
@@ -180,26 +206,26 @@ class BodyDecoder:
             except BaseException as exc:  # e.g. out of processes: the request parses in process meanwhile
                 future.set_exception(exc)
 
-    def decode(
-        self, body: bytes, *, array: bool, gzipped: bool, max_decoded: int, max_events: int
-    ) -> tuple[pa.RecordBatch, Rejects]:
-        """As :func:`decode_body`; blocks until parsed. Raises :class:`BadBody`."""
-        kwargs = dict(array=array, gzipped=gzipped, max_decoded=max_decoded, max_events=max_events)
+    def decode(self, body: bytes, **kwargs: Any) -> tuple[pa.RecordBatch, Rejects]:
+        """As :func:`decode_body` (same keyword arguments); blocks until parsed. Raises :class:`BadBody`."""
         if not self._all or len(body) < INLINE_BYTES:
-            return decode_body(body, **kwargs)  # type: ignore[arg-type]
+            return decode_body(body, **kwargs)
         parser = self._free.get()
         try:
             parser.conn.send(kwargs)
             parser.conn.send_bytes(body)
-            first, second = parser.conn.recv()
+            first, second, requests = parser.conn.recv()
         except (EOFError, OSError):  # the parser died (killed, out of memory): replace it, parse this one here
             parser = self._replace(parser)
-            return decode_body(body, **kwargs)  # type: ignore[arg-type]
+            return decode_body(body, **kwargs)
         finally:
             self._free.put(parser)
         if isinstance(first, int):
             raise BadBody(first, str(second))
-        return pa.ipc.read_record_batch(first, EVENT_SCHEMA), second
+        batch = pa.ipc.read_record_batch(first, EVENT_SCHEMA)
+        if requests < batch.num_rows:  # exit rows: the mark is schema metadata, not in the IPC message
+            batch = batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
+        return batch, second
 
     def _replace(self, dead: _Parser) -> _Parser:
         dead.close()

@@ -26,6 +26,7 @@ from collections import deque
 
 import pyarrow as pa
 
+from ..inputs import join_events
 from ..pipeline.definitions import Definitions
 from ..pipeline.engine import Commit, LocalEngine
 from ..pipeline.store import FileProgress
@@ -167,7 +168,7 @@ class Feeder:
 
     def _ingest(self, group: list[pa.RecordBatch], names: list[str]) -> None:
         subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
-        table = group[0] if len(group) == 1 else pa.Table.from_batches(group).combine_chunks()
+        table = join_events(group)  # one batch (requests first, then any exit rows)
         self.engine.ingest(table, None, subset)
         n = table.num_rows
         self._events_since += n

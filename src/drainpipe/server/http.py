@@ -10,12 +10,17 @@ Endpoints::
                       as sent (after de-chunking, before gzip) is limited to ``max_body_bytes`` and never more
                       than that is read into memory: a chunk that would pass the limit is answered 413 before
                       it is read.
+    POST /v1/traces   OTLP/HTTP: an ExportTraceServiceRequest in protobuf (application/x-protobuf) or OTLP JSON
+                      (application/json), gzip accepted, mapped to events (:mod:`drainpipe.inputs.otlp`)
+                      -> 200 ExportTraceServiceResponse (partial_success when spans were rejected); errors as
+                         for /v1/events, with a google.rpc.Status body in the request's encoding
+                         (:mod:`.otlp_answers`)
     GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
     GET  /metrics     Prometheus text
     GET  /healthz     {"status": "ok"} (503 while shutting down)
     GET  /            the dashboard (one static page)
 
-Every error body is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
+Every error body but OTLP's is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
 request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
 with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line. A
 request line and headers must arrive within ``header_deadline_s`` (30 s), a body within ``body_deadline_s``
@@ -54,12 +59,14 @@ from ..errors import IngestRefused
 from .bodies import BadBody, BodyDecoder
 from .dashboard import PAGE
 from .metrics import ServerMetrics
+from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
 
 log = logging.getLogger("drainpipe.server")
 
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 JSON_TYPES = {"application/json"}
+PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 MAX_ERRORS = 20
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
@@ -122,6 +129,10 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        otlp = getattr(self, "otlp_json", None)
+        if otlp is not None:  # OTLP/HTTP: a google.rpc.Status in the request's encoding
+            self._send(status, status_answer(status, message, otlp), content_type(otlp), headers)
+            return
         self._json(status, {"error": message, "status": status}, headers)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -159,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
                 from prometheus_client import CONTENT_TYPE_LATEST
 
                 self._send(200, self.server.metrics.render(), CONTENT_TYPE_LATEST)
-        elif path == "/v1/events":
+        elif path in ("/v1/events", "/v1/traces"):
             self._error(405, "use POST", {"Allow": "POST"})
         else:
             self._error(404, f"no such endpoint: {path}")
@@ -171,7 +182,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.server.deadlines.clear(self.connection)
         path = self.path.split("?", 1)[0]
-        if path != "/v1/events":
+        self.otlp_json: bool | None = None  # set for /v1/traces: errors are then OTLP's google.rpc.Status
+        if path == "/v1/traces":
+            ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            self.otlp_json = ctype in JSON_TYPES
+        if path not in ("/v1/events", "/v1/traces"):
             self._discard_body()
             self._error(
                 404 if path not in ("/", "/v1/stats", "/metrics", "/healthz") else 405, f"no POST endpoint: {path}"
@@ -213,11 +228,16 @@ class Handler(BaseHTTPRequestHandler):
     def _ingest(self, svc: IngestService) -> None:
         opts = svc.options
         ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if ctype not in NDJSON_TYPES and ctype not in JSON_TYPES:
+        otlp = self.otlp_json is not None
+        if otlp:
+            form = "otlp-json" if ctype in JSON_TYPES else "otlp-protobuf" if ctype in PROTOBUF_TYPES else ""
+            wanted = "application/x-protobuf or application/json"
+        else:
+            form = "array" if ctype in JSON_TYPES else "ndjson" if ctype in NDJSON_TYPES else ""
+            wanted = "application/x-ndjson or application/json"
+        if not form:
             self._discard_body()
-            self._error(
-                415, f"unsupported content type {ctype or '(none)'!r}: send application/x-ndjson or application/json"
-            )
+            self._error(415, f"unsupported content type {ctype or '(none)'!r}: send {wanted}")
             return
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip"):
@@ -241,9 +261,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             svc.admit()  # 429/503 before the parsing work, not after
+            defs = svc.definitions
             batch, rejects = self.server.decoder.decode(
-                body, array=ctype in JSON_TYPES, gzipped=encoding != "identity",
-                max_decoded=opts.max_decoded_bytes, max_events=opts.max_events,
+                body, form=form, gzipped=encoding != "identity", max_decoded=opts.max_decoded_bytes,
+                max_events=opts.max_events, spans=defs.spans, endpoints=defs.endpoints,
             )  # fmt: skip
             svc.submit(batch, len(rejects), (reason for _, reason in rejects))
         except BadBody as exc:
@@ -251,6 +272,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         except IngestRefused as r:
             self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
+            return
+        if otlp:
+            self._send(200, export_answer(rejects, bool(self.otlp_json)), content_type(bool(self.otlp_json)))
             return
         reasons: dict[str, int] = {}
         for _, reason in rejects:

@@ -9,12 +9,14 @@ Two kinds, one interface (``append``, ``reader``, ``wait``, ``release``):
 
 * :class:`WriteAheadLog`, on disk. Segment files ``<base position>.wal`` (20 digits) of about ``segment_bytes``;
   each starts with an 8-byte magic and holds records ``<length u32><crc32 u32><payload>``, the payload an Arrow
-  IPC message of an :data:`~drainpipe.inputs.EVENT_SCHEMA` batch. ``append`` returns once the record is written
-  *and* fsynced; concurrent appends share one fsync (group commit: the first caller to get the flush lock writes
-  and syncs everything queued so far, the others find their record already done). On open, every record's CRC is
-  checked; a torn tail (a crash mid-write) or a damaged record is truncated away, counted and logged, never
-  fatal. A segment is deleted once the store has applied everything in it (``release``). A write that fails
-  (disk full) is truncated back, so the log never holds a partial record, and raises :class:`LogFull`.
+  IPC message of an :data:`~drainpipe.inputs.EVENT_SCHEMA` batch (one with exit rows is prefixed with ``DPX1``
+  and its request row count: an IPC message starts with 0xFFFFFFFF, so older records read as before). ``append``
+  returns once the record is written *and* fsynced; concurrent appends share one fsync (group commit: the first
+  caller to get the flush lock writes and syncs everything queued so far, the others find their record already
+  done). On open, every record's CRC is checked; a torn tail (a crash mid-write) or a damaged record is truncated
+  away, counted and logged, never fatal. A segment is deleted once the store has applied everything in it
+  (``release``). A write that fails (disk full) is truncated back, so the log never holds a partial record, and
+  raises :class:`LogFull`.
 * :class:`MemoryLog`, for ``--durability none``: the same positions and interface, batches kept in memory. Nothing
   survives the process.
 
@@ -43,7 +45,7 @@ from typing import BinaryIO, Protocol
 import pyarrow as pa
 
 from ..errors import DrainpipeError
-from ..inputs import EVENT_SCHEMA
+from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog", "Repair", "WriteAheadLog"]
 
@@ -117,8 +119,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_EXITS = b"DPX1"  # a payload that starts so holds a batch with exit rows: <N requests u64><IPC message>
+_REQUESTS = struct.Struct("<Q")
+
+
+def _encode(batch: pa.RecordBatch) -> bytes:
+    """The record payload: the batch as an Arrow IPC message (which starts with 0xFFFFFFFF); a batch with exit
+    rows (its schema metadata is not in the message) is prefixed with a mark and its request row count."""
+    message = batch.serialize().to_pybytes()
+    requests = request_rows(batch)
+    if requests == batch.num_rows:
+        return message
+    return _EXITS + _REQUESTS.pack(requests) + message
+
+
 def _decode(payload: bytes | memoryview) -> pa.RecordBatch:
-    return pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
+    view = memoryview(payload)
+    if view[:4] != _EXITS:
+        return pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
+    (requests,) = _REQUESTS.unpack_from(view, 4)
+    batch = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA)
+    return batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
 
 
 class WriteAheadLog:
@@ -295,8 +316,8 @@ class WriteAheadLog:
         """Write one validated batch; returns its end position once it is on disk (fsynced). Blocks for one group
         commit (a few ms). Raises :class:`LogFull` over the budget or when the disk refuses the write (then the
         batch is not in the log)."""
-        payload = batch.serialize()
-        data = HEADER.pack(payload.size, zlib.crc32(payload)) + payload.to_pybytes()
+        payload = _encode(batch)
+        data = HEADER.pack(len(payload), zlib.crc32(payload)) + payload
         ticket = _Ticket(data)
         with self._lock:
             if self._closed:

@@ -1,0 +1,52 @@
+"""The answers of OTLP/HTTP (``POST /v1/traces``), as the OTLP specification defines them, in the request's
+encoding (binary protobuf for ``application/x-protobuf``, OTLP JSON for ``application/json``):
+
+* success: an ``ExportTraceServiceResponse``; when some spans were rejected, with ``partial_success``
+  (``rejected_spans`` and a message naming the reasons);
+* failure (4xx, 5xx): a ``google.rpc.Status`` with the gRPC code that matches the HTTP status and a one-line
+  message. 429 and 503 carry ``Retry-After`` (the caller adds the header).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from google.protobuf import json_format
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+__all__ = ["PROTOBUF", "JSON", "content_type", "export_answer", "status_answer"]
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+# google.rpc.Code by HTTP status (the gRPC <-> HTTP mapping)
+_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 429: 8, 501: 12, 503: 14}
+
+
+def content_type(json_body: bool) -> str:
+    return JSON if json_body else PROTOBUF
+
+
+def _encode(message: ExportTraceServiceResponse | Status, json_body: bool) -> bytes:
+    if json_body:
+        return json_format.MessageToJson(message, indent=None).encode()
+    return bytes(message.SerializeToString())
+
+
+def export_answer(rejects: Sequence[tuple[int, str]], json_body: bool) -> bytes:
+    """The 200 answer: empty, or ``partial_success`` with the rejected span count and their reasons."""
+    response = ExportTraceServiceResponse()
+    if rejects:
+        reasons = Counter(reason for _, reason in rejects)
+        response.partial_success.rejected_spans = len(rejects)
+        response.partial_success.error_message = "rejected spans: " + ", ".join(
+            f"{reason} ({n})" for reason, n in reasons.most_common()
+        )
+    return _encode(response, json_body)
+
+
+def status_answer(status: int, message: str, json_body: bool) -> bytes:
+    """The body of an error answer: a ``google.rpc.Status``."""
+    return _encode(Status(code=_CODES.get(status, 2), message=message), json_body)
