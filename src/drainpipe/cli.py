@@ -71,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             conf=conf,
             dead_letter=args.dead_letter,
             quiet=args.quiet,
+            service=args.service or "",
         )
         print(
             f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
@@ -90,6 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             dead_letter=args.dead_letter,
             progress=progress,
             options=EngineOptions(l2_flush_s=args.checkpoint_s),
+            service=args.service or "",
         )
     for line in summary.lines():
         print(line)
@@ -293,8 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="files or globs (.jsonl, .json, .ndjson, .csv, each optionally .gz, or .parquet)",
+        help="files or globs: events (.jsonl, .json, .ndjson, .csv), OpenTelemetry traces as OTLP JSON "
+        "(.otlp.jsonl) or web-server access logs (.log), each optionally .gz, or events in .parquet",
     )
+    r.add_argument("--service", metavar="NAME",
+                   help="the service that access logs (.log) belong to (each line is one of its requests)")  # fmt: skip
     r.add_argument(
         "--engine",
         choices=("local", "spark"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +35,11 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .endpoints import EndpointRules
-from .records import ReadStats, validate_tuples, with_exits
+from .options import InputOptions
+from .records import EVENT_SCHEMA, ReadStats, join_events, validate_tuples, with_exits
 from .spans import KINDS, SpanMapping
 
-__all__ = ["OtlpError", "TracesResult", "decode_traces", "map_spans"]
+__all__ = ["OtlpError", "TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
@@ -85,6 +86,30 @@ def decode_traces(
         except DecodeError as exc:
             raise OtlpError(f"invalid OTLP protobuf: {exc}") from None
     return map_spans(request, mapping, endpoints, stats)
+
+
+def decode_otlp_lines(
+    lines: Sequence[bytes], first_line: int, options: InputOptions
+) -> tuple[pa.RecordBatch, list[tuple[int, Any, str]]]:
+    """OTLP JSON files (the OpenTelemetry Collector's file exporter: one ``ExportTraceServiceRequest`` per line) ->
+    the events of lines ``first_line + 1`` on, and ``(line, raw, reason)`` per rejected line or span. Blank lines are
+    skipped."""
+    batches: list[pa.RecordBatch] = []
+    bad: list[tuple[int, Any, str]] = []
+    for i, raw in enumerate(lines, first_line + 1):
+        if not raw.strip():
+            continue
+        try:
+            result = decode_traces(raw, json_body=True, mapping=options.spans, endpoints=options.endpoints)
+        except OtlpError as exc:
+            bad.append((i, raw, "invalid JSON" if str(exc).startswith("invalid JSON") else "invalid OTLP"))
+            continue
+        if result.batch.num_rows:
+            batches.append(result.batch)
+        bad += [(i, {"span": index}, reason) for index, reason in result.rejects]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], EVENT_SCHEMA), bad
+    return join_events(batches), bad
 
 
 def map_spans(

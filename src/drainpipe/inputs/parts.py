@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from . import records
+from .options import InputOptions
 from .position import Position
 from .records import BOM, JsonlBlocks, Sink, detect_format, parquet_batch, parquet_columns
 
@@ -64,7 +65,7 @@ HEAD_BYTES = 4096
 def growable(fmt: str, gzipped: bool) -> bool:
     """Whether files of this kind can grow between runs (uncompressed JSON Lines and CSV, e.g. logs): they are read
     up to their last complete line and resumed there; compressed files and Parquet are immutable."""
-    return fmt in ("jsonl", "csv") and not gzipped
+    return fmt in ("jsonl", "csv", "otlp", "access") and not gzipped
 
 
 def file_identity(path: str, digest: str | None = None) -> str:
@@ -128,7 +129,7 @@ class Part:
     """
 
     path: str
-    fmt: str  # jsonl | csv | parquet
+    fmt: str  # jsonl | csv | parquet | otlp | access
     gzipped: bool
     batch_rows: int
     first: int = 0
@@ -140,6 +141,7 @@ class Part:
     nbytes: int = 0  # bytes of the file this part stands for (progress, placement weights)
     prefix: str = ""  # jsonl range: SHA-256 hex digest of the file's bytes before ``end`` ("" if not planned so)
     rows: int = 0  # parquet: rows in the whole file
+    options: InputOptions = InputOptions()  # access logs' service, the span mapping, the endpoint rules
 
     @property
     def whole(self) -> bool:
@@ -175,14 +177,25 @@ class RejectList:
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def whole_file(path: str, batch_rows: int, start: Position = Position()) -> Part:
+def whole_file(
+    path: str, batch_rows: int, start: Position = Position(), options: InputOptions = InputOptions()
+) -> Part:
     """The part that reads ``path`` sequentially from ``start`` (a growable text file's resume point) to its end."""
     fmt, gzipped = detect_format(path)
-    return Part(path, fmt, gzipped, batch_rows, start=start.offset, lineno=start.lines, nbytes=_size(path))
+    if fmt == "access" and not options.service:
+        raise InputError(f"{path!r} is an access log: say which service it belongs to with --service NAME")
+    return Part(path, fmt, gzipped, batch_rows, start=start.offset, lineno=start.lines, nbytes=_size(path),
+                options=options)  # fmt: skip
 
 
 def plan_parts(
-    path: str, batch_rows: int, *, workers: int = 2, start: Position = Position(), hasher: Any = None
+    path: str,
+    batch_rows: int,
+    *,
+    workers: int = 2,
+    start: Position = Position(),
+    hasher: Any = None,
+    options: InputOptions = InputOptions(),
 ) -> Iterator[Part]:
     """The parts of one file from ``start`` on, in file order: byte ranges of JSON Lines and block ranges of Parquet
     (about three parts per worker, at most :data:`JSONL_PART_BLOCKS` / :data:`PARQUET_PART_BLOCKS` blocks each),
@@ -193,8 +206,8 @@ def plan_parts(
     the scan feeds it the rest, and each part records the digest of everything before its end (``Part.prefix``).
     Raises :class:`InputError` for an unreadable file."""
     fmt, gzipped = detect_format(path)
-    if gzipped or fmt == "csv":
-        return iter([whole_file(path, batch_rows, start)])
+    if gzipped or fmt in ("csv", "otlp", "access"):
+        return iter([whole_file(path, batch_rows, start, options)])
     if fmt == "parquet":
         return iter(_parquet_parts(path, batch_rows, start.offset))
     return _jsonl_parts(path, batch_rows, workers, start, hasher)
@@ -302,7 +315,10 @@ def read_part(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     where that is. A file that cannot be read (missing, corrupt gzip or Parquet, I/O error) raises
     :class:`InputError` while iterating; batches already yielded stay valid."""
     try:
-        if part.whole:
+        if part.fmt in ("otlp", "access"):
+            yield from records.read_line_blocks(part.path, part.gzipped, part.batch_rows, sink, _decoder(part),
+                                                part.start, part.lineno)  # fmt: skip
+        elif part.whole:
             yield from records.read_blocks(part.path, part.fmt, part.gzipped, part.batch_rows, sink,
                                            part.start, part.lineno)  # fmt: skip
         elif part.fmt == "parquet":
@@ -311,6 +327,17 @@ def read_part(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
             yield from _jsonl_blocks(part, sink)
     except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
         raise InputError(f"cannot read {part.path!r}: {e}") from e
+
+
+def _decoder(part: Part) -> records.LineDecoder:
+    options = part.options
+    if part.fmt == "access":
+        from .accesslog import decode_access_lines
+
+        return lambda lines, first: decode_access_lines(lines, first, options)
+    from .otlp import decode_otlp_lines  # imports opentelemetry-proto: only where OTLP files are read
+
+    return lambda lines, first: decode_otlp_lines(lines, first, options)
 
 
 def _jsonl_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:

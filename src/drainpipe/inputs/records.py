@@ -123,7 +123,8 @@ TS_MAX = 253_402_300_799_999
 #: to infinity, which no JSON can carry).
 LATENCY_MAX_MS = 1e12
 
-_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
+            ".log": "access"}  # fmt: skip
 BOM = b"\xef\xbb\xbf"
 _JSON_WS = b" \t\r\n"
 
@@ -740,7 +741,7 @@ def join_events(batches: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
     tails = [b.slice(request_rows(b)) for b in batches if request_rows(b) < b.num_rows]
     plain = [h.replace_schema_metadata(None) for h in heads]
     requests = pa.Table.from_batches(plain, schema=EVENT_SCHEMA).combine_chunks().to_batches()
-    req = requests[0] if requests else EVENT_SCHEMA.empty_table().to_batches()[0]
+    req = requests[0] if requests else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
     if not tails:
         return req
     exits = pa.Table.from_batches([t.replace_schema_metadata(None) for t in tails], schema=EVENT_SCHEMA)
@@ -1208,17 +1209,20 @@ def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], of
 
 
 def detect_format(path: str) -> tuple[str, bool]:
-    """``(format, gzipped)`` for a path by suffix: format is ``jsonl``, ``csv`` or ``parquet``.
+    """``(format, gzipped)`` for a path by suffix: ``jsonl`` (``.jsonl``, ``.json``, ``.ndjson``), ``csv``,
+    ``parquet``, ``otlp`` (OTLP JSON trace files: ``.otlp.jsonl``, ``.otlp.json``) or ``access`` (web-server access
+    logs: ``.log``); all but Parquet optionally ``.gz``.
 
     Raises :class:`InputError` for any other suffix (``.parquet.gz`` included)."""
     name = os.fspath(path).lower()
     gzipped = name.endswith(".gz")
-    ext = os.path.splitext(name[:-3] if gzipped else name)[1]
-    fmt = _FORMATS.get(ext)
+    stem = name[:-3] if gzipped else name
+    ext = os.path.splitext(stem)[1]
+    fmt = "otlp" if stem.endswith((".otlp.jsonl", ".otlp.json")) else _FORMATS.get(ext)
     if fmt is None or (gzipped and fmt == "parquet"):
         raise InputError(
-            f"unsupported input format: {os.fspath(path)!r} "
-            "(expected .jsonl, .json, .ndjson or .csv, optionally .gz, or .parquet)"
+            f"unsupported input format: {os.fspath(path)!r} (expected .jsonl, .json, .ndjson, .csv, .otlp.jsonl "
+            "or .log, optionally .gz, or .parquet)"
         )
     return fmt, gzipped
 
@@ -1310,6 +1314,35 @@ def read_blocks(
         else:
             yield from enumerate(_read_csv(f, lines, batch_rows, sink, path, Position(start, start_lines)))
         sink.end = (lines.offset, lines.count)
+
+
+#: decodes a block of lines (the first is line ``first_line + 1``) -> (canonical batch, (line, raw, reason) rejects)
+LineDecoder = Callable[[Sequence[bytes], int], tuple[pa.RecordBatch, list[tuple[int, Any, str]]]]
+
+
+def read_line_blocks(
+    path: str, gzipped: bool, batch_rows: int, sink: Sink, decode: LineDecoder, start: int = 0, start_lines: int = 0
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(block index, batch)`` of a whole line-oriented file whose lines ``decode`` turns into events (OTLP JSON
+    files, access logs): blocks of ``batch_rows`` lines, read as :func:`read_blocks` reads JSON Lines (growable,
+    from ``start``); accepted and rejected records are counted in ``sink``."""
+    with _open_text_source(path, gzipped) as f:
+        lines = _CountedLines(f, f.tell(), not gzipped)
+        if start > lines.offset:
+            f.seek(start)
+            lines.offset = start
+        source = iter(lines)
+        lineno, index = start_lines, 0
+        while chunk := list(islice(source, batch_rows)):
+            batch, rejects = decode(chunk, lineno)
+            lineno += len(chunk)
+            sink.stats.add_accepted(batch.num_rows)
+            for line, raw, reason in rejects:
+                sink.reject(line, raw, reason)
+            if batch.num_rows:
+                yield index, batch
+            index += 1
+        sink.end = (lines.offset, lines.count + start_lines)
 
 
 def _open_text_source(path: str, gzipped: bool) -> BinaryIO:

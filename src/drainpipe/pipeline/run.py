@@ -27,6 +27,7 @@ from ..inputs import (
     plan_parts,
     read_part,
 )
+from ..inputs.options import InputOptions
 from . import parallel
 from .definitions import Definitions
 from .engine import Commit, EngineOptions, LocalEngine
@@ -113,6 +114,7 @@ def run_local(
     batch_rows: int = 65_536,
     progress: Progress | None = None,
     workers: int | None = None,
+    service: str = "",
 ) -> RunSummary:
     """Process ``inputs`` (files and globs) on the local engine into ``store_url``.
 
@@ -122,7 +124,7 @@ def run_local(
 
     ``workers``: processes that read, validate and aggregate large uncompressed JSON Lines and Parquet files
     (:mod:`.parallel`; default :func:`default_workers`, 0 = everything in this process). Results are the same
-    either way."""
+    either way. ``service``: the service that access logs (``.log``) belong to."""
     t0 = time.perf_counter()  # the clock includes starting the workers
     paths = expand_inputs(inputs)
     workers = default_workers() if workers is None else max(0, workers)
@@ -133,7 +135,7 @@ def run_local(
         try:
             store.register(definitions.all)  # a conflicting definition is refused before any data is read
             return _Run(t0, paths, big, pool, workers, definitions, store, store_url, dead_letter, options,
-                        batch_rows, progress).run()  # fmt: skip
+                        batch_rows, progress, service).run()  # fmt: skip
         finally:
             store.close()
     finally:
@@ -146,13 +148,15 @@ class _Run:
 
     def __init__(self, t0: float, paths: list[str], big: set[str], pool: Any, workers: int,
                  definitions: Definitions, store: Store, store_url: str, dead_letter: str | None,
-                 options: EngineOptions | None, batch_rows: int, progress: Progress | None) -> None:  # fmt: skip
+                 options: EngineOptions | None, batch_rows: int, progress: Progress | None,
+                 service: str = "") -> None:  # fmt: skip
         self.t0 = t0
         self.paths, self.big, self.pool, self.workers = paths, big, pool, workers
         self.definitions, self.store = definitions, store
         self.names = frozenset(definitions.names)
         self.options = replace(options or EngineOptions(), checkpoints=True)
         self.batch_rows = batch_rows
+        self.inputs = InputOptions(service, definitions.spans, definitions.endpoints)
         self.progress = progress
         self.summary = RunSummary(files=paths, store=store_url,
                                   dead_letter=dead_letter or default_dead_letter(store_url))  # fmt: skip
@@ -193,7 +197,8 @@ class _Run:
             return True
         start = file.start
         self.commits = []
-        parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher)
+        parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher,
+                           options=self.inputs)  # fmt: skip
         try:
             if path in self.big:
                 self._parts_on_workers(engine, file, parts, dl)

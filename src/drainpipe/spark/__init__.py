@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format, expand_inputs
@@ -61,6 +62,7 @@ def run_batch(
     spark: SparkSession | None = None,
     options: JobOptions | None = None,
     quiet: bool = False,
+    service: str = "",
 ) -> dict[str, Any]:
     """Process event files (paths or globs: JSON Lines, CSV, each optionally gzipped, Parquet) on Spark.
 
@@ -80,7 +82,8 @@ def run_batch(
         detect_format(path)
     target = dead_letter or default_dead_letter(store_url)
     with job(store_url, master, conf, spark, quiet) as (store, session), DeadLetter(target) as dl:
-        summary = ingest_files(session, paths, definitions, store, dl, options or JobOptions(), progress)
+        job_options = replace(options or JobOptions(), service=service or (options.service if options else ""))
+        summary = ingest_files(session, paths, definitions, store, dl, job_options, progress)
     summary.update(dead_letter=target)
     return add_rate(summary, t0)
 

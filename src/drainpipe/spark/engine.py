@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
+from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial, merge
 from drainpipe.pipeline.progress import InputFile, resolve
@@ -102,6 +103,7 @@ class JobOptions:
     batch_rows: int = 65_536  # rows per input block (the local engine's default: the same source ids)
     sample_rows: int = 4_096  # events sampled from the head of each split for type weights
     weights: dict[str, float] | None = None  # type weights to use instead of sampling (previous window)
+    service: str = ""  # the service access logs (.log) belong to (not tuning: what the logs are)
 
     def __post_init__(self) -> None:
         if self.per_type not in PER_TYPE_MODES:
@@ -433,7 +435,14 @@ def ingest_files(
             []
             if file.done
             else list(
-                plan_parts(file.path, options.batch_rows, workers=parallelism, start=file.start, hasher=file.hasher)
+                plan_parts(
+                    file.path,
+                    options.batch_rows,
+                    workers=parallelism,
+                    start=file.start,
+                    hasher=file.hasher,
+                    options=InputOptions(options.service, definitions.spans, definitions.endpoints),
+                )
             )
         )
         unchanged += not parts  # stored in full by an earlier run: nothing new

@@ -26,6 +26,10 @@ _COST_PER_BYTE = {
     ("jsonl", True): 5.0,
     ("csv", True): 6.0,
     ("parquet", False): 2.0,
+    ("access", False): 1.5,  # a regular expression per line
+    ("access", True): 7.5,
+    ("otlp", False): 4.0,  # protobuf's JSON mapping per line: the slowest per byte
+    ("otlp", True): 20.0,
 }
 
 

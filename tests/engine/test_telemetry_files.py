@@ -1,0 +1,75 @@
+"""Access logs (nginx and Apache, with malformed lines) and OTLP JSON trace files through the local engine: every
+valid line or request span stored, endpoints normalized, malformed lines and spans in the dead letter with a reason.
+tests/spark/test_spark_telemetry.py runs the same files through Spark and compares the stores."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from drainpipe.errors import InputError
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.run import run_local
+from drainpipe.pipeline.store import open_store
+from telemetry_files import access_log, otlp_file
+
+BASE_MS = 1_790_000_000_000 // 60_000 * 60_000
+
+
+def telemetry_inputs(directory: Path) -> tuple[list[str], dict]:
+    nginx = access_log(directory / "nginx-access.log", "nginx", 600, 1, BASE_MS)
+    apache = access_log(directory / "apache-access.log.gz", "apache", 400, 2, BASE_MS)
+    spans = otlp_file(directory / "traces.otlp.jsonl.gz", 3, BASE_MS)
+    paths = [str(directory / p) for p in ("nginx-access.log", "apache-access.log.gz", "traces.otlp.jsonl.gz")]
+    return paths, {"access": nginx + apache, "spans": spans}
+
+
+def cpm_by_entity(url: str, metric: str) -> dict[str, float]:
+    store = open_store(url)
+    try:
+        out: Counter = Counter()
+        for _m, entity, _g, _b, _l, value in store.query(metric=metric, granularity="minute"):
+            out[entity] += value
+        return dict(out)
+    finally:
+        store.close()
+
+
+def test_access_logs_and_otlp_files_through_the_local_engine(tmp_path: Path) -> None:
+    paths, want = telemetry_inputs(tmp_path)
+    url = f"duckdb:///{tmp_path / 'store.duckdb'}"
+    dead = tmp_path / "rejected.jsonl"
+    summary = run_local(paths, definitions=default_definitions(), store_url=url, dead_letter=str(dead), service="web")
+    assert summary.complete and summary.dropped == 0
+    services = cpm_by_entity(url, "service_cpm")
+    assert services["web"] == len(want["access"])
+    for service, n in want["spans"].items():
+        assert services[service] == n
+    endpoints = cpm_by_entity(url, "endpoint_cpm")
+    expected_endpoints = Counter(f"web/{e}" for _, e, _, _ in want["access"])
+    assert {k: v for k, v in endpoints.items() if k.startswith("web/")} == expected_endpoints
+    assert "web/GET /users/{id}" in endpoints and "svc0/GET /users/{id}" in endpoints  # ids folded
+    assert "svc0//users/:id" in endpoints  # http.route wins over the span name
+    rejects = [json.loads(line) for line in dead.read_text().splitlines()]
+    reasons = Counter(r["reason"] for r in rejects)
+    malformed = sum(1 for n in (600, 400) for i in range(n) if i % 97 == 5)  # as the fixture writes them
+    bad_time = sum(1 for n in (600, 400) for i in range(n) if i % 131 == 7)
+    assert reasons["not an access log line"] == malformed and reasons["bad timestamp: ts"] == bad_time
+    assert reasons["invalid JSON"] == 1 and reasons["bad value: end before start"] == 1, reasons
+    assert summary.rejected == len(rejects) and summary.read == summary.accepted + summary.rejected
+    store = open_store(url)
+    try:  # CLIENT spans' statements reach the statements top-N, and nothing else
+        statements = {row[4] for row in store.query_topn("top_slow_statements")}
+    finally:
+        store.close()
+    assert statements and all(s.startswith("SELECT ") for s in statements)
+
+
+def test_an_access_log_needs_a_service(tmp_path: Path) -> None:
+    access_log(tmp_path / "a.log", "nginx", 5, 1, BASE_MS)
+    with pytest.raises(InputError, match="--service"):
+        run_local([str(tmp_path / "a.log")], definitions=default_definitions(),
+                  store_url=f"duckdb:///{tmp_path / 's.duckdb'}")  # fmt: skip
