@@ -362,6 +362,7 @@ class Definitions:
     topns: tuple[TopNDef, ...] = ()
     spans: SpanMapping = SpanMapping()
     endpoints: EndpointRules = EndpointRules()
+    max_entities: int = 10_000  # the cardinality guard: entities per scope and bucket (``max_entities``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -370,6 +371,8 @@ class Definitions:
             isinstance(t, TopNDef) for t in self.topns
         ):
             raise DefinitionError("Definitions takes MetricDef metrics and TopNDef topns")
+        if isinstance(self.max_entities, bool) or not isinstance(self.max_entities, int) or self.max_entities < 1:
+            raise DefinitionError(f"max_entities must be an integer >= 1, not {self.max_entities!r}")
         seen: set[str] = set()
         for definition in self.all:
             if definition.name in seen:
@@ -460,11 +463,11 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    unknown = sorted(set(document) - {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids"})
+    unknown = sorted(set(document) - {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities"})
     if unknown:
         raise DefinitionError(
             f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
-            "[[endpoint_rule]] and endpoint_ids)"
+            "[[endpoint_rule]], endpoint_ids and max_entities)"
         )
     spans = parse_span_mapping(document.get("spans", {}), source)
     endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
@@ -483,7 +486,8 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
     if not built["metric"] and not built["topn"]:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
     try:
-        return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints)  # type: ignore[arg-type]
+        return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
+                           document.get("max_entities", 10_000))  # fmt: skip
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

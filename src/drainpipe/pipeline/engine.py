@@ -38,6 +38,7 @@ import pyarrow as pa
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable
 from ..inputs import request_rows
+from .cardinality import EntityGuard
 from .definitions import Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
 from .store import FileProgress, first_line
@@ -172,6 +173,7 @@ class LocalEngine:
         self._ingest_in = self._ingest_done = self._topn_in = 0  # written under _count_lock
         self._held: list[Partial] = []  # persist thread: states waiting for their checkpoint
         self.name = name
+        self.guard = EntityGuard(definitions.max_entities)
         balancer = DrainBalancer.throughput_weighted()
         self.persist = BatchQueue(
             f"{name}-persist",
@@ -282,6 +284,7 @@ class LocalEngine:
                 self._ingest_done += 1
 
     def _dispatch(self, partials: list[Partial], events: int, batches: int) -> None:
+        partials = self.guard.apply(partials)  # entities beyond max_entities fold before any stage keeps them
         self._register_l1(partials)
         l1_items: list[Partial] = []
         topns = 0
@@ -446,4 +449,5 @@ class LocalEngine:
             "stats": stats,
             "dropped": sum(s.dropped_full + s.dropped_no_handler for s in stats.values()),
             "handler_errors": sum(s.handler_errors for s in stats.values()),
+            "overflow": dict(self.guard.folded),  # per scope: state rows folded into __overflow__
         }

@@ -711,6 +711,15 @@ def _merge_states(table: pa.Table, metric: MetricDef, key_columns: Sequence[str]
     return pa.table(columns)
 
 
+def fold_entities(partial: P, fold: np.ndarray, into: str) -> P:
+    """``partial`` with the entity of every row where ``fold`` is true renamed to ``into``, and rows that now share
+    a key merged (the cardinality guard's overflow)."""
+    table = partial.table
+    index = table.schema.get_field_index("entity")
+    entity = pc.if_else(pa.array(fold), pa.scalar(into), table.column("entity"))
+    return merge([partial._with(table.set_column(index, table.schema.field(index), entity), partial.sources)])
+
+
 def merge(partials: Iterable[P]) -> P:
     """Merge partials of one exact type (and granularity) into one partial with unique keys.
 

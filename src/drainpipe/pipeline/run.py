@@ -60,6 +60,7 @@ class RunSummary:
     input_error: bool = False  # the error is a file that could not be read (exit 2), not the store (exit 1)
     queues: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
+    overflow: dict[str, int] = field(default_factory=dict)  # per scope: state rows folded into __overflow__
 
     @property
     def events_per_s(self) -> float:
@@ -87,6 +88,9 @@ class RunSummary:
         if self.rejected:
             top = ", ".join(f"{r} ({n})" for r, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:4])
             out.append(f"rejects appended to {self.dead_letter}: {top}")
+        if self.overflow:
+            folded = ", ".join(f"{scope} {n:,}" for scope, n in sorted(self.overflow.items()))
+            out.append(f"too many entities (max_entities): state rows folded into __overflow__: {folded}")
         return out
 
     def failure(self) -> str:
@@ -186,6 +190,7 @@ class _Run:
         summary.error = summary.error or engine.counters.store_error
         summary.dropped = report["dropped"]
         summary.handler_errors = report["handler_errors"]
+        summary.overflow = report["overflow"]
         summary.queues = report["stats"]
         return summary
 

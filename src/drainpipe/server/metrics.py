@@ -125,6 +125,11 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_engine_store_write_seconds", "Time spent in successful store writes", value=ec.store_write_s
         )
+        folded = c("engine_overflow_rows", "State rows folded into the __overflow__ entity (max_entities), by scope",
+                   ["scope"])  # fmt: skip
+        for scope, n in sorted(e.guard.folded.items()):
+            folded.add_metric([scope], n)
+        yield folded
         up = g("store_up", "1 when the last store write succeeded")
         up.add_metric([], 1 if svc.store.available else 0)
         yield up

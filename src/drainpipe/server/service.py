@@ -307,6 +307,7 @@ class IngestService:
             "in_log": self.log.end - self.feeder.committed,
             "dropped": report["dropped"],
             "handler_errors": report["handler_errors"],
+            "overflow_rows": report["overflow"],
             "store_retries": self.engine.counters.store_retries,
             "store_errors": self.engine.counters.store_errors,
             "persisted_batches": self.engine.counters.persisted_batches,
@@ -520,6 +521,7 @@ class Sampler(threading.Thread):
                 "persisted_partials": ec.persisted_partials,
                 "store_retries": ec.store_retries,
                 "store_errors": ec.store_errors,
+                "overflow_rows": dict(e.guard.folded),
             },
             "store": {
                 "available": st.available,

@@ -1,0 +1,94 @@
+"""The cardinality guard: at most ``max_entities`` distinct entities per definition scope and bucket; the rest fold
+into the entity ``__overflow__``.
+
+One metric series per user id (an endpoint ``/users/1234`` that no rule normalized) would make every stage hold and
+the store keep millions of series. The guard works on the states of each event batch as the local engine's ingest
+stage made them (:meth:`EntityGuard.apply`, on the way to L1; ``drainpipe run`` and ``drainpipe serve`` alike),
+before any stage keeps them: per scope (service, instance, endpoint) and minute (per top-N scope and 10-minute bucket
+for top-Ns), the first ``max_entities`` entities seen are kept; the states of any further one are merged into the
+entity ``__overflow__`` of that scope and bucket, so nothing is lost from the totals. Exact counts of the state rows
+folded are kept per scope (:attr:`EntityGuard.folded`), and the first fold of each scope is logged.
+
+Memory is bounded: per scope, the admitted entities of the newest ``horizon`` buckets (an older bucket's set is
+dropped; data that late is admitted against a fresh set). The guard is per process and first come, first kept:
+which entities are kept beyond the limit depends on arrival order. The Spark engine does not apply it.
+Thread-safe: one lock around the admission of a partial's distinct keys (never per event).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow.compute as pc
+
+from .functions import MetricPartial, Partial, fold_entities
+
+__all__ = ["OVERFLOW", "EntityGuard"]
+
+log = logging.getLogger("drainpipe.engine")
+
+OVERFLOW = "__overflow__"
+
+
+class EntityGuard:
+    """See the module docstring. ``max_entities`` >= 1 per scope and bucket."""
+
+    def __init__(self, max_entities: int, horizon: int = 180) -> None:
+        if max_entities < 1:
+            raise ValueError("max_entities must be >= 1")
+        self.max_entities = max_entities
+        self.horizon = horizon
+        self._lock = threading.Lock()
+        self._admitted: dict[str, OrderedDict[int, set[str]]] = {}
+        self.folded: dict[str, int] = {}  # per scope key: state rows folded into __overflow__
+        self._logged: set[str] = set()
+
+    def apply(self, partials: list[Partial]) -> list[Partial]:
+        """The partials with every entity beyond the limit folded (the same objects where nothing folds)."""
+        return [self._apply(p) for p in partials]
+
+    def _apply(self, partial: Partial) -> Partial:
+        table = partial.table
+        if table.num_rows == 0:
+            return partial
+        if isinstance(partial, MetricPartial):
+            if partial.granularity != "minute":
+                return partial
+            scope = partial.definition.scope
+        else:
+            scope = "topn:" + partial.definition.scope
+        encoded = pc.dictionary_encode(table.column("entity")).combine_chunks()
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        names = encoded.dictionary.to_pylist()
+        buckets = table.column("bucket").to_numpy()
+        pairs, inverse = np.unique(np.stack([buckets, codes]), axis=1, return_inverse=True)
+        rejected = np.zeros(pairs.shape[1], dtype=bool)
+        with self._lock:
+            sets = self._admitted.setdefault(scope, OrderedDict())
+            for i, (bucket, code) in enumerate(zip(pairs[0].tolist(), pairs[1].tolist())):
+                admitted = sets.get(bucket)
+                if admitted is None:
+                    admitted = sets[bucket] = set()
+                    while len(sets) > self.horizon:
+                        sets.popitem(last=False)  # the bucket first seen longest ago
+                name = names[code]
+                if name in admitted or name == OVERFLOW:
+                    continue
+                if len(admitted) < self.max_entities:
+                    admitted.add(name)
+                else:
+                    rejected[i] = True
+            if not rejected.any():
+                return partial
+            fold = rejected[np.ravel(inverse)]
+            self.folded[scope] = self.folded.get(scope, 0) + int(fold.sum())
+            first = scope not in self._logged
+            self._logged.add(scope)
+        if first:
+            log.warning("%s: more than %d %s entities in one bucket; further ones fold into %r (raise max_entities "
+                        "in the metrics TOML if they are real)", partial.name, self.max_entities, scope,
+                        OVERFLOW)  # fmt: skip
+        return fold_entities(partial, fold, OVERFLOW)

@@ -1,0 +1,91 @@
+"""The cardinality guard: 100,000 distinct endpoints (one per user id, no rule to fold them) keep at most
+max_entities endpoint entities per minute; the rest fold into __overflow__ with nothing lost from the totals, and
+the fold is counted in the summary. Hypothesis holds the guard to its invariants on arbitrary partials."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drainpipe.pipeline.cardinality import OVERFLOW, EntityGuard
+from drainpipe.pipeline.definitions import DefinitionError, default_definitions, parse_definitions
+from drainpipe.pipeline.functions import aggregate_batch, finalize
+from drainpipe.pipeline.run import run_local
+from drainpipe.pipeline.store import open_store
+
+BASE_MS = 1_790_000_000_000 // 60_000 * 60_000
+
+
+def test_100k_distinct_endpoints_fold_beyond_max_entities(tmp_path: Path) -> None:
+    path = tmp_path / "ids.jsonl"
+    n = 100_000
+    with path.open("w") as f:
+        for i in range(n):  # two minutes, every event its own endpoint (the endpoint carries the user id raw)
+            f.write(json.dumps({"ts": BASE_MS + i * 120_000 // n, "service": "api", "endpoint": f"user-{i}",
+                                "latency_ms": float(i % 100), "status": i % 10 != 0}) + "\n")  # fmt: skip
+    definitions = parse_definitions(
+        "max_entities = 5000\n" + "\n".join(
+            f'[[metric]]\nname = "{s}_cpm"\nscope = "{s}"\nfunction = "cpm"' for s in ("service", "endpoint")))  # fmt: skip
+    assert definitions.max_entities == 5000
+    url = f"duckdb:///{tmp_path / 's.duckdb'}"
+    summary = run_local([str(path)], definitions=definitions, store_url=url, dead_letter=str(tmp_path / "d.jsonl"),
+                        workers=0)  # fmt: skip
+    assert summary.complete and summary.accepted == n
+    assert summary.overflow["endpoint"] > 0 and "service" not in summary.overflow
+    assert any("__overflow__" in line for line in summary.lines())
+    store = open_store(url)
+    try:
+        rows = store.query(metric="endpoint_cpm", granularity="minute")
+        service = store.query(metric="service_cpm", granularity="minute")
+    finally:
+        store.close()
+    per_minute = Counter(bucket for _m, _e, _g, bucket, _l, _v in rows)
+    assert len(per_minute) == 2 and all(k <= 5000 + 1 for k in per_minute.values())  # kept + __overflow__
+    assert sum(v for *_, v in rows) == n == sum(v for *_, v in service)  # nothing lost from the totals
+    overflow = sum(v for _m, e, _g, _b, _l, v in rows if e == OVERFLOW)
+    assert overflow == n - 2 * 5000
+
+
+def test_max_entities_is_validated() -> None:
+    try:
+        parse_definitions('max_entities = 0\n[[metric]]\nname = "a"\nscope = "service"\nfunction = "cpm"')
+    except DefinitionError as exc:
+        assert "max_entities" in str(exc)
+    else:
+        raise AssertionError("accepted max_entities = 0")
+
+
+events = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 30), st.floats(0, 1000, allow_nan=False)), min_size=1, max_size=200
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(events, min_size=1, max_size=4), limit=st.integers(1, 12))
+def test_the_guard_bounds_entities_and_keeps_totals(batches, limit) -> None:
+    definitions = default_definitions()
+    guard = EntityGuard(limit)
+    kept: dict = {}
+    total: Counter = Counter()
+    for batch in batches:
+        table = pa.RecordBatch.from_pylist(
+            [{"ts": BASE_MS + m * 60_000, "service": "s", "instance": "", "endpoint": f"e{e}", "latency_ms": lat,
+              "status": True, "db_statement": None} for m, e, lat in batch])  # fmt: skip
+        for partial in guard.apply(aggregate_batch(table, definitions)):
+            if partial.name != "endpoint_cpm":
+                continue
+            for _m, entity, _g, bucket, _l, value in finalize(partial):
+                kept.setdefault(bucket, set()).add(entity)
+                total[bucket] += value
+        for m, _, _ in batch:
+            total[("want", m)] += 1
+    for entities in kept.values():  # per minute: at most `limit` entities plus __overflow__
+        assert len(entities - {OVERFLOW}) <= limit
+    assert sum(v for k, v in total.items() if not isinstance(k, tuple)) == sum(
+        v for k, v in total.items() if isinstance(k, tuple)
+    )  # every event counted once, kept or folded
