@@ -26,14 +26,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from ._balancer import SKIP_RATIO, DrainBalancer, task_loads
 from ._config import BatchQueueConfig
 from ._control_loop import ControlLoop
 from ._drain import Dispatcher, DrainTask
 from ._fastpath import Producer
-from ._handlers import Entry, HandlerTable
+from ._handlers import Entry, HandlerTable, Target
 from ._partitions import UNOWNED, Partitions
 from ._routing import is_type_hash
 from ._scheduler import Scheduler
@@ -122,7 +122,8 @@ class Controller:
         self._moving: dict[int, tuple[int, int]] = {}  # partition -> (old owner, new owner) while in handoff
         self._serial: dict[Hashable, deque[Op]] = {}  # requests waiting behind a running one about the same type
         self._slow_ms = config.slow_handler_ms
-        self._reported: set[tuple[int, float]] = set()  # slow calls already logged: (task, started)
+        self._seen: dict[int, tuple[int, Any, float]] = {}  # per task: (call count, the call, first seen at)
+        self._reported: set[tuple[int, float]] = set()  # slow calls already logged: (task, first seen at)
         self._lock = threading.Lock()
         self._stopped = False
         loop.call(self._start_timers)
@@ -206,30 +207,40 @@ class Controller:
         return min(1.0, max(0.01, self._slow_ms / 4000.0))
 
     def _watch(self) -> None:
-        """Log each handler call that has run longer than slow_handler_ms, once."""
+        """Time the handler calls in progress, and log each one past slow_handler_ms once."""
         if self._stopped:
             return
-        slow = self.slow_calls()
-        current = {(c.task, c.started) for c in slow}
-        for call in slow:
+        now = time.monotonic()
+        for task in self._tasks:
+            counters = task.counters
+            calling, calls = counters.calling, counters.calls
+            seen = self._seen.get(task.index)
+            if calling is None:
+                self._seen.pop(task.index, None)
+            elif seen is None or seen[0] != calls or seen[1] is not calling:
+                self._seen[task.index] = (calls, calling, now)  # a new call: timed from its first sighting
+        for call in self.slow_calls():
             if (call.task, call.started) not in self._reported:
+                self._reported.add((call.task, call.started))
                 log.warning("queue %r: handler of %s on drain task %d has been in %s for %.1f s "
                             "(slow_handler_ms=%d)", self.name, call.type_name, call.task, call.method,
                             call.seconds, self._slow_ms)  # fmt: skip
-        self._reported = current
+        self._reported &= {(t, since) for t, (_, _, since) in self._seen.items()}
         self._loop.at(self._watch_interval(), self._watch)
 
     def slow_calls(self) -> tuple[SlowCall, ...]:
-        """Handler calls running now for longer than slow_handler_ms (thread-safe: reads one tuple per task)."""
+        """Handler calls running now for longer than slow_handler_ms. Thread-safe. The control thread times a call
+        from when its check (every min(1 s, slow_handler_ms / 4)) first saw it, so seconds are a lower bound."""
         now = time.monotonic()
         out = []
-        for task in self._tasks:
-            calling = task.counters.calling
-            if calling is not None:
-                type_, method, started = calling
-                if (now - started) * 1000 >= self._slow_ms:
-                    name = "consumer" if type_ is None else type_.__qualname__
-                    out.append(SlowCall(name, task.index, method, now - started, started))
+        for index, (calls, calling, since) in list(self._seen.items()):
+            counters = self._tasks[index].counters
+            if counters.calls != calls or counters.calling is not calling or (now - since) * 1000 < self._slow_ms:
+                continue
+            pair = (calling, "consume") if isinstance(calling, Target) else cast("tuple[Target, str]", calling)
+            target, method = pair
+            name = "consumer" if target.type is None else target.type.__qualname__
+            out.append(SlowCall(name, index, method, now - since, since))
         return tuple(out)
 
     # ------------------------------------------------------------------ rebalancing

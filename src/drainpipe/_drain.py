@@ -18,7 +18,6 @@ from ._fastpath import group_by_type
 from ._handlers import HandlerTable, Target
 from ._partitions import Partitions
 
-_monotonic = time.monotonic
 _SLICE_S = 0.05  # a busy task yields to the scheduler after this long (fairness on shared pools)
 _SMALL_BATCH = 64  # a cycle that found fewer items than this waits min_idle_ms before the next,
 _PER_CALL = 16  # as does one that averaged fewer items than this per handler call
@@ -33,7 +32,7 @@ class Counters:
     that thread holds in its hands during a cycle: items taken from a partition but not yet handed to a handler
     (so that a cycle that fails can hand them on instead of dropping them)."""
 
-    __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost", "calling",
+    __slots__ = ("dispatched", "errors", "no_handler", "last_calls", "restarts", "lost", "calling", "calls",
                  "hand", "next_run", "merged", "parts")  # fmt: skip
 
     def __init__(self) -> None:
@@ -43,9 +42,11 @@ class Counters:
         self.no_handler = 0
         self.restarts = 0  # cycles that raised (the task was restarted)
         self.lost = 0  # items a failed cycle had taken and that could not be handed on even then
-        # the handler call in progress: (type or None for the consumer, "consume" | "on_idle", monotonic start);
-        # one tuple, replaced whole, so the control thread's liveness check reads it without a lock
-        self.calling: tuple[type | None, str, float] | None = None
+        # the handler call in progress (the Target for consume, (Target, "on_idle") for on_idle) and a count of
+        # calls that tells one call from the next: the control thread's liveness check reads both without a lock
+        # and times the call itself, so the hot path pays two stores and an increment, no clock
+        self.calling: Target | tuple[Target, str] | None = None
+        self.calls = 0
         self.clear_hands()
 
     def clear_hands(self) -> None:
@@ -237,7 +238,8 @@ class Dispatcher:
 
     def _invoke(self, target: Target, batch: list[Any], counters: Counters) -> None:
         counters.dispatched += len(batch)
-        counters.calling = (target.type, "consume", _monotonic())
+        counters.calls += 1
+        counters.calling = target
         try:
             if target.lock is None:
                 target.consume(batch)
@@ -266,7 +268,8 @@ class Dispatcher:
         for target in targets:
             if target.on_idle is None:
                 continue
-            counters.calling = (target.type, "on_idle", _monotonic())
+            counters.calls += 1
+            counters.calling = (target, "on_idle")
             try:
                 if target.lock is None:
                     target.on_idle()
