@@ -73,11 +73,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             service=args.service or "",
         )
-        print(
-            f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
-            f"   dropped {result.get('dropped', 0)}"
-        )
-        print(f"{result['events_per_s']:,.0f} events/s over {result['elapsed_s']:.2f} s into {args.store} (spark)")
+        from .pipeline.run import RunSummary
+
+        for line in RunSummary.from_totals(result, store=args.store, dead_letter=result.get("dead_letter"),
+                                           engine="spark").lines():  # fmt: skip
+            print(line)
         return 0
     from ._progress import file_progress
     from .pipeline.engine import EngineOptions
@@ -109,11 +109,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     def on_batch(batch_id: int, info: dict[str, Any]) -> None:
         if not args.quiet:
-            print(
-                f"micro-batch {batch_id}: "
-                + ", ".join(f"{k} {v}" for k, v in info.items() if isinstance(v, (int, float))),
-                flush=True,
-            )
+            counts = f"read {info.get('read', 0):,} = accepted {info.get('accepted', 0):,} + rejected "
+            print(f"micro-batch {batch_id}: {counts}{info.get('rejected', 0):,}, {info.get('files', 0):,} new files",
+                  flush=True)  # fmt: skip
 
     result = run_stream(
         args.input,
@@ -127,7 +125,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
         dead_letter=args.dead_letter,
         on_batch=on_batch,
     )
-    print(", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, (int, float))))
+    from .inputs import default_dead_letter
+    from .pipeline.run import RunSummary
+
+    summary = RunSummary.from_totals(result, store=args.store, engine="spark streaming",
+                                     dead_letter=args.dead_letter or default_dead_letter(args.store))  # fmt: skip
+    for line in summary.lines():
+        print(line)
     return 0
 
 

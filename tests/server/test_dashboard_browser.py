@@ -182,6 +182,7 @@ def test_dashboard_updates_while_events_flow() -> None:
                 (ROOT / "docs" / "dashboard.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))
             stop.set()
             feeder.join(10)
+            _numbers_equal_the_store(driver, srv)
     finally:
         stop.set()
         driver.quit()
@@ -191,6 +192,46 @@ def test_dashboard_updates_while_events_flow() -> None:
         except subprocess.TimeoutExpired:
             driver_proc.kill()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+TABLE = """return [Array.from(document.querySelectorAll('#top-services thead th')).map(
+    h => [h.textContent, h.dataset.decimals === undefined ? null : Number(h.dataset.decimals), h.dataset.unit || ""]),
+    Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent)),
+    document.getElementById('top-bucket').textContent];"""
+
+
+def _numbers_equal_the_store(driver: WebDriver, srv: Any) -> None:
+    """Every number of the busiest-services table equals the store's value for that service and minute, at the
+    precision its column declares (apdex to 4 decimals, so 0.97 never shows as 1)."""
+    service = srv.service
+    store = service.store
+    # traffic has stopped: wait until everything acknowledged is in the store, then for the page to show it (the
+    # server refreshes its table every 0.5 s, the page polls every second)
+    wait_until(lambda: service.feeder.committed >= service.log.end, timeout=30)
+    time.sleep(3.0)
+    headers, rows, _bucket = driver.script(TABLE)
+    assert rows, "no busiest services shown"
+    checked = 0
+    apdex_seen = False
+    for row in rows:
+        service = row[0]
+        for (name, decimals, unit), text in zip(headers[2:], row[2:]):
+            metric = name.split(" ")[0]
+            label = "p99" if name.endswith(" p99") else ""
+            stored = [v for _m, e, _g, b, lab, v in store.query(metric=metric, granularity="minute", entity=service)
+                      if b[11:16] == row[1] and lab == label]  # fmt: skip
+            if text == "–":
+                assert not stored, (service, name)
+                continue
+            assert decimals is not None and text.endswith(unit), (name, text, unit)
+            shown = float(text[: len(text) - len(unit)].replace(",", ""))
+            assert len(stored) == 1, (service, name, row[1], stored)
+            assert abs(shown - stored[0]) <= 0.5 * 10**-decimals + 1e-9, (service, name, text, stored[0], decimals)
+            if metric.endswith("_apdex"):
+                apdex_seen = True
+                assert decimals == 4 and "." in text
+            checked += 1
+    assert checked >= len(rows) * 3 and apdex_seen
 
 
 def _ready(driver: WebDriver) -> bool:

@@ -61,6 +61,7 @@ class RunSummary:
     queues: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
     overflow: dict[str, int] = field(default_factory=dict)  # per scope: state rows folded into __overflow__
+    engine: str = ""  # shown after the store when not the local engine ("spark")
 
     @property
     def events_per_s(self) -> float:
@@ -80,7 +81,8 @@ class RunSummary:
         if not self.read and self.unchanged_files == len(self.files) and not self.error:
             out.append(f"nothing new: every input was already stored in {self.store} ({self.elapsed_s:.2f} s)")
         else:
-            out.append(f"{self.events_per_s:,.0f} events/s over {self.elapsed_s:.2f} s into {self.store}")
+            into = f"{self.store} ({self.engine})" if self.engine else self.store
+            out.append(f"{self.events_per_s:,.0f} events/s over {self.elapsed_s:.2f} s into {into}")
             if self.unchanged_files:
                 out.append(f"{self.unchanged_files} of {len(self.files)} files were already stored: nothing new")
         for path, size in self.pending.items():
@@ -92,6 +94,30 @@ class RunSummary:
             folded = ", ".join(f"{scope} {n:,}" for scope, n in sorted(self.overflow.items()))
             out.append(f"too many entities (max_entities): state rows folded into __overflow__: {folded}")
         return out
+
+    @classmethod
+    def from_totals(
+        cls, totals: dict[str, Any], *, store: str, dead_letter: str | None, engine: str = ""
+    ) -> RunSummary:
+        """The summary of a job that reports a dict of totals (the Spark engine: ``run_batch``, ``run_stream``): what
+        it committed is stored (it returns after its store transaction), so ``stored`` is ``accepted``."""
+        files = int(totals.get("files", 0))
+        summary = cls(
+            files=[""] * files,
+            read=int(totals.get("read", 0)),
+            accepted=int(totals.get("accepted", 0)),
+            rejected=int(totals.get("rejected", 0)),
+            unchanged_files=int(totals.get("unchanged_files", 0)),
+            pending=dict(totals.get("pending") or {}),
+            dropped=int(totals.get("dropped", 0)),
+            elapsed_s=float(totals.get("elapsed_s", 0.0)),
+            dead_letter=dead_letter,
+            store=store,
+            reasons=dict(totals.get("reasons") or {}),
+            engine=engine,
+        )
+        summary.stored = summary.accepted
+        return summary
 
     def failure(self) -> str:
         """One line saying what was not stored and why ("" when everything was)."""

@@ -161,11 +161,15 @@ function renderRates(data) {
     {color: "#ffb547", points: hist.map((p) => [p.t, p.refused_per_s || 0])}], []);
 }
 
+// a metric value at the precision and in the unit its column declares (data-decimals, data-unit on the <th>)
+const fmtMetric = (v, f) => v == null ? "–" : Number(v).toLocaleString("en-US", {minimumFractionDigits: f.decimals, maximumFractionDigits: f.decimals}) + f.unit;
+
 function renderTop(top) {
   const table = $("top-services");
   $("top-bucket").textContent = top.bucket ? "(" + top.bucket + ")" : "(no data yet)";
-  table.tHead.innerHTML = "<tr>" + top.columns.map((c) => `<th>${c}</th>`).join("") + "</tr>";
-  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i < 2 ? (i === 1 ? String(v).slice(11, 16) : v) : fmt(v)}</td>`).join("") + "</tr>").join("");
+  const formats = top.formats || [];
+  table.tHead.innerHTML = "<tr>" + top.columns.map((c, i) => formats[i] ? `<th data-decimals="${formats[i].decimals}" data-unit="${formats[i].unit}">${c}</th>` : `<th>${c}</th>`).join("") + "</tr>";
+  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i < 2 ? (i === 1 ? String(v).slice(11, 16) : v) : fmtMetric(v, formats[i] || {decimals: 1, unit: ""})}</td>`).join("") + "</tr>").join("");
 }
 
 function render(d) {

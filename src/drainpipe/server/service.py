@@ -583,9 +583,29 @@ class Sampler(threading.Thread):
         out["columns"] = ["service", "minute"] + [
             m.name + (" p99" if m.function == "percentile" else "") for m in ordered
         ]
+        out["formats"] = [None, None] + [display_format(m) for m in ordered]
         out["rows"] = rows[: svc.options.top_services]
         out["bucket"] = max(latest.values()) if latest else None
         return out
+
+
+def display_format(metric: MetricDef) -> dict[str, Any]:
+    """How the dashboard shows a value of ``metric``: decimals and unit, by function (apdex 0..1 to 4 decimals as
+    stored, SLA in % to 2, rates and latencies to 1, counts whole, percentiles to the precision of their buckets)."""
+    f = metric.function
+    if f == "apdex":
+        return {"decimals": 4, "unit": ""}
+    if f == "sla":
+        return {"decimals": 2, "unit": "%"}
+    if f == "cpm":
+        return {"decimals": 1, "unit": "/min"}
+    if f == "count":
+        return {"decimals": 0, "unit": ""}
+    if f == "percentile":
+        step = metric.precision_ms or 1.0
+        decimals = 0 if float(step).is_integer() else len(repr(float(step)).split(".")[1])
+        return {"decimals": decimals, "unit": " ms"}
+    return {"decimals": 1, "unit": " ms" if metric.field == "latency_ms" else ""}
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
