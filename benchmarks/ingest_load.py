@@ -17,7 +17,9 @@ slopes from -3 to +0.6 %/min, 180 s windows within +-0.5 %/min.
 Afterwards the server is stopped with SIGTERM (graceful: drains, flushes, closes the store) and the events in
 the store (sum of the minute ``service_cpm`` values) are compared with the events the server accepted.
 
-Prints a table and writes benchmarks/results/ingest_load.json (``--out``).
+Prints a table and writes benchmarks/results/ingest_load.json (``--out``). ``--compare N``: HTTP durable vs
+``--durability none`` vs ``drainpipe run`` (ingest_compare.json). ``--otlp N``: the same events as NDJSON to
+``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json).
 
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 60 s + 180 s
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
@@ -94,14 +96,48 @@ class Load:
     errors: list[str] = field(default_factory=list)
 
 
+def otlp_bodies(bodies: list[bytes]) -> list[bytes]:
+    """The same events as OTLP protobuf exports: one SERVER span per event (service.name and host.name from the
+    event, http.route = endpoint, start = ts - latency, end = ts, ERROR status when it failed)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    out = []
+    counter = 0
+    for body in bodies:
+        request = ExportTraceServiceRequest()
+        by_resource: dict = {}
+        for line in body.splitlines():
+            e = json.loads(line)
+            key = (e["service"], e.get("instance") or "")
+            scope = by_resource.get(key)
+            if scope is None:
+                rs = request.resource_spans.add()
+                rs.resource.attributes.add(key="service.name").value.string_value = key[0]
+                rs.resource.attributes.add(key="host.name").value.string_value = key[1]
+                scope = by_resource[key] = rs.scope_spans.add()
+            counter += 1
+            end = e["ts"] * 1_000_000
+            span = scope.spans.add(trace_id=counter.to_bytes(16, "big"), span_id=counter.to_bytes(8, "big"),
+                                   name=e.get("endpoint") or "op", kind=2, end_time_unix_nano=end,
+                                   start_time_unix_nano=end - int(e["latency_ms"] * 1_000_000))  # fmt: skip
+            if e.get("endpoint"):
+                span.attributes.add(key="http.route").value.string_value = e["endpoint"]
+            if e.get("status") is False:
+                span.status.code = 2
+        out.append(request.SerializeToString())
+    return out
+
+
 def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int, t_start: float,
-          seconds: float) -> Load:  # fmt: skip
+          seconds: float, otlp: int = 0) -> Load:  # fmt: skip
     """``clients`` threads, one keep-alive connection each, posting ``bodies`` (cycled) until ``t_start +
-    seconds``; a 429/503 is retried after a tenth of its Retry-After."""
+    seconds``; a 429/503 is retried after a tenth of its Retry-After. ``otlp``: the bodies are OTLP protobuf
+    exports of that many spans each, posted to /v1/traces."""
     load = Load()
     next_index = [0]
     lock = threading.Lock()
-    headers = {"Content-Type": "application/x-ndjson"}
+    path = "/v1/traces" if otlp else "/v1/events"
+    headers = {"Content-Type": "application/x-protobuf" if otlp else "application/x-ndjson"}
     if gzipped:
         headers["Content-Encoding"] = "gzip"
     deadline = t_start + seconds
@@ -117,7 +153,7 @@ def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int
             while True:
                 t0 = time.perf_counter()
                 try:
-                    conn.request("POST", "/v1/events", body, headers)
+                    conn.request("POST", path, body, headers)
                     r = conn.getresponse()
                     payload = r.read()
                 except (OSError, http.client.HTTPException) as exc:
@@ -140,9 +176,9 @@ def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int
                     with lock:
                         load.errors.append(f"HTTP {r.status}: {payload[:200]!r}")
                     break
-                answer = json.loads(payload)
+                accepted = otlp - _rejected_spans(payload) if otlp else json.loads(payload)["accepted"]
                 with lock:
-                    load.accepted += answer["accepted"]
+                    load.accepted += accepted
                     load.latencies.append((t1 - t_start, t1 - t0))
                     load.end_to_end.append(t1 - first)
                 break
@@ -154,6 +190,12 @@ def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int
     for t in threads:
         t.join()
     return load
+
+
+def _rejected_spans(payload: bytes) -> int:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    return int(ExportTraceServiceResponse.FromString(payload).partial_success.rejected_spans)
 
 
 def rss_kb(pid: int) -> int:
@@ -241,12 +283,12 @@ def _q(xs: list[float], p: float) -> float:
 
 
 def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measure: float,
-             extra: tuple[str, ...]) -> dict:  # fmt: skip
+             extra: tuple[str, ...], otlp: int = 0) -> dict:  # fmt: skip
     """One server (``extra`` flags) under load: events/s and latency in the measured window, then a graceful stop
     and the store checked against what was acknowledged."""
     proc, host, port = start_server(store, extra=extra)
     t_start = time.perf_counter()
-    load = drive(host, port, bodies, False, clients, t_start, warmup + measure)
+    load = drive(host, port, bodies, False, clients, t_start, warmup + measure, otlp)
     t_stop = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=300)
@@ -257,7 +299,7 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
     finally:
         s.close()
     window = sorted(x * 1000 for t, x in load.latencies if t >= warmup)
-    per_request = len(bodies[0].splitlines())
+    per_request = otlp or len(bodies[0].splitlines())
     return {
         "events_per_s": round(len(window) * per_request / measure, 1),
         "p50_ms": round(_q(window, 0.5), 2),
@@ -347,6 +389,49 @@ def compare(args: argparse.Namespace, bodies: list[bytes]) -> int:
     return 0 if summary["lost"] == 0 else 1
 
 
+def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
+    """The same events posted as NDJSON to /v1/events and as OTLP protobuf spans to /v1/traces (one SERVER span per
+    event), durable, in alternation, ``args.otlp`` rounds: events/s against spans/s, medians and ratios."""
+    tmp = Path(tempfile.mkdtemp(prefix="drainpipe-otlp-"))
+    spans = otlp_bodies(bodies)
+    per_request = len(bodies[0].splitlines())
+    rounds = []
+    for i in range(args.otlp):
+        row = {}
+        for name, payloads, otlp in (("ndjson", bodies, 0), ("otlp", spans, per_request)):
+            store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
+            row[name] = http_run(store, payloads, args.clients, args.warmup, args.measure,
+                                 ("--wal", str(tmp / f"wal-{name}-{i}"), *args.serve_arg), otlp)  # fmt: skip
+        row["otlp_vs_ndjson"] = round(row["otlp"]["events_per_s"] / row["ndjson"]["events_per_s"], 3)
+        rounds.append(row)
+        print(f"round {i + 1}: NDJSON {row['ndjson']['events_per_s']:>9,.0f} events/s (p99 {row['ndjson']['p99_ms']}"
+              f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} spans/s (p99 {row['otlp']['p99_ms']} ms)  "
+              f"ratio {row['otlp_vs_ndjson']}", flush=True)  # fmt: skip
+    med = lambda xs: round(statistics.median(xs), 3)
+    summary = {
+        "ndjson_events_per_s": med([r["ndjson"]["events_per_s"] for r in rounds]),
+        "otlp_spans_per_s": med([r["otlp"]["events_per_s"] for r in rounds]),
+        "ndjson_p99_ms": med([r["ndjson"]["p99_ms"] for r in rounds]),
+        "otlp_p99_ms": med([r["otlp"]["p99_ms"] for r in rounds]),
+        "otlp_vs_ndjson": med([r["otlp_vs_ndjson"] for r in rounds]),
+        "lost": sum(r[k]["lost"] for r in rounds for k in ("ndjson", "otlp")),
+    }
+    print()
+    print("| | per second (median) | p99 ms | ratio (median of the rounds') |")
+    print("|---|---|---|---|")
+    print(f"| POST /v1/events, NDJSON | {summary['ndjson_events_per_s']:,.0f} events | {summary['ndjson_p99_ms']} | |")
+    print(f"| POST /v1/traces, OTLP protobuf | {summary['otlp_spans_per_s']:,.0f} spans | {summary['otlp_p99_ms']} | "
+          f"{summary['otlp_vs_ndjson']} of NDJSON |")  # fmt: skip
+    result = {"mode": "otlp", "clients": args.clients, "events_per_request": per_request, "warmup_s": args.warmup,
+              "measure_s": args.measure, "cpus": os.cpu_count(), "rounds": rounds, "median": summary}  # fmt: skip
+    out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_otlp.json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if summary["lost"] == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -374,7 +459,13 @@ def main() -> int:
         "--file-repeats", type=int, default=5, help="--compare: the JSONL file is the bodies this many times"
     )
     ap.add_argument("--serve-arg", action="append", default=[], help="--compare: an extra flag for drainpipe serve")
+    ap.add_argument("--otlp", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the memory test: the same events as NDJSON to /v1/events and as OTLP protobuf "
+                    "spans to /v1/traces, ROUNDS rounds in alternation (ingest_otlp.json)")  # fmt: skip
     args = ap.parse_args()
+    if args.otlp:
+        print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
+        return compare_otlp(args, build_bodies(args.bodies, args.events_per_request, False, args.seed))
     if args.compare:
         args.out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_compare.json")
         print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
