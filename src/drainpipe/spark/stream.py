@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +125,7 @@ class _MicroBatches:
             "on_batch": on_batch,
         }
         self.totals: dict[str, Any] = {key: 0 for key in _SUMMED}
-        self.totals.update(batches=0, ignored_files=0)
+        self.totals.update(batches=0, ignored_files=0, reasons=Counter())
         self._lock = threading.Lock()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -147,6 +148,7 @@ class _MicroBatches:
         with self._lock:
             for key in _SUMMED:
                 self.totals[key] += summary.get(key, 0)
+            self.totals["reasons"].update(summary.get("reasons") or {})
             self.totals["batches"] += 1
             self.totals["ignored_files"] += ignored
         if c["on_batch"] is not None:
@@ -154,7 +156,7 @@ class _MicroBatches:
 
     def release(self) -> dict[str, Any]:
         self._context.clear()
-        return dict(self.totals)
+        return dict(self.totals, reasons=dict(self.totals["reasons"]))
 
 
 def _await(query: Any, timeout_s: float | None) -> None:
