@@ -14,7 +14,6 @@ executors); :meth:`EndpointRules.normalize` memoizes per distinct input, bounded
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ class EndpointRules:
     rules: tuple[tuple[str, str], ...] = ()
     ids: bool = True
     _compiled: tuple[tuple[re.Pattern[str], str], ...] = field(default=(), init=False, repr=False, compare=False)
+    _cache: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         compiled = []
@@ -53,11 +53,19 @@ class EndpointRules:
     def __setstate__(self, state: dict[str, Any]) -> None:
         object.__setattr__(self, "rules", state["rules"])
         object.__setattr__(self, "ids", state["ids"])
+        object.__setattr__(self, "_cache", {})
         self.__post_init__()
 
     def normalize(self, endpoint: str) -> str:
-        """The endpoint's template (see the module docstring). Thread-safe."""
-        return _normalize(self, endpoint)
+        """The endpoint's template (see the module docstring). Thread-safe: the memo is a dict (atomic get/set
+        under the GIL), emptied when it holds more than 65,536 entries."""
+        cache = self._cache
+        out = cache.get(endpoint)
+        if out is None:
+            if len(cache) >= _CACHE:
+                cache.clear()
+            out = cache[endpoint] = self._apply(endpoint)
+        return out
 
     def _apply(self, endpoint: str) -> str:
         endpoint = endpoint.split("?", 1)[0]
@@ -77,11 +85,6 @@ class EndpointRules:
         if not changed:
             return endpoint
         return head + sep + "/".join(parts)
-
-
-@functools.lru_cache(maxsize=_CACHE)
-def _normalize(rules: EndpointRules, endpoint: str) -> str:
-    return rules._apply(endpoint)
 
 
 def parse_endpoint_rules(entries: Any, ids: Any = True, source: str = "<definitions>") -> EndpointRules:

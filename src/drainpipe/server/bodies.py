@@ -145,12 +145,19 @@ def _parser_main(conn: Connection, parent: int) -> None:
 
     die_with(parent)
     use_serial_json_reader()  # the processes are the parallelism
+    endpoints: EndpointRules | None = None
     while True:
         try:
             kwargs = conn.recv()
             body = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        # the endpoint rules arrive with every body; keep using the first equal copy, whose memo is warm
+        if kwargs.get("endpoints") is not None:
+            if kwargs["endpoints"] == endpoints:
+                kwargs["endpoints"] = endpoints
+            else:
+                endpoints = kwargs["endpoints"]
         try:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
