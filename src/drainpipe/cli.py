@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             definitions=definitions,
             store_url=args.store,
             master=args.spark_master,
+            remote=args.spark_remote,
             conf=conf,
             dead_letter=args.dead_letter,
             quiet=args.quiet,
@@ -234,7 +235,14 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a Spark setting (repeatable), e.g. spark.executor.memory=4g",
+        help="a Spark setting (repeatable), e.g. spark.executor.memory=4g; the executors' Python: "
+        "spark.pyspark.python=..., or a packed venv: spark.archives=venv.tar.gz#env with "
+        "PYSPARK_PYTHON=./env/bin/python",
+    )
+    p.add_argument(
+        "--spark-remote",
+        metavar="URL",
+        help="run through Spark Connect (sc://host:port) instead of --spark-master (default: $SPARK_REMOTE)",
     )
 
 

@@ -23,6 +23,7 @@ skew-aware placement of per-type work. Importing this package does not import py
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -63,6 +64,7 @@ def run_batch(
     options: JobOptions | None = None,
     quiet: bool = False,
     service: str = "",
+    remote: str | None = None,
 ) -> dict[str, Any]:
     """Process event files (paths or globs: JSON Lines, CSV, each optionally gzipped, Parquet) on Spark.
 
@@ -70,18 +72,21 @@ def run_batch(
     Java or pyspark raises :class:`SparkSetupError`. ``progress(events_read, bytes_done)`` is called about
     twice a second. ``spark``: an existing session to use (it is left running); otherwise one is built from
     ``master`` and ``conf`` and stopped at the end. ``options``: :class:`JobOptions` (per-type mode, split
-    size, ...), none of which changes results. ``quiet``: the JVM's own output goes to a log file.
+    size, ...), none of which changes results. ``quiet``: the JVM's own output goes to a log file. ``remote``: a Spark
+    Connect URL (``sc://host:port``; default ``$SPARK_REMOTE``) instead of ``master``. Input paths are made absolute
+    here, on the driver, and the job ships drainpipe's task code: the executors need nothing of ours installed.
 
     Returns ``read accepted rejected dropped`` (``dropped`` is always 0 for files), ``metrics_rows`` (metric
     value rows updated, all granularities), ``topn_rows``, ``elapsed_s``, ``events_per_s`` and details:
     ``files unchanged_files splits pending reasons stage_s spread dead_letter``.
     """
     t0 = time.perf_counter()
-    paths = expand_inputs(list(inputs))
+    # absolute, resolved here on the driver: executors run in their own working directories
+    paths = [os.path.abspath(p) for p in expand_inputs(list(inputs))]
     for path in paths:
         detect_format(path)
     target = dead_letter or default_dead_letter(store_url)
-    with job(store_url, master, conf, spark, quiet) as (store, session), DeadLetter(target) as dl:
+    with job(store_url, master, conf, spark, quiet, remote) as (store, session), DeadLetter(target) as dl:
         job_options = replace(options or JobOptions(), service=service or (options.service if options else ""))
         summary = ingest_files(session, paths, definitions, store, dl, job_options, progress)
     summary.update(dead_letter=target)

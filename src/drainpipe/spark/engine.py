@@ -137,8 +137,8 @@ class JobResult:
 def _parallelism(spark: SparkSession) -> int:
     try:
         return max(1, spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext
-        return 2
+    except Exception:  # Spark Connect has no SparkContext: the session's shuffle partitions say how wide it is
+        return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 2))
 
 
 def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:

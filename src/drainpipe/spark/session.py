@@ -4,8 +4,12 @@
   returns the major version; it raises :class:`SparkSetupError` (a ``ValueError``, one line) when there is no
   Java or it is older than 17 (PySpark 4 needs 17 or 21).
 * :func:`check_pyspark` imports pyspark and requires version >= 4.0 (``pip install 'drainpipe[spark]'``).
-* :func:`spark_session` sets ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` to this interpreter (so Python
-  workers run in the same venv, with drainpipe importable) and builds or reuses a session with modest defaults:
+* :func:`spark_session` builds or reuses a session (``master``, or a Spark Connect ``remote`` such as
+  ``sc://host:15002``). The executors' Python is the user's choice (``PYSPARK_PYTHON``, ``spark.pyspark.python``,
+  or a packed venv shipped with ``spark.archives``); only when none is made and the master is local does it default
+  to this interpreter. The job ships its own task code (:func:`ship_code`: a zip of drainpipe's pure-Python modules,
+  ``addPyFile``, or ``addArtifacts`` under Connect), so the executors need only pyspark, pyarrow and numpy. Modest
+  defaults:
   UI and console progress bars off, ``spark.sql.shuffle.partitions=8``, Arrow batches of 64k rows, log level
   ERROR, and for ``local[...]`` masters ``spark.driver.memory=2g`` and log level FATAL (a failed task's stack
   trace is re-raised by the engine as one line). ``conf`` (``--spark-conf key=value``) overrides any default.
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +36,18 @@ from drainpipe.pipeline.store import open_store
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-__all__ = ["job", "add_rate", "MIN_JAVA", "check_java", "check_pyspark", "spark_session", "DEFAULT_CONF"]
+__all__ = [
+    "job",
+    "add_rate",
+    "MIN_JAVA",
+    "check_java",
+    "check_pyspark",
+    "spark_session",
+    "DEFAULT_CONF",
+    "code_zip",
+    "ship_code",
+    "is_connect",
+]
 
 MIN_JAVA = 17
 
@@ -134,34 +150,108 @@ def _quiet_log4j() -> str:
 
 
 def spark_session(
-    master: str = "local[*]", conf: Mapping[str, str] | None = None, app_name: str = "drainpipe", quiet: bool = False
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "drainpipe",
+    quiet: bool = False,
+    remote: str | None = None,
 ) -> SparkSession:
     """Build (or reuse the active) SparkSession for the engine; checks Java and pyspark first.
 
-    An active session is reused as is (its master and static conf stay what they are). ``quiet``: the JVM's
-    own output (start-up banners, log lines) goes to a file in the temp directory instead of this process's
-    stderr; failures still reach the caller as exceptions.
+    An active session is reused as is (its master and static conf stay what they are). ``remote``: a Spark Connect
+    URL (``sc://host:port``; default ``$SPARK_REMOTE``), instead of ``master``: no JVM in this process. ``quiet``:
+    the JVM's own output (start-up banners, log lines) goes to a file in the temp directory instead of this
+    process's stderr; failures still reach the caller as exceptions. The session has drainpipe's task code
+    (:func:`ship_code`).
     """
     check_pyspark()
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    check_java()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if remote is None:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            ship_code(active)
+            return active
+        check_java()
     settings = dict(DEFAULT_CONF)
-    if master.startswith("local"):
+    local = remote is None and master.startswith("local")
+    if local:
         settings.update(_LOCAL_CONF)
         settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
     settings.update(conf or {})
-    builder = SparkSession.builder.master(master).appName(app_name)
+    if settings.get("spark.pyspark.python"):
+        # the conf takes precedence over the environment (Spark's documented order); pyspark's Python side reads
+        # only the environment when the driver is a plain Python process, so the conf is put there
+        os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
+    elif local and not _python_chosen(settings):
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # local workers: this venv, unless told otherwise
+    builder = SparkSession.builder.appName(app_name)
+    builder = builder.remote(remote) if remote is not None else builder.master(master)
     for key, value in settings.items():
+        if remote is not None and not key.startswith("spark.sql."):
+            continue  # under Connect the server's static conf is set; only session (SQL) conf applies
         builder = builder.config(key, value)
-    with warnings.catch_warnings(), _jvm_output(quiet):
+    with warnings.catch_warnings(), _jvm_output(quiet and remote is None):
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-        return builder.getOrCreate()
+        session = builder.getOrCreate()
+    ship_code(session)
+    return session
+
+
+def _python_chosen(settings: Mapping[str, str]) -> bool:
+    """Whether the user chose the executors' Python: ``PYSPARK_PYTHON``, ``spark.pyspark.python`` or a shipped
+    archive (``spark.archives``, Spark's documented way to ship a packed venv)."""
+    return bool(
+        os.environ.get("PYSPARK_PYTHON") or settings.get("spark.pyspark.python") or settings.get("spark.archives")
+    )
+
+
+def is_connect(session: Any) -> bool:
+    """Whether ``session`` is a Spark Connect client session (no SparkContext, accumulators or RDDs)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+_SHIPPED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions that have the code
+
+
+def code_zip() -> str:
+    """A zip of drainpipe's pure-Python modules (no C extension, no caches), built once per content in the temp
+    directory: everything a Spark task imports, for executors that have nothing of ours installed."""
+    import hashlib
+    import zipfile
+    from pathlib import Path
+
+    import drainpipe
+
+    root = Path(drainpipe.__file__).resolve().parent
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    target = Path(tempfile.gettempdir()) / f"drainpipe-tasks-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in files:
+                z.write(path, str(Path("drainpipe") / path.relative_to(root)))
+        os.replace(tmp, target)
+    return str(target)
+
+
+def ship_code(session: Any) -> None:
+    """Add drainpipe's task code to ``session``'s job (once per session): ``addPyFile``, or ``addArtifacts``
+    under Spark Connect. Executors then import drainpipe from the zip; it never loads the C extension (the queue
+    is imported lazily, and tasks do not use it)."""
+    if session in _SHIPPED:
+        return
+    path = code_zip()
+    if is_connect(session):
+        session.addArtifacts(path, pyfile=True)
+    else:
+        session.sparkContext.addPyFile(path)
+    _SHIPPED.add(session)
 
 
 @contextlib.contextmanager
@@ -186,26 +276,37 @@ def _jvm_output(quiet: bool) -> Iterator[None]:
 
 
 def _session(
-    master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+    master: str,
+    conf: Mapping[str, str] | None,
+    spark: SparkSession | None,
+    quiet: bool = False,
+    remote: str | None = None,
 ) -> tuple[SparkSession, bool]:
     """(session, created here): an explicit or active session is used as is and not stopped."""
     if spark is not None:
+        ship_code(spark)
         return spark, False
     check_pyspark()
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    return spark_session(master, conf, quiet=quiet), active is None
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    active = None if remote is not None else SparkSession.getActiveSession()
+    return spark_session(master, conf, quiet=quiet, remote=remote), active is None
 
 
 @contextlib.contextmanager
 def job(
-    store_url: str, master: str, conf: Mapping[str, str] | None, spark: SparkSession | None, quiet: bool = False
+    store_url: str,
+    master: str,
+    conf: Mapping[str, str] | None,
+    spark: SparkSession | None,
+    quiet: bool = False,
+    remote: str | None = None,
 ) -> Iterator[tuple[Any, SparkSession]]:
     """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
     store = open_store(store_url)
     try:
-        session, created = _session(master, conf, spark, quiet)
+        session, created = _session(master, conf, spark, quiet, remote)
         try:
             yield store, session
         finally:

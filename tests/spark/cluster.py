@@ -1,0 +1,107 @@
+"""A real Spark standalone cluster for the tests: a master and one worker JVM started from pyspark's own
+``bin/spark-class``, and executors whose Python is a separate venv holding only numpy and pyarrow (no drainpipe,
+no duckdb, no psycopg): what a shared cluster's nodes have. The executors' interpreter is a wrapper that records
+each start in a marker file, so a test can tell that the job's tasks ran there and not in the driver's Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+#: what the executors' venv gets from this one (the engine's tasks need these and nothing of ours)
+EXECUTOR_PACKAGES = ("numpy", "numpy.libs", "pyarrow")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def executor_python(directory: Path) -> tuple[str, Path]:
+    """A venv with only numpy and pyarrow (linked from this venv: no network), and a wrapper interpreter that
+    appends one line to a marker file each time Spark starts it. Returns (wrapper path, marker path)."""
+    venv = directory / "executor-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths()["purelib"])
+    target = next((venv / "lib").glob("python3*/site-packages"))
+    for entry in site.iterdir():
+        base = entry.name.split("-")[0]
+        if base in EXECUTOR_PACKAGES or (entry.name.endswith(".dist-info") and base in EXECUTOR_PACKAGES):
+            (target / entry.name).symlink_to(entry)
+    python = venv / "bin" / "python"
+    probe = subprocess.run([str(python), "-c", "import drainpipe"], capture_output=True, text=True)
+    assert probe.returncode != 0, "the executors' venv must not have drainpipe"
+    marker = directory / "executor-starts.txt"
+    wrapper = directory / "executor-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$0" >> {marker}\nexec {python} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), marker
+
+
+@dataclass
+class Cluster:
+    master: str  # spark://127.0.0.1:PORT
+    python: str  # the executors' interpreter (the wrapper)
+    marker: Path  # one line per executor Python start
+
+
+def _spark_class() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+
+@contextmanager
+def standalone_cluster(directory: Path, cores: int = 2) -> Iterator[Cluster]:
+    """A master and a worker (``cores`` cores, 2 GB) on loopback, stopped afterwards."""
+    python, marker = executor_python(directory)
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    env = {**os.environ, "SPARK_LOG_DIR": str(directory / "logs"), "SPARK_WORKER_DIR": str(directory / "work"),
+           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
+    env.pop("PYSPARK_PYTHON", None)
+    logs = open(directory / "cluster.log", "ab")
+    master = subprocess.Popen([_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=logs, stderr=logs)  # fmt: skip
+    worker = None
+    try:
+        url = f"spark://127.0.0.1:{port}"
+        worker = subprocess.Popen([_spark_class(), "org.apache.spark.deploy.worker.Worker", url, "--host",
+                                   "127.0.0.1", "--cores", str(cores), "--memory", "2g", "--webui-port",
+                                   str(worker_ui), "--work-dir", str(directory / "work")], env=env, stdout=logs,
+                                  stderr=logs)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
+                    if json.loads(r.read()).get("aliveworkers", 0) >= 1:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    "the standalone cluster did not come up: " + (directory / "cluster.log").read_text()[-3000:]
+                )
+            time.sleep(0.5)
+        yield Cluster(url, python, marker)
+    finally:
+        for proc in (worker, master):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        logs.close()
+        shutil.rmtree(directory / "work", ignore_errors=True)

@@ -1,0 +1,49 @@
+"""The Spark engine on a real standalone cluster (tests/spark/cluster.py): executors in their own processes and
+working directories, with their own Python that has nothing of ours installed. With a relative input path, the
+results equal the local engine's; the tasks ran in the executors' Python (checked), importing drainpipe from the
+zip the job shipped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import standalone_cluster
+from spark_testlib import SPARK
+
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.generator import generate_events, write_events
+from drainpipe.pipeline.run import run_local
+from eventdata import assert_same_results
+
+pytestmark = SPARK
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+def test_a_relative_input_on_a_standalone_cluster_equals_the_local_engine(cluster, tmp_path: Path) -> None:
+    write_events(generate_events(30_000, services=12, seed=5), tmp_path / "events.jsonl")
+    with (tmp_path / "events.jsonl").open("a") as f:
+        f.write('{"ts": 1, "service": ""}\nnot json\n')
+    local = f"duckdb:///{tmp_path / 'local.duckdb'}"
+    summary = run_local([str(tmp_path / "events.jsonl")], definitions=default_definitions(), store_url=local,
+                        dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    starts_before = cluster.marker.read_text().count("\n") if cluster.marker.exists() else 0
+    done = subprocess.run(
+        [sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-master", cluster.master,
+         "--spark-conf", f"spark.pyspark.python={cluster.python}", "--spark-conf", "spark.driver.host=127.0.0.1",
+         "--spark-conf", "spark.executor.cores=1", "--spark-conf", "spark.executor.memory=1g",
+         "--input", "events.jsonl", "--store", "duckdb:///spark.duckdb", "--dead-letter", "spark.jsonl"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
+    # the tasks ran in the executors' own Python (the wrapper recorded its starts), not the driver's
+    assert cluster.marker.exists() and cluster.marker.read_text().count("\n") > starts_before
+    assert_same_results(local, f"duckdb:///{tmp_path / 'spark.duckdb'}", default_definitions())
