@@ -105,3 +105,49 @@ def standalone_cluster(directory: Path, cores: int = 2) -> Iterator[Cluster]:
                     proc.kill()
         logs.close()
         shutil.rmtree(directory / "work", ignore_errors=True)
+
+
+@dataclass
+class ConnectServer:
+    remote: str  # sc://127.0.0.1:PORT
+    marker: Path  # one line per start of the server's task Python
+
+
+@contextmanager
+def connect_server(directory: Path) -> Iterator[ConnectServer]:
+    """A Spark Connect server from pyspark's own ``sbin/start-connect-server.sh`` (its jar ships in
+    ``pyspark/jars``), ``local[2]`` inside, its task Python the numpy+pyarrow-only venv; stopped afterwards."""
+    import pyspark
+
+    python, marker = executor_python(directory)
+    port = free_port()
+    script = Path(pyspark.__file__).parent / "sbin" / "start-connect-server.sh"
+    env = {**os.environ, "SPARK_LOG_DIR": str(directory / "logs"), "SPARK_PID_DIR": str(directory),
+           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, "SPARK_NO_DAEMONIZE": "1"}  # fmt: skip
+    logs = open(directory / "connect.log", "ab")
+    server = subprocess.Popen(["bash", str(script), "--wait", "--master", "local[2]",
+                               "--conf", f"spark.connect.grpc.binding.port={port}",
+                               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=8"],
+                              env=env, stdout=logs, stderr=logs, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    "the Connect server did not start: " + (directory / "connect.log").read_text()[-3000:]
+                )
+            time.sleep(0.5)
+        yield ConnectServer(f"sc://127.0.0.1:{port}", marker)
+    finally:
+        import signal
+
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(server.pid, signal.SIGKILL)
+        logs.close()

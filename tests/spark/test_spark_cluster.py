@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import standalone_cluster
+from cluster import connect_server, standalone_cluster
 from spark_testlib import SPARK
 
 from drainpipe.pipeline.definitions import default_definitions
@@ -47,3 +47,27 @@ def test_a_relative_input_on_a_standalone_cluster_equals_the_local_engine(cluste
     # the tasks ran in the executors' own Python (the wrapper recorded its starts), not the driver's
     assert cluster.marker.exists() and cluster.marker.read_text().count("\n") > starts_before
     assert_same_results(local, f"duckdb:///{tmp_path / 'spark.duckdb'}", default_definitions())
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory: pytest.TempPathFactory):
+    with connect_server(tmp_path_factory.mktemp("connect")) as c:
+        yield c
+
+
+def test_the_same_job_through_spark_connect(connect, tmp_path: Path) -> None:
+    """No SparkContext, no accumulators, no RDDs on the client: the DataFrame job runs on the server, whose task
+    Python has nothing of ours; drainpipe reaches it as an artifact."""
+    write_events(generate_events(20_000, services=8, seed=9), tmp_path / "events.jsonl")
+    local = f"duckdb:///{tmp_path / 'local.duckdb'}"
+    summary = run_local([str(tmp_path / "events.jsonl")], definitions=default_definitions(), store_url=local,
+                        dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-remote", connect.remote,
+         "--input", "events.jsonl", "--store", "duckdb:///connect.duckdb", "--dead-letter", "connect.jsonl"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
+    assert connect.marker.exists()  # the server's tasks ran in the venv without drainpipe
+    assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
