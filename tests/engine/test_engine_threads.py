@@ -17,7 +17,8 @@ from drainpipe.pipeline.store import open_store
 def test_engine_threads(monkeypatch: pytest.MonkeyPatch, cores: int, expected: int) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     before = {t.name for t in threading.enumerate()}
-    engine = LocalEngine(default_definitions(), open_store("duckdb:///:memory:"), name=f"threads{cores}")
+    store = open_store("duckdb:///:memory:")
+    engine = LocalEngine(default_definitions(), store, name=f"threads{cores}")
     try:
         new = [t.name for t in threading.enumerate() if t.name not in before]
         control = "drainpipe-control" in before or "drainpipe-control" in new
@@ -31,3 +32,4 @@ def test_engine_threads(monkeypatch: pytest.MonkeyPatch, cores: int, expected: i
         assert len(drain) + 1 == expected
     finally:
         engine.close()
+        store.close()

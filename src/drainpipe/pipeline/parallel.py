@@ -17,6 +17,7 @@ states of its part, and results are small (states, not events).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -140,9 +141,14 @@ def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple
     """``workers`` processes (:func:`mp_context`), every one started before this returns (so start-up overlaps the
     caller's setup). ``initializer``
     should call :func:`die_with` so that no worker outlives this process."""
+    context = mp_context()
+    if context.get_start_method() == "fork":
+        # garbage left in this process would otherwise be collected in the children, where a native object's
+        # destructor (a DuckDB connection's, say) finds its library's threads and locks gone: a segfault
+        gc.collect()
     pool = ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=mp_context(),
+        mp_context=context,
         initializer=initializer,
         initargs=initargs,
     )
