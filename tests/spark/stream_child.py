@@ -1,7 +1,10 @@
 """Runs a stream and kills itself (SIGKILL, no clean-up) right after micro-batch ``kill_after`` reached the store,
 before Spark could mark that batch committed in the checkpoint: the worst moment for exactly-once.
 
-    python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER
+    python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER [MASTER EXECUTOR_PYTHON]
+
+KILL_AFTER -1: run to the end. MASTER/EXECUTOR_PYTHON: a standalone cluster and its executors' Python (default
+``local[2]`` and this interpreter).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from conftest import TEST_CONF
 from drainpipe.spark import run_stream
 
 
-def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill_after: str) -> None:
+def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill_after: str,
+         master: str = "local[2]", python: str = "") -> None:  # fmt: skip
     def on_batch(batch_id: int, summary: dict[str, Any]) -> None:
         print(f"batch {batch_id} stored: {summary.get('accepted', 0)} events", flush=True)
         if batch_id == int(kill_after):
@@ -26,8 +30,8 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         store_url=store_url,
         checkpoint=checkpoint,
         dead_letter=dead_letter,
-        master="local[2]",
-        conf=TEST_CONF,
+        master=master,
+        conf={**TEST_CONF, **({"spark.pyspark.python": python} if python else {})},
         trigger_once=True,
         max_files_per_trigger=1,
         on_batch=on_batch,

@@ -19,6 +19,7 @@ from drainpipe.pipeline.run import run_local
 from eventdata import assert_same_results
 
 pytestmark = SPARK
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +72,26 @@ def test_the_same_job_through_spark_connect(connect, tmp_path: Path) -> None:
     assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
     assert connect.marker.exists()  # the server's tasks ran in the venv without drainpipe
     assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
+
+
+def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Path) -> None:
+    """Structured Streaming on the standalone cluster, one file per micro-batch; the driver is killed (SIGKILL)
+    right after micro-batch 1 reached the store, then restarted from its checkpoint: the store equals the local
+    engine's over the same files."""
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    for i in range(3):
+        write_events(generate_events(6_000, services=6, seed=20 + i), incoming / f"part-{i}.jsonl")
+    local = f"duckdb:///{tmp_path / 'local.duckdb'}"
+    run_local(sorted(str(p) for p in incoming.iterdir()), definitions=default_definitions(), store_url=local,
+              dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    url = f"duckdb:///{tmp_path / 'stream.duckdb'}"
+    args = [sys.executable, str(HERE / "stream_child.py"), str(incoming), url, str(tmp_path / "ckpt"),
+            str(tmp_path / "stream.jsonl")]  # fmt: skip
+    killed = subprocess.run([*args, "1", cluster.master, cluster.python], cwd=HERE, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert killed.returncode == -9 and "batch 1 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
+    resumed = subprocess.run([*args, "-1", cluster.master, cluster.python], cwd=HERE, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_results(local, url, default_definitions())
