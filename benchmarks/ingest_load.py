@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -326,6 +327,17 @@ def file_run(path: str, store: str) -> dict:
     return {"events": events, "wall_s": round(wall, 3), "events_per_s": round(events / wall, 1)}
 
 
+def _median(rounds: list[dict], *keys: str) -> float:
+    """The median over the rounds of ``round[keys[0]][keys[1]]...``, to 3 decimals."""
+
+    def pick(row: Any) -> float:
+        for key in keys:
+            row = row[key]
+        return float(row)
+
+    return round(statistics.median(pick(r) for r in rounds), 3)
+
+
 def compare(args: argparse.Namespace, bodies: list[bytes]) -> int:
     """HTTP durable (fsync), HTTP --durability none and ``drainpipe run`` on the same events as one JSON Lines
     file, in alternation, ``args.compare`` rounds; medians and per-round ratios."""
@@ -351,17 +363,17 @@ def compare(args: argparse.Namespace, bodies: list[bytes]) -> int:
               f"p99 {row['fsync']['p99_ms']} ms)  HTTP none {row['none']['events_per_s']:>9,.0f} ev/s  run "
               f"{row['file']['events_per_s']:>9,.0f} ev/s  durable/none {row['durable_vs_none']}  durable/run "
               f"{row['durable_vs_file']}", flush=True)  # fmt: skip
-    med = lambda xs: round(statistics.median(xs), 3)
+    med = lambda *keys: _median(rounds, *keys)
     summary = {
-        "http_fsync_events_per_s": med([r["fsync"]["events_per_s"] for r in rounds]),
-        "http_none_events_per_s": med([r["none"]["events_per_s"] for r in rounds]),
-        "file_run_events_per_s": med([r["file"]["events_per_s"] for r in rounds]),
-        "fsync_p50_ms": med([r["fsync"]["p50_ms"] for r in rounds]),
-        "fsync_p99_ms": med([r["fsync"]["p99_ms"] for r in rounds]),
-        "none_p50_ms": med([r["none"]["p50_ms"] for r in rounds]),
-        "none_p99_ms": med([r["none"]["p99_ms"] for r in rounds]),
-        "durable_vs_none": med([r["durable_vs_none"] for r in rounds]),
-        "durable_vs_file": med([r["durable_vs_file"] for r in rounds]),
+        "http_fsync_events_per_s": med("fsync", "events_per_s"),
+        "http_none_events_per_s": med("none", "events_per_s"),
+        "file_run_events_per_s": med("file", "events_per_s"),
+        "fsync_p50_ms": med("fsync", "p50_ms"),
+        "fsync_p99_ms": med("fsync", "p99_ms"),
+        "none_p50_ms": med("none", "p50_ms"),
+        "none_p99_ms": med("none", "p99_ms"),
+        "durable_vs_none": med("durable_vs_none"),
+        "durable_vs_file": med("durable_vs_file"),
         "lost": sum(r[k]["lost"] for r in rounds for k in ("fsync", "none")),
     }
     print()
@@ -407,13 +419,13 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
         print(f"round {i + 1}: NDJSON {row['ndjson']['events_per_s']:>9,.0f} events/s (p99 {row['ndjson']['p99_ms']}"
               f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} spans/s (p99 {row['otlp']['p99_ms']} ms)  "
               f"ratio {row['otlp_vs_ndjson']}", flush=True)  # fmt: skip
-    med = lambda xs: round(statistics.median(xs), 3)
+    med = lambda *keys: _median(rounds, *keys)
     summary = {
-        "ndjson_events_per_s": med([r["ndjson"]["events_per_s"] for r in rounds]),
-        "otlp_spans_per_s": med([r["otlp"]["events_per_s"] for r in rounds]),
-        "ndjson_p99_ms": med([r["ndjson"]["p99_ms"] for r in rounds]),
-        "otlp_p99_ms": med([r["otlp"]["p99_ms"] for r in rounds]),
-        "otlp_vs_ndjson": med([r["otlp_vs_ndjson"] for r in rounds]),
+        "ndjson_events_per_s": med("ndjson", "events_per_s"),
+        "otlp_spans_per_s": med("otlp", "events_per_s"),
+        "ndjson_p99_ms": med("ndjson", "p99_ms"),
+        "otlp_p99_ms": med("otlp", "p99_ms"),
+        "otlp_vs_ndjson": med("otlp_vs_ndjson"),
         "lost": sum(r[k]["lost"] for r in rounds for k in ("ndjson", "otlp")),
     }
     print()

@@ -34,6 +34,7 @@ total work over the cores, so balancing cannot shorten it there; what placement 
 and the longest task, which is the stage's time on a cluster with a core per partition: both are reported.
 
     .venv/bin/python benchmarks/spark.py [--events 5000000] [--runs 3] [--master local[*]]
+    .venv/bin/python benchmarks/spark.py --cluster    # local[2] beside a standalone cluster (spark-cluster.json)
 """
 
 from __future__ import annotations
@@ -339,6 +340,38 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> int:
+    """The built-in section on ``local[2]`` and on a standalone cluster (a master and a worker from pyspark's
+    ``bin/spark-class``, 2 executors of 1 core whose Python is a venv with only numpy and pyarrow: drainpipe ships
+    its task code), side by side; ``spark-cluster.json``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "spark"))
+    from cluster import standalone_cluster
+
+    out: dict[str, Any] = {"events": args.events, "runs": args.runs, "cores": os.cpu_count()}
+    spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": str(PARTITIONS)}, app_name="drainpipe-bench")
+    with tempfile.TemporaryDirectory(dir=data_dir) as work:
+        out["local[2]"] = builtin_benchmark(spark, path, args.runs, Path(work))
+    spark.stop()
+    with tempfile.TemporaryDirectory(dir=data_dir) as work, standalone_cluster(Path(work)) as cluster:
+        conf = {"spark.sql.shuffle.partitions": str(PARTITIONS), "spark.pyspark.python": cluster.python,
+                "spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "2g",
+                "spark.driver.host": "127.0.0.1"}  # fmt: skip
+        spark = spark_session(cluster.master, conf, app_name="drainpipe-bench-cluster")
+        out["standalone, 2 executors x 1 core"] = builtin_benchmark(spark, path, args.runs, Path(work))
+        spark.stop()
+    print("| where | plain PySpark | drainpipe job | job / plain | drainpipe run (end to end) |")
+    print("|---|---|---|---|---|")
+    for where in ("local[2]", "standalone, 2 executors x 1 core"):
+        r = out[where]
+        print(
+            f"| {where} | {r['plain_s']:.2f} s | {r['job_s']:.2f} s | {r['job_vs_plain']:.2f}x | {r['run_s']:.2f} s |"
+        )
+    target = Path(args.out).with_name("spark-cluster.json")
+    target.write_text(json.dumps(out, indent=2, default=lambda o: float(o) if isinstance(o, np.floating) else str(o)))
+    print(f"\nwritten {target}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=5_000_000)
@@ -346,11 +379,15 @@ def main() -> int:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "drainpipe-bench"))
     parser.add_argument("--out", default=str(RESULTS / "spark.json"))
+    parser.add_argument("--cluster", action="store_true",
+                        help="the built-in section on local[2] and on a standalone cluster, side by side")  # fmt: skip
     args = parser.parse_args()
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()[0]
     path = dataset(args.events, data_dir)
+    if args.cluster:
+        return cluster_comparison(args, path, data_dir)
     spark = spark_session(args.master, {"spark.sql.shuffle.partitions": str(PARTITIONS)}, app_name="drainpipe-bench")
     with tempfile.TemporaryDirectory(dir=data_dir) as work:
         builtin = builtin_benchmark(spark, path, args.runs, Path(work))

@@ -18,6 +18,15 @@ MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 PATHS = ["/", "/users/{n}", "/orders/{n}/items", "/files/{uuid}", "/static/app.js", "/blob/{hex}"]
 
 
+def _write_lines(path: Path, lines: list[str]) -> None:
+    """One line each, gzipped when the name ends in .gz."""
+    text = "\n".join(lines) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+
+
 def _clf_time(ts_ms: int) -> str:
     t = time.gmtime(ts_ms // 1000)
     return f"{t.tm_mday:02d}/{MONTHS[t.tm_mon - 1]}/{t.tm_year}:{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} +0000"
@@ -45,11 +54,7 @@ def access_log(path: Path, flavor: str, n: int, seed: int, base_ms: int) -> list
             lines.append("this is not an access log line")
         if i % 131 == 7:
             lines.append('10.0.0.1 - - [32/Foo/2026:99:00:00 +0000] "GET / HTTP/1.1" 200 1 "-" "x" 0.001')
-    text = "\n".join(lines) + "\n"
-    if path.suffix == ".gz":
-        path.write_bytes(gzip.compress(text.encode()))
-    else:
-        path.write_text(text)
+    _write_lines(path, lines)
     return expected
 
 
@@ -93,9 +98,5 @@ def otlp_file(path: Path, seed: int, base_ms: int, exports: int = 20, spans: int
         lines.append(json.dumps(document))
         if e == 5:
             lines.append('{"resourceSpans": [')  # a truncated line
-    text = "\n".join(lines) + "\n"
-    if path.suffix == ".gz":
-        path.write_bytes(gzip.compress(text.encode()))
-    else:
-        path.write_text(text)
+    _write_lines(path, lines)
     return counts
