@@ -57,6 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from drainpipe.inputs import plan_parts
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.functions import aggregate_batch, finalize, merge
 from drainpipe.pipeline.generator import generate_events
@@ -166,8 +167,13 @@ def check_plain_against_engine(plain: dict[str, pa.Table], partials: list[Any]) 
     return {"state_keys_checked": checked, "histogram_rows": histogram_rows, "equal": True}
 
 
+def _splits(spark: Any, path: str) -> list[Any]:
+    """The engine's splits of the input, as ``run_batch`` plans them (about three parts per core)."""
+    return plan_splits(list(plan_parts(path, JobOptions().batch_rows, workers=spark.sparkContext.defaultParallelism)))
+
+
 def builtin_benchmark(spark: Any, path: str, runs: int, workdir: Path) -> dict[str, Any]:
-    splits = plan_splits([path], spark.sparkContext.defaultParallelism)
+    splits = _splits(spark, path)
 
     counter = iter(range(10**6))
 
@@ -254,7 +260,7 @@ def per_type_benchmark(spark: Any, path: str, runs: int) -> dict[str, Any]:
     def placed() -> Any:
         return per_type_stage(spark, spark.read.parquet(path), PER_TYPE, plan, options)
 
-    splits = plan_splits([path], spark.sparkContext.defaultParallelism)
+    splits = _splits(spark, path)
     measured = interleaved(
         runs,
         {
