@@ -2,8 +2,11 @@
 
 * Records (:mod:`.records`): the canonical event batch (:data:`EVENT_SCHEMA`), one set of validation rules for
   every format, and rejects with reasons (:class:`ReadStats`, :class:`DeadLetter`).
-* Files: :func:`expand_inputs` (paths and globs), :func:`detect_format` (by suffix: JSON Lines, CSV, each optionally
-  gzipped, and Parquet).
+* Files: :func:`expand_inputs` (paths and globs), :func:`detect_format` (by suffix: JSON Lines, CSV, OTLP JSON
+  trace files, access logs, each optionally gzipped, and Parquet).
+* Telemetry (:mod:`.otlp`, :mod:`.accesslog`): OpenTelemetry spans and access-log lines become the same events,
+  mapped as :mod:`.spans` says, their endpoints normalized by :mod:`.endpoints`; what reading needs beyond the
+  bytes travels as :class:`~.options.InputOptions`.
 * Parts (:mod:`.parts`): :func:`plan_parts` cuts a file into parts from a :class:`Position` on, :func:`read_part`
   reads one anywhere (in process, in a worker process, in a Spark task) into validated columnar batches, with the
   rejects' file line numbers; :func:`head_of`, :func:`node_of`, :func:`prefix_hasher` and :func:`file_identity`
