@@ -200,3 +200,21 @@ def test_the_memory_log_has_the_same_interface() -> None:
     assert log.start == ends[2] and tags(read_all(log, ends[2])) == ["s3", "s4"]
     log.append(batch(10, 9))
     assert log.wait(ends[-1], 0) and tags(read_all(log, ends[-1])) == ["s9"]
+
+
+def test_exit_rows_keep_their_mark_through_the_log(tmp_path: Path) -> None:
+    """A batch with exit rows (an OTLP export's CLIENT statements) is written with its request row count and read
+    back marked, across a restart; plain records beside it read as before."""
+    from drainpipe.inputs import request_rows, with_exits
+
+    marked = with_exits(batch(5, 1), batch(3, 2))
+    assert request_rows(marked) == 5 and marked.num_rows == 8
+    log = WriteAheadLog(tmp_path)
+    log.append(batch(4, 0))
+    log.append(marked)
+    log.close()
+    reopened = WriteAheadLog(tmp_path)
+    (_, plain), (_, back) = read_all(reopened)
+    reopened.close()
+    assert request_rows(plain) == plain.num_rows == 4
+    assert request_rows(back) == 5 and back.equals(marked, check_metadata=True)

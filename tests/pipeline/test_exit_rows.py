@@ -1,0 +1,41 @@
+"""Exit rows (CLIENT statements of an OTLP export, marked after a batch's requests) feed only the top-Ns keyed on
+db_statement: joining marked batches (as the serve feeder does) keeps every row and the mark right, and aggregating
+the joined batch equals aggregating the batches one by one and merging."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drainpipe.inputs import EVENT_SCHEMA, join_events, request_rows, with_exits
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.functions import aggregate_batch, finalize, merge
+
+BASE = 1_790_000_000_000
+
+
+def rows(spec: list[tuple[int, int]], statement: bool) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"ts": BASE + m * 60_000, "service": f"s{s}", "instance": "i", "endpoint": "" if statement else "/x",
+          "latency_ms": float(10 * m + s), "status": True, "db_statement": f"SELECT {s}" if statement else None}
+         for m, s in spec], schema=EVENT_SCHEMA)  # fmt: skip
+
+
+spec = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), max_size=20)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(spec, spec), min_size=1, max_size=4))
+def test_joined_batches_aggregate_as_the_batches_do(parts) -> None:
+    definitions = default_definitions()
+    batches = [with_exits(rows(req, False), rows(ex, True)) for req, ex in parts]
+    joined = join_events(batches)
+    assert request_rows(joined) == sum(len(req) for req, _ in parts)
+    assert joined.num_rows == sum(len(req) + len(ex) for req, ex in parts)
+    one = aggregate_batch(joined, definitions)
+    each = [aggregate_batch(b, definitions) for b in batches]
+    for i, partial in enumerate(one):
+        assert sorted(finalize(partial)) == sorted(finalize(merge([e[i] for e in each])))
+    cpm = next(p for p in one if p.name == "service_cpm")  # statements are not requests
+    assert sum(v for *_, v in finalize(cpm)) == sum(len(req) for req, _ in parts)
