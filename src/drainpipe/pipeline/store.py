@@ -188,6 +188,15 @@ class Store(Protocol):
         """
         ...
 
+    def merge_chunks(
+        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
+        """:meth:`merge` for states too large to hold at once: ``chunks`` (minute metric states and top-N rows of
+        ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
+        one transaction, so memory holds a chunk and not the whole output. Chunks of one definition may share keys.
+        """
+        ...
+
     def applied(self, source: str) -> frozenset[str]:
         """Names of the definitions whose states already contain all of input batch ``source``."""
         ...
@@ -387,6 +396,49 @@ class SqlStore:
             self._record(pairs)
             self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
+
+    def merge_chunks(
+        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
+        with self._guard("merge"), self._transaction():
+            self._check_definitions(set(definitions))
+            if progress and self._progress_recorded(progress):
+                return MergeReport(applied=0, skipped=0)
+            count = 0
+            pending: list[Partial] = []
+            rows = 0
+            for chunk in chunks:
+                if not isinstance(chunk, (MetricPartial, TopNPartial)) or chunk.sources:
+                    raise TypeError(f"merge_chunks takes partials without sources, not {chunk!r}")
+                count += 1
+                pending.append(chunk)
+                rows += chunk.table.num_rows
+                if rows >= _WRITE_ROWS:
+                    self._write_chunks(pending)
+                    pending, rows = [], 0
+            self._write_chunks(pending)
+            self._record_progress(progress)
+        return MergeReport(applied=count, skipped=0)
+
+    def _write_chunks(self, chunks: list[Partial]) -> None:
+        """Merge the chunks of each definition (they may share keys), roll minute states up, and write them into
+        the states already stored (earlier chunks of this transaction included)."""
+        grouped: dict[Definition, list[Partial]] = defaultdict(list)
+        for chunk in chunks:
+            if chunk.table.num_rows:
+                grouped[chunk.definition].append(chunk)
+        metrics: list[MetricPartial] = []
+        topns: list[TopNPartial] = []
+        for group in grouped.values():
+            for m in self._granular(merge(group), True):
+                if isinstance(m, MetricPartial):
+                    metrics.append(m)
+                elif isinstance(m, TopNPartial):
+                    topns.append(m)
+        if metrics:
+            self._merge_metrics(metrics)
+        if topns:
+            self._merge_topns(topns)
 
     def _progress_recorded(self, progress: Sequence[FileProgress]) -> bool:
         """Whether the store already has every row of ``progress`` at or past its position: the transaction that

@@ -34,8 +34,8 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,7 @@ from .rows import (
     topn_partial,
 )
 from .splits import Split, plan_splits
-from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, sample_types, scan_events, scan_states
+from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, pack_ipc, sample_types, scan_events, scan_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -104,6 +104,9 @@ class JobOptions:
     sample_rows: int = 4_096  # events sampled from the head of each split for type weights
     weights: dict[str, float] | None = None  # type weights to use instead of sampling (previous window)
     service: str = ""  # the service access logs (.log) belong to (not tuning: what the logs are)
+    # hand the merged metric states out in chunks (JobResult.metric_chunks) instead of collecting them: the
+    # driver then holds one chunk at a time (``ingest_files`` writes them to the store as they come)
+    stream_metrics: bool = False
 
     def __post_init__(self) -> None:
         if self.per_type not in PER_TYPE_MODES:
@@ -123,6 +126,10 @@ class JobResult:
     stage_s: dict[str, float] = field(default_factory=dict)
     placement: skew.Placement | None = None
     ends: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # per split: where a whole file ended
+    # with JobOptions.stream_metrics: the metric partials come from here (``partials`` then holds the top-Ns),
+    # chunk by chunk, each holding every row of its entities; call ``release`` once they have been consumed
+    metric_chunks: Callable[[], Iterator[Partial]] | None = None
+    release: Callable[[], None] | None = None
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
@@ -288,8 +295,12 @@ def _merge_states(
     clock = time.perf_counter()
     if definitions.metrics:
         states = states.persist(StorageLevel.MEMORY_AND_DISK)
+    stream = options.stream_metrics and bool(definitions.metrics)
     try:
-        merged = _collect(_metric_merge(states, definitions)) if definitions.metrics else None
+        if stream:
+            merged = None
+        else:
+            merged = _collect(_metric_merge(states, definitions)) if definitions.metrics else None
         stage_s["aggregate+merge"] = time.perf_counter() - clock
         clock = time.perf_counter()
         rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
@@ -302,13 +313,74 @@ def _merge_states(
             )
         collected = _collect(rest)
         stage_s["topn+bookkeeping"] = time.perf_counter() - clock
-    finally:
+    except BaseException:
         if definitions.metrics:
             states.unpersist()
+        raise
+    if definitions.metrics and not stream:
+        states.unpersist()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
     partials = _partials(definitions, merged, collected if definitions.topns else None)
     stats, rejects, ends = _read_report(splits, meta)
-    return JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends)
+    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends)
+    if stream:
+        result.partials = [p for p in partials if not isinstance(p, MetricPartial)]
+        frame = _metric_merge(states, definitions).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
+            spark, options)), "entity")  # fmt: skip
+        result.metric_chunks = lambda: _metric_chunks(frame, definitions)
+        persisted = states
+
+        def release() -> None:
+            persisted.unpersist()
+
+        result.release = release
+    return result
+
+
+#: the streamed metric states are cut into at least this many chunks (each holds all the rows of its entities)
+_STREAM_PARTITIONS = 64
+
+
+def _metric_chunks(frame: DataFrame, definitions: Definitions) -> Iterator[Partial]:
+    """The merged metric rows of ``frame``, one partition at a time: each executor packs its partition into Arrow
+    IPC blobs (:func:`~drainpipe.spark.tasks.pack_ipc`) and ``toLocalIterator`` fetches one partition after the
+    other, so the driver holds one partition's states, however large the output. Yields one partial per metric
+    definition and partition."""
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+
+    schema = StructType([StructField("part", IntegerType()), StructField("ipc", BinaryType())])
+    packed = frame.mapInArrow(pack_ipc, schema)
+    current: int | None = None
+    blobs: list[bytes] = []
+    for row in _local_iterator(packed):
+        if row.part != current and blobs:
+            yield from _chunk_partials(definitions, blobs)
+            blobs = []
+        current = row.part
+        blobs.append(row.ipc)
+    if blobs:
+        yield from _chunk_partials(definitions, blobs)
+
+
+def _local_iterator(frame: DataFrame) -> Iterator[Any]:
+    """``frame.toLocalIterator()``, failures as one line (as :func:`_collect`)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield from frame.toLocalIterator(prefetchPartitions=False)
+    except (PySparkException, Py4JError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
+
+
+def _chunk_partials(definitions: Definitions, blobs: list[bytes]) -> Iterator[Partial]:
+    table = pa.concat_tables(pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs)
+    for index, definition in enumerate(definitions.all):
+        if isinstance(definition, MetricDef):
+            rows = table.filter(pc.equal(table.column("d"), index))
+            if rows.num_rows:
+                yield metric_partial(definition, rows)
 
 
 def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None) -> list[Partial]:
@@ -467,7 +539,7 @@ def ingest_files(
         for wanted, items in groups.items():
             selected = definitions.select(wanted)
             splits = plan_splits([part for _, part in items])
-            result = aggregate_splits(spark, splits, selected, options, accumulators)
+            result = aggregate_splits(spark, splits, selected, replace(options, stream_metrics=True), accumulators)
             for (file, part), split in zip(items, splits):
                 end = result.ends.get(split.index)
                 position = part.end_position
@@ -478,12 +550,24 @@ def ingest_files(
                 for path, line, raw, reason in result.rejects:
                     dead_letter.write(path, line, raw, reason)
                 dead_letter.flush()
-            report = store.merge(result.partials, progress=[row for f in files for row in f.progress()])
+            metric_rows = [0]
+
+            def chunks(result: JobResult = result, metric_rows: list[int] = metric_rows) -> Iterator[Partial]:
+                yield from result.partials  # the top-Ns
+                for chunk in result.metric_chunks() if result.metric_chunks is not None else ():
+                    metric_rows[0] += _value_rows([chunk], metrics=True)  # exact: a chunk has all of its entities
+                    yield chunk
+
+            try:
+                report = store.merge_chunks(selected.all, chunks(), progress=[r for f in files for r in f.progress()])
+            finally:
+                if result.release is not None:
+                    result.release()
             summary["pending"].update({f.path: f.pending() for f in files if f.pending()})
             stats.merge(result.stats)
             summary["splits"] += len(splits)
             summary["applied"] += report.applied
-            summary["metrics_rows"] += _value_rows(result.partials, metrics=True)
+            summary["metrics_rows"] += metric_rows[0]
             summary["topn_rows"] += _value_rows(result.partials, metrics=False)
             for stage, seconds in result.stage_s.items():
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds

@@ -238,6 +238,20 @@ def merge_topn(definitions: Definitions) -> ArrowMapFn:
     return run
 
 
+def pack_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition's rows as Arrow IPC stream blobs, one ``(part, ipc)`` row per input batch, so the driver can fetch
+    partitions one at a time (``toLocalIterator``) and rebuild them as Arrow without Python rows."""
+    part = _partition_id()
+    for batch in batches:
+        if batch.num_rows:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            yield pa.RecordBatch.from_pydict(
+                {"part": pa.array([part], pa.int32()), "ipc": pa.array([sink.getvalue().to_pybytes()], pa.binary())}
+            )
+
+
 def sample_types(splits: Sequence[Split], type_key: str, sample_rows: int) -> ArrowMapFn:
     """Type weights from the head of each split: ``(type, weight)`` rows, the split's weight shared out in
     proportion to the types among its first ``sample_rows`` accepted events (validated like everything else)."""
