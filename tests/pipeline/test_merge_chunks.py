@@ -1,0 +1,42 @@
+"""Store.merge_chunks (the Spark driver's bounded-memory write): chunks written one after another in one
+transaction, sharing keys across chunks and with what was stored before, leave the store exactly as one merge of
+everything; a repeated write with the same progress rows changes nothing."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.functions import aggregate_batch
+from drainpipe.pipeline.store import FileProgress, open_store
+
+BASE = 1_790_000_000_000 // 60_000 * 60_000
+
+
+def events(seed: int, n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"ts": BASE + ((i * 7 + seed) % 5) * 60_000, "service": f"s{(i + seed) % 3}", "instance": f"i{i % 2}",
+          "endpoint": f"/e{(i * seed) % 4}", "latency_ms": float((i * 13 + seed) % 700), "status": i % 9 != 0,
+          "db_statement": f"SELECT {i % 5}" if i % 3 == 0 else None} for i in range(n)], schema=EVENT_SCHEMA)  # fmt: skip
+
+
+def test_chunks_sharing_keys_store_what_one_merge_stores(tmp_path) -> None:
+    definitions = default_definitions()
+    before, *chunks = [aggregate_batch(events(seed, 300), definitions) for seed in range(1, 5)]
+    progress = [FileProgress("f1", name, "h", "n", "p", -1, 0) for name in definitions.names]
+    one, chunked = open_store(f"duckdb:///{tmp_path / 'one.duckdb'}"), open_store(f"duckdb:///{tmp_path / 'c.duckdb'}")
+    try:
+        for store in (one, chunked):
+            store.merge(before)  # states stored earlier: the chunks merge into them
+        one.merge([p for c in chunks for p in c])
+        report = chunked.merge_chunks(definitions.all, (p for c in chunks for p in c), progress=progress)
+        assert report.applied == sum(len(c) for c in chunks)
+        assert chunked.query() == one.query()
+        for t in definitions.topns:
+            assert chunked.query_topn(t.name) == one.query_topn(t.name)
+        again = chunked.merge_chunks(definitions.all, (p for c in chunks for p in c), progress=progress)
+        assert again.applied == 0 and chunked.query() == one.query()  # exactly once by the progress rows
+    finally:
+        one.close()
+        chunked.close()
