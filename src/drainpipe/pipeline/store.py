@@ -375,24 +375,7 @@ class SqlStore:
             grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
             for part in fresh:
                 grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
-            # each definition's minute states merged first and rolled up once (merging is associative: the roll-up
-            # of the merge is the merge of the roll-ups), written in batches of about _WRITE_ROWS state rows: memory
-            # holds a batch, not every state of the transaction, and statements stay few
-            metrics: list[MetricPartial] = []
-            topns: list[TopNPartial] = []
-            for group in grouped.values():
-                for m in self._granular(merge(group), rollup):
-                    if isinstance(m, MetricPartial):
-                        metrics.append(m)
-                    elif isinstance(m, TopNPartial):
-                        topns.append(m)
-                if sum(m.table.num_rows for m in metrics) >= _WRITE_ROWS:
-                    self._merge_metrics([m for m in metrics if m.table.num_rows])
-                    metrics = []
-            if any(m.table.num_rows for m in metrics):
-                self._merge_metrics([m for m in metrics if m.table.num_rows])
-            if any(t.table.num_rows for t in topns):
-                self._merge_topns([t for t in topns if t.table.num_rows])
+            self._write_groups(grouped.values(), rollup)
             self._record(pairs)
             self._record_progress(progress)
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
@@ -421,24 +404,34 @@ class SqlStore:
         return MergeReport(applied=count, skipped=0)
 
     def _write_chunks(self, chunks: list[Partial]) -> None:
-        """Merge the chunks of each definition (they may share keys), roll minute states up, and write them into
-        the states already stored (earlier chunks of this transaction included)."""
+        """Write a batch of chunks into the states already stored (earlier chunks of this transaction included);
+        chunks of one definition may share keys."""
         grouped: dict[Definition, list[Partial]] = defaultdict(list)
         for chunk in chunks:
             if chunk.table.num_rows:
                 grouped[chunk.definition].append(chunk)
+        self._write_groups(grouped.values(), True)
+
+    def _write_groups(self, groups: Iterable[list[Partial]], rollup: bool) -> None:
+        """Each group (partials of one definition and granularity) merged first and, with ``rollup``, rolled up once
+        (merging is associative: the roll-up of the merge is the merge of the roll-ups); written into the stored
+        states in batches of about _WRITE_ROWS state rows, so memory holds a batch, not every state of the
+        transaction, and statements stay few."""
         metrics: list[MetricPartial] = []
         topns: list[TopNPartial] = []
-        for group in grouped.values():
-            for m in self._granular(merge(group), True):
+        for group in groups:
+            for m in self._granular(merge(group), rollup):
                 if isinstance(m, MetricPartial):
                     metrics.append(m)
                 elif isinstance(m, TopNPartial):
                     topns.append(m)
-        if metrics:
-            self._merge_metrics(metrics)
-        if topns:
-            self._merge_topns(topns)
+            if sum(m.table.num_rows for m in metrics) >= _WRITE_ROWS:
+                self._merge_metrics([m for m in metrics if m.table.num_rows])
+                metrics = []
+        if any(m.table.num_rows for m in metrics):
+            self._merge_metrics([m for m in metrics if m.table.num_rows])
+        if any(t.table.num_rows for t in topns):
+            self._merge_topns([t for t in topns if t.table.num_rows])
 
     def _progress_recorded(self, progress: Sequence[FileProgress]) -> bool:
         """Whether the store already has every row of ``progress`` at or past its position: the transaction that
