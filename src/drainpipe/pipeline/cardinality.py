@@ -62,28 +62,39 @@ class EntityGuard:
             scope = "topn:" + partial.definition.scope
         encoded = pc.dictionary_encode(table.column("entity")).combine_chunks()
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        names = encoded.dictionary.to_pylist()
+        names = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
         buckets = table.column("bucket").to_numpy()
-        pairs, inverse = np.unique(np.stack([buckets, codes]), axis=1, return_inverse=True)
-        rejected = np.zeros(pairs.shape[1], dtype=bool)
+        # one int64 key per (bucket, entity): np.unique over a flat array is fast; the admission then works per
+        # bucket on whole sets (C speed), and per entity only in a bucket that reaches the limit
+        pairs = np.unique(buckets * len(names) + codes)
+        pair_buckets, pair_codes = np.divmod(pairs, len(names))
+        rejected: set[tuple[int, int]] = set()
         with self._lock:
             sets = self._admitted.setdefault(scope, OrderedDict())
-            for i, (bucket, code) in enumerate(zip(pairs[0].tolist(), pairs[1].tolist())):
+            for bucket in np.unique(pair_buckets).tolist():
                 admitted = sets.get(bucket)
                 if admitted is None:
                     admitted = sets[bucket] = set()
                     while len(sets) > self.horizon:
                         sets.popitem(last=False)  # the bucket first seen longest ago
-                name = names[code]
-                if name in admitted or name == OVERFLOW:
+                in_bucket = pair_codes[pair_buckets == bucket]
+                new = set(names[in_bucket].tolist()) - admitted
+                new.discard(OVERFLOW)
+                if len(admitted) + len(new) <= self.max_entities:
+                    admitted |= new  # the common case: everything fits
                     continue
-                if len(admitted) < self.max_entities:
-                    admitted.add(name)
-                else:
-                    rejected[i] = True
-            if not rejected.any():
+                for code in in_bucket.tolist():  # first come (in entity order within the batch), first kept
+                    name = names[code]
+                    if name in admitted or name == OVERFLOW:
+                        continue
+                    if len(admitted) < self.max_entities:
+                        admitted.add(name)
+                    else:
+                        rejected.add((bucket, code))
+            if not rejected:
                 return partial
-            fold = rejected[np.ravel(inverse)]
+            fold = np.fromiter(((b, c) in rejected for b, c in zip(buckets.tolist(), codes.tolist())), bool,
+                               count=len(codes))  # fmt: skip
             self.folded[scope] = self.folded.get(scope, 0) + int(fold.sum())
             first = scope not in self._logged
             self._logged.add(scope)
