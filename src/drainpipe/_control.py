@@ -331,8 +331,9 @@ class Controller:
                     self._parts.owner[p] = new
                 self._parts.publish()
                 self._tell("assigned", group)
-            for p, _, _ in group:
-                del self._moving[p]
+            if not closing:  # cut by shutdown: left in _moving, assigned once every task has stopped
+                for p, _, _ in group:
+                    del self._moving[p]
             self.state = "fencing" if self._moving else "stable"
             if not closing:
                 for t in {new for _, _, new in group}:
@@ -438,6 +439,12 @@ class Controller:
             self._after_cycle(range(len(self._tasks)), final, abortable=False)
 
         def final() -> None:
+            # no task runs any more: partitions whose handoff shutdown cut get their new owner now, so every
+            # partition has exactly one owner after shutdown (the final drain empties them whoever owns them)
+            for p, (_, new) in self._moving.items():
+                self._parts.owner[p] = new
+            self._moving.clear()
+            self._parts.publish()
             self.state = "stable"
             self._scheduler.submit(_FinalDrain(self._dispatcher, self._release, done))
 
