@@ -15,7 +15,21 @@ back as Arrow tables) plus what a server database needs beyond an embedded file:
   COMMIT and the commit did land, the retry finds its sources in ``applied_sources`` and skips them: nothing
   is counted twice.
 
-Other database errors (a constraint, a type mismatch) are :class:`~drainpipe.errors.StoreError`.
+Failures are sorted into two kinds, because a server must never drop what it acknowledged:
+
+* transient, :class:`~drainpipe.errors.StoreUnavailable`, retried with backoff by the engine (and the data waits
+  in the write-ahead log meanwhile): every ``psycopg.OperationalError``, which is a lost or refused connection,
+  an administrator or crash shutdown, a serialization failure (SQLSTATE 40001), a deadlock (40P01), a lock not
+  available (55P03), a cancelled statement, and insufficient resources (53xxx: disk full, too many connections);
+* permanent, :class:`~drainpipe.errors.StoreError`: everything else (a constraint, a type mismatch, a definition
+  stored with another signature). ``drainpipe serve`` then stops accepting (503, unhealthy) and keeps the data in
+  its write-ahead log until it is restarted with the cause fixed.
+
+Several processes may write one database at once (servers, ``drainpipe run``, a Spark driver): every writing
+transaction runs at READ COMMITTED and takes one advisory lock first (:meth:`PostgresStore._lock_writes`), so
+merges are serial and each reads what the previous one committed; definitions are registered with
+``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
+
 One connection per store, serialised by the store's lock (the engine writes from one persist thread).
 """
 
@@ -43,6 +57,7 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS applied_sources_root ON applied_sources (root)",
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
+_WRITE_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see _lock_writes
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -164,6 +179,22 @@ class PostgresStore(SqlStore):
                 raise StoreUnavailable(f"postgresql {action} failed: {first_line(exc)}") from exc
             except psycopg.Error as exc:
                 raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
+
+    # ----------------------------------------------------------------------------- concurrent writers
+
+    #: the merge's correctness rests on READ COMMITTED (each statement sees what committed before it started, so
+    #: the states read after the write lock is granted include the previous holder's); pinned here so that a
+    #: server or role whose default_transaction_isolation is stricter does not take the snapshot before the lock
+    _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+    def _lock_writes(self) -> None:
+        """Several processes (servers, ``drainpipe run``, a Spark driver) may write one database. A merge reads
+        the stored states of its keys, merges them in Python and replaces them; two interleaved merges of one key
+        would both read the old state and one's addition would be lost. So every writing transaction takes one
+        transaction-scoped advisory lock first: merges into one database are serial, in commit order. Why not
+        finer: every merge of minute states also rewrites the hour and day states of the same entities, which
+        concurrent writers share, so per-key locks would serialize them as much, with deadlocks to handle."""
+        self._execute(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
 
     # ----------------------------------------------------------------------------- backend primitives
 

@@ -55,8 +55,9 @@ as the states; a source is *applied* for a name when it is recorded, or when all
   piece) before the partials of a batch are merged with others.
 * A partial without sources is always merged (no deduplication possible).
 
-``applied_sources`` is keyed by (source, name), so a concurrent second writer of the same pair fails its
-transaction rather than double-counting.
+``applied_sources`` is keyed by (source, name). Writers in several processes (a server store) take a
+transaction-scoped lock first (:meth:`SqlStore._lock_writes`), so a second writer of the same pair waits, then
+finds it applied and skips it; were the lock missing, the key would still make it fail rather than double-count.
 """
 
 from __future__ import annotations
@@ -304,9 +305,23 @@ class SqlStore:
         """Append ``rows`` (columns in the table's column order) to ``table_name``."""
         raise NotImplementedError
 
+    #: how a transaction starts (a server backend pins its isolation level here)
+    _BEGIN = "BEGIN TRANSACTION"
+
+    def _lock_writes(self) -> None:
+        """Called first in every writing transaction: a backend that other processes write too takes a lock here
+        that is held until the transaction ends, so that merges (read stored states, merge, replace) never
+        interleave. An embedded file has one writer process already."""
+
+    @contextmanager
+    def _write_transaction(self) -> Iterator[None]:
+        with self._transaction():
+            self._lock_writes()
+            yield
+
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        self._execute("BEGIN TRANSACTION")
+        self._execute(self._BEGIN)
         try:
             yield
         except BaseException:
@@ -367,7 +382,7 @@ class SqlStore:
                     f"{part.name!r}: {part.granularity} states given to merge(rollup=True), which derives hour and "
                     "day from minute states itself; pass minute states only, or all granularities with rollup=False"
                 )
-        with self._guard("merge"), self._transaction():
+        with self._guard("merge"), self._write_transaction():
             self._check_definitions({p.definition for p in parts})
             if progress and self._progress_recorded(progress):
                 return MergeReport(applied=0, skipped=len(parts))
@@ -383,7 +398,7 @@ class SqlStore:
     def merge_chunks(
         self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
     ) -> MergeReport:
-        with self._guard("merge"), self._transaction():
+        with self._guard("merge"), self._write_transaction():
             self._check_definitions(set(definitions))
             if progress and self._progress_recorded(progress):
                 return MergeReport(applied=0, skipped=0)
@@ -458,7 +473,7 @@ class SqlStore:
             )
 
     def register(self, definitions: Iterable[Definition]) -> None:
-        with self._guard("register definitions"), self._transaction():
+        with self._guard("register definitions"), self._write_transaction():
             self._check_definitions(set(definitions))
 
     def file_progress(self, head: str, node: str) -> list[FileProgress]:
@@ -485,10 +500,16 @@ class SqlStore:
         names = sorted(wanted)
         marks = ", ".join("?" * len(names))
         stored = dict(self._fetchall(f"SELECT name, signature FROM definitions WHERE name IN ({marks})", names))
+        missing = [name for name in names if name not in stored]
+        if missing:
+            # under the write lock no one else registers now; ON CONFLICT still makes a writer that does not take
+            # it (an older version) lose nothing: the row it wrote is compared below like any other
+            for name in missing:
+                self._execute("INSERT INTO definitions VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                              (name, wanted[name]))  # fmt: skip
+            stored = dict(self._fetchall(f"SELECT name, signature FROM definitions WHERE name IN ({marks})", names))
         for name in names:
-            if name not in stored:
-                self._execute("INSERT INTO definitions VALUES (?, ?)", (name, wanted[name]))
-            elif stored[name] != wanted[name]:
+            if stored[name] != wanted[name]:
                 raise StoreError(
                     f"{name!r} is stored with a different definition ({stored[name]}); use another store or name"
                 )

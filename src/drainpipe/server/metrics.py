@@ -156,6 +156,11 @@ class EngineCollector(Collector):
             gauge = g(name, doc)
             gauge.add_metric([], value)
             yield gauge
+        if svc.feeder.failed:  # why, for an alert's annotation (one series, only while failed)
+            why = g("store_failure_info", "Why the server stopped accepting (a store write failed for good)",
+                    ["reason"])  # fmt: skip
+            why.add_metric([svc.feeder.failed[:300]], 1)
+            yield why
         yield CounterMetricFamily(f"{PREFIX}_log_replayed_events", "Events replayed from the log at start-up",
                                   value=svc.feeder.replayed_events)  # fmt: skip
         draining = g("draining", "1 while shutting down")

@@ -1,0 +1,245 @@
+"""Several writers on one PostgreSQL store: concurrent merges of the same keys, servers and runs starting on a fresh
+database at once, transient failures retried, and a permanent one that refuses new data but loses none.
+
+Every test starts on a fresh schema (no tables, no definitions), so schema creation and definition registration
+race for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
+from drainpipe.pipeline.engine import EngineOptions, LocalEngine
+from drainpipe.pipeline.generator import generate_events, write_events
+from drainpipe.pipeline.store import open_store
+from eventdata import ingest, same_values, store_events
+from serve_kill import PLACEHOLDER, body_template, start_serve
+
+pytestmark = pytest.mark.postgres
+
+SHARED_SERVICES = (b"alpha", b"beta", b"gamma")
+
+
+def _reference(batches: list) -> tuple[list, list]:
+    duck = open_store("duckdb:///:memory:")
+    for i, batch in enumerate(batches):
+        ingest(duck, batch, f"b{i}")
+    try:
+        return duck.query(), duck.query_topn("top_slow_statements")
+    finally:
+        duck.close()
+
+
+def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
+    """Three processes' worth of stores (one connection each) open a fresh schema at once and merge batches whose
+    keys all collide (three services, the same hours and days). The result equals one store that merged every
+    batch. Without the write lock two merges read the same stored state and one's addition is lost (or a key gets
+    two rows); without race-free registration a writer fails on the definitions' primary key."""
+    batches = [store_events(400, seed=100 + i) for i in range(24)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def writer(k: int) -> None:
+        try:
+            start.wait()
+            with open_store(pg_url) as store:  # type: ignore[attr-defined]
+                for i in range(k, len(batches), 3):
+                    ingest(store, batches[i], f"b{i}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    want, want_topn = _reference(batches)
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        got, got_topn = store.query(), store.query_topn("top_slow_statements")
+    assert same_values(got, want)
+    assert got_topn == want_topn
+
+
+def _faults(pg_url: str, *codes: str) -> None:
+    """A trigger on ``metric_state`` that fails the first merges that write it, one per code (SQLSTATE), then never.
+    A sequence counts the calls: unlike a table, it is not rolled back with the failed transaction."""
+    cases = " ".join(
+        f"IF n = {i} THEN RAISE EXCEPTION 'injected fault {code}' USING ERRCODE = '{code}'; END IF;"
+        for i, code in enumerate(codes, 1)
+    )
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("CREATE SEQUENCE fault_calls")
+        con.execute(
+            "CREATE FUNCTION inject_fault() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE n bigint; BEGIN "
+            f"n := nextval('fault_calls'); {cases} RETURN NULL; END $$"
+        )
+        con.execute(
+            "CREATE TRIGGER inject_fault BEFORE INSERT ON metric_state FOR EACH STATEMENT EXECUTE FUNCTION inject_fault()"
+        )
+
+
+def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
+    """A serialization failure (40001) and a deadlock (40P01) raised by PostgreSQL inside merges are transient: the
+    engine retries them with backoff, nothing is dropped, and the values equal a store that never failed."""
+    batches = [store_events(500, seed=200 + i) for i in range(6)]
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        _faults(pg_url, "40001", "40P01")
+        engine = LocalEngine(DEFAULT_DEFINITIONS, store, EngineOptions(store_retry_s=(0.01, 0.05)), name="pg-retry")
+        for i, batch in enumerate(batches):
+            engine.ingest(batch, f"b{i}")
+        engine.close()
+        assert engine.counters.store_retries >= 2 and engine.counters.store_errors == 0
+        got = store.query()
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        assert con.execute("SELECT last_value FROM fault_calls").fetchone()[0] >= 3  # both faults fired
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def _post(base: str, body: bytes) -> int:
+    req = urllib.request.Request(base + "/v1/events", data=body, headers={"Content-Type": "application/x-ndjson"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _stored_events(url: str) -> tuple[int, int]:
+    """Events in the store by minute and by hour states (cpm of an hour is its count / 60)."""
+    with open_store(url) as store:  # type: ignore[attr-defined]
+        minutes = sum(r[5] for r in store.query(metric="service_cpm", granularity="minute"))
+        hours = 60 * sum(r[5] for r in store.query(metric="service_cpm", granularity="hour"))
+    return int(round(minutes)), int(round(hours))
+
+
+def _load(bases: list[str], seconds: float, per_server: int = 2) -> tuple[int, dict[int, int]]:
+    """Clients posting 200-event bodies of the shared services to every server for ``seconds``: (acknowledged events,
+    count of other answers by status)."""
+    template = body_template(200)
+    acked = [0]
+    other: dict[int, int] = {}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client(base: str, c: int) -> None:
+        n = 0
+        while time.monotonic() < deadline:
+            status = _post(base, template.replace(PLACEHOLDER, SHARED_SERVICES[(c + n) % 3]))
+            n += 1
+            with lock:
+                if status == 200:
+                    acked[0] += 200
+                else:
+                    other[status] = other.get(status, 0) + 1
+            if status != 200:
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, args=(b, c)) for b in bases for c in range(per_server)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return acked[0], other
+
+
+def _serve(pg_url: str, wal: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    return start_serve(pg_url, str(wal), "--parsers", "1", "--checkpoint-s", "0.3", *extra)
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(120)
+
+
+def test_servers_on_one_fresh_store_store_every_acknowledged_event(pg_url: str, tmp_path: Path) -> None:
+    """Three ``drainpipe serve`` processes start on a fresh database at once and take clients posting events of the
+    same three services (so their checkpoints merge the same keys). After a graceful stop the store holds exactly
+    the events they acknowledged, in minute and in hour states, and no server saw a store error."""
+    started = [_serve(pg_url, tmp_path / f"wal{i}") for i in range(3)]
+    try:
+        acked, other = _load([base for _, base in started], 4.0)
+    finally:
+        codes = [_stop(proc) for proc, _ in started]
+    logs = "".join("".join(proc.output) for proc, _ in started)  # type: ignore[attr-defined]
+    assert codes == [0, 0, 0], logs[-2000:]
+    assert not other, other
+    assert "store write failed" not in logs and "Traceback" not in logs, logs[-2000:]
+    assert acked > 0
+    assert _stored_events(pg_url) == (acked, acked)
+
+
+def test_two_runs_into_one_fresh_store_merge_exactly(pg_url: str, tmp_path: Path) -> None:
+    """Two ``drainpipe run`` processes, started at once on different inputs of the same services, into one fresh
+    PostgreSQL store: the store equals one DuckDB store that both runs wrote, one after the other."""
+    inputs = []
+    for i in range(2):
+        path = tmp_path / f"events{i}.jsonl"
+        write_events(generate_events(60_000, services=4, seed=300 + i, duration_s=3 * 3600), path)
+        inputs.append(path)
+    duck = f"duckdb:///{tmp_path}/ref.duckdb"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+
+    def run(path: Path, store: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", str(path),
+                                 "--store", store], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+
+    runs = [run(path, pg_url) for path in inputs]
+    outputs = [p.communicate(timeout=300)[0] for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], outputs
+    for path in inputs:
+        done = run(path, duck)
+        assert done.wait(300) == 0, done.communicate()[0]
+    with open_store(duck) as ref, open_store(pg_url) as pg:  # type: ignore[attr-defined]
+        assert same_values(pg.query(), ref.query())
+        assert pg.query_topn("top_slow_statements") == ref.query_topn("top_slow_statements")
+
+
+def test_a_permanent_store_error_refuses_keeps_the_data_and_catches_up(pg_url: str, tmp_path: Path) -> None:
+    """A store write that fails for good (not "unavailable") stops the server accepting: 503 to clients, unhealthy
+    in /healthz, the reason in /metrics and in one log line. Nothing acknowledged is dropped: once the cause is
+    removed and the server restarted on its write-ahead log, the store holds every acknowledged event."""
+    proc, base = _serve(pg_url, tmp_path / "wal")
+    try:
+        acked, other = _load([base], 1.0, per_server=1)
+        assert acked and not other
+        with psycopg.connect(pg_url, autocommit=True) as con:  # a constraint nobody can satisfy: a permanent error
+            con.execute("ALTER TABLE metric_state ADD CONSTRAINT broken CHECK (n < 0) NOT VALID")
+        more, refused = _load([base], 3.0, per_server=1)
+        assert refused.get(503), refused  # it stopped accepting
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert re.search(r"^drainpipe_store_failed 1(\.0)?$", metrics, re.M), metrics[-3000:]
+        assert re.search(r'^drainpipe_store_failure_info\{reason=".*broken.*"\} 1', metrics, re.M), metrics[-3000:]
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=10)
+            healthy = True
+        except urllib.error.HTTPError as exc:
+            healthy = False
+            assert exc.code == 503 and json.loads(exc.read())["status"] == "failed"
+        assert not healthy
+    finally:
+        _stop(proc)
+    logs = "".join(proc.output)  # type: ignore[attr-defined]
+    assert "store write failed for good" in logs and "broken" in logs, logs[-2000:]
+    assert _stored_events(pg_url)[0] < acked + more  # the rest waits in the log
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("ALTER TABLE metric_state DROP CONSTRAINT broken")
+    proc, base = _serve(pg_url, tmp_path / "wal")
+    assert _stop(proc) == 0, "".join(proc.output)  # type: ignore[attr-defined]
+    assert _stored_events(pg_url) == (acked + more, acked + more)
