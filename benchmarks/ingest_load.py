@@ -99,7 +99,9 @@ class Load:
 
 def otlp_bodies(bodies: list[bytes]) -> list[bytes]:
     """The same events as OTLP protobuf exports: one SERVER span per event (service.name and host.name from the
-    event, http.route = endpoint, start = ts - latency, end = ts, ERROR status when it failed)."""
+    event, http.route = endpoint, start = ts - latency, end = ts, ERROR status when it failed), and for an event with
+    a ``db_statement`` a CLIENT span with ``db.statement`` of the same duration, so that both sides feed the same
+    statement top-N: the OTLP side does the same work, plus the CLIENT spans."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     out = []
@@ -125,6 +127,13 @@ def otlp_bodies(bodies: list[bytes]) -> list[bytes]:
                 span.attributes.add(key="http.route").value.string_value = e["endpoint"]
             if e.get("status") is False:
                 span.status.code = 2
+            if e.get("db_statement"):
+                exit_span = scope.spans.add(trace_id=span.trace_id, span_id=(counter + (1 << 62)).to_bytes(8, "big"),
+                                            name="query", kind=3, start_time_unix_nano=span.start_time_unix_nano,
+                                            end_time_unix_nano=end)  # fmt: skip
+                exit_span.attributes.add(key="db.statement").value.string_value = e["db_statement"]
+                if e.get("status") is False:
+                    exit_span.status.code = 2
         out.append(request.SerializeToString())
     return out
 
@@ -402,8 +411,9 @@ def compare(args: argparse.Namespace, bodies: list[bytes]) -> int:
 
 
 def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
-    """The same events posted as NDJSON to /v1/events and as OTLP protobuf spans to /v1/traces (one SERVER span per
-    event), durable, in alternation, ``args.otlp`` rounds: events/s against spans/s, medians and ratios."""
+    """The same events posted as NDJSON to /v1/events and as OTLP protobuf spans to /v1/traces (a SERVER span per
+    event, and a CLIENT span per statement: see :func:`otlp_bodies`), durable, in alternation, ``args.otlp`` rounds:
+    events/s against request spans/s (SERVER spans, each one event), medians and ratios."""
     tmp = Path(tempfile.mkdtemp(prefix="drainpipe-otlp-"))
     spans = otlp_bodies(bodies)
     per_request = len(bodies[0].splitlines())
@@ -417,7 +427,7 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
         row["otlp_vs_ndjson"] = round(row["otlp"]["events_per_s"] / row["ndjson"]["events_per_s"], 3)
         rounds.append(row)
         print(f"round {i + 1}: NDJSON {row['ndjson']['events_per_s']:>9,.0f} events/s (p99 {row['ndjson']['p99_ms']}"
-              f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} spans/s (p99 {row['otlp']['p99_ms']} ms)  "
+              f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} request spans/s (p99 {row['otlp']['p99_ms']} ms)  "
               f"ratio {row['otlp_vs_ndjson']}", flush=True)  # fmt: skip
     med = lambda *keys: _median(rounds, *keys)
     summary = {
@@ -432,9 +442,15 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
     print("| | per second (median) | p99 ms | ratio (median of the rounds') |")
     print("|---|---|---|---|")
     print(f"| POST /v1/events, NDJSON | {summary['ndjson_events_per_s']:,.0f} events | {summary['ndjson_p99_ms']} | |")
-    print(f"| POST /v1/traces, OTLP protobuf | {summary['otlp_spans_per_s']:,.0f} spans | {summary['otlp_p99_ms']} | "
+    print(f"| POST /v1/traces, OTLP protobuf | {summary['otlp_spans_per_s']:,.0f} request spans | {summary['otlp_p99_ms']} | "
           f"{summary['otlp_vs_ndjson']} of NDJSON |")  # fmt: skip
-    result = {"mode": "otlp", "clients": args.clients, "events_per_request": per_request, "warmup_s": args.warmup,
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    all_spans = sum(len(ss.spans) for rs in ExportTraceServiceRequest.FromString(spans[0]).resource_spans
+                    for ss in rs.scope_spans)  # fmt: skip
+    print(f"(an OTLP request holds {per_request} SERVER spans and {all_spans - per_request} CLIENT spans)")
+    result = {"mode": "otlp", "clients": args.clients, "events_per_request": per_request,
+              "spans_per_request": all_spans, "warmup_s": args.warmup,
               "measure_s": args.measure, "cpus": os.cpu_count(), "rounds": rounds, "median": summary}  # fmt: skip
     out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_otlp.json")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
