@@ -16,7 +16,9 @@ tests/serve_kill.py). ``--kills`` times: start the server (it replays what the l
 log: the bytes to replay and the time the replay took are recorded), post for a random 0.5-3 s, SIGKILL. Then
 one last start and a graceful stop. Per request the store must hold all of an acknowledged request once, and of
 an unanswered one all or nothing: lost and duplicated events must both be 0. Writes
-``benchmarks/results/chaos-serve-<store>.json``.
+``benchmarks/results/chaos-serve-<store>.json``. ``--servers 2`` (PostgreSQL): a second server on the same store
+takes its own clients the whole time and is never killed, while the first is killed and restarted as above
+(``chaos-serve-postgresql-2servers.json``).
 """
 
 from __future__ import annotations
@@ -168,6 +170,11 @@ def serve_mode(opts: argparse.Namespace) -> dict[str, Any]:
     template = body_template(200)
     rng = random.Random(opts.seed)
     rows = []
+    survivor = None
+    if opts.servers == 2:  # a second server on the same store, under load the whole time, never killed
+        s_proc, s_base, _, _ = _start_and_recover(url, str(work / "wal-survivor"))
+        s_stop = threading.Event()
+        survivor = (s_proc, s_stop, post_until(s_base, books, template, "s", opts.clients, s_stop))
     for i in range(opts.kills):
         proc, base, to_replay, recovery_s = _start_and_recover(url, wal)
         if rows:
@@ -188,6 +195,13 @@ def serve_mode(opts: argparse.Namespace) -> dict[str, Any]:
     rows[-1] |= {"log_bytes_to_replay": to_replay, "recovery_s": round(recovery_s, 3)}
     proc.send_signal(signal.SIGTERM)
     stopped = proc.wait(120)
+    if survivor is not None:
+        s_proc, s_stop, s_threads = survivor
+        s_stop.set()
+        for t in s_threads:
+            t.join(60)
+        s_proc.send_signal(signal.SIGTERM)
+        stopped = max(stopped, s_proc.wait(120))
     result = check(url, books)
     if schema:
         drop_pg_schema(opts.pg or url, schema)
@@ -197,6 +211,9 @@ def serve_mode(opts: argparse.Namespace) -> dict[str, Any]:
     for r in rows:
         print(f"| {r['kill']} | {r['at_s']} | {r['log_bytes_to_replay']:,} | {r['recovery_s']} |")
     print()
+    print(
+        f"servers: {opts.servers} ({'one killed -9 at random moments, the other under load throughout' if survivor else 'killed -9 at random moments'})"
+    )
     print("| store | kills | clients | acknowledged | stored | lost | duplicated | unanswered but stored (requests) |"
           " metrics agree |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -206,7 +223,7 @@ def serve_mode(opts: argparse.Namespace) -> dict[str, Any]:
     verdict = (result["lost"] == 0 and result["duplicated"] == 0 and result["partial_requests"] == 0
                and result["metrics_agree"] and stopped == 0)  # fmt: skip
     print("PASS" if verdict else "FAIL")
-    return {"mode": "serve", "store": opts.store, "clients": opts.clients, "kills": rows, **result,
+    return {"mode": "serve", "store": opts.store, "servers": opts.servers, "clients": opts.clients, "kills": rows, **result,
             "final_stop_exit": stopped, "pass": verdict}  # fmt: skip
 
 
@@ -216,6 +233,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4, help="serve: posting clients")
     ap.add_argument("--store", choices=("duckdb", "postgresql"), default="duckdb", help="serve: the store")
     ap.add_argument("--pg", default=None, help="serve: PostgreSQL URL (default: scripts/postgres.sh url)")
+    ap.add_argument("--servers", type=int, choices=(1, 2), default=1,
+                    help="serve: 2 runs a second server on the same store under load throughout; the first is the "
+                    "one killed (use --store postgresql: a DuckDB file takes one writer)")  # fmt: skip
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--events", type=int, default=4_000_000)
     ap.add_argument("--checkpoint-s", type=float, default=1.0)
@@ -226,7 +246,9 @@ def main() -> None:
     opts = ap.parse_args()
     result = run_mode(opts) if opts.mode == "run" else serve_mode(opts)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()}
-    name = "chaos-run" if opts.mode == "run" else f"chaos-serve-{opts.store}"
+    name = (
+        "chaos-run" if opts.mode == "run" else f"chaos-serve-{opts.store}" + ("-2servers" if opts.servers == 2 else "")
+    )
     out = Path(opts.json or ROOT / "benchmarks" / "results" / f"{name}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
