@@ -127,9 +127,15 @@ def _stored_events(url: str) -> tuple[int, int]:
     return int(round(minutes)), int(round(hours))
 
 
-def _load(bases: list[str], seconds: float, per_server: int = 2) -> tuple[int, dict[int, int]]:
-    """Clients posting 200-event bodies of the shared services to every server for ``seconds``: (acknowledged events,
-    count of other answers by status)."""
+def _load(
+    bases: list[str],
+    seconds: float,
+    per_server: int = 2,
+    stop: threading.Event | None = None,
+    services: tuple[bytes, ...] = SHARED_SERVICES,
+) -> tuple[int, dict[int, int]]:
+    """Clients posting 200-event bodies of ``services`` to every server for ``seconds`` (or until ``stop``
+    is set): (acknowledged events, count of other answers by status)."""
     template = body_template(200)
     acked = [0]
     other: dict[int, int] = {}
@@ -138,8 +144,8 @@ def _load(bases: list[str], seconds: float, per_server: int = 2) -> tuple[int, d
 
     def client(base: str, c: int) -> None:
         n = 0
-        while time.monotonic() < deadline:
-            status = _post(base, template.replace(PLACEHOLDER, SHARED_SERVICES[(c + n) % 3]))
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+            status = _post(base, template.replace(PLACEHOLDER, services[(c + n) % len(services)]))
             n += 1
             with lock:
                 if status == 200:
@@ -243,3 +249,36 @@ def test_a_permanent_store_error_refuses_keeps_the_data_and_catches_up(pg_url: s
     proc, base = _serve(pg_url, tmp_path / "wal")
     assert _stop(proc) == 0, "".join(proc.output)  # type: ignore[attr-defined]
     assert _stored_events(pg_url) == (acked + more, acked + more)
+
+
+def test_a_spark_job_writes_while_a_server_writes(pg_url: str, tmp_path: Path) -> None:
+    """``drainpipe run --engine spark`` into the PostgreSQL store that a server is writing under load, events of the
+    same services (so both merge the same keys, minute, hour and day): the store holds exactly the server's
+    acknowledged events plus the file's, and the statement top-N (from the file only) equals the local engine's."""
+    path = tmp_path / "events.jsonl"
+    write_events(generate_events(50_000, services=3, seed=400, duration_s=2 * 3600), path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    duck = f"duckdb:///{tmp_path}/ref.duckdb"
+    subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", str(path), "--store", duck],
+                   env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    proc, base = _serve(pg_url, tmp_path / "wal")
+    stop = threading.Event()
+    result: list = []
+    services = (b"svc-00", b"svc-01", b"svc-02")  # the file's
+    loader = threading.Thread(target=lambda: result.append(_load([base], 600.0, 1, stop, services)))
+    loader.start()
+    try:
+        spark = subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark",
+                                "--spark-master", "local[2]", "--input", str(path), "--store", pg_url],
+                               env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    finally:
+        stop.set()
+        loader.join(120)
+        code = _stop(proc)
+    assert spark.returncode == 0, spark.stdout + spark.stderr
+    assert code == 0, "".join(proc.output)  # type: ignore[attr-defined]
+    acked, other = result[0]
+    assert acked and not other, other
+    assert _stored_events(pg_url) == (acked + 50_000, acked + 50_000)
+    with open_store(pg_url) as pg, open_store(duck) as ref:  # type: ignore[attr-defined]
+        assert pg.query_topn("top_slow_statements") == ref.query_topn("top_slow_statements")
