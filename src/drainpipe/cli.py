@@ -125,6 +125,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         stop_after_s=args.stop_after,
         dead_letter=args.dead_letter,
         on_batch=on_batch,
+        remote=args.spark_remote,
     )
     from .inputs import default_dead_letter
     from .pipeline.run import RunSummary

@@ -114,12 +114,17 @@ class ConnectServer:
 
 
 @contextmanager
-def connect_server(directory: Path) -> Iterator[ConnectServer]:
+def connect_server(directory: Path, full_python: bool = False) -> Iterator[ConnectServer]:
     """A Spark Connect server from pyspark's own ``sbin/start-connect-server.sh`` (its jar ships in
-    ``pyspark/jars``), ``local[2]`` inside, its task Python the numpy+pyarrow-only venv; stopped afterwards."""
+    ``pyspark/jars``), ``local[2]`` inside, its task Python the numpy+pyarrow-only venv; stopped afterwards.
+    ``full_python``: its Python is this one instead (with drainpipe and the store drivers), as streaming through
+    Connect needs: Spark runs the ``foreachBatch`` function in the server's Python."""
     import pyspark
 
-    python, marker = executor_python(directory)
+    if full_python:
+        python, marker = sys.executable, directory / "no-marker"
+    else:
+        python, marker = executor_python(directory)
     port = free_port()
     script = Path(pyspark.__file__).parent / "sbin" / "start-connect-server.sh"
     env = {**os.environ, "SPARK_LOG_DIR": str(directory / "logs"), "SPARK_PID_DIR": str(directory),

@@ -74,6 +74,36 @@ def test_the_same_job_through_spark_connect(connect, tmp_path: Path) -> None:
     assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
 
 
+@pytest.fixture(scope="module")
+def connect_full(tmp_path_factory: pytest.TempPathFactory):
+    with connect_server(tmp_path_factory.mktemp("connect-full"), full_python=True) as c:
+        yield c
+
+
+def test_a_stream_through_spark_connect_equals_the_local_engine(connect_full, tmp_path: Path) -> None:
+    """``drainpipe stream --spark-remote``: the foreachBatch function runs on the Connect server, opens the store
+    there for each micro-batch and hands its totals back through the session; relative paths are resolved on the
+    client. A rerun finds nothing new. The store equals the local engine's and the summary counts every event."""
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        write_events(generate_events(10_000, services=6, seed=20 + i), tmp_path / "in" / f"part{i}.jsonl")
+    with (tmp_path / "in" / "part1.jsonl").open("a") as f:
+        f.write("not json\n")
+    local = f"duckdb:///{tmp_path / 'local.duckdb'}"
+    summary = run_local(sorted(str(p) for p in (tmp_path / "in").iterdir()), definitions=default_definitions(),
+                        store_url=local, dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    command = [sys.executable, "-m", "drainpipe.cli", "stream", "-q", "--spark-remote", connect_full.remote,
+               "--input", "in", "--store", "duckdb:///connect.duckdb", "--checkpoint", "ck", "--trigger-once"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"read {summary.read:,} = accepted {summary.accepted:,} + rejected 1" in done.stdout, done.stdout
+    assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
+    assert (tmp_path / "connect.rejected.jsonl").read_text().count("\n") == 1
+
+
 def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Path) -> None:
     """Structured Streaming on the standalone cluster, one file per micro-batch; the driver is killed (SIGKILL)
     right after micro-batch 1 reached the store, then restarted from its checkpoint: the store equals the local

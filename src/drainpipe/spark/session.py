@@ -47,6 +47,7 @@ __all__ = [
     "code_zip",
     "ship_code",
     "is_connect",
+    "job_session",
 ]
 
 MIN_JAVA = 17
@@ -275,7 +276,7 @@ def _jvm_output(quiet: bool) -> Iterator[None]:
         os.close(log)
 
 
-def _session(
+def job_session(
     master: str,
     conf: Mapping[str, str] | None,
     spark: SparkSession | None,
@@ -306,7 +307,7 @@ def job(
     """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
     store = open_store(store_url)
     try:
-        session, created = _session(master, conf, spark, quiet, remote)
+        session, created = job_session(master, conf, spark, quiet, remote)
         try:
             yield store, session
         finally:

@@ -15,6 +15,14 @@ each store commit, so a crash between the two repeats those rejects: it is at-le
 
 Files must appear atomically (write elsewhere, then rename into the directory), as for any Spark file source.
 Names with an unsupported suffix are skipped and counted (``ignored_files``).
+
+Through Spark Connect (``remote``), Spark runs the ``foreachBatch`` function in a Python process on the Connect
+server, not in this client: the function (:class:`_ConnectBatches`) carries only plain data (definitions, options,
+the store URL and the dead letter's path), opens the store there for each micro-batch, and leaves its running
+totals in a global temporary view of the server's application, which the client reads when the query ends.
+Hence the Connect server's Python needs drainpipe and its store driver (duckdb or psycopg) installed, and the store
+must be reachable from the server (a PostgreSQL URL, or a DuckDB path on the server's machine); the executors
+still need nothing of ours. Per-batch callbacks (``on_batch``) are not available there.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.store import DEFAULT_STORE_URL
 
 from .engine import JobOptions, ingest_files
-from .session import add_rate, job
+from .session import add_rate, is_connect, job, job_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -73,6 +81,7 @@ def run_stream(
     poll_s: float = 1.0,
     max_files_per_trigger: int | None = None,
     on_batch: Callable[[int, dict[str, Any]], None] | None = None,
+    remote: str | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline over the files arriving in ``input_dir`` until stopped.
 
@@ -82,11 +91,20 @@ def run_stream(
     resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit.
 
     Returns the summed counts (``read accepted rejected files unchanged_files ignored_files metrics_rows
-    topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``.
+    topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``. ``remote``: a Spark Connect URL (default
+    ``$SPARK_REMOTE``), see the module docstring.
     """
     if not os.path.isdir(input_dir):
         raise InputError(f"stream input {input_dir!r} is not a directory")
     t0 = time.perf_counter()
+    input_dir = os.path.abspath(input_dir)
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if remote is not None or (spark is not None and is_connect(spark)):
+        totals = _run_connect(
+            input_dir, definitions, store_url, checkpoint, master, conf, trigger_once, stop_after_s,
+            dead_letter, spark, options or JobOptions(), poll_s, max_files_per_trigger, remote,
+        )  # fmt: skip
+        return add_rate(totals, t0)
     with (
         job(store_url, master, conf, spark) as (store, session),
         DeadLetter(dead_letter or default_dead_letter(store_url)) as dl,
@@ -124,39 +142,134 @@ class _MicroBatches:
             "options": options,
             "on_batch": on_batch,
         }
-        self.totals: dict[str, Any] = {key: 0 for key in _SUMMED}
-        self.totals.update(batches=0, ignored_files=0, reasons=Counter())
+        self.totals = _new_totals()
         self._lock = threading.Lock()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         c = self._context
-        paths, ignored = [], 0
-        for row in frame.select("path").collect():
-            path = _local_path(row.path)
-            try:
-                detect_format(path)
-            except InputError:
-                ignored += 1
-                log.warning("stream: skipping %s (unsupported suffix)", path)
-                continue
-            paths.append(path)
-        summary = (
-            ingest_files(c["session"], sorted(paths), c["definitions"], c["store"], c["dead_letter"], c["options"])
-            if paths
-            else {}
-        )
+        summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
+                                         c["options"])  # fmt: skip
         with self._lock:
-            for key in _SUMMED:
-                self.totals[key] += summary.get(key, 0)
-            self.totals["reasons"].update(summary.get("reasons") or {})
-            self.totals["batches"] += 1
-            self.totals["ignored_files"] += ignored
+            _add(self.totals, summary, ignored)
         if c["on_batch"] is not None:
             c["on_batch"](batch_id, summary)
 
     def release(self) -> dict[str, Any]:
         self._context.clear()
         return dict(self.totals, reasons=dict(self.totals["reasons"]))
+
+
+def _new_totals() -> dict[str, Any]:
+    totals: dict[str, Any] = {key: 0 for key in _SUMMED}
+    totals.update(batches=0, ignored_files=0, reasons=Counter())
+    return totals
+
+
+def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
+    for key in _SUMMED:
+        totals[key] += summary.get(key, 0)
+    totals["reasons"].update(summary.get("reasons") or {})
+    totals["batches"] += 1
+    totals["ignored_files"] += ignored
+
+
+def _ingest_batch(
+    frame: DataFrame, session: Any, definitions: Definitions, store: Any, dead_letter: DeadLetter, options: JobOptions
+) -> tuple[dict[str, Any], int]:
+    """One micro-batch (its new files' paths) through :func:`ingest_files`: (its summary, files skipped)."""
+    paths, ignored = [], 0
+    for row in frame.select("path").collect():
+        path = _local_path(row.path)
+        try:
+            detect_format(path)
+        except InputError:
+            ignored += 1
+            log.warning("stream: skipping %s (unsupported suffix)", path)
+            continue
+        paths.append(path)
+    summary = ingest_files(session, sorted(paths), definitions, store, dead_letter, options) if paths else {}
+    return summary, ignored
+
+
+class _ConnectBatches:
+    """The ``foreachBatch`` function under Spark Connect: it runs on the Connect server, in one long-lived Python
+    process per query, so it holds plain data only (it is pickled there) and opens the store for each micro-batch
+    (a DuckDB file is then free between batches). After each batch the running totals go to the global temporary
+    view ``view`` (the function's session is not the client's, but both are in the server's application)."""
+
+    def __init__(self, definitions: Definitions, store_url: str, dead_letter: str, options: JobOptions,
+                 view: str) -> None:  # fmt: skip
+        self.definitions, self.store_url, self.dead_letter, self.options, self.view = (
+            definitions, store_url, dead_letter, options, view)  # fmt: skip
+        self.totals = _new_totals()
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        import json
+
+        from drainpipe.pipeline.store import open_store
+
+        session = frame.sparkSession
+        store = open_store(self.store_url)
+        try:
+            with DeadLetter(self.dead_letter) as dl:
+                summary, ignored = _ingest_batch(frame, session, self.definitions, store, dl, self.options)
+        finally:
+            store.close()
+        _add(self.totals, summary, ignored)
+        row = json.dumps(dict(self.totals, reasons=dict(self.totals["reasons"])))
+        session.createDataFrame([(row,)], "totals string").createOrReplaceGlobalTempView(self.view)
+
+
+def _absolute_store(url: str) -> str:
+    """A DuckDB store URL with a relative path made absolute (the Connect server has another working directory)."""
+    if url.startswith("duckdb:///") and ":memory:" not in url and not url.startswith("duckdb:////"):
+        return "duckdb:///" + os.path.abspath(url[len("duckdb:///") :])
+    return url
+
+
+def _run_connect(
+    input_dir: str,
+    definitions: Definitions,
+    store_url: str,
+    checkpoint: str,
+    master: str,
+    conf: Mapping[str, str] | None,
+    trigger_once: bool,
+    stop_after_s: float | None,
+    dead_letter: str | None,
+    spark: SparkSession | None,
+    options: JobOptions,
+    poll_s: float,
+    max_files: int | None,
+    remote: str | None,
+) -> dict[str, Any]:
+    """:func:`run_stream` through Spark Connect (see the module docstring); returns the totals."""
+    import json
+
+    from drainpipe.pipeline.store import open_store
+
+    store_url = _absolute_store(store_url)
+    open_store(store_url).close()  # fail here, in one line, if the store cannot be opened at all
+    target = os.path.abspath(dead_letter or default_dead_letter(store_url))
+    session, created = job_session(master, conf, spark, remote=remote)
+    view = f"drainpipe_stream_totals_{os.getpid()}_{int(time.time() * 1000)}"
+    try:
+        process = _ConnectBatches(definitions, store_url, target, options, view)
+        query = _start(session, input_dir, os.path.abspath(checkpoint), process, trigger_once, poll_s, max_files)
+        _await(query, None if trigger_once else stop_after_s)
+        from pyspark.errors import AnalysisException
+
+        try:
+            row = session.sql(f"SELECT totals FROM global_temp.{view}").first()
+            session.catalog.dropGlobalTempView(view)
+        except AnalysisException:  # no micro-batch ran: the view was never made
+            row = None
+        totals = json.loads(row[0]) if row is not None else dict(_new_totals(), reasons={})
+    finally:
+        if created:
+            session.stop()
+    totals.update(dropped=0)
+    return totals
 
 
 def _await(query: Any, timeout_s: float | None) -> None:
