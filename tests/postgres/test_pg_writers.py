@@ -48,7 +48,7 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     keys all collide (three services, the same hours and days). The result equals one store that merged every
     batch. Without the write lock two merges read the same stored state and one's addition is lost (or a key gets
     two rows); without race-free registration a writer fails on the definitions' primary key."""
-    batches = [store_events(400, seed=100 + i) for i in range(24)]
+    batches = [store_events(400, seed=100 + i) for i in range(12)]
     errors: list[BaseException] = []
     start = threading.Barrier(3)
 
@@ -256,7 +256,7 @@ def test_a_spark_job_writes_while_a_server_writes(pg_url: str, tmp_path: Path) -
     same services (so both merge the same keys, minute, hour and day): the store holds exactly the server's
     acknowledged events plus the file's, and the statement top-N (from the file only) equals the local engine's."""
     path = tmp_path / "events.jsonl"
-    write_events(generate_events(50_000, services=3, seed=400, duration_s=2 * 3600), path)
+    write_events(generate_events(20_000, services=3, seed=400, duration_s=2 * 3600), path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     duck = f"duckdb:///{tmp_path}/ref.duckdb"
     subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", str(path), "--store", duck],
@@ -279,6 +279,6 @@ def test_a_spark_job_writes_while_a_server_writes(pg_url: str, tmp_path: Path) -
     assert code == 0, "".join(proc.output)  # type: ignore[attr-defined]
     acked, other = result[0]
     assert acked and not other, other
-    assert _stored_events(pg_url) == (acked + 50_000, acked + 50_000)
+    assert _stored_events(pg_url) == (acked + 20_000, acked + 20_000)
     with open_store(pg_url) as pg, open_store(duck) as ref:  # type: ignore[attr-defined]
         assert pg.query_topn("top_slow_statements") == ref.query_topn("top_slow_statements")
