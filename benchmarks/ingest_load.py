@@ -52,6 +52,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.store import open_store
 
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import memory_kb  # shared with the kill tests
+
 
 def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int) -> list[bytes]:
     """``requests`` NDJSON bodies of ``per_request`` events each (timestamps around now, 20 services, Zipf 1.1)."""
@@ -209,14 +212,7 @@ def _rejected_spans(payload: bytes) -> int:
 
 
 def rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return memory_kb(pid, "VmRSS")
 
 
 def start_server(

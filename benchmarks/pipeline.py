@@ -72,6 +72,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import memory_kb  # shared with the kill tests
 
 RESULTS = Path(__file__).parent / "results"
 FORMATS = ("parquet", "jsonl")
@@ -141,14 +143,7 @@ def maxrss_mb() -> float:
 
 
 def _pss_kb(pid: str) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return memory_kb(pid, "Pss", "smaps_rollup")
 
 
 def _descendants(root: str = "self") -> list[str]:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import children_of, memory_kb  # shared with the kill tests
 
 
 def write(path: Path, n: int) -> None:
@@ -27,29 +29,6 @@ def write(path: Path, n: int) -> None:
             f.write(
                 f'{{"ts":{base + (i % 10) * 60_000},"service":"api","endpoint":"/u/{i}","latency_ms":{i % 900}.5}}\n'
             )
-
-
-def _hwm_kb(pid: int) -> int:
-    """The process's peak resident set (VmHWM), 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 def main() -> int:
@@ -78,9 +57,9 @@ def main() -> int:
                                     env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
             driver = jvm = 0
             while proc.poll() is None:
-                driver = max(driver, _hwm_kb(proc.pid))
-                for child in _children(proc.pid):
-                    jvm = max(jvm, _hwm_kb(child))
+                driver = max(driver, memory_kb(proc.pid, "VmHWM"))
+                for child in children_of(proc.pid):
+                    jvm = max(jvm, memory_kb(child, "VmHWM"))
                 time.sleep(0.2)
             seconds = time.perf_counter() - t0
             if proc.returncode != 0:

@@ -1,5 +1,5 @@
-"""Processes seen through /proc (Linux): a process's children, and which of some pids still run. Shared by the kill
-tests and benchmarks/chaos.py."""
+"""Processes seen through /proc (Linux): a process's children, which of some pids still run, and a memory figure of
+one. Shared by the kill tests and the benchmarks."""
 
 from __future__ import annotations
 
@@ -22,3 +22,16 @@ def children_of(pid: int) -> list[int]:
 def alive(pids: list[int]) -> list[int]:
     """Those of ``pids`` still running (not gone, not zombies)."""
     return [pid for pid in pids if (s := _stat(pid)) is not None and s[0] != "Z"]
+
+
+def memory_kb(pid: int | str, field: str, file: str = "status") -> int:
+    """A memory figure in kB of ``/proc/<pid>/<file>`` (``VmRSS`` or ``VmHWM`` of ``status``, ``Pss`` of
+    ``smaps_rollup``); 0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/{file}") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
