@@ -4,6 +4,7 @@ Imports stay lazy: ``drainpipe --help`` must not load the engine."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -42,6 +43,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.slow_handler_s <= 0:
         raise UsageError("--slow-handler-s must be > 0")
     definitions = definitions_from(args.metrics)
+    if args.max_entities is not None:
+        if args.max_entities < 1:
+            raise UsageError(f"--max-entities must be >= 1, got {args.max_entities}")
+        definitions = dataclasses.replace(definitions, max_entities=args.max_entities)
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
     # engine's threads nor DuckDB's exist yet)
     decoder = BodyDecoder(default_parsers() if args.parsers is None else args.parsers)
@@ -168,6 +173,9 @@ def add_commands(
                    help="how often the states are committed to the store with the log position: how fresh the "
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
                    "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
+    s.add_argument("--max-entities", type=int, default=None, metavar="N",
+                   help="the cardinality guard: distinct entities kept per scope and minute, the rest fold into "
+                   "__overflow__ (default: the metrics TOML's max_entities, else 10000)")  # fmt: skip
     s.add_argument("--slow-handler-s", type=float, default=10.0, metavar="SECONDS",
                    help="a stage call (an aggregation, a merge, a store write) running longer than this is logged and "
                    "shown in /metrics (drainpipe_queue_slow_handler_seconds) and on the dashboard "
