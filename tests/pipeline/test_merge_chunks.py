@@ -4,8 +4,11 @@ everything; a repeated write with the same progress rows changes nothing."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pytest
 
+import drainpipe.pipeline.store as store_module
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.functions import aggregate_batch
@@ -40,3 +43,28 @@ def test_chunks_sharing_keys_store_what_one_merge_stores(tmp_path) -> None:
     finally:
         one.close()
         chunked.close()
+
+
+def test_a_long_merge_holds_one_batch_not_every_batch(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Spark job's whole output is one merge_chunks transaction. DuckDB kept every Arrow table that had been
+    registered (and unregistered) in a transaction until it committed: memory grew with the output. Arrow's
+    allocations while the 24th chunk is made must be those of about one write batch, as at the 6th."""
+    monkeypatch.setattr(store_module, "_WRITE_ROWS", 20_000)
+    definitions = default_definitions()
+    metrics = [d.name for d in definitions.metrics]
+    seen: dict[int, int] = {}
+
+    def chunks():
+        for k in range(24):
+            i = np.arange(k * 4_000, (k + 1) * 4_000)
+            batch = pa.table({"ts": BASE + (i % 3) * 60_000, "service": ["api"] * len(i), "instance": [""] * len(i),
+                              "endpoint": [f"/u/{j}" for j in i], "latency_ms": (i % 900) + 0.5,
+                              "status": np.ones(len(i), bool), "db_statement": pa.nulls(len(i), pa.string())},
+                             schema=EVENT_SCHEMA)  # fmt: skip
+            seen[k] = pa.total_allocated_bytes()
+            yield from (p for p in aggregate_batch(batch, definitions) if p.name in metrics)
+
+    with open_store(f"duckdb:///{tmp_path / 's.duckdb'}") as store:
+        store.merge_chunks(definitions.all, chunks())
+        assert len(store.query(metric="endpoint_cpm", granularity="minute")) == 96_000
+    assert seen[23] < 2 * seen[5] + (8 << 20), seen

@@ -58,6 +58,9 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     absolute = tmp_path / "abs.duckdb"
     open_store(f"duckdb:///{absolute}").close()  # duckdb:////tmp/... is an absolute path
     assert absolute.exists()
+    with open_store("duckdb:///opts.duckdb?memory_limit=300MB&threads=1") as tuned:  # DuckDB's own options
+        assert isinstance(tuned, DuckDBStore) and tuned.path == "opts.duckdb"
+        assert tuned._con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
 
 
 @pytest.mark.parametrize(
@@ -69,6 +72,8 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         ("duckdb://host/x.duckdb", "has no host"),
         ("duckdb:///", "no database file"),
         ("duckdb:///no/such/dir/x.duckdb", "does not exist"),
+        ("duckdb:///x.duckdb?no_such_option=1", "not recognized: no_such_option"),
+        ("duckdb:///x.duckdb?memory_limit", "options are [?]name=value"),
     ],
 )
 def test_bad_urls(url: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

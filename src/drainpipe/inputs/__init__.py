@@ -99,5 +99,6 @@ def default_dead_letter(store_url: str) -> str:
     """``<store file without suffix>.rejected.jsonl`` beside a DuckDB store file, else (server stores, in-memory
     stores) ``drainpipe.rejected.jsonl`` in the working directory."""
     if store_url.startswith("duckdb:///") and ":memory:" not in store_url:
-        return str(Path(store_url[len("duckdb:///") :]).with_suffix("")) + ".rejected.jsonl"
+        path = store_url[len("duckdb:///") :].partition("?")[0]  # without the DuckDB options
+        return str(Path(path).with_suffix("")) + ".rejected.jsonl"
     return "drainpipe.rejected.jsonl"

@@ -66,6 +66,7 @@ import datetime as _dt
 import importlib
 import json
 import os
+import re
 import threading
 import urllib.parse
 from collections import defaultdict
@@ -133,6 +134,9 @@ _SCHEMA = (
         fid VARCHAR NOT NULL, name VARCHAR NOT NULL, head VARCHAR NOT NULL, node VARCHAR NOT NULL,
         path VARCHAR NOT NULL, end_offset BIGINT NOT NULL, end_lines BIGINT NOT NULL, prefix VARCHAR NOT NULL,
         PRIMARY KEY (fid, name))""",
+)
+#: the session's staging relations, which the merge's statements join against (see SqlStore._stage)
+_STAGING = (
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
         name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL)""",
     "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (root VARCHAR NOT NULL)",
@@ -305,6 +309,15 @@ class SqlStore:
         """Append ``rows`` (columns in the table's column order) to ``table_name``."""
         raise NotImplementedError
 
+    #: DDL of the staging relations (:meth:`_stage`); a backend that stages otherwise has none
+    _STAGING_DDL: tuple[str, ...] = _STAGING
+
+    def _stage(self, name: str, rows: pa.Table) -> None:
+        """Make ``rows`` the whole content of the session's staging relation ``name`` (``stage_keys``,
+        ``stage_sources``). Here: a temporary table, emptied and refilled."""
+        self._execute(f"DELETE FROM {name}")
+        self._insert_arrow(name, rows)
+
     #: how a transaction starts (a server backend pins its isolation level here)
     _BEGIN = "BEGIN TRANSACTION"
 
@@ -341,7 +354,7 @@ class SqlStore:
     # ----------------------------------------------------------------------------- lifecycle
 
     def _create_schema(self) -> None:
-        for statement in _SCHEMA:
+        for statement in _SCHEMA + self._STAGING_DDL:
             self._execute(statement)
 
     def close(self) -> None:
@@ -557,8 +570,7 @@ class SqlStore:
         if not sources:
             return _Ledger(())
         roots = sorted({source_root(s) for s in sources})
-        self._execute("DELETE FROM stage_sources")
-        self._insert_arrow("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
+        self._stage("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
         rows = self._fetchall("SELECT a.source, a.name FROM applied_sources a JOIN stage_sources s ON a.root = s.root")
         return _Ledger(rows)
 
@@ -580,8 +592,7 @@ class SqlStore:
     def _stage_keys(self, keys: pa.Table) -> None:
         """Replace the staged keys by the distinct (name, granularity, entity, time_bucket) rows of ``keys``."""
         distinct = keys.group_by(list(_KEY_COLUMNS), use_threads=False).aggregate([]).select(list(_KEY_COLUMNS))
-        self._execute("DELETE FROM stage_keys")
-        self._insert_arrow("stage_keys", distinct)
+        self._stage("stage_keys", distinct)
 
     def _merge_metrics(self, parts: list[MetricPartial]) -> None:
         """Merge stored states into the new ones for every key of ``parts``; replace their state and value rows."""
@@ -592,8 +603,9 @@ class SqlStore:
             merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
             for part, found in zip(parts, _split(stored, "metric", [(p.name, p.granularity) for p in parts]))
         ]
-        self._execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
-        self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
+        if stored.num_rows:  # a key has value rows only with state rows: if none is stored, there is none to delete
+            self._execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
+            self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
         self._insert_arrow(
             "metric_state",
             pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined).select(
@@ -613,7 +625,8 @@ class SqlStore:
             merge([part, from_topn_table(part.definition, found)]) if found.num_rows else part
             for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
         ]
-        self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
+        if stored.num_rows:
+            self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
         self._insert_arrow(
             "topn_values", pa.concat_tables(to_topn_table(c) for c in combined).select(list(TOPN_COLUMNS))
         )
@@ -787,17 +800,19 @@ def _filters(equal: list[tuple[str, Any]], start: Any, end: Any) -> tuple[str, l
 class DuckDBStore(SqlStore):
     """A store in an embedded DuckDB database file (or ``:memory:``)."""
 
-    def __init__(self, path: str = "drainpipe.duckdb") -> None:
+    def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
+        """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``
+        takes them."""
         super().__init__()
         import duckdb
 
         self.path = path
         self._duckdb = duckdb
         try:
-            self._con = duckdb.connect(path)
+            self._con = duckdb.connect(path, config=dict(config or {}))
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
-        self._views = 0
+        self._staged: dict[str, pa.Table] = {}
         try:
             self._create_schema()
         except duckdb.Error as exc:
@@ -810,36 +825,49 @@ class DuckDBStore(SqlStore):
     def _backend_errors(self) -> tuple[type[BaseException], ...]:
         return (self._duckdb.Error,)
 
+    # Arrow tables reach DuckDB through relations (from_arrow), never through register(): a registered view is a
+    # catalog entry, and DuckDB keeps a dropped entry, with the Arrow table it holds, until the transaction commits.
+    # So a long merge (a Spark job's whole output in one transaction) kept every batch it had inserted or staged:
+    # 9.3 GB for 5M minute state rows. Staging into a temporary table is no better: DuckDB also keeps every row
+    # version a transaction deletes until it commits. A statement that reads a staged relation runs as a query
+    # over it instead (DuckDBPyRelation.query binds the name for that one statement).
+    _STAGING_DDL = ()
+
+    def _stage(self, name: str, rows: pa.Table) -> None:
+        self._staged[name] = rows
+
+    def _over_staged(self, sql: str, params: Sequence[Any]) -> Any:
+        """``sql`` run as a query over the staged relation it reads (a DELETE runs at once; a SELECT gives a relation
+        to fetch), or None when it reads none."""
+        for name, rows in self._staged.items():
+            if re.search(rf"\b{name}\b", sql):
+                if params:
+                    raise ValueError("a statement over a staged relation takes no parameters")
+                return self._con.from_arrow(rows).query(name, sql)
+        return None
+
     def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self._con.execute(sql, list(params))
+        if self._over_staged(sql, params) is None:
+            self._con.execute(sql, list(params))
 
     def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._con.execute(sql, list(params)).fetchall()
+        staged = self._over_staged(sql, params)
+        return staged.fetchall() if staged is not None else self._con.execute(sql, list(params)).fetchall()
 
     def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        return self._con.sql(sql, params=list(params)).to_arrow_table()
+        staged = self._over_staged(sql, params)
+        return (staged if staged is not None else self._con.sql(sql, params=list(params))).to_arrow_table()
 
     def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
-        if rows.num_rows == 0:
-            return
-        self._views += 1
-        view = f"_drainpipe_rows_{self._views}"
-        self._con.register(view, rows)
-        try:
-            self._con.execute(f"INSERT INTO {table_name} SELECT * FROM {view}")
-        except BaseException:
-            try:  # in an aborted transaction this fails too; the INSERT's error is the one that says why
-                self._con.unregister(view)
-            except Exception:
-                pass
-            raise
-        self._con.unregister(view)
+        if rows.num_rows:
+            self._con.from_arrow(rows).insert_into(table_name)
 
     def _close(self) -> None:
         self._con.close()
 
 
 def _duckdb_path(url: str, rest: str) -> str:
+    rest = rest.partition("?")[0]  # the options: _duckdb_config
     if not rest.startswith("/"):
         raise StoreError(
             f"bad store URL {url!r}: a duckdb URL has no host; use duckdb:///relative.duckdb or duckdb:////abs/path.duckdb"
@@ -856,6 +884,16 @@ def _duckdb_path(url: str, rest: str) -> str:
             hint = f"; for the absolute path /{path} use four slashes: duckdb:////{path}"
         raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist{hint}")
     return path
+
+
+def _duckdb_config(url: str) -> dict[str, str]:
+    """``duckdb:///file.duckdb?memory_limit=1GB&threads=2``: DuckDB configuration options, given to
+    ``duckdb.connect`` as they are (DuckDB checks them: an unknown one fails the open)."""
+    query = url.partition("?")[2]
+    try:
+        return dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise StoreError(f"bad store URL {url!r}: options are ?name=value&name=value") from None
 
 
 def duckdb_path(url: str) -> str:
@@ -880,7 +918,8 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Store:
     readers such as ``drainpipe query``.
 
     ``duckdb:///relative/file.duckdb`` (relative to the working directory), ``duckdb:////abs/file.duckdb``,
-    ``duckdb:///:memory:``; ``None`` means :data:`DEFAULT_STORE_URL` (``./drainpipe.duckdb``).
+    ``duckdb:///:memory:``, each optionally with DuckDB configuration options (``?memory_limit=1GB&threads=2``);
+    ``None`` means :data:`DEFAULT_STORE_URL` (``./drainpipe.duckdb``).
     ``postgresql://user:pass@host:port/db`` is served by ``drainpipe.pipeline.postgres_store.PostgresStore``
     (a :class:`SqlStore` subclass with a ``from_url`` constructor) when that module exists.
     """
@@ -900,7 +939,7 @@ def open_store(url: str | None = None, *, must_exist: bool = False) -> Store:
         path = _duckdb_path(url, rest)
         if must_exist and path != ":memory:" and not os.path.exists(path):
             raise StoreError(f"no such store: {path!r} does not exist ({url})")
-        return DuckDBStore(path)
+        return DuckDBStore(path, config=_duckdb_config(url))
     if scheme in ("postgresql", "postgres"):
         return _open_postgresql(url)
     raise StoreError(f"unknown store scheme {scheme!r} in {url!r} (expected duckdb or postgresql)")

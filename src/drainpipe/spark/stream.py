@@ -223,7 +223,8 @@ class _ConnectBatches:
 def _absolute_store(url: str) -> str:
     """A DuckDB store URL with a relative path made absolute (the Connect server has another working directory)."""
     if url.startswith("duckdb:///") and ":memory:" not in url and not url.startswith("duckdb:////"):
-        return "duckdb:///" + os.path.abspath(url[len("duckdb:///") :])
+        path, sep, options = url[len("duckdb:///") :].partition("?")
+        return "duckdb:///" + os.path.abspath(path) + sep + options
     return url
 
 
