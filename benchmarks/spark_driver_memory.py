@@ -37,6 +37,9 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "spark-driver-memory.json"))
     ap.add_argument("--store", help="a PostgreSQL URL (a fresh schema per run): the store's memory is then outside "
                     "the driver; default: a DuckDB file, which lives in the driver process")  # fmt: skip
+    ap.add_argument("--duckdb-options", default="",
+                    help="DuckDB options for the store URL, e.g. memory_limit=500MB (DuckDB's buffer pool may "
+                    "otherwise grow to 80%% of the machine's memory)")  # fmt: skip
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +47,7 @@ def main() -> int:
             data = Path(tmp) / f"e{n}.jsonl"
             write(data, n)
             store = Path(tmp) / f"s{n}.duckdb"
-            url = f"duckdb:///{store}"
+            url = f"duckdb:///{store}" + (f"?{args.duckdb_options}" if args.duckdb_options else "")
             if args.store:
                 sys.path.insert(0, str(ROOT / "benchmarks"))
                 from ingest_load import fresh_pg_schema
@@ -71,7 +74,7 @@ def main() -> int:
                 keys = len(s.query(metric="endpoint_cpm", granularity="minute"))
             finally:
                 s.close()
-            rows.append({"events": n, "endpoint_minute_keys": keys, "approx_minute_state_rows": 5 * keys, "seconds": round(seconds, 1),
+            rows.append({"events": n, "store": url.split("://")[0] + (f"?{args.duckdb_options}" if args.duckdb_options and not args.store else ""), "endpoint_minute_keys": keys, "approx_minute_state_rows": 5 * keys, "seconds": round(seconds, 1),
                          "driver_python_peak_mb": round(driver / 1024, 1), "driver_jvm_peak_mb": round(jvm / 1024, 1)})  # fmt: skip
             print(rows[-1], flush=True)
     Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

@@ -340,3 +340,40 @@ def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg
     assert summary["in_log"] == 0 and len(list((tmp_path / "wal").glob("*.wal"))) == 1  # segments released
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == total
+
+
+def test_a_long_merge_probes_the_growing_tables_by_index(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Spark job's whole output is one merge_chunks transaction, whose rows autovacuum cannot see. The merge's
+    probe of each write batch's keys must stay an index lookup as the tables grow in it: planned as if they were
+    small (a staging table emptied by DELETE looked 20x its size), it hashed the keys and scanned the whole table
+    per batch: quadratic."""
+    import numpy as np
+    import pyarrow as pa
+
+    import drainpipe.pipeline.store as store_module
+    from drainpipe.inputs import EVENT_SCHEMA
+
+    monkeypatch.setattr(store_module, "_WRITE_ROWS", 30_000)
+    definitions = DEFAULT_DEFINITIONS
+    metrics = {d.name for d in definitions.metrics}
+    plans: list[str] = []
+
+    with open_store(pg_url) as store:
+
+        def chunks():
+            for k in range(15):
+                i = np.arange(k * 3_000, (k + 1) * 3_000)
+                batch = pa.table({"ts": T0 + (i % 2) * 60_000, "service": ["api"] * len(i), "instance": [""] * len(i),
+                                  "endpoint": [f"/u/{j}" for j in i], "latency_ms": (i % 900) + 0.5,
+                                  "status": np.ones(len(i), bool), "db_statement": pa.nulls(len(i), pa.string())},
+                                 schema=EVENT_SCHEMA)  # fmt: skip
+                yield from (p for p in aggregate_batch(batch, definitions) if p.name in metrics)
+                if k == 14:  # inside the transaction, with the last batch's keys staged
+                    rows = store._fetchall(  # type: ignore[attr-defined]
+                        "EXPLAIN SELECT * FROM metric_state t WHERE " + store_module._STAGED
+                    )
+                    plans.append("\n".join(r[0] for r in rows))
+
+        store.merge_chunks(definitions.all, chunks())
+        assert len(store.query(metric="endpoint_cpm", granularity="minute")) == 45_000
+    assert "metric_state_key" in plans[0] and "Seq Scan on metric_state" not in plans[0], plans[0]

@@ -314,8 +314,10 @@ class SqlStore:
 
     def _stage(self, name: str, rows: pa.Table) -> None:
         """Make ``rows`` the whole content of the session's staging relation ``name`` (``stage_keys``,
-        ``stage_sources``). Here: a temporary table, emptied and refilled."""
-        self._execute(f"DELETE FROM {name}")
+        ``stage_sources``). Here: a temporary table, emptied and refilled. Emptied by TRUNCATE, not DELETE: in a
+        long transaction (PostgreSQL) deleted rows stay in the table's pages until it ends, and the planner, which
+        sizes a table by its pages, took 15,000 staged keys for 350,000 and hashed them against a whole table."""
+        self._execute(f"TRUNCATE {name}")
         self._insert_arrow(name, rows)
 
     #: how a transaction starts (a server backend pins its isolation level here)
