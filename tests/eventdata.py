@@ -38,6 +38,19 @@ def store_events(n: int, seed: int) -> pa.RecordBatch:
     )
 
 
+def metric_chunks(first: int, n: int, minutes: int, definitions: Definitions = DEFAULT_DEFINITIONS) -> list:
+    """The metric partials of ``n`` events, each its own endpoint (``/u/<first + i>``) of service ``api``, spread
+    over ``minutes`` minutes from T0: output rows that grow with the input, as a large Spark job's do."""
+    from drainpipe.inputs import EVENT_SCHEMA
+
+    i = np.arange(first, first + n)
+    batch = pa.table({"ts": T0 + (i % minutes) * 60_000, "service": ["api"] * n, "instance": [""] * n,
+                      "endpoint": [f"/u/{j}" for j in i], "latency_ms": (i % 900) + 0.5, "status": np.ones(n, bool),
+                      "db_statement": pa.nulls(n, pa.string())}, schema=EVENT_SCHEMA)  # fmt: skip
+    metrics = {d.name for d in definitions.metrics}
+    return [p for p in aggregate_batch(batch, definitions) if p.name in metrics]
+
+
 def ingest(
     store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS
 ) -> MergeReport:

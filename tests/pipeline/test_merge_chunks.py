@@ -4,7 +4,6 @@ everything; a repeated write with the same progress rows changes nothing."""
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -13,6 +12,7 @@ from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.store import FileProgress, open_store
+from eventdata import metric_chunks
 
 BASE = 1_790_000_000_000 // 60_000 * 60_000
 
@@ -51,18 +51,12 @@ def test_a_long_merge_holds_one_batch_not_every_batch(tmp_path, monkeypatch: pyt
     allocations while the 24th chunk is made must be those of about one write batch, as at the 6th."""
     monkeypatch.setattr(store_module, "_WRITE_ROWS", 20_000)
     definitions = default_definitions()
-    metrics = [d.name for d in definitions.metrics]
     seen: dict[int, int] = {}
 
     def chunks():
         for k in range(24):
-            i = np.arange(k * 4_000, (k + 1) * 4_000)
-            batch = pa.table({"ts": BASE + (i % 3) * 60_000, "service": ["api"] * len(i), "instance": [""] * len(i),
-                              "endpoint": [f"/u/{j}" for j in i], "latency_ms": (i % 900) + 0.5,
-                              "status": np.ones(len(i), bool), "db_statement": pa.nulls(len(i), pa.string())},
-                             schema=EVENT_SCHEMA)  # fmt: skip
             seen[k] = pa.total_allocated_bytes()
-            yield from (p for p in aggregate_batch(batch, definitions) if p.name in metrics)
+            yield from metric_chunks(k * 4_000, 4_000, 3, definitions)
 
     with open_store(f"duckdb:///{tmp_path / 's.duckdb'}") as store:
         store.merge_chunks(definitions.all, chunks())

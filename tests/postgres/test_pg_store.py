@@ -17,7 +17,7 @@ from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.functions import aggregate_batch, split_partial
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.store import Store, open_store
-from eventdata import T0, ingest, same_values, store_events
+from eventdata import T0, ingest, metric_chunks, same_values, store_events
 
 pytestmark = pytest.mark.postgres
 
@@ -347,27 +347,17 @@ def test_a_long_merge_probes_the_growing_tables_by_index(pg_url: str, monkeypatc
     probe of each write batch's keys must stay an index lookup as the tables grow in it: planned as if they were
     small (a staging table emptied by DELETE looked 20x its size), it hashed the keys and scanned the whole table
     per batch: quadratic."""
-    import numpy as np
-    import pyarrow as pa
-
     import drainpipe.pipeline.store as store_module
-    from drainpipe.inputs import EVENT_SCHEMA
 
     monkeypatch.setattr(store_module, "_WRITE_ROWS", 30_000)
     definitions = DEFAULT_DEFINITIONS
-    metrics = {d.name for d in definitions.metrics}
     plans: list[str] = []
 
     with open_store(pg_url) as store:
 
         def chunks():
             for k in range(15):
-                i = np.arange(k * 3_000, (k + 1) * 3_000)
-                batch = pa.table({"ts": T0 + (i % 2) * 60_000, "service": ["api"] * len(i), "instance": [""] * len(i),
-                                  "endpoint": [f"/u/{j}" for j in i], "latency_ms": (i % 900) + 0.5,
-                                  "status": np.ones(len(i), bool), "db_statement": pa.nulls(len(i), pa.string())},
-                                 schema=EVENT_SCHEMA)  # fmt: skip
-                yield from (p for p in aggregate_batch(batch, definitions) if p.name in metrics)
+                yield from metric_chunks(k * 3_000, 3_000, 2, definitions)
                 if k == 14:  # inside the transaction, with the last batch's keys staged
                     rows = store._fetchall(  # type: ignore[attr-defined]
                         "EXPLAIN SELECT * FROM metric_state t WHERE " + store_module._STAGED
