@@ -63,6 +63,14 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         assert tuned._con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
 
 
+def test_the_dead_letter_beside_a_store_ignores_its_options() -> None:
+    from drainpipe.inputs import default_dead_letter
+
+    assert default_dead_letter("duckdb:///data/m.duckdb?memory_limit=1.5GB") == "data/m.rejected.jsonl"
+    assert default_dead_letter("duckdb:///data/m.duckdb") == "data/m.rejected.jsonl"
+    assert default_dead_letter("duckdb:///:memory:?threads=1") == "drainpipe.rejected.jsonl"
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
