@@ -27,6 +27,7 @@ from drainpipe.pipeline.functions import (
     iso_from_ms,
     merge,
     ms_from_iso,
+    normalize,
     partial_type,
     piece_of,
     rollup,
@@ -449,6 +450,25 @@ def test_merge_is_associative_and_commutative(groups: list[list[tuple[Any, ...]]
         assert close_rows(expected, _all_rows([shuffled]), FLOAT_METRICS)
         if a.name not in FLOAT_METRICS:
             assert expected == _all_rows([right]) == _all_rows([shuffled])  # exact for integer states
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.lists(event_strategy, max_size=25), min_size=2, max_size=3))
+def test_every_partial_is_normal_so_merging_one_returns_it(groups: list[list[tuple[Any, ...]]]) -> None:
+    """merge([p]) returns p unhashed, which is only right if every partial made here already has unique keys (top-N:
+    sorted, n per key): aggregate_batch, merge and rollup outputs are fixed points of normalize. Rows gathered from
+    several partials are not, and normalize combines them like merge does."""
+    parts = [aggregate_batch(batch(g), SMALL_TOPN) for g in groups]
+    for same in zip(*parts):
+        merged = merge(same)
+        made = [*same, merged] + [rollup(p, "hour") for p in (*same, merged) if isinstance(p, MetricPartial)]
+        for p in made:
+            assert merge([p]) is p
+            again = normalize(p)
+            assert again.table.num_rows == p.table.num_rows
+            assert sorted(finalize(again)) == sorted(finalize(p))
+        gathered = same[0]._with(pa.concat_tables([p.table for p in same]), merged.sources)
+        assert sorted(finalize(normalize(gathered))) == sorted(finalize(merged))
 
 
 @settings(max_examples=40, deadline=None)

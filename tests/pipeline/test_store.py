@@ -61,6 +61,9 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with open_store("duckdb:///opts.duckdb?memory_limit=300MB&threads=1") as tuned:  # DuckDB's own options
         assert isinstance(tuned, DuckDBStore) and tuned.path == "opts.duckdb"
         assert tuned._con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
+        assert tuned._con.sql("SELECT current_setting('preserve_insertion_order')").fetchall() == [(False,)]
+    with open_store("duckdb:///opts.duckdb?preserve_insertion_order=true") as ordered:  # the URL overrides a default
+        assert ordered._con.sql("SELECT current_setting('preserve_insertion_order')").fetchall() == [(True,)]
 
 
 def test_the_dead_letter_beside_a_store_ignores_its_options() -> None:

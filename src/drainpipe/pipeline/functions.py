@@ -74,6 +74,7 @@ __all__ = [
     "partial_type",
     "aggregate_batch",
     "merge",
+    "normalize",
     "rollup",
     "MetricAccumulator",
     "finalize",
@@ -717,15 +718,16 @@ def fold_entities(partial: P, fold: np.ndarray, into: str) -> P:
     table = partial.table
     index = table.schema.get_field_index("entity")
     entity = pc.if_else(pa.array(fold), pa.scalar(into), table.column("entity"))
-    return merge([partial._with(table.set_column(index, table.schema.field(index), entity), partial.sources)])
+    return normalize(partial._with(table.set_column(index, table.schema.field(index), entity), partial.sources))
 
 
 def merge(partials: Iterable[P]) -> P:
     """Merge partials of one exact type (and granularity) into one partial with unique keys.
 
     Associative and commutative (exactly so for integer states and min/max; float sums up to the last
-    ulp); ``sources`` are united. Row order is unspecified except for top-N (sorted, best first).
-    Raises ``ValueError`` for an empty input or mixed types or granularities.
+    ulp); ``sources`` are united. Row order is unspecified except for top-N (sorted, best first). One partial
+    is returned as it is: a partial has unique keys (see :class:`Partial`; :func:`normalize` makes rows gathered
+    from elsewhere into one). Raises ``ValueError`` for an empty input or mixed types or granularities.
     """
     parts = list(partials)
     if not parts:
@@ -737,14 +739,22 @@ def merge(partials: Iterable[P]) -> P:
             raise ValueError(f"cannot merge {type(part).__name__} into {cls.__name__}")
         if isinstance(first, MetricPartial) and part.granularity != first.granularity:  # type: ignore[attr-defined]
             raise ValueError(f"cannot merge {part.granularity} states into {first.granularity} states")  # type: ignore[attr-defined]
-    table = pa.concat_tables([p.table for p in parts]).combine_chunks()
-    sources = frozenset().union(*(p.sources for p in parts))
-    definition = first.definition
+    if len(parts) == 1:  # already unique keys: hashing them again would only cost (a store merges single flushes)
+        return first
+    table = pa.concat_tables([p.table for p in parts])
+    return normalize(first._with(table, frozenset().union(*(p.sources for p in parts))))
+
+
+def normalize(partial: P) -> P:
+    """``partial`` with the rows of equal keys combined (a top-N's sorted and cut to n per key): the form every
+    partial has. For tables that were built from rows that may repeat a key (re-bucketed, renamed, gathered)."""
+    table = partial.table.combine_chunks()
+    definition = partial.definition
     if isinstance(definition, MetricDef):
-        table = _merge_states(table, definition, first.key_columns)
+        table = _merge_states(table, definition, partial.key_columns)
     else:
         table = _keep_top(table.cast(_TOPN_STATE_SCHEMA), definition.n)
-    return first._with(table, sources)
+    return partial._with(table, partial.sources)
 
 
 def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
@@ -757,7 +767,7 @@ def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
     table = partial.table
     bucket = table.column("bucket").to_numpy()
     table = table.set_column(table.schema.get_field_index("bucket"), "bucket", pa.array(bucket - bucket % width))
-    return merge([type(partial)(table, granularity, partial.sources)])
+    return normalize(type(partial)(table, granularity, partial.sources))
 
 
 class MetricAccumulator:

@@ -28,6 +28,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from ..inputs import (
     Part,
     ReadStats,
@@ -75,6 +77,13 @@ def _init_worker(definitions: Definitions, parent: int) -> None:
     _definitions = definitions
     use_serial_json_reader()  # the pool is the parallelism
     die_with(parent)
+    warm_up()
+
+
+def warm_up() -> None:
+    """Do now, while the parent plans the first parts, the one-time work a worker would otherwise do inside its first
+    part: pyarrow imports its pandas shim (~0.2 s) the first time a Python value becomes an Arrow scalar or array."""
+    pa.scalar(0, pa.int64())
 
 
 def die_with(parent: int) -> None:
@@ -138,9 +147,9 @@ def mp_context() -> Any:
 
 
 def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> ProcessPoolExecutor:
-    """``workers`` processes (:func:`mp_context`), every one started before this returns (so start-up overlaps the
-    caller's setup). ``initializer``
-    should call :func:`die_with` so that no worker outlives this process."""
+    """``workers`` processes (:func:`mp_context`), every one started (forked or spawned) before this returns, without
+    waiting for their ``initializer``, so that it runs during the caller's setup. ``initializer`` should call
+    :func:`die_with` so that no worker outlives this process."""
     context = mp_context()
     if context.get_start_method() == "fork":
         # garbage left in this process would otherwise be collected in the children, where a native object's
@@ -152,8 +161,11 @@ def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple
         initializer=initializer,
         initargs=initargs,
     )
-    for f in [pool.submit(os.getpid) for _ in range(workers)]:
-        f.result()
+    # the first submit forks every worker; a spawning pool starts one per submit while none is idle. Not waiting for
+    # them lets their initializers run while the caller goes on (one that fails breaks the pool: the first result
+    # raises BrokenProcessPool)
+    for _ in range(workers):
+        pool.submit(os.getpid)
     return pool
 
 

@@ -799,6 +799,12 @@ def _filters(equal: list[tuple[str, Any]], start: Any, end: Any) -> tuple[str, l
     return " WHERE " + " AND ".join(sql for sql, _ in clauses), [value for _, value in clauses]
 
 
+#: DuckDB options a store sets unless its URL says otherwise. No table of a store has a meaningful row order (every
+#: read sorts), and without it DuckDB inserts a merge's rows in parallel and writes them to the file at commit
+#: instead of through the log: a 622k-row merge and close took 0.56 s instead of 0.86 s.
+_DUCKDB_DEFAULTS = {"preserve_insertion_order": "false"}
+
+
 class DuckDBStore(SqlStore):
     """A store in an embedded DuckDB database file (or ``:memory:``)."""
 
@@ -811,7 +817,7 @@ class DuckDBStore(SqlStore):
         self.path = path
         self._duckdb = duckdb
         try:
-            self._con = duckdb.connect(path, config=dict(config or {}))
+            self._con = duckdb.connect(path, config={**_DUCKDB_DEFAULTS, **(config or {})})
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
         self._staged: dict[str, pa.Table] = {}

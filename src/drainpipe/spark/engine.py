@@ -46,7 +46,14 @@ from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import GRANULARITY_MS, PERCENTILE_LABELS, STATE_COLUMNS, MetricPartial, Partial, merge
+from drainpipe.pipeline.functions import (
+    GRANULARITY_MS,
+    PERCENTILE_LABELS,
+    STATE_COLUMNS,
+    MetricPartial,
+    Partial,
+    normalize,
+)
 from drainpipe.pipeline.progress import InputFile, resolve
 from drainpipe.pipeline.store import Store
 
@@ -396,7 +403,7 @@ def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table 
             assert isinstance(definition, TopNDef)
             rows = select_rows(topn, TOPN, index) if topn is not None else None
             out.append(
-                merge([topn_partial(definition, rows)])
+                normalize(topn_partial(definition, rows))
                 if rows is not None and rows.num_rows
                 else empty_like(definition)
             )

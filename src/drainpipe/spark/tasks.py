@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.pipeline.definitions import Definitions, TopNDef
-from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, merge
+from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, normalize
 
 from .rows import (
     EVENT,
@@ -233,7 +233,7 @@ def merge_topn(definitions: Definitions) -> ArrowMapFn:
             if isinstance(definition, TopNDef):
                 rows = select_rows(table, TOPN, index)
                 if rows.num_rows:
-                    yield partial_rows(index, merge([topn_partial(definition, rows)]))
+                    yield partial_rows(index, normalize(topn_partial(definition, rows)))
 
     return run
 
