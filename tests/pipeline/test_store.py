@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -293,6 +294,46 @@ def test_stored_rollups_equal_computing_from_raw(loaded: Store, granularity: str
     assert stored.keys() == expected.keys()
     for key, value in expected.items():
         assert math.isclose(stored[key], value, rel_tol=1e-12), key
+
+
+def test_writes_in_time_order_that_touch_at_an_edge_merge_like_one(store: Store) -> None:
+    """Writes of successive time ranges: the store looks keys up only when it holds rows in the new range (DuckDB
+    probes the range first). Each slice starts in the minute the previous one ended in (a shared minute key), and
+    the top-N's 10-minute keys and the hour and day keys are shared too; the result equals one write of all."""
+    ts = EVENTS.column("ts").to_numpy()
+    ordered = EVENTS.take(pa.array(ts.argsort(kind="stable")))
+    edges = [0, 700, 1500, 2300, ordered.num_rows]
+    for i, (a, b) in enumerate(zip(edges, edges[1:])):
+        ingest(store, ordered.slice(a, b - a), f"slice-{i}")
+    whole = open_store("duckdb:///:memory:")
+    ingest(whole, ordered, "all")
+    assert same_values(store.query(), whole.query())
+    assert store.query_topn("top_slow_statements") == whole.query_topn("top_slow_statements")
+    whole.close()
+
+
+def test_a_write_whose_range_only_touches_the_stored_range_merges_the_shared_key(store: Store) -> None:
+    """Minute states alone (rollup=False), so the stored rows and a new write share nothing but the edge minute: the
+    new range begins (then ends) exactly at a stored bucket, and that key is merged, not stored twice."""
+    n = EVENTS.num_rows
+    ts = T0 - 4 * 60_000 + np.arange(n) * (14 * 60_000 // n)  # minutes -4 .. 9 of T0, ~200 events each
+    events = EVENTS.set_column(0, "ts", pa.array(ts, pa.int64()))
+    minute = (ts - T0) // 60_000
+
+    def rows(lo: int, hi: int) -> pa.RecordBatch:
+        return events.filter(pa.array((minute >= lo) & (minute <= hi)))
+
+    def write(target: Store, events: pa.RecordBatch, source: str) -> None:
+        target.merge(aggregate_batch(events, DEFAULT_DEFINITIONS, source=source), rollup=False)
+
+    middle, later, earlier = rows(0, 5), rows(5, 9), rows(-4, 0)
+    for events, source in ((middle, "m"), (later, "l"), (earlier, "e")):  # l starts at m's end, e ends at m's start
+        write(store, events, source)
+    whole = open_store("duckdb:///:memory:")
+    write(whole, pa.Table.from_batches([middle, later, earlier]).combine_chunks().to_batches()[0], "all")
+    assert same_values(store.query(), whole.query())
+    assert {r[3] for r in store.query(granularity="minute")} >= {"2026-11-21T10:00:00Z", "2026-11-21T10:05:00Z"}
+    whole.close()
 
 
 # ------------------------------------------------------------------------------------------ queries

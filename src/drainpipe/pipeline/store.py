@@ -596,42 +596,53 @@ class SqlStore:
         distinct = keys.group_by(list(_KEY_COLUMNS), use_threads=False).aggregate([]).select(list(_KEY_COLUMNS))
         self._stage("stage_keys", distinct)
 
+    def _in_range(self, table: str, name_column: str, names: Iterable[str], new_rows: pa.Table) -> bool:
+        """Whether ``table`` holds any row of ``names`` within the time buckets that ``new_rows`` span. When it holds
+        none, no new key can be stored yet, and staging the keys to look them up is skipped: a run into a new store,
+        or over the next hour of input (minute keys of new time), writes without a join."""
+        lo, hi = pc.min_max(new_rows.column("time_bucket")).values()
+        names = sorted(set(names))
+        found = self._fetchall(
+            f"SELECT 1 FROM {table} WHERE time_bucket BETWEEN ? AND ? "
+            f"AND {name_column} IN ({', '.join('?' * len(names))}) LIMIT 1",
+            (lo.as_py(), hi.as_py(), *names),
+        )
+        return bool(found)
+
     def _merge_metrics(self, parts: list[MetricPartial]) -> None:
         """Merge stored states into the new ones for every key of ``parts``; replace their state and value rows."""
-        new_states = [_with_key(to_state_table(p), p.name, p.granularity) for p in parts]
-        self._stage_keys(pa.concat_tables(new_states))
-        stored = self._fetch_arrow(f"SELECT {', '.join(_STATE_COLUMNS)} FROM metric_state t WHERE {_STAGED}")
-        combined = [
-            merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
-            for part, found in zip(parts, _split(stored, "metric", [(p.name, p.granularity) for p in parts]))
-        ]
-        if stored.num_rows:  # a key has value rows only with state rows: if none is stored, there is none to delete
-            self._execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
-            self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
-        self._insert_arrow(
-            "metric_state",
-            pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined).select(
-                list(_STATE_COLUMNS)
-            ),
-        )
+        new_states = pa.concat_tables(_with_key(to_state_table(p), p.name, p.granularity) for p in parts)
+        combined = parts
+        if self._in_range("metric_state", "metric", (p.name for p in parts), new_states):
+            self._stage_keys(new_states)
+            stored = self._fetch_arrow(f"SELECT {', '.join(_STATE_COLUMNS)} FROM metric_state t WHERE {_STAGED}")
+            combined = [
+                merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
+                for part, found in zip(parts, _split(stored, "metric", [(p.name, p.granularity) for p in parts]))
+            ]
+            if stored.num_rows:  # a key has value rows only with state rows: none stored, none to delete
+                self._execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
+                self._execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
+                new_states = pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined)
+        self._insert_arrow("metric_state", new_states.select(list(_STATE_COLUMNS)))
         self._insert_arrow(
             "metric_values", pa.concat_tables(finalize_table(c) for c in combined).select(list(VALUE_COLUMNS))
         )
 
     def _merge_topns(self, parts: list[TopNPartial]) -> None:
         """Merge stored top-N rows into the new ones for every key of ``parts``; replace their rows."""
-        new_rows = [to_topn_table(p) for p in parts]
-        self._stage_keys(pa.concat_tables(_with_key(r, p.name, _TOPN_GRANULARITY) for p, r in zip(parts, new_rows)))
-        stored = self._fetch_arrow(f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values t WHERE {_STAGED_TOPN}")
-        combined = [
-            merge([part, from_topn_table(part.definition, found)]) if found.num_rows else part
-            for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
-        ]
-        if stored.num_rows:
-            self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
-        self._insert_arrow(
-            "topn_values", pa.concat_tables(to_topn_table(c) for c in combined).select(list(TOPN_COLUMNS))
-        )
+        new_rows = pa.concat_tables(_with_key(to_topn_table(p), p.name, _TOPN_GRANULARITY) for p in parts)
+        if self._in_range("topn_values", "name", (p.name for p in parts), new_rows):
+            self._stage_keys(new_rows)
+            stored = self._fetch_arrow(f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values t WHERE {_STAGED_TOPN}")
+            if stored.num_rows:
+                combined = [
+                    merge([part, from_topn_table(part.definition, found)]) if found.num_rows else part
+                    for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
+                ]
+                self._execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
+                new_rows = pa.concat_tables(to_topn_table(c) for c in combined)
+        self._insert_arrow("topn_values", new_rows.select(list(TOPN_COLUMNS)))
 
     # ----------------------------------------------------------------------------- reads
 
