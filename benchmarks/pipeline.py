@@ -15,15 +15,12 @@ Contenders (the same work: the 16 default metrics of docs/pipeline.md at minute,
   over the bins (window), apdex, sla, cpm, avg, error count, and the top-N by ``row_number()`` window; results
   written into DuckDB tables. DuckDB uses both cores. JSONL is parsed once into a temporary table first (cheaper
   than parsing it twice); Parquet is scanned directly. The vectorised ceiling.
-* ``drainpipe*`` (Parquet only, a what-if, not a contender): the local engine with ``Store.is_applied`` answered
-  without touching the store (on a fresh store the answer is always False), to measure the cost of the per-batch
-  idempotency check, which waits for the store lock while the persist thread merges.
 
 Every timed run is a fresh process. ``drainpipe`` and ``sql`` are timed as the user waits for them: the command
 ``drainpipe run --input FILE --store duckdb:///...`` and a Python process running the SQL, from start to exit
 (start-up included; the same commands on 1,000 events are timed apart and reported as "start"), CPU of every
-process they start, peak memory of the process tree (sum of PSS). The loop (and the what-if) run in a worker
-process, their clock starting after imports. Contenders are interleaved across ``--runs`` runs (the order rotates
+process they start, peak memory of the process tree (sum of PSS). The loop runs in a worker process, its clock
+starting after imports. Contenders are interleaved across ``--runs`` runs (the order rotates
 each run, since the machine is shared and noisy); the table shows medians and the min..max spread, and CPU
 microseconds per event (all processes), which a busy machine disturbs less than wall time. Ratios are given on the
 medians and, less exposed to the load changing between runs, as the median of the ratios within each run. Targets:
@@ -245,15 +242,10 @@ class MemorySampler:
 # -------------------------------------------------------------------------------------------------- contenders
 
 
-def run_drainpipe(
-    path: Path, db: Path, *, bypass_is_applied: bool = False, trace: list | None = None, expected: int | None = None
-) -> dict[str, Any]:
+def run_drainpipe(path: Path, db: Path, *, trace: list | None = None, expected: int | None = None) -> dict[str, Any]:
     from drainpipe.pipeline.definitions import default_definitions
     from drainpipe.pipeline.run import run_local
-    from drainpipe.pipeline.store import SqlStore
 
-    if bypass_is_applied:  # what-if: the per-batch idempotency check answered without the store (fresh store)
-        SqlStore.is_applied = lambda self, source, names=None: False  # type: ignore[method-assign]
     step = max(1, (expected or 0) // 40)
     mark = [0]
 
@@ -505,23 +497,13 @@ def sql_statements(path: Path) -> list[str]:
     return statements
 
 
-def run_sql(path: Path, db: Path) -> dict[str, Any]:
-    import duckdb
-
-    con = duckdb.connect(str(db))
-    for statement in sql_statements(path):
-        con.execute(statement)
-    count = con.execute("SELECT sum(n) FROM states WHERE scope = 'service' AND granularity = 'day'").fetchone()[0]
-    con.close()
-    return {"events": int(count)}
-
-
+#: the contenders that run in a worker process of this script (``sql`` runs only as its command, :func:`run_cli`)
 CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "drainpipe": run_drainpipe,
-    "drainpipe*": lambda path, db: run_drainpipe(path, db, bypass_is_applied=True),
     "loop": run_loop,
-    "sql": run_sql,
 }
+#: the table's rows, in order
+NAMES = ("drainpipe", "loop", "sql")
 
 # -------------------------------------------------------------------------------------------------- workers
 
@@ -620,8 +602,8 @@ def cli_command(name: str, path: Path, db: Path) -> list[str]:
 
 def run_cli(name: str, path: Path, db: Path) -> dict[str, Any]:
     """One contender as a command, timed from outside as the user waits: wall time from start to exit (start-up
-    included), CPU of the process and every process it started and reaped, peak memory of the process tree (sum
-    of PSS, sampled every 0.25 s by a forked child of this process)."""
+    included), CPU of the process and every process it started and reaped (and of the sampler: a few ms), peak
+    memory of the process tree (sum of PSS, sampled every 0.25 s by a forked child of this process)."""
     cmd = cli_command(name, path, db)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -731,9 +713,9 @@ def verify(data_dir: Path, work: Path, events: int) -> dict[str, Any]:
                 raise SystemExit(f"verification: unexpected drainpipe output: {metrics}")
         else:
             _check(report, f"drainpipe {fmt}", reference_values, reference_topn, values, topn)
-        for name in ("loop", "sql"):
+        for name in ("loop", "sql"):  # the SQL as the very command that is timed
             db = fresh_db(work, f"verify-{name}-{fmt}")
-            CONTENDERS[name](path, db)
+            run_cli(name, path, db) if name == "sql" else CONTENDERS[name](path, db)
             values, topn = _rows_of(db)
             _check(report, f"{name} {fmt}", reference_values, reference_topn, values, topn)
         # the timed runs read large files in worker processes: check that path too (small blocks, several tasks)
@@ -1011,7 +993,7 @@ def paired_ratios(raw: dict[str, list[dict]], runs: int) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for fmt in FORMATS:
         base = raw.get(f"drainpipe/{fmt}", [])
-        for name in CONTENDERS:
+        for name in NAMES:
             other = raw.get(f"{name}/{fmt}", [])
             if name == "drainpipe" or not base or len(other) != len(base):
                 continue
@@ -1041,7 +1023,7 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
     ratios: dict[str, Any] = {}
     for fmt in FORMATS:
         dp = results.get(f"drainpipe/{fmt}")
-        for name in CONTENDERS:
+        for name in NAMES:
             r = results.get(f"{name}/{fmt}")
             if r is None:
                 continue
@@ -1053,7 +1035,7 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
                 rel = f"{x:.2f}x; {y:.2f}x"
                 ratios[f"drainpipe/{name} {fmt}"] = x
                 ratios[f"drainpipe/{name} {fmt} (CPU per event)"] = y
-            label = name + (" (1)" if name == "loop" else " (2)" if name == "drainpipe*" else "")
+            label = name + (" (1)" if name == "loop" else "")
             start = f"{r['startup_s_median']:.2f}" if "startup_s_median" in r else "-"
             print(
                 f"{label:<14} {fmt:<8} {r['events']:>10,} {fmt_eps(r['eps_median']):>9} "
@@ -1071,19 +1053,14 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
         "than wall time); cores = CPU s / wall s."
     )
     print(
-        "peak mem = peak memory of the contender's process and its worker processes together (the larger of the "
-        "sampled sum of their PSS and the main process's peak RSS)."
+        "peak mem = peak memory of the contender's process and its worker processes together (the sampled sum of "
+        "their PSS; for the loop, at least its peak RSS)."
     )
     print(
         "vs drainpipe: how many times drainpipe's events/s (wall), and how many times drainpipe's CPU per event "
         "the contender spends; > 1 favours drainpipe."
     )
     print(f"(1) the loop runs on {args.loop_events:,} events (it is slow); compared as events/s.")
-    if "drainpipe*/parquet" in results:
-        print(
-            "(2) what-if, not a contender: drainpipe with Store.is_applied answered without the store "
-            "(fresh store: False)."
-        )
     checks: dict[str, tuple[bool, str, str]] = {}  # name -> (pass, value, paired ratio)
 
     def spread(key: str, invert: bool = False) -> str:
@@ -1119,8 +1096,6 @@ def print_table(results: dict[str, dict], paired: dict[str, dict], args: argpars
     print("Targets (on the medians; in brackets the ratio within each run, median and min..max)")
     for name, (ok, value, extra) in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name:<36} {value:<18}{extra}")
-    if "drainpipe/drainpipe* parquet" in paired:
-        print(f"  what-if (2): drainpipe* events/s over drainpipe's{spread('drainpipe/drainpipe* parquet', True)}")
     return {
         "ratios": ratios,
         "paired_ratios": paired,
@@ -1205,7 +1180,6 @@ def main() -> None:
         help="comma-separated event counts for the peak-memory runs (default 1000000,10000000; '' to skip)",
     )
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--no-whatif", action="store_true", help="skip the drainpipe* what-if contender")
     ap.add_argument("--quick", action="store_true", help="small smoke run (JSON goes to a temp dir)")
     ap.add_argument(
         "--data-dir", default=os.environ.get("DRAINPIPE_BENCH_DATA", str(Path.home() / ".cache" / "drainpipe-bench"))
@@ -1237,7 +1211,7 @@ def main() -> None:
     partial = formats != FORMATS
     FORMATS = formats
     if "parquet" not in FORMATS:
-        args.memory_events, args.no_profile, args.no_whatif = "", True, True
+        args.memory_events, args.no_profile = "", True
     if args.quick:
         args.events, args.runs, args.loop_events = 200_000, 1, 100_000
         args.verify_events = 10_000
@@ -1279,8 +1253,6 @@ def main() -> None:
             raise SystemExit("verification failed: the contenders do not compute the same thing")
 
         plan = [(name, fmt) for name in ("drainpipe", "sql", "loop") for fmt in FORMATS]
-        if not args.no_whatif:
-            plan.append(("drainpipe*", "parquet"))
         raw: dict[str, list[dict]] = collections.defaultdict(list)
         for run in range(args.runs):
             order = plan[run % len(plan) :] + plan[: run % len(plan)]
