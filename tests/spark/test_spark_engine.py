@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,106 @@ def test_check_java_reports_a_missing_java_in_one_line(monkeypatch: pytest.Monke
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk8"))
     with pytest.raises(SparkSetupError, match="too old"):
         check_java()
+
+
+def test_spark_guard_keeps_the_first_entities_by_name_and_folds_the_rest(spark, tmp_path: Path) -> None:
+    """Per scope and minute at most max_entities entities (the first by name) plus __overflow__, which holds the
+    states of the rest: counts, histograms and min/max totals unchanged; the folds counted in the summary. Both
+    the streamed store write and the collected merge apply it."""
+    import json
+    from collections import Counter, defaultdict
+
+    from drainpipe.inputs import plan_parts
+    from drainpipe.pipeline.cardinality import OVERFLOW
+    from drainpipe.pipeline.run import RunSummary
+    from drainpipe.pipeline.store import open_store
+    from drainpipe.spark.engine import aggregate_splits
+    from drainpipe.spark.splits import plan_splits
+
+    base = 1_790_000_000_000 // 600_000 * 600_000
+    path = tmp_path / "ids.jsonl"
+    events = []
+    for minute in range(3):
+        for i in range(300 + 100 * minute):  # 300, 400, 500 distinct endpoints (each a user id) per minute
+            events.append({"ts": base + minute * 60_000 + i, "service": "api", "endpoint": f"/u/{i:04d}",
+                           "latency_ms": float(i % 97), "status": i % 7 != 0,
+                           "db_statement": f"select {i}" if i % 3 == 0 else None})  # fmt: skip
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    limit = 120
+    definitions = Definitions(
+        (
+            MetricDef("endpoint_cpm", "endpoint", "cpm"),
+            MetricDef("service_cpm", "service", "cpm"),
+            MetricDef("endpoint_max", "endpoint", "max", field="latency_ms"),
+            MetricDef("endpoint_p", "endpoint", "percentile", precision_ms=10.0),
+        ),
+        (TopNDef("top_statements", "endpoint", "db_statement", 2),),
+        max_entities=limit,
+    )
+    url = f"duckdb:///{tmp_path / 's.duckdb'}"
+    summary = run_batch([str(path)], definitions=definitions, store_url=url, spark=spark,
+                        dead_letter=str(tmp_path / "d.jsonl"))  # fmt: skip
+    assert summary["accepted"] == len(events)
+    store = open_store(url)
+    try:
+        rows = {m: store.query(metric=m, granularity="minute") for m in ("endpoint_cpm", "service_cpm", "endpoint_max")}
+        top = store.query_topn("top_statements")
+    finally:
+        store.close()
+    kept: dict[int, set[str]] = defaultdict(set)
+    for _m, entity, _g, bucket, _l, _v in rows["endpoint_cpm"]:
+        kept[bucket].add(entity)
+    for minute in range(3):  # the first `limit` names of the minute, and __overflow__ for the rest
+        names = sorted(f"api//u/{i:04d}" for i in range(300 + 100 * minute))
+        assert {e for e in kept[_iso(base + minute * 60_000)] if e != OVERFLOW} == set(names[:limit])
+    assert sum(v for *_, v in rows["endpoint_cpm"]) == len(events) == sum(v for *_, v in rows["service_cpm"])
+    assert max(v for *_, v in rows["endpoint_max"]) == 96.0
+    overflow = {b: v for _m, e, _g, b, _l, v in rows["endpoint_cpm"] if e == OVERFLOW}
+    assert overflow == {_iso(base): 180, _iso(base + 60_000): 280, _iso(base + 120_000): 380}
+    assert summary["overflow"]["endpoint"] == 3 * (180 + 280 + 380)  # merged rows of three metrics folded
+    assert summary["overflow"]["topn:endpoint"] > 0 and "service" not in summary["overflow"]
+    lines = RunSummary.from_totals(summary, store=url, dead_letter=None, engine="spark").lines()
+    assert any(line.startswith("too many entities") and "endpoint 2,520" in line for line in lines)
+    statements = Counter(e for _m, e, *_ in top)
+    assert len(set(statements) - {OVERFLOW}) == limit and statements[OVERFLOW] == 2
+
+    parts = list(plan_parts(str(path), 4096, workers=2))
+    collected = aggregate_splits(spark, plan_splits(parts), definitions)  # the merge collected in one piece
+    cpm = next(p for p in collected.partials if p.name == "endpoint_cpm")
+    assert cpm.table.num_rows == 3 * (limit + 1)
+    assert collected.overflow == summary["overflow"]
+
+
+def _iso(ms: int) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_spark_guard_bounds_entities_that_no_single_task_exceeds(spark, tmp_path: Path) -> None:
+    """Each task sees 100 endpoints per minute, below the limit of 150; together they are 200: the tasks' bound
+    (summed over tasks) must still bring the guard in."""
+    import json
+
+    from drainpipe.pipeline.cardinality import OVERFLOW
+    from drainpipe.pipeline.store import open_store
+
+    base = 1_790_000_000_000 // 600_000 * 600_000
+    paths = []
+    for half in range(2):
+        path = tmp_path / f"half{half}.jsonl"
+        path.write_text("".join(json.dumps({"ts": base + i, "service": "api", "endpoint": f"/{half}/{i:03d}",
+                                            "latency_ms": 1.0, "status": True}) + "\n" for i in range(100)))  # fmt: skip
+        paths.append(str(path))
+    definitions = Definitions((MetricDef("endpoint_cpm", "endpoint", "cpm"),), (), max_entities=150)
+    url = f"duckdb:///{tmp_path / 's.duckdb'}"
+    summary = run_batch(paths, definitions=definitions, store_url=url, spark=spark,
+                        dead_letter=str(tmp_path / "d.jsonl"))  # fmt: skip
+    assert summary["splits"] == 2
+    store = open_store(url)
+    try:
+        rows = store.query(metric="endpoint_cpm", granularity="minute")
+    finally:
+        store.close()
+    assert len(rows) == 151 and dict((e, v) for _m, e, _g, _b, _l, v in rows)[OVERFLOW] == 50
+    assert summary["overflow"] == {"endpoint": 50}

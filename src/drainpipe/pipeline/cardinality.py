@@ -11,7 +11,9 @@ folded are kept per scope (:attr:`EntityGuard.folded`), and the first fold of ea
 
 Memory is bounded: per scope, the admitted entities of the newest ``horizon`` buckets (an older bucket's set is
 dropped; data that late is admitted against a fresh set). The guard is per process and first come, first kept:
-which entities are kept beyond the limit depends on arrival order. The Spark engine does not apply it.
+which entities are kept beyond the limit depends on arrival order. The Spark engine applies the same limit to
+its merged minute states in Spark (the first entities by name are kept, ``drainpipe.spark.engine``) and this class
+to its merged top-Ns on the driver.
 Thread-safe: one lock around the admission of a partial's distinct keys (never per event).
 """
 

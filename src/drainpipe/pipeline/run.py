@@ -114,6 +114,7 @@ class RunSummary:
             dead_letter=dead_letter,
             store=store,
             reasons=dict(totals.get("reasons") or {}),
+            overflow=dict(totals.get("overflow") or {}),
             engine=engine,
         )
         summary.stored = summary.accepted

@@ -9,10 +9,12 @@ Stages (``per_type="map"``, the default)::
 
     spark.range(splits, one per partition, heaviest split first) --mapInArrow(scan_states)-->
         read + validate + aggregate_batch over the task's split             -> STATE_ROWS (persisted)
-    METRIC rows --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)--> driver   (action 1)
-    TOPN, REJECT, SPLIT, TASK rows -------------------------------------------------> driver   (action 2)
+    TOPN, REJECT, SPLIT, TASK rows -------------------------------------------------> driver   (action 1)
       (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are first merged in Spark:
        repartition(d, entity, bucket) --mapInArrow(merge_topn))
+    METRIC rows --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)
+        [--> the cardinality guard (a window per scope and minute), when the tasks' reports say it can fold]
+        ------------------------------------------------------------------------------> driver   (action 2)
 
 The merge across tasks uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
 :data:`~drainpipe.pipeline.functions.STATE_COLUMNS` (the shared merge operations): exact for the integer
@@ -45,6 +47,7 @@ import pyarrow.compute as pc
 from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.options import InputOptions
+from drainpipe.pipeline.cardinality import OVERFLOW, EntityGuard
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import (
     GRANULARITY_MS,
@@ -137,6 +140,9 @@ class JobResult:
     # chunk by chunk, each holding every row of its entities; call ``release`` once they have been consumed
     metric_chunks: Callable[[], Iterator[Partial]] | None = None
     release: Callable[[], None] | None = None
+    # per scope: state rows folded into __overflow__ by the cardinality guard (metric counts grow as the
+    # metric_chunks are consumed)
+    overflow: Counter[str] = field(default_factory=Counter)
 
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
@@ -173,9 +179,12 @@ def _splits_frame(spark: SparkSession, count: int) -> DataFrame:
     return spark.range(0, count, 1, numPartitions=max(1, count))
 
 
-def _metric_merge(states: DataFrame, definitions: Definitions) -> DataFrame:
-    """Merge METRIC rows across tasks with Spark aggregates: per state column, the shared merge operation
-    (``StateColumn.merge``) of the definitions that use it."""
+_STATE_KEY = ("d", "entity", "bucket", "b")
+
+
+def _merge_aggregates(definitions: Definitions) -> list[Any]:
+    """Per state column, the shared merge operation (``StateColumn.merge``) of the definitions that use it, as
+    Spark aggregates over rows keyed by :data:`_STATE_KEY`."""
     from pyspark.sql import functions as F
 
     ops: dict[str, dict[str, list[int]]] = {}
@@ -187,7 +196,57 @@ def _metric_merge(states: DataFrame, definitions: Definitions) -> DataFrame:
     for name, by_op in ops.items():
         parts = [getattr(F, op)(F.when(F.col("d").isin(ids), F.col(name))) for op, ids in by_op.items()]
         aggregates.append((parts[0] if len(parts) == 1 else F.coalesce(*parts)).alias(name))
-    return states.filter(F.col("kind") == METRIC).groupBy("d", "entity", "bucket", "b").agg(*aggregates)
+    return aggregates
+
+
+def _metric_merge(states: DataFrame, definitions: Definitions, guard: bool = True) -> DataFrame:
+    """Merge METRIC rows across tasks with Spark aggregates (:func:`_merge_aggregates`), then hold them to the
+    cardinality guard (:func:`_guard_entities`) if ``guard`` (False when no bucket can exceed ``max_entities``:
+    the guard's window costs a shuffle of every merged row)."""
+    from pyspark.sql import functions as F
+
+    aggregates = _merge_aggregates(definitions)
+    merged = states.filter(F.col("kind") == METRIC).groupBy(*_STATE_KEY).agg(*aggregates)
+    if not guard:
+        return merged.withColumn("folded", F.lit(0).cast("long"))
+    return _guard_entities(merged, definitions, aggregates)
+
+
+def _guard_entities(merged: DataFrame, definitions: Definitions, aggregates: list[Any]) -> DataFrame:
+    """The cardinality guard on merged minute states: per definition scope and minute, the first ``max_entities``
+    entities in name order are kept (an input entity named ``__overflow__`` is never one of them); the states of
+    the others are merged into the entity ``__overflow__`` of that scope and minute, so no total changes. Adds the
+    column ``folded``: on an ``__overflow__`` row, how many merged state rows were folded into it (else 0).
+
+    The local engine keeps the first entities to arrive (:class:`~drainpipe.pipeline.cardinality.EntityGuard`);
+    a Spark job has no arrival order, so it keeps the first by name, the same on every run and cluster size. Below
+    the limit both keep every entity, and results are identical."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    scopes: list[Any] = []
+    for index, definition in enumerate(definitions.all):
+        if isinstance(definition, MetricDef):
+            scopes += [F.lit(index), F.lit(definition.scope)]
+    overflow = F.col("entity") == OVERFLOW
+    by_name = Window.partitionBy(F.create_map(*scopes)[F.col("d")], "bucket").orderBy(overflow, "entity")
+    ranked = merged.withColumn("_fold", (F.dense_rank().over(by_name) > definitions.max_entities) & ~overflow)
+    kept = ranked.filter(~(F.col("_fold") | overflow)).drop("_fold").withColumn("folded", F.lit(0).cast("long"))
+    into = (
+        ranked.filter(F.col("_fold") | overflow)
+        .withColumn("entity", F.lit(OVERFLOW))
+        .groupBy(*_STATE_KEY)
+        .agg(*aggregates, F.sum(F.col("_fold").cast("long")).alias("folded"))
+    )
+    return kept.unionByName(into)
+
+
+def _folded(table: pa.Table, definitions: Definitions, into: Counter[str]) -> None:
+    """Add the ``folded`` counts of merged metric rows to ``into``, per scope (the local engine's keys)."""
+    counts = table.filter(pc.greater(table.column("folded"), 0))
+    for d, n in zip(counts.column("d").to_pylist(), counts.column("folded").to_pylist()):
+        definition = definitions.all[d]
+        into[definition.scope] += n
 
 
 _INPUT_ERROR = re.compile(r"(?:drainpipe\.errors\.)?InputError: (.+)")
@@ -294,8 +353,10 @@ def _merge_states(
 ) -> JobResult:
     """Merge the STATE_ROWS of ``tasks`` tasks across tasks and collect them with the bookkeeping rows.
 
-    With metrics, two actions over the persisted states: the metric merge (which materialises them), then
-    the top-N and bookkeeping rows. Without, one action and nothing persisted."""
+    With metrics, two actions over the persisted states: the top-N and bookkeeping rows (which materialises them;
+    the tasks' reports say whether the cardinality guard can fold anything, :func:`_entity_bound`), then the metric
+    merge (collected, or handed out in chunks with ``options.stream_metrics``). Without, one action and nothing
+    persisted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -303,13 +364,8 @@ def _merge_states(
     if definitions.metrics:
         states = states.persist(StorageLevel.MEMORY_AND_DISK)
     stream = options.stream_metrics and bool(definitions.metrics)
+    merged = None
     try:
-        if stream:
-            merged = None
-        else:
-            merged = _collect(_metric_merge(states, definitions)) if definitions.metrics else None
-        stage_s["aggregate+merge"] = time.perf_counter() - clock
-        clock = time.perf_counter()
         rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
         if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
             topn_rows = states.filter(F.col("kind") == TOPN).repartition(
@@ -319,22 +375,30 @@ def _merge_states(
                 states.filter(F.col("kind") >= REJECT)
             )
         collected = _collect(rest)
-        stage_s["topn+bookkeeping"] = time.perf_counter() - clock
+        meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
+        guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
+        stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
+        if definitions.metrics and not stream:
+            clock = time.perf_counter()
+            merged = _collect(_metric_merge(states, definitions, guard))
+            stage_s["metric merge"] = time.perf_counter() - clock
     except BaseException:
         if definitions.metrics:
             states.unpersist()
         raise
     if definitions.metrics and not stream:
         states.unpersist()
-    meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
-    partials = _partials(definitions, merged, collected if definitions.topns else None)
+    overflow: Counter[str] = Counter()
+    if merged is not None:
+        _folded(merged, definitions, overflow)
+    partials = _partials(definitions, merged, collected if definitions.topns else None, overflow)
     stats, rejects, ends = _read_report(splits, meta)
-    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends)
+    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends, overflow=overflow)
     if stream:
         result.partials = [p for p in partials if not isinstance(p, MetricPartial)]
-        frame = _metric_merge(states, definitions).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
+        frame = _metric_merge(states, definitions, guard).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
             spark, options)), "entity")  # fmt: skip
-        result.metric_chunks = lambda: _metric_chunks(frame, definitions)
+        result.metric_chunks = lambda: _metric_chunks(frame, definitions, overflow)
         persisted = states
 
         def release() -> None:
@@ -344,15 +408,24 @@ def _merge_states(
     return result
 
 
+def _entity_bound(meta: pa.Table) -> dict[str, int]:
+    """Per metric scope, the sum over the aggregating tasks of the most distinct entities one bucket of theirs
+    holds: no bucket of the merged states holds more. A bucket can exceed ``max_entities`` only where this does."""
+    bound: Counter[str] = Counter()
+    for info in select_rows(meta, TASK).column("info").to_pylist():
+        bound.update(json.loads(info).get("entities") or {})
+    return bound
+
+
 #: the streamed metric states are cut into at least this many chunks (each holds all the rows of its entities)
 _STREAM_PARTITIONS = 64
 
 
-def _metric_chunks(frame: DataFrame, definitions: Definitions) -> Iterator[Partial]:
+def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter[str]) -> Iterator[Partial]:
     """The merged metric rows of ``frame``, one partition at a time: each executor packs its partition into Arrow
     IPC blobs (:func:`~drainpipe.spark.tasks.pack_ipc`) and ``toLocalIterator`` fetches one partition after the
     other, so the driver holds one partition's states, however large the output. Yields one partial per metric
-    definition and partition."""
+    definition and partition; adds the guard's folds to ``overflow``."""
     from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
     schema = StructType([StructField("part", IntegerType()), StructField("ipc", BinaryType())])
@@ -361,12 +434,12 @@ def _metric_chunks(frame: DataFrame, definitions: Definitions) -> Iterator[Parti
     blobs: list[bytes] = []
     for row in _local_iterator(packed):
         if row.part != current and blobs:
-            yield from _chunk_partials(definitions, blobs)
+            yield from _chunk_partials(definitions, blobs, overflow)
             blobs = []
         current = row.part
         blobs.append(row.ipc)
     if blobs:
-        yield from _chunk_partials(definitions, blobs)
+        yield from _chunk_partials(definitions, blobs, overflow)
 
 
 def _local_iterator(frame: DataFrame) -> Iterator[Any]:
@@ -381,8 +454,9 @@ def _local_iterator(frame: DataFrame) -> Iterator[Any]:
         raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
 
 
-def _chunk_partials(definitions: Definitions, blobs: list[bytes]) -> Iterator[Partial]:
+def _chunk_partials(definitions: Definitions, blobs: list[bytes], overflow: Counter[str]) -> Iterator[Partial]:
     table = pa.concat_tables(pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs)
+    _folded(table, definitions, overflow)
     for index, definition in enumerate(definitions.all):
         if isinstance(definition, MetricDef):
             rows = table.filter(pc.equal(table.column("d"), index))
@@ -390,8 +464,12 @@ def _chunk_partials(definitions: Definitions, blobs: list[bytes]) -> Iterator[Pa
                 yield metric_partial(definition, rows)
 
 
-def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None) -> list[Partial]:
-    """One partial per definition from the merged rows (top-N merged once more: across merge tasks)."""
+def _partials(
+    definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None, overflow: Counter[str]
+) -> list[Partial]:
+    """One partial per definition from the merged rows (top-N merged once more: across merge tasks, then held to
+    the cardinality guard; its folds are added to ``overflow``)."""
+    guard = EntityGuard(definitions.max_entities)  # top-N rows come sorted by entity: the first by name are kept
     out: list[Partial] = []
     for index, definition in enumerate(definitions.all):
         if isinstance(definition, MetricDef):
@@ -403,10 +481,11 @@ def _partials(definitions: Definitions, merged: pa.Table | None, topn: pa.Table 
             assert isinstance(definition, TopNDef)
             rows = select_rows(topn, TOPN, index) if topn is not None else None
             out.append(
-                normalize(topn_partial(definition, rows))
+                guard.apply([normalize(topn_partial(definition, rows))])[0]
                 if rows is not None and rows.num_rows
                 else empty_like(definition)
             )
+    overflow.update(guard.folded)
     return out
 
 
@@ -537,6 +616,7 @@ def ingest_files(
         "metrics_rows": 0,
         "topn_rows": 0,
         "pending": {},
+        "overflow": Counter(),  # per scope: state rows folded into __overflow__ (the cardinality guard)
         "stage_s": {},
         "spread": {},
     }
@@ -576,6 +656,7 @@ def ingest_files(
             summary["applied"] += report.applied
             summary["metrics_rows"] += metric_rows[0]
             summary["topn_rows"] += _value_rows(result.partials, metrics=False)
+            summary["overflow"].update(result.overflow)  # complete: merge_chunks consumed every chunk
             for stage, seconds in result.stage_s.items():
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())

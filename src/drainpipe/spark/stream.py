@@ -161,7 +161,7 @@ class _MicroBatches:
 
 def _new_totals() -> dict[str, Any]:
     totals: dict[str, Any] = {key: 0 for key in _SUMMED}
-    totals.update(batches=0, ignored_files=0, reasons=Counter())
+    totals.update(batches=0, ignored_files=0, reasons=Counter(), overflow=Counter())
     return totals
 
 
@@ -169,6 +169,7 @@ def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
     for key in _SUMMED:
         totals[key] += summary.get(key, 0)
     totals["reasons"].update(summary.get("reasons") or {})
+    totals["overflow"].update(summary.get("overflow") or {})
     totals["batches"] += 1
     totals["ignored_files"] += ignored
 

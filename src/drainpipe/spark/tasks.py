@@ -19,7 +19,9 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
 last output being produced (Python work plus waiting for input), the CPU seconds of its Python worker over the
 same span (what the task did, whatever else the machine runs), the events it aggregated and the stage name;
-that is how the task-time spread (max / median) is measured without a SparkListener.
+that is how the task-time spread (max / median) is measured without a SparkListener. Aggregating tasks add, per
+metric scope, the most distinct entities one bucket of theirs holds (``entities``): summed over the tasks, a
+bound that spares the driver the cardinality guard's Spark stage when nothing can exceed ``max_entities``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.pipeline.definitions import Definitions, TopNDef
-from drainpipe.pipeline.functions import MetricAccumulator, aggregate_batch, normalize
+from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, normalize
 
 from .rows import (
     EVENT,
@@ -109,6 +111,7 @@ class _Aggregator:
         self.definitions = definitions
         self.accumulators = [MetricAccumulator(d) for d in definitions.all]
         self.events = 0
+        self.entities: dict[str, int] = {}
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         if batch.num_rows:
@@ -116,29 +119,34 @@ class _Aggregator:
             for accumulator, partial in zip(self.accumulators, aggregate_batch(batch, self.definitions)):
                 accumulator.add(partial)
 
+    def report(self) -> dict[str, Any]:
+        return {"events": self.events, "entities": self.entities}
+
     def rows(self) -> Iterator[pa.RecordBatch]:
+        """The task's states; afterwards :attr:`entities` holds, per metric scope, the most distinct entities of
+        one bucket among them (the driver sums these over tasks: a bound that tells it whether the cardinality
+        guard can have anything to fold)."""
+        keys: dict[str, list[pa.Table]] = {}
         for index, accumulator in enumerate(self.accumulators):
             merged = accumulator.drain()
             if merged is not None and merged.table.num_rows:
+                if isinstance(merged, MetricPartial):
+                    keys.setdefault(merged.definition.scope, []).append(merged.table.select(["bucket", "entity"]))
                 yield partial_rows(index, merged)
+        for scope, tables in keys.items():
+            per_bucket = pa.concat_tables(tables).group_by("bucket").aggregate([("entity", "count_distinct")])
+            self.entities[scope] = int(pc.max(per_bucket.column("entity_count_distinct")).as_py())
 
 
 def _timed(
-    stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]], events: Callable[[], int]
+    stage: str, schema: pa.Schema, body: Callable[[], Iterator[pa.RecordBatch]], report: Callable[[], dict[str, Any]]
 ) -> Iterator[pa.RecordBatch]:
+    """``body``'s rows, then the TASK row: stage, seconds, cpu_s and what ``report`` adds (``events``, and the
+    aggregating tasks' ``entities``)."""
     start, cpu = time.perf_counter(), time.process_time()
     yield from body()
-    yield info_row(
-        schema,
-        TASK,
-        _partition_id(),
-        {
-            "stage": stage,
-            "seconds": time.perf_counter() - start,
-            "cpu_s": time.process_time() - cpu,
-            "events": events(),
-        },
-    )
+    info = {"stage": stage, "seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+    yield info_row(schema, TASK, _partition_id(), {**info, **report()})
 
 
 def scan_states(
@@ -158,7 +166,7 @@ def scan_states(
                 _count(accumulators, result.stats.read, split.nbytes)
             yield from aggregator.rows()
 
-        yield from _timed("scan+aggregate", STATE_ROWS, body, lambda: aggregator.events)
+        yield from _timed("scan+aggregate", STATE_ROWS, body, aggregator.report)
 
     return run
 
@@ -178,7 +186,7 @@ def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = 
                 yield from _bookkeeping(EVENT_ROWS, split, result)
                 _count(accumulators, result.stats.read, split.nbytes)
 
-        yield from _timed("scan", EVENT_ROWS, body, lambda: count[0])
+        yield from _timed("scan", EVENT_ROWS, body, lambda: {"events": count[0]})
 
     return run
 
@@ -216,7 +224,7 @@ def aggregate_events(definitions: Definitions, stage: str = "per-type") -> Arrow
                 aggregator.add(fill_unused(batch))
             yield from aggregator.rows()
 
-        yield from _timed(stage, STATE_ROWS, body, lambda: aggregator.events)
+        yield from _timed(stage, STATE_ROWS, body, aggregator.report)
 
     return run
 
