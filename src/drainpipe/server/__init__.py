@@ -1,16 +1,31 @@
 """drainpipe as a service: HTTP ingest into a live local engine, ``/metrics``, ``/healthz``, a live dashboard,
-and the ``drainpipe stats`` terminal view (:mod:`.client`)."""
+and the ``drainpipe stats`` terminal view (:mod:`.client`).
+
+The names are imported on first use (PEP 562): the CLI registers the ``serve`` subcommands from
+:mod:`.commands`, and ``drainpipe run`` must not pay for loading the service with them."""
 
 from __future__ import annotations
 
-from .service import IngestService, ServiceOptions, serve_engine_options
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if imported eagerly
+    from .http import IngestServer, run_server
+    from .service import IngestService, ServiceOptions, serve_engine_options
 
 __all__ = ["IngestService", "ServiceOptions", "serve_engine_options", "IngestServer", "run_server"]
 
+_HOMES = {
+    "IngestService": "service",
+    "ServiceOptions": "service",
+    "serve_engine_options": "service",
+    "IngestServer": "http",
+    "run_server": "http",
+}
 
-def __getattr__(name: str):
-    if name in ("IngestServer", "run_server"):
-        from . import http
 
-        return getattr(http, name)
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{home}", __name__), name)
