@@ -19,7 +19,9 @@ Contenders (the same work: the 16 default metrics of docs/pipeline.md at minute,
 Every timed run is a fresh process. ``drainpipe`` and ``sql`` are timed as the user waits for them: the command
 ``drainpipe run --input FILE --store duckdb:///...`` and a Python process running the SQL, from start to exit
 (start-up included; the same commands on 1,000 events are timed apart and reported as "start"), CPU of every
-process they start, peak memory of the process tree (sum of PSS). The loop runs in a worker process, its clock
+process they start. Their peak memory (of the process tree: the sum of PSS) comes from ``MEMORY_RUNS`` more runs
+of each, after the timed ones: the sampler reads ``/proc/PID/smaps_rollup``, which walks the page tables under
+the process's memory lock and slowed a timed drainpipe run by up to 0.6 s. The loop runs in a worker process, its clock
 starting after imports. Contenders are interleaved across ``--runs`` runs (the order rotates
 each run, since the machine is shared and noisy); the table shows medians and the min..max spread, and CPU
 microseconds per event (all processes), which a busy machine disturbs less than wall time. Ratios are given on the
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import cProfile
 import heapq
 import json
@@ -86,6 +89,7 @@ TARGET_SQL_RATIO = 1.0
 #: the timed contenders that run as the commands a user types (the loop runs in a worker process after imports)
 CLI = ("drainpipe", "sql")
 STARTUP_EVENTS = 1_000
+MEMORY_RUNS = 3  # runs of each command with the memory sampler, after the timed ones
 
 # -------------------------------------------------------------------------------------------------- the workload
 # The default metric set of docs/pipeline.md, as the loop and the SQL hard-code it (drainpipe reads its definitions).
@@ -600,15 +604,17 @@ def cli_command(name: str, path: Path, db: Path) -> list[str]:
     return [sys.executable, "-c", SQL_JOB, str(statements), str(db)]
 
 
-def run_cli(name: str, path: Path, db: Path) -> dict[str, Any]:
+def run_cli(name: str, path: Path, db: Path, sample_memory: bool = False) -> dict[str, Any]:
     """One contender as a command, timed from outside as the user waits: wall time from start to exit (start-up
-    included), CPU of the process and every process it started and reaped (and of the sampler: a few ms), peak
-    memory of the process tree (sum of PSS, sampled every 0.25 s by a forked child of this process)."""
+    included), CPU of the process and every process it started and reaped; with ``sample_memory``, the peak memory
+    of the process tree (sum of PSS, sampled every 0.25 s by a forked child of this process: its reads disturb the
+    timing, so timed runs go without)."""
     cmd = cli_command(name, path, db)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with MemorySampler(root=proc.pid) as sampler:
+    sampler = MemorySampler(root=proc.pid) if sample_memory else None
+    with sampler or contextlib.nullcontext():
         out, err = proc.communicate()
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -625,8 +631,8 @@ def run_cli(name: str, path: Path, db: Path) -> dict[str, Any]:
         "wall_s": wall,
         "cpu_s": cpu,
         "eps": events / wall,
-        "peak_mem_mb": sampler.peak_mb,
-        "processes": sampler.peak_workers + 1,
+        "peak_mem_mb": sampler.peak_mb if sampler else float("nan"),
+        "processes": sampler.peak_workers + 1 if sampler else 0,
         "output": out.strip().splitlines()[-2:],
     }
 
@@ -982,7 +988,7 @@ def summarise(runs: list[dict]) -> dict[str, Any]:
         "eps_max": max(eps),
         "wall_s_median": _median([r["wall_s"] for r in runs]),
         "cpu_s_median": _median([r["cpu_s"] for r in runs]),
-        "peak_mem_mb_median": _median([r["peak_mem_mb"] for r in runs]),
+        "peak_mem_mb_median": _median([r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] == r["peak_mem_mb"]]),
         "runs": runs,
     }
 
@@ -1266,13 +1272,29 @@ def main() -> None:
                     raise SystemExit(f"{name} {fmt}: processed {r['events']} events, expected {n}")
                 raw[f"{name}/{fmt}"].append(r)
                 workers = f" of which workers {r['cpu_workers_s']:.2f}" if "cpu_workers_s" in r else ""
+                peak = f", {r['peak_mem_mb']:.0f} MB peak" if name not in CLI else ""
                 print(
                     f"  {name:<10} {fmt:<8} {fmt_eps(r['eps']):>7} events/s  ({r['wall_s']:.2f} s wall, "
-                    f"{r['cpu_s']:.2f} s CPU{workers}, {r['peak_mem_mb']:.0f} MB peak)",
+                    f"{r['cpu_s']:.2f} s CPU{workers}{peak})",
                     flush=True,
                 )
-        results = {k: summarise(v) for k, v in raw.items()}
-        paired = paired_ratios(raw, args.runs)
+        print(f"peak memory: each command {MEMORY_RUNS} times more, sampled", flush=True)
+        for _ in range(MEMORY_RUNS):
+            for name in CLI:
+                for fmt in FORMATS:
+                    db = fresh_db(work, f"mem-{name}-{fmt}")
+                    r = run_cli(name, files[(args.events, fmt)], db, sample_memory=True)
+                    db.unlink(missing_ok=True)
+                    raw[f"{name}/{fmt}"].append({**r, "memory_run": True})
+                    print(f"  {name:<10} {fmt:<8} {r['peak_mem_mb']:.0f} MB peak", flush=True)
+        timed = {k: [r for r in v if not r.get("memory_run")] for k, v in raw.items()}
+        results = {k: summarise(timed[k]) for k in raw}
+        for key, runs in raw.items():
+            sampled = [r["peak_mem_mb"] for r in runs if r.get("memory_run")]
+            if sampled:
+                results[key]["peak_mem_mb_median"] = _median(sampled)
+                results[key]["memory_runs"] = sampled
+        paired = paired_ratios(timed, args.runs)
 
         print(f"start-up: each command on {STARTUP_EVENTS:,} events, {args.runs} runs", flush=True)
         starts: dict[str, list[float]] = collections.defaultdict(list)

@@ -59,9 +59,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.checkpoint_s <= 0:
         raise UsageError(f"--checkpoint-s must be > 0, got {args.checkpoint_s}")
     if args.engine != "spark" and args.own_process:
-        from .pipeline.parallel import hide_pandas
+        from .pipeline.parallel import tune_own_process
 
-        hide_pandas()  # before anything converts Python values to Arrow
+        tune_own_process()  # before anything converts Python values to Arrow or starts a worker
     definitions = definitions_from(args.metrics)  # validated before any data is read
     if args.engine == "spark":
         from .spark import run_batch
@@ -393,8 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``drainpipe`` command; returns the exit status. Without ``argv`` (the console script), the arguments
-    are the process's and so is the process: ``run`` on the local engine may then tune it for itself (it hides
-    pandas, :func:`drainpipe.pipeline.parallel.hide_pandas`); with ``argv`` (called from a program), it does not."""
+    are the process's and so is the process: ``run`` on the local engine may then tune it for itself
+    (:func:`drainpipe.pipeline.parallel.tune_own_process`); with ``argv`` (called from a program), it does not."""
     args = build_parser().parse_args(argv)
     args.own_process = argv is None
     logging.basicConfig(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -205,10 +206,10 @@ def test_query_help_shows_the_duckdb_url_convention(capsys) -> None:
     assert "duckdb:////absolute/path.duckdb (four slashes)" in " ".join(capsys.readouterr().out.split())
 
 
-def test_the_run_command_leaves_pandas_unloaded_and_a_calling_program_its_pandas(tmp_path, capsys) -> None:
+def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alone(tmp_path, capsys) -> None:
     """The ``drainpipe run`` process (the console script: no argv) hides pandas, which pyarrow would import (0.16 s,
-    35 MB) just to ask whether a value is a pandas object; the same results. ``main(argv)`` from a program leaves
-    the program's imports alone."""
+    35 MB) just to ask whether a value is a pandas object, and turns transparent huge pages off; the same results.
+    ``main(argv)`` from a program leaves the program's imports alone."""
     import importlib.util
     import subprocess
     import sys
@@ -216,7 +217,10 @@ def test_the_run_command_leaves_pandas_unloaded_and_a_calling_program_its_pandas
     records = [{"ts": T0 + i * 1000, "service": f"s{i % 3}", "latency_ms": 1.0 + i, "status": i % 5 != 0}
                for i in range(500)]  # fmt: skip
     path = write_jsonl(tmp_path / "e.jsonl", records)
-    program = "import sys\nfrom drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\nsys.exit(rc)"
+    program = (
+        "import sys\nfrom drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\n"
+        "print(open('/proc/self/status').read())\nsys.exit(rc)"
+    )
     outputs = {}
     for name in ("a", "b"):
         url = f"duckdb:///{tmp_path / name}.duckdb"
@@ -225,6 +229,8 @@ def test_the_run_command_leaves_pandas_unloaded_and_a_calling_program_its_pandas
                                   capture_output=True, text=True, timeout=120)  # fmt: skip
             assert done.returncode == 0, done.stderr
             assert "pandas loaded: False" in done.stdout
+            if "THP_enabled" in done.stdout:  # Linux: no transparent huge pages for the run's processes
+                assert re.search(r"THP_enabled:\s*0", done.stdout)
         else:
             assert main(["run", "--input", path, "--store", url, "-q"]) == 0
             assert importlib.util.find_spec("pandas") is not None  # still importable here

@@ -49,6 +49,7 @@ __all__ = [
     "die_with",
     "eligible",
     "hide_pandas",
+    "tune_own_process",
     "map_parts",
     "mp_context",
     "process_part",
@@ -88,6 +89,22 @@ def warm_up() -> None:
     part: pyarrow's first conversion of a Python value (with pandas hidden, :func:`hide_pandas`)."""
     hide_pandas()
     pa.scalar(0, pa.int64())
+
+
+def tune_own_process() -> None:
+    """Tune a process that drainpipe owns from start to exit (the ``drainpipe run`` command on the local engine),
+    before it starts anything: :func:`hide_pandas`, and no transparent huge pages for it and every process it starts
+    (Linux ``PR_SET_THP_DISABLE``, inherited by its workers). With THP at ``always``, each run's page faults went
+    through huge-page allocation and compaction: 1.1-1.7 s of kernel time on a 5M-event Parquet run against 0.5 s
+    without, 2.9 s of wall time against 2.3 s (the reason databases such as Redis and MongoDB advise THP off)."""
+    hide_pandas()
+    try:
+        import ctypes
+
+        pr_set_thp_disable = 41
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_thp_disable, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
 
 
 class _PandasHidden(importlib.abc.MetaPathFinder):
