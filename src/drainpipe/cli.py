@@ -141,6 +141,41 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def retention_from(metrics: str | None, flags: Sequence[str]) -> Any:
+    """The retention of the metrics TOML (or the defaults), overridden by ``--retention GRANULARITY=DURATION``."""
+    from .pipeline.definitions import definitions_from
+    from .pipeline.retention import parse_retention_flag
+
+    retention = definitions_from(metrics).retention
+    return retention.with_overrides(dict(parse_retention_flag(f) for f in flags))
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from .pipeline.store import open_store, parse_time
+
+    retention = retention_from(args.metrics, args.retention)
+    now = None
+    if args.now is not None:
+        import datetime as dt
+
+        text = args.now.strip()
+        when = parse_time(int(text) if text.isdigit() else text)  # StoreError (one line) for a bad time
+        now = int(dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp() * 1000)
+    store = open_store(args.store, must_exist=True)
+    try:
+        before = store.size_bytes()
+        report = store.purge(retention, now)
+        store.reclaim()
+        after = store.size_bytes()
+    finally:
+        store.close()
+    deleted = ", ".join(f"{table} {n:,}" for table, n in sorted(report.deleted.items()) if n) or "nothing"
+    print(f"retention: {retention.describe()}")
+    print(f"deleted {report.total:,} rows: {deleted}")
+    print(f"store size {before / 1e6:,.1f} MB -> {after / 1e6:,.1f} MB (freed space is reused by later writes)")
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from .pipeline.render import render
     from .pipeline.store import open_store
@@ -387,8 +422,32 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=_count(0), default=0, metavar="N", help="print at most N rows (0: all)")
     q.set_defaults(fn=cmd_query)
 
+    c = sub.add_parser(
+        "compact",
+        help="delete what the retention no longer keeps, and make its space reusable",
+        description="Purge the store as drainpipe serve does on its schedule: metric rows per granularity older "
+        "than their retention, top-N rows, and ledger entries older than the longest retention; then reclaim "
+        "the space (DuckDB checkpoint, PostgreSQL VACUUM). For batch users of drainpipe run.",
+    )
+    _store_option(c)
+    _metrics_option(c)
+    _retention_option(c)
+    c.add_argument("--now", metavar="T", help="purge as if it were this time (ISO-8601 or epoch ms; default: now)")
+    c.set_defaults(fn=cmd_compact)
+
     add_commands(sub, _store_option, _metrics_option)
     return p
+
+
+def _retention_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--retention",
+        action="append",
+        default=[],
+        metavar="GRANULARITY=DURATION",
+        help="keep minute, hour, day or topn rows this long (7d, 36h, 2w, forever); repeatable; overrides the "
+        "metrics TOML's [retention] (defaults: minute 7d, hour 90d, day 800d, topn 7d)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -240,3 +240,26 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
         finally:
             store.close()
     assert outputs["a"] == outputs["b"] and len(outputs["a"]) > 0
+
+
+def test_compact_deletes_what_the_retention_no_longer_keeps(store, capsys) -> None:
+    """The fixture's store holds minutes of 2026-11-21 and 2026-11-22: a day later, with minute rows kept one day,
+    the first day's minutes go (and only they); hour and day rows stay."""
+
+    def minutes() -> set[str]:
+        code, out, _ = run(capsys, "query", "--store", store, "--metric", "service_cpm", "--granularity", "minute",
+                           "--format", "csv")  # fmt: skip
+        assert code == 0
+        return {line.split(",")[3][:10] for line in out.splitlines()[1:]}
+
+    assert minutes() == {"2026-11-21", "2026-11-22"}
+    code, out, err = run(
+        capsys, "compact", "--store", store, "--retention", "minute=1d", "--now", "2026-11-23T00:00:00Z"
+    )
+    assert code == 0, err
+    assert "retention: minute 1d, hour 90d, day 800d, topn 7d" in out and "metric_values" in out
+    assert minutes() == {"2026-11-22"}
+    code, out, _ = run(capsys, "query", "--store", store, "--metric", "service_cpm", "--granularity", "day")
+    assert "2026-11-21" in out
+    code, _, err = run(capsys, "compact", "--store", store, "--retention", "minute=1y")
+    assert code == EXIT_USER and "expected a duration" in err and len(err.strip().splitlines()) == 1

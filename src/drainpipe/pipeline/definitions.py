@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from ..errors import DefinitionError
 from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
 from ..inputs.spans import SpanMapping, parse_span_mapping
+from .retention import Retention, parse_retention
 
 __all__ = [
     "SCOPES",
@@ -363,6 +364,7 @@ class Definitions:
     spans: SpanMapping = SpanMapping()
     endpoints: EndpointRules = EndpointRules()
     max_entities: int = 10_000  # the cardinality guard: entities per scope and bucket (``max_entities``)
+    retention: Retention = Retention()  # how long a store keeps what (``[retention]``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -463,12 +465,14 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    unknown = sorted(set(document) - {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities"})
+    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention"}
+    unknown = sorted(set(document) - allowed)
     if unknown:
         raise DefinitionError(
             f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
-            "[[endpoint_rule]], endpoint_ids and max_entities)"
+            "[[endpoint_rule]], endpoint_ids, max_entities and [retention])"
         )
+    retention = parse_retention(document.get("retention", {}), source)
     spans = parse_span_mapping(document.get("spans", {}), source)
     endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
@@ -487,7 +491,7 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
     try:
         return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
-                           document.get("max_entities", 10_000))  # fmt: skip
+                           document.get("max_entities", 10_000), retention)  # fmt: skip
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

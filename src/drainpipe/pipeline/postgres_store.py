@@ -252,5 +252,21 @@ class PostgresStore(SqlStore):
         with self._con.cursor() as cur, cur.copy(f"COPY {table_name} ({names}) FROM STDIN WITH (FORMAT csv)") as copy:
             copy.write(sink.getbuffer())
 
+    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
+        return max(0, cur.rowcount)
+
+    def _reclaim(self) -> None:
+        # VACUUM runs outside a transaction (the connection is in autocommit between the store's own BEGINs)
+        self._con.execute("VACUUM metric_state, metric_values, topn_values, applied_sources, file_progress")
+
+    def _size_bytes(self) -> int:
+        row = self._con.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname = ANY(%s)",
+            (["metric_state", "metric_values", "topn_values", "applied_sources", "file_progress", "definitions"],),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def _close(self) -> None:
         self._drop()

@@ -10,7 +10,8 @@ Tables (portable SQL: the same statements serve DuckDB and, through :class:`SqlS
     metric_state    (metric, entity, granularity, time_bucket, b, n, v, ok, tol)  a row per key and bin b
     metric_values   (metric, entity, granularity, time_bucket, label, value)       a row per key and label
     topn_values     (name, entity, time_bucket, rank, key, latency_ms)             a row per key and rank
-    applied_sources (root, source, name)                                           primary key (source, name)
+    applied_sources (root, source, name, applied_at)                               primary key (source, name)
+    file_progress   (fid, name, head, node, path, end_offset, end_lines, prefix, applied_at)  key (fid, name)
     definitions     (name, signature)                                              primary key (name)
 
 The merge keeps the first three unique (a key's rows are deleted and re-inserted in one transaction, under
@@ -55,6 +56,11 @@ as the states; a source is *applied* for a name when it is recorded, or when all
   piece) before the partials of a batch are merged with others.
 * A partial without sources is always merged (no deduplication possible).
 
+The ledger (``applied_sources``, ``file_progress``) records when each entry was written (``applied_at``, epoch ms
+of the store's :attr:`SqlStore.clock`), so that :meth:`SqlStore.purge` can prune it with the data it vouches for
+(:mod:`drainpipe.pipeline.retention`). A store written before that column existed gains it when opened, once,
+with the time of opening for the entries it holds.
+
 ``applied_sources`` is keyed by (source, name). Writers in several processes (a server store) take a
 transaction-scoped lock first (:meth:`SqlStore._lock_writes`), so a second writer of the same pair waits, then
 finds it applied and skips it; were the lock missing, the key would still make it fail rather than double-count.
@@ -65,12 +71,14 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import json
+import logging
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -100,10 +108,12 @@ from .functions import (
     to_state_table,
     to_topn_table,
 )
+from .retention import Retention
 
 __all__ = [
     "DEFAULT_STORE_URL",
     "MergeReport",
+    "PurgeReport",
     "FileProgress",
     "Store",
     "SqlStore",
@@ -113,6 +123,13 @@ __all__ = [
 ]
 
 DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
+log = logging.getLogger("drainpipe.store")
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
 #: state rows written per batch of statements within one merge transaction
 _WRITE_ROWS = 400_000
 
@@ -128,12 +145,13 @@ _SCHEMA = (
         name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL, rank INTEGER NOT NULL,
         key VARCHAR NOT NULL, latency_ms DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS applied_sources (
-        root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, PRIMARY KEY (source, name))""",
+        root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, applied_at BIGINT,
+        PRIMARY KEY (source, name))""",
     """CREATE TABLE IF NOT EXISTS definitions (name VARCHAR PRIMARY KEY, signature VARCHAR NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS file_progress (
         fid VARCHAR NOT NULL, name VARCHAR NOT NULL, head VARCHAR NOT NULL, node VARCHAR NOT NULL,
         path VARCHAR NOT NULL, end_offset BIGINT NOT NULL, end_lines BIGINT NOT NULL, prefix VARCHAR NOT NULL,
-        PRIMARY KEY (fid, name))""",
+        applied_at BIGINT, PRIMARY KEY (fid, name))""",
 )
 #: the session's staging relations, which the merge's statements join against (see SqlStore._stage)
 _STAGING = (
@@ -171,6 +189,18 @@ class FileProgress:
 
 
 @dataclass(frozen=True)
+class PurgeReport:
+    """What one :meth:`SqlStore.purge` did: the time it purged for, and rows deleted per table."""
+
+    now_ms: int
+    deleted: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+
+@dataclass(frozen=True)
 class MergeReport:
     """What one :meth:`Store.merge` call did."""
 
@@ -204,6 +234,19 @@ class Store(Protocol):
 
     def applied(self, source: str) -> frozenset[str]:
         """Names of the definitions whose states already contain all of input batch ``source``."""
+        ...
+
+    def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
+        """Delete, in one transaction, what ``retention`` no longer keeps at ``now_ms`` (default: now), the ledger
+        included (see :mod:`drainpipe.pipeline.retention`)."""
+        ...
+
+    def reclaim(self) -> None:
+        """Make the space of deleted rows reusable now."""
+        ...
+
+    def size_bytes(self) -> int:
+        """The space the store takes."""
         ...
 
     def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
@@ -293,6 +336,8 @@ class SqlStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._closed = False
+        #: the time (epoch ms) the ledger records and purges measure against; tests replace it with a fake clock
+        self.clock: Callable[[], int] = _wall_clock_ms
 
     # ----------------------------------------------------------------------------- backend primitives
 
@@ -350,6 +395,16 @@ class SqlStore:
     def _close(self) -> None:
         raise NotImplementedError
 
+    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a DELETE; the number of rows it deleted."""
+        raise NotImplementedError
+
+    def _reclaim(self) -> None:
+        raise NotImplementedError
+
+    def _size_bytes(self) -> int:
+        raise NotImplementedError
+
     def _backend_errors(self) -> tuple[type[BaseException], ...]:
         return ()
 
@@ -358,6 +413,58 @@ class SqlStore:
     def _create_schema(self) -> None:
         for statement in _SCHEMA + self._STAGING_DDL:
             self._execute(statement)
+        self._migrate_ledger()
+
+    def _migrate_ledger(self) -> None:
+        """A store written before the ledger had ``applied_at`` gains the column, once, with the time of opening for
+        the entries it holds (they were written no later: pruning them by it is safe, only later than could be)."""
+        for table in ("applied_sources", "file_progress"):
+            found = self._fetchall(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? "
+                "AND column_name = 'applied_at'",
+                (table,),
+            )
+            if not found:
+                self._execute(f"ALTER TABLE {table} ADD COLUMN applied_at BIGINT")
+                self._execute(f"UPDATE {table} SET applied_at = ? WHERE applied_at IS NULL", (self.clock(),))
+                log.warning("%s: migrated %s: added applied_at (the ledger's record time, for retention)", self, table)
+
+    # ----------------------------------------------------------------------------- retention
+
+    def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
+        """Delete, in one transaction, the rows older than ``retention`` allows at ``now_ms`` (default: the store's
+        clock): metric rows per granularity by bucket start, top-N rows, and ledger entries recorded before its
+        ledger cut-off (see :mod:`drainpipe.pipeline.retention`). Thread-safe; blocks other writers meanwhile."""
+        now = self.clock() if now_ms is None else now_ms
+        deleted: dict[str, int] = defaultdict(int)
+        with self._guard("purge"), self._write_transaction():
+            for granularity, cutoff in retention.metric_cutoffs(now).items():
+                for table in ("metric_state", "metric_values"):
+                    deleted[table] += self._delete(
+                        f"DELETE FROM {table} WHERE granularity = ? AND time_bucket < ?",
+                        (granularity, parse_time(cutoff)),
+                    )
+            topn = retention.topn_cutoff(now)
+            if topn is not None:
+                deleted["topn_values"] += self._delete(
+                    "DELETE FROM topn_values WHERE time_bucket < ?", (parse_time(topn),)
+                )
+            ledger = retention.ledger_cutoff(now)
+            if ledger is not None:
+                for table in ("applied_sources", "file_progress"):
+                    deleted[table] += self._delete(f"DELETE FROM {table} WHERE applied_at < ?", (ledger,))
+        return PurgeReport(now, dict(deleted))
+
+    def reclaim(self) -> None:
+        """Make the space of deleted rows reusable now (DuckDB: a checkpoint; PostgreSQL: VACUUM) rather than when
+        the database gets round to it. Outside any transaction; blocks writers meanwhile."""
+        with self._guard("reclaim"):
+            self._reclaim()
+
+    def size_bytes(self) -> int:
+        """The space the store takes: its database file, or its tables with their indexes."""
+        with self._guard("measure"):
+            return self._size_bytes()
 
     def close(self) -> None:
         with self._lock:
@@ -483,8 +590,8 @@ class SqlStore:
         for row in progress:
             self._execute("DELETE FROM file_progress WHERE fid = ? AND name = ?", (row.fid, row.name))
             self._execute(
-                "INSERT INTO file_progress VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (row.fid, row.name, row.head, row.node, row.path, row.end, row.lines, row.prefix),
+                "INSERT INTO file_progress VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (row.fid, row.name, row.head, row.node, row.path, row.end, row.lines, row.prefix, self.clock()),
             )
 
     def register(self, definitions: Iterable[Definition]) -> None:
@@ -586,6 +693,7 @@ class SqlStore:
                         "root": [source_root(s) for s, _ in ordered],
                         "source": [s for s, _ in ordered],
                         "name": [n for _, n in ordered],
+                        "applied_at": [self.clock()] * len(ordered),
                     },
                     schema=_APPLIED_SCHEMA,
                 ),
@@ -713,7 +821,9 @@ class SqlStore:
 
 
 _ROOT_SCHEMA = pa.schema([("root", pa.string())])
-_APPLIED_SCHEMA = pa.schema([("root", pa.string()), ("source", pa.string()), ("name", pa.string())])
+_APPLIED_SCHEMA = pa.schema(
+    [("root", pa.string()), ("source", pa.string()), ("name", pa.string()), ("applied_at", pa.int64())]
+)
 
 
 class _Ledger:
@@ -880,6 +990,19 @@ class DuckDBStore(SqlStore):
     def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows:
             self._con.from_arrow(rows).insert_into(table_name)
+
+    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        row = self._con.execute(sql, list(params)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _reclaim(self) -> None:
+        self._con.execute("CHECKPOINT")  # deleted row groups' blocks become free for reuse in the file
+
+    def _size_bytes(self) -> int:
+        if self.path == ":memory:":
+            row = self._con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+            return int(row[0] or 0) if row else 0
+        return sum(os.path.getsize(p) for p in (self.path, self.path + ".wal") if os.path.exists(p))
 
     def _close(self) -> None:
         self._con.close()

@@ -47,6 +47,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.max_entities < 1:
             raise UsageError(f"--max-entities must be >= 1, got {args.max_entities}")
         definitions = dataclasses.replace(definitions, max_entities=args.max_entities)
+    if args.retention:
+        from ..pipeline.retention import parse_retention_flag
+
+        overrides = dict(parse_retention_flag(f) for f in args.retention)
+        definitions = dataclasses.replace(definitions, retention=definitions.retention.with_overrides(overrides))
+    if args.purge_every_s < 0:
+        raise UsageError("--purge-every-s must be >= 0")
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
     # engine's threads nor DuckDB's exist yet)
     decoder = BodyDecoder(default_parsers() if args.parsers is None else args.parsers)
@@ -60,6 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
         checkpoint_s=args.checkpoint_s,
+        purge_every_s=args.purge_every_s,
     )
     engine = serve_engine_options(slow_handler_ms=max(1, round(args.slow_handler_s * 1000)))
     service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options,
@@ -173,6 +181,12 @@ def add_commands(
                    help="how often the states are committed to the store with the log position: how fresh the "
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
                    "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
+    s.add_argument("--retention", action="append", default=[], metavar="GRANULARITY=DURATION",
+                   help="keep minute, hour, day or topn rows this long (7d, 36h, 2w, forever); repeatable; overrides "
+                   "the metrics TOML's [retention] (defaults: minute 7d, hour 90d, day 800d, topn 7d)")  # fmt: skip
+    s.add_argument("--purge-every-s", type=float, default=3600.0, metavar="S",
+                   help="purge the store by the retention this often, first at start (0: never; default: "
+                   "%(default)s)")  # fmt: skip
     s.add_argument("--max-entities", type=int, default=None, metavar="N",
                    help="the cardinality guard: distinct entities kept per scope and minute, the rest fold into "
                    "__overflow__ (default: the metrics TOML's max_entities, else 10000)")  # fmt: skip

@@ -34,10 +34,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import IngestRefused, StoreUnavailable
+from ..errors import IngestRefused, StoreError, StoreUnavailable
 from ..pipeline.definitions import Definitions, MetricDef
 from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
+from ..pipeline.retention import Retention
 from .feeder import Feeder
 from .wal import EventLog, LogFull, MemoryLog
 
@@ -66,6 +67,7 @@ class ServiceOptions:
     history: int = 300  # samples kept (5 minutes at 1 s)
     top_services: int = 8
     top_refresh_s: float = 2.0
+    purge_every_s: float = 3600.0  # how often the store is purged by the definitions' retention (0: never)
 
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
@@ -164,6 +166,9 @@ class IngestService:
         engine_options = engine_options or serve_engine_options()
         if not engine_options.checkpoints or engine_options.live:
             raise ValueError("serving needs EngineOptions(checkpoints=True, live=False): see serve_engine_options")
+        self.purger = Purger(self.store, definitions.retention, self.options.purge_every_s)
+        if self.options.purge_every_s > 0:
+            self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
         self.feeder = Feeder(self.log, self.engine, definitions, checkpoint_s=self.options.checkpoint_s)
         self.feeder.recover()
@@ -176,8 +181,10 @@ class IngestService:
         self._inflight_zero = threading.Condition(self._lock)
         self._max_ts: int | None = None
         self.feeder.start()
-        self.sampler = Sampler(self)
+        self.sampler = Sampler(self)  # its view reads the purger's counts
         self.sampler.start()
+        if self.options.purge_every_s > 0:
+            self.purger.start()
 
     # ------------------------------------------------------------------ requests
 
@@ -279,6 +286,7 @@ class IngestService:
                 return self.summary()
             self._closed = True
         self.sampler.stop()
+        self.purger.stop()
         self.all_stored = self.feeder.stop(timeout_s)
         if self.all_stored:
             self._report = self.engine.close()
@@ -344,6 +352,42 @@ class IngestService:
 
 def _rate(delta: float, dt: float) -> float:
     return delta / dt if dt > 0 else 0.0
+
+
+class Purger(threading.Thread):
+    """Purges the store by ``retention`` every ``every_s`` seconds once started (the service purges once itself
+    before it starts feeding the engine). A failed purge is logged and tried again next period: it deletes in one
+    transaction, so nothing is half done. The store's own lock keeps it from interleaving with the engine's
+    merges."""
+
+    def __init__(self, store: Any, retention: Retention, every_s: float) -> None:
+        super().__init__(name="drainpipe-retention", daemon=True)
+        self.store, self.retention, self.every_s = store, retention, every_s
+        self.purged_rows = 0
+        self.purges = 0
+        self.last_error = ""
+        self._stopping = threading.Event()
+
+    def purge(self) -> None:
+        try:
+            report = self.store.purge(self.retention)
+            self.purged_rows += report.total
+            self.purges += 1
+            self.last_error = ""
+            if report.total:
+                log.info("retention (%s): purged %d rows", self.retention.describe(), report.total)
+        except StoreError as exc:
+            self.last_error = str(exc)
+            log.warning("retention purge failed (tried again in %.0f s): %s", self.every_s, exc)
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.every_s):
+            self.purge()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=30)
 
 
 class Sampler(threading.Thread):
@@ -531,6 +575,10 @@ class Sampler(threading.Thread):
                 "last_write_ms": round(1000 * st.last_write_s, 2),
                 "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
                 "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2),
+                "retention": svc.definitions.retention.describe(),
+                "purges": svc.purger.purges,
+                "purged_rows": svc.purger.purged_rows,
+                "purge_error": svc.purger.last_error,
             },
             "log": {
                 "durable": svc.log.durable,
