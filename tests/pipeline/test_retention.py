@@ -67,25 +67,22 @@ def check_flat(history: list[tuple[dict[str, int], int]]) -> None:
     assert max(sizes[15:]) <= max(sizes[8:15]) * 1.25, sizes
 
 
-def test_a_month_of_minute_traffic_stays_flat_on_duckdb(tmp_path) -> None:
-    store = open_store(f"duckdb:///{tmp_path / 'month.duckdb'}")
+def month_stays_flat(url: str) -> None:
+    store = open_store(url)
     try:
-        history = simulate_month(store)
-        check_flat(history)
+        check_flat(simulate_month(store))
         assert_kept_as_retention_says(store, T0 + 30 * DAY)
     finally:
         store.close()
+
+
+def test_a_month_of_minute_traffic_stays_flat_on_duckdb(tmp_path) -> None:
+    month_stays_flat(f"duckdb:///{tmp_path / 'month.duckdb'}")
 
 
 @pytest.mark.postgres
 def test_a_month_of_minute_traffic_stays_flat_on_postgres(pg_url: str) -> None:
-    store = open_store(pg_url)
-    try:
-        history = simulate_month(store)
-        check_flat(history)
-        assert_kept_as_retention_says(store, T0 + 30 * DAY)
-    finally:
-        store.close()
+    month_stays_flat(pg_url)
 
 
 def assert_kept_as_retention_says(store: SqlStore, now: int) -> None:
