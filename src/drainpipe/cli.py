@@ -141,19 +141,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
-def retention_from(metrics: str | None, flags: Sequence[str]) -> Any:
-    """The retention of the metrics TOML (or the defaults), overridden by ``--retention GRANULARITY=DURATION``."""
-    from .pipeline.definitions import definitions_from
-    from .pipeline.retention import parse_retention_flag
-
-    retention = definitions_from(metrics).retention
-    return retention.with_overrides(dict(parse_retention_flag(f) for f in flags))
-
-
 def cmd_compact(args: argparse.Namespace) -> int:
+    from .pipeline.definitions import definitions_from
     from .pipeline.store import open_store, parse_time
 
-    retention = retention_from(args.metrics, args.retention)
+    retention = definitions_from(args.metrics).retention.with_flags(args.retention)
     now = None
     if args.now is not None:
         import datetime as dt
@@ -435,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--now", metavar="T", help="purge as if it were this time (ISO-8601 or epoch ms; default: now)")
     c.set_defaults(fn=cmd_compact)
 
-    add_commands(sub, _store_option, _metrics_option)
+    add_commands(sub, _store_option, _metrics_option, _retention_option)
     return p
 
 

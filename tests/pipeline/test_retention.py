@@ -133,6 +133,11 @@ def test_durations_and_the_retention_table_are_parsed_strictly() -> None:
     with pytest.raises(DefinitionError, match="unknown retention 'second'"):
         parse_definitions('[retention]\nsecond = "2d"\n[[metric]]\nname = "c"\nscope = "service"\nfunction = "cpm"')
     assert parse_retention_flag("hour=30d") == ("hour", 30 * DAY)
+    assert Retention().with_flags(["hour=30d", "day=forever"]) == Retention(hour=30 * DAY, day=None)
+    from drainpipe.cli import build_parser
+
+    for command in ("serve", "compact"):  # one --retention option, shared
+        assert build_parser().parse_args([command, "--retention", "minute=1d"]).retention == ["minute=1d"]
     with pytest.raises(DefinitionError, match="GRANULARITY=DURATION"):
         parse_retention_flag("30d")
 

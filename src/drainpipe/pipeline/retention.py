@@ -21,6 +21,7 @@ pruned either).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -66,6 +67,11 @@ class Retention:
         if unknown:
             raise DefinitionError(f"unknown retention {unknown[0]!r} (expected minute, hour, day or topn)")
         return Retention(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **overrides})
+
+    def with_flags(self, flags: Iterable[str]) -> Retention:
+        """This retention overridden by ``--retention GRANULARITY=DURATION`` flags (:class:`DefinitionError`, one
+        line, for a bad one)."""
+        return self.with_overrides(dict(parse_retention_flag(f) for f in flags))
 
     def describe(self) -> str:
         return ", ".join(f"{f.name} {_format(getattr(self, f.name))}" for f in fields(self))

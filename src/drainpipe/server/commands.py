@@ -48,10 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"--max-entities must be >= 1, got {args.max_entities}")
         definitions = dataclasses.replace(definitions, max_entities=args.max_entities)
     if args.retention:
-        from ..pipeline.retention import parse_retention_flag
-
-        overrides = dict(parse_retention_flag(f) for f in args.retention)
-        definitions = dataclasses.replace(definitions, retention=definitions.retention.with_overrides(overrides))
+        definitions = dataclasses.replace(definitions, retention=definitions.retention.with_flags(args.retention))
     if args.purge_every_s < 0:
         raise UsageError("--purge-every-s must be >= 0")
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
@@ -155,8 +152,10 @@ def add_commands(
     sub: Any,
     store_option: Callable[[argparse.ArgumentParser], None],
     metrics_option: Callable[[argparse.ArgumentParser], None],
+    retention_option: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    """Add ``serve`` and ``stats`` to the subparsers ``sub``, with the CLI's shared --store/--metrics options."""
+    """Add ``serve`` and ``stats`` to the subparsers ``sub``, with the CLI's shared --store/--metrics/--retention
+    options."""
     s = sub.add_parser(
         "serve",
         help="run the pipeline as a service: HTTP ingest, /metrics, /healthz, dashboard",
@@ -181,9 +180,7 @@ def add_commands(
                    help="how often the states are committed to the store with the log position: how fresh the "
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
                    "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
-    s.add_argument("--retention", action="append", default=[], metavar="GRANULARITY=DURATION",
-                   help="keep minute, hour, day or topn rows this long (7d, 36h, 2w, forever); repeatable; overrides "
-                   "the metrics TOML's [retention] (defaults: minute 7d, hour 90d, day 800d, topn 7d)")  # fmt: skip
+    retention_option(s)
     s.add_argument("--purge-every-s", type=float, default=3600.0, metavar="S",
                    help="purge the store by the retention this often, first at start (0: never; default: "
                    "%(default)s)")  # fmt: skip
