@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.bodies import BodyDecoder
 from drainpipe.server.http import IngestServer
@@ -31,12 +31,13 @@ def running_server(
     shutdown_grace_s: float = 30.0,
     log: EventLog | None = None,
     decoder: BodyDecoder | None = None,
+    definitions: Definitions | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     store = open_store(store_url)
     opts = options or ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5)
     service = IngestService(
-        default_definitions(),
+        definitions or default_definitions(),
         store,
         log=log,
         store_url=store_url,

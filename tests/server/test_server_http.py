@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import time
@@ -9,7 +10,9 @@ import time
 import pytest
 from server_testlib import events, ndjson, post_events, request, running_server, stored_event_count
 
+import drainpipe
 from drainpipe.inputs import EVENT_SCHEMA, validate_json_lines, validate_records
+from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.server.http import IngestServer, is_loopback
 from drainpipe.server.service import IngestService, ServiceOptions
 from drainpipe.server.wal import MemoryLog
@@ -260,17 +263,42 @@ def test_healthz_stats_and_metrics(server: IngestServer) -> None:
 
 
 def test_rebalance_handoffs_show_in_metrics() -> None:
-    """A skewed load on two L1 threads makes the queue rebalance; its handoff durations reach the histogram."""
-    with running_server(rebalance_interval_ms=100, l1_threads=__import__("drainpipe").ThreadPolicy.fixed(2)) as srv:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            post_events(srv.url, events(3000, services=12))
+    """A load skewed by construction on two L1 threads makes L1 rebalance; its handoff durations reach the
+    histogram.
+
+    The skew is built, not left to chance (random batches of the default metrics are nearly even across threads, so
+    a rebalance came or not by luck). Four metrics registered in the order endpoint, service, endpoint, service
+    land on partitions 0-3, owned by threads 0, 1, 0, 1 (the queue places each new type on the partition with the
+    fewest types, new partitions on the thread owning the fewest). 400 endpoints in chunks of 16 state rows make
+    each endpoint metric 25 items per batch against the service metrics' 1: thread 0 carries 50, thread 1 carries
+    2, and moving one endpoint metric halves the busiest thread's load."""
+    defs = default_definitions()
+    order = ("endpoint_cpm", "service_cpm", "endpoint_resp_time", "service_sla")
+    skewed = dataclasses.replace(defs, metrics=tuple(defs.get(name) for name in order), topns=())
+    with running_server(
+        definitions=skewed, rebalance_interval_ms=100, chunk_rows=16, l1_threads=drainpipe.ThreadPolicy.fixed(2)
+    ) as srv:
+        deadline = time.monotonic() + 30
+        moves: list[dict] = []
+        while not moves and time.monotonic() < deadline:
+            now = int(time.time() * 1000)
+            batch = [
+                {
+                    "ts": now - i % 1000,
+                    "service": "svc",
+                    "endpoint": f"/api/e{i % 400}",
+                    "latency_ms": float(i % 97),
+                    "status": True,
+                }
+                for i in range(2000)
+            ]
+            post_events(srv.url, batch)
             view = json.loads(request(srv.url + "/v1/stats")[2])
-            if view["rebalances"]:
-                break
-        assert view["rebalances"], "no rebalance happened"
-        r = view["rebalances"][0]
+            moves = [r for r in view["rebalances"] if r["queue"].endswith("-L1")]
+        assert moves, "no L1 rebalance happened"
+        r = moves[0]
         assert r["moved"] >= 1 and r["duration_ms"] >= 0
+        assert r["ratio_before"] > 5 and r["ratio_after"] < r["ratio_before"] / 2, str(r)
         text = request(srv.url + "/metrics")[2].decode()
         count = [line for line in text.splitlines() if line.startswith("drainpipe_rebalance_handoff_seconds_count")]
         assert count and any(float(line.rsplit(" ", 1)[1]) >= 1 for line in count)
