@@ -384,10 +384,10 @@ def loop_compute(events: Iterable[dict]) -> tuple[list[tuple], list[tuple], int]
 
 _VALUES_DDL = (
     "CREATE TABLE metric_values (metric VARCHAR, entity VARCHAR, granularity VARCHAR, "
-    "time_bucket VARCHAR, label VARCHAR, value DOUBLE)"
+    "time_bucket TIMESTAMPTZ, label VARCHAR, value DOUBLE)"
 )
 _TOPN_DDL = (
-    "CREATE TABLE topn_values (name VARCHAR, entity VARCHAR, time_bucket VARCHAR, rank INTEGER, "
+    "CREATE TABLE topn_values (name VARCHAR, entity VARCHAR, time_bucket TIMESTAMPTZ, rank INTEGER, "
     "key VARCHAR, latency_ms DOUBLE)"
 )
 
@@ -433,7 +433,7 @@ def sql_statements(path: Path) -> list[str]:
         statements.append(f"CREATE TEMP TABLE ev AS SELECT * FROM {src}")
     else:
         events = src
-    iso = "strftime(make_timestamp(bucket * 60000000), '%Y-%m-%dT%H:%M:%SZ')"
+    iso = "to_timestamp(bucket * 60)"  # the bucket start as drainpipe stores it: TIMESTAMP WITH TIME ZONE
     statements += [
         # one scan: per scope entity, minute and histogram bin, every state the metrics need
         f"""CREATE TEMP TABLE bins AS
@@ -491,7 +491,7 @@ def sql_statements(path: Path) -> list[str]:
         FROM picked UNPIVOT (b FOR label IN (p50, p75, p90, p95, p99))""",
         f"""INSERT INTO topn_values
         SELECT '{TOPN_NAME}', service,
-               strftime(make_timestamp(ts // {TOPN_BUCKET_MS} * {TOPN_BUCKET_MS} * 1000), '%Y-%m-%dT%H:%M:%SZ'),
+               to_timestamp(ts // {TOPN_BUCKET_MS} * {TOPN_BUCKET_MS} // 1000),
                row_number() OVER (PARTITION BY service, ts // {TOPN_BUCKET_MS}
                                   ORDER BY latency_ms DESC, db_statement ASC) AS rank,
                db_statement, latency_ms
@@ -656,17 +656,26 @@ def spawn(name: str, path: Path, db: Path, *extra: str) -> dict[str, Any]:
 
 
 def _rows_of(db: Path) -> tuple[list[tuple], list[tuple]]:
+    """A contender's value and top-N rows, time_bucket as ISO text (what the store's query API gives)."""
     import duckdb
 
+    from drainpipe.pipeline.functions import iso_from_ms, ms_from_bucket
+
+    def rows(sql: str) -> list[tuple]:
+        table = con.sql(sql).to_arrow_table()
+        i = table.column_names.index("time_bucket")
+        table = table.set_column(i, "time_bucket", iso_from_ms(ms_from_bucket(table.column(i))))
+        return list(zip(*(c.to_pylist() for c in table.columns)))
+
     con = duckdb.connect(str(db), read_only=True)
-    values = con.execute(
+    values = rows(
         "SELECT metric, entity, granularity, time_bucket, label, value FROM metric_values "
         "ORDER BY metric, entity, granularity, time_bucket, label"
-    ).fetchall()
-    topn = con.execute(
+    )
+    topn = rows(
         "SELECT name, entity, time_bucket, rank, key, latency_ms FROM topn_values "
         "ORDER BY name, entity, time_bucket, rank"
-    ).fetchall()
+    )
     con.close()
     return values, topn
 

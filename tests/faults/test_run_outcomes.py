@@ -59,7 +59,7 @@ def test_a_store_that_refuses_the_writes_exits_1_saying_what_was_not_stored(tmp_
     with duckdb.connect(str(tmp_path / "s.duckdb")) as con:  # a real constraint the store's writes violate
         con.execute("DROP TABLE metric_values")
         con.execute("""CREATE TABLE metric_values (metric VARCHAR NOT NULL, entity VARCHAR NOT NULL,
-            granularity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL, label VARCHAR NOT NULL,
+            granularity VARCHAR NOT NULL, time_bucket TIMESTAMPTZ NOT NULL, label VARCHAR NOT NULL,
             value DOUBLE PRECISION NOT NULL CHECK (value < 0))""")
     data = tmp_path / "e.jsonl"
     data.write_text("".join(line(i) for i in range(500)))

@@ -89,6 +89,8 @@ __all__ = [
     "from_topn_table",
     "iso_from_ms",
     "ms_from_iso",
+    "BUCKET_TIME",
+    "ms_from_bucket",
 ]
 
 GRANULARITY_MS: Mapping[str, int] = MappingProxyType({"minute": 60_000, "hour": 3_600_000, "day": 86_400_000})
@@ -99,6 +101,8 @@ PERCENTILE_LABELS: tuple[str, ...] = tuple(f"p{p}" for p in PERCENTILES)
 VALUE_COLUMNS: tuple[str, ...] = ("metric", "entity", "granularity", "time_bucket", "label", "value")
 TOPN_COLUMNS: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+#: how stores hold a bucket start: an instant (SQL ``TIMESTAMP WITH TIME ZONE``), here in UTC milliseconds
+BUCKET_TIME = pa.timestamp("ms", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ assert set(STATE_COLUMNS) == set(FUNCTIONS)
 STATE_TABLE_SCHEMA = pa.schema(
     [
         ("entity", pa.string()),
-        ("time_bucket", pa.string()),
+        ("time_bucket", BUCKET_TIME),
         ("b", pa.int64()),
         ("n", pa.int64()),
         ("v", pa.float64()),
@@ -882,6 +886,13 @@ def ms_from_iso(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return parsed.cast(pa.int64()).to_numpy(zero_copy_only=False) * 1000
 
 
+def ms_from_bucket(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Bucket starts as a store gives them back (timestamps of any unit and zone, or ISO text) -> epoch ms."""
+    if pa.types.is_timestamp(values.type):
+        return values.cast(BUCKET_TIME).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return ms_from_iso(values)
+
+
 def _apdex_values(ok: np.ndarray, tol: np.ndarray, n: np.ndarray) -> np.ndarray:
     """(ok + tol / 2) / n rounded half-up to 4 decimals, computed exactly in integers."""
     return ((2 * ok + tol) * 10_000 + n) // (2 * n) / 10_000.0
@@ -931,7 +942,11 @@ def _percentiles(table: pa.Table, precision: float) -> tuple[np.ndarray, np.ndar
     return order[starts], b[rows].astype(np.float64) * float(precision)
 
 
-def _metric_value_table(partial: MetricPartial) -> pa.Table:
+def _bucket_column(ms: np.ndarray, stored: bool) -> pa.Array:
+    return pa.array(np.asarray(ms, dtype=np.int64), BUCKET_TIME) if stored else iso_from_ms(ms)
+
+
+def _metric_value_table(partial: MetricPartial, stored: bool) -> pa.Table:
     definition = partial.definition
     table = partial.table
     if definition.function == "percentile":
@@ -953,21 +968,21 @@ def _metric_value_table(partial: MetricPartial) -> pa.Table:
             "metric": pa.repeat(pa.scalar(definition.name, pa.string()), rows),
             "entity": entity,
             "granularity": pa.repeat(pa.scalar(partial.granularity, pa.string()), rows),
-            "time_bucket": iso_from_ms(bucket),
+            "time_bucket": _bucket_column(bucket, stored),
             "label": labels,
             "value": pa.array(value, pa.float64()),
         }
     )
 
 
-def _topn_value_table(partial: TopNPartial) -> pa.Table:
+def _topn_value_table(partial: TopNPartial, stored: bool) -> pa.Table:
     table = _keep_top(partial.table, partial.definition.n)
     rows = table.num_rows
     return pa.table(
         {
             "name": pa.repeat(pa.scalar(partial.definition.name, pa.string()), rows),
             "entity": table.column("entity"),
-            "time_bucket": iso_from_ms(table.column("bucket").to_numpy()),
+            "time_bucket": _bucket_column(table.column("bucket").to_numpy(), stored),
             "rank": pa.array(_run_positions(table) + 1, pa.int32()),
             "key": table.column("key"),
             "latency_ms": table.column("latency_ms"),
@@ -975,9 +990,10 @@ def _topn_value_table(partial: TopNPartial) -> pa.Table:
     )
 
 
-def finalize_table(partial: Partial) -> pa.Table:
+def finalize_table(partial: Partial, *, stored: bool = False) -> pa.Table:
     """Value rows of a partial as a pyarrow table: columns :data:`VALUE_COLUMNS`, or for a top-N
-    :data:`TOPN_COLUMNS` (ranked 1..n per entity and bucket). Row order is unspecified.
+    :data:`TOPN_COLUMNS` (ranked 1..n per entity and bucket). Row order is unspecified. ``time_bucket`` is ISO-8601
+    text, or with ``stored`` a :data:`BUCKET_TIME` timestamp (the stores' column type).
 
     count and sum/min/max are the state; cpm = count / minutes in the bucket (1, 60, 1440); avg = sum /
     count; sla = 100 * successes / count; apdex = (satisfied + tolerating / 2) / count rounded half-up to 4
@@ -985,9 +1001,9 @@ def finalize_table(partial: Partial) -> pa.Table:
     event), r = ceil(p / 100 * count). Values are float64.
     """
     if isinstance(partial, MetricPartial):
-        return _metric_value_table(partial)
+        return _metric_value_table(partial, stored)
     if isinstance(partial, TopNPartial):
-        return _topn_value_table(partial)
+        return _topn_value_table(partial, stored)
     raise TypeError(f"not a partial: {partial!r}")
 
 
@@ -1006,7 +1022,7 @@ def to_state_table(partial: MetricPartial) -> pa.Table:
     rows = table.num_rows
     columns: dict[str, Any] = {
         "entity": table.column("entity"),
-        "time_bucket": iso_from_ms(table.column("bucket").to_numpy()),
+        "time_bucket": _bucket_column(table.column("bucket").to_numpy(), stored=True),
         "b": table.column("b") if "b" in table.column_names else pa.array(np.full(rows, -1, dtype=np.int64)),
     }
     for field in STATE_TABLE_SCHEMA.names[3:]:
@@ -1023,7 +1039,7 @@ def from_state_table(
     cls = partial_type(definition)
     columns: dict[str, Any] = {
         "entity": table.column("entity").cast(pa.string()),
-        "bucket": pa.array(ms_from_iso(table.column("time_bucket")), pa.int64()),
+        "bucket": pa.array(ms_from_bucket(table.column("time_bucket")), pa.int64()),
     }
     if "b" in cls.key_columns:
         columns["b"] = table.column("b").cast(pa.int64())
@@ -1034,7 +1050,7 @@ def from_state_table(
 
 def to_topn_table(partial: TopNPartial) -> pa.Table:
     """Top-N states as stored rows (:data:`TOPN_COLUMNS`): the ranked rows are the state."""
-    return finalize_table(partial)
+    return finalize_table(partial, stored=True)
 
 
 def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str] = ()) -> TopNPartial:
@@ -1042,7 +1058,7 @@ def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str]
     state = pa.table(
         {
             "entity": table.column("entity").cast(pa.string()),
-            "bucket": pa.array(ms_from_iso(table.column("time_bucket")), pa.int64()),
+            "bucket": pa.array(ms_from_bucket(table.column("time_bucket")), pa.int64()),
             "latency_ms": table.column("latency_ms").cast(pa.float64()),
             "key": table.column("key").cast(pa.string()),
         }

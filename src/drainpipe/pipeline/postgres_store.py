@@ -71,6 +71,7 @@ _ARROW_TYPES = {
     1043: pa.string(),
     1042: pa.string(),
     19: pa.string(),
+    1184: pa.timestamp("us", tz="UTC"),  # timestamptz: psycopg gives aware datetimes, converted to UTC instants
 }
 
 

@@ -18,7 +18,10 @@ The merge keeps the first three unique (a key's rows are deleted and re-inserted
 the store's lock). They have no primary key in DuckDB, whose index upkeep made merges ~10x slower; a
 PostgreSQL store should index them on (metric|name, granularity, entity, time_bucket).
 
-``time_bucket`` is the bucket start as ISO-8601 text (``2026-11-21T10:05:00Z``; it sorts chronologically).
+``time_bucket`` is the bucket start, an instant: ``TIMESTAMP WITH TIME ZONE`` in both databases (so SQL users and
+Grafana range-query and chart it natively). The store's API speaks ISO-8601 text (``2026-11-21T10:05:00Z``) as
+before: :meth:`Store.query` converts on the way out, bounds are converted on the way in. A store written before the
+column was a timestamp (ISO text) is migrated when it is opened, once, table by table (:meth:`SqlStore._migrate_time`).
 ``metric_state`` holds the mergeable states in the fixed columns of
 :data:`~drainpipe.pipeline.functions.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1``
 otherwise); ``metric_values`` the finalized values (what :meth:`Store.query` reads); for a top-N the ranked
@@ -102,6 +105,7 @@ from .functions import (
     from_topn_table,
     iso_from_ms,
     merge,
+    ms_from_bucket,
     piece_of,
     rollup,
     source_root,
@@ -136,13 +140,13 @@ _WRITE_ROWS = 400_000
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS metric_state (
         metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
-        time_bucket VARCHAR NOT NULL, b BIGINT NOT NULL,
+        time_bucket TIMESTAMPTZ NOT NULL, b BIGINT NOT NULL,
         n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT)""",
     """CREATE TABLE IF NOT EXISTS metric_values (
         metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
-        time_bucket VARCHAR NOT NULL, label VARCHAR NOT NULL, value DOUBLE PRECISION NOT NULL)""",
+        time_bucket TIMESTAMPTZ NOT NULL, label VARCHAR NOT NULL, value DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS topn_values (
-        name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL, rank INTEGER NOT NULL,
+        name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket TIMESTAMPTZ NOT NULL, rank INTEGER NOT NULL,
         key VARCHAR NOT NULL, latency_ms DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS applied_sources (
         root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, applied_at BIGINT,
@@ -156,7 +160,8 @@ _SCHEMA = (
 #: the session's staging relations, which the merge's statements join against (see SqlStore._stage)
 _STAGING = (
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
-        name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket VARCHAR NOT NULL)""",
+        name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL,
+        time_bucket TIMESTAMPTZ NOT NULL)""",
     "CREATE TEMPORARY TABLE IF NOT EXISTS stage_sources (root VARCHAR NOT NULL)",
 )
 _STAGED = (
@@ -414,17 +419,35 @@ class SqlStore:
         for statement in _SCHEMA + self._STAGING_DDL:
             self._execute(statement)
         self._migrate_ledger()
+        self._migrate_time()
+
+    def _column_type(self, table: str, column: str) -> str:
+        """The SQL type of ``table.column`` (upper case, as information_schema names it), "" if no such column."""
+        found = self._fetchall(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = ? AND column_name = ?",
+            (table, column),
+        )
+        return str(found[0][0]).upper() if found else ""
+
+    def _migrate_time(self) -> None:
+        """A store written before ``time_bucket`` was a timestamp holds it as ISO-8601 text: each such table is
+        converted in place, once (the text is UTC with a ``Z``, so the cast is exact). Table by table, each check
+        first, so an interrupted migration is finished by the next open."""
+        for table in _TIME_TABLES:
+            kind = self._column_type(table, "time_bucket")
+            if kind and kind != "TIMESTAMP WITH TIME ZONE":
+                self._execute(
+                    f"ALTER TABLE {table} ALTER COLUMN time_bucket TYPE TIMESTAMPTZ "
+                    "USING CAST(time_bucket AS TIMESTAMPTZ)"
+                )
+                log.warning("%s: migrated %s: time_bucket %s -> TIMESTAMP WITH TIME ZONE", self, table, kind.lower())
 
     def _migrate_ledger(self) -> None:
         """A store written before the ledger had ``applied_at`` gains the column, once, with the time of opening for
         the entries it holds (they were written no later: pruning them by it is safe, only later than could be)."""
         for table in ("applied_sources", "file_progress"):
-            found = self._fetchall(
-                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ? "
-                "AND column_name = 'applied_at'",
-                (table,),
-            )
-            if not found:
+            if not self._column_type(table, "applied_at"):
                 self._execute(f"ALTER TABLE {table} ADD COLUMN applied_at BIGINT")
                 self._execute(f"UPDATE {table} SET applied_at = ? WHERE applied_at IS NULL", (self.clock(),))
                 log.warning("%s: migrated %s: added applied_at (the ledger's record time, for retention)", self, table)
@@ -442,12 +465,12 @@ class SqlStore:
                 for table in ("metric_state", "metric_values"):
                     deleted[table] += self._delete(
                         f"DELETE FROM {table} WHERE granularity = ? AND time_bucket < ?",
-                        (granularity, parse_time(cutoff)),
+                        (granularity, _instant(cutoff)),
                     )
             topn = retention.topn_cutoff(now)
             if topn is not None:
                 deleted["topn_values"] += self._delete(
-                    "DELETE FROM topn_values WHERE time_bucket < ?", (parse_time(topn),)
+                    "DELETE FROM topn_values WHERE time_bucket < ?", (_instant(topn),)
                 )
             ledger = retention.ledger_cutoff(now)
             if ledger is not None:
@@ -734,7 +757,8 @@ class SqlStore:
                 new_states = pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined)
         self._insert_arrow("metric_state", new_states.select(list(_STATE_COLUMNS)))
         self._insert_arrow(
-            "metric_values", pa.concat_tables(finalize_table(c) for c in combined).select(list(VALUE_COLUMNS))
+            "metric_values",
+            pa.concat_tables(finalize_table(c, stored=True) for c in combined).select(list(VALUE_COLUMNS)),
         )
 
     def _merge_topns(self, parts: list[TopNPartial]) -> None:
@@ -804,7 +828,7 @@ class SqlStore:
         )
         sql = f"SELECT {', '.join(VALUE_COLUMNS)} FROM metric_values{where} ORDER BY {', '.join(VALUE_COLUMNS[:5])}"
         with self._guard("query"):
-            return self._fetchall(sql, params)
+            return _rows(self._fetch_arrow(sql, params))
 
     def query_topn(
         self, name: str, entity: str | None = None, start: Any = None, end: Any = None
@@ -812,7 +836,7 @@ class SqlStore:
         where, params = _filters([("name = ?", name), ("entity = ?", entity)], start, end)
         sql = f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values{where} ORDER BY name, entity, time_bucket, rank"
         with self._guard("query"):
-            return self._fetchall(sql, params)
+            return _rows(self._fetch_arrow(sql, params))
 
     def stored_names(self) -> dict[str, str]:
         with self._guard("query"):
@@ -884,6 +908,25 @@ class _Ledger:
 
 
 _KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
+#: the tables whose time_bucket is a timestamp (stage_keys is temporary: created with the type)
+_TIME_TABLES = ("metric_state", "metric_values", "topn_values")
+
+
+def _instant(value: Any) -> _dt.datetime:
+    """A time bound (as :func:`parse_time` takes it) as an aware UTC datetime, the parameter type that both
+    databases compare with a TIMESTAMPTZ column."""
+    return _dt.datetime.strptime(parse_time(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.UTC)
+
+
+def _rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    """Stored rows as tuples, with time_bucket as ISO-8601 text (the API's form, whatever the column type)."""
+    if table.num_rows == 0:
+        return []
+    i = table.column_names.index("time_bucket")
+    table = table.set_column(i, "time_bucket", iso_from_ms(ms_from_bucket(table.column(i))))
+    return list(zip(*(column.to_pylist() for column in table.columns)))
+
+
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
 _TOPN_GRANULARITY = "10 minutes"
 
@@ -912,9 +955,9 @@ def _split(stored: pa.Table, name_column: str, keys: list[tuple[str, str | None]
 def _filters(equal: list[tuple[str, Any]], start: Any, end: Any) -> tuple[str, list[Any]]:
     clauses = [(sql, value) for sql, value in equal if value is not None]
     if start is not None:
-        clauses.append(("time_bucket >= ?", parse_time(start)))
+        clauses.append(("time_bucket >= ?", _instant(start)))
     if end is not None:
-        clauses.append(("time_bucket <= ?", parse_time(end)))
+        clauses.append(("time_bucket <= ?", _instant(end)))
     if not clauses:
         return "", []
     return " WHERE " + " AND ".join(sql for sql, _ in clauses), [value for _, value in clauses]
