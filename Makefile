@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 PG_URL ?= $(shell scripts/postgres.sh url)
 
-.PHONY: install check demo test bench clean pg pg-stop chromium
+.PHONY: install check demo test bench clean pg pg-stop chromium prometheus
 
 $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ check: install
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: check pg chromium
+test: check pg chromium prometheus
 	DRAINPIPE_TEST_PG=$(PG_URL) $(PY) -m pytest -q
 
 # A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432 (or a free port when that one is
@@ -41,6 +41,13 @@ chromium:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; else \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+
+# Prometheus from Debian, which the RED-metrics test starts to scrape `drainpipe serve` (tests/server). Only the
+# binary is used: the package's own service is not started.
+prometheus:
+	@if [ -x /usr/bin/prometheus ]; then :; else \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; fi
 
 bench: install
 	$(PY) benchmarks/queue_throughput.py

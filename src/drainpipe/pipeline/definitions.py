@@ -354,6 +354,21 @@ def signature(definition: Definition) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
+#: Prometheus' own default histogram buckets, in milliseconds: 5 ms to 10 s
+DEFAULT_LATENCY_BUCKETS_MS: tuple[float, ...] = (5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000)
+
+
+def _latency_buckets(value: Any) -> tuple[float, ...]:
+    """Histogram bounds: 1 to 100 positive, finite, increasing numbers of milliseconds."""
+    ok = isinstance(value, (list, tuple)) and 0 < len(value) <= 100
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in value)
+    if not ok or any(b <= a for a, b in zip(value, value[1:])):
+        raise DefinitionError(
+            f"latency_buckets_ms must be 1 to 100 increasing positive numbers of milliseconds, not {value!r}"
+        )
+    return tuple(float(v) for v in value)
+
+
 @dataclass(frozen=True)
 class Definitions:
     """An ordered, name-unique set of metric and top-N definitions, and how inputs become events: the span mapping
@@ -365,6 +380,8 @@ class Definitions:
     endpoints: EndpointRules = EndpointRules()
     max_entities: int = 10_000  # the cardinality guard: entities per scope and bucket (``max_entities``)
     retention: Retention = Retention()  # how long a store keeps what (``[retention]``)
+    #: upper bounds (ms) of the latency histogram ``drainpipe serve`` exposes to Prometheus (``[prometheus]``)
+    latency_buckets_ms: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_MS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -375,6 +392,7 @@ class Definitions:
             raise DefinitionError("Definitions takes MetricDef metrics and TopNDef topns")
         if isinstance(self.max_entities, bool) or not isinstance(self.max_entities, int) or self.max_entities < 1:
             raise DefinitionError(f"max_entities must be an integer >= 1, not {self.max_entities!r}")
+        object.__setattr__(self, "latency_buckets_ms", _latency_buckets(self.latency_buckets_ms))
         seen: set[str] = set()
         for definition in self.all:
             if definition.name in seen:
@@ -465,14 +483,17 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention"}
+    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention", "prometheus"}
     unknown = sorted(set(document) - allowed)
     if unknown:
         raise DefinitionError(
             f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
-            "[[endpoint_rule]], endpoint_ids, max_entities and [retention])"
+            "[[endpoint_rule]], endpoint_ids, max_entities, [retention] and [prometheus])"
         )
     retention = parse_retention(document.get("retention", {}), source)
+    prometheus = document.get("prometheus", {})
+    if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms"}:
+        raise DefinitionError(f"{source}: [prometheus] takes one key, latency_buckets_ms = [5, 10, 25, ...]")
     spans = parse_span_mapping(document.get("spans", {}), source)
     endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
@@ -491,7 +512,8 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
     try:
         return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
-                           document.get("max_entities", 10_000), retention)  # fmt: skip
+                           document.get("max_entities", 10_000), retention,
+                           prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS))  # fmt: skip
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

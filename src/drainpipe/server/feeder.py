@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -52,12 +53,14 @@ class Feeder:
         *,
         checkpoint_s: float = 2.0,
         max_commits: int = 2,
+        observe: Callable[[pa.RecordBatch], None] | None = None,
     ) -> None:
         self.log = log_
         self.engine = engine
         self.definitions = definitions
         self.checkpoint_s = checkpoint_s
         self.max_commits = max_commits
+        self.observe = observe  # sees every event batch handed to the engine (the RED metrics)
         self.applied: dict[str, int] = {}  # per definition: the position the store has (from recovery)
         self.position = 0  # fed up to here
         self.committed = 0  # the store has everything up to here
@@ -170,6 +173,11 @@ class Feeder:
         subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
         table = join_events(group)  # one batch (requests first, then any exit rows)
         self.engine.ingest(table, None, subset)
+        if self.observe is not None:
+            try:
+                self.observe(table)
+            except Exception:  # metrics of the traffic must not stop feeding it to the store
+                log.exception("observing a batch for the RED metrics failed")
         n = table.num_rows
         self._events_since += n
 

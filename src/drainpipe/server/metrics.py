@@ -175,6 +175,7 @@ class ServerMetrics:
         self.service = service
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(service))
+        self.registry.register(service.red)  # the traffic's own RED metrics (calls, latency histograms)
         self.write_latency = Histogram(
             f"{PREFIX}_store_write_latency_seconds",
             "Latency of one store transaction (merge of a persist batch)",

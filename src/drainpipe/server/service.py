@@ -40,6 +40,7 @@ from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
 from ..pipeline.retention import Retention
 from .feeder import Feeder
+from .red import RedMetrics
 from .wal import EventLog, LogFull, MemoryLog
 
 log = logging.getLogger("drainpipe.server")
@@ -170,7 +171,10 @@ class IngestService:
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
-        self.feeder = Feeder(self.log, self.engine, definitions, checkpoint_s=self.options.checkpoint_s)
+        self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
+        self.feeder = Feeder(
+            self.log, self.engine, definitions, checkpoint_s=self.options.checkpoint_s, observe=self.red.observe
+        )
         self.feeder.recover()
         self.counters = IngestCounters()
         self.started = time.time()

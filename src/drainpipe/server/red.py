@@ -1,0 +1,179 @@
+"""Prometheus-native RED metrics of the traffic ``drainpipe serve`` ingests: rate, errors, duration per service and
+endpoint, exposed on ``/metrics`` beside the runtime's own metrics.
+
+* ``drainpipe_calls_total{service, endpoint, status}``: a counter of requests, ``status`` ``ok`` or ``error`` (a
+  status series appears once it has a request);
+* ``drainpipe_call_duration_seconds{service, endpoint}``: a histogram of their latency, with the buckets of
+  ``[prometheus] latency_buckets_ms`` in the metrics TOML (``le`` in seconds, as Prometheus names base units).
+
+They count what the feeder hands the engine (every request event of ``/v1/events``, ``/v1/traces`` and a replay of
+the write-ahead log after a restart; statement rows of CLIENT spans are not requests), since the process started:
+``rate()`` and ``increase()`` over them agree with the stored cpm of the same minutes, ``histogram_quantile`` with
+the stored percentiles to within a bucket.
+
+Bounded like the stored metrics: at most ``max_entities`` (service, endpoint) series. Requests of any further pair are
+counted under ``service="__overflow__", endpoint="__overflow__"``, in ``drainpipe_calls_overflow_total``, and logged
+once. Nothing is dropped from the totals.
+
+Thread-safe: :meth:`RedMetrics.observe` (the feeder thread) does its per-event work in numpy outside the lock and
+takes it once per batch to add; :meth:`RedMetrics.collect` (a scrape) copies the arrays under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..inputs import request_rows
+from ..pipeline.cardinality import OVERFLOW
+
+__all__ = ["RedMetrics"]
+
+log = logging.getLogger("drainpipe.server")
+
+
+class RedMetrics(Collector):
+    """Calls and latency histograms per (service, endpoint); see the module docstring.
+
+    ``buckets_ms``: the histogram's upper bounds in milliseconds, increasing (``+Inf`` is added). ``max_series``: the
+    most (service, endpoint) pairs kept apart."""
+
+    def __init__(self, buckets_ms: Sequence[float], max_series: int, prefix: str = "drainpipe") -> None:
+        self.bounds_ms = np.asarray(buckets_ms, dtype=np.float64)
+        if self.bounds_ms.ndim != 1 or not len(self.bounds_ms) or np.any(np.diff(self.bounds_ms) <= 0):
+            raise ValueError("buckets_ms must be increasing numbers")
+        self.max_series = max_series
+        self.prefix = prefix
+        self._lock = threading.Lock()
+        self._index: dict[tuple[str, str], int] = {}
+        self._keys: list[tuple[str, str]] = []
+        width = len(self.bounds_ms) + 1
+        self._ok = np.zeros(0, np.int64)
+        self._error = np.zeros(0, np.int64)
+        self._hist = np.zeros((0, width), np.int64)  # per series: requests per bucket (not cumulative), last +Inf
+        self._sum_ms = np.zeros(0, np.float64)
+        self.overflow_calls = 0
+
+    # ------------------------------------------------------------------ observing
+
+    def observe(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Count the request rows of an event batch (:data:`~drainpipe.inputs.EVENT_SCHEMA`). Thread-safe."""
+        n = request_rows(batch)
+        if n == 0:
+            return
+        batch = batch.slice(0, n)
+        services = pc.dictionary_encode(batch.column("service"))
+        endpoints = pc.dictionary_encode(batch.column("endpoint"))
+        if isinstance(services, pa.ChunkedArray):
+            services, endpoints = services.combine_chunks(), endpoints.combine_chunks()
+        s_names, e_names = services.dictionary.to_pylist(), endpoints.dictionary.to_pylist()
+        pair = services.indices.to_numpy().astype(np.int64) * len(e_names) + endpoints.indices.to_numpy()
+        pairs, first, local = np.unique(pair, return_index=True, return_inverse=True)
+        ok = np.asarray(pc.fill_null(batch.column("status"), True).to_numpy(zero_copy_only=False), dtype=bool)
+        latency = np.asarray(batch.column("latency_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
+        width = len(self.bounds_ms) + 1
+        k = len(pairs)
+        # per pair of this batch; le semantics: a latency equal to a bound falls in that bound's bucket
+        oks = np.bincount(local, weights=ok, minlength=k).astype(np.int64)
+        calls = np.bincount(local, minlength=k)
+        bucket = np.searchsorted(self.bounds_ms, latency, side="left")
+        hist = np.bincount(local * width + bucket, minlength=k * width).reshape(k, width)
+        sums = np.bincount(local, weights=latency, minlength=k)
+        keys = [(s_names[p // len(e_names)], e_names[p % len(e_names)]) for p in pairs.tolist()]
+        with self._lock:  # new pairs are admitted in the order of their first request: first come, first kept
+            rows = np.empty(k, np.int64)
+            for i in np.argsort(first, kind="stable").tolist():
+                rows[i] = self._row(keys[i])
+            overflow = self._index.get((OVERFLOW, OVERFLOW))
+            if overflow is not None:
+                self.overflow_calls += int(calls[rows == overflow].sum())
+            # several pairs may share the overflow row: unbuffered adds
+            np.add.at(self._ok, rows, oks)
+            np.add.at(self._error, rows, calls - oks)
+            np.add.at(self._hist, rows, hist)
+            np.add.at(self._sum_ms, rows, sums)
+
+    def _row(self, key: tuple[str, str]) -> int:
+        """The series row of ``key`` (under the lock), created while there is room, else the overflow row."""
+        row = self._index.get(key)
+        if row is not None:
+            return row
+        if len(self._keys) >= self.max_series + (1 if (OVERFLOW, OVERFLOW) in self._index else 0):
+            if (OVERFLOW, OVERFLOW) not in self._index:
+                log.warning(
+                    "RED metrics: more than %d (service, endpoint) series; further ones are counted as %s",
+                    self.max_series,
+                    OVERFLOW,
+                )
+            key = (OVERFLOW, OVERFLOW)
+            row = self._index.get(key)
+            if row is not None:
+                return row
+        row = len(self._keys)
+        self._index[key] = row
+        self._keys.append(key)
+        if row >= len(self._ok):  # grow by doubling: appends stay amortized O(1)
+            size = max(64, 2 * len(self._ok))
+            self._ok = np.resize(self._ok, size)
+            self._ok[row:] = 0
+            self._error = np.resize(self._error, size)
+            self._error[row:] = 0
+            self._sum_ms = np.resize(self._sum_ms, size)
+            self._sum_ms[row:] = 0
+            hist = np.zeros((size, self._hist.shape[1]), np.int64)
+            hist[: len(self._hist)] = self._hist
+            self._hist = hist
+        return row
+
+    @property
+    def series(self) -> int:
+        """(service, endpoint) series held, the overflow series included."""
+        return len(self._keys)
+
+    # ------------------------------------------------------------------ scraping
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            keys = list(self._keys)
+            n = len(keys)
+            ok, error, sum_ms = self._ok[:n].copy(), self._error[:n].copy(), self._sum_ms[:n].copy()
+            cumulative = np.cumsum(self._hist[:n], axis=1)
+            overflow_calls = self.overflow_calls
+        calls = CounterMetricFamily(
+            f"{self.prefix}_calls",
+            "Requests ingested, per service, endpoint and status",
+            labels=["service", "endpoint", "status"],
+        )
+        duration = HistogramMetricFamily(
+            f"{self.prefix}_call_duration_seconds", "Latency of the requests ingested", labels=["service", "endpoint"]
+        )
+        les = [_le(b / 1000.0) for b in self.bounds_ms] + ["+Inf"]
+        for i, (service, endpoint) in enumerate(keys):
+            if ok[i]:
+                calls.add_metric([service, endpoint, "ok"], int(ok[i]))
+            if error[i]:
+                calls.add_metric([service, endpoint, "error"], int(error[i]))
+            duration.add_metric(
+                [service, endpoint],
+                buckets=list(zip(les, (int(c) for c in cumulative[i]))),
+                sum_value=float(sum_ms[i]) / 1000.0,
+            )
+        yield calls
+        yield duration
+        yield CounterMetricFamily(
+            f"{self.prefix}_calls_overflow",
+            "Requests counted under the __overflow__ series: their (service, endpoint) came after max_entities others",
+            value=overflow_calls,
+        )
+
+
+def _le(seconds: float) -> str:
+    """A bucket bound as Prometheus writes it (``0.005``, ``1.0``, ``2.5``)."""
+    return repr(float(seconds))

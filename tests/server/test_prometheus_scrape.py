@@ -1,0 +1,186 @@
+"""The RED metrics as a real Prometheus sees them (Debian's ``prometheus``, which ``make test`` installs): it scrapes
+``drainpipe serve`` on loopback with the bearer token every second; PromQL over what it scraped must agree with the
+metrics drainpipe stored for the same minute.
+
+* the calls counter: its exact increase over the traffic (raw samples) equals the stored cpm of that minute, errors
+  equal what the stored SLA implies, and ``rate()`` agrees within Prometheus' extrapolation (a window of W seconds
+  sampled each second is stretched by at most about 2.2 s / (W - 2));
+* ``histogram_quantile(0.99, ...)`` lands in the stored p99's bucket or the one beside it;
+* without the token the scrape fails (``up == 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from server_testlib import post_events, running_server
+
+from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
+from drainpipe.pipeline.store import open_store
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+TOKEN = "scrape-secret"
+
+pytestmark = pytest.mark.skipif(
+    not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def prometheus(target: str, workdir: Path) -> Iterator[str]:
+    """A Prometheus scraping ``target`` each second, with the token (job ``drainpipe``) and without (``no-token``)."""
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: drainpipe\n    authorization: {{type: Bearer, credentials: {TOKEN}}}\n"
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
+        f"  - job_name: no-token\n    static_configs: [{{targets: ['{target}']}}]\n"
+    )
+    log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed below, after the process
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("prometheus did not start:\n" + (workdir / "prometheus.log").read_text()[-3000:])
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def promql(base: str, query: str, at: float) -> list[dict]:
+    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def scalar(base: str, query: str, at: float) -> float:
+    result = promql(base, query, at)
+    assert len(result) == 1, (query, result)
+    return float(result[0]["value"][1])
+
+
+def wait_for(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def bucket_of(ms: float) -> int:
+    """The index of the histogram bucket (``le`` bounds in ms) that ``ms`` falls in."""
+    return next((i for i, b in enumerate(DEFAULT_LATENCY_BUCKETS_MS) if ms <= b), len(DEFAULT_LATENCY_BUCKETS_MS))
+
+
+def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_path) -> None:
+    rng = random.Random(7)
+    url = f"duckdb:///{tmp_path / 'red.duckdb'}"
+    with running_server(store_url=url, token=TOKEN) as srv:
+        target = srv.url.removeprefix("http://")
+        with prometheus(target, tmp_path) as prom:
+            up = lambda job: promql(prom, f'up{{job="{job}"}}', time.time())  # noqa: E731
+            wait_for(lambda: up("drainpipe") and up("no-token"), 30, "the first scrapes")
+            wait_for(lambda: up("drainpipe")[0]["value"][1] == "1", 10, "a scrape with the token")
+            assert up("no-token")[0]["value"][1] == "0"  # /metrics wants the token
+
+            def traffic(n: int, ts: int) -> list[dict]:
+                return [
+                    {"ts": ts, "service": "shop", "endpoint": rng.choice(["/cart", "/pay"]),
+                     "latency_ms": round(rng.lognormvariate(3.7, 0.9), 3), "status": rng.random() > 0.03}
+                    for _ in range(n)
+                ]  # fmt: skip
+
+            # the series exist before the measured traffic: requests of an hour ago, of both statuses
+            warm = traffic(40, int(time.time() * 1000) - 3_600_000)
+            warm[0]["status"], warm[1]["status"] = True, False
+            assert post_events(srv.url, warm, token=TOKEN)[0] == 200
+            time.sleep(4)  # scraped well before the window below starts
+            if 60 - time.time() % 60 < 13:  # the traffic's 10 s fit in one minute
+                time.sleep(60.5 - time.time() % 60)
+            minute = int(time.time() // 60 * 60_000)
+            t0, sent, errors = time.time(), 0, 0
+            while time.time() - t0 < 10:
+                batch = traffic(150, int(time.time() * 1000))
+                assert all(e["ts"] // 60_000 * 60_000 == minute for e in batch)
+                assert post_events(srv.url, batch, token=TOKEN)[0] == 200
+                sent += len(batch)
+                errors += sum(not e["status"] for e in batch)
+                time.sleep(0.2)
+            iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(minute / 1000))
+
+            def stored(metric: str) -> list[tuple]:
+                with open_store(url) as store:
+                    return store.query(metric, entity="shop", granularity="minute", start=iso, end=iso)
+
+            wait_for(lambda: [r[5] for r in stored("service_cpm")] == [sent], 30, "the minute in the store")
+            time.sleep(3)  # the last requests are scraped
+            at = time.time()
+            window = int(at - t0) + 2  # starts 1-2 s before the traffic, after the warm-up was scraped
+
+            # exact: the raw samples' increase is the stored count of the minute, and its errors
+            cpm = stored("service_cpm")[0][5]
+            sla = stored("service_sla")[0][5]
+            for status, expected in (("ok", sent - errors), ("error", errors)):
+                raw = promql(prom, f'sum(drainpipe_calls_total{{job="drainpipe",service="shop",status="{status}"}})', at)
+                before = promql(
+                    prom,
+                    f'sum(drainpipe_calls_total{{job="drainpipe",service="shop",status="{status}"}} offset {window}s)',
+                    at,
+                )
+                assert float(raw[0]["value"][1]) - float(before[0]["value"][1]) == expected
+            assert errors == round(cpm * (1 - sla / 100))
+            # the PromQL rate over the window, as a per-minute figure over the traffic, against the stored cpm
+            rate = scalar(prom, f'sum(rate(drainpipe_calls_total{{job="drainpipe",service="shop"}}[{window}s]))', at)
+            tolerance = 2.2 / (window - 2)
+            assert abs(rate * window - cpm) <= cpm * tolerance, (rate * window, cpm, tolerance)
+
+            # the p99 from the scraped histogram, within one bucket of the stored p99
+            p99_prom = 1000 * scalar(
+                prom,
+                "histogram_quantile(0.99, sum by (le) (increase("
+                f'drainpipe_call_duration_seconds_bucket{{job="drainpipe",service="shop"}}[{window}s])))',
+                at,
+            )
+            p99_stored = {r[4]: r[5] for r in stored("service_percentile")}["p99"]
+            assert abs(bucket_of(p99_prom) - bucket_of(p99_stored)) <= 1, (p99_prom, p99_stored)
+            print(f"cpm {cpm:.0f}, rate x {window} s {rate * window:.1f} (tolerance {tolerance:.1%}); "
+                  f"p99 stored {p99_stored:.0f} ms, histogram_quantile {p99_prom:.0f} ms")  # fmt: skip
