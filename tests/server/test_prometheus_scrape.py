@@ -55,7 +55,7 @@ def prometheus(target: str, workdir: Path) -> Iterator[str]:
         f"    static_configs: [{{targets: ['{target}']}}]\n"
         f"  - job_name: no-token\n    static_configs: [{{targets: ['{target}']}}]\n"
     )
-    log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed below, after the process
+    log = open(workdir / "prometheus.log", "wb")  # closed below, after the process
     proc = subprocess.Popen(
         [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"],
@@ -117,7 +117,7 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
     with running_server(store_url=url, token=TOKEN) as srv:
         target = srv.url.removeprefix("http://")
         with prometheus(target, tmp_path) as prom:
-            up = lambda job: promql(prom, f'up{{job="{job}"}}', time.time())  # noqa: E731
+            up = lambda job: promql(prom, f'up{{job="{job}"}}', time.time())
             wait_for(lambda: up("drainpipe") and up("no-token"), 30, "the first scrapes")
             wait_for(lambda: up("drainpipe")[0]["value"][1] == "1", 10, "a scrape with the token")
             assert up("no-token")[0]["value"][1] == "0"  # /metrics wants the token
@@ -160,7 +160,9 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
             cpm = stored("service_cpm")[0][5]
             sla = stored("service_sla")[0][5]
             for status, expected in (("ok", sent - errors), ("error", errors)):
-                raw = promql(prom, f'sum(drainpipe_calls_total{{job="drainpipe",service="shop",status="{status}"}})', at)
+                raw = promql(
+                    prom, f'sum(drainpipe_calls_total{{job="drainpipe",service="shop",status="{status}"}})', at
+                )
                 before = promql(
                     prom,
                     f'sum(drainpipe_calls_total{{job="drainpipe",service="shop",status="{status}"}} offset {window}s)',
