@@ -9,7 +9,7 @@ import random
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,9 +32,14 @@ def running_server(
     log: EventLog | None = None,
     decoder: BodyDecoder | None = None,
     definitions: Definitions | None = None,
+    clock: Callable[[], int] | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
+    """A server on a free loopback port; ``clock`` replaces the store's (epoch ms of "now", for retention and
+    alerts)."""
     store = open_store(store_url)
+    if clock is not None:
+        store.clock = clock  # type: ignore[attr-defined]
     opts = options or ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5)
     service = IngestService(
         definitions or default_definitions(),

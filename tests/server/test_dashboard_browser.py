@@ -5,6 +5,7 @@ figures update, keep a screenshot in docs/dashboard.png."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import shutil
@@ -14,11 +15,17 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from server_testlib import events, post_events, running_server
+
+from drainpipe.pipeline.alerts import AlertRule
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.server.service import ServiceOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -118,16 +125,32 @@ def number(text: str) -> float:
     return float(t.rstrip("Mk")) * scale if t not in ("", "–") else -1
 
 
-def test_dashboard_updates_while_events_flow() -> None:
+@contextmanager
+def browser() -> Iterator[WebDriver]:
+    """chromedriver and a headless Chromium session, ended and cleaned up after."""
     port = free_port()
     driver_proc = subprocess.Popen(
         [CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     profile = tempfile.mkdtemp(prefix="drainpipe-chromium-")
     driver = WebDriver(f"http://127.0.0.1:{port}")
-    stop = threading.Event()
     try:
         wait_until(lambda: _ready(driver), timeout=20)
+        driver.start(profile)
+        yield driver
+    finally:
+        driver.quit()
+        driver_proc.terminate()
+        try:
+            driver_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            driver_proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_dashboard_updates_while_events_flow() -> None:
+    stop = threading.Event()
+    with browser() as driver:
         with running_server(rebalance_interval_ms=300) as srv:
 
             def feed() -> None:
@@ -139,7 +162,6 @@ def test_dashboard_updates_while_events_flow() -> None:
 
             feeder = threading.Thread(target=feed, daemon=True)
             feeder.start()
-            driver.start(profile)
             driver.s("POST", "/url", {"url": srv.url + "/"})
             wait_until(lambda: number(driver.text("accepted-total")) > 0)
             first = number(driver.text("accepted-total"))
@@ -183,15 +205,30 @@ def test_dashboard_updates_while_events_flow() -> None:
             stop.set()
             feeder.join(10)
             _numbers_equal_the_store(driver, srv)
-    finally:
-        stop.set()
-        driver.quit()
-        driver_proc.terminate()
-        try:
-            driver_proc.wait(10)
-        except subprocess.TimeoutExpired:
-            driver_proc.kill()
-        shutil.rmtree(profile, ignore_errors=True)
+    stop.set()
+
+
+def test_the_dashboard_shows_firing_alerts_escaped() -> None:
+    """A rule fires on stored minutes (a fake clock puts them in the past); the page shows it, with the entity's name
+    as text even when it looks like markup, and the notification as not sent (no webhook)."""
+    m0 = int(time.time() // 60) * 60_000 - 10 * 60_000
+    rule = AlertRule("slow", "service_resp_time", 100, entity="*", periods=2)
+    definitions = dataclasses.replace(default_definitions(), alerts=(rule,))
+    options = ServiceOptions(sample_interval_s=0.2, alert_every_s=0.2, alert_settle_s=0)
+    evil = "<img src=x onerror=alert(1)>-svc"
+    with browser() as driver, running_server(options=options, definitions=definitions,
+                                             clock=lambda: m0 + 2 * 60_000 + 30_000) as srv:  # fmt: skip
+        for m in range(2):
+            post_events(srv.url, [{"ts": m0 + m * 60_000 + i, "service": svc, "endpoint": "/x",
+                                   "latency_ms": latency, "status": True}
+                                  for i in range(10) for svc, latency in ((evil, 250.0), ("ok-svc", 5.0))])  # fmt: skip
+        driver.s("POST", "/url", {"url": srv.url + "/"})
+        firing = wait_until(lambda: driver.text("alerts-firing").startswith("FIRING") and driver.text("alerts-firing"))
+        assert f"FIRING · slow · {evil} · 250" in firing and "ok-svc" not in firing
+        assert "service_resp_time > 100 for 2 minute(s)" in firing
+        assert driver.script("return document.querySelectorAll('#alerts img').length") == 0  # text, not markup
+        assert "firing · slow" in driver.text("alerts-recent") and "not sent" in driver.text("alerts-recent")
+        assert "1 rules" in driver.text("alert-summary") and "no webhook" in driver.text("alert-summary")
 
 
 TABLE = """return [Array.from(document.querySelectorAll('#top-services thead th')).map(

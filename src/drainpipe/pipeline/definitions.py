@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from ..errors import DefinitionError
 from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
 from ..inputs.spans import SpanMapping, parse_span_mapping
+from .alerts import AlertRule, parse_alert_rules
 from .retention import Retention, parse_retention
 
 __all__ = [
@@ -382,6 +383,7 @@ class Definitions:
     retention: Retention = Retention()  # how long a store keeps what (``[retention]``)
     #: upper bounds (ms) of the latency histogram ``drainpipe serve`` exposes to Prometheus (``[prometheus]``)
     latency_buckets_ms: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_MS
+    alerts: tuple[AlertRule, ...] = ()  # rules over the stored metrics (``[[alert]]``), evaluated by serve
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -483,12 +485,13 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention", "prometheus"}
+    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention", "prometheus",
+               "alert"}  # fmt: skip
     unknown = sorted(set(document) - allowed)
     if unknown:
         raise DefinitionError(
             f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
-            "[[endpoint_rule]], endpoint_ids, max_entities, [retention] and [prometheus])"
+            "[[endpoint_rule]], endpoint_ids, max_entities, [retention], [prometheus] and [[alert]])"
         )
     retention = parse_retention(document.get("retention", {}), source)
     prometheus = document.get("prometheus", {})
@@ -510,10 +513,12 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
                 raise DefinitionError(f"{where}: {exc}") from None
     if not built["metric"] and not built["topn"]:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
+    functions = {m.name: m.function for m in built["metric"]}  # type: ignore[union-attr]
+    alerts = parse_alert_rules(document.get("alert", []), source, functions)
     try:
         return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
                            document.get("max_entities", 10_000), retention,
-                           prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS))  # fmt: skip
+                           prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS), alerts)  # fmt: skip
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

@@ -55,6 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..inputs.records import request_rows
+from .buckets import GRANULARITIES, GRANULARITY_MS, PERCENTILE_LABELS, PERCENTILES, TOPN_BUCKET_MS
 from .definitions import FUNCTIONS, Definition, Definitions, MetricDef, TopNDef
 
 __all__ = [
@@ -93,11 +94,6 @@ __all__ = [
     "ms_from_bucket",
 ]
 
-GRANULARITY_MS: Mapping[str, int] = MappingProxyType({"minute": 60_000, "hour": 3_600_000, "day": 86_400_000})
-GRANULARITIES: tuple[str, ...] = tuple(GRANULARITY_MS)
-TOPN_BUCKET_MS = 600_000
-PERCENTILES: tuple[int, ...] = (50, 75, 90, 95, 99)
-PERCENTILE_LABELS: tuple[str, ...] = tuple(f"p{p}" for p in PERCENTILES)
 VALUE_COLUMNS: tuple[str, ...] = ("metric", "entity", "granularity", "time_bucket", "label", "value")
 TOPN_COLUMNS: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
 _ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"

@@ -51,6 +51,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         definitions = dataclasses.replace(definitions, retention=definitions.retention.with_flags(args.retention))
     if args.purge_every_s < 0:
         raise UsageError("--purge-every-s must be >= 0")
+    if args.alert_every_s <= 0:
+        raise UsageError("--alert-every-s must be > 0")
+    if args.alert_webhook and not args.alert_webhook.startswith(("http://", "https://")):
+        raise UsageError(f"--alert-webhook must be an http:// or https:// URL, not {args.alert_webhook!r}")
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
     # engine's threads nor DuckDB's exist yet)
     decoder = BodyDecoder(default_parsers() if args.parsers is None else args.parsers)
@@ -65,6 +69,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
         checkpoint_s=args.checkpoint_s,
         purge_every_s=args.purge_every_s,
+        alert_webhook=args.alert_webhook or "",
+        alert_every_s=args.alert_every_s,
     )
     engine = serve_engine_options(slow_handler_ms=max(1, round(args.slow_handler_s * 1000)))
     service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options,
@@ -184,6 +190,11 @@ def add_commands(
     s.add_argument("--purge-every-s", type=float, default=3600.0, metavar="S",
                    help="purge the store by the retention this often, first at start (0: never; default: "
                    "%(default)s)")  # fmt: skip
+    s.add_argument("--alert-webhook", default=None, metavar="URL",
+                   help="post the firing and resolved notifications of the metrics TOML's [[alert]] rules here as "
+                   "JSON, retried with backoff (default: none, they are shown on the dashboard only)")  # fmt: skip
+    s.add_argument("--alert-every-s", type=float, default=30.0, metavar="S",
+                   help="evaluate the [[alert]] rules on the store this often (default: %(default)s)")  # fmt: skip
     s.add_argument("--max-entities", type=int, default=None, metavar="N",
                    help="the cardinality guard: distinct entities kept per scope and minute, the rest fold into "
                    "__overflow__ (default: the metrics TOML's max_entities, else 10000)")  # fmt: skip

@@ -3,7 +3,8 @@
 It polls ``GET /v1/stats`` once a second and draws: the headline figures (ingest rate, accepted, rejected,
 drops, refusals, store latency), a heat strip of per-partition buffer usage for every queue, per-drain-thread
 load over time for L1 and L2 with rebalance events marked, ingest / drop rates over time, and the latest
-minute's metrics for the busiest services (from the store). A token in the URL (``/#token=...``) is sent as a
+minute's metrics for the busiest services (from the store), and the alerts: those firing and the latest
+notifications with their delivery. A token in the URL (``/#token=...``) is sent as a
 bearer token.
 """
 
@@ -49,6 +50,8 @@ PAGE_TEXT = r"""<!doctype html>
   .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:4px; vertical-align:-1px; }
   #rebalances div { font-size:12px; color:var(--dim); font-variant-numeric: tabular-nums; }
   #error { color:var(--bad); }
+  .bad { color:var(--bad); } .good { color:var(--good); } .warn { color:var(--warn); }
+  #alerts div { font-size:13px; margin:2px 0; font-variant-numeric: tabular-nums; }
 </style>
 </head>
 <body>
@@ -84,6 +87,8 @@ PAGE_TEXT = r"""<!doctype html>
     <h2>Slow handler calls (over slow_handler_ms)</h2><div id="slow-calls"></div></section>
   <section class="panel wide"><h2>Busiest services · latest minute in the store <span id="top-bucket" class="dim"></span></h2>
     <table id="top-services"><thead></thead><tbody></tbody></table></section>
+  <section class="panel wide" id="alerts"><h2>Alerts <span id="alert-summary" class="dim"></span></h2>
+    <div id="alerts-firing"></div><div id="alerts-recent"></div></section>
 </main>
 <script>
 "use strict";
@@ -94,6 +99,8 @@ let polls = 0;
 const $ = (id) => document.getElementById(id);
 const fmt = (n) => n == null ? "–" : Math.abs(n) >= 1e6 ? (n / 1e6).toFixed(2) + "M" : Math.abs(n) >= 1e4 ? (n / 1e3).toFixed(1) + "k" : (Math.round(n * 10) / 10).toLocaleString();
 const fmtInt = (n) => n == null ? "–" : Number(n).toLocaleString();
+// text from the data (service and entity names come from the events) is escaped before it goes into markup
+const esc = (v) => String(v).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
 function dur(s) { s = Math.floor(s); const h = Math.floor(s / 3600), m = Math.floor(s % 3600 / 60); return (h ? h + "h " : "") + (h || m ? m + "m " : "") + (s % 60) + "s"; }
 function heatColor(pct) { const u = Math.max(0, Math.min(1, pct / 100)); const hue = 140 - 140 * u; return `hsl(${hue}, ${40 + 40 * u}%, ${22 + 28 * Math.sqrt(u)}%)`; }
 
@@ -169,7 +176,24 @@ function renderTop(top) {
   $("top-bucket").textContent = top.bucket ? "(" + top.bucket + ")" : "(no data yet)";
   const formats = top.formats || [];
   table.tHead.innerHTML = "<tr>" + top.columns.map((c, i) => formats[i] ? `<th data-decimals="${formats[i].decimals}" data-unit="${formats[i].unit}">${c}</th>` : `<th>${c}</th>`).join("") + "</tr>";
-  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i < 2 ? (i === 1 ? String(v).slice(11, 16) : v) : fmtMetric(v, formats[i] || {decimals: 1, unit: ""})}</td>`).join("") + "</tr>").join("");
+  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i < 2 ? esc(i === 1 ? String(v).slice(11, 16) : v) : fmtMetric(v, formats[i] || {decimals: 1, unit: ""})}</td>`).join("") + "</tr>").join("");
+}
+
+// firing alerts, and the latest notifications with how their delivery to the webhook went
+function renderAlerts(a) {
+  if (!a) return;
+  const hook = a.webhook;
+  $("alert-summary").textContent = `· ${a.rules.length} rules · ${a.evaluations} evaluations · ` + (hook
+    ? `webhook: ${hook.delivered} delivered, ${hook.pending} pending, ${hook.failed_attempts} failed attempts` + (hook.given_up ? `, ${hook.given_up} given up` : "")
+    : "no webhook (--alert-webhook)") + (a.error ? " · " + a.error : "");
+  const rule = (n) => `${esc(n.rule.metric)}${n.rule.label ? "[" + esc(n.rule.label) + "]" : ""} ${esc(n.rule.op)} ${n.rule.threshold} for ${n.rule.for} ${n.rule.granularity}(s)`;
+  const value = (v) => v == null ? "no data" : fmt(v);
+  $("alerts-firing").innerHTML = a.firing.map((n) =>
+    `<div class="bad alert-firing">FIRING · <b>${esc(n.alert)}</b> · ${esc(n.entity)} · ${value(n.value)} at ${n.time_bucket.slice(11, 16)} · since ${n.since} · ${rule(n)}</div>`).join("")
+    || (a.rules.length ? "<div>none firing</div>" : "<div>no [[alert]] rules in the metrics TOML</div>");
+  $("alerts-recent").innerHTML = a.recent.slice(0, 10).map((n) =>
+    `<div class="alert-note">${n.at.slice(11, 19)} · ${n.status === "firing" ? '<span class="bad">firing</span>' : '<span class="good">resolved</span>'} · ${esc(n.alert)} · ${esc(n.entity)} · ${value(n.value)} · ` +
+    (n.delivered ? `delivered (attempt ${n.attempt})` : hook ? `<span class="warn">retrying (attempt ${n.attempt})</span>` : "not sent") + "</div>").join("");
 }
 
 function render(d) {
@@ -188,7 +212,7 @@ function render(d) {
   $("store-latency").textContent = `${st.p50_write_ms} / ${st.p99_write_ms}`;
   $("rebalance-total").textContent = fmtInt(d.queues.reduce((a, q) => a + q.rebalances, 0));
   renderHeat(d.queues);
-  renderLoad("L1", d); renderLoad("L2", d); renderRates(d); renderTop(d.top_services);
+  renderLoad("L1", d); renderLoad("L2", d); renderRates(d); renderTop(d.top_services); renderAlerts(d.alerts);
   $("rebalances").innerHTML = d.rebalances.slice(-12).reverse().map((r) =>
     `<div>${new Date(r.at * 1000).toLocaleTimeString()} · ${r.queue.split("-").pop()} · moved ${r.moved} · ${r.duration_ms.toFixed(2)} ms · max/min ${r.ratio_before ?? "∞"} → ${r.ratio_after ?? "∞"}</div>`).join("") || "<div>none yet</div>";
   $("slow-calls").innerHTML = d.queues.flatMap((q) => q.slow_calls.map((c) =>

@@ -39,6 +39,7 @@ from ..pipeline.definitions import Definitions, MetricDef
 from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
 from ..pipeline.retention import Retention
+from .alerting import Alerter, WebhookNotifier
 from .feeder import Feeder
 from .red import RedMetrics
 from .wal import EventLog, LogFull, MemoryLog
@@ -69,6 +70,10 @@ class ServiceOptions:
     top_services: int = 8
     top_refresh_s: float = 2.0
     purge_every_s: float = 3600.0  # how often the store is purged by the definitions' retention (0: never)
+    alert_webhook: str = ""  # where firing / resolved alert notifications are posted (none: dashboard only)
+    alert_every_s: float = 30.0  # how often the definitions' [[alert]] rules are evaluated on the store
+    alert_settle_s: float = 10.0  # a period is evaluated once it ended this long ago (its last events merged)
+    alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
 
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
@@ -185,8 +190,23 @@ class IngestService:
         self._inflight_zero = threading.Condition(self._lock)
         self._max_ts: int | None = None
         self.feeder.start()
+        self.notifier = (
+            WebhookNotifier(self.options.alert_webhook, retry_initial_s=self.options.alert_retry_s)
+            if self.options.alert_webhook
+            else None
+        )
+        self.alerter = Alerter(
+            definitions.alerts,
+            self.store,
+            every_s=self.options.alert_every_s,
+            settle_s=self.options.alert_settle_s,
+            notify=self.notifier.send if self.notifier else None,
+        )
         self.sampler = Sampler(self)  # its view reads the purger's counts
         self.sampler.start()
+        if self.notifier is not None:
+            self.notifier.start()
+        self.alerter.start()
         if self.options.purge_every_s > 0:
             self.purger.start()
 
@@ -291,6 +311,12 @@ class IngestService:
             self._closed = True
         self.sampler.stop()
         self.purger.stop()
+        self.alerter.stop()
+        if self.notifier is not None:  # notifications still pending are logged as lost: they live in memory only
+            pending = self.notifier.pending
+            self.notifier.stop()
+            if pending:
+                log.warning("%d alert notifications were not delivered before shutdown", pending)
         self.all_stored = self.feeder.stop(timeout_s)
         if self.all_stored:
             self._report = self.engine.close()
@@ -599,6 +625,7 @@ class Sampler(threading.Thread):
             "history": history[-120:],
             "rebalances": rebalances,
             "top_services": self._top,
+            "alerts": svc.alerter.view() | {"webhook": svc.notifier.view() if svc.notifier else None},
         }
 
     def _top_services(self) -> dict[str, Any]:
