@@ -276,3 +276,62 @@ def _ready(driver: WebDriver) -> bool:
         return bool(driver.call("GET", "/status", timeout=2)["ready"])
     except Exception:
         return False
+
+
+def click(driver: WebDriver, css: str) -> None:
+    element = driver.s("POST", "/element", {"using": "css selector", "value": css})
+    driver.s("POST", f"/element/{next(iter(element.values()))}/click", {})
+
+
+def test_drill_down_into_a_service_by_click_and_by_url() -> None:
+    """From the busiest-services table into one service: charts, endpoints and instances ranked, slowest statements,
+    as the store has them; the range switches by link and the view opens from its URL alone."""
+    m0 = int(time.time() // 60) * 60_000 - 40 * 60_000
+    calls = {"/cart": 30, "/pay": 20, "/search": 10}  # per minute, for 30 minutes; latency varies by minute
+    batch = [{"ts": m0 + m * 60_000 + i * 100, "service": "shop", "instance": f"shop-{i % 2}", "endpoint": e,
+              "latency_ms": 10.0 + i + 3 * (m % 7), "status": i % 10 != 9,
+              "db_statement": f"SELECT {i % 3}" if i % 5 == 0 else None}
+             for m in range(30) for e, n in calls.items() for i in range(n)]  # fmt: skip
+    batch += [{"ts": m0 + 29 * 60_000 + i * 1000, "service": "other", "endpoint": "/", "latency_ms": 1.0, "status": True}
+              for i in range(5)]  # fmt: skip
+    with browser() as driver, running_server(token="t0k") as srv:
+        post_events(srv.url, batch, token="t0k")
+        store = srv.service.store
+        wait_until(lambda: len(store.query("service_cpm", entity="shop", granularity="minute")) == 30, timeout=30)
+        driver.s("POST", "/url", {"url": srv.url + "/#token=t0k"})
+        wait_until(lambda: driver.script("return document.querySelectorAll('#top-services a.svc').length") == 2)
+        click(driver, "#top-services a.svc[href*='service=shop']")
+        wait_until(lambda: driver.text("drill-service") == "shop")
+        assert driver.script("return location.hash").startswith("#service=shop&range=minute")
+        shown = lambda view: driver.script(f"return document.getElementById('{view}').offsetParent !== null")
+        assert not shown("live") and shown("drill")
+        rows = lambda table: driver.script(
+            f"return Array.from(document.querySelectorAll('#{table} tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
+        endpoints = wait_until(lambda: rows("drill-endpoints") if len(rows("drill-endpoints")) == 3 else None)
+        assert [(r[0], r[1]) for r in endpoints] == [("/cart", "900"), ("/pay", "600"), ("/search", "300")]
+        assert [r[5] for r in endpoints] == ["90", "60", "30"]  # every tenth request failed
+        assert sorted(r[0] for r in rows("drill-instances")) == ["shop-0", "shop-1"]
+        statements = rows("drill-statements")
+        # the slowest: i = 25 (25 % 3 = 1) in a minute with m % 7 == 6, 10 + 25 + 18 ms
+        assert statements[0][0] == "SELECT 1" and float(statements[0][1]) == 53.0
+        stored_cpm = store.query("service_cpm", entity="shop", granularity="minute")[-1][5]
+        assert driver.text("latest-cpm") == f"· latest {stored_cpm:.1f}/min"  # the unit display_format gives cpm
+        assert driver.text("latest-errors") == "· latest 6"
+        painted = ("const c = document.getElementById(arguments[0]); const d = c.getContext('2d')"
+                   ".getImageData(0, 0, c.width, c.height).data; let n = 0; for (let i = 3; i < d.length; i += 4)"
+                   " if (d[i]) n++; return n;")  # fmt: skip
+        for chart in ("chart-cpm", "chart-latency", "chart-sla", "chart-apdex", "chart-errors"):
+            assert driver.s("POST", "/execute/sync", {"script": painted, "args": [chart]}) > 100, chart
+        if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):
+            (ROOT / "docs" / "drilldown.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))
+        click(driver, "#drill-range a.range[href*='range=hour']")
+        wait_until(lambda: "hour" in driver.script("return document.querySelector('#drill-range b').textContent"))
+        wait_until(lambda: [r[1] for r in rows("drill-endpoints")] == ["900", "600", "300"])
+        # addressable: the URL alone opens the view
+        driver.s("POST", "/url", {"url": srv.url + "/#service=other&range=day&token=t0k"})
+        wait_until(lambda: driver.text("drill-service") == "other")
+        wait_until(lambda: [r[:2] for r in rows("drill-endpoints")] == [["/", "5"]])
+        assert driver.text("error") == "" and driver.text("drill-error") == ""
+        click(driver, "#back")
+        wait_until(lambda: shown("live") and not shown("drill"))

@@ -124,6 +124,7 @@ __all__ = [
     "DuckDBStore",
     "open_store",
     "parse_time",
+    "parse_time_ms",
 ]
 
 DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
@@ -286,9 +287,12 @@ class Store(Protocol):
         granularity: str | None = None,
         start: Any = None,
         end: Any = None,
+        entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, str, str, float]]:
         """Value rows ``(metric, entity, granularity, time_bucket, label, value)`` ordered by those columns;
-        ``start``/``end`` (ISO-8601 text, datetime or epoch ms) bound ``time_bucket`` inclusively."""
+        ``start``/``end`` (ISO-8601 text, datetime or epoch ms) bound ``time_bucket`` inclusively;
+        ``entity_prefix`` keeps the entities starting with it (``"checkout/"``: the service's endpoints and
+        instances)."""
         ...
 
     def query_topn(
@@ -322,6 +326,11 @@ def parse_time(value: Any) -> str:
     if value.tzinfo is not None:
         value = value.astimezone(_dt.UTC).replace(tzinfo=None)
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time_ms(value: Any) -> int:
+    """:func:`parse_time` as epoch milliseconds (of the whole second)."""
+    return int(_instant(value).timestamp()) * 1000
 
 
 def first_line(exc: BaseException) -> str:
@@ -792,7 +801,7 @@ class SqlStore:
         return bool(names) and all(ledger.applied(source, name) for name in names)
 
     def has_sources(self, prefix: str) -> bool:
-        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        pattern = _like_prefix(prefix)
         with self._guard("read"):
             return bool(
                 self._fetchall("SELECT 1 FROM applied_sources WHERE root LIKE ? ESCAPE '\\' LIMIT 1", [pattern])
@@ -820,12 +829,15 @@ class SqlStore:
         granularity: str | None = None,
         start: Any = None,
         end: Any = None,
+        entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, str, str, float]]:
         if granularity is not None and granularity not in GRANULARITIES:
             raise StoreError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
         where, params = _filters(
-            [("metric = ?", metric), ("entity = ?", entity), ("granularity = ?", granularity)], start, end
-        )
+            [("metric = ?", metric), ("entity = ?", entity), ("granularity = ?", granularity),
+             ("entity LIKE ? ESCAPE '\\'", None if entity_prefix is None else _like_prefix(entity_prefix))],
+            start, end,
+        )  # fmt: skip
         sql = f"SELECT {', '.join(VALUE_COLUMNS)} FROM metric_values{where} ORDER BY {', '.join(VALUE_COLUMNS[:5])}"
         with self._guard("query"):
             return _rows(self._fetch_arrow(sql, params))
@@ -910,6 +922,11 @@ class _Ledger:
 _KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 #: the tables whose time_bucket is a timestamp (stage_keys is temporary: created with the type)
 _TIME_TABLES = ("metric_state", "metric_values", "topn_values")
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (with ``ESCAPE '\\'``) matching the strings that start with ``prefix``."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _instant(value: Any) -> _dt.datetime:

@@ -23,7 +23,6 @@ first breaching period of a firing alert.
 
 from __future__ import annotations
 
-import calendar
 import json
 import logging
 import threading
@@ -39,6 +38,7 @@ import numpy as np
 from ..errors import StoreError, StoreUnavailable
 from ..pipeline.alerts import AlertRule, complete_buckets, evaluate, rule_fields
 from ..pipeline.functions import iso_from_ms
+from ..pipeline.store import parse_time_ms
 
 __all__ = ["Alerter", "WebhookNotifier"]
 
@@ -206,7 +206,7 @@ class Alerter:
                     self.last_error = f"{rule.name}: {exc}"
                     log.warning("alert %r: reading the store failed (tried again next period): %s", rule.name, exc)
                     continue
-                stored = [(r[1], _ms(r[3]), r[4], r[5]) for r in rows]
+                stored = [(r[1], parse_time_ms(r[3]), r[4], r[5]) for r in rows]
                 firing = [entity for (name, entity) in self.firing if name == rule.name]
                 for b in evaluate(rule, stored, buckets, firing):
                     key = (rule.name, b.entity)
@@ -242,7 +242,3 @@ class Alerter:
         return {"rules": [rule_fields(r) | {"describe": r.describe()} for r in self.rules],
                 "firing": firing, "recent": list(self.recent)[:50], "evaluations": self.evaluations,
                 "error": self.last_error}  # fmt: skip
-
-
-def _ms(iso: str) -> int:
-    return calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")) * 1000

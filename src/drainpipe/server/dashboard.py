@@ -4,7 +4,9 @@ It polls ``GET /v1/stats`` once a second and draws: the headline figures (ingest
 drops, refusals, store latency), a heat strip of per-partition buffer usage for every queue, per-drain-thread
 load over time for L1 and L2 with rebalance events marked, ingest / drop rates over time, and the latest
 minute's metrics for the busiest services (from the store), and the alerts: those firing and the latest
-notifications with their delivery. A token in the URL (``/#token=...``) is sent as a
+notifications with their delivery. A service name opens its drill-down view, ``/#service=NAME&range=minute|hour|day``:
+its charts over the range (cpm, p50/p90/p99, SLA, apdex, errors), endpoints and instances ranked, its slowest
+statements (``GET /v1/service``, :mod:`.drilldown`). A token in the URL (``/#token=...``) is sent as a
 bearer token.
 """
 
@@ -51,6 +53,8 @@ PAGE_TEXT = r"""<!doctype html>
   #rebalances div { font-size:12px; color:var(--dim); font-variant-numeric: tabular-nums; }
   #error { color:var(--bad); }
   .bad { color:var(--bad); } .good { color:var(--good); } .warn { color:var(--warn); }
+  [hidden] { display:none !important; }  /* main is a grid: without this the hidden view would still show */
+  a { color:var(--accent); text-decoration:none; } a:hover { text-decoration:underline; }
   #alerts div { font-size:13px; margin:2px 0; font-variant-numeric: tabular-nums; }
 </style>
 </head>
@@ -62,7 +66,7 @@ PAGE_TEXT = r"""<!doctype html>
   <span class="dim">updated <span id="updated">–</span> (<span id="polls">0</span> polls)</span>
   <span id="error"></span>
 </header>
-<main>
+<main id="live">
   <section class="kpis">
     <div class="kpi"><div class="v" id="events-rate">–</div><div class="l">events/s ingested</div></div>
     <div class="kpi"><div class="v" id="accepted-total">–</div><div class="l">events accepted</div></div>
@@ -89,6 +93,19 @@ PAGE_TEXT = r"""<!doctype html>
     <table id="top-services"><thead></thead><tbody></tbody></table></section>
   <section class="panel wide" id="alerts"><h2>Alerts <span id="alert-summary" class="dim"></span></h2>
     <div id="alerts-firing"></div><div id="alerts-recent"></div></section>
+</main>
+<main id="drill" hidden>
+  <section class="panel wide"><h2><a href="#" id="back">← live view</a> · service <span id="drill-service"></span> ·
+    <span id="drill-range"></span> <span id="drill-window" class="dim"></span></h2><div id="drill-error" class="bad"></div></section>
+  <section class="panel half"><h2>Calls per minute <span id="latest-cpm" class="dim"></span></h2><canvas id="chart-cpm"></canvas></section>
+  <section class="panel half"><h2>Latency p50 / p90 / p99 <span id="latest-latency" class="dim"></span></h2><canvas id="chart-latency"></canvas>
+    <div class="legend"><span><i class="swatch" style="background:#4fd18b"></i>p50</span><span><i class="swatch" style="background:#ffb547"></i>p90</span><span><i class="swatch" style="background:#ff5d5d"></i>p99</span></div></section>
+  <section class="panel third"><h2>SLA <span id="latest-sla" class="dim"></span></h2><canvas id="chart-sla"></canvas></section>
+  <section class="panel third"><h2>Apdex <span id="latest-apdex" class="dim"></span></h2><canvas id="chart-apdex"></canvas></section>
+  <section class="panel third"><h2>Errors <span id="latest-errors" class="dim"></span></h2><canvas id="chart-errors"></canvas></section>
+  <section class="panel half"><h2>Endpoints, by calls in the range</h2><table id="drill-endpoints"><thead></thead><tbody></tbody></table></section>
+  <section class="panel half"><h2>Instances, by calls in the range</h2><table id="drill-instances"><thead></thead><tbody></tbody></table></section>
+  <section class="panel wide"><h2>Slowest statements in the range</h2><table id="drill-statements"><thead></thead><tbody></tbody></table></section>
 </main>
 <script>
 "use strict";
@@ -129,15 +146,16 @@ function setupCanvas(cv) {
   return [ctx, w, h];
 }
 
-function drawSeries(cv, t0, t1, series, markers) {
+function drawSeries(cv, t0, t1, series, markers, labels) {
   const [ctx, w, h] = setupCanvas(cv);
   const L = 46, R = 8, T = 10, B = 20, pw = w - L - R, ph = h - T - B;
-  let ymax = 1; for (const s of series) for (const p of s.points) ymax = Math.max(ymax, p[1]);
+  let ymax = 1; for (const s of series) for (const p of s.points) if (p[1] != null) ymax = Math.max(ymax, p[1]);
   ymax *= 1.1;
   const x = (t) => L + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * pw, y = (v) => T + ph - v / ymax * ph;
   ctx.strokeStyle = "#263140"; ctx.fillStyle = "#8593a3"; ctx.font = "11px system-ui"; ctx.lineWidth = 1;
   for (let i = 0; i <= 4; i++) { const v = ymax * i / 4, yy = y(v); ctx.beginPath(); ctx.moveTo(L, yy); ctx.lineTo(w - R, yy); ctx.stroke(); ctx.fillText(fmt(v), 2, yy + 4); }
-  ctx.fillText(`−${Math.round(t1 - t0)} s`, L, h - 5); ctx.fillText("now", w - R - 22, h - 5);
+  const [left, right] = labels || [`−${Math.round(t1 - t0)} s`, "now"];
+  ctx.fillText(left, L, h - 5); ctx.fillText(right, w - R - ctx.measureText(right).width, h - 5);
   for (const m of markers || []) {
     if (m.t < t0) continue; const xx = x(m.t);
     ctx.strokeStyle = "rgba(255,181,71,.7)"; ctx.setLineDash([3, 3]); ctx.beginPath(); ctx.moveTo(xx, T); ctx.lineTo(xx, T + ph); ctx.stroke(); ctx.setLineDash([]);
@@ -146,7 +164,11 @@ function drawSeries(cv, t0, t1, series, markers) {
   for (const s of series) {
     if (!s.points.length) continue;
     ctx.strokeStyle = s.color; ctx.lineWidth = 1.6; ctx.beginPath();
-    s.points.forEach((p, i) => i ? ctx.lineTo(x(p[0]), y(p[1])) : ctx.moveTo(x(p[0]), y(p[1]))); ctx.stroke();
+    let pen = false;  // a null value (no data in that bucket) lifts the pen
+    for (const p of s.points) { if (p[1] == null) { pen = false; continue; } pen ? ctx.lineTo(x(p[0]), y(p[1])) : ctx.moveTo(x(p[0]), y(p[1])); pen = true; }
+    ctx.fillStyle = s.color;
+    for (const p of s.points) if (p[1] != null && s.points.length < 80) ctx.fillRect(x(p[0]) - 1.5, y(p[1]) - 1.5, 3, 3);
+    ctx.stroke();
   }
 }
 
@@ -176,7 +198,53 @@ function renderTop(top) {
   $("top-bucket").textContent = top.bucket ? "(" + top.bucket + ")" : "(no data yet)";
   const formats = top.formats || [];
   table.tHead.innerHTML = "<tr>" + top.columns.map((c, i) => formats[i] ? `<th data-decimals="${formats[i].decimals}" data-unit="${formats[i].unit}">${c}</th>` : `<th>${c}</th>`).join("") + "</tr>";
-  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i < 2 ? esc(i === 1 ? String(v).slice(11, 16) : v) : fmtMetric(v, formats[i] || {decimals: 1, unit: ""})}</td>`).join("") + "</tr>").join("");
+  table.tBodies[0].innerHTML = top.rows.map((r) => "<tr>" + r.map((v, i) => `<td>${i === 0 ? `<a class="svc" href="${link({service: v, range: "minute"})}">${esc(v)}</a>` : i === 1 ? esc(String(v).slice(11, 16)) : fmtMetric(v, formats[i] || {decimals: 1, unit: ""})}</td>`).join("") + "</tr>").join("");
+}
+
+// ---- drill-down: one service over a range, addressable as #service=NAME&range=minute|hour|day (from /v1/service)
+const hashParams = () => new URLSearchParams(location.hash.slice(1));
+const link = (params) => "#" + new URLSearchParams(token ? {...params, token: decodeURIComponent(token)} : params).toString();
+
+function table(el, columns, rows) {
+  el.tHead.innerHTML = "<tr>" + columns.map((c) => `<th>${c[0]}</th>`).join("") + "</tr>";
+  el.tBodies[0].innerHTML = rows.map((r) => "<tr>" + columns.map((c) => `<td>${c[1](r)}</td>`).join("") + "</tr>").join("")
+    || `<tr><td colspan="${columns.length}">none in the range</td></tr>`;
+}
+
+function renderService(d) {
+  $("drill-service").textContent = d.service;
+  $("drill-range").innerHTML = ["minute", "hour", "day"].map((g) => g === d.range ? `<b>${g}</b>` : `<a class="range" href="${link({service: d.service, range: g})}">${g}</a>`).join(" · ");
+  $("drill-window").textContent = d.start ? `${d.start} → ${d.end}` : "· nothing stored for this service";
+  const ts = d.buckets.map((b) => Date.parse(b) / 1000), t0 = ts[0], t1 = ts[ts.length - 1];
+  const short = (iso) => iso ? (d.range === "day" ? iso.slice(0, 10) : iso.slice(5, 16).replace("T", " ")) : "";
+  const labels = [short(d.start), short(d.end)];
+  const find = (role, label) => d.series.find((s) => s.role === role && (label === undefined || s.label === label));
+  const points = (s) => s ? s.values.map((v, i) => [ts[i], v]) : [];
+  const latest = (s) => { if (!s) return "–"; for (let i = s.values.length - 1; i >= 0; i--) if (s.values[i] != null) return fmtMetric(s.values[i], s.format); return "–"; };
+  for (const [role, color] of [["cpm", "#5cc8ff"], ["sla", "#4fd18b"], ["apdex", "#c792ea"], ["errors", "#ff5d5d"]]) {
+    const s = find(role);
+    drawSeries($("chart-" + role), t0, t1, [{color, points: points(s)}], [], labels);
+    $("latest-" + role).textContent = "· latest " + latest(s);
+  }
+  const pct = ["p50", "p90", "p99"].map((l) => find("percentile", l));
+  drawSeries($("chart-latency"), t0, t1, pct.map((s, k) => ({color: ["#4fd18b", "#ffb547", "#ff5d5d"][k], points: points(s)})), [], labels);
+  $("latest-latency").textContent = "· latest " + pct.map(latest).join(" / ");
+  const num = (v, f) => v == null ? "–" : fmtMetric(v, f);
+  const ranked = [["name", (r) => esc(r.name)], ["calls", (r) => fmtInt(r.calls)], ["avg ms", (r) => num(r.avg_ms, {decimals: 1, unit: ""})],
+    ["SLA %", (r) => num(r.sla, {decimals: 2, unit: ""})], ["max p99 ms", (r) => num(r.max_p99_ms, {decimals: 0, unit: ""})], ["errors", (r) => fmtInt(r.errors)]];
+  table($("drill-endpoints"), ranked, d.endpoints);
+  table($("drill-instances"), ranked, d.instances);
+  table($("drill-statements"), [["statement", (r) => esc(r.key)], ["latency ms", (r) => num(r.latency_ms, {decimals: 1, unit: ""})],
+    ["bucket", (r) => esc(r.time_bucket)]], d.statements);
+}
+
+async function loadService() {
+  const p = hashParams(), q = new URLSearchParams({service: p.get("service"), range: p.get("range") || "minute"});
+  if (p.get("end")) q.set("end", p.get("end"));
+  const r = await fetch("/v1/service?" + q, {headers, cache: "no-store"});
+  const d = await r.json();
+  if (!r.ok) { $("drill-error").textContent = d.error || ("HTTP " + r.status); return; }
+  $("drill-error").textContent = ""; renderService(d); $("polls").textContent = ++polls;
 }
 
 // firing alerts, and the latest notifications with how their delivery to the webhook went
@@ -221,14 +289,24 @@ function render(d) {
   $("polls").textContent = ++polls;
 }
 
+let timer = null;
 async function poll() {
+  clearTimeout(timer);
+  const drill = hashParams().has("service");
+  $("live").hidden = drill; $("drill").hidden = !drill;
   try {
-    const r = await fetch("/v1/stats", {headers, cache: "no-store"});
-    if (!r.ok) throw new Error("HTTP " + r.status + (r.status === 401 ? " (add #token=… to the URL)" : ""));
-    render(await r.json()); $("error").textContent = "";
+    if (drill) await loadService();
+    else {
+      const r = await fetch("/v1/stats", {headers, cache: "no-store"});
+      if (!r.ok) throw new Error("HTTP " + r.status + (r.status === 401 ? " (add #token=… to the URL)" : ""));
+      render(await r.json());
+    }
+    $("error").textContent = "";
   } catch (e) { $("error").textContent = String(e.message || e); }
-  setTimeout(poll, 1000);
+  timer = setTimeout(poll, drill ? 5000 : 1000);  // the drill-down reads the store: every 5 s is plenty
 }
+window.addEventListener("hashchange", poll);
+$("back").addEventListener("click", (e) => { e.preventDefault(); location.hash = link({}).slice(1); });
 poll();
 </script>
 </body>

@@ -17,6 +17,7 @@ Endpoints::
                          (:mod:`.otlp_answers`)
     GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
     GET  /metrics     Prometheus text
+    GET  /v1/service  one service over a range of buckets, from the store (``drilldown``)
     GET  /healthz     {"status": "ok"} (503 while shutting down)
     GET  /            the dashboard (one static page)
 
@@ -52,12 +53,14 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..errors import IngestRefused
+from ..errors import IngestRefused, StoreError
 from .bodies import BadBody, BodyDecoder
 from .dashboard import PAGE
+from .drilldown import service_view
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
@@ -165,6 +168,17 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/stats":
             if self._authorized():
                 self._json(200, svc.stats_view())
+        elif path == "/v1/service":
+            if self._authorized():
+                query = urllib.parse.parse_qs(self.path.partition("?")[2])
+                arg = lambda name, default=None: query.get(name, [default])[-1]
+                try:
+                    view = service_view(svc.store, svc.definitions, arg("service", ""), arg("range", "minute"),
+                                        arg("end"))  # fmt: skip
+                except (ValueError, StoreError) as exc:
+                    self._error(400, str(exc))
+                else:
+                    self._json(200, view)
         elif path == "/metrics":
             if self._authorized():
                 from prometheus_client import CONTENT_TYPE_LATEST
