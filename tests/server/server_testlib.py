@@ -6,6 +6,7 @@ import gzip
 import itertools
 import json
 import random
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -113,3 +114,19 @@ def stored_event_count(store_url: str) -> int:
         return int(round(sum(r[5] for r in store.query(metric="service_cpm", granularity="minute"))))
     finally:
         store.close()
+
+
+def free_port() -> int:
+    """A loopback port free now (for a process started next that takes no port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something true (returned) or ``timeout`` seconds pass (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+    return value

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from server_testlib import post_events, request, running_server
+from server_testlib import free_port, post_events, request, running_server, wait_for
 
 from drainpipe.errors import DefinitionError
 from drainpipe.pipeline.alerts import AlertRule, complete_buckets, evaluate
@@ -80,12 +79,6 @@ def test_evaluation_looks_at_the_latest_complete_periods_only() -> None:
     assert got == {"a": (True, 120.0), "b": (False, 90.0), "c": (False, 500.0), "d": (False, None)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Receiver:
     """A webhook receiver on ``port``: started later (down until then), answers 500 to its first post."""
 
@@ -119,13 +112,6 @@ class Receiver:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-
-
-def wait_for(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def iso(ms: int) -> str:

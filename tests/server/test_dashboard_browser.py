@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_testlib import events, post_events, running_server
+from server_testlib import events, free_port, post_events, running_server
 
 from drainpipe.pipeline.alerts import AlertRule
 from drainpipe.pipeline.definitions import default_definitions
@@ -35,12 +34,6 @@ pytestmark = pytest.mark.skipif(
     not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
     reason="needs Debian's chromium and chromium-driver (make test installs them)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WebDriver:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -24,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from server_testlib import post_events, running_server
+from server_testlib import free_port, post_events, running_server, wait_for
 
 from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
 from drainpipe.pipeline.store import open_store
@@ -35,12 +34,6 @@ TOKEN = "scrape-secret"
 pytestmark = pytest.mark.skipif(
     not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -97,13 +90,6 @@ def scalar(base: str, query: str, at: float) -> float:
     result = promql(base, query, at)
     assert len(result) == 1, (query, result)
     return float(result[0]["value"][1])
-
-
-def wait_for(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 def bucket_of(ms: float) -> int:

@@ -193,36 +193,42 @@ class Alerter:
             self._thread.join(30)
 
     def evaluate(self) -> list[dict[str, Any]]:
-        """One evaluation of every rule; the notifications it made (also sent and kept). Thread-safe."""
+        """One evaluation of every rule; the notifications it made (also sent and kept). Called from one thread at a
+        time (the alerter's own, or a test's); :meth:`view` may run meanwhile. The store is read without the lock:
+        a slow store (a long merge holds it) must not stall the dashboard's sampler, which reads :meth:`view`."""
         now = self.clock()
+        with self._lock:
+            was_firing = set(self.firing)
+        standings = []
+        for rule in self.rules:
+            buckets = complete_buckets(rule, now, self.settle_ms)
+            try:
+                rows = self.store.query(rule.metric, granularity=rule.granularity, start=buckets[0], end=buckets[-1])
+            except (StoreError, StoreUnavailable) as exc:
+                self.last_error = f"{rule.name}: {exc}"
+                log.warning("alert %r: reading the store failed (tried again next period): %s", rule.name, exc)
+                continue
+            stored = [(r[1], parse_time_ms(r[3]), r[4], r[5]) for r in rows]
+            firing = [entity for (name, entity) in was_firing if name == rule.name]
+            standings.append((rule, buckets, evaluate(rule, stored, buckets, firing)))
         made: list[tuple[dict[str, Any], AlertRule]] = []
         with self._lock:
-            for rule in self.rules:
-                buckets = complete_buckets(rule, now, self.settle_ms)
-                try:
-                    rows = self.store.query(rule.metric, granularity=rule.granularity, start=buckets[0],
-                                            end=buckets[-1])  # fmt: skip
-                except (StoreError, StoreUnavailable) as exc:
-                    self.last_error = f"{rule.name}: {exc}"
-                    log.warning("alert %r: reading the store failed (tried again next period): %s", rule.name, exc)
-                    continue
-                stored = [(r[1], parse_time_ms(r[3]), r[4], r[5]) for r in rows]
-                firing = [entity for (name, entity) in self.firing if name == rule.name]
-                for b in evaluate(rule, stored, buckets, firing):
+            for rule, buckets, breaches in standings:
+                for b in breaches:
                     key = (rule.name, b.entity)
                     if b.breaching and key not in self.firing:
-                        note = self._note("firing", b.rule, b.entity, b.value, b.bucket_ms, now, buckets[0])
+                        note = self._note("firing", rule, b.entity, b.value, b.bucket_ms, now, buckets[0])
                         self.firing[key] = note
                     elif not b.breaching and key in self.firing:
                         since = self.firing.pop(key)["since"]
-                        note = self._note("resolved", b.rule, b.entity, b.value, b.bucket_ms, now, None)
+                        note = self._note("resolved", rule, b.entity, b.value, b.bucket_ms, now, None)
                         note["since"] = since
                     else:
                         continue
                     made.append((note, rule))
+                    self.recent.appendleft(note)
             self.evaluations += 1
         for note, rule in made:
-            self.recent.appendleft(note)
             log.warning("alert %s: %r on %s (%s, value %s)", note["status"], rule.name, note["entity"],
                         rule.describe(), note["value"])  # fmt: skip
             if self.notify is not None:
