@@ -19,7 +19,8 @@ the store (sum of the minute ``service_cpm`` values) are compared with the event
 
 Prints a table and writes benchmarks/results/ingest_load.json (``--out``). ``--compare N``: HTTP durable vs
 ``--durability none`` vs ``drainpipe run`` (ingest_compare.json). ``--otlp N``: the same events as NDJSON to
-``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json).
+``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json). ``--operations N``: retention purges
+and alert evaluation on against off (ingest_operations.json).
 
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 60 s + 180 s
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
@@ -29,6 +30,7 @@ Prints a table and writes benchmarks/results/ingest_load.json (``--out``). ``--c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import http.client
 import json
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,13 +59,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 from procs import memory_kb  # shared with the kill tests
 
 
-def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int) -> list[bytes]:
-    """``requests`` NDJSON bodies of ``per_request`` events each (timestamps around now, 20 services, Zipf 1.1)."""
+def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int, ahead_s: float = 0) -> list[bytes]:
+    """``requests`` NDJSON bodies of ``per_request`` events each (20 services, Zipf 1.1), timestamps from 2 minutes
+    ago to ``ahead_s`` from now (so that a run of that length has fresh minutes all along, for the alert rules)."""
     total = requests * per_request
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "events.jsonl"
         now = int(time.time() * 1000)
-        write_events(generate_events(total, services=20, seed=seed, start_ms=now - 120_000, duration_s=120), path)
+        write_events(generate_events(total, services=20, seed=seed, start_ms=now - 120_000,
+                                     duration_s=120 + ahead_s), path)  # fmt: skip
         lines = path.read_bytes().splitlines(keepends=True)
     bodies = [b"".join(lines[i * per_request : (i + 1) * per_request]) for i in range(requests)]
     return [gzip.compress(b, 1) for b in bodies] if gzipped else bodies
@@ -230,6 +235,11 @@ def start_server(
     if not m:
         proc.kill()
         raise SystemExit(f"serve did not start: {line!r} {proc.stderr.read()}")
+    # the server's log is read as it comes (the last lines kept): a full pipe would block whichever server thread
+    # logs next (alert transitions are logged), and the benchmark would measure its own harness
+    tail: deque[str] = deque(maxlen=200)
+    threading.Thread(target=lambda: tail.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+    proc.log_tail = tail  # type: ignore[attr-defined]
     return proc, m.group(1), int(m.group(2))
 
 
@@ -289,22 +299,37 @@ def _q(xs: list[float], p: float) -> float:
 
 
 def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measure: float,
-             extra: tuple[str, ...], otlp: int = 0) -> dict:  # fmt: skip
-    """One server (``extra`` flags) under load: events/s and latency in the measured window, then a graceful stop
-    and the store checked against what was acknowledged."""
+             extra: tuple[str, ...], otlp: int = 0, count_by: str = "minute") -> dict:  # fmt: skip
+    """One server (``extra`` flags) under load: events/s, latency and RSS in the measured window, then a graceful
+    stop and the store checked against what was acknowledged (by the ``count_by`` service_cpm: hour when minute
+    rows are purged during the run)."""
     proc, host, port = start_server(store, extra=extra)
     t_start = time.perf_counter()
+    rss: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample_rss() -> None:
+        while not done.is_set():
+            rss.append((time.perf_counter() - t_start, rss_kb(proc.pid)))
+            done.wait(0.5)
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     load = drive(host, port, bodies, False, clients, t_start, warmup + measure, otlp)
+    done.set()
+    sampler.join()
     t_stop = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=300)
     drained_s = time.perf_counter() - t_stop
     s = open_store(store)
     try:
-        stored = int(round(sum(r[5] for r in s.query(metric="service_cpm", granularity="minute"))))
+        per = {"minute": 1, "hour": 60}[count_by]  # cpm x minutes per bucket = events
+        stored = int(round(sum(r[5] * per for r in s.query(metric="service_cpm", granularity=count_by))))
     finally:
         s.close()
     window = sorted(x * 1000 for t, x in load.latencies if t >= warmup)
+    memory = memory_verdict(rss, warmup, warmup + measure, 1.0)
     per_request = otlp or len(bodies[0].splitlines())
     return {
         "events_per_s": round(len(window) * per_request / measure, 1),
@@ -317,6 +342,7 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
         "errors": len(load.errors),
         "shutdown_s": round(drained_s, 2),
         "exit": proc.returncode,
+        "rss_mb": {k: memory.get(k) for k in ("mean", "max", "slope_pct_per_min", "flat")},
     }
 
 
@@ -456,6 +482,148 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
     return 0 if summary["lost"] == 0 else 1
 
 
+def definitions_toml(rules: str) -> str:
+    """The default definitions as metrics TOML, plus ``rules`` (``[[alert]]`` tables)."""
+    from drainpipe.pipeline.definitions import default_definitions
+
+    def table(kind: str, definition: Any) -> str:
+        fields = {k: v for k, v in dataclasses.asdict(definition).items() if v is not None}
+        return f"[[{kind}]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+
+    d = default_definitions()
+    return "\n".join([*(table("metric", m) for m in d.metrics), *(table("topn", t) for t in d.topns)]) + rules
+
+
+#: the rules the operations run evaluates every second: service and endpoint scope, a percentile, an SLA
+OPERATION_RULES = """
+[[alert]]
+name = "slow service"
+metric = "service_resp_time"
+threshold = 40.0
+for = 2
+
+[[alert]]
+name = "sla"
+metric = "service_sla"
+op = "<"
+threshold = 99.5
+
+[[alert]]
+name = "p99"
+metric = "service_percentile"
+label = "p99"
+threshold = 150
+for = 3
+
+[[alert]]
+name = "hot endpoint"
+metric = "endpoint_cpm"
+entity = "*"
+threshold = 20000
+"""
+
+
+class Receiver:
+    """A webhook receiver on loopback counting the notifications posted to it."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        receiver = self
+        self.posts = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.posts += 1
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def operations(args: argparse.Namespace) -> int:
+    """``drainpipe serve`` as it runs for months against the same server with retention and alerts off, in
+    alternation, ``args.operations`` rounds. On: a purge every 10 s by a one-minute minute retention (so that every
+    purge deletes rows the load keeps writing), four alert rules evaluated every second, notifications posted to a
+    local receiver. Off: no purge, no rules. Events/s, p99, RSS in the window; nothing lost (counted by the hour
+    states, which the purge leaves)."""
+    tmp = Path(tempfile.mkdtemp(prefix="drainpipe-ops-"))
+    toml = tmp / "ops.toml"
+    toml.write_text(definitions_toml(OPERATION_RULES))
+    receiver = Receiver()
+    on = ("--metrics", str(toml), "--alert-every-s", "1", "--alert-webhook", receiver.url, "--purge-every-s", "10",
+          "--retention", "minute=1m")  # fmt: skip
+    rounds = []
+    for i in range(args.operations):
+        row: dict[str, Any] = {}
+        # fresh timestamps for each pair, reaching past the end of both runs: the rules always see complete minutes
+        # with data (bodies cycled for minutes would otherwise leave the rules' windows empty)
+        bodies = build_bodies(args.bodies, args.events_per_request, False, args.seed + i,
+                              ahead_s=2 * (args.warmup + args.measure) + 60)  # fmt: skip
+        for name, flags in (("off", ("--purge-every-s", "0")), ("on", on)):
+            if name not in args.sides:
+                continue
+            store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
+            posts = receiver.posts
+            row[name] = http_run(store, bodies, args.clients, args.warmup, args.measure,
+                                 flags + ("--wal", str(tmp / f"wal-{name}-{i}")), count_by="hour")  # fmt: skip
+            row[name]["notifications"] = receiver.posts - posts
+        if len(row) < 2:  # one side only (--sides): a long memory run
+            print(f"round {i + 1}: {json.dumps(row)}", flush=True)
+            rounds.append(row)
+            continue
+        row["on_vs_off"] = round(row["on"]["events_per_s"] / row["off"]["events_per_s"], 3)
+        rounds.append(row)
+        print(f"round {i + 1}: off {row['off']['events_per_s']:>9,.0f} ev/s (p99 {row['off']['p99_ms']} ms, RSS "
+              f"{row['off']['rss_mb']['mean']} MB, slope {row['off']['rss_mb']['slope_pct_per_min']} %/min)  on "
+              f"{row['on']['events_per_s']:>9,.0f} ev/s (p99 {row['on']['p99_ms']} ms, RSS {row['on']['rss_mb']['mean']}"
+              f" MB, slope {row['on']['rss_mb']['slope_pct_per_min']} %/min, {row['on']['notifications']} "
+              f"notifications)  on/off {row['on_vs_off']}", flush=True)  # fmt: skip
+    if any(len(r) < 2 for r in rounds):
+        out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_operations_memory.json")
+        Path(out).write_text(json.dumps({"mode": "operations", "sides": args.sides, "warmup_s": args.warmup,
+                                         "measure_s": args.measure, "rounds": rounds}, indent=2) + "\n")  # fmt: skip
+        print(f"wrote {out}")
+        return 0 if all(side["lost"] == 0 for r in rounds for side in r.values()) else 1
+    med = lambda *keys: _median(rounds, *keys)
+    summary = {
+        "off_events_per_s": med("off", "events_per_s"),
+        "on_events_per_s": med("on", "events_per_s"),
+        "off_p99_ms": med("off", "p99_ms"),
+        "on_p99_ms": med("on", "p99_ms"),
+        "off_rss_mean_mb": med("off", "rss_mb", "mean"),
+        "on_rss_mean_mb": med("on", "rss_mb", "mean"),
+        "on_rss_slope_pct_per_min": med("on", "rss_mb", "slope_pct_per_min"),
+        "on_vs_off": med("on_vs_off"),
+        "on_flat_rounds": sum(bool(r["on"]["rss_mb"]["flat"]) for r in rounds),
+        "lost": sum(r[k]["lost"] for r in rounds for k in ("off", "on")),
+    }
+    print()
+    print("| | events/s (median) | p99 ms | RSS mean MB | RSS slope %/min | ratio (median of the rounds') |")
+    print("|---|---|---|---|---|---|")
+    print(f"| retention and alerts off | {summary['off_events_per_s']:,.0f} | {summary['off_p99_ms']} | "
+          f"{summary['off_rss_mean_mb']} | | |")  # fmt: skip
+    print(f"| on (purge every 10 s, 4 rules every 1 s, webhook) | {summary['on_events_per_s']:,.0f} | "
+          f"{summary['on_p99_ms']} | {summary['on_rss_mean_mb']} | {summary['on_rss_slope_pct_per_min']} "
+          f"(flat in {summary['on_flat_rounds']} of {len(rounds)}) | {summary['on_vs_off']} of off |")  # fmt: skip
+    result = {"mode": "operations", "clients": args.clients, "events_per_request": args.events_per_request,
+              "warmup_s": args.warmup, "measure_s": args.measure, "on_flags": list(on[:2]) + list(on[4:]),
+              "cpus": os.cpu_count(), "rounds": rounds, "median": summary}  # fmt: skip
+    out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_operations.json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    receiver.server.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if summary["lost"] == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -486,7 +654,14 @@ def main() -> int:
     ap.add_argument("--otlp", type=int, default=0, metavar="ROUNDS",
                     help="instead of the memory test: the same events as NDJSON to /v1/events and as OTLP protobuf "
                     "spans to /v1/traces, ROUNDS rounds in alternation (ingest_otlp.json)")  # fmt: skip
+    ap.add_argument("--operations", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the memory test: retention purges and alert evaluation on against off, ROUNDS "
+                    "rounds in alternation (ingest_operations.json)")  # fmt: skip
+    ap.add_argument("--sides", default="off,on", help="--operations: which runs, off,on (default) or one of them")
     args = ap.parse_args()
+    args.sides = args.sides.split(",")
+    if args.operations:
+        return operations(args)
     if args.otlp:
         print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
         return compare_otlp(args, build_bodies(args.bodies, args.events_per_request, False, args.seed))
