@@ -33,20 +33,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..errors import StoreError, StoreUnavailable
 from ..pipeline.alerts import AlertRule, complete_buckets, evaluate, rule_fields
-from ..pipeline.functions import iso_from_ms
-from ..pipeline.store import parse_time_ms
+from ..pipeline.store import parse_time, parse_time_ms
 
 __all__ = ["Alerter", "WebhookNotifier"]
 
 log = logging.getLogger("drainpipe.server")
-
-
-def _iso(ms: int) -> str:
-    return str(iso_from_ms(np.array([ms - ms % 1000]))[0])
 
 
 class WebhookNotifier:
@@ -239,8 +232,8 @@ class Alerter:
     def _note(status: str, rule: AlertRule, entity: str, value: float | None, bucket_ms: int, now: int,
               since_ms: int | None) -> dict[str, Any]:  # fmt: skip
         return {"status": status, "alert": rule.name, "entity": entity, "value": value,
-                "time_bucket": _iso(bucket_ms), "since": None if since_ms is None else _iso(since_ms),
-                "at": _iso(now), "rule": rule_fields(rule), "attempt": 0, "delivered": False}  # fmt: skip
+                "time_bucket": parse_time(bucket_ms), "since": None if since_ms is None else parse_time(since_ms),
+                "at": parse_time(now), "rule": rule_fields(rule), "attempt": 0, "delivered": False}  # fmt: skip
 
     def view(self) -> dict[str, Any]:
         with self._lock:

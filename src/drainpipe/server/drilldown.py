@@ -70,7 +70,7 @@ def service_view(store: Any, definitions: Definitions, service: str, granularity
             return out
         last = parse_time_ms(rows[-1][3])
     else:
-        last = parse_time_ms(parse_time(end))
+        last = parse_time_ms(end)
         last -= last % period
     first = last - (RANGES[granularity] - 1) * period
     start_iso, end_iso = parse_time(first), parse_time(last)
