@@ -1,6 +1,10 @@
-"""Build the one C extension (the queue's per-item hot paths); everything else is in pyproject.toml."""
+"""Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner); everything else is in
+pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"],
-                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type"])])
+_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+          "-Wno-cast-function-type"]
+
+setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"], extra_compile_args=_FLAGS),
+                   Extension("drainpipe.inputs._jsonscan", ["src/drainpipe/inputs/_jsonscan.c"],
+                             extra_compile_args=_FLAGS)])

@@ -10,6 +10,8 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drainpipe.inputs import EVENT_SCHEMA, ReadStats, Sink, parts, plan_parts, read_part, whole_file
 from drainpipe.pipeline import parallel
@@ -172,3 +174,39 @@ def test_run_with_workers_equals_run_in_process_and_reruns_change_nothing(files,
     assert v0.keys() == v2.keys() and t0 == t2
     for k, v in v0.items():
         assert math.isclose(v, v2[k], rel_tol=1e-12), k  # float sums may differ in the last ulp
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"", b"x", b"{}", b"a" * 40]), max_size=30),
+    st.booleans(),
+    st.integers(1, 5),
+    st.integers(1, 64),
+    st.integers(0, 5),
+)
+def test_line_ranges_cut_complete_lines_and_hash_prefixes(tmp_path_factory, lines, final_newline, per_part, buf, pos):
+    """The planner's scan (parts._line_ranges) with buffers down to one byte, lines spanning buffers and a
+    last line without a newline: ranges of ``per_part`` complete lines, contiguous, ending at the last newline,
+    each with the SHA-256 of everything before its end, as a reference computed from the whole bytes."""
+    import hashlib
+
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    pos = min(pos, len(data))
+    pos = data.rfind(b"\n", 0, pos) + 1  # a range starts at a line start
+    path = tmp_path_factory.mktemp("ranges") / "f.jsonl"
+    path.write_bytes(data)
+    hasher = hashlib.sha256(data[:pos])
+    with open(path, "rb") as f:
+        old = parts._SCAN_BYTES
+        parts._SCAN_BYTES = buf
+        try:
+            got = list(parts._line_ranges(f, pos, len(data), per_part, hasher))
+        finally:
+            parts._SCAN_BYTES = old
+    ends = [i + 1 for i in range(pos, len(data)) if data[i] == 10]
+    want, begin = [], pos
+    for k in range(0, len(ends), per_part):
+        end = ends[min(k + per_part, len(ends)) - 1]
+        want.append((begin, end, min(per_part, len(ends) - k), hashlib.sha256(data[:end]).hexdigest()))
+        begin = end
+    assert got == want

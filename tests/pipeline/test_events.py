@@ -923,3 +923,33 @@ def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
         (15, "missing field: ts"), (16, "missing field: service"),
     ]  # fmt: skip
     assert_same(*read_both_paths(tmp_path, b"".join(chunk), "in.jsonl", 65536))
+
+
+@HYPO
+@given(st.lists(MIXED_LINE, max_size=24), st.integers(1, 8), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newline):
+    """JsonlBlocks.read_range (the workers' reader: scanner straight out of the part's bytes, else the block cut
+    out) gives the per-line path's blocks, rows, rejects and line numbers."""
+    import drainpipe.inputs.records as events
+    from drainpipe.inputs import RejectList, Sink
+    from drainpipe.inputs.records import JsonlBlocks
+
+    encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
+    data = ending.join(encoded) + (ending if final_newline and encoded else b"")
+
+    def blocks(fast: bool) -> tuple[list, list, ReadStats]:
+        stats, rejects, out = ReadStats(), RejectList(), []
+        reader, begin, lineno = JsonlBlocks(), 0, 0
+        events._JSONL_FAST_PATH = fast
+        try:
+            while begin < len(data):
+                begin, n, batch = reader.read_range(data, begin, batch_rows, lineno, Sink("x", stats, rejects),
+                                                    data.isascii())  # fmt: skip
+                lineno += n
+                out.append((lineno, None if batch is None else batch.to_pylist()))
+        finally:
+            events._JSONL_FAST_PATH = True
+        return out, rejects.rows, stats
+
+    fast, slow = blocks(True), blocks(False)
+    assert fast[0] == slow[0] and fast[1] == slow[1] and fast[2] == slow[2]

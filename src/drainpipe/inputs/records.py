@@ -44,10 +44,13 @@ columnar (pyarrow/numpy) in :func:`_validate_columns`; its string-typed ``ts``/`
 through the same scalar rules (:func:`_check_ts`, :func:`_check_status`) once per distinct value, and the
 checks run in the same field order, so the same record gets the same reason whatever its format.
 
-JSON Lines are read a block of ``batch_rows`` lines at a time. A block goes through ``pyarrow.json`` and the
+JSON Lines are read a block of ``batch_rows`` lines at a time. A block goes through a columnar fast path and the
 columnar core (:func:`_fast_jsonl_block`) when that provably gives the per-line result (every line a strict
 JSON object with canonically typed known fields; value rejects then get their reasons from the per-line
-core); any other block is validated line by line, so the result never depends on which path ran.
+core); any other block is validated line by line, so the result never depends on which path ran. The fast path
+is the C scanner ``_jsonscan`` (one pass from bytes to Arrow buffers, for flat objects of the known fields with
+unescaped values) and, for blocks it declines or where it is not built (the pure-Python code Spark executors
+import), ``pyarrow.json``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError, UsageError
 from .position import Position
+
+try:
+    from ._jsonscan import scan as _scan_block
+except ImportError:  # the pure-Python code shipped to Spark executors: pyarrow's reader is the fast path there
+    _scan_block = None  # type: ignore[assignment]
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -505,23 +513,91 @@ class JsonlBlocks:
         fast = None
         if _JSONL_FAST_PATH and not self.skip:
             fast = _fast_jsonl_block(chunk, lineno, data, newlines)
-            self.backoff = 0 if fast is not None else min(2 * self.backoff or 1, _JSONL_MAX_BACKOFF)
-            self.skip = self.backoff
+            self._tried(fast is not None)
         elif self.skip:
             self.skip -= 1
         if fast is not None:
-            batch, rejects = fast
-            for reject in rejects:
-                sink.reject(*reject)
-            if batch.num_rows:
-                sink.stats.add_accepted(batch.num_rows)
-                return batch
-            return None
+            return _accepted(*fast, sink)
         rows = _json_rows(enumerate(chunk, lineno + 1), sink.reject)
         if rows:
             sink.stats.add_accepted(len(rows))
             return _rows_to_batch(rows)
         return None
+
+    def read_range(
+        self, data: bytes, begin: int, count: int, lineno: int, sink: Sink, ascii: bool = False
+    ) -> tuple[int, int, pa.RecordBatch | None]:
+        """The block of the next ``count`` lines of ``data`` from offset ``begin`` (fewer at its end; the first
+        is line ``lineno + 1``): ``(end offset, lines, accepted rows or None)``, rejects to ``sink``.
+        ``ascii``: the caller knows ``data`` is ASCII.
+
+        The C scanner reads a block straight out of ``data`` and finds its end on the way; a block it declines
+        is cut out and read by :meth:`read`, with the same result."""
+        if ascii and _JSONL_FAST_PATH and not self.skip and _scan_block is not None:
+            scanned = _scan_range(data, begin, count)
+            if scanned is not None:
+                end, n, batch = scanned
+                fast = _fast_result(batch, _LazyLines(data, begin, end, n), lineno)
+                if fast is not None:
+                    self._tried(True)
+                    return end, n, _accepted(*fast, sink)
+        ends = _line_ends(data, begin, count)
+        stop = begin + int(ends[-1]) + 1 if len(ends) == count else len(data)
+        block = data[begin:stop]
+        lines = _LazyLines(block, 0, len(block), len(ends) + (block[-1] != _NL))
+        return stop, len(lines), self.read(lines, lineno, sink, block, ends)
+
+    def _tried(self, fast: bool) -> None:
+        self.backoff = 0 if fast else min(2 * self.backoff or 1, _JSONL_MAX_BACKOFF)
+        self.skip = self.backoff
+
+
+def _accepted(batch: pa.RecordBatch, rejects: list[tuple[int, bytes, str]], sink: Sink) -> pa.RecordBatch | None:
+    for reject in rejects:
+        sink.reject(*reject)
+    if batch.num_rows:
+        sink.stats.add_accepted(batch.num_rows)
+        return batch
+    return None
+
+
+def _line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
+    """The offsets (from ``begin``) of the first ``count`` ``\\n`` bytes of ``data`` at or after ``begin``
+    (fewer at its end), looking through a window that grows until it holds them."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    window = max(1 << 16, 256 * count)
+    while True:
+        stop = min(len(buf), begin + window)
+        ends = np.flatnonzero(buf[begin:stop] == _NL)
+        if len(ends) >= count or stop == len(buf):
+            return ends[:count]
+        window *= 4
+
+
+class _LazyLines(Sequence[bytes]):
+    """The ``count`` lines of ``data[begin:end]`` (cut after each ``\\n``, as iterating a binary file does), split
+    only when a line is asked for: the columnar paths need just the count, and a line only for a reject."""
+
+    def __init__(self, data: bytes, begin: int, end: int, count: int) -> None:
+        self.data, self.begin, self.end, self.n = data, begin, end, count
+        self._lines: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _split(self) -> list[bytes]:
+        if self._lines is None:
+            parts = self.data[self.begin : self.end].split(b"\n")
+            last = parts.pop()
+            self._lines = [p + b"\n" for p in parts] + ([last] if last else [])
+            assert len(self._lines) == self.n
+        return self._lines
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._split()[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._split())
 
 
 #: Switch for the columnar JSON Lines fast path (tests turn it off to compare with the per-line path).
@@ -561,8 +637,9 @@ def _fast_jsonl_block(
     chunk: Sequence[bytes], lineno: int = 0, data: bytes | None = None, newlines: np.ndarray | None = None
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
-    rows, (line, raw, reason) per rejected line)`` via ``pyarrow.json`` and the columnar core, or None when
-    this cannot be proven to equal what the per-line path (:func:`_json_rows`) gives for the block.
+    rows, (line, raw, reason) per rejected line)`` via the C scanner (:func:`_scanned`) or else ``pyarrow.json``
+    (:func:`_arrow_parsed`) and the columnar core, or None when this cannot be proven to equal what the per-line
+    path (:func:`_json_rows`) gives for the block. The scanner accepts a strict subset of what follows.
 
     Only a block in which every line is one strict-JSON object whose known fields have the canonical JSON
     types takes this path; the rows the columnar checks reject get their reasons from the per-line path.
@@ -589,6 +666,59 @@ def _fast_jsonl_block(
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
+    batch = _scanned(data, n)
+    if batch is None:
+        batch = _arrow_parsed(data, n, newlines)
+        if batch is None:
+            return None
+    return _fast_result(batch, chunk, lineno)
+
+
+def _fast_result(
+    batch: pa.RecordBatch, chunk: Sequence[bytes], lineno: int
+) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
+    """A raw batch a fast path read from the lines ``chunk`` (the first is line ``lineno + 1``) -> ``(canonical
+    batch of the accepted rows, (line, raw, reason) per rejected line)``, or None when a row the columnar checks
+    flag is one the per-line path accepts (never expected: the caller then reads the block line by line)."""
+    canonical, flagged = _validate_columns(batch)
+    if flagged is None:
+        return canonical, []
+    # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
+    # their reasons (and must reject every one of them, or the whole block goes back to it).
+    mask = flagged[0]
+    rejects: list[tuple[int, bytes, str]] = []
+    bad = np.flatnonzero(mask).tolist()
+    accepted = _json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
+    if accepted or len(rejects) != len(bad):
+        return None
+    return canonical.filter(pa.array(~mask)), rejects
+
+
+def _scanned(data: bytes, n: int) -> pa.RecordBatch | None:
+    """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`_ARROW_JSON_SCHEMA` by the C scanner, or None
+    when a line is outside its strict subset of JSON (``_jsonscan.c`` lists it: flat objects of the known
+    fields with canonically typed, unescaped values) or the scanner is not built."""
+    scanned = _scan_range(data, 0, n)
+    return scanned[2] if scanned is not None and scanned[:2] == (len(data), n) else None
+
+
+def _scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.RecordBatch] | None:
+    """Up to ``count`` lines of UTF-8 ``data`` from offset ``begin`` by the C scanner: ``(end offset, lines,
+    raw batch)``, or None (see :func:`_scanned`)."""
+    scanned = _scan_block(data, count, begin) if _scan_block is not None else None
+    if scanned is None:
+        return None
+    end, n, columns = scanned
+    arrays = [
+        pa.Array.from_buffers(f.type, n, [None if b is None else pa.py_buffer(b) for b in buffers], null_count=nulls)
+        for f, (nulls, *buffers) in zip(_ARROW_JSON_SCHEMA, columns)
+    ]
+    return end, n, pa.RecordBatch.from_arrays(arrays, schema=_ARROW_JSON_SCHEMA)
+
+
+def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.RecordBatch | None:
+    """The ``n`` lines of UTF-8 ``data`` as a raw batch parsed by ``pyarrow.json``, or None where that could
+    differ from the per-line path (see :func:`_fast_jsonl_block`)."""
     lines = _one_object_per_line(data, n, newlines)
     if lines is None:
         return None
@@ -612,20 +742,8 @@ def _fast_jsonl_block(
     if table.num_rows != n or table.schema != _ARROW_JSON_SCHEMA:
         return None
     table = table.combine_chunks()
-    batch = pa.RecordBatch.from_arrays([col.chunk(0) if col.num_chunks else pa.array([], col.type)
-                                        for col in table.columns], schema=_ARROW_JSON_SCHEMA)  # fmt: skip
-    canonical, flagged = _validate_columns(batch)
-    if flagged is None:
-        return canonical, []
-    # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
-    # their reasons (and must reject every one of them, or the whole block goes back to it).
-    mask = flagged[0]
-    rejects: list[tuple[int, bytes, str]] = []
-    bad = np.flatnonzero(mask).tolist()
-    accepted = _json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
-    if accepted or len(rejects) != len(bad):
-        return None
-    return canonical.filter(pa.array(~mask)), rejects
+    return pa.RecordBatch.from_arrays([col.chunk(0) if col.num_chunks else pa.array([], col.type)
+                                       for col in table.columns], schema=_ARROW_JSON_SCHEMA)  # fmt: skip
 
 
 def _arrow_known_fields_only(data: bytes) -> pa.Table | None:
