@@ -953,3 +953,39 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
 
     fast, slow = blocks(True), blocks(False)
     assert fast[0] == slow[0] and fast[1] == slow[1] and fast[2] == slow[2]
+
+
+@HYPO
+@given(st.lists(MIXED_LINE, max_size=24), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+def test_ndjson_bodies_fast_path_equals_per_line_path(lines, ending, final_newline):
+    """An HTTP body of JSON Lines (validate_json_lines) gives the same batch, rejects and counts with the
+    columnar fast path as line by line."""
+    import drainpipe.inputs.records as events
+    from drainpipe.inputs import validate_json_lines
+
+    encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
+    data = ending.join(encoded) + (ending if final_newline and encoded else b"")
+    results = []
+    for fast in (True, False):
+        events._JSONL_FAST_PATH = fast
+        try:
+            stats = ReadStats()
+            batch, rejects = validate_json_lines(data, stats)
+        finally:
+            events._JSONL_FAST_PATH = True
+        results.append((batch, rejects, stats))
+    (fast_batch, fast_rejects, fast_stats), (batch, rejects, stats) = results
+    assert fast_batch.equals(batch) and fast_batch.schema.equals(EVENT_SCHEMA)
+    assert fast_rejects == rejects and fast_stats == stats
+
+
+def test_ndjson_body_value_rejects_on_the_fast_path():
+    """A body of canonical-typed lines with bad values stays on the fast path and reports each line's reason."""
+    from drainpipe.inputs import validate_json_lines
+
+    body = "\n".join([rec(), rec(service=""), rec(latency_ms=-1), rec(), rec(ts=TS_MAX + 1)]).encode() + b"\n"
+    stats = ReadStats()
+    batch, rejects = validate_json_lines(body, stats)
+    assert batch.to_pylist() == [row(), row()]
+    assert rejects == [(2, "bad value: service"), (3, "out of range: latency_ms"), (5, "out of range: ts")]
+    assert (stats.accepted, stats.rejected) == (2, 3)

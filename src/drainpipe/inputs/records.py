@@ -874,7 +874,14 @@ def join_events(batches: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
 
 def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """A JSON Lines (NDJSON) body -> a canonical batch of its valid records and ``(line number, reason)`` per
-    rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files."""
+    rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files, through the
+    same columnar fast path where it provably gives the same result."""
+    if data and _JSONL_FAST_PATH:
+        n = data.count(b"\n") + (not data.endswith(b"\n"))
+        fast = _fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
+        if fast is not None:
+            batch, rejected = fast
+            return _counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats)
     rejects: list[tuple[int, str]] = []
     rows = _json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)))
     return _counted(rows, rejects, stats)
@@ -897,11 +904,17 @@ def _json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, byt
 def _counted(
     rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None
 ) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    batch = _rows_to_batch(rows) if rows else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+    return _counted_batch(batch, rejects, stats)
+
+
+def _counted_batch(
+    batch: pa.RecordBatch, rejects: list[tuple[int, str]], stats: ReadStats | None
+) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     if stats is not None:
-        stats.add_accepted(len(rows))
+        stats.add_accepted(batch.num_rows)
         for _, reason in rejects:
             stats.add_rejected(reason)
-    batch = _rows_to_batch(rows) if rows else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
     return batch, rejects
 
 
