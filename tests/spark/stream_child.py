@@ -3,12 +3,13 @@ before Spark could mark that batch committed in the checkpoint: the worst moment
 
     python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER [MASTER EXECUTOR_PYTHON]
 
-KILL_AFTER -1: run to the end. MASTER/EXECUTOR_PYTHON: a standalone cluster and its executors' Python (default
+KILL_AFTER -1: run to the end, and print the summary as JSON (a line starting ``summary``). MASTER/EXECUTOR_PYTHON: a standalone cluster and its executors' Python (default
 ``local[2]`` and this interpreter).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -25,7 +26,7 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         if batch_id == int(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    run_stream(
+    summary = run_stream(
         input_dir,
         store_url=store_url,
         checkpoint=checkpoint,
@@ -36,6 +37,7 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         max_files_per_trigger=1,
         on_batch=on_batch,
     )
+    print("summary", json.dumps(summary, default=str), flush=True)
 
 
 if __name__ == "__main__":

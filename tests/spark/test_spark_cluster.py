@@ -5,17 +5,21 @@ zip the job shipped."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cluster import connect_server, standalone_cluster
-from spark_testlib import SPARK
+from spark_testlib import SPARK, skewed_inputs
 
+from drainpipe.inputs import head_of, node_of
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
+from drainpipe.pipeline.store import open_store
 from eventdata import assert_same_results
 
 pytestmark = SPARK
@@ -105,23 +109,34 @@ def test_a_stream_through_spark_connect_equals_the_local_engine(connect_full, tm
 
 
 def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Path) -> None:
-    """Structured Streaming on the standalone cluster, one file per micro-batch; the driver is killed (SIGKILL)
-    right after micro-batch 1 reached the store, then restarted from its checkpoint: the store equals the local
-    engine's over the same files."""
+    """Structured Streaming on the standalone cluster, one file per micro-batch (JSON Lines with bad lines, gzipped
+    CSV, Parquet); the driver is killed (SIGKILL) right after micro-batch 1 reached the store, before Spark could
+    mark it committed in its checkpoint (the worst moment for exactly once): two files are stored, one not. Restarted
+    from the checkpoint, batch 1 runs again and changes nothing, then the rest: the store equals the local engine's
+    over the same files, and the dead letter holds each reject once."""
     incoming = tmp_path / "incoming"
     incoming.mkdir()
-    for i in range(3):
-        write_events(generate_events(6_000, services=6, seed=20 + i), incoming / f"part-{i}.jsonl")
+    jsonl, csv_gz, parquet = skewed_inputs(tmp_path / "source", events=16_000)
+    for i, path in enumerate((jsonl, csv_gz, parquet)):
+        os.replace(path, incoming / f"part-{i}{''.join(Path(path).suffixes)}")
+    files = sorted(str(p) for p in incoming.iterdir())
     local = f"duckdb:///{tmp_path / 'local.duckdb'}"
-    run_local(sorted(str(p) for p in incoming.iterdir()), definitions=default_definitions(), store_url=local,
-              dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    expected = run_local(files, definitions=default_definitions(), store_url=local,
+                         dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    assert expected.rejected >= 12
     url = f"duckdb:///{tmp_path / 'stream.duckdb'}"
     args = [sys.executable, str(HERE / "stream_child.py"), str(incoming), url, str(tmp_path / "ckpt"),
             str(tmp_path / "stream.jsonl")]  # fmt: skip
     killed = subprocess.run([*args, "1", cluster.master, cluster.python], cwd=HERE, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert killed.returncode == -9 and "batch 1 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
+    with open_store(url) as store:
+        applied = [bool(store.file_progress(head_of(f), node_of(f))) for f in files]
+    assert sum(applied) == 2, applied  # Spark takes files oldest first: which two is its choice
     resumed = subprocess.run([*args, "-1", cluster.master, cluster.python], cwd=HERE, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads(resumed.stdout.split("summary ", 1)[1])
+    assert (summary["batches"], summary["unchanged_files"], summary["files"]) == (2, 1, 2), summary
     assert_same_results(local, url, default_definitions())
+    assert (tmp_path / "stream.jsonl").read_text().count("\n") == expected.rejected  # each reject once
