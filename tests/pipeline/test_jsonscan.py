@@ -81,7 +81,9 @@ KNOWN = st.fixed_dictionaries(
     {},
     optional={
         "ts": st.one_of(st.none(), st.integers(-(10**17), 10**17)),
-        "service": st.one_of(st.none(), st.text(st.characters(min_codepoint=0x20, exclude_characters='"\\'))),
+        "service": st.one_of(
+            st.none(), st.text(st.characters(min_codepoint=0x20, exclude_characters='"\\', exclude_categories=("Cs",)))
+        ),
         "instance": st.one_of(st.none(), st.text("abc-_./ 0\u00e9\u4e2d", max_size=8)),
         "endpoint": st.one_of(st.none(), st.text("/api{}0é", max_size=8)),
         "latency_ms": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers(-5, 10**6)),
