@@ -130,26 +130,33 @@ strcol_append(StrCol *c, const unsigned char *s, size_t n, const unsigned char *
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+/* The sign and integer part's first digit of a JSON number at *pp: *neg set, *pp moved to that digit; 1 to decline
+ * (no digit, or a leading zero followed by a digit: not JSON). */
+static inline int
+number_start(const unsigned char **pp, const unsigned char *end, int *neg)
+{
+    const unsigned char *p = *pp;
+    *neg = *p == '-';
+    p += *neg;
+    if (p >= end || !is_digit(*p) || (*p == '0' && p + 1 < end && is_digit(p[1])))
+        return 1;
+    *pp = p;
+    return 0;
+}
+
 /* A JSON number at *pp -> *out (see the header for the conversion); 0, or 1 to decline. */
 static int
 parse_number(const unsigned char **pp, const unsigned char *end, double *out)
 {
     const unsigned char *p = *pp, *start = p;
-    int neg = 0, integer = 1, exact = 1;
+    int neg, integer = 1, exact = 1;
     uint64_t m = 0;   /* the significant digits, at most 19 of them */
     int digits = 0;   /* digits in m, counted from the first non-zero one */
     int64_t e10 = 0;  /* the value is m * 10^e10 (if exact) */
-    if (*p == '-') {
-        neg = 1;
-        p++;
-    }
-    if (p >= end || !is_digit(*p))
+    if (number_start(&p, end, &neg))
         return 1;
-    if (*p == '0') {
+    if (*p == '0')
         p++;
-        if (p < end && is_digit(*p))
-            return 1; /* a leading zero: not JSON */
-    }
     else
         for (; p < end && is_digit(*p); p++) {
             if (digits < 19) {
@@ -220,19 +227,12 @@ static int
 parse_int64(const unsigned char **pp, const unsigned char *end, int64_t *out)
 {
     const unsigned char *p = *pp;
-    int neg = 0, digits = 0;
+    int neg, digits = 0;
     uint64_t v = 0;
-    if (*p == '-') {
-        neg = 1;
-        p++;
-    }
-    if (p >= end || !is_digit(*p))
+    if (number_start(&p, end, &neg))
         return 1;
-    if (*p == '0') {
+    if (*p == '0')
         p++;
-        if (p < end && is_digit(*p))
-            return 1;
-    }
     else {
         while (p < end && is_digit(*p)) {
             if (++digits > 18) /* 18 digits always fit int64; longer values are not timestamps anyway */
