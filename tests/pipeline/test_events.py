@@ -989,3 +989,57 @@ def test_ndjson_body_value_rejects_on_the_fast_path():
     assert batch.to_pylist() == [row(), row()]
     assert rejects == [(2, "bad value: service"), (3, "out of range: latency_ms"), (5, "out of range: ts")]
     assert (stats.accepted, stats.rejected) == (2, 3)
+
+
+@HYPO
+@given(
+    st.lists(MIXED_LINE, max_size=20),
+    st.integers(1, 8),
+    st.integers(1, 64),
+    st.booleans(),
+    st.booleans(),
+)
+def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, growable, final_newline):
+    """The whole-file reader (_read_jsonl_stream: chunks of the file, blocks through read_range) against a reference
+    that splits the bytes into lines and validates each block line by line: the same block indexes, rows, rejects,
+    bytes and lines consumed, with chunks down to one byte (lines and blocks spanning chunks) and a growable file's
+    unfinished last line left unread."""
+    import drainpipe.inputs.records as events
+    from drainpipe.inputs import RejectList, Sink
+    from drainpipe.inputs.records import JsonlBlocks, _read_jsonl_stream
+
+    encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
+    data = b"\n".join(encoded) + (b"\n" if final_newline and encoded else b"")
+    raw = data.split(b"\n")
+    last = raw.pop()
+    whole = [line + b"\n" for line in raw] + ([last] if last and not growable else [])
+
+    want_stats, want_rejects, want = ReadStats(), RejectList(), []
+    events._JSONL_FAST_PATH = False
+    try:
+        reader = JsonlBlocks()
+        for index, k in enumerate(range(0, len(whole), batch_rows)):
+            batch = reader.read(whole[k : k + batch_rows], k, Sink("x", want_stats, want_rejects))
+            if batch is not None:
+                want.append((index, batch.to_pylist()))
+    finally:
+        events._JSONL_FAST_PATH = True
+
+    stats, rejects = ReadStats(), RejectList()
+    old = events._READ_BYTES
+    events._READ_BYTES = read_bytes
+    try:
+        stream = _read_jsonl_stream(io.BytesIO(data), growable, batch_rows, Sink("x", stats, rejects))
+        got = []
+        while True:
+            try:
+                index, batch = next(stream)
+            except StopIteration as done:
+                consumed, count = done.value
+                break
+            got.append((index, batch.to_pylist()))
+    finally:
+        events._READ_BYTES = old
+    assert got == want
+    assert rejects.rows == want_rejects.rows and stats == want_stats
+    assert (consumed, count) == (sum(map(len, whole)), len(whole))

@@ -68,7 +68,7 @@ import sys
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from itertools import islice
@@ -469,22 +469,33 @@ def _json_record(line: bytes) -> tuple:
     )  # fmt: skip
 
 
-def _read_jsonl(f: Iterable[bytes], batch_rows: int, sink: Sink) -> Iterator[pa.RecordBatch]:
-    for _, batch in _read_jsonl_indexed(f, batch_rows, sink):
-        yield batch
+#: bytes a whole-file JSON Lines read takes from its file at a time
+_READ_BYTES = 8 << 20
 
 
-def _read_jsonl_indexed(
-    f: Iterable[bytes], batch_rows: int, sink: Sink, lineno: int = 0
-) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """``(block index, batch)`` per block of ``batch_rows`` lines that has accepted rows (the first line read is
-    line ``lineno + 1``)."""
-    blocks = JsonlBlocks()
-    lines = iter(f)
-    index = 0
-    while chunk := list(islice(lines, batch_rows)):
-        batch = blocks.read(chunk, lineno, sink)
-        lineno += len(chunk)
+def _read_jsonl_stream(
+    f: BinaryIO, growable: bool, batch_rows: int, sink: Sink, lineno: int = 0
+) -> Generator[tuple[int, pa.RecordBatch], None, tuple[int, int]]:
+    """``(block index, batch)`` per block of ``batch_rows`` lines of ``f`` that has accepted rows (the first line
+    read is line ``lineno + 1``); returns the bytes and lines it consumed. The file is read in large chunks and each
+    block goes through :meth:`JsonlBlocks.read_range`, as in a worker. For a growable file a last line without a
+    newline is left unread: it may still be being written."""
+    reader = JsonlBlocks()
+    data, begin, index, consumed, count, eof, ascii = b"", 0, 0, 0, 0, False, True
+    while True:
+        while not eof and data.count(b"\n", begin) < batch_rows:  # a whole block, or the rest of the file
+            chunk = f.read(_READ_BYTES)
+            if chunk:
+                data, begin = data[begin:] + chunk, 0
+            else:
+                eof = True
+                if growable:
+                    data = data[: data.rfind(b"\n") + 1]
+            ascii = data.isascii()
+        if begin >= len(data):
+            return consumed, count
+        end, n, batch = reader.read_range(data, begin, batch_rows, lineno, sink, ascii)
+        consumed, count, lineno, begin = consumed + end - begin, count + n, lineno + n, end
         if batch is not None:
             yield index, batch
         index += 1
@@ -1446,8 +1457,9 @@ def read_blocks(
             if start > lines.offset:
                 f.seek(start)
                 lines.offset = start
-            yield from _read_jsonl_indexed(iter(lines), batch_rows, sink, start_lines)
-            lines.count += start_lines
+            consumed, count = yield from _read_jsonl_stream(f, not gzipped, batch_rows, sink, start_lines)
+            lines.offset += consumed
+            lines.count = count + start_lines
         else:
             yield from enumerate(_read_csv(f, lines, batch_rows, sink, path, Position(start, start_lines)))
         sink.end = (lines.offset, lines.count)
