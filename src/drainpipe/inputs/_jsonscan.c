@@ -280,9 +280,11 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     StrCol str[NFIELDS];
     memset(str, 0, sizeof str);
     const int strings[] = {F_SERVICE, F_INSTANCE, F_ENDPOINT, F_DB};
-    size_t bitmap = (size_t)(n + 7) / 8;
     if (n <= 0 || start < 0 || start >= view.len || view.len - start >= INT32_MAX) /* int32 string offsets */
         goto decline;
+    if (n > (view.len - start + 1) / 2) /* a line is at least "{}": no more rows than that */
+        n = (view.len - start + 1) / 2;
+    size_t bitmap = (size_t)(n + 7) / 8;
     ts = PyMem_Malloc((size_t)n * sizeof *ts);
     latency = PyMem_Malloc((size_t)n * sizeof *latency);
     status = PyMem_Calloc(bitmap, 1);

@@ -517,13 +517,14 @@ class JsonlBlocks:
         sink: Sink,
         data: bytes | None = None,
         newlines: np.ndarray | None = None,
+        scan: bool = True,
     ) -> pa.RecordBatch | None:
         """The accepted rows of ``chunk`` (its first line is line ``lineno + 1``; ``data`` = the joined chunk
         and ``newlines`` = the offsets of its ``\\n`` bytes, if the caller has them) as a canonical batch, None
-        if there are none; rejects go to ``sink``."""
+        if there are none; rejects go to ``sink``. ``scan=False``: the C scanner already declined these lines."""
         fast = None
         if _JSONL_FAST_PATH and not self.skip:
-            fast = _fast_jsonl_block(chunk, lineno, data, newlines)
+            fast = _fast_jsonl_block(chunk, lineno, data, newlines, scan)
             self._tried(fast is not None)
         elif self.skip:
             self.skip -= 1
@@ -544,7 +545,8 @@ class JsonlBlocks:
 
         The C scanner reads a block straight out of ``data`` and finds its end on the way; a block it declines
         is cut out and read by :meth:`read`, with the same result."""
-        if ascii and _JSONL_FAST_PATH and not self.skip and _scan_block is not None:
+        tried = ascii and _JSONL_FAST_PATH and not self.skip and _scan_block is not None
+        if tried:
             scanned = _scan_range(data, begin, count)
             if scanned is not None:
                 end, n, batch = scanned
@@ -556,7 +558,7 @@ class JsonlBlocks:
         stop = begin + int(ends[-1]) + 1 if len(ends) == count else len(data)
         block = data[begin:stop]
         lines = _LazyLines(block, 0, len(block), len(ends) + (block[-1] != _NL))
-        return stop, len(lines), self.read(lines, lineno, sink, block, ends)
+        return stop, len(lines), self.read(lines, lineno, sink, block, ends, scan=not tried)
 
     def _tried(self, fast: bool) -> None:
         self.backoff = 0 if fast else min(2 * self.backoff or 1, _JSONL_MAX_BACKOFF)
@@ -645,7 +647,11 @@ _OPEN, _CLOSE, _BRACKET, _CR, _NL = ord("{"), ord("}"), ord("["), ord("\r"), ord
 
 
 def _fast_jsonl_block(
-    chunk: Sequence[bytes], lineno: int = 0, data: bytes | None = None, newlines: np.ndarray | None = None
+    chunk: Sequence[bytes],
+    lineno: int = 0,
+    data: bytes | None = None,
+    newlines: np.ndarray | None = None,
+    scan: bool = True,
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
     rows, (line, raw, reason) per rejected line)`` via the C scanner (:func:`_scanned`) or else ``pyarrow.json``
@@ -677,7 +683,7 @@ def _fast_jsonl_block(
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    batch = _scanned(data, n)
+    batch = _scanned(data, n) if scan else None
     if batch is None:
         batch = _arrow_parsed(data, n, newlines)
         if batch is None:
