@@ -427,24 +427,28 @@ class SqlStore:
     def _create_schema(self) -> None:
         for statement in _SCHEMA + self._STAGING_DDL:
             self._execute(statement)
-        self._migrate_ledger()
-        self._migrate_time()
+        types = self._column_types()  # one catalog query for every check: each costs milliseconds
+        self._migrate_ledger(types)
+        self._migrate_time(types)
 
-    def _column_type(self, table: str, column: str) -> str:
-        """The SQL type of ``table.column`` (upper case, as information_schema names it), "" if no such column."""
-        found = self._fetchall(
-            "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = ? AND column_name = ?",
-            (table, column),
-        )
-        return str(found[0][0]).upper() if found else ""
+    def _column_types(self) -> dict[tuple[str, str], str]:
+        """(table, column) -> SQL type (upper case, as information_schema names it) of the columns migrations
+        look at."""
+        return {
+            (str(table), str(column)): str(kind).upper()
+            for table, column, kind in self._fetchall(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND column_name IN ('time_bucket', 'applied_at')"
+            )
+        }
 
-    def _migrate_time(self) -> None:
+    def _migrate_time(self, types: dict[tuple[str, str], str]) -> None:
         """A store written before ``time_bucket`` was a timestamp holds it as ISO-8601 text: each such table is
         converted in place, once (the text is UTC with a ``Z``, so the cast is exact). Table by table, each check
-        first, so an interrupted migration is finished by the next open."""
+        first, so an interrupted migration is finished by the next open. ``types``: (table, column) -> SQL type,
+        upper case, as information_schema names it."""
         for table in _TIME_TABLES:
-            kind = self._column_type(table, "time_bucket")
+            kind = types.get((table, "time_bucket"), "")
             if kind and kind != "TIMESTAMP WITH TIME ZONE":
                 self._execute(
                     f"ALTER TABLE {table} ALTER COLUMN time_bucket TYPE TIMESTAMPTZ "
@@ -452,11 +456,11 @@ class SqlStore:
                 )
                 log.warning("%s: migrated %s: time_bucket %s -> TIMESTAMP WITH TIME ZONE", self, table, kind.lower())
 
-    def _migrate_ledger(self) -> None:
+    def _migrate_ledger(self, types: dict[tuple[str, str], str]) -> None:
         """A store written before the ledger had ``applied_at`` gains the column, once, with the time of opening for
         the entries it holds (they were written no later: pruning them by it is safe, only later than could be)."""
         for table in ("applied_sources", "file_progress"):
-            if not self._column_type(table, "applied_at"):
+            if (table, "applied_at") not in types:
                 self._execute(f"ALTER TABLE {table} ADD COLUMN applied_at BIGINT")
                 self._execute(f"UPDATE {table} SET applied_at = ? WHERE applied_at IS NULL", (self.clock(),))
                 log.warning("%s: migrated %s: added applied_at (the ledger's record time, for retention)", self, table)
@@ -619,11 +623,21 @@ class SqlStore:
         return True
 
     def _record_progress(self, progress: Sequence[FileProgress]) -> None:
+        """Replace the rows of ``progress`` (a file's row per definition): two statements per file, not two per row
+        (a checkpoint of 17 definitions spent 25 ms on 34 statements)."""
+        by_file: dict[str, dict[str, FileProgress]] = defaultdict(dict)
         for row in progress:
-            self._execute("DELETE FROM file_progress WHERE fid = ? AND name = ?", (row.fid, row.name))
+            by_file[row.fid][row.name] = row  # the last row of a (file, name) holds, as one replace after another
+        now = self.clock()
+        for fid, named in by_file.items():
+            rows = list(named.values())
             self._execute(
-                "INSERT INTO file_progress VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (row.fid, row.name, row.head, row.node, row.path, row.end, row.lines, row.prefix, self.clock()),
+                f"DELETE FROM file_progress WHERE fid = ? AND name IN ({', '.join('?' * len(rows))})",
+                (fid, *(row.name for row in rows)),
+            )
+            self._execute(
+                f"INSERT INTO file_progress VALUES {', '.join(['(?, ?, ?, ?, ?, ?, ?, ?, ?)'] * len(rows))}",
+                [v for r in rows for v in (r.fid, r.name, r.head, r.node, r.path, r.end, r.lines, r.prefix, now)],
             )
 
     def register(self, definitions: Iterable[Definition]) -> None:
@@ -657,10 +671,12 @@ class SqlStore:
         missing = [name for name in names if name not in stored]
         if missing:
             # under the write lock no one else registers now; ON CONFLICT still makes a writer that does not take
-            # it (an older version) lose nothing: the row it wrote is compared below like any other
-            for name in missing:
-                self._execute("INSERT INTO definitions VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-                              (name, wanted[name]))  # fmt: skip
+            # it (an older version) lose nothing: the row it wrote is compared below like any other. One statement:
+            # a fresh store registers every definition at once.
+            self._execute(
+                f"INSERT INTO definitions VALUES {', '.join(['(?, ?)'] * len(missing))} ON CONFLICT (name) DO NOTHING",
+                [value for name in missing for value in (name, wanted[name])],
+            )
             stored = dict(self._fetchall(f"SELECT name, signature FROM definitions WHERE name IN ({marks})", names))
         for name in names:
             if stored[name] != wanted[name]:
