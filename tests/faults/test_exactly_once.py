@@ -26,7 +26,9 @@ FLUSH_S = "0.05"  # a checkpoint every 50 ms of work: several per run
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     d = tmp_path_factory.mktemp("kill-inputs")
-    jsonl = d / "big.jsonl"  # large enough (> 8 MB) for the worker processes
+    # large enough (> 8 MB) for the worker processes; read last (inputs run in name order), so that the workers are
+    # alive, waiting for it, at every checkpoint of the files before (a run lets them go after its last big file)
+    jsonl = d / "z-big.jsonl"
     write_events(generate_events(120_000, services=30, endpoints_per_service=8, seed=5), jsonl)
     with open(jsonl, "ab") as f:
         f.write(b'{"ts": 1, "service": ""}\nnot json\n')  # two rejects
