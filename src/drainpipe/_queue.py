@@ -273,6 +273,13 @@ class BatchQueue:
         completes when that call ends. Either way the queue stays consistent."""
         return bool(self._run_control(self._control.remove_handler, (type_,), timeout, type_))
 
+    def wake_idle(self) -> None:
+        """End every drain task's idle backoff: each runs a drain cycle now, and calls its handlers' ``on_idle`` if
+        it finds nothing. For a caller that needs ``on_idle`` soon (a checkpoint asking handlers to hand their held
+        state on) rather than after a backoff of up to ``max_idle_ms``. Thread-safe; does not block."""
+        for task in self._tasks:
+            self._scheduler.wake(task)
+
     def rebalance_now(self, timeout: float | None = None) -> RebalanceResult:
         """Measure throughput since the last measurement and rebalance once, waiting for the handoff to finish;
         ``timeout`` as for :meth:`remove_handler`."""

@@ -231,6 +231,18 @@ def test_consumer_on_idle_is_called_when_idle(qname):
     assert rec.wait_idle(3)
 
 
+def test_wake_idle_ends_the_backoff_at_once(qname):
+    """A task backing off for 3 s between idle cycles runs on_idle within a fraction of that after wake_idle()."""
+    rec = Recorder("consumer")
+    q = new_queue(qname, consumer=rec, min_idle_ms=3_000, max_idle_ms=3_000)
+    assert wait_until(lambda: rec.idle_calls >= 1, 5)  # the first idle cycle; the next is due in 3 s
+    time.sleep(0.05)
+    calls, t0 = rec.idle_calls, time.monotonic()
+    q.wake_idle()
+    assert wait_until(lambda: rec.idle_calls > calls, 1.0), "on_idle waited for the backoff"
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_on_idle_only_for_handlers_of_partitions_the_task_owns(qname):
     """2 tasks own partitions (0,) and (1,); A and C share a partition (and so a task), B is on the other one.
     While A's task is stuck inside A.consume, B keeps getting on_idle from the other thread; C gets none."""

@@ -149,10 +149,10 @@ class PostgresStore(SqlStore):
         con = self._con
         return con is not None and not con.closed and not con.broken
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, migrate: bool = True) -> None:
         with self._transaction():
             self._execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
-            super()._create_schema()
+            super()._create_schema(migrate)
             for statement in _INDEXES:
                 self._execute(statement)
 

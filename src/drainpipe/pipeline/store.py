@@ -424,12 +424,15 @@ class SqlStore:
 
     # ----------------------------------------------------------------------------- lifecycle
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, migrate: bool = True) -> None:
+        """Create what is missing; ``migrate``: bring an older store's tables up to date (False: the store was just
+        created, and the catalog query, ~20 ms in DuckDB, is not needed)."""
         for statement in _SCHEMA + self._STAGING_DDL:
             self._execute(statement)
-        types = self._column_types()  # one catalog query for every check: each costs milliseconds
-        self._migrate_ledger(types)
-        self._migrate_time(types)
+        if migrate:
+            types = self._column_types()  # one catalog query for every check: each costs milliseconds
+            self._migrate_ledger(types)
+            self._migrate_time(types)
 
     def _column_types(self) -> dict[tuple[str, str], str]:
         """(table, column) -> SQL type (upper case, as information_schema names it) of the columns migrations
@@ -1013,13 +1016,14 @@ class DuckDBStore(SqlStore):
 
         self.path = path
         self._duckdb = duckdb
+        fresh = path == ":memory:" or not os.path.exists(path)  # nothing to migrate in a new database
         try:
             self._con = duckdb.connect(path, config={**_DUCKDB_DEFAULTS, **(config or {})})
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
         self._staged: dict[str, pa.Table] = {}
         try:
-            self._create_schema()
+            self._create_schema(migrate=not fresh)
         except duckdb.Error as exc:
             self._con.close()
             raise StoreError(f"cannot use duckdb store {path!r}: {first_line(exc)}") from None
