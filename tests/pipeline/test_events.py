@@ -1043,3 +1043,46 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     assert got == want
     assert rejects.rows == want_rejects.rows and stats == want_stats
     assert (consumed, count) == (sum(map(len, whole)), len(whole))
+
+
+@pytest.mark.parametrize("batch_rows", [7, 100, 4096])
+def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp_path, monkeypatch, batch_rows):
+    """The workers' reader reads string columns stored with a dictionary as dictionary arrays: the same rows and
+    rejects as reading them as plain strings (and as the whole-file reader), across row groups with their own
+    dictionaries, nulls, empty values, a column whose dictionary overflows into plain pages mid-chunk, and blocks
+    that cross row groups."""
+    from drainpipe.inputs import parts
+    from drainpipe.inputs.records import Sink
+
+    n = 3_000
+    table = pa.table(
+        {
+            "ts": pa.array([T0 + i for i in range(n)], pa.int64()),
+            "service": [None if i % 97 == 0 else "" if i % 89 == 0 else f"s{i % 5}" for i in range(n)],
+            "instance": [f"i{i % 3}" for i in range(n)],
+            "endpoint": [f"/e/{i}" for i in range(n)],  # high cardinality: falls back to plain pages
+            "latency_ms": [float(i % 11) for i in range(n)],
+            "db_statement": [None if i % 2 else f"q{i % 4}" for i in range(n)],
+        }
+    )
+    path = write_parquet(tmp_path, table, row_group_size=700, dictionary_pagesize_limit=256)
+    stored = pq.ParquetFile(path).metadata.row_group(0)
+    assert all(stored.column(i).has_dictionary_page for i in (1, 2, 3))
+    assert pa.types.is_dictionary(parts._open_parquet(str(path)).schema_arrow.field("service").type)
+
+    def both_paths() -> tuple:
+        whole = read([path], tmp_path, batch_rows=batch_rows)
+        stats = ReadStats()
+        with DeadLetter(tmp_path / "parts.jsonl") as dl:
+            sink = Sink(str(path), stats, dl)
+            blocks = [b for part in parts.plan_parts(str(path), batch_rows, workers=3)
+                      for _, b in parts.read_part(part, sink)]  # fmt: skip
+        rows = pa.Table.from_batches(blocks, schema=EVENT_SCHEMA).to_pylist()
+        (tmp_path / "parts.jsonl").unlink()
+        return whole.rows, whole.rejects, rows, stats.rejected
+
+    dictionary = both_paths()
+    plain = lambda p: pq.ParquetFile(p)  # noqa: E731
+    monkeypatch.setattr(parts, "_open_parquet", plain)
+    assert both_paths() == dictionary
+    assert dictionary[0] == dictionary[2] and len(dictionary[1]) == dictionary[3] > 0

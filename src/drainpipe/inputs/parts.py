@@ -37,7 +37,7 @@ from ..errors import InputError
 from . import records
 from .options import InputOptions
 from .position import Position
-from .records import BOM, JsonlBlocks, Sink, detect_format, parquet_batch, parquet_columns
+from .records import BOM, EVENT_SCHEMA, JsonlBlocks, Sink, detect_format, parquet_batch, parquet_columns
 
 __all__ = [
     "Part",
@@ -380,6 +380,32 @@ def _jsonl_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]
             yield part.first + k, batch
 
 
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """A Parquet file opened for the workers' blocks. Its string columns that are stored with a dictionary are read
+    as dictionary arrays (validation decodes them): decoding the pages to indices and taking each batch's strings
+    from the dictionary costs less than building every string from the pages (reading and decoding 5M events:
+    0.118 -> 0.087 us/event of CPU). The rows are the same; the reader then ends a batch at every row group (the
+    dictionary changes), which :func:`_parquet_blocks` re-cuts anyway."""
+    pf = pq.ParquetFile(path)
+    md = pf.metadata
+    if md.num_row_groups == 0:
+        return pf
+    stored = {md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i) for i in range(md.num_columns)}
+    schema = pf.schema_arrow
+    wanted = [
+        name
+        for name in _TEXT_COLUMNS
+        if name in stored
+        and stored[name].has_dictionary_page
+        and schema.get_field_index(name) >= 0
+        and pa.types.is_string(schema.field(name).type)
+    ]
+    return pq.ParquetFile(path, read_dictionary=wanted, metadata=md) if wanted else pf
+
+
+_TEXT_COLUMNS = tuple(f.name for f in EVENT_SCHEMA if pa.types.is_string(f.type))
+
+
 def _parquet_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Blocks ``first ..`` of ``iter_batches(batch_size=batch_rows)`` over the whole file, same rows.
 
@@ -387,7 +413,7 @@ def _parquet_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatc
     row and re-cuts the stream at the same row offsets."""
     if part.blocks == 0:
         return
-    pf = pq.ParquetFile(part.path)
+    pf = _open_parquet(part.path)
     size = part.batch_rows
     begin = part.first * size
     starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
