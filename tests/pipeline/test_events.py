@@ -1082,7 +1082,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
         return whole.rows, whole.rejects, rows, stats.rejected
 
     dictionary = both_paths()
-    plain = lambda p: pq.ParquetFile(p)  # noqa: E731
+    plain = pq.ParquetFile
     monkeypatch.setattr(parts, "_open_parquet", plain)
     assert both_paths() == dictionary
     assert dictionary[0] == dictionary[2] and len(dictionary[1]) == dictionary[3] > 0
