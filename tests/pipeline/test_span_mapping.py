@@ -188,6 +188,10 @@ def test_the_first_key_of_the_mapping_wins_whatever_the_attribute_order() -> Non
         assert map_spans(one_span(3, attrs), mapping, rules).batch.column("db_statement").to_pylist() == ["q1"]
     for attrs in ([("http.status_code", 200), ("code", 503)], [("code", 503), ("http.status_code", 200)]):
         assert map_spans(one_span(2, attrs), mapping, rules).batch.column("status").to_pylist() == [False]
+    # one key may give two fields (here the endpoint of SERVER spans and the statement of CLIENT spans)
+    shared = SpanMapping(endpoint=("q", "http.route"), statement=("q",))
+    assert map_spans(one_span(2, [("q", "/x")]), shared, rules).batch.column("endpoint").to_pylist() == ["/x"]
+    assert map_spans(one_span(3, [("q", "sel")]), shared, rules).batch.column("db_statement").to_pylist() == ["sel"]
     # a key whose value is no status is passed over for the next
     assert map_spans(one_span(2, [("code", "x"), ("http.status_code", "503")]), mapping, rules).batch.column(
         "status").to_pylist() == [False]  # fmt: skip

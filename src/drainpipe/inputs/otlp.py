@@ -121,9 +121,9 @@ def map_spans(
     """The mapping of the module docstring over a decoded export.
 
     The per-span work is the whole cost of OTLP ingest, so this loop touches each span's fields once and builds rows
-    that are valid by construction: protobuf strings are valid UTF-8, a service is never empty, and an end time
-    (uint64 nanoseconds) is always within the event timestamp range, so of the event rules only the latency bound is
-    left to check here."""
+    (requests as columns) that are valid by construction: protobuf strings are valid UTF-8, a service is never
+    empty, and an end time (uint64 nanoseconds) is always within the event timestamp range, so of the event rules
+    only the latency bound is left to check here."""
     # requests as columns (ts and latency computed at the end, vectorized); exit rows, few, as rows
     ends: list[int] = []
     durations: list[int] = []
@@ -160,24 +160,24 @@ def map_spans(
                 kvs = span.attributes
                 for i in range(len(kvs)):
                     kv = kvs[i]
-                    role = role_of(kv.key)
-                    if role is None:
+                    fields = role_of(kv.key)
+                    if fields is None:
                         continue
-                    field, rank = role
-                    if field == _ENDPOINT:
-                        if rank < endpoint_rank and is_request:
-                            text = kv.value.string_value  # "" when the value is not a string
-                            if text:
-                                endpoint, endpoint_rank = text, rank
-                    elif field == _STATEMENT:
-                        if rank < statement_rank and not is_request:
-                            text = kv.value.string_value
-                            if text:
-                                statement, statement_rank = text, rank
-                    elif http is None:
-                        http = [(rank, kv.value)]
-                    else:
-                        http.append((rank, kv.value))
+                    for field, rank in fields:  # (usually one: a key may serve several fields)
+                        if field == _ENDPOINT:
+                            if rank < endpoint_rank and is_request:
+                                text = kv.value.string_value  # "" when the value is not a string
+                                if text:
+                                    endpoint, endpoint_rank = text, rank
+                        elif field == _STATEMENT:
+                            if rank < statement_rank and not is_request:
+                                text = kv.value.string_value
+                                if text:
+                                    statement, statement_rank = text, rank
+                        elif http is None:
+                            http = [(rank, kv.value)]
+                        else:
+                            http.append((rank, kv.value))
                 if not is_request and statement is None:
                     continue  # a CLIENT span without a statement is no event
                 trace_id = span.trace_id
@@ -264,12 +264,14 @@ def _first_str(attrs: dict[str, Any] | None, keys: tuple[str, ...]) -> str | Non
     return None
 
 
-def _span_roles(mapping: SpanMapping) -> dict[str, tuple[int, int]]:
-    """Span attribute key -> (the field it gives, its rank among that field's keys: lower wins)."""
-    roles: dict[str, tuple[int, int]] = {}
+def _span_roles(mapping: SpanMapping) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Span attribute key -> every (field it gives, its rank among that field's keys: lower wins)."""
+    roles: dict[str, tuple[tuple[int, int], ...]] = {}
     for field, keys in ((_ENDPOINT, mapping.endpoint), (_HTTP, mapping.http_status), (_STATEMENT, mapping.statement)):
         for rank, key in enumerate(keys):
-            roles.setdefault(key, (field, rank))
+            known = roles.get(key, ())
+            if all(f != field for f, _ in known):  # a key listed twice for one field: its first rank counts
+                roles[key] = (*known, (field, rank))
     return roles
 
 
