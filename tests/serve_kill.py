@@ -96,7 +96,7 @@ def post_until(
                              {"Content-Type": "application/x-ndjson"})  # fmt: skip
                 r = conn.getresponse()
                 r.read()
-            except OSError:
+            except (OSError, http.client.HTTPException):  # HTTPException: an answer cut mid-body by the kill
                 with books.lock:
                     books.cut += 1
                 if conn is not None:
