@@ -1086,3 +1086,51 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     monkeypatch.setattr(parts, "_open_parquet", plain)
     assert both_paths() == dictionary
     assert dictionary[0] == dictionary[2] and len(dictionary[1]) == dictionary[3] > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    groups=st.lists(st.integers(1, 90), min_size=1, max_size=9),
+    batch_rows=st.integers(1, 40),
+    workers=st.integers(1, 5),
+    resume=st.integers(0, 400),
+)
+def test_parquet_parts_cover_every_block_once_and_divide_among_the_workers(
+    tmp_path, groups, batch_rows, workers, resume
+):
+    """The plan's parts are contiguous block ranges from the resume point to the end, none over PARQUET_PART_BLOCKS,
+    read back as the whole file's rows; and they divide among the workers (the last round is cut finer), unless
+    the last round has fewer blocks than workers."""
+    from drainpipe.inputs import Position, Sink, parts
+
+    rows = sum(groups)
+    path = tmp_path / "groups.parquet"
+    with pq.ParquetWriter(path, _events_table(0, 1).schema) as writer:
+        begin = 0
+        for size in groups:  # one row group each
+            writer.write_table(_events_table(begin, size))
+            begin += size
+    blocks = -(-rows // batch_rows)
+    skip = min(blocks, resume // batch_rows)  # a resume point ends a block
+    plan = list(parts.plan_parts(str(path), batch_rows, workers=workers, start=Position(skip * batch_rows)))
+    assert [(p.first, p.blocks) for p in plan] == [(p.first, p.blocks) for p in plan if p.blocks > 0]
+    assert [p.first for p in plan] == [skip, *(p.first + p.blocks for p in plan[:-1])][: len(plan)]
+    assert sum(p.blocks for p in plan) == blocks - skip
+    assert all(p.blocks <= parts.PARQUET_PART_BLOCKS for p in plan)
+    rest = len(plan) % workers  # a last round shorter than the workers only when it ran out of blocks to cut
+    assert rest == 0 or all(p.blocks == 1 for p in plan[-rest:])
+    stats = ReadStats()
+    with DeadLetter(tmp_path / "dl.jsonl") as dl:
+        sink = Sink(str(path), stats, dl)
+        ts = [t for part in plan for _, b in parts.read_part(part, sink) for t in b.column("ts").to_pylist()]
+    assert ts == list(range(T0 + skip * batch_rows, T0 + rows))
+
+
+def _events_table(begin: int, size: int) -> pa.Table:
+    return pa.table(
+        {
+            "ts": pa.array(range(T0 + begin, T0 + begin + size), pa.int64()),
+            "service": pa.array(["s"] * size),
+            "latency_ms": pa.array([1.0] * size),
+        }
+    )

@@ -209,7 +209,7 @@ def plan_parts(
     if gzipped or fmt in ("csv", "otlp", "access"):
         return iter([whole_file(path, batch_rows, start, options)])
     if fmt == "parquet":
-        return iter(_parquet_parts(path, batch_rows, start.offset))
+        return iter(_parquet_parts(path, batch_rows, start.offset, workers))
     return _jsonl_parts(path, batch_rows, workers, start, hasher)
 
 
@@ -220,7 +220,7 @@ def _size(path: str) -> int:
         raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
 
 
-def _parquet_parts(path: str, batch_rows: int, start_row: int) -> list[Part]:
+def _parquet_parts(path: str, batch_rows: int, start_row: int, workers: int) -> list[Part]:
     try:
         md = pq.ParquetFile(path).metadata
     except (OSError, pa.ArrowException) as e:
@@ -239,14 +239,40 @@ def _parquet_parts(path: str, batch_rows: int, start_row: int) -> list[Part]:
         if stop > first:
             ranges.append((first, stop))
         begin += rows
-    parts = []
+    pieces: list[tuple[int, int]] = []
     for first, stop in ranges:
-        pieces = -(-(stop - first) // PARQUET_PART_BLOCKS)
-        bounds = np.linspace(first, stop, pieces + 1).round().astype(int)
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            parts.append(Part(path, "parquet", False, batch_rows, int(a), int(b - a), lineno=int(a) * batch_rows,
-                              nbytes=nbytes * int(b - a) // max(1, blocks), rows=total))  # fmt: skip
-    return parts
+        pieces.extend(_cut(first, stop, -(-(stop - first) // PARQUET_PART_BLOCKS)))
+    return [
+        Part(
+            path,
+            "parquet",
+            False,
+            batch_rows,
+            a,
+            b - a,
+            lineno=a * batch_rows,
+            nbytes=nbytes * (b - a) // max(1, blocks),
+            rows=total,
+        )  # fmt: skip
+        for a, b in _even_tail(pieces, workers)
+    ]
+
+
+def _cut(first: int, stop: int, pieces: int) -> list[tuple[int, int]]:
+    """Blocks ``first .. stop`` in ``pieces`` near-equal ranges (fewer when there are fewer blocks)."""
+    bounds = np.linspace(first, stop, min(pieces, stop - first) + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _even_tail(ranges: list[tuple[int, int]], workers: int) -> list[tuple[int, int]]:
+    """``ranges`` (contiguous, in order) with the last round cut finer, so that the workers finish together: when
+    they do not divide among the workers, the ``len % workers`` last ones are re-cut into ``workers`` near-equal
+    pieces. Five row groups on two workers had left one worker idle for the whole last part (~0.27 s of a 2 s run);
+    a piece that starts inside a row group pays for decoding the rows before it, a fraction of what was lost."""
+    tail = len(ranges) % workers if workers > 1 else 0
+    if not tail:
+        return ranges
+    return ranges[:-tail] + _cut(ranges[-tail][0], ranges[-1][1], workers)
 
 
 def _jsonl_parts(path: str, batch_rows: int, workers: int, start: Position, hasher: Any) -> Iterator[Part]:
