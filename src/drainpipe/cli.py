@@ -10,6 +10,7 @@ Ctrl-C exits 130.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -470,6 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BUG
+    finally:
+        if args.own_process:
+            # the process exits next: its objects go to the collector's permanent generation, so that the
+            # interpreter's collections at exit do not traverse everything the imports made (pyarrow, numpy, DuckDB):
+            # 40-80 ms of every command, against ~12 ms. Module teardown, atexit handlers and flushes still run.
+            gc.freeze()
 
 
 def _one_line(exc: BaseException) -> str:

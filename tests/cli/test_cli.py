@@ -208,8 +208,10 @@ def test_query_help_shows_the_duckdb_url_convention(capsys) -> None:
 
 def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alone(tmp_path, capsys) -> None:
     """The ``drainpipe run`` process (the console script: no argv) hides pandas, which pyarrow would import (0.16 s,
-    35 MB) just to ask whether a value is a pandas object, and turns transparent huge pages off; the same results.
-    ``main(argv)`` from a program leaves the program's imports alone."""
+    35 MB) just to ask whether a value is a pandas object, turns transparent huge pages off, and at its end freezes
+    its objects out of the collections the interpreter runs at exit; the same results. ``main(argv)`` from a program
+    leaves the program's imports and collector alone."""
+    import gc
     import importlib.util
     import subprocess
     import sys
@@ -218,7 +220,8 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
                for i in range(500)]  # fmt: skip
     path = write_jsonl(tmp_path / "e.jsonl", records)
     program = (
-        "import sys\nfrom drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\n"
+        "import gc, sys\nfrom drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\n"
+        "print('frozen:', gc.get_freeze_count() > 0)\n"
         "print(open('/proc/self/status').read())\nsys.exit(rc)"
     )
     outputs = {}
@@ -228,12 +231,14 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
             done = subprocess.run([sys.executable, "-c", program, "run", "--input", path, "--store", url, "-q"],
                                   capture_output=True, text=True, timeout=120)  # fmt: skip
             assert done.returncode == 0, done.stderr
-            assert "pandas loaded: False" in done.stdout
+            assert "pandas loaded: False" in done.stdout and "frozen: True" in done.stdout
             if "THP_enabled" in done.stdout:  # Linux: no transparent huge pages for the run's processes
                 assert re.search(r"THP_enabled:\s*0", done.stdout)
         else:
+            frozen = gc.get_freeze_count()
             assert main(["run", "--input", path, "--store", url, "-q"]) == 0
             assert importlib.util.find_spec("pandas") is not None  # still importable here
+            assert gc.get_freeze_count() == frozen
         store = open_store(url)
         try:
             outputs[name] = store.query()
