@@ -176,6 +176,44 @@ def test_run_with_workers_equals_run_in_process_and_reruns_change_nothing(files,
         assert math.isclose(v, v2[k], rel_tol=1e-12), k  # float sums may differ in the last ulp
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_into_a_new_store_the_workers_start_before_it_opens_and_a_store_that_has_the_file_cancels_them(
+    files, fmt, tmp_path, monkeypatch
+):
+    """Into a new store, the first file's parts go to the workers before the store is opened (DuckDB's import and
+    the schema then run beside them). Those parts assume that nothing of the file is applied; when the store has it
+    after all (another process made the store meanwhile; here, an existing store is taken for a new one), they are
+    cancelled, and nothing is counted twice."""
+    from drainpipe.pipeline import run as run_module
+
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(parts, "JSONL_PART_BLOCKS", 2)
+    monkeypatch.setattr(parts, "PARQUET_PART_BLOCKS", 2)
+    streams: list[parallel.PartStream] = []
+
+    class Recorded(parallel.PartStream):
+        def __init__(self, *args, **kwargs):
+            streams.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(parallel, "PartStream", Recorded)
+    opened, open_store_ = [], run_module.open_store
+    monkeypatch.setattr(run_module, "open_store", lambda url: opened.append(len(streams)) or open_store_(url))
+    db = tmp_path / "s.duckdb"
+
+    def run():
+        return run_local([str(files[fmt])], definitions=DEFS, store_url=f"duckdb:///{db}",
+                         dead_letter=str(tmp_path / "dl.jsonl"), batch_rows=1_000, workers=2)  # fmt: skip
+
+    first = run()
+    assert first.complete and first.read > 0 and opened == [1]  # the parts went out before the store opened
+    stored = query(db)
+    monkeypatch.setattr(run_module, "is_new_store", lambda url: True)
+    again = run()
+    assert opened == [1, 2]  # submitted early again, then found applied: cancelled
+    assert again.read == 0 and again.unchanged_files == 1 and again.complete and query(db) == stored
+
+
 def test_the_workers_go_before_the_last_big_files_final_store_write(files, tmp_path, monkeypatch):
     """The run's peak memory is its final store write: the worker processes, idle by then, are let go before it
     (they held ~200 MB of a 620 MB peak), but only after the last file that needs them."""

@@ -67,6 +67,17 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         assert ordered._con.sql("SELECT current_setting('preserve_insertion_order')").fetchall() == [(True,)]
 
 
+def test_is_new_store_only_for_an_embedded_file_not_there_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from drainpipe.pipeline.store import is_new_store
+
+    monkeypatch.chdir(tmp_path)
+    assert is_new_store(None) and is_new_store("duckdb:///new.duckdb?threads=1") and is_new_store("duckdb:///:memory:")
+    open_store("duckdb:///new.duckdb").close()
+    assert not is_new_store("duckdb:///new.duckdb") and not is_new_store(f"duckdb:///{tmp_path}/new.duckdb")
+    for url in ("postgresql://u:p@127.0.0.1:1/db", "duckdb:///no/such/dir/x.duckdb", "duckdb://host/x", "x.duckdb", ""):
+        assert not is_new_store(url), url  # a server, or a URL that opening refuses with its reason
+
+
 def test_the_dead_letter_beside_a_store_ignores_its_options() -> None:
     from drainpipe.inputs import default_dead_letter
 

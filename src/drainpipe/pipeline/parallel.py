@@ -50,8 +50,8 @@ __all__ = [
     "eligible",
     "hide_pandas",
     "tune_own_process",
-    "map_parts",
     "mp_context",
+    "PartStream",
     "process_part",
     "process_pool",
     "start_pool",
@@ -212,24 +212,45 @@ def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple
     return pool
 
 
-def map_parts(
-    pool: ProcessPoolExecutor, workers: int, parts: Iterable[Part], names_of: Callable[[int], frozenset[str]]
-) -> Iterator[tuple[Part, PartResult]]:
-    """Each part processed on the pool (for the definitions ``names_of(part start)``), yielded in part order with
-    its result. At most ``2 * workers`` parts are in flight; the plan is consumed lazily, so the JSON Lines scan
-    stays just ahead of the workers. A part's read error is raised when its turn comes."""
-    window: deque[tuple[Part, Future[PartResult]]] = deque()
-    try:
-        for part in parts:
-            names = names_of(part.start_offset)
-            window.append((part, pool.submit(process_part, part, names)))
-            if len(window) > 2 * workers:
-                done, future = window.popleft()
-                yield done, future.result()
-        while window:
-            done, future = window.popleft()
-            yield done, future.result()
-    finally:
+class PartStream:
+    """Parts processed on a pool (each for the definitions ``names_of(part start)``), yielded in part order with
+    their results by iterating once.
+
+    The first window is submitted at construction, so the workers start while the caller does other things (a run
+    into a new store opens it meanwhile). At most ``2 * workers + 1`` parts are in flight; the plan is consumed
+    lazily, so the JSON Lines scan stays just ahead of the workers. A part's read error is raised when its turn
+    comes. :meth:`close` (called when the iteration ends, however it ends) cancels what has not started and waits
+    for what has: no task outlives the stream. Not thread-safe: one consumer."""
+
+    def __init__(
+        self, pool: ProcessPoolExecutor, workers: int, parts: Iterable[Part], names_of: Callable[[int], frozenset[str]]
+    ) -> None:
+        self._pool, self._depth, self._names_of = pool, 2 * workers + 1, names_of
+        self._parts = iter(parts)
+        self._window: deque[tuple[Part, Future[PartResult]]] = deque()
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._window) < self._depth:
+            part = next(self._parts, None)
+            if part is None:
+                return
+            self._window.append((part, self._pool.submit(process_part, part, self._names_of(part.start_offset))))
+
+    def __iter__(self) -> Iterator[tuple[Part, PartResult]]:
+        try:
+            while self._window:
+                part, future = self._window[0]
+                result = future.result()
+                self._window.popleft()
+                yield part, result
+                self._fill()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the parts not started and wait for the running ones (their results are dropped)."""
+        window, self._window = self._window, deque()
         for _, f in window:
             f.cancel()
         for _, f in window:

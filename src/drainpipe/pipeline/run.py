@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,11 @@ from ..inputs import (
     ReadStats,
     Sink,
     default_dead_letter,
+    detect_format,
     expand_inputs,
+    growable,
     plan_parts,
+    prefix_hasher,
     read_part,
 )
 from ..inputs.options import InputOptions
@@ -32,7 +35,7 @@ from . import parallel
 from .definitions import Definitions
 from .engine import Commit, EngineOptions, LocalEngine
 from .progress import InputFile, resolve
-from .store import Store, open_store
+from .store import Store, is_new_store, open_store
 
 Progress = Callable[[int, int], None]  # (events read so far, bytes of input done so far)
 
@@ -162,11 +165,14 @@ def run_local(
     big = {p for p in paths if workers > 0 and parallel.eligible(p)}
     pool = parallel.start_pool(workers, definitions) if big else None  # before any thread starts (fork)
     try:
+        run = _Run(t0, paths, big, pool, workers, definitions, store_url, dead_letter, options, batch_rows, progress,
+                   service)  # fmt: skip
+        if is_new_store(store_url):
+            run.start_early()  # the workers start on the first file while the store is created
         store = open_store(store_url)
         try:
             store.register(definitions.all)  # a conflicting definition is refused before any data is read
-            return _Run(t0, paths, big, pool, workers, definitions, store, store_url, dead_letter, options,
-                        batch_rows, progress, service).run()  # fmt: skip
+            return run.run(store)
         finally:
             store.close()
     finally:
@@ -178,12 +184,13 @@ class _Run:
     """One run: files in order, parts in order, checkpoints between parts and at the end of every file."""
 
     def __init__(self, t0: float, paths: list[str], big: set[str], pool: Any, workers: int,
-                 definitions: Definitions, store: Store, store_url: str, dead_letter: str | None,
+                 definitions: Definitions, store_url: str, dead_letter: str | None,
                  options: EngineOptions | None, batch_rows: int, progress: Progress | None,
                  service: str = "") -> None:  # fmt: skip
         self.t0 = t0
         self.paths, self.big, self.pool, self.workers = paths, big, pool, workers
-        self.definitions, self.store = definitions, store
+        self.definitions = definitions
+        self.store: Store
         self.names = frozenset(definitions.names)
         self.options = replace(options or EngineOptions(), checkpoints=True)
         self.batch_rows = batch_rows
@@ -197,8 +204,21 @@ class _Run:
         self.last_checkpoint = time.monotonic()
         self.commits: list[Commit] = []  # the checkpoints of the file being read
         self.later: list[str] = []  # the files after the one being read
+        self.early: tuple[str, parallel.PartStream] | None = None  # the first file's parts (:meth:`start_early`)
 
-    def run(self) -> RunSummary:
+    def start_early(self) -> None:
+        """Submit the first file's first parts to the workers now, before the store is open, as if nothing of it
+        were applied: true of a new store (:func:`is_new_store`), and checked when the file's turn comes.
+        Opening and creating the store (~0.1 s: DuckDB's import, the schema) then runs beside the workers."""
+        if not self.paths or self.paths[0] not in self.big:
+            return
+        path = self.paths[0]
+        hasher = prefix_hasher(path, 0) if growable(*detect_format(path)) else None
+        parts = self._plan(path, Position(), hasher)
+        self.early = (path, parallel.PartStream(self.pool, self.workers, parts, lambda _: self.names))
+
+    def run(self, store: Store) -> RunSummary:
+        self.store = store
         engine = LocalEngine(self.definitions, self.store, self.options)
         summary = self.summary
         try:
@@ -226,16 +246,17 @@ class _Run:
     def _file(self, engine: LocalEngine, path: str, dl: DeadLetter) -> bool:
         """Read one file into the engine from where the store has it; False if the run must stop (read error)."""
         file = resolve(path, self.store, self.names)
+        stream = self._early_parts(path, file)
         if file.done:
             self.summary.unchanged_files += 1
             return True
-        start = file.start
         self.commits = []
-        parts = plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=file.hasher,
-                           options=self.inputs)  # fmt: skip
+        parts = self._plan(path, file.start, file.hasher) if stream is None else iter(())
         try:
             if path in self.big:
-                self._parts_on_workers(engine, file, parts, dl)
+                if stream is None:
+                    stream = parallel.PartStream(self.pool, self.workers, parts, file.names_from)
+                self._parts_on_workers(engine, file, stream, dl)
                 if not self.big.intersection(self.later):
                     # no later file needs the workers: they go now, so that the memory they hold is free before
                     # this file's last checkpoint, whose store write is the run's peak (they held ~200 MB of 620)
@@ -256,6 +277,22 @@ class _Run:
         self._checkpoint(engine, file, wait=True)
         return True
 
+    def _plan(self, path: str, start: Position, hasher: Any) -> Iterator[Part]:
+        return plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=hasher,
+                          options=self.inputs)  # fmt: skip
+
+    def _early_parts(self, path: str, file: InputFile) -> parallel.PartStream | None:
+        """The parts :meth:`start_early` submitted for ``path``, if they are what this run must read of it: nothing
+        of it applied in the store. Else they are cancelled (a store created meanwhile by another process)."""
+        if self.early is None or self.early[0] != path:
+            return None
+        stream = self.early[1]
+        self.early = None
+        if any(position != Position() for position in file.applied.values()):
+            stream.close()
+            return None
+        return stream
+
     def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> None:
         for part in parts:
             names = file.names_from(part.start_offset)
@@ -272,8 +309,9 @@ class _Run:
             file.advance(names, position, part.prefix)
             self._maybe_checkpoint(engine, file)
 
-    def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], dl: DeadLetter) -> None:
-        for part, result in parallel.map_parts(self.pool, self.workers, parts, file.names_from):
+    def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: parallel.PartStream,
+                          dl: DeadLetter) -> None:  # fmt: skip
+        for part, result in parts:
             self.stats.merge(result.stats)
             for line, raw, reason in result.rejects:
                 dl.write(part.path, line, raw, reason)

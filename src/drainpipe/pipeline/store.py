@@ -122,6 +122,7 @@ __all__ = [
     "Store",
     "SqlStore",
     "DuckDBStore",
+    "is_new_store",
     "open_store",
     "parse_time",
     "parse_time_ms",
@@ -1121,6 +1122,21 @@ def _duckdb_config(url: str) -> dict[str, str]:
 def duckdb_path(url: str) -> str:
     """The file (or ``:memory:``) a ``duckdb:///...`` store URL names; :class:`StoreError` for a bad one."""
     return _duckdb_path(url, url.strip().partition("://")[2])
+
+
+def is_new_store(url: str | None) -> bool:
+    """Whether opening ``url`` would create an empty store: an embedded (DuckDB) file that does not exist yet in a
+    directory that does, or ``duckdb:///:memory:``. False for anything else, a bad URL included (opening it says
+    what is wrong). Another process may create the file meanwhile: callers check what they assumed."""
+    url = (DEFAULT_STORE_URL if url is None else url).strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "duckdb":
+        return False
+    try:
+        path = _duckdb_path(url, rest)
+    except StoreError:
+        return False
+    return path == ":memory:" or not os.path.exists(path)
 
 
 def _open_postgresql(url: str) -> Store:
