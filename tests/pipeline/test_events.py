@@ -1050,7 +1050,9 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     """The workers' reader reads string columns stored with a dictionary as dictionary arrays: the same rows and
     rejects as reading them as plain strings (and as the whole-file reader), across row groups with their own
     dictionaries, nulls, empty values, a column whose dictionary overflows into plain pages mid-chunk, and blocks
-    that cross row groups."""
+    that cross row groups. Kept dictionary-encoded in the batches (``dictionaries=True``, the workers' way), the
+    values are still the same: kept where validation changes none (empty services flagged through the
+    dictionary), decoded where it does (an instance to fill, an empty statement to null)."""
     from drainpipe.inputs import parts
     from drainpipe.inputs.records import Sink
 
@@ -1059,10 +1061,10 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
         {
             "ts": pa.array([T0 + i for i in range(n)], pa.int64()),
             "service": [None if i % 97 == 0 else "" if i % 89 == 0 else f"s{i % 5}" for i in range(n)],
-            "instance": [f"i{i % 3}" for i in range(n)],
+            "instance": [None if i == 2_500 else f"i{i % 3}" for i in range(n)],
             "endpoint": [f"/e/{i}" for i in range(n)],  # high cardinality: falls back to plain pages
             "latency_ms": [float(i % 11) for i in range(n)],
-            "db_statement": [None if i % 2 else f"q{i % 4}" for i in range(n)],
+            "db_statement": [None if i % 2 else "" if i == 10 else f"q{i % 4}" for i in range(n)],
         }
     )
     path = write_parquet(tmp_path, table, row_group_size=700, dictionary_pagesize_limit=256)
@@ -1070,18 +1072,26 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     assert all(stored.column(i).has_dictionary_page for i in (1, 2, 3))
     assert pa.types.is_dictionary(parts._open_parquet(str(path)).schema_arrow.field("service").type)
 
-    def both_paths() -> tuple:
+    kept: set[str] = set()
+
+    def both_paths(keep: bool = False) -> tuple:
         whole = read([path], tmp_path, batch_rows=batch_rows)
         stats = ReadStats()
         with DeadLetter(tmp_path / "parts.jsonl") as dl:
             sink = Sink(str(path), stats, dl)
             blocks = [b for part in parts.plan_parts(str(path), batch_rows, workers=3)
-                      for _, b in parts.read_part(part, sink)]  # fmt: skip
-        rows = pa.Table.from_batches(blocks, schema=EVENT_SCHEMA).to_pylist()
+                      for _, b in parts.read_part(part, sink, dictionaries=keep)]  # fmt: skip
+        kept.update(f.name for b in blocks for f in b.schema if pa.types.is_dictionary(f.type))
+        assert all(b.schema.names == EVENT_SCHEMA.names for b in blocks)
+        rows = [row for b in blocks for row in b.to_pylist()]
+        rejected = (tmp_path / "parts.jsonl").read_text().splitlines()
         (tmp_path / "parts.jsonl").unlink()
-        return whole.rows, whole.rejects, rows, stats.rejected
+        return whole.rows, whole.rejects, rows, stats.rejected, rejected
 
     dictionary = both_paths()
+    assert not kept
+    assert both_paths(keep=True) == dictionary
+    assert {"service", "instance", "db_statement"} <= kept if batch_rows < 2_000 else "service" in kept
     plain = pq.ParquetFile
     monkeypatch.setattr(parts, "_open_parquet", plain)
     assert both_paths() == dictionary

@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -435,6 +436,32 @@ def test_any_split_into_batches_equals_one_batch(events: list[tuple[Any, ...]], 
     whole = _all_rows(aggregate_batch(batch(events), SMALL_TOPN))
     split = _all_rows(_aggregate_split(events, cuts))
     assert close_rows(whole, split, FLOAT_METRICS)
+
+
+def _dictionary_encoded(column: pa.Array, repeat: int) -> pa.Array:
+    """``column`` dictionary-encoded with each value ``repeat`` times in the dictionary (a reader's dictionaries may
+    repeat values: the codes alone do not identify a value), rows spread over the copies."""
+    encoded = pc.dictionary_encode(column)
+    values = pa.concat_arrays([encoded.dictionary] * repeat)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    spread = codes + len(encoded.dictionary) * (np.arange(len(codes)) % repeat)
+    return pa.DictionaryArray.from_arrays(pa.array(spread, pa.int32()), values)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(event_strategy, max_size=60), st.integers(1, 3))
+def test_dictionary_encoded_text_columns_aggregate_as_plain_ones(events: list[tuple[Any, ...]], repeat: int) -> None:
+    """The workers hand aggregate_batch Parquet's dictionary-encoded strings as they are read: the same partial states
+    as plain strings, with dictionaries that repeat values."""
+    plain = batch(events)
+    columns = [
+        _dictionary_encoded(plain.column(name), repeat) if name in ("service", "instance", "endpoint") else column
+        for name, column in zip(plain.schema.names, plain.columns)
+    ]
+    encoded = pa.RecordBatch.from_arrays(columns, names=plain.schema.names)
+    expected = aggregate_batch(plain, SMALL_TOPN)
+    got = aggregate_batch(encoded, SMALL_TOPN)
+    assert [p.table.to_pylist() for p in got] == [p.table.to_pylist() for p in expected]
 
 
 @settings(max_examples=20, deadline=None)

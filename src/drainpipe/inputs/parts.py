@@ -359,11 +359,15 @@ def _line_ranges(
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def read_part(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+def read_part(part: Part, sink: Sink, *, dictionaries: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(block index, canonical batch)`` for each block of ``part`` with accepted rows; counts and rejects go to
     ``sink``. A whole growable file is read from ``part.start`` to its last complete line, and ``sink.end`` says
     where that is. A file that cannot be read (missing, corrupt gzip or Parquet, I/O error) raises
-    :class:`InputError` while iterating; batches already yielded stay valid."""
+    :class:`InputError` while iterating; batches already yielded stay valid.
+
+    ``dictionaries``: Parquet string columns stored with a dictionary may stay dictionary-encoded in the batches
+    (:func:`~drainpipe.inputs.records.parquet_batch`'s ``keep_dictionaries``), for a reader that only aggregates
+    them; the rows are the same."""
     try:
         if part.fmt in ("otlp", "access"):
             yield from records.read_line_blocks(part.path, part.gzipped, part.batch_rows, sink, _decoder(part),
@@ -372,7 +376,7 @@ def read_part(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
             yield from records.read_blocks(part.path, part.fmt, part.gzipped, part.batch_rows, sink,
                                            part.start, part.lineno)  # fmt: skip
         elif part.fmt == "parquet":
-            yield from _parquet_blocks(part, sink)
+            yield from _parquet_blocks(part, sink, dictionaries)
         else:
             yield from _jsonl_blocks(part, sink)
     except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
@@ -432,7 +436,7 @@ def _open_parquet(path: str) -> pq.ParquetFile:
 _TEXT_COLUMNS = tuple(f.name for f in EVENT_SCHEMA if pa.types.is_string(f.type))
 
 
-def _parquet_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
+def _parquet_blocks(part: Part, sink: Sink, dictionaries: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Blocks ``first ..`` of ``iter_batches(batch_size=batch_rows)`` over the whole file, same rows.
 
     ``iter_batches`` batches run across row groups, so the reader starts at the row group holding the part's first
@@ -464,7 +468,7 @@ def _parquet_blocks(part: Part, sink: Sink) -> Iterator[tuple[int, pa.RecordBatc
 
     def validated(batch: pa.RecordBatch) -> pa.RecordBatch | None:
         nonlocal offset
-        canonical = parquet_batch(batch, offset, sink)
+        canonical = parquet_batch(batch, offset, sink, dictionaries)
         offset += batch.num_rows
         return canonical
 

@@ -1250,8 +1250,16 @@ def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
     return pa.array(values, type=pa.int64())
 
 
-def _str_column(arr: pa.Array, name: str, checks: _Checks) -> pa.Array:
-    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null)."""
+def _str_column(arr: pa.Array, name: str, checks: _Checks, keep_dictionary: bool = False) -> pa.Array:
+    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null).
+
+    ``keep_dictionary``: a dictionary-encoded column stays encoded when these rules change none of its values
+    (:func:`_checked_dictionary`); otherwise it is decoded first, as always without the flag."""
+    if pa.types.is_dictionary(arr.type):
+        kept = _checked_dictionary(arr, name, checks) if keep_dictionary else None
+        if kept is not None:
+            return kept
+        arr = arr.dictionary_decode()
     if name == "service":
         checks.flag_nulls(arr, "missing field: service")
     text = _as_strings(arr, checks)
@@ -1267,6 +1275,24 @@ def _str_column(arr: pa.Array, name: str, checks: _Checks) -> pa.Array:
     elif text.null_count:
         text = pc.fill_null(text, "")
     return text
+
+
+def _checked_dictionary(arr: pa.DictionaryArray, name: str, checks: _Checks) -> pa.DictionaryArray | None:
+    """``arr`` (dictionary-encoded) checked by :func:`_str_column`'s rules on its dictionary, which is small, and
+    kept encoded; None when the rules would rewrite values (nulls to fill, empty statements) or the values are not
+    plain strings: the caller decodes it then."""
+    values = arr.dictionary
+    if not pa.types.is_string(values.type) or values.null_count:
+        return None
+    if name == "service":
+        checks.flag_nulls(arr, "missing field: service")
+        empty = pc.equal(values, "")
+        if pc.any(empty).as_py():
+            checks.flag(_np_mask(pc.take(empty, arr.indices)), "bad value: service")
+        return arr
+    if name == "db_statement":
+        return None if pc.any(pc.equal(values, "")).as_py() else arr
+    return None if arr.null_count else arr
 
 
 def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
@@ -1299,27 +1325,36 @@ def _plain(arr: pa.Array) -> pa.Array:
     return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
 
 
-def _validate_columns(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None]:
+def _validate_columns(
+    batch: pa.RecordBatch, keep_dictionaries: bool = False
+) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None]:
     """The columnar validation core: any Arrow batch -> (canonical batch of every row, rejects).
 
-    Rows flagged in ``rejects`` hold placeholder values in the canonical batch; filter them out."""
+    Rows flagged in ``rejects`` hold placeholder values in the canonical batch; filter them out.
+    ``keep_dictionaries``: see :func:`parquet_batch`."""
     n = batch.num_rows
     names = batch.schema.names
 
     def column(name: str) -> pa.Array:
-        return _plain(batch.column(names.index(name))) if name in names else pa.nulls(n)
+        return batch.column(names.index(name)) if name in names else pa.nulls(n)
+
+    def text(name: str) -> pa.Array:
+        return _str_column(column(name), name, checks, keep_dictionaries)
 
     checks = _Checks(n)
     arrays = [
-        _ts_column(column("ts"), checks),
-        _str_column(column("service"), "service", checks),
-        _str_column(column("instance"), "instance", checks),
-        _str_column(column("endpoint"), "endpoint", checks),
-        _latency_column(column("latency_ms"), checks),
-        _status_column(column("status"), checks),
-        _str_column(column("db_statement"), "db_statement", checks),
+        _ts_column(_plain(column("ts")), checks),
+        text("service"),
+        text("instance"),
+        text("endpoint"),
+        _latency_column(_plain(column("latency_ms")), checks),
+        _status_column(_plain(column("status")), checks),
+        text("db_statement"),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
+    if not any(pa.types.is_dictionary(a.type) for a in arrays):
+        return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
+    schema = pa.schema([f.with_type(a.type) for f, a in zip(EVENT_SCHEMA, arrays)])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
 
 
 def read_parquet_indexed(path: str, batch_rows: int, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -1334,9 +1369,16 @@ def read_parquet_indexed(path: str, batch_rows: int, sink: Sink) -> Iterator[tup
             yield index, canonical
 
 
-def parquet_batch(batch: pa.RecordBatch, offset: int, sink: Sink) -> pa.RecordBatch | None:
-    """The accepted rows of one raw Parquet batch (its first row is file row ``offset``), None if none."""
-    canonical, rejects = _validate_columns(batch)
+def parquet_batch(
+    batch: pa.RecordBatch, offset: int, sink: Sink, keep_dictionaries: bool = False
+) -> pa.RecordBatch | None:
+    """The accepted rows of one raw Parquet batch (its first row is file row ``offset``), None if none.
+
+    ``keep_dictionaries``: string columns read dictionary-encoded stay so where validation changes none of their
+    values (the canonical batch then has :data:`EVENT_SCHEMA`'s columns with ``dictionary<string>`` types there),
+    for a consumer that groups by them (:func:`~drainpipe.pipeline.functions.aggregate_batch` takes the codes as
+    they are instead of decoding and hashing every string again). Else every column has its EVENT_SCHEMA type."""
+    canonical, rejects = _validate_columns(batch, keep_dictionaries)
     if rejects is not None:
         mask, reasons = rejects
         _reject_rows(batch, mask, reasons, offset, sink)

@@ -422,6 +422,13 @@ class _BatchView:
         """A string column dictionary-encoded: (code per row, distinct values); nulls count as ""."""
 
         def compute() -> tuple[np.ndarray, pa.Array]:
+            column = self.batch.column(name)
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            if pa.types.is_dictionary(column.type) and not column.null_count:
+                # the reader's codes, as they are: only the dictionary (small; its values may repeat) is encoded
+                values = pc.dictionary_encode(column.dictionary)
+                return values.indices.to_numpy()[column.indices.to_numpy()], values.dictionary
             column = self.arrow(name)
             if column.null_count:
                 column = pc.fill_null(column, "")
