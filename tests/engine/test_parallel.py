@@ -214,6 +214,31 @@ def test_into_a_new_store_the_workers_start_before_it_opens_and_a_store_that_has
     assert again.read == 0 and again.unchanged_files == 1 and again.complete and query(db) == stored
 
 
+def test_a_store_that_fails_to_open_after_the_early_start_is_reported_and_no_worker_outlives_the_run(
+    files, tmp_path, monkeypatch
+):
+    import os
+
+    from drainpipe.errors import StoreError
+    from drainpipe.pipeline import run as run_module
+    from procs import alive, children_of
+
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    started = []
+    monkeypatch.setattr(
+        run_module._Run, "start_early", lambda self, f=run_module._Run.start_early: started.append(1) or f(self)
+    )
+
+    def refuse(url):
+        raise StoreError("cannot open duckdb store: refused by the test")
+
+    monkeypatch.setattr(run_module, "open_store", refuse)
+    with pytest.raises(StoreError, match="refused by the test"):
+        run_local([str(files["parquet"])], definitions=DEFS, store_url=f"duckdb:///{tmp_path}/s.duckdb",
+                  dead_letter=str(tmp_path / "dl.jsonl"), batch_rows=1_000, workers=2)  # fmt: skip
+    assert started == [1] and not alive(children_of(os.getpid()))
+
+
 def test_the_workers_go_before_the_last_big_files_final_store_write(files, tmp_path, monkeypatch):
     """The run's peak memory is its final store write: the worker processes, idle by then, are let go before it
     (they held ~200 MB of a 620 MB peak), but only after the last file that needs them."""
