@@ -201,9 +201,10 @@ def test_two_runs_into_one_fresh_store_merge_exactly(pg_url: str, tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
 
     def run(path: Path, store: str) -> subprocess.Popen[str]:
+        # in tmp_path: a server store's default dead letter is drainpipe.rejected.jsonl in the working directory
         return subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", str(path),
                                  "--store", store], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)  # fmt: skip
+                                text=True, cwd=tmp_path)  # fmt: skip
 
     runs = [run(path, pg_url) for path in inputs]
     outputs = [p.communicate(timeout=300)[0] for p in runs]
@@ -270,7 +271,7 @@ def test_a_spark_job_writes_while_a_server_writes(pg_url: str, tmp_path: Path) -
     try:
         spark = subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark",
                                 "--spark-master", "local[2]", "--input", str(path), "--store", pg_url],
-                               env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+                               env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
     finally:
         stop.set()
         loader.join(120)
