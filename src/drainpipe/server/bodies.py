@@ -138,8 +138,8 @@ def decode_body(
 
 
 def _parser_main(conn: Connection, parent: int) -> None:
-    """A parser process: decode the bodies that arrive on ``conn`` until it closes; reply (IPC message of the
-    batch, rejects), or (status, message) for a bad body."""
+    """A parser process: decode the bodies that arrive on ``conn`` until told to stop (None) or the pipe closes;
+    reply (IPC message of the batch, rejects), or (status, message) for a bad body."""
     from ..inputs import use_serial_json_reader
     from ..pipeline.parallel import die_with
 
@@ -149,6 +149,8 @@ def _parser_main(conn: Connection, parent: int) -> None:
     while True:
         try:
             kwargs = conn.recv()
+            if kwargs is None:
+                return
             body = conn.recv_bytes()
         except (EOFError, OSError):
             return
@@ -176,6 +178,12 @@ class _Parser:
         child.close()
 
     def close(self) -> None:
+        # told, not left to see the pipe close: a parser forked after this one holds a copy of this pipe's parent
+        # end, so closing ours is no EOF for this parser (each close waited out the join: 15 s per shutdown)
+        try:
+            self.conn.send(None)
+        except OSError:  # it died already
+            pass
         self.conn.close()
         self.process.join(5)
         if self.process.is_alive():
