@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -42,11 +43,12 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
 
 
 def _final_stop(store_url: str, wal: Path, *extra: str) -> None:
-    proc, _ = start_serve(store_url, str(wal), *extra)
+    """Start, then SIGTERM: with a grace long enough for the rest of the log, which the checks need stored."""
+    proc, _ = start_serve(store_url, str(wal), "--shutdown-grace-s", "120", *extra)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.wait(60) == 0
+        assert proc.wait(180) == 0
     finally:
         proc.kill()
 
@@ -92,13 +94,12 @@ def test_a_torn_last_record_is_cut_at_start_up_and_nothing_acknowledged_is_lost(
     _assert_exact(check(url, books), books)
 
 
-def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tmp_path: Path) -> None:
-    """A log of 12,000 acknowledged requests (written as a server would) is replayed at start; the server is
-    killed while the replay is half done (seen in /v1/stats), restarted, and stopped: every request once."""
+def _replay_log(tmp_path: Path) -> tuple[str, Books, int]:
+    """A write-ahead log of REPLAY_REQUESTS acknowledged requests, a service each, written as a server would, and
+    a store that has none of it: (store URL, the books, the log's end)."""
     from drainpipe.inputs import validate_json_lines
     from drainpipe.server.wal import WriteAheadLog
 
-    url = f"duckdb:///{tmp_path / 'serve.duckdb'}"
     log = WriteAheadLog(tmp_path / "wal")
     books = Books(size=SIZE)
     template_batch, rejects = validate_json_lines(body_template(SIZE))
@@ -111,23 +112,56 @@ def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tm
         books.acked.add(name)
     end = log.end
     log.close()
+    return f"duckdb:///{tmp_path / 'serve.duckdb'}", books, end
+
+
+def _mid_replay(url: str, wal: Path, end: int, *extra: str) -> Any:
+    """A server started on the log, returned once its replay is part done (seen in /v1/stats)."""
     # commits every 50 ms: with the default 2 s a fast run fed the whole replay before the first periodic commit,
-    # and committed jumped from 0 to the end (nothing half done to kill). Each request has a service of its own, so
+    # and committed jumped from 0 to the end (nothing half done to stop). Each request has a service of its own, so
     # the guard must keep all 12,000 (the restarted process may see more than the default 10,000 anew)
-    proc, base = start_serve(url, str(tmp_path / "wal"), "--checkpoint-s", "0.05", "--max-entities", "100000")
+    proc, base = start_serve(url, str(wal), "--checkpoint-s", "0.05", "--max-entities", "100000", *extra)
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
+            state = json.loads(r.read())["log"]
+        if 0 < state["committed"] < end:
+            return proc  # mid-replay: part of the log is in the store
+        if state["committed"] >= end or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no moment in the middle of the replay ({state}): make the log longer")
+        time.sleep(0.02)
+
+
+def test_a_sigterm_in_a_long_replay_stops_at_the_grace_and_the_next_start_stores_the_rest_once(tmp_path: Path) -> None:
+    """SIGTERM while the start-up replay is far from done, with a grace shorter than the replay: the server stops
+    feeding when the grace runs out, closes its engine and store and exits 0 (it had exited with a C++ abort, -6,
+    the replay still running in its threads), the rest staying in the log; the next start stores every request
+    once."""
+    url, books, end = _replay_log(tmp_path)
+    proc = _mid_replay(url, tmp_path / "wal", end, "--shutdown-grace-s", "0.2")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
-                state = json.loads(r.read())["log"]
-            if 0 < state["committed"] < end:
-                break  # mid-replay: part of the log is in the store
-            assert state["committed"] < end, "the replay finished before the kill: make the log longer"
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        code = proc.wait(60)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.kill()
+    assert code == 0, "".join(proc.output)  # type: ignore[attr-defined]
+    assert time.monotonic() - t0 < 30
+    assert check(url, books)["stored"] < REPLAY_REQUESTS * SIZE  # cut short: the rest is in the log
+    _final_stop(url, tmp_path / "wal", "--max-entities", "100000")
+    result = check(url, books)
+    assert result["acknowledged"] == result["stored"] == REPLAY_REQUESTS * SIZE, result
+    assert result["lost"] == result["duplicated"] == 0 and result["metrics_agree"], result
+
+
+def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tmp_path: Path) -> None:
+    """A log of 12,000 acknowledged requests (written as a server would) is replayed at start; the server is
+    killed while the replay is half done (seen in /v1/stats), restarted, and stopped: every request once."""
+    url, books, end = _replay_log(tmp_path)
+    proc = _mid_replay(url, tmp_path / "wal", end)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     _final_stop(url, tmp_path / "wal", "--max-entities", "100000")
     result = check(url, books)
     assert result["acknowledged"] == result["stored"] == REPLAY_REQUESTS * SIZE, result

@@ -40,6 +40,7 @@ __all__ = ["Feeder"]
 READ_RECORDS = 64  # records per read
 COALESCE_ROWS = 32_768  # events per batch handed to the engine
 GATHER_S = 0.05  # how long live records are gathered into one batch
+ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
 
 
 class Feeder:
@@ -71,6 +72,7 @@ class Feeder:
         self._events_since = 0
         self._outstanding: deque[tuple[Commit, int]] = deque()
         self._halt = threading.Event()
+        self._abort = threading.Event()  # the grace is over: stop feeding, commit nothing more (the log keeps it)
         self._thread = threading.Thread(target=self._run, name="drainpipe-feeder", daemon=True)
 
     # ------------------------------------------------------------------ recovery
@@ -107,7 +109,7 @@ class Feeder:
         reader = self.log.reader(self.position)
         last = time.monotonic()
         try:
-            while not self.failed:
+            while not self.failed and not self._abort.is_set():
                 self._reap()
                 if time.monotonic() - last >= self.checkpoint_s:
                     self._checkpoint()
@@ -138,6 +140,8 @@ class Feeder:
                     else:
                         self.log.wait(records[-1][0], gather_until - time.monotonic())
                 self._feed(records)
+            if self._abort.is_set():
+                return
             self._checkpoint()
             while self._outstanding and not self.failed:
                 self._outstanding[0][0].done.wait(0.1)
@@ -217,10 +221,15 @@ class Feeder:
     # ------------------------------------------------------------------ stopping
 
     def stop(self, timeout_s: float) -> bool:
-        """Feed the rest of the log, commit it and wait for the store, up to ``timeout_s``. True if everything
-        in the log is stored; False if not (it stays in the log: a durable log applies it at the next start)."""
+        """Feed the rest of the log, commit it and wait for the store, up to ``timeout_s``; then stop feeding (a
+        long replay is cut short: the thread is joined, so nothing feeds the engine while it closes). True if
+        everything in the log is stored; False if not (it stays in the log: a durable log applies it at the next
+        start)."""
         self._halt.set()
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._abort.set()
+            self._thread.join(ABORT_JOIN_S)  # the batch it is feeding
         return not self._thread.is_alive() and not self.failed and self.committed >= self.log.end
 
     @property

@@ -48,6 +48,8 @@ log = logging.getLogger("drainpipe.server")
 
 # store write latency buckets (seconds) for the histogram
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: a shutdown whose grace ran out still waits this long for the store's last commits before the process goes on
+CLOSE_WAIT_S = 10.0
 HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -319,8 +321,7 @@ class IngestService:
                 log.warning("%d alert notifications were not delivered before shutdown", pending)
         self.all_stored = self.feeder.stop(timeout_s)
         if self.all_stored:
-            self._report = self.engine.close()
-            self.store.close()
+            self._close_engine()
         else:
             left = self.log.end - self.feeder.committed
             if self.log.durable:
@@ -328,8 +329,28 @@ class IngestService:
                             "log and are stored at the next start", left)  # fmt: skip
             else:
                 log.error("%d bytes of acknowledged events were not stored (--durability none: they are lost)", left)
+            self._close_engine(wait_s=max(timeout_s, CLOSE_WAIT_S))
         self.log.close()
         return self.summary()
+
+    def _close_engine(self, wait_s: float | None = None) -> None:
+        """Close the engine (states no checkpoint covered are dropped: the log has their events) and the store.
+        With ``wait_s``, wait at most that long, in case the store is down and its commits retry: the process may
+        then exit without them (they stay in a durable log). Not closing them at all had let a replay cut short
+        run on in the engine's threads while the process exited: the C++ runtime aborted it (exit -6)."""
+
+        def close() -> None:
+            self._report = self.engine.close()
+            self.store.close()
+
+        if wait_s is None:
+            close()
+            return
+        closer = threading.Thread(target=close, name="drainpipe-close", daemon=True)
+        closer.start()
+        closer.join(wait_s)
+        if closer.is_alive():
+            log.error("the store did not take its last commits in %.0f s; exiting without them", wait_s)
 
     def summary(self) -> dict[str, Any]:
         report = getattr(self, "_report", None) or self.engine.report()
