@@ -232,6 +232,12 @@ class Feeder:
             self._thread.join(ABORT_JOIN_S)  # the batch it is feeding
         return not self._thread.is_alive() and not self.failed and self.committed >= self.log.end
 
+    def settle(self) -> None:
+        """Take in the commits the store finished after :meth:`stop` gave up waiting (the engine's close runs
+        them), so that ``committed`` says what the store has. Only once the feeder's thread has ended."""
+        if not self._thread.is_alive():
+            self._reap()
+
     @property
     def lag(self) -> int:
         """Bytes in the log not yet fed to the engine."""

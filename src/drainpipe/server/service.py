@@ -323,13 +323,14 @@ class IngestService:
         if self.all_stored:
             self._close_engine()
         else:
+            self._close_engine(wait_s=max(timeout_s, CLOSE_WAIT_S))
+            self.feeder.settle()  # what the close committed is stored: the count below is what is not
             left = self.log.end - self.feeder.committed
             if self.log.durable:
                 log.warning("%d bytes of acknowledged events are not in the store yet; they stay in the write-ahead "
                             "log and are stored at the next start", left)  # fmt: skip
             else:
                 log.error("%d bytes of acknowledged events were not stored (--durability none: they are lost)", left)
-            self._close_engine(wait_s=max(timeout_s, CLOSE_WAIT_S))
         self.log.close()
         return self.summary()
 
