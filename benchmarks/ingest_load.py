@@ -56,7 +56,7 @@ from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.store import open_store
 
 sys.path.insert(0, str(ROOT / "tests"))
-from procs import memory_kb  # shared with the kill tests
+from procs import children_of, cpu_s, memory_kb  # shared with the kill tests
 
 
 def build_bodies(requests: int, per_request: int, gzipped: bool, seed: int, ahead_s: float = 0) -> list[bytes]:
@@ -306,16 +306,28 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
     proc, host, port = start_server(store, extra=extra)
     t_start = time.perf_counter()
     rss: list[tuple[float, int]] = []
+    cpu: dict[str, float] = {}  # CPU seconds at the start and the end of the measured window
     done = threading.Event()
+
+    def cpu_now() -> tuple[float, float, float]:
+        """(server process, its parser processes, this load generator) CPU seconds so far."""
+        return cpu_s(proc.pid), sum(cpu_s(c) for c in children_of(proc.pid)), time.process_time()
 
     def sample_rss() -> None:
         while not done.is_set():
-            rss.append((time.perf_counter() - t_start, rss_kb(proc.pid)))
+            now = time.perf_counter() - t_start
+            rss.append((now, rss_kb(proc.pid)))
+            if "start" not in cpu and now >= warmup:
+                cpu["start"], cpu["t0"] = cpu_now(), now  # type: ignore[assignment]
+            elif "end" not in cpu and now >= warmup + measure:
+                cpu["end"], cpu["t1"] = cpu_now(), now  # type: ignore[assignment]
             done.wait(0.5)
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     load = drive(host, port, bodies, False, clients, t_start, warmup + measure, otlp)
+    if "end" not in cpu and "start" in cpu:  # the load ended between two samples
+        cpu["end"], cpu["t1"] = cpu_now(), time.perf_counter() - t_start  # type: ignore[assignment]
     done.set()
     sampler.join()
     t_stop = time.perf_counter()
@@ -331,6 +343,12 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
     window = sorted(x * 1000 for t, x in load.latencies if t >= warmup)
     memory = memory_verdict(rss, warmup, warmup + measure, 1.0)
     per_request = otlp or len(bodies[0].splitlines())
+    cores = {}
+    if "end" in cpu:  # cores used in the window, per part
+        span = cpu["t1"] - cpu["t0"]
+        cores = {
+            k: round((b - a) / span, 2) for k, a, b in zip(("server", "parsers", "load"), cpu["start"], cpu["end"])
+        }  # type: ignore[call-overload]
     return {
         "events_per_s": round(len(window) * per_request / measure, 1),
         "p50_ms": round(_q(window, 0.5), 2),
@@ -343,6 +361,7 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
         "shutdown_s": round(drained_s, 2),
         "exit": proc.returncode,
         "rss_mb": {k: memory.get(k) for k in ("mean", "max", "slope_pct_per_min", "flat")},
+        "cpu_cores": cores,
     }
 
 
@@ -451,6 +470,7 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
         print(f"round {i + 1}: NDJSON {row['ndjson']['events_per_s']:>9,.0f} events/s (p99 {row['ndjson']['p99_ms']}"
               f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} request spans/s (p99 {row['otlp']['p99_ms']} ms)  "
               f"ratio {row['otlp_vs_ndjson']}", flush=True)  # fmt: skip
+        print(f"  cores (server, parsers, load): NDJSON {row['ndjson']['cpu_cores']}  OTLP {row['otlp']['cpu_cores']}")
     med = lambda *keys: _median(rounds, *keys)
     summary = {
         "ndjson_events_per_s": med("ndjson", "events_per_s"),

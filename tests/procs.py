@@ -35,3 +35,9 @@ def memory_kb(pid: int | str, field: str, file: str = "status") -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_s(pid: int | str) -> float:
+    """The CPU time (user + system, seconds) ``pid`` has used so far; 0 once it is gone."""
+    s = _stat(pid)
+    return 0.0 if s is None else (int(s[11]) + int(s[12])) / os.sysconf("SC_CLK_TCK")

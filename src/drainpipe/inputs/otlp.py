@@ -31,14 +31,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .records import EVENT_SCHEMA, LATENCY_MAX_MS, ReadStats, join_events, rows_to_batch, with_exits
+from .records import EVENT_SCHEMA, LATENCY_MAX_MS, ReadStats, join_events, mark_requests
+from .span_columns import Attributes, byte_lengths, span_columns
 from .spans import KINDS, SpanMapping
 
 __all__ = ["OtlpError", "TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
@@ -47,7 +48,6 @@ _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
 _STATUS_ERROR = 2
 _STATUS_UNSET = 0
-_ENDPOINT, _HTTP, _STATEMENT = 0, 1, 2  # the fields span attributes give
 UNKNOWN_SERVICE = "unknown_service"
 
 
@@ -83,12 +83,13 @@ def decode_traces(
             json_format.ParseDict(document, request, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
             raise OtlpError(f"invalid OTLP JSON: {str(exc).splitlines()[0]}") from None
+        body = request.SerializeToString()  # one mapping, on the wire form
     else:
         try:
             request.ParseFromString(body)
         except DecodeError as exc:
             raise OtlpError(f"invalid OTLP protobuf: {exc}") from None
-    return map_spans(request, mapping, endpoints, stats)
+    return map_spans(body, mapping, endpoints, stats)
 
 
 def decode_otlp_lines(
@@ -116,178 +117,154 @@ def decode_otlp_lines(
 
 
 def map_spans(
-    request: ExportTraceServiceRequest, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
+    body: bytes, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
 ) -> TracesResult:
-    """The mapping of the module docstring over a decoded export.
+    """The mapping of the module docstring over an export's wire bytes (decoded once already by the official
+    classes, which judged them valid).
 
-    The per-span work is the whole cost of OTLP ingest, so this loop touches each span's fields once and builds rows
-    (requests as columns) that are valid by construction: protobuf strings are valid UTF-8, a service is never
-    empty, and an end time (uint64 nanoseconds) is always within the event timestamp range, so of the event rules
-    only the latency bound is left to check here."""
-    # requests as columns (ts and latency computed at the end, vectorized); exit rows, few, as rows
-    ends: list[int] = []
-    durations: list[int] = []
-    services: list[str] = []
-    instances: list[str] = []
-    endpoint_col: list[str] = []
-    oks: list[bool] = []
-    exits: list[tuple] = []
-    bad: list[tuple[int, str]] = []
-    request_kinds = frozenset(KINDS[k] for k in mapping.request_kinds)
-    roles = _span_roles(mapping)
-    role_of = roles.get
-    wanted_resource = frozenset(mapping.service + mapping.instance)
-    normalize = endpoints.normalize
-    max_ns = LATENCY_MAX_MS * 1e6
-    has_field = Span.HasField
-    index = -1
-    for resource_spans in request.resource_spans:
-        rattrs = _attributes(resource_spans.resource.attributes, wanted_resource)
-        service = _first_str(rattrs, mapping.service) or UNKNOWN_SERVICE
-        instance = _first_str(rattrs, mapping.instance) or ""
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                index += 1
-                kind = span.kind
-                is_request = kind in request_kinds
-                if not is_request and kind != _CLIENT:
-                    continue
-                # the wanted attributes, each by its role and rank (inlined: this loop is the cost of OTLP ingest; by
-                # index, since iterating an upb repeated field costs twice as much)
-                endpoint = statement = None
-                endpoint_rank = statement_rank = len(roles)
-                http: list[tuple[int, Any]] | None = None
-                kvs = span.attributes
-                for i in range(len(kvs)):
-                    kv = kvs[i]
-                    fields = role_of(kv.key)
-                    if fields is None:
-                        continue
-                    for field, rank in fields:  # (usually one: a key may serve several fields)
-                        if field == _ENDPOINT:
-                            if rank < endpoint_rank and is_request:
-                                text = kv.value.string_value  # "" when the value is not a string
-                                if text:
-                                    endpoint, endpoint_rank = text, rank
-                        elif field == _STATEMENT:
-                            if rank < statement_rank and not is_request:
-                                text = kv.value.string_value
-                                if text:
-                                    statement, statement_rank = text, rank
-                        elif http is None:
-                            http = [(rank, kv.value)]
-                        else:
-                            http.append((rank, kv.value))
-                if not is_request and statement is None:
-                    continue  # a CLIENT span without a statement is no event
-                trace_id = span.trace_id
-                if len(trace_id) != 16 or trace_id == _ZERO16:
-                    bad.append((index, "bad value: trace_id"))
-                    continue
-                span_id = span.span_id
-                if len(span_id) != 8 or span_id == _ZERO8:
-                    bad.append((index, "bad value: span_id"))
-                    continue
-                start, end = span.start_time_unix_nano, span.end_time_unix_nano
-                if end < start:
-                    bad.append((index, "bad value: end before start"))
-                    continue
-                if end - start > max_ns and (end - start) / 1e6 > LATENCY_MAX_MS:  # as the event rule reads it
-                    bad.append((index, "out of range: latency_ms"))
-                    continue
-                if has_field(span, "status"):  # (reading an absent status builds a costly wrapper)
-                    code = span.status.code
-                    ok = code != _STATUS_ERROR
-                else:
-                    code, ok = _STATUS_UNSET, True
-                if ok and http is not None and code == _STATUS_UNSET and kind == _SERVER:
-                    status = _http_status(http)
-                    ok = status is None or status < 500
-                if is_request:
-                    ends.append(end)
-                    durations.append(end - start)
-                    services.append(service)
-                    instances.append(instance)
-                    endpoint_col.append(normalize(endpoint or span.name))
-                    oks.append(ok)
-                else:
-                    exits.append((end // 1_000_000, service, instance, "", (end - start) / 1e6, ok, statement))
-    if stats is not None:
-        stats.add_accepted(len(ends) + len(exits))
-        for _, reason in bad:
-            stats.add_rejected(reason)
-    requests = _request_batch(ends, durations, services, instances, endpoint_col, oks)
-    return TracesResult(with_exits(requests, rows_to_batch(exits)), bad, index + 1)
-
-
-def _request_batch(ends: list[int], durations: list[int], services: list[str], instances: list[str],
-                   endpoints: list[str], oks: list[bool]) -> pa.RecordBatch:  # fmt: skip
-    """Request columns -> an event batch: ts = end (ms, floored), latency_ms = duration / 1e6, exactly as Python's
-    ``end // 1_000_000`` and ``(end - start) / 1e6`` give them (uint64 in numpy: both fit; the float conversion
-    rounds as Python's does)."""
-    end_ns = np.array(ends, dtype=np.uint64)
-    return pa.RecordBatch.from_arrays(
+    The per-span work is the whole cost of OTLP ingest, so it is done on columns (:mod:`.span_columns`), a whole
+    export at a time, never a Python object per span or field. The rows it builds are valid by construction:
+    protobuf strings are valid UTF-8, a service is never empty, and an end time (uint64 nanoseconds) is always within
+    the event timestamp range, so of the event rules only the latency bound is left to check here."""
+    columns = span_columns(body)
+    n = columns.spans
+    services, instances = _resource_fields(columns.resource_attributes, columns.resources, mapping)
+    # which spans are events: requests, and CLIENT spans with a statement (exit rows)
+    attrs = columns.attributes
+    names = list(dict.fromkeys(mapping.endpoint + mapping.http_status + mapping.statement))
+    codes, has_text = attrs.key_codes(names), attrs.text_lengths() > 0
+    kind = columns.kind
+    request_kinds = np.zeros(len(KINDS) + 2, bool)  # by kind; the last entry for a kind OTLP does not define
+    request_kinds[[KINDS[k] for k in mapping.request_kinds]] = True
+    is_request = request_kinds[np.where((kind >= 0) & (kind <= len(KINDS)), kind, len(KINDS) + 1)]
+    statement = _first(attrs.owner, _ranks(codes, names, mapping.statement), has_text, n)
+    is_exit = ~is_request & (kind == _CLIENT) & (statement >= 0)
+    # the checks, in this order: the first that fails is the reason
+    trace_id, span_id = columns.trace_id, columns.span_id
+    start, end = columns.start, columns.end
+    backwards = end < start
+    latency = np.where(backwards, 0, end - start).astype(np.float64) / 1e6  # as Python's (end - start) / 1e6
+    reason = np.select(
         [
-            pa.array((end_ns // np.uint64(1_000_000)).astype(np.int64)),
-            pa.array(services, pa.string()),
-            pa.array(instances, pa.string()),
-            pa.array(endpoints, pa.string()),
-            pa.array(np.array(durations, dtype=np.uint64).astype(np.float64) / 1e6),
-            pa.array(oks, pa.bool_()),
-            pa.nulls(len(ends), pa.string()),
+            ~_is_id(trace_id, 16),
+            ~_is_id(span_id, 8),
+            backwards,
+            latency > LATENCY_MAX_MS,
+        ],
+        [1, 2, 3, 4],
+        0,
+    )
+    mapped = is_request | is_exit
+    good = mapped & (reason == 0)
+    code = columns.status_code
+    ok = code != _STATUS_ERROR
+    unset_server = good & ok & (code == _STATUS_UNSET) & (kind == _SERVER)
+    if unset_server.any():  # a SERVER span with status UNSET fails with an HTTP status >= 500
+        status, is_status = _http_statuses(attrs, codes, names, mapping.http_status)
+        pair = _first(attrs.owner, _ranks(codes, names, mapping.http_status), is_status, n)
+        judged = unset_server & (pair >= 0)
+        ok[judged] = status[pair[judged]] < 500
+    rows = np.flatnonzero(good & is_request)
+    exits = np.flatnonzero(good & is_exit)
+    # endpoint = the first endpoint attribute, else the span name, normalized once per distinct value
+    endpoint = _first(attrs.owner, _ranks(codes, names, mapping.endpoint), has_text, n)[rows]
+    raw = pa.concat_arrays([attrs.text, columns.name]).take(
+        pa.array(np.where(endpoint >= 0, endpoint, len(attrs.text) + rows))
+    )
+    distinct = raw.dictionary_encode()
+    normalize = endpoints.normalize
+    templates = pa.array([normalize(e) for e in distinct.dictionary.to_pylist()], pa.string())
+    endpoint_column, statement_column = templates.take(distinct.indices), pa.nulls(len(rows), pa.string())
+    if len(exits):  # exit rows after the requests: no endpoint, their statement
+        endpoint_column = pa.concat_arrays([endpoint_column, pa.array([""] * len(exits), pa.string())])
+        statement_column = pa.concat_arrays([statement_column, attrs.text.take(pa.array(statement[exits]))])
+        rows = np.concatenate([rows, exits])
+    where = pa.array(columns.resource[rows])
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array((end[rows] // np.uint64(1_000_000)).astype(np.int64)),  # exactly as Python's end // 1_000_000
+            services.take(where),
+            instances.take(where),
+            endpoint_column,
+            pa.array(latency[rows]),
+            pa.array(ok[rows]),
+            statement_column,
         ],
         schema=EVENT_SCHEMA,
     )
+    bad = [(int(i), _REASONS[reason[i]]) for i in np.flatnonzero(mapped & (reason > 0))]
+    if stats is not None:
+        stats.add_accepted(len(rows))
+        for _, why in bad:
+            stats.add_rejected(why)
+    return TracesResult(mark_requests(batch, len(rows) - len(exits)), bad, n)
 
 
-def _attributes(kvs: Any, wanted: frozenset[str]) -> dict[str, Any] | None:
-    """The wanted attributes among ``kvs`` (by index: iterating an upb repeated field costs twice as much)."""
-    found = None
-    for i in range(len(kvs)):
-        kv = kvs[i]
-        key = kv.key
-        if key in wanted:
-            if found is None:
-                found = {}
-            found[key] = kv.value
-    return found
+_REASONS = {1: "bad value: trace_id", 2: "bad value: span_id", 3: "bad value: end before start",
+            4: "out of range: latency_ms"}  # fmt: skip
+_NONE = np.iinfo(np.int64).max  # the rank of a key that does not give the field
 
 
-def _first_str(attrs: dict[str, Any] | None, keys: tuple[str, ...]) -> str | None:
-    if attrs:
-        for key in keys:
-            value = attrs.get(key)
-            if value is not None:
-                text = value.string_value  # "" when the value is not a string
-                if text:
-                    return str(text)
-    return None
+def _ranks(codes: np.ndarray, names: list[str], keys: tuple[str, ...]) -> np.ndarray:
+    """Per attribute (its key's index in ``names``): its key's rank among ``keys`` (lower wins), or :data:`_NONE`."""
+    table = np.full(len(names) + 1, _NONE, np.int64)
+    for rank, key in reversed(list(enumerate(keys))):  # a key listed twice: its first rank counts
+        table[names.index(key)] = rank
+    return table[codes]
 
 
-def _span_roles(mapping: SpanMapping) -> dict[str, tuple[tuple[int, int], ...]]:
-    """Span attribute key -> every (field it gives, its rank among that field's keys: lower wins)."""
-    roles: dict[str, tuple[tuple[int, int], ...]] = {}
-    for field, keys in ((_ENDPOINT, mapping.endpoint), (_HTTP, mapping.http_status), (_STATEMENT, mapping.statement)):
-        for rank, key in enumerate(keys):
-            known = roles.get(key, ())
-            if all(f != field for f, _ in known):  # a key listed twice for one field: its first rank counts
-                roles[key] = (*known, (field, rank))
-    return roles
+def _first(owner: np.ndarray, rank: np.ndarray, usable: np.ndarray, owners: int) -> np.ndarray:
+    """Per owner: the index of its usable attribute of the lowest rank (the earliest among equals), else -1."""
+    out = np.full(owners, -1, np.int64)
+    candidates = np.flatnonzero(usable & (rank != _NONE))
+    if len(candidates):
+        holder = owner[candidates]  # ascending: the pairs are flattened owner by owner
+        if len(holder) > 1 and not (holder[1:] != holder[:-1]).all():  # an owner with several: lowest rank first
+            candidates = candidates[np.lexsort((rank[candidates], holder))]  # stable: equals keep their order
+            holder = owner[candidates]
+        order = candidates
+        first = np.ones(len(order), bool)
+        first[1:] = holder[1:] != holder[:-1]
+        out[holder[first]] = order[first]
+    return out
 
 
-def _http_status(candidates: list[tuple[int, Any]]) -> int | None:
-    """The HTTP status of the first key (by rank) whose value is an integer or a string of digits."""
-    for _, value in sorted(candidates, key=lambda c: c[0]):
-        which = value.WhichOneof("value")
-        if which == "int_value":
-            return int(value.int_value)
-        if which == "string_value" and value.string_value.isdigit():
-            return int(value.string_value)
-    return None
+def _resource_fields(attrs: Attributes, resources: int, mapping: SpanMapping) -> tuple[pa.Array, pa.Array]:
+    """Per resource: its service and its instance (each the non-empty string of its first-ranked key). A loop: an
+    export has few resources (usually one), and each few attributes."""
+    fields = []
+    for keys, default in ((mapping.service, UNKNOWN_SERVICE), (mapping.instance, "")):
+        rank_of = {key: rank for rank, key in reversed(list(enumerate(keys)))}
+        fields.append((rank_of, [default] * resources, [len(keys)] * resources))
+    for owner, key, text in zip(attrs.owner.tolist(), attrs.keys.to_pylist(), attrs.text.to_pylist()):
+        for rank_of, values, ranks in fields:
+            rank = rank_of.get(key)
+            if rank is not None and rank < ranks[owner] and text:
+                values[owner], ranks[owner] = text, rank
+    return pa.array(fields[0][1], pa.string()), pa.array(fields[1][1], pa.string())
 
 
-_ZERO16 = bytes(16)
-_ZERO8 = bytes(8)
+def _http_statuses(
+    attrs: Attributes, codes: np.ndarray, names: list[str], keys: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per attribute: its HTTP status and whether it is one (an integer, or a string of ASCII digits)."""
+    status = attrs.integer.copy()
+    is_status = attrs.is_integer.copy()
+    digits = np.flatnonzero(~is_status & (_ranks(codes, names, keys) != _NONE) & (attrs.text_lengths() > 0))
+    for i, text in zip(digits, attrs.text.take(pa.array(digits)).to_pylist()):  # few: statuses are integers
+        if text.isascii() and text.isdigit():
+            status[i], is_status[i] = min(int(text), 1 << 62), True
+    return status, is_status
+
+
+def _is_id(ids: pa.Array, size: int) -> np.ndarray:
+    """Per element: ``size`` bytes, not all zero (an all-zero id is invalid in OTLP)."""
+    lengths = byte_lengths(ids)
+    if not (lengths == size).all():
+        return (lengths == size) & ~pc.equal(ids, pa.scalar(bytes(size), pa.binary())).to_numpy(zero_copy_only=False)
+    start = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset]
+    words = np.frombuffer(ids.buffers()[2], np.uint8)[start : start + size * len(ids)].view(np.uint64)
+    return words != 0 if size == 8 else (words[0::2] | words[1::2]) != 0
 
 
 # ---------------------------------------------------------------------------------------------- OTLP JSON ids

@@ -105,6 +105,7 @@ __all__ = [
     "validate_tuples",
     "rows_to_batch",
     "REQUESTS_KEY",
+    "mark_requests",
     "with_exits",
     "request_rows",
     "join_events",
@@ -863,7 +864,15 @@ def with_exits(requests: pa.RecordBatch, exits: pa.RecordBatch) -> pa.RecordBatc
     if exits.num_rows == 0:
         return requests
     joined = pa.Table.from_batches([requests, exits]).combine_chunks().to_batches()[0]
-    return joined.replace_schema_metadata({REQUESTS_KEY: str(requests.num_rows).encode()})
+    return mark_requests(joined, requests.num_rows)
+
+
+def mark_requests(batch: pa.RecordBatch, requests: int) -> pa.RecordBatch:
+    """``batch``, whose first ``requests`` rows are requests and the others exit rows, marked as such (unmarked
+    when all of them are requests)."""
+    if requests == batch.num_rows:
+        return batch
+    return batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
 
 
 def request_rows(batch: pa.RecordBatch | pa.Table) -> int:

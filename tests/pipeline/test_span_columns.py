@@ -1,0 +1,138 @@
+"""``drainpipe.inputs.span_columns``: an export's wire bytes read into columns (ptars over the projected official
+descriptors) hold what the official message classes read from the same bytes, field by field. Generated exports
+carry what the projection skips (events, links, trace state, attribute values of every type, fields this
+opentelemetry-proto does not know) and what is absent (a resource, a status, an attribute's value)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+
+from drainpipe.inputs.span_columns import span_columns
+
+
+def values() -> st.SearchStrategy[AnyValue | None]:
+    return st.one_of(
+        st.none(),  # a KeyValue without a value
+        st.text(max_size=5).map(lambda s: AnyValue(string_value=s)),
+        st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+        st.booleans().map(lambda b: AnyValue(bool_value=b)),
+        st.floats(allow_nan=False).map(lambda f: AnyValue(double_value=f)),
+        st.binary(max_size=4).map(lambda b: AnyValue(bytes_value=b)),
+        st.just(AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="x")]))),
+        st.just(AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="k", value=AnyValue(int_value=1))]))),
+    )
+
+
+def attribute_lists() -> st.SearchStrategy[list[KeyValue]]:
+    pair = st.tuples(st.sampled_from(["http.route", "service.name", "k", ""]), values())
+    return st.lists(pair, max_size=4).map(
+        lambda pairs: [KeyValue(key=k) if v is None else KeyValue(key=k, value=v) for k, v in pairs]
+    )
+
+
+def _tag(field: int, wire_type: int) -> bytes:
+    value, out = (field << 3) | wire_type, b""
+    while value >= 0x80:
+        out += bytes([value & 0x7F | 0x80])
+        value >>= 7
+    return out + bytes([value])
+
+
+#: fields this opentelemetry-proto does not define, of every wire type (as a newer SDK may send)
+UNKNOWN = _tag(1000, 0) + b"\x05" + _tag(1001, 1) + bytes(8) + _tag(1002, 2) + b"\x02ab" + _tag(1003, 5) + bytes(4)
+
+
+@st.composite
+def exports(draw: Any) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(0, 3))):
+        rs = request.resource_spans.add()
+        if draw(st.booleans()):  # else the resource is absent
+            rs.resource.SetInParent()
+            rs.resource.attributes.extend(draw(attribute_lists()))
+        for _ in range(draw(st.integers(0, 2))):
+            ss = rs.scope_spans.add()
+            ss.scope.name = "lib"
+            for _ in range(draw(st.integers(0, 4))):
+                span = ss.spans.add(
+                    trace_id=draw(st.binary(max_size=17)), span_id=draw(st.binary(max_size=9)),
+                    name=draw(st.text(max_size=4)), kind=draw(st.integers(0, 7)), trace_state="a=b",
+                    start_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
+                    end_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
+                )  # fmt: skip
+                span.attributes.extend(draw(attribute_lists()))
+                status = draw(st.sampled_from([None, 0, 1, 2, 7]))
+                if status is not None:
+                    span.status.code = status  # type: ignore[assignment]
+                    span.status.message = "m"
+                if draw(st.booleans()):
+                    span.events.add(name="e", time_unix_nano=1).attributes.extend(draw(attribute_lists()))
+                    span.links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+                if draw(st.booleans()):
+                    span.MergeFromString(UNKNOWN)
+    return request
+
+
+def official(request: ExportTraceServiceRequest) -> dict[str, list]:
+    """The columns, read through the official message classes."""
+    out: dict[str, list] = {k: [] for k in ("resource", "kind", "trace_id", "span_id", "name", "start", "end",
+                                            "status", "attrs", "resource_attrs")}  # fmt: skip
+
+    def pairs(kvs: Any, owner: int) -> list[tuple]:
+        return [
+            (owner, kv.key, kv.value.string_value if kv.value.WhichOneof("value") == "string_value" else "",
+             kv.value.int_value if kv.value.WhichOneof("value") == "int_value" else 0,
+             kv.value.WhichOneof("value") == "int_value")
+            for kv in kvs
+        ]  # fmt: skip
+
+    index = 0
+    for r, rs in enumerate(request.resource_spans):
+        out["resource_attrs"] += pairs(rs.resource.attributes, r)
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                out["resource"].append(r)
+                out["kind"].append(span.kind)
+                out["trace_id"].append(span.trace_id)
+                out["span_id"].append(span.span_id)
+                out["name"].append(span.name)
+                out["start"].append(span.start_time_unix_nano)
+                out["end"].append(span.end_time_unix_nano)
+                out["status"].append(span.status.code)
+                out["attrs"] += pairs(span.attributes, index)
+                index += 1
+    return out
+
+
+def columnar(body: bytes) -> dict[str, list]:
+    c = span_columns(body)
+
+    def pairs(a: Any) -> list[tuple]:
+        return list(zip(a.owner.tolist(), a.keys.to_pylist(), a.text.to_pylist(), a.integer.tolist(),
+                        a.is_integer.tolist()))  # fmt: skip
+
+    return {
+        "resource": c.resource.tolist(), "kind": c.kind.tolist(), "trace_id": c.trace_id.to_pylist(),
+        "span_id": c.span_id.to_pylist(), "name": c.name.to_pylist(), "start": c.start.tolist(),
+        "end": c.end.tolist(), "status": c.status_code.tolist(), "attrs": pairs(c.attributes),
+        "resource_attrs": pairs(c.resource_attributes),
+    }  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(exports())
+def test_the_columns_hold_what_the_official_classes_read(request: ExportTraceServiceRequest) -> None:
+    body = request.SerializeToString()
+    assert columnar(body) == official(request)
+    assert span_columns(body).spans == len(official(request)["kind"])
+
+
+def test_bytes_that_do_not_decode_raise_value_error() -> None:
+    with pytest.raises(ValueError):
+        span_columns(b"\x0a\x05abc")  # a length past the end
