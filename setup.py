@@ -1,5 +1,5 @@
-"""Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner); everything else is in
-pyproject.toml."""
+"""Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner, the OTLP span mapping's per-span
+pass); everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
@@ -7,4 +7,6 @@ _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-fiel
 
 setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"], extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._jsonscan", ["src/drainpipe/inputs/_jsonscan.c"],
+                             extra_compile_args=_FLAGS),
+                   Extension("drainpipe.inputs._spanmap", ["src/drainpipe/inputs/_spanmap.c"],
                              extra_compile_args=_FLAGS)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -114,13 +115,22 @@ def columnar(body: bytes) -> dict[str, list]:
     c = span_columns(body)
 
     def pairs(a: Any) -> list[tuple]:
-        return list(zip(a.owner.tolist(), a.keys.to_pylist(), a.text.to_pylist(), a.integer.tolist(),
-                        a.is_integer.tolist()))  # fmt: skip
+        present = [True] * a.owners if a.present is None else pa.Array.from_buffers(
+            pa.bool_(), a.owners, [None, a.present]).to_pylist()  # fmt: skip
+        rows = zip(a.keys.to_pylist(), a.value.is_valid().to_pylist(), a.text.to_pylist(), a.integer.to_pylist())
+        out = []
+        for owner, (start, end) in enumerate(zip(a.offsets[:-1], a.offsets[1:])):
+            for key, has_value, text, integer in [next(rows) for _ in range(start, end)]:
+                if present[owner]:
+                    has_text, has_int = has_value and text is not None, has_value and integer is not None
+                    out.append((owner, key, text if has_text else "", integer if has_int else 0, has_int))
+        return out
 
     return {
-        "resource": c.resource.tolist(), "kind": c.kind.tolist(), "trace_id": c.trace_id.to_pylist(),
-        "span_id": c.span_id.to_pylist(), "name": c.name.to_pylist(), "start": c.start.tolist(),
-        "end": c.end.tolist(), "status": c.status_code.tolist(), "attrs": pairs(c.attributes),
+        "resource": c.resource.tolist(), "kind": c.kind.to_pylist(), "trace_id": c.trace_id.to_pylist(),
+        "span_id": c.span_id.to_pylist(), "name": c.name.to_pylist(), "start": c.start.to_pylist(),
+        "end": c.end.to_pylist(), "attrs": pairs(c.attributes),
+        "status": [0 if s is None else s["code"] for s in c.status.to_pylist()],
         "resource_attrs": pairs(c.resource_attributes),
     }  # fmt: skip
 

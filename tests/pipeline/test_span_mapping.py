@@ -1,24 +1,37 @@
-"""The span -> event mapping (``drainpipe.inputs.otlp.map_spans``, tuned for speed) against a plain reference written
+"""The span -> event mapping (``drainpipe.inputs.otlp.map_spans``, tuned for speed; its per-span pass both in C and in
+the numpy fallback that Spark executors use) against a plain reference written
 straight from the documented rules (docs/pipeline.md, "OpenTelemetry spans"), over generated exports: kinds, resource
 and span attributes in any order and of any type, both key spellings, status codes, HTTP statuses as integers and
 strings, bad ids, end before start, latencies out of range; and a custom ``[spans]`` mapping."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
 from drainpipe.inputs.records import EVENT_SCHEMA, LATENCY_MAX_MS, request_rows
 from drainpipe.inputs.spans import KINDS, SpanMapping
 
 T0 = 1_795_543_194_000_000_000  # ns
+
+
+@pytest.fixture(autouse=True, scope="module", params=["C", "numpy"])
+def per_span_pass(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs with the C pass and with its numpy fallback."""
+    chosen = _spanmap if request.param == "C" else _spanmap_fallback
+    otlp.pick, otlp.classify = chosen.pick, chosen.classify  # type: ignore[assignment]
+    yield
+    otlp.pick, otlp.classify = _spanmap.pick, _spanmap.classify
 
 
 def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: EndpointRules) -> tuple:
@@ -89,7 +102,7 @@ SPAN_KEYS = ["http.route", "route", "http.response.status_code", "http.status_co
 RESOURCE_KEYS = ["service.name", "svc", "service.instance.id", "host.name", "other"]
 
 
-def values() -> st.SearchStrategy[AnyValue]:
+def values() -> st.SearchStrategy[AnyValue | None]:
     # (digits that are not ASCII are no HTTP status)
     strings = st.sampled_from(["", "/users/42", "/a", "GET /orders/7", "select 1", "200", "503", "5x", "²", "５０３",
                                "99999999999999999999999"])  # fmt: skip
@@ -98,6 +111,7 @@ def values() -> st.SearchStrategy[AnyValue]:
         strings.map(lambda s: AnyValue(string_value=s)),  # (strings twice as often)
         st.sampled_from([200, 404, 499, 500, 503]).map(lambda i: AnyValue(int_value=i)),
         st.booleans().map(lambda b: AnyValue(bool_value=b)),
+        st.none(),  # a pair without a value
     )
 
 
@@ -105,7 +119,7 @@ def values() -> st.SearchStrategy[AnyValue]:
 def attributes(draw: Any, keys: list[str]) -> list[KeyValue]:
     # unique keys, as OTLP requires of attribute lists, in any order; often several keys of one field
     chosen = draw(st.permutations(keys))[: draw(st.integers(0, len(keys)))]
-    return [KeyValue(key=k, value=draw(values())) for k in chosen]
+    return [KeyValue(key=k) if (v := draw(values())) is None else KeyValue(key=k, value=v) for k in chosen]
 
 
 @st.composite

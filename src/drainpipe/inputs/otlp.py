@@ -1,8 +1,11 @@
 """OpenTelemetry traces (OTLP) into request events: protobuf and the OTLP JSON encoding, one mapping.
 
-Decoding uses the official ``opentelemetry-proto`` message classes. OTLP JSON differs from protobuf's canonical
-JSON in one point, its ids (hex, not base64), which are converted before ``json_format.ParseDict``; everything
-else (lowerCamelCase names, 64-bit integers as strings, enums as integers) is protobuf's JSON mapping.
+Decoding uses the official ``opentelemetry-proto`` message classes: they decide whether a body is a valid export.
+OTLP JSON differs from protobuf's canonical JSON in one point, its ids (hex, not base64), which are converted before
+``json_format.ParseDict``; everything else (lowerCamelCase names, 64-bit integers as strings, enums as integers) is
+protobuf's JSON mapping. The spans of a valid export are then read from its wire form into Arrow columns
+(:mod:`.span_columns`: ptars, over the official descriptors) and mapped a whole export at a time (the per-span
+rules in one C pass, :mod:`._spanmap`): reading them through protobuf's Python objects cost three times as much.
 
 The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list overridable in the metrics TOML's
 ``[spans]`` table, see :class:`~drainpipe.inputs.spans.SpanMapping`):
@@ -18,7 +21,8 @@ The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list o
 * a CLIENT span with ``db.query.text`` (or the older ``db.statement``) is an *exit row* (:data:`REQUESTS_KEY`):
   its statement and duration feed the top-Ns keyed on ``db_statement``, under the calling service;
 * a span that cannot be mapped (ids missing or malformed, end before start, a value out of range) is rejected with
-  a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``.
+  a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``;
+* an HTTP status is an integer value, or a string of ASCII digits.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -39,7 +42,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from .endpoints import EndpointRules
 from .options import InputOptions
 from .records import EVENT_SCHEMA, LATENCY_MAX_MS, ReadStats, join_events, mark_requests
-from .span_columns import Attributes, byte_lengths, span_columns
+from .span_columns import Attributes, span_columns
+
+try:
+    from ._spanmap import classify, pick
+except ImportError:  # a Spark executor's zip of drainpipe's Python modules holds no extension
+    from ._spanmap_fallback import classify, pick
 from .spans import KINDS, SpanMapping
 
 __all__ = ["OtlpError", "TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
@@ -122,149 +130,76 @@ def map_spans(
     """The mapping of the module docstring over an export's wire bytes (decoded once already by the official
     classes, which judged them valid).
 
-    The per-span work is the whole cost of OTLP ingest, so it is done on columns (:mod:`.span_columns`), a whole
-    export at a time, never a Python object per span or field. The rows it builds are valid by construction:
-    protobuf strings are valid UTF-8, a service is never empty, and an end time (uint64 nanoseconds) is always within
-    the event timestamp range, so of the event rules only the latency bound is left to check here."""
+    The per-span work is the whole cost of OTLP ingest, so it never builds a Python object per span or field: the
+    export is read into Arrow columns (:mod:`.span_columns`), one C pass per export applies the rules
+    (:mod:`._spanmap`), and the events are assembled from the columns. The rows are valid by construction: protobuf
+    strings are valid UTF-8, a service is never empty, and an end time (uint64 nanoseconds) is always within the
+    event timestamp range, so of the event rules only the latency bound is checked (in the C pass)."""
     columns = span_columns(body)
     n = columns.spans
-    services, instances = _resource_fields(columns.resource_attributes, columns.resources, mapping)
-    # which spans are events: requests, and CLIENT spans with a statement (exit rows)
+    resource = columns.resource_attributes
     attrs = columns.attributes
-    names = list(dict.fromkeys(mapping.endpoint + mapping.http_status + mapping.statement))
-    codes, has_text = attrs.key_codes(names), attrs.text_lengths() > 0
-    kind = columns.kind
-    request_kinds = np.zeros(len(KINDS) + 2, bool)  # by kind; the last entry for a kind OTLP does not define
-    request_kinds[[KINDS[k] for k in mapping.request_kinds]] = True
-    is_request = request_kinds[np.where((kind >= 0) & (kind <= len(KINDS)), kind, len(KINDS) + 1)]
-    statement = _first(attrs.owner, _ranks(codes, names, mapping.statement), has_text, n)
-    is_exit = ~is_request & (kind == _CLIENT) & (statement >= 0)
-    # the checks, in this order: the first that fails is the reason
-    trace_id, span_id = columns.trace_id, columns.span_id
-    start, end = columns.start, columns.end
-    backwards = end < start
-    latency = np.where(backwards, 0, end - start).astype(np.float64) / 1e6  # as Python's (end - start) / 1e6
-    reason = np.select(
-        [
-            ~_is_id(trace_id, 16),
-            ~_is_id(span_id, 8),
-            backwards,
-            latency > LATENCY_MAX_MS,
-        ],
-        [1, 2, 3, 4],
-        0,
-    )
-    mapped = is_request | is_exit
-    good = mapped & (reason == 0)
-    code = columns.status_code
-    ok = code != _STATUS_ERROR
-    unset_server = good & ok & (code == _STATUS_UNSET) & (kind == _SERVER)
-    if unset_server.any():  # a SERVER span with status UNSET fails with an HTTP status >= 500
-        status, is_status = _http_statuses(attrs, codes, names, mapping.http_status)
-        pair = _first(attrs.owner, _ranks(codes, names, mapping.http_status), is_status, n)
-        judged = unset_server & (pair >= 0)
-        ok[judged] = status[pair[judged]] < 500
-    rows = np.flatnonzero(good & is_request)
-    exits = np.flatnonzero(good & is_exit)
-    # endpoint = the first endpoint attribute, else the span name, normalized once per distinct value
-    endpoint = _first(attrs.owner, _ranks(codes, names, mapping.endpoint), has_text, n)[rows]
-    raw = pa.concat_arrays([attrs.text, columns.name]).take(
-        pa.array(np.where(endpoint >= 0, endpoint, len(attrs.text) + rows))
-    )
-    distinct = raw.dictionary_encode()
+    service, instance = _pick(resource, (mapping.service, mapping.instance))
+    http_status = np.empty(n, np.int64)
+    endpoint, statement, _ = _pick(attrs, (mapping.endpoint, mapping.statement, mapping.http_status), http_status)
+    category, ok, latency = np.empty(n, np.int8), np.empty(n, np.bool_), np.empty(n, np.float64)
+    request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
+    classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER,
+                      float(LATENCY_MAX_MS), category, ok, latency)  # fmt: skip
+    # the events: requests, then exit rows
+    requests = np.flatnonzero(category == 1)
+    rows = np.concatenate([requests, np.flatnonzero(category == 2)])
+    is_exit = np.arange(len(rows)) >= len(requests)
+    # service and instance: the resource's attribute, else the default (the last two entries of the pool)
+    owner = columns.resource[rows]
+    pool = pa.concat_arrays([resource.text, pa.array([UNKNOWN_SERVICE, ""], pa.string())])
+    k = len(resource.text)
+    services = pool.take(np.where(service >= 0, service, k)[owner])
+    instances = pool.take(np.where(instance >= 0, instance, k + 1)[owner])
+    # endpoint: the first endpoint attribute, else the span name, normalized once per distinct value; "" for exits
+    chosen = endpoint[rows]
+    chosen = np.where(chosen >= 0, chosen, len(attrs.text) + rows)
+    distinct = pa.concat_arrays([attrs.text, columns.name]).take(chosen).dictionary_encode()
     normalize = endpoints.normalize
-    templates = pa.array([normalize(e) for e in distinct.dictionary.to_pylist()], pa.string())
-    endpoint_column, statement_column = templates.take(distinct.indices), pa.nulls(len(rows), pa.string())
-    if len(exits):  # exit rows after the requests: no endpoint, their statement
-        endpoint_column = pa.concat_arrays([endpoint_column, pa.array([""] * len(exits), pa.string())])
-        statement_column = pa.concat_arrays([statement_column, attrs.text.take(pa.array(statement[exits]))])
-        rows = np.concatenate([rows, exits])
-    where = pa.array(columns.resource[rows])
+    templates = [normalize(e) for e in distinct.dictionary.to_pylist()]
+    codes = np.frombuffer(distinct.indices.buffers()[1], np.int32, len(rows))  # (to_numpy would import pandas)
+    if len(requests) < len(rows):
+        codes = np.where(is_exit, len(templates), codes)
+        templates.append("")
+    end = np.frombuffer(columns.end.buffers()[1], np.uint64, n)
+    ts = (end[rows] // np.uint64(1_000_000)).astype(np.int64)  # exactly as Python's end // 1_000_000
     batch = pa.RecordBatch.from_arrays(
         [
-            pa.array((end[rows] // np.uint64(1_000_000)).astype(np.int64)),  # exactly as Python's end // 1_000_000
-            services.take(where),
-            instances.take(where),
-            endpoint_column,
+            pa.array(ts),
+            services,
+            instances,
+            pa.array(templates, pa.string()).take(codes),
             pa.array(latency[rows]),
             pa.array(ok[rows]),
-            statement_column,
+            attrs.text.take(pa.array(statement[rows], mask=~is_exit)),  # null for requests
         ],
         schema=EVENT_SCHEMA,
     )
-    bad = [(int(i), _REASONS[reason[i]]) for i in np.flatnonzero(mapped & (reason > 0))]
+    bad = [(int(i), _REASONS[int(category[i])]) for i in np.flatnonzero(category < 0)]
     if stats is not None:
         stats.add_accepted(len(rows))
         for _, why in bad:
             stats.add_rejected(why)
-    return TracesResult(mark_requests(batch, len(rows) - len(exits)), bad, n)
+    return TracesResult(mark_requests(batch, len(requests)), bad, n)
 
 
-_REASONS = {1: "bad value: trace_id", 2: "bad value: span_id", 3: "bad value: end before start",
-            4: "out of range: latency_ms"}  # fmt: skip
-_NONE = np.iinfo(np.int64).max  # the rank of a key that does not give the field
+_REASONS = {-1: "bad value: trace_id", -2: "bad value: span_id", -3: "bad value: end before start",
+            -4: "out of range: latency_ms"}  # fmt: skip
 
 
-def _ranks(codes: np.ndarray, names: list[str], keys: tuple[str, ...]) -> np.ndarray:
-    """Per attribute (its key's index in ``names``): its key's rank among ``keys`` (lower wins), or :data:`_NONE`."""
-    table = np.full(len(names) + 1, _NONE, np.int64)
-    for rank, key in reversed(list(enumerate(keys))):  # a key listed twice: its first rank counts
-        table[names.index(key)] = rank
-    return table[codes]
-
-
-def _first(owner: np.ndarray, rank: np.ndarray, usable: np.ndarray, owners: int) -> np.ndarray:
-    """Per owner: the index of its usable attribute of the lowest rank (the earliest among equals), else -1."""
-    out = np.full(owners, -1, np.int64)
-    candidates = np.flatnonzero(usable & (rank != _NONE))
-    if len(candidates):
-        holder = owner[candidates]  # ascending: the pairs are flattened owner by owner
-        if len(holder) > 1 and not (holder[1:] != holder[:-1]).all():  # an owner with several: lowest rank first
-            candidates = candidates[np.lexsort((rank[candidates], holder))]  # stable: equals keep their order
-            holder = owner[candidates]
-        order = candidates
-        first = np.ones(len(order), bool)
-        first[1:] = holder[1:] != holder[:-1]
-        out[holder[first]] = order[first]
+def _pick(attrs: Attributes, fields: tuple[tuple[str, ...], ...], status: np.ndarray | None = None) -> np.ndarray:
+    """Per field (a list of keys each, lower rank first), per owner: the index of the attribute that gives it, or -1.
+    With ``status``, the last field is the HTTP status, whose value goes there (-1 for none)."""
+    roles = [(key.encode(), field, rank) for field, keys in enumerate(fields) for rank, key in enumerate(keys)]
+    out = np.empty((len(fields), attrs.owners), np.int64)
+    status_field = len(fields) - 1 if status is not None else -1
+    pick(attrs.owners, *attrs.buffers(), roles, len(fields), status_field, out, status)
     return out
-
-
-def _resource_fields(attrs: Attributes, resources: int, mapping: SpanMapping) -> tuple[pa.Array, pa.Array]:
-    """Per resource: its service and its instance (each the non-empty string of its first-ranked key). A loop: an
-    export has few resources (usually one), and each few attributes."""
-    fields = []
-    for keys, default in ((mapping.service, UNKNOWN_SERVICE), (mapping.instance, "")):
-        rank_of = {key: rank for rank, key in reversed(list(enumerate(keys)))}
-        fields.append((rank_of, [default] * resources, [len(keys)] * resources))
-    for owner, key, text in zip(attrs.owner.tolist(), attrs.keys.to_pylist(), attrs.text.to_pylist()):
-        for rank_of, values, ranks in fields:
-            rank = rank_of.get(key)
-            if rank is not None and rank < ranks[owner] and text:
-                values[owner], ranks[owner] = text, rank
-    return pa.array(fields[0][1], pa.string()), pa.array(fields[1][1], pa.string())
-
-
-def _http_statuses(
-    attrs: Attributes, codes: np.ndarray, names: list[str], keys: tuple[str, ...]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per attribute: its HTTP status and whether it is one (an integer, or a string of ASCII digits)."""
-    status = attrs.integer.copy()
-    is_status = attrs.is_integer.copy()
-    digits = np.flatnonzero(~is_status & (_ranks(codes, names, keys) != _NONE) & (attrs.text_lengths() > 0))
-    for i, text in zip(digits, attrs.text.take(pa.array(digits)).to_pylist()):  # few: statuses are integers
-        if text.isascii() and text.isdigit():
-            status[i], is_status[i] = min(int(text), 1 << 62), True
-    return status, is_status
-
-
-def _is_id(ids: pa.Array, size: int) -> np.ndarray:
-    """Per element: ``size`` bytes, not all zero (an all-zero id is invalid in OTLP)."""
-    lengths = byte_lengths(ids)
-    if not (lengths == size).all():
-        return (lengths == size) & ~pc.equal(ids, pa.scalar(bytes(size), pa.binary())).to_numpy(zero_copy_only=False)
-    start = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset]
-    words = np.frombuffer(ids.buffers()[2], np.uint8)[start : start + size * len(ids)].view(np.uint64)
-    return words != 0 if size == 8 else (words[0::2] | words[1::2]) != 0
 
 
 # ---------------------------------------------------------------------------------------------- OTLP JSON ids

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-__all__ = ["Attributes", "SpanColumns", "byte_lengths", "span_columns"]
+__all__ = ["Attributes", "SpanColumns", "span_columns"]
 
 #: the fields the mapping reads, per message (everything else is skipped while reading)
 _PROJECTION = {
@@ -49,122 +49,105 @@ _PROJECTION = {
 
 @dataclass(frozen=True)
 class Attributes:
-    """Key/value pairs of several owners, flattened: ``owner[i]`` is the index of the owner (resource or span) of
-    pair ``i``; ``text`` is its string value ("" when it has none), ``integer`` its integer value and
-    ``is_integer`` whether it has one."""
+    """Key/value pairs of several owners (spans, or resources), flattened: owner ``i``'s pairs are
+    ``offsets[i]:offsets[i + 1]``, and an owner that is not ``present`` (an absent resource) has none. ``value`` is
+    null where a pair has none; ``text`` is its string value (null when it is not a string), ``integer`` its integer
+    value (null when it is not an integer)."""
 
-    owner: np.ndarray
+    owners: int
+    offsets: np.ndarray
+    present: pa.Buffer | None
     keys: pa.Array
+    value: pa.Array
     text: pa.Array
-    integer: np.ndarray
-    is_integer: np.ndarray
+    integer: pa.Array
 
-    def key_codes(self, names: list[str]) -> np.ndarray:
-        """Each pair's key as an index into ``names`` (len(names) when it is none of them)."""
-        if not len(self.keys):
-            return np.zeros(0, np.int64)
-        encoded = self.keys.dictionary_encode()
-        where = {name: i for i, name in enumerate(names)}
-        table = np.array([where.get(k, len(names)) for k in encoded.dictionary.to_pylist()], np.int64)
-        return table[encoded.indices.to_numpy()]
-
-    def text_lengths(self) -> np.ndarray:
-        """The length in bytes of each pair's string value (0 when it has none)."""
-        return byte_lengths(self.text)
+    def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]:
+        """The buffers :func:`drainpipe.inputs._spanmap.pick` reads, in its order (after the owner count)."""
+        keys, text, integer = self.keys.buffers(), self.text.buffers(), self.integer.buffers()
+        return (self.offsets, self.present, keys[1], keys[2], _validity(self.value), _validity(self.text), text[1],
+                text[2], _validity(self.integer), integer[1])  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SpanColumns:
-    """One export's spans, in export order, as columns: ``resource[i]`` is the index of span ``i``'s resource."""
+    """One export's spans, in export order, as Arrow columns (unsliced); ``resource[i]`` is the index of span
+    ``i``'s resource, and ``status`` is null where a span has none."""
 
     spans: int
+    resources: int
     resource: np.ndarray
-    kind: np.ndarray
+    kind: pa.Array
     trace_id: pa.Array
     span_id: pa.Array
     name: pa.Array
-    start: np.ndarray
-    end: np.ndarray
-    status_code: np.ndarray
+    start: pa.Array
+    end: pa.Array
+    status: pa.Array
     attributes: Attributes
     resource_attributes: Attributes
-    resources: int
+
+    def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any]:
+        """The buffers :func:`drainpipe.inputs._spanmap.classify` reads first, in its order."""
+        tid, sid = self.trace_id.buffers(), self.span_id.buffers()
+        return (self.kind.buffers()[1], self.start.buffers()[1], self.end.buffers()[1], _validity(self.status),
+                self.status.field("code").buffers()[1], tid[1], tid[2], sid[1], sid[2])  # fmt: skip
 
 
 def span_columns(body: bytes) -> SpanColumns:
     """An ``ExportTraceServiceRequest``'s wire bytes -> its spans as columns. Raises ``ValueError`` for bytes that
     do not decode (callers have already decoded them with the official classes)."""
     batch = _reader().list_to_record_batch([body])
-    resource_spans, _ = _flatten(batch.column(0))
+    resource_spans, _ = _values(batch.column(0))
     resource = resource_spans.field("resource")  # null when absent: then it has no attributes
-    scope_spans, scope_owner = _flatten(resource_spans.field("scope_spans"))
-    spans, span_scope = _flatten(scope_spans.field("spans"))
-    status = spans.field("status")  # null when absent: UNSET
+    scope_spans, scope_owner = _values(resource_spans.field("scope_spans"))
+    spans, span_scope = _values(scope_spans.field("spans"))
     return SpanColumns(
         spans=len(spans),
+        resources=len(resource_spans),
         resource=scope_owner[span_scope],
-        kind=_numbers(spans.field("kind")),
+        kind=spans.field("kind"),
         trace_id=spans.field("trace_id"),
         span_id=spans.field("span_id"),
         name=spans.field("name"),
-        start=_numbers(spans.field("start_time_unix_nano")),
-        end=_numbers(spans.field("end_time_unix_nano")),
-        status_code=_numbers(status.field("code"), _valid(status)),
-        attributes=_attributes(spans.field("attributes")),
-        resource_attributes=_attributes(resource.field("attributes"), _valid(resource)),
-        resources=len(resource_spans),
+        start=spans.field("start_time_unix_nano"),
+        end=spans.field("end_time_unix_nano"),
+        status=spans.field("status"),
+        attributes=_attributes(spans.field("attributes"), None),
+        resource_attributes=_attributes(resource.field("attributes"), _validity(resource)),
     )
 
 
-def _flatten(lists: pa.Array, present: np.ndarray | None = None) -> tuple[pa.Array, np.ndarray]:
-    """A list column -> its values and, per value, the index of the list that holds it. ``present``: which lists
-    count (a list under an absent message holds nothing, whatever the column says)."""
-    offsets = np.frombuffer(lists.buffers()[1], np.int32)[lists.offset : lists.offset + len(lists) + 1]
-    counts = np.diff(offsets)
-    owner = np.repeat(np.arange(len(lists)), counts)
-    values = lists.values  # (a fresh reader's lists start at 0 and cover their values: no slicing needed)
-    if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(values)):
-        values = lists.flatten()
-    if present is not None and not present.all():
-        keep = np.repeat(present, counts)
-        return values.filter(pa.array(keep)), owner[keep]
-    return values, owner
+def _values(lists: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A list column -> its values (the whole child array) and, per value, the index of the list that holds it."""
+    offsets = _offsets(lists)
+    return _fresh(lists.values), np.repeat(np.arange(len(lists)), np.diff(offsets))
 
 
-def _attributes(lists: pa.Array, present: np.ndarray | None = None) -> Attributes:
-    pairs, owner = _flatten(lists, present)
-    value = pairs.field("value")  # null when a pair has no value: then it is neither a string nor an integer
-    has_value = _valid(value)
-    text = value.field("string_value")
-    integer = value.field("int_value")
-    is_integer = _valid(integer) & has_value
-    if text.null_count or not has_value.all():
-        text = pc.if_else(pa.array(has_value & _valid(text)), text, "")
-    return Attributes(owner, pairs.field("key"), text, _numbers(integer, is_integer), is_integer)
+def _attributes(lists: pa.Array, present: pa.Buffer | None) -> Attributes:
+    pairs = _fresh(lists.values)
+    value = pairs.field("value")
+    return Attributes(len(lists), _offsets(lists), present, pairs.field("key"), value, value.field("string_value"),
+                      value.field("int_value"))  # fmt: skip
 
 
-def byte_lengths(array: pa.Array) -> np.ndarray:
-    """Per element of a string or binary column: its length in bytes (read from the offsets: no copy)."""
-    offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset : array.offset + len(array) + 1]
-    return np.diff(offsets)
+def _offsets(lists: pa.Array) -> np.ndarray:
+    offsets = np.frombuffer(lists.buffers()[1], np.int32)[: len(lists) + 1]
+    if lists.offset or (len(offsets) and (offsets[0] != 0 or offsets[-1] != len(lists.values))):
+        raise RuntimeError("ptars returned a sliced list column")  # (its batches are fresh: never seen)
+    return offsets
 
 
-def _numbers(array: pa.Array, present: np.ndarray | None = None) -> np.ndarray:
-    """A numeric column's values, 0 where null or not ``present`` (read from the buffer: pyarrow's ``to_numpy``
-    imports pandas the first time, ~0.15 s)."""
-    dtype = array.type.to_pandas_dtype()
-    values = np.frombuffer(array.buffers()[1], dtype)[array.offset : array.offset + len(array)]
-    if array.null_count:
-        present = _valid(array) if present is None else present & _valid(array)
-    return values if present is None or present.all() else np.where(present, values, 0).astype(dtype)
+def _fresh(array: pa.Array) -> pa.Array:
+    """``array``, checked to be unsliced: the kernels read its buffers from their start."""
+    if array.offset:
+        raise RuntimeError("ptars returned a sliced column")
+    return array
 
 
-def _valid(array: pa.Array) -> np.ndarray:
-    """Per element: not null."""
-    if array.null_count == 0:
-        return np.ones(len(array), bool)
-    bits = np.frombuffer(array.buffers()[0], np.uint8)
-    return np.unpackbits(bits, bitorder="little")[array.offset : array.offset + len(array)].astype(bool)
+def _validity(array: pa.Array) -> pa.Buffer | None:
+    """An array's validity bitmap; None when it has no nulls (every element valid)."""
+    return array.buffers()[0] if array.null_count else None
 
 
 @functools.cache
