@@ -1,0 +1,65 @@
+"""How the serve feeder hands the log to the engine: batches of up to ``COALESCE_EVENTS`` requests, whatever exit
+rows (a CLIENT span's statement) they carry besides, and never more than ``COALESCE_ROWS`` rows in all."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from drainpipe.inputs import EVENT_SCHEMA, request_rows, with_exits
+from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.engine import LocalEngine
+from drainpipe.pipeline.store import open_store
+from drainpipe.server.feeder import COALESCE_EVENTS, COALESCE_ROWS, Feeder
+from drainpipe.server.service import serve_engine_options
+from drainpipe.server.wal import MemoryLog
+
+T0 = 1_795_543_194_000
+
+
+def export(requests: int, exits: int) -> pa.RecordBatch:
+    """One OTLP request's events: ``requests`` request rows, then ``exits`` exit rows."""
+
+    def rows(n: int, statement: str | None) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist(
+            [{"ts": T0 + i, "service": "s", "instance": "i", "endpoint": "" if statement else "/e",
+              "latency_ms": 1.0, "status": True, "db_statement": statement} for i in range(n)],
+            schema=EVENT_SCHEMA,
+        )  # fmt: skip
+
+    return with_exits(rows(requests, None), rows(exits, "select 1"))
+
+
+def fed(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """What the engine is handed when ``batches`` are in the log as the feeder starts."""
+    definitions = default_definitions()
+    store = open_store("duckdb:///:memory:")
+    engine = LocalEngine(definitions, store, serve_engine_options(), name="coalesce")
+    log = MemoryLog()
+    seen: list[pa.RecordBatch] = []
+    feeder = Feeder(log, engine, definitions, observe=seen.append)
+    try:
+        for batch in batches:
+            log.append(batch)
+        feeder.recover()
+        feeder.start()
+        assert feeder.stop(60)
+    finally:
+        engine.close()
+        store.close()
+    return seen
+
+
+def test_exit_rows_do_not_count_toward_a_batchs_requests() -> None:
+    per = 1_000
+    seen = fed([export(per, 400) for _ in range(2 * COALESCE_EVENTS // per + 3)])
+    requests = [request_rows(b) for b in seen]
+    assert sum(requests) == per * (2 * COALESCE_EVENTS // per + 3)  # every request, once
+    assert max(requests) == (COALESCE_EVENTS // per) * per  # as many requests as without exit rows
+    assert all(b.num_rows <= COALESCE_ROWS for b in seen)
+
+
+def test_batches_of_exit_rows_only_stay_within_the_row_bound() -> None:
+    seen = fed([export(0, 5_000) for _ in range(3 * COALESCE_ROWS // 5_000)])
+    assert sum(b.num_rows for b in seen) == 3 * (COALESCE_ROWS // 5_000) * 5_000
+    assert all(b.num_rows <= COALESCE_ROWS for b in seen)
+    assert max(b.num_rows for b in seen) > COALESCE_ROWS // 2  # still coalesced
