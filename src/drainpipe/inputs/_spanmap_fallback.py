@@ -23,7 +23,8 @@ def _bits(bitmap: Any, n: int) -> np.ndarray:
 
 
 def _strings(offsets: Any, data: Any, n: int, kind: pa.DataType = pa.string()) -> pa.Array:
-    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    data = pa.py_buffer(b"" if data is None else data)  # (an array of empty strings may have no data buffer)
+    return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), data])
 
 
 def pick(owners: int, list_offsets: Any, present: Any, key_offsets: Any, key_data: Any, value_valid: Any,

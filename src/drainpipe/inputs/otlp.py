@@ -54,8 +54,6 @@ __all__ = ["OtlpError", "TracesResult", "decode_traces", "decode_otlp_lines", "m
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
-_STATUS_ERROR = 2
-_STATUS_UNSET = 0
 UNKNOWN_SERVICE = "unknown_service"
 
 
