@@ -142,8 +142,8 @@ def map_spans(
     endpoint, statement, _ = _pick(attrs, (mapping.endpoint, mapping.statement, mapping.http_status), http_status)
     category, ok, latency = np.empty(n, np.int8), np.empty(n, np.bool_), np.empty(n, np.float64)
     request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
-    classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER,
-                      float(LATENCY_MAX_MS), category, ok, latency)  # fmt: skip
+    classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS),
+             category, ok, latency)  # fmt: skip
     # the events: requests, then exit rows
     requests = np.flatnonzero(category == 1)
     rows = np.concatenate([requests, np.flatnonzero(category == 2)])

@@ -42,12 +42,14 @@ READ_RECORDS = 64  # records per read
 #: counted: they feed one top-N only, and counting them handed OTLP traffic to the engine in batches of a quarter
 #: fewer requests, with the engine's cost per batch spread over fewer requests. All rows stay within twice that.
 COALESCE_EVENTS = 32_768
-
 COALESCE_ROWS = 2 * COALESCE_EVENTS
-
-
 GATHER_S = 0.05  # how long live records are gathered into one batch
 ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
+
+
+def _size(records: list[tuple[int, pa.RecordBatch]]) -> tuple[int, int]:
+    """(requests, rows) of ``records``."""
+    return sum(request_rows(b) for _, b in records), sum(b.num_rows for _, b in records)
 
 
 class Feeder:
@@ -138,9 +140,7 @@ class Feeder:
                 # live traffic arrives a request at a time: gather for up to GATHER_S (the requests are answered
                 # already) so the engine gets batches of thousands of events, not one request's
                 gather_until = time.monotonic() + GATHER_S
-                events = rows = 0
-                for _, b in records:
-                    events, rows = events + request_rows(b), rows + b.num_rows
+                events, rows = _size(records)
                 while (
                     events < COALESCE_EVENTS
                     and rows < COALESCE_ROWS
@@ -150,8 +150,8 @@ class Feeder:
                     more = reader.read(READ_RECORDS)
                     if more:
                         records += more
-                        for _, b in more:
-                            events, rows = events + request_rows(b), rows + b.num_rows
+                        more_events, more_rows = _size(more)
+                        events, rows = events + more_events, rows + more_rows
                     else:
                         self.log.wait(records[-1][0], gather_until - time.monotonic())
                 self._feed(records)
@@ -187,7 +187,7 @@ class Feeder:
                 group.append(batch)
                 events, rows = events + request_rows(batch), rows + batch.num_rows
                 if end <= self.replay_end:
-                    self.replayed_events += batch.num_rows
+                    self.replayed_events += request_rows(batch)
             self.position = end  # fed once ingested below: checkpoints run between _feed calls only
         if group:
             self._ingest(group, lagging)
