@@ -16,6 +16,7 @@ from typing import Any
 
 from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.pipeline.store import open_store
+from drainpipe.server.aggregator import Aggregator
 from drainpipe.server.bodies import BodyDecoder
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
@@ -34,6 +35,7 @@ def running_server(
     decoder: BodyDecoder | None = None,
     definitions: Definitions | None = None,
     clock: Callable[[], int] | None = None,
+    aggregator: Aggregator | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     """A server on a free loopback port; ``clock`` replaces the store's (epoch ms of "now", for retention and
@@ -50,6 +52,7 @@ def running_server(
         options=opts,
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
         name=f"t{next(_names)}",
+        aggregator=aggregator,
     )
     server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, decoder).start()
     try:

@@ -21,6 +21,7 @@ TOKEN_ENV = "DRAINPIPE_TOKEN"
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..pipeline.definitions import definitions_from
     from ..pipeline.store import open_store
+    from .aggregator import Aggregator
     from .bodies import BodyDecoder
     from .http import run_server
     from .service import IngestService, ServiceOptions, serve_engine_options
@@ -58,11 +59,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # parser processes first: forked while this process runs no other thread (cheap, and safe: neither the
     # engine's threads nor DuckDB's exist yet)
     decoder = BodyDecoder(default_parsers() if args.parsers is None else args.parsers)
+    aggregator = Aggregator() if decoder.processes else None
     try:
         event_log = _open_log(args)
         store = open_store(args.store)
     except BaseException:
         decoder.close()
+        if aggregator is not None:
+            aggregator.close()
         raise
     options = ServiceOptions(
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
@@ -74,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     engine = serve_engine_options(slow_handler_ms=max(1, round(args.slow_handler_s * 1000)))
     service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options,
-                            engine_options=engine)  # fmt: skip
+                            engine_options=engine, aggregator=aggregator)  # fmt: skip
     try:
         run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
                    shutdown_grace_s=args.shutdown_grace_s, decoder=decoder)  # fmt: skip

@@ -30,6 +30,7 @@ import pyarrow as pa
 from ..inputs import join_events, request_rows
 from ..pipeline.definitions import Definitions
 from ..pipeline.engine import Commit, LocalEngine
+from ..pipeline.functions import Partial
 from ..pipeline.store import FileProgress
 from .wal import EventLog
 
@@ -64,6 +65,7 @@ class Feeder:
         checkpoint_s: float = 2.0,
         max_commits: int = 2,
         observe: Callable[[pa.RecordBatch], None] | None = None,
+        aggregate: Callable[[pa.RecordBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
         self.log = log_
         self.engine = engine
@@ -71,6 +73,8 @@ class Feeder:
         self.checkpoint_s = checkpoint_s
         self.max_commits = max_commits
         self.observe = observe  # sees every event batch handed to the engine (the RED metrics)
+        # L1 aggregation elsewhere (an Aggregator's process); None: the engine aggregates, in this process
+        self.aggregate = aggregate
         self.applied: dict[str, int] = {}  # per definition: the position the store has (from recovery)
         self.position = 0  # fed up to here
         self.committed = 0  # the store has everything up to here
@@ -195,7 +199,10 @@ class Feeder:
     def _ingest(self, group: list[pa.RecordBatch], names: list[str]) -> None:
         subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
         table = join_events(group)  # one batch (requests first, then any exit rows)
-        self.engine.ingest(table, None, subset)
+        if self.aggregate is None:
+            self.engine.ingest(table, None, subset)
+        else:
+            self.engine.ingest_partials(self.aggregate(table, subset or self.definitions), request_rows(table))
         if self.observe is not None:
             try:
                 self.observe(table)
@@ -250,6 +257,11 @@ class Feeder:
             self._abort.set()
             self._thread.join(ABORT_JOIN_S)  # the batch it is feeding
         return not self._thread.is_alive() and not self.failed and self.committed >= self.log.end
+
+    @property
+    def running(self) -> bool:
+        """Whether the feeder's thread is still running (after :meth:`stop`: it could not be joined)."""
+        return self._thread.is_alive()
 
     def settle(self) -> None:
         """Take in the commits the store finished after :meth:`stop` gave up waiting (the engine's close runs

@@ -39,6 +39,7 @@ from ..pipeline.definitions import Definitions, MetricDef
 from ..pipeline.engine import EngineOptions, LocalEngine
 from ..pipeline.functions import iso_from_ms
 from ..pipeline.retention import Retention
+from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .feeder import Feeder
 from .red import RedMetrics
@@ -165,6 +166,7 @@ class IngestService:
         engine_options: EngineOptions | None = None,
         options: ServiceOptions | None = None,
         name: str = "serve",
+        aggregator: Aggregator | None = None,
     ) -> None:
         self.definitions = definitions
         self.options = options or ServiceOptions()
@@ -178,9 +180,15 @@ class IngestService:
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
+        self._aggregator = aggregator
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
         self.feeder = Feeder(
-            self.log, self.engine, definitions, checkpoint_s=self.options.checkpoint_s, observe=self.red.observe
+            self.log,
+            self.engine,
+            definitions,
+            checkpoint_s=self.options.checkpoint_s,
+            observe=self.red.observe,
+            aggregate=None if aggregator is None else aggregator.aggregate,
         )
         self.feeder.recover()
         self.counters = IngestCounters()
@@ -320,6 +328,8 @@ class IngestService:
             if pending:
                 log.warning("%d alert notifications were not delivered before shutdown", pending)
         self.all_stored = self.feeder.stop(timeout_s)
+        if self._aggregator is not None and not self.feeder.running:  # else the process dies with this one
+            self._aggregator.close()
         if self.all_stored:
             self._close_engine()
         else:

@@ -1,0 +1,70 @@
+"""The request/reply channel between the server and its helper processes: payloads of any size arrive whole, the
+shared file grows for a large one and shrinks back, a long header arrives whole, and a peer that is gone is
+:class:`ChannelClosed`, not a hang."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from drainpipe.server.channel import BASE_BYTES, Channel, ChannelClosed
+
+
+def _pair() -> tuple[Channel, Channel]:
+    # both ends in this process: they take turns, and a small frame fits the socket's buffer
+    mine, theirs = Channel.pair()
+    mine.hand_over()
+    return mine, Channel.accept(theirs)
+
+
+def _size(channel: Channel) -> int:
+    return os.fstat(channel._fd).st_size
+
+
+def test_payloads_of_any_size_arrive_whole_and_the_file_shrinks_back() -> None:
+    a, b = _pair()
+    try:
+        for n in (0, 1, 1000, BASE_BYTES, 3 * BASE_BYTES + 7):
+            payload = os.urandom(n)
+            a.send(b"q%d" % n, payload, shrink=True)
+            header, got = b.recv()
+            assert header == b"q%d" % n and got == payload
+            reply = payload[::-1] + b"!" * (n // 2)  # the other end may need more room than the request took
+            b.send(b"r", reply)
+            assert a.recv() == (b"r", reply)
+        assert _size(a) == _size(b) > 4 * BASE_BYTES  # grown by the answer's end, seen by this one
+        a.send(b"small", b"x", shrink=True)
+        assert _size(a) == BASE_BYTES
+        assert b.recv() == (b"small", b"x")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_header_longer_than_the_read_buffer_arrives_whole() -> None:
+    a, b = _pair()
+    try:
+        header = os.urandom(300_000)  # e.g. the reasons of many rejected records; more than the socket buffers
+        import threading
+
+        sender = threading.Thread(target=a.send, args=(header, b"p"))
+        sender.start()
+        assert b.recv() == (header, b"p")
+        sender.join()
+        b.send(b"ok")
+        assert a.recv() == (b"ok", b"")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_peer_that_is_gone_is_channel_closed() -> None:
+    a, b = _pair()
+    b.close()
+    with pytest.raises(ChannelClosed):
+        a.recv()
+    with pytest.raises(ChannelClosed):
+        for _ in range(100):  # the first write may still be buffered
+            a.send(b"x" * 100_000)
+    a.close()
