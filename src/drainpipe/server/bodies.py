@@ -3,11 +3,11 @@ this process or in parser processes (the server's second core).
 
 Parsing and validating are the per-event Python work of ingest; under one GIL they would share a core with HTTP,
 the log and the whole engine. :class:`BodyDecoder` with ``processes > 0`` hands each body to one of its parser
-processes, which sends back the validated batch as an Arrow IPC message (a memory copy to rebuild) and the
-rejects; the request thread waits without holding the GIL. (``concurrent.futures.ProcessPoolExecutor`` was
-measured first: its feeder and manager threads and pickling took a third of the server's GIL time.) A parser that
-dies (killed, out of memory) is replaced, and the request it was serving is parsed in process: a crashed parser
-costs time, never a request.
+processes over a :class:`~.channel.Channel` (the body, then the validated batch as an Arrow IPC message, in
+shared memory; the rejects in the answer's header); the request thread waits without holding the GIL.
+(``concurrent.futures.ProcessPoolExecutor`` was measured first: its feeder and manager threads and pickling took a
+third of the server's GIL time.) A parser that dies (killed, out of memory) is replaced, and the request it was
+serving is parsed in process: a crashed parser costs time, never a request.
 Bodies under ``INLINE_BYTES`` are parsed in process: the round trip would cost more than the parse.
 
 Errors are :class:`BadBody` (an HTTP status and a one-line message), raised in the request thread either way.
@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import queue
+import socket
 import threading
 import zlib
 from concurrent.futures import Future
-from multiprocessing.connection import Connection
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ import pyarrow as pa
 from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
+from .channel import Channel, ChannelClosed
 
 __all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
 
@@ -137,22 +139,27 @@ def decode_body(
     return result.batch, result.rejects
 
 
-def _parser_main(conn: Connection, parent: int) -> None:
-    """A parser process: decode the bodies that arrive on ``conn`` until told to stop (None) or the pipe closes;
-    reply (IPC message of the batch, rejects), or (status, message) for a bad body."""
+def _parser_main(sock: socket.socket, parent: int) -> None:
+    """A parser process: decode the bodies that arrive on its channel until told to stop (None) or the channel
+    closes; answer with the batch as an Arrow IPC message (the payload) and ``(0, rejects, request rows)``, or
+    ``(status, message, 0)`` for a bad body."""
     from ..inputs import use_serial_json_reader
     from ..pipeline.parallel import die_with
 
     die_with(parent)
     use_serial_json_reader()  # the processes are the parallelism
     endpoints: EndpointRules | None = None
+    try:
+        channel = Channel.accept(sock)
+    except (ChannelClosed, OSError):
+        return
     while True:
         try:
-            kwargs = conn.recv()
-            if kwargs is None:
-                return
-            body = conn.recv_bytes()
-        except (EOFError, OSError):
+            header, body = channel.recv()
+        except ChannelClosed:
+            return
+        kwargs = pickle.loads(header)
+        if kwargs is None:
             return
         # the endpoint rules arrive with every body; keep using the first equal copy, whose memo is warm
         if kwargs.get("endpoints") is not None:
@@ -160,31 +167,45 @@ def _parser_main(conn: Connection, parent: int) -> None:
                 kwargs["endpoints"] = endpoints
             else:
                 endpoints = kwargs["endpoints"]
+        answer: tuple[int, Any, int]
         try:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
-            conn.send((exc.status, exc.message, 0))
-            continue
-        conn.send((batch.serialize(), rejects, request_rows(batch)))
+            answer, payload = (exc.status, exc.message, 0), memoryview(b"")
+        else:
+            answer, payload = (0, rejects, request_rows(batch)), memoryview(batch.serialize())
+        try:
+            channel.send(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL), payload)
+        except ChannelClosed:
+            return
 
 
 class _Parser:
-    """One parser process and the parent's end of its pipe."""
+    """One parser process and the parent's end of its channel."""
 
     def __init__(self, context: Any) -> None:
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_parser_main, args=(child, os.getpid()), daemon=True)
+        self.channel, theirs = Channel.pair()
+        self.process = context.Process(target=_parser_main, args=(theirs, os.getpid()), daemon=True)
         self.process.start()
-        child.close()
+        theirs.close()
+        self.channel.hand_over()
+
+    def exchange(self, body: bytes, kwargs: dict[str, Any]) -> tuple[int, Any, int, bytes]:
+        """Send one body, wait for its answer: ``(status, rejects or message, request rows, IPC message)``.
+        Raises :class:`ChannelClosed` if the parser died."""
+        self.channel.send(pickle.dumps(kwargs, protocol=pickle.HIGHEST_PROTOCOL), body, shrink=True)
+        header, payload = self.channel.recv()
+        status, second, requests = pickle.loads(header)
+        return status, second, requests, payload
 
     def close(self) -> None:
-        # told, not left to see the pipe close: a parser forked after this one holds a copy of this pipe's parent
-        # end, so closing ours is no EOF for this parser (each close waited out the join: 15 s per shutdown)
+        # told, not left to see the socket close: a parser forked after this one holds a copy of this socket's
+        # parent end, so closing ours is no EOF for this parser (each close waited out the join: 15 s per shutdown)
         try:
-            self.conn.send(None)
-        except OSError:  # it died already
+            self.channel.send(pickle.dumps(None))
+        except ChannelClosed:  # it died already
             pass
-        self.conn.close()
+        self.channel.close()
         self.process.join(5)
         if self.process.is_alive():
             self.process.kill()
@@ -193,8 +214,9 @@ class _Parser:
 class BodyDecoder:
     """Decodes bodies in ``processes`` parser processes (0: in the calling thread). Thread-safe; ``close`` once.
 
-    Each parser serves one request at a time over its own pipe: a request thread takes a free parser, sends the
-    body as raw bytes, and waits for the reply (without the GIL); no executor threads, no pickling of bodies."""
+    Each parser serves one request at a time over its own channel: a request thread takes a free parser, puts the
+    body in the channel's shared memory, and waits for the answer (without the GIL); no executor threads, no
+    pickling of bodies or batches."""
 
     def __init__(self, processes: int = 0) -> None:
         self.processes = processes
@@ -227,17 +249,15 @@ class BodyDecoder:
             return decode_body(body, **kwargs)
         parser = self._free.get()
         try:
-            parser.conn.send(kwargs)
-            parser.conn.send_bytes(body)
-            first, second, requests = parser.conn.recv()
-        except (EOFError, OSError):  # the parser died (killed, out of memory): replace it, parse this one here
+            status, second, requests, payload = parser.exchange(body, kwargs)
+        except ChannelClosed:  # the parser died (killed, out of memory): replace it, parse this one here
             parser = self._replace(parser)
             return decode_body(body, **kwargs)
         finally:
             self._free.put(parser)
-        if isinstance(first, int):
-            raise BadBody(first, str(second))
-        batch = pa.ipc.read_record_batch(first, EVENT_SCHEMA)
+        if status:
+            raise BadBody(status, str(second))
+        batch = pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
         if requests < batch.num_rows:  # exit rows: the mark is schema metadata, not in the IPC message
             batch = batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
         return batch, second
