@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 
 from server_testlib import events, post_events, running_server, stored_event_count, wait_for
 
@@ -65,6 +66,35 @@ def test_an_aggregator_dying_mid_batch_is_replaced_and_the_batch_aggregated_here
         assert all(a.table.equals(b.table) for a, b in zip(partials, aggregate_batch(batch, definitions)))
         assert aggregator.restarts == 1 and aggregator.pid != first
         assert len(aggregator.aggregate(batch, definitions)) == len(partials)  # the new process serves
+        assert aggregator.restarts == 1
+    finally:
+        aggregator.close()
+
+
+def _hang() -> None:
+    time.sleep(3600)
+
+
+class _Stuck(Definitions):
+    """Real definitions here; unpickling them (in the aggregation process) hangs that process."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return _hang, ()
+
+
+def test_a_stuck_aggregator_is_killed_replaced_and_the_batch_aggregated_here() -> None:
+    definitions = default_definitions()
+    stuck = _Stuck(**{f.name: getattr(definitions, f.name) for f in dataclasses.fields(definitions)})
+    batch, _ = validate_records(events(2000, seed=5))
+    aggregator = Aggregator(timeout_s=1.0)
+    try:
+        first = aggregator._process
+        t0 = time.monotonic()
+        partials = aggregator.aggregate(batch, stuck)
+        assert time.monotonic() - t0 < 10
+        assert all(a.table.equals(b.table) for a, b in zip(partials, aggregate_batch(batch, definitions)))
+        assert aggregator.restarts == 1 and not first.is_alive()  # killed, not left hanging
+        assert len(aggregator.aggregate(batch, definitions)) == len(partials)
         assert aggregator.restarts == 1
     finally:
         aggregator.close()

@@ -9,8 +9,9 @@ per request, spent ~7 ms of each request there. In a process of its own the batc
 over a :class:`~.channel.Channel` (the batch in shared memory, the partials back pickled), and the aggregation
 runs on the second core's spare time.
 
-:class:`Aggregator` is used by one thread (the feeder). If its process dies (killed, out of memory) it is replaced
-and the batch it was aggregating is aggregated in this process: a crash costs time, never a batch.
+:class:`Aggregator` is used by one thread (the feeder). If its process dies (killed, out of memory) or takes longer
+than ``timeout_s`` for a batch (stuck: a batch takes milliseconds), it is killed and replaced, and the batch is
+aggregated in this process: a crash costs time, never a batch, and a stuck process does not stop the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from ..pipeline.definitions import Definitions
 from ..pipeline.functions import Partial, aggregate_batch
 from .channel import Channel, ChannelClosed
 
-__all__ = ["Aggregator"]
+__all__ = ["AGGREGATE_TIMEOUT_S", "Aggregator"]
+
+#: longest wait for one batch's partials before the process counts as stuck (a 64k-row batch takes ~20 ms)
+AGGREGATE_TIMEOUT_S = 60.0
 
 log = logging.getLogger("drainpipe.server")
 
@@ -70,9 +74,10 @@ class Aggregator:
     """One aggregation process (see the module docstring). Start it before the server runs other threads (it is
     forked then); :meth:`aggregate` from one thread; :meth:`close` once."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = AGGREGATE_TIMEOUT_S) -> None:
         from ..pipeline.parallel import mp_context
 
+        self.timeout_s = timeout_s
         self._context = mp_context()
         self.restarts = 0
         self._closed = False
@@ -86,6 +91,7 @@ class Aggregator:
         self._process.start()
         theirs.close()
         self._channel.hand_over()
+        self._channel.sock.settimeout(self.timeout_s)  # a wait past it raises ChannelClosed: the process is stuck
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +114,10 @@ class Aggregator:
 
     def _replace(self) -> None:
         self._channel.close()
+        if self._process.is_alive():  # stuck, not dead
+            log.error("aggregator process %d took more than %.0f s for a batch; killing it", self._process.pid,
+                      self.timeout_s)  # fmt: skip
+            self._process.kill()
         self._process.join(5)
         log.error("aggregator process %d died (exit %s); starting another", self._process.pid, self._process.exitcode)
         self.restarts += 1
