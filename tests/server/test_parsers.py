@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import signal
+import time
 
 from server_testlib import events, ndjson, post_events, request, running_server, stored_event_count
 
@@ -71,3 +72,34 @@ def test_closing_the_parsers_stops_each_at_once() -> None:
     decoder.close()
     assert time.monotonic() - t0 < 2.5
     assert [p.exitcode for p in processes] == [0, 0, 0]  # each returned; none was killed
+
+
+def test_an_otlp_export_keeps_its_exit_rows_through_a_parser_process() -> None:
+    """An OTLP export's CLIENT spans with statements are exit rows, marked in the batch's schema metadata, which an
+    IPC message does not carry: the parser sends the request row count beside it."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from drainpipe.inputs import request_rows
+
+    export = ExportTraceServiceRequest()
+    resource = export.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = "shop"
+    spans = resource.scope_spans.add().spans
+    end = int(time.time() * 1e9)
+    for i in range(1, 400):
+        kind = 3 if i % 3 == 0 else 2  # every third a CLIENT span with a statement
+        span = spans.add(trace_id=i.to_bytes(16, "big"), span_id=i.to_bytes(8, "big"), name=f"GET /p{i % 5}",
+                         kind=kind, start_time_unix_nano=end - 5_000_000, end_time_unix_nano=end)  # fmt: skip
+        if kind == 3:
+            span.attributes.add(key="db.statement").value.string_value = f"SELECT {i % 4}"
+    body = export.SerializeToString()
+    assert len(body) > INLINE_BYTES  # goes to the parser
+    kwargs = dict(form="otlp-protobuf", gzipped=False, max_decoded=1 << 26, max_events=10_000)
+    here, _ = decode_body(body, **kwargs)
+    decoder = BodyDecoder(1)
+    try:
+        there, _ = decoder.decode(body, **kwargs)
+    finally:
+        decoder.close()
+    assert request_rows(here) == 266 < here.num_rows == 399
+    assert there.equals(here, check_metadata=True)

@@ -875,6 +875,13 @@ def mark_requests(batch: pa.RecordBatch, requests: int) -> pa.RecordBatch:
     return batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
 
 
+def batch_from_ipc(message: bytes | memoryview | pa.Buffer, requests: int) -> pa.RecordBatch:
+    """An :data:`EVENT_SCHEMA` batch from an Arrow IPC message (``batch.serialize()``) and its request row count
+    (:func:`request_rows`, which another process sends beside the message: the mark is schema metadata, which the
+    message does not carry). Zero-copy: the batch holds on to ``message``."""
+    return mark_requests(pa.ipc.read_record_batch(pa.py_buffer(message), EVENT_SCHEMA), requests)
+
+
 def request_rows(batch: pa.RecordBatch | pa.Table) -> int:
     """How many leading rows of ``batch`` are requests (all of them unless it is marked)."""
     meta = batch.schema.metadata

@@ -17,17 +17,14 @@ aggregated in this process: a crash costs time, never a batch, and a stuck proce
 from __future__ import annotations
 
 import logging
-import os
-import pickle
-import socket
 from typing import Any
 
 import pyarrow as pa
 
-from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows
+from ..inputs import batch_from_ipc, request_rows
 from ..pipeline.definitions import Definitions
 from ..pipeline.functions import Partial, aggregate_batch
-from .channel import Channel, ChannelClosed
+from .channel import ChannelClosed, Helper
 
 __all__ = ["AGGREGATE_TIMEOUT_S", "Aggregator"]
 
@@ -37,37 +34,14 @@ AGGREGATE_TIMEOUT_S = 60.0
 log = logging.getLogger("drainpipe.server")
 
 
-def _aggregator_main(sock: socket.socket, parent: int) -> None:
-    """The process: aggregate each batch that arrives (the payload: an IPC message; the header: pickled
-    ``(definitions, request rows)``) and answer with the pickled partials, until told to stop (None) or the channel
-    closes."""
-    from ..pipeline.parallel import die_with
-
-    die_with(parent)
+def _aggregate(job: tuple[Definitions, int], message: bytes) -> tuple[Any, bytes]:
+    """What the process does with a request: ``((definitions, request rows), the batch as an IPC message) ->
+    (the partials, b"")``; an exception (a bug) is sent back and raised by the caller, as it would have been here."""
+    definitions, requests = job
     try:
-        channel = Channel.accept(sock)
-    except (ChannelClosed, OSError):
-        return
-    while True:
-        try:
-            header, payload = channel.recv()
-        except ChannelClosed:
-            return
-        job = pickle.loads(header)
-        if job is None:
-            return
-        definitions, requests = job
-        batch = pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
-        if requests < batch.num_rows:  # exit rows: the mark is schema metadata, not in the IPC message
-            batch = batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
-        try:
-            answer: Any = aggregate_batch(batch, definitions)
-        except Exception as exc:  # a bug: the caller raises it as the in-process aggregation would have
-            answer = exc
-        try:
-            channel.send(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
-        except ChannelClosed:
-            return
+        return aggregate_batch(batch_from_ipc(message, requests), definitions), b""
+    except Exception as exc:
+        return exc, b""
 
 
 class Aggregator:
@@ -81,57 +55,40 @@ class Aggregator:
         self._context = mp_context()
         self.restarts = 0
         self._closed = False
-        self._start()
+        self._helper = self._start()
 
-    def _start(self) -> None:
-        self._channel, theirs = Channel.pair()
-        self._process = self._context.Process(
-            target=_aggregator_main, args=(theirs, os.getpid()), name="drainpipe-aggregator", daemon=True
-        )
-        self._process.start()
-        theirs.close()
-        self._channel.hand_over()
-        self._channel.sock.settimeout(self.timeout_s)  # a wait past it raises ChannelClosed: the process is stuck
+    def _start(self) -> Helper:
+        # the timeout: a wait past it raises ChannelClosed, and the process counts as stuck
+        return Helper(self._context, _aggregate, name="drainpipe-aggregator", timeout_s=self.timeout_s)
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return self._helper.process.pid
 
     def aggregate(self, batch: pa.RecordBatch, definitions: Definitions) -> list[Partial]:
         """As ``aggregate_batch(batch, definitions)`` (no source), computed in the process; blocks until done."""
-        job = pickle.dumps((definitions, request_rows(batch)), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._channel.send(job, memoryview(batch.serialize()), shrink=True)
-            header, _ = self._channel.recv()
-        except ChannelClosed:  # the process died (or this aggregator was closed meanwhile)
+            answer, _ = self._helper.call((definitions, request_rows(batch)), memoryview(batch.serialize()))
+        except ChannelClosed:  # the process died or is stuck (or this aggregator was closed meanwhile)
             if not self._closed:
                 self._replace()
             return aggregate_batch(batch, definitions)
-        answer = pickle.loads(header)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     def _replace(self) -> None:
-        self._channel.close()
-        if self._process.is_alive():  # stuck, not dead
-            log.error("aggregator process %d took more than %.0f s for a batch; killing it", self._process.pid,
-                      self.timeout_s)  # fmt: skip
-            self._process.kill()
-        self._process.join(5)
-        log.error("aggregator process %d died (exit %s); starting another", self._process.pid, self._process.exitcode)
+        old = self._helper.process
+        stuck = old.is_alive()
+        if stuck:
+            log.error("aggregator process %d took more than %.0f s for a batch; killing it", old.pid, self.timeout_s)
+        self._helper.close(kill=stuck)
+        log.error("aggregator process %d died (exit %s); starting another", old.pid, old.exitcode)
         self.restarts += 1
-        self._start()
+        self._helper = self._start()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._channel.send(pickle.dumps(None))
-        except ChannelClosed:  # it died already
-            pass
-        self._channel.close()
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
+        self._helper.close()

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import pickle
 import queue
-import socket
 import threading
 import zlib
 from concurrent.futures import Future
@@ -28,10 +25,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows, validate_json_lines, validate_records
+from ..inputs import batch_from_ipc, request_rows, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
-from .channel import Channel, ChannelClosed
+from .channel import ChannelClosed, Helper
 
 __all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
 
@@ -139,76 +136,35 @@ def decode_body(
     return result.batch, result.rejects
 
 
-def _parser_main(sock: socket.socket, parent: int) -> None:
-    """A parser process: decode the bodies that arrive on its channel until told to stop (None) or the channel
-    closes; answer with the batch as an Arrow IPC message (the payload) and ``(0, rejects, request rows)``, or
-    ``(status, message, 0)`` for a bad body."""
-    from ..inputs import use_serial_json_reader
-    from ..pipeline.parallel import die_with
+class _Parse:
+    """What a parser process does with a request: ``(decode_body's keyword arguments, body) -> ((0, rejects,
+    request rows), the batch as an IPC message)``, or ``((status, message, 0), b"")`` for a bad body."""
 
-    die_with(parent)
-    use_serial_json_reader()  # the processes are the parallelism
-    endpoints: EndpointRules | None = None
-    try:
-        channel = Channel.accept(sock)
-    except (ChannelClosed, OSError):
-        return
-    while True:
-        try:
-            header, body = channel.recv()
-        except ChannelClosed:
-            return
-        kwargs = pickle.loads(header)
-        if kwargs is None:
-            return
+    def __init__(self) -> None:
+        self.endpoints: EndpointRules | None = None
+        self.ready = False
+
+    def __call__(self, kwargs: dict[str, Any], body: bytes) -> tuple[tuple[int, Any, int], memoryview]:
+        if not self.ready:  # in the process, once
+            from ..inputs import use_serial_json_reader
+
+            use_serial_json_reader()  # the processes are the parallelism
+            self.ready = True
         # the endpoint rules arrive with every body; keep using the first equal copy, whose memo is warm
         if kwargs.get("endpoints") is not None:
-            if kwargs["endpoints"] == endpoints:
-                kwargs["endpoints"] = endpoints
+            if kwargs["endpoints"] == self.endpoints:
+                kwargs["endpoints"] = self.endpoints
             else:
-                endpoints = kwargs["endpoints"]
-        answer: tuple[int, Any, int]
+                self.endpoints = kwargs["endpoints"]
         try:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
-            answer, payload = (exc.status, exc.message, 0), memoryview(b"")
-        else:
-            answer, payload = (0, rejects, request_rows(batch)), memoryview(batch.serialize())
-        try:
-            channel.send(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL), payload)
-        except ChannelClosed:
-            return
+            return (exc.status, exc.message, 0), memoryview(b"")
+        return (0, rejects, request_rows(batch)), memoryview(batch.serialize())
 
 
-class _Parser:
-    """One parser process and the parent's end of its channel."""
-
-    def __init__(self, context: Any) -> None:
-        self.channel, theirs = Channel.pair()
-        self.process = context.Process(target=_parser_main, args=(theirs, os.getpid()), daemon=True)
-        self.process.start()
-        theirs.close()
-        self.channel.hand_over()
-
-    def exchange(self, body: bytes, kwargs: dict[str, Any]) -> tuple[int, Any, int, bytes]:
-        """Send one body, wait for its answer: ``(status, rejects or message, request rows, IPC message)``.
-        Raises :class:`ChannelClosed` if the parser died."""
-        self.channel.send(pickle.dumps(kwargs, protocol=pickle.HIGHEST_PROTOCOL), body, shrink=True)
-        header, payload = self.channel.recv()
-        status, second, requests = pickle.loads(header)
-        return status, second, requests, payload
-
-    def close(self) -> None:
-        # told, not left to see the socket close: a parser forked after this one holds a copy of this socket's
-        # parent end, so closing ours is no EOF for this parser (each close waited out the join: 15 s per shutdown)
-        try:
-            self.channel.send(pickle.dumps(None))
-        except ChannelClosed:  # it died already
-            pass
-        self.channel.close()
-        self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
+def _parser(context: Any) -> Helper:
+    return Helper(context, _Parse(), name="drainpipe-parser")
 
 
 class BodyDecoder:
@@ -224,14 +180,14 @@ class BodyDecoder:
         from ..pipeline.parallel import mp_context
 
         self._context = mp_context()
-        self._free: queue.SimpleQueue[_Parser] = queue.SimpleQueue()
-        self._all = [_Parser(self._context) for _ in range(processes)]
+        self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()
+        self._all = [_parser(self._context) for _ in range(processes)]
         for parser in self._all:
             self._free.put(parser)
         self._closed = False
         # replacements are started by one long-lived thread: the kernel kills a child whose parent *thread* exits
         # (PR_SET_PDEATHSIG), and request threads end with their connection
-        self._spawns: queue.SimpleQueue[Future[_Parser] | None] = queue.SimpleQueue()
+        self._spawns: queue.SimpleQueue[Future[Helper] | None] = queue.SimpleQueue()
         self._spawner = threading.Thread(target=self._spawn_loop, name="drainpipe-parser-spawner", daemon=True)
         if processes:
             self._spawner.start()
@@ -239,7 +195,7 @@ class BodyDecoder:
     def _spawn_loop(self) -> None:
         while (future := self._spawns.get()) is not None:
             try:
-                future.set_result(_Parser(self._context))
+                future.set_result(_parser(self._context))
             except BaseException as exc:  # e.g. out of processes: the request parses in process meanwhile
                 future.set_exception(exc)
 
@@ -249,7 +205,7 @@ class BodyDecoder:
             return decode_body(body, **kwargs)
         parser = self._free.get()
         try:
-            status, second, requests, payload = parser.exchange(body, kwargs)
+            (status, second, requests), payload = parser.call(kwargs, body)
         except ChannelClosed:  # the parser died (killed, out of memory): replace it, parse this one here
             parser = self._replace(parser)
             return decode_body(body, **kwargs)
@@ -257,16 +213,13 @@ class BodyDecoder:
             self._free.put(parser)
         if status:
             raise BadBody(status, str(second))
-        batch = pa.ipc.read_record_batch(pa.py_buffer(payload), EVENT_SCHEMA)
-        if requests < batch.num_rows:  # exit rows: the mark is schema metadata, not in the IPC message
-            batch = batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
-        return batch, second
+        return batch_from_ipc(payload, requests), second
 
-    def _replace(self, dead: _Parser) -> _Parser:
+    def _replace(self, dead: Helper) -> Helper:
         dead.close()
         log.error("parser process %d died (exit %s); starting another", dead.process.pid, dead.process.exitcode)
         self.restarts += 1
-        future: Future[_Parser] = Future()
+        future: Future[Helper] = Future()
         self._spawns.put(future)
         fresh = future.result()
         self._all[self._all.index(dead)] = fresh

@@ -1,5 +1,5 @@
-"""A request/reply channel between the server and one parser process: small messages on a socket, payloads in a
-shared memory file.
+"""The server's helper processes (the parsers, the aggregator) and the request/reply channel to each: small messages
+on a socket, payloads in a shared memory file.
 
 Why not a ``multiprocessing`` pipe: a request's body and the parsed batch are 100 KB or more each way, which a pipe
 or socket carries in several reads and writes, and every one of them lets go of the GIL and waits to get it back.
@@ -12,18 +12,26 @@ Both ends use the same two calls and take turns, never at the same time: one sen
 file's start), then the other receives, then answers the same way. The file grows to fit a payload, on either
 side, and the frame says the file's size so that the other end maps it again; the server's end shrinks it back to
 :data:`BASE_BYTES` after a large payload. A payload comes out as a copy, so no view of the map outlives a call and
-the map can be resized. Not thread-safe: one request at a time per channel (:class:`BodyDecoder` keeps it so).
+the map can be resized. Not thread-safe: one request at a time per channel.
+
+:class:`Helper` is a process serving requests over a channel, one at a time: the parsers and the aggregator are
+helpers that differ only in what they do with a request.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import socket
 import struct
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["BASE_BYTES", "Channel", "ChannelClosed"]
+__all__ = ["BASE_BYTES", "Channel", "ChannelClosed", "Helper"]
+
+Buffer = bytes | bytearray | memoryview  # a payload (an Arrow buffer as ``memoryview(buffer)``)
 
 #: the shared file's size when idle; a map only costs memory for the pages a payload touched
 BASE_BYTES = 4 << 20
@@ -77,11 +85,12 @@ class Channel:
             raise ChannelClosed("the channel closed before its memory file arrived")
         return cls(sock, fds[0])
 
-    def send(self, header: bytes, payload: bytes | memoryview = b"", *, shrink: bool = False) -> None:
+    def send(self, header: bytes, payload: Buffer = b"", *, shrink: bool = False) -> None:
         """Write ``payload`` to the shared file and send ``header`` with its length; blocks only if the socket's
         buffer is full. ``shrink``: first give back what a large earlier payload grew the file to. Raises
         :class:`ChannelClosed` (OSError when the other end is gone)."""
-        n = len(payload)
+        payload = memoryview(payload)
+        n = payload.nbytes
         size = len(self._map)
         if n > size:
             self._resize(max(n, 2 * size))
@@ -136,3 +145,72 @@ class Channel:
         self.sock.close()
         self._map.close()
         os.close(self._fd)
+
+
+# ------------------------------------------------------------------------------------------------ helper processes
+
+
+def _serve(sock: socket.socket, parent: int, handle: Callable[[Any, bytes], tuple[Any, Buffer]]) -> None:
+    """A helper process's loop: answer each request (``handle(request, payload) -> (answer, payload)``) until told
+    to stop (None) or the channel closes."""
+    from ..pipeline.parallel import die_with
+
+    die_with(parent)
+    try:
+        channel = Channel.accept(sock)
+    except (ChannelClosed, OSError):
+        return
+    while True:
+        try:
+            header, payload = channel.recv()
+        except ChannelClosed:
+            return
+        request = pickle.loads(header)
+        if request is None:
+            return
+        answer, out = handle(request, payload)
+        try:
+            channel.send(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL), memoryview(out))
+        except ChannelClosed:
+            return
+
+
+class Helper:
+    """A helper process that answers one request at a time over a :class:`Channel`: ``handle(request, payload) ->
+    (answer, payload)`` runs in the process (a picklable callable: a module-level function or an instance of a
+    module-level class), requests and answers are pickled, payloads go through the shared memory.
+
+    Not thread-safe: one :meth:`call` at a time. ``timeout_s``: longest wait for an answer (None: no limit).
+    Start helpers before the process runs other threads where possible (they are forked then)."""
+
+    def __init__(self, context: Any, handle: Callable[[Any, bytes], tuple[Any, Buffer]], *, name: str,
+                 timeout_s: float | None = None) -> None:  # fmt: skip
+        self.channel, theirs = Channel.pair()
+        self.process = context.Process(target=_serve, args=(theirs, os.getpid(), handle), name=name, daemon=True)
+        self.process.start()
+        theirs.close()
+        self.channel.hand_over()
+        self.channel.sock.settimeout(timeout_s)  # a wait past it raises ChannelClosed
+
+    def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
+        """Send one request, wait for the answer: ``(answer, payload)``. Raises :class:`ChannelClosed` if the
+        process died or did not answer within the timeout."""
+        self.channel.send(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL), payload, shrink=True)
+        header, out = self.channel.recv()
+        return pickle.loads(header), out
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the process: told to (a helper forked after this one holds a copy of this channel's socket, so
+        closing ours is no end of file for it), given 5 s, then killed; ``kill``: at once (it is stuck)."""
+        if kill:
+            self.process.kill()
+        else:
+            try:
+                self.channel.send(pickle.dumps(None))
+            except ChannelClosed:  # it died already
+                pass
+        self.channel.close()
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)

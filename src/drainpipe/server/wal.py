@@ -45,7 +45,7 @@ from typing import BinaryIO, Protocol
 import pyarrow as pa
 
 from ..errors import DrainpipeError
-from ..inputs import EVENT_SCHEMA, REQUESTS_KEY, request_rows
+from ..inputs import EVENT_SCHEMA, batch_from_ipc, request_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog", "Repair", "WriteAheadLog"]
 
@@ -138,8 +138,7 @@ def _decode(payload: bytes | memoryview) -> pa.RecordBatch:
     if view[:4] != _EXITS:
         return pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
     (requests,) = _REQUESTS.unpack_from(view, 4)
-    batch = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA)
-    return batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
+    return batch_from_ipc(view[4 + _REQUESTS.size :], requests)
 
 
 class WriteAheadLog:
