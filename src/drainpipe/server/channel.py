@@ -46,7 +46,7 @@ class ChannelClosed(EOFError):
 def _memory_file() -> int:
     """A file descriptor of an anonymous file in memory (Linux ``memfd``; elsewhere an unlinked temporary file)."""
     if hasattr(os, "memfd_create"):
-        return os.memfd_create("drainpipe-parser", os.MFD_CLOEXEC)
+        return os.memfd_create("drainpipe-helper", os.MFD_CLOEXEC)
     f = tempfile.TemporaryFile()
     fd = os.dup(f.fileno())
     f.close()
