@@ -84,8 +84,8 @@ class Aggregator:
             log.error("aggregator process %d took more than %.0f s for a batch; killing it", old.pid, self.timeout_s)
         self._helper.close(kill=stuck)
         log.error("aggregator process %d died (exit %s); starting another", old.pid, old.exitcode)
-        self.restarts += 1
         self._helper = self._start()
+        self.restarts += 1  # counted once the new process serves (a reader of restarts then sees its pid)
 
     def close(self) -> None:
         if self._closed:

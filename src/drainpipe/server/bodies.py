@@ -218,11 +218,11 @@ class BodyDecoder:
     def _replace(self, dead: Helper) -> Helper:
         dead.close()
         log.error("parser process %d died (exit %s); starting another", dead.process.pid, dead.process.exitcode)
-        self.restarts += 1
         future: Future[Helper] = Future()
         self._spawns.put(future)
         fresh = future.result()
         self._all[self._all.index(dead)] = fresh
+        self.restarts += 1  # counted once the new process is in place
         return fresh
 
     def close(self) -> None:
