@@ -11,7 +11,7 @@ PG_URL ?= $(shell scripts/postgres.sh url)
 $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,grpc]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -51,6 +51,13 @@ def start_serve(store_url: str, wal_dir: str, *extra: str, port: int = 0,
     return proc, m.group(1)
 
 
+def grpc_address(proc: subprocess.Popen[str]) -> str:
+    """The OTLP/gRPC address a server started with ``--grpc-port`` announced."""
+    m = re.search(r"OTLP/gRPC on (\S+);", proc.output[0])  # type: ignore[attr-defined]
+    assert m, proc.output[0]  # type: ignore[attr-defined]
+    return m.group(1)
+
+
 def body_template(events: int) -> bytes:
     """NDJSON of ``events`` events of service PLACEHOLDER, timestamps in the last minute."""
     now = int(time.time() * 1000)
@@ -73,6 +80,64 @@ class Books:
     refused: int = 0
     cut: int = 0  # no answer (connection reset by the kill)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def otlp_export(name: str, spans: int) -> bytes:
+    """An OTLP export of ``spans`` SERVER spans of service ``name`` (instance ``<name>-i0``), ending in the last
+    minute: the gRPC clients' request, as :func:`body_template` is the HTTP clients'."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    now = time.time_ns()
+    export = ExportTraceServiceRequest()
+    rs = export.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = name
+    rs.resource.attributes.add(key="service.instance.id").value.string_value = f"{name}-i0"
+    scope = rs.scope_spans.add()
+    for i in range(spans):
+        end = now - (i * 37) % 60_000 * 1_000_000
+        span = scope.spans.add(trace_id=(i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+                               name=f"/e{i % 4}", kind=2, start_time_unix_nano=end - (1 + i % 300) * 1_000_000,
+                               end_time_unix_nano=end)  # fmt: skip
+        if i % 17 == 0:
+            span.status.code = 2
+    return export.SerializeToString()
+
+
+def export_until(address: str, books: Books, tag: str, clients: int, stop: threading.Event) -> list[threading.Thread]:
+    """As :func:`post_until`, over OTLP/gRPC: each call exports ``books.size`` spans of a service of its own. A
+    call refused with RetryInfo (throttled) counts as refused; any other failure as cut (the kill)."""
+    import grpc
+    from grpc_status import rpc_status
+
+    from drainpipe.server.otlp_answers import GRPC_EXPORT_PATH
+
+    def client(c: int) -> None:
+        with grpc.insecure_channel(address) as channel:
+            export = channel.unary_unary(GRPC_EXPORT_PATH)
+            n = 0
+            while not stop.is_set():
+                name = f"{tag}-c{c}-{n}"
+                n += 1
+                with books.lock:
+                    books.attempted.add(name)
+                try:
+                    export(otlp_export(name, books.size), timeout=60)
+                except grpc.RpcError as err:
+                    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+                    with books.lock:
+                        if status is not None and status.details:
+                            books.refused += 1
+                        else:
+                            books.cut += 1
+                    stop.wait(0.05)
+                    continue
+                with books.lock:
+                    books.acked.add(name)
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def post_until(

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.server.wal import HEADER, SUFFIX
-from serve_kill import Books, body_template, check, post_until, start_serve
+from serve_kill import Books, body_template, check, export_until, grpc_address, post_until, start_serve
 
 HERE = Path(__file__).resolve().parent
 SIZE = 200  # events per request
@@ -41,6 +41,28 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
             stop.set()
         for t in threads:
             t.join(30)
+
+
+def test_kill_9_under_otlp_grpc_load_then_restart_stores_each_acknowledged_span_once(tmp_path: Path) -> None:
+    """The same write-ahead durability for OTLP/gRPC: kill -9 twice while gRPC clients export, restart, stop;
+    every acknowledged export is stored exactly once (and a cut one whole or not at all)."""
+    url, wal = f"duckdb:///{tmp_path / 'serve.duckdb'}", str(tmp_path / "wal")
+    books = Books(size=SIZE)
+    rng = random.Random(5)
+    for r in range(2):
+        proc, _ = start_serve(url, wal, "--grpc-port", "0")
+        stop = threading.Event()
+        threads = export_until(grpc_address(proc), books, f"g{r}", 4, stop)
+        try:
+            time.sleep(rng.uniform(1.0, 2.0))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            stop.set()
+        for t in threads:
+            t.join(30)
+    _final_stop(url, tmp_path / "wal")
+    _assert_exact(check(url, books), books)
 
 
 def _final_stop(store_url: str, wal: Path, *extra: str) -> None:

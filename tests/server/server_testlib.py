@@ -36,6 +36,7 @@ def running_server(
     definitions: Definitions | None = None,
     clock: Callable[[], int] | None = None,
     aggregator: Aggregator | None = None,
+    grpc_port: int | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
     """A server on a free loopback port; ``clock`` replaces the store's (epoch ms of "now", for retention and
@@ -54,7 +55,7 @@ def running_server(
         name=f"t{next(_names)}",
         aggregator=aggregator,
     )
-    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, decoder).start()
+    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, decoder, grpc_port).start()
     try:
         yield server
     finally:

@@ -11,12 +11,17 @@ import gzip
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 from google.protobuf import json_format
+from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
+from grpc_status import rpc_status
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -24,13 +29,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace import Status as SpanStatus
 from server_testlib import request, running_server
 
 from drainpipe.pipeline.store import open_store
+from drainpipe.server.otlp_answers import GRPC_EXPORT_PATH
+from drainpipe.server.service import ServiceOptions
 
 MINUTE_NS = 60_000_000_000
 
@@ -39,16 +46,16 @@ def _base_ns() -> int:
     return (time.time_ns() // MINUTE_NS - 2) * MINUTE_NS  # a whole minute two minutes ago: one bucket
 
 
-def emit(url: str, plan: list[dict]) -> list:
-    """Spans per ``plan`` entry (a service's requests), through the SDK: exported by its OTLP/HTTP exporter to
-    ``url`` (batched, as applications do), and also returned (kept by an in-memory exporter)."""
+def emit(exporter: Callable[[], SpanExporter], plan: list[dict]) -> list:
+    """Spans per ``plan`` entry (a service's requests), through the SDK: exported by one of its OTLP exporters
+    (``exporter()`` makes one; batched, as applications do), and also returned (kept by an in-memory exporter)."""
     spans: list = []
     for service in plan:
         provider = TracerProvider(resource=Resource.create(
             {"service.name": service["name"], "service.instance.id": service["instance"]}))  # fmt: skip
         memory = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(memory))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url), max_export_batch_size=64,
+        provider.add_span_processor(BatchSpanProcessor(exporter(), max_export_batch_size=64,
                                                        schedule_delay_millis=50))  # fmt: skip
         tracer = provider.get_tracer("drainpipe-test")
         for r in service["requests"]:
@@ -150,7 +157,7 @@ def test_the_sdk_exporter_reaches_the_store_and_otlp_json_gives_the_same(tmp_pat
     plan = make_plan(_base_ns())
     url_a, url_b = f"duckdb:///{tmp_path / 'a.duckdb'}", f"duckdb:///{tmp_path / 'b.duckdb'}"
     with running_server(store_url=url_a) as srv:
-        spans = emit(srv.url + "/v1/traces", plan)
+        spans = emit(lambda: OTLPSpanExporter(endpoint=srv.url + "/v1/traces"), plan)
     assert len(spans) == 3 * (40 * 2 + 5)  # requests, their INTERNAL children and 5 statements each
     want = expected(plan)
     got = stored(url_a)
@@ -209,3 +216,100 @@ def test_bad_bodies_and_partial_success_as_the_spec_says(tmp_path: Path) -> None
         assert status == 200 and not ExportTraceServiceResponse.FromString(raw).HasField("partial_success")
     got = stored(url)
     assert got[("service_cpm", "shop")] == 4
+
+
+# ------------------------------------------------------------------------------------------------------ OTLP/gRPC
+
+
+def _grpc_exporter(address: str, token: str) -> SpanExporter:
+    return GrpcSpanExporter(endpoint=address, insecure=True, headers={"authorization": f"Bearer {token}"},
+                            compression=grpc.Compression.Gzip)  # fmt: skip
+
+
+def test_the_sdk_grpc_exporter_reaches_the_store_as_over_http(tmp_path: Path) -> None:
+    """The SDK's OTLP/gRPC exporter, gzip-compressed and with the token as metadata, to ``--grpc-port``: the stored
+    metrics equal what was sent, as over HTTP; the calls are counted under their path in /metrics."""
+    plan = make_plan(_base_ns())
+    url = f"duckdb:///{tmp_path / 'g.duckdb'}"
+    with running_server(store_url=url, token="s3cret", grpc_port=0) as srv:
+        assert srv.grpc is not None
+        spans = emit(lambda: _grpc_exporter(srv.grpc.address, "s3cret"), plan)
+        _, _, page = request(srv.url + "/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert len(spans) == 3 * (40 * 2 + 5)
+    want, got = expected(plan), stored(url)
+    for key, value in want.items():
+        if key[0] == "statements":
+            assert got.get(key) == value, key
+        else:
+            assert got.get(key) == pytest.approx(value), key
+    assert {k for k in got if k[0] == "service_cpm"} == {k for k in want if k[0] == "service_cpm"}
+    calls = [line for line in page.decode().splitlines() if f'path="{GRPC_EXPORT_PATH}"' in line]
+    assert any('status="200"' in line and not line.endswith(" 0.0") for line in calls), calls
+
+
+def _export_with_rejects(base: int) -> bytes:
+    """Three valid SERVER spans of "shop" and two that cannot be mapped (an all-zero trace id; end before start)."""
+    pb = ExportTraceServiceRequest()
+    rs = pb.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = "shop"
+    spans = rs.scope_spans.add().spans
+    for i in range(3):
+        spans.add(trace_id=bytes([1] * 16), span_id=bytes([i + 1] * 8), name="GET /x", kind=2,
+                  start_time_unix_nano=base, end_time_unix_nano=base + 5_000_000)  # fmt: skip
+    spans.add(trace_id=bytes(16), span_id=bytes([9] * 8), name="GET /x", kind=2, start_time_unix_nano=base,
+              end_time_unix_nano=base + 1)  # fmt: skip
+    spans.add(trace_id=bytes([2] * 16), span_id=bytes([8] * 8), name="GET /x", kind=2, start_time_unix_nano=base + 10,
+              end_time_unix_nano=base)  # fmt: skip
+    return pb.SerializeToString()
+
+
+def _call(address: str, body: bytes, token: str | None) -> tuple[bytes | None, grpc.RpcError | None]:
+    """One raw Export call (bytes in, bytes out): (answer, None) or (None, the error)."""
+    with grpc.insecure_channel(address) as channel:
+        export = channel.unary_unary(GRPC_EXPORT_PATH)
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        try:
+            return export(body, metadata=metadata, timeout=30), None
+        except grpc.RpcError as err:
+            return None, err
+
+
+def test_grpc_answers_as_the_spec_says(tmp_path: Path) -> None:
+    """Every OTLP/gRPC outcome: success without partial_success; partial success with the rejected count; an
+    undecodable export INVALID_ARGUMENT; one over the size limit RESOURCE_EXHAUSTED without RetryInfo (not to be
+    retried); no token UNAUTHENTICATED; throttling UNAVAILABLE with RetryInfo (the Retry-After delay)."""
+    url = f"duckdb:///{tmp_path / 'e.duckdb'}"
+    base = _base_ns()
+    opts = ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5, max_decoded_bytes=64 << 10)
+    with running_server(store_url=url, token="t", grpc_port=0, options=opts) as srv:
+        assert srv.grpc is not None
+        address = srv.grpc.address
+        answer, err = _call(address, _export_with_rejects(base), "t")
+        assert err is None and answer is not None
+        partial = ExportTraceServiceResponse.FromString(answer).partial_success
+        assert partial.rejected_spans == 2 and "end before start" in partial.error_message, partial
+        _, err = _call(address, _export_with_rejects(base), None)
+        assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED
+        _, err = _call(address, b"\xff\xff\xff garbage", "t")
+        assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT and "protobuf" in err.details()
+        big = ExportTraceServiceRequest()
+        big.resource_spans.add().resource.attributes.add(key="pad").value.string_value = "x" * (100 << 10)
+        _, err = _call(address, big.SerializeToString(), "t")
+        assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        status = rpc_status.from_call(err)
+        assert status is None or not status.details  # no RetryInfo: the client must not retry
+        good = ExportTraceServiceRequest.FromString(_export_with_rejects(base))
+        del good.resource_spans[0].scope_spans[0].spans[3:]
+        answer, err = _call(address, good.SerializeToString(), "t")
+        assert err is None and answer is not None
+        assert not ExportTraceServiceResponse.FromString(answer).HasField("partial_success")
+    assert stored(url)[("service_cpm", "shop")] == 6  # 3 of the partly valid export, 3 of the good one
+    throttled = ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5, max_concurrent_requests=0, retry_after_s=7)
+    with running_server(store_url=f"duckdb:///{tmp_path / 'f.duckdb'}", grpc_port=0, options=throttled) as srv:
+        assert srv.grpc is not None
+        _, err = _call(srv.grpc.address, good.SerializeToString(), None)
+    assert err is not None and err.code() == grpc.StatusCode.UNAVAILABLE
+    status = rpc_status.from_call(err)
+    assert status is not None and len(status.details) == 1
+    info = RetryInfo()
+    assert status.details[0].Unpack(info) and info.retry_delay.seconds == 7

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -107,3 +108,14 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "cannot reach" in out.stderr and out.stderr.count("\n") == 1
+    with socket.socket() as taken:  # OTLP/gRPC's port in use: one line too
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = subprocess.run(
+            [sys.executable, "-m", "drainpipe.cli", "serve", "--store", f"duckdb:///{tmp_path / 'g.duckdb'}",
+             "--port", "0", "--grpc-port", str(taken.getsockname()[1])],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "for OTLP/gRPC" in out.stderr, out.stderr

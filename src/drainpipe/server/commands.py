@@ -43,6 +43,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--parsers must be >= 0")
     if args.slow_handler_s <= 0:
         raise UsageError("--slow-handler-s must be > 0")
+    if args.grpc_port is not None:
+        # gRPC's C core logs its own errors to stderr (a taken port is two lines, one of them ours); the server says
+        # what matters itself. GRPC_VERBOSITY=ERROR (or DEBUG) in the environment brings them back
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+        try:
+            import grpc  # noqa: F401
+            import grpc_status  # noqa: F401
+        except ImportError:
+            raise UsageError("--grpc-port needs grpcio and grpcio-status: pip install 'drainpipe[grpc]'") from None
     definitions = definitions_from(args.metrics)
     if args.max_entities is not None:
         if args.max_entities < 1:
@@ -82,11 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             engine_options=engine, aggregator=aggregator)  # fmt: skip
     try:
         run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
-                   shutdown_grace_s=args.shutdown_grace_s, decoder=decoder)  # fmt: skip
+                   shutdown_grace_s=args.shutdown_grace_s, decoder=decoder, grpc_port=args.grpc_port)  # fmt: skip
     except OSError as exc:
         decoder.close()
         service.close()
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        # a bind error of the HTTP port has a strerror; OTLP/gRPC's says its address itself
+        why = f"cannot listen on {args.host}:{args.port}: {exc.strerror}" if exc.strerror else str(exc)
+        raise UsageError(why) from None
     return 0
 
 
@@ -178,6 +189,9 @@ def add_commands(
     metrics_option(s)
     s.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs a token)")
     s.add_argument("--port", type=_port, default=8080, help="port, 0-65535 (0: any free port)")
+    s.add_argument("--grpc-port", type=_port, default=None, metavar="PORT",
+                   help="also serve OTLP/gRPC (TraceService/Export) on PORT of --host; 4317 is OTLP's (0: any free "
+                   "port; default: off)")  # fmt: skip
     s.add_argument("--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV})")
     s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (413 above)")
     s.add_argument(

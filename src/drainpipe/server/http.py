@@ -15,6 +15,7 @@ Endpoints::
                       -> 200 ExportTraceServiceResponse (partial_success when spans were rejected); errors as
                          for /v1/events, with a google.rpc.Status body in the request's encoding
                          (:mod:`.otlp_answers`)
+    (gRPC)            with ``grpc_port``, OTLP/gRPC's TraceService/Export on that port (:mod:`.otlp_grpc`)
     GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
     GET  /metrics     Prometheus text
     GET  /v1/service  one service over a range of buckets, from the store (``drilldown``)
@@ -43,7 +44,6 @@ processes in ``drainpipe serve``).
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import logging
@@ -55,15 +55,19 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IngestRefused, StoreError
+from .auth import bearer_ok
 from .bodies import BadBody, BodyDecoder
 from .dashboard import PAGE
 from .drilldown import service_view
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
+
+if TYPE_CHECKING:
+    from .otlp_grpc import OtlpGrpcServer
 
 log = logging.getLogger("drainpipe.server")
 
@@ -274,13 +278,7 @@ class Handler(BaseHTTPRequestHandler):
             log.info("client %s went away mid-body", self.client_address[0])
             return
         try:
-            svc.admit()  # 429/503 before the parsing work, not after
-            defs = svc.definitions
-            batch, rejects = self.server.decoder.decode(
-                body, form=form, gzipped=encoding != "identity", max_decoded=opts.max_decoded_bytes,
-                max_events=opts.max_events, spans=defs.spans, endpoints=defs.endpoints,
-            )  # fmt: skip
-            svc.submit(batch, len(rejects), (reason for _, reason in rejects))
+            batch, rejects = svc.ingest(self.server.decoder, body, form=form, gzipped=encoding != "identity")
         except BadBody as exc:
             self._error(exc.status, exc.message)
             return
@@ -423,6 +421,7 @@ class IngestServer(ThreadingHTTPServer):
         token: str | None = None,
         shutdown_grace_s: float = 30.0,
         decoder: BodyDecoder | None = None,
+        grpc_port: int | None = None,
     ) -> None:
         if not token and not is_loopback(host):
             raise ValueError(
@@ -440,6 +439,15 @@ class IngestServer(ThreadingHTTPServer):
         super().__init__((host, port), Handler)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.grpc: OtlpGrpcServer | None = None  # OTLP/gRPC beside, when given a port (grpcio is imported then)
+        if grpc_port is not None:
+            from .otlp_grpc import OtlpGrpcServer
+
+            try:
+                self.grpc = OtlpGrpcServer(service, self.decoder, self.metrics, self.token, host, grpc_port)
+            except BaseException:
+                self.server_close()
+                raise
 
     @property
     def url(self) -> str:
@@ -450,10 +458,7 @@ class IngestServer(ThreadingHTTPServer):
 
     def token_ok(self, headers: Any) -> bool:
         """Whether a request's ``Authorization`` header carries the bearer token (always, without a token)."""
-        if not self.token:
-            return True
-        scheme, _, given = (headers.get("Authorization") or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
+        return bearer_ok(headers.get("Authorization"), self.token)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that goes away mid-request is one log line; anything else keeps its traceback."""
@@ -464,6 +469,8 @@ class IngestServer(ThreadingHTTPServer):
         log.error("request from %s failed", client_address[0], exc_info=exc)
 
     def start(self) -> IngestServer:
+        if self.grpc is not None:
+            self.grpc.start()
         self._thread = threading.Thread(
             target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="drainpipe-http", daemon=True
         )
@@ -486,6 +493,8 @@ class IngestServer(ThreadingHTTPServer):
                 except OSError:
                     pass
             log.warning("shutdown: cut %d request(s) still in flight after %.0f s", len(cut), time.monotonic() - t0)
+        if self.grpc is not None:
+            self.grpc.stop()  # and cancel its calls still running, as the connections above were cut
         self.shutdown()  # stop the accept loop
         self.deadlines.stop()
         self.server_close()
@@ -502,10 +511,11 @@ def run_server(
     announce: Any = print,
     shutdown_grace_s: float = 30.0,
     decoder: BodyDecoder | None = None,
+    grpc_port: int | None = None,
 ) -> dict[str, Any]:
     """Serve until SIGTERM or SIGINT, then shut down gracefully: requests in flight get ``shutdown_grace_s`` to
     finish, then are cut; the pipeline is flushed. Returns the shutdown summary."""
-    server = IngestServer(service, host, port, token, shutdown_grace_s, decoder)
+    server = IngestServer(service, host, port, token, shutdown_grace_s, decoder, grpc_port)
     stop = threading.Event()
     received: list[str] = []
 
@@ -523,9 +533,10 @@ def run_server(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.start()
+        grpc_note = f"OTLP/gRPC on {server.grpc.address}; " if server.grpc is not None else ""
         announce(
-            f"drainpipe serve: listening on {server.url} (store {service.store_url or '?'}; {service.log_note()}; "
-            f"{'bearer token required' if token else 'no token'})"
+            f"drainpipe serve: listening on {server.url} ({grpc_note}store {service.store_url or '?'}; "
+            f"{service.log_note()}; {'bearer token required' if token else 'no token'})"
         )
         while not stop.wait(0.5):
             pass

@@ -15,9 +15,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .otlp_answers import GRPC_EXPORT_PATH
 from .service import HANDOFF_BUCKETS, WRITE_BUCKETS, IngestService
 
 PREFIX = "drainpipe"
+# the paths counted under their own label (any other is "other": a label per path a client invents is unbounded)
+_PATHS = frozenset(("/", "/v1/events", "/v1/traces", "/v1/stats", "/v1/service", "/metrics", "/healthz",
+                    GRPC_EXPORT_PATH))  # fmt: skip
 
 
 class EngineCollector(Collector):
@@ -190,7 +194,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.requests = Counter(
-            f"{PREFIX}_http_requests", "HTTP requests by path and status", ["path", "status"], registry=self.registry
+            f"{PREFIX}_http_requests",
+            "Requests by path and status (OTLP/gRPC calls under their path, with the HTTP status of the outcome)",
+            ["path", "status"],
+            registry=self.registry,
         )
         self.ingest_latency = Histogram(
             f"{PREFIX}_ingest_request_seconds",
@@ -206,5 +213,5 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     def count_request(self, path: str, status: int) -> None:
-        known = path if path in ("/", "/v1/events", "/v1/stats", "/metrics", "/healthz") else "other"
+        known = path if path in _PATHS else "other"
         self.requests.labels(known, str(status)).inc()

@@ -41,6 +41,7 @@ from ..pipeline.functions import iso_from_ms
 from ..pipeline.retention import Retention
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
+from .bodies import BodyDecoder, Rejects
 from .feeder import Feeder
 from .red import RedMetrics
 from .wal import EventLog, LogFull, MemoryLog
@@ -275,6 +276,19 @@ class IngestService:
             if time.monotonic() >= deadline:
                 raise self._refuse(429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry)
             time.sleep(0.005)
+
+    def ingest(self, decoder: BodyDecoder, body: bytes, *, form: str, gzipped: bool) -> tuple[pa.RecordBatch, Rejects]:
+        """One posted body, whatever the transport (HTTP, gRPC; the caller has called :meth:`enter`): wait for
+        admission, decode it with ``decoder`` (``form``: one of :data:`~.bodies.FORMS`) under this service's limits
+        and definitions, and log it; returns the batch and the rejects once it is durable. Raises
+        :class:`IngestRefused` (429/503: nothing was accepted) or :class:`~.bodies.BadBody` (400/413)."""
+        self.admit()  # 429/503 before the parsing work, not after
+        opts, defs = self.options, self.definitions
+        batch, rejects = decoder.decode(body, form=form, gzipped=gzipped, max_decoded=opts.max_decoded_bytes,
+                                        max_events=opts.max_events, spans=defs.spans,
+                                        endpoints=defs.endpoints)  # fmt: skip
+        self.submit(batch, len(rejects), (reason for _, reason in rejects))
+        return batch, rejects
 
     def submit(self, batch: pa.RecordBatch, rejected: int, reasons: Iterable[str]) -> None:
         """Log one validated batch (already admitted) and count it; returns once it is durable (the request may be

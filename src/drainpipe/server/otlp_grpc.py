@@ -1,0 +1,120 @@
+"""OTLP/gRPC: the trace service's ``Export`` on a port of its own (``drainpipe serve --grpc-port``; 4317 is OTLP's),
+beside OTLP/HTTP's ``POST /v1/traces``, with the same token, limits, admission and write-ahead durability: both call
+:meth:`~.service.IngestService.ingest`, so an export is answered only once its events are in the log.
+
+Answers, as the OTLP specification's OTLP/gRPC section says (:func:`~.otlp_answers.grpc_status`):
+
+* success: an ``ExportTraceServiceResponse``, with ``partial_success`` when spans were rejected;
+* an export that does not decode: ``INVALID_ARGUMENT``, not retryable;
+* an export over ``max_decoded_bytes`` after decompression: ``RESOURCE_EXHAUSTED`` (gRPC's own message limit), not
+  retryable; more spans than ``max_events``: the same;
+* throttling (shutting down, too many requests at once, the engine or the log behind): ``UNAVAILABLE`` with a
+  ``google.rpc.RetryInfo`` of the delay the HTTP side sends as ``Retry-After``;
+* a missing or wrong token (``authorization: Bearer <token>`` metadata): ``UNAUTHENTICATED``.
+
+gzip (``grpc-encoding``) is gRPC's own business: the export arrives decompressed. The export arrives as bytes (no
+deserializer): the decoder parses it once, with the official classes, as it parses an HTTP body.
+
+Thread-safety: gRPC runs each call on a thread of the server's pool (``workers``); calls beyond those wait in
+gRPC's queue. ``stop`` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn
+
+import grpc
+from grpc_status import rpc_status
+
+from ..errors import IngestRefused
+from .auth import bearer_ok
+from .bodies import BadBody, BodyDecoder
+from .metrics import ServerMetrics
+from .otlp_answers import GRPC_EXPORT_PATH, GRPC_SERVICE, export_answer, grpc_status
+from .service import IngestService
+
+__all__ = ["OtlpGrpcServer"]
+
+log = logging.getLogger("drainpipe.server")
+
+MAX_ANSWER_BYTES = 4 << 20  # the specification's recommended response limit
+
+
+class OtlpGrpcServer:
+    """``TraceService/Export`` on ``host:port`` (0: any free port; :attr:`port` says which) for ``service``."""
+
+    def __init__(self, service: IngestService, decoder: BodyDecoder, metrics: ServerMetrics, token: str | None,
+                 host: str, port: int, *, workers: int = 16) -> None:  # fmt: skip
+        self._service = service
+        self._decoder = decoder
+        self._metrics = metrics
+        self._token = token
+        limit = service.options.max_decoded_bytes
+        self._server = grpc.server(
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drainpipe-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],  # fmt: skip
+        )
+        export = grpc.unary_unary_rpc_method_handler(self._export)  # bytes in, bytes out
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": export}),))
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError:  # grpcio's way of saying the address cannot be bound (taken, or not this host's)
+            self.port = 0
+        if not self.port:
+            raise OSError(f"cannot listen on {address} for OTLP/gRPC (in use, or not an address of this host)")
+        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def start(self) -> OtlpGrpcServer:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop at once: calls still running are cancelled (they were not answered, so their clients send again)."""
+        self._server.stop(None).wait()
+
+    def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
+        t0 = time.perf_counter()
+        status = 200
+        try:
+            metadata = dict(context.invocation_metadata())
+            if not bearer_ok(_text(metadata.get("authorization")), self._token):
+                status = 401
+                _abort(context, status, "missing or bad bearer token")
+            svc = self._service
+            try:
+                svc.enter()
+            except IngestRefused as r:
+                status = r.status
+                _abort(context, status, r.reason, r.retry_after)
+            try:
+                _, rejects = svc.ingest(self._decoder, body, form="otlp-protobuf", gzipped=False)
+            except BadBody as exc:
+                status = exc.status
+                _abort(context, status, exc.message)
+            except IngestRefused as r:
+                status = r.status
+                _abort(context, status, r.reason, r.retry_after)
+            finally:
+                svc.leave()
+                self._metrics.ingest_latency.observe(time.perf_counter() - t0)
+            return export_answer(rejects, False)
+        finally:
+            self._metrics.count_request(GRPC_EXPORT_PATH, status)
+
+
+def _abort(context: grpc.ServicerContext, status: int, message: str, retry_after_s: int | None = None) -> NoReturn:
+    """End the call with the gRPC form of an HTTP-status error (raises)."""
+    context.abort_with_status(rpc_status.to_status(grpc_status(status, message, retry_after_s)))
+    raise AssertionError("abort_with_status returned")  # (it always raises)
+
+
+def _text(value: Any) -> str | None:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
