@@ -19,8 +19,8 @@ the store (sum of the minute ``service_cpm`` values) are compared with the event
 
 Prints a table and writes benchmarks/results/ingest_load.json (``--out``). ``--compare N``: HTTP durable vs
 ``--durability none`` vs ``drainpipe run`` (ingest_compare.json). ``--otlp N``: the same events as NDJSON to
-``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json). ``--operations N``: retention purges
-and alert evaluation on against off (ingest_operations.json).
+``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json; ``--grpc``: over OTLP/gRPC as
+well). ``--operations N``: retention purges and alert evaluation on against off (ingest_operations.json).
 
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 60 s + 180 s
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
@@ -147,13 +147,15 @@ def otlp_bodies(bodies: list[bytes]) -> list[bytes]:
 
 
 def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int, t_start: float,
-          seconds: float, otlp: int = 0) -> Load:  # fmt: skip
+          seconds: float, otlp: int = 0, grpc_address: str | None = None) -> Load:  # fmt: skip
     """``clients`` threads, one keep-alive connection each, posting ``bodies`` (cycled) until ``t_start +
     seconds``; a 429/503 is retried after a tenth of its Retry-After. ``otlp``: the bodies are OTLP protobuf
-    exports of that many spans each, posted to /v1/traces."""
+    exports of that many spans each, posted to /v1/traces, or exported over OTLP/gRPC to ``grpc_address``."""
     load = Load()
     next_index = [0]
     lock = threading.Lock()
+    if grpc_address:
+        return _drive_grpc(grpc_address, bodies, clients, t_start, seconds, otlp, load)
     path = "/v1/traces" if otlp else "/v1/events"
     headers = {"Content-Type": "application/x-protobuf" if otlp else "application/x-ndjson"}
     if gzipped:
@@ -210,6 +212,56 @@ def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int
     return load
 
 
+def _drive_grpc(address: str, bodies: list[bytes], clients: int, t_start: float, seconds: float, spans: int,
+                load: Load) -> Load:  # fmt: skip
+    """:func:`drive` over OTLP/gRPC: one channel per client thread, blocking unary Export calls; UNAVAILABLE with
+    RetryInfo (throttling) is retried after a tenth of its delay."""
+    import grpc
+    from grpc_status import rpc_status
+
+    from drainpipe.server.otlp_answers import GRPC_EXPORT_PATH
+
+    next_index = [0]
+    lock = threading.Lock()
+    deadline = t_start + seconds
+
+    def client() -> None:
+        with grpc.insecure_channel(address) as channel:
+            export = channel.unary_unary(GRPC_EXPORT_PATH)
+            while time.perf_counter() < deadline:
+                with lock:
+                    i = next_index[0]
+                    next_index[0] += 1
+                first = time.perf_counter()
+                while True:
+                    t0 = time.perf_counter()
+                    try:
+                        payload = export(bodies[i % len(bodies)], timeout=60)
+                    except grpc.RpcError as err:
+                        status = rpc_status.from_call(err)
+                        if err.code() == grpc.StatusCode.UNAVAILABLE and status is not None and status.details:
+                            with lock:
+                                load.retries["503"] += 1
+                            time.sleep(1 / 10)
+                            continue
+                        with lock:
+                            load.errors.append(f"gRPC {err.code().name}: {err.details()}")
+                        break
+                    t1 = time.perf_counter()
+                    with lock:
+                        load.accepted += spans - _rejected_spans(payload)
+                        load.latencies.append((t1 - t_start, t1 - t0))
+                        load.end_to_end.append(t1 - first)
+                    break
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return load
+
+
 def _rejected_spans(payload: bytes) -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -231,6 +283,7 @@ def start_server(
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},
     )
     line = proc.stdout.readline()
+    proc.first_line = line  # type: ignore[attr-defined]
     m = re.search(r"listening on http://([\d.]+):(\d+)", line)
     if not m:
         proc.kill()
@@ -325,7 +378,8 @@ def http_run(store: str, bodies: list[bytes], clients: int, warmup: float, measu
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
-    load = drive(host, port, bodies, False, clients, t_start, warmup + measure, otlp)
+    grpc = re.search(r"OTLP/gRPC on (\S+);", proc.first_line)  # with --grpc-port: the load goes there
+    load = drive(host, port, bodies, False, clients, t_start, warmup + measure, otlp, grpc and grpc.group(1))
     if "end" not in cpu and "start" in cpu:  # the load ended between two samples
         cpu["end"], cpu["t1"] = cpu_now(), time.perf_counter() - t_start  # type: ignore[assignment]
     done.set()
@@ -464,20 +518,29 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
     all_spans = round(sum(len(ss.spans) for body in spans for rs in ExportTraceServiceRequest.FromString(body).resource_spans
                           for ss in rs.scope_spans) / len(spans))  # fmt: skip
     rounds = []
+    sides = [("ndjson", bodies, 0, ()), ("otlp", spans, per_request, ())]
+    if args.grpc:  # the same exports over OTLP/gRPC
+        sides.append(("grpc", spans, per_request, ("--grpc-port", "0")))
     for i in range(args.otlp):
         row = {}
-        for name, payloads, otlp in (("ndjson", bodies, 0), ("otlp", spans, per_request)):
+        for name, payloads, otlp, flags in sides:
             store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
             row[name] = http_run(store, payloads, args.clients, args.warmup, args.measure,
-                                 ("--wal", str(tmp / f"wal-{name}-{i}"), *args.serve_arg), otlp)  # fmt: skip
+                                 ("--wal", str(tmp / f"wal-{name}-{i}"), *flags, *args.serve_arg), otlp)  # fmt: skip
         row["otlp_vs_ndjson"] = round(row["otlp"]["events_per_s"] / row["ndjson"]["events_per_s"], 3)
         # every span (the CLIENT ones too) per second against events per second
         row["spans_vs_ndjson"] = round(row["otlp_vs_ndjson"] * all_spans / per_request, 3)
+        if args.grpc:
+            row["grpc_vs_ndjson"] = round(row["grpc"]["events_per_s"] / row["ndjson"]["events_per_s"], 3)
+            row["grpc_vs_http"] = round(row["grpc"]["events_per_s"] / row["otlp"]["events_per_s"], 3)
         rounds.append(row)
         print(f"round {i + 1}: NDJSON {row['ndjson']['events_per_s']:>9,.0f} events/s (p99 {row['ndjson']['p99_ms']}"
               f" ms)  OTLP protobuf {row['otlp']['events_per_s']:>9,.0f} request spans/s (p99 {row['otlp']['p99_ms']} ms)  "
               f"ratio {row['otlp_vs_ndjson']} (in all spans {row['spans_vs_ndjson']})", flush=True)  # fmt: skip
-        print(f"  cores (server, parsers, load): NDJSON {row['ndjson']['cpu_cores']}  OTLP {row['otlp']['cpu_cores']}")
+        if args.grpc:
+            print(f"  OTLP/gRPC {row['grpc']['events_per_s']:>9,.0f} request spans/s (p99 {row['grpc']['p99_ms']} ms)"
+                  f"  {row['grpc_vs_ndjson']} of NDJSON, {row['grpc_vs_http']} of OTLP/HTTP", flush=True)  # fmt: skip
+        print("  cores (server, parsers, load): " + "  ".join(f"{n} {row[n]['cpu_cores']}" for n, *_ in sides))
     med = lambda *keys: _median(rounds, *keys)
     summary = {
         "ndjson_events_per_s": med("ndjson", "events_per_s"),
@@ -487,8 +550,11 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
         "otlp_p99_ms": med("otlp", "p99_ms"),
         "otlp_vs_ndjson": med("otlp_vs_ndjson"),
         "spans_vs_ndjson": med("spans_vs_ndjson"),
-        "lost": sum(r[k]["lost"] for r in rounds for k in ("ndjson", "otlp")),
+        "lost": sum(r[name]["lost"] for r in rounds for name, *_ in sides),
     }
+    if args.grpc:
+        summary |= {"grpc_spans_per_s": med("grpc", "events_per_s"), "grpc_p99_ms": med("grpc", "p99_ms"),
+                    "grpc_vs_ndjson": med("grpc_vs_ndjson"), "grpc_vs_http": med("grpc_vs_http")}  # fmt: skip
     print()
     print("| | per second (median) | p99 ms | ratio (median of the rounds') |")
     print("|---|---|---|---|")
@@ -496,6 +562,10 @@ def compare_otlp(args: argparse.Namespace, bodies: list[bytes]) -> int:
     print(f"| POST /v1/traces, OTLP protobuf | {summary['otlp_spans_per_s']:,.0f} request spans "
           f"({summary['otlp_all_spans_per_s']:,.0f} spans) | {summary['otlp_p99_ms']} | "
           f"{summary['otlp_vs_ndjson']} of NDJSON in request spans, {summary['spans_vs_ndjson']} in spans |")  # fmt: skip
+    if args.grpc:
+        print(f"| OTLP/gRPC Export, protobuf | {summary['grpc_spans_per_s']:,.0f} request spans | "
+              f"{summary['grpc_p99_ms']} | {summary['grpc_vs_ndjson']} of NDJSON, {summary['grpc_vs_http']} of "
+              "OTLP/HTTP, in request spans |")  # fmt: skip
     print(f"(an OTLP request holds {per_request} SERVER spans and {all_spans - per_request} CLIENT spans)")
     result = {"mode": "otlp", "clients": args.clients, "events_per_request": per_request,
               "spans_per_request": all_spans, "warmup_s": args.warmup,
@@ -677,6 +747,8 @@ def main() -> int:
         "--file-repeats", type=int, default=5, help="--compare: the JSONL file is the bodies this many times"
     )
     ap.add_argument("--serve-arg", action="append", default=[], help="--compare: an extra flag for drainpipe serve")
+    ap.add_argument("--grpc", action="store_true",
+                    help="with --otlp: the same exports over OTLP/gRPC too, a third server per round")  # fmt: skip
     ap.add_argument("--otlp", type=int, default=0, metavar="ROUNDS",
                     help="instead of the memory test: the same events as NDJSON to /v1/events and as OTLP protobuf "
                     "spans to /v1/traces, ROUNDS rounds in alternation (ingest_otlp.json)")  # fmt: skip
