@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,21 @@ class Load:
     end_to_end: list[float] = field(default_factory=list)  # including back-pressure retries
     retries: dict[str, int] = field(default_factory=lambda: {"429": 0, "503": 0})
     errors: list[str] = field(default_factory=list)
+
+    def answered(self, accepted: int, at: float, seconds: float, with_retries: float) -> None:
+        """One request answered 200 (the caller holds the load's lock)."""
+        self.accepted += accepted
+        self.latencies.append((at, seconds))
+        self.end_to_end.append(with_retries)
+
+
+def _run_clients(client: Callable[[], None], clients: int) -> None:
+    """Run ``clients`` threads of ``client`` to their end."""
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def otlp_bodies(bodies: list[bytes]) -> list[bytes]:
@@ -198,17 +214,11 @@ def drive(host: str, port: int, bodies: list[bytes], gzipped: bool, clients: int
                     break
                 accepted = otlp - _rejected_spans(payload) if otlp else json.loads(payload)["accepted"]
                 with lock:
-                    load.accepted += accepted
-                    load.latencies.append((t1 - t_start, t1 - t0))
-                    load.end_to_end.append(t1 - first)
+                    load.answered(accepted, t1 - t_start, t1 - t0, t1 - first)
                 break
         conn.close()
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_clients(client, clients)
     return load
 
 
@@ -249,16 +259,10 @@ def _drive_grpc(address: str, bodies: list[bytes], clients: int, t_start: float,
                         break
                     t1 = time.perf_counter()
                     with lock:
-                        load.accepted += spans - _rejected_spans(payload)
-                        load.latencies.append((t1 - t_start, t1 - t0))
-                        load.end_to_end.append(t1 - first)
+                        load.answered(spans - _rejected_spans(payload), t1 - t_start, t1 - t0, t1 - first)
                     break
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_clients(client, clients)
     return load
 
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,20 @@ class Books:
     cut: int = 0  # no answer (connection reset by the kill)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def attempt(self, tag: str, client: int, n: int) -> str:
+        """The name of a client's ``n``-th request (its service), recorded as attempted."""
+        name = f"{tag}-c{client}-{n}"
+        with self.lock:
+            self.attempted.add(name)
+        return name
+
+
+def _start_clients(client: Callable[[int], None], clients: int) -> list[threading.Thread]:
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
+
 
 def otlp_export(name: str, spans: int) -> bytes:
     """An OTLP export of ``spans`` SERVER spans of service ``name`` (instance ``<name>-i0``), ending in the last
@@ -116,10 +131,8 @@ def export_until(address: str, books: Books, tag: str, clients: int, stop: threa
             export = channel.unary_unary(GRPC_EXPORT_PATH)
             n = 0
             while not stop.is_set():
-                name = f"{tag}-c{c}-{n}"
+                name = books.attempt(tag, c, n)
                 n += 1
-                with books.lock:
-                    books.attempted.add(name)
                 try:
                     export(otlp_export(name, books.size), timeout=60)
                 except grpc.RpcError as err:
@@ -134,10 +147,7 @@ def export_until(address: str, books: Books, tag: str, clients: int, stop: threa
                 with books.lock:
                     books.acked.add(name)
 
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    return threads
+    return _start_clients(client, clients)
 
 
 def post_until(
@@ -150,10 +160,8 @@ def post_until(
         conn: http.client.HTTPConnection | None = None
         n = 0
         while not stop.is_set():
-            name = f"{tag}-c{c}-{n}"
+            name = books.attempt(tag, c, n)
             n += 1
-            with books.lock:
-                books.attempted.add(name)
             try:
                 if conn is None:
                     conn = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -178,10 +186,7 @@ def post_until(
             if r.status != 200:
                 stop.wait(0.05)
 
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    return threads
+    return _start_clients(client, clients)
 
 
 def check(store_url: str, books: Books) -> dict[str, Any]:

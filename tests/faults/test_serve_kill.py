@@ -26,13 +26,18 @@ SIZE = 200  # events per request
 REPLAY_REQUESTS = 12_000  # 2.4 million events: a replay of several seconds
 
 
-def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int) -> None:
+def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int, *, grpc: bool = False) -> None:
+    """``rounds`` times: start a server, load it with 4 clients (HTTP NDJSON, or OTLP/gRPC exports), kill -9 it at
+    a random moment."""
     rng = random.Random(seed)
     template = body_template(SIZE)
     for r in range(rounds):
-        proc, base = start_serve(store_url, str(wal))
+        proc, base = start_serve(store_url, str(wal), *(("--grpc-port", "0") if grpc else ()))
         stop = threading.Event()
-        threads = post_until(base, books, template, f"r{r}", 4, stop)
+        if grpc:
+            threads = export_until(grpc_address(proc), books, f"g{r}", 4, stop)
+        else:
+            threads = post_until(base, books, template, f"r{r}", 4, stop)
         try:
             time.sleep(rng.uniform(0.6, 2.0))
         finally:
@@ -46,21 +51,9 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
 def test_kill_9_under_otlp_grpc_load_then_restart_stores_each_acknowledged_span_once(tmp_path: Path) -> None:
     """The same write-ahead durability for OTLP/gRPC: kill -9 twice while gRPC clients export, restart, stop;
     every acknowledged export is stored exactly once (and a cut one whole or not at all)."""
-    url, wal = f"duckdb:///{tmp_path / 'serve.duckdb'}", str(tmp_path / "wal")
+    url = f"duckdb:///{tmp_path / 'serve.duckdb'}"
     books = Books(size=SIZE)
-    rng = random.Random(5)
-    for r in range(2):
-        proc, _ = start_serve(url, wal, "--grpc-port", "0")
-        stop = threading.Event()
-        threads = export_until(grpc_address(proc), books, f"g{r}", 4, stop)
-        try:
-            time.sleep(rng.uniform(1.0, 2.0))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            stop.set()
-        for t in threads:
-            t.join(30)
+    _kill_rounds(url, tmp_path / "wal", books, rounds=2, seed=5, grpc=True)
     _final_stop(url, tmp_path / "wal")
     _assert_exact(check(url, books), books)
 

@@ -123,6 +123,17 @@ def expected(plan: list[dict]) -> dict:
     return out
 
 
+def assert_as_sent(plan: list[dict], got: dict) -> None:
+    """The store's figures (:func:`stored`) are what ``plan`` sent, and no other service is there."""
+    want = expected(plan)
+    for key, value in want.items():
+        if key[0] == "statements":
+            assert got.get(key) == value, key
+        else:
+            assert got.get(key) == pytest.approx(value), key
+    assert {k for k in got if k[0] == "service_cpm"} == {k for k in want if k[0] == "service_cpm"}
+
+
 def stored(url: str) -> dict:
     store = open_store(url)
     try:
@@ -159,14 +170,8 @@ def test_the_sdk_exporter_reaches_the_store_and_otlp_json_gives_the_same(tmp_pat
     with running_server(store_url=url_a) as srv:
         spans = emit(lambda: OTLPSpanExporter(endpoint=srv.url + "/v1/traces"), plan)
     assert len(spans) == 3 * (40 * 2 + 5)  # requests, their INTERNAL children and 5 statements each
-    want = expected(plan)
     got = stored(url_a)
-    for key, value in want.items():
-        if key[0] == "statements":
-            assert got.get(key) == value, key
-        else:
-            assert got.get(key) == pytest.approx(value), key
-    assert {k for k in got if k[0] == "service_cpm"} == {k for k in want if k[0] == "service_cpm"}
+    assert_as_sent(plan, got)
     with running_server(store_url=url_b) as srv:
         body = to_otlp_json(spans)
         status, headers, raw = request(srv.url + "/v1/traces", "POST", gzip.compress(body),
@@ -236,13 +241,7 @@ def test_the_sdk_grpc_exporter_reaches_the_store_as_over_http(tmp_path: Path) ->
         spans = emit(lambda: _grpc_exporter(srv.grpc.address, "s3cret"), plan)
         _, _, page = request(srv.url + "/metrics", headers={"Authorization": "Bearer s3cret"})
     assert len(spans) == 3 * (40 * 2 + 5)
-    want, got = expected(plan), stored(url)
-    for key, value in want.items():
-        if key[0] == "statements":
-            assert got.get(key) == value, key
-        else:
-            assert got.get(key) == pytest.approx(value), key
-    assert {k for k in got if k[0] == "service_cpm"} == {k for k in want if k[0] == "service_cpm"}
+    assert_as_sent(plan, stored(url))
     calls = [line for line in page.decode().splitlines() if f'path="{GRPC_EXPORT_PATH}"' in line]
     assert any('status="200"' in line and not line.endswith(" 0.0") for line in calls), calls
 
