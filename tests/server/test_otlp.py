@@ -7,8 +7,10 @@ a partly invalid export are answered as the OTLP specification says."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import json
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -29,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace import Status as SpanStatus
@@ -262,13 +264,16 @@ def _export_with_rejects(base: int) -> bytes:
     return pb.SerializeToString()
 
 
-def _call(address: str, body: bytes, token: str | None) -> tuple[bytes | None, grpc.RpcError | None]:
+def _call(
+    address: str, body: bytes, token: str | None, gzipped: bool = False
+) -> tuple[bytes | None, grpc.RpcError | None]:
     """One raw Export call (bytes in, bytes out): (answer, None) or (None, the error)."""
     with grpc.insecure_channel(address) as channel:
         export = channel.unary_unary(GRPC_EXPORT_PATH)
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        compression = grpc.Compression.Gzip if gzipped else None
         try:
-            return export(body, metadata=metadata, timeout=30), None
+            return export(body, metadata=metadata, timeout=30, compression=compression), None
         except grpc.RpcError as err:
             return None, err
 
@@ -293,10 +298,11 @@ def test_grpc_answers_as_the_spec_says(tmp_path: Path) -> None:
         assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT and "protobuf" in err.details()
         big = ExportTraceServiceRequest()
         big.resource_spans.add().resource.attributes.add(key="pad").value.string_value = "x" * (100 << 10)
-        _, err = _call(address, big.SerializeToString(), "t")
-        assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        status = rpc_status.from_call(err)
-        assert status is None or not status.details  # no RetryInfo: the client must not retry
+        for gzipped in (False, True):  # the limit holds after decompression too (100 KB of "x" gzip to ~100 bytes)
+            _, err = _call(address, big.SerializeToString(), "t", gzipped)
+            assert err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, gzipped
+            status = rpc_status.from_call(err)
+            assert status is None or not status.details  # no RetryInfo: the client must not retry
         good = ExportTraceServiceRequest.FromString(_export_with_rejects(base))
         del good.resource_spans[0].scope_spans[0].spans[3:]
         answer, err = _call(address, good.SerializeToString(), "t")
@@ -312,3 +318,36 @@ def test_grpc_answers_as_the_spec_says(tmp_path: Path) -> None:
     assert status is not None and len(status.details) == 1
     info = RetryInfo()
     assert status.details[0].Unpack(info) and info.retry_delay.seconds == 7
+
+
+def test_the_sdk_grpc_exporter_waits_as_the_server_s_retry_info_says(tmp_path: Path) -> None:
+    """Throttled (UNAVAILABLE with RetryInfo of 3 s), the SDK's gRPC exporter waits those 3 s, not its own backoff
+    (about 1 s before the first retry), then delivers: the server's delay reaches the real client."""
+    base = _base_ns()
+    provider = TracerProvider(resource=Resource.create({"service.name": "shop"}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("drainpipe-test")
+    for i in range(5):
+        tracer.start_span("GET /x", kind=SpanKind.SERVER, start_time=base + i).end(base + i + 2_000_000)
+    spans = memory.get_finished_spans()
+    url = f"duckdb:///{tmp_path / 'r.duckdb'}"
+    closed = ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5, max_concurrent_requests=0, retry_after_s=3)
+    with running_server(store_url=url, grpc_port=0, options=closed) as srv:
+        assert srv.grpc is not None
+        exporter = GrpcSpanExporter(endpoint=srv.grpc.address, insecure=True)
+        result: list = []
+        t0 = time.monotonic()
+        sender = threading.Thread(target=lambda: result.append(exporter.export(spans)))
+        sender.start()
+        while srv.service.counters.refused_busy == 0:  # the first call is refused
+            assert time.monotonic() - t0 < 10
+            time.sleep(0.01)
+        refused_at = time.monotonic()
+        srv.service.options = dataclasses.replace(closed, max_concurrent_requests=64)  # open again
+        sender.join(30)
+        waited = time.monotonic() - refused_at
+        exporter.shutdown()
+    assert result == [SpanExportResult.SUCCESS]
+    assert srv.service.counters.refused_busy == 1 and 2.5 < waited < 10, waited
+    assert stored(url)[("service_cpm", "shop")] == 5

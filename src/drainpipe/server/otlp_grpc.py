@@ -9,7 +9,8 @@ Answers, as the OTLP specification's OTLP/gRPC section says (:func:`~.otlp_answe
 * an export over ``max_decoded_bytes`` after decompression: ``RESOURCE_EXHAUSTED`` (gRPC's own message limit), not
   retryable; more spans than ``max_events``: the same;
 * throttling (shutting down, too many requests at once, the engine or the log behind): ``UNAVAILABLE`` with a
-  ``google.rpc.RetryInfo`` of the delay the HTTP side sends as ``Retry-After``;
+  ``google.rpc.RetryInfo`` of the delay the HTTP side sends as ``Retry-After`` (in the status details, and in
+  ``google.rpc.retryinfo-bin`` metadata for OpenTelemetry's Python exporter);
 * a missing or wrong token (``authorization: Bearer <token>`` metadata): ``UNAUTHENTICATED``.
 
 gzip (``grpc-encoding``) is gRPC's own business: the export arrives decompressed. The export arrives as bytes (no
@@ -21,12 +22,13 @@ gRPC's queue. ``stop`` once.
 
 from __future__ import annotations
 
-import logging
+import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import grpc
+from google.rpc.error_details_pb2 import RetryInfo
 from grpc_status import rpc_status
 
 from ..errors import IngestRefused
@@ -38,9 +40,8 @@ from .service import IngestService
 
 __all__ = ["OtlpGrpcServer"]
 
-log = logging.getLogger("drainpipe.server")
-
 MAX_ANSWER_BYTES = 4 << 20  # the specification's recommended response limit
+RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 
 
 class OtlpGrpcServer:
@@ -110,9 +111,21 @@ class OtlpGrpcServer:
             self._metrics.count_request(GRPC_EXPORT_PATH, status)
 
 
+class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):
+    pass
+
+
 def _abort(context: grpc.ServicerContext, status: int, message: str, retry_after_s: int | None = None) -> NoReturn:
-    """End the call with the gRPC form of an HTTP-status error (raises)."""
-    context.abort_with_status(rpc_status.to_status(grpc_status(status, message, retry_after_s)))
+    """End the call with the gRPC form of an HTTP-status error (raises). RetryInfo goes where the specification
+    says, in the status details (``grpc-status-details-bin``, which Go and Java clients read), and also on its own
+    in ``google.rpc.retryinfo-bin`` trailing metadata, the one place OpenTelemetry's Python exporter looks."""
+    answer = grpc_status(status, message, retry_after_s)
+    wire = rpc_status.to_status(answer)
+    metadata = tuple(wire.trailing_metadata)
+    for detail in answer.details:
+        if detail.Is(RetryInfo.DESCRIPTOR):
+            metadata += ((RETRY_INFO_KEY, detail.value),)  # the Any's value: the RetryInfo's own bytes
+    context.abort_with_status(_Status(wire.code, wire.details, metadata))
     raise AssertionError("abort_with_status returned")  # (it always raises)
 
 
