@@ -16,8 +16,9 @@ Answers, as the OTLP specification's OTLP/gRPC section says (:func:`~.otlp_answe
 gzip (``grpc-encoding``) is gRPC's own business: the export arrives decompressed. The export arrives as bytes (no
 deserializer): the decoder parses it once, with the official classes, as it parses an HTTP body.
 
-Thread-safety: gRPC runs each call on a thread of the server's pool (``workers``); calls beyond those wait in
-gRPC's queue. ``stop`` once.
+Thread-safety: gRPC runs each call on a thread of the server's pool, as many threads as the service's
+``max_concurrent_requests`` (an HTTP connection has a thread of its own, and the same limit); calls beyond those wait
+in gRPC's queue. ``stop`` once.
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ class OtlpGrpcServer:
     """``TraceService/Export`` on ``host:port`` (0: any free port; :attr:`port` says which) for ``service``."""
 
     def __init__(self, service: IngestService, decoder: BodyDecoder, metrics: ServerMetrics, token: str | None,
-                 host: str, port: int, *, workers: int = 16) -> None:  # fmt: skip
+                 host: str, port: int) -> None:  # fmt: skip
         self._service = service
         self._decoder = decoder
         self._metrics = metrics
         self._token = token
         limit = service.options.max_decoded_bytes
         self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drainpipe-grpc"),
+            ThreadPoolExecutor(
+                max_workers=max(1, service.options.max_concurrent_requests), thread_name_prefix="drainpipe-grpc"
+            ),
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
