@@ -80,14 +80,27 @@ class Books:
     acked: set[str] = field(default_factory=set)
     refused: int = 0
     cut: int = 0  # no answer (connection reset by the kill)
+    in_flight: int = 0  # requests begun (attempted) and not yet settled
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def attempt(self, tag: str, client: int, n: int) -> str:
-        """The name of a client's ``n``-th request (its service), recorded as attempted."""
+        """A client's ``n``-th request begins: its name (its service), recorded as attempted and in flight."""
         name = f"{tag}-c{client}-{n}"
         with self.lock:
             self.attempted.add(name)
+            self.in_flight += 1
         return name
+
+    def settle(self, name: str, outcome: str) -> None:
+        """The request ``name`` ended: ``acked`` (answered 200), ``refused`` (any other answer) or ``cut`` (none)."""
+        with self.lock:
+            self.in_flight -= 1
+            if outcome == "acked":
+                self.acked.add(name)
+            elif outcome == "refused":
+                self.refused += 1
+            else:
+                self.cut += 1
 
 
 def _start_clients(client: Callable[[int], None], clients: int) -> list[threading.Thread]:
@@ -137,15 +150,10 @@ def export_until(address: str, books: Books, tag: str, clients: int, stop: threa
                     export(otlp_export(name, books.size), timeout=60)
                 except grpc.RpcError as err:
                     status = rpc_status.from_call(err)  # type: ignore[arg-type]
-                    with books.lock:
-                        if status is not None and status.details:
-                            books.refused += 1
-                        else:
-                            books.cut += 1
+                    books.settle(name, "refused" if status is not None and status.details else "cut")
                     stop.wait(0.05)
                     continue
-                with books.lock:
-                    books.acked.add(name)
+                books.settle(name, "acked")
 
     return _start_clients(client, clients)
 
@@ -170,19 +178,14 @@ def post_until(
                 r = conn.getresponse()
                 r.read()
             except (OSError, http.client.HTTPException):  # HTTPException: an answer cut mid-body by the kill
-                with books.lock:
-                    books.cut += 1
+                books.settle(name, "cut")
                 if conn is not None:
                     conn.close()
                 conn = None
                 if stop.wait(0.05):
                     return
                 continue
-            with books.lock:
-                if r.status == 200:
-                    books.acked.add(name)
-                else:
-                    books.refused += 1
+            books.settle(name, "acked" if r.status == 200 else "refused")
             if r.status != 200:
                 stop.wait(0.05)
 

@@ -40,6 +40,7 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
             threads = post_until(base, books, template, f"r{r}", 4, stop)
         try:
             time.sleep(rng.uniform(0.6, 2.0))
+            _until_in_flight(books)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -56,6 +57,15 @@ def test_kill_9_under_otlp_grpc_load_then_restart_stores_each_acknowledged_span_
     _kill_rounds(url, tmp_path / "wal", books, rounds=2, seed=5, grpc=True)
     _final_stop(url, tmp_path / "wal")
     _assert_exact(check(url, books), books)
+
+
+def _until_in_flight(books: Books, timeout_s: float = 5.0) -> None:
+    """Wait until a client is inside a request, so that the kill cuts one. The clients' requests share group commits,
+    so they are answered together and begin again together: a kill at a random moment could fall in that gap with
+    no request in flight, and the check that the kills cut requests failed (seen once in a fresh clone's run)."""
+    deadline = time.monotonic() + timeout_s
+    while books.in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.0002)
 
 
 def _final_stop(store_url: str, wal: Path, *extra: str) -> None:
