@@ -8,9 +8,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from drainpipe.errors import InputError
+from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
@@ -73,3 +75,39 @@ def test_an_access_log_needs_a_service(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--service"):
         run_local([str(tmp_path / "a.log")], definitions=default_definitions(),
                   store_url=f"duckdb:///{tmp_path / 's.duckdb'}")  # fmt: skip
+
+
+def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OTLP line is a whole export, so a block of ``batch_rows`` lines could hold tens of millions of events: a
+    block also ends at ``LINE_BLOCK_BYTES``. Shrunk to 8 KB here (about one export of the fixture, 20 access-log
+    lines), the files are cut into many blocks, none past the bound by more than its last line, and the store,
+    the rejects and their line numbers are those of the one-block read."""
+    from drainpipe.inputs import ReadStats, RejectList, Sink, read_part, records, request_rows, whole_file
+
+    paths, _ = telemetry_inputs(tmp_path)
+    options = InputOptions(service="web")
+
+    def read(path: str) -> tuple[list[pa.RecordBatch], list]:
+        rejects = RejectList()
+        blocks = list(read_part(whole_file(path, 65_536, options=options), Sink(path, ReadStats(), rejects)))
+        return [b for _, b in blocks], rejects.rows
+
+    def rows(blocks: list[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
+        """The requests and the exit rows (an OTLP block holds its requests first), each in file order."""
+        parts = [(b.slice(0, request_rows(b)), b.slice(request_rows(b))) for b in blocks]
+        return tuple(pa.Table.from_batches([p[k].replace_schema_metadata(None) for p in parts]) for k in (0, 1))
+
+    whole = {p: read(p) for p in paths}
+    url_a, url_b = f"duckdb:///{tmp_path / 'a.duckdb'}", f"duckdb:///{tmp_path / 'b.duckdb'}"
+    run_local(paths, definitions=default_definitions(), store_url=url_a, service="web", workers=0)
+    monkeypatch.setattr(records, "LINE_BLOCK_BYTES", 8 << 10)
+    for path in paths:
+        blocks, rejects = read(path)
+        assert len(whole[path][0]) == 1 and len(blocks) > 5, path  # one block before, many now
+        assert all(a.equals(b) for a, b in zip(rows(blocks), rows(whole[path][0]))), path
+        assert rejects == whole[path][1], path
+    run_local(paths, definitions=default_definitions(), store_url=url_b, service="web", workers=0)
+    for metric in ("service_cpm", "endpoint_cpm", "instance_cpm"):
+        assert cpm_by_entity(url_b, metric) == pytest.approx(cpm_by_entity(url_a, metric)), metric
