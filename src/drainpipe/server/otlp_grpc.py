@@ -55,10 +55,11 @@ class OtlpGrpcServer:
         self._metrics = metrics
         self._token = token
         limit = service.options.max_decoded_bytes
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, service.options.max_concurrent_requests), thread_name_prefix="drainpipe-grpc"
+        )
         self._server = grpc.server(
-            ThreadPoolExecutor(
-                max_workers=max(1, service.options.max_concurrent_requests), thread_name_prefix="drainpipe-grpc"
-            ),
+            self._pool,
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
@@ -83,6 +84,7 @@ class OtlpGrpcServer:
     def stop(self) -> None:
         """Stop at once: calls still running are cancelled (they were not answered, so their clients send again)."""
         self._server.stop(None).wait()
+        self._pool.shutdown(wait=False)  # gRPC does not own the pool: its idle threads would outlive the server
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
         t0 = time.perf_counter()
