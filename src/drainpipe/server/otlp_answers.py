@@ -31,7 +31,6 @@ JSON = "application/json"
 
 # google.rpc.Code by HTTP status (the gRPC <-> HTTP mapping)
 _CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 429: 8, 501: 12, 503: 14}
-_UNAVAILABLE = 14
 
 
 def content_type(json_body: bool) -> str:
@@ -65,7 +64,7 @@ def grpc_status(status: int, message: str, retry_after_s: int | None = None) -> 
     """An error of the ingest path (its HTTP status) as OTLP/gRPC answers it: throttling (429, 503) is
     ``UNAVAILABLE`` with ``RetryInfo`` (``retry_after_s``), anything else the mapped code without details."""
     if status in (429, 503):
-        answer = Status(code=_UNAVAILABLE, message=message)
+        answer = Status(code=_CODES[503], message=message)  # UNAVAILABLE: the spec's throttling code
         if retry_after_s is not None:
             detail = any_pb2.Any()
             detail.Pack(RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry_after_s)))

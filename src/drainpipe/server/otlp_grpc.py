@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 from google.rpc.error_details_pb2 import RetryInfo
@@ -91,8 +91,8 @@ class OtlpGrpcServer:
         t0 = time.perf_counter()
         status = 200
         try:
-            metadata = dict(context.invocation_metadata())
-            if not bearer_ok(_text(metadata.get("authorization")), self._token):
+            metadata = dict(context.invocation_metadata())  # (a key not ending in -bin has a str value)
+            if not bearer_ok(metadata.get("authorization"), self._token):
                 status = 401
                 _abort(context, status, "missing or bad bearer token")
             svc = self._service
@@ -133,7 +133,3 @@ def _abort(context: grpc.ServicerContext, status: int, message: str, retry_after
             metadata += ((RETRY_INFO_KEY, detail.value),)  # the Any's value: the RetryInfo's own bytes
     context.abort_with_status(_Status(wire.code, wire.details, metadata))
     raise AssertionError("abort_with_status returned")  # (it always raises)
-
-
-def _text(value: Any) -> str | None:
-    return value.decode("latin-1") if isinstance(value, bytes) else value
