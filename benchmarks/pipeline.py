@@ -659,7 +659,7 @@ def _rows_of(db: Path) -> tuple[list[tuple], list[tuple]]:
     """A contender's value and top-N rows, time_bucket as ISO text (what the store's query API gives)."""
     import duckdb
 
-    from drainpipe.pipeline.functions import iso_from_ms, ms_from_bucket
+    from drainpipe.pipeline.times import iso_from_ms, ms_from_bucket
 
     def rows(sql: str) -> list[tuple]:
         table = con.sql(sql).to_arrow_table()

@@ -144,7 +144,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     from .pipeline.definitions import definitions_from
-    from .pipeline.store import open_store, parse_time
+    from .pipeline.store import open_store
+    from .pipeline.times import parse_time
 
     retention = definitions_from(args.metrics).retention.with_flags(args.retention)
     now = None

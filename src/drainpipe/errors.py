@@ -15,7 +15,12 @@
     ├── SparkSetupError (ValueError)    Spark cannot run here: no usable Java or pyspark
     ├── SparkJobError (ValueError)      a Spark job failed for a reason other than its input
     ├── StatsError                      ``drainpipe stats`` cannot read the server
-    └── IngestRefused                   ``drainpipe serve`` has no room for a request now (HTTP 429/503 + Retry-After)
+    ├── OtlpError (ValueError)          a body or file line is not an OTLP trace export at all
+    ├── LogFull                         the serve write-ahead log cannot take a record now (budget used, disk full)
+    ├── ChannelClosed (EOFError)        the other end of a helper process's channel is gone (it died or closed)
+    └── RequestRefused                  ``drainpipe serve`` answers a request with an error: ``status`` and ``message``
+        ├── BadBody                     the body cannot be accepted (400, 411, 413, 501)
+        └── IngestRefused               no room for the request now (429/503 with ``retry_after``)
 
 Every message is one line that says what is wrong and, where it helps, what to do. The ``ValueError`` and
 ``RuntimeError`` bases keep the contracts that name those builtins (a bad ``BatchQueueConfig`` raises
@@ -30,6 +35,8 @@ dead letter with a reason.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "DrainpipeError",
     "ConfigError",
@@ -42,7 +49,13 @@ __all__ = [
     "SparkSetupError",
     "SparkJobError",
     "StatsError",
+    "OtlpError",
+    "LogFull",
+    "ChannelClosed",
+    "RequestRefused",
+    "BadBody",
     "IngestRefused",
+    "first_line",
 ]
 
 
@@ -91,11 +104,49 @@ class StatsError(DrainpipeError):
     """The server could not be read."""
 
 
-class IngestRefused(DrainpipeError):
-    """The pipeline has no room for a request now: answer ``status`` (429 or 503) with ``Retry-After``."""
+class OtlpError(DrainpipeError, ValueError):
+    """A body that is not an OTLP trace export at all (undecodable protobuf, invalid JSON): one line."""
 
-    def __init__(self, status: int, reason: str, retry_after: int) -> None:
-        super().__init__(reason)
+
+class LogFull(DrainpipeError):
+    """The log cannot take a record now: its byte budget is used up (the store is behind) or the disk is full."""
+
+
+class ChannelClosed(DrainpipeError, EOFError):
+    """The other end of a helper process's channel is gone (it exited, was killed, or closed the channel)."""
+
+
+class RequestRefused(DrainpipeError):
+    """A request the server answers with an error: ``status`` (an HTTP status) and a one-line ``message``.
+
+    The HTTP and gRPC front ends map it, at one place each, to their answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
         self.status = status
-        self.reason = reason
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the constructor's arguments are not ``args``
+        return (type(self), (self.status, self.message))
+
+
+class BadBody(RequestRefused):
+    """A body that cannot be accepted (400 malformed, 411/413/501 framing and size): nothing was taken from it."""
+
+
+class IngestRefused(RequestRefused):
+    """No room for a request now: answer ``status`` (429 or 503) with ``Retry-After: retry_after``."""
+
+    def __init__(self, status: int, message: str, retry_after: int) -> None:
+        super().__init__(status, message)
         self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.message, self.retry_after))
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name when it has none): how a foreign exception (a database
+    driver's, Spark's) becomes the one-line message of a drainpipe error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -25,9 +25,7 @@ from drainpipe.pipeline.functions import (
     finalize_table,
     from_state_table,
     from_topn_table,
-    iso_from_ms,
     merge,
-    ms_from_iso,
     normalize,
     partial_type,
     piece_of,
@@ -37,6 +35,7 @@ from drainpipe.pipeline.functions import (
     to_state_table,
     to_topn_table,
 )
+from drainpipe.pipeline.times import iso_from_ms, ms_from_iso
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 MIN = 60_000

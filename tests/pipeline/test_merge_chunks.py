@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-import drainpipe.pipeline.store as store_module
+import drainpipe.pipeline.store.sql as store_module
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.functions import aggregate_batch

@@ -16,7 +16,8 @@ import pytest
 from drainpipe.errors import StoreError
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
-from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store, parse_time
+from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store
+from drainpipe.pipeline.times import parse_time
 from eventdata import T0, ingest, same_values, store_events
 
 generated = store_events

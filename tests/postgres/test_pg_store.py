@@ -40,7 +40,7 @@ def reference() -> Store:
 
 
 def test_open_store_dispatches_to_postgres(pg_url: str) -> None:
-    from drainpipe.pipeline.postgres_store import PostgresStore
+    from drainpipe.pipeline.store import PostgresStore
 
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert isinstance(store, PostgresStore) and isinstance(store, Store)
@@ -347,7 +347,7 @@ def test_a_long_merge_probes_the_growing_tables_by_index(pg_url: str, monkeypatc
     probe of each write batch's keys must stay an index lookup as the tables grow in it: planned as if they were
     small (a staging table emptied by DELETE looked 20x its size), it hashed the keys and scanned the whole table
     per batch: quadratic."""
-    import drainpipe.pipeline.store as store_module
+    import drainpipe.pipeline.store.sql as store_module
 
     monkeypatch.setattr(store_module, "_WRITE_ROWS", 30_000)
     definitions = DEFAULT_DEFINITIONS

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from drainpipe.server.channel import BASE_BYTES, Channel, ChannelClosed
+from drainpipe.errors import ChannelClosed
+from drainpipe.server.channel import BASE_BYTES, Channel
 
 
 def _pair() -> tuple[Channel, Channel]:

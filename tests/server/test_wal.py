@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.errors import DrainpipeError
+from drainpipe.errors import DrainpipeError, LogFull
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.server import wal as wal_module
-from drainpipe.server.wal import MAGIC, SUFFIX, LogFull, MemoryLog, WriteAheadLog
+from drainpipe.server.wal import MAGIC, SUFFIX, MemoryLog, WriteAheadLog
 
 
 def batch(n: int, tag: int = 0) -> pa.RecordBatch:

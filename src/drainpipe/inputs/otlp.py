@@ -39,6 +39,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from ..errors import OtlpError
 from .endpoints import EndpointRules
 from .options import InputOptions
 from .records import EVENT_SCHEMA, LATENCY_MAX_MS, ReadStats, join_events, mark_requests
@@ -50,15 +51,11 @@ except ImportError:  # a Spark executor's zip of drainpipe's Python modules hold
     from ._spanmap_fallback import classify, pick
 from .spans import KINDS, SpanMapping
 
-__all__ = ["OtlpError", "TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
+__all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
 UNKNOWN_SERVICE = "unknown_service"
-
-
-class OtlpError(ValueError):
-    """A body that is not an OTLP trace export at all (undecodable protobuf, invalid JSON): one line."""
 
 
 @dataclass

@@ -36,12 +36,12 @@ from typing import Any
 import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
-from ..errors import StoreUnavailable
+from ..errors import StoreUnavailable, first_line
 from ..inputs import request_rows
 from .cardinality import EntityGuard
 from .definitions import Definitions
 from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
-from .store import FileProgress, first_line
+from .store import FileProgress
 
 log = logging.getLogger("drainpipe.engine")
 

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 from ..inputs.records import request_rows
 from .buckets import GRANULARITIES, GRANULARITY_MS, PERCENTILE_LABELS, PERCENTILES, TOPN_BUCKET_MS
 from .definitions import FUNCTIONS, Definition, Definitions, MetricDef, TopNDef
+from .times import BUCKET_TIME, iso_from_ms, ms_from_bucket
 
 __all__ = [
     "GRANULARITY_MS",
@@ -88,17 +89,10 @@ __all__ = [
     "from_state_table",
     "to_topn_table",
     "from_topn_table",
-    "iso_from_ms",
-    "ms_from_iso",
-    "BUCKET_TIME",
-    "ms_from_bucket",
 ]
 
 VALUE_COLUMNS: tuple[str, ...] = ("metric", "entity", "granularity", "time_bucket", "label", "value")
 TOPN_COLUMNS: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
-_ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-#: how stores hold a bucket start: an instant (SQL ``TIMESTAMP WITH TIME ZONE``), here in UTC milliseconds
-BUCKET_TIME = pa.timestamp("ms", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -874,26 +868,6 @@ def split_partial(partial: P, max_rows: int) -> list[P]:
 
 
 # --------------------------------------------------------------------------------------------- finalize
-
-
-def iso_from_ms(ms: np.ndarray | pa.Array) -> pa.Array:
-    """Epoch milliseconds (whole seconds) -> ISO-8601 UTC strings ``YYYY-MM-DDTHH:MM:SSZ``."""
-    encoded = pc.dictionary_encode(pa.array(np.asarray(ms, dtype=np.int64) // 1000, pa.int64()))
-    text = pc.strftime(encoded.dictionary.cast(pa.timestamp("s")), format=_ISO_FORMAT)
-    return text.take(encoded.indices)  # formats each distinct bucket once
-
-
-def ms_from_iso(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """ISO-8601 UTC strings ``YYYY-MM-DDTHH:MM:SSZ`` -> epoch milliseconds."""
-    parsed = pc.strptime(values, format=_ISO_FORMAT, unit="s")
-    return parsed.cast(pa.int64()).to_numpy(zero_copy_only=False) * 1000
-
-
-def ms_from_bucket(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Bucket starts as a store gives them back (timestamps of any unit and zone, or ISO text) -> epoch ms."""
-    if pa.types.is_timestamp(values.type):
-        return values.cast(BUCKET_TIME).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    return ms_from_iso(values)
 
 
 def _apdex_values(ok: np.ndarray, tol: np.ndarray, n: np.ndarray) -> np.ndarray:

@@ -21,10 +21,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import ChannelClosed
 from ..inputs import batch_from_ipc, request_rows
 from ..pipeline.definitions import Definitions
 from ..pipeline.functions import Partial, aggregate_batch
-from .channel import ChannelClosed, Helper
+from .channel import Helper
 
 __all__ = ["AGGREGATE_TIMEOUT_S", "Aggregator"]
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import StoreError, StoreUnavailable
 from ..pipeline.alerts import AlertRule, complete_buckets, evaluate, rule_fields
-from ..pipeline.store import parse_time, parse_time_ms
+from ..pipeline.times import parse_time, parse_time_ms
 
 __all__ = ["Alerter", "WebhookNotifier"]
 

@@ -25,10 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import BadBody, ChannelClosed, OtlpError
 from ..inputs import batch_from_ipc, request_rows, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
-from .channel import ChannelClosed, Helper
+from .channel import Helper
 
 __all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
 
@@ -37,15 +38,6 @@ log = logging.getLogger("drainpipe.server")
 INLINE_BYTES = 16 << 10  # bodies smaller than this are parsed in the request thread
 
 Rejects = list[tuple[int, str]]
-
-
-class BadBody(Exception):
-    """A body that cannot be accepted: ``status`` (400, 413) and a one-line ``message``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, message)
-        self.status = status
-        self.message = message
 
 
 def _reject_constant(name: str) -> Any:
@@ -124,7 +116,7 @@ def decode_body(
         if batch.num_rows + len(rejects) > max_events:
             raise BadBody(413, f"more than {max_events} events in one request")
         return batch, rejects
-    from ..inputs.otlp import OtlpError, decode_traces
+    from ..inputs.otlp import decode_traces
 
     try:
         result = decode_traces(body, json_body=form == "otlp-json", mapping=spans or SpanMapping(),

@@ -29,6 +29,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ChannelClosed
+
 __all__ = ["BASE_BYTES", "Channel", "ChannelClosed", "Helper"]
 
 Buffer = bytes | bytearray | memoryview  # a payload (an Arrow buffer as ``memoryview(buffer)``)
@@ -37,10 +39,6 @@ Buffer = bytes | bytearray | memoryview  # a payload (an Arrow buffer as ``memor
 BASE_BYTES = 4 << 20
 _FRAME = struct.Struct("<QQQ")  # header length, payload length, the shared file's size
 _READ = 64 << 10
-
-
-class ChannelClosed(EOFError):
-    """The other end is gone (it exited, was killed, or closed the channel)."""
 
 
 def _memory_file() -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..pipeline.buckets import GRANULARITY_MS
 from ..pipeline.definitions import Definitions, MetricDef
-from ..pipeline.store import parse_time, parse_time_ms
+from ..pipeline.times import parse_time, parse_time_ms
 from .service import display_format
 
 __all__ = ["RANGES", "service_view"]

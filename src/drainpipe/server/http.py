@@ -57,9 +57,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IngestRefused, StoreError
+from ..errors import BadBody, IngestRefused, StoreError
 from .auth import bearer_ok
-from .bodies import BadBody, BodyDecoder
+from .bodies import BodyDecoder
 from .dashboard import PAGE
 from .drilldown import service_view
 from .metrics import ServerMetrics
@@ -220,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             svc.enter()
         except IngestRefused as r:
             self.close_connection = True
-            self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
+            self._error(r.status, r.message, {"Retry-After": str(r.retry_after)})
             return
         self.server.in_flight.add(self.connection)
         try:
@@ -283,7 +283,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(exc.status, exc.message)
             return
         except IngestRefused as r:
-            self._error(r.status, r.reason, {"Retry-After": str(r.retry_after)})
+            self._error(r.status, r.message, {"Retry-After": str(r.retry_after)})
             return
         if otlp:
             self._send(200, export_answer(rejects, bool(self.otlp_json)), content_type(bool(self.otlp_json)))

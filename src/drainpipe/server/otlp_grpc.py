@@ -31,9 +31,9 @@ import grpc
 from google.rpc.error_details_pb2 import RetryInfo
 from grpc_status import rpc_status
 
-from ..errors import IngestRefused
+from ..errors import BadBody, IngestRefused
 from .auth import bearer_ok
-from .bodies import BadBody, BodyDecoder
+from .bodies import BodyDecoder
 from .metrics import ServerMetrics
 from .otlp_answers import GRPC_EXPORT_PATH, GRPC_SERVICE, export_answer, grpc_status
 from .service import IngestService
@@ -100,7 +100,7 @@ class OtlpGrpcServer:
                 svc.enter()
             except IngestRefused as r:
                 status = r.status
-                _abort(context, status, r.reason, r.retry_after)
+                _abort(context, status, r.message, r.retry_after)
             try:
                 _, rejects = svc.ingest(self._decoder, body, form="otlp-protobuf", gzipped=False)
             except BadBody as exc:
@@ -108,7 +108,7 @@ class OtlpGrpcServer:
                 _abort(context, status, exc.message)
             except IngestRefused as r:
                 status = r.status
-                _abort(context, status, r.reason, r.retry_after)
+                _abort(context, status, r.message, r.retry_after)
             finally:
                 svc.leave()
                 self._metrics.ingest_latency.observe(time.perf_counter() - t0)

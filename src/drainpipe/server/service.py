@@ -34,17 +34,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import IngestRefused, StoreError, StoreUnavailable
+from ..errors import IngestRefused, LogFull, StoreError, StoreUnavailable
 from ..pipeline.definitions import Definitions, MetricDef
 from ..pipeline.engine import EngineOptions, LocalEngine
-from ..pipeline.functions import iso_from_ms
 from ..pipeline.retention import Retention
+from ..pipeline.times import iso_from_ms
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .bodies import BodyDecoder, Rejects
 from .feeder import Feeder
 from .red import RedMetrics
-from .wal import EventLog, LogFull, MemoryLog
+from .wal import EventLog, MemoryLog
 
 log = logging.getLogger("drainpipe.server")
 

@@ -44,7 +44,7 @@ from typing import BinaryIO, Protocol
 
 import pyarrow as pa
 
-from ..errors import DrainpipeError
+from ..errors import DrainpipeError, LogFull
 from ..inputs import EVENT_SCHEMA, batch_from_ipc, request_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog", "Repair", "WriteAheadLog"]
@@ -58,10 +58,6 @@ SUFFIX = ".wal"
 ID_FILE = "log.id"
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: at about 60 bytes an event, some 70 million events (minutes at full load)
 DEFAULT_SEGMENT_BYTES = 64 << 20
-
-
-class LogFull(DrainpipeError):
-    """The log cannot take a record now: its byte budget is used up (the store is behind) or the disk is full."""
 
 
 @dataclass(frozen=True)

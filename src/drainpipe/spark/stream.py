@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from drainpipe.errors import InputError
+from drainpipe.errors import InputError, first_line
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.store import DEFAULT_STORE_URL
@@ -284,7 +284,7 @@ def _await(query: Any, timeout_s: float | None) -> None:
         else:
             query.awaitTermination(timeout_s)
     except StreamingQueryException as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = first_line(exc)
         raise RuntimeError(f"stream failed: {message}") from exc
     finally:
         if query.isActive:

@@ -71,30 +71,22 @@ finds it applied and skips it; were the lock missing, the key would still make i
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib
 import json
 import logging
-import os
-import re
 import threading
 import time
-import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import StoreError
-from .definitions import Definition, signature
-from .functions import (
+from ...errors import StoreError, first_line
+from ..definitions import Definition, signature
+from ..functions import (
     GRANULARITIES,
-    PIECE_MARK,
     TOPN_COLUMNS,
     VALUE_COLUMNS,
     MetricPartial,
@@ -103,32 +95,17 @@ from .functions import (
     finalize_table,
     from_state_table,
     from_topn_table,
-    iso_from_ms,
     merge,
-    ms_from_bucket,
-    piece_of,
     rollup,
     source_root,
     to_state_table,
     to_topn_table,
 )
-from .retention import Retention
+from ..retention import Retention
+from ..times import instant, iso_from_ms, ms_from_bucket
+from .ledger import Ledger
+from .protocol import FileProgress, MergeReport, PurgeReport
 
-__all__ = [
-    "DEFAULT_STORE_URL",
-    "MergeReport",
-    "PurgeReport",
-    "FileProgress",
-    "Store",
-    "SqlStore",
-    "DuckDBStore",
-    "is_new_store",
-    "open_store",
-    "parse_time",
-    "parse_time_ms",
-]
-
-DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
 log = logging.getLogger("drainpipe.store")
 
 
@@ -174,169 +151,6 @@ _STAGED_TOPN = (
     "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.name AND k.entity = t.entity"
     " AND k.time_bucket = t.time_bucket)"
 )
-
-
-@dataclass(frozen=True)
-class FileProgress:
-    """How far one input file is applied for one definition, recorded in the same transaction as the states it
-    brought (so a killed run leaves each file applied up to a part boundary, for every definition alike).
-
-    ``fid`` names the file (see :mod:`drainpipe.pipeline.progress`); ``head`` and ``node`` are what it is looked up
-    by; ``end``/``lines`` say where the applied data ends (bytes and lines of a text file, rows of Parquet; ``-1``:
-    the whole of an immutable file); ``prefix`` is the SHA-256 of a text file's bytes before ``end``."""
-
-    fid: str
-    name: str
-    head: str
-    node: str
-    path: str
-    end: int
-    lines: int
-    prefix: str = ""
-
-
-@dataclass(frozen=True)
-class PurgeReport:
-    """What one :meth:`SqlStore.purge` did: the time it purged for, and rows deleted per table."""
-
-    now_ms: int
-    deleted: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.deleted.values())
-
-
-@dataclass(frozen=True)
-class MergeReport:
-    """What one :meth:`Store.merge` call did."""
-
-    applied: int  # partials merged
-    skipped: int  # partials skipped because all their (source, name) pairs were applied before
-
-
-@runtime_checkable
-class Store(Protocol):
-    """Where metric states and values live. Implementations are thread-safe."""
-
-    def merge(
-        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
-    ) -> MergeReport:
-        """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
-
-        With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
-        and day buckets. With ``rollup=False`` each partial updates its own granularity only; then one call
-        must carry all granularities of its sources (a source is recorded as applied by the call).
-        """
-        ...
-
-    def merge_chunks(
-        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
-    ) -> MergeReport:
-        """:meth:`merge` for states too large to hold at once: ``chunks`` (minute metric states and top-N rows of
-        ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
-        one transaction, so memory holds a chunk and not the whole output. Chunks of one definition may share keys.
-        """
-        ...
-
-    def applied(self, source: str) -> frozenset[str]:
-        """Names of the definitions whose states already contain all of input batch ``source``."""
-        ...
-
-    def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
-        """Delete, in one transaction, what ``retention`` no longer keeps at ``now_ms`` (default: now), the ledger
-        included (see :mod:`drainpipe.pipeline.retention`)."""
-        ...
-
-    def reclaim(self) -> None:
-        """Make the space of deleted rows reusable now."""
-        ...
-
-    def size_bytes(self) -> int:
-        """The space the store takes."""
-        ...
-
-    def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
-        """Whether ``source`` is applied for every one of ``names`` (default: every definition the store has
-        seen; pass the run's ``Definitions.names``)."""
-        ...
-
-    def has_sources(self, prefix: str) -> bool:
-        """Whether any applied source starts with ``prefix`` (one query: lets a reader skip per-batch checks for
-        an input none of whose batches was stored before)."""
-        ...
-
-    def register(self, definitions: Iterable[Definition]) -> None:
-        """Check each definition against the one stored under its name (and record new ones), before any data is
-        read; :class:`StoreError` naming the first that was stored with a different definition."""
-        ...
-
-    def file_progress(self, head: str, node: str) -> list[FileProgress]:
-        """The progress rows of files with this head fingerprint or this device/inode."""
-        ...
-
-    def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
-        """The partials still to merge: those whose sources are all applied are dropped; a partial whose
-        sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
-        :func:`~drainpipe.pipeline.functions.split_partial`) with it before merging them with others."""
-        ...
-
-    def query(
-        self,
-        metric: str | None = None,
-        entity: str | None = None,
-        granularity: str | None = None,
-        start: Any = None,
-        end: Any = None,
-        entity_prefix: str | None = None,
-    ) -> list[tuple[str, str, str, str, str, float]]:
-        """Value rows ``(metric, entity, granularity, time_bucket, label, value)`` ordered by those columns;
-        ``start``/``end`` (ISO-8601 text, datetime or epoch ms) bound ``time_bucket`` inclusively;
-        ``entity_prefix`` keeps the entities starting with it (``"checkout/"``: the service's endpoints and
-        instances)."""
-        ...
-
-    def query_topn(
-        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
-    ) -> list[tuple[str, str, str, int, str, float]]:
-        """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns."""
-        ...
-
-    def stored_names(self) -> dict[str, str]:
-        """The definitions the store holds states of: name -> ``"metric"`` or ``"topn"``."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def parse_time(value: Any) -> str:
-    """A time bound (ISO-8601 text with optional offset, a date, a datetime or epoch ms) as bucket text."""
-    if isinstance(value, bool):
-        raise StoreError(f"bad time {value!r}: expected ISO-8601 (2026-11-21T10:05:00Z) or epoch milliseconds")
-    if isinstance(value, int):
-        return str(iso_from_ms(np.array([value - value % 1000]))[0])
-    if isinstance(value, str):
-        try:
-            value = _dt.datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise StoreError(f"bad time {value!r}: expected ISO-8601 like 2026-11-21T10:05:00Z") from None
-    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
-        value = _dt.datetime(value.year, value.month, value.day)
-    if not isinstance(value, _dt.datetime):
-        raise StoreError(f"bad time {value!r}: expected ISO-8601 (2026-11-21T10:05:00Z) or epoch milliseconds")
-    if value.tzinfo is not None:
-        value = value.astimezone(_dt.UTC).replace(tzinfo=None)
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time_ms(value: Any) -> int:
-    """:func:`parse_time` as epoch milliseconds (of the whole second)."""
-    return int(_instant(value).timestamp()) * 1000
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class SqlStore:
@@ -482,12 +296,12 @@ class SqlStore:
                 for table in ("metric_state", "metric_values"):
                     deleted[table] += self._delete(
                         f"DELETE FROM {table} WHERE granularity = ? AND time_bucket < ?",
-                        (granularity, _instant(cutoff)),
+                        (granularity, instant(cutoff)),
                     )
             topn = retention.topn_cutoff(now)
             if topn is not None:
                 deleted["topn_values"] += self._delete(
-                    "DELETE FROM topn_values WHERE time_bucket < ?", (_instant(topn),)
+                    "DELETE FROM topn_values WHERE time_bucket < ?", (instant(topn),)
                 )
             ledger = retention.ledger_cutoff(now)
             if ledger is not None:
@@ -695,7 +509,7 @@ class SqlStore:
         a source's minute, hour and day states (``rollup=False``) and they are not duplicates of each other.
         """
         stored = self._ledger({source for p in parts for source in p.sources})
-        call = _Ledger(())
+        call = Ledger(())
         first: dict[tuple[str, str], Partial] = {}
         fresh: list[Partial] = []
         pairs: set[tuple[str, str]] = set()
@@ -726,14 +540,14 @@ class SqlStore:
             fresh.append(part)
         return fresh, pairs
 
-    def _ledger(self, sources: set[str]) -> _Ledger:
+    def _ledger(self, sources: set[str]) -> Ledger:
         """The recorded (source, name) pairs that bear on ``sources`` (everything under their roots)."""
         if not sources:
-            return _Ledger(())
+            return Ledger(())
         roots = sorted({source_root(s) for s in sources})
         self._stage("stage_sources", pa.table({"root": roots}, schema=_ROOT_SCHEMA))
         rows = self._fetchall("SELECT a.source, a.name FROM applied_sources a JOIN stage_sources s ON a.root = s.root")
-        return _Ledger(rows)
+        return Ledger(rows)
 
     def _record(self, pairs: set[tuple[str, str]]) -> None:
         if pairs:
@@ -882,63 +696,6 @@ _APPLIED_SCHEMA = pa.schema(
 )
 
 
-class _Ledger:
-    """Recorded (source, name) pairs and what they say about a source: applied, partly applied or new.
-
-    A source is applied for a name when it or an ancestor is recorded, or when, for some k, each of its k
-    pieces ``"<source> ~i/k"`` is applied; it is partly applied when only some of that holds.
-    """
-
-    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
-        self.names: set[str] = set()
-        self._pairs: set[tuple[str, str]] = set()
-        self._pieces: dict[tuple[str, str], dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
-        self._touched: set[tuple[str, str]] = set()
-        for source, name in pairs:
-            self.add(source, name)
-
-    def add(self, source: str, name: str) -> None:
-        self.names.add(name)
-        self._pairs.add((source, name))
-        self._touched.add((source, name))
-        while (piece := piece_of(source)) is not None:
-            source, i, k = piece
-            self._pieces[(source, name)][k].add(i)
-            self._touched.add((source, name))
-
-    def applied(self, source: str, name: str) -> bool:
-        ancestor: str | None = source
-        while ancestor is not None:
-            if (ancestor, name) in self._pairs:
-                return True
-            piece = piece_of(ancestor)
-            ancestor = piece[0] if piece else None
-        return self._covered_by_pieces(source, name)
-
-    def _covered_by_pieces(self, source: str, name: str) -> bool:
-        for k, _seen in self._pieces.get((source, name), {}).items():
-            if all(
-                (piece := f"{source}{PIECE_MARK}{i}/{k}", name) in self._pairs or self._covered_by_pieces(piece, name)
-                for i in range(1, k + 1)
-            ):
-                return True
-        return False
-
-    def _touches(self, source: str, name: str) -> bool:
-        return (source, name) in self._touched or self.applied(source, name)
-
-    def state(self, sources: Iterable[str], name: str) -> str:
-        """ "applied" (every source applied; also for no sources: "new"), "new" (none touched) or "partly"."""
-        sources = list(sources)
-        if not sources:
-            return "new"
-        if all(self.applied(s, name) for s in sources):
-            return "applied"
-        if any(self._touches(s, name) for s in sources):
-            return "partly"
-        return "new"
-
-
 _KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 #: the tables whose time_bucket is a timestamp (stage_keys is temporary: created with the type)
 _TIME_TABLES = ("metric_state", "metric_values", "topn_values")
@@ -947,12 +704,6 @@ _TIME_TABLES = ("metric_state", "metric_values", "topn_values")
 def _like_prefix(prefix: str) -> str:
     """A LIKE pattern (with ``ESCAPE '\\'``) matching the strings that start with ``prefix``."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _instant(value: Any) -> _dt.datetime:
-    """A time bound (as :func:`parse_time` takes it) as an aware UTC datetime, the parameter type that both
-    databases compare with a TIMESTAMPTZ column."""
-    return _dt.datetime.strptime(parse_time(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.UTC)
 
 
 def _rows(table: pa.Table) -> list[tuple[Any, ...]]:
@@ -992,192 +743,12 @@ def _split(stored: pa.Table, name_column: str, keys: list[tuple[str, str | None]
 def _filters(equal: list[tuple[str, Any]], start: Any, end: Any) -> tuple[str, list[Any]]:
     clauses = [(sql, value) for sql, value in equal if value is not None]
     if start is not None:
-        clauses.append(("time_bucket >= ?", _instant(start)))
+        clauses.append(("time_bucket >= ?", instant(start)))
     if end is not None:
-        clauses.append(("time_bucket <= ?", _instant(end)))
+        clauses.append(("time_bucket <= ?", instant(end)))
     if not clauses:
         return "", []
     return " WHERE " + " AND ".join(sql for sql, _ in clauses), [value for _, value in clauses]
 
 
 #: DuckDB options a store sets unless its URL says otherwise. No table of a store has a meaningful row order (every
-#: read sorts), and without it DuckDB inserts a merge's rows in parallel and writes them to the file at commit
-#: instead of through the log: a 622k-row merge and close took 0.56 s instead of 0.86 s.
-_DUCKDB_DEFAULTS = {"preserve_insertion_order": "false"}
-
-
-class DuckDBStore(SqlStore):
-    """A store in an embedded DuckDB database file (or ``:memory:``)."""
-
-    def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
-        """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``
-        takes them."""
-        super().__init__()
-        import duckdb
-
-        self.path = path
-        self._duckdb = duckdb
-        fresh = path == ":memory:" or not os.path.exists(path)  # nothing to migrate in a new database
-        try:
-            self._con = duckdb.connect(path, config={**_DUCKDB_DEFAULTS, **(config or {})})
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
-        self._staged: dict[str, pa.Table] = {}
-        try:
-            self._create_schema(migrate=not fresh)
-        except duckdb.Error as exc:
-            self._con.close()
-            raise StoreError(f"cannot use duckdb store {path!r}: {first_line(exc)}") from None
-
-    def __repr__(self) -> str:
-        return f"DuckDBStore({self.path!r})"
-
-    def _backend_errors(self) -> tuple[type[BaseException], ...]:
-        return (self._duckdb.Error,)
-
-    # Arrow tables reach DuckDB through relations (from_arrow), never through register(): a registered view is a
-    # catalog entry, and DuckDB keeps a dropped entry, with the Arrow table it holds, until the transaction commits.
-    # So a long merge (a Spark job's whole output in one transaction) kept every batch it had inserted or staged:
-    # 9.3 GB for 5M minute state rows. Staging into a temporary table is no better: DuckDB also keeps every row
-    # version a transaction deletes until it commits. A statement that reads a staged relation runs as a query
-    # over it instead (DuckDBPyRelation.query binds the name for that one statement).
-    _STAGING_DDL = ()
-
-    def _stage(self, name: str, rows: pa.Table) -> None:
-        self._staged[name] = rows
-
-    def _over_staged(self, sql: str, params: Sequence[Any]) -> Any:
-        """``sql`` run as a query over the staged relation it reads (a DELETE runs at once; a SELECT gives a relation
-        to fetch), or None when it reads none."""
-        for name, rows in self._staged.items():
-            if re.search(rf"\b{name}\b", sql):
-                if params:
-                    raise ValueError("a statement over a staged relation takes no parameters")
-                return self._con.from_arrow(rows).query(name, sql)
-        return None
-
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        if self._over_staged(sql, params) is None:
-            self._con.execute(sql, list(params))
-
-    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        staged = self._over_staged(sql, params)
-        return staged.fetchall() if staged is not None else self._con.execute(sql, list(params)).fetchall()
-
-    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        staged = self._over_staged(sql, params)
-        return (staged if staged is not None else self._con.sql(sql, params=list(params))).to_arrow_table()
-
-    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
-        if rows.num_rows:
-            self._con.from_arrow(rows).insert_into(table_name)
-
-    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
-        row = self._con.execute(sql, list(params)).fetchone()
-        return int(row[0]) if row else 0
-
-    def _reclaim(self) -> None:
-        self._con.execute("CHECKPOINT")  # deleted row groups' blocks become free for reuse in the file
-
-    def _size_bytes(self) -> int:
-        if self.path == ":memory:":
-            row = self._con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
-            return int(row[0] or 0) if row else 0
-        return sum(os.path.getsize(p) for p in (self.path, self.path + ".wal") if os.path.exists(p))
-
-    def _close(self) -> None:
-        self._con.close()
-
-
-def _duckdb_path(url: str, rest: str) -> str:
-    rest = rest.partition("?")[0]  # the options: _duckdb_config
-    if not rest.startswith("/"):
-        raise StoreError(
-            f"bad store URL {url!r}: a duckdb URL has no host; use duckdb:///relative.duckdb or duckdb:////abs/path.duckdb"
-        )
-    path = urllib.parse.unquote(rest[1:])
-    if not path or path.endswith("/"):
-        raise StoreError(f"bad store URL {url!r}: no database file after duckdb:///")
-    if path == ":memory:":
-        return path
-    parent = os.path.dirname(path)
-    if parent and not os.path.isdir(parent):
-        hint = ""
-        if not os.path.isabs(path) and os.path.isdir(os.path.dirname("/" + path)):
-            hint = f"; for the absolute path /{path} use four slashes: duckdb:////{path}"
-        raise StoreError(f"cannot open duckdb store {path!r}: directory {parent!r} does not exist{hint}")
-    return path
-
-
-def _duckdb_config(url: str) -> dict[str, str]:
-    """``duckdb:///file.duckdb?memory_limit=1GB&threads=2``: DuckDB configuration options, given to
-    ``duckdb.connect`` as they are (DuckDB checks them: an unknown one fails the open)."""
-    query = url.partition("?")[2]
-    try:
-        return dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        raise StoreError(f"bad store URL {url!r}: options are ?name=value&name=value") from None
-
-
-def duckdb_path(url: str) -> str:
-    """The file (or ``:memory:``) a ``duckdb:///...`` store URL names; :class:`StoreError` for a bad one."""
-    return _duckdb_path(url, url.strip().partition("://")[2])
-
-
-def is_new_store(url: str | None) -> bool:
-    """Whether opening ``url`` would create an empty store: an embedded (DuckDB) file that does not exist yet in a
-    directory that does, or ``duckdb:///:memory:``. False for anything else, a bad URL included (opening it says
-    what is wrong). Another process may create the file meanwhile: callers check what they assumed."""
-    url = (DEFAULT_STORE_URL if url is None else url).strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "duckdb":
-        return False
-    try:
-        path = _duckdb_path(url, rest)
-    except StoreError:
-        return False
-    return path == ":memory:" or not os.path.exists(path)
-
-
-def _open_postgresql(url: str) -> Store:
-    try:
-        module = importlib.import_module(f"{__package__}.postgres_store")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.postgres_store":
-            raise StoreError(f"postgresql store unavailable: {first_line(exc)}") from None
-        raise StoreError("postgresql stores are not available in this build") from None
-    return module.PostgresStore.from_url(url)
-
-
-def open_store(url: str | None = None, *, must_exist: bool = False) -> Store:
-    """Open (creating if needed) the store at ``url``; :class:`StoreError` for a bad URL or unusable store.
-
-    ``must_exist``: refuse to create an embedded (DuckDB) store file that is not there ("no such store"), for
-    readers such as ``drainpipe query``.
-
-    ``duckdb:///relative/file.duckdb`` (relative to the working directory), ``duckdb:////abs/file.duckdb``,
-    ``duckdb:///:memory:``, each optionally with DuckDB configuration options (``?memory_limit=1GB&threads=2``);
-    ``None`` means :data:`DEFAULT_STORE_URL` (``./drainpipe.duckdb``).
-    ``postgresql://user:pass@host:port/db`` is served by ``drainpipe.pipeline.postgres_store.PostgresStore``
-    (a :class:`SqlStore` subclass with a ``from_url`` constructor) when that module exists.
-    """
-    url = DEFAULT_STORE_URL if url is None else url
-    if not isinstance(url, str) or not url.strip():
-        raise StoreError(
-            f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db"
-        )
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme:
-        raise StoreError(
-            f"bad store URL {url!r}: expected duckdb:///path/file.duckdb or postgresql://user:pass@host:port/db"
-        )
-    scheme = scheme.lower()
-    if scheme == "duckdb":
-        path = _duckdb_path(url, rest)
-        if must_exist and path != ":memory:" and not os.path.exists(path):
-            raise StoreError(f"no such store: {path!r} does not exist ({url})")
-        return DuckDBStore(path, config=_duckdb_config(url))
-    if scheme in ("postgresql", "postgres"):
-        return _open_postgresql(url)
-    raise StoreError(f"unknown store scheme {scheme!r} in {url!r} (expected duckdb or postgresql)")

@@ -1,7 +1,7 @@
 """The PostgreSQL store (``postgresql://user:pass@host:port/db``, psycopg 3).
 
 Same semantics as the DuckDB store, because it *is* the same store: every SQL statement and the whole
-idempotent upsert-merge live in :class:`~drainpipe.pipeline.store.SqlStore`; this module only supplies the
+idempotent upsert-merge live in :class:`~drainpipe.pipeline.store.sql.SqlStore`; this module only supplies the
 backend primitives (``?`` placeholders become ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come
 back as Arrow tables) plus what a server database needs beyond an embedded file:
 
@@ -45,8 +45,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ..errors import StoreError, StoreUnavailable
-from .store import SqlStore, first_line
+from ...errors import StoreError, StoreUnavailable, first_line
+from .sql import SqlStore
 
 __all__ = ["PostgresStore"]
 

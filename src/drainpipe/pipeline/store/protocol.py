@@ -1,0 +1,149 @@
+"""The store protocol and the records it speaks in: what a merge reports, what a purge reports, and how far an
+input is applied (:class:`FileProgress`, committed with the states it brought)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..definitions import Definition
+from ..functions import (
+    Partial,
+)
+from ..retention import Retention
+
+DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
+
+
+@dataclass(frozen=True)
+class FileProgress:
+    """How far one input file is applied for one definition, recorded in the same transaction as the states it
+    brought (so a killed run leaves each file applied up to a part boundary, for every definition alike).
+
+    ``fid`` names the file (see :mod:`drainpipe.pipeline.progress`); ``head`` and ``node`` are what it is looked up
+    by; ``end``/``lines`` say where the applied data ends (bytes and lines of a text file, rows of Parquet; ``-1``:
+    the whole of an immutable file); ``prefix`` is the SHA-256 of a text file's bytes before ``end``."""
+
+    fid: str
+    name: str
+    head: str
+    node: str
+    path: str
+    end: int
+    lines: int
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What one :meth:`SqlStore.purge` did: the time it purged for, and rows deleted per table."""
+
+    now_ms: int
+    deleted: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.deleted.values())
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What one :meth:`Store.merge` call did."""
+
+    applied: int  # partials merged
+    skipped: int  # partials skipped because all their (source, name) pairs were applied before
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where metric states and values live. Implementations are thread-safe."""
+
+    def merge(
+        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
+        """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
+
+        With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
+        and day buckets. With ``rollup=False`` each partial updates its own granularity only; then one call
+        must carry all granularities of its sources (a source is recorded as applied by the call).
+        """
+        ...
+
+    def merge_chunks(
+        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
+    ) -> MergeReport:
+        """:meth:`merge` for states too large to hold at once: ``chunks`` (minute metric states and top-N rows of
+        ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
+        one transaction, so memory holds a chunk and not the whole output. Chunks of one definition may share keys.
+        """
+        ...
+
+    def applied(self, source: str) -> frozenset[str]:
+        """Names of the definitions whose states already contain all of input batch ``source``."""
+        ...
+
+    def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
+        """Delete, in one transaction, what ``retention`` no longer keeps at ``now_ms`` (default: now), the ledger
+        included (see :mod:`drainpipe.pipeline.retention`)."""
+        ...
+
+    def reclaim(self) -> None:
+        """Make the space of deleted rows reusable now."""
+        ...
+
+    def size_bytes(self) -> int:
+        """The space the store takes."""
+        ...
+
+    def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
+        """Whether ``source`` is applied for every one of ``names`` (default: every definition the store has
+        seen; pass the run's ``Definitions.names``)."""
+        ...
+
+    def has_sources(self, prefix: str) -> bool:
+        """Whether any applied source starts with ``prefix`` (one query: lets a reader skip per-batch checks for
+        an input none of whose batches was stored before)."""
+        ...
+
+    def register(self, definitions: Iterable[Definition]) -> None:
+        """Check each definition against the one stored under its name (and record new ones), before any data is
+        read; :class:`StoreError` naming the first that was stored with a different definition."""
+        ...
+
+    def file_progress(self, head: str, node: str) -> list[FileProgress]:
+        """The progress rows of files with this head fingerprint or this device/inode."""
+        ...
+
+    def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
+        """The partials still to merge: those whose sources are all applied are dropped; a partial whose
+        sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
+        :func:`~drainpipe.pipeline.functions.split_partial`) with it before merging them with others."""
+        ...
+
+    def query(
+        self,
+        metric: str | None = None,
+        entity: str | None = None,
+        granularity: str | None = None,
+        start: Any = None,
+        end: Any = None,
+        entity_prefix: str | None = None,
+    ) -> list[tuple[str, str, str, str, str, float]]:
+        """Value rows ``(metric, entity, granularity, time_bucket, label, value)`` ordered by those columns;
+        ``start``/``end`` (ISO-8601 text, datetime or epoch ms) bound ``time_bucket`` inclusively;
+        ``entity_prefix`` keeps the entities starting with it (``"checkout/"``: the service's endpoints and
+        instances)."""
+        ...
+
+    def query_topn(
+        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
+    ) -> list[tuple[str, str, str, int, str, float]]:
+        """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns."""
+        ...
+
+    def stored_names(self) -> dict[str, str]:
+        """The definitions the store holds states of: name -> ``"metric"`` or ``"topn"``."""
+        ...
+
+    def close(self) -> None: ...
