@@ -108,8 +108,8 @@ def store_ceiling(pg: str, bodies: list[bytes], checkpoint_events: int, merges: 
     import pyarrow as pa
 
     from drainpipe.inputs import validate_json_lines
+    from drainpipe.pipeline.aggregate import aggregate_batch
     from drainpipe.pipeline.definitions import default_definitions
-    from drainpipe.pipeline.functions import aggregate_batch
 
     per_request = len(bodies[0].splitlines())
     n = max(1, checkpoint_events // per_request)

@@ -902,8 +902,9 @@ def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from drainpipe.inputs import file_identity, read_events
+    from drainpipe.pipeline.aggregate import aggregate_batch
     from drainpipe.pipeline.definitions import default_definitions
-    from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, merge, split_partial
+    from drainpipe.pipeline.partials import MetricAccumulator, MetricPartial, merge, split_partial
     from drainpipe.pipeline.store import open_store
 
     definitions = default_definitions()

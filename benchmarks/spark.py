@@ -58,9 +58,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from drainpipe.inputs import plan_parts
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.functions import aggregate_batch, finalize, merge
 from drainpipe.pipeline.generator import generate_events
+from drainpipe.pipeline.partials import merge
+from drainpipe.pipeline.values import finalize
 from drainpipe.spark import JobOptions, run_batch, spark_session
 from drainpipe.spark.engine import aggregate_splits, per_type_stage
 from drainpipe.spark.skew import hash_placement, plan_placement, sample_weights, task_spread
@@ -242,7 +244,7 @@ def naive_per_type(spark: Any, path: str, definitions: Definitions) -> tuple[Any
         per_task[pid] = per_task.get(pid, 0.0) + seconds
     rows = table.filter(pa.compute.is_valid(table.column("entity"))).select(["entity", "bucket", "latency_ms", "key"])
     (topn,) = definitions.topns
-    from drainpipe.pipeline.functions import partial_type
+    from drainpipe.pipeline.partials import partial_type
 
     return merge([partial_type(topn)(rows)]), task_spread(per_task.values())
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.store import MergeReport, Store, open_store
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z

@@ -33,7 +33,7 @@ _DATE_ONLY = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .pipeline.generator import generate_events, write_events
+    from .pipeline import generate_events, write_events
 
     for name in ("services", "endpoints", "duration"):
         if getattr(args, name) < 1:
@@ -55,12 +55,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline.definitions import definitions_from
+    from .pipeline import definitions_from
 
     if args.checkpoint_s <= 0:
         raise UsageError(f"--checkpoint-s must be > 0, got {args.checkpoint_s}")
     if args.engine != "spark" and args.own_process:
-        from .pipeline.parallel import tune_own_process
+        from .processes import tune_own_process
 
         tune_own_process()  # before anything converts Python values to Arrow or starts a worker
     definitions = definitions_from(args.metrics)  # validated before any data is read
@@ -79,15 +79,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             service=args.service or "",
         )
-        from .pipeline.run import RunSummary
+        from .pipeline import RunSummary
 
         for line in RunSummary.from_totals(result, store=args.store, dead_letter=result.get("dead_letter"),
                                            engine="spark").lines():  # fmt: skip
             print(line)
         return 0
     from ._progress import file_progress
-    from .pipeline.engine import EngineOptions
-    from .pipeline.run import run_local
+    from .pipeline import EngineOptions, run_local
 
     with file_progress(quiet=args.quiet, inputs=args.input) as progress:
         summary = run_local(
@@ -108,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from .pipeline.definitions import definitions_from
+    from .pipeline import definitions_from
 
     definitions = definitions_from(args.metrics)
     from .spark import run_stream
@@ -133,7 +132,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         remote=args.spark_remote,
     )
     from .inputs import default_dead_letter
-    from .pipeline.run import RunSummary
+    from .pipeline import RunSummary
 
     summary = RunSummary.from_totals(result, store=args.store, engine="spark streaming",
                                      dead_letter=args.dead_letter or default_dead_letter(args.store))  # fmt: skip
@@ -143,9 +142,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from .pipeline.definitions import definitions_from
-    from .pipeline.store import open_store
-    from .pipeline.times import parse_time
+    from .pipeline import definitions_from, open_store, parse_time
 
     retention = definitions_from(args.metrics).retention.with_flags(args.retention)
     now = None
@@ -171,8 +168,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from .pipeline.render import render
-    from .pipeline.store import open_store
+    from .pipeline import open_store, render
 
     end = _end_bound(args.end)
     store = open_store(args.store, must_exist=True)
@@ -447,7 +443,7 @@ def _retention_option(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``drainpipe`` command; returns the exit status. Without ``argv`` (the console script), the arguments
     are the process's and so is the process: ``run`` on the local engine may then tune it for itself
-    (:func:`drainpipe.pipeline.parallel.tune_own_process`); with ``argv`` (called from a program), it does not."""
+    (:func:`drainpipe.processes.tune_own_process`); with ``argv`` (called from a program), it does not."""
     args = build_parser().parse_args(argv)
     args.own_process = argv is None
     logging.basicConfig(

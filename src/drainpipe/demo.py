@@ -10,11 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .pipeline.definitions import default_definitions
-from .pipeline.engine import EngineOptions
-from .pipeline.generator import generate_events, write_events
-from .pipeline.run import run_local
-from .pipeline.store import open_store
+from .pipeline import EngineOptions, default_definitions, generate_events, open_store, run_local, write_events
 
 
 def run_demo(events: int = 2_000_000, out_dir: str = ".drainpipe/demo", seed: int = 42) -> int:

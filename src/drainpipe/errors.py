@@ -17,6 +17,8 @@
     ├── StatsError                      ``drainpipe stats`` cannot read the server
     ├── OtlpError (ValueError)          a body or file line is not an OTLP trace export at all
     ├── LogFull                         the serve write-ahead log cannot take a record now (budget used, disk full)
+    ├── Rejected (ValueError)           a record fails validation (control flow inside the readers: its ``reason``
+    │                                   goes to the dead letter; it never reaches a caller)
     ├── ChannelClosed (EOFError)        the other end of a helper process's channel is gone (it died or closed)
     └── RequestRefused                  ``drainpipe serve`` answers a request with an error: ``status`` and ``message``
         ├── BadBody                     the body cannot be accepted (400, 411, 413, 501)
@@ -51,6 +53,7 @@ __all__ = [
     "StatsError",
     "OtlpError",
     "LogFull",
+    "Rejected",
     "ChannelClosed",
     "RequestRefused",
     "BadBody",
@@ -110,6 +113,15 @@ class OtlpError(DrainpipeError, ValueError):
 
 class LogFull(DrainpipeError):
     """The log cannot take a record now: its byte budget is used up (the store is behind) or the disk is full."""
+
+
+class Rejected(DrainpipeError, ValueError):
+    """A record fails validation; ``reason`` is its dead-letter reason (short, low-cardinality). Raised by the
+    validation rules and caught by the readers, which count and write the record: never raised to a caller."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class ChannelClosed(DrainpipeError, EOFError):

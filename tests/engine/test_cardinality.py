@@ -12,11 +12,12 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.cardinality import OVERFLOW, EntityGuard
 from drainpipe.pipeline.definitions import DefinitionError, default_definitions, parse_definitions
-from drainpipe.pipeline.functions import aggregate_batch, finalize
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
+from drainpipe.pipeline.values import finalize
 
 BASE_MS = 1_790_000_000_000 // 60_000 * 60_000
 

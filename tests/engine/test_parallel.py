@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from drainpipe.inputs import EVENT_SCHEMA, ReadStats, Sink, parts, plan_parts, read_part, whole_file
 from drainpipe.pipeline import parallel
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.functions import aggregate_batch, merge
 from drainpipe.pipeline.generator import generate_events
+from drainpipe.pipeline.partials import merge
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
 

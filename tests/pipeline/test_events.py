@@ -18,23 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.errors import InputError
-from drainpipe.inputs.records import (
-    _NUMBER_RE,
-    EVENT_SCHEMA,
-    FIELDS,
-    LATENCY_MAX_MS,
-    TS_MAX,
-    TS_MIN,
-    DeadLetter,
-    ReadStats,
-    _check_fields,
-    _Reject,
-    _validate_values,
-    detect_format,
-    expand_inputs,
-    read_events,
-)
+from drainpipe.errors import InputError, Rejected
+from drainpipe.inputs.records import NUMBER_RE, detect_format, expand_inputs, read_events
+from drainpipe.inputs.rejects import DeadLetter, ReadStats
+from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from drainpipe.inputs.validation import check_fields, validate_values
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 BASE = {"ts": T0, "service": "svc", "latency_ms": 1.5}
@@ -585,7 +573,7 @@ LATENCY_VALUES = st.one_of(
     st.none(),
     st.floats(allow_nan=False, allow_infinity=False),
     st.integers(-(10**3), 10**400),
-    TEXT.filter(lambda s: s and not _NUMBER_RE.fullmatch(s)),  # a CSV cell "" is null, "1.5" a number
+    TEXT.filter(lambda s: s and not NUMBER_RE.fullmatch(s)),  # a CSV cell "" is null, "1.5" a number
 )
 STATUS_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 2), st.sampled_from(["true", "false", "yes"]))
 RECORDS = st.fixed_dictionaries(
@@ -667,10 +655,10 @@ def test_fast_path_agrees_with_field_checks(values):
     def run(fn):
         try:
             return fn(*values)
-        except _Reject as r:
+        except Rejected as r:
             return r.reason
 
-    assert run(_validate_values) == run(_check_fields)
+    assert run(validate_values) == run(check_fields)
 
 
 JSONISH_LINE = st.one_of(
@@ -874,26 +862,27 @@ def test_fast_path_equals_per_line_path(tmp_path, lines, batch_rows, name, endin
 def test_fast_path_taken_for_clean_blocks(lines):
     """A clean block really takes the fast path, with the per-line result (the bytes ``NaN``/``Infinity``
     anywhere, even inside a string, conservatively send a block to the per-line path)."""
-    from drainpipe.inputs.records import _fast_jsonl_block, _json_rows, _rows_to_batch
+    from drainpipe.inputs.records import fast_jsonl_block, json_rows
+    from drainpipe.inputs.validation import rows_to_batch
 
     chunk = [x.encode() + b"\n" for x in lines]
-    fast = _fast_jsonl_block(chunk)
+    fast = fast_jsonl_block(chunk)
     assert fast is not None and fast[1] == []
     batch = fast[0]
     rejects: list = []
-    expected = _rows_to_batch(_json_rows(enumerate(chunk, 1), lambda *a: rejects.append(a)))
+    expected = rows_to_batch(json_rows(enumerate(chunk, 1), lambda *a: rejects.append(a)))
     assert rejects == [] and batch.equals(expected) and batch.schema.equals(EVENT_SCHEMA)
 
 
 @pytest.mark.parametrize("line", DIRTY_LINES)
 def test_fast_path_declines_dirty_lines(tmp_path, line):
     """Each dirty line sends its block to the per-line path, with the per-line outcome."""
-    from drainpipe.inputs.records import _fast_jsonl_block
+    from drainpipe.inputs.records import fast_jsonl_block
 
     raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
     clean = rec().encode()
     if line in LENIENT_IN_PYARROW:
-        assert _fast_jsonl_block([clean + b"\n", raw + b"\n", clean + b"\n"]) is None
+        assert fast_jsonl_block([clean + b"\n", raw + b"\n", clean + b"\n"]) is None
     assert_same(*read_both_paths(tmp_path, clean + b"\n" + raw + b"\n" + clean + b"\n", "in.jsonl", 65536))
 
 
@@ -910,11 +899,11 @@ def test_fast_path_generated_events_round_trip(tmp_path):
 
 def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
     """Rows the columnar checks reject stay on the fast path, with the per-line reason, raw text and line."""
-    from drainpipe.inputs.records import _fast_jsonl_block
+    from drainpipe.inputs.records import fast_jsonl_block
 
     lines = [rec(), rec(service=""), rec(latency_ms=-1), rec(ts=TS_MAX + 1), "{}", rec(service=None), rec()]
     chunk = [x.encode() + b"\n" for x in lines]
-    fast = _fast_jsonl_block(chunk, 10)
+    fast = fast_jsonl_block(chunk, 10)
     assert fast is not None
     batch, rejects = fast
     assert batch.to_pylist() == [row(), row()]
@@ -1000,13 +989,13 @@ def test_ndjson_body_value_rejects_on_the_fast_path():
     st.booleans(),
 )
 def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, growable, final_newline):
-    """The whole-file reader (_read_jsonl_stream: chunks of the file, blocks through read_range) against a reference
+    """The whole-file reader (read_jsonl_stream: chunks of the file, blocks through read_range) against a reference
     that splits the bytes into lines and validates each block line by line: the same block indexes, rows, rejects,
     bytes and lines consumed, with chunks down to one byte (lines and blocks spanning chunks) and a growable file's
     unfinished last line left unread."""
     import drainpipe.inputs.records as events
     from drainpipe.inputs import RejectList, Sink
-    from drainpipe.inputs.records import JsonlBlocks, _read_jsonl_stream
+    from drainpipe.inputs.records import JsonlBlocks, read_jsonl_stream
 
     encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
     data = b"\n".join(encoded) + (b"\n" if final_newline and encoded else b"")
@@ -1029,7 +1018,7 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     old = events._READ_BYTES
     events._READ_BYTES = read_bytes
     try:
-        stream = _read_jsonl_stream(io.BytesIO(data), growable, batch_rows, Sink("x", stats, rejects))
+        stream = read_jsonl_stream(io.BytesIO(data), growable, batch_rows, Sink("x", stats, rejects))
         got = []
         while True:
             try:
@@ -1054,7 +1043,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     values are still the same: kept where validation changes none (empty services flagged through the
     dictionary), decoded where it does (an instance to fill, an empty statement to null)."""
     from drainpipe.inputs import parts
-    from drainpipe.inputs.records import Sink
+    from drainpipe.inputs.rejects import Sink
 
     n = 3_000
     table = pa.table(

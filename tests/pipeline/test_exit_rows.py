@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainpipe.inputs import EVENT_SCHEMA, join_events, request_rows, with_exits
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.functions import aggregate_batch, finalize, merge
+from drainpipe.pipeline.partials import merge
+from drainpipe.pipeline.values import finalize
 
 BASE = 1_790_000_000_000
 

@@ -15,16 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import (
+from drainpipe.pipeline.partials import (
     MetricAccumulator,
     MetricPartial,
     TopNPartial,
-    aggregate_batch,
-    finalize,
-    finalize_table,
-    from_state_table,
-    from_topn_table,
     merge,
     normalize,
     partial_type,
@@ -32,10 +28,10 @@ from drainpipe.pipeline.functions import (
     rollup,
     source_root,
     split_partial,
-    to_state_table,
-    to_topn_table,
 )
+from drainpipe.pipeline.state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
 from drainpipe.pipeline.times import iso_from_ms, ms_from_iso
+from drainpipe.pipeline.values import finalize, finalize_table
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 MIN = 60_000

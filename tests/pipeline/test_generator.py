@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drainpipe.inputs import EVENT_SCHEMA, LATENCY_MAX_MS, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
-from drainpipe.pipeline.generator import DEFAULT_START_MS, _Sampler, generate_events, write_events
+from drainpipe.pipeline.generator import DEFAULT_START_MS, Sampler, generate_events, write_events
 
 FORMATS = ["jsonl", "jsonl.gz", "json", "ndjson", "csv", "csv.gz", "parquet"]
 
@@ -136,7 +136,7 @@ def test_arguments_shape_the_workload():
 
 @pytest.mark.parametrize("n, skew", [(1, 1.1), (20, 0.0), (20, 1.1), (7, 3.0), (1000, 1.5)])
 def test_sampler_is_exact_inverse_cdf(n, skew):
-    sampler = _Sampler(n, skew)
+    sampler = Sampler(n, skew)
     got = sampler.sample(np.random.default_rng(3), 50_000)
     u = np.random.default_rng(3).random(50_000)
     weights = 1 / np.arange(1, n + 1) ** skew

@@ -15,12 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainpipe.inputs._jsonscan import scan
-from drainpipe.inputs.records import (
-    _fast_jsonl_block,
-    _json_rows,
-    _rows_to_batch,
-    _scanned,
-)
+from drainpipe.inputs.records import fast_jsonl_block, json_rows, scanned
+from drainpipe.inputs.validation import rows_to_batch
 
 HYPO = settings(max_examples=300, deadline=None)
 
@@ -51,7 +47,7 @@ def bits(x: float) -> bytes:
 
 def scanned_latency(token: str) -> float | None:
     line = b'{"ts":1,"service":"s","latency_ms":' + token.encode() + b"}\n"
-    batch = _scanned(line, 1)
+    batch = scanned(line, 1)
     return None if batch is None else batch.column("latency_ms")[0].as_py()
 
 
@@ -73,7 +69,7 @@ def test_latency_numbers_convert_as_json_loads_and_float(token):
 @HYPO
 @given(st.integers(-(10**18) + 1, 10**18 - 1))
 def test_ts_integers_within_18_digits_are_exact(ts):
-    batch = _scanned(f'{{"service":"s","ts":{ts}}}'.encode(), 1)
+    batch = scanned(f'{{"service":"s","ts":{ts}}}'.encode(), 1)
     assert batch is not None and batch.column("ts")[0].as_py() == ts
 
 
@@ -101,12 +97,12 @@ def test_clean_blocks_are_scanned_with_the_per_line_result(records, ending, fina
     fields: the scanner takes the block, and the fast path's result equals the per-line path's."""
     lines = [json.dumps(r, ensure_ascii=False, separators=sep).encode() for r, sep in records]
     data = ending.join(lines) + (ending if final else b"")
-    assert _scanned(data, len(lines)) is not None
+    assert scanned(data, len(lines)) is not None
     chunk = [line + ending for line in lines]
-    fast = _fast_jsonl_block(chunk, 0, data)
+    fast = fast_jsonl_block(chunk, 0, data)
     assert fast is not None
     rejects: list = []
-    expected = _rows_to_batch(_json_rows(enumerate(chunk, 1), lambda *r: rejects.append(r)))
+    expected = rows_to_batch(json_rows(enumerate(chunk, 1), lambda *r: rejects.append(r)))
     assert fast[0].equals(expected)
     assert [(line, reason) for line, _, reason in fast[1]] == [(line, reason) for line, _, reason in rejects]
 
@@ -157,7 +153,7 @@ def test_outside_the_subset_declines(line):
 
 def test_ranges_of_lines():
     """scan(data, lines, start) reads up to ``lines`` lines from ``start`` and says where it stopped;
-    _scanned wants exactly the block's lines."""
+    scanned wants exactly the block's lines."""
     line = ("{" + OK + "}\n").encode()
     data = line * 3
     assert scan(data, 2)[:2] == (2 * len(line), 2)
@@ -165,16 +161,16 @@ def test_ranges_of_lines():
     assert scan(data, 5, len(line))[:2] == (3 * len(line), 2)
     assert scan(data, 1, 1) is None  # not a line start
     assert scan(data, 1, len(data)) is None and scan(b"", 1) is None
-    assert _scanned(data, 3) is not None
-    assert _scanned(data, 2) is None and _scanned(data, 4) is None
-    tail = _scanned(data[len(line) :], 2)
+    assert scanned(data, 3) is not None
+    assert scanned(data, 2) is None and scanned(data, 4) is None
+    tail = scanned(data[len(line) :], 2)
     assert tail is not None and tail.equals(scan_batch(data, len(line), 2))
 
 
 def scan_batch(data: bytes, begin: int, count: int):
-    from drainpipe.inputs.records import _scan_range
+    from drainpipe.inputs.records import scan_range
 
-    scanned = _scan_range(data, begin, count)
+    scanned = scan_range(data, begin, count)
     assert scanned is not None
     return scanned[2]
 
@@ -187,8 +183,8 @@ def test_without_the_extension_pyarrow_reads_the_same(monkeypatch):
     lines = [json.dumps({"ts": 1795255200000 + i, "service": "s", "latency_ms": i / 7, "status": i % 2 == 0})
              for i in range(50)]  # fmt: skip
     chunk = [line.encode() + b"\n" for line in lines]
-    with_scanner = _fast_jsonl_block(chunk)
+    with_scanner = fast_jsonl_block(chunk)
     monkeypatch.setattr(records, "_scan_block", None)
-    without = _fast_jsonl_block(chunk)
+    without = fast_jsonl_block(chunk)
     assert with_scanner is not None and without is not None
     assert with_scanner[0].equals(without[0]) and with_scanner[1] == without[1] == []

@@ -9,8 +9,8 @@ import pytest
 
 import drainpipe.pipeline.store.sql as store_module
 from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.store import FileProgress, open_store
 from eventdata import metric_chunks
 

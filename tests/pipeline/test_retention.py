@@ -11,8 +11,8 @@ import pytest
 
 from drainpipe.errors import DefinitionError
 from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions, parse_definitions
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.retention import Retention, parse_duration, parse_retention_flag
 from drainpipe.pipeline.store import FileProgress, SqlStore, open_store
 

@@ -19,7 +19,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
-from drainpipe.inputs.records import EVENT_SCHEMA, LATENCY_MAX_MS, request_rows
+from drainpipe.inputs.records import request_rows
+from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from drainpipe.inputs.spans import KINDS, SpanMapping
 
 T0 = 1_795_543_194_000_000_000  # ns

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.errors import StoreError
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import aggregate_batch, merge, rollup, split_partial
+from drainpipe.pipeline.partials import merge, rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store
 from drainpipe.pipeline.times import parse_time
 from eventdata import T0, ingest, same_values, store_events
@@ -437,8 +438,8 @@ def test_render_formats() -> None:
     import io
     import json
 
-    from drainpipe.pipeline.functions import VALUE_COLUMNS
-    from drainpipe.pipeline.render import render
+    from drainpipe.pipeline.rendering import render
+    from drainpipe.pipeline.values import VALUE_COLUMNS
 
     rows = [
         ("service_cpm", "svc-00", "minute", "2026-11-21T10:00:00Z", "", 2.0),

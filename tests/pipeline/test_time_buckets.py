@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.store import SqlStore, open_store
 
 T0 = 1_790_035_200_000  # 2026-09-22T00:00:00Z

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from drainpipe.errors import StoreError, StoreUnavailable
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
-from drainpipe.pipeline.functions import aggregate_batch, split_partial
 from drainpipe.pipeline.generator import generate_events
+from drainpipe.pipeline.partials import split_partial
 from drainpipe.pipeline.store import Store, open_store
 from eventdata import T0, ingest, metric_chunks, same_values, store_events
 

@@ -12,8 +12,8 @@ import pytest
 from server_testlib import events, post_events, running_server, stored_event_count, wait_for
 
 from drainpipe.inputs import validate_records, with_exits
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import Definitions, default_definitions
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.server.aggregator import Aggregator
 
 

@@ -106,7 +106,7 @@ SPARK = [
 
 def assert_same_partials(expected: Sequence[Any], actual: Sequence[Any]) -> None:
     """Finalized rows of two lists of partials (one per definition) equal; float sums up to 1e-12 relative."""
-    from drainpipe.pipeline.functions import finalize
+    from drainpipe.pipeline.values import finalize
 
     assert len(expected) == len(actual)
     for want_partial, got_partial in zip(expected, actual):

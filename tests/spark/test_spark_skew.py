@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from spark_testlib import SPARK, assert_same_partials
 
+from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import aggregate_batch
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.spark import JobOptions
 from drainpipe.spark.engine import per_type_stage

@@ -36,28 +36,20 @@ from .parts import (
 )
 from .position import Position
 from .records import (
-    EVENT_SCHEMA,
-    FIELDS,
-    LATENCY_MAX_MS,
     REQUESTS_KEY,
-    TS_MAX,
-    TS_MIN,
-    DeadLetter,
-    ReadStats,
-    Sink,
     batch_from_ipc,
     detect_format,
     expand_inputs,
     join_events,
-    jsonable,
     read_events,
     request_rows,
     use_serial_json_reader,
     validate_json_lines,
-    validate_records,
-    validate_tuples,
     with_exits,
 )
+from .rejects import DeadLetter, ReadStats, Sink, jsonable
+from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from .validation import validate_records, validate_tuples
 
 __all__ = [
     "EVENT_SCHEMA",

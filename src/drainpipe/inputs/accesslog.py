@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from .options import InputOptions
-from .records import validate_tuples
+from .validation import validate_tuples
 
 __all__ = ["decode_access_lines"]
 

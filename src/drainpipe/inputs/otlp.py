@@ -42,7 +42,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from ..errors import OtlpError
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .records import EVENT_SCHEMA, LATENCY_MAX_MS, ReadStats, join_events, mark_requests
+from .records import join_events, mark_requests
+from .rejects import ReadStats
+from .schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from .span_columns import Attributes, span_columns
 
 try:

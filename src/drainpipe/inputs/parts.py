@@ -37,7 +37,9 @@ from ..errors import InputError
 from . import records
 from .options import InputOptions
 from .position import Position
-from .records import BOM, EVENT_SCHEMA, JsonlBlocks, Sink, detect_format, parquet_batch, parquet_columns
+from .records import BOM, JsonlBlocks, detect_format, parquet_batch, parquet_columns
+from .rejects import Sink
+from .schema import EVENT_SCHEMA
 
 __all__ = [
     "Part",

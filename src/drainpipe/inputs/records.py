@@ -1,51 +1,19 @@
-"""Records: the event schema, the validation rules, and the per-format block readers (JSON Lines, CSV, Parquet).
+"""Records: the per-format block readers (JSON Lines, CSV, Parquet), format detection, and the request-row marks.
 
 Contract (``docs/pipeline.md``, "Input events"):
-
-* :data:`EVENT_SCHEMA` is the canonical event batch: a :class:`pyarrow.RecordBatch` with
-
-  ================ ========= ==========================================================
-  ``ts``           int64     epoch milliseconds, UTC, in [:data:`TS_MIN`, :data:`TS_MAX`]
-  ``service``      string    non-null, non-empty
-  ``instance``     string    non-null (``""`` when absent)
-  ``endpoint``     string    non-null (``""`` when absent)
-  ``latency_ms``   float64   in [0, :data:`LATENCY_MAX_MS`]
-  ``status``       bool      non-null (``true`` when absent)
-  ``db_statement`` string    nullable (an empty string counts as absent)
-  ================ ========= ==========================================================
 
 * :func:`read_events` reads JSON Lines (``.jsonl``/``.json``/``.ndjson``), CSV (``.csv``), each optionally
   ``.gz``, and Parquet (``.parquet``), and yields canonical batches. A record that fails validation is
   rejected: it is counted in :class:`ReadStats` (``read == accepted + rejected`` always; blank lines are
   neither), written to the :class:`DeadLetter` with a short reason, and reading goes on.
 
-Validation rules (one set, applied to every format):
-
-========================= ===================================================================
-``ts``                    int epoch ms (not bool, not float) or ISO-8601 string (``2026-11-21``,
-                          ``2026-11-21T10:00:00[.fff][Z|+hh:mm|+hhmm|+hh]``; no offset = UTC;
-                          sub-millisecond digits are truncated); must lie in years 0001..9999
-``service``               non-empty string
-``instance``/``endpoint`` string; null/absent -> ``""``
-``latency_ms``            number (int or float, not bool, not a string), 0 <= latency_ms <= 1e12
-                          (:data:`LATENCY_MAX_MS`)
-``status``                ``true``/``false``, ``0``/``1`` or the strings ``"true"``/``"false"``;
-                          null/absent -> ``true``; anything else is rejected
-``db_statement``          string or null; ``""`` -> null
-========================= ===================================================================
-
-Reject reasons are short, low-cardinality strings: ``invalid JSON``, ``not an object``, ``not UTF-8``,
-``wrong number of columns``, ``bad CSV row``, ``missing field: F``, ``bad type: F``, ``bad value: F``,
-``out of range: F``, ``bad timestamp: ts``.
-
-Two engines apply the rules. Row formats (JSON Lines, CSV) turn each record into plain Python values (CSV
-cells are typed first: see :func:`_csv_typer`) and run :func:`_validate_values`. Parquet is validated
-columnar (pyarrow/numpy) in :func:`_validate_columns`; its string-typed ``ts``/``status`` columns are mapped
-through the same scalar rules (:func:`_check_ts`, :func:`_check_status`) once per distinct value, and the
-checks run in the same field order, so the same record gets the same reason whatever its format.
+The rules are :mod:`.validation`'s (one set for every format); the schema is :mod:`.schema`'s, and counts and
+rejects go through :mod:`.rejects`. Row formats (JSON Lines, CSV) turn each record into plain Python values (CSV
+cells are typed first: see :func:`_csv_typer`) and run :func:`~.validation.validate_values`; Parquet is validated
+columnar in :func:`~.validation.validate_columns`.
 
 JSON Lines are read a block of ``batch_rows`` lines at a time. A block goes through a columnar fast path and the
-columnar core (:func:`_fast_jsonl_block`) when that provably gives the per-line result (every line a strict
+columnar core (:func:`fast_jsonl_block`) when that provably gives the per-line result (every line a strict
 JSON object with canonically typed known fields; value rejects then get their reasons from the per-line
 core); any other block is validated line by line, so the result never depends on which path ran. The fast path
 is the C scanner ``_jsonscan`` (one pass from bytes to Arrow buffers, for flat objects of the known fields with
@@ -56,23 +24,16 @@ import), ``pyarrow.json``.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import glob
 import gzip
-import io
 import json
-import math
 import os
 import re
 import sys
-import threading
 import zlib
-from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal
 from operator import itemgetter
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -80,8 +41,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, Rejected
 from .position import Position
+from .rejects import DeadLetter, ReadStats, Sink
+from .schema import EVENT_SCHEMA, FIELDS
+from .validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
 
 try:
     from ._jsonscan import scan as _scan_block
@@ -89,20 +53,10 @@ except ImportError:  # the pure-Python code shipped to Spark executors: pyarrow'
     _scan_block = None  # type: ignore[assignment]
 
 __all__ = [
-    "EVENT_SCHEMA",
-    "FIELDS",
-    "TS_MIN",
-    "TS_MAX",
-    "LATENCY_MAX_MS",
-    "ReadStats",
-    "DeadLetter",
     "detect_format",
     "expand_inputs",
     "read_events",
-    "validate_records",
     "validate_json_lines",
-    "validate_tuples",
-    "rows_to_batch",
     "REQUESTS_KEY",
     "mark_requests",
     "with_exits",
@@ -110,331 +64,10 @@ __all__ = [
     "join_events",
 ]
 
-EVENT_SCHEMA = pa.schema(
-    [
-        pa.field("ts", pa.int64(), nullable=False),
-        pa.field("service", pa.string(), nullable=False),
-        pa.field("instance", pa.string(), nullable=False),
-        pa.field("endpoint", pa.string(), nullable=False),
-        pa.field("latency_ms", pa.float64(), nullable=False),
-        pa.field("status", pa.bool_(), nullable=False),
-        pa.field("db_statement", pa.string(), nullable=True),
-    ]
-)
-FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
-
-#: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every
-#: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.
-TS_MIN = -62_135_596_800_000
-TS_MAX = 253_402_300_799_999
-#: Largest accepted ``latency_ms`` (1e12 ms, about 31.7 years): larger values are rejected as out of range, so
-#: every sum, average and percentile bucket of accepted events is finite (two latencies of 1e308 would average
-#: to infinity, which no JSON can carry).
-LATENCY_MAX_MS = 1e12
-
 _FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
             ".log": "access"}  # fmt: skip
 BOM = b"\xef\xbb\xbf"
 _JSON_WS = b" \t\r\n"
-
-
-class _Reject(Exception):
-    """Raised by the validation core; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-# --------------------------------------------------------------------------------------------------
-# statistics and dead letter
-
-
-@dataclass
-class ReadStats:
-    """Counts of one read (or several: pass the same object). ``read == accepted + rejected`` holds by
-    construction; blank lines are not counted. ``reasons`` counts rejects by reason. Not thread-safe:
-    give each reading thread its own object and :meth:`merge` them."""
-
-    read: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    reasons: Counter = field(default_factory=Counter)
-
-    def add_accepted(self, n: int) -> None:
-        self.read += n
-        self.accepted += n
-
-    def add_rejected(self, reason: str, n: int = 1) -> None:
-        self.read += n
-        self.rejected += n
-        self.reasons[reason] += n
-
-    def merge(self, other: ReadStats) -> None:
-        """Add ``other``'s counts to this one."""
-        self.read += other.read
-        self.accepted += other.accepted
-        self.rejected += other.rejected
-        self.reasons.update(other.reasons)
-
-    def summary(self) -> str:
-        """One line, e.g. ``read 10 = accepted 8 + rejected 2 (bad type: ts: 2)``."""
-        text = f"read {self.read} = accepted {self.accepted} + rejected {self.rejected}"
-        if self.reasons:
-            text += " (" + ", ".join(f"{r}: {n}" for r, n in self.reasons.most_common()) + ")"
-        return text
-
-
-class DeadLetter:
-    """Rejected records as JSON Lines, one object per reject::
-
-        {"source": "<input path>", "line": <n>, "raw": <raw record>, "reason": "<reason>"}
-
-    ``line`` is the 1-based physical line number for JSON Lines and CSV (where a record starts; blank
-    lines count) and the 1-based row number within the file for Parquet. ``raw`` is the line's text for
-    JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
-    ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
-    timestamps as ISO strings, non-finite floats as strings).
-
-    The file is opened eagerly by ``__enter__``/:meth:`open` and appended to: rejected records of earlier runs
-    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe. ``count`` is the
-    number of records written.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self.count = 0
-        self._lock = threading.Lock()
-        self._file: io.TextIOBase | None = None
-
-    def open(self) -> DeadLetter:
-        with self._lock:
-            if self._file is None:
-                try:
-                    self._file = open(self.path, "a", encoding="utf-8")
-                except OSError as exc:
-                    raise UsageError(f"cannot write the dead letter {self.path!r}: {exc.strerror or exc}") from None
-        return self
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-    def __enter__(self) -> DeadLetter:
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def flush(self) -> None:
-        """Push what was written to the operating system (before a store commit that follows it)."""
-        with self._lock:
-            if self._file is not None:
-                self._file.flush()
-
-    def write(self, source: str, line: int, raw: Any, reason: str) -> None:
-        """Append one reject (thread-safe)."""
-        record = {"source": source, "line": line, "raw": jsonable(raw), "reason": reason}
-        text = json.dumps(record, allow_nan=False) + "\n"  # ASCII: safe for any line splitter
-        with self._lock:
-            if self._file is None:
-                raise RuntimeError(f"dead letter {self.path!r} is not open")
-            self._file.write(text)
-            self.count += 1
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` made JSON-serialisable without loss of meaning (for Parquet rows)."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "backslashreplace")
-    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
-        return value.isoformat()
-    if isinstance(value, (Decimal, _dt.timedelta)):
-        return str(value)
-    return value
-
-
-class RejectWriter(Protocol):
-    """Where rejected records are written: a :class:`DeadLetter`, or a collector of them."""
-
-    def write(self, source: str, line: int, raw: Any, reason: str) -> None: ...
-
-
-class Sink:
-    """Where the rejects of one source file go: the stats and (optionally) a reject writer. ``end``: where a whole
-    text file's reading stopped (after its last complete line), set when the read is done."""
-
-    def __init__(self, source: str, stats: ReadStats, dead_letter: RejectWriter | None) -> None:
-        self.source = source
-        self.stats = stats
-        self.dead_letter = dead_letter
-        self.end: tuple[int, int] | None = None  # (bytes, lines)
-
-    def reject(self, line: int, raw: Any, reason: str) -> None:
-        self.stats.add_rejected(reason)
-        if self.dead_letter is not None:
-            if isinstance(raw, (bytes, bytearray)):
-                raw = _raw_text(bytes(raw))
-            self.dead_letter.write(self.source, line, raw, reason)
-
-
-def _raw_text(raw: bytes) -> str:
-    if raw.endswith(b"\n"):
-        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-    return raw.decode("utf-8", "backslashreplace")
-
-
-# --------------------------------------------------------------------------------------------------
-# the scalar validation core (JSON Lines, CSV, and string-typed Parquet columns)
-
-_ISO_RE = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
-    r"(?:[Tt ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?"
-    r"(?:([Zz])|([+-])([0-9]{2})(?::?([0-9]{2}))?)?)?",
-    re.ASCII,
-)
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
-
-
-def _parse_iso_ms(text: str) -> int:
-    """ISO-8601 date or date-time -> epoch ms (UTC when there is no offset). Raises ``_Reject``."""
-    m = _ISO_RE.fullmatch(text)
-    if m is None:
-        raise _Reject("bad timestamp: ts")
-    year, month, day, hh, mm, ss, frac, _z, sign, oh, om = m.groups()
-    try:
-        days = _dt.date(int(year), int(month), int(day)).toordinal() - _EPOCH_ORDINAL
-    except ValueError:
-        raise _Reject("bad timestamp: ts") from None
-    hour, minute, second = int(hh or 0), int(mm or 0), int(ss or 0)
-    off_h, off_m = int(oh or 0), int(om or 0)
-    if hour > 23 or minute > 59 or second > 59 or off_h > 23 or off_m > 59:
-        raise _Reject("bad timestamp: ts")
-    millis = int((frac or "")[:3].ljust(3, "0"))
-    offset_min = (off_h * 60 + off_m) * (-1 if sign == "-" else 1)
-    ms = (((days * 24 + hour) * 60 + minute - offset_min) * 60 + second) * 1000 + millis
-    if not TS_MIN <= ms <= TS_MAX:
-        raise _Reject("out of range: ts")
-    return ms
-
-
-def _check_ts(value: Any) -> int:
-    kind = type(value)
-    if kind is int:
-        if TS_MIN <= value <= TS_MAX:
-            return value
-        raise _Reject("out of range: ts")
-    if kind is str:
-        return _parse_iso_ms(value)
-    raise _Reject("missing field: ts" if value is None else "bad type: ts")
-
-
-def _check_valid_unicode(value: str, name: str) -> str:
-    # JSON escapes can produce lone surrogates ("\ud800"), which are not encodable text.
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Reject(f"bad value: {name}") from None
-    return value
-
-
-def _check_service(value: Any) -> str:
-    if type(value) is not str:
-        raise _Reject("missing field: service" if value is None else "bad type: service")
-    if not value:
-        raise _Reject("bad value: service")
-    return _check_valid_unicode(value, "service")
-
-
-def _check_optional_str(value: Any, name: str) -> str | None:
-    if value is None or type(value) is str:
-        return _check_valid_unicode(value, name) if value else None
-    raise _Reject(f"bad type: {name}")
-
-
-def _check_latency(value: Any) -> float:
-    kind = type(value)
-    if kind is float:
-        if 0.0 <= value <= LATENCY_MAX_MS:
-            return value
-        raise _Reject("out of range: latency_ms")
-    if kind is int:
-        if 0 <= value <= LATENCY_MAX_MS:
-            return float(value)
-        raise _Reject("out of range: latency_ms")
-    raise _Reject("missing field: latency_ms" if value is None else "bad type: latency_ms")
-
-
-_STATUS_VALUES: dict[Any, bool] = {True: True, False: False, "true": True, "false": False}
-
-
-def _check_status(value: Any) -> bool:
-    if value is None:
-        return True
-    kind = type(value)
-    if kind is bool or kind is str or (kind is int and (value == 0 or value == 1)):
-        result = _STATUS_VALUES.get(bool(value) if kind is int else value)
-        if result is not None:
-            return result
-    raise _Reject("bad value: status")
-
-
-def _validate_values(
-    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
-) -> tuple:
-    """The validation core for one record given as JSON-typed Python values (``None`` = absent/null).
-
-    Returns the canonical row tuple in :data:`FIELDS` order or raises ``_Reject``; fields are checked
-    in that order and the first failure is the reason. The inline test is only a shortcut for the
-    common, plainly valid record (a strict subset of what the field checks accept, with the same
-    result; ``test_fast_path_agrees_with_field_checks`` holds it to that)."""
-    if (
-        type(ts) is int and TS_MIN <= ts <= TS_MAX
-        and type(service) is str and service and service.isascii()
-        and type(instance) is str and instance.isascii()
-        and type(endpoint) is str and endpoint.isascii()
-        and type(latency) is float and 0.0 <= latency <= LATENCY_MAX_MS
-        and type(status) is bool
-        and (db_statement is None or (type(db_statement) is str and db_statement and db_statement.isascii()))
-    ):  # fmt: skip
-        return (ts, service, instance, endpoint, latency, status, db_statement)
-    return _check_fields(ts, service, instance, endpoint, latency, status, db_statement)
-
-
-def _check_fields(
-    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
-) -> tuple:
-    return (
-        _check_ts(ts),
-        _check_service(service),
-        _check_optional_str(instance, "instance") or "",
-        _check_optional_str(endpoint, "endpoint") or "",
-        _check_latency(latency),
-        _check_status(status),
-        _check_optional_str(db_statement, "db_statement"),
-    )
-
-
-_ROW_TYPE = pa.struct(list(EVENT_SCHEMA))
-
-
-def _rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
-    """Canonical row tuples -> canonical batch (via one struct conversion: the fastest route)."""
-    return pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
-
-
-def rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
-    """Rows already valid by every rule (in :data:`FIELDS` order, canonical Python types) -> a canonical batch."""
-    return _rows_to_batch(rows) if rows else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,21 +82,21 @@ _scan_json = json.JSONDecoder(parse_constant=_reject_constant).scan_once  # type
 
 
 def _json_record(line: bytes) -> tuple:
-    """One stripped, non-blank JSON line -> canonical row tuple, or ``_Reject``."""
+    """One stripped, non-blank JSON line -> canonical row tuple, or ``Rejected``."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Reject("not UTF-8") from None
+        raise Rejected("not UTF-8") from None
     try:
         obj, end = _scan_json(text, 0)
     except (ValueError, StopIteration, RecursionError):
-        raise _Reject("invalid JSON") from None
+        raise Rejected("invalid JSON") from None
     if end != len(text):
-        raise _Reject("invalid JSON")
+        raise Rejected("invalid JSON")
     if type(obj) is not dict:
-        raise _Reject("not an object")
+        raise Rejected("not an object")
     get = obj.get
-    return _validate_values(
+    return validate_values(
         get("ts"), get("service"), get("instance"), get("endpoint"),
         get("latency_ms"), get("status"), get("db_statement"),
     )  # fmt: skip
@@ -473,7 +106,7 @@ def _json_record(line: bytes) -> tuple:
 _READ_BYTES = 8 << 20
 
 
-def _read_jsonl_stream(
+def read_jsonl_stream(
     f: BinaryIO, growable: bool, batch_rows: int, sink: Sink, lineno: int = 0
 ) -> Generator[tuple[int, pa.RecordBatch], None, tuple[int, int]]:
     """``(block index, batch)`` per block of ``batch_rows`` lines of ``f`` that has accepted rows (the first line
@@ -524,16 +157,16 @@ class JsonlBlocks:
         if there are none; rejects go to ``sink``. ``scan=False``: the C scanner already declined these lines."""
         fast = None
         if _JSONL_FAST_PATH and not self.skip:
-            fast = _fast_jsonl_block(chunk, lineno, data, newlines, scan)
+            fast = fast_jsonl_block(chunk, lineno, data, newlines, scan)
             self._tried(fast is not None)
         elif self.skip:
             self.skip -= 1
         if fast is not None:
             return _accepted(*fast, sink)
-        rows = _json_rows(enumerate(chunk, lineno + 1), sink.reject)
+        rows = json_rows(enumerate(chunk, lineno + 1), sink.reject)
         if rows:
             sink.stats.add_accepted(len(rows))
-            return _rows_to_batch(rows)
+            return rows_to_batch(rows)
         return None
 
     def read_range(
@@ -547,7 +180,7 @@ class JsonlBlocks:
         is cut out and read by :meth:`read`, with the same result."""
         tried = ascii and _JSONL_FAST_PATH and not self.skip and _scan_block is not None
         if tried:
-            scanned = _scan_range(data, begin, count)
+            scanned = scan_range(data, begin, count)
             if scanned is not None:
                 end, n, batch = scanned
                 fast = _fast_result(batch, _LazyLines(data, begin, end, n), lineno)
@@ -646,7 +279,7 @@ def _int_digits_limit() -> int:
 _OPEN, _CLOSE, _BRACKET, _CR, _NL = ord("{"), ord("}"), ord("["), ord("\r"), ord("\n")
 
 
-def _fast_jsonl_block(
+def fast_jsonl_block(
     chunk: Sequence[bytes],
     lineno: int = 0,
     data: bytes | None = None,
@@ -654,9 +287,9 @@ def _fast_jsonl_block(
     scan: bool = True,
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
-    rows, (line, raw, reason) per rejected line)`` via the C scanner (:func:`_scanned`) or else ``pyarrow.json``
+    rows, (line, raw, reason) per rejected line)`` via the C scanner (:func:`scanned`) or else ``pyarrow.json``
     (:func:`_arrow_parsed`) and the columnar core, or None when this cannot be proven to equal what the per-line
-    path (:func:`_json_rows`) gives for the block. The scanner accepts a strict subset of what follows.
+    path (:func:`json_rows`) gives for the block. The scanner accepts a strict subset of what follows.
 
     Only a block in which every line is one strict-JSON object whose known fields have the canonical JSON
     types takes this path; the rows the columnar checks reject get their reasons from the per-line path.
@@ -673,7 +306,7 @@ def _fast_jsonl_block(
     * pyarrow raises for everything else strict JSON rejects, and for any value of another JSON type than
       the canonical column's (an ISO string or float ``ts``, ``status`` 0/1/"true", a number for a string,
       numbers beyond int64/double, duplicate keys), which the per-line path may accept or reject;
-    * a row the columnar checks (:func:`_validate_columns`) flag that the per-line path accepts (never
+    * a row the columnar checks (:func:`validate_columns`) flag that the per-line path accepts (never
       expected) sends the block back too."""
     n = len(chunk)
     if data is None:
@@ -683,7 +316,7 @@ def _fast_jsonl_block(
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    batch = _scanned(data, n) if scan else None
+    batch = scanned(data, n) if scan else None
     if batch is None:
         batch = _arrow_parsed(data, n, newlines)
         if batch is None:
@@ -697,7 +330,7 @@ def _fast_result(
     """A raw batch a fast path read from the lines ``chunk`` (the first is line ``lineno + 1``) -> ``(canonical
     batch of the accepted rows, (line, raw, reason) per rejected line)``, or None when a row the columnar checks
     flag is one the per-line path accepts (never expected: the caller then reads the block line by line)."""
-    canonical, flagged = _validate_columns(batch)
+    canonical, flagged = validate_columns(batch)
     if flagged is None:
         return canonical, []
     # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
@@ -705,23 +338,23 @@ def _fast_result(
     mask = flagged[0]
     rejects: list[tuple[int, bytes, str]] = []
     bad = np.flatnonzero(mask).tolist()
-    accepted = _json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
+    accepted = json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
     if accepted or len(rejects) != len(bad):
         return None
     return canonical.filter(pa.array(~mask)), rejects
 
 
-def _scanned(data: bytes, n: int) -> pa.RecordBatch | None:
+def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
     """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`_ARROW_JSON_SCHEMA` by the C scanner, or None
     when a line is outside its strict subset of JSON (``_jsonscan.c`` lists it: flat objects of the known
     fields with canonically typed, unescaped values) or the scanner is not built."""
-    scanned = _scan_range(data, 0, n)
+    scanned = scan_range(data, 0, n)
     return scanned[2] if scanned is not None and scanned[:2] == (len(data), n) else None
 
 
-def _scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.RecordBatch] | None:
+def scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.RecordBatch] | None:
     """Up to ``count`` lines of UTF-8 ``data`` from offset ``begin`` by the C scanner: ``(end offset, lines,
-    raw batch)``, or None (see :func:`_scanned`)."""
+    raw batch)``, or None (see :func:`scanned`)."""
     scanned = _scan_block(data, count, begin) if _scan_block is not None else None
     if scanned is None:
         return None
@@ -735,7 +368,7 @@ def _scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.Recor
 
 def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.RecordBatch | None:
     """The ``n`` lines of UTF-8 ``data`` as a raw batch parsed by ``pyarrow.json``, or None where that could
-    differ from the per-line path (see :func:`_fast_jsonl_block`)."""
+    differ from the per-line path (see :func:`fast_jsonl_block`)."""
     lines = _one_object_per_line(data, n, newlines)
     if lines is None:
         return None
@@ -811,44 +444,6 @@ def _one_object_per_line(
     return buf, starts, ends
 
 
-def validate_records(
-    records: Sequence[Any], stats: ReadStats | None = None
-) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-    """Already-parsed JSON records (e.g. the elements of a JSON array an HTTP client sent) -> a canonical
-    :data:`EVENT_SCHEMA` batch of the valid ones and ``(index, reason)`` per rejected one, by the same rules as
-    files. ``stats`` (optional) counts them as a read would."""
-    rows: list[tuple] = []
-    rejects: list[tuple[int, str]] = []
-    for i, obj in enumerate(records):
-        try:
-            if type(obj) is not dict:
-                raise _Reject("not an object")
-            get = obj.get
-            rows.append(_validate_values(
-                get("ts"), get("service"), get("instance"), get("endpoint"),
-                get("latency_ms"), get("status"), get("db_statement"),
-            ))  # fmt: skip
-        except _Reject as r:
-            rejects.append((i, r.reason))
-    return _counted(rows, rejects, stats)
-
-
-def validate_tuples(
-    numbered: Iterable[tuple[int, tuple]], stats: ReadStats | None = None
-) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-    """``(index, (ts, service, instance, endpoint, latency_ms, status, db_statement))`` per record, as an input
-    format decoded them (for example a span) -> a canonical batch of the valid ones and ``(index, reason)`` per
-    rejected one, by the same rules as every other input."""
-    rows: list[tuple] = []
-    rejects: list[tuple[int, str]] = []
-    for i, values in numbered:
-        try:
-            rows.append(_validate_values(*values))
-        except _Reject as r:
-            rejects.append((i, r.reason))
-    return _counted(rows, rejects, stats)
-
-
 # --------------------------------------------------------------------------------------------------
 # exit rows: events that are not requests
 
@@ -910,16 +505,16 @@ def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa
     same columnar fast path where it provably gives the same result."""
     if data and _JSONL_FAST_PATH:
         n = data.count(b"\n") + (not data.endswith(b"\n"))
-        fast = _fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
+        fast = fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
         if fast is not None:
             batch, rejected = fast
-            return _counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats)
+            return counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats)
     rejects: list[tuple[int, str]] = []
-    rows = _json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)))
-    return _counted(rows, rejects, stats)
+    rows = json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)))
+    return counted(rows, rejects, stats)
 
 
-def _json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, bytes, str], None]) -> list[tuple]:
+def json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, bytes, str], None]) -> list[tuple]:
     """Validated rows of numbered JSON lines; blank lines are skipped, every other line is a row or a reject."""
     rows: list[tuple] = []
     for lineno, raw in numbered:
@@ -928,32 +523,15 @@ def _json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, byt
             continue
         try:
             rows.append(_json_record(line))
-        except _Reject as r:
+        except Rejected as r:
             reject(lineno, raw, r.reason)
     return rows
-
-
-def _counted(
-    rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None
-) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-    batch = _rows_to_batch(rows) if rows else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
-    return _counted_batch(batch, rejects, stats)
-
-
-def _counted_batch(
-    batch: pa.RecordBatch, rejects: list[tuple[int, str]], stats: ReadStats | None
-) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
-    if stats is not None:
-        stats.add_accepted(batch.num_rows)
-        for _, reason in rejects:
-            stats.add_rejected(reason)
-    return batch, rejects
 
 
 # --------------------------------------------------------------------------------------------------
 # CSV
 
-_NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+NUMBER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _TOO_BIG = 10**20  # stands for an integer cell too long to convert: certainly out of range
 _CSV_STATUS: dict[str, Any] = {"": None, "true": True, "false": False, "1": True, "0": False}
 
@@ -968,7 +546,7 @@ def _csv_int(cell: str) -> Any:
 
 def _csv_number(cell: str) -> Any:
     """A ``latency_ms`` cell: JSON number text -> float, other text stays a string, empty -> None."""
-    if _NUMBER_RE.fullmatch(cell):
+    if NUMBER_RE.fullmatch(cell):
         return float(cell)  # like JSON's float(int): beyond float range -> inf -> out of range
     return cell or None
 
@@ -1094,12 +672,12 @@ def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator
 
 def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tuple], width: int) -> tuple:
     if bad:
-        raise _Reject("not UTF-8")
+        raise Rejected("not UTF-8")
     if cells is None:
-        raise _Reject("bad CSV row")
+        raise Rejected("bad CSV row")
     if len(cells) != width:
-        raise _Reject("wrong number of columns")
-    return _validate_values(*typed(cells))
+        raise Rejected("wrong number of columns")
+    return validate_values(*typed(cells))
 
 
 def _read_csv(f: BinaryIO, lines: _CountedLines, batch_rows: int, sink: Sink, path: str,
@@ -1118,258 +696,20 @@ def _read_csv(f: BinaryIO, lines: _CountedLines, batch_rows: int, sink: Sink, pa
     for first, raw, bad, cells in _csv_records(reader, tracker):
         try:
             rows.append(_csv_row(cells, bad, typed, width))
-        except _Reject as r:
+        except Rejected as r:
             sink.reject(first, raw, r.reason)
             continue
         if len(rows) == batch_rows:
             sink.stats.add_accepted(len(rows))
-            yield _rows_to_batch(rows)
+            yield rows_to_batch(rows)
             rows = []
     if rows:
         sink.stats.add_accepted(len(rows))
-        yield _rows_to_batch(rows)
+        yield rows_to_batch(rows)
 
 
 # --------------------------------------------------------------------------------------------------
-# Parquet (columnar)
-
-
-def _np_mask(arr: pa.Array) -> np.ndarray:
-    """Boolean Arrow array -> numpy bool array, nulls as False."""
-    return pc.fill_null(arr, False).to_numpy(zero_copy_only=False)
-
-
-def _null_mask(arr: pa.Array) -> np.ndarray | None:
-    return None if arr.null_count == 0 else _np_mask(arr.is_null())
-
-
-def _is_stringish(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-class _Checks:
-    """Collects (row mask, reason) pairs in field order; the first reason flagged for a row wins."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.flags: list[tuple[np.ndarray, str]] = []
-
-    def flag(self, mask: np.ndarray | None, reason: str) -> None:
-        if mask is not None and mask.any():
-            self.flags.append((mask, reason))
-
-    def flag_nulls(self, arr: pa.Array, reason: str) -> None:
-        self.flag(_null_mask(arr), reason)
-
-    def flag_non_null(self, arr: pa.Array, reason: str) -> None:
-        self.flag(_np_mask(arr.is_valid()), reason)
-
-    def rejected(self) -> tuple[np.ndarray, list[str]] | None:
-        """(mask of rejected rows, reason per rejected row) or None when every row passes."""
-        if not self.flags:
-            return None
-        reasons = np.full(self.n, None, dtype=object)
-        for mask, reason in reversed(self.flags):
-            reasons[mask] = reason
-        mask = reasons != None  # noqa: E711 (elementwise)
-        return mask, list(reasons[mask])
-
-
-def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, default: Any, dtype: Any) -> np.ndarray:
-    """Apply a scalar rule once per distinct value of ``arr``; returns the per-row results (``default``
-    for nulls and rejected rows) and flags the rejected rows with the rule's reason."""
-    encoded = pc.dictionary_encode(arr)
-    indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-    results: list[Any] = []
-    bad: dict[str, list[int]] = {}
-    for i, value in enumerate(encoded.dictionary.to_pylist()):
-        try:
-            results.append(check(value))
-        except _Reject as r:
-            results.append(default)
-            bad.setdefault(r.reason, []).append(i)
-    for reason, ids in bad.items():
-        checks.flag(np.isin(indices, ids), reason)
-    return np.array(results + [default], dtype=dtype)[indices]
-
-
-def _decode_utf8(value: bytes) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Reject("not UTF-8") from None
-
-
-def _as_strings(arr: pa.Array, checks: _Checks) -> pa.Array | None:
-    """A text column as plain ``string``; binary is decoded (rows that are not UTF-8 are flagged).
-    None for any other type."""
-    t = arr.type
-    if _is_stringish(t):
-        return arr.cast(pa.string())
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        try:
-            return arr.cast(pa.string())
-        except pa.ArrowInvalid:
-            return pa.array(_map_distinct(arr, _decode_utf8, checks, None, object), pa.string())
-    return None
-
-
-_TS_UNIT_MS = {"s": (1000, 1), "ms": (1, 1), "us": (1, 1000), "ns": (1, 1_000_000)}
-
-
-def _int_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
-    if pa.types.is_unsigned_integer(arr.type):
-        values = pc.fill_null(arr.cast(pa.uint64()), 0).to_numpy()
-        out = values > TS_MAX
-        values = np.where(out, 0, values).astype(np.int64)
-    else:
-        values = pc.fill_null(arr.cast(pa.int64()), 0).to_numpy()
-        out = (values < TS_MIN) | (values > TS_MAX)
-    checks.flag(out, "out of range: ts")
-    return values
-
-
-def _temporal_ts_ms(arr: pa.Array, checks: _Checks) -> np.ndarray:
-    """date32/date64/timestamp[any unit, any tz] -> epoch ms (floored; the stored values are UTC)."""
-    t = arr.type
-    if pa.types.is_date32(t):
-        mul, div = 86_400_000, 1
-    elif pa.types.is_date64(t):
-        mul, div = 1, 1
-    else:
-        mul, div = _TS_UNIT_MS[t.unit]
-    storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
-    raw = pc.fill_null(arr.cast(storage).cast(pa.int64()), 0).to_numpy()
-    if mul > 1:  # check before multiplying, so nothing overflows
-        out = (raw < -(-TS_MIN // mul)) | (raw > TS_MAX // mul)
-        values = np.where(out, 0, raw) * mul
-    else:
-        values = np.floor_divide(raw, div)
-        out = (values < TS_MIN) | (values > TS_MAX)
-    checks.flag(out, "out of range: ts")
-    return values
-
-
-def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
-    t = arr.type
-    checks.flag_nulls(arr, "missing field: ts")
-    if pa.types.is_integer(t):
-        values = _int_ts_ms(arr, checks)
-    elif pa.types.is_timestamp(t) or pa.types.is_date(t):
-        values = _temporal_ts_ms(arr, checks)
-    elif (text := _as_strings(arr, checks)) is not None:
-        values = _map_distinct(text, _check_ts, checks, 0, np.int64)
-    else:
-        checks.flag_non_null(arr, "bad type: ts")
-        values = np.zeros(len(arr), dtype=np.int64)
-    return pa.array(values, type=pa.int64())
-
-
-def _str_column(arr: pa.Array, name: str, checks: _Checks, keep_dictionary: bool = False) -> pa.Array:
-    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null).
-
-    ``keep_dictionary``: a dictionary-encoded column stays encoded when these rules change none of its values
-    (:func:`_checked_dictionary`); otherwise it is decoded first, as always without the flag."""
-    if pa.types.is_dictionary(arr.type):
-        kept = _checked_dictionary(arr, name, checks) if keep_dictionary else None
-        if kept is not None:
-            return kept
-        arr = arr.dictionary_decode()
-    if name == "service":
-        checks.flag_nulls(arr, "missing field: service")
-    text = _as_strings(arr, checks)
-    if text is None:
-        checks.flag_non_null(arr, f"bad type: {name}")
-        text = pa.nulls(len(arr), pa.string())
-    if name == "service":
-        checks.flag(_np_mask(pc.equal(text, "")), "bad value: service")
-    elif name == "db_statement":
-        empty = pc.equal(text, "")
-        if pc.any(empty).as_py():
-            text = pc.if_else(empty, pa.scalar(None, pa.string()), text)
-    elif text.null_count:
-        text = pc.fill_null(text, "")
-    return text
-
-
-def _checked_dictionary(arr: pa.DictionaryArray, name: str, checks: _Checks) -> pa.DictionaryArray | None:
-    """``arr`` (dictionary-encoded) checked by :func:`_str_column`'s rules on its dictionary, which is small, and
-    kept encoded; None when the rules would rewrite values (nulls to fill, empty statements) or the values are not
-    plain strings: the caller decodes it then."""
-    values = arr.dictionary
-    if not pa.types.is_string(values.type) or values.null_count:
-        return None
-    if name == "service":
-        checks.flag_nulls(arr, "missing field: service")
-        empty = pc.equal(values, "")
-        if pc.any(empty).as_py():
-            checks.flag(_np_mask(pc.take(empty, arr.indices)), "bad value: service")
-        return arr
-    if name == "db_statement":
-        return None if pc.any(pc.equal(values, "")).as_py() else arr
-    return None if arr.null_count else arr
-
-
-def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
-    t = arr.type
-    checks.flag_nulls(arr, "missing field: latency_ms")
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        values = pc.fill_null(pc.cast(arr, pa.float64(), safe=False), 0.0).to_numpy()
-        checks.flag(~((values >= 0.0) & (values <= LATENCY_MAX_MS)), "out of range: latency_ms")
-    else:
-        checks.flag_non_null(arr, "bad type: latency_ms")
-        values = np.zeros(len(arr))
-    return pa.array(values, type=pa.float64())
-
-
-def _status_column(arr: pa.Array, checks: _Checks) -> pa.Array:
-    t = arr.type
-    if pa.types.is_boolean(t):
-        return pc.fill_null(arr, True)
-    if pa.types.is_integer(t):
-        bad = pc.and_(arr.is_valid(), pc.invert(pc.is_in(arr, pa.array([0, 1], t))))
-        checks.flag(_np_mask(bad), "bad value: status")
-        return pc.fill_null(pc.not_equal(arr, pa.scalar(0, t)), True)
-    if (text := _as_strings(arr, checks)) is not None:
-        return pa.array(_map_distinct(text, _check_status, checks, True, bool), pa.bool_())
-    checks.flag_non_null(arr, "bad value: status")
-    return pa.array(np.ones(len(arr), dtype=bool))
-
-
-def _plain(arr: pa.Array) -> pa.Array:
-    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
-
-
-def _validate_columns(
-    batch: pa.RecordBatch, keep_dictionaries: bool = False
-) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None]:
-    """The columnar validation core: any Arrow batch -> (canonical batch of every row, rejects).
-
-    Rows flagged in ``rejects`` hold placeholder values in the canonical batch; filter them out.
-    ``keep_dictionaries``: see :func:`parquet_batch`."""
-    n = batch.num_rows
-    names = batch.schema.names
-
-    def column(name: str) -> pa.Array:
-        return batch.column(names.index(name)) if name in names else pa.nulls(n)
-
-    def text(name: str) -> pa.Array:
-        return _str_column(column(name), name, checks, keep_dictionaries)
-
-    checks = _Checks(n)
-    arrays = [
-        _ts_column(_plain(column("ts")), checks),
-        text("service"),
-        text("instance"),
-        text("endpoint"),
-        _latency_column(_plain(column("latency_ms")), checks),
-        _status_column(_plain(column("status")), checks),
-        text("db_statement"),
-    ]
-    if not any(pa.types.is_dictionary(a.type) for a in arrays):
-        return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
-    schema = pa.schema([f.with_type(a.type) for f, a in zip(EVENT_SCHEMA, arrays)])
-    return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
+# Parquet
 
 
 def read_parquet_indexed(path: str, batch_rows: int, sink: Sink) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -1391,9 +731,9 @@ def parquet_batch(
 
     ``keep_dictionaries``: string columns read dictionary-encoded stay so where validation changes none of their
     values (the canonical batch then has :data:`EVENT_SCHEMA`'s columns with ``dictionary<string>`` types there),
-    for a consumer that groups by them (:func:`~drainpipe.pipeline.functions.aggregate_batch` takes the codes as
+    for a consumer that groups by them (:func:`~drainpipe.pipeline.aggregate.aggregate_batch` takes the codes as
     they are instead of decoding and hashing every string again). Else every column has its EVENT_SCHEMA type."""
-    canonical, rejects = _validate_columns(batch, keep_dictionaries)
+    canonical, rejects = validate_columns(batch, keep_dictionaries)
     if rejects is not None:
         mask, reasons = rejects
         _reject_rows(batch, mask, reasons, offset, sink)
@@ -1520,7 +860,7 @@ def read_blocks(
             if start > lines.offset:
                 f.seek(start)
                 lines.offset = start
-            consumed, count = yield from _read_jsonl_stream(f, not gzipped, batch_rows, sink, start_lines)
+            consumed, count = yield from read_jsonl_stream(f, not gzipped, batch_rows, sink, start_lines)
             lines.offset += consumed
             lines.count = count + start_lines
         else:

@@ -1,1 +1,224 @@
-"""The drainpipe metrics pipeline: metric definitions, mergeable functions, stores and rendering."""
+"""The drainpipe metrics pipeline: metric definitions, mergeable states, the local engine, stores and rendering.
+
+This is the pipeline's public face: the server, the Spark engine and the CLI import from here. The names are
+imported on first use (PEP 562), so that a Spark executor, which imports drainpipe from a zip without the C
+extensions, loads only the pure-Python modules it uses (never the engine and its queues).
+
+====================== ===========================================================================================
+``definitions``        metric and top-N definitions (the built-in set, TOML files) and their signatures
+``buckets``            the fixed vocabulary of granularities and percentiles
+``times``              time conversions: bucket starts, ISO-8601 text, user-given bounds
+``partials``           the mergeable state types: merge, roll-up, pieces of a source
+``grouping``           dense group ids and per-group reduction (numpy)
+``aggregate``          an event batch -> one partial per definition
+``values``             states -> value rows (finalize)
+``state_table``        the stores' encoding of states
+``store``              the store protocol and its DuckDB and PostgreSQL backends (a package)
+``progress``           exactly once for files: what of an input file is applied, where to resume
+``engine``             the local engine: L1 and L2 on queues, persistence, checkpoints
+``parallel``           reading and aggregating file parts in worker processes
+``run``                ``drainpipe run``: inputs -> engine -> store, exactly once
+``cardinality``        the entity guard (``max_entities``; ``__overflow__``)
+``retention``          how long rows are kept, and the cut-offs a purge uses
+``alerts``             alert rules and their evaluation over stored metrics
+``rendering``          query results as a table or JSON
+``generator``          the synthetic skewed workload
+====================== ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if imported eagerly
+    from .aggregate import aggregate_batch
+    from .alerts import AlertRule, complete_buckets, evaluate, rule_fields
+    from .buckets import GRANULARITIES, GRANULARITY_MS, PERCENTILE_LABELS, PERCENTILES, TOPN_BUCKET_MS
+    from .cardinality import OVERFLOW, EntityGuard
+    from .definitions import (
+        DEFAULT_DEFINITIONS,
+        Definition,
+        Definitions,
+        MetricDef,
+        TopNDef,
+        default_definitions,
+        definitions_from,
+    )
+    from .engine import Commit, EngineOptions, LocalEngine
+    from .generator import generate_events, write_events
+    from .partials import (
+        STATE_COLUMNS,
+        MetricAccumulator,
+        MetricPartial,
+        Partial,
+        TopNPartial,
+        merge,
+        normalize,
+        partial_type,
+        rollup,
+        split_partial,
+    )
+    from .progress import InputFile, resolve
+    from .rendering import render
+    from .retention import Retention
+    from .run import RunSummary, run_local
+    from .state_table import STATE_TABLE_SCHEMA, from_state_table, from_topn_table, to_state_table, to_topn_table
+    from .store import (
+        DEFAULT_STORE_URL,
+        DuckDBStore,
+        FileProgress,
+        MergeReport,
+        PostgresStore,
+        PurgeReport,
+        SqlStore,
+        Store,
+        duckdb_path,
+        is_new_store,
+        open_store,
+    )
+    from .times import iso_from_ms, ms_from_bucket, parse_time, parse_time_ms
+    from .values import TOPN_COLUMNS, VALUE_COLUMNS, finalize, finalize_table
+
+#: public name -> the module of this package that defines it
+_HOMES = {
+    **dict.fromkeys(["aggregate_batch"], "aggregate"),
+    **dict.fromkeys(["AlertRule", "complete_buckets", "evaluate", "rule_fields"], "alerts"),
+    **dict.fromkeys(
+        ["GRANULARITIES", "GRANULARITY_MS", "PERCENTILE_LABELS", "PERCENTILES", "TOPN_BUCKET_MS"], "buckets"
+    ),
+    **dict.fromkeys(["OVERFLOW", "EntityGuard"], "cardinality"),
+    **dict.fromkeys(
+        [
+            "DEFAULT_DEFINITIONS",
+            "Definition",
+            "Definitions",
+            "MetricDef",
+            "TopNDef",
+            "default_definitions",
+            "definitions_from",
+        ],
+        "definitions",
+    ),
+    **dict.fromkeys(["Commit", "EngineOptions", "LocalEngine"], "engine"),
+    **dict.fromkeys(["TOPN_COLUMNS", "VALUE_COLUMNS", "finalize", "finalize_table"], "values"),
+    **dict.fromkeys(["generate_events", "write_events"], "generator"),
+    **dict.fromkeys(
+        [
+            "STATE_COLUMNS",
+            "MetricAccumulator",
+            "MetricPartial",
+            "Partial",
+            "TopNPartial",
+            "merge",
+            "normalize",
+            "partial_type",
+            "rollup",
+            "split_partial",
+        ],
+        "partials",
+    ),
+    **dict.fromkeys(["InputFile", "resolve"], "progress"),
+    **dict.fromkeys(["render"], "rendering"),
+    **dict.fromkeys(["Retention"], "retention"),
+    **dict.fromkeys(["RunSummary", "run_local"], "run"),
+    **dict.fromkeys(
+        ["STATE_TABLE_SCHEMA", "from_state_table", "from_topn_table", "to_state_table", "to_topn_table"], "state_table"
+    ),
+    **dict.fromkeys(
+        [
+            "DEFAULT_STORE_URL",
+            "DuckDBStore",
+            "FileProgress",
+            "MergeReport",
+            "PostgresStore",
+            "PurgeReport",
+            "SqlStore",
+            "Store",
+            "duckdb_path",
+            "is_new_store",
+            "open_store",
+        ],
+        "store",
+    ),
+    **dict.fromkeys(["iso_from_ms", "ms_from_bucket", "parse_time", "parse_time_ms"], "times"),
+}
+__all__ = [
+    "AlertRule",
+    "Commit",
+    "DEFAULT_DEFINITIONS",
+    "DEFAULT_STORE_URL",
+    "Definition",
+    "Definitions",
+    "DuckDBStore",
+    "EngineOptions",
+    "EntityGuard",
+    "FileProgress",
+    "GRANULARITIES",
+    "GRANULARITY_MS",
+    "InputFile",
+    "LocalEngine",
+    "MergeReport",
+    "MetricAccumulator",
+    "MetricDef",
+    "MetricPartial",
+    "OVERFLOW",
+    "PERCENTILES",
+    "PERCENTILE_LABELS",
+    "Partial",
+    "PostgresStore",
+    "PurgeReport",
+    "Retention",
+    "RunSummary",
+    "STATE_COLUMNS",
+    "STATE_TABLE_SCHEMA",
+    "SqlStore",
+    "Store",
+    "TOPN_BUCKET_MS",
+    "TOPN_COLUMNS",
+    "TopNDef",
+    "TopNPartial",
+    "VALUE_COLUMNS",
+    "aggregate_batch",
+    "complete_buckets",
+    "default_definitions",
+    "definitions_from",
+    "duckdb_path",
+    "evaluate",
+    "finalize",
+    "finalize_table",
+    "from_state_table",
+    "from_topn_table",
+    "generate_events",
+    "is_new_store",
+    "iso_from_ms",
+    "merge",
+    "ms_from_bucket",
+    "normalize",
+    "open_store",
+    "parse_time",
+    "parse_time_ms",
+    "partial_type",
+    "render",
+    "resolve",
+    "rollup",
+    "rule_fields",
+    "run_local",
+    "split_partial",
+    "to_state_table",
+    "to_topn_table",
+    "write_events",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -26,7 +26,7 @@ from collections import OrderedDict
 import numpy as np
 import pyarrow.compute as pc
 
-from .functions import MetricPartial, Partial, fold_entities
+from .partials import MetricPartial, Partial, fold_entities
 
 __all__ = ["OVERFLOW", "EntityGuard"]
 

@@ -38,9 +38,10 @@ import pyarrow as pa
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable, first_line
 from ..inputs import request_rows
+from .aggregate import aggregate_batch
 from .cardinality import EntityGuard
 from .definitions import Definitions
-from .functions import MetricAccumulator, MetricPartial, Partial, aggregate_batch, partial_type, split_partial
+from .partials import MetricAccumulator, MetricPartial, Partial, partial_type, split_partial
 from .store import FileProgress
 
 log = logging.getLogger("drainpipe.engine")

@@ -60,16 +60,16 @@ class _Workload:
     """The fixed shape of a workload: names, Zipf CDFs, latency medians, SQL strings."""
 
     services: pa.Array  # S names
-    service_zipf: _Sampler
+    service_zipf: Sampler
     endpoints: pa.Array  # E names
-    endpoint_zipf: _Sampler
+    endpoint_zipf: Sampler
     instances: pa.Array  # S * I names, service-major
     statements: pa.Array  # S * K strings, service-major, plus a final ""
     median_ms: np.ndarray  # S * E latency medians, service-major
     n_instances: int
 
 
-class _Sampler:
+class Sampler:
     """Exact inverse-CDF sampling of ranks 0..n-1 with Zipf weights ``1 / (rank + 1)**skew``, vectorised:
     a guide table gives each uniform draw a starting rank, a few vector steps finish the search."""
 
@@ -98,9 +98,9 @@ def _workload(services: int, endpoints: int, instances: int, skew: float, seed: 
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
     return _Workload(
         services=pa.array(svc, pa.string()),
-        service_zipf=_Sampler(services, skew),
+        service_zipf=Sampler(services, skew),
         endpoints=pa.array([f"/api/e{e:02d}" for e in range(endpoints)], pa.string()),
-        endpoint_zipf=_Sampler(endpoints, skew),
+        endpoint_zipf=Sampler(endpoints, skew),
         instances=pa.array([f"{s}-i{i}" for s in svc for i in range(instances)], pa.string()),
         statements=pa.array(
             [q.format(t=s.replace("-", "_") + "_orders") for s in svc for q in _STATEMENTS] + [""], pa.string()

@@ -1,7 +1,7 @@
 """L1 aggregation of the server's event batches in a process of its own, off the server's GIL.
 
 The server process is GIL-bound: two dozen request threads, the log, the engine's stages. Aggregating a batch
-(:func:`~drainpipe.pipeline.functions.aggregate_batch`) is ~8 ms of CPU for 32k events, but it is some hundreds of
+(:func:`~drainpipe.pipeline.aggregate.aggregate_batch`) is ~8 ms of CPU for 32k events, but it is some hundreds of
 numpy and pyarrow calls, and every one of them over ~500 elements lets the GIL go and must win it back from the
 request threads. Under load a batch took tens of times its CPU in wall time (with two busy threads beside it, 3.2 s
 for 8 ms), the engine fell behind the log, and admission held requests back: OTLP traffic, which brings more rows
@@ -23,8 +23,7 @@ import pyarrow as pa
 
 from ..errors import ChannelClosed
 from ..inputs import batch_from_ipc, request_rows
-from ..pipeline.definitions import Definitions
-from ..pipeline.functions import Partial, aggregate_batch
+from ..pipeline import Definitions, Partial, aggregate_batch
 from .channel import Helper
 
 __all__ = ["AGGREGATE_TIMEOUT_S", "Aggregator"]
@@ -50,7 +49,7 @@ class Aggregator:
     forked then); :meth:`aggregate` from one thread; :meth:`close` once."""
 
     def __init__(self, timeout_s: float = AGGREGATE_TIMEOUT_S) -> None:
-        from ..pipeline.parallel import mp_context
+        from ..processes import mp_context
 
         self.timeout_s = timeout_s
         self._context = mp_context()

@@ -34,8 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError, StoreUnavailable
-from ..pipeline.alerts import AlertRule, complete_buckets, evaluate, rule_fields
-from ..pipeline.times import parse_time, parse_time_ms
+from ..pipeline import AlertRule, complete_buckets, evaluate, parse_time, parse_time_ms, rule_fields
 
 __all__ = ["Alerter", "WebhookNotifier"]
 

@@ -169,7 +169,7 @@ class BodyDecoder:
     def __init__(self, processes: int = 0) -> None:
         self.processes = processes
         self.restarts = 0
-        from ..pipeline.parallel import mp_context
+        from ..processes import mp_context
 
         self._context = mp_context()
         self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()

@@ -151,7 +151,7 @@ class Channel:
 def _serve(sock: socket.socket, parent: int, handle: Callable[[Any, bytes], tuple[Any, Buffer]]) -> None:
     """A helper process's loop: answer each request (``handle(request, payload) -> (answer, payload)``) until told
     to stop (None) or the channel closes."""
-    from ..pipeline.parallel import die_with
+    from ..processes import die_with
 
     die_with(parent)
     try:

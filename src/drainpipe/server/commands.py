@@ -19,8 +19,7 @@ TOKEN_ENV = "DRAINPIPE_TOKEN"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..pipeline.definitions import definitions_from
-    from ..pipeline.store import open_store
+    from ..pipeline import definitions_from, open_store
     from .aggregator import Aggregator
     from .bodies import BodyDecoder
     from .http import run_server
@@ -107,7 +106,7 @@ def default_wal_dir(store_url: str | None) -> str | None:
     an in-memory store."""
     from urllib.parse import urlsplit
 
-    from ..pipeline.store import DEFAULT_STORE_URL, duckdb_path
+    from ..pipeline import DEFAULT_STORE_URL, duckdb_path
 
     store_url = store_url or DEFAULT_STORE_URL
     if store_url.startswith("duckdb:"):

@@ -27,9 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..pipeline.buckets import GRANULARITY_MS
-from ..pipeline.definitions import Definitions, MetricDef
-from ..pipeline.times import parse_time, parse_time_ms
+from ..pipeline import GRANULARITY_MS, Definitions, MetricDef, parse_time, parse_time_ms
 from .service import display_format
 
 __all__ = ["RANGES", "service_view"]

@@ -28,10 +28,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from ..inputs import join_events, request_rows
-from ..pipeline.definitions import Definitions
-from ..pipeline.engine import Commit, LocalEngine
-from ..pipeline.functions import Partial
-from ..pipeline.store import FileProgress
+from ..pipeline import Commit, Definitions, FileProgress, LocalEngine, Partial
 from .wal import EventLog
 
 log = logging.getLogger("drainpipe.server")

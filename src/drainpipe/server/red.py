@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from ..inputs import request_rows
-from ..pipeline.cardinality import OVERFLOW
+from ..pipeline import OVERFLOW
 
 __all__ = ["RedMetrics"]
 

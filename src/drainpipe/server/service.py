@@ -35,10 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import IngestRefused, LogFull, StoreError, StoreUnavailable
-from ..pipeline.definitions import Definitions, MetricDef
-from ..pipeline.engine import EngineOptions, LocalEngine
-from ..pipeline.retention import Retention
-from ..pipeline.times import iso_from_ms
+from ..pipeline import Definitions, EngineOptions, LocalEngine, MetricDef, Retention, iso_from_ms
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .bodies import BodyDecoder, Rejects

@@ -4,9 +4,9 @@ Contract (``docs/pipeline.md``, "Engines"):
 
 * Same definitions, same code: events are read and validated by :mod:`drainpipe.inputs` (the same
   rules, reasons and dead-letter records as the local engine), partially aggregated per Spark task by
-  :func:`drainpipe.pipeline.functions.aggregate_batch`, merged across tasks with Spark's ``sum``/``min``/``max``
+  :func:`drainpipe.pipeline.aggregate.aggregate_batch`, merged across tasks with Spark's ``sum``/``min``/``max``
   as each state column's shared merge operation prescribes (exact for integer states and min/max) and
-  :func:`~drainpipe.pipeline.functions.merge` for the top-N, and written by the driver through
+  :func:`~drainpipe.pipeline.partials.merge` for the top-N, and written by the driver through
   :mod:`drainpipe.pipeline.store` (one transaction; hour and day roll-ups by the store). Results equal the local
   engine's row for row; float sums (``sum``/``avg`` values) may differ in the last ulp because additions happen
   in another order (the local engine itself is not order-stable there either).
@@ -30,8 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format, expand_inputs
-from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.store import DEFAULT_STORE_URL
+from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
 from .session import add_rate, check_java, check_pyspark, job, spark_session

@@ -17,9 +17,9 @@ Stages (``per_type="map"``, the default)::
         ------------------------------------------------------------------------------> driver   (action 2)
 
 The merge across tasks uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
-:data:`~drainpipe.pipeline.functions.STATE_COLUMNS` (the shared merge operations): exact for the integer
+:data:`~drainpipe.pipeline.partials.STATE_COLUMNS` (the shared merge operations): exact for the integer
 states and min/max; float sums (``sum``, ``avg``) add in another order than the local engine, so they may
-differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.functions.merge` (on the
+differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.partials.merge` (on the
 driver, after a Spark stage of it when many tasks contribute).
 
 ``per_type="placed"`` (and its baseline ``"hash"``) insert the per-type stage: the scan only parses
@@ -47,18 +47,22 @@ import pyarrow.compute as pc
 from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.options import InputOptions
-from drainpipe.pipeline.cardinality import OVERFLOW, EntityGuard
-from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import (
+from drainpipe.pipeline import (
     GRANULARITY_MS,
+    OVERFLOW,
     PERCENTILE_LABELS,
     STATE_COLUMNS,
+    Definitions,
+    EntityGuard,
+    InputFile,
+    MetricDef,
     MetricPartial,
     Partial,
+    Store,
+    TopNDef,
     normalize,
+    resolve,
 )
-from drainpipe.pipeline.progress import InputFile, resolve
-from drainpipe.pipeline.store import Store
 
 from . import skew
 from .rows import (

@@ -8,7 +8,7 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   ========== ===================================================================================
   METRIC     ``d`` (index into ``Definitions.all``), ``entity``, ``bucket`` (minute start, epoch ms), ``b``
              (percentile bin, else -1) and the definition's state columns (``n v ok tol``,
-             :data:`~drainpipe.pipeline.functions.STATE_COLUMNS`)
+             :data:`~drainpipe.pipeline.partials.STATE_COLUMNS`)
   TOPN       ``d``, ``entity``, ``bucket`` (10-minute start), ``latency_ms``, ``key``
   REJECT     ``d`` = split index, ``line`` (within the split), ``raw`` (JSON text), ``reason``
   SPLIT      ``d`` = split index, ``info`` = JSON ``{"read", "accepted", "rejected", "reasons", "lines"}``
@@ -19,7 +19,7 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   :data:`~drainpipe.inputs.EVENT_SCHEMA` columns) and the same bookkeeping rows.
 
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
-the layouts :func:`~drainpipe.pipeline.functions.aggregate_batch` produces.
+the layouts :func:`~drainpipe.pipeline.aggregate.aggregate_batch` produces.
 """
 
 from __future__ import annotations
@@ -33,8 +33,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.inputs import EVENT_SCHEMA
-from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.functions import STATE_COLUMNS, MetricPartial, Partial, TopNPartial, partial_type
+from drainpipe.pipeline import (
+    STATE_COLUMNS,
+    Definitions,
+    MetricDef,
+    MetricPartial,
+    Partial,
+    TopNDef,
+    TopNPartial,
+    partial_type,
+)
 
 __all__ = [
     "METRIC",

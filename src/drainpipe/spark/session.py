@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from drainpipe.errors import SparkSetupError
-from drainpipe.pipeline.store import open_store
+from drainpipe.pipeline import open_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession

@@ -13,7 +13,7 @@ hashes each type to one partition, so under Zipf skew the hot type is one giant 
    LPT planner (heaviest first onto the least loaded partition); types the sample did not see are hashed;
 4. the rows are moved with ``DataFrame.repartitionById`` (Spark >= 4.1: the partition is the ``_pid`` value,
    no hashing), the work runs per partition, and the sub-groups' **partial states are merged** (they are
-   mergeable states: :func:`drainpipe.pipeline.functions.merge` or exact Spark aggregates).
+   mergeable states: :func:`drainpipe.pipeline.partials.merge` or exact Spark aggregates).
 
 The partition of a row is a Spark expression (:meth:`Placement.column`: a literal map type -> sub-group
 partitions, the salt from ``monotonically_increasing_id``), so rows never detour through Python before the

@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from drainpipe.errors import InputError, first_line
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
-from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.store import DEFAULT_STORE_URL
+from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
 from .engine import JobOptions, ingest_files
 from .session import add_rate, is_connect, job, job_session
@@ -207,7 +206,7 @@ class _ConnectBatches:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         import json
 
-        from drainpipe.pipeline.store import open_store
+        from drainpipe.pipeline import open_store
 
         session = frame.sparkSession
         store = open_store(self.store_url)
@@ -248,7 +247,7 @@ def _run_connect(
     """:func:`run_stream` through Spark Connect (see the module docstring); returns the totals."""
     import json
 
-    from drainpipe.pipeline.store import open_store
+    from drainpipe.pipeline import open_store
 
     store_url = _absolute_store(store_url)
     open_store(store_url).close()  # fail here, in one line, if the store cannot be opened at all

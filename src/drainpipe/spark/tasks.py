@@ -6,14 +6,14 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 
 * :func:`scan_states` (``per_type="map"``): read + validate the partition's splits
   (:func:`~drainpipe.spark.splits.read_split`), partially aggregate every definition over the whole partition
-  (:func:`~drainpipe.pipeline.functions.aggregate_batch` per event batch, :class:`MetricAccumulator` across
+  (:func:`~drainpipe.pipeline.aggregate.aggregate_batch` per event batch, :class:`MetricAccumulator` across
   batches) and emit the states as :data:`~drainpipe.spark.rows.STATE_ROWS`, with the rejects, per-split
   counts and the task's own timing.
 * :func:`scan_events` (``per_type="placed"``/``"hash"``): read + validate only, emitting the events
   (:data:`~drainpipe.spark.rows.EVENT_ROWS`) for the per-type stage.
 * :func:`aggregate_events`: the per-type stage: aggregate whatever events the (placed) partition holds, pass
   bookkeeping rows through.
-* :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.functions.merge`.
+* :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.partials.merge`.
 * :func:`sample_types`: type weights for the per-type placement, from the head of every split.
 
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
@@ -34,8 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from drainpipe.pipeline.definitions import Definitions, TopNDef
-from drainpipe.pipeline.functions import MetricAccumulator, MetricPartial, aggregate_batch, normalize
+from drainpipe.pipeline import Definitions, MetricAccumulator, MetricPartial, TopNDef, aggregate_batch, normalize
 
 from .rows import (
     EVENT,

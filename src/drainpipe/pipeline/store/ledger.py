@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..functions import (
-    PIECE_MARK,
-    piece_of,
-)
+from ..partials import PIECE_MARK, piece_of
 
 
 class Ledger:

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..definitions import Definition
-from ..functions import (
-    Partial,
-)
+from ..partials import Partial
 from ..retention import Retention
 
 DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
@@ -118,7 +116,7 @@ class Store(Protocol):
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
         """The partials still to merge: those whose sources are all applied are dropped; a partial whose
         sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
-        :func:`~drainpipe.pipeline.functions.split_partial`) with it before merging them with others."""
+        :func:`~drainpipe.pipeline.partials.split_partial`) with it before merging them with others."""
         ...
 
     def query(

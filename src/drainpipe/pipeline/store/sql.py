@@ -23,7 +23,7 @@ Grafana range-query and chart it natively). The store's API speaks ISO-8601 text
 before: :meth:`Store.query` converts on the way out, bounds are converted on the way in. A store written before the
 column was a timestamp (ISO text) is migrated when it is opened, once, table by table (:meth:`SqlStore._migrate_time`).
 ``metric_state`` holds the mergeable states in the fixed columns of
-:data:`~drainpipe.pipeline.functions.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1``
+:data:`~drainpipe.pipeline.state_table.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1``
 otherwise); ``metric_values`` the finalized values (what :meth:`Store.query` reads); for a top-N the ranked
 rows are the state.
 
@@ -33,9 +33,9 @@ Merge (:meth:`SqlStore.merge`), one transaction per call, so a failure leaves no
    ``definitions``: states of a name computed differently are never merged (:class:`StoreError`);
 2. idempotency, see below;
 3. the partials are merged per (name, granularity) in memory, and merged minute states are rolled up to hour
-   and day (:func:`~drainpipe.pipeline.functions.rollup`); definitions are written in batches of rows;
+   and day (:func:`~drainpipe.pipeline.partials.rollup`); definitions are written in batches of rows;
 4. the keys (name, granularity, entity, time_bucket) are staged, the stored states for them read, merged
-   with the new ones by :func:`~drainpipe.pipeline.functions.merge` (the one merge implementation, in
+   with the new ones by :func:`~drainpipe.pipeline.partials.merge` (the one merge implementation, in
    Python, so every SQL backend shares it), and the keys' state and value rows replaced; likewise the top-N
    rows (a handful of statements per call, whatever the number of metrics);
 5. the applied (source, name) pairs are recorded.
@@ -47,7 +47,7 @@ source=...)``, united by ``merge``). A source identity must name one batch of in
 ``" ~"`` is reserved. The store records (source, name) pairs in ``applied_sources`` in the same transaction
 as the states; a source is *applied* for a name when it is recorded, or when all pieces of it are.
 
-* Pieces: a partial may only be cut with :func:`~drainpipe.pipeline.functions.split_partial`, which names
+* Pieces: a partial may only be cut with :func:`~drainpipe.pipeline.partials.split_partial`, which names
   piece i of k of source ``s`` ``"s ~i/k"`` (deterministically). ``s`` counts as applied once all k pieces
   are, whatever merge calls carried them.
 * A partial whose every source is already applied (earlier, or by an earlier partial of the same call) is
@@ -84,25 +84,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import StoreError, first_line
+from ..buckets import GRANULARITIES
 from ..definitions import Definition, signature
-from ..functions import (
-    GRANULARITIES,
-    TOPN_COLUMNS,
-    VALUE_COLUMNS,
-    MetricPartial,
-    Partial,
-    TopNPartial,
-    finalize_table,
-    from_state_table,
-    from_topn_table,
-    merge,
-    rollup,
-    source_root,
-    to_state_table,
-    to_topn_table,
-)
+from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup, source_root
 from ..retention import Retention
+from ..state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
 from ..times import instant, iso_from_ms, ms_from_bucket
+from ..values import TOPN_COLUMNS, VALUE_COLUMNS, finalize_table
 from .ledger import Ledger
 from .protocol import FileProgress, MergeReport, PurgeReport
 

@@ -1,0 +1,161 @@
+"""What a read reports beside its events: counts (:class:`ReadStats`, ``read == accepted + rejected``), and the
+rejected records with their reasons (the :class:`Sink` a reader writes them to, the :class:`DeadLetter` file)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import math
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from ..errors import UsageError
+
+__all__ = ["ReadStats", "DeadLetter", "RejectWriter", "Sink", "jsonable"]
+
+
+@dataclass
+class ReadStats:
+    """Counts of one read (or several: pass the same object). ``read == accepted + rejected`` holds by
+    construction; blank lines are not counted. ``reasons`` counts rejects by reason. Not thread-safe:
+    give each reading thread its own object and :meth:`merge` them."""
+
+    read: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    def add_accepted(self, n: int) -> None:
+        self.read += n
+        self.accepted += n
+
+    def add_rejected(self, reason: str, n: int = 1) -> None:
+        self.read += n
+        self.rejected += n
+        self.reasons[reason] += n
+
+    def merge(self, other: ReadStats) -> None:
+        """Add ``other``'s counts to this one."""
+        self.read += other.read
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.reasons.update(other.reasons)
+
+    def summary(self) -> str:
+        """One line, e.g. ``read 10 = accepted 8 + rejected 2 (bad type: ts: 2)``."""
+        text = f"read {self.read} = accepted {self.accepted} + rejected {self.rejected}"
+        if self.reasons:
+            text += " (" + ", ".join(f"{r}: {n}" for r, n in self.reasons.most_common()) + ")"
+        return text
+
+
+class DeadLetter:
+    """Rejected records as JSON Lines, one object per reject::
+
+        {"source": "<input path>", "line": <n>, "raw": <raw record>, "reason": "<reason>"}
+
+    ``line`` is the 1-based physical line number for JSON Lines and CSV (where a record starts; blank
+    lines count) and the 1-based row number within the file for Parquet. ``raw`` is the line's text for
+    JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
+    ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
+    timestamps as ISO strings, non-finite floats as strings).
+
+    The file is opened eagerly by ``__enter__``/:meth:`open` and appended to: rejected records of earlier runs
+    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe. ``count`` is the
+    number of records written.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.count = 0
+        self._lock = threading.Lock()
+        self._file: io.TextIOBase | None = None
+
+    def open(self) -> DeadLetter:
+        with self._lock:
+            if self._file is None:
+                try:
+                    self._file = open(self.path, "a", encoding="utf-8")
+                except OSError as exc:
+                    raise UsageError(f"cannot write the dead letter {self.path!r}: {exc.strerror or exc}") from None
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> DeadLetter:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        """Push what was written to the operating system (before a store commit that follows it)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
+    def write(self, source: str, line: int, raw: Any, reason: str) -> None:
+        """Append one reject (thread-safe)."""
+        record = {"source": source, "line": line, "raw": jsonable(raw), "reason": reason}
+        text = json.dumps(record, allow_nan=False) + "\n"  # ASCII: safe for any line splitter
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"dead letter {self.path!r} is not open")
+            self._file.write(text)
+            self.count += 1
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made JSON-serialisable without loss of meaning (for Parquet rows)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, (Decimal, _dt.timedelta)):
+        return str(value)
+    return value
+
+
+class RejectWriter(Protocol):
+    """Where rejected records are written: a :class:`DeadLetter`, or a collector of them."""
+
+    def write(self, source: str, line: int, raw: Any, reason: str) -> None: ...
+
+
+class Sink:
+    """Where the rejects of one source file go: the stats and (optionally) a reject writer. ``end``: where a whole
+    text file's reading stopped (after its last complete line), set when the read is done."""
+
+    def __init__(self, source: str, stats: ReadStats, dead_letter: RejectWriter | None) -> None:
+        self.source = source
+        self.stats = stats
+        self.dead_letter = dead_letter
+        self.end: tuple[int, int] | None = None  # (bytes, lines)
+
+    def reject(self, line: int, raw: Any, reason: str) -> None:
+        self.stats.add_rejected(reason)
+        if self.dead_letter is not None:
+            if isinstance(raw, (bytes, bytearray)):
+                raw = _raw_text(bytes(raw))
+            self.dead_letter.write(self.source, line, raw, reason)
+
+
+def _raw_text(raw: bytes) -> str:
+    if raw.endswith(b"\n"):
+        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+    return raw.decode("utf-8", "backslashreplace")

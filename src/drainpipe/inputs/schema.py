@@ -1,0 +1,43 @@
+"""The canonical event batch: :data:`EVENT_SCHEMA` and the ranges its values must lie in.
+
+The batch is a :class:`pyarrow.RecordBatch` with
+
+================ ========= ==========================================================
+``ts``           int64     epoch milliseconds, UTC, in [:data:`TS_MIN`, :data:`TS_MAX`]
+``service``      string    non-null, non-empty
+``instance``     string    non-null (``""`` when absent)
+``endpoint``     string    non-null (``""`` when absent)
+``latency_ms``   float64   in [0, :data:`LATENCY_MAX_MS`]
+``status``       bool      non-null (``true`` when absent)
+``db_statement`` string    nullable (an empty string counts as absent)
+================ ========= ==========================================================
+
+A leaf module (pyarrow only): every reader, the validation rules, the engines and the stores speak this schema."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ["EVENT_SCHEMA", "FIELDS", "TS_MIN", "TS_MAX", "LATENCY_MAX_MS"]
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("service", pa.string(), nullable=False),
+        pa.field("instance", pa.string(), nullable=False),
+        pa.field("endpoint", pa.string(), nullable=False),
+        pa.field("latency_ms", pa.float64(), nullable=False),
+        pa.field("status", pa.bool_(), nullable=False),
+        pa.field("db_statement", pa.string(), nullable=True),
+    ]
+)
+FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
+
+#: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every
+#: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.
+TS_MIN = -62_135_596_800_000
+TS_MAX = 253_402_300_799_999
+#: Largest accepted ``latency_ms`` (1e12 ms, about 31.7 years): larger values are rejected as out of range, so
+#: every sum, average and percentile bucket of accepted events is finite (two latencies of 1e308 would average
+#: to infinity, which no JSON can carry).
+LATENCY_MAX_MS = 1e12

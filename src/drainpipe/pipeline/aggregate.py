@@ -1,0 +1,346 @@
+"""Event batch -> one partial per definition (:func:`aggregate_batch`): columnar, numpy ``bincount`` over dense
+group ids (:mod:`.grouping`); no per-event Python code. Exit rows (a CLIENT span's statement) feed only the top-Ns
+keyed on ``db_statement``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..inputs.records import request_rows
+from .buckets import GRANULARITY_MS, TOPN_BUCKET_MS
+from .definitions import Definitions, MetricDef, TopNDef
+from .grouping import compact_codes, first_rows, group_ids, reduce_groups
+from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
+
+__all__ = ["aggregate_batch"]
+
+_FIELDS = ("ts", "service", "instance", "endpoint", "latency_ms", "status")
+
+# --------------------------------------------------------------------------------------------- batch view
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The (entity, time bucket) groups of one scope and bucket width within a batch."""
+
+    gid: np.ndarray  # per row: group id, -1 when the row does not count for the scope
+    entity: pa.Array  # per group
+    bucket: np.ndarray  # per group: bucket start, epoch ms
+    counted: np.ndarray | None  # per row: counts for the scope (None = every row)
+
+    @property
+    def size(self) -> int:
+        return len(self.bucket)
+
+
+class _BatchView:
+    """Columns of one batch as numpy arrays, and their derived groupings, computed once and cached."""
+
+    def __init__(self, batch: pa.RecordBatch | pa.Table) -> None:
+        missing = [f for f in _FIELDS if f not in batch.schema.names]
+        if missing:
+            raise ValueError(f"event batch lacks column(s): {', '.join(missing)}")
+        self.batch = batch
+        self.rows = batch.num_rows
+        self._cache: dict[Any, Any] = {}
+
+    def _cached(self, key: Any, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def arrow(self, name: str) -> pa.Array:
+        column = self.batch.column(name)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        return column
+
+    def numpy(self, name: str) -> np.ndarray:
+        """A numeric/bool column as numpy (int64 for ts, bool for status, float64 otherwise)."""
+
+        def compute() -> np.ndarray:
+            column = self.arrow(name).to_numpy(zero_copy_only=False)
+            if name == "status":
+                return column.astype(bool, copy=False)
+            return column.astype(np.int64 if name == "ts" else np.float64, copy=False)
+
+        return self._cached(("numpy", name), compute)
+
+    def encoded(self, name: str) -> tuple[np.ndarray, pa.Array]:
+        """A string column dictionary-encoded: (code per row, distinct values); nulls count as ""."""
+
+        def compute() -> tuple[np.ndarray, pa.Array]:
+            column = self.batch.column(name)
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            if pa.types.is_dictionary(column.type) and not column.null_count:
+                # the reader's codes, as they are: only the dictionary (small; its values may repeat) is encoded
+                values = pc.dictionary_encode(column.dictionary)
+                return values.indices.to_numpy()[column.indices.to_numpy()], values.dictionary
+            column = self.arrow(name)
+            if column.null_count:
+                column = pc.fill_null(column, "")
+            encoded = pc.dictionary_encode(column)
+            return encoded.indices.to_numpy(), encoded.dictionary
+
+        return self._cached(("encoded", name), compute)
+
+    def groups(self, scope: str, width_ms: int) -> _Groups:
+        return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
+
+    def _groups(self, scope: str, width_ms: int) -> _Groups:
+        services, service_names = self.encoded("service")
+        slots = self.numpy("ts") // width_ms
+        columns = [services]
+        names = [service_names]
+        counted = None
+        if scope != "service":
+            subs, sub_names = self.encoded(scope)
+            empty = pc.index(sub_names, "").as_py()
+            counted = subs != empty if empty >= 0 else None
+            columns.append(subs)
+            names.append(sub_names)
+        if counted is not None:
+            columns, slots = [c[counted] for c in columns], slots[counted]
+        codes = [(c, max(len(n), 1)) for c, n in zip(columns, names)]
+        ids, size = group_ids([*codes, compact_codes(slots)])
+        first = first_rows(ids, size)
+        parts = [n.take(pa.array(c[first])) for c, n in zip(columns, names)]
+        entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
+        if counted is None:
+            gid = ids
+        else:
+            gid = np.full(self.rows, -1, dtype=np.int64)
+            gid[counted] = ids
+        return _Groups(gid, entity, slots[first] * width_ms, counted)
+
+    def selected(self, metric: MetricDef, column: str) -> np.ndarray:
+        """A per-row array restricted to the rows ``metric`` counts.
+
+        ``column``: ``gid`` (minute group id), an event column, ``bin:P`` / ``b:P`` (histogram bin code / bin
+        of precision P).
+        """
+
+        def compute() -> np.ndarray:
+            rows = self.selection(metric)
+            if column == "gid":
+                values = self.groups(metric.scope, GRANULARITY_MS["minute"]).gid
+            elif column.startswith(("bin:", "b:")):
+                kind, precision = column.split(":")
+                codes, _, b = self.bins(float(precision))
+                values = codes if kind == "bin" else b
+            else:
+                values = self.numpy(column)
+            return values if rows is None else values[rows]
+
+        return self._cached(("selected", metric.scope, metric.where, column), compute)
+
+    def counts(self, metric: MetricDef) -> np.ndarray:
+        """Per minute group of the metric's scope: the number of rows the metric counts."""
+        size = self.groups(metric.scope, GRANULARITY_MS["minute"]).size
+        return self._cached(
+            ("counts", metric.scope, metric.where), lambda: np.bincount(self.selected(metric, "gid"), minlength=size)
+        )
+
+    def selection(self, metric: MetricDef) -> np.ndarray | None:
+        """Rows a metric counts: the scope's counted rows that pass its filter (None = every row)."""
+
+        def compute() -> np.ndarray | None:
+            counted = self.groups(metric.scope, GRANULARITY_MS["minute"]).counted
+            if metric.filter is None:
+                return counted
+            mask = metric.filter.mask(self.batch)
+            return mask if counted is None else mask & counted
+
+        return self._cached(("selection", metric.scope, metric.where), compute)
+
+    def bins(self, precision: float) -> tuple[np.ndarray, int, np.ndarray]:
+        """Histogram bins b = floor(latency / precision): (bin code per row, code count, b per row)."""
+
+        def compute() -> tuple[np.ndarray, int, np.ndarray]:
+            b = np.floor(self.numpy("latency_ms") / precision)
+            b = np.minimum(b, 2.0**53).astype(np.int64)  # latencies beyond 2^53 bins share the last bin
+            codes, size = compact_codes(b)
+            return codes, size, b
+
+        return self._cached(("bins", precision), compute)
+
+
+# --------------------------------------------------------------------------------------------- aggregation
+
+StateArrays = dict[str, np.ndarray]
+_Aggregator = Callable[[_BatchView, MetricDef, np.ndarray, np.ndarray, int], StateArrays]
+
+
+def _categories(g: np.ndarray, category: np.ndarray, categories: int, size: int) -> np.ndarray:
+    """Per group, the number of rows of each category: shape (size, categories), one bincount."""
+    return np.bincount(g * categories + category, minlength=size * categories).reshape(size, categories)
+
+
+def _agg_count(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    return {"n": n}
+
+
+def _agg_sum(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    assert metric.field is not None
+    return {"v": np.bincount(g, weights=view.selected(metric, metric.field), minlength=size)}
+
+
+def _agg_avg(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    return {**_agg_sum(view, metric, g, n, size), "n": n}
+
+
+def _agg_extreme(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    assert metric.field is not None
+    (column,) = STATE_COLUMNS[metric.function]
+    return {
+        "v": reduce_groups(g, size, view.selected(metric, metric.field).astype(np.float64), column.merge, column.type)
+    }
+
+
+def _agg_sla(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    return {"ok": _categories(g, view.selected(metric, "status"), 2, size)[:, 1], "n": n}
+
+
+def _agg_apdex(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
+    latency = view.selected(metric, "latency_ms")
+    t = metric.threshold_ms
+    assert t is not None
+    # 0 = frustrated (or failed), 1 = satisfied (latency <= t), 2 = tolerating (t < latency <= 4t)
+    category = (latency <= t).astype(np.int64)
+    category[(latency > t) & (latency <= 4 * t)] = 2
+    category[~view.selected(metric, "status")] = 0
+    counts = _categories(g, category, 3, size)
+    return {"ok": counts[:, 1], "tol": counts[:, 2], "n": n}
+
+
+_AGGREGATORS: Mapping[str, _Aggregator] = MappingProxyType(
+    {
+        "count": _agg_count,
+        "cpm": _agg_count,
+        "sum": _agg_sum,
+        "avg": _agg_avg,
+        "min": _agg_extreme,
+        "max": _agg_extreme,
+        "sla": _agg_sla,
+        "apdex": _agg_apdex,
+    }
+)
+
+
+def _state_table(
+    entity: pa.Array, bucket: np.ndarray, states: StateArrays, layout: Sequence[StateColumn], **extra: np.ndarray
+) -> pa.Table:
+    columns: dict[str, Any] = {"entity": entity, "bucket": pa.array(bucket, pa.int64())}
+    columns.update({k: pa.array(v, pa.int64()) for k, v in extra.items()})
+    columns.update({c.name: pa.array(states[c.name], c.type) for c in layout})
+    return pa.table(columns)
+
+
+def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
+    groups = view.groups(metric.scope, GRANULARITY_MS["minute"])
+    g = view.selected(metric, "gid")
+    if metric.function == "percentile":
+        return _aggregate_histogram(view, metric, groups, g)
+    layout = STATE_COLUMNS[metric.function]
+    n = view.counts(metric)
+    states = _AGGREGATORS[metric.function](view, metric, g, n, groups.size)
+    if n.all():
+        return _state_table(groups.entity, groups.bucket, states, layout)
+    present = np.flatnonzero(n)
+    return _state_table(
+        groups.entity.take(pa.array(present)),
+        groups.bucket[present],
+        {k: v[present] for k, v in states.items()},
+        layout,
+    )
+
+
+def _aggregate_histogram(view: _BatchView, metric: MetricDef, groups: _Groups, g: np.ndarray) -> pa.Table:
+    assert metric.precision_ms is not None
+    precision = float(metric.precision_ms)
+    bin_codes = view.selected(metric, f"bin:{precision!r}")
+    ids, size = group_ids([(g, max(groups.size, 1)), (bin_codes, view.bins(precision)[1])])
+    first = first_rows(ids, size)
+    group = g[first]
+    return _state_table(
+        groups.entity.take(pa.array(group)),
+        groups.bucket[group],
+        {"n": np.bincount(ids, minlength=size)},
+        STATE_COLUMNS["percentile"],
+        b=view.selected(metric, f"b:{precision!r}")[first],
+    )
+
+
+def _topn_candidates(g: np.ndarray, latency: np.ndarray, size: int, n: int) -> np.ndarray:
+    """Indices of a superset of each group's top ``n`` rows by latency (ties at the boundary included).
+
+    One int64 sort on (group, latency) keys: latency is reduced to its IEEE bit pattern (monotonic for
+    non-negative floats), shifted right to make room for the group id, so the keys are non-strictly
+    monotonic in latency; every row at or above its group's n-th largest key is a candidate.
+    """
+    sizes = np.bincount(g, minlength=size)
+    if len(g) == 0 or sizes.max() <= n:
+        return np.arange(len(g))
+    shift = max(1, int(size).bit_length())
+    keys = (g.astype(np.int64) << (63 - shift)) | (np.abs(latency).view(np.int64) >> shift)
+    ordered = np.sort(keys)
+    ends = np.cumsum(sizes)
+    threshold = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+    large = sizes > n
+    threshold[large] = ordered[ends[large] - n]
+    return np.flatnonzero(keys >= threshold[g])
+
+
+def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
+    groups = view.groups(topn.scope, TOPN_BUCKET_MS)
+    keys = view.arrow(topn.key)
+    has_key = pc.fill_null(pc.not_equal(keys, ""), False).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(has_key & (groups.gid >= 0))
+    g = groups.gid[rows]
+    latency = view.numpy("latency_ms")[rows]
+    pick = _topn_candidates(g, latency, groups.size, topn.n)
+    rows, g = rows[pick], g[pick]
+    table = pa.table(
+        {
+            "entity": groups.entity.take(pa.array(g, pa.int64())),
+            "bucket": pa.array(groups.bucket[g], pa.int64()),
+            "latency_ms": pa.array(latency[pick], pa.float64()),
+            "key": keys.take(pa.array(rows, pa.int64())),
+        },
+        schema=TOPN_STATE_SCHEMA,
+    )
+    return keep_top(table, topn.n)
+
+
+def aggregate_batch(
+    batch: pa.RecordBatch | pa.Table, definitions: Definitions, *, source: str | None = None
+) -> list[Partial]:
+    """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch.
+
+    Metric partials hold minute states, top-N partials 10-minute ones. A partial is returned for every
+    definition even when the batch contributes nothing to it (an empty table), so that ``source`` (the
+    identity of this batch, which stores record to make ingestion idempotent) reaches every definition.
+    """
+    requests = request_rows(batch)
+    every = _BatchView(batch)
+    # exit rows (a CLIENT span's statement) feed only the top-Ns keyed on db_statement
+    view = every if requests == batch.num_rows else _BatchView(batch.slice(0, requests))
+    sources = () if source is None else (source,)
+    partials: list[Partial] = []
+    for metric in definitions.metrics:
+        partials.append(partial_type(metric)(_aggregate_metric(view, metric), "minute", sources))  # type: ignore[call-arg]
+    for topn in definitions.topns:
+        partials.append(
+            partial_type(topn)(_aggregate_topn(every if topn.key == "db_statement" else view, topn), sources)
+        )
+    return partials

@@ -1,0 +1,118 @@
+"""Dense group ids for columnar aggregation and merging: integer and string key columns to codes, code tuples to
+group ids, and per-group reduction (sum, min, max). Pure numpy and pyarrow; no per-row Python code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "dense_limit",
+    "factorize",
+    "compact_codes",
+    "group_ids",
+    "first_rows",
+    "string_codes",
+    "key_codes",
+    "table_groups",
+    "reduce_groups",
+]
+
+_BUCKET_UNIT_MS = 60_000  # every bucket (minute, hour, day, 10 minutes) is a whole number of minutes
+_MAX_KEY_SPACE = 1 << 62
+
+
+def dense_limit(rows: int) -> int:
+    return max(1 << 16, 4 * rows)
+
+
+def factorize(keys: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """Map non-negative int64 codes below ``size`` to dense ids: (id per element, number of ids).
+
+    A lookup table of ``size`` entries when that is small, else a sort: ids follow the keys' order either way.
+    Callers must not depend on that order.
+    """
+    if size <= dense_limit(len(keys)):
+        seen = np.zeros(size, dtype=bool)
+        seen[keys] = True
+        uniques = np.flatnonzero(seen)
+        lookup = np.empty(size, dtype=np.int64)
+        lookup[uniques] = np.arange(len(uniques), dtype=np.int64)
+        return lookup[keys], len(uniques)
+    # a wide key space (entity x minute x percentile bin): sorting beat pyarrow's hash table 1.2-2x here (22-51 vs
+    # 36-60 ns a key, most on the sorted runs that merging sorted partials gives)
+    order = np.argsort(keys)
+    ordered = keys[order]
+    starts = np.empty(len(keys), dtype=bool)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    ids = np.empty(len(keys), dtype=np.int64)
+    ids[order] = np.cumsum(starts) - 1
+    return ids, int(np.count_nonzero(starts))
+
+
+def compact_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integer values -> (code per element in [0, size), size) with size <= max(len, dense limit)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), 1
+    low, high = int(values.min()), int(values.max())
+    codes = np.subtract(values, low, dtype=np.int64)
+    if high - low < dense_limit(len(values)):
+        return codes, high - low + 1
+    return factorize(codes, high - low + 1)
+
+
+def group_ids(codes: Sequence[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+    """Dense group ids of the rows' code tuples (each code in [0, size)): (id per row, number of groups)."""
+    ids, size = codes[0][0], codes[0][1]
+    for column, width in codes[1:]:
+        if size * width >= _MAX_KEY_SPACE:  # keep the combined code within int64
+            ids, size = factorize(ids, size)
+        ids = np.multiply(ids, width, dtype=np.int64)  # a new array: the caller's codes are never modified
+        ids += column
+        size *= width
+    return factorize(ids, size)
+
+
+def first_rows(ids: np.ndarray, size: int) -> np.ndarray:
+    """A representative row index per group id."""
+    rows = np.empty(size, dtype=np.int64)
+    rows[ids] = np.arange(len(ids), dtype=np.int64)
+    return rows
+
+
+def string_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    return encoded.indices.to_numpy(zero_copy_only=False), max(len(encoded.dictionary), 1)
+
+
+def key_codes(table: pa.Table, column: str) -> tuple[np.ndarray, int]:
+    if column == "entity":
+        return string_codes(table.column(column))
+    values = table.column(column).to_numpy()
+    return compact_codes(values // _BUCKET_UNIT_MS if column == "bucket" else values)
+
+
+def table_groups(table: pa.Table, key_columns: Sequence[str]) -> tuple[np.ndarray, int]:
+    """Dense group ids of a state table's rows by ``key_columns``."""
+    return group_ids([key_codes(table, c) for c in key_columns])
+
+
+def reduce_groups(ids: np.ndarray, size: int, values: np.ndarray, merge: str, kind: pa.DataType) -> np.ndarray:
+    """Combine per-row values into per-group values with ``merge`` (``"sum"``, ``"min"``, ``"max"``); integer sums
+    stay exact when ``kind`` is an integer type."""
+    if merge == "sum":
+        if pa.types.is_integer(kind):
+            out = np.zeros(size, dtype=np.int64)
+            np.add.at(out, ids, values.astype(np.int64))
+            return out
+        return np.bincount(ids, weights=values, minlength=size)
+    ufunc, start = (np.minimum, np.inf) if merge == "min" else (np.maximum, -np.inf)
+    out = np.full(size, start)
+    ufunc.at(out, ids, values)
+    return out
