@@ -1,9 +1,11 @@
 """The layers, enforced (as trio does): no import cycles between drainpipe's modules, the pipeline, server, Spark and
-input packages use the queue only through its public API, and no module uses another module's private names."""
+and no module uses another module's private names; every public exception lives in errors.py, modules are loaded by name only
+in the lazy package faces, and tests import only public names."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -115,3 +117,141 @@ def test_the_layering_checks_can_fail() -> None:
     assert "drainpipe._control" in _graph()["drainpipe._queue"]
     assert "drainpipe.server.commands" in _graph()["drainpipe.cli"]
     assert any(t == "drainpipe._fastpath" for t, _, _ in _imports("drainpipe._partitions"))
+
+
+# --------------------------------------------------------------------------------------------- exceptions, loading
+
+ERRORS = "drainpipe.errors"
+#: builtin exception bases a class may name; any other base is checked by name against the classes found here
+_BUILTIN_EXCEPTIONS = {name for name in dir(builtins) if name.endswith(("Error", "Exception", "Exit"))} | {
+    "Exception",
+    "BaseException",
+}
+
+
+def _exception_classes(tree: ast.Module) -> list[tuple[str, int]]:
+    """(class name, line) of every class in ``tree`` deriving from an exception, by its bases' names (a builtin
+    exception, or a class of drainpipe.errors)."""
+    errors_tree = ast.parse(MODULES[ERRORS].read_text())
+    known = _BUILTIN_EXCEPTIONS | {n.name for n in ast.walk(errors_tree) if isinstance(n, ast.ClassDef)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}
+            if bases & known:
+                found.append((node.name, node.lineno))
+    return found
+
+
+def _public_exceptions_outside_errors(sources: dict[str, str]) -> list[str]:
+    return [
+        f"{module}:{line} defines {name}"
+        for module, text in sources.items()
+        if module != ERRORS
+        for name, line in _exception_classes(ast.parse(text))
+        if not name.startswith("_")  # a private control-flow class may stay local
+    ]
+
+
+def test_every_public_exception_is_in_errors() -> None:
+    bad = _public_exceptions_outside_errors({m: p.read_text() for m, p in MODULES.items()})
+    assert not bad, bad
+
+
+def _loads_by_name(text: str) -> list[int]:
+    """Lines calling importlib.import_module, __import__ or importlib.util's loaders."""
+    lines = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("import_module", "__import__", "spec_from_file_location", "module_from_spec"):
+                lines.append(node.lineno)
+    return lines
+
+
+def _is_lazy_face(module: str) -> bool:
+    """A package ``__init__`` that imports its names on first use (a module-level ``__getattr__``)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    return path.name == "__init__.py" and any(
+        isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body
+    )
+
+
+def test_modules_are_loaded_by_name_only_in_the_lazy_package_faces() -> None:
+    """Loading a module by name hides the import from the cycle check above (the PostgreSQL store was loaded so,
+    while it imported the module that loaded it). Only the package faces, which import on first use, may."""
+    bad = [
+        f"{m}:{line} loads a module by name"
+        for m, path in MODULES.items()
+        if not _is_lazy_face(m)
+        for line in _loads_by_name(path.read_text())
+    ]
+    assert not bad, bad
+
+
+def test_no_public_name_of_a_lazy_face_is_also_a_submodule() -> None:
+    """Importing ``pkg.x`` sets the attribute ``x`` of ``pkg`` to the module, replacing a lazily exported ``x``
+    (``from drainpipe.pipeline import render`` gave the module once ``pipeline.render`` had been imported)."""
+    bad = []
+    for m in MODULES:
+        if _is_lazy_face(m):
+            tree = ast.parse(MODULES[m].read_text())
+            exported = next(
+                (
+                    ast.literal_eval(n.value)
+                    for n in tree.body
+                    if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+                ),
+                [],
+            )
+            bad += [f"{m}.{name}" for name in exported if f"{m}.{name}" in MODULES]
+    assert not bad, bad
+
+
+# --------------------------------------------------------------------------------------------- tests use public names
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _private_imports(text: str) -> list[str]:
+    """``module.name`` for every private name imported from a public drainpipe module. A private module's names
+    may be imported: such a test is that module's own unit test."""
+    bad = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "drainpipe":
+            if any(part.startswith("_") for part in node.module.split(".")):
+                continue
+            package = SRC.joinpath(*node.module.split("."))
+            bad += [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_")
+                and a.name != "__version__"
+                and not any(package.joinpath(a.name + ext).exists() for ext in (".py", ".c"))  # a private module
+            ]
+    return bad
+
+
+def test_tests_import_only_public_names() -> None:
+    bad = [
+        f"{path.relative_to(TESTS)} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name in _private_imports(path.read_text())
+    ]
+    assert not bad, bad
+
+
+def test_the_new_checks_can_fail() -> None:
+    """Each rule above flags the thing it forbids (sabotaged inputs: the checks are not vacuous)."""
+    assert _public_exceptions_outside_errors({"drainpipe.x": "class Oops(ValueError):\n    pass\n"}) == [
+        "drainpipe.x:1 defines Oops"
+    ]
+    assert _public_exceptions_outside_errors({"drainpipe.x": "class Gone(StoreError):\n    pass\n"})
+    assert not _public_exceptions_outside_errors({"drainpipe.x": "class _Stop(Exception):\n    pass\n"})
+    assert _loads_by_name("import importlib\nm = importlib.import_module('drainpipe.x')\n") == [2]
+    assert _private_imports("from drainpipe.inputs.records import _secret\n") == ["drainpipe.inputs.records._secret"]
+    assert not _private_imports("from drainpipe._balancer import _plan\n")  # a private module's unit test
+    assert not _private_imports("from drainpipe.inputs import _spanmap\n")
+    assert _is_lazy_face("drainpipe.pipeline") and not _is_lazy_face("drainpipe.pipeline.store")
