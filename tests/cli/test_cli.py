@@ -13,8 +13,7 @@ import pytest
 from drainpipe import cli
 from drainpipe.cli import EXIT_BUG, EXIT_USER, build_parser, main
 from drainpipe.pipeline.store import open_store
-
-T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+from testlib import T0
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

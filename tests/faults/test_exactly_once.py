@@ -16,8 +16,8 @@ import pytest
 
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.generator import generate_events, write_events
-from eventdata import assert_same_results
 from procs import alive, children_of
+from testlib import assert_same_results
 
 HERE = Path(__file__).resolve().parent
 FLUSH_S = "0.05"  # a checkpoint every 50 ms of work: several per run

@@ -12,8 +12,7 @@ import pytest
 
 from drainpipe.cli import EXIT_NOT_STORED, EXIT_USER, main
 from drainpipe.pipeline.store import open_store
-
-T0 = 1_795_255_200_000
+from testlib import T0
 
 
 def line(i: int, service: str = "svc") -> str:

@@ -23,8 +23,8 @@ from drainpipe.inputs.records import NUMBER_RE, detect_format, expand_inputs, re
 from drainpipe.inputs.rejects import DeadLetter, ReadStats
 from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
 from drainpipe.inputs.validation import check_fields, validate_values
+from testlib import T0
 
-T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 BASE = {"ts": T0, "service": "svc", "latency_ms": 1.5}
 CSV_HEADER = ",".join(FIELDS)
 HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -32,8 +32,8 @@ from drainpipe.pipeline.partials import (
 from drainpipe.pipeline.state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
 from drainpipe.pipeline.times import iso_from_ms, ms_from_iso
 from drainpipe.pipeline.values import finalize, finalize_table
+from testlib import T0
 
-T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 MIN = 60_000
 COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
 

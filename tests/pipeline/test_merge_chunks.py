@@ -12,7 +12,7 @@ from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import FileProgress, open_store
-from eventdata import metric_chunks
+from testlib import metric_chunks
 
 BASE = 1_790_000_000_000 // 60_000 * 60_000
 

@@ -15,9 +15,9 @@ from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions, parse_definitions
 from drainpipe.pipeline.retention import Retention, parse_duration, parse_retention_flag
 from drainpipe.pipeline.store import FileProgress, SqlStore, open_store
+from testlib import MIDNIGHT as T0
 
 DAY = 86_400_000
-T0 = 1_790_035_200_000  # a midnight (UTC)
 TABLES = ("metric_state", "metric_values", "topn_values", "applied_sources", "file_progress")
 SHORT = Retention(minute=DAY, hour=3 * DAY, day=7 * DAY, topn=DAY)
 

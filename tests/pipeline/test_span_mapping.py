@@ -23,7 +23,7 @@ from drainpipe.inputs.records import request_rows
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from drainpipe.inputs.spans import KINDS, SpanMapping
 
-T0 = 1_795_543_194_000_000_000  # ns
+T0_NS = 1_795_543_194_000_000_000  # ns
 
 
 @pytest.fixture(autouse=True, scope="module", params=["C", "numpy"])
@@ -125,7 +125,7 @@ def attributes(draw: Any, keys: list[str]) -> list[KeyValue]:
 
 @st.composite
 def spans(draw: Any) -> dict[str, Any]:
-    start = T0 + draw(st.integers(0, 10**12))
+    start = T0_NS + draw(st.integers(0, 10**12))
     # mostly mappable spans, so that the rules after the checks are exercised too
     duration = draw(st.sampled_from([0, 1, 999_999, 1_234_567, 10**9] * 3 + [-1, int(LATENCY_MAX_MS * 1e6) + 1]))
     return {
@@ -183,8 +183,8 @@ def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceReques
 def one_span(kind: int, attrs: list[tuple[str, Any]], status: int | None = None) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(
-        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="n", kind=kind, start_time_unix_nano=T0,
-        end_time_unix_nano=T0 + 5_000_000)  # fmt: skip
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="n", kind=kind, start_time_unix_nano=T0_NS,
+        end_time_unix_nano=T0_NS + 5_000_000)  # fmt: skip
     for key, value in attrs:
         span.attributes.add(
             key=key, value=AnyValue(**{"int_value" if isinstance(value, int) else "string_value": value})

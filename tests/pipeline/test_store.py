@@ -19,7 +19,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, Met
 from drainpipe.pipeline.partials import merge, rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store
 from drainpipe.pipeline.times import parse_time
-from eventdata import T0, ingest, same_values, store_events
+from testlib import T0, ingest, same_values, store_events
 
 generated = store_events
 

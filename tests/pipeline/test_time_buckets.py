@@ -14,8 +14,8 @@ from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import SqlStore, open_store
+from testlib import MIDNIGHT as T0
 
-T0 = 1_790_035_200_000  # 2026-09-22T00:00:00Z
 TIME_TABLES = ("metric_state", "metric_values", "topn_values")
 
 

@@ -18,7 +18,7 @@ from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.partials import split_partial
 from drainpipe.pipeline.store import Store, open_store
-from eventdata import T0, ingest, metric_chunks, same_values, store_events
+from testlib import T0, ingest, metric_chunks, same_values, store_events
 
 pytestmark = pytest.mark.postgres
 

@@ -25,8 +25,8 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.store import open_store
-from eventdata import ingest, same_values, store_events
 from serve_kill import PLACEHOLDER, body_template, start_serve
+from testlib import ingest, same_values, store_events
 
 pytestmark = pytest.mark.postgres
 

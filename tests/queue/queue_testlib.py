@@ -67,17 +67,6 @@ def new_queue(name: str, **kw: Any) -> BatchQueue:
     return BatchQueueManager.create(name, config(**kw))
 
 
-def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.002) -> bool:
-    """Poll ``pred`` (for state that has no event of its own, e.g. stats); True once it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
 def pool_threads(prefix: str) -> list[threading.Thread]:
     """Live scheduler threads named ``drainpipe-<prefix>-<n>``."""
     pat = re.compile(rf"^drainpipe-{re.escape(prefix)}-\d+$")

@@ -8,9 +8,10 @@ import threading
 import time
 
 import pytest
-from queue_testlib import A, B, Blocker, C, Recorder, SubA, first_call_blocks, make_types, new_queue, wait_until
+from queue_testlib import A, B, Blocker, C, Recorder, SubA, first_call_blocks, make_types, new_queue
 
 from drainpipe import PartitionPolicy, PartitionSelector, ThreadPolicy
+from testlib import wait_until
 
 # ---------------------------------------------------------------- single-consumer mode
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from queue_testlib import Recorder, config, pool_threads, queue_threads, wait_until
+from queue_testlib import Recorder, config, pool_threads, queue_threads
 
 from drainpipe import BatchQueue, BatchQueueManager, PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 
 def _all_drainpipe_threads():

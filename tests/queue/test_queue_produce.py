@@ -6,9 +6,10 @@ import threading
 import time
 
 import pytest
-from queue_testlib import A, B, Blocker, C, Item, Recorder, first_call_blocks, make_types, new_queue, wait_until
+from queue_testlib import A, B, Blocker, C, Item, Recorder, first_call_blocks, make_types, new_queue
 
 from drainpipe import BufferStrategy, PartitionPolicy, PartitionSelector, ThreadPolicy
+from testlib import wait_until
 
 
 def blocked_consumer():

@@ -20,10 +20,10 @@ from queue_testlib import (
     new_queue,
     pool_threads,
     queue_threads,
-    wait_until,
 )
 
 from drainpipe import BatchQueue, BufferStrategy, PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 
 def test_concurrent_callers_all_return_after_completion(qname):

@@ -6,9 +6,10 @@ import dataclasses
 import threading
 
 import pytest
-from queue_testlib import A, B, Blocker, C, Recorder, make_gate, make_types, new_queue, wait_until
+from queue_testlib import A, B, Blocker, C, Recorder, make_gate, make_types, new_queue
 
 from drainpipe import BatchQueueStats, BufferStrategy, PartitionPolicy, PartitionSelector, PartitionUsage, ThreadPolicy
+from testlib import wait_until
 
 
 def _stuck_queue(qname, **kw):

@@ -9,9 +9,10 @@ import threading
 import time
 
 import pytest
-from queue_testlib import A, B, C, Recorder, first_call_blocks, make_types, new_queue, wait_until
+from queue_testlib import A, B, C, Recorder, first_call_blocks, make_types, new_queue
 
 from drainpipe import BufferStrategy, PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 
 class Scripted:

@@ -8,10 +8,11 @@ import threading
 import time
 
 import pytest
-from queue_testlib import A, B, Item, Recorder, make_types, new_queue, wait_until
+from queue_testlib import A, B, Item, Recorder, make_types, new_queue
 
 import drainpipe._drain as drain_module
 from drainpipe import BufferStrategy, PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 
 def failing_once(real, exc: BaseException, after: int = 0):

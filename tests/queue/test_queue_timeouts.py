@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from queue_testlib import A, B, C, Recorder, first_call_blocks, new_queue, wait_until
+from queue_testlib import A, B, C, Recorder, first_call_blocks, new_queue
 
 from drainpipe import ThreadPolicy
+from testlib import wait_until
 
 
 def test_timeouts_on_control_calls_while_a_handler_is_stuck(qname: str) -> None:

@@ -25,6 +25,7 @@ from server_testlib import events, free_port, post_events, running_server
 from drainpipe.pipeline.alerts import AlertRule
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.server.service import ServiceOptions
+from testlib import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -101,17 +102,6 @@ class WebDriver:
                 pass
 
 
-def wait_until(fn, timeout: float = 20, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out; last value {last!r}")
-
-
 def number(text: str) -> float:
     t = text.strip().replace(",", "")
     scale = 1e6 if t.endswith("M") else 1e3 if t.endswith("k") else 1
@@ -156,14 +146,14 @@ def test_dashboard_updates_while_events_flow() -> None:
             feeder = threading.Thread(target=feed, daemon=True)
             feeder.start()
             driver.s("POST", "/url", {"url": srv.url + "/"})
-            wait_until(lambda: number(driver.text("accepted-total")) > 0)
+            wait_until(lambda: number(driver.text("accepted-total")) > 0, timeout=20)
             first = number(driver.text("accepted-total"))
             polls = int(driver.text("polls"))
             time.sleep(2.5)
             second = number(driver.text("accepted-total"))
             assert second > first, (first, second)
             assert int(driver.text("polls")) >= polls + 2
-            assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t)) > 0
+            assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t, timeout=20)) > 0
             assert driver.text("status") == "live"
             # heat strips: one row per queue, one cell per partition
             rows = driver.script(
@@ -176,7 +166,8 @@ def test_dashboard_updates_while_events_flow() -> None:
             top = wait_until(
                 lambda: driver.script(
                     "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"
-                )
+                ),
+                timeout=20,
             )
             assert top and all(s.startswith("svc-") for s in top)
             # the load charts have been drawn (some non-transparent pixels)
@@ -216,7 +207,9 @@ def test_the_dashboard_shows_firing_alerts_escaped() -> None:
                                    "latency_ms": latency, "status": True}
                                   for i in range(10) for svc, latency in ((evil, 250.0), ("ok-svc", 5.0))])  # fmt: skip
         driver.s("POST", "/url", {"url": srv.url + "/"})
-        firing = wait_until(lambda: driver.text("alerts-firing").startswith("FIRING") and driver.text("alerts-firing"))
+        firing = wait_until(
+            lambda: driver.text("alerts-firing").startswith("FIRING") and driver.text("alerts-firing"), timeout=20
+        )
         assert f"FIRING · slow · {evil} · 250" in firing and "ok-svc" not in firing
         assert "service_resp_time > 100 for 2 minute(s)" in firing
         assert driver.script("return document.querySelectorAll('#alerts img').length") == 0  # text, not markup
@@ -292,16 +285,20 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
         store = srv.service.store
         wait_until(lambda: len(store.query("service_cpm", entity="shop", granularity="minute")) == 30, timeout=30)
         driver.s("POST", "/url", {"url": srv.url + "/#token=t0k"})
-        wait_until(lambda: driver.script("return document.querySelectorAll('#top-services a.svc').length") == 2)
+        wait_until(
+            lambda: driver.script("return document.querySelectorAll('#top-services a.svc').length") == 2, timeout=20
+        )
         click(driver, "#top-services a.svc[href*='service=shop']")
-        wait_until(lambda: driver.text("drill-service") == "shop")
+        wait_until(lambda: driver.text("drill-service") == "shop", timeout=20)
         assert driver.script("return location.hash").startswith("#service=shop&range=minute")
         shown = lambda view: driver.script(f"return document.getElementById('{view}').offsetParent !== null")
         assert not shown("live") and shown("drill")
         rows = lambda table: driver.script(
             f"return Array.from(document.querySelectorAll('#{table} tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))"
         )
-        endpoints = wait_until(lambda: rows("drill-endpoints") if len(rows("drill-endpoints")) == 3 else None)
+        endpoints = wait_until(
+            lambda: rows("drill-endpoints") if len(rows("drill-endpoints")) == 3 else None, timeout=20
+        )
         assert [(r[0], r[1]) for r in endpoints] == [("/cart", "900"), ("/pay", "600"), ("/search", "300")]
         assert [r[5] for r in endpoints] == ["90", "60", "30"]  # every tenth request failed
         assert sorted(r[0] for r in rows("drill-instances")) == ["shop-0", "shop-1"]
@@ -319,12 +316,14 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
         if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):
             (ROOT / "docs" / "drilldown.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))
         click(driver, "#drill-range a.range[href*='range=hour']")
-        wait_until(lambda: "hour" in driver.script("return document.querySelector('#drill-range b').textContent"))
-        wait_until(lambda: [r[1] for r in rows("drill-endpoints")] == ["900", "600", "300"])
+        wait_until(
+            lambda: "hour" in driver.script("return document.querySelector('#drill-range b').textContent"), timeout=20
+        )
+        wait_until(lambda: [r[1] for r in rows("drill-endpoints")] == ["900", "600", "300"], timeout=20)
         # addressable: the URL alone opens the view
         driver.s("POST", "/url", {"url": srv.url + "/#service=other&range=day&token=t0k"})
-        wait_until(lambda: driver.text("drill-service") == "other")
-        wait_until(lambda: [r[:2] for r in rows("drill-endpoints")] == [["/", "5"]])
+        wait_until(lambda: driver.text("drill-service") == "other", timeout=20)
+        wait_until(lambda: [r[:2] for r in rows("drill-endpoints")] == [["/", "5"]], timeout=20)
         assert driver.text("error") == "" and driver.text("drill-error") == ""
         click(driver, "#back")
-        wait_until(lambda: shown("live") and not shown("drill"))
+        wait_until(lambda: shown("live") and not shown("drill"), timeout=20)

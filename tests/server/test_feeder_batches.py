@@ -12,8 +12,7 @@ from drainpipe.pipeline.store import open_store
 from drainpipe.server.feeder import COALESCE_EVENTS, COALESCE_ROWS, Feeder
 from drainpipe.server.service import serve_engine_options
 from drainpipe.server.wal import MemoryLog
-
-T0 = 1_795_543_194_000
+from testlib import T0
 
 
 def export(requests: int, exits: int) -> pa.RecordBatch:

@@ -15,7 +15,7 @@ import pytest
 
 from drainpipe.pipeline.definitions import Definitions
 from drainpipe.pipeline.generator import generate_events, write_events
-from eventdata import FLOAT_SUM_FUNCTIONS, assert_same_results, stored  # noqa: F401  (re-exported)
+from testlib import FLOAT_SUM_FUNCTIONS, assert_same_results, stored  # noqa: F401  (re-exported)
 
 BAD_JSON_LINES = [
     b'{"ts": 1795255200000, "service": "", "latency_ms": 3}',  # bad value: service

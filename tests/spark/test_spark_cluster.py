@@ -20,7 +20,7 @@ from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
-from eventdata import assert_same_results
+from testlib import assert_same_results
 
 pytestmark = SPARK
 HERE = Path(__file__).parent

@@ -11,7 +11,7 @@ from spark_testlib import SPARK
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.run import run_local
 from drainpipe.spark import run_batch
-from eventdata import assert_same_results
+from testlib import assert_same_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from test_telemetry_files import telemetry_inputs

@@ -1,8 +1,11 @@
-"""Test event batches shared by the store suites (DuckDB and PostgreSQL run the same cases on the same data)."""
+"""Shared test factories: the times tests start from, event batches (the store suites run DuckDB and PostgreSQL on
+the same data), and waiting for a condition. One home, so that no test file defines its own."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +16,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.store import MergeReport, Store, open_store
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
+MIDNIGHT = 1_790_035_200_000  # 2026-09-22T00:00:00Z: a day boundary, for bucket and retention edges
 COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
 AVG_METRICS = {"service_resp_time", "instance_resp_time", "endpoint_resp_time"}
 
@@ -97,3 +101,16 @@ def assert_same_results(expected_url: str, actual_url: str, definitions: Definit
             assert math.isclose(got[5], want[5], rel_tol=1e-12, abs_tol=0.0), (want, got)
     assert actual_topn == expected_topn
     return inexact
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.002) -> Any:
+    """Poll ``pred`` (for state that has no event of its own: stats, a page, a store) until it returns something
+    true, and return that; :class:`AssertionError` with the last value after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s; last value {last!r}")
+        time.sleep(interval)
