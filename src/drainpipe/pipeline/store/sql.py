@@ -1,4 +1,4 @@
-"""Metric stores: transactional, idempotent upsert-merge of states, and the query side.
+"""The SQL core of every store: schema, migrations, purge, the idempotent upsert-merge of states, and queries.
 
 Contract (``docs/pipeline.md``, "Output (storage)"): rows are upserts keyed by
 (metric, entity, granularity, time_bucket, label); states are merged, not overwritten, so two halves of the
