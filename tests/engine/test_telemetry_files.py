@@ -84,7 +84,8 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     block also ends at ``LINE_BLOCK_BYTES``. Shrunk to 8 KB here (about one export of the fixture, 20 access-log
     lines), the files are cut into many blocks, none past the bound by more than its last line, and the store,
     the rejects and their line numbers are those of the one-block read."""
-    from drainpipe.inputs import ReadStats, RejectList, Sink, read_part, records, request_rows, whole_file
+    from drainpipe.inputs import ReadStats, RejectList, Sink, read_part, request_rows, whole_file
+    from drainpipe.inputs.formats import base
 
     paths, _ = telemetry_inputs(tmp_path)
     options = InputOptions(service="web")
@@ -102,7 +103,7 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     whole = {p: read(p) for p in paths}
     url_a, url_b = f"duckdb:///{tmp_path / 'a.duckdb'}", f"duckdb:///{tmp_path / 'b.duckdb'}"
     run_local(paths, definitions=default_definitions(), store_url=url_a, service="web", workers=0)
-    monkeypatch.setattr(records, "LINE_BLOCK_BYTES", 8 << 10)
+    monkeypatch.setattr(base, "LINE_BLOCK_BYTES", 8 << 10)
     for path in paths:
         blocks, rejects = read(path)
         assert len(whole[path][0]) == 1 and len(blocks) > 5, path  # one block before, many now

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drainpipe.errors import InputError, Rejected
-from drainpipe.inputs.records import NUMBER_RE, detect_format, expand_inputs, read_events
+from drainpipe.inputs import detect_format, expand_inputs, read_events
+from drainpipe.inputs.formats.csv_format import NUMBER_RE
 from drainpipe.inputs.rejects import DeadLetter, ReadStats
 from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
 from drainpipe.inputs.validation import check_fields, validate_values
@@ -821,7 +822,7 @@ MIXED_LINE = st.one_of(CLEAN_LINE, CLEAN_LINE, st.sampled_from(DIRTY_LINES))
 
 
 def read_both_paths(tmp_path: Path, data: bytes, name: str, batch_rows: int) -> tuple[Result, Result]:
-    import drainpipe.inputs.records as events
+    import drainpipe.inputs.formats.jsonl_format as events
 
     path = write_bytes(tmp_path, name, data)
     results = []
@@ -862,7 +863,7 @@ def test_fast_path_equals_per_line_path(tmp_path, lines, batch_rows, name, endin
 def test_fast_path_taken_for_clean_blocks(lines):
     """A clean block really takes the fast path, with the per-line result (the bytes ``NaN``/``Infinity``
     anywhere, even inside a string, conservatively send a block to the per-line path)."""
-    from drainpipe.inputs.records import fast_jsonl_block, json_rows
+    from drainpipe.inputs.formats.jsonl_format import fast_jsonl_block, json_rows
     from drainpipe.inputs.validation import rows_to_batch
 
     chunk = [x.encode() + b"\n" for x in lines]
@@ -877,7 +878,7 @@ def test_fast_path_taken_for_clean_blocks(lines):
 @pytest.mark.parametrize("line", DIRTY_LINES)
 def test_fast_path_declines_dirty_lines(tmp_path, line):
     """Each dirty line sends its block to the per-line path, with the per-line outcome."""
-    from drainpipe.inputs.records import fast_jsonl_block
+    from drainpipe.inputs.formats.jsonl_format import fast_jsonl_block
 
     raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
     clean = rec().encode()
@@ -899,7 +900,7 @@ def test_fast_path_generated_events_round_trip(tmp_path):
 
 def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
     """Rows the columnar checks reject stay on the fast path, with the per-line reason, raw text and line."""
-    from drainpipe.inputs.records import fast_jsonl_block
+    from drainpipe.inputs.formats.jsonl_format import fast_jsonl_block
 
     lines = [rec(), rec(service=""), rec(latency_ms=-1), rec(ts=TS_MAX + 1), "{}", rec(service=None), rec()]
     chunk = [x.encode() + b"\n" for x in lines]
@@ -919,9 +920,9 @@ def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
 def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newline):
     """JsonlBlocks.read_range (the workers' reader: scanner straight out of the part's bytes, else the block cut
     out) gives the per-line path's blocks, rows, rejects and line numbers."""
-    import drainpipe.inputs.records as events
+    import drainpipe.inputs.formats.jsonl_format as events
     from drainpipe.inputs import RejectList, Sink
-    from drainpipe.inputs.records import JsonlBlocks
+    from drainpipe.inputs.formats.jsonl_format import JsonlBlocks
 
     encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
     data = ending.join(encoded) + (ending if final_newline and encoded else b"")
@@ -949,7 +950,7 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
 def test_ndjson_bodies_fast_path_equals_per_line_path(lines, ending, final_newline):
     """An HTTP body of JSON Lines (validate_json_lines) gives the same batch, rejects and counts with the
     columnar fast path as line by line."""
-    import drainpipe.inputs.records as events
+    import drainpipe.inputs.formats.jsonl_format as events
     from drainpipe.inputs import validate_json_lines
 
     encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
@@ -993,9 +994,9 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     that splits the bytes into lines and validates each block line by line: the same block indexes, rows, rejects,
     bytes and lines consumed, with chunks down to one byte (lines and blocks spanning chunks) and a growable file's
     unfinished last line left unread."""
-    import drainpipe.inputs.records as events
+    import drainpipe.inputs.formats.jsonl_format as events
     from drainpipe.inputs import RejectList, Sink
-    from drainpipe.inputs.records import JsonlBlocks, read_jsonl_stream
+    from drainpipe.inputs.formats.jsonl_format import JsonlBlocks, read_jsonl_stream
 
     encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
     data = b"\n".join(encoded) + (b"\n" if final_newline and encoded else b"")
@@ -1019,14 +1020,11 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     events._READ_BYTES = read_bytes
     try:
         stream = read_jsonl_stream(io.BytesIO(data), growable, batch_rows, Sink("x", stats, rejects))
-        got = []
-        while True:
-            try:
-                index, batch = next(stream)
-            except StopIteration as done:
-                consumed, count = done.value
-                break
-            got.append((index, batch.to_pylist()))
+        got, consumed, count = [], 0, 0
+        for index, batch, consumed_now, count_now in stream:
+            consumed, count = consumed_now, count_now  # after the last block: the whole read
+            if batch is not None:
+                got.append((index, batch.to_pylist()))
     finally:
         events._READ_BYTES = old
     assert got == want
@@ -1043,6 +1041,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     values are still the same: kept where validation changes none (empty services flagged through the
     dictionary), decoded where it does (an instance to fill, an empty statement to null)."""
     from drainpipe.inputs import parts
+    from drainpipe.inputs.formats import parquet_format
     from drainpipe.inputs.rejects import Sink
 
     n = 3_000
@@ -1059,7 +1058,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     path = write_parquet(tmp_path, table, row_group_size=700, dictionary_pagesize_limit=256)
     stored = pq.ParquetFile(path).metadata.row_group(0)
     assert all(stored.column(i).has_dictionary_page for i in (1, 2, 3))
-    assert pa.types.is_dictionary(parts._open_parquet(str(path)).schema_arrow.field("service").type)
+    assert pa.types.is_dictionary(parquet_format.open_parquet(str(path)).schema_arrow.field("service").type)
 
     kept: set[str] = set()
 
@@ -1082,7 +1081,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
     assert both_paths(keep=True) == dictionary
     assert {"service", "instance", "db_statement"} <= kept if batch_rows < 2_000 else "service" in kept
     plain = pq.ParquetFile
-    monkeypatch.setattr(parts, "_open_parquet", plain)
+    monkeypatch.setattr(parquet_format, "open_parquet", plain)
     assert both_paths() == dictionary
     assert dictionary[0] == dictionary[2] and len(dictionary[1]) == dictionary[3] > 0
 
@@ -1101,6 +1100,7 @@ def test_parquet_parts_cover_every_block_once_and_divide_among_the_workers(
     read back as the whole file's rows; and they divide among the workers (the last round is cut finer), unless
     the last round has fewer blocks than workers."""
     from drainpipe.inputs import Position, Sink, parts
+    from drainpipe.inputs.formats import parquet_format
 
     rows = sum(groups)
     path = tmp_path / "groups.parquet"
@@ -1115,7 +1115,7 @@ def test_parquet_parts_cover_every_block_once_and_divide_among_the_workers(
     assert [(p.first, p.blocks) for p in plan] == [(p.first, p.blocks) for p in plan if p.blocks > 0]
     assert [p.first for p in plan] == [skip, *(p.first + p.blocks for p in plan[:-1])][: len(plan)]
     assert sum(p.blocks for p in plan) == blocks - skip
-    assert all(p.blocks <= parts.PARQUET_PART_BLOCKS for p in plan)
+    assert all(p.blocks <= parquet_format.PARQUET_PART_BLOCKS for p in plan)
     rest = len(plan) % workers  # a last round shorter than the workers only when it ran out of blocks to cut
     assert rest == 0 or all(p.blocks == 1 for p in plan[-rest:])
     stats = ReadStats()

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainpipe.inputs._jsonscan import scan
-from drainpipe.inputs.records import fast_jsonl_block, json_rows, scanned
+from drainpipe.inputs.formats.jsonl_format import fast_jsonl_block, json_rows, scanned
 from drainpipe.inputs.validation import rows_to_batch
 
 HYPO = settings(max_examples=300, deadline=None)
@@ -168,7 +168,7 @@ def test_ranges_of_lines():
 
 
 def scan_batch(data: bytes, begin: int, count: int):
-    from drainpipe.inputs.records import scan_range
+    from drainpipe.inputs.formats.jsonl_format import scan_range
 
     scanned = scan_range(data, begin, count)
     assert scanned is not None
@@ -178,7 +178,7 @@ def scan_batch(data: bytes, begin: int, count: int):
 def test_without_the_extension_pyarrow_reads_the_same(monkeypatch):
     """Spark executors import drainpipe's pure-Python modules only: without the scanner, pyarrow's reader takes
     the same clean block, with the same result."""
-    from drainpipe.inputs import records
+    from drainpipe.inputs.formats import jsonl_format as records
 
     lines = [json.dumps({"ts": 1795255200000 + i, "service": "s", "latency_ms": i / 7, "status": i % 2 == 0})
              for i in range(50)]  # fmt: skip

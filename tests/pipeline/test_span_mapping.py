@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
+from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp, request_rows
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
-from drainpipe.inputs.records import request_rows
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from drainpipe.inputs.spans import KINDS, SpanMapping
 

@@ -1,52 +1,36 @@
 """The input layer: every way events enter drainpipe goes through here.
 
-* Records (:mod:`.records`): the canonical event batch (:data:`EVENT_SCHEMA`), one set of validation rules for
-  every format, and rejects with reasons (:class:`ReadStats`, :class:`DeadLetter`).
-* Files: :func:`expand_inputs` (paths and globs), :func:`detect_format` (by suffix: JSON Lines, CSV, OTLP JSON
-  trace files, access logs, each optionally gzipped, and Parquet).
-* Telemetry (:mod:`.otlp`, :mod:`.accesslog`): OpenTelemetry spans and access-log lines become the same events,
-  mapped as :mod:`.spans` says, their endpoints normalized by :mod:`.endpoints`; what reading needs beyond the
-  bytes travels as :class:`~.options.InputOptions`.
-* Parts (:mod:`.parts`): :func:`plan_parts` cuts a file into parts from a :class:`Position` on, :func:`read_part`
-  reads one anywhere (in process, in a worker process, in a Spark task) into validated columnar batches, with the
-  rejects' file line numbers; :func:`head_of`, :func:`node_of`, :func:`prefix_hasher` and :func:`file_identity`
-  say what a file is, the same for every engine.
-* Bodies: :func:`validate_records` and :func:`validate_json_lines` validate what an HTTP client sent.
+============== =================================================================================================
+``schema``     the canonical event batch (:data:`EVENT_SCHEMA`)
+``validation`` the validation rules, scalar and columnar cores
+``rejects``    counts (:class:`ReadStats`), the reject sink, the dead letter (:class:`DeadLetter`)
+``batches``    the request-row mark of a batch (requests, then exit rows), joining and shipping batches
+``formats``    one module per file format and the registry that detects it (:func:`format_of`)
+``part``       a part of a file (:class:`Part`) and the reader of one (:class:`PartReader`)
+``parts``      planning a file into parts and reading one, for every engine; what a file is
+``position``   a place in a file
+``files``      paths and globs into files; whole files read in order (:func:`read_events`)
+``otlp``       OTLP trace exports into events (HTTP, gRPC and files share it)
+``span_columns`` an export's wire bytes into the columns the span mapping reads
+``spans``      which spans are requests, which attributes give each field
+``endpoints``  endpoint normalization
+``options``    what reading needs beyond the bytes (:class:`~.options.InputOptions`)
+============== =================================================================================================
 
-Formats plug in at two points: :func:`detect_format` names a file's format, and :func:`records.read_blocks`
-(whole files) / :func:`read_part` (ranges) read it.
+HTTP bodies are validated by :func:`validate_records` and :func:`validate_json_lines`, by the same rules as files.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .parts import (
-    HEAD_BYTES,
-    Part,
-    RejectList,
-    file_identity,
-    growable,
-    head_of,
-    node_of,
-    plan_parts,
-    prefix_hasher,
-    read_part,
-    whole_file,
-)
+from .batches import REQUESTS_KEY, batch_from_ipc, join_events, mark_requests, request_rows, with_exits
+from .files import expand_inputs, read_events
+from .formats import FORMATS, Format, detect_format, format_of, growable
+from .formats.jsonl_format import use_serial_json_reader, validate_json_lines
+from .part import Part, PartReader, RejectList
+from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
 from .position import Position
-from .records import (
-    REQUESTS_KEY,
-    batch_from_ipc,
-    detect_format,
-    expand_inputs,
-    join_events,
-    read_events,
-    request_rows,
-    use_serial_json_reader,
-    validate_json_lines,
-    with_exits,
-)
 from .rejects import DeadLetter, ReadStats, Sink, jsonable
 from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
 from .validation import validate_records, validate_tuples
@@ -62,6 +46,11 @@ __all__ = [
     "Sink",
     "RejectList",
     "Part",
+    "PartReader",
+    "Format",
+    "FORMATS",
+    "format_of",
+    "mark_requests",
     "Position",
     "HEAD_BYTES",
     "growable",

@@ -40,9 +40,9 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ..errors import OtlpError
+from .batches import join_events, mark_requests
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .records import join_events, mark_requests
 from .rejects import ReadStats
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from .span_columns import Attributes, span_columns

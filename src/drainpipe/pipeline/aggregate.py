@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs.records import request_rows
+from ..inputs import request_rows
 from .buckets import GRANULARITY_MS, TOPN_BUCKET_MS
 from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups

@@ -23,19 +23,15 @@ or ``.parquet``, in a form :func:`~drainpipe.inputs.read_events` reads back to i
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from drainpipe.errors import InputError, UsageError
-from drainpipe.inputs import EVENT_SCHEMA, detect_format
+from drainpipe.inputs import EVENT_SCHEMA, format_of
 
 __all__ = ["DEFAULT_START_MS", "generate_events", "write_events"]
 
@@ -204,88 +200,12 @@ def generate_events(
 # --------------------------------------------------------------------------------------------------
 # writing
 
-_ROW_GROUP_ROWS = 1 << 20
-
 
 def _canonical(batch: pa.RecordBatch) -> pa.RecordBatch:
     if batch.schema.equals(EVENT_SCHEMA):
         return batch
     arrays = [batch.column(f.name).cast(f.type) for f in EVENT_SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
-
-
-def _json_string(arr: pa.Array) -> pa.Array:
-    """Strings -> JSON string literals (quoted, escaped); nulls stay null."""
-    if pc.any(pc.match_substring_regex(arr, r'[\x00-\x1f"\\]')).as_py():
-        arr = pc.replace_substring(arr, "\\", "\\\\")
-        arr = pc.replace_substring(arr, '"', '\\"')
-        for code in range(0x20):
-            char = chr(code)
-            if pc.any(pc.match_substring(arr, char)).as_py():
-                arr = pc.replace_substring(arr, char, f"\\u{code:04x}")
-    return pc.binary_join_element_wise('"', arr, '"', "")
-
-
-def _json_lines(batch: pa.RecordBatch) -> pa.Array:
-    """One JSON object per row, each ending in a newline; absent db_statement is omitted."""
-    latency = batch.column("latency_ms")
-    if not pc.all(pc.is_finite(latency)).as_py():
-        raise ValueError("latency_ms must be finite to be written as JSON")
-    db = pc.binary_join_element_wise(',"db_statement":', _json_string(batch.column("db_statement")), "")
-    parts = [
-        '{"ts":', batch.column("ts").cast(pa.string()),
-        ',"service":', _json_string(batch.column("service")),
-        ',"instance":', _json_string(batch.column("instance")),
-        ',"endpoint":', _json_string(batch.column("endpoint")),
-        ',"latency_ms":', latency.cast(pa.string()),
-        ',"status":', batch.column("status").cast(pa.string()),
-        pc.fill_null(db, ""), "}\n",
-    ]  # fmt: skip
-    return pc.binary_join_element_wise(*parts, "")
-
-
-def _string_data(arr: pa.Array) -> memoryview:
-    """The concatenated UTF-8 bytes of a string array, without copying."""
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4)
-    return memoryview(arr.buffers()[2])[offsets[0] : offsets[-1]]
-
-
-def _open_sink(path: str, gzipped: bool):
-    return gzip.open(path, "wb", compresslevel=6) if gzipped else open(path, "wb", buffering=1 << 20)
-
-
-def _write_jsonl(batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
-    rows = 0
-    with _open_sink(path, gzipped) as f:
-        for batch in batches:
-            if batch.num_rows:
-                f.write(_string_data(_json_lines(batch)))
-                rows += batch.num_rows
-    return rows
-
-
-def _write_csv(batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
-    rows = 0
-    with _open_sink(path, gzipped) as f, pacsv.CSVWriter(f, EVENT_SCHEMA) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-            rows += batch.num_rows
-    return rows
-
-
-def _write_parquet(batches: Iterable[pa.RecordBatch], path: str) -> int:
-    rows, pending, buffered = 0, [], 0
-    with pq.ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
-        for batch in batches:
-            pending.append(batch)
-            buffered += batch.num_rows
-            if buffered >= _ROW_GROUP_ROWS:
-                writer.write_table(pa.Table.from_batches(pending), row_group_size=_ROW_GROUP_ROWS)
-                rows, pending, buffered = rows + buffered, [], 0
-        if pending or rows == 0:
-            writer.write_table(pa.Table.from_batches(pending, schema=EVENT_SCHEMA), row_group_size=_ROW_GROUP_ROWS)
-            rows += buffered
-    return rows
 
 
 def write_events(batches: Iterable[pa.RecordBatch], path: str | os.PathLike[str]) -> int:
@@ -296,15 +216,10 @@ def write_events(batches: Iterable[pa.RecordBatch], path: str | os.PathLike[str]
     CSV has a header row and writes null as an empty cell."""
     path = os.fspath(path)
     try:
-        fmt, gzipped = detect_format(path)
+        fmt, gzipped = format_of(path)
     except InputError:
         raise UsageError(
             f"unsupported output format: {path!r} (expected .jsonl, .json, .ndjson or .csv, optionally .gz, "
             "or .parquet)"
         ) from None
-    canonical = (_canonical(b) for b in batches)
-    if fmt == "jsonl":
-        return _write_jsonl(canonical, path, gzipped)
-    if fmt == "csv":
-        return _write_csv(canonical, path, gzipped)
-    return _write_parquet(canonical, path)
+    return fmt.write((_canonical(b) for b in batches), path, gzipped)

@@ -31,7 +31,7 @@ from ..inputs import (
     ReadStats,
     RejectList,
     Sink,
-    detect_format,
+    format_of,
     read_part,
     use_serial_json_reader,
 )
@@ -103,13 +103,14 @@ def process_part(part: Part, names: frozenset[str] | None = None, definitions: D
 
 
 def eligible(path: str) -> bool:
-    """Whether a file goes to the workers: uncompressed JSON Lines or Parquet of at least MIN_PARALLEL_BYTES."""
-    fmt, gzipped = detect_format(path)
+    """Whether a file goes to the workers: one its format cuts into parts (uncompressed JSON Lines, Parquet) of at
+    least MIN_PARALLEL_BYTES."""
+    fmt, gzipped = format_of(path)
     try:
         size = os.path.getsize(path)
     except OSError:
         return False
-    return fmt in ("jsonl", "parquet") and not gzipped and size >= MIN_PARALLEL_BYTES
+    return fmt.splits(gzipped) and size >= MIN_PARALLEL_BYTES
 
 
 def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:

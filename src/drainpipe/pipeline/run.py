@@ -298,14 +298,15 @@ class _Run:
             names = file.names_from(part.start_offset)
             subset = None if names == self.names else self.definitions.select(names)
             before = self.stats.accepted
-            for _, batch in read_part(part, sink):
+            reader = read_part(part, sink)
+            for _, batch in reader:
                 engine.ingest(batch, None, subset)
                 if self.progress:
                     self.progress(self.stats.read, self.done_bytes)
             self.uncommitted += self.stats.accepted - before
             position = part.end_position
-            if position is None:  # a whole file read sequentially
-                position = Position(*sink.end) if file.growable and sink.end is not None else None
+            if position is None:  # a whole file read sequentially: where the reader stopped, if it can grow
+                position = reader.position if file.growable else None
             file.advance(names, position, part.prefix)
             self._maybe_checkpoint(engine, file)
 

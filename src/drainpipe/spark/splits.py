@@ -16,21 +16,9 @@ from typing import Any
 import pyarrow as pa
 
 from drainpipe.inputs import Part, ReadStats, RejectList, Sink, jsonable, read_part
+from drainpipe.inputs.formats import format_named
 
 __all__ = ["Split", "SplitResult", "plan_splits", "read_split"]
-
-#: estimated relative processing cost per input byte (the weights only order and place splits)
-_COST_PER_BYTE = {
-    ("jsonl", False): 1.0,
-    ("csv", False): 1.2,
-    ("jsonl", True): 5.0,
-    ("csv", True): 6.0,
-    ("parquet", False): 2.0,
-    ("access", False): 1.5,  # a regular expression per line
-    ("access", True): 7.5,
-    ("otlp", False): 4.0,  # protobuf's JSON mapping per line: the slowest per byte
-    ("otlp", True): 20.0,
-}
 
 
 @dataclass(frozen=True)
@@ -52,7 +40,7 @@ class Split:
 
 def plan_splits(parts: Sequence[Part]) -> list[Split]:
     """Splits of planned parts, in order."""
-    return [Split(i, part, max(1, int(part.nbytes * _COST_PER_BYTE[(part.fmt, part.gzipped)])))
+    return [Split(i, part, max(1, int(part.nbytes * format_named(part.fmt).cost(part.gzipped))))
             for i, part in enumerate(parts)]  # fmt: skip
 
 
@@ -82,8 +70,9 @@ def read_split(split: Split) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
     sink = Sink(split.path, result.stats, rejects)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for _, batch in read_part(split.part, sink):
+        reader = read_part(split.part, sink)
+        for _, batch in reader:
             yield batch
-        result.end = sink.end
+        result.end = (reader.position.offset, reader.position.lines)
 
     return batches(), result

@@ -8,7 +8,7 @@ The log_format lines to use (``docs/pipeline.md``, "Access logs")::
 
 The last field is the request time: with a decimal point it is seconds (nginx's ``$request_time``, millisecond
 resolution), without one microseconds (Apache's ``%D``). One line is one request of the service given with
-``--service``: ts = the line's time, endpoint = method + normalized path (:mod:`.endpoints`), status = HTTP status
+``--service``: ts = the line's time, endpoint = method + normalized path (:mod:`..endpoints`), status = HTTP status
 < 500, instance empty. A line that does not parse is rejected with a reason (dead letter), and reading goes on.
 """
 
@@ -20,10 +20,12 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from .options import InputOptions
-from .validation import validate_tuples
+from ...errors import InputError
+from ..options import InputOptions
+from ..validation import validate_tuples
+from .base import LineDecoder, LineFormat
 
-__all__ = ["decode_access_lines"]
+__all__ = ["AccessLog", "decode_access_lines"]
 
 _LINE = re.compile(
     rb'(?P<host>\S+) \S+ (?:\S+|"[^"]*") \[(?P<time>[^\]]+)\] "(?P<request>(?:[^"\\]|\\.)*)" (?P<status>\d{3}) \S+'
@@ -79,3 +81,18 @@ def decode_access_lines(
     by_line = dict(zip(range(first_line + 1, first_line + 1 + len(lines)), lines))
     bad += [(i, by_line[i], reason) for i, reason in rejects]
     return batch, sorted(bad, key=lambda r: r[0])
+
+
+class AccessLog(LineFormat):
+    """``.log`` files: one request of ``--service`` per line."""
+
+    name = "access"
+    suffixes = (".log",)
+    cost_per_byte = 1.5  # a regular expression per line
+
+    def check(self, path: str, options: InputOptions) -> None:
+        if not options.service:
+            raise InputError(f"{path!r} is an access log: say which service it belongs to with --service NAME")
+
+    def decoder(self, options: InputOptions) -> LineDecoder:
+        return lambda lines, first: decode_access_lines(lines, first, options)
