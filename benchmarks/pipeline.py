@@ -776,8 +776,7 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
     """The local engine with timers around its stages: wall and CPU seconds per (thread group, stage), in the main
     process (large files are read and aggregated in worker processes, which these timers do not see)."""
     from drainpipe.pipeline import engine as E
-    from drainpipe.pipeline import functions as F
-    from drainpipe.pipeline import run as R
+    from drainpipe.pipeline import partials as F
     from drainpipe.pipeline import store as S
 
     acc: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
@@ -811,10 +810,12 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
         def __getattr__(self, name: str) -> Any:
             return getattr(self._fn, name)
 
-    read_part = R.read_part
+    from drainpipe.inputs import PartReader
 
-    def timed_read(*a: Any, **k: Any) -> Iterator:
-        it = read_part(*a, **k)
+    untimed = PartReader.__iter__
+
+    def timed_iter(self: PartReader) -> Iterator:
+        it = untimed(self)
         step = timed("read + validate (next batch)", it.__next__)
         while True:
             try:
@@ -822,7 +823,7 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
             except StopIteration:
                 return
 
-    R.read_part = timed_read
+    PartReader.__iter__ = timed_iter  # type: ignore[method-assign]
     E.LocalEngine.ingest_partials = timed("ingest_partials (from workers)", E.LocalEngine.ingest_partials)
     from drainpipe.pipeline import progress as PR
 

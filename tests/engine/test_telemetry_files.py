@@ -84,21 +84,21 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     block also ends at ``LINE_BLOCK_BYTES``. Shrunk to 8 KB here (about one export of the fixture, 20 access-log
     lines), the files are cut into many blocks, none past the bound by more than its last line, and the store,
     the rejects and their line numbers are those of the one-block read."""
-    from drainpipe.inputs import ReadStats, RejectList, Sink, read_part, request_rows, whole_file
+    from drainpipe.inputs import EventBatch, ReadStats, RejectList, Sink, read_part, whole_file
     from drainpipe.inputs.formats import base
 
     paths, _ = telemetry_inputs(tmp_path)
     options = InputOptions(service="web")
 
-    def read(path: str) -> tuple[list[pa.RecordBatch], list]:
+    def read(path: str) -> tuple[list[EventBatch], list]:
         rejects = RejectList()
         blocks = list(read_part(whole_file(path, 65_536, options=options), Sink(path, ReadStats(), rejects)))
         return [b for _, b in blocks], rejects.rows
 
-    def rows(blocks: list[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
+    def rows(blocks: list[EventBatch]) -> tuple[pa.Table, pa.Table]:
         """The requests and the exit rows (an OTLP block holds its requests first), each in file order."""
-        parts = [(b.slice(0, request_rows(b)), b.slice(request_rows(b))) for b in blocks]
-        return tuple(pa.Table.from_batches([p[k].replace_schema_metadata(None) for p in parts]) for k in (0, 1))
+        parts = [(b.request_rows(), b.rows.slice(b.requests)) for b in blocks]
+        return tuple(pa.Table.from_batches([p[k] for p in parts]) for k in (0, 1))
 
     whole = {p: read(p) for p in paths}
     url_a, url_b = f"duckdb:///{tmp_path / 'a.duckdb'}", f"duckdb:///{tmp_path / 'b.duckdb'}"

@@ -57,7 +57,9 @@ def read(paths: list[Path], tmp_path: Path, batch_rows: int = 65536) -> Result:
     dl_path = tmp_path / "out.rejected.jsonl"
     dl_path.unlink(missing_ok=True)  # the dead letter appends: one file per read here
     with DeadLetter(dl_path) as dl:
-        batches = list(read_events([str(p) for p in paths], batch_rows=batch_rows, dead_letter=dl, stats=stats))
+        batches = [
+            e.rows for e in read_events([str(p) for p in paths], batch_rows=batch_rows, dead_letter=dl, stats=stats)
+        ]
     rejects = [json.loads(line) for line in dl_path.read_text(encoding="ascii").split("\n")[:-1]]
     assert stats.read == stats.accepted + stats.rejected
     assert sum(b.num_rows for b in batches) == stats.accepted
@@ -1067,7 +1069,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
         stats = ReadStats()
         with DeadLetter(tmp_path / "parts.jsonl") as dl:
             sink = Sink(str(path), stats, dl)
-            blocks = [b for part in parts.plan_parts(str(path), batch_rows, workers=3)
+            blocks = [b.rows for part in parts.plan_parts(str(path), batch_rows, workers=3)
                       for _, b in parts.read_part(part, sink, dictionaries=keep)]  # fmt: skip
         kept.update(f.name for b in blocks for f in b.schema if pa.types.is_dictionary(f.type))
         assert all(b.schema.names == EVENT_SCHEMA.names for b in blocks)
@@ -1121,7 +1123,7 @@ def test_parquet_parts_cover_every_block_once_and_divide_among_the_workers(
     stats = ReadStats()
     with DeadLetter(tmp_path / "dl.jsonl") as dl:
         sink = Sink(str(path), stats, dl)
-        ts = [t for part in plan for _, b in parts.read_part(part, sink) for t in b.column("ts").to_pylist()]
+        ts = [t for part in plan for _, b in parts.read_part(part, sink) for t in b.rows.column("ts").to_pylist()]
     assert ts == list(range(T0 + skip * batch_rows, T0 + rows))
 
 

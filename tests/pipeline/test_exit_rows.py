@@ -1,4 +1,4 @@
-"""Exit rows (CLIENT statements of an OTLP export, marked after a batch's requests) feed only the top-Ns keyed on
+"""Exit rows (CLIENT statements of an OTLP export, after a batch's requests) feed only the top-Ns keyed on
 db_statement: joining marked batches (as the serve feeder does) keeps every row and the mark right, and aggregating
 the joined batch equals aggregating the batches one by one and merging."""
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drainpipe.inputs import EVENT_SCHEMA, join_events, request_rows, with_exits
+from drainpipe.inputs import EVENT_SCHEMA, EventBatch
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.partials import merge
@@ -31,9 +31,9 @@ spec = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), max_size=20)
 @given(st.lists(st.tuples(spec, spec), min_size=1, max_size=4))
 def test_joined_batches_aggregate_as_the_batches_do(parts) -> None:
     definitions = default_definitions()
-    batches = [with_exits(rows(req, False), rows(ex, True)) for req, ex in parts]
-    joined = join_events(batches)
-    assert request_rows(joined) == sum(len(req) for req, _ in parts)
+    batches = [EventBatch.with_exits(rows(req, False), rows(ex, True)) for req, ex in parts]
+    joined = EventBatch.join(batches)
+    assert joined.requests == sum(len(req) for req, _ in parts)
     assert joined.num_rows == sum(len(req) + len(ex) for req, ex in parts)
     one = aggregate_batch(joined, definitions)
     each = [aggregate_batch(b, definitions) for b in batches]

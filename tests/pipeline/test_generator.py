@@ -14,14 +14,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drainpipe.inputs import EVENT_SCHEMA, LATENCY_MAX_MS, TS_MAX, TS_MIN, DeadLetter, ReadStats, read_events
+from drainpipe.inputs import (
+    EVENT_SCHEMA,
+    LATENCY_MAX_MS,
+    TS_MAX,
+    TS_MIN,
+    DeadLetter,
+    EventBatch,
+    ReadStats,
+    read_events,
+)
 from drainpipe.pipeline.generator import DEFAULT_START_MS, Sampler, generate_events, write_events
 
 FORMATS = ["jsonl", "jsonl.gz", "json", "ndjson", "csv", "csv.gz", "parquet"]
 
 
 def table(batches) -> pa.Table:
-    return pa.Table.from_batches(list(batches), schema=EVENT_SCHEMA)
+    """Generated batches, or read event batches, as one table."""
+    return pa.Table.from_batches([b.rows if isinstance(b, EventBatch) else b for b in batches], schema=EVENT_SCHEMA)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp, request_rows
+from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS
@@ -170,13 +170,13 @@ def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceReques
     requests, exits, rejects, count = reference(request, mapping, rules)
     assert result.spans == count
     assert result.rejects == rejects
-    assert result.batch.schema == EVENT_SCHEMA
-    rows = result.batch.to_pylist()
-    split = request_rows(result.batch)
+    assert result.batch.rows.schema == EVENT_SCHEMA
+    rows = result.batch.rows.to_pylist()
+    split = result.batch.requests
     as_tuples = [tuple(r[f] for f in EVENT_SCHEMA.names) for r in rows]
     assert as_tuples[:split] == requests
     assert as_tuples[split:] == exits
-    assert pa.Table.from_batches([result.batch]).validate(full=True) is None
+    assert pa.Table.from_batches([result.batch.rows]).validate(full=True) is None
 
 
 def one_span(kind: int, attrs: list[tuple[str, Any]], status: int | None = None) -> ExportTraceServiceRequest:
@@ -204,15 +204,15 @@ def test_the_first_key_of_the_mapping_wins_whatever_the_attribute_order() -> Non
                           http_status=("code", "http.status_code"))  # fmt: skip
     rules = EndpointRules()
     for attrs in ([("http.route", "/b"), ("route", "/a")], [("route", "/a"), ("http.route", "/b")]):
-        assert map_spans(wire(2, attrs), mapping, rules).batch.column("endpoint").to_pylist() == ["/a"]
+        assert map_spans(wire(2, attrs), mapping, rules).batch.rows.column("endpoint").to_pylist() == ["/a"]
     for attrs in ([("db.query.text", "q2"), ("db.statement", "q1")], [("db.statement", "q1"), ("db.query.text", "q2")]):
-        assert map_spans(wire(3, attrs), mapping, rules).batch.column("db_statement").to_pylist() == ["q1"]
+        assert map_spans(wire(3, attrs), mapping, rules).batch.rows.column("db_statement").to_pylist() == ["q1"]
     for attrs in ([("http.status_code", 200), ("code", 503)], [("code", 503), ("http.status_code", 200)]):
-        assert map_spans(wire(2, attrs), mapping, rules).batch.column("status").to_pylist() == [False]
+        assert map_spans(wire(2, attrs), mapping, rules).batch.rows.column("status").to_pylist() == [False]
     # one key may give two fields (here the endpoint of SERVER spans and the statement of CLIENT spans)
     shared = SpanMapping(endpoint=("q", "http.route"), statement=("q",))
-    assert map_spans(wire(2, [("q", "/x")]), shared, rules).batch.column("endpoint").to_pylist() == ["/x"]
-    assert map_spans(wire(3, [("q", "sel")]), shared, rules).batch.column("db_statement").to_pylist() == ["sel"]
+    assert map_spans(wire(2, [("q", "/x")]), shared, rules).batch.rows.column("endpoint").to_pylist() == ["/x"]
+    assert map_spans(wire(3, [("q", "sel")]), shared, rules).batch.rows.column("db_statement").to_pylist() == ["sel"]
     # a key whose value is no status is passed over for the next
-    assert map_spans(wire(2, [("code", "x"), ("http.status_code", "503")]), mapping, rules).batch.column(
+    assert map_spans(wire(2, [("code", "x"), ("http.status_code", "503")]), mapping, rules).batch.rows.column(
         "status").to_pylist() == [False]  # fmt: skip

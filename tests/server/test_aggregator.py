@@ -11,7 +11,7 @@ import time
 import pytest
 from server_testlib import events, post_events, running_server, stored_event_count, wait_for
 
-from drainpipe.inputs import validate_records, with_exits
+from drainpipe.inputs import EventBatch, validate_records
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.server.aggregator import Aggregator
@@ -24,9 +24,9 @@ def _statements(n: int) -> list[dict]:
 
 def test_the_process_aggregates_like_this_one() -> None:
     definitions = default_definitions()
-    requests, _ = validate_records(events(3000, seed=3))
+    plain, _ = validate_records(events(3000, seed=3))
     exits, _ = validate_records(_statements(800))
-    marked = with_exits(requests, exits)
+    requests, marked = EventBatch.of(plain), EventBatch.with_exits(plain, exits)
     subset = definitions.select([definitions.names[0], "top_slow_statements"])
     aggregator = Aggregator()
     try:
@@ -71,7 +71,7 @@ class _Stuck(Definitions):
 def test_a_failed_aggregator_is_replaced_and_the_batch_aggregated_here(fault: type[Definitions]) -> None:
     definitions = default_definitions()
     poisoned = fault(**{f.name: getattr(definitions, f.name) for f in dataclasses.fields(definitions)})
-    batch, _ = validate_records(events(2000, seed=4))
+    batch = EventBatch.of(validate_records(events(2000, seed=4))[0])
     aggregator = Aggregator(timeout_s=1.0)
     try:
         first = aggregator.pid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from drainpipe.inputs import EVENT_SCHEMA, request_rows, with_exits
+from drainpipe.inputs import EVENT_SCHEMA, EventBatch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import LocalEngine
 from drainpipe.pipeline.store import open_store
@@ -25,16 +25,16 @@ def export(requests: int, exits: int) -> pa.RecordBatch:
             schema=EVENT_SCHEMA,
         )  # fmt: skip
 
-    return with_exits(rows(requests, None), rows(exits, "select 1"))
+    return EventBatch.with_exits(rows(requests, None), rows(exits, "select 1"))
 
 
-def fed(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+def fed(batches: list[EventBatch]) -> list[EventBatch]:
     """What the engine is handed when ``batches`` are in the log as the feeder starts."""
     definitions = default_definitions()
     store = open_store("duckdb:///:memory:")
     engine = LocalEngine(definitions, store, serve_engine_options(), name="coalesce")
     log = MemoryLog()
-    seen: list[pa.RecordBatch] = []
+    seen: list[EventBatch] = []
     feeder = Feeder(log, engine, definitions, observe=seen.append)
     try:
         for batch in batches:
@@ -51,7 +51,7 @@ def fed(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
 def test_exit_rows_do_not_count_toward_a_batchs_requests() -> None:
     per = 1_000
     seen = fed([export(per, 400) for _ in range(2 * COALESCE_EVENTS // per + 3)])
-    requests = [request_rows(b) for b in seen]
+    requests = [b.requests for b in seen]
     assert sum(requests) == per * (2 * COALESCE_EVENTS // per + 3)  # every request, once
     assert max(requests) == (COALESCE_EVENTS // per) * per  # as many requests as without exit rows
     assert all(b.num_rows <= COALESCE_ROWS for b in seen)

@@ -23,7 +23,7 @@ def test_a_parser_process_decodes_like_the_request_thread() -> None:
         kwargs = dict(form="ndjson", gzipped=False, max_decoded=1 << 26, max_events=10_000)
         here_batch, here_rejects = decode_body(body, **kwargs)
         there_batch, there_rejects = decoder.decode(body, **kwargs)
-        assert there_batch.equals(here_batch) and there_rejects == here_rejects and len(there_rejects) == 2
+        assert there_batch == here_batch and there_rejects == here_rejects and len(there_rejects) == 2
         zipped = gzip.compress(json.dumps(good).encode())
         batch, _ = decoder.decode(zipped + b"\0" * INLINE_BYTES, **(kwargs | {"form": "array", "gzipped": True}))
         assert batch.num_rows == 300
@@ -75,11 +75,9 @@ def test_closing_the_parsers_stops_each_at_once() -> None:
 
 
 def test_an_otlp_export_keeps_its_exit_rows_through_a_parser_process() -> None:
-    """An OTLP export's CLIENT spans with statements are exit rows, marked in the batch's schema metadata, which an
-    IPC message does not carry: the parser sends the request row count beside it."""
+    """An OTLP export's CLIENT spans with statements are exit rows after its requests: the batch crosses to and from
+    the parser process with its request count (EventBatch.encode)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    from drainpipe.inputs import request_rows
 
     export = ExportTraceServiceRequest()
     resource = export.resource_spans.add()
@@ -101,5 +99,5 @@ def test_an_otlp_export_keeps_its_exit_rows_through_a_parser_process() -> None:
         there, _ = decoder.decode(body, **kwargs)
     finally:
         decoder.close()
-    assert request_rows(here) == 266 < here.num_rows == 399
-    assert there.equals(here, check_metadata=True)
+    assert here.requests == 266 < here.num_rows == 399
+    assert there == here

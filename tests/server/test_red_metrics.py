@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.inputs import EVENT_SCHEMA, EventBatch
 from drainpipe.server.red import RedMetrics
 
 BOUNDS = (5.0, 10.0, 50.0, 100.0)
@@ -26,17 +26,15 @@ event = st.tuples(
 )
 
 
-def batch(events: list[tuple[str, str, float, bool]], exits: int = 0) -> pa.RecordBatch:
+def batch(events: list[tuple[str, str, float, bool]], exits: int = 0) -> EventBatch:
     rows = [
         {"ts": 0, "service": s, "instance": "", "endpoint": e, "latency_ms": lat, "status": ok, "db_statement": None}
         for s, e, lat, ok in events
     ]
     rows += [{"ts": 0, "service": "a", "instance": "", "endpoint": "/x", "latency_ms": 1.0, "status": True,
               "db_statement": "select"}] * exits  # fmt: skip
-    b = pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA)
-    if exits:  # statement rows of CLIENT spans follow the requests, marked as the inputs mark them
-        b = b.replace_schema_metadata({b"drainpipe.requests": str(len(events)).encode()})
-    return b
+    # statement rows of CLIENT spans follow the requests, as the inputs give them
+    return EventBatch(pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA), len(events))
 
 
 def scrape(red: RedMetrics) -> dict[tuple, float]:

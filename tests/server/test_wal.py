@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drainpipe.errors import DrainpipeError, LogFull
-from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.inputs import EVENT_SCHEMA, EventBatch
 from drainpipe.server import wal as wal_module
 from drainpipe.server.wal import MAGIC, SUFFIX, MemoryLog, WriteAheadLog
 
 
-def batch(n: int, tag: int = 0) -> pa.RecordBatch:
+def rows(n: int, tag: int = 0) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(
         {
             "ts": [1_700_000_000_000 + i for i in range(n)],
@@ -34,7 +34,11 @@ def batch(n: int, tag: int = 0) -> pa.RecordBatch:
     )
 
 
-def read_all(log, position: int = 0) -> list[tuple[int, pa.RecordBatch]]:
+def batch(n: int, tag: int = 0) -> EventBatch:
+    return EventBatch.of(rows(n, tag))
+
+
+def read_all(log, position: int = 0) -> list[tuple[int, EventBatch]]:
     reader = log.reader(position)
     out = []
     while chunk := reader.read(7):
@@ -44,7 +48,7 @@ def read_all(log, position: int = 0) -> list[tuple[int, pa.RecordBatch]]:
 
 
 def tags(records) -> list[str]:
-    return [b.column("service")[0].as_py() for _, b in records]
+    return [b.rows.column("service")[0].as_py() for _, b in records]
 
 
 def test_records_come_back_in_order_across_segments_with_growing_positions(tmp_path: Path) -> None:
@@ -54,7 +58,7 @@ def test_records_come_back_in_order_across_segments_with_growing_positions(tmp_p
     assert len(list(tmp_path.glob("*" + SUFFIX))) > 3  # rolled over
     records = read_all(log)
     assert [e for e, _ in records] == ends and tags(records) == [f"s{i}" for i in range(40)]
-    assert records[5][1].equals(batch(20, 5))
+    assert records[5][1] == batch(20, 5)
     # a reader resumes after any position, and follows what is appended later
     assert tags(read_all(log, ends[9])) == [f"s{i}" for i in range(10, 40)]
     reader = log.reader(log.end)
@@ -191,7 +195,7 @@ def test_one_process_per_log_directory(tmp_path: Path) -> None:
 
 
 def test_the_memory_log_has_the_same_interface() -> None:
-    log = MemoryLog(max_bytes=batch(10).nbytes * 5)
+    log = MemoryLog(max_bytes=rows(10).nbytes * 5)
     ends = [log.append(batch(10, i)) for i in range(5)]
     with pytest.raises(LogFull, match="in-memory buffer full"):
         log.append(batch(10, 5))
@@ -204,11 +208,9 @@ def test_the_memory_log_has_the_same_interface() -> None:
 
 def test_exit_rows_keep_their_mark_through_the_log(tmp_path: Path) -> None:
     """A batch with exit rows (an OTLP export's CLIENT statements) is written with its request row count and read
-    back marked, across a restart; plain records beside it read as before."""
-    from drainpipe.inputs import request_rows, with_exits
-
-    marked = with_exits(batch(5, 1), batch(3, 2))
-    assert request_rows(marked) == 5 and marked.num_rows == 8
+    back with it, across a restart; plain records beside it read as before."""
+    marked = EventBatch.with_exits(rows(5, 1), rows(3, 2))
+    assert marked.requests == 5 and marked.num_rows == 8
     log = WriteAheadLog(tmp_path)
     log.append(batch(4, 0))
     log.append(marked)
@@ -216,5 +218,5 @@ def test_exit_rows_keep_their_mark_through_the_log(tmp_path: Path) -> None:
     reopened = WriteAheadLog(tmp_path)
     (_, plain), (_, back) = read_all(reopened)
     reopened.close()
-    assert request_rows(plain) == plain.num_rows == 4
-    assert request_rows(back) == 5 and back.equals(marked, check_metadata=True)
+    assert plain.requests == plain.num_rows == 4
+    assert back.requests == 5 and back == marked

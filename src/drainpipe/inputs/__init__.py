@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .batches import REQUESTS_KEY, batch_from_ipc, join_events, mark_requests, request_rows, with_exits
+from .batches import EventBatch
 from .files import expand_inputs, read_events
 from .formats import FORMATS, Format, detect_format, format_of, growable
 from .formats.jsonl_format import use_serial_json_reader, validate_json_lines
@@ -50,7 +50,7 @@ __all__ = [
     "Format",
     "FORMATS",
     "format_of",
-    "mark_requests",
+    "EventBatch",
     "Position",
     "HEAD_BYTES",
     "growable",
@@ -67,11 +67,6 @@ __all__ = [
     "validate_records",
     "validate_json_lines",
     "validate_tuples",
-    "REQUESTS_KEY",
-    "with_exits",
-    "request_rows",
-    "batch_from_ipc",
-    "join_events",
     "jsonable",
     "use_serial_json_reader",
     "default_dead_letter",

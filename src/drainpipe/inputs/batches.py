@@ -1,64 +1,93 @@
-"""The event batch's request-row mark: a batch whose first N rows are requests and whose other rows are *exit rows*
-(calls a service made, such as a CLIENT span's database statement, which feed only the top-Ns keyed on
-``db_statement``), and joining and shipping such batches."""
+"""The event batch: validated events in :data:`~.schema.EVENT_SCHEMA` columns and how many of them are requests.
+
+Every reader gives :class:`EventBatch` values and every consumer takes them: the engine's front door
+(``LocalEngine.ingest``), the aggregation (``aggregate_batch``), the serve write-ahead log, and the channels to the
+parser and aggregator processes, which all ship a batch in one encoding (:meth:`EventBatch.encode`,
+:meth:`EventBatch.decode`).
+
+The first :attr:`EventBatch.requests` rows are requests; the others are *exit rows*: calls a service made (a
+CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``. A batch from a format
+without exit rows (JSON Lines, CSV, Parquet, access logs) has ``requests == rows.num_rows``.
+"""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from .schema import EVENT_SCHEMA
 
-__all__ = ["REQUESTS_KEY", "with_exits", "mark_requests", "batch_from_ipc", "request_rows", "join_events"]
+__all__ = ["EventBatch"]
+
+_EXITS = b"DPX1"  # an encoding that starts so holds a batch with exit rows: <N requests u64><IPC message>
+_REQUESTS = struct.Struct("<Q")
+_EMPTY = pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
 
 
-#: Schema metadata key of a batch whose first N rows are requests and whose other rows are *exit rows*: calls a
-#: service made (a CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``.
-REQUESTS_KEY = b"drainpipe.requests"
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """``rows`` (:data:`~.schema.EVENT_SCHEMA` columns; the workers' Parquet strings may be dictionary-encoded) of
+    which the first ``requests`` are requests and the rest exit rows. Immutable; safe to share between threads."""
 
+    rows: pa.RecordBatch
+    requests: int
 
-def with_exits(requests: pa.RecordBatch, exits: pa.RecordBatch) -> pa.RecordBatch:
-    """One batch: ``requests`` rows, then ``exits`` rows, marked (see :data:`REQUESTS_KEY`)."""
-    if exits.num_rows == 0:
-        return requests
-    joined = pa.Table.from_batches([requests, exits]).combine_chunks().to_batches()[0]
-    return mark_requests(joined, requests.num_rows)
+    @classmethod
+    def of(cls, rows: pa.RecordBatch | pa.Table) -> EventBatch:
+        """A batch of requests only (a table is combined into one batch)."""
+        if isinstance(rows, pa.Table):
+            rows = rows.combine_chunks().to_batches()[0] if rows.num_rows else _EMPTY
+        return cls(rows, rows.num_rows)
 
+    @classmethod
+    def with_exits(cls, requests: pa.RecordBatch, exits: pa.RecordBatch) -> EventBatch:
+        """``requests`` rows, then ``exits`` rows."""
+        if exits.num_rows == 0:
+            return cls(requests, requests.num_rows)
+        joined = pa.Table.from_batches([requests, exits]).combine_chunks().to_batches()[0]
+        return cls(joined, requests.num_rows)
 
-def mark_requests(batch: pa.RecordBatch, requests: int) -> pa.RecordBatch:
-    """``batch``, whose first ``requests`` rows are requests and the others exit rows, marked as such (unmarked
-    when all of them are requests)."""
-    if requests == batch.num_rows:
-        return batch
-    return batch.replace_schema_metadata({REQUESTS_KEY: str(requests).encode()})
+    @classmethod
+    def join(cls, batches: Sequence[EventBatch]) -> EventBatch:
+        """One batch: the requests of all, then the exit rows of all."""
+        if len(batches) == 1:
+            return batches[0]
+        heads = [b.rows.slice(0, b.requests) for b in batches]
+        tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
+        joined = pa.Table.from_batches(heads + tails, schema=EVENT_SCHEMA).combine_chunks().to_batches()
+        return cls(joined[0] if joined else _EMPTY, sum(b.requests for b in batches))
 
+    @property
+    def num_rows(self) -> int:
+        """Requests and exit rows."""
+        return self.rows.num_rows
 
-def batch_from_ipc(message: bytes | memoryview | pa.Buffer, requests: int) -> pa.RecordBatch:
-    """An :data:`EVENT_SCHEMA` batch from an Arrow IPC message (``batch.serialize()``) and its request row count
-    (:func:`request_rows`, which another process sends beside the message: the mark is schema metadata, which the
-    message does not carry). Zero-copy: the batch holds on to ``message``."""
-    return mark_requests(pa.ipc.read_record_batch(pa.py_buffer(message), EVENT_SCHEMA), requests)
+    @property
+    def exits(self) -> int:
+        return self.rows.num_rows - self.requests
 
+    def request_rows(self) -> pa.RecordBatch:
+        """The requests alone (zero-copy)."""
+        return self.rows if self.exits == 0 else self.rows.slice(0, self.requests)
 
-def request_rows(batch: pa.RecordBatch | pa.Table) -> int:
-    """How many leading rows of ``batch`` are requests (all of them unless it is marked)."""
-    meta = batch.schema.metadata
-    if meta is None or REQUESTS_KEY not in meta:
-        return batch.num_rows
-    return int(meta[REQUESTS_KEY])
+    def encode(self) -> memoryview:
+        """The batch as bytes another process or the log can :meth:`decode`: an Arrow IPC message (it starts with
+        0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows. (The serve log's records
+        have been written in this encoding since exit rows existed: old logs decode as they are.)"""
+        message = self.rows.serialize()
+        if self.exits == 0:
+            return memoryview(message)  # zero-copy
+        return memoryview(b"".join((_EXITS, _REQUESTS.pack(self.requests), message)))
 
-
-def join_events(batches: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
-    """Batches -> one batch (requests of all first, then exit rows of all, marked if there are any)."""
-    if len(batches) == 1:
-        return batches[0]
-    heads = [b.slice(0, request_rows(b)) for b in batches]
-    tails = [b.slice(request_rows(b)) for b in batches if request_rows(b) < b.num_rows]
-    plain = [h.replace_schema_metadata(None) for h in heads]
-    requests = pa.Table.from_batches(plain, schema=EVENT_SCHEMA).combine_chunks().to_batches()
-    req = requests[0] if requests else pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
-    if not tails:
-        return req
-    exits = pa.Table.from_batches([t.replace_schema_metadata(None) for t in tails], schema=EVENT_SCHEMA)
-    return with_exits(req, exits.combine_chunks().to_batches()[0])
+    @classmethod
+    def decode(cls, payload: bytes | memoryview) -> EventBatch:
+        """The batch :meth:`encode` gave; zero-copy (the batch holds on to ``payload``)."""
+        view = memoryview(payload)
+        if view[:4] != _EXITS:
+            rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
+            return cls(rows, rows.num_rows)
+        (requests,) = _REQUESTS.unpack_from(view, 4)
+        return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA), requests)

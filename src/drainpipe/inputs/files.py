@@ -7,9 +7,8 @@ import glob
 import os
 from collections.abc import Iterator, Sequence
 
-import pyarrow as pa
-
 from ..errors import InputError
+from .batches import EventBatch
 from .formats import format_of
 from .parts import read_part, whole_file
 from .rejects import DeadLetter, ReadStats, Sink
@@ -48,7 +47,7 @@ def read_events(
     batch_rows: int = 65536,
     dead_letter: DeadLetter | None = None,
     stats: ReadStats | None = None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[EventBatch]:
     """Read event files (in the given order) as canonical :data:`EVENT_SCHEMA` batches.
 
     Each yielded batch holds at most ``batch_rows`` accepted rows and comes from one file; empty batches
@@ -73,7 +72,7 @@ def read_events(
 
 def _read_all(
     plan: list[str], batch_rows: int, stats: ReadStats, dead_letter: DeadLetter | None
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[EventBatch]:
     for path in plan:
         for _, batch in read_part(whole_file(path, batch_rows), Sink(path, stats, dead_letter)):
             yield batch

@@ -18,7 +18,7 @@ The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list o
 * ts = end time (ms); latency_ms = end - start;
 * status is false when the span's status is ERROR, or for a SERVER span whose status is UNSET with
   ``http.response.status_code`` (or the older ``http.status_code``) >= 500;
-* a CLIENT span with ``db.query.text`` (or the older ``db.statement``) is an *exit row* (:data:`REQUESTS_KEY`):
+* a CLIENT span with ``db.query.text`` (or the older ``db.statement``) is an *exit row* (:class:`~.batches.EventBatch`):
   its statement and duration feed the top-Ns keyed on ``db_statement``, under the calling service;
 * a span that cannot be mapped (ids missing or malformed, end before start, a value out of range) is rejected with
   a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``;
@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ..errors import OtlpError
-from .batches import join_events, mark_requests
+from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
 from .rejects import ReadStats
@@ -65,7 +65,7 @@ class TracesResult:
     """A decoded export: ``batch`` (requests, then exit rows, marked), ``rejects`` as (span index, reason), and
     the number of spans looked at (``spans``; the ones that are neither requests nor exits are not events)."""
 
-    batch: pa.RecordBatch
+    batch: EventBatch
     rejects: list[tuple[int, str]]
     spans: int
 
@@ -99,11 +99,11 @@ def decode_traces(
 
 def decode_otlp_lines(
     lines: Sequence[bytes], first_line: int, options: InputOptions
-) -> tuple[pa.RecordBatch, list[tuple[int, Any, str]]]:
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """OTLP JSON files (the OpenTelemetry Collector's file exporter: one ``ExportTraceServiceRequest`` per line) ->
     the events of lines ``first_line + 1`` on, and ``(line, raw, reason)`` per rejected line or span. Blank lines are
     skipped."""
-    batches: list[pa.RecordBatch] = []
+    batches: list[EventBatch] = []
     bad: list[tuple[int, Any, str]] = []
     for i, raw in enumerate(lines, first_line + 1):
         if not raw.strip():
@@ -117,8 +117,8 @@ def decode_otlp_lines(
             batches.append(result.batch)
         bad += [(i, {"span": index}, reason) for index, reason in result.rejects]
     if not batches:
-        return pa.RecordBatch.from_pylist([], EVENT_SCHEMA), bad
-    return join_events(batches), bad
+        return EventBatch.of(pa.RecordBatch.from_pylist([], EVENT_SCHEMA)), bad
+    return EventBatch.join(batches), bad
 
 
 def map_spans(
@@ -182,7 +182,7 @@ def map_spans(
         stats.add_accepted(len(rows))
         for _, why in bad:
             stats.add_rejected(why)
-    return TracesResult(mark_requests(batch, len(requests)), bad, n)
+    return TracesResult(EventBatch(batch, len(requests)), bad, n)
 
 
 _REASONS = {-1: "bad value: trace_id", -2: "bad value: span_id", -3: "bad value: end before start",

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import InputError
+from .batches import EventBatch
 from .options import InputOptions
 from .position import Position
 
@@ -24,7 +25,7 @@ __all__ = ["Part", "PartReader", "RejectList", "Blocks"]
 
 #: what a format's reader gives: ``(block index, accepted rows or None, position after the block)`` for every block
 #: of the part, and at its end the position it read to
-Blocks = Generator[tuple[int, pa.RecordBatch | None, Position], None, Position]
+Blocks = Generator[tuple[int, EventBatch | None, Position], None, Position]
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Part:
 
 
 class PartReader:
-    """Iterating gives ``(block index, canonical batch)`` for each block of the part with accepted rows; the rejects
+    """Iterating gives ``(block index, event batch)`` for each block of the part with accepted rows; the rejects
     go to the sink the format's reader was given. :attr:`position` is where the file is read to after the last
     block given (after the whole part once iteration ends). A file that cannot be read (missing, corrupt gzip or
     Parquet, I/O error) raises :class:`InputError` while iterating; batches already given stay valid.
@@ -85,7 +86,7 @@ class PartReader:
         self.position = Position(part.start_offset, part.lineno)
         self._blocks = blocks
 
-    def __iter__(self) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def __iter__(self) -> Iterator[tuple[int, EventBatch]]:
         try:
             while True:
                 try:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs import request_rows
+from ..inputs import EventBatch
 from .buckets import GRANULARITY_MS, TOPN_BUCKET_MS
 from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups
@@ -323,15 +323,19 @@ def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
 
 
 def aggregate_batch(
-    batch: pa.RecordBatch | pa.Table, definitions: Definitions, *, source: str | None = None
+    batch: EventBatch | pa.RecordBatch | pa.Table, definitions: Definitions, *, source: str | None = None
 ) -> list[Partial]:
-    """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch.
+    """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch (a plain
+    batch or table is requests only).
 
     Metric partials hold minute states, top-N partials 10-minute ones. A partial is returned for every
     definition even when the batch contributes nothing to it (an empty table), so that ``source`` (the
     identity of this batch, which stores record to make ingestion idempotent) reaches every definition.
     """
-    requests = request_rows(batch)
+    if isinstance(batch, EventBatch):
+        batch, requests = batch.rows, batch.requests
+    else:
+        requests = batch.num_rows
     every = _BatchView(batch)
     # exit rows (a CLIENT span's statement) feed only the top-Ns keyed on db_statement
     view = every if requests == batch.num_rows else _BatchView(batch.slice(0, requests))

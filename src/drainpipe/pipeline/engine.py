@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import StoreUnavailable, first_line
-from ..inputs import request_rows
+from ..inputs import EventBatch
 from .aggregate import aggregate_batch
 from .cardinality import EntityGuard
 from .definitions import Definitions
@@ -258,10 +258,15 @@ class LocalEngine:
     # ------------------------------------------------------------------ intake
 
     def ingest(
-        self, batch: pa.RecordBatch | pa.Table, source: str | None = None, definitions: Definitions | None = None
+        self,
+        batch: EventBatch | pa.RecordBatch | pa.Table,
+        source: str | None = None,
+        definitions: Definitions | None = None,
     ) -> bool:
-        """Queue one validated event batch (``source`` = its identity, for idempotent stores; ``definitions``: a
-        subset to aggregate it for, default all). Blocks when the pipeline is full; False if the engine is closed."""
+        """The engine's front door for events: queue one validated event batch (a plain batch or table is requests
+        only; ``source`` = its identity, for idempotent stores; ``definitions``: a subset to aggregate it for,
+        default all). Blocks when the pipeline is full; False if the engine is closed. Events aggregated elsewhere
+        (worker processes, serve's aggregator process) come in as partials, through :meth:`ingest_partials`."""
         with self._count_lock:
             self._ingest_in += 1
         if self.ingest_queue.produce((batch, source, definitions)):
@@ -276,11 +281,13 @@ class LocalEngine:
         while L1 is full. Each partial must carry the sources of its batches (see :func:`aggregate_batch`)."""
         self._dispatch(list(partials), events, batches)
 
-    def _aggregate(self, items: list[tuple[pa.RecordBatch, str | None, Definitions | None]]) -> None:
+    def _aggregate(
+        self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, str | None, Definitions | None]]
+    ) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
         for batch, source, definitions in items:
             partials = aggregate_batch(batch, definitions or self.definitions, source=source)
-            self._dispatch(partials, request_rows(batch), 1)
+            self._dispatch(partials, batch.requests if isinstance(batch, EventBatch) else batch.num_rows, 1)
             with self._count_lock:
                 self._ingest_done += 1
 

@@ -95,7 +95,7 @@ def process_part(part: Part, names: frozenset[str] | None = None, definitions: D
     for _, batch in read_part(part, Sink(part.path, result.stats, rejects), dictionaries=True):
         for partial in aggregate_batch(batch, definitions):
             accumulators[partial.definition].add(partial)
-        result.events += batch.num_rows
+        result.events += batch.requests
         result.blocks += 1
     result.rejects = rejects.rows
     result.partials = [p for p in (a.drain() for a in accumulators.values()) if p is not None]

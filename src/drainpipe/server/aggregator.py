@@ -19,10 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import pyarrow as pa
-
 from ..errors import ChannelClosed
-from ..inputs import batch_from_ipc, request_rows
+from ..inputs import EventBatch
 from ..pipeline import Definitions, Partial, aggregate_batch
 from .channel import Helper
 
@@ -34,12 +32,11 @@ AGGREGATE_TIMEOUT_S = 60.0
 log = logging.getLogger("drainpipe.server")
 
 
-def _aggregate(job: tuple[Definitions, int], message: bytes) -> tuple[Any, bytes]:
+def _aggregate(definitions: Definitions, message: bytes) -> tuple[Any, bytes]:
     """What the process does with a request: ``((definitions, request rows), the batch as an IPC message) ->
     (the partials, b"")``; an exception (a bug) is sent back and raised by the caller, as it would have been here."""
-    definitions, requests = job
     try:
-        return aggregate_batch(batch_from_ipc(message, requests), definitions), b""
+        return aggregate_batch(EventBatch.decode(message), definitions), b""
     except Exception as exc:
         return exc, b""
 
@@ -65,10 +62,10 @@ class Aggregator:
     def pid(self) -> int | None:
         return self._helper.process.pid
 
-    def aggregate(self, batch: pa.RecordBatch, definitions: Definitions) -> list[Partial]:
+    def aggregate(self, batch: EventBatch, definitions: Definitions) -> list[Partial]:
         """As ``aggregate_batch(batch, definitions)`` (no source), computed in the process; blocks until done."""
         try:
-            answer, _ = self._helper.call((definitions, request_rows(batch)), memoryview(batch.serialize()))
+            answer, _ = self._helper.call(definitions, batch.encode())
         except ChannelClosed:  # the process died or is stuck (or this aggregator was closed meanwhile)
             if not self._closed:
                 self._replace()

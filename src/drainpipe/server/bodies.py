@@ -23,10 +23,8 @@ import zlib
 from concurrent.futures import Future
 from typing import Any
 
-import pyarrow as pa
-
 from ..errors import BadBody, ChannelClosed, OtlpError
-from ..inputs import batch_from_ipc, request_rows, validate_json_lines, validate_records
+from ..inputs import EventBatch, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
 from .channel import Helper
@@ -100,9 +98,9 @@ def decode_body(
     max_events: int,
     spans: SpanMapping | None = None,
     endpoints: EndpointRules | None = None,
-) -> tuple[pa.RecordBatch, Rejects]:
-    """A body as sent (``form``: one of :data:`FORMS`) -> the valid events as an :data:`EVENT_SCHEMA` batch (an
-    OTLP export's exit rows marked, see :func:`drainpipe.inputs.with_exits`), and ``(index, reason)`` per rejected
+) -> tuple[EventBatch, Rejects]:
+    """A body as sent (``form``: one of :data:`FORMS`) -> the valid events (an OTLP export's exit rows after its
+    requests, see :class:`~drainpipe.inputs.EventBatch`), and ``(index, reason)`` per rejected
     record (the array index, the line number, or the span's index in the export). ``spans``/``endpoints``: the
     OTLP mapping (default: the built-in one). Raises :class:`BadBody`."""
     if gzipped:
@@ -110,12 +108,13 @@ def decode_body(
     elif len(body) > max_decoded:
         raise BadBody(413, f"body larger than {max_decoded} bytes")
     if form == "array":
-        return validate_records(_json_records(body, max_events))
+        batch, rejects = validate_records(_json_records(body, max_events))
+        return EventBatch.of(batch), rejects
     if form == "ndjson":
         batch, rejects = validate_json_lines(body)
         if batch.num_rows + len(rejects) > max_events:
             raise BadBody(413, f"more than {max_events} events in one request")
-        return batch, rejects
+        return EventBatch.of(batch), rejects
     from ..inputs.otlp import decode_traces
 
     try:
@@ -129,14 +128,14 @@ def decode_body(
 
 
 class _Parse:
-    """What a parser process does with a request: ``(decode_body's keyword arguments, body) -> ((0, rejects,
-    request rows), the batch as an IPC message)``, or ``((status, message, 0), b"")`` for a bad body."""
+    """What a parser process does with a request: ``(decode_body's keyword arguments, body) -> ((0, rejects),
+    the batch encoded)`` (:meth:`EventBatch.encode`), or ``((status, message), b"")`` for a bad body."""
 
     def __init__(self) -> None:
         self.endpoints: EndpointRules | None = None
         self.ready = False
 
-    def __call__(self, kwargs: dict[str, Any], body: bytes) -> tuple[tuple[int, Any, int], memoryview]:
+    def __call__(self, kwargs: dict[str, Any], body: bytes) -> tuple[tuple[int, Any], memoryview]:
         if not self.ready:  # in the process, once
             from ..inputs import use_serial_json_reader
 
@@ -151,8 +150,8 @@ class _Parse:
         try:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
-            return (exc.status, exc.message, 0), memoryview(b"")
-        return (0, rejects, request_rows(batch)), memoryview(batch.serialize())
+            return (exc.status, exc.message), memoryview(b"")
+        return (0, rejects), batch.encode()
 
 
 def _parser(context: Any) -> Helper:
@@ -191,13 +190,13 @@ class BodyDecoder:
             except BaseException as exc:  # e.g. out of processes: the request parses in process meanwhile
                 future.set_exception(exc)
 
-    def decode(self, body: bytes, **kwargs: Any) -> tuple[pa.RecordBatch, Rejects]:
+    def decode(self, body: bytes, **kwargs: Any) -> tuple[EventBatch, Rejects]:
         """As :func:`decode_body` (same keyword arguments); blocks until parsed. Raises :class:`BadBody`."""
         if not self._all or len(body) < INLINE_BYTES:
             return decode_body(body, **kwargs)
         parser = self._free.get()
         try:
-            (status, second, requests), payload = parser.call(kwargs, body)
+            (status, second), payload = parser.call(kwargs, body)
         except ChannelClosed:  # the parser died (killed, out of memory): replace it, parse this one here
             parser = self._replace(parser)
             return decode_body(body, **kwargs)
@@ -205,7 +204,7 @@ class BodyDecoder:
             self._free.put(parser)
         if status:
             raise BadBody(status, str(second))
-        return batch_from_ipc(payload, requests), second
+        return EventBatch.decode(payload), second
 
     def _replace(self, dead: Helper) -> Helper:
         dead.close()

@@ -25,9 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import pyarrow as pa
-
-from ..inputs import join_events, request_rows
+from ..inputs import EventBatch
 from ..pipeline import Commit, Definitions, FileProgress, LocalEngine, Partial
 from .wal import EventLog
 
@@ -36,7 +34,7 @@ log = logging.getLogger("drainpipe.server")
 __all__ = ["Feeder"]
 
 READ_RECORDS = 64  # records per read
-#: requests per batch handed to the engine. Exit rows (a CLIENT span's statement, see ``with_exits``) are not
+#: requests per batch handed to the engine. Exit rows (a CLIENT span's statement, see ``EventBatch``) are not
 #: counted: they feed one top-N only, and counting them handed OTLP traffic to the engine in batches of a quarter
 #: fewer requests, with the engine's cost per batch spread over fewer requests. All rows stay within twice that.
 COALESCE_EVENTS = 32_768
@@ -45,9 +43,9 @@ GATHER_S = 0.05  # how long live records are gathered into one batch
 ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
 
 
-def _size(records: list[tuple[int, pa.RecordBatch]]) -> tuple[int, int]:
+def _size(records: list[tuple[int, EventBatch]]) -> tuple[int, int]:
     """(requests, rows) of ``records``."""
-    return sum(request_rows(b) for _, b in records), sum(b.num_rows for _, b in records)
+    return sum(b.requests for _, b in records), sum(b.num_rows for _, b in records)
 
 
 class Feeder:
@@ -61,8 +59,8 @@ class Feeder:
         *,
         checkpoint_s: float = 2.0,
         max_commits: int = 2,
-        observe: Callable[[pa.RecordBatch], None] | None = None,
-        aggregate: Callable[[pa.RecordBatch, Definitions], list[Partial]] | None = None,
+        observe: Callable[[EventBatch], None] | None = None,
+        aggregate: Callable[[EventBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
         self.log = log_
         self.engine = engine
@@ -168,17 +166,17 @@ class Feeder:
         finally:
             reader.close()
 
-    def _feed(self, records: list[tuple[int, pa.RecordBatch]]) -> None:
+    def _feed(self, records: list[tuple[int, EventBatch]]) -> None:
         """Ingest records, consecutive ones coalesced into batches of up to ``COALESCE_EVENTS`` events: a request's
         batch is small, and the engine's cost per batch (one partial per definition, L1 items) is what limits it."""
-        group: list[pa.RecordBatch] = []
+        group: list[EventBatch] = []
         events = rows = 0
         lagging: list[str] = []
         for end, batch in records:
             now_lagging = [n for n in self.definitions.names if self.applied.get(n, 0) < end]
             if group and (
                 now_lagging != lagging
-                or events + request_rows(batch) > COALESCE_EVENTS
+                or events + batch.requests > COALESCE_EVENTS
                 or rows + batch.num_rows > COALESCE_ROWS
             ):
                 self._ingest(group, lagging)
@@ -186,20 +184,20 @@ class Feeder:
             lagging = now_lagging
             if lagging:  # definitions ahead of the rest (applied further before a restart) skip what they have
                 group.append(batch)
-                events, rows = events + request_rows(batch), rows + batch.num_rows
+                events, rows = events + batch.requests, rows + batch.num_rows
                 if end <= self.replay_end:
-                    self.replayed_events += request_rows(batch)
+                    self.replayed_events += batch.requests
             self.position = end  # fed once ingested below: checkpoints run between _feed calls only
         if group:
             self._ingest(group, lagging)
 
-    def _ingest(self, group: list[pa.RecordBatch], names: list[str]) -> None:
+    def _ingest(self, group: list[EventBatch], names: list[str]) -> None:
         subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
-        table = join_events(group)  # one batch (requests first, then any exit rows)
+        table = EventBatch.join(group)  # one batch (requests first, then any exit rows)
         if self.aggregate is None:
             self.engine.ingest(table, None, subset)
         else:
-            self.engine.ingest_partials(self.aggregate(table, subset or self.definitions), request_rows(table))
+            self.engine.ingest_partials(self.aggregate(table, subset or self.definitions), table.requests)
         if self.observe is not None:
             try:
                 self.observe(table)

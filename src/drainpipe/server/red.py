@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..inputs import request_rows
+from ..inputs import EventBatch
 from ..pipeline import OVERFLOW
 
 __all__ = ["RedMetrics"]
@@ -63,12 +63,11 @@ class RedMetrics(Collector):
 
     # ------------------------------------------------------------------ observing
 
-    def observe(self, batch: pa.RecordBatch | pa.Table) -> None:
-        """Count the request rows of an event batch (:data:`~drainpipe.inputs.EVENT_SCHEMA`). Thread-safe."""
-        n = request_rows(batch)
-        if n == 0:
+    def observe(self, events: EventBatch) -> None:
+        """Count the requests of an event batch. Thread-safe."""
+        if events.requests == 0:
             return
-        batch = batch.slice(0, n)
+        batch = events.request_rows()
         services = pc.dictionary_encode(batch.column("service"))
         endpoints = pc.dictionary_encode(batch.column("endpoint"))
         if isinstance(services, pa.ChunkedArray):

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import IngestRefused, LogFull, StoreError, StoreUnavailable
+from ..inputs import EventBatch
 from ..pipeline import Definitions, EngineOptions, LocalEngine, MetricDef, Retention, iso_from_ms
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
@@ -274,7 +274,7 @@ class IngestService:
                 raise self._refuse(429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry)
             time.sleep(0.005)
 
-    def ingest(self, decoder: BodyDecoder, body: bytes, *, form: str, gzipped: bool) -> tuple[pa.RecordBatch, Rejects]:
+    def ingest(self, decoder: BodyDecoder, body: bytes, *, form: str, gzipped: bool) -> tuple[EventBatch, Rejects]:
         """One posted body, whatever the transport (HTTP, gRPC; the caller has called :meth:`enter`): wait for
         admission, decode it with ``decoder`` (``form``: one of :data:`~.bodies.FORMS`) under this service's limits
         and definitions, and log it; returns the batch and the rejects once it is durable. Raises
@@ -287,7 +287,7 @@ class IngestService:
         self.submit(batch, len(rejects), (reason for _, reason in rejects))
         return batch, rejects
 
-    def submit(self, batch: pa.RecordBatch, rejected: int, reasons: Iterable[str]) -> None:
+    def submit(self, batch: EventBatch, rejected: int, reasons: Iterable[str]) -> None:
         """Log one validated batch (already admitted) and count it; returns once it is durable (the request may be
         answered 200 then). Raises :class:`IngestRefused` (503) if the log cannot take it: nothing was accepted."""
         n = batch.num_rows
@@ -296,7 +296,7 @@ class IngestService:
                 self.log.append(batch)
             except LogFull as exc:
                 raise self._refuse(503, str(exc), 2 * self.options.retry_after_s) from None
-            top = pc.max(batch.column("ts")).as_py()
+            top = pc.max(batch.rows.column("ts")).as_py()
         with self._lock:
             if n:
                 self.counters.accepted += n

@@ -42,10 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-import pyarrow as pa
-
 from ..errors import DrainpipeError, LogFull
-from ..inputs import EVENT_SCHEMA, batch_from_ipc, request_rows
+from ..inputs import EventBatch
 
 __all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog", "Repair", "WriteAheadLog"]
 
@@ -69,7 +67,7 @@ class Repair:
 
 
 class LogReader(Protocol):
-    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+    def read(self, max_records: int) -> list[tuple[int, EventBatch]]:
         """Up to ``max_records`` (end position, batch) pairs available now, in order; [] when caught up."""
         ...
 
@@ -90,7 +88,7 @@ class EventLog(Protocol):
     def end(self) -> int: ...
     @property
     def size(self) -> int: ...
-    def append(self, batch: pa.RecordBatch) -> int: ...
+    def append(self, batch: EventBatch) -> int: ...
     def reader(self, position: int) -> LogReader: ...
     def wait(self, position: int, timeout: float) -> bool: ...
     def release(self, position: int) -> None: ...
@@ -113,28 +111,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-_EXITS = b"DPX1"  # a payload that starts so holds a batch with exit rows: <N requests u64><IPC message>
-_REQUESTS = struct.Struct("<Q")
-
-
-def _encode(batch: pa.RecordBatch) -> bytes:
-    """The record payload: the batch as an Arrow IPC message (which starts with 0xFFFFFFFF); a batch with exit
-    rows (its schema metadata is not in the message) is prefixed with a mark and its request row count."""
-    message = batch.serialize().to_pybytes()
-    requests = request_rows(batch)
-    if requests == batch.num_rows:
-        return message
-    return _EXITS + _REQUESTS.pack(requests) + message
-
-
-def _decode(payload: bytes | memoryview) -> pa.RecordBatch:
-    view = memoryview(payload)
-    if view[:4] != _EXITS:
-        return pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
-    (requests,) = _REQUESTS.unpack_from(view, 4)
-    return batch_from_ipc(view[4 + _REQUESTS.size :], requests)
 
 
 class WriteAheadLog:
@@ -307,11 +283,11 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, batch: pa.RecordBatch) -> int:
+    def append(self, batch: EventBatch) -> int:
         """Write one validated batch; returns its end position once it is on disk (fsynced). Blocks for one group
         commit (a few ms). Raises :class:`LogFull` over the budget or when the disk refuses the write (then the
         batch is not in the log)."""
-        payload = _encode(batch)
+        payload = batch.encode()
         data = HEADER.pack(len(payload), zlib.crc32(payload)) + payload
         ticket = _Ticket(data)
         with self._lock:
@@ -418,8 +394,8 @@ class _DiskReader:
         self._base = -1
         self._seg_end = -1  # the end of the open segment, as last seen (the active one grows)
 
-    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
-        out: list[tuple[int, pa.RecordBatch]] = []
+    def read(self, max_records: int) -> list[tuple[int, EventBatch]]:
+        out: list[tuple[int, EventBatch]] = []
         while len(out) < max_records:
             if self.position >= self._seg_end and not self._next_segment():
                 break
@@ -429,7 +405,7 @@ class _DiskReader:
             if len(payload) != length or zlib.crc32(payload) != crc:  # checked at open, written whole: a bug
                 raise DrainpipeError(f"write-ahead log damaged at position {self.position} in {self._wal.dir}")
             self.position += HEADER.size + length
-            out.append((self.position, _decode(payload)))
+            out.append((self.position, EventBatch.decode(payload)))
         return out
 
     def _next_segment(self) -> bool:
@@ -461,7 +437,7 @@ class MemoryLog:
         self.max_bytes = max_bytes
         self.location = "memory"
         self.key = "memory:" + uuid.uuid4().hex  # never replayed: a new identity per process
-        self._records: deque[tuple[int, pa.RecordBatch]] = deque()
+        self._records: deque[tuple[int, EventBatch]] = deque()
         self._start = self._end = 0
         self._popped = 0  # records released so far: the absolute index of _records[0]
         self._lock = threading.Lock()
@@ -480,13 +456,13 @@ class MemoryLog:
     def size(self) -> int:
         return self._end - self._start
 
-    def append(self, batch: pa.RecordBatch) -> int:
+    def append(self, batch: EventBatch) -> int:
         with self._lock:
             if self._closed:
                 raise LogFull("the log is closed")
-            if self.size + batch.nbytes > self.max_bytes:
+            if self.size + batch.rows.nbytes > self.max_bytes:
                 raise LogFull(f"in-memory buffer full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
-            self._end += batch.nbytes
+            self._end += batch.rows.nbytes
             self._records.append((self._end, batch))
             self._grown.notify_all()
             return self._end
@@ -496,7 +472,7 @@ class MemoryLog:
             index = self._popped + bisect.bisect_right([e for e, _ in self._records], position)
         return _MemoryReader(self, index)
 
-    def _records_from(self, index: int, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+    def _records_from(self, index: int, max_records: int) -> list[tuple[int, EventBatch]]:
         """Up to ``max_records`` records from absolute index ``index`` on."""
         with self._lock:
             i = max(0, index - self._popped)
@@ -527,7 +503,7 @@ class _MemoryReader:
         self._log = log
         self._index = index
 
-    def read(self, max_records: int) -> list[tuple[int, pa.RecordBatch]]:
+    def read(self, max_records: int) -> list[tuple[int, EventBatch]]:
         out = self._log._records_from(self._index, max_records)
         self._index += len(out)
         return out

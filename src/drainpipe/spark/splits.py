@@ -13,9 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
-from drainpipe.inputs import Part, ReadStats, RejectList, Sink, jsonable, read_part
+from drainpipe.inputs import EventBatch, Part, ReadStats, RejectList, Sink, jsonable, read_part
 from drainpipe.inputs.formats import format_named
 
 __all__ = ["Split", "SplitResult", "plan_splits", "read_split"]
@@ -62,14 +60,14 @@ class _JsonRejects(RejectList):
         self.rows.append((line, json.dumps(jsonable(raw), ensure_ascii=False, allow_nan=False), reason))
 
 
-def read_split(split: Split) -> tuple[Iterator[pa.RecordBatch], SplitResult]:
+def read_split(split: Split) -> tuple[Iterator[EventBatch], SplitResult]:
     """Canonical event batches of ``split`` (lazily) and the :class:`SplitResult` they fill in as they go. An
     unreadable file raises :class:`~drainpipe.errors.InputError` while iterating."""
     rejects = _JsonRejects()
     result = SplitResult(ReadStats(), rejects.rows)
     sink = Sink(split.path, result.stats, rejects)
 
-    def batches() -> Iterator[pa.RecordBatch]:
+    def batches() -> Iterator[EventBatch]:
         reader = read_part(split.part, sink)
         for _, batch in reader:
             yield batch

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from drainpipe.inputs import EventBatch
 from drainpipe.pipeline import Definitions, MetricAccumulator, MetricPartial, TopNDef, aggregate_batch, normalize
 
 from .rows import (
@@ -112,7 +113,7 @@ class _Aggregator:
         self.events = 0
         self.entities: dict[str, int] = {}
 
-    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+    def add(self, batch: EventBatch | pa.RecordBatch | pa.Table) -> None:
         if batch.num_rows:
             self.events += batch.num_rows
             for accumulator, partial in zip(self.accumulators, aggregate_batch(batch, self.definitions)):
@@ -181,7 +182,7 @@ def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = 
                 reader, result = read_split(split)
                 for events in reader:
                     count[0] += events.num_rows
-                    yield events_rows(events)
+                    yield events_rows(events.rows)
                 yield from _bookkeeping(EVENT_ROWS, split, result)
                 _count(accumulators, result.stats.read, split.nbytes)
 
@@ -269,7 +270,7 @@ def sample_types(splits: Sequence[Split], type_key: str, sample_rows: int) -> Ar
             first = next(iter(reader), None)
             if first is None or first.num_rows == 0:
                 continue
-            head = first.slice(0, sample_rows)
+            head = first.rows.slice(0, sample_rows)
             counts = pc.value_counts(head.column(type_key).drop_null())
             values = counts.field("values")
             shares = counts.field("counts").to_numpy() / head.num_rows * split.weight

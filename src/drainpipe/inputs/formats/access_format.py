@@ -18,9 +18,8 @@ import calendar
 import re
 from collections.abc import Sequence
 
-import pyarrow as pa
-
 from ...errors import InputError
+from ..batches import EventBatch
 from ..options import InputOptions
 from ..validation import validate_tuples
 from .base import LineDecoder, LineFormat
@@ -50,7 +49,7 @@ def _epoch_ms(text: str) -> int | None:
 
 def decode_access_lines(
     lines: Sequence[bytes], first_line: int, options: InputOptions
-) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]]:
+) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:
     """Lines (line ``first_line + 1`` on) -> the canonical batch of their requests and ``(line, raw, reason)`` per
     rejected line. Blank lines are skipped."""
     rows: list[tuple[int, tuple]] = []
@@ -80,7 +79,7 @@ def decode_access_lines(
     batch, rejects = validate_tuples(rows)
     by_line = dict(zip(range(first_line + 1, first_line + 1 + len(lines)), lines))
     bad += [(i, by_line[i], reason) for i, reason in rejects]
-    return batch, sorted(bad, key=lambda r: r[0])
+    return EventBatch.of(batch), sorted(bad, key=lambda r: r[0])
 
 
 class AccessLog(LineFormat):

@@ -10,6 +10,7 @@ from typing import Any, BinaryIO, ClassVar
 import pyarrow as pa
 
 from ...errors import UsageError
+from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
@@ -89,7 +90,7 @@ class Format:
 
 
 #: decodes a block of lines (the first is line ``first_line + 1``) -> (canonical batch, (line, raw, reason) rejects)
-LineDecoder = Callable[[Sequence[bytes], int], tuple[pa.RecordBatch, list[tuple[int, Any, str]]]]
+LineDecoder = Callable[[Sequence[bytes], int], tuple[EventBatch, list[tuple[int, Any, str]]]]
 
 #: a block of a line-decoded file ends after ``batch_rows`` lines or once it holds this many bytes: an OTLP line is
 #: a whole export (hundreds of spans, often), so 65,536 lines could be tens of millions of events in one batch

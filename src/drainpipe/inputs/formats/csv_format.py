@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ...errors import InputError, Rejected
+from ..batches import EventBatch
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
@@ -35,7 +36,7 @@ class Csv(Format):
             lines = CountedLines(f, f.tell(), not part.gzipped)
             start = Position(part.start, part.lineno)
             for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start)):
-                yield index, batch, Position(lines.offset, lines.count)
+                yield index, EventBatch.of(batch), Position(lines.offset, lines.count)
             return Position(lines.offset, lines.count)
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:

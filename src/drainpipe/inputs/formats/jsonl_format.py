@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from ...errors import InputError, Rejected
+from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
@@ -89,7 +90,7 @@ class JsonLines(Format):
             for index, batch, consumed, lines in read_jsonl_stream(f, growable, part.batch_rows, sink, part.lineno,
                                                                    limit):  # fmt: skip
                 end = Position(offset + consumed, part.lineno + lines)
-                yield part.first + index, batch, end
+                yield part.first + index, None if batch is None else EventBatch.of(batch), end
             return end
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:

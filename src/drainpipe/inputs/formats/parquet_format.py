@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import InputError
+from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
@@ -237,11 +238,11 @@ def _parquet_blocks(part: Part, sink: Sink, dictionaries: bool = False) -> Block
         held += raw.num_rows
         while held >= size and index < stop:
             canonical = validated(take(size))
-            yield index, canonical, Position(offset, offset)
+            yield index, None if canonical is None else EventBatch.of(canonical), Position(offset, offset)
             index += 1
         if index >= stop:
             return Position(offset, offset)
     if held and index < stop:  # the file's last, short block
         canonical = validated(take(held))
-        yield index, canonical, Position(offset, offset)
+        yield index, None if canonical is None else EventBatch.of(canonical), Position(offset, offset)
     return Position(offset, offset)
