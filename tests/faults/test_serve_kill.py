@@ -123,7 +123,7 @@ def test_a_torn_last_record_is_cut_at_start_up_and_nothing_acknowledged_is_lost(
 def _replay_log(tmp_path: Path) -> tuple[str, Books, int]:
     """A write-ahead log of REPLAY_REQUESTS acknowledged requests, a service each, written as a server would, and
     a store that has none of it: (store URL, the books, the log's end)."""
-    from drainpipe.inputs import validate_json_lines
+    from drainpipe.inputs import EventBatch, validate_json_lines
     from drainpipe.server.wal import WriteAheadLog
 
     log = WriteAheadLog(tmp_path / "wal")
@@ -133,7 +133,7 @@ def _replay_log(tmp_path: Path) -> tuple[str, Books, int]:
     column = template_batch.schema.get_field_index("service")
     for i in range(REPLAY_REQUESTS):
         name = f"w-{i}"
-        log.append(template_batch.set_column(column, "service", pa.array([name] * SIZE)))
+        log.append(EventBatch.of(template_batch.set_column(column, "service", pa.array([name] * SIZE))))
         books.attempted.add(name)
         books.acked.add(name)
     end = log.end

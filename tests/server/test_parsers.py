@@ -47,7 +47,7 @@ def test_a_killed_parser_is_replaced_and_no_request_fails(tmp_path) -> None:
         total = 0
         for i in range(12):
             if i == 4:
-                os.kill(decoder._all[0].process.pid, signal.SIGKILL)
+                os.kill(decoder.parser_processes[0].pid, signal.SIGKILL)
             status, _, body = post_events(srv.url, events(400, seed=i), kind="ndjson")
             assert status == 200, body
             total += body["accepted"]
@@ -67,7 +67,7 @@ def test_closing_the_parsers_stops_each_at_once() -> None:
     kwargs = dict(form="ndjson", gzipped=False, max_decoded=1 << 26, max_events=10_000)
     for _ in range(3):
         assert decoder.decode(body, **kwargs)[0].num_rows == 300
-    processes = [parser.process for parser in decoder._all]
+    processes = decoder.parser_processes
     t0 = time.monotonic()
     decoder.close()
     assert time.monotonic() - t0 < 2.5

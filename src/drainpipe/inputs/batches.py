@@ -24,7 +24,6 @@ __all__ = ["EventBatch"]
 
 _EXITS = b"DPX1"  # an encoding that starts so holds a batch with exit rows: <N requests u64><IPC message>
 _REQUESTS = struct.Struct("<Q")
-_EMPTY = pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ class EventBatch:
     def of(cls, rows: pa.RecordBatch | pa.Table) -> EventBatch:
         """A batch of requests only (a table is combined into one batch)."""
         if isinstance(rows, pa.Table):
-            rows = rows.combine_chunks().to_batches()[0] if rows.num_rows else _EMPTY
+            rows = rows.combine_chunks().to_batches()[0] if rows.num_rows else _empty()
         return cls(rows, rows.num_rows)
 
     @classmethod
@@ -58,7 +57,7 @@ class EventBatch:
         heads = [b.rows.slice(0, b.requests) for b in batches]
         tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
         joined = pa.Table.from_batches(heads + tails, schema=EVENT_SCHEMA).combine_chunks().to_batches()
-        return cls(joined[0] if joined else _EMPTY, sum(b.requests for b in batches))
+        return cls(joined[0] if joined else _empty(), sum(b.requests for b in batches))
 
     @property
     def num_rows(self) -> int:
@@ -91,3 +90,9 @@ class EventBatch:
             return cls(rows, rows.num_rows)
         (requests,) = _REQUESTS.unpack_from(view, 4)
         return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA), requests)
+
+
+def _empty() -> pa.RecordBatch:
+    """No events (built from Arrow arrays: converting Python values would make pyarrow import pandas, which the
+    processes drainpipe owns keep out, see ``drainpipe.processes.hide_pandas``)."""
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)

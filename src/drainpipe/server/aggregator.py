@@ -16,20 +16,17 @@ aggregated in this process: a crash costs time, never a batch, and a stuck proce
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..errors import ChannelClosed
 from ..inputs import EventBatch
 from ..pipeline import Definitions, Partial, aggregate_batch
-from .channel import Helper
+from .channel import HelperPool
 
 __all__ = ["AGGREGATE_TIMEOUT_S", "Aggregator"]
 
 #: longest wait for one batch's partials before the process counts as stuck (a 64k-row batch takes ~20 ms)
 AGGREGATE_TIMEOUT_S = 60.0
-
-log = logging.getLogger("drainpipe.server")
 
 
 def _aggregate(definitions: Definitions, message: bytes) -> tuple[Any, bytes]:
@@ -42,50 +39,32 @@ def _aggregate(definitions: Definitions, message: bytes) -> tuple[Any, bytes]:
 
 
 class Aggregator:
-    """One aggregation process (see the module docstring). Start it before the server runs other threads (it is
-    forked then); :meth:`aggregate` from one thread; :meth:`close` once."""
+    """One aggregation process (see the module docstring), a :class:`~.channel.HelperPool` of one. Start it before
+    the server runs other threads (it is forked then); :meth:`aggregate` from one thread; :meth:`close` once."""
 
     def __init__(self, timeout_s: float = AGGREGATE_TIMEOUT_S) -> None:
         from ..processes import mp_context
 
-        self.timeout_s = timeout_s
-        self._context = mp_context()
-        self.restarts = 0
-        self._closed = False
-        self._helper = self._start()
-
-    def _start(self) -> Helper:
         # the timeout: a wait past it raises ChannelClosed, and the process counts as stuck
-        return Helper(self._context, _aggregate, name="drainpipe-aggregator", timeout_s=self.timeout_s)
+        self._pool = HelperPool(mp_context(), _aggregate, 1, name="drainpipe-aggregator", timeout_s=timeout_s)
 
     @property
     def pid(self) -> int | None:
-        return self._helper.process.pid
+        return self._pool.processes[0].pid
+
+    @property
+    def restarts(self) -> int:
+        return self._pool.restarts
 
     def aggregate(self, batch: EventBatch, definitions: Definitions) -> list[Partial]:
         """As ``aggregate_batch(batch, definitions)`` (no source), computed in the process; blocks until done."""
         try:
-            answer, _ = self._helper.call(definitions, batch.encode())
-        except ChannelClosed:  # the process died or is stuck (or this aggregator was closed meanwhile)
-            if not self._closed:
-                self._replace()
+            answer, _ = self._pool.call(definitions, batch.encode())
+        except ChannelClosed:  # the process died or is stuck (it was replaced), or this aggregator was closed
             return aggregate_batch(batch, definitions)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    def _replace(self) -> None:
-        old = self._helper.process
-        stuck = old.is_alive()
-        if stuck:
-            log.error("aggregator process %d took more than %.0f s for a batch; killing it", old.pid, self.timeout_s)
-        self._helper.close(kill=stuck)
-        log.error("aggregator process %d died (exit %s); starting another", old.pid, old.exitcode)
-        self._helper = self._start()
-        self.restarts += 1  # counted once the new process serves (a reader of restarts then sees its pid)
-
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._helper.close()
+        self._pool.close()

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import zlib
-from concurrent.futures import Future
 from typing import Any
 
 from ..errors import BadBody, ChannelClosed, OtlpError
 from ..inputs import EventBatch, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
-from .channel import Helper
+from .channel import HelperPool
 
 __all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
 
@@ -154,72 +151,41 @@ class _Parse:
         return (0, rejects), batch.encode()
 
 
-def _parser(context: Any) -> Helper:
-    return Helper(context, _Parse(), name="drainpipe-parser")
-
-
 class BodyDecoder:
-    """Decodes bodies in ``processes`` parser processes (0: in the calling thread). Thread-safe; ``close`` once.
+    """Decodes bodies in ``processes`` parser processes (0: in the calling thread), a :class:`~.channel.HelperPool`.
+    Thread-safe; ``close`` once.
 
     Each parser serves one request at a time over its own channel: a request thread takes a free parser, puts the
     body in the channel's shared memory, and waits for the answer (without the GIL); no executor threads, no
-    pickling of bodies or batches."""
+    pickling of bodies or batches. A parser that dies is replaced, and that body is parsed in the calling thread."""
 
     def __init__(self, processes: int = 0) -> None:
-        self.processes = processes
-        self.restarts = 0
         from ..processes import mp_context
 
-        self._context = mp_context()
-        self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()
-        self._all = [_parser(self._context) for _ in range(processes)]
-        for parser in self._all:
-            self._free.put(parser)
-        self._closed = False
-        # replacements are started by one long-lived thread: the kernel kills a child whose parent *thread* exits
-        # (PR_SET_PDEATHSIG), and request threads end with their connection
-        self._spawns: queue.SimpleQueue[Future[Helper] | None] = queue.SimpleQueue()
-        self._spawner = threading.Thread(target=self._spawn_loop, name="drainpipe-parser-spawner", daemon=True)
-        if processes:
-            self._spawner.start()
+        self.processes = processes
+        self._pool = HelperPool(mp_context(), _Parse(), processes, name="drainpipe-parser") if processes else None
 
-    def _spawn_loop(self) -> None:
-        while (future := self._spawns.get()) is not None:
-            try:
-                future.set_result(_parser(self._context))
-            except BaseException as exc:  # e.g. out of processes: the request parses in process meanwhile
-                future.set_exception(exc)
+    @property
+    def restarts(self) -> int:
+        return self._pool.restarts if self._pool is not None else 0
+
+    @property
+    def parser_processes(self) -> list[Any]:
+        """The parsers' processes now (``multiprocessing.Process``)."""
+        return self._pool.processes if self._pool is not None else []
 
     def decode(self, body: bytes, **kwargs: Any) -> tuple[EventBatch, Rejects]:
         """As :func:`decode_body` (same keyword arguments); blocks until parsed. Raises :class:`BadBody`."""
-        if not self._all or len(body) < INLINE_BYTES:
+        if self._pool is None or len(body) < INLINE_BYTES:
             return decode_body(body, **kwargs)
-        parser = self._free.get()
         try:
-            (status, second), payload = parser.call(kwargs, body)
-        except ChannelClosed:  # the parser died (killed, out of memory): replace it, parse this one here
-            parser = self._replace(parser)
+            (status, second), payload = self._pool.call(kwargs, body)
+        except ChannelClosed:  # the parser died (killed, out of memory) and was replaced: parse this one here
             return decode_body(body, **kwargs)
-        finally:
-            self._free.put(parser)
         if status:
             raise BadBody(status, str(second))
         return EventBatch.decode(payload), second
 
-    def _replace(self, dead: Helper) -> Helper:
-        dead.close()
-        log.error("parser process %d died (exit %s); starting another", dead.process.pid, dead.process.exitcode)
-        future: Future[Helper] = Future()
-        self._spawns.put(future)
-        fresh = future.result()
-        self._all[self._all.index(dead)] = fresh
-        self.restarts += 1  # counted once the new process is in place
-        return fresh
-
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._spawns.put(None)
-        for parser in self._all:
-            parser.close()
+        if self._pool is not None:
+            self._pool.close()

@@ -14,19 +14,24 @@ side, and the frame says the file's size so that the other end maps it again; th
 :data:`BASE_BYTES` after a large payload. A payload comes out as a copy, so no view of the map outlives a call and
 the map can be resized. Not thread-safe: one request at a time per channel.
 
-:class:`Helper` is a process serving requests over a channel, one at a time: the parsers and the aggregator are
-helpers that differ only in what they do with a request.
+:class:`Helper` is a process serving requests over a channel, one at a time; :class:`HelperPool` keeps a number of
+them and replaces one that dies or gets stuck. The parsers and the aggregator are helper pools that differ only in
+what their processes do with a request (and how many there are).
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import pickle
+import queue
 import socket
 import struct
 import tempfile
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from ..errors import ChannelClosed
@@ -212,3 +217,91 @@ class Helper:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
+
+
+log = logging.getLogger("drainpipe.server")
+
+
+class HelperPool:
+    """``size`` helper processes that run ``handle``, each serving one request at a time (:class:`Helper`).
+
+    Thread-safe: :meth:`call` takes a free helper, blocking while all are busy. A helper that dies (killed, out of
+    memory) or does not answer within ``timeout_s`` (stuck: it is killed) is replaced before the call raises
+    :class:`ChannelClosed`, so the caller does that request's work itself: a crash costs time, never a request.
+    :attr:`restarts` counts replacements, each once the new process is in place.
+
+    The processes are started with ``context`` (:func:`drainpipe.processes.mp_context`): create pools before the
+    process runs other threads, so that they are forked. Replacements are started by one long-lived thread of the
+    pool, started at the first replacement: the kernel kills a child whose parent *thread* exits
+    (``PR_SET_PDEATHSIG``), and a caller's thread (a request's) may end at any time. ``close`` once."""
+
+    def __init__(self, context: Any, handle: Callable[[Any, bytes], tuple[Any, Buffer]], size: int, *, name: str,
+                 timeout_s: float | None = None) -> None:  # fmt: skip
+        self._start = lambda: Helper(context, handle, name=name, timeout_s=timeout_s)
+        self.name = name
+        self.timeout_s = timeout_s
+        self.restarts = 0
+        self.helpers = [self._start() for _ in range(size)]  # guarded by _lock where replaced
+        self._lock = threading.Lock()
+        self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()
+        for helper in self.helpers:
+            self._free.put(helper)
+        self._spawns: queue.SimpleQueue[Future[Helper] | None] = queue.SimpleQueue()
+        self._spawner: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def processes(self) -> list[Any]:
+        """The helpers' processes now (``multiprocessing.Process``)."""
+        with self._lock:
+            return [h.process for h in self.helpers]
+
+    def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
+        """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if the helper died or
+        was stuck (it is replaced first), or the pool is closed."""
+        helper = self._free.get()
+        try:
+            return helper.call(request, payload)
+        except ChannelClosed:
+            if not self._closed:
+                helper = self._replace(helper)
+            raise
+        finally:
+            self._free.put(helper)
+
+    def _replace(self, dead: Helper) -> Helper:
+        stuck = dead.process.is_alive()
+        if stuck:
+            log.error("%s process %d did not answer within %.0f s; killing it", self.name, dead.process.pid,
+                      self.timeout_s or 0)  # fmt: skip
+        dead.close(kill=stuck)
+        log.error("%s process %d died (exit %s); starting another", self.name, dead.process.pid, dead.process.exitcode)
+        future: Future[Helper] = Future()
+        with self._lock:
+            if self._spawner is None:
+                self._spawner = threading.Thread(target=self._spawn_loop, name=f"{self.name}-spawner", daemon=True)
+                self._spawner.start()
+        self._spawns.put(future)
+        fresh = future.result()
+        with self._lock:
+            self.helpers[self.helpers.index(dead)] = fresh
+            self.restarts += 1
+        return fresh
+
+    def _spawn_loop(self) -> None:
+        while (future := self._spawns.get()) is not None:
+            try:
+                future.set_result(self._start())
+            except BaseException as exc:  # e.g. out of processes: the caller's error says so
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Stop every helper (each told to, given 5 s, then killed) and the spawner."""
+        if self._closed:
+            return
+        self._closed = True
+        self._spawns.put(None)
+        with self._lock:
+            helpers = list(self.helpers)
+        for helper in helpers:
+            helper.close()
