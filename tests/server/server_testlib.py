@@ -53,9 +53,10 @@ def running_server(
         options=opts,
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
         name=f"t{next(_names)}",
+        decoder=decoder,
         aggregator=aggregator,
     )
-    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, decoder, grpc_port).start()
+    server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, grpc_port).start()
     try:
         yield server
     finally:

@@ -10,12 +10,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if imported eagerly
+    from .assembly import ServeConfig, build_service, serve
     from .http import IngestServer, run_server
     from .service import IngestService, ServiceOptions, serve_engine_options
 
-__all__ = ["IngestService", "ServiceOptions", "serve_engine_options", "IngestServer", "run_server"]
+__all__ = [
+    "ServeConfig",
+    "build_service",
+    "serve",
+    "IngestService",
+    "ServiceOptions",
+    "serve_engine_options",
+    "IngestServer",
+    "run_server",
+]
 
 _HOMES = {
+    "ServeConfig": "assembly",
+    "build_service": "assembly",
+    "serve": "assembly",
     "IngestService": "service",
     "ServiceOptions": "service",
     "serve_engine_options": "service",

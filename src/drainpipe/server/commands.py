@@ -8,40 +8,36 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import UsageError
-
-if TYPE_CHECKING:
-    from .wal import MemoryLog, WriteAheadLog
 
 TOKEN_ENV = "DRAINPIPE_TOKEN"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..pipeline import definitions_from, open_store
-    from .aggregator import Aggregator
-    from .bodies import BodyDecoder
-    from .http import run_server
-    from .service import IngestService, ServiceOptions, serve_engine_options
+    """Check the options, then :func:`~.assembly.serve` the :class:`~.assembly.ServeConfig` they describe."""
+    from ..pipeline import definitions_from
+    from .assembly import ServeConfig, serve
+    from .http import is_loopback
+    from .service import ServiceOptions
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    from .http import is_loopback
-
     if not token and not is_loopback(args.host):
         raise UsageError(
             f"refusing to listen on {args.host!r} without a token: pass --token or set {TOKEN_ENV} (or bind 127.0.0.1)"
         )
-    if args.max_body_mb <= 0:
-        raise UsageError("--max-body-mb must be > 0")
-    if args.wal_max_bytes <= 0:
-        raise UsageError("--wal-max-bytes must be > 0")
-    if args.checkpoint_s <= 0:
-        raise UsageError("--checkpoint-s must be > 0")
+    for name, value in (("--max-body-mb", args.max_body_mb), ("--wal-max-bytes", args.wal_max_bytes),
+                        ("--checkpoint-s", args.checkpoint_s), ("--slow-handler-s", args.slow_handler_s),
+                        ("--alert-every-s", args.alert_every_s)):  # fmt: skip
+        if value <= 0:
+            raise UsageError(f"{name} must be > 0")
     if args.parsers is not None and args.parsers < 0:
         raise UsageError("--parsers must be >= 0")
-    if args.slow_handler_s <= 0:
-        raise UsageError("--slow-handler-s must be > 0")
+    if args.purge_every_s < 0:
+        raise UsageError("--purge-every-s must be >= 0")
+    if args.alert_webhook and not args.alert_webhook.startswith(("http://", "https://")):
+        raise UsageError(f"--alert-webhook must be an http:// or https:// URL, not {args.alert_webhook!r}")
     if args.grpc_port is not None:
         # gRPC's C core logs its own errors to stderr (a taken port is two lines, one of them ours); the server says
         # what matters itself. GRPC_VERBOSITY=ERROR (or DEBUG) in the environment brings them back
@@ -58,25 +54,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         definitions = dataclasses.replace(definitions, max_entities=args.max_entities)
     if args.retention:
         definitions = dataclasses.replace(definitions, retention=definitions.retention.with_flags(args.retention))
-    if args.purge_every_s < 0:
-        raise UsageError("--purge-every-s must be >= 0")
-    if args.alert_every_s <= 0:
-        raise UsageError("--alert-every-s must be > 0")
-    if args.alert_webhook and not args.alert_webhook.startswith(("http://", "https://")):
-        raise UsageError(f"--alert-webhook must be an http:// or https:// URL, not {args.alert_webhook!r}")
-    # helper processes first: forked while this process runs no other thread (cheap, and safe: neither the
-    # engine's threads nor DuckDB's exist yet)
-    parsers = default_parsers() if args.parsers is None else args.parsers
-    aggregator = Aggregator() if parsers else None  # before the decoder, which starts a thread
-    decoder = BodyDecoder(parsers)
-    try:
-        event_log = _open_log(args)
-        store = open_store(args.store)
-    except BaseException:
-        decoder.close()
-        if aggregator is not None:
-            aggregator.close()
-        raise
     options = ServiceOptions(
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
@@ -85,53 +62,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         alert_webhook=args.alert_webhook or "",
         alert_every_s=args.alert_every_s,
     )
-    engine = serve_engine_options(slow_handler_ms=max(1, round(args.slow_handler_s * 1000)))
-    service = IngestService(definitions, store, log=event_log, store_url=_display_url(args.store), options=options,
-                            engine_options=engine, aggregator=aggregator)  # fmt: skip
-    try:
-        run_server(service, args.host, args.port, token, announce=lambda line: print(line, flush=True),
-                   shutdown_grace_s=args.shutdown_grace_s, decoder=decoder, grpc_port=args.grpc_port)  # fmt: skip
-    except OSError as exc:
-        decoder.close()
-        service.close()
-        # a bind error of the HTTP port has a strerror; OTLP/gRPC's says its address itself
-        why = f"cannot listen on {args.host}:{args.port}: {exc.strerror}" if exc.strerror else str(exc)
-        raise UsageError(why) from None
+    config = ServeConfig(store_url=args.store, definitions=definitions, host=args.host,
+                         port=args.port, grpc_port=args.grpc_port, token=token, durable=args.durability != "none",
+                         wal_dir=args.wal, wal_max_bytes=args.wal_max_bytes, parsers=args.parsers,
+                         slow_handler_s=args.slow_handler_s, shutdown_grace_s=args.shutdown_grace_s,
+                         options=options)  # fmt: skip
+    serve(config, announce=lambda line: print(line, flush=True))
     return 0
-
-
-def default_wal_dir(store_url: str | None) -> str | None:
-    """Where the write-ahead log lives unless ``--wal`` says: next to a DuckDB file (``<file>.drainpipe-wal``; DuckDB
-    has its own ``<file>.wal``); for a server store, ``drainpipe-wal-<database>`` in the working directory; None for
-    an in-memory store."""
-    from urllib.parse import urlsplit
-
-    from ..pipeline import DEFAULT_STORE_URL, duckdb_path
-
-    store_url = store_url or DEFAULT_STORE_URL
-    if store_url.startswith("duckdb:"):
-        path = duckdb_path(store_url)
-        return None if path == ":memory:" else path + ".drainpipe-wal"
-    database = urlsplit(store_url).path.strip("/") or "store"
-    return f"drainpipe-wal-{database}"
-
-
-def default_parsers() -> int:
-    """Parser processes by default: one per core, plus one. A parser serves one request at a time and is idle
-    while the body and its batch travel; measured on 2 cores under 24 clients (then over pipes), 1 parser gave
-    242k events/s, 2 gave 288k, 3 gave 306k."""
-    return (os.cpu_count() or 1) + 1
-
-
-def _open_log(args: argparse.Namespace) -> WriteAheadLog | MemoryLog:
-    from .wal import MemoryLog, WriteAheadLog
-
-    if args.durability == "none":
-        return MemoryLog(max_bytes=min(args.wal_max_bytes, 512 << 20))
-    directory = args.wal or default_wal_dir(args.store)
-    if directory is None:
-        raise UsageError("an in-memory store has nothing to be durable with: pass --wal DIR or --durability none")
-    return WriteAheadLog(directory, max_bytes=args.wal_max_bytes)
 
 
 def _byte_size(text: str) -> int:
@@ -154,12 +91,6 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
     return port
-
-
-def _display_url(url: str) -> str:
-    import re
-
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

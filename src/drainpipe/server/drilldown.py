@@ -28,7 +28,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..pipeline import GRANULARITY_MS, Definitions, MetricDef, parse_time, parse_time_ms
-from .service import display_format
+from .live import display_format
 
 __all__ = ["RANGES", "service_view"]
 

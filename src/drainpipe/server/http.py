@@ -59,7 +59,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BadBody, IngestRefused, StoreError
 from .auth import bearer_ok
-from .bodies import BodyDecoder
 from .dashboard import PAGE
 from .drilldown import service_view
 from .metrics import ServerMetrics
@@ -278,7 +277,7 @@ class Handler(BaseHTTPRequestHandler):
             log.info("client %s went away mid-body", self.client_address[0])
             return
         try:
-            batch, rejects = svc.ingest(self.server.decoder, body, form=form, gzipped=encoding != "identity")
+            batch, rejects = svc.ingest(body, form=form, gzipped=encoding != "identity")
         except BadBody as exc:
             self._error(exc.status, exc.message)
             return
@@ -420,7 +419,6 @@ class IngestServer(ThreadingHTTPServer):
         port: int = 8080,
         token: str | None = None,
         shutdown_grace_s: float = 30.0,
-        decoder: BodyDecoder | None = None,
         grpc_port: int | None = None,
     ) -> None:
         if not token and not is_loopback(host):
@@ -428,7 +426,6 @@ class IngestServer(ThreadingHTTPServer):
                 f"refusing to listen on non-loopback address {host!r} without a token (--token or DRAINPIPE_TOKEN)"
             )
         self.service = service
-        self.decoder = decoder or BodyDecoder()  # in process unless given parser processes
         self.token = token or None
         self.shutdown_grace_s = shutdown_grace_s
         self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
@@ -444,7 +441,7 @@ class IngestServer(ThreadingHTTPServer):
             from .otlp_grpc import OtlpGrpcServer
 
             try:
-                self.grpc = OtlpGrpcServer(service, self.decoder, self.metrics, self.token, host, grpc_port)
+                self.grpc = OtlpGrpcServer(service, self.metrics, self.token, host, grpc_port)
             except BaseException:
                 self.server_close()
                 raise
@@ -498,7 +495,6 @@ class IngestServer(ThreadingHTTPServer):
         self.shutdown()  # stop the accept loop
         self.deadlines.stop()
         self.server_close()
-        self.decoder.close()
         return self.service.close(self.shutdown_grace_s)  # applies the rest of the log (what the store takes in time)
 
 
@@ -510,12 +506,11 @@ def run_server(
     *,
     announce: Any = print,
     shutdown_grace_s: float = 30.0,
-    decoder: BodyDecoder | None = None,
     grpc_port: int | None = None,
 ) -> dict[str, Any]:
     """Serve until SIGTERM or SIGINT, then shut down gracefully: requests in flight get ``shutdown_grace_s`` to
     finish, then are cut; the pipeline is flushed. Returns the shutdown summary."""
-    server = IngestServer(service, host, port, token, shutdown_grace_s, decoder, grpc_port)
+    server = IngestServer(service, host, port, token, shutdown_grace_s, grpc_port)
     stop = threading.Event()
     received: list[str] = []
 

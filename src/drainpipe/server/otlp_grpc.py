@@ -33,7 +33,6 @@ from grpc_status import rpc_status
 
 from ..errors import BadBody, IngestRefused
 from .auth import bearer_ok
-from .bodies import BodyDecoder
 from .metrics import ServerMetrics
 from .otlp_answers import GRPC_EXPORT_PATH, GRPC_SERVICE, export_answer, grpc_status
 from .service import IngestService
@@ -50,10 +49,9 @@ CALL_THREADS = 16
 class OtlpGrpcServer:
     """``TraceService/Export`` on ``host:port`` (0: any free port; :attr:`port` says which) for ``service``."""
 
-    def __init__(self, service: IngestService, decoder: BodyDecoder, metrics: ServerMetrics, token: str | None,
+    def __init__(self, service: IngestService, metrics: ServerMetrics, token: str | None,
                  host: str, port: int) -> None:  # fmt: skip
         self._service = service
-        self._decoder = decoder
         self._metrics = metrics
         self._token = token
         limit = service.options.max_decoded_bytes
@@ -102,7 +100,7 @@ class OtlpGrpcServer:
                 status = r.status
                 _abort(context, status, r.message, r.retry_after)
             try:
-                _, rejects = svc.ingest(self._decoder, body, form="otlp-protobuf", gzipped=False)
+                _, rejects = svc.ingest(body, form="otlp-protobuf", gzipped=False)
             except BadBody as exc:
                 status = exc.status
                 _abort(context, status, exc.message)

@@ -1,0 +1,301 @@
+"""The live view of a running service: the :class:`Sampler` thread, which samples the engine, the log and the
+store a few times a second into the one dict that ``/v1/stats``, ``/metrics``, the dashboard and ``drainpipe
+stats`` show, and the display formatting of metrics (:func:`display_format`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..pipeline import MetricDef, iso_from_ms
+
+__all__ = ["Sampler", "display_format"]
+
+log = logging.getLogger("drainpipe.server")
+
+
+def _rate(delta: float, dt: float) -> float:
+    return delta / dt if dt > 0 else 0.0
+
+
+class Sampler(threading.Thread):
+    """Samples the engine every ``sample_interval_s``: ingest and drop rates, per-drain-task load of each queue,
+    new rebalances (for the handoff histogram and the dashboard markers); refreshes the top services from the
+    store every ``top_refresh_s``. Readers get the last snapshot, so any number of dashboards costs nothing."""
+
+    def __init__(self, service: Any) -> None:  # an IngestService (which imports this module)
+        super().__init__(name="drainpipe-sampler", daemon=True)
+        self.service = service
+        o = service.options
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self.samples: deque[dict[str, Any]] = deque(maxlen=o.history)
+        self.rebalances: deque[dict[str, Any]] = deque(maxlen=200)
+        self.on_handoff: Callable[[str, float], None] | None = None  # (queue, seconds), e.g. a histogram
+        self._seen_at: dict[str, float] = {}
+        self._prev: dict[str, Any] | None = None
+        self._top: dict[str, Any] = {"granularity": "minute", "bucket": None, "columns": [], "rows": []}
+        # the store query runs on its own thread: a slow store write (which holds the store's lock) must not
+        # stall the sampling of the queues
+        self._top_thread = threading.Thread(target=self._refresh_top, name="drainpipe-top-services", daemon=True)
+        self._view: dict[str, Any] = {}
+        self.task_load: dict[str, list[float]] = {}
+        self.sample()
+
+    def run(self) -> None:
+        interval = self.service.options.sample_interval_s
+        while not self._halt.wait(interval):
+            try:
+                self.sample()
+            except Exception:  # never let a sampling bug take the server down
+                log.exception("sampling failed")
+
+    def start(self) -> None:
+        super().start()
+        self._top_thread.start()
+
+    def _refresh_top(self) -> None:
+        while True:
+            try:
+                self._top = self._top_services()
+            except Exception:
+                log.exception("top services refresh failed")
+            if self._halt.wait(self.service.options.top_refresh_s):
+                return
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def sample(self) -> None:
+        svc = self.service
+        e = svc.engine
+        now = time.time()
+        stats = {q.name: q.stats() for q in e.queues()}
+        dropped = sum(s.dropped_full + s.dropped_no_handler for s in stats.values())
+        cur: dict[str, Any] = {
+            "t": now,
+            "accepted": svc.counters.accepted,
+            "rejected": svc.counters.rejected,
+            "dropped": dropped,
+            "refused": svc.counters.refused_busy + svc.counters.refused_unavailable,
+            "tasks": {name: s.task_dispatched for name, s in stats.items()},
+        }
+        prev = self._prev
+        point: dict[str, Any] = {"t": round(now, 3)}
+        if prev is not None:
+            dt = now - prev["t"]
+            point["events_per_s"] = round(_rate(cur["accepted"] - prev["accepted"], dt), 1)
+            point["rejected_per_s"] = round(_rate(cur["rejected"] - prev["rejected"], dt), 1)
+            point["drops_per_s"] = round(_rate(cur["dropped"] - prev["dropped"], dt), 1)
+            point["refused_per_s"] = round(_rate(cur["refused"] - prev["refused"], dt), 1)
+            loads = {}
+            for name, tasks in cur["tasks"].items():
+                before = prev["tasks"].get(name, ())
+                loads[name] = [
+                    round(_rate(a - (before[i] if i < len(before) else 0), dt), 1) for i, a in enumerate(tasks)
+                ]
+            point["task_load"] = loads
+            self.task_load = loads
+        new_rebalances: list[dict[str, Any]] = []
+        for name, s in stats.items():
+            seen = self._seen_at.get(name, 0.0)
+            for r in s.rebalance_history:
+                if r.at > seen and r.moved:
+                    new_rebalances.append(
+                        {
+                            "queue": name,
+                            "at": round(r.at, 3),
+                            "moved": r.moved,
+                            "duration_ms": round(r.duration_ms, 3),
+                            "ratio_before": _finite(r.ratio_before),
+                            "ratio_after": _finite(r.ratio_after),
+                            "loads_before": list(r.loads_before),
+                            "loads_after": list(r.loads_after),
+                        }
+                    )
+            if s.rebalance_history:
+                self._seen_at[name] = max(seen, max(r.at for r in s.rebalance_history))
+        with self._lock:
+            for event in new_rebalances:
+                self.rebalances.append(event)
+            if prev is not None:
+                self.samples.append(point)
+        if self.on_handoff is not None:
+            for event in new_rebalances:
+                self.on_handoff(event["queue"], event["duration_ms"] / 1000)
+        self._prev = cur
+        self._view = self._build_view(now, stats)
+
+    def view(self) -> dict[str, Any]:
+        return self._view
+
+    def _build_view(self, now: float, stats: dict[str, Any]) -> dict[str, Any]:
+        svc = self.service
+        e = svc.engine
+        c = svc.counters
+        st = svc.store
+        with self._lock:
+            history = list(self.samples)
+            rebalances = list(self.rebalances)[-50:]
+        last = history[-1] if history else {}
+        queues = []
+        for q in e.queues():
+            s = stats[q.name]
+            queues.append(
+                {
+                    "name": q.name,
+                    "role": q.name.rsplit("-", 1)[-1],
+                    "buffer_size": s.buffer_size,
+                    "partitions": [round(100 * n / max(1, s.buffer_size), 1) for n in s.partition_used_counts],
+                    "used": s.total_used(),
+                    "used_pct": round(s.total_used_percentage(), 2),
+                    "produced": s.produced,
+                    "dispatched": s.dispatched,
+                    "dropped_full": s.dropped_full,
+                    "dropped_no_handler": s.dropped_no_handler,
+                    "handler_errors": s.handler_errors,
+                    "task_restarts": s.task_restarts,
+                    "lost": s.lost,
+                    "slow_calls": [
+                        {"type": c.type_name, "task": c.task, "method": c.method, "seconds": round(c.seconds, 1)}
+                        for c in s.slow_calls
+                    ],
+                    "tasks": list(s.task_dispatched),
+                    "task_partitions": [len(p) for p in s.task_partitions],
+                    "task_load": self.task_load.get(q.name, []),
+                    "rebalances": s.rebalances,
+                    "rebalance_state": s.rebalance_state,
+                }
+            )
+        ec = e.counters
+        latencies = sorted(st.write_seconds)
+        return {
+            "now": round(now, 3),
+            "uptime_s": round(now - svc.started, 1),
+            "store_url": svc.store_url,
+            "draining": svc.draining,
+            "ingest": {
+                "requests": c.requests,
+                "accepted": c.accepted,
+                "rejected": c.rejected,
+                "refused_429": c.refused_busy,
+                "refused_503": c.refused_unavailable,
+                "events_per_s": last.get("events_per_s", 0.0),
+                "drops_per_s": last.get("drops_per_s", 0.0),
+                "dropped": sum(q["dropped_full"] + q["dropped_no_handler"] for q in queues),
+                "reasons": dict(sorted(c.reasons.items(), key=lambda kv: -kv[1])[:8]),
+            },
+            "engine": {
+                "batches": ec.batches,
+                "events": ec.events,
+                "partials": ec.partials,
+                "persisted_batches": ec.persisted_batches,
+                "persisted_partials": ec.persisted_partials,
+                "store_retries": ec.store_retries,
+                "store_errors": ec.store_errors,
+                "overflow_rows": dict(e.guard.folded),
+            },
+            "store": {
+                "available": st.available,
+                "writes": st.writes,
+                "failures": st.failures,
+                "last_error": st.last_error,
+                "last_write_ms": round(1000 * st.last_write_s, 2),
+                "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
+                "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2),
+                "retention": svc.definitions.retention.describe(),
+                "purges": svc.purger.purges,
+                "purged_rows": svc.purger.purged_rows,
+                "purge_error": svc.purger.last_error,
+            },
+            "log": {
+                "durable": svc.log.durable,
+                "bytes": svc.log.size,
+                "max_bytes": svc.log.max_bytes,
+                "end": svc.log.end,
+                "fed": svc.feeder.position,
+                "committed": svc.feeder.committed,
+                "replayed_events": svc.feeder.replayed_events,
+                "recovery_s": None if svc.feeder.recovered_s is None else round(svc.feeder.recovered_s, 3),
+                "failed": svc.feeder.failed,
+            },
+            "queues": queues,
+            "history": history[-120:],
+            "rebalances": rebalances,
+            "top_services": self._top,
+            "alerts": svc.alerter.view() | {"webhook": svc.notifier.view() if svc.notifier else None},
+        }
+
+    def _top_services(self) -> dict[str, Any]:
+        """Latest minute values of the service-scope metrics for the busiest services (from the store)."""
+        svc = self.service
+        out: dict[str, Any] = {"granularity": "minute", "bucket": None, "columns": [], "rows": []}
+        max_ts = svc.max_ts
+        metrics = [m for m in svc.definitions.metrics if isinstance(m, MetricDef) and m.scope == "service"]
+        if max_ts is None or not metrics:
+            return out
+        rate = next((m for m in metrics if m.function in ("cpm", "count")), metrics[0])
+        ordered = [rate] + [m for m in metrics if m is not rate]
+        start = str(iso_from_ms(np.array([max_ts - max_ts % 60_000 - 5 * 60_000]))[0])
+        latest: dict[str, str] = {}
+        values: dict[tuple[str, str], dict[str, float]] = {}
+        try:
+            for m in ordered:
+                for _metric, entity, _g, bucket, label, value in svc.store.query(
+                    metric=m.name, granularity="minute", start=start
+                ):
+                    if m.function == "percentile" and label != "p99":
+                        continue
+                    values.setdefault((entity, bucket), {})[m.name] = value
+                    if m is rate and bucket > latest.get(entity, ""):
+                        latest[entity] = bucket
+        except Exception as exc:  # the store may be down: keep what we had
+            log.debug("top services query failed: %s", exc)
+            return self._top
+        rows: list[list[Any]] = []
+        for entity, bucket in latest.items():
+            v = values.get((entity, bucket), {})
+            rows.append([entity, bucket] + [v.get(m.name) for m in ordered])
+        rows.sort(key=lambda r: -(r[2] or 0))
+        out["columns"] = ["service", "minute"] + [
+            m.name + (" p99" if m.function == "percentile" else "") for m in ordered
+        ]
+        out["formats"] = [None, None] + [display_format(m) for m in ordered]
+        out["rows"] = rows[: svc.options.top_services]
+        out["bucket"] = max(latest.values()) if latest else None
+        return out
+
+
+def display_format(metric: MetricDef) -> dict[str, Any]:
+    """How the dashboard shows a value of ``metric``: decimals and unit, by function (apdex 0..1 to 4 decimals as
+    stored, SLA in % to 2, rates and latencies to 1, counts whole, percentiles to the precision of their buckets)."""
+    f = metric.function
+    if f == "apdex":
+        return {"decimals": 4, "unit": ""}
+    if f == "sla":
+        return {"decimals": 2, "unit": "%"}
+    if f == "cpm":
+        return {"decimals": 1, "unit": "/min"}
+    if f == "count":
+        return {"decimals": 0, "unit": ""}
+    if f == "percentile":
+        step = metric.precision_ms or 1.0
+        decimals = 0 if float(step).is_integer() else len(repr(float(step)).split(".")[1])
+        return {"decimals": decimals, "unit": " ms"}
+    return {"decimals": 1, "unit": " ms" if metric.field == "latency_ms" else ""}
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _finite(x: float) -> float | None:
+    return None if x == float("inf") else round(x, 3)
