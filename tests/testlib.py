@@ -3,14 +3,22 @@ the same data), and waiting for a condition. One home, so that no test file defi
 
 from __future__ import annotations
 
+import datetime as dt
+import gzip
+import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from drainpipe.inputs import DeadLetter, ReadStats, read_events
+from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, TS_MAX, TS_MIN
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
 from drainpipe.pipeline.store import MergeReport, Store, open_store
@@ -114,3 +122,95 @@ def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s; last value {last!r}")
         time.sleep(interval)
+
+
+# ------------------------------------------------------------------------------------------ input files
+
+
+BASE = {"ts": T0, "service": "svc", "latency_ms": 1.5}
+CSV_HEADER = ",".join(FIELDS)
+
+
+@dataclass
+class Result:
+    rows: list[dict]
+    stats: ReadStats
+    rejects: list[dict]
+    batches: list[pa.RecordBatch]
+
+
+def check_canonical(batch: pa.RecordBatch) -> None:
+    """Every accepted batch satisfies the canonical contract."""
+    assert batch.schema.equals(EVENT_SCHEMA)
+    batch.validate(full=True)
+    for name in FIELDS[:-1]:
+        assert batch.column(name).null_count == 0, name
+    for row in batch.to_pylist():
+        assert TS_MIN <= row["ts"] <= TS_MAX
+        assert row["service"]
+        assert math.isfinite(row["latency_ms"]) and row["latency_ms"] >= 0
+        assert row["db_statement"] != ""
+
+
+def read(paths: list[Path], tmp_path: Path, batch_rows: int = 65536) -> Result:
+    """Read ``paths`` (``read_events``) with a dead letter and stats, checking every batch's canonical contract."""
+    stats = ReadStats()
+    dl_path = tmp_path / "out.rejected.jsonl"
+    dl_path.unlink(missing_ok=True)  # the dead letter appends: one file per read here
+    with DeadLetter(dl_path) as dl:
+        batches = [
+            e.rows for e in read_events([str(p) for p in paths], batch_rows=batch_rows, dead_letter=dl, stats=stats)
+        ]
+    rejects = [json.loads(line) for line in dl_path.read_text(encoding="ascii").split("\n")[:-1]]
+    assert stats.read == stats.accepted + stats.rejected
+    assert sum(b.num_rows for b in batches) == stats.accepted
+    assert len(rejects) == stats.rejected == sum(stats.reasons.values())
+    for b in batches:
+        assert 0 < b.num_rows <= batch_rows
+        check_canonical(b)
+    rows = pa.Table.from_batches(batches, schema=EVENT_SCHEMA).to_pylist()
+    return Result(rows, stats, rejects, batches)
+
+
+def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.lower().endswith(".gz") else data)
+    return path
+
+
+def read_jsonl(tmp_path: Path, lines: list[str | bytes], name: str = "in.jsonl", **kw) -> Result:
+    data = b"".join((x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass")) + b"\n" for x in lines)
+    return read([write_bytes(tmp_path, name, data)], tmp_path, **kw)
+
+
+def read_csv(tmp_path: Path, text: str | bytes, name: str = "in.csv") -> Result:
+    data = text if isinstance(text, bytes) else text.encode()
+    return read([write_bytes(tmp_path, name, data)], tmp_path)
+
+
+def rec(**changes) -> str:
+    record = dict(BASE, **changes)
+    for key in [k for k, v in changes.items() if v is ...]:
+        del record[key]
+    return json.dumps(record)
+
+
+def reasons(result: Result) -> list[str]:
+    return [r["reason"] for r in result.rejects]
+
+
+def row(**values) -> dict:
+    full = {"ts": T0, "service": "svc", "instance": "", "endpoint": "", "latency_ms": 1.5, "status": True,
+            "db_statement": None}  # fmt: skip
+    full.update(values)
+    return full
+
+
+def ms(*args, tz=dt.UTC) -> int:
+    return (dt.datetime(*args, tzinfo=tz) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(milliseconds=1)
+
+
+def write_parquet(tmp_path: Path, table: pa.Table, name: str = "in.parquet", **kw) -> Path:
+    path = tmp_path / name
+    pq.write_table(table, path, **kw)
+    return path
