@@ -138,14 +138,12 @@ class RejectWriter(Protocol):
 
 
 class Sink:
-    """Where the rejects of one source file go: the stats and (optionally) a reject writer. ``end``: where a whole
-    text file's reading stopped (after its last complete line), set when the read is done."""
+    """Where the rejects of one source file go: the stats and (optionally) a reject writer."""
 
     def __init__(self, source: str, stats: ReadStats, dead_letter: RejectWriter | None) -> None:
         self.source = source
         self.stats = stats
         self.dead_letter = dead_letter
-        self.end: tuple[int, int] | None = None  # (bytes, lines)
 
     def reject(self, line: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
