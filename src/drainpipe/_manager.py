@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import threading
+import warnings
 
 from ._config import BatchQueueConfig
 from ._queue import BatchQueue
 from ._scheduler import shared_schedulers
-from .errors import QueueError
+from .errors import ConfigError, QueueError
+
+#: the fields whose difference ``get_or_create`` warns about (what sizes a queue)
+_SIZING_FIELDS = ("threads", "shared_scheduler", "partitions", "buffer_size", "strategy")
 
 
 class BatchQueueManager:
@@ -29,10 +33,31 @@ class BatchQueueManager:
 
     @classmethod
     def get_or_create(cls, name: str, config: BatchQueueConfig) -> BatchQueue:
-        """The existing queue of that name (``config`` ignored), or a new one."""
+        """The existing queue of that name, or a new one made with ``config``.
+
+        An existing queue keeps its own configuration. If ``config`` asks for other threads, partitions, buffer size
+        or strategy, a :class:`RuntimeWarning` names the fields (the caller gets a queue unlike the one it
+        described). If it asks for the other dispatch mode (a ``consumer`` for a queue with handlers, or handlers
+        for a queue with a consumer), :class:`ConfigError` is raised: items would reach the wrong kind of consumer.
+        """
+        config.validate()
         with cls._lock:
             q = cls._queues.get(name)
-            return q if q is not None else cls.create(name, config)
+            if q is None:
+                return cls.create(name, config)
+        mine, asked = q.config, config
+        if (mine.consumer is None) != (asked.consumer is None):
+            have, want = ("a consumer", "handlers") if mine.consumer is not None else ("handlers", "a consumer")
+            raise ConfigError(f"queue {name!r} exists with {have}; it was asked for with {want}")
+        differ = [f for f in _SIZING_FIELDS if getattr(mine, f) != getattr(asked, f)]
+        if differ:
+            warnings.warn(
+                f"queue {name!r} exists with another {', '.join(differ)}: returning it as it is "
+                f"({', '.join(f'{f}={getattr(mine, f)!r}' for f in differ)})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return q
 
     create_if_absent = get_or_create  # the seed's name
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 from queue_testlib import Recorder, config, pool_threads, queue_threads
 
-from drainpipe import BatchQueue, BatchQueueManager, PartitionPolicy, ThreadPolicy
+from drainpipe import BatchQueue, BatchQueueManager, BufferStrategy, PartitionPolicy, ThreadPolicy
+from drainpipe.errors import ConfigError
 from testlib import wait_until
 
 
@@ -43,17 +45,34 @@ def test_name_taken_with_shared_scheduler_does_not_take_a_reference(qname):
 
 
 @pytest.mark.parametrize("method", ["get_or_create", "create_if_absent"])
-def test_get_or_create_returns_existing_and_ignores_config(qname, method):
+def test_get_or_create_returns_the_existing_queue_and_warns_when_asked_for_another_size(qname, method):
     fn = getattr(BatchQueueManager, method)
     q = fn(qname, config(buffer_size=7))
     assert BatchQueueManager.get(qname) is q and q.is_running
     threads_before = _all_drainpipe_threads()
-    again = fn(qname, config(buffer_size=99, threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same sizing: no warning
+        assert fn(qname, config(buffer_size=7)) is q
+    with pytest.warns(RuntimeWarning, match=r"another threads, partitions, buffer_size: .*buffer_size=7"):
+        again = fn(qname, config(buffer_size=99, threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(3)))
     assert again is q
     assert again.config.buffer_size == 7
     assert again.stats().buffer_size == 7
     assert again.task_count == 1
     assert _all_drainpipe_threads() == threads_before
+    with pytest.warns(RuntimeWarning, match="strategy"):
+        fn(qname, config(buffer_size=7, strategy=BufferStrategy.IF_POSSIBLE))
+
+
+@pytest.mark.parametrize("first_consumer", [True, False])
+def test_get_or_create_refuses_the_other_dispatch_mode(qname, first_consumer):
+    got: list = []
+    with_consumer, with_handlers = config(consumer=got.extend), config()
+    q = BatchQueueManager.get_or_create(qname, with_consumer if first_consumer else with_handlers)
+    with pytest.raises(ConfigError, match="exists with a consumer; it was asked for with handlers"
+                       if first_consumer else "exists with handlers; it was asked for with a consumer"):  # fmt: skip
+        BatchQueueManager.get_or_create(qname, with_handlers if first_consumer else with_consumer)
+    assert BatchQueueManager.get(qname) is q and q.is_running  # nothing changed
 
 
 def test_create_if_absent_is_an_alias_of_get_or_create(qname):
