@@ -6,9 +6,9 @@ Policies are immutable values (``==`` and ``hash`` by kind and parameters) with 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
+from . import processes
 from .errors import ConfigError
 
 
@@ -20,6 +20,10 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _check_limit(value: int | None) -> int | None:
+    return None if value is None else _check_int("at_most", value, 1)
 
 
 def _check_float(name: str, value: object, minimum: float, strict: bool) -> float:
@@ -38,6 +42,7 @@ class ThreadPolicy:
     count: int = 0
     base: int = 0
     multiplier: float = 0.0
+    at_most: int | None = None  # the CPU policies: never more threads than this, however many CPUs
 
     @classmethod
     def fixed(cls, n: int) -> ThreadPolicy:
@@ -49,15 +54,19 @@ class ThreadPolicy:
         return cls("io_bound", count=_check_int("threads", n, 1))
 
     @classmethod
-    def cpu_cores(cls, multiplier: float) -> ThreadPolicy:
-        return cls("cpu_cores", multiplier=_check_float("multiplier", multiplier, 0.0, strict=True))
+    def cpu_cores(cls, multiplier: float, *, at_most: int | None = None) -> ThreadPolicy:
+        """``multiplier`` threads per usable CPU (rounded half up, at least 1, at most ``at_most``)."""
+        return cls("cpu_cores", multiplier=_check_float("multiplier", multiplier, 0.0, strict=True),
+                   at_most=_check_limit(at_most))  # fmt: skip
 
     @classmethod
-    def cpu_cores_with_base(cls, base: int, multiplier: float) -> ThreadPolicy:
+    def cpu_cores_with_base(cls, base: int, multiplier: float, *, at_most: int | None = None) -> ThreadPolicy:
+        """``base`` plus ``multiplier`` threads per usable CPU (at least 1, at most ``at_most``)."""
         return cls(
             "cpu_cores_with_base",
             base=_check_int("base", base, 0),
             multiplier=_check_float("multiplier", multiplier, 0.0, strict=True),
+            at_most=_check_limit(at_most),
         )
 
     @property
@@ -65,17 +74,20 @@ class ThreadPolicy:
         return self.kind == "io_bound"
 
     def resolve(self) -> int:
-        """The concrete thread count on this machine (always >= 1)."""
+        """The concrete thread count here (always >= 1): the CPU policies count the CPUs this process may use
+        (:func:`drainpipe.processes.usable_cpus`: its affinity and its cgroup's CPU quota), not the machine's."""
         if self.kind in ("fixed", "io_bound"):
             return self.count
-        return max(1, self.base + _round_half_up(self.multiplier * (os.cpu_count() or 1)))
+        threads = max(1, self.base + _round_half_up(self.multiplier * processes.usable_cpus()))
+        return threads if self.at_most is None else min(threads, self.at_most)
 
     def __str__(self) -> str:
         if self.kind in ("fixed", "io_bound"):
             return f"{self.kind}({self.count})"
+        limit = "" if self.at_most is None else f", at_most={self.at_most}"
         if self.kind == "cpu_cores":
-            return f"cpu_cores({self.multiplier})"
-        return f"cpu_cores_with_base({self.base}, {self.multiplier})"
+            return f"cpu_cores({self.multiplier}{limit})"
+        return f"cpu_cores_with_base({self.base}, {self.multiplier}{limit})"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""Process plumbing shared by the engine's worker processes and the server's helper processes: how to start them
-(:func:`mp_context`, :func:`process_pool`), how a child dies with its parent (:func:`die_with`), and how a process
-drainpipe owns from start to exit is tuned (:func:`tune_own_process`, :func:`hide_pandas`).
+"""Process plumbing shared by the engine's worker processes and the server's helper processes: how many CPUs this
+process may use (:func:`usable_cpus`), how to start them (:func:`mp_context`, :func:`process_pool`), how a child
+dies with its parent (:func:`die_with`), and how a process drainpipe owns from start to exit is tuned
+(:func:`tune_own_process`, :func:`hide_pandas`).
 
 A leaf module: it imports nothing of drainpipe."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib.abc
+import math
 import multiprocessing
 import os
 import signal
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["die_with", "hide_pandas", "mp_context", "process_pool", "tune_own_process"]
+__all__ = ["die_with", "hide_pandas", "mp_context", "process_pool", "tune_own_process", "usable_cpus"]
 
 
 def tune_own_process() -> None:
@@ -102,3 +104,63 @@ def process_pool(workers: int, initializer: Callable[..., None], initargs: tuple
     for _ in range(workers):
         pool.submit(os.getpid)
     return pool
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """How many CPUs this process can keep busy: the CPUs it may run on (its affinity: ``taskset``, a cpuset), then
+    no more than its cgroup's CPU quota allows (containers: cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``, rounded up), the tightest limit on the way from its cgroup to the root. At least 1.
+    ``os.cpu_count()`` counts the machine's CPUs: on a 64-core host a container allowed two would size for 64."""
+    cpus = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cpus = min(cpus, len(os.sched_getaffinity(0)) or cpus)
+    quota = _cgroup_quota(cgroup_root, proc_cgroup)
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else max(1, cpus)
+
+
+def _cgroup_quota(root: str, proc_cgroup: str) -> float | None:
+    """The tightest CPU quota (CPUs' worth) of this process's cgroups, v2 or v1; None for none (or no cgroups)."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one hierarchy, cpu.max = "<quota|max> <period>"
+            for directory in _up_from(root, path):
+                limits += _v2_limit(os.path.join(directory, "cpu.max"))
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                for directory in _up_from(os.path.join(root, mount), path):
+                    limits += _v1_limit(directory)
+    return min(limits) if limits else None
+
+
+def _up_from(root: str, path: str) -> list[str]:
+    """``root/path`` and each directory above it up to ``root`` (a parent's limit applies to its children); those
+    that exist. In a container the process's path is often "/" of a hierarchy mounted at ``root``."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    candidates = [os.path.join(root, *parts[:k]) for k in range(len(parts), -1, -1)]
+    return [c for c in dict.fromkeys(candidates) if os.path.isdir(c)]
+
+
+def _v2_limit(path: str) -> list[float]:
+    try:
+        with open(path) as f:
+            quota, _, period = f.read().strip().partition(" ")
+        return [] if quota == "max" else [int(quota) / int(period or 100_000)]
+    except (OSError, ValueError, ZeroDivisionError):
+        return []
+
+
+def _v1_limit(directory: str) -> list[float]:
+    try:
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read().strip())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period = int(f.read().strip())
+        return [quota / period] if quota > 0 and period > 0 else []
+    except (OSError, ValueError):
+        return []

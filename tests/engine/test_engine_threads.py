@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
 
+from drainpipe import processes
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import LocalEngine
 from drainpipe.pipeline.store import open_store
 
 
-@pytest.mark.parametrize(("cores", "expected"), [(2, 9), (8, 22)])
+@pytest.mark.parametrize(("cores", "expected"), [(2, 9), (8, 22), (64, 84)])
 def test_engine_threads(monkeypatch: pytest.MonkeyPatch, cores: int, expected: int) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: cores)
     before = {t.name for t in threading.enumerate()}
     store = open_store("duckdb:///:memory:")
     engine = LocalEngine(default_definitions(), store, name=f"threads{cores}")
@@ -27,8 +27,11 @@ def test_engine_threads(monkeypatch: pytest.MonkeyPatch, cores: int, expected: i
         roles = {
             r: sum(1 for n in drain if n.rsplit("-", 2)[-2] == r) for r in ("ingest", "L1", "L2", "topn", "persist")
         }
-        # ingest and L1: one per core; L2: 1 + a quarter per core (half up); top-N and persist: one each
-        assert roles == {"ingest": cores, "L1": cores, "L2": 1 + int(cores / 4 + 0.5), "topn": 1, "persist": 1}
+        # ingest and L1: one per core; L2: 1 + a quarter per core (half up); top-N and persist: one each; no stage
+        # more than MAX_STAGE_THREADS (32): on 64 cores, 32 + 32 + 17 + 2 and the control thread
+        per_core = min(cores, 32)
+        assert roles == {"ingest": per_core, "L1": per_core, "L2": min(32, 1 + int(cores / 4 + 0.5)), "topn": 1,
+                         "persist": 1}  # fmt: skip
         assert len(drain) + 1 == expected
     finally:
         engine.close()

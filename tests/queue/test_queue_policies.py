@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import pytest
 
-from drainpipe import PartitionPolicy, ThreadPolicy
+from drainpipe import PartitionPolicy, ThreadPolicy, processes
 
 # ---------------------------------------------------------------- ThreadPolicy: resolution
 
@@ -39,15 +38,15 @@ def test_fixed_and_io_bound_resolve_to_n(n):
     ids=str,
 )
 def test_cpu_policies_resolve_with_round_half_up_and_base(monkeypatch, policy, cores, expected):
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: cores)
     assert policy.resolve() == expected
 
 
 def test_cpu_policy_resolves_at_call_time(monkeypatch):
     policy = ThreadPolicy.cpu_cores(1.0)
-    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 3)
     assert policy.resolve() == 3
-    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 12)
     assert policy.resolve() == 12
 
 

@@ -8,7 +8,7 @@ import threading
 
 from queue_testlib import A, Recorder, config, new_queue, pool_threads, queue_threads
 
-from drainpipe import BatchQueue, BatchQueueManager, DrainBalancer, PartitionPolicy, ThreadPolicy
+from drainpipe import BatchQueue, BatchQueueManager, DrainBalancer, PartitionPolicy, ThreadPolicy, processes
 
 
 def _warnings(caplog):
@@ -31,9 +31,8 @@ def test_dedicated_scheduler_threads_are_named_and_daemon(qname):
 
 
 def test_io_bound_and_cpu_policies_start_the_resolved_thread_count(qname, monkeypatch):
-    import os
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 4)
     q1 = new_queue(qname + "_io", threads=ThreadPolicy.io_bound(2), partitions=PartitionPolicy.fixed(2))
     q2 = new_queue(qname + "_cpu", threads=ThreadPolicy.cpu_cores(0.5), partitions=PartitionPolicy.fixed(8))
     assert len(pool_threads(qname + "_io")) == 2 and q1.task_count == 2

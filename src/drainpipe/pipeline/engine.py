@@ -46,19 +46,25 @@ from .store import FileProgress
 
 log = logging.getLogger("drainpipe.engine")
 
+#: most drain threads of one stage: the engine is one GIL-bound process, and past a few dozen threads more only
+#: contend for it (a 64-core host would otherwise start 148 threads)
+MAX_STAGE_THREADS = 32
+
 
 @dataclass(frozen=True)
 class EngineOptions:
     """Queue configurations of the local engine (the seed's defaults), all overridable."""
 
-    l1_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
+    l1_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0, at_most=MAX_STAGE_THREADS))
     l1_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
     l1_buffer: int = 256  # items are partial chunks of up to chunk_rows state rows
     l1_idle_ms: tuple[int, int] = (1, 50)
-    l2_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores_with_base(1, 0.25))
+    l2_threads: ThreadPolicy = field(
+        default_factory=lambda: ThreadPolicy.cpu_cores_with_base(1, 0.25, at_most=MAX_STAGE_THREADS)
+    )
     l2_partitions: PartitionPolicy = field(default_factory=PartitionPolicy.adaptive)
     l2_buffer: int = 64  # items are merged L1 flushes
-    ingest_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0))
+    ingest_threads: ThreadPolicy = field(default_factory=lambda: ThreadPolicy.cpu_cores(1.0, at_most=MAX_STAGE_THREADS))
     ingest_buffer: int = 2  # event batches per ingest partition: bounds memory
     live: bool = False  # True: L1 drops when full (IF_POSSIBLE), as the seed does for telemetry
     rebalance_interval_ms: int = 500

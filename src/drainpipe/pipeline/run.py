@@ -8,7 +8,6 @@ any instant leaves every file applied up to a part boundary; the next run resume
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from ..inputs import (
     read_part,
 )
 from ..inputs.options import InputOptions
+from ..processes import usable_cpus
 from . import parallel
 from .definitions import Definitions
 from .engine import Commit, EngineOptions, LocalEngine
@@ -133,8 +133,9 @@ class RunSummary:
 
 
 def default_workers() -> int:
-    """Worker processes for large files: one per CPU when there are several, else none."""
-    cpus = os.cpu_count() or 1
+    """Worker processes for large files: one per usable CPU (affinity, cgroup quota) when there are several, else
+    none."""
+    cpus = usable_cpus()
     return cpus if cpus > 1 else 0
 
 
