@@ -48,7 +48,8 @@ def read_events(
     dead_letter: DeadLetter | None = None,
     stats: ReadStats | None = None,
 ) -> Iterator[EventBatch]:
-    """Read event files (in the given order) as canonical :data:`EVENT_SCHEMA` batches.
+    """Read event files (in the given order) as :class:`~.batches.EventBatch` values (canonical
+    :data:`~.schema.EVENT_SCHEMA` rows; exit rows, from OTLP files, after each batch's requests).
 
     Each yielded batch holds at most ``batch_rows`` accepted rows and comes from one file; empty batches
     are not yielded. Rejected records go to ``stats`` and ``dead_letter`` (both optional) and reading

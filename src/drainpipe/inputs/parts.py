@@ -16,7 +16,7 @@ One scheme for every engine (the in-process reader, the local engine's worker pr
   the part already applied (:func:`prefix_hasher`). Compressed files and Parquet are immutable, named by a hash of
   their content (:func:`file_identity`). :mod:`drainpipe.pipeline.progress` keeps the books.
 
-Reading a part gives ``(block index, canonical batch)`` for each block with accepted rows; the rejects go to the
+Reading a part gives ``(block index, EventBatch)`` for each block with accepted rows; the rejects go to the
 part's :class:`~drainpipe.inputs.rejects.Sink` with file line numbers (1-based physical lines for text, 1-based
 rows for Parquet), the same whichever part and engine read them.
 """
@@ -134,7 +134,7 @@ def _size(path: str) -> int:
 
 
 def read_part(part: Part, sink: Sink, *, dictionaries: bool = False) -> PartReader:
-    """A reader of ``part`` (iterate it once): ``(block index, canonical batch)`` for each block with accepted rows,
+    """A reader of ``part`` (iterate it once): ``(block index, EventBatch)`` for each block with accepted rows,
     counts and rejects to ``sink``, and where it read to (:attr:`PartReader.position`: after its last complete
     line, for a whole growable file). A file that cannot be read raises :class:`InputError` while iterating.
 

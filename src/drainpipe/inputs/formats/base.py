@@ -46,6 +46,8 @@ class Format:
     suffixes: ClassVar[tuple[str, ...]]
     #: whether ``<suffix>.gz`` files of this format are read
     gzip: ClassVar[bool] = True
+    #: whether a file's progress unit is rows (Parquet), not bytes and lines
+    by_rows: ClassVar[bool] = False
     #: relative processing cost of an uncompressed byte (Spark task placement only orders and places by it)
     cost_per_byte: ClassVar[float] = 1.0
 
@@ -71,7 +73,7 @@ class Format:
         """The part that reads ``path`` sequentially from ``start`` (a growable file's resume point) to its end."""
         self.check(path, options)
         return Part(path, self.name, gzipped, batch_rows, start=start.offset, lineno=start.lines, nbytes=nbytes,
-                    options=options)  # fmt: skip
+                    by_rows=self.by_rows, options=options)  # fmt: skip
 
     def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
              options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
@@ -89,7 +91,7 @@ class Format:
         return f"<format {self.name}>"
 
 
-#: decodes a block of lines (the first is line ``first_line + 1``) -> (canonical batch, (line, raw, reason) rejects)
+#: decodes a block of lines (the first is line ``first_line + 1``) -> (EventBatch, (line, raw, reason) rejects)
 LineDecoder = Callable[[Sequence[bytes], int], tuple[EventBatch, list[tuple[int, Any, str]]]]
 
 #: a block of a line-decoded file ends after ``batch_rows`` lines or once it holds this many bytes: an OTLP line is

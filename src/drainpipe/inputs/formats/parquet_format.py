@@ -32,6 +32,7 @@ class Parquet(Format):
     name = "parquet"
     suffixes = (".parquet",)
     gzip = False
+    by_rows = True
     cost_per_byte = 2.0
 
     def growable(self, gzipped: bool) -> bool:
@@ -39,14 +40,6 @@ class Parquet(Format):
 
     def splits(self, gzipped: bool) -> bool:
         return True
-
-    def whole(self, path: str, gzipped: bool, batch_rows: int, start: Position, options: InputOptions,
-              nbytes: int) -> Part:  # fmt: skip
-        try:
-            total = pq.ParquetFile(path).metadata.num_rows
-        except (OSError, pa.ArrowException) as e:
-            raise InputError(f"cannot read {path!r}: {e}") from e
-        return Part(path, self.name, False, batch_rows, nbytes=nbytes, rows=total, by_rows=True)
 
     def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
              options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
@@ -138,7 +131,7 @@ def _parquet_parts(path: str, batch_rows: int, start_row: int, workers: int, nby
             lineno=a * batch_rows,
             nbytes=nbytes * (b - a) // max(1, blocks),
             rows=total,
-            by_rows=True,
+            by_rows=Parquet.by_rows,
         )  # fmt: skip
         for a, b in _even_tail(pieces, workers)
     ]
