@@ -76,7 +76,8 @@ def files(tmp_path_factory):
 
 def sequential(path, batch_rows):
     stats, dl = ReadStats(), Rejects()
-    blocks = [(i, b.rows) for i, b in read_part(whole_file(str(path), batch_rows), Sink(str(path), stats, dl))]
+    reader = read_part(whole_file(str(path), batch_rows), Sink(str(path), stats, dl))
+    blocks = [(reader.index, b.rows) for b in reader]
     return blocks, stats, dl.rows
 
 
@@ -125,7 +126,8 @@ def test_a_task_cut_mid_row_group_reads_the_right_rows(files, monkeypatch):
     path = str(files["parquet"])
     blocks, _, _ = sequential(path, 1_000)
     for task in plan_parts(path, 1_000):
-        got = [(i, b.rows) for i, b in read_part(task, Sink(path, ReadStats(), None))]
+        reader = read_part(task, Sink(path, ReadStats(), None))
+        got = [(reader.index, b.rows) for b in reader]
         want = [(i, b) for i, b in blocks if task.first <= i < task.first + task.blocks]
         assert [(i, b.to_pylist()) for i, b in got] == [(i, b.to_pylist()) for i, b in want]
 

@@ -93,7 +93,7 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     def read(path: str) -> tuple[list[EventBatch], list]:
         rejects = RejectList()
         blocks = list(read_part(whole_file(path, 65_536, options=options), Sink(path, ReadStats(), rejects)))
-        return [b for _, b in blocks], rejects.rows
+        return blocks, rejects.rows
 
     def rows(blocks: list[EventBatch]) -> tuple[pa.Table, pa.Table]:
         """The requests and the exit rows (an OTLP block holds its requests first), each in file order."""

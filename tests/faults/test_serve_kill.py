@@ -195,7 +195,7 @@ def test_a_sigterm_in_a_long_replay_stops_at_the_grace_and_the_next_start_stores
     key = wal.key
     wal.close()  # the next start opens it
     with open_store(url) as store:  # type: ignore[attr-defined]
-        applied = min(row.end for row in store.file_progress(key, key))
+        applied = min(row.end for row in store.progress("log", part=key))
     summary = dict(re.findall(r"(\w+)=(\d+)", output.split("stopped:", 1)[1]))
     assert int(summary["in_log"]) == end - applied  # what it says it left in the log is what the store lacks
     _final_stop(url, tmp_path / "wal", "--max-entities", "100000")

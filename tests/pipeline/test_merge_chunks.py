@@ -11,7 +11,7 @@ import drainpipe.pipeline.store.sql as store_module
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.store import FileProgress, open_store
+from drainpipe.pipeline.store import SourceProgress, open_store
 from testlib import metric_chunks
 
 BASE = 1_790_000_000_000 // 60_000 * 60_000
@@ -27,7 +27,7 @@ def events(seed: int, n: int) -> pa.RecordBatch:
 def test_chunks_sharing_keys_store_what_one_merge_stores(tmp_path) -> None:
     definitions = default_definitions()
     before, *chunks = [aggregate_batch(events(seed, 300), definitions) for seed in range(1, 5)]
-    progress = [FileProgress("f1", name, "h", "n", "p", -1, 0) for name in definitions.names]
+    progress = [SourceProgress("file", "f1", name, -1, 0, "h", "n", "p") for name in definitions.names]
     one, chunked = open_store(f"duckdb:///{tmp_path / 'one.duckdb'}"), open_store(f"duckdb:///{tmp_path / 'c.duckdb'}")
     try:
         for store in (one, chunked):

@@ -174,7 +174,7 @@ def test_parquet_strings_read_as_dictionaries_give_the_same_rows_and_rejects(tmp
         with DeadLetter(tmp_path / "parts.jsonl") as dl:
             sink = Sink(str(path), stats, dl)
             blocks = [b.rows for part in parts.plan_parts(str(path), batch_rows, workers=3)
-                      for _, b in parts.read_part(part, sink, dictionaries=keep)]  # fmt: skip
+                      for b in parts.read_part(part, sink, dictionaries=keep)]  # fmt: skip
         kept.update(f.name for b in blocks for f in b.schema if pa.types.is_dictionary(f.type))
         assert all(b.schema.names == EVENT_SCHEMA.names for b in blocks)
         rows = [row for b in blocks for row in b.to_pylist()]
@@ -227,7 +227,7 @@ def test_parquet_parts_cover_every_block_once_and_divide_among_the_workers(
     stats = ReadStats()
     with DeadLetter(tmp_path / "dl.jsonl") as dl:
         sink = Sink(str(path), stats, dl)
-        ts = [t for part in plan for _, b in parts.read_part(part, sink) for t in b.rows.column("ts").to_pylist()]
+        ts = [t for part in plan for b in parts.read_part(part, sink) for t in b.rows.column("ts").to_pylist()]
     assert ts == list(range(T0 + skip * batch_rows, T0 + rows))
 
 

@@ -14,11 +14,11 @@ from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions, parse_definitions
 from drainpipe.pipeline.retention import Retention, parse_duration, parse_retention_flag
-from drainpipe.pipeline.store import FileProgress, SqlStore, open_store
+from drainpipe.pipeline.store import SourceProgress, SqlStore, open_store
 from testlib import MIDNIGHT as T0
 
 DAY = 86_400_000
-TABLES = ("metric_state", "metric_values", "topn_values", "applied_sources", "file_progress")
+TABLES = ("metric_state", "metric_values", "topn_values", "applied_sources", "source_progress")
 SHORT = Retention(minute=DAY, hour=3 * DAY, day=7 * DAY, topn=DAY)
 
 
@@ -47,7 +47,8 @@ def simulate_month(store: SqlStore, days: int = 30) -> list[tuple[dict[str, int]
     for day in range(days):
         now[0] = T0 + (day + 1) * DAY  # the end of the day: its traffic has all arrived
         partials = aggregate_batch(day_of_traffic(day), definitions, source=f"day-{day}:1440:0")
-        progress = [FileProgress(f"fid-{day}", d.name, f"head-{day}", f"node-{day}", f"/logs/{day}.jsonl", -1, 2880)
+        progress = [SourceProgress("file", f"fid-{day}", d.name, -1, 2880, f"head-{day}", f"node-{day}",
+                                   f"/logs/{day}.jsonl")
                     for d in definitions.all]  # fmt: skip
         store.merge(partials, progress=progress)
         store.purge(SHORT)
@@ -60,7 +61,7 @@ def check_flat(history: list[tuple[dict[str, int], int]]) -> None:
     # from day 8 on, every retention window is full: each day adds what the purge takes
     steady = [c for c, _ in history[8:]]
     assert all(c == steady[0] for c in steady), steady
-    assert steady[0]["applied_sources"] <= 8 * 17 and steady[0]["file_progress"] <= 8 * 17  # 8 days of entries
+    assert steady[0]["applied_sources"] <= 8 * 17 and steady[0]["source_progress"] <= 8 * 17  # 8 days of entries
     assert history[-1][0]["metric_values"] < history[7][0]["metric_values"] * 2
     sizes = [size for _, size in history]
     # bytes flat too: deleted rows' space is reused (DuckDB's file alternates as blocks are freed and refilled)

@@ -2,9 +2,9 @@
 and the store's reorganisation (``tests/fixtures/release-bd20262``, made by ``make_release_fixtures.py`` with that
 release's code), opened by this code.
 
-* The file that release applied is not applied again (the store's file progress still finds it), and lines
-  appended since are applied once.
-* The log's records the old store has are skipped, the two it lacks are replayed once (an OTLP export's exit rows
+* The file that release applied is not applied again (its ``file_progress`` rows, moved into ``source_progress`` when
+  the store is opened, still find it), and lines appended since are applied once.
+* The log's records the old store has are skipped (the log's old progress row became the log source's), the two it lacks are replayed once (an OTLP export's exit rows
   still feed only the statement top-N), and a second start changes nothing.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from drainpipe.inputs import head_of
 from drainpipe.pipeline import default_definitions, open_store, run_local
 from drainpipe.server import IngestService
 from drainpipe.server.wal import WriteAheadLog
@@ -72,6 +73,9 @@ def test_a_file_the_old_release_applied_is_not_applied_again(tmp_path: Path, exp
     assert _events_per_service(url) == {expected["run"]["service"]: expected["run"]["file_events"]}
     run_local([str(events)], definitions=default_definitions(), store_url=url, workers=0)
     assert _all_values(url) == before  # nothing of the file applied twice
+    with open_store(url) as store:  # type: ignore[attr-defined]
+        files = store.progress("file", head=head_of(str(events)))
+        assert {r.end for r in files} == {events.stat().st_size} and len(files) == len(default_definitions().names)
     line = json.loads(events.read_text().splitlines()[0])
     with events.open("a") as f:  # the file grows: only the new lines are read
         for i in range(200):
@@ -86,6 +90,11 @@ def test_an_old_log_replays_once_into_an_old_store(tmp_path: Path, expected: dic
     shutil.copytree(FIXTURES / "serve.duckdb.drainpipe-wal", wal_dir)
     url = f"duckdb:///{db}"
     assert _events_per_service(url) == expected["serve"]["stored"] and _statements(url) == 0
+    wal = WriteAheadLog(wal_dir)
+    key = wal.key
+    wal.close()
+    with open_store(url) as store:  # type: ignore[attr-defined]
+        assert {r.part for r in store.progress("log")} == {key}  # the old log row, now the log source's part
     for _ in range(2):  # the second start finds everything applied
         service = IngestService(default_definitions(), open_store(url), log=WriteAheadLog(wal_dir), store_url=url)
         summary = service.close()

@@ -48,7 +48,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _progress(url: str, path: Path) -> set[tuple]:
     store = open_store(url)
     try:
-        return {(r.fid, r.name, r.end, r.lines, r.prefix) for r in store.file_progress(head_of(str(path)), "")}
+        return {(r.part, r.name, r.end, r.lines, r.prefix) for r in store.progress("file", head=head_of(str(path)))}
     finally:
         store.close()
 

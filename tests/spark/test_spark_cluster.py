@@ -131,7 +131,7 @@ def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Pat
                             timeout=600)  # fmt: skip
     assert killed.returncode == -9 and "batch 1 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
     with open_store(url) as store:
-        applied = [bool(store.file_progress(head_of(f), node_of(f))) for f in files]
+        applied = [bool(store.progress("file", head=head_of(f), node=node_of(f))) for f in files]
     assert sum(applied) == 2, applied  # Spark takes files oldest first: which two is its choice
     resumed = subprocess.run([*args, "-1", cluster.master, cluster.python], cwd=HERE, capture_output=True,
                              text=True, timeout=600)  # fmt: skip

@@ -5,11 +5,12 @@
 ``validation`` the validation rules, scalar and columnar cores
 ``rejects``    counts (:class:`ReadStats`), the reject sink, the dead letter (:class:`DeadLetter`)
 ``batches``    the request-row mark of a batch (requests, then exit rows), joining and shipping batches
+``source``     the partitioned-source shape of every input (:class:`Source`, :class:`SourcePart`)
 ``formats``    one module per file format and the registry that detects it (:func:`format_of`)
-``part``       a part of a file (:class:`Part`) and the reader of one (:class:`PartReader`)
+``part``       a planned range of a file (:class:`Part`) and the reader of one (:class:`PartReader`)
 ``parts``      planning a file into parts and reading one, for every engine; what a file is
-``position``   a place in a file
-``files``      paths and globs into files; whole files read in order (:func:`read_events`)
+``position``   a place in a part (a file, the log, a topic partition)
+``files``      the file connector: paths and globs, files as a source (:class:`FileSource`), :func:`read_events`
 ``otlp``       OTLP trace exports into events (HTTP, gRPC and files share it)
 ``span_columns`` an export's wire bytes into the columns the span mapping reads
 ``spans``      which spans are requests, which attributes give each field
@@ -25,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .batches import EventBatch
-from .files import expand_inputs, read_events
+from .files import FileSource, expand_inputs, read_events
 from .formats import FORMATS, Format, detect_format, format_of, growable
 from .formats.jsonl_format import use_serial_json_reader, validate_json_lines
 from .part import Part, PartReader, RejectList
@@ -33,6 +34,7 @@ from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, pref
 from .position import Position
 from .rejects import DeadLetter, ReadStats, Sink, jsonable
 from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from .source import Source, SourcePart
 from .validation import validate_records, validate_tuples
 
 __all__ = [
@@ -45,6 +47,9 @@ __all__ = [
     "DeadLetter",
     "Sink",
     "RejectList",
+    "Source",
+    "SourcePart",
+    "FileSource",
     "Part",
     "PartReader",
     "Format",

@@ -1,16 +1,17 @@
 """A part of an input file (a run of its blocks), and reading one: :class:`Part` is the plan, plain picklable data
-that any process can read; :class:`PartReader` the read, which yields the part's batches and knows its position.
+that any process can read; :class:`PartReader` the read, the file source's :class:`~.source.SourcePart`, which gives
+the part's batches and knows its position.
 
 A part's blocks are numbered within the file (``first`` is the part's first block), so that every engine, and
-every cut of the same file into parts, names a block alike. A reader's :attr:`~PartReader.position` is where the
+every cut of the same file into parts, names a block alike. A reader's :meth:`~PartReader.snapshot` is where the
 file is read to after the last block it gave (its resume state): an engine that applied a part's blocks up to
-one records that position, whatever the format (bytes and lines of a text file, rows of Parquet).
+one records that position (its snapshot), whatever the format (bytes and lines of a text file, rows of Parquet).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..errors import InputError
 from .batches import EventBatch
 from .options import InputOptions
 from .position import Position
+from .source import SourcePart
 
 __all__ = ["Part", "PartReader", "RejectList", "Blocks"]
 
@@ -64,7 +66,7 @@ class Part:
     @property
     def end_position(self) -> Position | None:
         """Where the part ends (None for a whole-file part: known once it has been read, as
-        :attr:`PartReader.position`)."""
+        :meth:`PartReader.snapshot`)."""
         if self.whole:
             return None
         if self.by_rows:
@@ -73,31 +75,43 @@ class Part:
         return Position(self.end, self.lineno + self.lines)
 
 
-class PartReader:
-    """Iterating gives ``(block index, event batch)`` for each block of the part with accepted rows; the rejects
-    go to the sink the format's reader was given. :attr:`position` is where the file is read to after the last
-    block given (after the whole part once iteration ends). A file that cannot be read (missing, corrupt gzip or
-    Parquet, I/O error) raises :class:`InputError` while iterating; batches already given stay valid.
+class PartReader(SourcePart):
+    """The reader of one planned part (the file source's :class:`SourcePart`): :meth:`next_batch` gives the event
+    batch of each block of the part with accepted rows (:attr:`index` is that block's index within the file); the
+    rejects go to the sink the format's reader was given. :meth:`snapshot` is where the file is read to after the
+    last block given (after the whole part once it ended). A file that cannot be read (missing, corrupt gzip or
+    Parquet, I/O error) raises :class:`InputError`; batches already given stay valid.
 
-    One reader is iterated once, by one thread."""
+    One reader is read once, by one thread."""
 
     def __init__(self, part: Part, blocks: Blocks) -> None:
         self.part = part
-        self.position = Position(part.start_offset, part.lineno)
-        self._blocks = blocks
+        self.index = -1  # the block of the last batch given
+        self._position = Position(part.start_offset, part.lineno)
+        self._blocks: Blocks | None = blocks
 
-    def __iter__(self) -> Iterator[tuple[int, EventBatch]]:
+    def next_batch(self) -> EventBatch | None:
         try:
-            while True:
+            while self._blocks is not None:
                 try:
-                    index, batch, self.position = next(self._blocks)
+                    index, batch, self._position = next(self._blocks)
                 except StopIteration as stop:
-                    self.position = stop.value
-                    return
+                    self._position, self._blocks = stop.value, None
+                    return None
                 if batch is not None:
-                    yield index, batch
+                    self.index = index
+                    return batch
+            return None
         except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
             raise InputError(f"cannot read {self.part.path!r}: {e}") from e
+
+    def snapshot(self) -> Position:
+        return self._position
+
+    def close(self) -> None:
+        if self._blocks is not None:
+            self._blocks.close()
+            self._blocks = None
 
 
 class RejectList:

@@ -9,7 +9,7 @@ One scheme for every engine (the in-process reader, the local engine's worker pr
   formats, and gzip, which cannot be entered in the middle). :func:`plan_parts` cuts a file from a
   :class:`Position` on, as its format (:mod:`.formats`) says; :func:`read_part` reads one part, anywhere (parts are
   plain picklable data), with the one reader of its format: a whole file is a part that spans it. Parts end where
-  they say (:attr:`Part.end_position`), and a reader knows where it stopped (:attr:`PartReader.position`), so an
+  they say (:attr:`Part.end_position`), and a reader knows where it stopped (:meth:`PartReader.snapshot`), so an
   engine that applied parts up to one records how far the file is applied.
 * What a file **is**: uncompressed text files can grow (logs: :func:`~.formats.growable`); they are read up to
   their last complete line, found again by a fingerprint of their head (:func:`head_of`) and checked by a hash of
@@ -135,7 +135,7 @@ def _size(path: str) -> int:
 
 def read_part(part: Part, sink: Sink, *, dictionaries: bool = False) -> PartReader:
     """A reader of ``part`` (iterate it once): ``(block index, EventBatch)`` for each block with accepted rows,
-    counts and rejects to ``sink``, and where it read to (:attr:`PartReader.position`: after its last complete
+    counts and rejects to ``sink``, and where it read to (:meth:`PartReader.snapshot`: after its last complete
     line, for a whole growable file). A file that cannot be read raises :class:`InputError` while iterating.
 
     ``dictionaries``: Parquet string columns stored with a dictionary may stay dictionary-encoded in the batches

@@ -14,7 +14,7 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``values``             states -> value rows (finalize)
 ``state_table``        the stores' encoding of states
 ``store``              the store protocol and its DuckDB and PostgreSQL backends (a package)
-``progress``           exactly once for files: what of an input file is applied, where to resume
+``progress``           exactly once: how far each part of a source is applied, where to resume; what a file is
 ``engine``             the local engine: L1 and L2 on queues, persistence, checkpoints
 ``parallel``           reading and aggregating file parts in worker processes
 ``run``                ``drainpipe run``: inputs -> engine -> store, exactly once
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         rollup,
         split_partial,
     )
-    from .progress import InputFile, resolve
+    from .progress import InputFile, PartBooks, open_books, resolve
     from .rendering import render
     from .retention import Retention
     from .run import RunSummary, run_local
@@ -67,10 +67,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .store import (
         DEFAULT_STORE_URL,
         DuckDBStore,
-        FileProgress,
         MergeReport,
         PostgresStore,
         PurgeReport,
+        SourceProgress,
         SqlStore,
         Store,
         duckdb_path,
@@ -118,7 +118,7 @@ _HOMES = {
         ],
         "partials",
     ),
-    **dict.fromkeys(["InputFile", "resolve"], "progress"),
+    **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
     **dict.fromkeys(["RunSummary", "run_local"], "run"),
@@ -129,7 +129,7 @@ _HOMES = {
         [
             "DEFAULT_STORE_URL",
             "DuckDBStore",
-            "FileProgress",
+            "SourceProgress",
             "MergeReport",
             "PostgresStore",
             "PurgeReport",
@@ -153,11 +153,12 @@ __all__ = [
     "DuckDBStore",
     "EngineOptions",
     "EntityGuard",
-    "FileProgress",
+    "SourceProgress",
     "GRANULARITIES",
     "GRANULARITY_MS",
     "InputFile",
     "LocalEngine",
+    "PartBooks",
     "MergeReport",
     "MetricAccumulator",
     "MetricDef",
@@ -195,6 +196,7 @@ __all__ = [
     "merge",
     "ms_from_bucket",
     "normalize",
+    "open_books",
     "open_store",
     "parse_time",
     "parse_time_ms",

@@ -42,7 +42,7 @@ from .aggregate import aggregate_batch
 from .cardinality import EntityGuard
 from .definitions import Definitions
 from .partials import MetricAccumulator, MetricPartial, Partial, partial_type, split_partial
-from .store import FileProgress
+from .store import SourceProgress
 
 log = logging.getLogger("drainpipe.engine")
 
@@ -106,7 +106,7 @@ class Commit:
     transaction with ``progress`` (or, with ``rollback``, discarded). ``done`` is set once that has happened;
     ``error`` is the failure, if any."""
 
-    progress: list[FileProgress]
+    progress: list[SourceProgress]
     events: int
     rollback: bool = False
     done: threading.Event = field(default_factory=threading.Event)
@@ -373,7 +373,7 @@ class LocalEngine:
                     log.error("checkpoint not stored: %s", item.error)
             item.done.set()
 
-    def _write(self, partials: Sequence[Partial], progress: Sequence[FileProgress]) -> None:
+    def _write(self, partials: Sequence[Partial], progress: Sequence[SourceProgress]) -> None:
         """One store transaction, retried with backoff while the store is down (StoreUnavailable)."""
         delay, cap = self.options.store_retry_s
         while True:
@@ -396,7 +396,7 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def checkpoint(self, progress: Sequence[FileProgress], events: int, *, wait: bool = False,
+    def checkpoint(self, progress: Sequence[SourceProgress], events: int, *, wait: bool = False,
                    rollback: bool = False) -> Commit:  # fmt: skip
         """Hand everything ingested so far to the store in one transaction together with ``progress`` (the input
         it covers: ``events`` events), or discard it (``rollback``, e.g. after a read error in a file).

@@ -92,7 +92,7 @@ def process_part(part: Part, names: frozenset[str] | None = None, definitions: D
     result = PartResult(ReadStats(), names=frozenset(definitions.names))
     rejects = RejectList()
     accumulators = {d: MetricAccumulator(d) for d in definitions.all}
-    for _, batch in read_part(part, Sink(part.path, result.stats, rejects), dictionaries=True):
+    for batch in read_part(part, Sink(part.path, result.stats, rejects), dictionaries=True):
         for partial in aggregate_batch(batch, definitions):
             accumulators[partial.definition].add(partial)
         result.events += batch.requests

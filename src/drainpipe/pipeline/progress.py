@@ -1,11 +1,14 @@
-"""Which part of an input file is new: the books a store keeps on input files, read and written by both engines.
+"""Exactly once for every source: how far each part of a source is applied, per definition, and where to resume.
 
-A store records, per input file and definition, how far the file is applied (:class:`~.store.FileProgress`), in
-the same transaction as the states that data brought. Engines commit only at part boundaries, for every definition
-alike, so a run killed at any instant leaves each file applied up to a part boundary, and the next run resumes
-there: the result equals an uninterrupted run.
+A store records, per (source, part, definition), the position applied (:class:`~.store.SourceProgress`), in the
+same transaction as the states that data brought. Engines commit only at positions a part's reader gave
+(:meth:`~drainpipe.inputs.SourcePart.snapshot`, or a planned range's end), for every definition alike, so an engine
+killed at any instant leaves each part applied up to such a position, and the next one resumes there: the result
+equals an uninterrupted run. :class:`PartBooks` keeps one part's books (:func:`open_books` reads them from the
+store); a definition added later reads what it has not applied while the others skip it
+(:meth:`PartBooks.names_from`).
 
-What counts as the same file:
+Files need more than a name to be found again (:class:`InputFile`, :func:`resolve`). What counts as the same file:
 
 * Uncompressed JSON Lines and CSV can grow (logs). Such a file is found again by the fingerprint of its head
   (:func:`~drainpipe.inputs.head_of`) or by its device and inode, and it is the same file when its first ``end``
@@ -17,46 +20,38 @@ What counts as the same file:
   under another name are the same input; other bytes under the same name are a new input.
 * ``events.jsonl`` and ``events.jsonl.gz`` with the same events are different bytes: two inputs.
 
-The identity (``fid``) of a growable file is the hash of its first applied prefix (fixed at its first commit); of
-an immutable file, its content hash.
+A file's part name in the store (its ``fid``) is, for a growable file, the hash of its first applied prefix (fixed
+at its first commit); for an immutable file, its content hash.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from ..inputs import Position, detect_format, growable, head_of, node_of, prefix_hasher
-from .store import FileProgress, Store
+from ..inputs import FileSource, Position, detect_format, growable, head_of, node_of, prefix_hasher
+from .store import SourceProgress, Store
 
-__all__ = ["COMPLETE", "InputFile", "resolve"]
+__all__ = ["COMPLETE", "InputFile", "PartBooks", "open_books", "resolve"]
 
 #: the whole of an immutable file is applied
 COMPLETE = Position(-1, -1)
 
 
 @dataclass
-class InputFile:
-    """One input file of a run: what it is, and how far each definition has it applied (updated as parts are
-    applied; :meth:`progress` gives the rows to commit). Not thread-safe: one reader thread owns it."""
+class PartBooks:
+    """How far one part of a source is applied, per definition: read from the store (:func:`open_books`), advanced
+    as data is applied, and turned into the rows to commit with it (:meth:`rows`). Not thread-safe: the one thread
+    that reads the part owns it."""
 
-    path: str
-    fmt: str
-    gzipped: bool
-    head: str
-    node: str
-    fid: str | None  # None: a growable file seen for the first time (named at its first commit)
+    source: str
+    part: str  # "" for a growable file seen for the first time (:class:`InputFile` names it at its first commit)
     applied: dict[str, Position]  # per definition name; Position() = nothing yet, COMPLETE = all of it
-    hasher: Any = None  # growable: SHA-256 fed the file's bytes before ``start``
     advanced: bool = False  # this run applied something of it
-    _prefix: dict[Position, str] = field(default_factory=dict)  # digest of the bytes before a position
     _dirty: set[str] = field(default_factory=set)
-
-    @property
-    def growable(self) -> bool:
-        return growable(self.fmt, self.gzipped)
 
     @property
     def start(self) -> Position:
@@ -73,16 +68,57 @@ class InputFile:
         """The definitions to aggregate for data starting at ``offset``: those applied no further than it."""
         return frozenset(n for n, p in self.applied.items() if p != COMPLETE and p.offset <= offset)
 
-    def advance(self, names: frozenset[str], end: Position | None, prefix: str = "") -> None:
-        """``names`` now have the file applied up to ``end`` (None: the whole of an immutable file)."""
+    def advance(self, names: Collection[str], end: Position | None) -> None:
+        """``names`` now have the part applied up to ``end`` (None: the whole of an immutable file). A definition
+        already applied further keeps its position."""
         target = COMPLETE if end is None else end
-        if prefix:
-            self._prefix[target] = prefix
         for name in names:
-            if self.applied[name] != target:
+            now = self.applied[name]
+            if now != target and now != COMPLETE and (target == COMPLETE or target.offset > now.offset):
                 self.applied[name] = target
                 self._dirty.add(name)
                 self.advanced = True
+
+    def rows(self) -> list[SourceProgress]:
+        """Rows for the definitions advanced since the last call."""
+        if not self._dirty:
+            return []
+        rows = [self._row(name, self.applied[name]) for name in sorted(self._dirty)]
+        self._dirty.clear()
+        return rows
+
+    def _row(self, name: str, pos: Position) -> SourceProgress:
+        return SourceProgress(self.source, self.part, name, pos.offset, pos.lines)
+
+
+def open_books(store: Store, source: str, part: str, names: Collection[str]) -> PartBooks:
+    """The books of ``part`` of ``source`` for the definitions ``names``, as the store has them."""
+    found = {r.name: Position(r.end, r.lines) for r in store.progress(source, part=part) if r.name in names}
+    return PartBooks(source, part, dict.fromkeys(names, Position()) | found)
+
+
+@dataclass
+class InputFile(PartBooks):
+    """One input file of a run (a part of the file source), with what identifies it (see the module docstring)."""
+
+    path: str = ""
+    fmt: str = ""
+    gzipped: bool = False
+    head: str = ""
+    node: str = ""
+    hasher: Any = None  # growable: SHA-256 fed the file's bytes before ``start``
+    _prefix: dict[Position, str] = field(default_factory=dict)  # digest of the bytes before a position
+
+    @property
+    def growable(self) -> bool:
+        return growable(self.fmt, self.gzipped)
+
+    def advance(self, names: Collection[str], end: Position | None, prefix: str = "") -> None:
+        """``names`` now have the file applied up to ``end`` (None: the whole of an immutable file); ``prefix``:
+        the digest of the file's bytes before ``end``, if known."""
+        if prefix:
+            self._prefix[COMPLETE if end is None else end] = prefix
+        super().advance(names, end)
 
     def pending(self) -> int:
         """Bytes of a growable file after its last applied complete line: a partial last line left for later."""
@@ -91,21 +127,16 @@ class InputFile:
         ends = [p.offset for p in self.applied.values() if p != COMPLETE]
         return max(0, os.path.getsize(self.path) - max(ends, default=0))
 
-    def progress(self) -> list[FileProgress]:
-        """Rows for the definitions advanced since the last call (the file's identity is fixed at the first)."""
-        if not self._dirty:
-            return []
-        if self.fid is None:
+    def rows(self) -> list[SourceProgress]:
+        if self._dirty and not self.part:  # a growable file's first commit names it
             first = min((self.applied[n] for n in self._dirty), key=lambda p: p.offset)
-            self.fid = self._digest(first)[:24]
-        rows = []
-        for name in sorted(self._dirty):
-            pos = self.applied[name]
-            prefix = self._digest(pos) if self.growable else ""
-            rows.append(FileProgress(self.fid, name, self.head, self.node, os.path.abspath(self.path), pos.offset,
-                                     pos.lines, prefix))  # fmt: skip
-        self._dirty.clear()
-        return rows
+            self.part = self._digest(first)[:24]
+        return super().rows()
+
+    def _row(self, name: str, pos: Position) -> SourceProgress:
+        prefix = self._digest(pos) if self.growable else ""
+        return SourceProgress(self.source, self.part, name, pos.offset, pos.lines, self.head, self.node,
+                              os.path.abspath(self.path), prefix)  # fmt: skip
 
     def _digest(self, pos: Position) -> str:
         if not self.growable:
@@ -121,15 +152,19 @@ def resolve(path: str, store: Store, names: frozenset[str]) -> InputFile:
     (one line) for a growable file whose applied bytes changed in place, or an unreadable file."""
     fmt, gzipped = detect_format(path)
     head, node = head_of(path), node_of(path)
-    rows = store.file_progress(head, node)
-    by_fid: dict[str, list[FileProgress]] = {}
+    rows = store.progress(FileSource.name, head=head, node=node)
+    by_fid: dict[str, list[SourceProgress]] = {}
     for row in rows:
-        by_fid.setdefault(row.fid, []).append(row)
+        by_fid.setdefault(row.part, []).append(row)
     fresh = dict.fromkeys(names, Position())
-    if not growable(fmt, gzipped):
-        found = by_fid.get(head, [])
+
+    def file(fid: str, found: list[SourceProgress], hasher: Any = None) -> InputFile:
         applied = fresh | {r.name: Position(r.end, r.lines) for r in found if r.name in names}
-        return InputFile(path, fmt, gzipped, head, node, head, applied)
+        return InputFile(FileSource.name, fid, applied, path=path, fmt=fmt, gzipped=gzipped, head=head, node=node,
+                         hasher=hasher)  # fmt: skip
+
+    if not growable(fmt, gzipped):
+        return file(head, by_fid.get(head, []))
     size = os.path.getsize(path)
     for fid, found in sorted(by_fid.items(), key=lambda kv: -max(r.end for r in kv[1])):
         far = max(found, key=lambda r: r.end)
@@ -137,13 +172,12 @@ def resolve(path: str, store: Store, names: frozenset[str]) -> InputFile:
             continue
         hasher = prefix_hasher(path, far.end)
         if hasher.hexdigest() == far.prefix:
-            applied = fresh | {r.name: Position(r.end, r.lines) for r in found if r.name in names}
-            file = InputFile(path, fmt, gzipped, head, node, fid, applied)
+            known = file(fid, found)
             for r in found:
-                file._prefix[Position(r.end, r.lines)] = r.prefix
-            start = file.start  # usually where ``hasher`` stopped: one pass over the applied bytes
-            file.hasher = hasher if start.offset == far.end else prefix_hasher(path, start.offset)
-            return file
+                known._prefix[Position(r.end, r.lines)] = r.prefix
+            start = known.start  # usually where ``hasher`` stopped: one pass over the applied bytes
+            known.hasher = hasher if start.offset == far.end else prefix_hasher(path, start.offset)
+            return known
     same_node = [r for r in rows if r.node == node]
     if same_node:
         far = max(same_node, key=lambda r: r.end)
@@ -152,4 +186,4 @@ def resolve(path: str, store: Store, names: frozenset[str]) -> InputFile:
             "the same any more (rewritten or truncated in place); move it aside and give the new content another "
             "file, or use another store"
         )
-    return InputFile(path, fmt, gzipped, head, node, None, fresh, prefix_hasher(path, 0))
+    return file("", [], prefix_hasher(path, 0))

@@ -8,7 +8,7 @@ Defaults (the metrics TOML's ``[retention]`` table, or ``--retention GRANULARITY
 * ``day = "800d"``: daily rows are few (one per entity, metric and day); two years and a bit allow year-over-year.
 * ``topn = "7d"``: the slowest statements per 10 minutes belong with the minutes they explain.
 
-The ledger (``applied_sources`` and ``file_progress``: what input has been applied, which makes re-runs and
+The ledger (``applied_sources`` and ``source_progress``: what input has been applied, which makes re-runs and
 retries exactly-once) is pruned on the same terms: an entry goes once it was recorded longer ago than the longest
 of these retentions. Its data are older still (data are applied after they happen), so every state they brought
 is purged at every granularity: applying the same input again could only bring back rows the next purge deletes,

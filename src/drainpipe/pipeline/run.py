@@ -1,9 +1,11 @@
 """``drainpipe run`` on the local engine: files in, validated batches through the engine, a summary out.
 
-Exactly once, whatever happens (see :mod:`.progress`): each file is resumed where the store has it applied, read
-part by part, and the engine commits a checkpoint (every ``l2_flush_s`` of work, and at the end of each file) that
-writes the states of whole parts together with how far each file is applied, in one transaction. A run killed at
-any instant leaves every file applied up to a part boundary; the next run resumes there.
+Exactly once, whatever happens (see :mod:`.progress`): the files are a partitioned source
+(:class:`~drainpipe.inputs.FileSource`, a part per file); each is resumed where the store has it applied, planned
+into ranges and read range by range (in this process or on worker processes), and the engine commits a
+checkpoint (every ``l2_flush_s`` of work, and at the end of each file) that writes the states of whole ranges
+together with how far each file is applied, in one transaction. A run killed at any instant leaves every file
+applied up to a range boundary; the next run resumes there.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ from typing import Any
 from ..errors import InputError
 from ..inputs import (
     DeadLetter,
+    FileSource,
     Part,
     Position,
     ReadStats,
-    Sink,
     default_dead_letter,
     detect_format,
     expand_inputs,
     growable,
-    plan_parts,
     prefix_hasher,
     read_part,
 )
@@ -200,6 +201,7 @@ class _Run:
         self.summary = RunSummary(files=paths, store=store_url,
                                   dead_letter=dead_letter or default_dead_letter(store_url))  # fmt: skip
         self.stats = ReadStats()
+        self.source = FileSource(paths, batch_rows, options=self.inputs, stats=self.stats)
         self.done_bytes = 0
         self.uncommitted = 0  # events ingested since the last checkpoint
         self.last_checkpoint = time.monotonic()
@@ -224,8 +226,10 @@ class _Run:
         summary = self.summary
         try:
             with DeadLetter(summary.dead_letter or "") as dl:
-                for i, path in enumerate(self.paths):
-                    self.later = self.paths[i + 1 :]
+                self.source.dead_letter = dl
+                paths = self.source.list_parts()
+                for i, path in enumerate(paths):
+                    self.later = paths[i + 1 :]
                     if not self._file(engine, path, dl):
                         break
                     self.done_bytes += Path(path).stat().st_size
@@ -263,7 +267,7 @@ class _Run:
                     # this file's last checkpoint, whose store write is the run's peak (they held ~200 MB of 620)
                     self.pool.shutdown(wait=False)
             else:
-                self._parts_in_process(engine, file, parts, Sink(path, self.stats, dl))
+                self._parts_in_process(engine, file, parts)
         except InputError as exc:
             engine.checkpoint((), self.uncommitted, rollback=True, wait=True)  # what this file brought since
             self.uncommitted = 0
@@ -279,8 +283,7 @@ class _Run:
         return True
 
     def _plan(self, path: str, start: Position, hasher: Any) -> Iterator[Part]:
-        return plan_parts(path, self.batch_rows, workers=max(1, self.workers), start=start, hasher=hasher,
-                          options=self.inputs)  # fmt: skip
+        return self.source.plan(path, start, workers=max(1, self.workers), hasher=hasher)
 
     def _early_parts(self, path: str, file: InputFile) -> parallel.PartStream | None:
         """The parts :meth:`start_early` submitted for ``path``, if they are what this run must read of it: nothing
@@ -294,20 +297,20 @@ class _Run:
             return None
         return stream
 
-    def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part], sink: Sink) -> None:
+    def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part]) -> None:
         for part in parts:
             names = file.names_from(part.start_offset)
             subset = None if names == self.names else self.definitions.select(names)
             before = self.stats.accepted
-            reader = read_part(part, sink)
-            for _, batch in reader:
+            reader = read_part(part, self.source.sink(part.path))
+            for batch in reader:
                 engine.ingest(batch, None, subset)
                 if self.progress:
                     self.progress(self.stats.read, self.done_bytes)
             self.uncommitted += self.stats.accepted - before
             position = part.end_position
             if position is None:  # a whole file read sequentially: where the reader stopped, if it can grow
-                position = reader.position if file.growable else None
+                position = reader.snapshot() if file.growable else None
             file.advance(names, position, part.prefix)
             self._maybe_checkpoint(engine, file)
 
@@ -332,6 +335,6 @@ class _Run:
             self._checkpoint(engine, file)
 
     def _checkpoint(self, engine: LocalEngine, file: InputFile, wait: bool = False) -> None:
-        self.commits.append(engine.checkpoint(file.progress(), self.uncommitted, wait=wait))
+        self.commits.append(engine.checkpoint(file.rows(), self.uncommitted, wait=wait))
         self.uncommitted = 0
         self.last_checkpoint = time.monotonic()

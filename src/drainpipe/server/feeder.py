@@ -1,11 +1,12 @@
 """The engine as a consumer of the log: batches go from the event log into the engine in log order, and the log
 position they reach is committed in the same store transaction as the states they brought.
 
-Request threads only append to the log (and answer once it is durable); one feeder thread reads the log from the
-position the store has applied and ingests each batch. Every ``checkpoint_s`` it asks the engine for a checkpoint
-(:meth:`LocalEngine.checkpoint`), with one :class:`FileProgress` row per definition that says "this log, applied up
-to this position". A kill at any instant therefore leaves the store at the end of some committed checkpoint, and
-the next start replays the log from exactly there: every acknowledged event is counted once.
+Request threads only append to the log (and answer once it is durable); one feeder thread reads the log, a
+partitioned source of one part (:class:`~.log_source.LogSource`), from the position the store has applied
+(:func:`~drainpipe.pipeline.open_books`) and ingests each batch. Every ``checkpoint_s`` it asks the engine for a
+checkpoint (:meth:`LocalEngine.checkpoint`), with the part's books: a :class:`SourceProgress` row per definition that
+says "this log, applied up to this position". A kill at any instant therefore leaves the store at the end of some
+committed checkpoint, and the next start replays the log from exactly there: every acknowledged event is counted once.
 
 Recovery is the same loop started from the store's position; the server answers requests meanwhile (they append
 after the replayed records). When the store is slow or down, commits queue up; at ``max_commits`` outstanding the
@@ -25,15 +26,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..inputs import EventBatch
-from ..pipeline import Commit, Definitions, FileProgress, LocalEngine, Partial
+from ..inputs import EventBatch, Position
+from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, Partial, open_books
+from .log_source import LogPart, LogSource
 from .wal import EventLog
 
 log = logging.getLogger("drainpipe.server")
 
 __all__ = ["Feeder"]
 
-READ_RECORDS = 64  # records per read
+READ_RECORDS = 64  # records taken from the log at a time
 #: requests per batch handed to the engine. Exit rows (a CLIENT span's statement, see ``EventBatch``) are not
 #: counted: they feed one top-N only, and counting them handed OTLP traffic to the engine in batches of a quarter
 #: fewer requests, with the engine's cost per batch spread over fewer requests. All rows stay within twice that.
@@ -41,6 +43,14 @@ COALESCE_EVENTS = 32_768
 COALESCE_ROWS = 2 * COALESCE_EVENTS
 GATHER_S = 0.05  # how long live records are gathered into one batch
 ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
+
+
+def _take(part: LogPart, n: int) -> list[tuple[int, EventBatch]]:
+    """Up to ``n`` (end position, batch) records available now."""
+    out: list[tuple[int, EventBatch]] = []
+    while len(out) < n and (batch := part.next_batch()) is not None:
+        out.append((part.snapshot().offset, batch))
+    return out
 
 
 def _size(records: list[tuple[int, EventBatch]]) -> tuple[int, int]:
@@ -70,7 +80,7 @@ class Feeder:
         self.observe = observe  # sees every event batch handed to the engine (the RED metrics)
         # L1 aggregation elsewhere (an Aggregator's process); None: the engine aggregates, in this process
         self.aggregate = aggregate
-        self.applied: dict[str, int] = {}  # per definition: the position the store has (from recovery)
+        self.books = PartBooks(LogSource.name, log_.key, dict.fromkeys(definitions.names, Position()))
         self.position = 0  # fed up to here
         self.committed = 0  # the store has everything up to here
         self.replay_start = self.replay_end = 0  # what the log held beyond the store's position at start
@@ -90,18 +100,17 @@ class Feeder:
 
         A store that has applied more of this log's identity than the log holds was fed from another copy of the
         log (or the log's files were deleted): then the log starts over under a new identity, with a warning."""
-        rows = self.engine.store.file_progress(self.log.key, self.log.key)
-        self.applied = {r.name: r.end for r in rows if r.fid == self.log.key}
-        top = max(self.applied.values(), default=0)
+        names = self.definitions.names
+        self.books = open_books(self.engine.store, LogSource.name, self.log.key, names)
+        top = max((p.offset for p in self.books.applied.values()), default=0)
         if top > self.log.end:
             log.warning(
                 "the store has applied the write-ahead log %s up to position %d, but the log ends at %d: not the "
                 "log that fed it; starting a new log", self.log.key, top, self.log.end,
             )  # fmt: skip
             self.log.renew()
-            self.applied = {}
-        names = self.definitions.names
-        start = min((self.applied.get(n, 0) for n in names), default=0)
+            self.books = PartBooks(LogSource.name, self.log.key, dict.fromkeys(names, Position()))
+        start = self.books.start.offset
         self.position = self.committed = self.replay_start = start
         self.replay_end = self.log.end
         self.log.release(start)
@@ -114,7 +123,7 @@ class Feeder:
         self._thread.start()
 
     def _run(self) -> None:
-        reader = self.log.reader(self.position)
+        part = LogSource(self.log).build_part(self.log.key, Position(self.position))
         last = time.monotonic()
         try:
             while not self.failed and not self._abort.is_set():
@@ -130,11 +139,11 @@ class Feeder:
                         self._recovered()
                     elif not self._outstanding:
                         self._checkpoint()  # the replay is fed: commit it now, not at the next period
-                records = reader.read(READ_RECORDS)
+                records = _take(part, READ_RECORDS)
                 if not records:
                     if self._halt.is_set():
                         break
-                    self.log.wait(self.position, 0.05)
+                    part.wait(0.05)
                     continue
                 # live traffic arrives a request at a time: gather for up to GATHER_S (the requests are answered
                 # already) so the engine gets batches of thousands of events, not one request's
@@ -146,13 +155,13 @@ class Feeder:
                     and not self._halt.is_set()
                     and time.monotonic() < gather_until
                 ):
-                    more = reader.read(READ_RECORDS)
+                    more = _take(part, READ_RECORDS)
                     if more:
                         records += more
                         more_events, more_rows = _size(more)
                         events, rows = events + more_events, rows + more_rows
                     else:
-                        self.log.wait(records[-1][0], gather_until - time.monotonic())
+                        part.wait(gather_until - time.monotonic())
                 self._feed(records)
             if self._abort.is_set():
                 return
@@ -164,7 +173,7 @@ class Feeder:
             self.failed = f"feeder failed: {exc!r}"
             log.exception("the feeder failed; acknowledged events stay in the write-ahead log")
         finally:
-            reader.close()
+            part.close()
 
     def _feed(self, records: list[tuple[int, EventBatch]]) -> None:
         """Ingest records, consecutive ones coalesced into batches of up to ``COALESCE_EVENTS`` events: a request's
@@ -173,7 +182,7 @@ class Feeder:
         events = rows = 0
         lagging: list[str] = []
         for end, batch in records:
-            now_lagging = [n for n in self.definitions.names if self.applied.get(n, 0) < end]
+            now_lagging = [n for n in self.definitions.names if self.books.applied[n].offset < end]
             if group and (
                 now_lagging != lagging
                 or events + batch.requests > COALESCE_EVENTS
@@ -218,11 +227,8 @@ class Feeder:
         """Commit everything fed so far together with the log position (not waiting for the store)."""
         if self.position == (self._outstanding[-1][1] if self._outstanding else self.committed):
             return
-        rows = [
-            FileProgress(self.log.key, name, self.log.key, self.log.key, self.log.location,
-                         max(self.position, self.applied.get(name, 0)), 0)
-            for name in self.definitions.names
-        ]  # fmt: skip
+        self.books.advance(self.definitions.names, Position(self.position))  # a definition ahead keeps its own
+        rows = self.books.rows()
         self._outstanding.append((self.engine.checkpoint(rows, self._events_since), self.position))
         self._events_since = 0
 

@@ -650,7 +650,7 @@ def ingest_files(
                     yield chunk
 
             try:
-                report = store.merge_chunks(selected.all, chunks(), progress=[r for f in files for r in f.progress()])
+                report = store.merge_chunks(selected.all, chunks(), progress=[r for f in files for r in f.rows()])
             finally:
                 if result.release is not None:
                     result.release()

@@ -69,8 +69,8 @@ def read_split(split: Split) -> tuple[Iterator[EventBatch], SplitResult]:
 
     def batches() -> Iterator[EventBatch]:
         reader = read_part(split.part, sink)
-        for _, batch in reader:
-            yield batch
-        result.end = (reader.position.offset, reader.position.lines)
+        yield from reader
+        end = reader.snapshot()
+        result.end = (end.offset, end.lines)
 
     return batches(), result

@@ -70,10 +70,12 @@ class Format:
 
     def whole(self, path: str, gzipped: bool, batch_rows: int, start: Position, options: InputOptions,
               nbytes: int) -> Part:  # fmt: skip
-        """The part that reads ``path`` sequentially from ``start`` (a growable file's resume point) to its end."""
+        """The part that reads ``path`` sequentially from ``start`` (a resume position: where an earlier part ended) to
+        its end."""
         self.check(path, options)
-        return Part(path, self.name, gzipped, batch_rows, start=start.offset, lineno=start.lines, nbytes=nbytes,
-                    by_rows=self.by_rows, options=options)  # fmt: skip
+        first = start.offset // batch_rows if self.by_rows else 0  # a file counted in rows resumes at a block
+        return Part(path, self.name, gzipped, batch_rows, first=first, start=start.offset, lineno=start.lines,
+                    nbytes=nbytes, by_rows=self.by_rows, options=options)  # fmt: skip
 
     def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
              options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip

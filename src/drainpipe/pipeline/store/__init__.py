@@ -5,7 +5,7 @@ every SQL backend. The modules, each with one job:
 
 =================== =================================================================================================
 ``protocol``        :class:`Store`, the protocol engines and servers write through, and its records
-                    (:class:`FileProgress`, :class:`MergeReport`, :class:`PurgeReport`)
+                    (:class:`SourceProgress`, :class:`MergeReport`, :class:`PurgeReport`)
 ``sql``             :class:`SqlStore`: schema, migrations, purge, merge, queries, over a few backend primitives
 ``ledger``          :class:`~.ledger.Ledger`: which (source, name) pairs are applied, counting pieces of a source
 ``duckdb_store``    :class:`DuckDBStore`, the embedded backend, and its URL form
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .duckdb_store import DuckDBStore, duckdb_path
 from .postgres_store import PostgresStore
-from .protocol import DEFAULT_STORE_URL, FileProgress, MergeReport, PurgeReport, Store
+from .protocol import DEFAULT_STORE_URL, MergeReport, PurgeReport, SourceProgress, Store
 from .sql import SqlStore
 from .urls import is_new_store, open_store
 
@@ -26,7 +26,7 @@ __all__ = [
     "DEFAULT_STORE_URL",
     "MergeReport",
     "PurgeReport",
-    "FileProgress",
+    "SourceProgress",
     "Store",
     "SqlStore",
     "DuckDBStore",

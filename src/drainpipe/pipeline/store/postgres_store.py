@@ -259,13 +259,13 @@ class PostgresStore(SqlStore):
 
     def _reclaim(self) -> None:
         # VACUUM runs outside a transaction (the connection is in autocommit between the store's own BEGINs)
-        self._con.execute("VACUUM metric_state, metric_values, topn_values, applied_sources, file_progress")
+        self._con.execute("VACUUM metric_state, metric_values, topn_values, applied_sources, source_progress")
 
     def _size_bytes(self) -> int:
         row = self._con.execute(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname = ANY(%s)",
-            (["metric_state", "metric_values", "topn_values", "applied_sources", "file_progress", "definitions"],),
+            (["metric_state", "metric_values", "topn_values", "applied_sources", "source_progress", "definitions"],),
         ).fetchone()
         return int(row[0]) if row else 0
 

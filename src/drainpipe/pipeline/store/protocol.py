@@ -1,5 +1,5 @@
 """The store protocol and the records it speaks in: what a merge reports, what a purge reports, and how far an
-input is applied (:class:`FileProgress`, committed with the states it brought)."""
+input is applied (:class:`SourceProgress`, committed with the states it brought)."""
 
 from __future__ import annotations
 
@@ -15,21 +15,24 @@ DEFAULT_STORE_URL = "duckdb:///drainpipe.duckdb"
 
 
 @dataclass(frozen=True)
-class FileProgress:
-    """How far one input file is applied for one definition, recorded in the same transaction as the states it
-    brought (so a killed run leaves each file applied up to a part boundary, for every definition alike).
+class SourceProgress:
+    """How far one part of a source is applied for one definition, recorded in the same transaction as the states it
+    brought (so a killed engine leaves each part applied up to a commit, for every definition alike).
 
-    ``fid`` names the file (see :mod:`drainpipe.pipeline.progress`); ``head`` and ``node`` are what it is looked up
-    by; ``end``/``lines`` say where the applied data ends (bytes and lines of a text file, rows of Parquet; ``-1``:
-    the whole of an immutable file); ``prefix`` is the SHA-256 of a text file's bytes before ``end``."""
+    ``source`` and ``part`` name the part (:mod:`drainpipe.inputs.source`): ``"file"`` and the file's identity
+    (see :mod:`drainpipe.pipeline.progress`), ``"log"`` and the write-ahead log's key, ... ``end``/``lines`` say
+    where the applied data ends (bytes and lines of a text file, rows of Parquet, a log offset; ``-1``: the whole of
+    an immutable file). Files only: ``head`` and ``node`` are what a file is looked up by, ``path`` where it was,
+    and ``prefix`` the SHA-256 of a text file's bytes before ``end``."""
 
-    fid: str
+    source: str
+    part: str
     name: str
-    head: str
-    node: str
-    path: str
     end: int
-    lines: int
+    lines: int = 0
+    head: str = ""
+    node: str = ""
+    path: str = ""
     prefix: str = ""
 
 
@@ -58,7 +61,7 @@ class Store(Protocol):
     """Where metric states and values live. Implementations are thread-safe."""
 
     def merge(
-        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
+        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[SourceProgress] = ()
     ) -> MergeReport:
         """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
 
@@ -69,7 +72,7 @@ class Store(Protocol):
         ...
 
     def merge_chunks(
-        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
+        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[SourceProgress] = ()
     ) -> MergeReport:
         """:meth:`merge` for states too large to hold at once: ``chunks`` (minute metric states and top-N rows of
         ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
@@ -109,8 +112,11 @@ class Store(Protocol):
         read; :class:`StoreError` naming the first that was stored with a different definition."""
         ...
 
-    def file_progress(self, head: str, node: str) -> list[FileProgress]:
-        """The progress rows of files with this head fingerprint or this device/inode."""
+    def progress(
+        self, source: str, *, part: str | None = None, head: str | None = None, node: str | None = None
+    ) -> list[SourceProgress]:
+        """The progress rows of ``source``: of its ``part`` if given; with ``head``/``node`` (files), the rows of
+        the files with this head fingerprint or this device/inode. Ordered by part and definition."""
         ...
 
     def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:

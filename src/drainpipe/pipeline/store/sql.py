@@ -11,7 +11,8 @@ Tables (portable SQL: the same statements serve DuckDB and, through :class:`SqlS
     metric_values   (metric, entity, granularity, time_bucket, label, value)       a row per key and label
     topn_values     (name, entity, time_bucket, rank, key, latency_ms)             a row per key and rank
     applied_sources (root, source, name, applied_at)                               primary key (source, name)
-    file_progress   (fid, name, head, node, path, end_offset, end_lines, prefix, applied_at)  key (fid, name)
+    source_progress (source, part, name, end_offset, end_lines, head, node, path, prefix, applied_at)
+                                                                                   key (source, part, name)
     definitions     (name, signature)                                              primary key (name)
 
 The merge keeps the first three unique (a key's rows are deleted and re-inserted in one transaction, under
@@ -59,7 +60,7 @@ as the states; a source is *applied* for a name when it is recorded, or when all
   piece) before the partials of a batch are merged with others.
 * A partial without sources is always merged (no deduplication possible).
 
-The ledger (``applied_sources``, ``file_progress``) records when each entry was written (``applied_at``, epoch ms
+The ledger (``applied_sources``, ``source_progress``) records when each entry was written (``applied_at``, epoch ms
 of the store's :attr:`SqlStore.clock`), so that :meth:`SqlStore.purge` can prune it with the data it vouches for
 (:mod:`drainpipe.pipeline.retention`). A store written before that column existed gains it when opened, once,
 with the time of opening for the entries it holds.
@@ -92,7 +93,7 @@ from ..state_table import from_state_table, from_topn_table, to_state_table, to_
 from ..times import instant, iso_from_ms, ms_from_bucket
 from ..values import TOPN_COLUMNS, VALUE_COLUMNS, finalize_table
 from .ledger import Ledger
-from .protocol import FileProgress, MergeReport, PurgeReport
+from .protocol import MergeReport, PurgeReport, SourceProgress
 
 log = logging.getLogger("drainpipe.store")
 
@@ -119,11 +120,13 @@ _SCHEMA = (
         root VARCHAR NOT NULL, source VARCHAR NOT NULL, name VARCHAR NOT NULL, applied_at BIGINT,
         PRIMARY KEY (source, name))""",
     """CREATE TABLE IF NOT EXISTS definitions (name VARCHAR PRIMARY KEY, signature VARCHAR NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS file_progress (
-        fid VARCHAR NOT NULL, name VARCHAR NOT NULL, head VARCHAR NOT NULL, node VARCHAR NOT NULL,
-        path VARCHAR NOT NULL, end_offset BIGINT NOT NULL, end_lines BIGINT NOT NULL, prefix VARCHAR NOT NULL,
-        applied_at BIGINT, PRIMARY KEY (fid, name))""",
+    """CREATE TABLE IF NOT EXISTS source_progress (
+        source VARCHAR NOT NULL, part VARCHAR NOT NULL, name VARCHAR NOT NULL, end_offset BIGINT NOT NULL,
+        end_lines BIGINT NOT NULL, head VARCHAR NOT NULL, node VARCHAR NOT NULL, path VARCHAR NOT NULL,
+        prefix VARCHAR NOT NULL, applied_at BIGINT, PRIMARY KEY (source, part, name))""",
 )
+#: the ledger's tables: entries that record applied input, pruned by retention with the data they vouch for
+LEDGER_TABLES = ("applied_sources", "source_progress")
 #: the session's staging relations, which the merge's statements join against (see SqlStore._stage)
 _STAGING = (
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
@@ -234,6 +237,7 @@ class SqlStore:
             self._execute(statement)
         if migrate:
             types = self._column_types()  # one catalog query for every check: each costs milliseconds
+            self._migrate_progress(types)
             self._migrate_ledger(types)
             self._migrate_time(types)
 
@@ -244,7 +248,7 @@ class SqlStore:
             (str(table), str(column)): str(kind).upper()
             for table, column, kind in self._fetchall(
                 "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                "WHERE table_schema = current_schema() AND column_name IN ('time_bucket', 'applied_at')"
+                "WHERE table_schema = current_schema() AND column_name IN ('time_bucket', 'applied_at', 'fid')"
             )
         }
 
@@ -262,10 +266,29 @@ class SqlStore:
                 )
                 log.warning("%s: migrated %s: time_bucket %s -> TIMESTAMP WITH TIME ZONE", self, table, kind.lower())
 
+    def _migrate_progress(self, types: dict[tuple[str, str], str]) -> None:
+        """A store written before the partitioned-source layer kept its progress in ``file_progress`` (fid, name,
+        head, node, path, end_offset, end_lines, prefix[, applied_at]): input files under their identity, and the
+        serve log as a row whose fid, head and node are all the log's key. Its rows become ``source_progress``
+        rows (``"file"`` and the fid; ``"log"`` and the key), positions unchanged, and the old table is dropped.
+        The copy skips rows already there, so a migration interrupted between copy and drop is finished by the
+        next open."""
+        if ("file_progress", "fid") not in types:
+            return
+        applied_at = "applied_at" if ("file_progress", "applied_at") in types else str(self.clock())
+        self._execute(
+            "INSERT INTO source_progress "
+            "SELECT CASE WHEN fid = node THEN 'log' ELSE 'file' END, fid, name, end_offset, end_lines, "
+            "CASE WHEN fid = node THEN '' ELSE head END, CASE WHEN fid = node THEN '' ELSE node END, path, prefix, "
+            f"{applied_at} FROM file_progress ON CONFLICT DO NOTHING"
+        )
+        self._execute("DROP TABLE file_progress")
+        log.warning("%s: migrated file_progress into source_progress (files and the serve log as sources)", self)
+
     def _migrate_ledger(self, types: dict[tuple[str, str], str]) -> None:
         """A store written before the ledger had ``applied_at`` gains the column, once, with the time of opening for
         the entries it holds (they were written no later: pruning them by it is safe, only later than could be)."""
-        for table in ("applied_sources", "file_progress"):
+        for table in ("applied_sources",):
             if (table, "applied_at") not in types:
                 self._execute(f"ALTER TABLE {table} ADD COLUMN applied_at BIGINT")
                 self._execute(f"UPDATE {table} SET applied_at = ? WHERE applied_at IS NULL", (self.clock(),))
@@ -293,7 +316,7 @@ class SqlStore:
                 )
             ledger = retention.ledger_cutoff(now)
             if ledger is not None:
-                for table in ("applied_sources", "file_progress"):
+                for table in LEDGER_TABLES:
                     deleted[table] += self._delete(f"DELETE FROM {table} WHERE applied_at < ?", (ledger,))
         return PurgeReport(now, dict(deleted))
 
@@ -335,7 +358,7 @@ class SqlStore:
     # ----------------------------------------------------------------------------- merge
 
     def merge(
-        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[FileProgress] = ()
+        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[SourceProgress] = ()
     ) -> MergeReport:
         parts = list(partials)
         for part in parts:
@@ -360,7 +383,7 @@ class SqlStore:
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
 
     def merge_chunks(
-        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[FileProgress] = ()
+        self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[SourceProgress] = ()
     ) -> MergeReport:
         with self._guard("merge"), self._write_transaction():
             self._check_definitions(set(definitions))
@@ -412,52 +435,66 @@ class SqlStore:
         if any(t.table.num_rows for t in topns):
             self._merge_topns([t for t in topns if t.table.num_rows])
 
-    def _progress_recorded(self, progress: Sequence[FileProgress]) -> bool:
+    def _progress_recorded(self, progress: Sequence[SourceProgress]) -> bool:
         """Whether the store already has every row of ``progress`` at or past its position: the transaction that
         brought them committed (a retry after a COMMIT whose acknowledgement was lost finds this, and skips)."""
-        fids = sorted({row.fid for row in progress})
-        stored = {
-            (fid, name): end
-            for fid, name, end in self._fetchall(
-                f"SELECT fid, name, end_offset FROM file_progress WHERE fid IN ({', '.join('?' * len(fids))})", fids
-            )
-        }
+        stored: dict[tuple[str, str, str], int] = {}
+        for (source, part), _ in self._by_part(progress).items():
+            for name, end in self._fetchall(
+                "SELECT name, end_offset FROM source_progress WHERE source = ? AND part = ?", (source, part)
+            ):
+                stored[(source, part, name)] = end
         for row in progress:
-            end = stored.get((row.fid, row.name))
+            end = stored.get((row.source, row.part, row.name))
             if end is None or (end != -1 and (row.end == -1 or end < row.end)):
                 return False
         return True
 
-    def _record_progress(self, progress: Sequence[FileProgress]) -> None:
-        """Replace the rows of ``progress`` (a file's row per definition): two statements per file, not two per row
-        (a checkpoint of 17 definitions spent 25 ms on 34 statements)."""
-        by_file: dict[str, dict[str, FileProgress]] = defaultdict(dict)
+    @staticmethod
+    def _by_part(progress: Sequence[SourceProgress]) -> dict[tuple[str, str], dict[str, SourceProgress]]:
+        """The rows per (source, part), the last of a (source, part, name) holding, as one replace after another."""
+        by_part: dict[tuple[str, str], dict[str, SourceProgress]] = defaultdict(dict)
         for row in progress:
-            by_file[row.fid][row.name] = row  # the last row of a (file, name) holds, as one replace after another
+            by_part[(row.source, row.part)][row.name] = row
+        return by_part
+
+    def _record_progress(self, progress: Sequence[SourceProgress]) -> None:
+        """Replace the rows of ``progress`` (a part's row per definition): two statements per part, not two per row
+        (a checkpoint of 17 definitions spent 25 ms on 34 statements)."""
         now = self.clock()
-        for fid, named in by_file.items():
+        for (source, part), named in self._by_part(progress).items():
             rows = list(named.values())
             self._execute(
-                f"DELETE FROM file_progress WHERE fid = ? AND name IN ({', '.join('?' * len(rows))})",
-                (fid, *(row.name for row in rows)),
+                f"DELETE FROM source_progress WHERE source = ? AND part = ? AND name IN ({', '.join('?' * len(rows))})",
+                (source, part, *(row.name for row in rows)),
             )
             self._execute(
-                f"INSERT INTO file_progress VALUES {', '.join(['(?, ?, ?, ?, ?, ?, ?, ?, ?)'] * len(rows))}",
-                [v for r in rows for v in (r.fid, r.name, r.head, r.node, r.path, r.end, r.lines, r.prefix, now)],
-            )
+                f"INSERT INTO source_progress VALUES {', '.join(['(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)'] * len(rows))}",
+                [v for r in rows for v in (r.source, r.part, r.name, r.end, r.lines, r.head, r.node, r.path, r.prefix,
+                                           now)],
+            )  # fmt: skip
 
     def register(self, definitions: Iterable[Definition]) -> None:
         with self._guard("register definitions"), self._write_transaction():
             self._check_definitions(set(definitions))
 
-    def file_progress(self, head: str, node: str) -> list[FileProgress]:
+    def progress(
+        self, source: str, *, part: str | None = None, head: str | None = None, node: str | None = None
+    ) -> list[SourceProgress]:
+        where, params = ["source = ?"], [source]
+        if part is not None:
+            where.append("part = ?")
+            params.append(part)
+        if head is not None or node is not None:
+            where.append("(head = ? OR node = ?)")
+            params += [head or "", node or ""]
         with self._guard("read"):
             rows = self._fetchall(
-                "SELECT fid, name, head, node, path, end_offset, end_lines, prefix FROM file_progress "
-                "WHERE head = ? OR node = ? ORDER BY fid, name",
-                (head, node),
+                "SELECT source, part, name, end_offset, end_lines, head, node, path, prefix FROM source_progress "
+                f"WHERE {' AND '.join(where)} ORDER BY part, name",
+                params,
             )
-        return [FileProgress(*row) for row in rows]
+        return [SourceProgress(*row) for row in rows]
 
     @staticmethod
     def _granular(part: Partial, with_rollup: bool) -> list[Partial]:
