@@ -10,16 +10,25 @@ the batch, standing for a database write):
 For 1 and 2 the most rebalancing can gain is the static max thread load / mean thread load (perfect balance); the
 table reports that bound beside the measured gain. Medians of --runs runs; JSON and a PNG plot are written.
 
+The blind-spot setup (issue 36): 4 drain threads, 100 types of one partition each (selector ``tid % partitions``,
+adaptive partitions), weights 24x/8x/4x/1x for 20/30/20/30 types shuffled by a seed, 60 us per item in a
+GIL-releasing sleep, two producers, a rebalance every 1 s, 4 s of warm-up then 6 s measured inside the handlers;
+static and rebalanced side by side for several shuffle seeds, medians of --runs runs each. Its imbalance (~1.35x
+max/min, a bound of ~7%) is below what the old planner's 10% minimum gain let it touch.
+
+Stationary noisy load on the real queue: 120 types of one partition each, every 200 ms interval each type gets
+its fixed mean +-30% (uniform), a rebalance every 200 ms: partitions moved in the 3 s after the first plan.
+
 Churn (the planner alone, measured loads fed to it as the queue would, no threads): the old planner (LPT from
-scratch on each interval's raw loads whenever max/min >= 1.15) against the current one (smoothed loads, sticky
-moves, trigger and minimum gain), side by side:
+scratch on each interval's raw loads whenever max/min >= 1.15) against the current one (load estimates with their
+spread, sticky moves, a gain that must exceed the noise), side by side:
 
 4. noisy: 120 partitions with steady loads (uniform 50-150) and +-30% noise per interval, 4 tasks, 200 intervals:
    partitions and load moved per interval after the first plan.
 5. pareto: 500 partitions with Pareto(1.1) loads, round-robin owners, 4 tasks, one plan: partitions and load
    moved, against the lower bound for the same improvement (each task's excess over the new heaviest load).
 
-    .venv/bin/python benchmarks/rebalance.py [--runs 3] [--seconds 3]
+    .venv/bin/python benchmarks/rebalance.py [--runs 3] [--seconds 3] [--only blind-spot|stationary|churn]
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ _debt = threading.local()
 
 
 class SleepHandler:
+    cost_s = COST_S
+
     """Costs COST_S per item, spent in time.sleep (which releases the GIL, as a database driver does).
 
     The cost is accounted per drain thread: a thread sleeps once its owed time reaches 0.5 ms, and what a sleep
@@ -82,7 +93,7 @@ class SleepHandler:
 
     def consume(self, batch: list) -> None:
         self.items += len(batch)
-        owed = getattr(_debt, "s", 0.0) + len(batch) * COST_S
+        owed = getattr(_debt, "s", 0.0) + len(batch) * self.cost_s
         if owed >= 0.0005:
             t0 = time.perf_counter()
             time.sleep(owed)
@@ -90,23 +101,39 @@ class SleepHandler:
         _debt.s = owed
 
 
+def _tid_selector(item: object, partitions: int) -> int:
+    return item.tid % partitions  # type: ignore[attr-defined]
+
+
 def run(
-    weights: list[float], *, rebalance: bool, split_first: bool = False, warmup: float, seconds: float, seed: int
+    weights: list[float],
+    *,
+    rebalance: bool,
+    split_first: bool = False,
+    warmup: float,
+    seconds: float,
+    seed: int,
+    cost_s: float = COST_S,
+    interval_ms: int = 250,
+    by_tid: bool = False,
 ) -> dict:
-    types = [type(f"T{i}", (), {"__slots__": ()}) for i in range(len(weights))]
+    types = [type(f"T{i}", (), {"__slots__": (), "tid": i}) for i in range(len(weights))]
+    extra = {"partition_selector": _tid_selector} if by_tid else {}
     cfg = BatchQueueConfig(
         threads=ThreadPolicy.fixed(TASKS),
         partitions=PartitionPolicy.adaptive(),
         buffer_size=2000,
         balancer=DrainBalancer.throughput_weighted() if rebalance else None,
-        rebalance_interval_ms=250 if rebalance else 0,
+        rebalance_interval_ms=interval_ms if rebalance else 0,
+        **extra,
     )
     q = BatchQueue(f"bench-{'rb' if rebalance else 'static'}", cfg)
+    handler = type("Handler", (SleepHandler,), {"cost_s": cost_s})
     for i, t in enumerate(types):
         if split_first and i == 0:
-            q.add_handler(t, SleepHandler, split=True)
+            q.add_handler(t, handler, split=True)
         else:
-            q.add_handler(t, SleepHandler())
+            q.add_handler(t, handler())
     rnd = random.Random(seed)
     objs = [t() for t in types]
     seq = rnd.choices(objs, weights=weights, k=200_000)
@@ -174,6 +201,127 @@ def static_bound(per_task: list[int]) -> float:
     return max(per_task) / (sum(per_task) / len(per_task))
 
 
+BLIND_SPOT_SEEDS = (2026, 7, 11)
+
+
+def blind_spot(runs: int) -> dict:
+    """The issue's setup, static and rebalanced interleaved, per shuffle seed: medians of ``runs`` runs."""
+    rows = {}
+    for seed in BLIND_SPOT_SEEDS:
+        weights = [24.0] * 20 + [8.0] * 30 + [4.0] * 20 + [1.0] * 30
+        random.Random(seed).shuffle(weights)
+        static, moved = [], []
+        for r in range(runs):
+            kw = {"warmup": 4.0, "seconds": 6.0, "seed": r, "cost_s": 60e-6, "interval_ms": 1000, "by_tid": True}
+            static.append(run(weights, rebalance=False, **kw))
+            moved.append(run(weights, rebalance=True, **kw))
+        base_thr = statistics.median(x["throughput"] for x in static)
+        new_thr = statistics.median(x["throughput"] for x in moved)
+        bound = statistics.median(static_bound(x["per_task"]) for x in static)
+        gain = new_thr / base_thr
+        row = {
+            "static_throughput": base_thr,
+            "new_throughput": new_thr,
+            "gain": gain,
+            "static_max_min": statistics.median(x["max_min"] for x in static),
+            "new_max_min": statistics.median(x["max_min"] for x in moved),
+            "bound": bound,
+            "gain_of_bound": (gain - 1) / (bound - 1) if bound > 1 else float("nan"),
+            "rebalances": statistics.median(x["rebalances"] for x in moved),
+        }
+        rows[str(seed)] = row
+        print(f"blind spot, seed {seed}: static {base_thr:,.0f}/s max/min {row['static_max_min']:.3f} | rebalanced "
+              f"{new_thr:,.0f}/s max/min {row['new_max_min']:.3f} | x{gain:.3f} of bound x{bound:.3f} "
+              f"({100 * row['gain_of_bound']:.0f}%), {row['rebalances']:.0f} rebalances", flush=True)  # fmt: skip
+    print()
+    print("| shuffle seed | static max/min | rebalanced max/min | gain | bound | gain - 1 of bound - 1 |")
+    print("|---|---|---|---|---|---|")
+    for seed, r in rows.items():
+        print(f"| {seed} | {r['static_max_min']:.3f} | {r['new_max_min']:.3f} | {r['gain']:.3f}x | "
+              f"{r['bound']:.3f}x | {100 * r['gain_of_bound']:.0f}% |")  # fmt: skip
+    return rows
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.items = 0
+
+    def consume(self, batch: list) -> None:
+        self.items += len(batch)
+
+
+def stationary_once(seed: int, after_first_s: float = 3.0) -> dict:
+    """One run of the stationary noisy load on a real queue: partitions moved within ``after_first_s`` of the first
+    plan, and in all."""
+    interval = 0.2
+    rng = random.Random(seed)
+    means = [rng.uniform(50, 150) for _ in range(120)]
+    types = [type(f"S{i}", (), {"__slots__": (), "tid": i}) for i in range(120)]
+    cfg = BatchQueueConfig(
+        threads=ThreadPolicy.fixed(TASKS),
+        partitions=PartitionPolicy.fixed(120),
+        partition_selector=_tid_selector,
+        buffer_size=10_000,
+        balancer=DrainBalancer.throughput_weighted(),
+        rebalance_interval_ms=int(interval * 1000),
+    )
+    q = BatchQueue(f"stationary-{seed}", cfg)
+    for t in types:
+        q.add_handler(t, _Counter())
+    objs = [t() for t in types]
+    stop = threading.Event()
+
+    def producer() -> None:  # each interval: every type its mean +-30%, spread over the interval in 10 slices
+        slices = 10
+        tick = time.monotonic()
+        while not stop.is_set():
+            counts = [m * rng.uniform(0.7, 1.3) for m in means]
+            for k in range(slices):
+                q.produce_many(
+                    [
+                        o
+                        for o, n in zip(objs, counts)
+                        for _ in range(round(n * (k + 1) / slices) - round(n * k / slices))
+                    ]
+                )
+                tick += interval / slices
+                time.sleep(max(0.0, tick - time.monotonic()))
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    first_at = None
+    while time.monotonic() - t0 < 15.0:
+        time.sleep(0.1)
+        history = [r for r in q.stats().rebalance_history if r.moves]
+        if history and first_at is None:
+            first_at = history[0].at
+        if first_at is not None and time.time() > first_at + after_first_s + 0.3:
+            break
+    stop.set()
+    thread.join()
+    history = [r for r in q.stats().rebalance_history if r.moves]
+    q.shutdown()
+    if not history:
+        return {"first_plan_s": None, "moves_after_first": 0, "first_moves": 0}
+    first = history[0]
+    later = [r for r in history[1:] if r.at <= first.at + after_first_s]
+    return {"first_plan_s": first.at - (time.time() - (time.monotonic() - t0)), "first_moves": len(first.moves),
+            "moves_after_first": sum(len(r.moves) for r in later)}  # fmt: skip
+
+
+def stationary(seeds: int = 5) -> dict:
+    rows = [stationary_once(seed) for seed in range(seeds)]
+    moves = [r["moves_after_first"] for r in rows]
+    print()
+    print("| stationary noisy load (120 partitions, +-30%, 200 ms) | first plan moved | moved in the 3 s after |")
+    print("|---|---|---|")
+    for seed, r in enumerate(rows):
+        print(f"| seed {seed} | {r['first_moves']} | {r['moves_after_first']} |")
+    print(f"median moved in the 3 s after the first plan: {statistics.median(moves)} (max {max(moves)})")
+    return {"runs": rows, "median_moves_after_first": statistics.median(moves), "max_moves_after_first": max(moves)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
@@ -181,10 +329,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--json", default=str(RESULTS / "rebalance.json"))
     ap.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs" / "rebalance.png"))
-    ap.add_argument("--churn-only", action="store_true", help="only the planner churn figures (seconds)")
+    ap.add_argument("--only", choices=["blind-spot", "stationary", "churn"], help="one part only (no JSON, no plot)")
     args = ap.parse_args()
-    if args.churn_only:
-        churn()
+    if args.only:
+        {"blind-spot": lambda: blind_spot(args.runs), "stationary": stationary, "churn": churn}[args.only]()
         return
 
     scenarios = {
@@ -245,6 +393,8 @@ def main() -> None:
             f"| {name} | {r['static_throughput']:,.0f} | {r['static_max_min']:.2f}x | {r['new_throughput']:,.0f} | "
             f"{r['new_max_min']:.2f}x | {r['ratio']:.3f}x | {r['bound']:.3f}x | {100 * r['gain_of_bound']:.0f}% |"
         )
+    report["blind_spot"] = blind_spot(args.runs)
+    report["stationary"] = stationary()
     report["churn"] = churn()
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +416,7 @@ def _old_plan(tp: list[int], owner: list[int]) -> list[int] | None:
 
 def churn() -> dict:
     from drainpipe._balancer import moved_load_lower_bound, task_loads
-    from drainpipe._control import smooth
+    from drainpipe._load import LoadEstimate
 
     out: dict = {}
     balancer = DrainBalancer.throughput_weighted()
@@ -278,7 +428,7 @@ def churn() -> dict:
             rng = random.Random(seed)
             base = [rng.uniform(50, 150) for _ in range(120)]
             owner = [p % TASKS for p in range(120)]
-            ewma: list[float] = []
+            estimate = LoadEstimate()
             first = True
             for n in range(1, 201):
                 sample = [int(b * rng.uniform(0.7, 1.3)) for b in base]
@@ -286,9 +436,9 @@ def churn() -> dict:
                     tp = sample
                     plan = _old_plan(tp, owner)
                 else:
-                    ewma = smooth(ewma, sample, n)
-                    tp = [round(x) for x in ewma]
-                    plan = balancer.assign(tp, owner, TASKS) if n >= 3 else None
+                    estimate.add(sample)
+                    tp = estimate.rounded()
+                    plan = balancer.assign(tp, owner, TASKS, estimate.spread()) if n >= 3 else None
                 if plan is not None:
                     if not first:
                         moved_parts += sum(plan[p] != owner[p] for p in range(120))

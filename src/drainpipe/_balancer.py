@@ -3,33 +3,35 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
-SKIP_RATIO = 1.15  # below this max/min task load nothing moves
+SKIP_RATIO = 1.02  # below this max/min task load nothing moves
+SIGNIFICANCE = 3.0  # a plan's gain must exceed this many standard errors of the loads it is measured on
 _EXACT_RELABEL_TASKS = 7  # up to this many tasks, bins are matched to tasks by trying every permutation
 
 
-def task_loads(throughput: Sequence[int], owner: Sequence[int], task_count: int) -> list[int]:
-    loads = [0] * task_count
+def task_loads(throughput: Sequence[float], owner: Sequence[int], task_count: int) -> list[float]:
+    loads = [0.0] * task_count
     for p, t in enumerate(owner):
         if 0 <= t < task_count:
             loads[t] += throughput[p]
     return loads
 
 
-def _ratio(loads: Sequence[int]) -> float:
+def _ratio(loads: Sequence[float]) -> float:
     lo = min(loads)
     return float("inf") if lo == 0 else max(loads) / lo
 
 
-def lpt_bins(weights: Sequence[int], bins: int, prefer: Sequence[int] | None = None) -> list[int]:
+def lpt_bins(weights: Sequence[float], bins: int, prefer: Sequence[int] | None = None) -> list[int]:
     """Longest-processing-time placement: items by weight desc, each to the least-loaded bin.
 
     Ties between equally loaded bins go to ``prefer[i]`` (e.g. the current owner) when given, else the lowest bin.
     Returns the bin of every item. Deterministic. 4/3-approximation of the optimal makespan.
     """
     order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
-    loads = [0] * bins
+    loads = [0.0] * bins
     out = [0] * len(weights)
     for i in order:
         pref = prefer[i] if prefer is not None else -1
@@ -40,13 +42,13 @@ def lpt_bins(weights: Sequence[int], bins: int, prefer: Sequence[int] | None = N
     return out
 
 
-def _relabel(plan: list[int], throughput: Sequence[int], owner: Sequence[int], task_count: int) -> list[int]:
+def _relabel(plan: list[int], throughput: Sequence[float], owner: Sequence[int], task_count: int) -> list[int]:
     """Rename the plan's bins so that as much load as possible stays where it is (fewest items in flight move).
 
     Bins are interchangeable (the same loads under any naming), so this picks the naming that keeps the most
     throughput on its current owner; lightly loaded partitions are then the ones that move.
     """
-    keep = [[0] * task_count for _ in range(task_count)]  # keep[bin][task]: load of bin already on task
+    keep = [[0.0] * task_count for _ in range(task_count)]  # keep[bin][task]: load of bin already on task
     for p, b in enumerate(plan):
         t = owner[p]
         if 0 <= t < task_count:
@@ -68,12 +70,14 @@ def _relabel(plan: list[int], throughput: Sequence[int], owner: Sequence[int], t
     return [best[b] for b in plan]
 
 
-def sticky_moves(throughput: Sequence[int], owner: Sequence[int], task_count: int, target_max: float) -> list[int]:
+def sticky_moves(
+    throughput: Sequence[float], owner: Sequence[int], task_count: int, target_max: float, target_min: float = 0.0
+) -> list[int]:
     """Start from the current owners and move as little as possible until the heaviest task carries at most
-    ``target_max``: each step takes the heaviest and the lightest task and moves the one partition (or, failing
-    that, swaps the one pair) that narrows their gap the most. The best partition to move is the one closest to
-    half the gap: warm, not hot (seed 004: "move the warm, not the hot"). Returns the new owners (a local optimum:
-    it may stop above ``target_max``)."""
+    ``target_max`` and the lightest at least ``target_min``: each step takes the heaviest and the lightest task and
+    moves the one partition (or, failing that, swaps the one pair) that narrows their gap the most. The best
+    partition to move is the one closest to half the gap: warm, not hot (seed 004: "move the warm, not the hot").
+    Returns the new owners (a local optimum: it may stop short of the targets)."""
     plan = list(owner)
     loads = task_loads(throughput, plan, task_count)
     on: list[list[int]] = [[] for _ in range(task_count)]
@@ -82,11 +86,11 @@ def sticky_moves(throughput: Sequence[int], owner: Sequence[int], task_count: in
             on[t].append(p)
     for _ in range(4 * len(throughput) + 4):
         h = max(range(task_count), key=lambda t: (loads[t], -t))
-        if loads[h] <= target_max:
-            break
         lo = min(range(task_count), key=lambda t: (loads[t], t))
+        if loads[h] <= target_max and loads[lo] >= target_min:
+            break
         gap = loads[h] - loads[lo]
-        best, best_gain = None, 0
+        best, best_gain = None, 0.0
         for p in on[h]:  # a move of weight w (0 < w < gap) lowers the pair's max by min(w, gap - w)
             w = throughput[p]
             if 0 < w < gap and min(w, gap - w) > best_gain:
@@ -114,18 +118,41 @@ def sticky_moves(throughput: Sequence[int], owner: Sequence[int], task_count: in
     return plan
 
 
+def starves_a_task(throughput: Sequence[float], owner: Sequence[int], task_count: int) -> bool:
+    """Whether a task carries no load while another holds two or more loaded partitions (a plan must never leave
+    things so: one of those partitions would run on the idle task at no cost to anyone)."""
+    loaded = [0] * task_count
+    for p, t in enumerate(owner):
+        if throughput[p] > 0 and 0 <= t < task_count:
+            loaded[t] += 1
+    return min(loaded) == 0 and max(loaded) >= 2
+
+
+def load_noise(spread: Sequence[float], owner: Sequence[int], task: int) -> float:
+    """The standard error of a task's measured load: the partitions' standard errors, added in quadrature."""
+    return sum(spread[p] ** 2 for p, t in enumerate(owner) if t == task) ** 0.5
+
+
 class DrainBalancer:
     """Decides partition -> drain task ownership from measured throughput. Stateless and thread-safe.
 
-    ``trigger``: nothing moves while max/min task load stays below it (hysteresis: noise on a steady load moves
-    nothing). ``min_gain``: nor unless the heaviest task's load drops by at least this fraction (a load that no
-    plan can even out, such as one hot partition, is not reshuffled by every interval's noise). ``tolerance``:
-    how far above the best balance LPT finds from scratch a sticky plan may stay.
-    Any object with an ``assign`` method of the same signature (:class:`Balancer`) can be plugged into
-    ``BatchQueueConfig.balancer``.
+    A plan is made when it pays and the measurements say so, not by a gain floor that would hide a real imbalance:
+
+    * ``trigger``: nothing moves while max/min task load stays below it (a cheap first test).
+    * the gain (how much lower the heaviest task's load gets) must exceed :data:`SIGNIFICANCE` standard errors of
+      the loads it compares, when the caller gives the partitions' standard errors (``spread``; the queue's
+      periodic rebalance does, from each partition's interval-to-interval variation): a noisy steady load then
+      moves nothing, while an imbalance of a few percent that the measurements resolve is evened out.
+    * ``min_gain``: and at least this fraction of the heaviest task's load (default 0.5%: not worth a handoff
+      below that).
+    * a plan never leaves a task idle while another holds two or more loaded partitions, and such a placement is
+      always fixed.
+
+    ``tolerance``: how far above the best balance LPT finds from scratch a sticky plan may stay. Any object with an
+    ``assign`` method of the same signature (:class:`Balancer`) can be plugged into ``BatchQueueConfig.balancer``.
     """
 
-    def __init__(self, trigger: float = SKIP_RATIO, min_gain: float = 0.1, tolerance: float = 0.01) -> None:
+    def __init__(self, trigger: float = SKIP_RATIO, min_gain: float = 0.005, tolerance: float = 0.002) -> None:
         if trigger < 1.0 or not 0.0 <= min_gain < 1.0 or tolerance < 0.0:
             raise ValueError("trigger must be >= 1.0, min_gain in [0, 1), tolerance >= 0")
         self.trigger = trigger
@@ -134,7 +161,7 @@ class DrainBalancer:
 
     @classmethod
     def throughput_weighted(
-        cls, trigger: float = SKIP_RATIO, min_gain: float = 0.1, tolerance: float = 0.01
+        cls, trigger: float = SKIP_RATIO, min_gain: float = 0.005, tolerance: float = 0.002
     ) -> DrainBalancer:
         return cls(trigger, min_gain, tolerance)
 
@@ -145,22 +172,32 @@ class DrainBalancer:
         is placed (the Spark engine places skewed per-type work with it)."""
         return lpt_bins(weights, bins)
 
-    def assign(self, throughput: Sequence[int], current_owner: Sequence[int], task_count: int) -> list[int] | None:
+    def assign(
+        self,
+        throughput: Sequence[float],
+        current_owner: Sequence[int],
+        task_count: int,
+        spread: Sequence[float] | None = None,
+    ) -> list[int] | None:
         """New owner per partition, or None to leave things as they are.
 
-        None when there is no load, when the current max/min task load is below ``trigger``, or when no plan
-        lowers the heaviest task's load by ``min_gain``. The plan is sticky (Kafka's cooperative-sticky assignor,
-        seed 004): LPT from scratch says how low the heaviest task can go; then, from the current owners, the fewest
-        and lightest moves that bring it within ``tolerance`` of that (:func:`sticky_moves`). Only if those cannot
-        get there is the LPT plan itself used (relabelled so the heaviest partitions stay where they are).
-        Partitions with zero throughput keep their owner.
+        ``throughput``: each partition's load (items per interval); ``spread``: the standard error of each of those
+        (None: take them as exact). None when there is no load, when the current max/min task load is below
+        ``trigger``, or when no plan lowers the heaviest task's load by more than ``min_gain`` and (with
+        ``spread``) by more than the noise, unless a task is idle while another holds two loaded partitions.
+        The plan is sticky (Kafka's cooperative-sticky assignor, seed 004): LPT from scratch says how low the
+        heaviest task can go and how high the lightest; then, from the current owners, the fewest and lightest
+        moves that bring both within ``tolerance`` of that (:func:`sticky_moves`). Only if those cannot get there
+        is the LPT plan itself used (relabelled so the heaviest partitions stay where they are). Partitions with
+        zero throughput keep their owner.
         """
         if task_count <= 1 or len(throughput) != len(current_owner):
             return None
         if sum(throughput) <= 0:
             return None
         before = task_loads(throughput, current_owner, task_count)
-        if _ratio(before) < self.trigger:
+        starved = starves_a_task(throughput, current_owner, task_count)
+        if _ratio(before) < self.trigger and not starved:
             return None
         hot = [p for p, w in enumerate(throughput) if w > 0]
         bins = lpt_bins([throughput[p] for p in hot], task_count, [current_owner[p] for p in hot])
@@ -168,12 +205,26 @@ class DrainBalancer:
         lpt = list(current_owner)
         for p, b in zip(hot, relabeled):
             lpt[p] = b
-        best_max = max(task_loads(throughput, lpt, task_count))
-        sticky = sticky_moves(throughput, current_owner, task_count, best_max * (1 + self.tolerance))
-        sticky_max = max(task_loads(throughput, sticky, task_count))
-        plan = sticky if sticky_max <= best_max * (1 + self.tolerance) else lpt
-        if max(task_loads(throughput, plan, task_count)) > max(before) * (1 - self.min_gain):
+        lpt_loads = task_loads(throughput, lpt, task_count)
+        most, least = max(lpt_loads) * (1 + self.tolerance), min(lpt_loads) / (1 + self.tolerance)
+        sticky = sticky_moves(throughput, current_owner, task_count, most, least)
+        sticky_loads = task_loads(throughput, sticky, task_count)
+        good = max(sticky_loads) <= most and min(sticky_loads) >= least
+        plan = sticky if good and not starves_a_task(throughput, sticky, task_count) else lpt
+        if plan == list(current_owner):
             return None
+        if starved:
+            return plan
+        after = task_loads(throughput, plan, task_count)
+        gain = max(before) - max(after)
+        if gain <= max(before) * self.min_gain:
+            return None
+        if spread is not None:
+            heaviest = max(range(task_count), key=lambda t: before[t])
+            new_heaviest = max(range(task_count), key=lambda t: after[t])
+            noise = math.hypot(load_noise(spread, current_owner, heaviest), load_noise(spread, plan, new_heaviest))
+            if gain <= SIGNIFICANCE * noise:
+                return None
         return plan
 
     def __repr__(self) -> str:
@@ -181,6 +232,6 @@ class DrainBalancer:
                 f"tolerance={self.tolerance})")  # fmt: skip
 
 
-def moved_load_lower_bound(loads_before: Sequence[int], max_after: float) -> float:
+def moved_load_lower_bound(loads_before: Sequence[float], max_after: float) -> float:
     """The least load any plan must move to bring every task to at most ``max_after``: each task's excess."""
     return float(sum(max(0.0, load - max_after) for load in loads_before))

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 from ._balancer import SKIP_RATIO, DrainBalancer, task_loads
@@ -34,6 +34,7 @@ from ._control_loop import ControlLoop
 from ._drain import Dispatcher, DrainTask
 from ._fastpath import Producer
 from ._handlers import Entry, HandlerTable, Target
+from ._load import WARMUP_SAMPLES, LoadEstimate
 from ._partitions import UNOWNED, Partitions
 from ._routing import is_type_hash
 from ._scheduler import Scheduler
@@ -47,28 +48,20 @@ _LOAD_SAMPLES = 2000
 Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
 
 
-SMOOTHING = 0.25  # weight of the newest interval in the per-partition load the periodic rebalance plans on
-WARMUP_SAMPLES = 3  # intervals measured before the first periodic plan
-
-
-def smooth(previous: Sequence[float], sample: Sequence[int], n: int, alpha: float = SMOOTHING) -> list[float]:
-    """Per-partition load: the mean of the first ``1/alpha`` intervals, then an exponentially weighted mean with
-    ``alpha`` for the newest (``n`` counts the intervals so far, this one included). Interval noise on a steady
-    load then stays under the balancer's trigger, while a real shift shows within a few intervals. A partition
-    new since the last sample starts at its sample."""
-    a = max(alpha, 1.0 / max(1, n))
-    return [a * x + (1 - a) * previous[i] if i < len(previous) else float(x) for i, x in enumerate(sample)]
-
-
 def _then(source: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
     """A Future of ``fn(source's result)``, settled where ``source`` is (on the control thread)."""
     out: Future[Any] = Future()
 
     def settle(f: Future[Any]) -> None:
         try:
-            out.set_result(fn(f.result()))
+            result = fn(f.result())
         except BaseException as exc:
             out.set_exception(exc)
+            return
+        if isinstance(result, Future):  # a step that waits in turn: settled when it is
+            result.add_done_callback(lambda r: _copy(r, out))
+        else:
+            out.set_result(result)
 
     source.add_done_callback(settle)
     return out
@@ -117,8 +110,7 @@ class Controller:
         self.history: deque[RebalanceResult] = deque(maxlen=_HISTORY)
         self.load_history: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=_LOAD_SAMPLES)
         self._last_counts: list[int] = []
-        self._smoothed: list[float] = []
-        self._samples = 0
+        self._load = LoadEstimate()
         self._moving: dict[int, tuple[int, int]] = {}  # partition -> (old owner, new owner) while in handoff
         self._serial: dict[Hashable, deque[Op]] = {}  # requests waiting behind a running one about the same type
         self._slow_ms = config.slow_handler_ms
@@ -126,6 +118,7 @@ class Controller:
         self._reported: set[tuple[int, float]] = set()  # slow calls already logged: (task, first seen at)
         self._lock = threading.Lock()
         self._stopped = False
+        self._listener_thread: ThreadPoolExecutor | None = None  # started with the first event to tell
         loop.call(self._start_timers)
 
     # ------------------------------------------------------------------ requests
@@ -258,16 +251,16 @@ class Controller:
         moved partition is assigned."""
         started = time.monotonic()
         tp = self._throughput()
+        spread: list[float] | None = None
         if periodic:  # plan on the smoothed load; rebalance_now plans on what happened since the last measurement
-            self._samples += 1
-            self._smoothed = smooth(self._smoothed, tp, self._samples)
-            tp = [round(x) for x in self._smoothed]
+            self._load.add(tp)
+            tp, spread = self._load.rounded(), self._load.spread()
         # a partition in handoff counts as its new owner's, and is not moved again before it gets there
         owner = list(self._parts.owner)
         for p, (_, new) in self._moving.items():
             owner[p] = new
         tasks = len(self._tasks)
-        before = tuple(task_loads(tp, owner, tasks))
+        before = _int_loads(tp, owner, tasks)
         if periodic:
             self.load_history.append((time.time(), before))
 
@@ -278,10 +271,10 @@ class Controller:
 
         if tasks <= 1:
             return result(skipped="single task")
-        if periodic and self._samples < WARMUP_SAMPLES:
+        if periodic and self._load.samples < WARMUP_SAMPLES:
             return result(skipped="measuring")
         balancer = self._config.balancer or _DEFAULT_BALANCER
-        plan = balancer.assign(tp, owner, tasks)
+        plan = balancer.assign(tp, owner, tasks, spread)
         if plan is None:
             if sum(tp) == 0:
                 return result(skipped="no load")
@@ -298,7 +291,7 @@ class Controller:
         def finish(done: bool) -> RebalanceResult:
             if not done:
                 return result(skipped="shutdown")
-            res = result(moves, tuple(task_loads(tp, plan, tasks)))
+            res = result(moves, _int_loads(tp, plan, tasks))
             self.rebalances += 1
             self.history.append(res)
             log.info("queue %r: rebalanced %d partitions, max/min load %.2f -> %.2f in %.1f ms", self.name,
@@ -322,17 +315,21 @@ class Controller:
         self.state = "fencing"
         left = [len(groups)]
 
-        def assign(old: int, group: list[tuple[int, int, int]]) -> None:
-            closing = self._parts.closing[0]
+        def assign(group: list[tuple[int, int, int]]) -> None:
+            """The old owner has left its cycle: tell the listener (on its own thread), then hand over."""
+            if self._parts.closing[0]:
+                handed(group, closing=True)
+                return
+            events = [("revoked", group), ("assigned", group)]
+            self._after_told(events, lambda: handed(group, closing=self._parts.closing[0]))
+
+        def handed(group: list[tuple[int, int, int]], closing: bool) -> None:
             if not closing:
-                self._tell("revoked", group)
                 self.state = "assigning"
                 for p, _, new in group:
                     self._parts.owner[p] = new
                 self._parts.publish()
-                self._tell("assigned", group)
-            if not closing:  # cut by shutdown: left in _moving, assigned once every task has stopped
-                for p, _, _ in group:
+                for p, _, _ in group:  # cut by shutdown: left in _moving, assigned once every task has stopped
                     del self._moving[p]
             self.state = "fencing" if self._moving else "stable"
             if not closing:
@@ -344,23 +341,41 @@ class Controller:
                     done.set_result(not closing)
 
         for old, group in groups.items():
-            self._after_cycle({old}, functools.partial(assign, old, group), abortable=True)
+            self._after_cycle({old}, functools.partial(assign, group), abortable=True)
         return done
 
-    def _tell(self, phase: str, moves: list[tuple[int, int, int]]) -> None:
-        """on_revoked per old owner, or on_assigned per new owner, with its partitions and their types."""
+    # ------------------------------------------------------------------ the rebalance listener
+
+    def _after_told(
+        self, events: Sequence[tuple[str, Sequence[tuple[int, int, int]]]], then: Callable[[], None]
+    ) -> None:
+        """Tell the listener ``events`` (``(phase, moves)``: "revoked" and "lost" per old owner, "assigned" per new
+        owner) in order on the queue's listener thread, then run ``then`` on the control thread. A slow listener
+        thus holds up this queue's handoffs only, never the control thread (other queues' work). Without a
+        listener ``then`` runs at once."""
         listener = self._config.rebalance_listener
-        if listener is None:
+        if listener is None or not any(moves for _, moves in events):
+            then()
             return
-        by_task: dict[int, list[int]] = {}
-        for p, old, new in moves:
-            by_task.setdefault(old if phase == "revoked" else new, []).append(p)
-        callback = listener.on_revoked if phase == "revoked" else listener.on_assigned
-        for task, partitions in sorted(by_task.items()):
-            try:
-                callback(task, tuple(partitions), self._parts.types_on(partitions))
-            except Exception:
-                log.exception("queue %r: rebalance listener failed in %s", self.name, callback.__name__)
+        if self._listener_thread is None:
+            self._listener_thread = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self.name}-listener")
+        told = self._listener_thread.submit(self._tell, listener, [(ph, list(m)) for ph, m in events if m])
+        self._loop.when(told.done, then)
+
+    def _tell(self, listener: Any, events: list[tuple[str, list[tuple[int, int, int]]]]) -> None:
+        """On the listener thread: each event's callback per task, with its partitions and their types."""
+        for phase, moves in events:
+            by_task: dict[int, list[int]] = {}
+            for p, old, new in moves:
+                by_task.setdefault(new if phase == "assigned" else old, []).append(p)
+            callback = getattr(listener, f"on_{phase}", None)
+            if callback is None:  # on_lost is optional: as Kafka's onPartitionsLost, it defaults to on_revoked
+                callback = listener.on_revoked
+            for task, partitions in sorted(by_task.items()):
+                try:
+                    callback(task, tuple(partitions), self._parts.types_on(partitions))
+                except Exception:
+                    log.exception("queue %r: rebalance listener failed in %s", self.name, callback.__name__)
 
     # ------------------------------------------------------------------ handlers and growth
 
@@ -372,16 +387,34 @@ class Controller:
         entry = Entry(type_, handler, weight, split, key)
         old = self._table.entries.get(type_)
         if old is None:
-            self._attach(entry, handler)
-            return None
+            return self._attach(entry, handler)
         # the old instance must have left every drain cycle before the new one can be called
         return _then(self._detach(old), lambda _: self._attach(entry, handler))
 
-    def _attach(self, entry: Entry, handler: Any) -> None:
-        table, parts, type_ = self._table, self._parts, entry.type
+    def _attach(self, entry: Entry, handler: Any) -> Future[None]:
+        """Grow the partitions if the policy wants more for this handler (the listener hears the new partitions
+        assigned before their owners get them), then bind the handler and publish its route."""
+        table, parts = self._table, self._parts
+        grown: list[tuple[int, int]] = []
         if not self._consumer and self._config.partitions.is_adaptive:
             weighted = table.weighted_count() + entry.weighted_count
-            parts.grow(self._config.partitions.resolve(self._thread_count, weighted))
+            want = self._config.partitions.resolve(self._thread_count, weighted)
+            grown = parts.grow(want, hold=self._config.rebalance_listener is not None)
+        done: Future[None] = Future()
+
+        def bind() -> None:
+            if any(parts.owner[p] != t for p, t in grown):
+                for p, t in grown:
+                    parts.owner[p] = t
+                parts.publish()
+            self._bind(entry, handler)
+            done.set_result(None)
+
+        self._after_told([("assigned", [(p, UNOWNED, t) for p, t in grown])], bind)
+        return done
+
+    def _bind(self, entry: Entry, handler: Any) -> None:
+        table, parts, type_ = self._table, self._parts, entry.type
         placed = parts.place(max(1, entry.split), table.home.get(type_))
         entry.bind(placed, handler, locked=not self._type_routing)
         table.home[type_] = placed
@@ -446,30 +479,53 @@ class Controller:
             self._moving.clear()
             self._parts.publish()
             self.state = "stable"
-            self._scheduler.submit(_FinalDrain(self._dispatcher, self._release, done))
+            self._scheduler.submit(_FinalDrain(self._dispatcher, self._farewell, self._release, done))
 
         tasks = self._tasks
         self._loop.when(lambda: time.monotonic() >= deadline or all(t.finished.is_set() for t in tasks), stop)
         return done
 
+    def _farewell(self) -> None:
+        """After the final drain (on its thread): the listener hears each task's partitions revoked, as a Kafka
+        consumer's listener does when it closes, and its thread ends."""
+        listener, thread = self._config.rebalance_listener, self._listener_thread
+        if listener is not None:
+            if thread is None:
+                thread = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self.name}-listener")
+            owned = [(p, t, UNOWNED) for p, t in enumerate(self._parts.owner) if t >= 0]
+            thread.submit(self._tell, listener, [("revoked", owned)]).result()
+        if thread is not None:
+            thread.shutdown(wait=True)
+
 
 class _FinalDrain:
-    """The last task a queue puts on its scheduler: dispatch what is left, release the scheduler, settle ``done``.
-    It runs on a drain thread (not the control thread) because it calls handlers, which may take their time."""
+    """The last task a queue puts on its scheduler: dispatch what is left, say farewell (the listener hears every
+    partition revoked), release the scheduler, settle ``done``. It runs on a drain thread (not the control thread)
+    because it calls handlers and the listener, which may take their time."""
 
-    def __init__(self, dispatcher: Dispatcher, release: Callable[[], None], done: Future[None]) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, farewell: Callable[[], None], release: Callable[[], None], done: Future[None]
+    ) -> None:
         self._dispatcher = dispatcher
+        self._farewell = farewell
         self._release = release
         self._done = done
 
     def run(self) -> None:
         try:
-            self._dispatcher.final_drain()
+            try:
+                self._dispatcher.final_drain()
+            finally:
+                self._farewell()
         finally:
             try:
                 self._release()
             finally:
                 self._done.set_result(None)
+
+
+def _int_loads(throughput: Sequence[int], owner: Sequence[int], tasks: int) -> tuple[int, ...]:
+    return tuple(round(x) for x in task_loads(throughput, owner, tasks))
 
 
 def _copy(source: Future[Any], target: Future[Any]) -> None:

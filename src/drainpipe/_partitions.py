@@ -123,17 +123,20 @@ class Partitions:
         """The item types placed on ``partitions``."""
         return tuple(dict.fromkeys(tg.type for p in partitions for tg in self.targets[p] if tg.type is not None))
 
-    def grow(self, want: int) -> None:
-        """Add partitions up to ``want``. Existing partitions keep their owners (and their items); each new
-        partition goes to the task that owns the fewest. The new count is published last."""
+    def grow(self, want: int, hold: bool = False) -> list[tuple[int, int]]:
+        """Add partitions up to ``want``; returns each new partition with the task it goes to (the one that owns
+        the fewest). Existing partitions keep their owners (and their items). ``hold``: the new partitions stay
+        unowned until the caller assigns them (after telling the rebalance listener). The new count is published
+        last."""
         current = self.count[0]
         if want <= current:
-            return
+            return []
         owned = [0] * len(self.epoch)
         for t in self.owner:
             if t >= 0:
                 owned[t] += 1
-        for _ in range(current, want):
+        grown = []
+        for p in range(current, want):
             self.buffers.grow()
             self.conds.append(threading.Condition(threading.Lock()))
             self.waiters.append(0)
@@ -141,9 +144,11 @@ class Partitions:
             self.type_count.append(0)
             t = min(range(len(owned)), key=lambda i: (owned[i], i))
             owned[t] += 1
-            self.owner.append(t)
+            self.owner.append(UNOWNED if hold else t)
+            grown.append((p, t))
         self.assigned = self._assignment()
         self.count[0] = want
+        return grown
 
     def place(self, k: int, home: tuple[int, ...] | None) -> tuple[int, ...]:
         """Partitions for a newly registered type: its previous ones if it had any (items of a re-registered type

@@ -11,9 +11,17 @@ from typing import Any, Protocol, runtime_checkable
 class Balancer(Protocol):
     """Decides partition -> drain task ownership (``BatchQueueConfig.balancer``). Called on the queue's control
     thread only, with per-partition throughput (items per interval, smoothed for periodic rebalances), the current
-    owners and the task count; returns the new owner of every partition, or None to leave things as they are."""
+    owners, the task count, and the standard error of each throughput figure (periodic rebalances; None for
+    ``rebalance_now``, which measures once); returns the new owner of every partition, or None to leave things as
+    they are."""
 
-    def assign(self, throughput: Sequence[int], current_owner: Sequence[int], task_count: int) -> list[int] | None: ...
+    def assign(
+        self,
+        throughput: Sequence[int],
+        current_owner: Sequence[int],
+        task_count: int,
+        spread: Sequence[float] | None = None,
+    ) -> list[int] | None: ...
 
 
 class ErrorHandler(Protocol):

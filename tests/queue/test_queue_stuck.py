@@ -21,7 +21,7 @@ class Scripted:
     def __init__(self) -> None:
         self.plans: list[list[int]] = []
 
-    def assign(self, throughput, current_owner, task_count):
+    def assign(self, throughput, current_owner, task_count, spread=None):
         return self.plans.pop(0) if self.plans else None
 
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainpipe import DrainBalancer
-from drainpipe._balancer import lpt_bins, task_loads
+from drainpipe._balancer import lpt_bins, starves_a_task, task_loads
+from drainpipe._load import WARMUP_SAMPLES, LoadEstimate
 
 B = DrainBalancer.throughput_weighted()
 
@@ -34,7 +35,8 @@ def test_plan_is_a_valid_assignment(case):
     for p, w in enumerate(tp):  # idle partitions keep their owner
         if w == 0:
             assert plan[p] == owner[p]
-    assert max(task_loads(tp, plan, tasks)) < max(task_loads(tp, owner, tasks))
+    before, after = max(task_loads(tp, owner, tasks)), max(task_loads(tp, plan, tasks))
+    assert after < before or (after == before and starves_a_task(tp, owner, tasks))
 
 
 @given(cases(), st.randoms(use_true_random=False))
@@ -73,8 +75,58 @@ def test_no_load_means_no_plan():
 
 
 def test_small_imbalance_below_threshold_is_left_alone():
-    assert B.assign([114, 100], [0, 1], 2) is None  # 1.14 < 1.15
+    assert B.assign([101, 100], [0, 1], 2) is None  # 1.01 < trigger 1.02
+    assert B.assign([114, 100], [0, 1], 2) is None  # one partition each: no plan does better
     assert B.assign([300, 100, 100], [0, 0, 1], 2) is not None
+
+
+def _optimum(tp: list[int], tasks: int) -> float:
+    return min(max(task_loads(tp, list(a), tasks)) for a in itertools.product(range(tasks), repeat=len(tp)))
+
+
+@given(cases(max_parts=8, max_tasks=3))
+@settings(max_examples=200, deadline=None)
+def test_from_any_start_the_placement_stays_within_lpts_bound_of_the_optimum(case):
+    """Whatever the current owners, what the balancer leaves (its plan, or the owners when it makes none) has its
+    heaviest task within LPT's bound of the optimal one, (4/3 - 1/(3m)) OPT, give or take the balancer's own
+    tolerance and minimum gain."""
+    tp, owner, tasks = case
+    plan = B.assign(tp, owner, tasks)
+    result = owner if plan is None else plan
+    bound = (4 / 3 - 1 / (3 * tasks)) * _optimum(tp, tasks) * (1 + B.tolerance) / (1 - B.min_gain)
+    assert max(task_loads(tp, result, tasks)) <= bound + 1e-9
+
+
+@given(cases(max_parts=30, max_tasks=6), st.booleans())
+@settings(max_examples=300)
+def test_no_task_is_left_idle_while_another_holds_two_loaded_partitions(case, noisy):
+    """From any start: with exact loads, or with loads so noisy that no gain is significant."""
+    tp, owner, tasks = case
+    plan = B.assign(tp, owner, tasks, [1e9] * len(tp) if noisy else None)
+    assert not starves_a_task(tp, owner if plan is None else plan, tasks)
+
+
+def test_the_planner_looks_past_the_heaviest_task():
+    """The issue's example: 100, 50, 40 and 10 on one of 3 tasks. The heaviest task cannot go below 100, but a plan
+    that stops there leaves a task idle (0 | 100 | 100); LPT gives 100 | 50 | 50."""
+    tp = [100, 50, 40, 10]
+    plan = B.assign(tp, [0, 0, 0, 0], 3)
+    assert plan is not None and sorted(task_loads(tp, plan, 3)) == [50, 50, 100]
+
+
+def test_an_imbalance_the_measurements_resolve_is_evened_out_however_small():
+    """The blind spot of a gain floor: 4 tasks whose heaviest can only drop by 4%. Measured exactly (or with a
+    small spread) it is evened out; with a spread that makes 4% noise, nothing moves."""
+    w = [24] * 20 + [8] * 30 + [4] * 20 + [1] * 30
+    import random
+
+    random.Random(3).shuffle(w)
+    owner = lpt_bins(w, 4)
+    owner[w.index(4)] = (owner[w.index(4)] + 1) % 4  # one 4x partition on the wrong task: ~2% off
+    before = max(task_loads(w, owner, 4))
+    plan = B.assign(w, owner, 4, [0.1] * len(w))
+    assert plan is not None and max(task_loads(w, plan, 4)) < before
+    assert B.assign(w, owner, 4, [3.0] * len(w)) is None
 
 
 def test_prefers_moving_light_partitions():
@@ -113,32 +165,51 @@ def test_a_sticky_plan_moves_warm_partitions_not_the_hot_one():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_stationary_noisy_load_moves_nothing_after_the_first_plan(seed: int):
+def test_a_stationary_noisy_load_barely_moves_after_the_first_plan(seed: int):
     """The issue's experiment: 120 partitions, 4 tasks, loads stationary in expectation with +-30% noise per
-    interval, smoothed as the queue smooths them: after the first plan, 200 intervals move nothing."""
+    interval, estimated as the queue estimates them (mean and spread): in the 15 intervals (3 s at 200 ms) after the
+    first plan at most 12 partitions move, and over 200 intervals the moves stay few."""
     import random
-
-    from drainpipe._control import WARMUP_SAMPLES, smooth
 
     rng = random.Random(seed)
     base = [rng.uniform(50, 150) for _ in range(120)]
     owner = [p % 4 for p in range(120)]
-    ewma: list[float] = []
-    moved_after_first = 0
-    planned = False
+    estimate = LoadEstimate()
+    first = None
+    soon = total = 0
     for n in range(1, 201):
-        sample = [int(b * rng.uniform(0.7, 1.3)) for b in base]
-        ewma = smooth(ewma, sample, n)
+        estimate.add([int(b * rng.uniform(0.7, 1.3)) for b in base])
         if n < WARMUP_SAMPLES:
             continue
-        plan = B.assign([round(x) for x in ewma], owner, 4)
+        plan = B.assign(estimate.rounded(), owner, 4, estimate.spread())
         if plan is not None:
             moved = sum(plan[p] != owner[p] for p in range(120))
-            if planned:
-                moved_after_first += moved
-            planned = True
+            if first is None:
+                first = n
+            else:
+                total += moved
+                soon += moved if n - first <= 15 else 0
             owner = plan
-    assert moved_after_first == 0
+    assert soon <= 12 and total <= 30, (soon, total)
+
+
+def test_without_the_spread_the_same_noisy_load_churns():
+    """The check that the test above can fail: the same planner told the loads are exact moves partitions again
+    and again on that load."""
+    import random
+
+    rng = random.Random(0)
+    base = [rng.uniform(50, 150) for _ in range(120)]
+    owner = [p % 4 for p in range(120)]
+    estimate = LoadEstimate()
+    moved = 0
+    for n in range(1, 51):
+        estimate.add([int(b * rng.uniform(0.7, 1.3)) for b in base])
+        plan = B.assign(estimate.rounded(), owner, 4) if n >= WARMUP_SAMPLES else None
+        if plan is not None:
+            moved += sum(plan[p] != owner[p] for p in range(120)) if n > WARMUP_SAMPLES else 0
+            owner = plan
+    assert moved > 12
 
 
 def test_without_smoothing_and_hysteresis_the_same_load_churns():

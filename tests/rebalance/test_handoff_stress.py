@@ -22,7 +22,7 @@ class ChaosBalancer:
         self.rnd = random.Random(seed)
         self.lock = threading.Lock()
 
-    def assign(self, throughput, current_owner, task_count):
+    def assign(self, throughput, current_owner, task_count, spread=None):
         with self.lock:
             plan = list(current_owner)
             for p in range(len(plan)):
