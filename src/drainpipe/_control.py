@@ -78,7 +78,7 @@ class Controller:
         loop: ControlLoop,
         parts: Partitions,
         table: HandlerTable,
-        tasks: Sequence[DrainTask],
+        tasks: list[DrainTask],
         dispatcher: Dispatcher,
         scheduler: Scheduler,
         producer: Producer,
@@ -119,6 +119,12 @@ class Controller:
         self._lock = threading.Lock()
         self._stopped = False
         self._listener_thread: ThreadPoolExecutor | None = None  # started with the first event to tell
+        self.failovers = 0
+        # tasks stuck in a call, failed over: (call count, the call, the moves made)
+        self._failed: dict[int, tuple[int, Any, list[tuple[int, int, int]]]] = {}
+        self._reported_failover: set[tuple[int, str]] = set()
+        self._standin: int | None = None
+        self._planned_tasks = len(tasks)  # the queue's own tasks (a stand-in is not planned on)
         loop.call(self._start_timers)
 
     # ------------------------------------------------------------------ requests
@@ -219,7 +225,112 @@ class Controller:
                             "(slow_handler_ms=%d)", self.name, call.type_name, call.task, call.method,
                             call.seconds, self._slow_ms)  # fmt: skip
         self._reported &= {(t, since) for t, (_, _, since) in self._seen.items()}
+        for t, (calls, calling, _) in list(self._failed.items()):
+            counters = self._tasks[t].counters
+            if counters.calls != calls or counters.calling is not calling:
+                self._rejoin(t)
+        for call in self.slow_calls():
+            if call.task not in self._failed and not self._parts.closing[0]:
+                calls, calling, _ = self._seen[call.task]
+                self._fail_over(call.task, calls, calling)
         self._loop.at(self._watch_interval(), self._watch)
+
+    # ------------------------------------------------------------------ failover (a hung handler call)
+
+    def _fail_over(self, t: int, calls: int, calling: Any) -> None:
+        """Task ``t`` has been in one handler call for longer than slow_handler_ms: its other partitions go to
+        healthy tasks now, without waiting for its fence (seed 002: a dead member's work is released to the
+        others; 003: the poll interval as liveness).
+
+        Safe without the fence because the partitions are revoked *before* the check that ``t`` is still inside
+        that call: whatever ``t`` does once the call returns, it reads a partition's owner before taking from it
+        (and before each ``on_idle``), so it can no longer touch them. If the call has returned meanwhile,
+        nothing moves. The partitions holding the hung handler stay (Python cannot interrupt the call), with the
+        other types placed on them: those wait with it. Items ``t`` had already taken from them are in its hands
+        and are handed on when the call returns."""
+        if self._consumer:
+            if (t, "consumer") not in self._reported_failover:
+                self._reported_failover.add((t, "consumer"))
+                log.warning("queue %r: the single consumer is stuck on drain task %d; a consumer queue cannot fail "
+                            "over (every task calls that consumer)", self.name, t)  # fmt: skip
+            return
+        parts = self._parts
+        target = calling if isinstance(calling, Target) else calling[0]
+        # the stuck handler's partitions stay where they are, whoever owns them now: t may have taken their items
+        # before a handoff under way revoked them, and the call runs on
+        kept = {p for p in range(parts.count[0]) if target in parts.targets[p]}
+        taking = [p for p in range(parts.count[0]) if parts.owner[p] == t and p not in kept]
+        # handoffs from t under way wait for t's fence, which may never come: they complete now too
+        pending = [(p, new) for p, (old, new) in self._moving.items() if old == t and p not in kept]
+        healthy = [i for i in range(len(self._tasks)) if i != t and i not in self._failed]
+        if not taking and not pending:
+            self._failed[t] = (calls, calling, [])
+            return
+        if not healthy:
+            if t == self._standin:  # the stand-in itself is stuck as well: nothing is left to take over
+                self._failed[t] = (calls, calling, [])
+                return
+            healthy = [self._stand_in()]
+        for p in taking:
+            parts.owner[p] = UNOWNED  # first revoke, then check: see the docstring
+        counters = self._tasks[t].counters
+        if counters.calls != calls or counters.calling is not calling:  # returned meanwhile: not hung after all
+            for p in taking:
+                parts.owner[p] = t
+            return
+        load = self._load.mean if self._load.samples else [0.0] * parts.count[0]
+        task_load = {i: sum(load[p] for p in parts.assigned[i] if p < len(load)) for i in healthy}
+        moves = []
+        for p in sorted(taking, key=lambda p: -(load[p] if p < len(load) else 0.0)):
+            new = min(healthy, key=lambda i: (task_load[i], i))
+            task_load[new] += load[p] if p < len(load) else 0.0
+            moves.append((p, t, new))
+            self._moving[p] = (t, new)
+        moves += [(p, t, new) for p, new in pending]
+        self._failed[t] = (calls, calling, moves)
+        self.failovers += 1
+        log.warning("queue %r: drain task %d is stuck in a handler call; %d of its partitions fail over to tasks %s "
+                    "(the stuck handler's own %d stay)", self.name, t, len(moves), sorted({m[2] for m in moves}),
+                    len(kept))  # fmt: skip
+
+        def assign() -> None:
+            if parts.closing[0]:  # left in _moving: the shutdown assigns them once every task has stopped
+                return
+            for p, old, new in moves:
+                if self._moving.get(p) == (old, new):
+                    parts.owner[p] = new
+                    del self._moving[p]
+            parts.publish()
+            self.state = "fencing" if self._moving else "stable"
+            for i in {m[2] for m in moves}:
+                self._scheduler.wake(self._tasks[i])
+
+        self._after_told([("lost", moves), ("assigned", moves)], assign)
+
+    def failed_over(self) -> tuple[int, ...]:
+        """The tasks stuck in a call whose partitions failed over (thread-safe: a snapshot)."""
+        return tuple(sorted(list(self._failed)))
+
+    def _rejoin(self, t: int) -> None:
+        """Task ``t``'s stuck call returned: the partitions that failed over from it and are still where they went
+        come back by the ordinary fenced handoff."""
+        _, _, moves = self._failed.pop(t)
+        back = [(p, new, t) for p, _, new in moves if self._parts.owner[p] == new and p not in self._moving]
+        log.warning("queue %r: drain task %d is back; %d partitions return to it", self.name, t, len(back))
+        if back and not self._parts.closing[0]:
+            self._handoff(back)
+
+    def _stand_in(self) -> int:
+        """The queue's one temporary drain task, for a queue whose every task is stuck: started on first need on a
+        thread of its own, it keeps running (owning nothing once the stuck tasks are back) until shutdown."""
+        if self._standin is None:
+            index = self._parts.add_task()
+            task = self._tasks[0].sibling(index)
+            self._tasks.append(task)
+            self._scheduler.submit_extra(task)
+            self._standin = index
+            log.warning("queue %r: started stand-in drain task %d", self.name, index)
+        return self._standin
 
     def slow_calls(self) -> tuple[SlowCall, ...]:
         """Handler calls running now for longer than slow_handler_ms. Thread-safe. The control thread times a call
@@ -259,7 +370,7 @@ class Controller:
         owner = list(self._parts.owner)
         for p, (_, new) in self._moving.items():
             owner[p] = new
-        tasks = len(self._tasks)
+        tasks = self._planned_tasks
         before = _int_loads(tp, owner, tasks)
         if periodic:
             self.load_history.append((time.time(), before))
@@ -273,6 +384,8 @@ class Controller:
             return result(skipped="single task")
         if periodic and self._load.samples < WARMUP_SAMPLES:
             return result(skipped="measuring")
+        if self._failed:
+            return result(skipped="failover")  # a task is stuck: its partitions are where the failover put them
         balancer = self._config.balancer or _DEFAULT_BALANCER
         plan = balancer.assign(tp, owner, tasks, spread)
         if plan is None:
@@ -316,7 +429,9 @@ class Controller:
         left = [len(groups)]
 
         def assign(group: list[tuple[int, int, int]]) -> None:
-            """The old owner has left its cycle: tell the listener (on its own thread), then hand over."""
+            """The old owner has left its cycle: tell the listener (on its own thread), then hand over. Moves a
+            failover completed meanwhile (the old owner hung) are done already."""
+            group = [m for m in group if self._moving.get(m[0]) == (m[1], m[2])]
             if self._parts.closing[0]:
                 handed(group, closing=True)
                 return
@@ -326,6 +441,7 @@ class Controller:
         def handed(group: list[tuple[int, int, int]], closing: bool) -> None:
             if not closing:
                 self.state = "assigning"
+                group = [m for m in group if self._moving.get(m[0]) == (m[1], m[2])]
                 for p, _, new in group:
                     self._parts.owner[p] = new
                 self._parts.publish()

@@ -263,23 +263,31 @@ class Dispatcher:
             self._log.exception("queue %r: error_handler failed", self._name)
 
     def _idle(self, t: int, counters: Counters) -> None:
-        """on_idle of the consumer, or of each handler on a partition this task owns."""
-        targets = (self._consumer,) if self._consumer is not None else self._parts.owned_targets(t)
-        for target in targets:
-            if target.on_idle is None:
-                continue
-            counters.calls += 1
-            counters.calling = (target, "on_idle")
-            try:
-                if target.lock is None:
+        """on_idle of the consumer, or of each handler on a partition this task owns. Ownership is checked again
+        before each call: a failover may take a partition from this task while it is inside an earlier on_idle."""
+        if self._consumer is not None:
+            self._idle_call(self._consumer, counters)
+            return
+        owner = self._parts.owner
+        for p, target in self._parts.owned_targets(t):
+            if owner[p] == t:
+                self._idle_call(target, counters)
+
+    def _idle_call(self, target: Target, counters: Counters) -> None:
+        if target.on_idle is None:
+            return
+        counters.calls += 1
+        counters.calling = (target, "on_idle")
+        try:
+            if target.lock is None:
+                target.on_idle()
+            else:
+                with target.lock:
                     target.on_idle()
-                else:
-                    with target.lock:
-                        target.on_idle()
-            except BaseException as exc:
-                self._report_error([], exc)
-            finally:
-                counters.calling = None
+        except BaseException as exc:
+            self._report_error([], exc)
+        finally:
+            counters.calling = None
 
 
 class DrainTask:
@@ -295,6 +303,10 @@ class DrainTask:
         self.stopped = False  # hard stop: no new cycle starts
         self.drain_then_stop = False  # shutdown: run until empty, then finish
         self.finished = threading.Event()
+
+    def sibling(self, index: int) -> DrainTask:
+        """A new task of the same queue with the same idle delays (a stand-in for a hung task)."""
+        return DrainTask(index, self._dispatcher, (self._min_idle_ms, self._max_idle_ms), self._owner)
 
     def run(self) -> float | None:
         cycle = self._dispatcher.cycle

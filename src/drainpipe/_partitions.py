@@ -66,10 +66,10 @@ class Partitions:
         owner, size = self.owner, self.buffers.size
         return any(owner[p] == t and size(p) for p in self.assigned[t])
 
-    def owned_targets(self, t: int) -> list[Target]:
-        """The handler instances on the partitions task ``t`` owns now."""
+    def owned_targets(self, t: int) -> list[tuple[int, Target]]:
+        """The handler instances on the partitions task ``t`` owns now, with their partition."""
         owner = self.owner
-        return [tg for p in self.assigned[t] if owner[p] == t for tg in self.targets[p]]
+        return [(p, tg) for p in self.assigned[t] if owner[p] == t for tg in self.targets[p]]
 
     def take_all(self) -> list[tuple[int, list[Any]]]:
         """Every non-empty partition's items (the final drain, once no task runs)."""
@@ -114,6 +114,13 @@ class Partitions:
         for t in [t for t, e in waiting.items() if epoch[t] != e]:
             del waiting[t]
         return not waiting
+
+    def add_task(self) -> int:
+        """Room for one more drain task (a stand-in); its index. It owns nothing yet."""
+        self.epoch.append(0)
+        self.idle.append(False)
+        self.assigned = self._assignment()
+        return len(self.epoch) - 1
 
     def publish(self) -> None:
         """Publish each task's partitions after owners changed (the drain side reads ``assigned``)."""

@@ -33,13 +33,16 @@ class ErrorHandler(Protocol):
 
 class RebalanceListener(Protocol):
     """``BatchQueueConfig.rebalance_listener``, as Kafka's ``ConsumerRebalanceListener``: told which partitions
-    (and the item types placed on them) each drain task loses and gains when a rebalance moves partitions.
+    (and the item types placed on them) each drain task loses and gains.
 
-    Both run on the control thread. Partitions are handed over per old owner: ``on_revoked`` once that owner has
-    left the drain cycle it was in (no handler of those partitions runs on it any more), then ``on_assigned`` for
-    their new owners (before a new owner's first cycle over them); a partition's ``on_revoked`` always precedes
-    its ``on_assigned``. Keep them short: every queue's control work waits for them. What they raise is logged;
-    the rebalance goes on."""
+    The callbacks run in order on the queue's own listener thread (never on the control thread all queues share:
+    a slow listener holds up this queue's handoffs only). A rebalance hands partitions over per old owner:
+    ``on_revoked`` once that owner has left the drain cycle it was in (no handler of those partitions runs on it
+    any more), then ``on_assigned`` for their new owners, and only after it returned do the new owners get them.
+    Also told: partitions added by growth (``on_assigned``), a failover (``on_lost`` for the partitions taken from
+    a task stuck in a handler call without its fence, then ``on_assigned``; optional, defaulting to
+    ``on_revoked``), and shutdown (``on_revoked`` for every task's partitions after the final drain). What they
+    raise is logged; the rebalance goes on."""
 
     def on_revoked(self, task: int, partitions: tuple[int, ...], types: tuple[type, ...]) -> None: ...
 

@@ -322,6 +322,8 @@ class BatchQueue:
             rebalance_state=ctl.state,
             rebalance_history=tuple(ctl.history),
             slow_calls=ctl.slow_calls(),
+            failovers=ctl.failovers,
+            failed_over=ctl.failed_over(),
         )
 
     def produced_count(self, partition: int | None = None) -> int:

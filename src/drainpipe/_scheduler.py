@@ -44,6 +44,7 @@ class Scheduler:
 
     def __init__(self, name: str, threads: int, pinned: bool = False) -> None:
         self.name = name
+        self._pinned = pinned
         self._lanes = [_Lane() for _ in range(threads if pinned else 1)]
         self._lane_of: dict[int, _Lane] = {}
         self._submitted = itertools.count()
@@ -63,6 +64,24 @@ class Scheduler:
         self._lane_of[id(task)] = lane
         with lane.cond:
             self._push(lane, task, time.monotonic() + delay)
+
+    def submit_extra(self, task: Task) -> None:
+        """Run ``task`` besides the others: on a thread of its own that this scheduler starts (a pinned scheduler:
+        its threads are the queue's drain tasks, and the one a stand-in replaces is stuck), or on the shared
+        threads. The thread ends with the scheduler."""
+        if not self._pinned:
+            self.submit(task)
+            return
+        lane = _Lane()
+        self._lanes.append(lane)
+        thread = threading.Thread(
+            target=self._work, args=(lane,), name=f"drainpipe-{self.name}-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        self._lane_of[id(task)] = lane
+        thread.start()
+        with lane.cond:
+            self._push(lane, task, time.monotonic())
 
     def wake(self, task: Task) -> None:
         """Run ``task`` as soon as a thread is free if it is waiting in backoff; if it is running, run it again as

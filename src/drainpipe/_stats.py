@@ -80,6 +80,8 @@ class BatchQueueStats:
     rebalance_state: str = "stable"  # stable | revoking | fencing | assigning
     rebalance_history: tuple[RebalanceResult, ...] = field(default=(), repr=False)
     slow_calls: tuple[SlowCall, ...] = ()  # handler calls running longer than slow_handler_ms right now
+    failovers: int = 0  # times a stuck task's partitions were taken from it without a fence
+    failed_over: tuple[int, ...] = ()  # drain tasks stuck in a call now, their other partitions failed over
 
     @property
     def partition_count(self) -> int:

@@ -243,6 +243,8 @@ def test_healthz_stats_and_metrics(server: IngestServer) -> None:
         "drainpipe_drain_task_partitions",
         "drainpipe_drain_task_load_items_per_second",
         "drainpipe_queue_rebalances",
+        "drainpipe_queue_failovers",
+        "drainpipe_queue_failed_over_tasks",
         "drainpipe_rebalance_handoff_seconds",
         "drainpipe_store_write_latency_seconds",
         "drainpipe_engine_store_retries",

@@ -66,6 +66,8 @@ class EngineCollector(Collector):
         rebalancing = g(
             "queue_rebalancing", "1 while a handoff is in progress (revoking, fencing, assigning)", ["queue"]
         )
+        failovers = c("queue_failovers", "Times a stuck drain task's partitions were taken without a fence", ["queue"])
+        failed_over = g("queue_failed_over_tasks", "Drain tasks stuck in a handler call, failed over, now", ["queue"])
         loads = svc.sampler.task_load
         for q in e.queues():
             s = q.stats()
@@ -94,6 +96,8 @@ class EngineCollector(Collector):
                 t_load.add_metric([name, str(t)], rate)
             rebalances.add_metric([name], s.rebalances)
             rebalancing.add_metric([name], 0 if s.rebalance_state == "stable" else 1)
+            failovers.add_metric([name], s.failovers)
+            failed_over.add_metric([name], len(s.failed_over))
         yield from (
             partitions,
             capacity,
@@ -108,6 +112,8 @@ class EngineCollector(Collector):
             restarts,
             lost,
             slow,
+            failovers,
+            failed_over,
             t_disp,
             t_parts,
             t_load,
