@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
+from ._autosplit import CONFIRM, wanted_instances
 from ._balancer import SKIP_RATIO, DrainBalancer, task_loads
 from ._config import BatchQueueConfig
 from ._control_loop import ControlLoop
@@ -44,6 +45,7 @@ from .errors import ConfigError, QueueError
 log = logging.getLogger("drainpipe.control")
 _DEFAULT_BALANCER = DrainBalancer.throughput_weighted()
 _HISTORY = 200
+AUTO_INTERVAL_MS = 1000  # how often split="auto" types are measured in a queue without periodic rebalancing
 _LOAD_SAMPLES = 2000
 Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
 
@@ -104,7 +106,8 @@ class Controller:
             and len(tasks) > 1
             and config.shared_scheduler is None
         )
-        self.interval = config.rebalance_interval_ms / 1000.0
+        self.interval = (config.rebalance_interval_ms or AUTO_INTERVAL_MS) / 1000.0
+        self._ticking = False
         self.state = "stable"
         self.rebalances = 0
         self.history: deque[RebalanceResult] = deque(maxlen=_HISTORY)
@@ -125,6 +128,10 @@ class Controller:
         self._reported_failover: set[tuple[int, str]] = set()
         self._standin: int | None = None
         self._planned_tasks = len(tasks)  # the queue's own tasks (a stand-in is not planned on)
+        self.resizes = 0  # split="auto" resizes started
+        self._resizing: set[type] = set()  # types being resized or moved
+        self._asked: dict[type, tuple[int, int]] = {}  # auto type -> (instances its load asks for, intervals in a row)
+        self._shrinking = False
         loop.call(self._start_timers)
 
     # ------------------------------------------------------------------ requests
@@ -190,17 +197,30 @@ class Controller:
 
     def _start_timers(self) -> None:
         if self.periodic:
+            self._ticking = True
             self._loop.at(self.interval, self._tick)
         self._loop.at(self._watch_interval(), self._watch)
 
     def _tick(self) -> None:
-        if not self.periodic or self._stopped:
+        """Every interval: measure, resize the ``split="auto"`` types, rebalance (if periodic), shrink."""
+        if self._stopped:
             return
         try:
-            self.rebalance(periodic=True)
+            if self.periodic:
+                self.rebalance(periodic=True)
+            else:
+                self._load.add(self._throughput())
+            self._resize_autos()
+            self._shrink()
         except Exception:
-            log.exception("queue %r: periodic rebalance failed", self.name)
+            log.exception("queue %r: periodic control work failed", self.name)
         self._loop.at(self.interval, self._tick)
+
+    def _ensure_ticking(self) -> None:
+        """Measure every interval from now on (a ``split="auto"`` type needs it even without a balancer)."""
+        if not self._ticking:
+            self._ticking = True
+            self._loop.at(self.interval, self._tick)
 
     def _watch_interval(self) -> float:
         return min(1.0, max(0.01, self._slow_ms / 4000.0))
@@ -367,9 +387,10 @@ class Controller:
             self._load.add(tp)
             tp, spread = self._load.rounded(), self._load.spread()
         # a partition in handoff counts as its new owner's, and is not moved again before it gets there
-        owner = list(self._parts.owner)
+        owner = list(self._parts.owner[: len(tp)])  # slots a shrink left beyond the count are not planned
         for p, (_, new) in self._moving.items():
-            owner[p] = new
+            if p < len(owner):
+                owner[p] = new
         tasks = self._planned_tasks
         before = _int_loads(tp, owner, tasks)
         if periodic:
@@ -496,11 +517,12 @@ class Controller:
     # ------------------------------------------------------------------ handlers and growth
 
     def add_handler(
-        self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None
-    ) -> None | Future[None]:
+        self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None,
+        auto: bool = False,
+    ) -> None | Future[None]:  # fmt: skip
         if split and not self._type_routing:
             raise ConfigError("split handlers need the type_hash partition selector")
-        entry = Entry(type_, handler, weight, split, key)
+        entry = Entry(type_, handler, weight, split, key, auto)
         old = self._table.entries.get(type_)
         if old is None:
             return self._attach(entry, handler)
@@ -531,7 +553,9 @@ class Controller:
 
     def _bind(self, entry: Entry, handler: Any) -> None:
         table, parts, type_ = self._table, self._parts, entry.type
-        placed = parts.place(max(1, entry.split), table.home.get(type_))
+        home = table.home.get(type_)
+        free = parts.free(1, set()) if entry.auto and home is None else []
+        placed = tuple(free) or parts.place(max(1, entry.split), home)
         entry.bind(placed, handler, locked=not self._type_routing)
         table.home[type_] = placed
         table.entries[type_] = entry
@@ -540,16 +564,20 @@ class Controller:
             assert target is not None
             parts.attach(p, target)
         if self._type_routing and not self._consumer:  # publish the route last: the handler is ready
-            if entry.split:
+            if len(placed) > 1:
                 table.split[type_] = entry
             else:
                 self._producer.set_route(type_, placed[0])
         table.clear_warning(type_)
+        if entry.auto:
+            self._ensure_ticking()
 
     def remove_handler(self, type_: type) -> bool | Future[bool]:
         entry = self._table.entries.get(type_)
         if entry is None:
             return False
+        if self._config.partitions.is_adaptive:
+            self._ensure_ticking()  # adaptive partitions shrink with the handlers (:meth:`_shrink`)
         return _then(self._detach(entry), lambda _: True)
 
     def _detach(self, entry: Entry) -> Future[None]:
@@ -559,12 +587,231 @@ class Controller:
             self._producer.drop_route(entry.type)
         self._table.split.pop(entry.type, None)
         self._table.entries.pop(entry.type, None)
-        for p in entry.partitions:
+        bound = tuple(entry.targets)  # a split="auto" type's retired instances are bound to their partitions too
+        for p in bound:
             self._parts.detach(p, entry.type)
-        tasks = self._parts.owners_of(entry.partitions)
-        tasks |= {self._moving[p][0] for p in entry.partitions if p in self._moving}
+        tasks = self._parts.owners_of(bound)
+        tasks |= {self._moving[p][0] for p in bound if p in self._moving}
         done: Future[None] = Future()
         self._after_cycle(tasks, lambda: done.set_result(None), abortable=False)
+        return done
+
+    # ------------------------------------------------------------------ split="auto" and shrinking
+
+    def _resize_autos(self) -> None:
+        """Resize each ``split="auto"`` type whose measured load has asked for another instance count
+        :data:`CONFIRM` intervals in a row (see :mod:`._autosplit`). Not while a task is failed over."""
+        if self._failed or self._parts.closing[0] or self._load.samples < WARMUP_SAMPLES:
+            return
+        mean = self._load.mean
+        total = sum(mean)
+        for entry in [e for e in self._table.entries.values() if e.auto]:
+            if entry.type in self._resizing:
+                continue
+            load = sum(mean[p] for p in entry.partitions if p < len(mean))
+            want = wanted_instances(load, total, self._planned_tasks, len(entry.partitions))
+            if want == len(entry.partitions):
+                self._asked.pop(entry.type, None)
+                continue
+            last, times = self._asked.get(entry.type, (0, 0))
+            times = times + 1 if last == want else 1
+            self._asked[entry.type] = (want, times)
+            if times >= CONFIRM:
+                self._asked.pop(entry.type, None)
+                self._resizing.add(entry.type)
+                fut: Future[Any] = Future()
+                fut.add_done_callback(functools.partial(self._resized, entry.type))
+                self._admit((self._resize, (entry, want), fut), entry.type)  # in order with add/remove_handler
+
+    def _resized(self, type_: type, _: Future[Any]) -> None:
+        self._loop.call(lambda: self._resizing.discard(type_))
+
+    def _resize(self, entry: Entry, want: int) -> Future[None] | None:
+        """Run ``entry`` as ``want`` instances (see :meth:`_split_up` and :meth:`_join`)."""
+        if self._table.entries.get(entry.type) is not entry or self._parts.closing[0]:
+            return None  # replaced or removed meanwhile
+        have = len(entry.partitions)
+        log.info("queue %r: %s %s from %d to %d instances", self.name, "splitting" if want > have else "joining",
+                 entry.type.__qualname__, have, want)  # fmt: skip
+        self.resizes += 1
+        if want > have:
+            return self._split_up(entry, want)
+        self._join(entry, want)
+        return None
+
+    def _split_up(self, entry: Entry, want: int) -> Future[None]:
+        """More instances: the type's own retired partitions first (their instances are still bound), then free
+        partitions, growing the queue if there are too few; each moved, empty, to a task without an instance of the
+        type (the least loaded first) by the ordinary handoff; the listener hears them assigned; then producers
+        route to them."""
+        parts, need = self._parts, want - len(entry.partitions)
+        retired = [p for p in entry.targets if p not in entry.partitions][:need]
+        owners = {parts.owner[p] for p in entry.partitions}
+        fresh = parts.free(need - len(retired), owners)
+        if len(retired) + len(fresh) < need:
+            grown = parts.grow(parts.count[0] + need - len(retired) - len(fresh))
+            fresh += [p for p, _ in grown]
+        mean = self._load.mean
+        load = {t: sum(mean[p] for p in parts.assigned[t] if p < len(mean)) for t in range(self._planned_tasks)}
+        spare = sorted((t for t in range(self._planned_tasks) if t not in owners), key=lambda t: (load[t], t))
+        moves = []
+        for p in retired + fresh:
+            if spare:
+                t = spare.pop(0)
+                if parts.owner[p] != t and p not in self._moving:
+                    moves.append((p, parts.owner[p], t))
+        done: Future[None] = Future()
+
+        def route() -> None:
+            if self._table.entries.get(entry.type) is not entry or parts.closing[0]:
+                done.set_result(None)
+                return
+            entry.bind_more(tuple(fresh), locked=not self._type_routing)
+            for p in fresh:
+                parts.attach(p, entry.targets[p])
+            told = [(p, UNOWNED, parts.owner[p]) for p in retired + fresh]
+            self._after_told([("assigned", told)], publish)
+
+        def publish() -> None:
+            entry.route_to(entry.partitions + tuple(retired) + tuple(fresh))
+            self._table.home[entry.type] = entry.partitions
+            if self._table.split.get(entry.type) is not entry:
+                self._table.split[entry.type] = entry  # producers route through the entry from now on
+                self._producer.drop_route(entry.type)
+            done.set_result(None)
+
+        if moves:
+            self._handoff(moves).add_done_callback(lambda _: self._loop.call(route))
+        else:
+            route()
+        return done
+
+    def _join(self, entry: Entry, want: int) -> None:
+        """Fewer instances: producers stop routing to the last ones at once; each retired instance stays bound to
+        its partition (a late item is never dropped, and a later split reuses it), handles what is buffered there,
+        and once its partition is empty gets its final flush: one ``on_idle()`` call on the thread of the task
+        that owns the partition. The listener hears those partitions revoked."""
+        table = self._table
+        retired = entry.retire_partitions(want)
+        if want == 1 and self._type_routing:
+            self._producer.set_route(entry.type, entry.partitions[0])  # the fast path again
+            table.split.pop(entry.type, None)
+        table.home[entry.type] = entry.partitions
+        for p in retired:
+            self._loop.when(functools.partial(self._drained, p), functools.partial(self._final_flush, entry, p))
+
+    def _drained(self, p: int) -> bool:
+        return not self._parts.buffers.size(p) and p not in self._moving
+
+    def _final_flush(self, entry: Entry, p: int) -> None:
+        """A retired instance's partition is empty: its owner calls the instance's on_idle at its next cycle."""
+        target = entry.targets.get(p)
+        owner = self._parts.owner[p]
+        if target is None or p in entry.partitions or owner < 0 or self._table.entries.get(entry.type) is not entry:
+            return  # reused by a split, or the handler is gone
+        task = self._tasks[owner]
+
+        def flush(dispatcher: Dispatcher, running: DrainTask) -> int:
+            if self._parts.owner[p] == running.index:  # moved meanwhile: the new owner flushes it
+                dispatcher.flush(target, running.counters)
+            else:
+                self._loop.call(functools.partial(self._final_flush, entry, p))
+            return 0
+
+        task.actions.append(flush)
+        self._scheduler.wake(task)
+        self._after_told([("revoked", [(p, owner, UNOWNED)])], lambda: None)
+
+    def _shrink(self) -> None:
+        """Adaptive partitions follow the handlers: when the policy asks for fewer than there are (handlers
+        removed), the types on the partitions beyond move to ones below (:meth:`_rehome`), and once those carry no
+        type and hold no item, and their owners have left any cycle over them, the count drops. A split type's
+        partitions are not moved: while one sits beyond, the count stays above it."""
+        parts, cfg = self._parts, self._config.partitions
+        if self._consumer or not cfg.is_adaptive or self._failed or self._shrinking or parts.closing[0]:
+            return
+        want = max(cfg.resolve(self._thread_count, self._table.weighted_count()), self._planned_tasks)
+        n = parts.count[0]
+        if want >= n or self._moving:
+            return
+        beyond = range(want, n)
+        entries = {tg.type: self._table.entries.get(tg.type) for p in beyond for tg in parts.targets[p] if tg.type}
+        if any(e is None or e.split or e.auto for e in entries.values()):
+            return  # a split type, or a removed one's items still to drop: later
+        if entries:
+            for entry in entries.values():
+                assert entry is not None
+                if entry.type not in self._resizing:
+                    self._resizing.add(entry.type)
+                    fut: Future[Any] = Future()
+                    fut.add_done_callback(functools.partial(self._resized, entry.type))
+                    self._admit((self._rehome, (entry, want), fut), entry.type)  # in order with add/remove_handler
+            return
+        if any(parts.buffers.size(p) for p in beyond):
+            return
+        self._shrinking = True
+
+        def drop() -> None:
+            self._shrinking = False
+            if parts.count[0] == n and not any(parts.targets[p] or parts.buffers.size(p) for p in beyond):
+                parts.shrink(want)
+                log.info("queue %r: partitions %d -> %d", self.name, n, want)
+
+        self._after_cycle(parts.owners_of(beyond), drop, abortable=True)
+
+    def _rehome(self, entry: Entry, below: int) -> Future[None] | None:
+        """Move a plain type from its partition p (beyond ``below``) to the partition below with the fewest types
+        owned by p's owner, keeping its order: the owner itself switches the route at the start of a cycle and
+        hands on what p holds before anything that arrives in the new partition; once it has, p is unbound."""
+        parts = self._parts
+        if self._table.entries.get(entry.type) is not entry or len(entry.partitions) != 1:
+            return None  # removed or replaced meanwhile
+        (p,) = entry.partitions
+        owner = parts.owner[p]
+        if owner < 0 or p in self._moving or p < below:
+            return None
+        mine = [q for q in range(below) if parts.owner[q] == owner and q not in self._moving]
+        if not mine:  # the owner has no partition below: one comes to it first (empty or not: a handoff)
+            q = min(range(below), key=lambda q: (parts.type_count[q], q))
+            if q not in self._moving:
+                self._handoff([(q, parts.owner[q], owner)])
+            return None
+        q = min(mine, key=lambda q: (parts.type_count[q], q))
+        target = entry.target(p)
+        assert target is not None
+        done: Future[None] = Future()
+
+        # bound to q already (no item of the type is there yet, and q's owner is p's: never two calls at once)
+        entry.targets = {p: target, q: target}
+        entry.partitions = (q,)
+        parts.attach(q, target)
+
+        def switch(dispatcher: Dispatcher, task: DrainTask) -> int:
+            """On the owner's thread, at the start of a cycle: producers send the type to q from here on, and what
+            p holds (all produced before) is handed on now, before anything in q."""
+            if parts.owner[p] != task.index or parts.owner[q] != task.index:
+                self._loop.call(undo)  # moved meanwhile: the next shrink tries again
+                return 0
+            self._producer.set_route(entry.type, q)
+            items = parts.buffers.take(p)
+            found = dispatcher.dispatch([(p, items)], task.counters) if items is not None else 0
+            self._loop.call(lambda: self._after_cycle({task.index}, unbind, abortable=False))
+            return found
+
+        def undo() -> None:
+            entry.targets = {p: target}
+            entry.partitions = (p,)
+            parts.detach(q, entry.type)
+            done.set_result(None)
+
+        def unbind() -> None:
+            entry.targets = {q: target}
+            parts.detach(p, entry.type)
+            self._table.home[entry.type] = (q,)
+            done.set_result(None)
+
+        self._tasks[owner].actions.append(switch)
+        self._scheduler.wake(self._tasks[owner])
         return done
 
     # ------------------------------------------------------------------ shutdown

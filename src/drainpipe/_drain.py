@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -82,14 +83,18 @@ class Dispatcher:
         self.final = Counters()
 
     def cycle(self, task: DrainTask) -> int:
-        """One drain cycle of ``task``: take everything it owns, dispatch it; on_idle when there was nothing."""
+        """One drain cycle of ``task``: run the actions the control thread left for it, take everything it owns,
+        dispatch it; on_idle when there was nothing."""
         t = task.index
         epoch = self._parts.epoch
         epoch[t] += 1  # odd: inside a cycle (published before any ownership read)
         try:
             if task.stopped:
                 return 0
-            found = self.dispatch(self._parts.take_owned(t), task.counters)
+            found = 0
+            while task.actions:  # rare: a partition's type moving within this task, a retired instance's flush
+                found += task.actions.popleft()(self, task)
+            found += self.dispatch(self._parts.take_owned(t), task.counters)
             if not found:
                 self._idle(t, task.counters)
             return found
@@ -273,6 +278,11 @@ class Dispatcher:
             if owner[p] == t:
                 self._idle_call(target, counters)
 
+    def flush(self, target: Target, counters: Counters) -> None:
+        """Call ``target``'s on_idle now (a retired instance's final flush), on the thread of the task that owns its
+        partition."""
+        self._idle_call(target, counters)
+
     def _idle_call(self, target: Target, counters: Counters) -> None:
         if target.on_idle is None:
             return
@@ -302,6 +312,9 @@ class DrainTask:
         self.counters = Counters()
         self.stopped = False  # hard stop: no new cycle starts
         self.drain_then_stop = False  # shutdown: run until empty, then finish
+        # work the control thread leaves for this task's own thread, run at the start of its next cycle:
+        # ``action(dispatcher, task) -> items dispatched`` (the control thread appends, this task pops)
+        self.actions: deque[Callable[[Dispatcher, DrainTask], int]] = deque()
         self.finished = threading.Event()
 
     def sibling(self, index: int) -> DrainTask:

@@ -46,15 +46,23 @@ class Entry:
     """A registered handler: its type, weight, and the partition(s) it serves.
 
     ``split`` entries own one handler instance per sub-partition (built by the factory) and spread their type over
-    ``partitions`` by ``key``; plain entries have one target for their one partition.
+    ``partitions`` by ``key``; plain entries have one target for their one partition. ``auto`` entries are split
+    entries whose instance count the control thread changes at runtime (:meth:`add_partitions`,
+    :meth:`retire_partitions`, :meth:`drop_partition`); each change replaces a whole attribute, so a reader on
+    another thread sees the old or the new value, never a mix.
     """
 
-    __slots__ = ("type", "weight", "split", "factory", "key", "partitions", "targets", "_single", "_anywhere", "_rr")
+    __slots__ = ("type", "weight", "split", "auto", "factory", "key", "partitions", "targets", "_single",
+                 "_anywhere", "_rr")  # fmt: skip
 
-    def __init__(self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self, type_: type, handler: Any, weight: float, split: int, key: Callable[[Any], Any] | None,
+        auto: bool = False,
+    ) -> None:  # fmt: skip
         self.type = type_
         self.weight = weight
         self.split = split
+        self.auto = auto
         self.factory = handler if split else None
         self.key = key
         self.partitions: tuple[int, ...] = ()
@@ -72,6 +80,31 @@ class Entry:
             self._single = Target(handler, self.type, locked)
             self.targets = {partitions[0]: self._single}
             self._anywhere = locked  # a custom selector may put the type anywhere: the lock guards the instance
+
+    def bind_more(self, partitions: tuple[int, ...], locked: bool) -> None:
+        """A new instance for each of these partitions (not routed to until :meth:`route_to`)."""
+        assert self.factory is not None
+        self.targets = {**self.targets, **{p: Target(self.factory(), self.type, locked) for p in partitions}}
+
+    def route_to(self, partitions: tuple[int, ...]) -> None:
+        """The partitions producers spread the type over from now on (each with an instance bound)."""
+        assert all(p in self.targets for p in partitions)
+        self.partitions = partitions
+        self.split = len(partitions)
+
+    def retire_partitions(self, keep: int) -> tuple[int, ...]:
+        """Route to the first ``keep`` partitions only; the rest are returned, their instances still bound (their
+        buffered items are still to be handled) until :meth:`drop_partition`."""
+        retired = self.partitions[keep:]
+        self.partitions = self.partitions[:keep]
+        self.split = keep
+        return retired
+
+    def drop_partition(self, partition: int) -> Target | None:
+        """Unbind the instance of a retired partition; returns it (for its final flush)."""
+        target = self.targets.get(partition)
+        self.targets = {p: t for p, t in self.targets.items() if p != partition}
+        return target
 
     def target(self, partition: int) -> Target | None:
         """The instance that serves this type's items in ``partition``; None if none does (items an earlier

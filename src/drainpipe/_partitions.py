@@ -144,18 +144,44 @@ class Partitions:
                 owned[t] += 1
         grown = []
         for p in range(current, want):
-            self.buffers.grow()
-            self.conds.append(threading.Condition(threading.Lock()))
-            self.waiters.append(0)
-            self.targets.append(())
-            self.type_count.append(0)
             t = min(range(len(owned)), key=lambda i: (owned[i], i))
             owned[t] += 1
-            self.owner.append(UNOWNED if hold else t)
+            if p < len(self.conds):  # a slot left by a shrink: empty, no type
+                self.targets[p], self.type_count[p] = (), 0
+                self.owner[p] = UNOWNED if hold else t
+            else:
+                self.buffers.grow()
+                self.conds.append(threading.Condition(threading.Lock()))
+                self.waiters.append(0)
+                self.targets.append(())
+                self.type_count.append(0)
+                self.owner.append(UNOWNED if hold else t)
             grown.append((p, t))
-        self.assigned = self._assignment()
+        self.assigned = self._assignment(want)
         self.count[0] = want
         return grown
+
+    def free(self, k: int, avoid: set[int]) -> list[int]:
+        """Up to ``k`` partitions that carry no type and hold no item, preferring owners not in ``avoid`` and one per
+        owner (a split type's instances on different tasks)."""
+        n, size = self.count[0], self.buffers.size
+        empty = [p for p in range(n) if not self.type_count[p] and not size(p) and self.owner[p] >= 0]
+        chosen: list[int] = []
+        owners = set(avoid)
+        for p in empty:
+            if len(chosen) < k and self.owner[p] not in owners:
+                chosen.append(p)
+                owners.add(self.owner[p])
+        return chosen
+
+    def shrink(self, want: int) -> None:
+        """Publish ``want`` partitions (fewer than now; the caller made sure those beyond carry no type and hold no
+        item, and their owners have left any cycle over them). Their slots stay allocated, unowned, and are reused
+        by :meth:`grow`."""
+        for p in range(want, self.count[0]):
+            self.owner[p] = UNOWNED
+        self.count[0] = want
+        self.assigned = self._assignment(want)
 
     def place(self, k: int, home: tuple[int, ...] | None) -> tuple[int, ...]:
         """Partitions for a newly registered type: its previous ones if it had any (items of a re-registered type
@@ -187,9 +213,10 @@ class Partitions:
     def owners_of(self, partitions: Iterable[int]) -> set[int]:
         return {self.owner[p] for p in partitions if self.owner[p] >= 0}
 
-    def _assignment(self) -> list[tuple[int, ...]]:
+    def _assignment(self, count: int | None = None) -> list[tuple[int, ...]]:
+        """Each task's partitions among the first ``count`` (default: the published count)."""
         per: list[list[int]] = [[] for _ in self.epoch]
-        for p, t in enumerate(self.owner):
+        for p, t in enumerate(self.owner[: self.count[0] if count is None else count]):
             if t >= 0:
                 per[t].append(p)
         return [tuple(x) for x in per]

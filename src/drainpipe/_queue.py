@@ -231,7 +231,7 @@ class BatchQueue:
         handler: HandlerConsumer | Callable[..., Any],
         weight: float = 1.0,
         *,
-        split: int | bool = False,
+        split: int | bool | str = False,
         key: Callable[[Any], Any] | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -250,19 +250,22 @@ class BatchQueue:
             raise ConfigError(f"add_handler needs a type, got {type_!r}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise ConfigError(f"weight must be > 0, got {weight!r}")
+        auto = split == "auto"
         if split is True:
             parts = len(self._tasks)
         elif split is False or split is None:
             parts = 0
+        elif auto:
+            parts = 1
         elif isinstance(split, int) and split >= 1:
             parts = split
         else:
-            raise ConfigError(f"split must be a bool or an int >= 1, got {split!r}")
+            raise ConfigError(f"split must be a bool, an int >= 1 or 'auto', got {split!r}")
         if parts and not callable(handler):
             raise ConfigError("a split handler must be a zero-argument factory of handler instances")
         if not parts:
             Target(handler, type_, False)  # validate the handler's shape now, in the caller
-        self._run_control(self._control.add_handler, (type_, handler, float(weight), parts, key), timeout, type_)
+        self._run_control(self._control.add_handler, (type_, handler, float(weight), parts, key, auto), timeout, type_)
 
     def remove_handler(self, type_: type, timeout: float | None = None) -> bool:
         """Unregister the handler of ``type_``; True if there was one. When it returns (called from outside a drain
@@ -324,6 +327,7 @@ class BatchQueue:
             slow_calls=ctl.slow_calls(),
             failovers=ctl.failovers,
             failed_over=ctl.failed_over(),
+            resizes=ctl.resizes,
         )
 
     def produced_count(self, partition: int | None = None) -> int:

@@ -82,6 +82,7 @@ class BatchQueueStats:
     slow_calls: tuple[SlowCall, ...] = ()  # handler calls running longer than slow_handler_ms right now
     failovers: int = 0  # times a stuck task's partitions were taken from it without a fence
     failed_over: tuple[int, ...] = ()  # drain tasks stuck in a call now, their other partitions failed over
+    resizes: int = 0  # split="auto" types spread over more instances or joined into fewer
 
     @property
     def partition_count(self) -> int:

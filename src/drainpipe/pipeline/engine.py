@@ -8,11 +8,13 @@ Four BatchQueues, as in the seed's "Usage in the Codebase":
   number of items a metric puts into L1 follows the merge work it causes: that is what throughput-weighted
   rebalancing measures.
 * ``L1`` (handler map, one handler per metric type; defaults cpu_cores(1.0), adaptive, idle 1-50 ms): merges minute
-  states in memory and hands them to L2 every ``l1_flush_s`` and when idle. Metric types that carry more than one
-  thread's share of the rows are registered ``split=True``: several threads merge them into separate accumulators
-  and L2 merges those partial states again.
-* ``L2`` (handler map; defaults cpu_cores_with_base(1, 0.25), adaptive, BLOCKING): merges again and every
-  ``l2_flush_s`` sends its minute states to the persist queue (the store rolls them up to hour and day).
+  states in memory and hands them to L2 every ``l1_flush_s`` and when idle. Every metric type is registered
+  ``split="auto"``: while one carries more than one thread's share of the rows the queue runs it as several
+  instances on different threads (separate accumulators; L2 merges their partial states again), and joins them
+  when its load falls back.
+* ``L2`` (handler map, ``split="auto"`` too; defaults cpu_cores_with_base(1, 0.25), adaptive, BLOCKING): merges
+  again and every ``l2_flush_s`` sends its minute states to the persist queue (the store rolls them up to hour and
+  day).
 * ``topn`` (fixed(1) thread, one handler per top-N definition), like the seed's TopN worker.
 * ``persist`` (one thread, one partition, BLOCKING): one store transaction per drained batch of partials.
   A store that is down (:class:`StoreUnavailable`) is retried with backoff while BLOCKING back-pressure holds the
@@ -171,8 +173,6 @@ class LocalEngine:
         self.options = o = options or EngineOptions()
         self.counters = EngineCounters()
         self._count_lock = threading.Lock()
-        self._registered = False
-        self._register_lock = threading.Lock()
         self._l1_handlers: list[_L1Handler] = []
         self._l2_handlers: list[_L2Handler] = []
         self._topn_handlers: list[_L2Handler] = []
@@ -256,10 +256,9 @@ class LocalEngine:
             h = _L2Handler(topn, self.persist.produce, o.l2_flush_s, self._request)
             self._topn_handlers.append(h)
             self.topn.add_handler(partial_type(topn), h)
-        for metric in definitions.metrics:
-            h2 = _L2Handler(metric, self.persist.produce, o.l2_flush_s, self._request)
-            self._l2_handlers.append(h2)
-            self.l2.add_handler(partial_type(metric), h2)
+        for metric in definitions.metrics:  # split="auto": a metric that turns hot spreads over more threads
+            self.l1.add_handler(partial_type(metric), self._l1_factory(metric), weight=1.0, split="auto")
+            self.l2.add_handler(partial_type(metric), self._l2_factory(metric), weight=1.0, split="auto")
 
     # ------------------------------------------------------------------ intake
 
@@ -299,7 +298,6 @@ class LocalEngine:
 
     def _dispatch(self, partials: list[Partial], events: int, batches: int) -> None:
         partials = self.guard.apply(partials)  # entities beyond max_entities fold before any stage keeps them
-        self._register_l1(partials)
         l1_items: list[Partial] = []
         topns = 0
         for p in partials:
@@ -314,28 +312,18 @@ class LocalEngine:
             self.counters.partials += len(l1_items)
             self._topn_in += topns
 
-    def _register_l1(self, partials: list[Partial]) -> None:
-        """Register L1 handlers on the first batch, splitting metric types heavier than one thread's share."""
-        if self._registered:
-            return
-        with self._register_lock:
-            if self._registered:
-                return
-            rows = {p.definition: p.table.num_rows for p in partials if isinstance(p, MetricPartial)}
-            fair = (sum(rows.values()) or 1) / max(1, self.l1.task_count)
-            for definition in self.definitions.metrics:  # every metric, whichever this batch was aggregated for
-                split = self.l1.task_count > 1 and rows.get(definition, 0) > fair
-                factory = self._l1_factory(definition)
-                if split:
-                    self.l1.add_handler(partial_type(definition), factory, weight=1.0, split=True)
-                else:
-                    self.l1.add_handler(partial_type(definition), factory())
-            self._registered = True
-
     def _l1_factory(self, definition: Any) -> Callable[[], _L1Handler]:
         def make() -> _L1Handler:
             h = _L1Handler(definition, self.l2.produce, self.options.l1_flush_s, self._request)
-            self._l1_handlers.append(h)
+            self._l1_handlers.append(h)  # before it is routed to: the checkpoints count what it consumes
+            return h
+
+        return make
+
+    def _l2_factory(self, definition: Any) -> Callable[[], _L2Handler]:
+        def make() -> _L2Handler:
+            h = _L2Handler(definition, self.persist.produce, self.options.l2_flush_s, self._request)
+            self._l2_handlers.append(h)
             return h
 
         return make

@@ -1,0 +1,158 @@
+"""Split and join at runtime (seed 004) and partitions that follow the handlers: ``split="auto"`` types spread over
+more instances while their load exceeds what one drain task takes and join back when it falls, each retired
+instance flushed once; adaptive partitions shrink after handlers are removed. Exact counts, no overlapping call,
+produce order kept per producer for plain types."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hypothesis import given
+from hypothesis import strategies as st
+from queue_testlib import Recorder, make_types, new_queue
+
+from drainpipe import PartitionPolicy, ThreadPolicy
+from drainpipe._autosplit import MARGIN, wanted_instances
+
+
+@given(st.floats(0, 1e6), st.floats(1, 1e6), st.integers(1, 16), st.integers(1, 16))
+def test_the_instance_count_stays_in_range_and_has_hysteresis(load, total, tasks, current):
+    current = min(current, tasks)
+    load = min(load, total)
+    want = wanted_instances(load, total, tasks, current)
+    assert 1 <= want <= max(tasks, current)
+    r = load / (total / tasks)
+    if want > current:
+        assert r > current * (1 + MARGIN) - 1e-9  # grows only past its instances plus the margin
+    if want < current:
+        assert r < (current - 1) * (1 + MARGIN) / (1 - MARGIN) or load == 0
+        assert wanted_instances(load, total, tasks, want) == want  # no flapping straight back
+
+
+def test_a_steady_type_keeps_its_instance_count():
+    for r in (0.5, 0.95, 1.05, 1.5, 1.95, 2.05, 2.9):
+        for current in (1, 2, 3):
+            want = wanted_instances(r, 4.0, 4, current)
+            assert wanted_instances(r, 4.0, 4, want) == want
+
+
+class Instance(Recorder):
+    """A split instance: records its items, and its on_idle calls after its last batch."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__("instance")
+        log.append(self)
+        self.last_batch_at = 0.0
+
+    def consume(self, batch: list) -> None:
+        super().consume(batch)
+        self.last_batch_at = time.monotonic()
+
+
+def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
+    instances: list[Instance] = []
+    q = new_queue(qname, threads=ThreadPolicy.fixed(4), partitions=PartitionPolicy.adaptive(),
+                  rebalance_interval_ms=100)  # fmt: skip
+    hot, *others = make_types(9, prefix="H")
+    q.add_handler(hot, lambda: Instance(instances), split="auto")
+    recs = {t: Recorder(t.__name__) for t in others}
+    for t in others:
+        q.add_handler(t, recs[t])
+    sent = {t: 0 for t in [hot, *others]}
+    phase = ["cold"]
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            batch = [t(i) for t in others]
+            if phase[0] == "hot":
+                batch += [hot(i * 100 + k) for k in range(60)]  # ~90% of the items
+            elif phase[0] == "cold":
+                batch.append(hot(i * 100))
+            for x in batch:
+                sent[type(x)] += 1
+            q.produce_many(batch)
+            i += 1
+            time.sleep(0.002)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        time.sleep(0.6)
+        assert len(instances) == 1  # a cold type runs as one instance
+        phase[0] = "hot"
+        deadline = time.monotonic() + 5
+        while len(q._table.entries[hot].partitions) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        split_to = len(q._table.entries[hot].partitions)
+        assert split_to >= 3, split_to  # ~90% of the load on 4 tasks: about 4 tasks' worth
+        owners = {q._parts.owner[p] for p in q._table.entries[hot].partitions}
+        assert len(owners) == split_to  # each instance on a task of its own
+        phase[0] = "cold"
+        deadline = time.monotonic() + 6
+        while len(q._table.entries[hot].partitions) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(q._table.entries[hot].partitions) == 1
+        time.sleep(0.5)  # the retired instances drain and get their final flush
+    finally:
+        stop.set()
+        producer.join()
+    q.shutdown()
+    got = [x.id for inst in instances for x in inst.items]
+    assert len(got) == len(set(got)) == sent[hot]
+    for t in others:
+        assert len(recs[t].items) == sent[t]
+    assert all(inst.overlaps == 0 for inst in instances) and all(r.overlaps == 0 for r in recs.values())
+    retired = [inst for inst in instances if inst is not instances[0] and inst.items]
+    assert retired and all(inst.idle_times and max(inst.idle_times) >= inst.last_batch_at for inst in retired)
+    assert q.stats().resizes >= 2
+
+
+def test_adaptive_partitions_shrink_when_handlers_are_removed(qname: str) -> None:
+    """The issue's measurement: after 290 of 300 handlers are removed, partitions stayed at 175."""
+    policy = PartitionPolicy.adaptive()
+    q = new_queue(qname, threads=ThreadPolicy.fixed(4), partitions=policy, rebalance_interval_ms=50)
+    types = make_types(300, prefix="R")
+    recs = {t: Recorder(t.__name__, delay=0.002) for t in types}  # slow: partitions hold items when types move
+    for t in types:
+        q.add_handler(t, recs[t])
+    assert q.partition_count == policy.resolve(4, 300)
+    keep = types[:10]
+    sent = {t: 0 for t in keep}
+    stop = threading.Event()
+
+    def produce(src: int) -> None:
+        seq = 0
+        while not stop.is_set():
+            for t in keep:
+                for _ in range(5):
+                    q.produce(t(seq, src=src, seq=seq))
+                    sent[t] += 1
+                    seq += 1
+            time.sleep(0.001)
+
+    producer = threading.Thread(target=produce, args=(0,))
+    producer.start()
+    try:
+        for t in types[10:]:
+            q.remove_handler(t)
+        want = policy.resolve(4, 10)
+        deadline = time.monotonic() + 10
+        while q.partition_count > want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert q.partition_count == want, (q.partition_count, want)
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        producer.join()
+    q.shutdown()
+    s = q.stats()
+    assert len(s.partition_used_counts) == want and sorted(p for ps in s.task_partitions for p in ps) == list(
+        range(want)
+    )
+    for t in keep:
+        seqs = [x.seq for x in recs[t].items]
+        assert len(seqs) == sent[t] and seqs == sorted(seqs), t.__name__  # every item once, in produce order
+        assert recs[t].overlaps == 0
