@@ -5,7 +5,8 @@ the batch, standing for a database write):
 
 1. anchor: 100 types weighted 24x (20 types), 8x (30), 4x (20), 1x (30), shuffled with a fixed seed.
 2. zipf:   200 types with Zipf(1.1) weights, default type_hash selector.
-3. hot:    one type carrying 60% of all items, split=True vs not (the bound there is the thread count).
+3. hot:    one type carrying 60% of all items, registered split="auto" (it starts as one instance; the queue
+           splits it once measured hot) vs a plain handler (the bound there is the thread count).
 
 For 1 and 2 the most rebalancing can gain is the static max thread load / mean thread load (perfect balance); the
 table reports that bound beside the measured gain. Medians of --runs runs; JSON and a PNG plot are written.
@@ -131,7 +132,7 @@ def run(
     handler = type("Handler", (SleepHandler,), {"cost_s": cost_s})
     for i, t in enumerate(types):
         if split_first and i == 0:
-            q.add_handler(t, handler, split=True)
+            q.add_handler(t, handler, split="auto")
         else:
             q.add_handler(t, handler())
     rnd = random.Random(seed)
@@ -201,7 +202,7 @@ def static_bound(per_task: list[int]) -> float:
     return max(per_task) / (sum(per_task) / len(per_task))
 
 
-BLIND_SPOT_SEEDS = (2026, 7, 11)
+BLIND_SPOT_SEEDS = (6, 48, 57, 7)  # static max/min 1.33, 1.36, 1.37 (the issue's range), 1.16
 
 
 def blind_spot(runs: int) -> dict:
@@ -329,10 +330,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--json", default=str(RESULTS / "rebalance.json"))
     ap.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs" / "rebalance.png"))
-    ap.add_argument("--only", choices=["blind-spot", "stationary", "churn"], help="one part only (no JSON, no plot)")
+    ap.add_argument("--only", choices=["blind-spot", "stationary", "churn"],
+                    help="one part only: its figures replace that part of the JSON, the rest stays")  # fmt: skip
     args = ap.parse_args()
     if args.only:
-        {"blind-spot": lambda: blind_spot(args.runs), "stationary": stationary, "churn": churn}[args.only]()
+        part = {"blind-spot": lambda: blind_spot(args.runs), "stationary": stationary, "churn": churn}[args.only]()
+        out = Path(args.json)
+        report = json.loads(out.read_text()) if out.exists() else {}
+        report[args.only.replace("-", "_")] = part
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {out}")
         return
 
     scenarios = {
@@ -405,10 +413,10 @@ def main() -> None:
 
 def _old_plan(tp: list[int], owner: list[int]) -> list[int] | None:
     """The planner before the sticky one: LPT from scratch whenever max/min >= 1.15 and it lowers the max."""
-    from drainpipe._balancer import SKIP_RATIO, lpt_bins, task_loads
+    from drainpipe._balancer import lpt_bins, task_loads
 
     before = task_loads(tp, owner, TASKS)
-    if min(before) > 0 and max(before) / min(before) < SKIP_RATIO:
+    if min(before) > 0 and max(before) / min(before) < 1.15:  # its trigger
         return None
     plan = lpt_bins(tp, TASKS, owner)
     return plan if max(task_loads(tp, plan, TASKS)) < max(before) else None

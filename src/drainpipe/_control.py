@@ -300,10 +300,12 @@ class Controller:
             return
         load = self._load.mean if self._load.samples else [0.0] * parts.count[0]
         task_load = {i: sum(load[p] for p in parts.assigned[i] if p < len(load)) for i in healthy}
+        owned = {i: len(parts.assigned[i]) for i in healthy}  # unmeasured loads: spread by partition count
         moves = []
         for p in sorted(taking, key=lambda p: -(load[p] if p < len(load) else 0.0)):
-            new = min(healthy, key=lambda i: (task_load[i], i))
+            new = min(healthy, key=lambda i: (task_load[i], owned[i], i))
             task_load[new] += load[p] if p < len(load) else 0.0
+            owned[new] += 1
             moves.append((p, t, new))
             self._moving[p] = (t, new)
         moves += [(p, t, new) for p, new in pending]
@@ -673,7 +675,9 @@ class Controller:
             self._after_told([("assigned", told)], publish)
 
         def publish() -> None:
+            before = entry.partitions
             entry.route_to(entry.partitions + tuple(retired) + tuple(fresh))
+            self._load.respread(before, entry.partitions)
             self._table.home[entry.type] = entry.partitions
             if self._table.split.get(entry.type) is not entry:
                 self._table.split[entry.type] = entry  # producers route through the entry from now on
@@ -692,7 +696,9 @@ class Controller:
         and once its partition is empty gets its final flush: one ``on_idle()`` call on the thread of the task
         that owns the partition. The listener hears those partitions revoked."""
         table = self._table
+        before = entry.partitions
         retired = entry.retire_partitions(want)
+        self._load.respread(before, entry.partitions)
         if want == 1 and self._type_routing:
             self._producer.set_route(entry.type, entry.partitions[0])  # the fast path again
             table.split.pop(entry.type, None)
@@ -730,6 +736,8 @@ class Controller:
         parts, cfg = self._parts, self._config.partitions
         if self._consumer or not cfg.is_adaptive or self._failed or self._shrinking or parts.closing[0]:
             return
+        if self._resizing:  # a split's new partitions carry no type until it binds them: not now
+            return
         want = max(cfg.resolve(self._thread_count, self._table.weighted_count()), self._planned_tasks)
         n = parts.count[0]
         if want >= n or self._moving:
@@ -753,7 +761,8 @@ class Controller:
 
         def drop() -> None:
             self._shrinking = False
-            if parts.count[0] == n and not any(parts.targets[p] or parts.buffers.size(p) for p in beyond):
+            busy = self._resizing or self._moving
+            if not busy and parts.count[0] == n and not any(parts.targets[p] or parts.buffers.size(p) for p in beyond):
                 parts.shrink(want)
                 log.info("queue %r: partitions %d -> %d", self.name, n, want)
 

@@ -328,6 +328,9 @@ class BatchQueue:
             failovers=ctl.failovers,
             failed_over=ctl.failed_over(),
             resizes=ctl.resizes,
+            split_instances=tuple(
+                (e.type.__qualname__, len(e.partitions)) for e in list(self._table.entries.values()) if e.split
+            ),
         )
 
     def produced_count(self, partition: int | None = None) -> int:
