@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from drainpipe import BatchQueue, BatchQueueConfig, BatchQueueManager, ThreadPolicy
@@ -202,3 +203,17 @@ def first_call_blocks(rec):
 
     rec.block_if = block_if
     return rec.gate
+
+
+@contextmanager
+def in_background(loop: Callable[[threading.Event], None]) -> Iterator[None]:
+    """Run ``loop(stop)`` on a thread for the duration of the block (a producer, say); at its end ``stop`` is set
+    and the thread joined."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loop, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from queue_testlib import Recorder, make_types, new_queue
+from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import PartitionPolicy, ThreadPolicy
 
@@ -64,9 +64,8 @@ def _scenario(qname: str, threads: int) -> dict:
     recs[stuck].gate = gate
     recs[stuck].block_if = block_if
     sent: dict[type, int] = {t: 0 for t in types}
-    stop = threading.Event()
 
-    def produce() -> None:
+    def produce(stop: threading.Event) -> None:
         i = 0
         while not stop.is_set():
             for t in types:
@@ -75,20 +74,17 @@ def _scenario(qname: str, threads: int) -> dict:
             i += 1
             time.sleep(0.002)
 
-    producer = threading.Thread(target=produce)
-    producer.start()
-    time.sleep(0.1)
-    assert q.produce(stuck(-1, flag="hang"))
-    sent[stuck] += 1
-    assert holding.wait(2)
-    hung_at = time.monotonic()
-    time.sleep(HANG_S)
-    during = q.stats()
-    gate.set()
-    released_at = time.monotonic()
-    time.sleep(0.5)  # the stuck type catches up, the task rejoins
-    stop.set()
-    producer.join()
+    with in_background(produce):
+        time.sleep(0.1)
+        assert q.produce(stuck(-1, flag="hang"))
+        sent[stuck] += 1
+        assert holding.wait(2)
+        hung_at = time.monotonic()
+        time.sleep(HANG_S)
+        during = q.stats()
+        gate.set()
+        released_at = time.monotonic()
+        time.sleep(0.5)  # the stuck type catches up, the task rejoins
     after = q.stats()
     q.shutdown()
     final = q.stats()

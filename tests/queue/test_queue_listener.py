@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from queue_testlib import Recorder, make_types, new_queue
+from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import DrainBalancer, PartitionPolicy, ThreadPolicy
 
@@ -107,27 +107,21 @@ def test_the_new_owner_starts_only_after_on_assigned_returns(qname: str) -> None
         q.add_handler(t, recorders[t])
     owner = list(q._parts.owner)
     hot = [t for t in types if owner[q._table.home[t][0]] == 0]
-    stop = threading.Event()
 
-    def produce() -> None:  # items keep arriving for every type while the handoff runs
+    def produce(stop: threading.Event) -> None:  # items keep arriving for every type while the handoff runs
         i = 0
         while not stop.is_set():
             q.produce_many([t(i) for t in types] + [h(i) for h in hot for _ in range(20)])
             i += 1
             time.sleep(0.001)
 
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
+    with in_background(produce):
         time.sleep(0.05)
         result = q.rebalance_now(timeout=10)
         deadline = time.monotonic() + 5
         while len(listener.calls_during) < sum(e[0] == "assigned" for e in listener.events):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    finally:
-        stop.set()
-        producer.join()
     assert result.moved > 0 and listener.calls_during and all(n == 0 for n in listener.calls_during), (
         listener.calls_during
     )

@@ -10,7 +10,7 @@ import time
 
 from hypothesis import given
 from hypothesis import strategies as st
-from queue_testlib import Recorder, make_types, new_queue
+from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import BufferStrategy, PartitionPolicy, ThreadPolicy
 from drainpipe._autosplit import MARGIN, wanted_instances
@@ -65,9 +65,8 @@ def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
         q.add_handler(t, recs[t])
     sent = {t: 0 for t in [hot, *others]}
     phase = ["cold"]
-    stop = threading.Event()
 
-    def produce() -> None:
+    def produce(stop: threading.Event) -> None:
         i = 0
         while not stop.is_set():
             batch = [t(i) for t in others]
@@ -81,9 +80,7 @@ def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
             i += 1
             time.sleep(0.002)
 
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
+    with in_background(produce):
         time.sleep(0.6)
         assert len(instances) == 1  # a cold type runs as one instance
         phase[0] = "hot"
@@ -100,9 +97,6 @@ def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
             time.sleep(0.05)
         assert count() == 1
         time.sleep(0.5)  # the retired instances drain and get their final flush
-    finally:
-        stop.set()
-        producer.join()
     q.shutdown()
     got = [x.id for inst in instances for x in inst.items]
     assert len(got) == len(set(got)) == sent[hot]
@@ -125,21 +119,18 @@ def test_adaptive_partitions_shrink_when_handlers_are_removed(qname: str) -> Non
     assert q.partition_count == policy.resolve(4, 300)
     keep = types[:10]
     sent = {t: 0 for t in keep}
-    stop = threading.Event()
 
-    def produce(src: int) -> None:
+    def produce(stop: threading.Event) -> None:
         seq = 0
         while not stop.is_set():
             for t in keep:
                 for _ in range(5):
-                    q.produce(t(seq, src=src, seq=seq))
+                    q.produce(t(seq, src=0, seq=seq))
                     sent[t] += 1
                     seq += 1
             time.sleep(0.001)
 
-    producer = threading.Thread(target=produce, args=(0,))
-    producer.start()
-    try:
+    with in_background(produce):
         for t in types[10:]:
             q.remove_handler(t)
         want = policy.resolve(4, 10)
@@ -148,9 +139,6 @@ def test_adaptive_partitions_shrink_when_handlers_are_removed(qname: str) -> Non
             time.sleep(0.05)
         assert q.partition_count == want, (q.partition_count, want)
         time.sleep(0.2)
-    finally:
-        stop.set()
-        producer.join()
     q.shutdown()
     s = q.stats()
     assert len(s.partition_used_counts) == want and sorted(p for ps in s.task_partitions for p in ps) == list(
@@ -177,9 +165,8 @@ def test_repeated_splits_and_joins_in_a_growing_and_shrinking_queue_deliver_ever
         q.add_handler(t, recs[t])
     sent = [0]
     phase = ["cold"]
-    stop = threading.Event()
 
-    def produce() -> None:
+    def produce(stop: threading.Event) -> None:
         i = 0
         while not stop.is_set():
             batch = [t(i) for t in others] + [hot(i * 1000 + k) for k in range(200 if phase[0] == "hot" else 1)]
@@ -187,17 +174,12 @@ def test_repeated_splits_and_joins_in_a_growing_and_shrinking_queue_deliver_ever
             i += 1
             time.sleep(0.001)
 
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
+    with in_background(produce):
         for _ in range(4):
             phase[0] = "hot"
             time.sleep(0.5)
             phase[0] = "cold"
             time.sleep(0.6)
-    finally:
-        stop.set()
-        producer.join()
     deadline = time.monotonic() + 3
     while q.stats().dispatched < sent[0] and time.monotonic() < deadline:
         time.sleep(0.02)
