@@ -190,3 +190,41 @@ def test_repeated_splits_and_joins_in_a_growing_and_shrinking_queue_deliver_ever
     got = [x.id for inst in instances for x in inst.items]
     assert len(got) == len(set(got))
     assert all(inst.overlaps == 0 for inst in instances)
+
+
+def test_a_type_moved_by_a_shrink_keeps_its_order_while_its_partitions_hold_items(qname: str) -> None:
+    """One drain task, slow handlers, a producer faster than they are: when a type moves to a lower partition its
+    old one holds items, and the task reaches the new one first in its cycle. Its old items must still come
+    first."""
+    policy = PartitionPolicy.adaptive()
+    q = new_queue(qname, threads=ThreadPolicy.fixed(1), partitions=policy, rebalance_interval_ms=20)
+    types = make_types(40, prefix="O")
+    recs = {t: Recorder(t.__name__, delay=0.002) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    keep = types[-6:]  # on the highest partitions: they all move
+    sent = {t: 0 for t in keep}
+
+    def produce(stop: threading.Event) -> None:
+        seq = 0
+        while not stop.is_set():
+            for t in keep:
+                for _ in range(5):
+                    q.produce(t(seq, seq=seq))
+                    sent[t] += 1
+                    seq += 1
+            time.sleep(0.0005)
+
+    with in_background(produce):
+        time.sleep(0.1)
+        for t in types[:-6]:
+            q.remove_handler(t)
+        want = policy.resolve(1, 6)
+        deadline = time.monotonic() + 10
+        while q.partition_count > want and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert q.partition_count == want
+    q.shutdown()
+    for t in keep:
+        seqs = [x.seq for x in recs[t].items]
+        assert len(seqs) == sent[t] and seqs == sorted(seqs), t.__name__
