@@ -118,36 +118,13 @@ def test_adaptive_partitions_shrink_when_handlers_are_removed(qname: str) -> Non
         q.add_handler(t, recs[t])
     assert q.partition_count == policy.resolve(4, 300)
     keep = types[:10]
-    sent = {t: 0 for t in keep}
-
-    def produce(stop: threading.Event) -> None:
-        seq = 0
-        while not stop.is_set():
-            for t in keep:
-                for _ in range(5):
-                    q.produce(t(seq, src=0, seq=seq))
-                    sent[t] += 1
-                    seq += 1
-            time.sleep(0.001)
-
-    with in_background(produce):
-        for t in types[10:]:
-            q.remove_handler(t)
-        want = policy.resolve(4, 10)
-        deadline = time.monotonic() + 10
-        while q.partition_count > want and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert q.partition_count == want, (q.partition_count, want)
-        time.sleep(0.2)
-    q.shutdown()
+    sent = _remove_while_producing(q, policy, 4, types, keep, pause=0.001)
+    want = policy.resolve(4, 10)
     s = q.stats()
     assert len(s.partition_used_counts) == want and sorted(p for ps in s.task_partitions for p in ps) == list(
         range(want)
     )
-    for t in keep:
-        seqs = [x.seq for x in recs[t].items]
-        assert len(seqs) == sent[t] and seqs == sorted(seqs), t.__name__  # every item once, in produce order
-        assert recs[t].overlaps == 0
+    _assert_once_in_order(recs, sent)
 
 
 def test_repeated_splits_and_joins_in_a_growing_and_shrinking_queue_deliver_everything_promptly(qname: str) -> None:
@@ -203,6 +180,14 @@ def test_a_type_moved_by_a_shrink_keeps_its_order_while_its_partitions_hold_item
     for t in types:
         q.add_handler(t, recs[t])
     keep = types[-6:]  # on the highest partitions: they all move
+    sent = _remove_while_producing(q, policy, 1, types, keep, pause=0.0005)
+    _assert_once_in_order(recs, sent)
+
+
+def _remove_while_producing(q, policy, threads: int, types: list, keep: list, pause: float) -> dict:
+    """Remove every handler but ``keep``'s while a producer sends their items (5 a type per round, numbered in
+    produce order, ``pause`` between rounds); wait until the partitions have shrunk to what the policy gives for
+    the handlers left; shut the queue down. Returns the items sent per type."""
     sent = {t: 0 for t in keep}
 
     def produce(stop: threading.Event) -> None:
@@ -213,18 +198,25 @@ def test_a_type_moved_by_a_shrink_keeps_its_order_while_its_partitions_hold_item
                     q.produce(t(seq, seq=seq))
                     sent[t] += 1
                     seq += 1
-            time.sleep(0.0005)
+            time.sleep(pause)
 
     with in_background(produce):
         time.sleep(0.1)
-        for t in types[:-6]:
-            q.remove_handler(t)
-        want = policy.resolve(1, 6)
+        for t in types:
+            if t not in keep:
+                q.remove_handler(t)
+        want = policy.resolve(threads, len(keep))
         deadline = time.monotonic() + 10
         while q.partition_count > want and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert q.partition_count == want
+        assert q.partition_count == want, (q.partition_count, want)
+        time.sleep(0.2)
     q.shutdown()
-    for t in keep:
+    return sent
+
+
+def _assert_once_in_order(recs: dict, sent: dict) -> None:
+    for t, n in sent.items():
         seqs = [x.seq for x in recs[t].items]
-        assert len(seqs) == sent[t] and seqs == sorted(seqs), t.__name__
+        assert len(seqs) == n and seqs == sorted(seqs), t.__name__  # every item once, in produce order
+        assert recs[t].overlaps == 0
