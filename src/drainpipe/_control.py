@@ -14,7 +14,8 @@ early (the revoked partitions are then emptied by the final drain).
 
 The controller works on the queue's parts, never on the queue: the partition state (:mod:`._partitions`), the
 handler table (:mod:`._handlers`), the drain tasks and dispatcher (:mod:`._drain`), the scheduler, and the C
-producer (the only writer of the route table).
+producer (whose route table only the control thread writes, except one switch a shrink leaves to the drain task
+that owns both the old and the new partition of a moving type: see :meth:`Controller._rehome`).
 """
 
 from __future__ import annotations
@@ -496,10 +497,14 @@ class Controller:
         if listener is None or not any(moves for _, moves in events):
             then()
             return
+        told = self._listener_executor().submit(self._tell, listener, [(ph, list(m)) for ph, m in events if m])
+        self._loop.when(told.done, then)
+
+    def _listener_executor(self) -> ThreadPoolExecutor:
+        """The queue's listener thread, started with the first event to tell."""
         if self._listener_thread is None:
             self._listener_thread = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self.name}-listener")
-        told = self._listener_thread.submit(self._tell, listener, [(ph, list(m)) for ph, m in events if m])
-        self._loop.when(told.done, then)
+        return self._listener_thread
 
     def _tell(self, listener: Any, events: list[tuple[str, list[tuple[int, int, int]]]]) -> None:
         """On the listener thread: each event's callback per task, with its partitions and their types."""
@@ -620,10 +625,15 @@ class Controller:
             self._asked[entry.type] = (want, times)
             if times >= CONFIRM:
                 self._asked.pop(entry.type, None)
-                self._resizing.add(entry.type)
-                fut: Future[Any] = Future()
-                fut.add_done_callback(functools.partial(self._resized, entry.type))
-                self._admit((self._resize, (entry, want), fut), entry.type)  # in order with add/remove_handler
+                self._change(entry, self._resize, want)
+
+    def _change(self, entry: Entry, fn: Callable[[Entry, int], Future[None] | None], arg: int) -> None:
+        """Run ``fn(entry, arg)`` (a resize or a move) in order with the type's add/remove_handler requests; the type
+        counts as changing (``_resizing``) until it is done."""
+        self._resizing.add(entry.type)
+        fut: Future[Any] = Future()
+        fut.add_done_callback(functools.partial(self._resized, entry.type))
+        self._admit((fn, (entry, arg), fut), entry.type)
 
     def _resized(self, type_: type, _: Future[Any]) -> None:
         self._loop.call(lambda: self._resizing.discard(type_))
@@ -750,10 +760,7 @@ class Controller:
             for entry in entries.values():
                 assert entry is not None
                 if entry.type not in self._resizing:
-                    self._resizing.add(entry.type)
-                    fut: Future[Any] = Future()
-                    fut.add_done_callback(functools.partial(self._resized, entry.type))
-                    self._admit((self._rehome, (entry, want), fut), entry.type)  # in order with add/remove_handler
+                    self._change(entry, self._rehome, want)
             return
         if any(parts.buffers.size(p) for p in beyond):
             return
@@ -860,14 +867,12 @@ class Controller:
     def _farewell(self) -> None:
         """After the final drain (on its thread): the listener hears each task's partitions revoked, as a Kafka
         consumer's listener does when it closes, and its thread ends."""
-        listener, thread = self._config.rebalance_listener, self._listener_thread
+        listener = self._config.rebalance_listener
         if listener is not None:
-            if thread is None:
-                thread = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self.name}-listener")
             owned = [(p, t, UNOWNED) for p, t in enumerate(self._parts.owner) if t >= 0]
-            thread.submit(self._tell, listener, [("revoked", owned)]).result()
-        if thread is not None:
-            thread.shutdown(wait=True)
+            self._listener_executor().submit(self._tell, listener, [("revoked", owned)]).result()
+        if self._listener_thread is not None:
+            self._listener_thread.shutdown(wait=True)
 
 
 class _FinalDrain:

@@ -47,9 +47,9 @@ class Entry:
 
     ``split`` entries own one handler instance per sub-partition (built by the factory) and spread their type over
     ``partitions`` by ``key``; plain entries have one target for their one partition. ``auto`` entries are split
-    entries whose instance count the control thread changes at runtime (:meth:`add_partitions`,
-    :meth:`retire_partitions`, :meth:`drop_partition`); each change replaces a whole attribute, so a reader on
-    another thread sees the old or the new value, never a mix.
+    entries whose instance count the control thread changes at runtime (:meth:`bind_more`, :meth:`route_to`,
+    :meth:`retire_partitions`); each change replaces a whole attribute, so a reader on another thread sees the old
+    or the new value, never a mix.
     """
 
     __slots__ = ("type", "weight", "split", "auto", "factory", "key", "partitions", "targets", "_single",
@@ -93,18 +93,12 @@ class Entry:
         self.split = len(partitions)
 
     def retire_partitions(self, keep: int) -> tuple[int, ...]:
-        """Route to the first ``keep`` partitions only; the rest are returned, their instances still bound (their
-        buffered items are still to be handled) until :meth:`drop_partition`."""
+        """Route to the first ``keep`` partitions only; the rest are returned, their instances still bound: they
+        handle what is buffered there and any item already on its way, and a later split routes to them again."""
         retired = self.partitions[keep:]
         self.partitions = self.partitions[:keep]
         self.split = keep
         return retired
-
-    def drop_partition(self, partition: int) -> Target | None:
-        """Unbind the instance of a retired partition; returns it (for its final flush)."""
-        target = self.targets.get(partition)
-        self.targets = {p: t for p, t in self.targets.items() if p != partition}
-        return target
 
     def target(self, partition: int) -> Target | None:
         """The instance that serves this type's items in ``partition``; None if none does (items an earlier

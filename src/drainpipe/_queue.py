@@ -16,9 +16,12 @@ Concurrency rules (who may touch what):
   lock, never overshoots the bound, and the counters are exact.
 * A drain task runs on one scheduler thread at a time. It marks each cycle in ``epoch[task]`` (odd while inside
   a cycle), then drains only the partitions whose owner entry names it.
-* Every ownership change (rebalance, partition growth, handler removal, shutdown) runs on the control thread: it
-  revokes (owner = -1), fences on the epochs (a non-blocking wait until the partition's old owner has left the
-  cycle it was in), then assigns. Drain threads never run or wait for control work.
+* Every ownership change (rebalance, failover, partition growth and shrinking, split resizes, handler removal,
+  shutdown) runs on the control thread: it revokes (owner = -1), fences on the epochs (a non-blocking wait until
+  the partition's old owner has left the cycle it was in), then assigns. A failover skips the fence for a task
+  stuck in one handler call: it revokes, then checks the task is still inside that call, then assigns (the task
+  reads owners before anything else it does once the call returns). Drain threads never wait for control work;
+  they run the little the control thread leaves them (``DrainTask.actions``) at the start of a cycle.
 * Handlers registered with ``add_handler`` are therefore never called concurrently with themselves under the
   default ``type_hash`` selector (one type, one partition, one owner at a time). With any other selector a type's
   items may sit in several partitions owned by different tasks, so its handler is additionally guarded by a lock.
