@@ -239,7 +239,8 @@ class Controller:
                 self._seen.pop(task.index, None)
             elif seen is None or seen[0] != calls or seen[1] is not calling:
                 self._seen[task.index] = (calls, calling, now)  # a new call: timed from its first sighting
-        for call in self.slow_calls():
+        slow = self.slow_calls()
+        for call in slow:
             if (call.task, call.started) not in self._reported:
                 self._reported.add((call.task, call.started))
                 log.warning("queue %r: handler of %s on drain task %d has been in %s for %.1f s "
@@ -250,7 +251,7 @@ class Controller:
             counters = self._tasks[t].counters
             if counters.calls != calls or counters.calling is not calling:
                 self._rejoin(t)
-        for call in self.slow_calls():
+        for call in slow:  # a task that just rejoined is not among them: its call has changed
             if call.task not in self._failed and not self._parts.closing[0]:
                 calls, calling, _ = self._seen[call.task]
                 self._fail_over(call.task, calls, calling)
