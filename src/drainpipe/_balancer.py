@@ -6,7 +6,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-SKIP_RATIO = 1.02  # below this max/min task load nothing moves
+SKIP_RATIO = 1.01  # below this max/min task load nothing moves (a cheap first test; the noise test decides)
 SIGNIFICANCE = 3.0  # a plan's gain must exceed this many standard errors of the loads it is measured on
 _EXACT_RELABEL_TASKS = 7  # up to this many tasks, bins are matched to tasks by trying every permutation
 

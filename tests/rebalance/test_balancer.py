@@ -75,7 +75,7 @@ def test_no_load_means_no_plan():
 
 
 def test_small_imbalance_below_threshold_is_left_alone():
-    assert B.assign([101, 100], [0, 1], 2) is None  # 1.01 < trigger 1.02
+    assert B.assign([1005, 1000], [0, 1], 2) is None  # 1.005 < trigger 1.01
     assert B.assign([114, 100], [0, 1], 2) is None  # one partition each: no plan does better
     assert B.assign([300, 100, 100], [0, 0, 1], 2) is not None
 
@@ -230,3 +230,40 @@ def test_without_smoothing_and_hysteresis_the_same_load_churns():
             moved += sum(plan[p] != owner[p] for p in range(120))
             owner = plan
     assert moved > 50
+
+
+def test_a_steady_load_is_measured_ever_more_exactly():
+    """The window's mean: on a steady load the standard error keeps falling (as one over the root of the
+    intervals, up to the window), where an exponentially weighted mean would stop at a floor; so a small imbalance
+    the first plan could not resolve is resolved later."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    lam = np.array([20.0, 40.0, 60.0, 80.0] * 10)
+    estimate = LoadEstimate()
+    spreads = []
+    for _ in range(64):
+        estimate.add(rng.poisson(lam).tolist())
+        spreads.append(sum(estimate.spread()))
+    assert spreads[63] < spreads[15] * 0.6 < spreads[3] * 0.4  # 1/sqrt(64/16) = 0.5, 1/sqrt(16/4) = 0.5
+    means = np.array(estimate.mean)
+    assert np.all(np.abs(means - lam) < 4 * np.array(estimate.spread()) + 1)
+
+
+def test_a_changed_load_is_followed_within_two_intervals():
+    """A partition whose load triples (or stops) is followed at once: the window restarts from the fast mean once
+    the two part by more than the noise, rather than averaging the old load in for up to 64 intervals."""
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    lam = np.full(40, 1000.0)
+    estimate = LoadEstimate()
+    for _ in range(40):
+        estimate.add(rng.poisson(lam).tolist())
+    lam[0], lam[1] = 3000.0, 0.0
+    for _ in range(2):
+        estimate.add(rng.poisson(lam).tolist())
+    mean = estimate.mean
+    # more than half way in two intervals (a 64-interval mean would still say ~1,100 and ~950)
+    assert mean[0] > 1600 and mean[1] < 700, mean[:2]
+    assert all(800 < m < 1200 for m in mean[2:])
