@@ -64,6 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         tune_own_process()  # before anything converts Python values to Arrow or starts a worker
     definitions = definitions_from(args.metrics)  # validated before any data is read
+    from .inputs import log_format_of
+
+    log_format = log_format_of(args.log_format)  # an unusable format is refused before anything starts
     if args.engine == "spark":
         from .spark import run_batch
 
@@ -78,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             dead_letter=args.dead_letter,
             quiet=args.quiet,
             service=args.service or "",
+            log_format=log_format,
         )
         from .pipeline import RunSummary
 
@@ -97,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=progress,
             options=EngineOptions(l2_flush_s=args.checkpoint_s),
             service=args.service or "",
+            log_format=log_format,
         )
     for line in summary.lines():
         print(line)
@@ -342,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--service", metavar="NAME",
                    help="the service that access logs (.log) belong to (each line is one of its requests)")  # fmt: skip
+    r.add_argument("--log-format", metavar="FORMAT",
+                   help="the format of the access logs: an nginx log_format string ($variables) or an "
+                        "Apache LogFormat string (%%directives); default: combined + the request time")  # fmt: skip
     r.add_argument(
         "--engine",
         choices=("local", "spark"),

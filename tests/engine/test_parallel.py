@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drainpipe.inputs import EVENT_SCHEMA, ReadStats, Sink, plan_parts, read_part, whole_file
-from drainpipe.inputs.formats import jsonl_format, parquet_format
+from drainpipe.inputs.formats import base, parquet_format
 from drainpipe.pipeline import parallel
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
@@ -85,7 +85,7 @@ def sequential(path, batch_rows):
 @pytest.mark.parametrize("batch_rows,task_blocks", [(1_000, 1), (1_000, 3), (4_096, 2), (50_000, 4)])
 def test_tasks_read_the_same_blocks_rejects_and_sources(files, fmt, batch_rows, task_blocks, monkeypatch):
     monkeypatch.setattr(parquet_format, "PARQUET_PART_BLOCKS", task_blocks)
-    monkeypatch.setattr(jsonl_format, "JSONL_PART_BLOCKS", task_blocks)
+    monkeypatch.setattr(base, "LINE_PART_BLOCKS", task_blocks)
     path = str(files[fmt])
     want_blocks, want_stats, want_rejects = sequential(path, batch_rows)
     assert want_stats.rejected >= 3
@@ -143,7 +143,7 @@ def query(db):
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_run_with_workers_equals_run_in_process_and_reruns_change_nothing(files, fmt, tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(jsonl_format, "JSONL_PART_BLOCKS", 2)
+    monkeypatch.setattr(base, "LINE_PART_BLOCKS", 2)
     monkeypatch.setattr(parquet_format, "PARQUET_PART_BLOCKS", 2)
     pools, start_pool = [], parallel.start_pool
     monkeypatch.setattr(parallel, "start_pool", lambda *a: pools.append(a) or start_pool(*a))
@@ -191,7 +191,7 @@ def test_into_a_new_store_the_workers_start_before_it_opens_and_a_store_that_has
     from drainpipe.pipeline import run as run_module
 
     monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    monkeypatch.setattr(jsonl_format, "JSONL_PART_BLOCKS", 2)
+    monkeypatch.setattr(base, "LINE_PART_BLOCKS", 2)
     monkeypatch.setattr(parquet_format, "PARQUET_PART_BLOCKS", 2)
     streams: list[parallel.PartStream] = []
 
@@ -287,7 +287,7 @@ def test_the_workers_go_before_the_last_big_files_final_store_write(files, tmp_p
     st.integers(0, 5),
 )
 def test_line_ranges_cut_complete_lines_and_hash_prefixes(tmp_path_factory, lines, final_newline, per_part, buf, pos):
-    """The planner's scan (jsonl_format._line_ranges) with buffers down to one byte, lines spanning buffers and a
+    """The planner's scan (base.line_ranges) with buffers down to one byte, lines spanning buffers and a
     last line without a newline: ranges of ``per_part`` complete lines, contiguous, ending at the last newline,
     each with the SHA-256 of everything before its end, as a reference computed from the whole bytes."""
     import hashlib
@@ -299,12 +299,12 @@ def test_line_ranges_cut_complete_lines_and_hash_prefixes(tmp_path_factory, line
     path.write_bytes(data)
     hasher = hashlib.sha256(data[:pos])
     with open(path, "rb") as f:
-        old = jsonl_format._SCAN_BYTES
-        jsonl_format._SCAN_BYTES = buf
+        old = base._SCAN_BYTES
+        base._SCAN_BYTES = buf
         try:
-            got = list(jsonl_format._line_ranges(f, pos, len(data), per_part, hasher))
+            got = list(base.line_ranges(f, pos, len(data), per_part, hasher))
         finally:
-            jsonl_format._SCAN_BYTES = old
+            base._SCAN_BYTES = old
     ends = [i + 1 for i in range(pos, len(data)) if data[i] == 10]
     want, begin = [], pos
     for k in range(0, len(ends), per_part):

@@ -81,11 +81,11 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An OTLP line is a whole export, so a block of ``batch_rows`` lines could hold tens of millions of events: a
-    block also ends at ``LINE_BLOCK_BYTES``. Shrunk to 8 KB here (about one export of the fixture, 20 access-log
-    lines), the files are cut into many blocks, none past the bound by more than its last line, and the store,
-    the rejects and their line numbers are those of the one-block read."""
+    block also ends at ``OtlpJson.block_bytes``. Shrunk to 8 KB here (about one export of the fixture), the file is
+    cut into many blocks, none past the bound by more than its last line, and the store, the rejects and their line
+    numbers are those of the one-block read. (An access-log line is one request: its blocks are cut by lines.)"""
     from drainpipe.inputs import EventBatch, ReadStats, RejectList, Sink, read_part, whole_file
-    from drainpipe.inputs.formats import base
+    from drainpipe.inputs.formats.otlp_format import OtlpJson
 
     paths, _ = telemetry_inputs(tmp_path)
     options = InputOptions(service="web")
@@ -103,8 +103,8 @@ def test_blocks_of_a_line_decoded_file_are_bounded_in_bytes_and_give_the_same_st
     whole = {p: read(p) for p in paths}
     url_a, url_b = f"duckdb:///{tmp_path / 'a.duckdb'}", f"duckdb:///{tmp_path / 'b.duckdb'}"
     run_local(paths, definitions=default_definitions(), store_url=url_a, service="web", workers=0)
-    monkeypatch.setattr(base, "LINE_BLOCK_BYTES", 8 << 10)
-    for path in paths:
+    monkeypatch.setattr(OtlpJson, "block_bytes", 8 << 10)
+    for path in [p for p in paths if p.endswith((".otlp.jsonl", ".otlp.json"))]:
         blocks, rejects = read(path)
         assert len(whole[path][0]) == 1 and len(blocks) > 5, path  # one block before, many now
         assert all(a.equals(b) for a, b in zip(rows(blocks), rows(whole[path][0]))), path

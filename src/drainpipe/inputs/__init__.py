@@ -15,6 +15,7 @@
 ``span_columns`` an export's wire bytes into the columns the span mapping reads
 ``spans``      which spans are requests, which attributes give each field
 ``endpoints``  endpoint normalization
+``log_formats`` access-log formats (nginx ``log_format``, Apache ``LogFormat``) compiled for the readers
 ``options``    what reading needs beyond the bytes (:class:`~.options.InputOptions`)
 ============== =================================================================================================
 
@@ -29,6 +30,7 @@ from .batches import EventBatch
 from .files import FileSource, expand_inputs, read_events
 from .formats import FORMATS, Format, detect_format, format_of, growable
 from .formats.jsonl_format import use_serial_json_reader, validate_json_lines
+from .log_formats import DEFAULT_LOG_FORMAT, LogFormat, parse_log_format
 from .part import Part, PartReader, RejectList
 from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
 from .position import Position
@@ -75,7 +77,17 @@ __all__ = [
     "jsonable",
     "use_serial_json_reader",
     "default_dead_letter",
+    "LogFormat",
+    "DEFAULT_LOG_FORMAT",
+    "parse_log_format",
+    "log_format_of",
 ]
+
+
+def log_format_of(text: str | None) -> LogFormat:
+    """The access-log format ``--log-format`` names: :data:`DEFAULT_LOG_FORMAT` for none, else the compiled nginx or
+    Apache format string. :class:`~drainpipe.errors.InputError` (one line) for one drainpipe cannot use."""
+    return parse_log_format(text) if text else DEFAULT_LOG_FORMAT
 
 
 def default_dead_letter(store_url: str) -> str:

@@ -9,7 +9,8 @@ Rules (``docs/pipeline.md``, "Endpoints"), applied to endpoints derived from raw
   (an object id, a hash). The query string is dropped.
 
 :class:`EndpointRules` is plain frozen data (picklable: it travels to parser processes, worker processes and Spark
-executors); :meth:`EndpointRules.normalize` memoizes per distinct input, bounded.
+executors); :meth:`EndpointRules.normalize` memoizes per distinct input, bounded;
+:meth:`EndpointRules.normalize_column` does a column of them.
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..errors import DefinitionError
 
 __all__ = ["EndpointRules", "ID", "parse_endpoint_rules"]
 
 ID = "{id}"
-_ID_SEGMENT = re.compile(
-    r"\d+|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{16,}"
-)
+#: an id segment, ASCII only (RE2 reads the same expression in :meth:`EndpointRules.normalize_column`)
+_ID = r"[0-9]+|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{16,}"
+_ID_SEGMENT = re.compile(_ID)
+#: an id segment between separators (a space before the path's first segment); a run of ids is replaced in two
+#: passes, as each match takes the separator after its segment
+_ID_BETWEEN = f"(?P<left>[ /])(?:{_ID})(?P<right>/|$)"
 _CACHE = 65_536
 
 
@@ -66,6 +73,21 @@ class EndpointRules:
                 cache.clear()
             out = cache[endpoint] = self._apply(endpoint)
         return out
+
+    def normalize_column(self, raw: pa.Array) -> pa.Array:
+        """:meth:`normalize` over a string column of ``METHOD path`` endpoints whose path has no space and no query
+        (access logs): without user rules, the id segments are replaced in columns (RE2); with them, each distinct
+        value goes through :meth:`normalize` once."""
+        if self._compiled:
+            encoded = pc.dictionary_encode(raw)
+            assert isinstance(encoded, pa.DictionaryArray)
+            normalize = self.normalize
+            return pa.array([normalize(t) for t in encoded.dictionary.to_pylist()], pa.string()).take(encoded.indices)
+        if not self.ids:
+            return raw
+        once = pc.replace_substring_regex(raw, _ID_BETWEEN, r"\1{id}\2")
+        twice = pc.replace_substring_regex(once, _ID_BETWEEN, r"\1{id}\2")
+        return pc.if_else(pc.match_substring(raw, "/"), twice, raw)
 
     def _apply(self, endpoint: str) -> str:
         endpoint = endpoint.split("?", 1)[0]

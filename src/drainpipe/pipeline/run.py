@@ -30,6 +30,7 @@ from ..inputs import (
     prefix_hasher,
     read_part,
 )
+from ..inputs.log_formats import DEFAULT_LOG_FORMAT, LogFormat
 from ..inputs.options import InputOptions
 from ..processes import usable_cpus
 from . import parallel
@@ -151,6 +152,7 @@ def run_local(
     progress: Progress | None = None,
     workers: int | None = None,
     service: str = "",
+    log_format: LogFormat = DEFAULT_LOG_FORMAT,
 ) -> RunSummary:
     """Process ``inputs`` (files and globs) on the local engine into ``store_url``.
 
@@ -160,7 +162,8 @@ def run_local(
 
     ``workers``: processes that read, validate and aggregate large uncompressed JSON Lines and Parquet files
     (:mod:`.parallel`; default :func:`default_workers`, 0 = everything in this process). Results are the same
-    either way. ``service``: the service that access logs (``.log``) belong to."""
+    either way. ``service``: the service that access logs (``.log``) belong to; ``log_format``: their format
+    (:func:`drainpipe.inputs.log_format_of`)."""
     t0 = time.perf_counter()  # the clock includes starting the workers
     paths = expand_inputs(inputs)
     workers = default_workers() if workers is None else max(0, workers)
@@ -168,7 +171,7 @@ def run_local(
     pool = parallel.start_pool(workers, definitions) if big else None  # before any thread starts (fork)
     try:
         run = _Run(t0, paths, big, pool, workers, definitions, store_url, dead_letter, options, batch_rows, progress,
-                   service)  # fmt: skip
+                   service, log_format)  # fmt: skip
         if is_new_store(store_url):
             run.start_early()  # the workers start on the first file while the store is created
         store = open_store(store_url)
@@ -188,7 +191,7 @@ class _Run:
     def __init__(self, t0: float, paths: list[str], big: set[str], pool: Any, workers: int,
                  definitions: Definitions, store_url: str, dead_letter: str | None,
                  options: EngineOptions | None, batch_rows: int, progress: Progress | None,
-                 service: str = "") -> None:  # fmt: skip
+                 service: str = "", log_format: LogFormat = DEFAULT_LOG_FORMAT) -> None:  # fmt: skip
         self.t0 = t0
         self.paths, self.big, self.pool, self.workers = paths, big, pool, workers
         self.definitions = definitions
@@ -196,7 +199,7 @@ class _Run:
         self.names = frozenset(definitions.names)
         self.options = replace(options or EngineOptions(), checkpoints=True)
         self.batch_rows = batch_rows
-        self.inputs = InputOptions(service, definitions.spans, definitions.endpoints)
+        self.inputs = InputOptions(service, definitions.spans, definitions.endpoints, log_format)
         self.progress = progress
         self.summary = RunSummary(files=paths, store=store_url,
                                   dead_letter=dead_letter or default_dead_letter(store_url))  # fmt: skip

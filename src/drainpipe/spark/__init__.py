@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format, expand_inputs
+from drainpipe.inputs import DeadLetter, LogFormat, default_dead_letter, detect_format, expand_inputs
 from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
@@ -64,6 +64,7 @@ def run_batch(
     quiet: bool = False,
     service: str = "",
     remote: str | None = None,
+    log_format: LogFormat | None = None,
 ) -> dict[str, Any]:
     """Process event files (paths or globs: JSON Lines, CSV, each optionally gzipped, Parquet) on Spark.
 
@@ -87,6 +88,8 @@ def run_batch(
     target = dead_letter or default_dead_letter(store_url)
     with job(store_url, master, conf, spark, quiet, remote) as (store, session), DeadLetter(target) as dl:
         job_options = replace(options or JobOptions(), service=service or (options.service if options else ""))
+        if log_format is not None:
+            job_options = replace(job_options, log_format=log_format)
         summary = ingest_files(session, paths, definitions, store, dl, job_options, progress)
     summary.update(dead_letter=target)
     return add_rate(summary, t0)

@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
+from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, LogFormat
 from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline import (
     GRANULARITY_MS,
@@ -118,6 +119,7 @@ class JobOptions:
     sample_rows: int = 4_096  # events sampled from the head of each split for type weights
     weights: dict[str, float] | None = None  # type weights to use instead of sampling (previous window)
     service: str = ""  # the service access logs (.log) belong to (not tuning: what the logs are)
+    log_format: LogFormat = DEFAULT_LOG_FORMAT  # the access logs' line format
     # hand the merged metric states out in chunks (JobResult.metric_chunks) instead of collecting them: the
     # driver then holds one chunk at a time (``ingest_files`` writes them to the store as they come)
     stream_metrics: bool = False
@@ -603,7 +605,8 @@ def ingest_files(
                     workers=parallelism,
                     start=file.start,
                     hasher=file.hasher,
-                    options=InputOptions(options.service, definitions.spans, definitions.endpoints),
+                    options=InputOptions(options.service, definitions.spans, definitions.endpoints,
+                                         options.log_format),  # fmt: skip
                 )
             )
         )

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import io
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, ClassVar
 
+import numpy as np
 import pyarrow as pa
 
-from ...errors import UsageError
+from ...errors import InputError, UsageError
 from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
@@ -25,6 +28,12 @@ __all__ = [
     "LINE_BLOCK_BYTES",
     "open_text_source",
     "open_text_sink",
+    "line_blocks",
+    "split_lines",
+    "line_ends",
+    "line_parts",
+    "line_ranges",
+    "LINE_PART_BLOCKS",
 ]
 
 BOM = b"\xef\xbb\xbf"
@@ -93,54 +102,209 @@ class Format:
         return f"<format {self.name}>"
 
 
-#: decodes a block of lines (the first is line ``first_line + 1``) -> (EventBatch, (line, raw, reason) rejects)
-LineDecoder = Callable[[Sequence[bytes], int], tuple[EventBatch, list[tuple[int, Any, str]]]]
+#: decodes a block of whole lines (``data``: the block's bytes, ``count`` lines, the first is line ``first_line + 1``)
+#: -> (EventBatch, (line, raw, reason) rejects)
+LineDecoder = Callable[[bytes, int, int], tuple[EventBatch, list[tuple[int, Any, str]]]]
 
-#: a block of a line-decoded file ends after ``batch_rows`` lines or once it holds this many bytes: an OTLP line is
-#: a whole export (hundreds of spans, often), so 65,536 lines could be tens of millions of events in one batch
+#: a block of an OTLP JSON file ends after ``batch_rows`` lines or once it holds this many bytes: an OTLP line is a
+#: whole export (hundreds of spans, often), so 65,536 lines could be tens of millions of events in one batch
 #: (a 400 MB file of 1.3M spans had taken 955 MB of memory in one block). 16 MB of OTLP JSON is ~50k spans.
 LINE_BLOCK_BYTES = 16 << 20
+#: line formats (JSON Lines, access logs): most blocks per part
+LINE_PART_BLOCKS = 4
+#: bytes read from a file at a time
+_READ_BYTES = 8 << 20
 
 
 class LineFormat(Format):
-    """A format read line by line through a decoder (access logs, OTLP JSON files): blocks of ``batch_rows`` lines
-    or :data:`LINE_BLOCK_BYTES`, whichever ends first."""
+    """A format read in blocks of whole lines through a decoder (access logs, OTLP JSON files): blocks of
+    ``batch_rows`` lines, or fewer once a block holds :attr:`block_bytes` (None: no byte cap). A format with a byte
+    cap is read whole (its blocks could not be numbered ahead for byte-range parts); one without one is cut into
+    byte ranges of whole lines for the workers as JSON Lines are (:func:`line_parts`)."""
+
+    #: bytes after which a block ends early (None: blocks are cut by lines only, and files split into parts)
+    block_bytes: ClassVar[int | None] = None
 
     def decoder(self, options: InputOptions) -> LineDecoder:
         raise NotImplementedError
 
+    def splits(self, gzipped: bool) -> bool:
+        return not gzipped and self.block_bytes is None
+
+    def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
+             options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
+        if not self.splits(gzipped):
+            return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
+        self.check(path, options)
+        return line_parts(self.name, path, batch_rows, workers, start, hasher, nbytes, options)
+
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         decode = self.decoder(part.options)
         with open_text_source(part.path, part.gzipped) as f:
-            lines = CountedLines(f, f.tell(), not part.gzipped)
-            if part.start > lines.offset:
+            offset = f.tell()  # after a BOM
+            if part.start > offset:
                 f.seek(part.start)
-                lines.offset = part.start
-            lineno, index = part.lineno, 0
-            for chunk in _line_chunks(iter(lines), part.batch_rows, LINE_BLOCK_BYTES):
-                batch, rejects = decode(chunk, lineno)
-                lineno += len(chunk)
+                offset = part.start
+            limit = None if part.whole else part.end - offset
+            growable = part.whole and self.growable(part.gzipped)
+            lineno, index = part.lineno, part.first
+            for block, count in line_blocks(f, growable, part.batch_rows, self.block_bytes, limit):
+                batch, rejects = decode(block, count, lineno)
+                offset += len(block)
+                lineno += count
                 sink.stats.add_accepted(batch.num_rows)
                 for line, raw, reason in rejects:
                     sink.reject(line, raw, reason)
-                yield index, batch if batch.num_rows else None, Position(lines.offset, lines.count + part.lineno)
+                yield index, batch if batch.num_rows else None, Position(offset, lineno)
                 index += 1
-            return Position(lines.offset, lines.count + part.lineno)
+            return Position(offset, lineno)
 
 
-def _line_chunks(source: Iterator[bytes], lines: int, max_bytes: int) -> Iterator[list[bytes]]:
-    """``source``'s lines in lists of ``lines`` lines, each cut short once it holds ``max_bytes`` (a line is never
-    split: one longer than ``max_bytes`` is a list of its own)."""
-    chunk: list[bytes] = []
-    size = 0
-    for raw in source:
-        chunk.append(raw)
-        size += len(raw)
-        if len(chunk) >= lines or size >= max_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+def line_blocks(
+    f: BinaryIO, growable: bool, lines: int, max_bytes: int | None = None, limit: int | None = None
+) -> Iterator[tuple[bytes, int]]:
+    """``(bytes, line count)`` of consecutive blocks of ``lines`` whole lines of ``f`` from where it stands (the
+    last block may have fewer; a block ends early after the first line that brings it to ``max_bytes``, a line
+    never split). ``limit``: read no more than that many bytes (a range part). A last line without a newline is a
+    line of its own, unless ``growable``: then it may still be being written, and is left unread."""
+    data, begin, eof, left = b"", 0, False, limit
+    while True:
+        ends = line_ends(data, begin, lines)
+        cut = int(ends[-1]) + 1 if len(ends) == lines else -1
+        if max_bytes is not None and len(ends):
+            over = int(np.searchsorted(ends, max_bytes - 1))
+            if over < len(ends):
+                cut = int(ends[over]) + 1 if cut < 0 else min(cut, int(ends[over]) + 1)
+        if cut < 0 and eof:
+            if begin >= len(data):
+                return
+            if growable:
+                if not len(ends):
+                    return
+                cut = int(ends[-1]) + 1
+            else:
+                cut = len(data) - begin
+        if cut < 0:
+            chunk = f.read(_READ_BYTES if left is None else min(_READ_BYTES, left))
+            if left is not None:
+                left -= len(chunk)
+                eof = left <= 0
+            if chunk:
+                data, begin = (data[begin:] + chunk if begin < len(data) else chunk), 0
+            else:
+                eof = True
+            continue
+        block = data[begin : begin + cut]
+        begin += cut
+        yield block, int(np.searchsorted(ends, cut)) + (block[-1:] != b"\n")
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """A block's lines, each with its newline (as iterating a binary file cuts them)."""
+    parts = data.split(b"\n")
+    last = parts.pop()
+    return [p + b"\n" for p in parts] + ([last] if last else [])
+
+
+def line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
+    """The offsets (from ``begin``) of the first ``count`` ``\\n`` bytes of ``data`` at or after ``begin`` (fewer
+    at its end), looking through a window that grows until it holds them."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    window = max(1 << 16, 256 * count)
+    while True:
+        stop = min(len(buf), begin + window)
+        ends = np.flatnonzero(buf[begin:stop] == 10)
+        if len(ends) >= count or stop == len(buf):
+            return ends[:count]
+        window *= 4
+
+
+def line_parts(fmt: str, path: str, batch_rows: int, workers: int, start: Position, hasher: Any, nbytes: int,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+    """Byte ranges of whole lines of an uncompressed file of the line format named ``fmt``: about three parts per
+    worker and at most :data:`LINE_PART_BLOCKS` blocks each; lazy (the newline scan keeps just ahead of the
+    consumer). Parts end at the file's last newline: a last line without one is still being written and waits for
+    a later run. ``hasher``: a hashlib object already fed the bytes before ``start``; the scan feeds it the rest,
+    and each part records the digest of everything before its end (``Part.prefix``)."""
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= start.offset:
+            return
+        # at most LINE_PART_BLOCKS blocks per part, fewer when that leaves under three parts per worker
+        f.seek(start.offset)
+        sample = f.read(1 << 20)
+        estimate = (size - start.offset) * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
+        lines_per_part = batch_rows * max(1, min(LINE_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
+        pos = start.offset
+        if pos == 0 and sample[:3] == BOM:
+            pos = len(BOM)
+            if hasher is not None:
+                hasher.update(BOM)
+        first, lineno = 0, start.lines
+        for begin, end, lines, digest in line_ranges(f, pos, size, lines_per_part, hasher):
+            blocks = -(-lines // batch_rows)
+            yield Part(path, fmt, False, batch_rows, first, blocks, begin, end, lineno, lines, end - begin, digest,
+                       options=options)  # fmt: skip
+            first += blocks
+            lineno += lines
+
+
+#: bytes :func:`line_ranges` reads at a time
+_SCAN_BYTES = 8 << 20
+
+
+def line_ranges(
+    f: io.BufferedReader, pos: int, size: int, lines: int, hasher: Any
+) -> Iterator[tuple[int, int, int, str]]:
+    """``(start, end, line count, digest)`` of consecutive ranges of ``lines`` complete lines (the last range may
+    have fewer) of ``f`` from ``pos`` to its last newline before ``size``; ``digest`` is ``hasher``'s hex digest
+    of everything before ``end`` ("" without a hasher).
+
+    One sequential pass through a reused buffer: counting newlines (numpy: ~3x ``bytearray.count``) and locating
+    one only where a range ends. Plain reads, not a memory map: faulting in a map's pages cost more
+    than the hashing itself and left them in this process's RSS."""
+    buf = bytearray(_SCAN_BYTES)
+    view = memoryview(buf)
+    f.seek(pos)
+    begin, need, offset = pos, lines, pos
+    last_end = pos  # the end of the last complete line
+    carry = b""  # bytes after the last newline so far, not yet hashed: a line still incomplete
+    while offset < size:
+        got = f.readinto(view[: min(len(buf), size - offset)])
+        if not got:
+            break
+        newline = np.frombuffer(buf, np.uint8, got) == 10
+        left = int(np.count_nonzero(newline))
+        if not left:
+            carry += view[:got]
+            offset += got
+            continue
+        if hasher is not None and carry:
+            hasher.update(carry)
+        carry = b""
+        counted = hashed = 0
+        while left >= need:
+            cut = counted + int(np.flatnonzero(newline[counted:])[need - 1]) + 1
+            digest = ""
+            if hasher is not None:
+                hasher.update(view[hashed:cut])
+                hashed = cut
+                digest = hasher.copy().hexdigest()
+            yield begin, offset + cut, lines, digest
+            begin, counted, left, need = offset + cut, cut, left - need, lines
+        need -= left
+        tail = buf.rfind(b"\n", 0, got) + 1
+        last_end = offset + tail
+        if hasher is not None:
+            hasher.update(view[hashed:tail])
+        carry = bytes(view[tail:got])
+        offset += got
+    if need < lines:  # the rest of the complete lines; a last line without a newline waits for a later run
+        yield begin, last_end, lines - need, hasher.copy().hexdigest() if hasher is not None else ""
 
 
 class CountedLines:

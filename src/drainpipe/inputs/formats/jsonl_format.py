@@ -15,9 +15,7 @@ file, so both number and validate blocks alike.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -27,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from ...errors import InputError, Rejected
+from ...errors import Rejected
 from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
@@ -35,7 +33,7 @@ from ..position import Position
 from ..rejects import ReadStats, Sink
 from ..schema import EVENT_SCHEMA
 from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
-from .base import BOM, Format, open_text_sink, open_text_source
+from .base import Format, line_ends, line_parts, open_text_sink, open_text_source
 
 try:
     from .._jsonscan import scan as _scan_block
@@ -55,8 +53,6 @@ __all__ = [
 ]
 
 _JSON_WS = b" \t\r\n"
-#: JSON Lines: most blocks per part
-JSONL_PART_BLOCKS = 4
 
 
 class JsonLines(Format):
@@ -69,14 +65,10 @@ class JsonLines(Format):
 
     def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
              options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
-        """Byte ranges of whole lines, about three parts per worker and at most :data:`JSONL_PART_BLOCKS` blocks
-        each; lazy (the newline scan keeps just ahead of the consumer). Parts end at the file's last newline: a last
-        line without one is still being written and waits for a later run. ``hasher``: a hashlib object already fed
-        the bytes before ``start``; the scan feeds it the rest, and each part records the digest of everything
-        before its end (``Part.prefix``)."""
+        """Byte ranges of whole lines (:func:`~.base.line_parts`); a gzipped file is one whole part."""
         if gzipped:
             return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
-        return _jsonl_parts(path, batch_rows, workers, start, hasher, nbytes)
+        return line_parts(self.name, path, batch_rows, workers, start, hasher, nbytes, options)
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         with open_text_source(part.path, part.gzipped) as f:
@@ -220,7 +212,7 @@ class JsonlBlocks:
                 if fast is not None:
                     self._tried(True)
                     return end, n, _accepted(*fast, sink)
-        ends = _line_ends(data, begin, count)
+        ends = line_ends(data, begin, count)
         stop = begin + int(ends[-1]) + 1 if len(ends) == count else len(data)
         block = data[begin:stop]
         lines = _LazyLines(block, 0, len(block), len(ends) + (block[-1] != _NL))
@@ -238,19 +230,6 @@ def _accepted(batch: pa.RecordBatch, rejects: list[tuple[int, bytes, str]], sink
         sink.stats.add_accepted(batch.num_rows)
         return batch
     return None
-
-
-def _line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
-    """The offsets (from ``begin``) of the first ``count`` ``\\n`` bytes of ``data`` at or after ``begin``
-    (fewer at its end), looking through a window that grows until it holds them."""
-    buf = np.frombuffer(data, dtype=np.uint8)
-    window = max(1 << 16, 256 * count)
-    while True:
-        stop = min(len(buf), begin + window)
-        ends = np.flatnonzero(buf[begin:stop] == _NL)
-        if len(ends) >= count or stop == len(buf):
-            return ends[:count]
-        window *= 4
 
 
 class _LazyLines(Sequence[bytes]):
@@ -507,89 +486,6 @@ def json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, byte
 
 
 # ------------------------------------------------------------------------------------------------ planning
-
-
-def _jsonl_parts(path: str, batch_rows: int, workers: int, start: Position, hasher: Any, nbytes: int) -> Iterator[Part]:
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= start.offset:
-            return
-        # at most JSONL_PART_BLOCKS blocks per part, fewer when that leaves under three parts per worker
-        f.seek(start.offset)
-        sample = f.read(1 << 20)
-        estimate = (size - start.offset) * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
-        lines_per_part = batch_rows * max(1, min(JSONL_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
-        pos = start.offset
-        if pos == 0 and sample[:3] == BOM:
-            pos = len(BOM)
-            if hasher is not None:
-                hasher.update(BOM)
-        first, lineno = 0, start.lines
-        for begin, end, lines, digest in _line_ranges(f, pos, size, lines_per_part, hasher):
-            blocks = -(-lines // batch_rows)
-            yield Part(
-                path, JsonLines.name, False, batch_rows, first, blocks, begin, end, lineno, lines, end - begin, digest
-            )
-            first += blocks
-            lineno += lines
-
-
-#: bytes :func:`_line_ranges` reads at a time
-_SCAN_BYTES = 8 << 20
-
-
-def _line_ranges(
-    f: io.BufferedReader, pos: int, size: int, lines: int, hasher: Any
-) -> Iterator[tuple[int, int, int, str]]:
-    """``(start, end, line count, digest)`` of consecutive ranges of ``lines`` complete lines (the last range may
-    have fewer) of ``f`` from ``pos`` to its last newline before ``size``; ``digest`` is ``hasher``'s hex digest
-    of everything before ``end`` ("" without a hasher).
-
-    One sequential pass through a reused buffer: counting newlines (numpy: ~3x ``bytearray.count``) and locating
-    one only where a range ends. Plain reads, not a memory map: faulting in a map's pages cost more
-    than the hashing itself and left them in this process's RSS."""
-    buf = bytearray(_SCAN_BYTES)
-    view = memoryview(buf)
-    f.seek(pos)
-    begin, need, offset = pos, lines, pos
-    last_end = pos  # the end of the last complete line
-    carry = b""  # bytes after the last newline so far, not yet hashed: a line still incomplete
-    while offset < size:
-        got = f.readinto(view[: min(len(buf), size - offset)])
-        if not got:
-            break
-        newline = np.frombuffer(buf, np.uint8, got) == 10
-        left = int(np.count_nonzero(newline))
-        if not left:
-            carry += view[:got]
-            offset += got
-            continue
-        if hasher is not None and carry:
-            hasher.update(carry)
-        carry = b""
-        counted = hashed = 0
-        while left >= need:
-            cut = counted + int(np.flatnonzero(newline[counted:])[need - 1]) + 1
-            digest = ""
-            if hasher is not None:
-                hasher.update(view[hashed:cut])
-                hashed = cut
-                digest = hasher.copy().hexdigest()
-            yield begin, offset + cut, lines, digest
-            begin, counted, left, need = offset + cut, cut, left - need, lines
-        need -= left
-        tail = buf.rfind(b"\n", 0, got) + 1
-        last_end = offset + tail
-        if hasher is not None:
-            hasher.update(view[hashed:tail])
-        carry = bytes(view[tail:got])
-        offset += got
-    if need < lines:  # the rest of the complete lines; a last line without a newline waits for a later run
-        yield begin, last_end, lines - need, hasher.copy().hexdigest() if hasher is not None else ""
 
 
 # ------------------------------------------------------------------------------------------------ writing
