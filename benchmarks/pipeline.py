@@ -424,12 +424,15 @@ def _sql_source(path: Path) -> str:
     )
 
 
-def sql_statements(path: Path) -> list[str]:
-    """The SQL contender: the default metric set computed in DuckDB straight from the file."""
+def sql_statements(path: Path, events_sql: str | None = None) -> list[str]:
+    """The SQL contender: the default metric set computed in DuckDB straight from the file. ``events_sql``: a query
+    giving the file's events in the event schema's columns (other formats than JSON Lines and Parquet)."""
     src = _sql_source(path)
     events = "ev"
     statements = [_VALUES_DDL, _TOPN_DDL]
-    if path.suffix != ".parquet":  # parse JSON once, not once per query
+    if events_sql is not None:
+        statements.append(f"CREATE TEMP TABLE ev AS {events_sql}")
+    elif path.suffix != ".parquet":  # parse JSON once, not once per query
         statements.append(f"CREATE TEMP TABLE ev AS SELECT * FROM {src}")
     else:
         events = src
