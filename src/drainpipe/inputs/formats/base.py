@@ -315,11 +315,11 @@ class CountedLines:
         self._f = f
         self.offset = offset
         self.count = 0
-        self._growable = growable
+        self.growable = growable
 
     def __iter__(self) -> Iterator[bytes]:
         for raw in self._f:
-            if self._growable and not raw.endswith(b"\n"):
+            if self.growable and not raw.endswith(b"\n"):
                 return
             self.offset += len(raw)
             self.count += 1

@@ -1,16 +1,28 @@
 """CSV with a header row (``.csv``, optionally gzipped): records typed like JSON values, then validated by the same
 scalar rules. Quoted fields may span lines, so a file is read whole, sequentially (never cut into parts); a growing
-file is resumed after its last applied record, its header read again."""
+file is resumed after its last applied record, its header read again.
+
+Blocks of records are read in columns when that provably gives what the per-record reference (Python's ``csv``
+module, strict) gives: a block is cut at the newlines outside quotes (an even count of quote characters before
+them), every record of it must be well-formed (RFC 4180: quoted fields with ``""`` escapes, unquoted fields without
+quotes or carriage returns), and pyarrow's CSV reader must return one row per non-blank record. The cells are then
+typed in columns (integer ``ts`` text, JSON-number ``latency_ms`` text, the four ``status`` spellings); any row
+whose cells take another form, and any row the columnar validation flags, gets its fate and reason from the
+reference. A block that is not so read goes to the reference whole; after a record that is not well-formed the
+rest of the file does (a stray quote can move every record boundary after it)."""
 
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ...errors import InputError, Rejected
@@ -19,7 +31,7 @@ from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
 from ..schema import EVENT_SCHEMA, FIELDS
-from ..validation import rows_to_batch, validate_values
+from ..validation import rows_to_batch, validate_columns, validate_values
 from .base import CountedLines, Format, open_text_sink, open_text_source
 
 __all__ = ["Csv", "NUMBER_RE"]
@@ -31,12 +43,12 @@ class Csv(Format):
     cost_per_byte = 1.2
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
-        """Blocks of ``batch_rows`` accepted records, numbered as they come."""
+        """Blocks of ``batch_rows`` records, numbered as they come."""
         with open_text_source(part.path, part.gzipped) as f:
             lines = CountedLines(f, f.tell(), not part.gzipped)
             start = Position(part.start, part.lineno)
             for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start)):
-                yield index, EventBatch.of(batch), Position(lines.offset, lines.count)
+                yield index, EventBatch.of(batch) if batch.num_rows else None, Position(lines.offset, lines.count)
             return Position(lines.offset, lines.count)
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
@@ -180,6 +192,8 @@ def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tu
 
 def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, path: str,
               start: Position) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The accepted rows of each block of records (an empty batch for a block without any: the position still
+    moves); ``lines`` is kept at the position after the last block given."""
     tracker = _LineTracker(lines)
     reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
@@ -188,19 +202,226 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
     if start.offset > lines.offset:  # resume after what an earlier run applied; the header is read again
         f.seek(start.offset)
         lines.offset, lines.count = start.offset, start.lines
-        tracker.lineno = start.lines
+    else:
+        f.seek(lines.offset)
     typed, width = _csv_typer(header), len(header)
+    if _COLUMNS:
+        for block, ends, nlines, well_formed in _record_blocks(f, lines.growable, batch_rows):
+            if not well_formed:
+                f.seek(lines.offset)  # the reference reads the rest of the file from here
+                break
+            batch = _fast_block(block, ends, header, lines.count, sink, typed, width)
+            if batch is None:
+                batch = _reference_block(block, lines.count, sink, typed, width)
+            lines.offset += len(block)
+            lines.count += nlines
+            yield batch
+        else:
+            return
+    yield from _reference_rest(CountedLines(f, lines.offset, lines.growable), lines, batch_rows, sink, typed, width)
+
+
+def _reference_rest(source: CountedLines, lines: CountedLines, batch_rows: int, sink: Sink,
+                    typed: Callable[[list[str]], tuple], width: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The reference, record by record, from where ``source`` stands to the end of the file; ``lines`` follows."""
+    base = lines.count
+    source.count = 0
+    tracker = _LineTracker(source)
+    tracker.lineno = base
     rows: list[tuple] = []
-    for first, raw, bad, cells in _csv_records(reader, tracker):
+    for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
         try:
             rows.append(_csv_row(cells, bad, typed, width))
         except Rejected as r:
             sink.reject(first, raw, r.reason)
             continue
         if len(rows) == batch_rows:
+            lines.offset, lines.count = source.offset, base + source.count
             sink.stats.add_accepted(len(rows))
             yield rows_to_batch(rows)
             rows = []
+    lines.offset, lines.count = source.offset, base + source.count
     if rows:
         sink.stats.add_accepted(len(rows))
         yield rows_to_batch(rows)
+
+
+def _reference_block(block: bytes, lineno: int, sink: Sink, typed: Callable[[list[str]], tuple],
+                     width: int) -> pa.RecordBatch:  # fmt: skip
+    """One block of whole records by the reference (its first line is line ``lineno + 1``)."""
+    source = CountedLines(io.BytesIO(block), 0, False)
+    tracker = _LineTracker(source)
+    tracker.lineno = lineno
+    rows: list[tuple] = []
+    for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
+        try:
+            rows.append(_csv_row(cells, bad, typed, width))
+        except Rejected as r:
+            sink.reject(first, raw, r.reason)
+    sink.stats.add_accepted(len(rows))
+    return rows_to_batch(rows)
+
+
+#: Switch for the columnar path (tests turn it off to compare with the reference).
+_COLUMNS = True
+
+
+def use_columns(on: bool) -> None:
+    """Read blocks in columns where provably equal (the default), or every record through the reference."""
+    global _COLUMNS
+    _COLUMNS = on
+
+
+_READ_BYTES = 8 << 20
+#: a well-formed record, its newline included: quoted fields ("" escapes, any other byte) or plain ones
+_WELL_FORMED = r'^(?:"(?:[^"]|"")*"|[^",\r\n]*)(?:,(?:"(?:[^"]|"")*"|[^",\r\n]*))*(?:\r?\n)?$'
+
+
+def _record_blocks(f: BinaryIO, growable: bool, records: int) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:
+    """``(bytes, record ends, lines, well formed)`` of consecutive blocks of ``records`` records of ``f`` from where
+    it stands, each cut after a newline with an even count of quote characters before it (``record ends``: the
+    offsets after each such newline in the block). ``well formed``: every record of the block is (then the cuts
+    are the reference's record boundaries). At the end of a growable file, a last line without a newline is left
+    unread (the reference rejects a record its end of file leaves in quotes)."""
+    data, eof = b"", False
+    ends = np.empty(0, np.int64)  # record ends in data
+    newlines = np.empty(0, np.int64)
+    begin = 0
+    while True:
+        if len(ends) >= records or (eof and begin < len(data)):
+            if len(ends) >= records:
+                cut = int(ends[records - 1])
+            elif growable:  # to the last newline: a line without one may still be being written
+                if not len(newlines) or newlines[-1] < begin:
+                    return
+                cut = int(newlines[-1]) + 1
+            else:
+                cut = len(data)
+            block = data[begin:cut]
+            inside = ends[: np.searchsorted(ends, cut, "right")]
+            ends = ends[len(inside) :]
+            lines = int(np.searchsorted(newlines, cut) - np.searchsorted(newlines, begin))
+            yield block, inside - begin, lines + (not block.endswith(b"\n")), _well_formed(block, inside - begin)
+            begin = cut
+            continue
+        if eof:
+            return
+        chunk = f.read(_READ_BYTES)
+        if not chunk:
+            eof = True
+            continue
+        # newlines and quote parity of the new bytes only; parity carried from before (quotes since the last cut)
+        rest = data[begin:]
+        carried = rest.count(b'"')
+        buf = np.frombuffer(chunk, np.uint8)
+        nl = np.flatnonzero(buf == 10)
+        quotes = np.flatnonzero(buf == 34)
+        before = np.searchsorted(quotes, nl) + carried
+        data, base = rest + chunk, len(rest)
+        ends = np.concatenate((ends - begin, nl[before % 2 == 0] + base + 1))
+        newlines = np.concatenate((newlines[newlines >= begin] - begin, nl + base))
+        begin = 0
+
+
+def _records(block: bytes, ends: np.ndarray) -> pa.Array:
+    """The records of a block (``ends``: the offset after each) as binary strings; a last record without a newline
+    too."""
+    offsets = np.concatenate(([0], ends, [len(block)] if not len(ends) or ends[-1] != len(block) else []))
+    return pa.BinaryArray.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                                       pa.py_buffer(block)])  # fmt: skip
+
+
+def _well_formed(block: bytes, ends: np.ndarray) -> bool:
+    if b'"' not in block and b"\r" not in block.replace(b"\r\n", b""):
+        return True  # no quotes: every record is one line of plain fields
+    return bool(pc.all(pc.match_substring_regex(_records(block, ends), _WELL_FORMED)).as_py())
+
+
+def _lines_before(block: bytes, ends: np.ndarray, record: int) -> int:
+    """Lines of ``block`` before its record ``record`` (a reject's line number: rejects are few)."""
+    return block.count(b"\n", 0, int(ends[record - 1]) if record else 0)
+
+
+_INT_TS = r"^-?(?:0|[1-9][0-9]{0,17})$"  # JSON integer text that fits int64 (longer: the reference decides)
+_NUMBER = "^" + NUMBER_RE.pattern + "$"
+_STATUS_TEXT = pa.array(["true", "1", "false", "0", ""])
+_STATUS_VALUE = pa.array([True, True, False, False, None])
+
+
+def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, sink: Sink,
+                typed: Callable[[list[str]], tuple], width: int) -> pa.RecordBatch | None:  # fmt: skip
+    """A well-formed block in columns (see the module docstring), or None to read it through the reference."""
+    names = [f"c{i}" for i in range(width)]
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pacsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1),
+            parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=True),
+            convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()),
+                                                 strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )  # fmt: skip
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        return None  # a row of another width, a whitespace-only line, bytes that are not UTF-8: the reference
+    records = _records(block, ends)
+    blank = pc.match_substring_regex(records, r"^[ \t\r\n\f\v]*$").to_numpy(zero_copy_only=False)
+    if table.num_rows != int((~blank).sum()):
+        return None
+    kept = np.flatnonzero(~blank)
+    index: dict[str, int] = {}
+    for i, name in enumerate(header):
+        index.setdefault(name, i)
+    n = table.num_rows
+    empty = pa.array([""], pa.string()).take(np.zeros(n, np.int32))
+
+    def cells(name: str) -> pa.Array:
+        return table.column(index[name]).combine_chunks() if name in index else empty
+
+    def nulled(arr: pa.Array) -> pa.Array:
+        return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
+
+    ts, latency, status = cells("ts"), cells("latency_ms"), cells("status")
+    ts_ok = pc.match_substring_regex(ts, _INT_TS)
+    lat_ok = pc.match_substring_regex(latency, _NUMBER)
+    status_at = pc.index_in(status, value_set=_STATUS_TEXT)
+    odd = ~(
+        (pc.or_(ts_ok, pc.equal(ts, "")).to_numpy(zero_copy_only=False))
+        & (pc.or_(lat_ok, pc.equal(latency, "")).to_numpy(zero_copy_only=False))
+        & status_at.is_valid().to_numpy(zero_copy_only=False)
+    )
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pc.cast(pc.if_else(ts_ok, ts, pa.scalar(None, pa.string())), pa.int64()),
+            nulled(cells("service")),
+            nulled(cells("instance")),
+            nulled(cells("endpoint")),
+            pc.cast(pc.if_else(lat_ok, latency, pa.scalar(None, pa.string())), pa.float64()),
+            _STATUS_VALUE.take(pc.fill_null(status_at, 4)),
+            nulled(cells("db_statement")),
+        ],
+        names=list(FIELDS),
+    )
+    canonical, flagged = validate_columns(batch)
+    bad = odd | (flagged[0] if flagged is not None else False)
+    if not bad.any():
+        sink.stats.add_accepted(n)
+        return canonical
+    # the rows typed otherwise or flagged: the reference gives their fate and reason, and types those it accepts
+    accepted: list[tuple] = []
+    at: list[int] = []
+    for i in np.flatnonzero(bad).tolist():
+        record = int(kept[i])
+        raw = records[record].as_py()
+        try:
+            accepted.append(_csv_row(next(csv.reader(io.StringIO(raw.decode("utf-8")), strict=True)), False, typed,
+                                     width))  # fmt: skip
+            at.append(i)
+        except Rejected as r:
+            sink.reject(lineno + 1 + _lines_before(block, ends, record), raw, r.reason)
+        except (csv.Error, StopIteration, UnicodeDecodeError):
+            return None  # (never expected for a well-formed block): the reference reads it whole
+    out = canonical.filter(pa.array(~bad))
+    if accepted:  # back in record order
+        order = np.argsort(np.concatenate((np.flatnonzero(~bad), at)), kind="stable")
+        out = pa.Table.from_batches([out, rows_to_batch(accepted)]).combine_chunks().to_batches()[0].take(order)
+    sink.stats.add_accepted(out.num_rows)
+    return out
