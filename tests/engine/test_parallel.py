@@ -71,7 +71,20 @@ def files(tmp_path_factory):
     body = "".join(line + ("\r\n" if i % 3 == 0 else "\n") for i, line in enumerate(lines)).rstrip("\n")
     jsonl = d / "events.jsonl"
     jsonl.write_bytes(b"\xef\xbb\xbf" + body.encode())
-    return {"parquet": parquet, "jsonl": jsonl}
+    # CSV: BOM, a header, quoted fields with commas, escaped quotes and newlines, CRLF, blank and bad records
+    records = []
+    for i, r in enumerate(table.to_pylist()):
+        endpoint = f'"GET /a,{i}\n""x"""' if i % 7 == 0 else (r["endpoint"] or "")
+        records.append(f'{r["ts"]},{r["service"]},{r["instance"] or ""},{endpoint},{r["latency_ms"]},'
+                       f'{str(r["status"]).lower()},')  # fmt: skip
+    for i, text in ((5, ""), (6, "   "), (700, "1,2,3"), (2_000, "x,svc,,,1,true,"), (3_000, ',"a\nb",,,1,,')):
+        records.insert(i, text)
+    csv_text = "ts,service,instance,endpoint,latency_ms,status,db_statement\n" + "".join(
+        r + ("\r\n" if i % 3 == 0 else "\n") for i, r in enumerate(records)
+    )
+    csv_path = d / "events.csv"
+    csv_path.write_bytes(b"\xef\xbb\xbf" + csv_text.encode())
+    return {"parquet": parquet, "jsonl": jsonl, "csv": csv_path}
 
 
 def sequential(path, batch_rows):
@@ -81,7 +94,7 @@ def sequential(path, batch_rows):
     return blocks, stats, dl.rows
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
 @pytest.mark.parametrize("batch_rows,task_blocks", [(1_000, 1), (1_000, 3), (4_096, 2), (50_000, 4)])
 def test_tasks_read_the_same_blocks_rejects_and_sources(files, fmt, batch_rows, task_blocks, monkeypatch):
     monkeypatch.setattr(parquet_format, "PARQUET_PART_BLOCKS", task_blocks)

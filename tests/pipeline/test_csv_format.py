@@ -164,3 +164,33 @@ def test_csv_columns_take_the_clean_blocks():
     ends = np.arange(1, 6) * (len(text) // 5)
     out = csv_format._fast_block(text, ends, list(FIELDS), 1, Sink("x", ReadStats(), None), typed, len(FIELDS))
     assert out is not None and out.num_rows == 5
+
+
+def test_csv_parts_are_ranges_of_whole_records_and_a_stray_quote_ends_them(tmp_path):
+    """A CSV is cut into ranges at newlines outside quotes (a quoted newline is never a cut); after a record that
+    is not well-formed the rest of the file is one whole part; either way the parts read as the whole file does."""
+    from drainpipe.inputs import ReadStats, RejectList, Sink, plan_parts, read_part, whole_file
+
+    def records(n: int, stray_at: int | None) -> str:
+        out = [CSV_HEADER]
+        for i in range(n):
+            endpoint = f'"GET /a,{i}\nb"' if i % 5 == 0 else f"/e{i % 3}"
+            out.append('1ab"c,svc,,,1,true,' if i == stray_at else f"{T0 + i},svc,,{endpoint},1.5,true,")
+        return "\n".join(out) + "\n"
+
+    def read_all(parts) -> tuple[list, list]:
+        rows, rejects = [], RejectList()
+        for part in parts:
+            rows += [r for b in read_part(part, Sink("x", ReadStats(), rejects)) for r in b.rows.to_pylist()]
+        return rows, rejects.rows
+
+    for stray in (None, 1_234):
+        path = write_bytes(tmp_path, f"in-{stray}.csv", records(3_000, stray).encode())
+        parts = list(plan_parts(str(path), 100, workers=4))
+        whole = read_all([whole_file(str(path), 100)])
+        assert read_all(parts) == whole and len(whole[0]) == 3_000 - (stray is not None)
+        if stray is None:
+            assert len(parts) > 3 and not any(p.whole for p in parts)
+        else:
+            assert parts[-1].whole and len(parts) > 1 and whole[1][0][2] == "bad timestamp: ts"
+        assert [p.first for p in parts] == sorted({p.first for p in parts})

@@ -605,8 +605,9 @@ def ingest_files(
                     workers=parallelism,
                     start=file.start,
                     hasher=file.hasher,
-                    options=InputOptions(options.service, definitions.spans, definitions.endpoints,
-                                         options.log_format),  # fmt: skip
+                    options=InputOptions(
+                        options.service, definitions.spans, definitions.endpoints, options.log_format
+                    ),  # fmt: skip
                 )
             )
         )

@@ -1,6 +1,6 @@
 """CSV with a header row (``.csv``, optionally gzipped): records typed like JSON values, then validated by the same
-scalar rules. Quoted fields may span lines, so a file is read whole, sequentially (never cut into parts); a growing
-file is resumed after its last applied record, its header read again.
+scalar rules. An uncompressed file is cut into ranges of whole records for the worker processes and Spark tasks
+(each reads the header again); a growing file is resumed after its last applied record, its header read again.
 
 Blocks of records are read in columns when that provably gives what the per-record reference (Python's ``csv``
 module, strict) gives: a block is cut at the newlines outside quotes (an even count of quote characters before
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
@@ -27,12 +28,13 @@ import pyarrow.csv as pacsv
 
 from ...errors import InputError, Rejected
 from ..batches import EventBatch
+from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
 from ..schema import EVENT_SCHEMA, FIELDS
 from ..validation import rows_to_batch, validate_columns, validate_values
-from .base import CountedLines, Format, open_text_sink, open_text_source
+from .base import BOM, LINE_PART_BLOCKS, CountedLines, Format, open_text_sink, open_text_source
 
 __all__ = ["Csv", "NUMBER_RE"]
 
@@ -42,13 +44,25 @@ class Csv(Format):
     suffixes = (".csv",)
     cost_per_byte = 1.2
 
+    def splits(self, gzipped: bool) -> bool:
+        return not gzipped
+
+    def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
+             options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
+        """Ranges of whole records (:func:`_csv_parts`); a gzipped file is one whole part."""
+        if gzipped:
+            return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
+        return _csv_parts(path, batch_rows, workers, start, hasher, options)
+
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
-        """Blocks of ``batch_rows`` records, numbered as they come."""
+        """Blocks of ``batch_rows`` records, numbered from the part's first block."""
         with open_text_source(part.path, part.gzipped) as f:
             lines = CountedLines(f, f.tell(), not part.gzipped)
             start = Position(part.start, part.lineno)
-            for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start)):
-                yield index, EventBatch.of(batch) if batch.num_rows else None, Position(lines.offset, lines.count)
+            limit = None if part.whole else part.end - part.start
+            for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start, limit)):
+                position = Position(lines.offset, lines.count)
+                yield part.first + index, EventBatch.of(batch) if batch.num_rows else None, position
             return Position(lines.offset, lines.count)
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
@@ -190,10 +204,11 @@ def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tu
     return validate_values(*typed(cells))
 
 
-def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, path: str,
-              start: Position) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The accepted rows of each block of records (an empty batch for a block without any: the position still
-    moves); ``lines`` is kept at the position after the last block given."""
+def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, path: str, start: Position,
+              limit: int | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The accepted rows of each block of ``batch_rows`` records (an empty batch for a block without any: the
+    position still moves), from ``start`` (after the header) to the end of the file, or ``limit`` bytes for a
+    range part; ``lines`` is kept at the position after the last block given."""
     tracker = _LineTracker(lines)
     reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
@@ -205,20 +220,67 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
     else:
         f.seek(lines.offset)
     typed, width = _csv_typer(header), len(header)
-    if _COLUMNS:
-        for block, ends, nlines, well_formed in _record_blocks(f, lines.growable, batch_rows):
-            if not well_formed:
-                f.seek(lines.offset)  # the reference reads the rest of the file from here
-                break
-            batch = _fast_block(block, ends, header, lines.count, sink, typed, width)
-            if batch is None:
-                batch = _reference_block(block, lines.count, sink, typed, width)
-            lines.offset += len(block)
-            lines.count += nlines
-            yield batch
-        else:
+    growable = lines.growable and limit is None
+    for block, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit):
+        if not well_formed and limit is None:
+            f.seek(lines.offset)  # a stray quote: the reference reads the rest of the file from here
+            yield from _reference_rest(CountedLines(f, lines.offset, growable), lines, batch_rows, sink, typed, width)
             return
-    yield from _reference_rest(CountedLines(f, lines.offset, lines.growable), lines, batch_rows, sink, typed, width)
+        # (a range part's records were checked well-formed when it was planned)
+        batch = _fast_block(block, ends, header, lines.count, sink, typed, width) if _COLUMNS else None
+        if batch is None:
+            batch = _reference_block(block, lines.count, sink, typed, width)
+        lines.offset += len(block)
+        lines.count += nlines
+        yield batch
+
+
+def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+    """Ranges of whole records from ``start`` (after the header), about three parts per worker and at most
+    ``LINE_PART_BLOCKS`` blocks each, cut at newlines outside quotes and ending at the file's last newline (as JSON
+    Lines: a line still being written waits). Every record of a range is checked well-formed here, in the planner,
+    so the ranges are the reference's record boundaries; from a block that is not, the rest of the file is one
+    whole part, read sequentially. ``hasher``: fed the bytes before ``start``; the scan feeds it the rest and each
+    range records the digest of the file before its end (``Part.prefix``)."""
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= start.offset:
+            return
+        head = CountedLines(f, 3 if f.read(3) == BOM else 0, True)
+        f.seek(head.offset)
+        tracker = _LineTracker(head)
+        if _csv_header(csv.reader(tracker.lines(), strict=True), tracker, path) is None:
+            return
+        pos, lineno = (start.offset, start.lines) if start.offset > head.offset else (head.offset, head.count)
+        if hasher is not None and pos > start.offset:
+            f.seek(start.offset)
+            hasher.update(f.read(pos - start.offset))
+        f.seek(pos)
+        sample = f.read(1 << 20)
+        estimate = (size - pos) * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
+        per_part = batch_rows * max(1, min(LINE_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
+        f.seek(pos)
+        first = 0
+        for block, ends, nlines, well_formed in _record_blocks(f, True, per_part):
+            if not well_formed:
+                yield Part(path, Csv.name, False, batch_rows, first=first, start=pos, lineno=lineno, nbytes=size - pos,
+                           options=options)  # fmt: skip
+                return
+            digest = ""
+            if hasher is not None:
+                hasher.update(block)
+                digest = hasher.copy().hexdigest()
+            blocks = -(-len(ends) // batch_rows)
+            yield Part(path, Csv.name, False, batch_rows, first, blocks, pos, pos + len(block), lineno, nlines,
+                       len(block), digest, options=options)  # fmt: skip
+            first += blocks
+            pos += len(block)
+            lineno += nlines
 
 
 def _reference_rest(source: CountedLines, lines: CountedLines, batch_rows: int, sink: Sink,
@@ -277,13 +339,14 @@ _READ_BYTES = 8 << 20
 _WELL_FORMED = r'^(?:"(?:[^"]|"")*"|[^",\r\n]*)(?:,(?:"(?:[^"]|"")*"|[^",\r\n]*))*(?:\r?\n)?$'
 
 
-def _record_blocks(f: BinaryIO, growable: bool, records: int) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:
+def _record_blocks(f: BinaryIO, growable: bool, records: int,
+                   limit: int | None = None) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:  # fmt: skip
     """``(bytes, record ends, lines, well formed)`` of consecutive blocks of ``records`` records of ``f`` from where
     it stands, each cut after a newline with an even count of quote characters before it (``record ends``: the
     offsets after each such newline in the block). ``well formed``: every record of the block is (then the cuts
     are the reference's record boundaries). At the end of a growable file, a last line without a newline is left
-    unread (the reference rejects a record its end of file leaves in quotes)."""
-    data, eof = b"", False
+    unread (the reference rejects a record its end of file leaves in quotes). ``limit``: read no more bytes."""
+    data, eof, left = b"", False, limit
     ends = np.empty(0, np.int64)  # record ends in data
     newlines = np.empty(0, np.int64)
     begin = 0
@@ -306,7 +369,9 @@ def _record_blocks(f: BinaryIO, growable: bool, records: int) -> Iterator[tuple[
             continue
         if eof:
             return
-        chunk = f.read(_READ_BYTES)
+        chunk = f.read(_READ_BYTES if left is None else min(_READ_BYTES, left))
+        if left is not None:
+            left -= len(chunk)
         if not chunk:
             eof = True
             continue
