@@ -1,4 +1,4 @@
-"""Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner, the access-log scanner, the OTLP span mapping's per-span
+"""Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner, the access-log scanner, the CSV record scanner, the OTLP span mapping's per-span
 pass); everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
@@ -11,4 +11,6 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    Extension("drainpipe.inputs._spanmap", ["src/drainpipe/inputs/_spanmap.c"],
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._logscan", ["src/drainpipe/inputs/_logscan.c"],
+                             extra_compile_args=_FLAGS),
+                   Extension("drainpipe.inputs._csvscan", ["src/drainpipe/inputs/_csvscan.c"],
                              extra_compile_args=_FLAGS)])

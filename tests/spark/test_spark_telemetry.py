@@ -33,3 +33,47 @@ def test_spark_reads_access_logs_and_otlp_files_as_the_local_engine_does(spark, 
     )
     assert_same_results(local, remote, default_definitions())
     assert (tmp_path / "spark.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+
+
+def test_spark_reads_custom_log_formats_and_quoted_csv_as_the_local_engine_does(spark, tmp_path: Path) -> None:
+    """A custom nginx format (upstream times, a host name) and a CSV with quoted commas, quotes and newlines, cut
+    into parts: the executors read them without drainpipe's C scanner (pyarrow's path), the local engine with it,
+    and the stores and dead letters are the same."""
+    import random
+
+    from drainpipe.inputs import parse_log_format
+
+    rng = random.Random(3)
+    fmt = '$remote_addr [$time_local] "$request" $status $upstream_response_time $request_time $hostname'
+    lines = []
+    for i in range(3_000):
+        rt = rng.choice(["-", f"{rng.randrange(1, 900) / 1000:.3f}"])
+        up = rng.choice(["-", "0.010, 0.020 : 0.005", f"{rng.randrange(1, 900) / 1000:.3f}"])
+        lines.append(f'10.0.0.{i % 7} [21/Nov/2026:10:{i // 60 % 60:02d}:{i % 60:02d} +0100] '
+                     f'"GET /users/{rng.randrange(50)}?x={i} HTTP/1.1" {rng.choice([200, 404, 503])} {up} {rt} '
+                     f'host{i % 3}')  # fmt: skip
+    lines[17] = "garbage"
+    log = tmp_path / "custom.log"
+    log.write_text("\n".join(lines) + "\n")
+    csv_lines = ["ts,service,instance,endpoint,latency_ms,status,db_statement"]
+    for i in range(5_000):
+        endpoint = f'"GET /a,{i % 9}\n""x"""' if i % 4 == 0 else f"/e{i % 5}"
+        csv_lines.append(f"{1_795_255_200_000 + i * 997},svc{i % 3},,{endpoint},{rng.random() * 900:.3f},true,")
+    csv_lines[40] = "bad,svc,,,1,true,"
+    big = tmp_path / "quoted.csv"
+    big.write_text("\n".join(csv_lines) + "\n")
+    paths = [str(log), str(big)]
+    local, remote = f"duckdb:///{tmp_path / 'local.duckdb'}", f"duckdb:///{tmp_path / 'spark.duckdb'}"
+    summary = run_local(paths, definitions=default_definitions(), store_url=local, batch_rows=700,
+                        dead_letter=str(tmp_path / "local.jsonl"), service="web", log_format=parse_log_format(fmt),
+                        workers=2)  # fmt: skip
+    result = run_batch(paths, definitions=default_definitions(), store_url=remote, spark=spark,
+                       dead_letter=str(tmp_path / "spark.jsonl"), service="web", log_format=parse_log_format(fmt))  # fmt: skip
+    assert (result["read"], result["accepted"], result["rejected"]) == (
+        summary.read,
+        summary.accepted,
+        summary.rejected,
+    )
+    assert summary.rejected >= 2
+    assert_same_results(local, remote, default_definitions())
+    assert (tmp_path / "spark.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()

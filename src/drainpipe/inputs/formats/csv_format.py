@@ -36,7 +36,12 @@ from ..schema import EVENT_SCHEMA, FIELDS
 from ..validation import rows_to_batch, validate_columns, validate_values
 from .base import BOM, LINE_PART_BLOCKS, CountedLines, Format, open_text_sink, open_text_source
 
-__all__ = ["Csv", "NUMBER_RE"]
+try:
+    from .._csvscan import scan as _scan_csv
+except ImportError:  # the pure-Python code shipped to Spark executors: numpy finds the records there
+    _scan_csv = None  # type: ignore[assignment]
+
+__all__ = ["Csv", "NUMBER_RE", "use_columns"]
 
 
 class Csv(Format):
@@ -221,7 +226,7 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
         f.seek(lines.offset)
     typed, width = _csv_typer(header), len(header)
     growable = lines.growable and limit is None
-    for block, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit):
+    for block, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit, check=limit is None):
         if not well_formed and limit is None:
             f.seek(lines.offset)  # a stray quote: the reference reads the rest of the file from here
             yield from _reference_rest(CountedLines(f, lines.offset, growable), lines, batch_rows, sink, typed, width)
@@ -335,57 +340,72 @@ def use_columns(on: bool) -> None:
 
 
 _READ_BYTES = 8 << 20
-#: a well-formed record, its newline included: quoted fields ("" escapes, any other byte) or plain ones
-_WELL_FORMED = r'^(?:"(?:[^"]|"")*"|[^",\r\n]*)(?:,(?:"(?:[^"]|"")*"|[^",\r\n]*))*(?:\r?\n)?$'
 
 
-def _record_blocks(f: BinaryIO, growable: bool, records: int,
-                   limit: int | None = None) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:  # fmt: skip
+def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None = None,
+                   check: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:  # fmt: skip
     """``(bytes, record ends, lines, well formed)`` of consecutive blocks of ``records`` records of ``f`` from where
-    it stands, each cut after a newline with an even count of quote characters before it (``record ends``: the
-    offsets after each such newline in the block). ``well formed``: every record of the block is (then the cuts
-    are the reference's record boundaries). At the end of a growable file, a last line without a newline is left
-    unread (the reference rejects a record its end of file leaves in quotes). ``limit``: read no more bytes."""
-    data, eof, left = b"", False, limit
-    ends = np.empty(0, np.int64)  # record ends in data
-    newlines = np.empty(0, np.int64)
-    begin = 0
+    it stands, cut after the newlines outside quotes (``record ends``: the offsets after them in the block). A block
+    that is not ``well formed`` holds a record that is not, and ends the blocks: from its start only the reference
+    knows where records end. At the end of a growable file, a last line without a newline is left unread (the
+    reference rejects a record its end of file leaves in quotes). ``limit``: read no more bytes; ``check=False``:
+    the records are known to be well-formed (a range its planner checked)."""
+    data, begin, eof, left = b"", 0, False, limit
     while True:
-        if len(ends) >= records or (eof and begin < len(data)):
-            if len(ends) >= records:
-                cut = int(ends[records - 1])
-            elif growable:  # to the last newline: a line without one may still be being written
-                if not len(newlines) or newlines[-1] < begin:
-                    return
-                cut = int(newlines[-1]) + 1
-            else:
-                cut = len(data)
-            block = data[begin:cut]
-            inside = ends[: np.searchsorted(ends, cut, "right")]
-            ends = ends[len(inside) :]
-            lines = int(np.searchsorted(newlines, cut) - np.searchsorted(newlines, begin))
-            yield block, inside - begin, lines + (not block.endswith(b"\n")), _well_formed(block, inside - begin)
+        ends, lines, malformed = _scan(data, begin, records, eof and not growable)
+        if malformed and check:
+            if len(ends):
+                yield data[begin : int(ends[-1])], ends - begin, lines, True
+                begin = int(ends[-1])
+            yield data[begin:], np.empty(0, np.int64), 0, False
+            return
+        if len(ends) == records:
+            cut = int(ends[-1])
+            yield data[begin:cut], ends - begin, lines, True
             begin = cut
             continue
-        if eof:
-            return
-        chunk = f.read(_READ_BYTES if left is None else min(_READ_BYTES, left))
-        if left is not None:
-            left -= len(chunk)
-        if not chunk:
-            eof = True
+        if not eof:  # at least twice what the last block took: a block is rarely scanned twice
+            want = max(_READ_BYTES, 2 * (len(data) - begin))
+            chunk = f.read(want if left is None else min(want, left))
+            if left is not None:
+                left -= len(chunk)
+            if chunk:
+                data, begin = data[begin:] + chunk, 0
+            else:
+                eof = True
             continue
-        # newlines and quote parity of the new bytes only; parity carried from before (quotes since the last cut)
-        rest = data[begin:]
-        carried = rest.count(b'"')
-        buf = np.frombuffer(chunk, np.uint8)
-        nl = np.flatnonzero(buf == 10)
-        quotes = np.flatnonzero(buf == 34)
-        before = np.searchsorted(quotes, nl) + carried
-        data, base = rest + chunk, len(rest)
-        ends = np.concatenate((ends - begin, nl[before % 2 == 0] + base + 1))
-        newlines = np.concatenate((newlines[newlines >= begin] - begin, nl + base))
-        begin = 0
+        if begin >= len(data):
+            return
+        if not growable:  # the rest is the last records (the last one maybe without a newline)
+            block = data[begin:]
+            yield block, ends - begin, lines + (not block.endswith(b"\n")), True
+            return
+        cut = data.rfind(b"\n", begin) + 1  # a line without a newline may still be being written
+        done = int(ends[-1]) if len(ends) else begin
+        if done > begin:
+            yield data[begin:done], ends - begin, lines, True
+        if cut > done:  # complete lines, but a record its end leaves open: the reference rejects it
+            yield data[done:cut], np.empty(0, np.int64), 0, not check
+        return
+
+
+def _scan(data: bytes, begin: int, records: int, final: bool) -> tuple[np.ndarray, int, bool]:
+    """The ends (offsets after them) of up to ``records`` records of ``data`` from ``begin``, the newlines before
+    the last end, and whether a record is not well-formed (``final``: ``data`` ends the file, its last record
+    included). The C scanner gives the ends of the well-formed records before a malformed one; this fallback, none."""
+    if _scan_csv is not None:
+        raw, malformed = _scan_csv(data, begin, records, final)
+        ends = np.frombuffer(raw, np.int64)
+        return ends, data.count(b"\n", begin, int(ends[-1])) if len(ends) else 0, malformed
+    buf = np.frombuffer(data, np.uint8)[begin:]
+    newlines = np.flatnonzero(buf == 10)
+    quotes = np.flatnonzero(buf == 34)
+    ends = newlines[np.searchsorted(quotes, newlines) % 2 == 0][:records] + 1
+    checked = len(buf) if final and len(ends) < records else (int(ends[-1]) if len(ends) else 0)
+    if not _well_formed(bytes(buf[:checked])):
+        return np.empty(0, np.int64), 0, True
+    lines = int(np.searchsorted(newlines, ends[-1])) if len(ends) else 0
+    return ends + begin, lines, False
 
 
 def _records(block: bytes, ends: np.ndarray) -> pa.Array:
@@ -396,10 +416,31 @@ def _records(block: bytes, ends: np.ndarray) -> pa.Array:
                                                                        pa.py_buffer(block)])  # fmt: skip
 
 
-def _well_formed(block: bytes, ends: np.ndarray) -> bool:
-    if b'"' not in block and b"\r" not in block.replace(b"\r\n", b""):
-        return True  # no quotes: every record is one line of plain fields
-    return bool(pc.all(pc.match_substring_regex(_records(block, ends), _WELL_FORMED)).as_py())
+def _well_formed(block: bytes) -> bool:
+    """Whether every record of a block (cut after newlines outside quotes) is well-formed, RFC 4180 as Python's
+    strict reader takes it: quoted fields with ``""`` escapes, unquoted fields without quotes or carriage returns.
+    In numpy over the quote positions, alternately opening and closing: an opening quote starts a field (the block's
+    first byte, or after a comma or a newline) or is the second of an escaped ``""`` (right after a closing quote); a
+    closing quote ends its field (a comma, a newline, a carriage return, the block's end follow) or is the first of
+    an escaped ``""``; a carriage return outside quotes is followed by a newline; the block does not end inside
+    quotes."""
+    buf = np.frombuffer(block, np.uint8)
+    quotes = np.flatnonzero(buf == 34)
+    if len(quotes) % 2:
+        return False
+    returns = np.flatnonzero(buf == 13)
+    if len(returns):
+        outside = np.searchsorted(quotes, returns) % 2 == 0
+        following = np.append(buf, 0)[returns + 1]
+        if np.any(outside & (following != 10)):
+            return False
+    if not len(quotes):
+        return True
+    padded = np.concatenate(([10], buf, [44]))  # a record start before the block, a delimiter after it
+    before, after = padded[quotes[0::2]], padded[quotes[1::2] + 2]
+    opens = (before == 44) | (before == 10) | (before == 34)
+    closes = (after == 44) | (after == 10) | (after == 13) | (after == 34)
+    return bool(opens.all() and closes.all())
 
 
 def _lines_before(block: bytes, ends: np.ndarray, record: int) -> int:
@@ -428,10 +469,13 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
     except (pa.ArrowInvalid, UnicodeDecodeError):
         return None  # a row of another width, a whitespace-only line, bytes that are not UTF-8: the reference
     records = _records(block, ends)
-    blank = pc.match_substring_regex(records, r"^[ \t\r\n\f\v]*$").to_numpy(zero_copy_only=False)
-    if table.num_rows != int((~blank).sum()):
-        return None
-    kept = np.flatnonzero(~blank)
+    if table.num_rows == len(records):
+        kept = np.arange(len(records))  # no blank records: row i is record i
+    else:
+        blank = pc.match_substring_regex(records, r"^[ \t\r\n\f\v]*$").to_numpy(zero_copy_only=False)
+        if table.num_rows != int((~blank).sum()):
+            return None
+        kept = np.flatnonzero(~blank)
     index: dict[str, int] = {}
     for i, name in enumerate(header):
         index.setdefault(name, i)
