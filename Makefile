@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 PG_URL ?= $(shell scripts/postgres.sh url)
 
-.PHONY: install check demo test bench clean pg pg-stop chromium prometheus
+.PHONY: install check demo test bench clean pg pg-stop chromium prometheus nginx
 
 $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c src/drainpipe/inputs/_logscan.c src/drainpipe/inputs/_csvscan.c
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ check: install
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: check pg chromium prometheus
+test: check pg chromium prometheus nginx
 	DRAINPIPE_TEST_PG=$(PG_URL) $(PY) -m pytest -q
 
 # A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432 (or a free port when that one is
@@ -48,6 +48,13 @@ prometheus:
 	@if [ -x /usr/bin/prometheus ]; then :; else \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; fi
+
+# nginx and the wrk load tool from Debian, for the real access-log test (tests/engine/test_real_nginx.py). The test
+# starts its own nginx with its own configuration; the package's service is not used.
+nginx:
+	@if [ -x /usr/sbin/nginx ] && [ -x /usr/bin/wrk ]; then :; else \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light wrk; fi
 
 bench: install
 	$(PY) benchmarks/queue_throughput.py

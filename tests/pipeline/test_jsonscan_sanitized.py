@@ -1,4 +1,4 @@
-"""The C JSON scanner fuzzed under AddressSanitizer and UndefinedBehaviorSanitizer.
+"""The C scanners (JSON Lines, access logs, CSV records) fuzzed under AddressSanitizer and UndefinedBehaviorSanitizer.
 
 The scanner reads raw bytes with pointer arithmetic (and copies short strings as 16-byte moves), so an off-by-one
 would read past a buffer without any Python-visible symptom. This builds ``_jsonscan.c`` with ``-fsanitize=address,
@@ -6,7 +6,9 @@ undefined`` and runs it in a child process (the sanitizer runtime preloaded, eve
 so that ASan sees each bytes object's bounds) over every prefix of clean lines and over random mutations of clean
 blocks, at every start offset; any invalid read or undefined behaviour aborts the child. Its results must also equal
 the normal build's. (Removing the bound check of the 16-byte copy makes this fail: ASan reports a heap-buffer-
-overflow on the first short string at the end of a buffer.)"""
+overflow on the first short string at the end of a buffer.) The access-log scanner (``_logscan.c``: a format's
+program over cut and mutated lines, the request times' digits copied into a small buffer) and the CSV record
+scanner (``_csvscan.c``: quoted fields skipped with memchr, from every start offset) get the same treatment."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).parents[2] / "src" / "drainpipe" / "inputs" / "_jsonscan.c"
+SOURCES = Path(__file__).parents[2] / "src" / "drainpipe" / "inputs"
 
-CHILD = r"""
+JSON_CHILD = r"""
 import importlib.util, json, random, sys
 spec = importlib.util.spec_from_file_location("_jsonscan", sys.argv[1])
 sanitized = importlib.util.module_from_spec(spec)
@@ -65,10 +67,71 @@ print("checked", count)
 """
 
 
-def _compile(target: Path) -> None:
+LOG_CHILD = r"""
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("_logscan", sys.argv[1])
+sanitized = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sanitized)
+from drainpipe.inputs._logscan import scan as normal
+from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, parse_log_format
+
+formats = [DEFAULT_LOG_FORMAT,
+           parse_log_format('$remote_addr [$time_local] "$request" $status $upstream_response_time $request_time $hostname'),
+           parse_log_format('%h %l %u %t "%r" %>s %b %T %v')]
+rng = random.Random(7)
+def line():
+    rt = rng.choice(["0.123", "-", "12", "1" * 30, "0." + "9" * 25, "3.5", "9" * 80 + ".5"])
+    return (f'10.0.0.{rng.randrange(256)} - - [10/Oct/2026:13:55:{rng.randrange(60):02d} +0000] '
+            f'"GET /users/{rng.randrange(10**6)}/x?q=1 HTTP/1.1" {rng.choice([200, 503])} 5 "-" "ua \\"x\\"" {rt}').encode()
+
+def check(data):
+    count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+    for fmt in formats:
+        for ids in (True, False):
+            got = sanitized.scan(data, count, fmt.program, fmt.quoted, ids)
+            assert got == normal(data, count, fmt.program, fmt.quoted, ids), data
+
+count = 0
+for _ in range(200):
+    text = line()
+    for cut in range(len(text) + 1):
+        check(text[:cut])
+        count += 1
+for _ in range(3000):
+    block = bytearray(b"\n".join(line() for _ in range(rng.randrange(1, 4))))
+    for _ in range(rng.randrange(1, 4)):
+        block[rng.randrange(len(block))] = rng.choice(b'[]":/ -.0123456789\\\n\r\t?,x')
+    check(bytes(block))
+    count += 1
+print("checked", count)
+"""
+
+CSV_CHILD = r"""
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("_csvscan", sys.argv[1])
+sanitized = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sanitized)
+from drainpipe.inputs._csvscan import scan as normal
+
+rng = random.Random(9)
+count = 0
+for _ in range(4000):
+    data = bytes(rng.choice(b'"",,\r\n\nab1 ') for _ in range(rng.randrange(0, 60)))
+    for begin in range(len(data) + 1):
+        for records in (1, 3):
+            for final in (False, True):
+                assert sanitized.scan(data, begin, records, final) == normal(data, begin, records, final), data
+                count += 1
+print("checked", count)
+"""
+
+CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD}
+
+
+def _compile(name: str, target: Path) -> None:
     include = sysconfig.get_paths()["include"]
     cmd = ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCE), "-o", str(target)]  # fmt: skip
+           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / f"{name}.c"), "-o", str(target)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
@@ -78,15 +141,16 @@ def _runtime(name: str) -> str:
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (the build of the C extensions needs it too)")
-def test_the_scanner_under_asan_and_ubsan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", sorted(CHILDREN))
+def test_the_scanner_under_asan_and_ubsan(tmp_path: Path, name: str) -> None:
     asan, ubsan = _runtime("libasan.so"), _runtime("libubsan.so")
     if not asan or not ubsan:
         pytest.skip("gcc's sanitizer runtimes are not installed")
-    module = tmp_path / "_jsonscan_sanitized.so"
-    _compile(module)
+    module = tmp_path / f"{name}_sanitized.so"
+    _compile(name, module)
     env = dict(os.environ, LD_PRELOAD=f"{asan}:{ubsan}", PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", CHILD, str(module)], env=env, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", CHILDREN[name], str(module)], env=env, capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
     assert child.returncode == 0 and "Sanitizer" not in child.stderr, child.stderr[-4000:]
     assert "checked" in child.stdout

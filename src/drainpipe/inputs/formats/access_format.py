@@ -382,7 +382,7 @@ def _arrow_latency(role: str, col: pa.Array) -> np.ndarray:
 
 
 def _repeat(value: str, n: int) -> pa.Array:
-    return pa.array([value], pa.string()).take(np.zeros(n, np.int32))
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 def _finish(

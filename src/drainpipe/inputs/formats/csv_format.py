@@ -14,6 +14,7 @@ rest of the file does (a stray quote can move every record boundary after it).""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import re
@@ -450,8 +451,13 @@ def _lines_before(block: bytes, ends: np.ndarray, record: int) -> int:
 
 _INT_TS = r"^-?(?:0|[1-9][0-9]{0,17})$"  # JSON integer text that fits int64 (longer: the reference decides)
 _NUMBER = "^" + NUMBER_RE.pattern + "$"
-_STATUS_TEXT = pa.array(["true", "1", "false", "0", ""])
-_STATUS_VALUE = pa.array([True, True, False, False, None])
+
+
+@functools.cache
+def _status_spellings() -> tuple[pa.Array, pa.Array]:
+    """The ``status`` cells the columns type, and their values. Built on first use, not at import: pyarrow's first
+    conversion of Python values imports pandas, which ``drainpipe run`` hides once it starts (``processes``)."""
+    return pa.array(["true", "1", "false", "0", ""]), pa.array([True, True, False, False, None])
 
 
 def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, sink: Sink,
@@ -480,7 +486,7 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
     for i, name in enumerate(header):
         index.setdefault(name, i)
     n = table.num_rows
-    empty = pa.array([""], pa.string()).take(np.zeros(n, np.int32))
+    empty = pa.repeat(pa.scalar("", pa.string()), n)
 
     def cells(name: str) -> pa.Array:
         return table.column(index[name]).combine_chunks() if name in index else empty
@@ -491,7 +497,8 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
     ts, latency, status = cells("ts"), cells("latency_ms"), cells("status")
     ts_ok = pc.match_substring_regex(ts, _INT_TS)
     lat_ok = pc.match_substring_regex(latency, _NUMBER)
-    status_at = pc.index_in(status, value_set=_STATUS_TEXT)
+    spellings, values = _status_spellings()
+    status_at = pc.index_in(status, value_set=spellings)
     odd = ~(
         (pc.or_(ts_ok, pc.equal(ts, "")).to_numpy(zero_copy_only=False))
         & (pc.or_(lat_ok, pc.equal(latency, "")).to_numpy(zero_copy_only=False))
@@ -504,7 +511,7 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
             nulled(cells("instance")),
             nulled(cells("endpoint")),
             pc.cast(pc.if_else(lat_ok, latency, pa.scalar(None, pa.string())), pa.float64()),
-            _STATUS_VALUE.take(pc.fill_null(status_at, 4)),
+            values.take(pc.fill_null(status_at, 4)),
             nulled(cells("db_statement")),
         ],
         names=list(FIELDS),
