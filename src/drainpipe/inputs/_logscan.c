@@ -524,29 +524,23 @@ scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (out[7] == NULL)
             goto fail;
     }
-    PyBuffer_Release(&buf);
-    PyMem_Free(prog);
-    PyMem_Free(eps.offsets);
-    PyMem_Free(eps.values);
-    PyMem_Free(insts.offsets);
-    PyMem_Free(insts.values);
     PyObject *result = PyTuple_New(9);
-    if (result == NULL) {
-        for (int i = 0; i < 9; i++)
-            Py_XDECREF(out[i]);
-        return NULL;
-    }
+    if (result == NULL)
+        goto fail;
     for (int i = 0; i < 9; i++) {
         if (out[i] == NULL) {
             Py_INCREF(Py_None);
             out[i] = Py_None;
         }
         PyTuple_SET_ITEM(result, i, out[i]);
+        out[i] = NULL; /* the tuple holds it now */
     }
-    return result;
+    goto done;
 nomem:
     PyErr_NoMemory();
 fail:
+    result = NULL;
+done:
     PyBuffer_Release(&buf);
     PyMem_Free(prog);
     PyMem_Free(eps.offsets);
@@ -555,7 +549,7 @@ fail:
     PyMem_Free(insts.values);
     for (int i = 0; i < 9; i++)
         Py_XDECREF(out[i]);
-    return NULL;
+    return result;
 }
 
 static PyMethodDef methods[] = {

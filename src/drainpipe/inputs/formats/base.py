@@ -32,6 +32,7 @@ __all__ = [
     "split_lines",
     "line_ends",
     "line_parts",
+    "open_planned",
     "line_ranges",
     "LINE_PART_BLOCKS",
 ]
@@ -88,8 +89,19 @@ class Format:
 
     def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
              options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
-        """The parts of one file from ``start`` on, in file order (default: one whole part)."""
-        return iter([self.whole(path, gzipped, batch_rows, start, options, nbytes)])
+        """The parts of one file from ``start`` on, in file order: its :meth:`ranges` when it :meth:`splits`, else
+        one whole part."""
+        if not self.splits(gzipped):
+            return iter([self.whole(path, gzipped, batch_rows, start, options, nbytes)])
+        self.check(path, options)
+        return self.ranges(path, batch_rows, workers, start, hasher, options)
+
+    def ranges(self, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+        """The range parts of an uncompressed file that :meth:`splits`, lazily: ``hasher`` is a hashlib object fed
+        the bytes before ``start``; the planner feeds it the rest, and each part records the digest of the file
+        before its end (``Part.prefix``)."""
+        raise NotImplementedError
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         raise NotImplementedError
@@ -131,12 +143,9 @@ class LineFormat(Format):
     def splits(self, gzipped: bool) -> bool:
         return not gzipped and self.block_bytes is None
 
-    def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
-             options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
-        if not self.splits(gzipped):
-            return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
-        self.check(path, options)
-        return line_parts(self.name, path, batch_rows, workers, start, hasher, nbytes, options)
+    def ranges(self, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+        return line_parts(self.name, path, batch_rows, workers, start, hasher, options)
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         decode = self.decoder(part.options)
@@ -219,19 +228,25 @@ def line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
         window *= 4
 
 
-def line_parts(fmt: str, path: str, batch_rows: int, workers: int, start: Position, hasher: Any, nbytes: int,
+def open_planned(path: str) -> tuple[io.BufferedReader, int]:
+    """A file to plan into parts, opened for reading, and its size. :class:`InputError` (one line) if it cannot
+    be read."""
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    return f, os.fstat(f.fileno()).st_size
+
+
+def line_parts(fmt: str, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
                options: InputOptions) -> Iterator[Part]:  # fmt: skip
     """Byte ranges of whole lines of an uncompressed file of the line format named ``fmt``: about three parts per
     worker and at most :data:`LINE_PART_BLOCKS` blocks each; lazy (the newline scan keeps just ahead of the
     consumer). Parts end at the file's last newline: a last line without one is still being written and waits for
     a later run. ``hasher``: a hashlib object already fed the bytes before ``start``; the scan feeds it the rest,
     and each part records the digest of everything before its end (``Part.prefix``)."""
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    f, size = open_planned(path)
     with f:
-        size = os.fstat(f.fileno()).st_size
         if size <= start.offset:
             return
         # at most LINE_PART_BLOCKS blocks per part, fewer when that leaves under three parts per worker

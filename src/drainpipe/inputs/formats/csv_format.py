@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
@@ -35,7 +34,7 @@ from ..position import Position
 from ..rejects import Sink
 from ..schema import EVENT_SCHEMA, FIELDS
 from ..validation import rows_to_batch, validate_columns, validate_values
-from .base import BOM, LINE_PART_BLOCKS, CountedLines, Format, open_text_sink, open_text_source
+from .base import BOM, LINE_PART_BLOCKS, CountedLines, Format, open_planned, open_text_sink, open_text_source
 
 try:
     from .._csvscan import scan as _scan_csv
@@ -53,11 +52,9 @@ class Csv(Format):
     def splits(self, gzipped: bool) -> bool:
         return not gzipped
 
-    def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
-             options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
-        """Ranges of whole records (:func:`_csv_parts`); a gzipped file is one whole part."""
-        if gzipped:
-            return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
+    def ranges(self, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+        """Ranges of whole records (:func:`_csv_parts`)."""
         return _csv_parts(path, batch_rows, workers, start, hasher, options)
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
@@ -249,12 +246,8 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
     so the ranges are the reference's record boundaries; from a block that is not, the rest of the file is one
     whole part, read sequentially. ``hasher``: fed the bytes before ``start``; the scan feeds it the rest and each
     range records the digest of the file before its end (``Part.prefix``)."""
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    f, size = open_planned(path)
     with f:
-        size = os.fstat(f.fileno()).st_size
         if size <= start.offset:
             return
         head = CountedLines(f, 3 if f.read(3) == BOM else 0, True)
@@ -289,20 +282,28 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
             lineno += nlines
 
 
-def _reference_rest(source: CountedLines, lines: CountedLines, batch_rows: int, sink: Sink,
-                    typed: Callable[[list[str]], tuple], width: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The reference, record by record, from where ``source`` stands to the end of the file; ``lines`` follows."""
-    base = lines.count
+def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callable[[list[str]], tuple],
+                    width: int) -> Iterator[tuple]:  # fmt: skip
+    """The reference: each accepted record's row from where ``source`` stands (its first line is line ``lineno +
+    1``), rejects to ``sink``."""
     source.count = 0
     tracker = _LineTracker(source)
-    tracker.lineno = base
-    rows: list[tuple] = []
+    tracker.lineno = lineno
     for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
         try:
-            rows.append(_csv_row(cells, bad, typed, width))
+            yield _csv_row(cells, bad, typed, width)
         except Rejected as r:
             sink.reject(first, raw, r.reason)
-            continue
+
+
+def _reference_rest(source: CountedLines, lines: CountedLines, batch_rows: int, sink: Sink,
+                    typed: Callable[[list[str]], tuple], width: int) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The reference from where ``source`` stands to the end of the file, in batches of ``batch_rows`` accepted
+    rows; ``lines`` follows."""
+    base = lines.count
+    rows: list[tuple] = []
+    for row in _reference_rows(source, base, sink, typed, width):
+        rows.append(row)
         if len(rows) == batch_rows:
             lines.offset, lines.count = source.offset, base + source.count
             sink.stats.add_accepted(len(rows))
@@ -317,15 +318,7 @@ def _reference_rest(source: CountedLines, lines: CountedLines, batch_rows: int, 
 def _reference_block(block: bytes, lineno: int, sink: Sink, typed: Callable[[list[str]], tuple],
                      width: int) -> pa.RecordBatch:  # fmt: skip
     """One block of whole records by the reference (its first line is line ``lineno + 1``)."""
-    source = CountedLines(io.BytesIO(block), 0, False)
-    tracker = _LineTracker(source)
-    tracker.lineno = lineno
-    rows: list[tuple] = []
-    for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
-        try:
-            rows.append(_csv_row(cells, bad, typed, width))
-        except Rejected as r:
-            sink.reject(first, raw, r.reason)
+    rows = list(_reference_rows(CountedLines(io.BytesIO(block), 0, False), lineno, sink, typed, width))
     sink.stats.add_accepted(len(rows))
     return rows_to_batch(rows)
 

@@ -63,12 +63,10 @@ class JsonLines(Format):
     def splits(self, gzipped: bool) -> bool:
         return not gzipped
 
-    def plan(self, path: str, gzipped: bool, batch_rows: int, workers: int, start: Position, hasher: Any,
-             options: InputOptions, nbytes: int) -> Iterator[Part]:  # fmt: skip
-        """Byte ranges of whole lines (:func:`~.base.line_parts`); a gzipped file is one whole part."""
-        if gzipped:
-            return super().plan(path, gzipped, batch_rows, workers, start, hasher, options, nbytes)
-        return line_parts(self.name, path, batch_rows, workers, start, hasher, nbytes, options)
+    def ranges(self, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
+               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+        """Byte ranges of whole lines (:func:`~.base.line_parts`)."""
+        return line_parts(self.name, path, batch_rows, workers, start, hasher, options)
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         with open_text_source(part.path, part.gzipped) as f:
