@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import BufferStrategy, PartitionPolicy, ThreadPolicy
 from drainpipe._autosplit import MARGIN, wanted_instances
+from drainpipe._drain import Dispatcher
 
 
 @given(st.floats(0, 1e6), st.floats(1, 1e6), st.integers(1, 16), st.integers(1, 16))
@@ -50,8 +52,16 @@ class Instance(Recorder):
         self.last_batch_at = time.monotonic()
 
 
-def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
+def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
     instances: list[Instance] = []
+    flushed: list = []  # the instances the controller's final flush reached (not the drain loop's own idle calls)
+    original = Dispatcher.flush
+
+    def spy(self: Dispatcher, target, counters) -> None:
+        flushed.append(getattr(target.on_idle, "__self__", None))
+        original(self, target, counters)
+
+    monkeypatch.setattr(Dispatcher, "flush", spy)
     q = new_queue(qname, threads=ThreadPolicy.fixed(4), partitions=PartitionPolicy.adaptive(),
                   rebalance_interval_ms=100)  # fmt: skip
     hot, *others = make_types(9, prefix="H")
@@ -105,6 +115,7 @@ def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str) -> None:
     assert all(inst.overlaps == 0 for inst in instances) and all(r.overlaps == 0 for r in recs.values())
     retired = [inst for inst in instances if inst is not instances[0] and inst.items]
     assert retired and all(inst.idle_times and max(inst.idle_times) >= inst.last_batch_at for inst in retired)
+    assert all(flushed.count(inst) == 1 for inst in retired), (len(retired), len(flushed))  # one final flush each
     assert q.stats().resizes >= 2
 
 
