@@ -177,3 +177,53 @@ def test_a_slow_listener_holds_up_its_own_queue_only(qname: str) -> None:
     took = time.monotonic() - t0
     slow.join()
     assert result.moved > 0 and took < 0.5, took
+
+
+def test_revoked_is_told_only_after_the_old_owner_left_its_cycle(qname: str) -> None:
+    """Deterministic: the old owner is held inside a handler call (a batch of a type on one of its partitions) while
+    a rebalance moves partitions away from it; on_revoked must not be told until that call has returned, since the
+    old owner still works on what it took in that cycle. (Telling it at revoke time, before the fence, fails here
+    every time: the call is still running.)"""
+    entered, release = threading.Event(), threading.Event()
+    seen_busy: list[bool] = []
+
+    class Held(Recorder):
+        hold = False
+
+        def consume(self, batch: list) -> None:
+            if self.hold:
+                entered.set()
+                release.wait(5)
+            super().consume(batch)
+
+    class Listener:
+        def on_revoked(self, task, partitions, types):
+            seen_busy.append(not release.is_set())
+
+        def on_assigned(self, task, partitions, types):
+            pass
+
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(8),
+                  balancer=DrainBalancer.throughput_weighted(), rebalance_listener=Listener())  # fmt: skip
+    types = make_types(8, prefix="RV")
+    recs = {t: Held(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    owner = list(q._parts.owner)
+    on_zero = [t for t in types if owner[q._table.home[t][0]] == 0]
+    held = on_zero[0]
+    recs[held].hold = True
+    for i in range(4000):  # task 0's other types hot: the plan moves some of them to task 1
+        q.produce(on_zero[1 + i % (len(on_zero) - 1)](i))
+    q.produce(held(-1))
+    assert entered.wait(5)  # task 0 is inside the held call now
+    result: list = []
+    with in_background(lambda stop: result.append(q.rebalance_now(timeout=10))):
+        time.sleep(0.3)  # the rebalance revokes, then waits for task 0's cycle
+        assert seen_busy == []
+        release.set()
+        deadline = time.monotonic() + 10
+        while not result and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert result and result[0].moved > 0 and all(old == 0 for _, old, _ in result[0].moves)
+    assert seen_busy and not any(seen_busy)
