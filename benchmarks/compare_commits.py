@@ -141,7 +141,7 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     if not args.work:
-        for tree in trees.values():
+        for tree in set(trees.values()):  # one tree when a commit is compared with itself (an A/A run)
             _git("worktree", "remove", "--force", str(tree))
 
 
