@@ -216,3 +216,78 @@ def test_failovers_and_rejoins_under_load_lose_nothing_and_never_overlap(qname: 
     assert sorted(ids) == sorted(src * sent + i for src in range(2) for i in range(sent // 2))
     assert sum(h.overlaps for h in handlers.values()) == 0
     assert q.stats().failovers > 5
+
+
+def test_partitions_are_revoked_before_the_stuck_call_is_checked(qname: str) -> None:
+    """Deterministic, for the order the failover's safety rests on (revoke, then check that the call is still
+    running): at the moment the failover checks, the stuck call returns and its task goes on with its cycle. The
+    moved partitions must already be revoked then, so the task cannot start on them while a healthy task gets them.
+    Checking first and revoking after fails here every time: the returning task calls the other type's handler and
+    the healthy task calls it at the same time (an overlapping call)."""
+    import sys
+
+    from drainpipe._drain import Counters
+
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4), slow_handler_ms=400)
+    types = make_types(4, prefix="RC")
+    recs = {t: Recorder(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    owner_of = {t: q._parts.owner[q._table.home[t][0]] for t in types}
+    stuck, other = [t for t in types if owner_of[t] == 0][:2]
+    gate, holding, after_release = threading.Event(), threading.Event(), threading.Event()
+    recs[stuck].gate, recs[stuck].block_if = gate, lambda batch: holding.set() is None
+    recs[other].delay = 0.2  # a call of the other type lasts long enough to be overlapped (not to be stuck)
+    original = recs[other].consume
+
+    def other_consume(batch, original=original):
+        if gate.is_set():
+            after_release.set()  # the other type's handler ran after the stuck call returned
+        original(batch)
+
+    recs[other].consume = other_consume  # type: ignore[method-assign]
+    counters = q._tasks[0].counters
+    seen: dict = {}
+
+    class Spy(Counters):
+        """The failover's own reads of task 0's counters: at the first, the stuck call returns and the task gets
+        up to a second to go on with its cycle; the failover still sees the stuck call (as if it had read an
+        instant before)."""
+
+        __slots__ = ()
+
+        def __getattribute__(self, name: str):
+            value = object.__getattribute__(self, name)
+            if name in ("calls", "calling") and "calls" in seen and sys._getframe(1).f_code.co_name == "_fail_over":
+                if not gate.is_set():
+                    gate.set()
+                    after_release.wait(1.0)
+                return seen[name]
+            return value
+
+    sent = {t: 0 for t in types}
+    assert q.produce(stuck(-1))
+    sent[stuck] += 1
+    assert holding.wait(2)
+    seen.update(calls=counters.calls, calling=counters.calling)
+    counters.__class__ = Spy
+
+    def produce(stop: threading.Event) -> None:
+        i = 0
+        while not stop.is_set():
+            for t in (other, *[t for t in types if t not in (stuck, other)]):
+                assert q.produce(t(i))
+                sent[t] += 1
+            i += 1
+            time.sleep(0.005)
+
+    with in_background(produce):
+        deadline = time.monotonic() + 5
+        while q.stats().failovers == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.6)
+    q.shutdown()
+    assert q.stats().failovers == 1
+    assert all(r.overlaps == 0 for r in recs.values()), {t.__name__: r.overlaps for t, r in recs.items()}
+    for t in types:
+        assert len(recs[t].items) == len({x.id for x in recs[t].items}) == sent[t], t.__name__
