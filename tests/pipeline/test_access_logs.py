@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,11 +37,11 @@ def decode(data: bytes, options: InputOptions, path: str) -> tuple[pa.RecordBatc
     try:
         if path != "c":
             access_format._scan_log = None  # type: ignore[assignment]
-        access_format.use_columns(path != "line")
+        access_format._COLUMNS = path != "line"
         batch, rejects = access_format.decode_access_block(data, count, 0, options)
     finally:
         access_format._scan_log = saved  # type: ignore[assignment]
-        access_format.use_columns(True)
+        access_format._COLUMNS = True
     return batch.rows, rejects
 
 
@@ -347,56 +345,61 @@ def test_endpoints_normalized_in_columns_equal_the_per_value_rules():
 # ------------------------------------------------------------------------------------------------ files
 
 
-@contextmanager
-def _lines(path: Path, n: int, seed: int = 1) -> Iterator[list[str]]:
+def _log_lines(n: int, seed: int = 1) -> list[str]:
     rng = random.Random(seed)
-    lines = [
+    return [
         f'10.0.0.{i % 9} - - [{clf(1_791_000_000_000 + i * 1000)}] "GET /u/{rng.randrange(99)} HTTP/1.1" '
         f'{rng.choice([200, 503])} 1 "-" "ua" {rng.randrange(1, 999) / 1000:.3f}'
         for i in range(n)
     ]
-    yield lines
 
 
-def _read(path: str, part, opts) -> tuple[list, list]:
+def _read(part) -> tuple[list, list]:
     rejects = RejectList()
-    batches = list(read_part(part, Sink(path, ReadStats(), rejects)))
+    batches = list(read_part(part, Sink(part.path, ReadStats(), rejects)))
     return [r for b in batches for r in b.rows.to_pylist()], rejects.rows
 
 
 def test_a_log_splits_into_parts_that_read_as_the_whole(tmp_path: Path):
     path = tmp_path / "a.log"
-    with _lines(path, 5000) as lines:
-        lines[1234] = "garbage"
-        path.write_text("\n".join(lines) + "\n")
+    lines = _log_lines(5000)
+    lines[1234] = "garbage"
+    path.write_text("\n".join(lines) + "\n")
     opts = InputOptions(service="s")
-    whole_rows, whole_rejects = _read(str(path), whole_file(str(path), 700, options=opts), opts)
+    whole_rows, whole_rejects = _read(whole_file(str(path), 700, options=opts))
     parts = list(plan_parts(str(path), 700, workers=3, options=opts))
     assert len(parts) > 1 and all(not p.whole for p in parts)
     rows, rejects = [], []
     for part in parts:
-        r, j = _read(str(path), part, opts)
+        r, j = _read(part)
         rows += r
         rejects += j
     assert rows == whole_rows and rejects == whole_rejects and rejects[0][0] == 1235 and len(rows) == 4999
 
 
-def test_a_growing_log_is_applied_exactly_once(tmp_path: Path):
-    from drainpipe.pipeline import default_definitions, run_local
+def test_a_growing_log_is_applied_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Read in parts by worker processes and whole in this one, alternately, while it grows (a last line still being
+    written waits): every request is stored once."""
+    from drainpipe.pipeline import default_definitions, parallel, run_local
     from drainpipe.pipeline.store import open_store
 
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)  # a small log goes to the workers too
     path = tmp_path / "grow.log"
-    with _lines(path, 3000) as lines:
-        path.write_text("\n".join(lines[:1000]) + "\n" + lines[1000][:30])  # a last line still being written
-        url = f"duckdb:///{tmp_path / 'db.duckdb'}"
-        for workers in (0, 2):
-            summary = run_local([str(path)], definitions=default_definitions(), store_url=url, service="s",
-                                workers=workers)  # fmt: skip
-            assert summary.complete
-        with open(path, "a") as f:
-            f.write(lines[1000][30:] + "\n" + "\n".join(lines[1001:]) + "\n")
-        for workers in (2, 0):
-            run_local([str(path)], definitions=default_definitions(), store_url=url, service="s", workers=workers)
+    lines = _log_lines(3000)
+    path.write_text("\n".join(lines[:1000]) + "\n" + lines[1000][:30])
+    url = f"duckdb:///{tmp_path / 'db.duckdb'}"
+
+    def run(workers: int) -> None:
+        summary = run_local([str(path)], definitions=default_definitions(), store_url=url, service="s",
+                            workers=workers, batch_rows=300)  # fmt: skip
+        assert summary.complete
+
+    for workers in (0, 2):
+        run(workers)
+    with open(path, "a") as f:
+        f.write(lines[1000][30:] + "\n" + "\n".join(lines[1001:]) + "\n")
+    for workers in (2, 0):
+        run(workers)
     store = open_store(url)
     try:
         minutes = store.query(metric="service_cpm", granularity="minute")

@@ -145,14 +145,14 @@ def test_csv_in_columns_reads_as_the_reference(tmp_path_factory, data: bytes, ba
     results = []
     scanner = csv_format._scan_csv
     for columns, c_scanner in ((True, True), (True, False), (False, True)):
-        csv_format.use_columns(columns)
+        csv_format._COLUMNS = columns
         csv_format._scan_csv = scanner if c_scanner else None  # the numpy record scan of Spark executors
         try:
             r = read([path], tmp, batch_rows=batch_rows)
         except InputError as e:
             r = str(e)
         finally:
-            csv_format.use_columns(True)
+            csv_format._COLUMNS = True
             csv_format._scan_csv = scanner
         results.append(r if isinstance(r, str) else (r.rows, r.rejects))
     assert results[0] == results[2] and results[1] == results[2]

@@ -507,8 +507,8 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
         events._JSONL_FAST_PATH = True
 
     stats, rejects = ReadStats(), RejectList()
-    old = events._READ_BYTES
-    events._READ_BYTES = read_bytes
+    old = events.READ_BYTES
+    events.READ_BYTES = read_bytes
     try:
         stream = read_jsonl_stream(io.BytesIO(data), growable, batch_rows, Sink("x", stats, rejects))
         got, consumed, count = [], 0, 0
@@ -517,7 +517,7 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
             if batch is not None:
                 got.append((index, batch.to_pylist()))
     finally:
-        events._READ_BYTES = old
+        events.READ_BYTES = old
     assert got == want
     assert rejects.rows == want_rejects.rows and stats == want_stats
     assert (consumed, count) == (sum(map(len, whole)), len(whole))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["LogFormat", "parse_log_format", "DEFAULT_LOG_FORMAT", "ROLES"]
+__all__ = ["LogFormat", "parse_log_format", "DEFAULT_LOG_FORMAT"]
 
 # roles: what a variable feeds, and how its text is read
 TS_CLF = "ts_clf"  # 10/Oct/2000:13:55:36 -0700
@@ -55,8 +55,6 @@ UPSTREAM = "upstream"  # 0.010, 0.020 : 0.005 (seconds, added up)
 INSTANCE = "instance"
 SKIP = "skip"
 
-ROLES = (TS_CLF, TS_ISO, TS_SEC, TS_MSEC, REQUEST, METHOD, PATH, STATUS, SECONDS, WHOLE_SECONDS, MILLIS, MICROS,
-         AUTO_TIME, UPSTREAM, INSTANCE, SKIP)  # fmt: skip
 _TS_ROLES = (TS_CLF, TS_ISO, TS_SEC, TS_MSEC)
 _LATENCY_ROLES = (SECONDS, WHOLE_SECONDS, MILLIS, MICROS, AUTO_TIME)
 
@@ -115,18 +113,6 @@ class LogFormat:
     fields: tuple[tuple[str, str], ...]
     program: tuple[tuple[str, str], ...]
     quoted: tuple[bool, ...]
-
-    def role(self, role: str) -> str | None:
-        """The group name of the first variable with ``role``, or None."""
-        return next((name for name, r in self.fields if r == role), None)
-
-    @property
-    def ts_role(self) -> str:
-        return next(r for _, r in self.fields if r in _TS_ROLES)
-
-    @property
-    def latency_role(self) -> str | None:
-        return next((r for _, r in self.fields if r in _LATENCY_ROLES), None)
 
 
 def _tokens_nginx(text: str) -> list[tuple[str, str]]:

@@ -55,7 +55,7 @@ try:
 except ImportError:  # the pure-Python code shipped to Spark executors: pyarrow reads the columns there
     _scan_log = None  # type: ignore[assignment]
 
-__all__ = ["AccessLog", "decode_access_block", "decode_line", "use_columns"]
+__all__ = ["AccessLog", "decode_access_block", "decode_line"]
 
 NOT_A_LOG_LINE = "not an access log line"
 _REQUEST = re.compile(r"(?P<method>[A-Za-z]+) (?P<path>[^ ?]*)")  # "$request": the method, the path before its query
@@ -206,7 +206,7 @@ def decode_line(line: bytes, fmt: LogFormat, compiled: re.Pattern[str], options:
 
 def _per_line(data: bytes, first_line: int, options: InputOptions) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:
     fmt = options.log_format
-    compiled = _compiled(fmt)
+    compiled = re.compile(fmt.pattern)  # re keeps it compiled between blocks
     rows: list[tuple] = []
     bad: list[tuple[int, bytes, str]] = []
     for i, line in enumerate(split_lines(data), first_line + 1):
@@ -216,16 +216,6 @@ def _per_line(data: bytes, first_line: int, options: InputOptions) -> tuple[Even
         elif out is not None:
             bad.append((i, line, out))
     return EventBatch.of(rows_to_batch(rows)), bad
-
-
-_PATTERNS: dict[str, re.Pattern[str]] = {}
-
-
-def _compiled(fmt: LogFormat) -> re.Pattern[str]:
-    p = _PATTERNS.get(fmt.pattern)
-    if p is None:
-        p = _PATTERNS[fmt.pattern] = re.compile(fmt.pattern)
-    return p
 
 
 # ------------------------------------------------------------------------------------------------ columns
@@ -248,12 +238,6 @@ class _Columns:
 
 #: Switch for the columnar paths (tests turn it off to compare with the per-line reference).
 _COLUMNS = True
-
-
-def use_columns(on: bool) -> None:
-    """Read blocks in columns (the default) or line by line through the reference (tests compare the two)."""
-    global _COLUMNS
-    _COLUMNS = on
 
 
 def decode_access_block(
@@ -416,7 +400,7 @@ def _finish(
     if not bad.any():
         return EventBatch.of(canonical), []
     starts = np.concatenate(([0], np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1))
-    compiled = _compiled(options.log_format)
+    compiled = re.compile(options.log_format.pattern)
     rejects = []
     for i in np.flatnonzero(bad).tolist():
         line = data[starts[i] : starts[i + 1] if i + 1 < len(starts) else len(data)]

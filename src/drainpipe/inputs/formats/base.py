@@ -35,6 +35,7 @@ __all__ = [
     "open_planned",
     "line_ranges",
     "LINE_PART_BLOCKS",
+    "READ_BYTES",
 ]
 
 BOM = b"\xef\xbb\xbf"
@@ -124,8 +125,8 @@ LineDecoder = Callable[[bytes, int, int], tuple[EventBatch, list[tuple[int, Any,
 LINE_BLOCK_BYTES = 16 << 20
 #: line formats (JSON Lines, access logs): most blocks per part
 LINE_PART_BLOCKS = 4
-#: bytes read from a file at a time
-_READ_BYTES = 8 << 20
+#: bytes the text formats read from a file at a time
+READ_BYTES = 8 << 20
 
 
 class LineFormat(Format):
@@ -194,7 +195,7 @@ def line_blocks(
             else:
                 cut = len(data) - begin
         if cut < 0:
-            chunk = f.read(_READ_BYTES if left is None else min(_READ_BYTES, left))
+            chunk = f.read(READ_BYTES if left is None else min(READ_BYTES, left))
             if left is not None:
                 left -= len(chunk)
                 eof = left <= 0

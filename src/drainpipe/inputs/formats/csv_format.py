@@ -34,14 +34,23 @@ from ..position import Position
 from ..rejects import Sink
 from ..schema import EVENT_SCHEMA, FIELDS
 from ..validation import rows_to_batch, validate_columns, validate_values
-from .base import BOM, LINE_PART_BLOCKS, CountedLines, Format, open_planned, open_text_sink, open_text_source
+from .base import (
+    BOM,
+    LINE_PART_BLOCKS,
+    READ_BYTES,
+    CountedLines,
+    Format,
+    open_planned,
+    open_text_sink,
+    open_text_source,
+)
 
 try:
     from .._csvscan import scan as _scan_csv
 except ImportError:  # the pure-Python code shipped to Spark executors: numpy finds the records there
     _scan_csv = None  # type: ignore[assignment]
 
-__all__ = ["Csv", "NUMBER_RE", "use_columns"]
+__all__ = ["Csv", "NUMBER_RE"]
 
 
 class Csv(Format):
@@ -327,15 +336,6 @@ def _reference_block(block: bytes, lineno: int, sink: Sink, typed: Callable[[lis
 _COLUMNS = True
 
 
-def use_columns(on: bool) -> None:
-    """Read blocks in columns where provably equal (the default), or every record through the reference."""
-    global _COLUMNS
-    _COLUMNS = on
-
-
-_READ_BYTES = 8 << 20
-
-
 def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None = None,
                    check: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:  # fmt: skip
     """``(bytes, record ends, lines, well formed)`` of consecutive blocks of ``records`` records of ``f`` from where
@@ -359,7 +359,7 @@ def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None 
             begin = cut
             continue
         if not eof:  # at least twice what the last block took: a block is rarely scanned twice
-            want = max(_READ_BYTES, 2 * (len(data) - begin))
+            want = max(READ_BYTES, 2 * (len(data) - begin))
             chunk = f.read(want if left is None else min(want, left))
             if left is not None:
                 left -= len(chunk)

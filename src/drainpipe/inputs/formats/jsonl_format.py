@@ -33,7 +33,7 @@ from ..position import Position
 from ..rejects import ReadStats, Sink
 from ..schema import EVENT_SCHEMA
 from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
-from .base import Format, line_ends, line_parts, open_text_sink, open_text_source
+from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source
 
 try:
     from .._jsonscan import scan as _scan_block
@@ -121,10 +121,6 @@ def _json_record(line: bytes) -> tuple:
     )  # fmt: skip
 
 
-#: bytes a whole-file JSON Lines read takes from its file at a time (a range part is read in one piece)
-_READ_BYTES = 8 << 20
-
-
 def read_jsonl_stream(
     f: BinaryIO, growable: bool, batch_rows: int, sink: Sink, lineno: int = 0, limit: int | None = None
 ) -> Iterator[tuple[int, pa.RecordBatch | None, int, int]]:
@@ -138,7 +134,7 @@ def read_jsonl_stream(
     left = limit
     while True:
         while not eof and data.count(b"\n", begin) < batch_rows:  # a whole block, or the rest of the file
-            chunk = f.read(_READ_BYTES if left is None else left)
+            chunk = f.read(READ_BYTES if left is None else left)  # a range part is read in one piece
             if left is not None:
                 left -= len(chunk)
                 eof = left <= 0
