@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from spark_testlib import SPARK
 
+from drainpipe.pipeline import parallel
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.run import run_local
-from drainpipe.spark import run_batch
+from drainpipe.spark import JobOptions, run_batch
 from testlib import assert_same_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -35,7 +37,9 @@ def test_spark_reads_access_logs_and_otlp_files_as_the_local_engine_does(spark, 
     assert (tmp_path / "spark.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
 
 
-def test_spark_reads_custom_log_formats_and_quoted_csv_as_the_local_engine_does(spark, tmp_path: Path) -> None:
+def test_spark_reads_custom_log_formats_and_quoted_csv_as_the_local_engine_does(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A custom nginx format (upstream times, a host name) and a CSV with quoted commas, quotes and newlines, cut
     into parts: the executors read them without drainpipe's C scanner (pyarrow's path), the local engine with it,
     and the stores and dead letters are the same."""
@@ -64,11 +68,14 @@ def test_spark_reads_custom_log_formats_and_quoted_csv_as_the_local_engine_does(
     big.write_text("\n".join(csv_lines) + "\n")
     paths = [str(log), str(big)]
     local, remote = f"duckdb:///{tmp_path / 'local.duckdb'}", f"duckdb:///{tmp_path / 'spark.duckdb'}"
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)  # small files go to the workers too
     summary = run_local(paths, definitions=default_definitions(), store_url=local, batch_rows=700,
                         dead_letter=str(tmp_path / "local.jsonl"), service="web", log_format=parse_log_format(fmt),
                         workers=2)  # fmt: skip
     result = run_batch(paths, definitions=default_definitions(), store_url=remote, spark=spark,
-                       dead_letter=str(tmp_path / "spark.jsonl"), service="web", log_format=parse_log_format(fmt))  # fmt: skip
+                       dead_letter=str(tmp_path / "spark.jsonl"), service="web", log_format=parse_log_format(fmt),
+                       options=JobOptions(batch_rows=700))  # fmt: skip
+    assert result["splits"] > 2  # both files cut into parts
     assert (result["read"], result["accepted"], result["rejected"]) == (
         summary.read,
         summary.accepted,
