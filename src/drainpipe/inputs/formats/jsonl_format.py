@@ -33,7 +33,7 @@ from ..position import Position
 from ..rejects import ReadStats, Sink
 from ..schema import EVENT_SCHEMA
 from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
-from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source
+from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source, split_lines
 
 try:
     from .._jsonscan import scan as _scan_block
@@ -239,9 +239,7 @@ class _LazyLines(Sequence[bytes]):
 
     def _split(self) -> list[bytes]:
         if self._lines is None:
-            parts = self.data[self.begin : self.end].split(b"\n")
-            last = parts.pop()
-            self._lines = [p + b"\n" for p in parts] + ([last] if last else [])
+            self._lines = split_lines(self.data[self.begin : self.end])
             assert len(self._lines) == self.n
         return self._lines
 
