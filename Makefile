@@ -8,7 +8,7 @@ PG_URL ?= $(shell scripts/postgres.sh url)
 
 .PHONY: install check demo test bench clean pg pg-stop chromium prometheus nginx
 
-$(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c src/drainpipe/inputs/_logscan.c src/drainpipe/inputs/_csvscan.c
+$(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c src/drainpipe/inputs/_logscan.c src/drainpipe/inputs/_csvscan.c src/drainpipe/inputs/_otlpjson.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark,grpc]'

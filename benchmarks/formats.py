@@ -60,7 +60,7 @@ ROUTES = (
 )  # fmt: skip
 STATUSES = (200, 200, 200, 200, 201, 304, 404, 500, 503)
 TARGETS = {"log": 0.5, "csv": 0.5, "otlp": 0.25}
-SUFFIX = {"jsonl": ".jsonl", "csv": ".csv", "log": ".log"}
+SUFFIX = {"jsonl": ".jsonl", "csv": ".csv", "log": ".log", "otlp": ".otlp.jsonl"}
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
@@ -134,6 +134,50 @@ def _access_lines(cols: dict[str, Any]) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "")
 
 
+#: spans per OTLP JSON line (an export, as the Collector's file exporter writes one batch per line)
+OTLP_SPANS_PER_LINE = 1000
+
+
+def _otlp_lines(cols: dict[str, Any], seed: int = 7) -> list[bytes]:
+    """The events as OTLP JSON lines, as an SDK's spans reach the Collector's file exporter: one SERVER span per
+    request (named by its route template, which is the endpoint: no ``http.route`` here so that the name is used,
+    as the other files carry ``METHOD /template``), the raw path, method and status as attributes, status ERROR for
+    a 5xx (the SDK's rule), random trace and span ids, end time = the request's second, start = end - latency."""
+    n = len(cols["seconds"])
+    rng = np.random.default_rng(seed)
+
+    def s(value: Any) -> pa.Array:
+        return pc.cast(pa.array(value), pa.string())
+
+    def const(text: str) -> pa.Array:
+        return pa.array([text]).take(np.zeros(n, np.int32))
+
+    def hex_ids(width: int) -> pa.Array:
+        raw = rng.integers(1, 2**63, (n, width // 8), dtype=np.int64).view(np.uint8).reshape(n, width)
+        digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+        text = np.empty((n, 2 * width), np.uint8)
+        text[:, 0::2], text[:, 1::2] = digits[raw >> 4], digits[raw & 15]
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * 2 * width),
+                                                      pa.py_buffer(text.tobytes())])  # fmt: skip
+
+    end = cols["seconds"].astype(np.int64) * 1_000_000_000
+    start = end - cols["latency"].astype(np.int64) * 1_000_000
+    failed = cols["status"] >= 500
+    status = pc.if_else(pa.array(failed), const('{"code":2}'), const("{}"))
+    pieces = [const('{"traceId":"'), hex_ids(16), const('","spanId":"'), hex_ids(8), const('","flags":1,"name":"'),
+              cols["endpoint"], const('","kind":2,"startTimeUnixNano":"'), s(start), const('","endTimeUnixNano":"'),
+              s(end), const('","attributes":[{"key":"http.request.method","value":{"stringValue":"'), cols["method"],
+              const('"}},{"key":"url.path","value":{"stringValue":"'), cols["raw_path"],
+              const('"}},{"key":"http.response.status_code","value":{"intValue":"'), s(cols["status"]),
+              const('"}}],"status":'), status, const("}")]  # fmt: skip
+    spans = pc.binary_join_element_wise(*pieces, "").to_pylist()
+    head = ('{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"'
+            f'{SERVICE}"}}}},{{"key":"host.name","value":{{"stringValue":"bench-host"}}}}]}},"scopeSpans":[{{"scope":'
+            '{"name":"bench","version":"1.0"},"spans":[')  # fmt: skip
+    return [(head + ",".join(spans[i : i + OTLP_SPANS_PER_LINE]) + "]}]}]}\n").encode()
+            for i in range(0, n, OTLP_SPANS_PER_LINE)]  # fmt: skip
+
+
 def write_inputs(data_dir: Path, n: int, formats: list[str]) -> dict[str, Path]:
     """The input files (written once per event count and reused)."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +197,10 @@ def write_inputs(data_dir: Path, n: int, formats: list[str]) -> dict[str, Path]:
                     lines = _access_lines(part)
                     offsets = np.frombuffer(lines.buffers()[1], np.int32)[lines.offset : lines.offset + len(lines) + 1]
                     f.write(memoryview(lines.buffers()[2])[offsets[0] : offsets[-1]])
+        elif fmt == "otlp":
+            with open(tmp, "wb") as f:
+                for start in range(0, n, 1_000_000):
+                    f.writelines(_otlp_lines({k: v[start : start + 1_000_000] for k, v in cols.items()}))
         else:
             writer, _ = format_of(tmp.with_name(paths[fmt].name))
             writer.write([events.slice(i, 500_000) for i in range(0, n, 500_000)], str(tmp), False)
@@ -182,6 +230,8 @@ def events_sql(fmt: str, path: Path) -> str | None:
             "service: 'VARCHAR', instance: 'VARCHAR', endpoint: 'VARCHAR', latency_ms: 'DOUBLE', status: 'BOOLEAN', "
             "db_statement: 'VARCHAR'})"
         )
+    if fmt == "otlp":
+        return _otlp_sql(path)
     assert fmt == "log"
     return f"""
         SELECT epoch_ms(strptime(x.time, '%d/%b/%Y:%H:%M:%S %z')) AS ts, '{SERVICE}' AS service, '' AS instance,
@@ -193,6 +243,40 @@ def events_sql(fmt: str, path: Path) -> str | None:
               FROM read_csv('{path}', columns = {{line: 'VARCHAR'}}, header = false, delim = '\\x01', quote = '',
                             escape = '', auto_detect = false))
         WHERE x.time <> ''"""
+
+
+def _otlp_sql(path: Path) -> str:
+    """The span mapping (docs/pipeline.md) in SQL over the exports, read with the fields it needs: SERVER spans;
+    service and instance from the resource; endpoint = ``http.route``, else the name; an error is status ERROR, or
+    status UNSET with an HTTP status >= 500."""
+    value = "STRUCT(key VARCHAR, value STRUCT(stringValue VARCHAR, intValue VARCHAR))[]"
+    spans = (f"STRUCT(name VARCHAR, kind INTEGER, startTimeUnixNano VARCHAR, endTimeUnixNano VARCHAR, "
+             f"attributes {value}, status STRUCT(code INTEGER))[]")  # fmt: skip
+    columns = f"{{resourceSpans: 'STRUCT(resource STRUCT(attributes {value}), scopeSpans STRUCT(spans {spans})[])[]'}}"
+
+    def attr(owner: str, key: str, kind: str = "stringValue") -> str:
+        return f"list_filter({owner}.attributes, lambda a: a.key = '{key}')[1].value.{kind}"
+
+    return f"""
+        WITH resources AS (
+            SELECT unnest(resourceSpans) AS rs
+            FROM read_json('{path}', format = 'newline_delimited', columns = {columns},
+                           maximum_object_size = 1073741824)),
+        spans AS (
+            SELECT coalesce({attr("rs.resource", "service.name")}, 'unknown_service') AS service,
+                   coalesce({attr("rs.resource", "service.instance.id")}, {attr("rs.resource", "host.name")}, '')
+                       AS instance,
+                   unnest(flatten(list_transform(rs.scopeSpans, lambda x: x.spans))) AS s
+            FROM resources)
+        SELECT (CAST(s.endTimeUnixNano AS UBIGINT) // 1000000)::BIGINT AS ts, service, instance,
+               coalesce({attr("s", "http.route")}, s.name) AS endpoint,
+               (CAST(s.endTimeUnixNano AS UBIGINT) - CAST(s.startTimeUnixNano AS UBIGINT)) / 1e6 AS latency_ms,
+               NOT (coalesce(s.status.code, 0) = 2 OR (coalesce(s.status.code, 0) = 0
+                    AND coalesce(CAST({attr("s", "http.response.status_code", "intValue")} AS BIGINT) >= 500, false)))
+                   AS status,
+               CAST(NULL AS VARCHAR) AS db_statement
+        FROM spans
+        WHERE s.kind = 2"""
 
 
 def _normalized_path_sql() -> str:
@@ -248,7 +332,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--formats", default="jsonl,csv,log")
+    ap.add_argument("--formats", default="jsonl,csv,log,otlp")
     ap.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "drainpipe-bench" / "formats")
     ap.add_argument("--check-events", type=int, default=200_000, help="events of the equality check's files")
     ap.add_argument("--json", type=Path, default=RESULTS / "formats.json")

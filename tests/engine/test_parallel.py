@@ -1,6 +1,6 @@
 """Worker-process reading (drainpipe.pipeline.parallel): the same blocks, rejects, sources and results as the
 in-process reader, whatever the task cut (row groups not a multiple of the block size, tasks cutting row
-groups, JSON Lines with blank lines, BOM, CRLF, bad lines and no final newline)."""
+groups, JSON Lines with blank lines, BOM, CRLF, bad lines and no final newline; CSV; OTLP JSON lines)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,22 @@ def files(tmp_path_factory):
     )
     csv_path = d / "events.csv"
     csv_path.write_bytes(b"\xef\xbb\xbf" + csv_text.encode())
-    return {"parquet": parquet, "jsonl": jsonl, "csv": csv_path}
+    # OTLP JSON: an export of 3 SERVER spans per line; blank, invalid and declined lines, a rejected span, CRLF
+    exports = []
+    for i in range(0, len(rows), 3):
+        spans = [{"traceId": f"{j + 1:032x}", "spanId": f"{j + 1:016x}", "name": r["endpoint"] or "op", "kind": 2,
+                  "startTimeUnixNano": str(int((r["ts"] - r["latency_ms"]) * 1_000_000)),
+                  "endTimeUnixNano": str(r["ts"] * 1_000_000), "status": {"code": 1 if r["status"] else 2}}
+                 for j, r in enumerate(rows[i : i + 3], i) if r["service"] and r["latency_ms"] >= 0]  # fmt: skip
+        resource = {"attributes": [{"key": "service.name", "value": {"stringValue": rows[i]["service"] or "x"}}]}
+        exports.append(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}))
+    for i, text in ((5, ""), (6, "  "), (700, '{"resourceSpans": ['), (1_500, '{"resource_spans": []}'),
+                    (2_000, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2}]}]}]}'),
+                    (2_500, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2, "name": 5}]}]}]}')):  # fmt: skip
+        exports.insert(i, text)
+    otlp = d / "events.otlp.jsonl"
+    otlp.write_bytes("".join(e + ("\r\n" if i % 3 == 0 else "\n") for i, e in enumerate(exports)).encode())
+    return {"parquet": parquet, "jsonl": jsonl, "csv": csv_path, "otlp": otlp}
 
 
 def sequential(path, batch_rows):
@@ -94,7 +109,7 @@ def sequential(path, batch_rows):
     return blocks, stats, dl.rows
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv", "otlp"])
 @pytest.mark.parametrize("batch_rows,task_blocks", [(1_000, 1), (1_000, 3), (4_096, 2), (50_000, 4)])
 def test_tasks_read_the_same_blocks_rejects_and_sources(files, fmt, batch_rows, task_blocks, monkeypatch):
     monkeypatch.setattr(parquet_format, "PARQUET_PART_BLOCKS", task_blocks)

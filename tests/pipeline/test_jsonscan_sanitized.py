@@ -8,7 +8,9 @@ blocks, at every start offset; any invalid read or undefined behaviour aborts th
 the normal build's. (Removing the bound check of the 16-byte copy makes this fail: ASan reports a heap-buffer-
 overflow on the first short string at the end of a buffer.) The access-log scanner (``_logscan.c``: a format's
 program over cut and mutated lines, the request times' digits copied into a small buffer) and the CSV record
-scanner (``_csvscan.c``: quoted fields skipped with memchr, from every start offset) get the same treatment."""
+scanner (``_csvscan.c``: quoted fields skipped with memchr, from every start offset) and the OTLP JSON scanner
+(``_otlpjson.c``: every prefix of the differential test's exports, and mutated blocks of them) get the same
+treatment."""
 
 from __future__ import annotations
 
@@ -125,7 +127,36 @@ for _ in range(4000):
 print("checked", count)
 """
 
-CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD}
+OTLP_CHILD = r"""
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("_otlpjson", sys.argv[1])
+sanitized = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sanitized)
+from drainpipe.inputs._otlpjson import scan as normal
+sys.path.insert(0, sys.argv[2])
+from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
+
+rng = random.Random(11)
+def check(data):
+    count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
+    assert sanitized.scan(data, count) == normal(data, count), data
+
+count = 0
+for _ in range(40):  # every prefix of an export
+    text = _line(rng)
+    for cut in range(0, len(text) + 1, 1 if len(text) < 2000 else 3):
+        check(text[:cut])
+        count += 1
+for _ in range(1500):  # blocks of exports, bytes mutated
+    block = bytearray(b"\n".join(_line(rng) for _ in range(rng.randrange(1, 4))))
+    for _ in range(rng.randrange(0, 4)):
+        block[rng.randrange(len(block))] = rng.choice(b'{}[]",:\\ \t\r\n0123456789-+.eEtrufalsnu\x00\x80\xff')
+    check(bytes(block))
+    count += 1
+print("checked", count)
+"""
+
+CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD}
 
 
 def _compile(name: str, target: Path) -> None:
@@ -150,7 +181,7 @@ def test_the_scanner_under_asan_and_ubsan(tmp_path: Path, name: str) -> None:
     _compile(name, module)
     env = dict(os.environ, LD_PRELOAD=f"{asan}:{ubsan}", PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", CHILDREN[name], str(module)], env=env, capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", CHILDREN[name], str(module), str(Path(__file__).parent)], env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert child.returncode == 0 and "Sanitizer" not in child.stderr, child.stderr[-4000:]
     assert "checked" in child.stdout

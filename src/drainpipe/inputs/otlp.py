@@ -45,7 +45,7 @@ from .endpoints import EndpointRules
 from .options import InputOptions
 from .rejects import ReadStats
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS
-from .span_columns import Attributes, span_columns
+from .span_columns import Attributes, SpanColumns, span_columns
 
 try:
     from ._spanmap import classify, pick
@@ -53,7 +53,7 @@ except ImportError:  # a Spark executor's zip of drainpipe's Python modules hold
     from ._spanmap_fallback import classify, pick
 from .spans import KINDS, SpanMapping
 
-__all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "map_spans"]
+__all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "map_columns", "map_spans"]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
@@ -132,7 +132,14 @@ def map_spans(
     (:mod:`._spanmap`), and the events are assembled from the columns. The rows are valid by construction: protobuf
     strings are valid UTF-8, a service is never empty, and an end time (uint64 nanoseconds) is always within the
     event timestamp range, so of the event rules only the latency bound is checked (in the C pass)."""
-    columns = span_columns(body)
+    return map_columns(span_columns(body), mapping, endpoints, stats)
+
+
+def map_columns(
+    columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
+) -> TracesResult:
+    """The mapping of :func:`map_spans`, over spans already in columns (one export's, or a block of OTLP JSON
+    lines')."""
     n = columns.spans
     resource = columns.resource_attributes
     attrs = columns.attributes

@@ -12,6 +12,10 @@ which is what the mapping wants (an endpoint or statement must be a string, an H
 
 Callers decode each export with the official message classes first (they are the authority on what is valid: an
 undecodable body is their error); a body they accept, ptars reads the same way.
+
+OTLP JSON files take a shorter road to the same columns: :func:`json_span_columns` reads a block of their lines in
+one C pass (``_otlpjson.c``), which accepts only lines whose meaning under the official JSON decoding is beyond
+doubt and hands the others back to it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Attributes", "SpanColumns", "span_columns"]
+try:
+    from ._otlpjson import scan as _scan_json
+except ImportError:  # a Spark executor's zip of drainpipe's Python modules holds no extension
+    _scan_json = None  # type: ignore[assignment]
+
+__all__ = ["Attributes", "JsonSpans", "SpanColumns", "json_span_columns", "span_columns"]
 
 #: the fields the mapping reads, per message (everything else is skipped while reading)
 _PROJECTION = {
@@ -50,29 +59,31 @@ _PROJECTION = {
 @dataclass(frozen=True)
 class Attributes:
     """Key/value pairs of several owners (spans, or resources), flattened: owner ``i``'s pairs are
-    ``offsets[i]:offsets[i + 1]``, and an owner that is not ``present`` (an absent resource) has none. ``value`` is
-    null where a pair has none; ``text`` is its string value (null when it is not a string), ``integer`` its integer
-    value (null when it is not an integer)."""
+    ``offsets[i]:offsets[i + 1]``, and an owner that is not ``present`` (an absent resource) has none.
+    ``value_valid`` is the validity bitmap of the pairs' values (a pair may have none; None: all have one); ``text``
+    is a pair's string value (null when it is not a string), ``integer`` its integer value (null when it is not an
+    integer)."""
 
     owners: int
     offsets: np.ndarray
     present: pa.Buffer | None
     keys: pa.Array
-    value: pa.Array
+    value_valid: pa.Buffer | None
     text: pa.Array
     integer: pa.Array
 
     def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]:
         """The buffers :func:`drainpipe.inputs._spanmap.pick` reads, in its order (after the owner count)."""
         keys, text, integer = self.keys.buffers(), self.text.buffers(), self.integer.buffers()
-        return (self.offsets, self.present, keys[1], keys[2], _validity(self.value), _validity(self.text), text[1],
+        return (self.offsets, self.present, keys[1], keys[2], self.value_valid, _validity(self.text), text[1],
                 text[2], _validity(self.integer), integer[1])  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SpanColumns:
-    """One export's spans, in export order, as Arrow columns (unsliced); ``resource[i]`` is the index of span
-    ``i``'s resource, and ``status`` is null where a span has none."""
+    """Spans, in export order, as Arrow columns (unsliced); ``resource[i]`` is the index of span ``i``'s resource;
+    ``status_valid`` is the validity bitmap of the spans' statuses (None: every span has one) and ``status_code``
+    their codes."""
 
     spans: int
     resources: int
@@ -83,15 +94,16 @@ class SpanColumns:
     name: pa.Array
     start: pa.Array
     end: pa.Array
-    status: pa.Array
+    status_valid: pa.Buffer | None
+    status_code: pa.Array
     attributes: Attributes
     resource_attributes: Attributes
 
     def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any]:
         """The buffers :func:`drainpipe.inputs._spanmap.classify` reads first, in its order."""
         tid, sid = self.trace_id.buffers(), self.span_id.buffers()
-        return (self.kind.buffers()[1], self.start.buffers()[1], self.end.buffers()[1], _validity(self.status),
-                self.status.field("code").buffers()[1], tid[1], tid[2], sid[1], sid[2])  # fmt: skip
+        return (self.kind.buffers()[1], self.start.buffers()[1], self.end.buffers()[1], self.status_valid,
+                self.status_code.buffers()[1], tid[1], tid[2], sid[1], sid[2])  # fmt: skip
 
 
 def span_columns(body: bytes) -> SpanColumns:
@@ -102,6 +114,7 @@ def span_columns(body: bytes) -> SpanColumns:
     resource = resource_spans.field("resource")  # null when absent: then it has no attributes
     scope_spans, scope_owner = _values(resource_spans.field("scope_spans"))
     spans, span_scope = _values(scope_spans.field("spans"))
+    status = spans.field("status")
     return SpanColumns(
         spans=len(spans),
         resources=len(resource_spans),
@@ -112,10 +125,75 @@ def span_columns(body: bytes) -> SpanColumns:
         name=spans.field("name"),
         start=spans.field("start_time_unix_nano"),
         end=spans.field("end_time_unix_nano"),
-        status=spans.field("status"),
+        status_valid=_validity(status),
+        status_code=status.field("code"),
         attributes=_attributes(spans.field("attributes"), None),
         resource_attributes=_attributes(resource.field("attributes"), _validity(resource)),
     )
+
+
+@dataclass(frozen=True)
+class JsonSpans:
+    """The spans of a block of OTLP JSON lines: ``columns`` hold the spans of every line but the ``declined`` ones
+    (indexes into the block, for the reference decoder), and ``line[i]`` is the index of span ``i``'s line."""
+
+    columns: SpanColumns
+    line: np.ndarray
+    declined: list[int]
+
+
+def json_span_columns(data: bytes, count: int) -> JsonSpans | None:
+    """A block of ``count`` OTLP JSON lines (one export each, blank lines allowed) -> its spans as columns, in one
+    C pass; None where the pass is not built (then every line goes to the reference decoder)."""
+    if _scan_json is None:
+        return None
+    scanned = _scan_json(data, count)
+    if scanned is None:
+        raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
+    declined, n, resources, line, resource, kind, start, end, code, toff, tdata, soff, sdata, noff, ndata = scanned[:15]
+    columns = SpanColumns(
+        spans=n,
+        resources=resources,
+        resource=np.frombuffer(resource, np.int64),
+        kind=_fixed(pa.int32(), n, kind),
+        trace_id=_binary(pa.binary(), n, toff, tdata),
+        span_id=_binary(pa.binary(), n, soff, sdata),
+        name=_binary(pa.string(), n, noff, ndata),
+        start=_fixed(pa.uint64(), n, start),
+        end=_fixed(pa.uint64(), n, end),
+        status_valid=None,  # an absent status is code 0 (UNSET), as the mapping reads one
+        status_code=_fixed(pa.int32(), n, code),
+        attributes=_json_attributes(scanned[15]),
+        resource_attributes=_json_attributes(scanned[16]),
+    )
+    return JsonSpans(columns, np.frombuffer(line, np.int32), declined)
+
+
+def _json_attributes(pool: tuple[Any, ...]) -> Attributes:
+    owners, offsets, koff, kdata, vvalid, tvalid, toff, tdata, ivalid, idata = pool
+    rows = len(koff) // 4 - 1
+    return Attributes(
+        owners,
+        np.frombuffer(offsets, np.int32),
+        None,
+        _binary(pa.string(), rows, koff, kdata),
+        None if vvalid is None else pa.py_buffer(vvalid),
+        _binary(pa.string(), rows, toff, tdata, tvalid),
+        _fixed(pa.int64(), rows, idata, ivalid),
+    )
+
+
+def _fixed(kind: pa.DataType, n: int, data: bytes, valid: bytes | None = None) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(data)], null_count=-1 if valid else 0)
+
+
+def _binary(kind: pa.DataType, n: int, offsets: bytes, data: bytes, valid: bytes | None = None) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=-1 if valid else 0)  # fmt: skip
+
+
+def _buffer(data: bytes | None) -> pa.Buffer | None:
+    return None if data is None else pa.py_buffer(data)
 
 
 def _values(lists: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -127,8 +205,8 @@ def _values(lists: pa.Array) -> tuple[pa.Array, np.ndarray]:
 def _attributes(lists: pa.Array, present: pa.Buffer | None) -> Attributes:
     pairs = _fresh(lists.values)
     value = pairs.field("value")
-    return Attributes(len(lists), _offsets(lists), present, pairs.field("key"), value, value.field("string_value"),
-                      value.field("int_value"))  # fmt: skip
+    return Attributes(len(lists), _offsets(lists), present, pairs.field("key"), _validity(value),
+                      value.field("string_value"), value.field("int_value"))  # fmt: skip
 
 
 def _offsets(lists: pa.Array) -> np.ndarray:

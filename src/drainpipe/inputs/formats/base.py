@@ -131,22 +131,23 @@ READ_BYTES = 8 << 20
 
 class LineFormat(Format):
     """A format read in blocks of whole lines through a decoder (access logs, OTLP JSON files): blocks of
-    ``batch_rows`` lines, or fewer once a block holds :attr:`block_bytes` (None: no byte cap). A format with a byte
-    cap is read whole (its blocks could not be numbered ahead for byte-range parts); one without one is cut into
-    byte ranges of whole lines for the workers as JSON Lines are (:func:`line_parts`)."""
+    ``batch_rows`` lines, or fewer once a block holds :attr:`block_bytes` (None: no byte cap). An uncompressed file
+    is cut into byte ranges of whole lines for the workers as JSON Lines are (:func:`line_parts`); the blocks of a
+    range part are numbered ahead, so there a byte cap becomes a smaller line count per block, taken from the
+    lengths of the lines at the start of the range."""
 
-    #: bytes after which a block ends early (None: blocks are cut by lines only, and files split into parts)
+    #: bytes after which a block ends early (None: blocks are cut by lines only)
     block_bytes: ClassVar[int | None] = None
 
     def decoder(self, options: InputOptions) -> LineDecoder:
         raise NotImplementedError
 
     def splits(self, gzipped: bool) -> bool:
-        return not gzipped and self.block_bytes is None
+        return not gzipped
 
     def ranges(self, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
                options: InputOptions) -> Iterator[Part]:  # fmt: skip
-        return line_parts(self.name, path, batch_rows, workers, start, hasher, options)
+        return line_parts(self.name, path, batch_rows, workers, start, hasher, options, self.block_bytes)
 
     def read(self, part: Part, sink: Sink, dictionaries: bool) -> Blocks:
         decode = self.decoder(part.options)
@@ -158,7 +159,8 @@ class LineFormat(Format):
             limit = None if part.whole else part.end - offset
             growable = part.whole and self.growable(part.gzipped)
             lineno, index = part.lineno, part.first
-            for block, count in line_blocks(f, growable, part.batch_rows, self.block_bytes, limit):
+            cap = self.block_bytes if part.whole else None  # (a range part's blocks are lines only: see above)
+            for block, count in line_blocks(f, growable, part.batch_rows, cap, limit):
                 batch, rejects = decode(block, count, lineno)
                 offset += len(block)
                 lineno += count
@@ -240,12 +242,13 @@ def open_planned(path: str) -> tuple[io.BufferedReader, int]:
 
 
 def line_parts(fmt: str, path: str, batch_rows: int, workers: int, start: Position, hasher: Any,
-               options: InputOptions) -> Iterator[Part]:  # fmt: skip
+               options: InputOptions, block_bytes: int | None = None) -> Iterator[Part]:  # fmt: skip
     """Byte ranges of whole lines of an uncompressed file of the line format named ``fmt``: about three parts per
     worker and at most :data:`LINE_PART_BLOCKS` blocks each; lazy (the newline scan keeps just ahead of the
     consumer). Parts end at the file's last newline: a last line without one is still being written and waits for
     a later run. ``hasher``: a hashlib object already fed the bytes before ``start``; the scan feeds it the rest,
-    and each part records the digest of everything before its end (``Part.prefix``)."""
+    and each part records the digest of everything before its end (``Part.prefix``). ``block_bytes``: blocks of
+    fewer lines than ``batch_rows`` where that many of the first MB's lines would hold more bytes."""
     f, size = open_planned(path)
     with f:
         if size <= start.offset:
@@ -253,7 +256,10 @@ def line_parts(fmt: str, path: str, batch_rows: int, workers: int, start: Positi
         # at most LINE_PART_BLOCKS blocks per part, fewer when that leaves under three parts per worker
         f.seek(start.offset)
         sample = f.read(1 << 20)
-        estimate = (size - start.offset) * max(1, sample.count(b"\n")) / max(1, len(sample)) / batch_rows
+        lines_in_sample = max(1, sample.count(b"\n"))
+        if block_bytes is not None:
+            batch_rows = max(1, min(batch_rows, block_bytes * lines_in_sample // max(1, len(sample))))
+        estimate = (size - start.offset) * lines_in_sample / max(1, len(sample)) / batch_rows
         lines_per_part = batch_rows * max(1, min(LINE_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
         pos = start.offset
         if pos == 0 and sample[:3] == BOM:

@@ -1,0 +1,987 @@
+/* drainpipe.inputs._otlpjson: a block of OTLP JSON lines (one ExportTraceServiceRequest per line, as the
+ * OpenTelemetry Collector's file exporter writes them) -> the span columns the OTLP mapping reads, in one pass.
+ *
+ * Why C: the reference decoder (inputs/otlp.py: json.loads, hex ids to base64, protobuf's json_format.ParseDict,
+ * then the wire form read by ptars) builds a Python object per JSON value and a protobuf object per field: about
+ * 38 us per span, some 26k spans/s, where JSON Lines events go through at millions per second. One pass over the
+ * bytes fills the same columns ptars fills from the wire form (inputs/span_columns.py, SpanColumns), and the one
+ * mapping (the C pass of _spanmap.c) runs on them unchanged.
+ *
+ * It is a fast path, never the judge. The reference decides whether a line is a valid export; this pass accepts
+ * only lines whose meaning under the reference is beyond doubt and declines the others, line by line, and the
+ * caller decodes a declined line with the reference (which then accepts it, or rejects it with its reason). A line
+ * is accepted only when all of these hold:
+ *   - it is one JSON object (after JSON whitespace), and nothing but JSON whitespace follows it;
+ *   - every key is a field of its message under its JSON name (lowerCamelCase), at most once per object: an
+ *     unknown key, a snake_case name (ParseDict reads both spellings, and refuses both at once) or a duplicate
+ *     (json.loads keeps the last) declines. Fields the mapping does not read are still checked, as ParseDict
+ *     checks them (a count must be an unsigned integer, a name a string, an event an object of event fields);
+ *   - strings are valid UTF-8 without control characters; escapes are decoded (a lone surrogate declines);
+ *   - integers are JSON integers (no fraction or exponent) or quoted ASCII digits (an optional '-' where the field
+ *     is signed), within the field's range; enums (kind, status code) are such integers or the names of their
+ *     values (SPAN_KIND_SERVER; the names are checked against opentelemetry-proto's by a test); a double is a JSON
+ *     number that is finite as a double; bools are true/false; null is an unset field, as in ParseDict, but never
+ *     a list element; bytesValue and entityRefs decline;
+ *   - ids (traceId, spanId, parentSpanId of spans and links) are strings, as the reference's hex conversion
+ *     wants: hex of even length decodes, any other string without whitespace is an empty id (the reference makes
+ *     it one), and whitespace declines (bytes.fromhex skips some of it).
+ * Nesting deeper than MAX_DEPTH (array and kvlist values) declines.
+ *
+ * What it returns per accepted line: its resources (attributes into the resource pool; an absent resource has
+ * none) and its spans in export order (line, resource, kind, start, end, status code, trace and span ids, name,
+ * attributes into the span pool). A span without a status has code 0 (UNSET), which is how the mapping reads an
+ * absent status. Attribute values: whether a pair has a value, its string value, its integer value; other value
+ * types count as a value that is neither (the projection ptars reads, span_columns.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 32
+
+/* A growing byte buffer. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, size_t n)
+{
+    if (b->len + n <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + n)
+        cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int
+buf_put(Buf *b, const void *p, size_t n)
+{
+    if (n == 0)
+        return 0; /* (p may be NULL then: an empty escaped string) */
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+static inline int
+put_i32(Buf *b, int32_t v) { return buf_put(b, &v, 4); }
+static inline int
+put_i64(Buf *b, int64_t v) { return buf_put(b, &v, 8); }
+static inline int
+put_u64(Buf *b, uint64_t v) { return buf_put(b, &v, 8); }
+static inline int
+put_u8(Buf *b, uint8_t v) { return buf_put(b, &v, 1); }
+
+/* Every output buffer, by index: the span columns, then the two attribute pools (span and resource). */
+enum {
+    S_LINE, S_RESOURCE, S_KIND, S_START, S_END, S_CODE, S_TOFF, S_TDATA, S_SOFF, S_SDATA, S_NOFF, S_NDATA,
+    S_NBUFS
+};
+enum { A_OWNERS, A_KOFF, A_KDATA, A_VVALID, A_TVALID, A_TOFF, A_TDATA, A_IVALID, A_IDATA, A_NBUFS };
+#define SPAN_POOL S_NBUFS
+#define RES_POOL (S_NBUFS + A_NBUFS)
+#define NBUFS (S_NBUFS + 2 * A_NBUFS)
+
+typedef struct {
+    const unsigned char *p, *end; /* the line being read */
+    Buf out[NBUFS];
+    Buf scratch; /* an escaped string, decoded */
+    int64_t spans, resources, attrs[2];
+    int32_t line;
+    int depth;
+} Scan;
+
+/* Results: 0 done, 1 decline the line, -1 a Python error (memory). */
+#define TRY(x)                                                                                                    \
+    do {                                                                                                          \
+        int r_ = (x);                                                                                             \
+        if (r_)                                                                                                   \
+            return r_;                                                                                            \
+    } while (0)
+
+static inline void
+ws(Scan *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\r' || *s->p == '\n'))
+        s->p++;
+}
+
+/* The next non-whitespace byte is c: consume it (1 if so, else 0 and nothing consumed). */
+static inline int
+eat(Scan *s, unsigned char c)
+{
+    ws(s);
+    if (s->p < s->end && *s->p == c) {
+        s->p++;
+        return 1;
+    }
+    return 0;
+}
+
+static inline int
+literal(Scan *s, const char *lit, size_t n)
+{
+    if ((size_t)(s->end - s->p) >= n && !memcmp(s->p, lit, n)) {
+        s->p += n;
+        return 1;
+    }
+    return 0;
+}
+
+/* `null` next (consumed)? */
+static inline int
+null_next(Scan *s)
+{
+    ws(s);
+    return literal(s, "null", 4);
+}
+
+static int
+utf8_valid(const unsigned char *q, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = q[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t more;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;
+            else if (c == 0xED)
+                hi = 0x9F; /* no UTF-16 surrogates */
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;
+            else if (c == 0xF4)
+                hi = 0x8F;
+        }
+        else
+            return 0;
+        if (i + more >= n)
+            return 0;
+        if (q[i + 1] < lo || q[i + 1] > hi)
+            return 0;
+        for (size_t j = 2; j <= more; j++)
+            if (q[i + j] < 0x80 || q[i + j] > 0xBF)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* Per byte: its value as a hex digit, or -1; and whether it ends the fast scan of a string (the closing quote, an
+ * escape, a control character), or is whitespace to bytes.fromhex. Filled at import. */
+static signed char HEX[256];
+static unsigned char STOP[256], HEX_SPACE[256];
+
+static void
+init_tables(void)
+{
+    memset(HEX, -1, sizeof HEX);
+    for (int c = 0; c < 10; c++)
+        HEX['0' + c] = (signed char)c;
+    for (int c = 0; c < 6; c++)
+        HEX['a' + c] = HEX['A' + c] = (signed char)(10 + c);
+    for (int c = 0; c < 0x20; c++)
+        STOP[c] = 1;
+    STOP['"'] = STOP['\\'] = 1;
+    HEX_SPACE[' '] = 1;
+    for (int c = '\t'; c <= '\r'; c++)
+        HEX_SPACE[c] = 1;
+}
+
+static int
+hex4(const unsigned char *q, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int d = HEX[q[i]];
+        if (d < 0)
+            return 1;
+        v = v * 16 + (unsigned)d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A JSON string next: *str and *n are its decoded bytes (valid until the next string is read). */
+static int
+string(Scan *s, const unsigned char **str, size_t *n)
+{
+    ws(s);
+    if (s->p >= s->end || *s->p != '"')
+        return 1;
+    const unsigned char *q = ++s->p, *end = s->end;
+    unsigned high = 0;
+    while (q < end && !STOP[*q])
+        high |= *q++;
+    if (q < end && *q == '"') { /* the usual case: no escape */
+        if ((high & 0x80) && !utf8_valid(s->p, (size_t)(q - s->p)))
+            return 1;
+        *str = s->p;
+        *n = (size_t)(q - s->p);
+        s->p = q + 1;
+        return 0;
+    }
+    Buf *b = &s->scratch;
+    b->len = 0;
+    q = s->p;
+    while (1) {
+        const unsigned char *run = q;
+        while (q < end && !STOP[*q])
+            q++;
+        if (q > run && buf_put(b, run, (size_t)(q - run)) < 0)
+            return -1;
+        if (q >= end || *q < 0x20)
+            return 1;
+        if (*q == '"')
+            break;
+        if (end - q < 2)
+            return 1;
+        unsigned char e = q[1], c;
+        q += 2;
+        switch (e) {
+        case '"': c = '"'; break;
+        case '\\': c = '\\'; break;
+        case '/': c = '/'; break;
+        case 'b': c = '\b'; break;
+        case 'f': c = '\f'; break;
+        case 'n': c = '\n'; break;
+        case 'r': c = '\r'; break;
+        case 't': c = '\t'; break;
+        case 'u': {
+            unsigned u, lo;
+            if (end - q < 4 || hex4(q, &u))
+                return 1;
+            q += 4;
+            if (u >= 0xDC00 && u <= 0xDFFF)
+                return 1; /* a lone low surrogate */
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                if (end - q < 6 || q[0] != '\\' || q[1] != 'u' || hex4(q + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                    return 1; /* a lone high surrogate */
+                q += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            unsigned char enc[4];
+            size_t k;
+            if (u < 0x80) {
+                enc[0] = (unsigned char)u;
+                k = 1;
+            }
+            else if (u < 0x800) {
+                enc[0] = (unsigned char)(0xC0 | (u >> 6));
+                enc[1] = (unsigned char)(0x80 | (u & 0x3F));
+                k = 2;
+            }
+            else if (u < 0x10000) {
+                enc[0] = (unsigned char)(0xE0 | (u >> 12));
+                enc[1] = (unsigned char)(0x80 | ((u >> 6) & 0x3F));
+                enc[2] = (unsigned char)(0x80 | (u & 0x3F));
+                k = 3;
+            }
+            else {
+                enc[0] = (unsigned char)(0xF0 | (u >> 18));
+                enc[1] = (unsigned char)(0x80 | ((u >> 12) & 0x3F));
+                enc[2] = (unsigned char)(0x80 | ((u >> 6) & 0x3F));
+                enc[3] = (unsigned char)(0x80 | (u & 0x3F));
+                k = 4;
+            }
+            if (buf_put(b, enc, k) < 0)
+                return -1;
+            continue;
+        }
+        default: return 1;
+        }
+        if (buf_put(b, &c, 1) < 0)
+            return -1;
+    }
+    if (!utf8_valid((const unsigned char *)b->data, b->len))
+        return 1;
+    *str = (const unsigned char *)b->data;
+    *n = b->len;
+    s->p = q + 1;
+    return 0;
+}
+
+static inline int
+is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* An integer next, a JSON integer or a quoted one (digits, with a '-' only if `neg_ok`), at most `max` (and at
+ * least -max-1 when negative) -> *out. */
+static int
+integer(Scan *s, int neg_ok, uint64_t max, int64_t *out_signed, uint64_t *out_unsigned)
+{
+    ws(s);
+    const unsigned char *q = s->p, *end = s->end;
+    int quoted = q < end && *q == '"';
+    q += quoted;
+    int neg = q < end && *q == '-';
+    q += neg;
+    if (neg && !neg_ok)
+        return 1;
+    const unsigned char *digits = q;
+    uint64_t v = 0;
+    while (q < end && is_digit(*q)) {
+        unsigned d = *q - '0';
+        if (v > (UINT64_MAX - d) / 10)
+            return 1;
+        v = v * 10 + d;
+        q++;
+    }
+    if (q == digits)
+        return 1;
+    if (quoted) {
+        if (q >= end || *q != '"')
+            return 1;
+        q++;
+    }
+    else if ((*digits == '0' && q - digits > 1) || (q < end && (*q == '.' || *q == 'e' || *q == 'E')))
+        return 1; /* not JSON, or a number ParseDict reads as a float first */
+    if (v > max + (uint64_t)neg)
+        return 1;
+    if (out_signed)
+        *out_signed = neg ? (int64_t)(0 - v) : (int64_t)v;
+    if (out_unsigned)
+        *out_unsigned = v;
+    s->p = q;
+    return 0;
+}
+
+/* A JSON number next that is finite as a double (a doubleValue: its value is not needed). */
+static int
+finite_number(Scan *s)
+{
+    ws(s);
+    const unsigned char *q = s->p, *end = s->end, *start = q;
+    q += q < end && *q == '-';
+    if (q >= end || !is_digit(*q))
+        return 1;
+    if (*q == '0')
+        q++;
+    else
+        while (q < end && is_digit(*q))
+            q++;
+    if (q < end && *q == '.') {
+        q++;
+        if (q >= end || !is_digit(*q))
+            return 1;
+        while (q < end && is_digit(*q))
+            q++;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        q++;
+        if (q < end && (*q == '+' || *q == '-'))
+            q++;
+        if (q >= end || !is_digit(*q))
+            return 1;
+        while (q < end && is_digit(*q))
+            q++;
+    }
+    char text[64];
+    size_t n = (size_t)(q - start);
+    if (n >= sizeof text)
+        return 1;
+    memcpy(text, start, n);
+    text[n] = '\0';
+    double v = PyOS_string_to_double(text, NULL, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (!isfinite(v))
+        return 1;
+    s->p = q;
+    return 0;
+}
+
+static int
+boolean(Scan *s)
+{
+    ws(s);
+    return literal(s, "true", 4) || literal(s, "false", 5) ? 0 : 1;
+}
+
+static int
+any_string(Scan *s)
+{
+    const unsigned char *str;
+    size_t n;
+    return string(s, &str, &n);
+}
+
+/* ---------------------------------------------------------------------------------------------- objects, lists */
+
+/* Object members: `member(s, ctx, key, n, &seen)` reads one value; it returns 1 for an unknown key. */
+typedef int (*Member)(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen);
+
+static int
+object(Scan *s, Member member, void *ctx)
+{
+    if (!eat(s, '{'))
+        return 1;
+    if (++s->depth > MAX_DEPTH)
+        return 1;
+    unsigned seen = 0;
+    if (!eat(s, '}')) {
+        do {
+            const unsigned char *key;
+            size_t n;
+            TRY(string(s, &key, &n));
+            if (!eat(s, ':'))
+                return 1;
+            TRY(member(s, ctx, key, n, &seen));
+        } while (eat(s, ','));
+        if (!eat(s, '}'))
+            return 1;
+    }
+    s->depth--;
+    return 0;
+}
+
+/* A list (or null: none) of what `item` reads; null elements decline. */
+typedef int (*Item)(Scan *s, void *ctx);
+
+static int
+list(Scan *s, Item item, void *ctx)
+{
+    if (null_next(s))
+        return 0;
+    if (!eat(s, '['))
+        return 1;
+    if (eat(s, ']'))
+        return 0;
+    do {
+        if (null_next(s))
+            return 1;
+        TRY(item(s, ctx));
+    } while (eat(s, ','));
+    return eat(s, ']') ? 0 : 1;
+}
+
+/* Match `key` against the names; each field at most once (bit `i` of *seen). -1 for no match. */
+static int
+field(const unsigned char *key, size_t n, const char *const *names, unsigned *seen)
+{
+    for (int i = 0; names[i]; i++)
+        if (n && names[i][0] == key[0] && strlen(names[i]) == n && !memcmp(key, names[i], n)) {
+            if (*seen & (1u << i))
+                return -2;
+            *seen |= 1u << i;
+            return i;
+        }
+    return -1;
+}
+
+#define FIELD(names)                                                                                              \
+    int f = field(key, n, names, seen);                                                                           \
+    if (f < 0)                                                                                                    \
+        return 1;                                                                                                 \
+    if (null_next(s))                                                                                             \
+        return 0
+
+static int u32(Scan *s) { return integer(s, 0, UINT32_MAX, NULL, NULL); }
+static int u64(Scan *s, uint64_t *v) { return integer(s, 0, UINT64_MAX, NULL, v); }
+
+/* An enum: a number (open enums: any int32), or the name of one of `names` (numbered from 0). */
+static int
+enum32(Scan *s, const char *const *names, int32_t *v)
+{
+    int64_t x;
+    const unsigned char *at = s->p;
+    int r = integer(s, 1, INT32_MAX, &x, NULL);
+    if (r == 0) {
+        *v = (int32_t)x;
+        return 0;
+    }
+    s->p = at;
+    const unsigned char *name;
+    size_t n;
+    TRY(string(s, &name, &n));
+    for (int32_t i = 0; names[i]; i++)
+        if (strlen(names[i]) == n && !memcmp(name, names[i], n)) {
+            *v = i;
+            return 0;
+        }
+    return 1;
+}
+
+static const char *const SPAN_KINDS[] = {"SPAN_KIND_UNSPECIFIED", "SPAN_KIND_INTERNAL", "SPAN_KIND_SERVER",
+                                         "SPAN_KIND_CLIENT", "SPAN_KIND_PRODUCER", "SPAN_KIND_CONSUMER", NULL};
+static const char *const STATUS_CODES[] = {"STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR", NULL};
+
+/* ------------------------------------------------------------------------------------------- attribute values */
+
+/* Where a key/value pair's parts go: a pool (a row per pair), or nowhere (validated only). */
+typedef struct {
+    Buf *pool; /* NULL: discard */
+    int has_value, has_text, has_int;
+    int64_t int_value;
+} Pair;
+
+static int any_value(Scan *s, void *pair);
+static int key_value(Scan *s, void *pool);
+
+static const char *const VALUE_LIST_FIELDS[] = {"values", NULL};
+
+static int
+values_of_any(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(VALUE_LIST_FIELDS);
+    return list(s, any_value, NULL);
+}
+
+static int
+values_of_kv(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(VALUE_LIST_FIELDS);
+    return list(s, key_value, NULL);
+}
+
+static const char *const ANY_VALUE_FIELDS[] = {"stringValue", "boolValue", "intValue", "doubleValue",
+                                               "arrayValue", "kvlistValue", NULL};
+
+static int
+any_value_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    Pair *pair = ctx;
+    if (*seen)
+        return 1; /* a oneof: a second member (even a null one) declines */
+    FIELD(ANY_VALUE_FIELDS);
+    switch (f) {
+    case 0: {
+        const unsigned char *str;
+        size_t len;
+        TRY(string(s, &str, &len));
+        if (pair && pair->pool) {
+            pair->has_text = 1;
+            if (buf_put(&pair->pool[A_TDATA], str, len) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    case 1: return boolean(s);
+    case 2: {
+        int64_t v;
+        TRY(integer(s, 1, INT64_MAX, &v, NULL));
+        if (pair) {
+            pair->has_int = 1;
+            pair->int_value = v;
+        }
+        return 0;
+    }
+    case 3: return finite_number(s);
+    case 4: return object(s, values_of_any, NULL);
+    default: return object(s, values_of_kv, NULL);
+    }
+}
+
+/* An AnyValue object; `ctx` is the Pair it fills, or NULL. */
+static int
+any_value(Scan *s, void *ctx)
+{
+    return object(s, any_value_member, ctx);
+}
+
+static const char *const KEY_VALUE_FIELDS[] = {"key", "value", NULL};
+
+static int
+key_value_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    Pair *pair = ctx;
+    FIELD(KEY_VALUE_FIELDS);
+    if (f == 0) {
+        const unsigned char *str;
+        size_t len;
+        TRY(string(s, &str, &len));
+        if (pair->pool && buf_put(&pair->pool[A_KDATA], str, len) < 0)
+            return -1;
+        return 0;
+    }
+    pair->has_value = 1;
+    return any_value(s, pair->pool ? pair : NULL);
+}
+
+/* A KeyValue object, a row of the pool `ctx` (a Buf[A_NBUFS]), or validated only (NULL). */
+static int
+key_value(Scan *s, void *ctx)
+{
+    Pair pair = {ctx, 0, 0, 0, 0};
+    TRY(object(s, key_value_member, &pair));
+    Buf *pool = ctx;
+    if (pool == NULL)
+        return 0;
+    if (put_i32(&pool[A_KOFF], (int32_t)pool[A_KDATA].len) < 0 || put_u8(&pool[A_VVALID], pair.has_value) < 0 ||
+        put_u8(&pool[A_TVALID], pair.has_text) < 0 || put_i32(&pool[A_TOFF], (int32_t)pool[A_TDATA].len) < 0 ||
+        put_u8(&pool[A_IVALID], pair.has_int) < 0 || put_i64(&pool[A_IDATA], pair.has_int ? pair.int_value : 0) < 0)
+        return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------- messages */
+
+/* An id: a string; hex of even length decodes into `into` (if any), other strings are an empty id. */
+static int
+id(Scan *s, Buf *into)
+{
+    const unsigned char *str;
+    size_t n;
+    TRY(string(s, &str, &n));
+    int hex = n % 2 == 0;
+    for (size_t i = 0; i < n; i++) {
+        if (HEX_SPACE[str[i]])
+            return 1; /* bytes.fromhex skips whitespace between pairs */
+        hex &= HEX[str[i]] >= 0;
+    }
+    if (!hex || into == NULL)
+        return 0;
+    if (buf_reserve(into, n / 2) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i += 2)
+        into->data[into->len++] = (char)(HEX[str[i]] << 4 | HEX[str[i + 1]]);
+    return 0;
+}
+
+static const char *const STATUS_FIELDS[] = {"message", "code", NULL};
+
+static int
+status_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(STATUS_FIELDS);
+    return f == 0 ? any_string(s) : enum32(s, STATUS_CODES, ctx);
+}
+
+static const char *const EVENT_FIELDS[] = {"timeUnixNano", "name", "attributes", "droppedAttributesCount", NULL};
+
+static int
+event_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(EVENT_FIELDS);
+    switch (f) {
+    case 0: return u64(s, NULL);
+    case 1: return any_string(s);
+    case 2: return list(s, key_value, NULL);
+    default: return u32(s);
+    }
+}
+
+static int
+event(Scan *s, void *ctx)
+{
+    return object(s, event_member, NULL);
+}
+
+static const char *const LINK_FIELDS[] = {"traceId", "spanId", "traceState", "attributes", "droppedAttributesCount",
+                                          "flags", NULL};
+
+static int
+link_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(LINK_FIELDS);
+    switch (f) {
+    case 0:
+    case 1: return id(s, NULL);
+    case 2: return any_string(s);
+    case 3: return list(s, key_value, NULL);
+    default: return u32(s);
+    }
+}
+
+static int
+span_link(Scan *s, void *ctx)
+{
+    return object(s, link_member, NULL);
+}
+
+typedef struct {
+    int32_t kind, code;
+    uint64_t start, end;
+} Span;
+
+static const char *const SPAN_FIELDS[] = {
+    "traceId", "spanId", "traceState", "parentSpanId", "flags", "name", "kind", "startTimeUnixNano",
+    "endTimeUnixNano", "attributes", "droppedAttributesCount", "events", "droppedEventsCount", "links",
+    "droppedLinksCount", "status", NULL};
+
+static int
+span_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    Span *span = ctx;
+    FIELD(SPAN_FIELDS);
+    switch (f) {
+    case 0: return id(s, &s->out[S_TDATA]);
+    case 1: return id(s, &s->out[S_SDATA]);
+    case 2: return any_string(s);
+    case 3: return id(s, NULL);
+    case 5: {
+        const unsigned char *str;
+        size_t len;
+        TRY(string(s, &str, &len));
+        return buf_put(&s->out[S_NDATA], str, len) < 0 ? -1 : 0;
+    }
+    case 6: return enum32(s, SPAN_KINDS, &span->kind);
+    case 7: return u64(s, &span->start);
+    case 8: return u64(s, &span->end);
+    case 9: return list(s, key_value, &s->out[SPAN_POOL]);
+    case 11: return list(s, event, NULL);
+    case 13: return list(s, span_link, NULL);
+    case 15: return object(s, status_member, &span->code);
+    default: return u32(s); /* flags and the dropped counts */
+    }
+}
+
+static int
+span(Scan *s, void *ctx)
+{
+    Span span = {0, 0, 0, 0};
+    TRY(object(s, span_member, &span));
+    Buf *o = s->out;
+    Buf *pool = &o[SPAN_POOL];
+    s->spans++;
+    if (put_i32(&o[S_LINE], s->line) < 0 || put_i64(&o[S_RESOURCE], s->resources - 1) < 0 ||
+        put_i32(&o[S_KIND], span.kind) < 0 || put_u64(&o[S_START], span.start) < 0 ||
+        put_u64(&o[S_END], span.end) < 0 || put_i32(&o[S_CODE], span.code) < 0 ||
+        put_i32(&o[S_TOFF], (int32_t)o[S_TDATA].len) < 0 || put_i32(&o[S_SOFF], (int32_t)o[S_SDATA].len) < 0 ||
+        put_i32(&o[S_NOFF], (int32_t)o[S_NDATA].len) < 0 ||
+        put_i32(&pool[A_OWNERS], (int32_t)(pool[A_KOFF].len / 4 - 1)) < 0)
+        return -1;
+    return 0;
+}
+
+static const char *const SCOPE_FIELDS[] = {"name", "version", "attributes", "droppedAttributesCount", NULL};
+
+static int
+scope_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(SCOPE_FIELDS);
+    return f <= 1 ? any_string(s) : f == 2 ? list(s, key_value, NULL) : u32(s);
+}
+
+static const char *const SCOPE_SPANS_FIELDS[] = {"scope", "spans", "schemaUrl", NULL};
+
+static int
+scope_spans_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(SCOPE_SPANS_FIELDS);
+    return f == 0 ? object(s, scope_member, NULL) : f == 1 ? list(s, span, NULL) : any_string(s);
+}
+
+static int
+scope_spans(Scan *s, void *ctx)
+{
+    return object(s, scope_spans_member, NULL);
+}
+
+static const char *const RESOURCE_FIELDS[] = {"attributes", "droppedAttributesCount", NULL};
+
+static int
+resource_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(RESOURCE_FIELDS);
+    return f == 0 ? list(s, key_value, &s->out[RES_POOL]) : u32(s);
+}
+
+static const char *const RESOURCE_SPANS_FIELDS[] = {"resource", "scopeSpans", "schemaUrl", NULL};
+
+static int
+resource_spans_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(RESOURCE_SPANS_FIELDS);
+    return f == 0 ? object(s, resource_member, NULL) : f == 1 ? list(s, scope_spans, NULL) : any_string(s);
+}
+
+static int
+resource_spans(Scan *s, void *ctx)
+{
+    s->resources++; /* its spans name it while it is read; its attributes close when it does */
+    TRY(object(s, resource_spans_member, NULL));
+    Buf *pool = &s->out[RES_POOL];
+    return put_i32(&pool[A_OWNERS], (int32_t)(pool[A_KOFF].len / 4 - 1)) < 0 ? -1 : 0;
+}
+
+static const char *const REQUEST_FIELDS[] = {"resourceSpans", NULL};
+
+static int
+request_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
+{
+    FIELD(REQUEST_FIELDS);
+    return list(s, resource_spans, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------------ the block */
+
+static PyObject *
+bytes_of(const Buf *b)
+{
+    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
+}
+
+/* Arrow's validity bitmap of one byte per element; None when every element is valid. */
+static PyObject *
+bitmap_of(const Buf *b)
+{
+    size_t n = b->len;
+    const unsigned char *v = (const unsigned char *)b->data;
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++)
+        valid += v[i];
+    if (valid == n)
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
+    if (out == NULL)
+        return NULL;
+    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
+    memset(bits, 0, (n + 7) / 8);
+    for (size_t i = 0; i < n; i++)
+        bits[i >> 3] |= (unsigned char)(v[i] << (i & 7));
+    return out;
+}
+
+static PyObject *
+pool_tuple(const Buf *pool)
+{
+    return Py_BuildValue("(nNNNNNNNNN)", (Py_ssize_t)(pool[A_OWNERS].len / 4 - 1), bytes_of(&pool[A_OWNERS]),
+                         bytes_of(&pool[A_KOFF]), bytes_of(&pool[A_KDATA]), bitmap_of(&pool[A_VVALID]),
+                         bitmap_of(&pool[A_TVALID]), bytes_of(&pool[A_TOFF]), bytes_of(&pool[A_TDATA]),
+                         bitmap_of(&pool[A_IVALID]), bytes_of(&pool[A_IDATA]));
+}
+
+static void
+scan_free(Scan *s)
+{
+    for (int i = 0; i < NBUFS; i++)
+        PyMem_Free(s->out[i].data);
+    PyMem_Free(s->scratch.data);
+}
+
+/* scan(data, count) -> (declined, spans, resources, span columns..., span pool, resource pool), or None when
+ * `data` does not hold `count` lines. */
+static PyObject *
+scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t count;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan(data, count)");
+        return NULL;
+    }
+    count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Scan s;
+    memset(&s, 0, sizeof s);
+    PyObject *declined = PyList_New(0), *result = NULL;
+    if (declined == NULL)
+        goto done;
+    /* every offsets column starts at 0 */
+    static const int OFFSETS[] = {S_TOFF, S_SOFF, S_NOFF, SPAN_POOL + A_OWNERS, SPAN_POOL + A_KOFF,
+                                  SPAN_POOL + A_TOFF, RES_POOL + A_OWNERS, RES_POOL + A_KOFF, RES_POOL + A_TOFF};
+    for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
+        if (put_i32(&s.out[OFFSETS[i]], 0) < 0)
+            goto done;
+    const unsigned char *p = view.buf, *end = p + view.len;
+    Py_ssize_t lines = 0;
+    size_t marks[NBUFS];
+    while (p < end) {
+        const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
+        const unsigned char *line_end = nl ? nl : end;
+        s.p = p;
+        s.end = line_end;
+        s.line = (int32_t)lines;
+        s.depth = 0;
+        ws(&s);
+        int r = 0;
+        const unsigned char *q = s.p;
+        while (q < line_end && (*q == '\v' || *q == '\f' || *q == ' ' || *q == '\t' || *q == '\r'))
+            q++;
+        if (q < line_end) { /* not blank (as bytes.strip() sees it) */
+            for (int i = 0; i < NBUFS; i++)
+                marks[i] = s.out[i].len;
+            int64_t spans = s.spans, resources = s.resources;
+            r = object(&s, request_member, NULL);
+            if (r == 0) {
+                ws(&s);
+                r = s.p == line_end ? 0 : 1;
+            }
+            if (r < 0)
+                goto done;
+            if (r) { /* roll the line back; the reference reads it */
+                for (int i = 0; i < NBUFS; i++)
+                    s.out[i].len = marks[i];
+                s.spans = spans;
+                s.resources = resources;
+                PyObject *index = PyLong_FromSsize_t(lines);
+                if (index == NULL || PyList_Append(declined, index) < 0) {
+                    Py_XDECREF(index);
+                    goto done;
+                }
+                Py_DECREF(index);
+            }
+        }
+        lines++;
+        p = nl ? nl + 1 : end;
+    }
+    if (lines != count) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    Buf *o = s.out;
+    result = Py_BuildValue("(OLLNNNNNNNNNNNNNN)", declined, (long long)s.spans, (long long)s.resources,
+                           bytes_of(&o[S_LINE]), bytes_of(&o[S_RESOURCE]), bytes_of(&o[S_KIND]),
+                           bytes_of(&o[S_START]), bytes_of(&o[S_END]), bytes_of(&o[S_CODE]), bytes_of(&o[S_TOFF]),
+                           bytes_of(&o[S_TDATA]), bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]),
+                           bytes_of(&o[S_NOFF]), bytes_of(&o[S_NDATA]), pool_tuple(&o[SPAN_POOL]),
+                           pool_tuple(&o[RES_POOL]));
+done:
+    Py_XDECREF(declined);
+    scan_free(&s);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(data, count) -> the span columns of a block of OTLP JSON lines, and the lines declined (see "
+     "_otlpjson.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "drainpipe.inputs._otlpjson",
+    "OTLP JSON lines -> span columns in one pass (see _otlpjson.c).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__otlpjson(void)
+{
+    init_tables();
+    return PyModule_Create(&module);
+}

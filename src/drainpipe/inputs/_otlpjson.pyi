@@ -1,0 +1,10 @@
+"""Typed stub of the C extension ``drainpipe.inputs._otlpjson`` (source and its rules: ``_otlpjson.c``)."""
+
+from typing import Any
+
+def scan(data: bytes, count: int, /) -> tuple[Any, ...] | None:
+    """The spans of a block of ``count`` OTLP JSON lines as column buffers: ``(declined line indexes, spans,
+    resources, line, resource, kind, start, end, status code, trace id offsets, data, span id offsets, data, name
+    offsets, data, span attributes, resource attributes)``, each attribute pool ``(owners, owner offsets, key offsets,
+    key data, value validity, text validity, text offsets, text data, integer validity, integer data)``; None when
+    ``data`` does not hold ``count`` lines."""

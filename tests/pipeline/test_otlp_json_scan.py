@@ -1,0 +1,283 @@
+"""OTLP JSON files read by the C pass (``_otlpjson.c``) give exactly what the reference decoder gives.
+
+The reference is protobuf's JSON mapping (``decode_otlp_lines``): it decides what a valid export is. The C pass may
+decline any line (the reference then reads it), but what it accepts must map to the same events and rejects. The
+fuzz below writes exports with every field of every message in valid and invalid spellings (enum names and numbers,
+quoted integers, ids in hex, odd, upper case or with spaces, escapes, nulls, unknown and snake_case keys, nested
+values, a second oneof member), mutates bytes of some, and compares the two paths block by block. It also checks
+that the pass really takes the common shapes (the Collector's and protobuf's own JSON): declining everything would
+pass the comparison."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+from typing import Any
+
+import pyarrow as pa
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from drainpipe.inputs.formats.otlp_format import decode_block
+from drainpipe.inputs.options import InputOptions
+from drainpipe.inputs.span_columns import json_span_columns
+
+OPTIONS = InputOptions()
+END = 1_790_000_000_000_000_000
+
+
+def _rows(batch: Any) -> tuple[list, int]:
+    rows = pa.Table.from_batches([batch.rows]).to_pylist()
+    return sorted((tuple(r.values()) for r in rows), key=repr), batch.requests
+
+
+def _same(data: bytes, count: int) -> list[int]:
+    """Both paths over one block: the same events and rejects. Returns the lines the C pass declined."""
+    fast, fast_bad = decode_block(data, count, 100, OPTIONS, True)
+    ref, ref_bad = decode_block(data, count, 100, OPTIONS, False)
+    assert _rows(fast) == _rows(ref), data[:2000]
+    assert fast_bad == ref_bad, data[:2000]
+    scanned = json_span_columns(data, count)
+    assert scanned is not None
+    return scanned.declined
+
+
+def _pick(rng: random.Random, *choices: Any) -> Any:
+    return rng.choice(choices)
+
+
+def _usually(rng: random.Random, common: Any, *odd: Any) -> Any:
+    """``common`` mostly; now and then one of the ``odd`` spellings (valid or not): a line has dozens of fields,
+    and one invalid among them makes the whole line the reference's."""
+    return common if rng.random() < 0.93 else rng.choice(odd)
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    if rng.random() < 0.6:
+        return _usually(rng, {"stringValue": "GET /users/{id}"}, {"intValue": "503"}, {"intValue": 404})
+    kinds = [
+        lambda: {"stringValue": _pick(rng, "GET /users/{id}", "", "caf\u00e9", "a\u0000b", "\U0001f600", "x\"y\\z")},
+        lambda: {"intValue": _pick(rng, "503", 404, "-3", "9223372036854775807", "9223372036854775808", "1.0",
+                                   5.0, "0x10", " 5", "+5", "1_000", True)},
+        lambda: {"boolValue": _pick(rng, True, False, "true", 1)},
+        lambda: {"doubleValue": _pick(rng, 1.5, 0, -2, 1e308, "NaN", "1.5")},
+        lambda: {"bytesValue": "aGk="},
+        lambda: {"stringValue": None},
+        lambda: {},
+        lambda: {"stringValue": "a", "intValue": 1},
+        lambda: {"string_value": "snake"},
+        lambda: {"stringValue": 5},
+    ]  # fmt: skip
+    if depth < 2:
+        kinds += [lambda: {"arrayValue": {"values": [_value(rng, depth + 1) for _ in range(rng.randrange(3))]}},
+                  lambda: {"kvlistValue": {"values": _attributes(rng, depth + 1)}}]  # fmt: skip
+    return rng.choice(kinds)()
+
+
+def _attributes(rng: random.Random, depth: int = 0) -> Any:
+    keys = ["http.route", "http.response.status_code", "http.status_code", "service.name", "host.name",
+            "service.instance.id", "db.statement", "db.query.text", "other"]  # fmt: skip
+    out: list[Any] = []
+    for _ in range(rng.randrange(4)):
+        pair: dict[str, Any] = {}
+        if rng.random() < 0.98:
+            pair["key"] = rng.choice(keys)
+        if rng.random() < 0.98:
+            pair["value"] = _value(rng, depth) if rng.random() < 0.98 else None
+        if rng.random() < 0.01:
+            pair["extra"] = 1
+        out.append(pair)
+    if rng.random() < 0.03:
+        return None
+    return out
+
+
+def _id(rng: random.Random, width: int) -> Any:
+    good = rng.randbytes(width).hex()
+    if rng.random() < 0.8:
+        return good
+    return _pick(rng, good.upper(), good[:-1], "zz" * width, good[:4] + " " + good[4:], "", 12, None,
+                 bytes(width).hex(), good[:6] + "\u00e9")  # fmt: skip
+
+
+def _integer(rng: random.Random, value: int) -> Any:
+    return _usually(rng, _pick(rng, str(value), value), str(-value), "0" + str(value), float(value), "x", None)
+
+
+def _span(rng: random.Random) -> dict[str, Any]:
+    end = END + rng.randrange(10**12)
+    span: dict[str, Any] = {
+        "traceId": _id(rng, 16),
+        "spanId": _id(rng, 8),
+        "name": _usually(rng, "GET /users/123", "op", "", "\u00e9t\u00e9", 7),
+        "kind": _usually(
+            rng, _pick(rng, 2, 2, 3, 1), 5, "SPAN_KIND_SERVER", "SPAN_KIND_CLIENT", "2", "server", 9, -1, 2.5
+        ),
+        "startTimeUnixNano": _integer(rng, end - rng.randrange(2 * 10**9)),
+        "endTimeUnixNano": _integer(rng, end),
+        "attributes": _attributes(rng),
+    }
+    optional = {
+        "parentSpanId": lambda: _id(rng, 8),
+        "traceState": lambda: _pick(rng, "ot=th:8", 5),
+        "flags": lambda: _pick(rng, 1, 256, "1", -1, 2**32),
+        "droppedAttributesCount": lambda: _pick(rng, 0, 3, "2", -1),
+        "events": lambda: [{"timeUnixNano": _integer(rng, end), "name": "exception",
+                            "attributes": _attributes(rng)} for _ in range(rng.randrange(2))],
+        "links": lambda: [{"traceId": _id(rng, 16), "spanId": _id(rng, 8), "flags": 1}],
+        "droppedEventsCount": lambda: 1,
+        "status": lambda: _pick(rng, {}, {"code": 2}, {"code": "STATUS_CODE_ERROR"}, {"code": 1, "message": "m"},
+                                {"code": "2"}, {"message": 5}, None, {"code": 7}),
+        "span_id": lambda: "00",
+        "unknownField": lambda: {"a": [1]},
+    }  # fmt: skip
+    for key, make in optional.items():
+        if rng.random() < (0.01 if key in ("span_id", "unknownField") else 0.2):
+            span[key] = make()
+    for key in list(span):
+        if rng.random() < 0.01:
+            del span[key]
+    return span
+
+
+def _export(rng: random.Random) -> dict[str, Any]:
+    resources = []
+    for _ in range(rng.randrange(3)):
+        rs: dict[str, Any] = {"scopeSpans": [{"scope": {"name": "s", "version": "1"},
+                                              "spans": [_span(rng) for _ in range(rng.randrange(4))]}
+                                             for _ in range(_usually(rng, 1, 2, 0))]}  # fmt: skip
+        if rng.random() < 0.9:
+            rs["resource"] = _pick(rng, {"attributes": _attributes(rng)}, {}, None, {"droppedAttributesCount": 1},
+                                   {"attributes": _attributes(rng)})  # fmt: skip
+        if rng.random() < 0.2:
+            rs["schemaUrl"] = "https://opentelemetry.io/schemas/1.21.0"
+        resources.append(rs)
+    return {"resourceSpans": resources}
+
+
+_EDITS = [
+    (rb'"kind": ?[0-9]', b'"kind": 02'),
+    (rb'"kind": ?2', b'"kind": 2.0'),
+    (rb'"kind": ?2', b'"kind": -0'),
+    (rb'"GET /users/', b'"GET /us\xffers/'),
+    (rb'"GET /users/', b'"GET /us\xed\xa0\x80ers/'),  # an encoded surrogate: not UTF-8
+    (rb'"GET /users/', b'"GET /us\xc3\xa9ers/'),
+    (rb'"name": ?"', b'"name": "\\u00e9\\ud83d\\ude00\\n\\/'),
+    (rb'"name": ?"', b'"name": "\\ud800'),
+    (rb'"name": ?"', b'"name": "\\udc00x'),
+    (rb'"name": ?"', b'"name": "\\x'),
+    (rb'"name": ?"', b'"name": "a\tb'),
+    (rb'"stringValue": ?"', b'"stringValue": "\\u0041\\"'),
+    (rb'"spanId": ?"', b'"spanId": "\\u0030\\u0031'),
+    (rb'"traceId": ?"', b'"trace\\u0049d": "'),
+    (rb'"endTimeUnixNano": ?"', b'"endTimeUnixNano": "+'),
+    (rb'"endTimeUnixNano": ?"', b'"endTimeUnixNano": "1_0'),
+    (rb'"endTimeUnixNano": ?"', b'"endTimeUnixNano": "99999999999999999999'),
+    (rb"\}$", b"} x"),
+    (rb"\}$", b"}]"),
+    (rb"^\{", b"\xef\xbb\xbf{"),
+    (rb"true", b"True"),
+]
+
+
+def _line(rng: random.Random) -> bytes:
+    text = json.dumps(_export(rng), ensure_ascii=rng.random() < 0.3,
+                      separators=_pick(rng, (",", ":"), (", ", ": ")))  # fmt: skip
+    if rng.random() < 0.1:  # a duplicate key (json.loads keeps the last)
+        key = _pick(rng, '"spanId":', '"name":', '"kind":', '"key":')
+        text = text.replace(key, f'{key} "00", {key}', 1)
+    if rng.random() < 0.05:
+        text = " \t" + text + " \r"
+    raw = bytearray(text.encode())
+    if rng.random() < 0.4:  # a targeted edit: a token JSON refuses, bad UTF-8, escapes (good and bad)
+        pattern, replacement = rng.choice(_EDITS)
+        raw = bytearray(re.sub(pattern, lambda _: replacement, bytes(raw), count=1))
+    if rng.random() < 0.1:  # byte mutations: truncation, junk, a flipped character
+        for _ in range(rng.randrange(1, 3)):
+            i = rng.randrange(len(raw))
+            raw[i : i + 1] = _pick(rng, b"", b"\xff", b"\\", b'"', b"}", b"0", b"\x00", b"\xc3")
+    return bytes(raw)
+
+
+def test_the_c_pass_gives_the_reference_result_on_fuzzed_exports() -> None:
+    rng = random.Random(37)
+    declined = taken = 0
+    for _ in range(200):
+        lines = [_line(rng) for _ in range(rng.randrange(1, 12))]
+        if rng.random() < 0.2:
+            lines.insert(rng.randrange(len(lines) + 1), _pick(rng, b"", b"  ", b"\x0c"))
+        data = b"\n".join(lines) + _pick(rng, b"\n", b"")
+        count = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+        d = _same(data, count)
+        declined += len(d)
+        taken += count - len(d)
+    print(f"lines taken by the C pass {taken}, declined {declined}")
+    assert taken > 0.4 * (taken + declined), (taken, declined)  # the comparison exercises the C pass
+
+
+def _collector_line(spans: int, seed: int) -> bytes:
+    """An export shaped as the Collector's file exporter writes it (enums as numbers, every kind of field)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(spans):
+        end = END + i * 1_000_000
+        out.append({"traceId": rng.randbytes(16).hex(), "spanId": rng.randbytes(8).hex(),
+                    "parentSpanId": rng.randbytes(8).hex() if i % 2 else "", "flags": 257, "traceState": "",
+                    "name": f"GET /users/{i}", "kind": 2 if i % 3 else 3, "startTimeUnixNano": str(end - 5_000_000),
+                    "endTimeUnixNano": str(end),
+                    "attributes": [{"key": "http.route", "value": {"stringValue": "/users/{id}"}},
+                                   {"key": "http.response.status_code", "value": {"intValue": "503" if i % 5 == 0 else "200"}},
+                                   {"key": "db.statement", "value": {"stringValue": "SELECT 1"}},
+                                   {"key": "tags", "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"doubleValue": 1.5}]}}},
+                                   {"key": "ok", "value": {"boolValue": True}}],
+                    "events": [{"timeUnixNano": str(end), "name": "exception",
+                                "attributes": [{"key": "exception.type", "value": {"stringValue": "E"}}]}],
+                    "links": [{"traceId": rng.randbytes(16).hex(), "spanId": rng.randbytes(8).hex(), "flags": 1}],
+                    "status": {"code": 2, "message": "boom"} if i % 7 == 0 else {}})  # fmt: skip
+    document = {"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "checkout"}},
+        {"key": "host.name", "value": {"stringValue": "h1"}}], "droppedAttributesCount": 0},
+        "scopeSpans": [{"scope": {"name": "io.opentelemetry.http", "version": "1.2"}, "spans": out,
+                        "schemaUrl": "https://opentelemetry.io/schemas/1.26.0"}]}]}  # fmt: skip
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _protobuf_line(seed: int) -> bytes:
+    """protobuf's own JSON of an export (enum names, 64-bit integers quoted), its ids made hex as OTLP wants."""
+    rng = random.Random(seed)
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = "shop"
+    spans = rs.scope_spans.add().spans
+    for kind in Span.SpanKind.values():
+        span = spans.add(trace_id=rng.randbytes(16), span_id=rng.randbytes(8), name="op", kind=kind,
+                         start_time_unix_nano=END, end_time_unix_nano=END + 1000)  # fmt: skip
+        span.status.code = Status.STATUS_CODE_ERROR
+        span.attributes.add(key="http.response.status_code").value.int_value = 500
+    document = json_format.MessageToDict(request)
+    for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        for key in ("traceId", "spanId"):
+            span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(document).encode()
+
+
+def test_the_common_shapes_are_taken_by_the_c_pass_not_declined() -> None:
+    lines = [_collector_line(50, 1), _protobuf_line(2), _collector_line(3, 3)]
+    data = b"\n".join(lines) + b"\n"
+    assert _same(data, 3) == []
+    batch, _ = decode_block(data, 3, 0, OPTIONS, True)
+    assert batch.requests == 33 + 2 + 2  # the SERVER spans of the Collector's lines, SERVER and CONSUMER of protobuf's
+    # every enum name of opentelemetry-proto is read as its number (the names are a table in the C pass)
+    for name, number in list(Span.SpanKind.items()) + [(n, v) for n, v in Status.StatusCode.items()]:
+        field = "kind" if name.startswith("SPAN_KIND") else "status"
+        value: Any = name if field == "kind" else {"code": name}
+        span = {"traceId": "01" * 16, "spanId": "02" * 8, "name": "op", "kind": 2, "startTimeUnixNano": "1",
+                "endTimeUnixNano": "2", field: value}  # fmt: skip
+        line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+        scanned = json_span_columns(line, 1)
+        assert scanned is not None and scanned.declined == [], name
+        got = scanned.columns.kind if field == "kind" else scanned.columns.status_code
+        assert got.to_pylist() == [number], name
