@@ -218,9 +218,24 @@ def split_lines(data: bytes) -> list[bytes]:
     return [p + b"\n" for p in parts] + ([last] if last else [])
 
 
+#: up to this many lines, :func:`line_ends` finds them one by one
+_FIND_LINES = 256
+
+
 def line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
     """The offsets (from ``begin``) of the first ``count`` ``\\n`` bytes of ``data`` at or after ``begin`` (fewer
-    at its end), looking through a window that grows until it holds them."""
+    at its end), looking through a window that grows until it holds them. A few lines (long ones: OTLP exports)
+    are found one ``find`` (memchr) at a time instead: a window's compare would pass over each byte several
+    times."""
+    if count <= _FIND_LINES:
+        found, at = [], begin
+        while len(found) < count:
+            at = data.find(b"\n", at)
+            if at < 0:
+                break
+            found.append(at - begin)
+            at += 1
+        return np.array(found, np.int64)
     buf = np.frombuffer(data, dtype=np.uint8)
     window = max(1 << 16, 256 * count)
     while True:
