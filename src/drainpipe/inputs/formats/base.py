@@ -228,7 +228,8 @@ def line_ends(data: bytes, begin: int, count: int) -> np.ndarray:
     are found one ``find`` (memchr) at a time instead: a window's compare would pass over each byte several
     times."""
     if count <= _FIND_LINES:
-        found, at = [], begin
+        found: list[int] = []
+        at = begin
         while len(found) < count:
             at = data.find(b"\n", at)
             if at < 0:
