@@ -5,13 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 PG_URL ?= $(shell scripts/postgres.sh url)
+KAFKA_URL ?= $(shell scripts/kafka.sh url)
 
-.PHONY: install check demo test bench clean pg pg-stop chromium prometheus nginx
+.PHONY: install check demo test bench clean pg pg-stop kafka kafka-stop chromium prometheus nginx
 
 $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c src/drainpipe/inputs/_logscan.c src/drainpipe/inputs/_csvscan.c src/drainpipe/inputs/_otlpjson.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,grpc]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,grpc,kafka]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,8 +26,8 @@ check: install
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: check pg chromium prometheus nginx
-	DRAINPIPE_TEST_PG=$(PG_URL) $(PY) -m pytest -q
+test: check pg kafka chromium prometheus nginx
+	DRAINPIPE_TEST_PG=$(PG_URL) DRAINPIPE_TEST_KAFKA=$(KAFKA_URL) $(PY) -m pytest -q
 
 # A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432 (or a free port when that one is
 # taken), data in .pg/ (tests/postgres).
@@ -35,6 +36,14 @@ pg:
 
 pg-stop:
 	scripts/postgres.sh stop
+
+# A private single-node Apache Kafka broker in KRaft mode (its jars fetched from Maven Central by the script) on
+# 127.0.0.1:9092 (or a free port when that one is taken), data in .kafka/ (tests/kafka).
+kafka:
+	scripts/kafka.sh start
+
+kafka-stop:
+	scripts/kafka.sh stop
 
 # Headless Chromium + chromedriver from Debian for the dashboard browser test (tests/server).
 chromium:

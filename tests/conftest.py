@@ -1,7 +1,8 @@
 """Shared fixtures. PostgreSQL: the server `make test` starts (scripts/postgres.sh), named by DRAINPIPE_TEST_PG.
 
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
-see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped.
+see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
+DRAINPIPE_TEST_KAFKA (the broker `make test` starts, scripts/kafka.sh) those marked ``kafka``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import pytest
 PG_ENV = "DRAINPIPE_TEST_PG"
 
 
+KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(PG_ENV):
-        return
-    skip = pytest.mark.skip(reason=f"{PG_ENV} is not set (make test starts a private PostgreSQL and sets it)")
-    for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+    for marker, env, what in (("postgres", PG_ENV, "a private PostgreSQL"), ("kafka", KAFKA_ENV, "a Kafka broker")):
+        if os.environ.get(env):
+            continue
+        skip = pytest.mark.skip(reason=f"{env} is not set (make test starts {what} and sets it)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 def with_schema(url: str, schema: str) -> str:

@@ -1,0 +1,160 @@
+"""``drainpipe consume``: the command, and the assembly of one group member (store, engine, dead letter, member)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any
+
+from ..errors import StoreError, UsageError
+
+log = logging.getLogger("drainpipe.server")
+
+__all__ = ["add_consume_command", "consume"]
+
+
+def consume(config: Any, *, store_url: str, definitions: Any, dead_letter: str | None,
+            announce: Any = print, stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
+    when called on the main thread); returns what it did. Raises :class:`~drainpipe.errors.UsageError` (one line)
+    for a store another process holds (a DuckDB file has one writer: several members need PostgreSQL)."""
+    from ..inputs import DeadLetter, default_dead_letter
+    from ..pipeline import LocalEngine, open_store
+    from .kafka_member import GroupMember
+    from .service import serve_engine_options
+
+    try:
+        store = open_store(store_url)
+    except StoreError as exc:
+        if store_url.startswith("duckdb:") and "lock" in str(exc).lower():
+            raise UsageError(f"{exc} (a DuckDB file has one writer: several members of a group need a PostgreSQL "
+                             "store, postgresql://...)") from None  # fmt: skip
+        raise
+    try:
+        store.register(definitions.all)  # a conflicting definition is refused before anything is read
+        engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=config.checkpoint_s))
+        path = dead_letter or default_dead_letter(store_url)
+        with DeadLetter(path) as dl:
+            member = GroupMember(config, engine, definitions, dl)
+            done = stop or threading.Event()
+
+            def watch() -> None:
+                done.wait()
+                member.stop()
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            restore = _on_signals(done.set) if stop is None else None
+            announce(f"drainpipe consume: group {config.group!r}, topics {', '.join(config.topics)} at "
+                     f"{config.bootstrap_servers} into {store_url} (rejects to {path})")  # fmt: skip
+            try:
+                member.run()
+            finally:
+                done.set()
+                if restore is not None:
+                    restore()
+        engine.close()
+    finally:
+        store.close()
+    stats = member.stats
+    if member.failed:
+        raise StoreError(f"the store write failed: {member.failed}")
+    return {"read": stats.read, "accepted": stats.accepted, "rejected": stats.rejected,
+            "reasons": dict(stats.reasons), "assignments": member.assignments, "revocations": member.revocations,
+            "losses": member.losses, "dead_letter": path}  # fmt: skip
+
+
+def _on_signals(handler: Any) -> Any:
+    """SIGTERM and SIGINT call ``handler`` (main thread only); returns what puts the old handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {s: signal.signal(s, lambda *_: handler()) for s in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from ..pipeline import definitions_from
+    from .kafka_member import ConsumeConfig
+
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        raise UsageError("drainpipe consume needs confluent-kafka: pip install 'drainpipe[kafka]'") from None
+    for name, value in (("--session-timeout-s", args.session_timeout_s), ("--checkpoint-s", args.checkpoint_s),
+                        ("--max-poll-interval-s", args.max_poll_interval_s)):  # fmt: skip
+        if value <= 0:
+            raise UsageError(f"{name} must be > 0")
+    definitions = definitions_from(args.metrics)
+    config = ConsumeConfig(bootstrap_servers=args.bootstrap_servers, topics=args.topic, group=args.group,
+                           encoding=args.encoding, session_timeout_s=args.session_timeout_s,
+                           max_poll_interval_s=args.max_poll_interval_s, checkpoint_s=args.checkpoint_s,
+                           exit_at_end=args.exit_at_end)  # fmt: skip
+    config.consumer_settings()  # refuses a bad encoding before anything starts
+    result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
+                     announce=lambda line: print(line, flush=True))  # fmt: skip
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
+    print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
+          + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
+          f"revoked {result['revocations']}, lost {result['losses']}", flush=True)  # fmt: skip
+    return 0
+
+
+def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> None:
+    c = sub.add_parser(
+        "consume",
+        help="read Kafka topics as a member of a consumer group, exactly once into a store",
+        description="Join a Kafka consumer group and aggregate the events of the partitions it gives this member "
+        "into a store. Each partition's offset is committed in the store with the states it brought: members "
+        "can come and go, be killed and restarted, and every event is counted once. Runs until SIGTERM/SIGINT.",
+    )
+    c.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT", help="the Kafka brokers to start from")
+    c.add_argument("--topic", action="append", required=True, metavar="TOPIC", help="a topic to read (repeatable)")
+    c.add_argument(
+        "--group",
+        required=True,
+        metavar="GROUP",
+        help="the consumer group (its members share the partitions; several members need a PostgreSQL store)",
+    )
+    c.add_argument(
+        "--encoding",
+        default="json",
+        choices=("json", "otlp_proto", "otlp_json"),
+        help="message values: json (one event, or NDJSON lines), otlp_proto or otlp_json (an OTLP trace "
+        "export, as the OpenTelemetry Collector's Kafka exporter writes) (default: %(default)s)",
+    )
+    c.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the group's session timeout: a member silent this long loses its partitions (default: %(default)s)",
+    )
+    c.add_argument(
+        "--max-poll-interval-s",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a member that does not poll for this long leaves the group (default: %(default)s)",
+    )
+    c.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between two commits to the store (default: %(default)s)",
+    )
+    c.add_argument(
+        "--exit-at-end",
+        action="store_true",
+        help="leave the group and exit once every partition this member holds is read to its end",
+    )
+    metrics_option(c)
+    store_option(c)
+    c.add_argument(
+        "--dead-letter",
+        metavar="FILE",
+        help="rejected messages and records are appended here (default: <store>.rejected.jsonl)",
+    )
+    c.set_defaults(fn=cmd_consume)

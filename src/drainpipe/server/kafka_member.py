@@ -1,0 +1,342 @@
+"""``drainpipe consume``: a member of a Kafka consumer group that feeds the local engine, exactly once into the store.
+
+::
+
+    broker ──consume()──> member thread ──decode──> engine.ingest ──> L1 ──> L2 ──checkpoint──> store
+                            │                                                    (states + each partition's
+                            │                                                     next offset, one transaction)
+                            ├─ on_assign: each partition's offset read from the store; the consumer seeks there
+                            ├─ on_revoke: checkpoint, wait for the store, then let the partitions go
+                            └─ on_lost:   drop everything not committed (rollback); rewind the partitions kept
+
+The design's handoff (revoke -> fence -> assign) across processes: a partition (a part of the ``kafka`` source,
+named ``<cluster id>/<topic>/<partition>``; :mod:`drainpipe.inputs.source`) is applied in the store up to an offset,
+in the same transaction as the states its messages brought (:class:`~drainpipe.pipeline.SourceProgress` rows, as
+a file's or the write-ahead log's). The store is the truth: a member that is given a partition reads from the
+store's offset (the earliest one when the store has none), and a member that gives one up commits what it read of
+it first; the group's rebalance waits for that (the revoke callback runs inside ``consume()``). So a partition
+moves between members, and a member killed at any moment is replaced, without an event lost or counted twice.
+Offsets also go to Kafka once committed to the store, for monitoring (lag), never read back.
+
+Messages are decoded as ``serve``'s request bodies are (:func:`.bodies.decode_body`): ``json`` (one event, or NDJSON
+lines), ``otlp_proto`` or ``otlp_json`` (an ``ExportTraceServiceRequest``, as the Collector's Kafka exporter writes).
+A message that does not decode is rejected whole, one that partly does loses the records that do not: each goes to
+the dead letter (``{"source": "kafka:<topic>/<partition>", "line": <offset>, "raw": ..., "reason": ...}``; ``raw``
+is the value's first 4 KB, or the record's line or span index with it), counts as read and rejected, and the
+partition goes on.
+
+With ``exit_at_end`` a member leaves once every partition it holds is read to its end (draining a topic as a
+batch job; the tests).
+
+Not here yet: fencing tokens issued by the store (a member paused past its session timeout could still commit a
+checkpoint it had queued before it learned the partitions were gone), the ``--port`` endpoints.
+
+Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the engine's intake and the
+books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import BadBody, UsageError
+from ..inputs import EVENT_SCHEMA, DeadLetter, EventBatch, Position, ReadStats
+from ..inputs.endpoints import EndpointRules
+from ..inputs.spans import SpanMapping
+from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, open_books
+from .bodies import decode_body
+
+log = logging.getLogger("drainpipe.server")
+
+__all__ = ["ENCODINGS", "ConsumeConfig", "GroupMember", "decode_message", "partition_part"]
+
+#: the source name of Kafka partitions in the store's progress rows
+SOURCE = "kafka"
+#: message encodings (the OpenTelemetry Collector's words) -> serve's body forms
+ENCODINGS = {"json": "ndjson", "otlp_proto": "otlp-protobuf", "otlp_json": "otlp-json"}
+#: messages taken from the consumer per call
+CONSUME_MESSAGES = 2_000
+#: a message larger than this (decoded) is rejected
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclass
+class ConsumeConfig:
+    """What ``drainpipe consume`` was given (see ``docs/pipeline.md``, "Kafka")."""
+
+    bootstrap_servers: str
+    topics: list[str]
+    group: str
+    encoding: str = "json"
+    session_timeout_s: float = 10.0
+    max_poll_interval_s: float = 300.0
+    checkpoint_s: float = 2.0
+    max_commits: int = 2  # checkpoints queued for the store before the member pauses its partitions
+    exit_at_end: bool = False  # leave once every partition this member holds is read to its end
+    spans: SpanMapping = field(default_factory=SpanMapping)
+    endpoints: EndpointRules = field(default_factory=EndpointRules)
+    client: dict[str, Any] = field(default_factory=dict)  # more librdkafka settings
+
+    def consumer_settings(self) -> dict[str, Any]:
+        if self.encoding not in ENCODINGS:
+            raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {self.encoding!r}")
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,  # offsets go to Kafka after the store has them, for monitoring only
+            "auto.offset.reset": "earliest",  # no stored position, or one a topic's retention deleted
+            "session.timeout.ms": int(self.session_timeout_s * 1000),
+            "heartbeat.interval.ms": max(100, int(self.session_timeout_s * 1000) // 4),
+            "max.poll.interval.ms": int(self.max_poll_interval_s * 1000),
+            "fetch.message.max.bytes": 16 << 20,
+            "enable.partition.eof": self.exit_at_end,
+            **self.client,
+        }
+
+
+def partition_part(cluster: str, topic: str, partition: int) -> str:
+    """The part name of a topic partition in the store (the cluster id keeps two clusters' topics apart)."""
+    return f"{cluster}/{topic}/{partition}"
+
+
+def decode_message(value: bytes | None, config: ConsumeConfig) -> tuple[EventBatch, list[tuple[int, str]]]:
+    """A message's value -> its valid events and ``(index, reason)`` per rejected record (the NDJSON line, or the
+    span's index in the export). Raises :class:`~drainpipe.errors.BadBody` for a value that does not decode."""
+    if value is None:
+        raise BadBody(400, "no value (a tombstone)")
+    return decode_body(value, form=ENCODINGS[config.encoding], gzipped=False, max_decoded=MAX_MESSAGE_BYTES,
+                       max_events=1 << 40, spans=config.spans, endpoints=config.endpoints)  # fmt: skip
+
+
+@dataclass
+class _Partition:
+    """A partition this member owns: its books (per definition, the offset the store has applied) and the next
+    offset to feed (everything before it is in the engine or the store)."""
+
+    books: PartBooks
+    next: int
+    at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
+
+
+class GroupMember:
+    """One member of the group; :meth:`run` until :meth:`stop`. See the module docstring."""
+
+    def __init__(self, config: ConsumeConfig, engine: LocalEngine, definitions: Definitions,
+                 dead_letter: DeadLetter | None = None) -> None:  # fmt: skip
+        from confluent_kafka import Consumer
+
+        self.config = config
+        self.engine = engine
+        self.definitions = definitions
+        self.dead_letter = dead_letter
+        self.stats = ReadStats()
+        self.failed = ""  # a store commit failed for good: the reason (the member stops)
+        self.partitions: dict[tuple[str, int], _Partition] = {}
+        self.cluster = ""
+        self.assignments = self.revocations = self.losses = 0
+        self._consumer = Consumer(config.consumer_settings(), logger=log)
+        self._outstanding: deque[tuple[Commit, dict[tuple[str, int], int]]] = deque()
+        self._events_since = 0
+        self._paused = False
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Join the group and feed the engine until :meth:`stop` (or a store commit fails for good); then commit
+        what was read and leave the group (the partitions go to the other members at once)."""
+        from confluent_kafka import KafkaException
+
+        consumer = self._consumer
+        try:
+            self.cluster = consumer.list_topics(timeout=30).cluster_id or "kafka"
+        except KafkaException as exc:
+            raise UsageError(f"cannot reach Kafka at {self.config.bootstrap_servers}: {exc}") from None
+        consumer.subscribe(self.config.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                           on_lost=self._lost)  # fmt: skip
+        last = time.monotonic()
+        try:
+            while not self._stop.is_set() and not self.failed and not self._at_end():
+                self._reap()
+                if time.monotonic() - last >= self.config.checkpoint_s:
+                    self._checkpoint()
+                    last = time.monotonic()
+                self._throttle()
+                self._feed(consumer.consume(CONSUME_MESSAGES, 0.1))
+            if not self.failed:
+                self._checkpoint()
+                self._drain()
+        finally:
+            consumer.close()  # leaves the group: the revoke callback commits first (nothing left to commit now)
+
+    def _at_end(self) -> bool:
+        return self.config.exit_at_end and bool(self.partitions) and all(p.at_end for p in self.partitions.values())
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to commit and return (any thread)."""
+        self._stop.set()
+
+    def _throttle(self) -> None:
+        """The store is behind (``max_commits`` checkpoints queued): pause the partitions and keep polling, which
+        keeps the membership, until it catches up."""
+        behind = len(self._outstanding) >= self.config.max_commits
+        if behind != self._paused:
+            assignment = self._consumer.assignment()
+            (self._consumer.pause if behind else self._consumer.resume)(assignment)
+            self._paused = behind
+        if behind:
+            self._outstanding[0][0].done.wait(0.05)
+
+    def _feed(self, messages: list[Any]) -> None:
+        """Decode messages and ingest them, grouped by the definitions that still need them (all, unless some
+        were applied further before a restart)."""
+        from confluent_kafka import KafkaError
+
+        groups: dict[frozenset[str], list[EventBatch]] = {}
+        for m in messages:
+            error = m.error()
+            part = self.partitions.get((m.topic(), m.partition()))
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("kafka: %s", error)
+                elif part is not None and m.offset() >= part.next:
+                    part.at_end = True
+                continue
+            offset = m.offset()
+            if part is None or offset < part.next:  # not ours (any more), or read before a rewind
+                continue
+            part.at_end = False
+            names = part.books.names_from(offset)
+            batch = self._decode(m)
+            part.next = offset + 1
+            if names and batch.num_rows:
+                groups.setdefault(names, []).append(batch)
+        for names, batches in groups.items():
+            subset = None if len(names) == len(self.definitions.names) else self.definitions.select(sorted(names))
+            table = EventBatch.join(batches)
+            self.engine.ingest(table, None, subset)
+            self._events_since += table.num_rows
+
+    def _decode(self, m: Any) -> EventBatch:
+        source = f"kafka:{m.topic()}/{m.partition()}"
+        try:
+            batch, rejects = decode_message(m.value(), self.config)
+        except BadBody as exc:
+            self._reject(source, m.offset(), m.value(), exc.message)
+            return EventBatch.of(EVENT_SCHEMA.empty_table())
+        self.stats.add_accepted(batch.num_rows)
+        if rejects:
+            key = "span" if self.config.encoding.startswith("otlp") else "line"
+            text = _text(m.value())
+            for index, reason in rejects:
+                self._reject(source, m.offset(), {key: index, "value": text}, reason)
+        return batch
+
+    def _reject(self, source: str, offset: int, raw: Any, reason: str) -> None:
+        self.stats.add_rejected(reason)
+        if self.dead_letter is not None:
+            self.dead_letter.write(source, offset, _text(raw) if isinstance(raw, bytes) else raw, reason)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self) -> None:
+        """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
+        rows = []
+        for part in self.partitions.values():
+            part.books.advance(self.definitions.names, Position(part.next))
+            rows += part.books.rows()
+        if not rows and not self._events_since:
+            return
+        if self.dead_letter is not None:
+            self.dead_letter.flush()  # the rejects of what the commit covers are written before it
+        ends = {tp: part.next for tp, part in self.partitions.items()}
+        self._outstanding.append((self.engine.checkpoint(rows, self._events_since), ends))
+        self._events_since = 0
+
+    def _reap(self) -> None:
+        """Take in finished commits: their offsets go to Kafka (monitoring); a failed one stops the member."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        done = []
+        while self._outstanding and self._outstanding[0][0].done.is_set():
+            commit, ends = self._outstanding.popleft()
+            if commit.error:
+                self.failed = commit.error
+                log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
+                          commit.error)  # fmt: skip
+                return
+            done.append(ends)
+        offsets = {tp: end for ends in done for tp, end in ends.items() if tp in self.partitions}
+        if offsets:
+            try:
+                self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                      asynchronous=True)  # fmt: skip
+            except KafkaException as exc:  # e.g. in the middle of a rebalance: the store has them, which counts
+                log.debug("kafka offset commit (monitoring only) failed: %s", exc)
+
+    def _drain(self) -> None:
+        """Wait until every queued commit is done (or one failed)."""
+        while self._outstanding and not self.failed:
+            self._outstanding[0][0].done.wait(0.1)
+            self._reap()
+
+    # ------------------------------------------------------------------ rebalances (inside consume())
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        self.assignments += 1
+        for tp in partitions:
+            books = open_books(self.engine.store, SOURCE, partition_part(self.cluster, tp.topic, tp.partition),
+                               self.definitions.names)  # fmt: skip
+            start = books.start.offset
+            tp.offset = start if start > 0 else OFFSET_BEGINNING
+            self.partitions[(tp.topic, tp.partition)] = _Partition(books, start)
+        consumer.incremental_assign(partitions)
+        if self._paused:
+            consumer.pause(partitions)
+        log.info("kafka: assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
+
+    def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
+        """Commit what was read of every partition, wait for the store, then let ``partitions`` go."""
+        self.revocations += 1
+        self._checkpoint()
+        self._drain()
+        for tp in partitions:
+            self.partitions.pop((tp.topic, tp.partition), None)
+        log.info("kafka: revoked %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
+
+    def _lost(self, consumer: Any, partitions: list[Any]) -> None:
+        """The partitions were taken away without a revoke (this member missed its session): another member may
+        own them already, so nothing read since the last commit may be committed. Drop it all, and read the
+        partitions still held again from the store's offsets."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+        self.losses += 1
+        self._drain()
+        self.engine.checkpoint([], 0, rollback=True, wait=True)
+        self._events_since = 0
+        for tp in partitions:
+            self.partitions.pop((tp.topic, tp.partition), None)
+        for (topic, partition), part in self.partitions.items():
+            part.books = open_books(self.engine.store, SOURCE, part.books.part, self.definitions.names)
+            part.next = part.books.start.offset
+            try:
+                consumer.seek(TopicPartition(topic, partition, part.next if part.next > 0 else OFFSET_BEGINNING))
+            except KafkaException as exc:  # not fetching yet: then it starts from the offset assigned... which
+                # was the store's at assignment, and may be behind what this member committed since; skipping by
+                # ``next`` (messages before it are not fed) keeps that exact
+                log.debug("kafka: seek after a loss failed: %s", exc)
+        log.warning("kafka: lost %s; uncommitted work dropped, the rest rewound to the store's offsets",
+                    ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))  # fmt: skip
+
+
+def _text(value: bytes | None) -> str:
+    """A message value for the dead letter: its first 4 KB as text (protobuf bytes escaped)."""
+    return (value or b"")[:4096].decode("utf-8", "backslashreplace")

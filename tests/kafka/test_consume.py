@@ -1,0 +1,211 @@
+"""``drainpipe consume`` against the real broker `make test` starts (scripts/kafka.sh): every valid event of a topic
+in the store exactly once, across kill -9 of a member at random moments, members joining (partitions revoked from
+one and assigned to another) and a member killed while another holds the rest; poison messages to the dead letter
+with topic, partition and offset; OTLP protobuf messages; a DuckDB store refused to a second member with the hint."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.kafka
+
+DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
+BASE_MS = 1_790_000_000_000
+
+
+@pytest.fixture
+def servers() -> str:
+    return os.environ["DRAINPIPE_TEST_KAFKA"].removeprefix("kafka://")
+
+
+def new_topic(servers: str, partitions: int) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": servers})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+    return topic
+
+
+#: messages that are not events: (value, reason the dead letter gives)
+POISON = [(b"not json", "invalid JSON"), (b'{"ts": "yesterday", "service": "x", "latency_ms": 1}', "bad timestamp: ts"),
+          (None, "no value (a tombstone)"), (b"\xff\xfe\x00", "not UTF-8")]  # fmt: skip
+
+
+def produce(servers: str, topic: str, events: int, seed: int, poison: bool = True) -> Counter[str]:
+    """``events`` valid events in messages of 1 to 120 (NDJSON), keyed over the partitions, with the poison
+    messages among them; the calls per service they make."""
+    from confluent_kafka import Producer
+
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 5})
+    calls: Counter[str] = Counter()
+    sent = 0
+    poisons = list(POISON) if poison else []
+    while sent < events:
+        n = min(events - sent, rng.choice([1, 5, 40, 120]))
+        lines = []
+        for i in range(sent, sent + n):
+            service = f"svc{rng.randrange(6)}"
+            calls[service] += 1
+            lines.append(json.dumps({"ts": BASE_MS + rng.randrange(600_000), "service": service,
+                                     "endpoint": f"/e{i % 7}", "latency_ms": rng.randrange(1, 500),
+                                     "status": rng.random() > 0.1}))  # fmt: skip
+        producer.produce(topic, "\n".join(lines).encode(), key=str(rng.randrange(1 << 30)).encode())
+        sent += n
+        if poisons and rng.random() < 0.01:
+            value, _ = poisons.pop()
+            producer.produce(topic, value, key=str(rng.randrange(1 << 30)).encode())
+    for value, _ in poisons:
+        producer.produce(topic, value)
+    producer.flush(30)
+    return calls
+
+
+class LiveTraffic(threading.Thread):
+    """Waves of 15,000 events (the poison messages in wave ``poison_wave``), ``pause_s`` apart, from a thread;
+    ``calls`` once joined."""
+
+    def __init__(self, servers: str, topic: str, waves: int, poison_wave: int, pause_s: float = 0.3) -> None:
+        super().__init__()
+        self.servers, self.topic, self.waves, self.poison_wave = servers, topic, waves, poison_wave
+        self.pause_s = pause_s
+        self.calls: Counter[str] = Counter()
+        self.start()
+
+    def run(self) -> None:
+        for wave in range(self.waves):
+            self.calls.update(produce(self.servers, self.topic, 15_000, seed=wave, poison=wave == self.poison_wave))
+            time.sleep(self.pause_s)
+
+
+def stored_calls(url: str) -> Counter[str]:
+    """Calls per service in the store (the minute buckets of service_cpm add up to the calls)."""
+    from drainpipe.pipeline import open_store
+
+    store = open_store(url)
+    try:
+        out: Counter[str] = Counter()
+        for row in store.query(metric="service_cpm", granularity="minute"):
+            out[row[1]] += round(row[5])
+        return out
+    finally:
+        store.close()
+
+
+def consume(servers: str, topic: str, group: str, store: str, dead: Path, *extra: str,
+            checkpoint_s: float = 0.2) -> subprocess.Popen[str]:  # fmt: skip
+    cmd = [DRAINPIPE, "consume", "--bootstrap-servers", servers, "--topic", topic, "--group", group, "--store",
+           store, "--dead-letter", str(dead), "--checkpoint-s", str(checkpoint_s), "--session-timeout-s", "2",
+           *extra]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    return out
+
+
+def rejected(dead: Path) -> set[tuple[str, int, str]]:
+    rows = [json.loads(line) for line in dead.read_text().splitlines()] if dead.exists() else []
+    return {(r["source"], r["line"], r["reason"]) for r in rows}
+
+
+def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_once(servers: str, tmp_path: Path) -> None:
+    topic = new_topic(servers, 4)
+    store, dead, group = f"duckdb:///{tmp_path / 'k.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
+    traffic = LiveTraffic(servers, topic, waves=12, poison_wave=5)  # the topic grows while members die
+    rng = random.Random(7)
+    partial = []
+    for cycle in range(3):
+        member = consume(servers, topic, group, store, dead)
+        if cycle == 0:  # a second member on the same DuckDB file is refused, with the way out
+            time.sleep(1.5)
+            second = consume(servers, topic, group, store, tmp_path / "d2.jsonl")
+            out, _ = second.communicate(timeout=60)
+            assert second.returncode == 2 and "need a PostgreSQL store" in out, out
+        time.sleep(rng.uniform(0.3, 1.5))
+        member.send_signal(signal.SIGKILL)
+        member.wait(30)
+        partial.append(sum(stored_calls(store).values()))
+    traffic.join()
+    out = finish(consume(servers, topic, group, store, dead, "--exit-at-end"))
+    assert stored_calls(store) == traffic.calls, out
+    assert any(0 < p < sum(traffic.calls.values()) for p in partial), partial  # a kill landed mid-stream
+    assert partial == sorted(partial)  # what was committed stays committed
+    reasons = Counter(reason for _, _, reason in rejected(dead))
+    assert reasons == Counter(reason for _, reason in POISON), reasons  # each poison message once (by offset)
+    assert all(source.startswith(f"kafka:{topic}/") for source, _, _ in rejected(dead))
+
+
+@pytest.mark.postgres
+def test_members_share_the_partitions_and_a_killed_member_loses_nothing(
+    servers: str, pg_url: str, tmp_path: Path
+) -> None:
+    topic = new_topic(servers, 6)
+    group, dead = f"g-{topic}", tmp_path / "dead.jsonl"
+    calls = LiveTraffic(servers, topic, waves=20, poison_wave=-1, pause_s=0.05)
+    # a commits 3 s apart: it holds uncommitted events of every partition when the group rebalances 1.5 s in
+    # (without its commit on revoke, b would read them again from the store's offset)
+    a = consume(servers, topic, group, pg_url, dead, checkpoint_s=3.0)
+    time.sleep(1.5)
+    b = consume(servers, topic, group, pg_url, dead)  # a gives half of its partitions to b
+    time.sleep(2.5)
+    a.send_signal(signal.SIGKILL)  # b gets a's partitions once a's session (2 s) expires
+    a.wait(30)
+    time.sleep(3.0)
+    b.send_signal(signal.SIGTERM)
+    out_b = finish(b)
+    assert "revoked" in out_b
+    calls.join()
+    out = finish(consume(servers, topic, group, pg_url, dead, "--exit-at-end"))
+    assert stored_calls(pg_url) == calls.calls, (out_b, out)
+
+
+def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(servers: str, tmp_path: Path) -> None:
+    from confluent_kafka import Producer
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    topic = new_topic(servers, 2)
+    producer = Producer({"bootstrap.servers": servers})
+    calls: Counter[str] = Counter()
+    for e in range(30):
+        request = ExportTraceServiceRequest()
+        rs = request.resource_spans.add()
+        service = f"svc{e % 3}"
+        rs.resource.attributes.add(key="service.name").value.string_value = service
+        spans = rs.scope_spans.add().spans
+        for i in range(20):
+            end = (BASE_MS + e * 1000 + i) * 1_000_000
+            spans.add(trace_id=(e * 100 + i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+                      name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
+                      end_time_unix_nano=end)  # fmt: skip
+            calls[service] += 1 if i % 4 else 0
+        producer.produce(topic, request.SerializeToString())
+    producer.produce(topic, b"\x0a\xff\xff")  # not an export
+    producer.flush(30)
+    store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
+    out = finish(consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--exit-at-end"))
+    assert stored_calls(store) == +calls, out
+    assert "rejected 1" in out and [r[2] for r in rejected(dead)] == [_first_reason(dead)]
+
+
+def _first_reason(dead: Path) -> Any:
+    reason = json.loads(dead.read_text().splitlines()[0])["reason"]
+    assert reason.startswith("invalid OTLP protobuf"), reason
+    return reason
