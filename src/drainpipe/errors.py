@@ -10,8 +10,10 @@
     │                                   a file that is not what its name says (corrupt gzip or Parquet, no CSV header)
     ├── DefinitionError (ValueError)    a metric definition or definitions file is invalid
     ├── StoreError (ValueError)         a store cannot be opened, written or queried
-    │   └── StoreUnavailable            a store write failed for a reason that may pass (server restarting,
+    │   ├── StoreUnavailable            a store write failed for a reason that may pass (server restarting,
     │                                   connection lost): the engine retries it with backoff
+    │   └── Fenced                      a commit carried a fencing token older than the store's: another writer
+    │                                   owns that part now (a Kafka partition moved); nothing of it was written
     ├── SparkSetupError (ValueError)    Spark cannot run here: no usable Java or pyspark
     ├── SparkJobError (ValueError)      a Spark job failed for a reason other than its input
     ├── StatsError                      ``drainpipe stats`` cannot read the server
@@ -48,6 +50,7 @@ __all__ = [
     "DefinitionError",
     "StoreError",
     "StoreUnavailable",
+    "Fenced",
     "SparkSetupError",
     "SparkJobError",
     "StatsError",
@@ -93,6 +96,11 @@ class StoreError(DrainpipeError, ValueError):
 
 class StoreUnavailable(StoreError):
     """A store write failed for a reason that may pass (connection lost, server restarting): retry later."""
+
+
+class Fenced(StoreError):
+    """A commit carried a fencing token older than the one the store issued since: the part (a Kafka partition) has
+    another owner now. The transaction wrote nothing."""
 
 
 class SparkSetupError(DrainpipeError, ValueError):

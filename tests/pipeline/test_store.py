@@ -133,6 +133,26 @@ def test_same_input_twice_gives_the_same_values(store: Store) -> None:
     assert store.applied("other") == frozenset()
 
 
+def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> None:
+    """The Kafka members' fence (docs/pipeline.md, "Kafka"): a part's token moves on at every new owner; a merge
+    carrying an older one raises Fenced and leaves the store as it was; the current one writes."""
+    from drainpipe.errors import Fenced
+    from drainpipe.pipeline.store import SourceProgress
+
+    assert store.fence_token("kafka", "c/t/0") == 0
+    old = store.fence("kafka", "c/t/0")
+    new = store.fence("kafka", "c/t/0")  # a new owner
+    assert (old, new, store.fence_token("kafka", "c/t/0"), store.fence_token("kafka", "c/t/1")) == (1, 2, 2, 0)
+    row = SourceProgress("kafka", "c/t/0", "service_cpm", 10)
+    with pytest.raises(Fenced, match="fenced: token 1, the store's is 2"):
+        store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[row],
+                    fences=[SourceProgress("kafka", "c/t/0", "fence", old)])  # fmt: skip
+    assert store.query() == [] and [r.name for r in store.progress("kafka", part="c/t/0")] == ["#fence"]
+    store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[row],
+                fences=[SourceProgress("kafka", "c/t/0", "fence", new)])  # fmt: skip
+    assert store.query() and {r.name: r.end for r in store.progress("kafka", part="c/t/0")}["service_cpm"] == 10
+
+
 def test_two_halves_equal_the_whole(tmp_path: Path) -> None:
     whole = open_store("duckdb:///:memory:")
     ingest(whole, EVENTS, "all")

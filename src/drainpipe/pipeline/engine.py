@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
-from ..errors import StoreUnavailable, first_line
+from ..errors import Fenced, StoreUnavailable, first_line
 from ..inputs import EventBatch
 from .aggregate import aggregate_batch
 from .cardinality import EntityGuard
@@ -111,8 +111,10 @@ class Commit:
     progress: list[SourceProgress]
     events: int
     rollback: bool = False
+    fences: list[SourceProgress] = field(default_factory=list)  # the writer's tokens (Store.merge's ``fences``)
     done: threading.Event = field(default_factory=threading.Event)
     error: str = ""
+    fenced: bool = False  # refused for a stale fencing token: its states are discarded, later commits go on
 
 
 class _L1Handler:
@@ -351,9 +353,15 @@ class LocalEngine:
                 self.counters.events_not_stored += item.events
             else:
                 try:
-                    self._write(held, item.progress)
+                    self._write(held, item.progress, item.fences)
                     self.counters.checkpoints += 1
                     self.counters.events_stored += item.events
+                except Fenced as exc:  # another owner has the input now: this commit's states are not ours to
+                    # write; the writer drops what it holds and reads its parts again from the store (not an error
+                    # that stops later commits: they carry fresh tokens, or are fenced in turn)
+                    item.error, item.fenced = first_line(exc), True
+                    self.counters.events_not_stored += item.events
+                    log.warning("checkpoint fenced: %s", item.error)
                 except Exception as exc:  # recorded for the run's summary and exit status; a rerun stores it
                     item.error = first_line(exc)
                     self.counters.events_not_stored += item.events
@@ -361,13 +369,18 @@ class LocalEngine:
                     log.error("checkpoint not stored: %s", item.error)
             item.done.set()
 
-    def _write(self, partials: Sequence[Partial], progress: Sequence[SourceProgress]) -> None:
+    def _write(
+        self, partials: Sequence[Partial], progress: Sequence[SourceProgress], fences: Sequence[SourceProgress] = ()
+    ) -> None:
         """One store transaction, retried with backoff while the store is down (StoreUnavailable)."""
         delay, cap = self.options.store_retry_s
         while True:
             t0 = time.perf_counter()
             try:
-                self.store.merge(partials, progress=progress)
+                if fences:
+                    self.store.merge(partials, progress=progress, fences=fences)
+                else:
+                    self.store.merge(partials, progress=progress)
             except StoreUnavailable as exc:
                 self.counters.store_retries += 1
                 log.warning("store unavailable (%s); retrying in %.2fs", exc, delay)
@@ -385,9 +398,10 @@ class LocalEngine:
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint(self, progress: Sequence[SourceProgress], events: int, *, wait: bool = False,
-                   rollback: bool = False) -> Commit:  # fmt: skip
+                   rollback: bool = False, fences: Sequence[SourceProgress] = ()) -> Commit:  # fmt: skip
         """Hand everything ingested so far to the store in one transaction together with ``progress`` (the input
-        it covers: ``events`` events), or discard it (``rollback``, e.g. after a read error in a file).
+        it covers: ``events`` events), or discard it (``rollback``, e.g. after a read error in a file). ``fences``:
+        the writer's fencing tokens (:meth:`Store.fence`): a commit with a stale one is discarded, ``fenced``.
 
         Call between ingests, from the thread that ingests (nothing may be ingested meanwhile). Blocks until every
         stage has passed its states on (usually a few milliseconds), then queues the commit behind them; with
@@ -395,7 +409,7 @@ class LocalEngine:
         if not self.options.checkpoints:
             raise RuntimeError("checkpoint() needs EngineOptions(checkpoints=True)")
         self._quiesce()
-        commit = Commit(list(progress), events, rollback)
+        commit = Commit(list(progress), events, rollback, list(fences))
         self.persist.produce(commit)
         if wait:
             commit.done.wait()

@@ -63,7 +63,7 @@ def consume(config: Any, *, store_url: str, definitions: Any, dead_letter: str |
         raise StoreError(f"the store write failed: {member.failed}")
     return {"read": stats.read, "accepted": stats.accepted, "rejected": stats.rejected,
             "reasons": dict(stats.reasons), "assignments": member.assignments, "revocations": member.revocations,
-            "losses": member.losses, "dead_letter": path}  # fmt: skip
+            "losses": member.losses, "fenced": member.fenced, "dead_letter": path}  # fmt: skip
 
 
 def _on_signals(handler: Any) -> Any:
@@ -97,7 +97,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
-          f"revoked {result['revocations']}, lost {result['losses']}", flush=True)  # fmt: skip
+          f"revoked {result['revocations']}, lost {result['losses']}; rewound {result['fenced']} times",
+          flush=True)  # fmt: skip
     return 0
 
 

@@ -28,8 +28,13 @@ partition goes on.
 With ``exit_at_end`` a member leaves once every partition it holds is read to its end (draining a topic as a
 batch job; the tests).
 
-Not here yet: fencing tokens issued by the store (a member paused past its session timeout could still commit a
-checkpoint it had queued before it learned the partitions were gone), the ``--port`` endpoints.
+Zombies are fenced: at every assignment the store issues the partition a new token (:meth:`Store.fence`, before its
+offsets are read), and every checkpoint carries the member's tokens; a commit with a stale one (a member that was
+paused past its session and has not noticed yet) writes nothing (:class:`~drainpipe.errors.Fenced`). The member
+then drops everything uncommitted, gives up the partitions whose token moved on, and reads the rest again from the
+store's offsets; librdkafka's "lost" callback does the same when the member notices first.
+
+Not here yet: the ``--port`` endpoints.
 
 Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the engine's intake and the
 books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
@@ -48,7 +53,7 @@ from ..errors import BadBody, UsageError
 from ..inputs import EVENT_SCHEMA, DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
-from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, open_books
+from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
 from .bodies import decode_body
 
 log = logging.getLogger("drainpipe.server")
@@ -121,7 +126,11 @@ class _Partition:
 
     books: PartBooks
     next: int
+    token: int  # the fencing token the store issued this member for the partition at assignment
     at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
+
+    def fence(self) -> SourceProgress:
+        return SourceProgress(SOURCE, self.books.part, "fence", self.token)
 
 
 class GroupMember:
@@ -139,7 +148,7 @@ class GroupMember:
         self.failed = ""  # a store commit failed for good: the reason (the member stops)
         self.partitions: dict[tuple[str, int], _Partition] = {}
         self.cluster = ""
-        self.assignments = self.revocations = self.losses = 0
+        self.assignments = self.revocations = self.losses = self.fenced = self.fenced_commits = 0
         self._consumer = Consumer(config.consumer_settings(), logger=log)
         self._outstanding: deque[tuple[Commit, dict[tuple[str, int], int]]] = deque()
         self._events_since = 0
@@ -256,7 +265,8 @@ class GroupMember:
         if self.dead_letter is not None:
             self.dead_letter.flush()  # the rejects of what the commit covers are written before it
         ends = {tp: part.next for tp, part in self.partitions.items()}
-        self._outstanding.append((self.engine.checkpoint(rows, self._events_since), ends))
+        fences = [part.fence() for part in self.partitions.values()]
+        self._outstanding.append((self.engine.checkpoint(rows, self._events_since, fences=fences), ends))
         self._events_since = 0
 
     def _reap(self) -> None:
@@ -266,6 +276,10 @@ class GroupMember:
         done = []
         while self._outstanding and self._outstanding[0][0].done.is_set():
             commit, ends = self._outstanding.popleft()
+            if commit.fenced:  # another member owns one of the partitions now: start over from the store
+                self.fenced_commits += 1
+                self._rewind(set())
+                return
             if commit.error:
                 self.failed = commit.error
                 log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
@@ -292,12 +306,16 @@ class GroupMember:
         from confluent_kafka import OFFSET_BEGINNING
 
         self.assignments += 1
+        store = self.engine.store
         for tp in partitions:
-            books = open_books(self.engine.store, SOURCE, partition_part(self.cluster, tp.topic, tp.partition),
-                               self.definitions.names)  # fmt: skip
+            part = partition_part(self.cluster, tp.topic, tp.partition)
+            # the token first, then the offsets: an old owner's commit lands before (its offsets are read here) or
+            # is refused
+            token = store.fence(SOURCE, part)
+            books = open_books(store, SOURCE, part, self.definitions.names)
             start = books.start.offset
             tp.offset = start if start > 0 else OFFSET_BEGINNING
-            self.partitions[(tp.topic, tp.partition)] = _Partition(books, start)
+            self.partitions[(tp.topic, tp.partition)] = _Partition(books, start, token)
         consumer.incremental_assign(partitions)
         if self._paused:
             consumer.pause(partitions)
@@ -314,27 +332,40 @@ class GroupMember:
 
     def _lost(self, consumer: Any, partitions: list[Any]) -> None:
         """The partitions were taken away without a revoke (this member missed its session): another member may
-        own them already, so nothing read since the last commit may be committed. Drop it all, and read the
-        partitions still held again from the store's offsets."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
-
+        own them already, so nothing read since the last commit may be committed."""
         self.losses += 1
-        self._drain()
-        self.engine.checkpoint([], 0, rollback=True, wait=True)
-        self._events_since = 0
-        for tp in partitions:
-            self.partitions.pop((tp.topic, tp.partition), None)
-        for (topic, partition), part in self.partitions.items():
-            part.books = open_books(self.engine.store, SOURCE, part.books.part, self.definitions.names)
-            part.next = part.books.start.offset
-            try:
-                consumer.seek(TopicPartition(topic, partition, part.next if part.next > 0 else OFFSET_BEGINNING))
-            except KafkaException as exc:  # not fetching yet: then it starts from the offset assigned... which
-                # was the store's at assignment, and may be behind what this member committed since; skipping by
-                # ``next`` (messages before it are not fed) keeps that exact
-                log.debug("kafka: seek after a loss failed: %s", exc)
+        self._rewind({(tp.topic, tp.partition) for tp in partitions})
         log.warning("kafka: lost %s; uncommitted work dropped, the rest rewound to the store's offsets",
                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))  # fmt: skip
+
+    def _rewind(self, lost: set[tuple[str, int]]) -> None:
+        """Drop everything not committed, give up ``lost`` and every partition whose fencing token moved on (another
+        member owns it), and read the rest again from the store's offsets."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+        while self._outstanding:  # queued commits: stored, or fenced in turn (they carry the same tokens)
+            self._outstanding[0][0].done.wait(0.1)
+            if self._outstanding[0][0].done.is_set():
+                commit, _ = self._outstanding.popleft()
+                self.fenced_commits += commit.fenced
+                if commit.error and not commit.fenced:
+                    self.failed = commit.error
+        self.engine.checkpoint([], 0, rollback=True, wait=True)
+        self._events_since = 0
+        self.fenced += 1
+        store = self.engine.store
+        for tp, part in list(self.partitions.items()):
+            if tp in lost or store.fence_token(SOURCE, part.books.part) != part.token:
+                del self.partitions[tp]
+                continue
+            part.books = open_books(store, SOURCE, part.books.part, self.definitions.names)
+            part.next = part.books.start.offset
+            part.at_end = False
+            try:
+                self._consumer.seek(TopicPartition(tp[0], tp[1], part.next if part.next > 0 else OFFSET_BEGINNING))
+            except KafkaException as exc:  # not fetching yet: it starts at the offset it was assigned, which is
+                # at or before the store's; messages before ``next`` are skipped, which keeps it exact
+                log.debug("kafka: seek after a rewind failed: %s", exc)
 
 
 def _text(value: bytes | None) -> str:

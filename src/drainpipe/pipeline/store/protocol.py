@@ -61,9 +61,16 @@ class Store(Protocol):
     """Where metric states and values live. Implementations are thread-safe."""
 
     def merge(
-        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[SourceProgress] = ()
+        self,
+        partials: Iterable[Partial],
+        *,
+        rollup: bool = True,
+        progress: Sequence[SourceProgress] = (),
+        fences: Sequence[SourceProgress] = (),
     ) -> MergeReport:
-        """Upsert-merge metric and top-N partials in one transaction (see the module docstring).
+        """Upsert-merge metric and top-N partials in one transaction (see the module docstring). ``fences``: the
+        fencing tokens (:meth:`fence`) of the parts the writer owns, as rows whose ``end`` is the token; when one
+        is no longer the part's latest, :class:`~drainpipe.errors.Fenced` and nothing is written.
 
         With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
         and day buckets. With ``rollup=False`` each partial updates its own granularity only; then one call
@@ -78,6 +85,14 @@ class Store(Protocol):
         ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
         one transaction, so memory holds a chunk and not the whole output. Chunks of one definition may share keys.
         """
+        ...
+
+    def fence(self, source: str, part: str) -> int:
+        """Issue ``part``'s next fencing token: merges carrying an older one are refused from now on."""
+        ...
+
+    def fence_token(self, source: str, part: str) -> int:
+        """``part``'s latest fencing token (0: none issued)."""
         ...
 
     def applied(self, source: str) -> frozenset[str]:

@@ -84,7 +84,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...errors import StoreError, first_line
+from ...errors import Fenced, StoreError, first_line
 from ..buckets import GRANULARITIES
 from ..definitions import Definition, signature
 from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup, source_root
@@ -127,6 +127,9 @@ _SCHEMA = (
 )
 #: the ledger's tables: entries that record applied input, pruned by retention with the data they vouch for
 LEDGER_TABLES = ("applied_sources", "source_progress")
+#: the ``source_progress`` name of a part's fencing token (:meth:`SqlStore.fence`); no definition is named so
+#: (definition names are identifiers)
+FENCE = "#fence"
 #: the session's staging relations, which the merge's statements join against (see SqlStore._stage)
 _STAGING = (
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
@@ -358,7 +361,12 @@ class SqlStore:
     # ----------------------------------------------------------------------------- merge
 
     def merge(
-        self, partials: Iterable[Partial], *, rollup: bool = True, progress: Sequence[SourceProgress] = ()
+        self,
+        partials: Iterable[Partial],
+        *,
+        rollup: bool = True,
+        progress: Sequence[SourceProgress] = (),
+        fences: Sequence[SourceProgress] = (),
     ) -> MergeReport:
         parts = list(partials)
         for part in parts:
@@ -370,6 +378,7 @@ class SqlStore:
                     "day from minute states itself; pass minute states only, or all granularities with rollup=False"
                 )
         with self._guard("merge"), self._write_transaction():
+            self._check_fences(fences)
             self._check_definitions({p.definition for p in parts})
             if progress and self._progress_recorded(progress):
                 return MergeReport(applied=0, skipped=len(parts))
@@ -434,6 +443,39 @@ class SqlStore:
             self._merge_metrics([m for m in metrics if m.table.num_rows])
         if any(t.table.num_rows for t in topns):
             self._merge_topns([t for t in topns if t.table.num_rows])
+
+    # ----------------------------------------------------------------------------- fencing
+
+    def fence(self, source: str, part: str) -> int:
+        """Issue ``part``'s next fencing token (one transaction; the first is 1): from now on a merge carrying an
+        older one for it raises :class:`~drainpipe.errors.Fenced`. A new owner of a part (a member given a Kafka
+        partition) takes one before it reads the part's progress: a commit of the old owner lands before that
+        read, and is seen, or after it, and is refused. The token is a ``source_progress`` row of the part named
+        :data:`FENCE`, so it is kept and pruned with the part's progress."""
+        with self._guard("fence"), self._write_transaction():
+            token = self._fence_of(source, part) + 1
+            self._record_progress([SourceProgress(source, part, FENCE, token)])
+        return token
+
+    def fence_token(self, source: str, part: str) -> int:
+        """``part``'s latest fencing token (0: none issued)."""
+        with self._guard("read a fence"):
+            return self._fence_of(source, part)
+
+    def _fence_of(self, source: str, part: str) -> int:
+        rows = self._fetchall(
+            "SELECT end_offset FROM source_progress WHERE source = ? AND part = ? AND name = ?", (source, part, FENCE)
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def _check_fences(self, fences: Sequence[SourceProgress]) -> None:
+        """Refuse the transaction (before it writes anything) when a part's token has moved past the one given.
+        Write transactions run one at a time (:meth:`_lock_writes`), so the check holds until the commit."""
+        for fence in fences:
+            now = self._fence_of(fence.source, fence.part)
+            if now != fence.end:
+                raise Fenced(f"{fence.source} part {fence.part!r} is fenced: token {fence.end}, the store's is {now} "
+                             "(another owner took it over)")  # fmt: skip
 
     def _progress_recorded(self, progress: Sequence[SourceProgress]) -> bool:
         """Whether the store already has every row of ``progress`` at or past its position: the transaction that
