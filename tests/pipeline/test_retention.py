@@ -68,11 +68,11 @@ def check_flat(history: list[tuple[dict[str, int], int]]) -> None:
     assert max(sizes[15:]) <= max(sizes[8:15]) * 1.25, sizes
 
 
-def month_stays_flat(url: str) -> None:
+def month_stays_flat(url: str, days: int = 30) -> None:
     store = open_store(url)
     try:
-        check_flat(simulate_month(store))
-        assert_kept_as_retention_says(store, T0 + 30 * DAY)
+        check_flat(simulate_month(store, days))
+        assert_kept_as_retention_says(store, T0 + days * DAY)
     finally:
         store.close()
 
@@ -83,7 +83,7 @@ def test_a_month_of_minute_traffic_stays_flat_on_duckdb(tmp_path) -> None:
 
 @pytest.mark.postgres
 def test_a_month_of_minute_traffic_stays_flat_on_postgres(pg_url: str) -> None:
-    month_stays_flat(pg_url)
+    month_stays_flat(pg_url, days=20)  # (its VACUUMs are slow; 12 days past the full windows show it flat)
 
 
 def assert_kept_as_retention_says(store: SqlStore, now: int) -> None:

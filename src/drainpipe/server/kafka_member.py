@@ -42,6 +42,7 @@ books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadBody, UsageError
-from ..inputs import EVENT_SCHEMA, DeadLetter, EventBatch, Position, ReadStats
+from ..inputs import EVENT_SCHEMA, DeadLetter, EventBatch, Position, ReadStats, validate_json_lines
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
 from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
@@ -128,8 +129,20 @@ class _Partition:
     next: int
     token: int  # the fencing token the store issued this member for the partition at assignment
     at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
+    all_names: frozenset[str] = frozenset()  # every definition ...
+    all_from: int = 0  # ... needs the messages from this offset on (no definition is applied further)
+
+    def __post_init__(self) -> None:
+        self.reopen(self.books)
+
+    def reopen(self, books: PartBooks) -> None:
+        """Start over from ``books`` (the store's): read from its least offset."""
+        self.books, self.next, self.at_end = books, books.start.offset, False
+        self.all_names = frozenset(books.applied)
+        self.all_from = max((p.offset for p in books.applied.values()), default=0)
 
     def fence(self) -> SourceProgress:
+        """The token as a commit carries it (``Store.merge``'s ``fences``)."""
         return SourceProgress(SOURCE, self.books.part, "fence", self.token)
 
 
@@ -154,6 +167,7 @@ class GroupMember:
         self._events_since = 0
         self._paused = False
         self._stop = threading.Event()
+        self._all_names = frozenset(definitions.names)
 
     # ------------------------------------------------------------------ the loop
 
@@ -204,13 +218,14 @@ class GroupMember:
 
     def _feed(self, messages: list[Any]) -> None:
         """Decode messages and ingest them, grouped by the definitions that still need them (all, unless some
-        were applied further before a restart)."""
+        were applied further before a restart; messages every definition has are skipped)."""
         from confluent_kafka import KafkaError
 
-        groups: dict[frozenset[str], list[EventBatch]] = {}
+        groups: dict[frozenset[str], list[Any]] = {}
+        partitions = self.partitions
         for m in messages:
+            part = partitions.get((m.topic(), m.partition()))
             error = m.error()
-            part = self.partitions.get((m.topic(), m.partition()))
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("kafka: %s", error)
@@ -221,31 +236,62 @@ class GroupMember:
             if part is None or offset < part.next:  # not ours (any more), or read before a rewind
                 continue
             part.at_end = False
-            names = part.books.names_from(offset)
-            batch = self._decode(m)
             part.next = offset + 1
-            if names and batch.num_rows:
-                groups.setdefault(names, []).append(batch)
-        for names, batches in groups.items():
-            subset = None if len(names) == len(self.definitions.names) else self.definitions.select(sorted(names))
-            table = EventBatch.join(batches)
-            self.engine.ingest(table, None, subset)
-            self._events_since += table.num_rows
+            names = part.all_names if offset >= part.all_from else part.books.names_from(offset)
+            if names:
+                groups.setdefault(names, []).append(m)
+        for names, group in groups.items():
+            table = self._decode(group)
+            if table.num_rows:
+                subset = None if names == self._all_names else self.definitions.select(sorted(names))
+                self.engine.ingest(table, None, subset)
+                self._events_since += table.num_rows
 
-    def _decode(self, m: Any) -> EventBatch:
-        source = f"kafka:{m.topic()}/{m.partition()}"
-        try:
-            batch, rejects = decode_message(m.value(), self.config)
-        except BadBody as exc:
-            self._reject(source, m.offset(), m.value(), exc.message)
-            return EventBatch.of(EVENT_SCHEMA.empty_table())
-        self.stats.add_accepted(batch.num_rows)
-        if rejects:
-            key = "span" if self.config.encoding.startswith("otlp") else "line"
-            text = _text(m.value())
+    def _decode(self, messages: list[Any]) -> EventBatch:
+        """The valid events of ``messages``; every reject to the dead letter. JSON values are validated as one
+        NDJSON block (a call per message would cost more than the events of one-event messages)."""
+        if not self.config.encoding.startswith("otlp"):
+            return self._decode_json(messages)
+        batches = []
+        for m in messages:
+            source = f"kafka:{m.topic()}/{m.partition()}"
+            try:
+                batch, rejects = decode_message(m.value(), self.config)
+            except BadBody as exc:
+                self._reject(source, m.offset(), m.value(), exc.message)
+                continue
+            self.stats.add_accepted(batch.num_rows)
+            text = _text(m.value()) if rejects else ""
             for index, reason in rejects:
-                self._reject(source, m.offset(), {key: index, "value": text}, reason)
-        return batch
+                self._reject(source, m.offset(), {"span": index, "value": text}, reason)
+            if batch.num_rows:
+                batches.append(batch)
+        return EventBatch.join(batches) if batches else EventBatch.of(EVENT_SCHEMA.empty_table())
+
+    def _decode_json(self, messages: list[Any]) -> EventBatch:
+        values: list[bytes] = []
+        owners: list[Any] = []  # the message of each value
+        starts: list[int] = []  # the block's line number of its first line
+        line = 1
+        for m in messages:
+            value = m.value()
+            if value is None:
+                self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), None, "no value (a tombstone)")
+                continue
+            values.append(value)
+            owners.append(m)
+            starts.append(line)
+            line += value.count(b"\n") + 1
+        if not values:
+            return EventBatch.of(EVENT_SCHEMA.empty_table())
+        batch, rejects = validate_json_lines(b"\n".join(values))
+        self.stats.add_accepted(batch.num_rows)
+        for lineno, reason in rejects:
+            k = bisect.bisect_right(starts, lineno) - 1
+            m = owners[k]
+            raw = {"line": lineno - starts[k] + 1, "value": _text(m.value())}
+            self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), raw, reason)
+        return EventBatch.of(batch)
 
     def _reject(self, source: str, offset: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
@@ -358,9 +404,7 @@ class GroupMember:
             if tp in lost or store.fence_token(SOURCE, part.books.part) != part.token:
                 del self.partitions[tp]
                 continue
-            part.books = open_books(store, SOURCE, part.books.part, self.definitions.names)
-            part.next = part.books.start.offset
-            part.at_end = False
+            part.reopen(open_books(store, SOURCE, part.books.part, self.definitions.names))
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], part.next if part.next > 0 else OFFSET_BEGINNING))
             except KafkaException as exc:  # not fetching yet: it starts at the offset it was assigned, which is
