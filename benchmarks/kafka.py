@@ -11,7 +11,7 @@ from start to exit:
   skipped without one), timed until both have exited: their combined rate;
 * ``run``: ``drainpipe run`` on the JSON Lines file;
 * ``bare``: a confluent-kafka consumer in a Python process reading every message of the topic and nothing more
-  (no decoding): the ceiling of reading the topic from Python.
+  (no decoding; the member's fetch settings): the ceiling of reading the topic from Python.
 
 Before timing, the store of ``consume`` is checked to hold the same values as the store of ``run`` (the 100-event
 topic). The table gives medians of ``--runs`` runs, events/s and ratios against ``run``. Targets: consume >= 0.5x of
@@ -50,7 +50,8 @@ import sys, time
 from confluent_kafka import Consumer
 servers, topic, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = Consumer({"bootstrap.servers": servers, "group.id": "bare-" + str(time.time()), "auto.offset.reset": "earliest",
-              "enable.auto.commit": False, "enable.partition.eof": True})
+              "enable.auto.commit": False, "enable.partition.eof": True, "queued.min.messages": 1_000_000,
+              "fetch.wait.max.ms": 50})
 c.subscribe([topic])
 messages = size = 0
 ended = set()
