@@ -171,20 +171,20 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     every 3 s.)"""
     topic = new_topic(servers, 6)
     group, dead = f"g-{topic}", tmp_path / "dead.jsonl"
-    traffic = LiveTraffic(servers, topic, waves=30, poison_wave=-1, pause_s=0.2)
+    traffic = LiveTraffic(servers, topic, waves=24, poison_wave=-1, pause_s=0.2)
     a = consume(servers, topic, group, pg_url, dead, checkpoint_s=3.0)
     time.sleep(1.5)
     b = consume(servers, topic, group, pg_url, dead, checkpoint_s=3.0)  # a gives b half of its partitions
-    time.sleep(1.5)
+    time.sleep(1.2)
     c = consume(servers, topic, group, pg_url, dead)  # a third of them each
-    time.sleep(1.5)
+    time.sleep(1.2)
     b.send_signal(signal.SIGSTOP)  # b holds up to 3 s of events, not committed
-    time.sleep(2.5)  # b's session (1 s) expires: a and c take its partitions from the store's offsets
+    time.sleep(2.0)  # b's session (1 s) expires: a and c take its partitions from the store's offsets
     a.send_signal(signal.SIGKILL)
     a.wait(30)
-    time.sleep(2.0)  # c holds everything
+    time.sleep(1.5)  # c holds everything
     b.send_signal(signal.SIGCONT)  # b wakes with its checkpoint overdue, for partitions c owns now
-    time.sleep(1.5)
+    time.sleep(1.0)
     for member in (b, c):
         member.send_signal(signal.SIGTERM)
     out_b, out_c = finish(b), finish(c)

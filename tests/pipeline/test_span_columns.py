@@ -163,7 +163,7 @@ def otlp_json(request: ExportTraceServiceRequest) -> bytes:
     return json.dumps(document).encode()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(exports())
 def test_the_otlp_json_pass_reads_what_the_official_classes_read(request: ExportTraceServiceRequest) -> None:
     """The C pass over the export's OTLP JSON gives the columns the official classes read; it declines a line only

@@ -37,7 +37,7 @@ class Outage:
 
 def test_a_duckdb_outage_waits_in_the_log_then_everything_acknowledged_is_stored_once(tmp_path: Path) -> None:
     url = f"duckdb:///{tmp_path / 'store.duckdb'}"
-    budget = 16 << 20  # the engine's lag may use half (admission), the rest is for the outage
+    budget = 8 << 20  # the engine's lag may use half (admission), the rest is for the outage
     wal = WriteAheadLog(tmp_path / "wal", max_bytes=budget, segment_bytes=512 << 10)
     store = Outage(open_store(url))
     service = IngestService(
