@@ -267,3 +267,20 @@ def test_compact_deletes_what_the_retention_no_longer_keeps(store, capsys) -> No
     assert "2026-11-21" in out
     code, _, err = run(capsys, "compact", "--store", store, "--retention", "minute=1y")
     assert code == EXIT_USER and "expected a duration" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--kafka-config", "no.such.setting=1"],
+            'kafka consumer settings: No such configuration property: "no.such.setting"',
+        ),
+        (["--kafka-config", "novalue"], "--kafka-config takes KEY=VALUE, not 'novalue'"),
+        (["--session-timeout-s", "0"], "--session-timeout-s must be > 0"),
+    ],
+)
+def test_consume_refuses_bad_settings_in_one_line(tmp_path, capsys, extra: list[str], message: str) -> None:
+    code, _, err = run(capsys, "consume", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--group", "g",
+                       "--store", f"duckdb:///{tmp_path / 's.duckdb'}", *extra)  # fmt: skip
+    assert code == EXIT_USER and err.strip().splitlines() == [f"drainpipe: error: {message}"], err

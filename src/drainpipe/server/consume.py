@@ -87,10 +87,16 @@ def cmd_consume(args: argparse.Namespace) -> int:
         if value <= 0:
             raise UsageError(f"{name} must be > 0")
     definitions = definitions_from(args.metrics)
+    client = {}
+    for item in args.kafka_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--kafka-config takes KEY=VALUE, not {item!r}")
+        client[key.strip()] = value
     config = ConsumeConfig(bootstrap_servers=args.bootstrap_servers, topics=args.topic, group=args.group,
                            encoding=args.encoding, session_timeout_s=args.session_timeout_s,
                            max_poll_interval_s=args.max_poll_interval_s, checkpoint_s=args.checkpoint_s,
-                           exit_at_end=args.exit_at_end)  # fmt: skip
+                           exit_at_end=args.exit_at_end, client=client)  # fmt: skip
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
                      announce=lambda line: print(line, flush=True))  # fmt: skip
@@ -145,6 +151,14 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         default=2.0,
         metavar="SECONDS",
         help="seconds between two commits to the store (default: %(default)s)",
+    )
+    c.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka consumer setting (repeatable), e.g. security.protocol=SASL_SSL, sasl.mechanism=PLAIN, "
+        "sasl.username=..., ssl.ca.location=...",
     )
     c.add_argument(
         "--exit-at-end",

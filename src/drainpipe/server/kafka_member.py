@@ -107,6 +107,7 @@ class ConsumeConfig:
             # of the rate), bounded by queued.max.messages.kbytes (64 MB); answer a fetch within 50 ms when idle
             "queued.min.messages": 1_000_000,
             "fetch.wait.max.ms": 50,
+            "topic.metadata.refresh.interval.ms": 30_000,  # partitions added to a topic are taken within 30 s
             "enable.partition.eof": self.exit_at_end,
             **self.client,
         }
@@ -157,7 +158,7 @@ class GroupMember:
 
     def __init__(self, config: ConsumeConfig, engine: LocalEngine, definitions: Definitions,
                  dead_letter: DeadLetter | None = None) -> None:  # fmt: skip
-        from confluent_kafka import Consumer
+        from confluent_kafka import Consumer, KafkaException
 
         self.config = config
         self.engine = engine
@@ -168,7 +169,10 @@ class GroupMember:
         self.partitions: dict[tuple[str, int], _Partition] = {}
         self.cluster = ""
         self.assignments = self.revocations = self.losses = self.fenced = self.fenced_commits = 0
-        self._consumer = Consumer(config.consumer_settings(), logger=log)
+        try:
+            self._consumer = Consumer(config.consumer_settings(), logger=log)
+        except KafkaException as exc:  # a setting librdkafka refuses (--kafka-config)
+            raise UsageError(f"kafka consumer settings: {exc.args[0].str()}") from None
         self._outstanding: deque[tuple[Commit, dict[tuple[str, int], int]]] = deque()
         self._events_since = 0
         self._paused = False
