@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -270,7 +271,29 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
     producer.produce(topic, b"\x0a\xff\xff")  # not an export
     producer.flush(30)
     store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
-    out = finish(consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--exit-at-end"))
+    member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
+    assert member.stdout is not None
+    url = ""
+    while not url:
+        line = member.stdout.readline()
+        assert line, "consume exited"
+        url = line.split(" on ", 1)[1].strip() if "/metrics and /healthz on " in line else ""
+    # /metrics: the RED series count every request, and no partition lags once all is read and committed
+    deadline = time.monotonic() + 30
+    while True:
+        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        requests = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("drainpipe_calls_total{"))  # fmt: skip
+        lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("drainpipe_kafka_partition_lag{")]  # fmt: skip
+        if requests == sum(calls.values()) and len(lags) == 2 and not any(lags):
+            break
+        assert time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.3)
+    health = urllib.request.urlopen(url + "/healthz", timeout=5)
+    assert health.status == 200 and json.load(health)["status"] == "ok"
+    member.send_signal(signal.SIGTERM)
+    out = finish(member)
     assert stored_calls(store) == +calls, out
     assert "rejected 1" in out and [r[2] for r in rejected(dead)] == [_first_reason(dead)]
 

@@ -15,10 +15,20 @@ log = logging.getLogger("drainpipe.server")
 __all__ = ["add_consume_command", "consume"]
 
 
-def consume(config: Any, *, store_url: str, definitions: Any, dead_letter: str | None,
-            announce: Any = print, stop: threading.Event | None = None) -> dict[str, Any]:  # fmt: skip
+def consume(
+    config: Any,
+    *,
+    store_url: str,
+    definitions: Any,
+    dead_letter: str | None,
+    announce: Any = print,
+    stop: threading.Event | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
-    when called on the main thread); returns what it did. Raises :class:`~drainpipe.errors.UsageError` (one line)
+    when called on the main thread), with ``/metrics`` and ``/healthz`` on ``host:port`` if ``port`` is given;
+    returns what it did. Raises :class:`~drainpipe.errors.UsageError` (one line)
     for a store another process holds (a DuckDB file has one writer: several members need PostgreSQL)."""
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
@@ -38,6 +48,18 @@ def consume(config: Any, *, store_url: str, definitions: Any, dead_letter: str |
         path = dead_letter or default_dead_letter(store_url)
         with DeadLetter(path) as dl:
             member = GroupMember(config, engine, definitions, dl)
+            endpoints = None
+            if port is not None:
+                from .member_metrics import MemberEndpoints
+                from .red import RedMetrics
+
+                red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
+                member.observe = red.observe
+                try:
+                    endpoints = MemberEndpoints(member, red, host, port).start()
+                except OSError as exc:
+                    raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+                announce(f"drainpipe consume: /metrics and /healthz on {endpoints.url}")
             done = stop or threading.Event()
 
             def watch() -> None:
@@ -55,6 +77,8 @@ def consume(config: Any, *, store_url: str, definitions: Any, dead_letter: str |
                 done.set()
                 if restore is not None:
                     restore()
+                if endpoints is not None:
+                    endpoints.stop()
         engine.close()
     finally:
         store.close()
@@ -99,7 +123,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                            exit_at_end=args.exit_at_end, client=client)  # fmt: skip
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
-                     announce=lambda line: print(line, flush=True))  # fmt: skip
+                     announce=lambda line: print(line, flush=True), host=args.host, port=args.port)  # fmt: skip
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
@@ -160,6 +184,10 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         help="a librdkafka consumer setting (repeatable), e.g. security.protocol=SASL_SSL, sasl.mechanism=PLAIN, "
         "sasl.username=..., ssl.ca.location=...",
     )
+    c.add_argument("--port", type=int, metavar="PORT",
+                   help="serve /metrics (the traffic's RED series and per-partition lag) and /healthz on this port "
+                        "(0: a free one)")  # fmt: skip
+    c.add_argument("--host", default="127.0.0.1", help="the address of --port (default: %(default)s)")
     c.add_argument(
         "--exit-at-end",
         action="store_true",

@@ -34,7 +34,8 @@ paused past its session and has not noticed yet) writes nothing (:class:`~drainp
 then drops everything uncommitted, gives up the partitions whose token moved on, and reads the rest again from the
 store's offsets; librdkafka's "lost" callback does the same when the member notices first.
 
-Not here yet: the ``--port`` endpoints.
+With ``--port``, :mod:`.member_metrics` serves ``/metrics`` (the traffic's RED series as ``serve`` has them, and
+per-partition lag) and ``/healthz``; not the dashboard.
 
 Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the engine's intake and the
 books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
@@ -48,6 +49,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +138,7 @@ class _Partition:
     next: int
     token: int  # the fencing token the store issued this member for the partition at assignment
     at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
+    stored: int = 0  # the next offset the store has (after the last commit this member saw done)
     all_names: frozenset[str] = frozenset()  # every definition ...
     all_from: int = 0  # ... needs the messages from this offset on (no definition is applied further)
 
@@ -145,6 +148,7 @@ class _Partition:
     def reopen(self, books: PartBooks) -> None:
         """Start over from ``books`` (the store's): read from its least offset."""
         self.books, self.next, self.at_end = books, books.start.offset, False
+        self.stored = self.next
         self.all_names = frozenset(books.applied)
         self.all_from = max((p.offset for p in books.applied.values()), default=0)
 
@@ -178,6 +182,11 @@ class GroupMember:
         self._paused = False
         self._stop = threading.Event()
         self._all_names = frozenset(definitions.names)
+        #: sees every event batch handed to the engine (the RED metrics of ``--port``)
+        self.observe: Callable[[EventBatch], None] | None = None
+        #: per partition held: (next offset fed, high watermark as of the last fetch or -1, next offset stored);
+        #: refreshed at each checkpoint, read by ``/metrics``
+        self.positions: dict[tuple[str, int], tuple[int, int, int]] = {}
 
     # ------------------------------------------------------------------ the loop
 
@@ -256,6 +265,8 @@ class GroupMember:
                 subset = None if names == self._all_names else self.definitions.select(sorted(names))
                 self.engine.ingest(table, None, subset)
                 self._events_since += table.num_rows
+                if self.observe is not None:
+                    self.observe(table)
 
     def _decode(self, messages: list[Any]) -> EventBatch:
         """The valid events of ``messages``; every reject to the dead letter. JSON values are validated as one
@@ -310,6 +321,7 @@ class GroupMember:
 
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
+        self._refresh_positions()
         rows = []
         for part in self.partitions.values():
             part.books.advance(self.definitions.names, Position(part.next))
@@ -322,6 +334,18 @@ class GroupMember:
         fences = [part.fence() for part in self.partitions.values()]
         self._outstanding.append((self.engine.checkpoint(rows, self._events_since, fences=fences), ends))
         self._events_since = 0
+
+    def _refresh_positions(self) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        positions = {}
+        for (topic, partition), part in self.partitions.items():
+            try:
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+            except KafkaException:
+                high = -1
+            positions[(topic, partition)] = (part.next, high, part.stored)
+        self.positions = positions  # replaced whole: a scrape reads one consistent dict
 
     def _reap(self) -> None:
         """Take in finished commits: their offsets go to Kafka (monitoring); a failed one stops the member."""
@@ -341,6 +365,8 @@ class GroupMember:
                 return
             done.append(ends)
         offsets = {tp: end for ends in done for tp, end in ends.items() if tp in self.partitions}
+        for tp, end in offsets.items():
+            self.partitions[tp].stored = end
         if offsets:
             try:
                 self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
