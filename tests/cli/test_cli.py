@@ -281,6 +281,10 @@ def test_compact_deletes_what_the_retention_no_longer_keeps(store, capsys) -> No
     ],
 )
 def test_consume_refuses_bad_settings_in_one_line(tmp_path, capsys, extra: list[str], message: str) -> None:
+    import threading
+
+    threads = threading.active_count()
     code, _, err = run(capsys, "consume", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--group", "g",
                        "--store", f"duckdb:///{tmp_path / 's.duckdb'}", *extra)  # fmt: skip
     assert code == EXIT_USER and err.strip().splitlines() == [f"drainpipe: error: {message}"], err
+    assert threading.active_count() == threads  # nothing started is left running (an engine's threads were)

@@ -45,41 +45,16 @@ def consume(
     try:
         store.register(definitions.all)  # a conflicting definition is refused before anything is read
         engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=config.checkpoint_s))
-        path = dead_letter or default_dead_letter(store_url)
-        with DeadLetter(path) as dl:
-            member = GroupMember(config, engine, definitions, dl)
-            endpoints = None
-            if port is not None:
-                from .member_metrics import MemberEndpoints
-                from .red import RedMetrics
-
-                red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
-                member.observe = red.observe
+        try:
+            path = dead_letter or default_dead_letter(store_url)
+            with DeadLetter(path) as dl:
+                member = GroupMember(config, engine, definitions, dl)
                 try:
-                    endpoints = MemberEndpoints(member, red, host, port).start()
-                except OSError as exc:
-                    raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-                announce(f"drainpipe consume: /metrics and /healthz on {endpoints.url}")
-            done = stop or threading.Event()
-
-            def watch() -> None:
-                done.wait()
-                member.stop()
-
-            watcher = threading.Thread(target=watch, daemon=True)
-            watcher.start()
-            restore = _on_signals(done.set) if stop is None else None
-            announce(f"drainpipe consume: group {config.group!r}, topics {', '.join(config.topics)} at "
-                     f"{config.bootstrap_servers} into {store_url} (rejects to {path})")  # fmt: skip
-            try:
-                member.run()
-            finally:
-                done.set()
-                if restore is not None:
-                    restore()
-                if endpoints is not None:
-                    endpoints.stop()
-        engine.close()
+                    _run_member(member, config, store_url, path, announce, stop, host, port, definitions)
+                finally:
+                    member.close()
+        finally:
+            engine.close()  # (also when the member could not start: the engine's threads end)
     finally:
         store.close()
     stats = member.stats
@@ -88,6 +63,41 @@ def consume(
     return {"read": stats.read, "accepted": stats.accepted, "rejected": stats.rejected,
             "reasons": dict(stats.reasons), "assignments": member.assignments, "revocations": member.revocations,
             "losses": member.losses, "fenced": member.fenced, "dead_letter": path}  # fmt: skip
+
+
+def _run_member(member: Any, config: Any, store_url: str, path: str, announce: Any, stop: threading.Event | None,
+                host: str, port: int | None, definitions: Any) -> None:  # fmt: skip
+    """Serve ``member``'s endpoints (with ``port``) and run it until ``stop`` (or a signal)."""
+    endpoints = None
+    if port is not None:
+        from .member_metrics import MemberEndpoints
+        from .red import RedMetrics
+
+        red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
+        member.observe = red.observe
+        try:
+            endpoints = MemberEndpoints(member, red, host, port).start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        announce(f"drainpipe consume: /metrics and /healthz on {endpoints.url}")
+    done = stop or threading.Event()
+
+    def watch() -> None:
+        done.wait()
+        member.stop()
+
+    threading.Thread(target=watch, daemon=True).start()
+    restore = _on_signals(done.set) if stop is None else None
+    announce(f"drainpipe consume: group {config.group!r}, topics {', '.join(config.topics)} at "
+             f"{config.bootstrap_servers} into {store_url} (rejects to {path})")  # fmt: skip
+    try:
+        member.run()
+    finally:
+        done.set()
+        if restore is not None:
+            restore()
+        if endpoints is not None:
+            endpoints.stop()
 
 
 def _on_signals(handler: Any) -> Any:

@@ -181,6 +181,7 @@ class GroupMember:
         self._events_since = 0
         self._paused = False
         self._stop = threading.Event()
+        self._closed = False
         self._all_names = frozenset(definitions.names)
         #: sees every event batch handed to the engine (the RED metrics of ``--port``)
         self.observe: Callable[[EventBatch], None] | None = None
@@ -215,7 +216,14 @@ class GroupMember:
                 self._checkpoint()
                 self._drain()
         finally:
-            consumer.close()  # leaves the group: the revoke callback commits first (nothing left to commit now)
+            self.close()  # leaves the group: the revoke callback commits first (nothing left to commit now)
+
+    def close(self) -> None:
+        """Leave the group and release the consumer (its librdkafka threads). Idempotent; the thread of
+        :meth:`run` (which calls it), or any thread once :meth:`run` has returned or was never called."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
 
     def _at_end(self) -> bool:
         return self.config.exit_at_end and bool(self.partitions) and all(p.at_end for p in self.partitions.values())
