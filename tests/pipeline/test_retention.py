@@ -83,7 +83,7 @@ def test_a_month_of_minute_traffic_stays_flat_on_duckdb(tmp_path) -> None:
 
 @pytest.mark.postgres
 def test_a_month_of_minute_traffic_stays_flat_on_postgres(pg_url: str) -> None:
-    month_stays_flat(pg_url, days=20)  # (its VACUUMs are slow; 12 days past the full windows show it flat)
+    month_stays_flat(pg_url, days=16)  # (its VACUUMs are slow; 8 days past the full windows show it flat)
 
 
 def assert_kept_as_retention_says(store: SqlStore, now: int) -> None:

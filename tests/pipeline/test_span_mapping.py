@@ -162,7 +162,7 @@ MAPPINGS = st.sampled_from([
 ])  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(exports(), MAPPINGS)
 def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceRequest, mapping: SpanMapping) -> None:
     rules = EndpointRules()
