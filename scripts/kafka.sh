@@ -33,22 +33,8 @@ say() { echo "kafka.sh: $*" >&2; }
 
 configured() { { grep -E "^# $1=" "$CONF" 2>/dev/null || true; } | tail -n 1 | cut -d= -f2; }
 
-port_taken() {
-    python3 - "$1" <<'PY'
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(0)   # taken
-sys.exit(1)
-PY
-}
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=ports.sh
+. "$ROOT/scripts/ports.sh"
 
 running() {
     [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null
