@@ -75,7 +75,10 @@ fetch() {
 POM
     say "fetching Apache Kafka $KAFKA_VERSION's jars from Maven Central"
     rm -rf "$LIBS.tmp"
-    (cd "$work" && mvn -q -B -Dstyle.color=never dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$LIBS.tmp") >&2
+    if ! (cd "$work" && mvn -q -B dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$LIBS.tmp") \
+        >"$work/mvn.log" 2>&1; then
+        say "Maven could not fetch the jars:"; tail -n 30 "$work/mvn.log" >&2; exit 1
+    fi
     touch "$LIBS.tmp/.complete"
     rm -rf "$LIBS"
     mv "$LIBS.tmp" "$LIBS"

@@ -30,9 +30,22 @@ DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
 BASE_MS = 1_790_000_000_000
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def servers() -> str:
-    return os.environ["DRAINPIPE_TEST_KAFKA"].removeprefix("kafka://")
+    """The broker, warmed: a fresh broker creates its offsets topic at the first group's first join, which made
+    that join take seconds."""
+    from confluent_kafka import Consumer
+
+    servers = os.environ["DRAINPIPE_TEST_KAFKA"].removeprefix("kafka://")
+    topic = new_topic(servers, 1)
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"warm-{topic}"})
+    assigned: list[Any] = []
+    consumer.subscribe([topic], on_assign=lambda _c, partitions: assigned.extend(partitions))
+    deadline = time.monotonic() + 60
+    while not assigned and time.monotonic() < deadline:
+        consumer.poll(0.1)
+    consumer.close()
+    return servers
 
 
 def new_topic(servers: str, partitions: int) -> str:
@@ -100,6 +113,22 @@ class LiveTraffic(threading.Thread):
             time.sleep(self.pause_s)
 
 
+def endpoint_of(member: subprocess.Popen[str]) -> str:
+    """The URL of a member started with ``--port 0`` (its first lines say it)."""
+    assert member.stdout is not None
+    while True:
+        line = member.stdout.readline()
+        assert line, "consume exited"
+        if "/metrics and /healthz on " in line:
+            return line.split(" on ", 1)[1].strip()
+
+
+def scraped(url: str, name: str) -> list[float]:
+    """The values of the series ``name`` on the member's ``/metrics``."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+
+
 def stored_calls(url: str) -> Counter[str]:
     """Calls per service in the store (the minute buckets of service_cpm add up to the calls)."""
     from drainpipe.pipeline import open_store
@@ -141,13 +170,19 @@ def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_onc
     rng = random.Random(7)
     partial = []
     for cycle in range(3):
-        member = consume(servers, topic, group, store, dead)
+        member = consume(servers, topic, group, store, dead, "--port", "0")
+        url = endpoint_of(member)
         if cycle == 0:  # a second member on the same DuckDB file is refused, with the way out
-            time.sleep(1.5)
             second = consume(servers, topic, group, store, tmp_path / "d2.jsonl")
             out, _ = second.communicate(timeout=60)
             assert second.returncode == 2 and "need a PostgreSQL store" in out, out
-        time.sleep(rng.uniform(0.3, 1.5))
+        # killed at a random moment after its first commit (a new member joins once the killed one's session has
+        # expired: waiting on the clock alone, a kill could come before it ever commits)
+        deadline = time.monotonic() + 30
+        while not sum(scraped(url, "drainpipe_kafka_partition_committed_offset")):
+            assert time.monotonic() < deadline and member.poll() is None, "no commit"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
         member.send_signal(signal.SIGKILL)
         member.wait(30)
         partial.append(sum(stored_calls(store).values()))
@@ -272,23 +307,15 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
     producer.flush(30)
     store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
     member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
-    assert member.stdout is not None
-    url = ""
-    while not url:
-        line = member.stdout.readline()
-        assert line, "consume exited"
-        url = line.split(" on ", 1)[1].strip() if "/metrics and /healthz on " in line else ""
+    url = endpoint_of(member)
     # /metrics: the RED series count every request, and no partition lags once all is read and committed
     deadline = time.monotonic() + 30
     while True:
-        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-        requests = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("drainpipe_calls_total{"))  # fmt: skip
-        lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                if line.startswith("drainpipe_kafka_partition_lag{")]  # fmt: skip
+        requests = sum(scraped(url, "drainpipe_calls_total"))
+        lags = scraped(url, "drainpipe_kafka_partition_lag")
         if requests == sum(calls.values()) and len(lags) == 2 and not any(lags):
             break
-        assert time.monotonic() < deadline, text[-3000:]
+        assert time.monotonic() < deadline, (requests, lags)
         time.sleep(0.3)
     health = urllib.request.urlopen(url + "/healthz", timeout=5)
     assert health.status == 200 and json.load(health)["status"] == "ok"
