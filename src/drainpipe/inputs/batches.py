@@ -42,6 +42,11 @@ class EventBatch:
         return cls(rows, rows.num_rows)
 
     @classmethod
+    def empty(cls) -> EventBatch:
+        """A batch of no rows."""
+        return cls(_empty(), 0)
+
+    @classmethod
     def with_exits(cls, requests: pa.RecordBatch, exits: pa.RecordBatch) -> EventBatch:
         """``requests`` rows, then ``exits`` rows."""
         if exits.num_rows == 0:
@@ -51,7 +56,7 @@ class EventBatch:
 
     @classmethod
     def join(cls, batches: Sequence[EventBatch]) -> EventBatch:
-        """One batch: the requests of all, then the exit rows of all."""
+        """One batch: the requests of all, then the exit rows of all (none: an empty batch)."""
         if len(batches) == 1:
             return batches[0]
         heads = [b.rows.slice(0, b.requests) for b in batches]

@@ -116,8 +116,6 @@ def decode_otlp_lines(
         if result.batch.num_rows:
             batches.append(result.batch)
         bad += [(i, {"span": index}, reason) for index, reason in result.rejects]
-    if not batches:
-        return EventBatch.of(pa.RecordBatch.from_pylist([], EVENT_SCHEMA)), bad
     return EventBatch.join(batches), bad
 
 

@@ -377,10 +377,7 @@ class LocalEngine:
         while True:
             t0 = time.perf_counter()
             try:
-                if fences:
-                    self.store.merge(partials, progress=progress, fences=fences)
-                else:
-                    self.store.merge(partials, progress=progress)
+                self.store.merge(partials, progress=progress, fences=fences)
             except StoreUnavailable as exc:
                 self.counters.store_retries += 1
                 log.warning("store unavailable (%s); retrying in %.2fs", exc, delay)

@@ -12,11 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..batches import EventBatch
 from ..options import InputOptions
-from ..schema import EVENT_SCHEMA
 from ..span_columns import json_span_columns
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
@@ -72,6 +70,4 @@ def decode_block(
                 batches.append(batch)
             bad += rejects
         bad.sort(key=lambda reject: reject[0])  # line order, as the reference reports them (the sort is stable)
-    if not batches:
-        return EventBatch.of(pa.RecordBatch.from_pylist([], EVENT_SCHEMA)), bad
-    return (batches[0] if len(batches) == 1 else EventBatch.join(batches)), bad
+    return EventBatch.join(batches), bad
