@@ -21,6 +21,8 @@ from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store
 from drainpipe.pipeline.times import parse_time
 from testlib import T0, ingest, same_values, store_events
 
+DAY = 86_400_000
+
 generated = store_events
 
 
@@ -137,8 +139,11 @@ def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> Non
     """The Kafka members' fence (docs/pipeline.md, "Kafka"): a part's token moves on at every new owner; a merge
     carrying an older one raises Fenced and leaves the store as it was; the current one writes."""
     from drainpipe.errors import Fenced
+    from drainpipe.pipeline.retention import Retention
     from drainpipe.pipeline.store import SourceProgress
 
+    now = [T0]
+    store.clock = lambda: now[0]  # type: ignore[attr-defined]  # (the record time of ledger rows)
     assert store.fence_token("kafka", "c/t/0") == 0
     old = store.fence("kafka", "c/t/0")
     new = store.fence("kafka", "c/t/0")  # a new owner
@@ -148,9 +153,13 @@ def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> Non
         store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[row],
                     fences=[SourceProgress("kafka", "c/t/0", "fence", old)])  # fmt: skip
     assert store.query() == [] and [r.name for r in store.progress("kafka", part="c/t/0")] == ["#fence"]
+    now[0] = T0 + 3 * DAY  # three days after the fences were issued
     store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[row],
                 fences=[SourceProgress("kafka", "c/t/0", "fence", new)])  # fmt: skip
     assert store.query() and {r.name: r.end for r in store.progress("kafka", part="c/t/0")}["service_cpm"] == 10
+    # a purge of the ledger keeps the token of a part still written: every merge that carries it records it again
+    store.purge(Retention(minute=DAY, hour=DAY, day=DAY, topn=DAY), now_ms=T0 + 3 * DAY + DAY // 2)
+    assert store.fence_token("kafka", "c/t/0") == new
 
 
 def test_two_halves_equal_the_whole(tmp_path: Path) -> None:

@@ -388,7 +388,9 @@ class SqlStore:
                 grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
             self._write_groups(grouped.values(), rollup)
             self._record(pairs)
-            self._record_progress(progress)
+            # the tokens are recorded again with the progress: their record time moves on with it, so a retention
+            # purge of the ledger never takes the token of a part that is still being written
+            self._record_progress([*progress, *(SourceProgress(f.source, f.part, FENCE, f.end) for f in fences)])
         return MergeReport(applied=len(fresh), skipped=len(parts) - len(fresh))
 
     def merge_chunks(
@@ -451,7 +453,8 @@ class SqlStore:
         older one for it raises :class:`~drainpipe.errors.Fenced`. A new owner of a part (a member given a Kafka
         partition) takes one before it reads the part's progress: a commit of the old owner lands before that
         read, and is seen, or after it, and is refused. The token is a ``source_progress`` row of the part named
-        :data:`FENCE`, so it is kept and pruned with the part's progress."""
+        :data:`FENCE`, recorded again by every merge that carries it: it is pruned with the part's progress, never
+        while the part is being written."""
         with self._guard("fence"), self._write_transaction():
             token = self._fence_of(source, part) + 1
             self._record_progress([SourceProgress(source, part, FENCE, token)])
