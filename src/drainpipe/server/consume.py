@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, UsageError
 
-log = logging.getLogger("drainpipe.server")
+if TYPE_CHECKING:
+    from ..pipeline import Definitions
+    from .kafka_member import ConsumeConfig, GroupMember
 
 __all__ = ["add_consume_command", "consume"]
 
 
 def consume(
-    config: Any,
+    config: ConsumeConfig,
     *,
     store_url: str,
-    definitions: Any,
+    definitions: Definitions,
     dead_letter: str | None,
     announce: Any = print,
     stop: threading.Event | None = None,
@@ -28,8 +29,11 @@ def consume(
 ) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
     when called on the main thread), with ``/metrics`` and ``/healthz`` on ``host:port`` if ``port`` is given;
-    returns what it did. Raises :class:`~drainpipe.errors.UsageError` (one line)
-    for a store another process holds (a DuckDB file has one writer: several members need PostgreSQL)."""
+    returns what it did. Errors (one line each): :class:`~drainpipe.errors.UsageError` for a store another process
+    holds (a DuckDB file has one writer: several members need PostgreSQL), a setting librdkafka refuses or a broker
+    it cannot reach; :class:`~drainpipe.errors.StoreError` when a store commit failed for good and
+    :class:`~drainpipe.errors.InputError` when a partition could not be rewound (the member stopped: the others
+    read its partitions from the store's offsets)."""
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
     from .kafka_member import GroupMember
@@ -59,14 +63,23 @@ def consume(
         store.close()
     stats = member.stats
     if member.failed:
-        raise StoreError(f"the store write failed: {member.failed}")
+        raise member.failure(member.failed)
     return {"read": stats.read, "accepted": stats.accepted, "rejected": stats.rejected,
             "reasons": dict(stats.reasons), "assignments": member.assignments, "revocations": member.revocations,
-            "losses": member.losses, "fenced": member.fenced, "dead_letter": path}  # fmt: skip
+            "losses": member.losses, "rewinds": member.rewinds, "dead_letter": path}  # fmt: skip
 
 
-def _run_member(member: Any, config: Any, store_url: str, path: str, announce: Any, stop: threading.Event | None,
-                host: str, port: int | None, definitions: Any) -> None:  # fmt: skip
+def _run_member(
+    member: GroupMember,
+    config: ConsumeConfig,
+    store_url: str,
+    path: str,
+    announce: Any,
+    stop: threading.Event | None,
+    host: str,
+    port: int | None,
+    definitions: Definitions,
+) -> None:
     """Serve ``member``'s endpoints (with ``port``) and run it until ``stop`` (or a signal)."""
     endpoints = None
     if port is not None:
@@ -137,7 +150,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
-          f"revoked {result['revocations']}, lost {result['losses']}; rewound {result['fenced']} times",
+          f"revoked {result['revocations']}, lost {result['losses']}; rewound {result['rewinds']} times",
           flush=True)  # fmt: skip
     return 0
 

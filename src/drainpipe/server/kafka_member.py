@@ -53,8 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BadBody, UsageError
-from ..inputs import EVENT_SCHEMA, DeadLetter, EventBatch, Position, ReadStats, validate_json_lines
+from ..errors import BadBody, DrainpipeError, InputError, StoreError, UsageError
+from ..inputs import DeadLetter, EventBatch, Position, ReadStats, validate_json_lines
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
 from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
@@ -73,6 +73,8 @@ ENCODINGS = {"json": "ndjson", "otlp_proto": "otlp-protobuf", "otlp_json": "otlp
 CONSUME_MESSAGES = 20_000
 #: a message larger than this (decoded) is rejected
 MAX_MESSAGE_BYTES = 256 << 20
+#: the reject reason of a message without a value
+TOMBSTONE = "no value (a tombstone)"
 
 
 @dataclass
@@ -124,7 +126,7 @@ def decode_message(value: bytes | None, config: ConsumeConfig) -> tuple[EventBat
     """A message's value -> its valid events and ``(index, reason)`` per rejected record (the NDJSON line, or the
     span's index in the export). Raises :class:`~drainpipe.errors.BadBody` for a value that does not decode."""
     if value is None:
-        raise BadBody(400, "no value (a tombstone)")
+        raise BadBody(400, TOMBSTONE)
     return decode_body(value, form=ENCODINGS[config.encoding], gzipped=False, max_decoded=MAX_MESSAGE_BYTES,
                        max_events=1 << 40, spans=config.spans, endpoints=config.endpoints)  # fmt: skip
 
@@ -135,12 +137,13 @@ class _Partition:
     offset to feed (everything before it is in the engine or the store)."""
 
     books: PartBooks
-    next: int
     token: int  # the fencing token the store issued this member for the partition at assignment
-    at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
-    stored: int = 0  # the next offset the store has (after the last commit this member saw done)
-    all_names: frozenset[str] = frozenset()  # every definition ...
-    all_from: int = 0  # ... needs the messages from this offset on (no definition is applied further)
+    # derived from the books (reopen):
+    next: int = field(init=False)
+    at_end: bool = field(init=False)  # the broker said the partition ends at ``next`` (exit_at_end only)
+    stored: int = field(init=False)  # the next offset the store has (after the last commit this member saw done)
+    all_names: frozenset[str] = field(init=False)  # every definition ...
+    all_from: int = field(init=False)  # ... needs the messages from this offset on (none is applied further)
 
     def __post_init__(self) -> None:
         self.reopen(self.books)
@@ -169,10 +172,11 @@ class GroupMember:
         self.definitions = definitions
         self.dead_letter = dead_letter
         self.stats = ReadStats()
-        self.failed = ""  # a store commit failed for good: the reason (the member stops)
+        self.failed = ""  # why the member stopped on its own: a store commit failed for good, or a rewind failed
+        self.failure: type[DrainpipeError] = StoreError  # the error that says so
         self.partitions: dict[tuple[str, int], _Partition] = {}
         self.cluster = ""
-        self.assignments = self.revocations = self.losses = self.fenced = self.fenced_commits = 0
+        self.assignments = self.revocations = self.losses = self.rewinds = self.fenced_commits = 0
         try:
             self._consumer = Consumer(config.consumer_settings(), logger=log)
         except KafkaException as exc:  # a setting librdkafka refuses (--kafka-config)
@@ -295,7 +299,7 @@ class GroupMember:
                 self._reject(source, m.offset(), {"span": index, "value": text}, reason)
             if batch.num_rows:
                 batches.append(batch)
-        return EventBatch.join(batches) if batches else EventBatch.of(EVENT_SCHEMA.empty_table())
+        return EventBatch.join(batches)
 
     def _decode_json(self, messages: list[Any]) -> EventBatch:
         values: list[bytes] = []
@@ -303,12 +307,12 @@ class GroupMember:
         for m in messages:
             value = m.value()
             if value is None:
-                self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), None, "no value (a tombstone)")
+                self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), None, TOMBSTONE)
                 continue
             values.append(value)
             owners.append(m)
         if not values:
-            return EventBatch.of(EVENT_SCHEMA.empty_table())
+            return EventBatch.empty()
         batch, rejects = validate_json_lines(b"\n".join(values))
         self.stats.add_accepted(batch.num_rows)
         if rejects:  # the block's line numbers back to messages (each value is one line or more)
@@ -367,7 +371,7 @@ class GroupMember:
                 self._rewind(set())
                 return
             if commit.error:
-                self.failed = commit.error
+                self.failed = f"the store write failed: {commit.error}"
                 log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
                           commit.error)  # fmt: skip
                 return
@@ -401,19 +405,20 @@ class GroupMember:
             # is refused
             token = store.fence(SOURCE, part)
             books = open_books(store, SOURCE, part, self.definitions.names)
-            start = books.start.offset
-            tp.offset = start if start > 0 else OFFSET_BEGINNING
-            self.partitions[(tp.topic, tp.partition)] = _Partition(books, start, token)
+            held = self.partitions[(tp.topic, tp.partition)] = _Partition(books, token)
+            tp.offset = held.next if held.next > 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
         if self._paused:
             consumer.pause(partitions)
         log.info("kafka: assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
-        """Commit what was read of every partition, wait for the store, then let ``partitions`` go."""
+        """Commit what was read of every partition, wait for the store, then let ``partitions`` go (a failed
+        member commits nothing: its partitions are read again from the store's offsets)."""
         self.revocations += 1
-        self._checkpoint()
-        self._drain()
+        if not self.failed:
+            self._checkpoint()
+            self._drain()
         for tp in partitions:
             self.partitions.pop((tp.topic, tp.partition), None)
         log.info("kafka: revoked %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
@@ -437,10 +442,10 @@ class GroupMember:
                 commit, _ = self._outstanding.popleft()
                 self.fenced_commits += commit.fenced
                 if commit.error and not commit.fenced:
-                    self.failed = commit.error
+                    self.failed = f"the store write failed: {commit.error}"
         self.engine.checkpoint([], 0, rollback=True, wait=True)
         self._events_since = 0
-        self.fenced += 1
+        self.rewinds += 1
         store = self.engine.store
         for tp, part in list(self.partitions.items()):
             if tp in lost or store.fence_token(SOURCE, part.books.part) != part.token:
@@ -449,9 +454,12 @@ class GroupMember:
             part.reopen(open_books(store, SOURCE, part.books.part, self.definitions.names))
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], part.next if part.next > 0 else OFFSET_BEGINNING))
-            except KafkaException as exc:  # not fetching yet: it starts at the offset it was assigned, which is
-                # at or before the store's; messages before ``next`` are skipped, which keeps it exact
-                log.debug("kafka: seek after a rewind failed: %s", exc)
+            except KafkaException as exc:  # reading on from where the consumer is would skip what was dropped:
+                # stop instead; the others read the partitions again from the store's offsets
+                self.failed = f"cannot rewind {tp[0]}[{tp[1]}] to offset {part.next}: {exc}"
+                self.failure = InputError
+                log.error("kafka: %s; the member stops", self.failed)
+                return
 
 
 def _text(value: bytes | None) -> str:

@@ -55,7 +55,7 @@ class _MemberCollector(Collector):
         events.add_metric(["rejected"], m.stats.rejected)
         rebalances = CounterMetricFamily("drainpipe_kafka_rebalances", "the member's rebalance events", labels=["kind"])
         for kind, value in (("assigned", m.assignments), ("revoked", m.revocations), ("lost", m.losses),
-                            ("rewound", m.fenced), ("fenced_commit", m.fenced_commits)):  # fmt: skip
+                            ("rewound", m.rewinds), ("fenced_commit", m.fenced_commits)):  # fmt: skip
             rebalances.add_metric([kind], value)
         yield from (lag, offset, committed, events, rebalances)
 
