@@ -10,7 +10,8 @@ latency histograms per service and endpoint of every request the member hands th
 * ``drainpipe_kafka_events_total{outcome}`` (``accepted``, ``rejected``) and ``drainpipe_kafka_rebalances_total{kind}``
   (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``).
 
-``/healthz`` answers 200 while the member runs, 503 once a store commit failed for good.
+``/healthz`` answers 200 while the member runs, 503 once it stopped on its own (a store commit failed for good, a
+rewind failed).
 
 The member thread refreshes the partition figures at each checkpoint (:meth:`GroupMember.positions`); a scrape only
 reads them. The server is the standard library's threading HTTP server (one thread per scrape), on ``--host``.
