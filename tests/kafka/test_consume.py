@@ -319,6 +319,21 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
         time.sleep(0.3)
     health = urllib.request.urlopen(url + "/healthz", timeout=5)
     assert health.status == 200 and json.load(health)["status"] == "ok"
+    # the dashboard's view: the partitions held with their lag, the busiest services from the store
+    page = urllib.request.urlopen(url + "/", timeout=5).read().decode()
+    assert 'id="kafka-partitions"' in page
+    while True:
+        stats = json.load(urllib.request.urlopen(url + "/v1/stats", timeout=5))
+        kafka = stats["kafka"]
+        top = {row[0] for row in stats["top_services"]["rows"]}
+        if len(kafka["partitions"]) == 2 and top == set(calls) and stats["ingest"]["accepted"] == sum(calls.values()):
+            break
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.3)
+    assert kafka["group"] == f"g-{topic}" and all(p["lag"] == 0 for p in kafka["partitions"])
+    assert stats["ingest"]["rejected"] == 1 and "alerts" not in stats and "log" not in stats
+    drill = json.load(urllib.request.urlopen(url + "/v1/service?service=svc0&range=minute", timeout=5))
+    assert sum(r["calls"] for r in drill["endpoints"]) == calls["svc0"]
     member.send_signal(signal.SIGTERM)
     out = finish(member)
     assert stored_calls(store) == +calls, out

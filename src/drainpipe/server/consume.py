@@ -28,7 +28,8 @@ def consume(
     port: int | None = None,
 ) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
-    when called on the main thread), with ``/metrics`` and ``/healthz`` on ``host:port`` if ``port`` is given;
+    when called on the main thread), with the dashboard, ``/metrics`` and ``/healthz`` on ``host:port`` if ``port``
+    is given;
     returns what it did. Errors (one line each): :class:`~drainpipe.errors.UsageError` for a store another process
     holds (a DuckDB file has one writer: several members need PostgreSQL), a setting librdkafka refuses or a broker
     it cannot reach; :class:`~drainpipe.errors.StoreError` when a store commit failed for good and
@@ -36,6 +37,7 @@ def consume(
     read its partitions from the store's offsets)."""
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
+    from .instrumented import InstrumentedStore
     from .kafka_member import GroupMember
     from .service import serve_engine_options
 
@@ -48,7 +50,10 @@ def consume(
         raise
     try:
         store.register(definitions.all)  # a conflicting definition is refused before anything is read
-        engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=config.checkpoint_s))
+        # (instrumented: the live view's store write latencies and availability)
+        engine = LocalEngine(
+            definitions, InstrumentedStore(store), serve_engine_options(l2_flush_s=config.checkpoint_s)
+        )
         try:
             path = dead_letter or default_dead_letter(store_url)
             with DeadLetter(path) as dl:
@@ -83,16 +88,15 @@ def _run_member(
     """Serve ``member``'s endpoints (with ``port``) and run it until ``stop`` (or a signal)."""
     endpoints = None
     if port is not None:
-        from .member_metrics import MemberEndpoints
-        from .red import RedMetrics
+        from .member_http import MemberEndpoints, MemberView
 
-        red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
-        member.observe = red.observe
+        view = MemberView(member, store_url)
+        member.observe = view.observe
         try:
-            endpoints = MemberEndpoints(member, red, host, port).start()
+            endpoints = MemberEndpoints(view, host, port).start()
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        announce(f"drainpipe consume: /metrics and /healthz on {endpoints.url}")
+        announce(f"drainpipe consume: the dashboard, /metrics and /healthz on {endpoints.url}")
     done = stop or threading.Event()
 
     def watch() -> None:
@@ -208,8 +212,8 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         "sasl.username=..., ssl.ca.location=...",
     )
     c.add_argument("--port", type=int, metavar="PORT",
-                   help="serve /metrics (the traffic's RED series and per-partition lag) and /healthz on this port "
-                        "(0: a free one)")  # fmt: skip
+                   help="serve the dashboard, /metrics (the traffic's RED series and per-partition lag) and /healthz "
+                        "on this port (0: a free one)")  # fmt: skip
     c.add_argument("--host", default="127.0.0.1", help="the address of --port (default: %(default)s)")
     c.add_argument(
         "--exit-at-end",

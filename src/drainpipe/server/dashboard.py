@@ -4,7 +4,7 @@ It polls ``GET /v1/stats`` once a second and draws: the headline figures (ingest
 drops, refusals, store latency), a heat strip of per-partition buffer usage for every queue, per-drain-thread
 load over time for L1 and L2 with rebalance events marked, ingest / drop rates over time, and the latest
 minute's metrics for the busiest services (from the store), and the alerts: those firing and the latest
-notifications with their delivery. A service name opens its drill-down view, ``/#service=NAME&range=minute|hour|day``:
+notifications with their delivery (``serve``), or the Kafka partitions held with their lag (``consume``). A service name opens its drill-down view, ``/#service=NAME&range=minute|hour|day``:
 its charts over the range (cpm, p50/p90/p99, SLA, apdex, errors), endpoints and instances ranked, its slowest
 statements (``GET /v1/service``, :mod:`.drilldown`). A token in the URL (``/#token=...``) is sent as a
 bearer token.
@@ -91,6 +91,8 @@ PAGE_TEXT = r"""<!doctype html>
     <h2>Slow handler calls (over slow_handler_ms)</h2><div id="slow-calls"></div></section>
   <section class="panel wide"><h2>Busiest services · latest minute in the store <span id="top-bucket" class="dim"></span></h2>
     <table id="top-services"><thead></thead><tbody></tbody></table></section>
+  <section class="panel wide" id="kafka" hidden><h2>Kafka partitions held <span id="kafka-summary" class="dim"></span></h2>
+    <table id="kafka-partitions"><thead></thead><tbody></tbody></table></section>
   <section class="panel wide" id="alerts"><h2>Alerts <span id="alert-summary" class="dim"></span></h2>
     <div id="alerts-firing"></div><div id="alerts-recent"></div></section>
 </main>
@@ -205,10 +207,10 @@ function renderTop(top) {
 const hashParams = () => new URLSearchParams(location.hash.slice(1));
 const link = (params) => "#" + new URLSearchParams(token ? {...params, token: decodeURIComponent(token)} : params).toString();
 
-function table(el, columns, rows) {
+function table(el, columns, rows, empty = "none in the range") {
   el.tHead.innerHTML = "<tr>" + columns.map((c) => `<th>${c[0]}</th>`).join("") + "</tr>";
   el.tBodies[0].innerHTML = rows.map((r) => "<tr>" + columns.map((c) => `<td>${c[1](r)}</td>`).join("") + "</tr>").join("")
-    || `<tr><td colspan="${columns.length}">none in the range</td></tr>`;
+    || `<tr><td colspan="${columns.length}">${empty}</td></tr>`;
 }
 
 function renderService(d) {
@@ -249,6 +251,7 @@ async function loadService() {
 
 // firing alerts, and the latest notifications with how their delivery to the webhook went
 function renderAlerts(a) {
+  $("alerts").hidden = !a;
   if (!a) return;
   const hook = a.webhook;
   $("alert-summary").textContent = `· ${a.rules.length} rules · ${a.evaluations} evaluations · ` + (hook
@@ -262,6 +265,15 @@ function renderAlerts(a) {
   $("alerts-recent").innerHTML = a.recent.slice(0, 10).map((n) =>
     `<div class="alert-note">${n.at.slice(11, 19)} · ${n.status === "firing" ? '<span class="bad">firing</span>' : '<span class="good">resolved</span>'} · ${esc(n.alert)} · ${esc(n.entity)} · ${value(n.value)} · ` +
     (n.delivered ? `delivered (attempt ${n.attempt})` : hook ? `<span class="warn">retrying (attempt ${n.attempt})</span>` : "not sent") + "</div>").join("");
+}
+
+// a Kafka group member (drainpipe consume): the partitions it holds, read and committed offsets, lag
+function renderKafka(k) {
+  $("kafka").hidden = !k;
+  if (!k) return;
+  $("kafka-summary").textContent = `· group ${k.group} · assigned ${k.assignments} · revoked ${k.revocations} · lost ${k.losses} · rewound ${k.rewinds} · fenced commits ${k.fenced_commits}` + (k.failed ? " · stopped: " + k.failed : "");
+  table($("kafka-partitions"), [["topic", (p) => esc(p.topic)], ["partition", (p) => p.partition], ["next offset", (p) => fmtInt(p.offset)],
+    ["stored", (p) => fmtInt(p.committed)], ["lag", (p) => p.lag == null ? "–" : fmtInt(p.lag)]], k.partitions, "none assigned");
 }
 
 function render(d) {
@@ -280,7 +292,7 @@ function render(d) {
   $("store-latency").textContent = `${st.p50_write_ms} / ${st.p99_write_ms}`;
   $("rebalance-total").textContent = fmtInt(d.queues.reduce((a, q) => a + q.rebalances, 0));
   renderHeat(d.queues);
-  renderLoad("L1", d); renderLoad("L2", d); renderRates(d); renderTop(d.top_services); renderAlerts(d.alerts);
+  renderLoad("L1", d); renderLoad("L2", d); renderRates(d); renderTop(d.top_services); renderAlerts(d.alerts); renderKafka(d.kafka);
   $("rebalances").innerHTML = d.rebalances.slice(-12).reverse().map((r) =>
     `<div>${new Date(r.at * 1000).toLocaleTimeString()} · ${r.queue.split("-").pop()} · moved ${r.moved} · ${r.duration_ms.toFixed(2)} ms · max/min ${r.ratio_before ?? "∞"} → ${r.ratio_after ?? "∞"}</div>`).join("") || "<div>none yet</div>";
   $("slow-calls").innerHTML = d.queues.flatMap((q) => q.slow_calls.map((c) =>

@@ -34,8 +34,8 @@ paused past its session and has not noticed yet) writes nothing (:class:`~drainp
 then drops everything uncommitted, gives up the partitions whose token moved on, and reads the rest again from the
 store's offsets; librdkafka's "lost" callback does the same when the member notices first.
 
-With ``--port``, :mod:`.member_metrics` serves ``/metrics`` (the traffic's RED series as ``serve`` has them, and
-per-partition lag) and ``/healthz``; not the dashboard.
+With ``--port``, :mod:`.member_http` serves the dashboard, ``/v1/stats``, ``/metrics`` (the traffic's RED series as
+``serve`` has them, and per-partition lag) and ``/healthz``.
 
 Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the engine's intake and the
 books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
@@ -235,6 +235,11 @@ class GroupMember:
     def stop(self) -> None:
         """Ask :meth:`run` to commit and return (any thread)."""
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called (any thread)."""
+        return self._stop.is_set()
 
     def _throttle(self) -> None:
         """The store is behind (``max_commits`` checkpoints queued): pause the partitions and keep polling, which

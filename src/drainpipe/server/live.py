@@ -1,6 +1,11 @@
-"""The live view of a running service: the :class:`Sampler` thread, which samples the engine, the log and the
+"""The live view of a running process: the :class:`Sampler` thread, which samples the engine, its intake and the
 store a few times a second into the one dict that ``/v1/stats``, ``/metrics``, the dashboard and ``drainpipe
-stats`` show, and the display formatting of metrics (:func:`display_format`)."""
+stats`` show, and the display formatting of metrics (:func:`display_format`).
+
+What is watched is anything with the :class:`Watched` shape: ``serve``'s :class:`~.service.IngestService` (its
+sections: the write-ahead log, alerts, retention) and a Kafka group member's view (:mod:`.member_http`; its
+section: the partitions and their lag). The common part of the view (intake, engine, queues, store, top
+services) is built here; each watched process adds its own sections."""
 
 from __future__ import annotations
 
@@ -9,15 +14,60 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..pipeline import MetricDef, iso_from_ms
 
-__all__ = ["Sampler", "display_format"]
+__all__ = ["Intake", "LiveOptions", "Sampler", "Watched", "display_format"]
 
 log = logging.getLogger("drainpipe.server")
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What a watched process took in so far (counters that only grow)."""
+
+    accepted: int  # events handed to the engine
+    rejected: int  # events (records, messages) that failed validation
+    refused_busy: int = 0  # requests answered 429
+    refused_unavailable: int = 0  # requests answered 503
+    requests: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)  # rejects by reason
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """The sampler's periods and sizes."""
+
+    sample_interval_s: float = 1.0  # the dashboard's time resolution
+    history: int = 300  # samples kept (5 minutes at 1 s)
+    top_services: int = 8
+    top_refresh_s: float = 2.0
+
+
+class Watched(Protocol):
+    """What the sampler reads of the process it watches (from its own thread: every member thread-safe to read)."""
+
+    engine: Any  # a LocalEngine
+    store: Any  # its Store
+    definitions: Any  # its Definitions
+    store_url: str
+    started: float  # time.time() at start
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def max_ts(self) -> int | None:
+        """The newest event time taken in (ms), where the top services are looked up; None before any."""
+
+    def intake(self) -> Intake: ...
+
+    def sections(self) -> dict[str, Any]:
+        """The process's own parts of the view; a dict merges into the common section of its name."""
 
 
 def _rate(delta: float, dt: float) -> float:
@@ -29,10 +79,10 @@ class Sampler(threading.Thread):
     new rebalances (for the handoff histogram and the dashboard markers); refreshes the top services from the
     store every ``top_refresh_s``. Readers get the last snapshot, so any number of dashboards costs nothing."""
 
-    def __init__(self, service: Any) -> None:  # an IngestService (which imports this module)
+    def __init__(self, watched: Watched, options: LiveOptions) -> None:
         super().__init__(name="drainpipe-sampler", daemon=True)
-        self.service = service
-        o = service.options
+        self.watched = watched
+        self.options = o = options
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self.samples: deque[dict[str, Any]] = deque(maxlen=o.history)
@@ -49,7 +99,7 @@ class Sampler(threading.Thread):
         self.sample()
 
     def run(self) -> None:
-        interval = self.service.options.sample_interval_s
+        interval = self.options.sample_interval_s
         while not self._halt.wait(interval):
             try:
                 self.sample()
@@ -66,24 +116,24 @@ class Sampler(threading.Thread):
                 self._top = self._top_services()
             except Exception:
                 log.exception("top services refresh failed")
-            if self._halt.wait(self.service.options.top_refresh_s):
+            if self._halt.wait(self.options.top_refresh_s):
                 return
 
     def stop(self) -> None:
         self._halt.set()
 
     def sample(self) -> None:
-        svc = self.service
-        e = svc.engine
+        e = self.watched.engine
         now = time.time()
         stats = {q.name: q.stats() for q in e.queues()}
         dropped = sum(s.dropped_full + s.dropped_no_handler for s in stats.values())
+        intake = self.watched.intake()
         cur: dict[str, Any] = {
             "t": now,
-            "accepted": svc.counters.accepted,
-            "rejected": svc.counters.rejected,
+            "accepted": intake.accepted,
+            "rejected": intake.rejected,
             "dropped": dropped,
-            "refused": svc.counters.refused_busy + svc.counters.refused_unavailable,
+            "refused": intake.refused_busy + intake.refused_unavailable,
             "tasks": {name: s.task_dispatched for name, s in stats.items()},
         }
         prev = self._prev
@@ -130,15 +180,14 @@ class Sampler(threading.Thread):
             for event in new_rebalances:
                 self.on_handoff(event["queue"], event["duration_ms"] / 1000)
         self._prev = cur
-        self._view = self._build_view(now, stats)
+        self._view = self._build_view(now, stats, intake)
 
     def view(self) -> dict[str, Any]:
         return self._view
 
-    def _build_view(self, now: float, stats: dict[str, Any]) -> dict[str, Any]:
-        svc = self.service
+    def _build_view(self, now: float, stats: dict[str, Any], c: Intake) -> dict[str, Any]:
+        svc = self.watched
         e = svc.engine
-        c = svc.counters
         st = svc.store
         with self._lock:
             history = list(self.samples)
@@ -175,7 +224,7 @@ class Sampler(threading.Thread):
             )
         ec = e.counters
         latencies = sorted(st.write_seconds)
-        return {
+        view: dict[str, Any] = {
             "now": round(now, 3),
             "uptime_s": round(now - svc.started, 1),
             "store_url": svc.store_url,
@@ -210,31 +259,20 @@ class Sampler(threading.Thread):
                 "p50_write_ms": round(1000 * _quantile(latencies, 0.5), 2),
                 "p99_write_ms": round(1000 * _quantile(latencies, 0.99), 2),
                 "retention": svc.definitions.retention.describe(),
-                "purges": svc.purger.purges,
-                "purged_rows": svc.purger.purged_rows,
-                "purge_error": svc.purger.last_error,
-            },
-            "log": {
-                "durable": svc.log.durable,
-                "bytes": svc.log.size,
-                "max_bytes": svc.log.max_bytes,
-                "end": svc.log.end,
-                "fed": svc.feeder.position,
-                "committed": svc.feeder.committed,
-                "replayed_events": svc.feeder.replayed_events,
-                "recovery_s": None if svc.feeder.recovered_s is None else round(svc.feeder.recovered_s, 3),
-                "failed": svc.feeder.failed,
             },
             "queues": queues,
             "history": history[-120:],
             "rebalances": rebalances,
             "top_services": self._top,
-            "alerts": svc.alerter.view() | {"webhook": svc.notifier.view() if svc.notifier else None},
         }
+        for name, section in svc.sections().items():
+            common = view.get(name)
+            view[name] = common | section if isinstance(common, dict) and isinstance(section, dict) else section
+        return view
 
     def _top_services(self) -> dict[str, Any]:
         """Latest minute values of the service-scope metrics for the busiest services (from the store)."""
-        svc = self.service
+        svc = self.watched
         out: dict[str, Any] = {"granularity": "minute", "bucket": None, "columns": [], "rows": []}
         max_ts = svc.max_ts
         metrics = [m for m in svc.definitions.metrics if isinstance(m, MetricDef) and m.scope == "service"]
@@ -267,7 +305,7 @@ class Sampler(threading.Thread):
             m.name + (" p99" if m.function == "percentile" else "") for m in ordered
         ]
         out["formats"] = [None, None] + [display_format(m) for m in ordered]
-        out["rows"] = rows[: svc.options.top_services]
+        out["rows"] = rows[: self.options.top_services]
         out["bucket"] = max(latest.values()) if latest else None
         return out
 

@@ -62,7 +62,7 @@ from .alerting import Alerter, WebhookNotifier
 from .bodies import BodyDecoder, Rejects
 from .feeder import Feeder
 from .instrumented import InstrumentedStore
-from .live import Sampler
+from .live import Intake, LiveOptions, Sampler
 from .purger import Purger
 from .red import RedMetrics
 from .wal import EventLog, MemoryLog
@@ -90,10 +90,10 @@ class ServiceOptions:
     header_deadline_s: float = 30.0  # a request line and headers (or an idle keep-alive wait) take at most this
     body_deadline_s: float = 60.0  # a request body takes at most this to arrive
     retry_after_s: int = 1
-    sample_interval_s: float = 1.0  # the dashboard's time resolution
-    history: int = 300  # samples kept (5 minutes at 1 s)
-    top_services: int = 8
-    top_refresh_s: float = 2.0
+    sample_interval_s: float = LiveOptions.sample_interval_s  # the dashboard's time resolution
+    history: int = LiveOptions.history  # samples kept (5 minutes at 1 s)
+    top_services: int = LiveOptions.top_services
+    top_refresh_s: float = LiveOptions.top_refresh_s
     purge_every_s: float = 3600.0  # how often the store is purged by the definitions' retention (0: never)
     alert_webhook: str = ""  # where firing / resolved alert notifications are posted (none: dashboard only)
     alert_every_s: float = 30.0  # how often the definitions' [[alert]] rules are evaluated on the store
@@ -193,7 +193,9 @@ class IngestService:
             settle_s=self.options.alert_settle_s,
             notify=self.notifier.send if self.notifier else None,
         )
-        self.sampler = Sampler(self)  # its view reads the purger's counts
+        o = self.options
+        live = LiveOptions(o.sample_interval_s, o.history, o.top_services, o.top_refresh_s)
+        self.sampler = Sampler(self, live)  # its view reads the purger's counts
         self.sampler.start()
         if self.notifier is not None:
             self.notifier.start()
@@ -405,3 +407,31 @@ class IngestService:
     def stats_view(self) -> dict[str, Any]:
         """The JSON behind the dashboard and ``drainpipe stats``."""
         return self.sampler.view()
+
+    def intake(self) -> Intake:
+        """What the service took in so far (the sampler's :class:`~.live.Watched` shape)."""
+        c = self.counters
+        return Intake(c.accepted, c.rejected, c.refused_busy, c.refused_unavailable, c.requests, c.reasons.copy())
+
+    def sections(self) -> dict[str, Any]:
+        """The service's parts of the live view: the write-ahead log, purges, alerts."""
+        lg, feeder = self.log, self.feeder
+        return {
+            "store": {
+                "purges": self.purger.purges,
+                "purged_rows": self.purger.purged_rows,
+                "purge_error": self.purger.last_error,
+            },  # fmt: skip
+            "log": {
+                "durable": lg.durable,
+                "bytes": lg.size,
+                "max_bytes": lg.max_bytes,
+                "end": lg.end,
+                "fed": feeder.position,
+                "committed": feeder.committed,
+                "replayed_events": feeder.replayed_events,
+                "recovery_s": None if feeder.recovered_s is None else round(feeder.recovered_s, 3),
+                "failed": feeder.failed,
+            },
+            "alerts": self.alerter.view() | {"webhook": self.notifier.view() if self.notifier else None},
+        }

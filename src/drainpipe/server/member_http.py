@@ -1,0 +1,206 @@
+"""``drainpipe consume --port``: the HTTP endpoints of a group member, as ``serve`` has them.
+
+::
+
+    GET /            the dashboard (:mod:`.dashboard`; its Kafka panel: the partitions held and their lag)
+    GET /v1/stats    the live view as JSON (:mod:`.live`: the engine's queues, the store, the busiest services,
+                     and a ``kafka`` section)
+    GET /v1/service  one service over a range of buckets, from the store (:mod:`.drilldown`)
+    GET /metrics     Prometheus text (below)
+    GET /healthz     200 {"status": "ok"} while the member runs; 503 once it stopped on its own (a store commit
+                     failed for good, a rewind failed)
+
+``/metrics`` holds the traffic's RED series, as ``serve`` exposes them (:mod:`.red`: calls and latency histograms
+per service and endpoint of every request the member hands the engine), and the member's own:
+
+* ``drainpipe_kafka_partition_lag{topic, partition}``: messages between the partition's high watermark (as of the
+  member's last fetch) and the next offset the member feeds;
+* ``drainpipe_kafka_partition_offset{topic, partition}``: that next offset; ``..._committed_offset``: the one the
+  store has;
+* ``drainpipe_kafka_events_total{outcome}`` (``accepted``, ``rejected``) and ``drainpipe_kafka_rebalances_total{kind}``
+  (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``).
+
+The member thread refreshes the partition figures at each checkpoint (:attr:`GroupMember.positions`, replaced
+whole); a scrape or the sampler only reads them. The server is the standard library's threading HTTP server (one
+thread per request), on ``--host``; like ``serve``'s, binding a non-loopback address is the operator's choice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pyarrow.compute as pc
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..errors import StoreError
+from ..inputs import EventBatch
+from .dashboard import PAGE
+from .drilldown import service_view
+from .live import Intake, LiveOptions, Sampler
+from .red import RedMetrics
+
+__all__ = ["MemberEndpoints", "MemberView"]
+
+
+class MemberView:
+    """A group member as the live sampler watches it (:class:`~.live.Watched`): the intake is the member's read
+    counts, ``max_ts`` the newest event handed to the engine, and its section the partitions held.
+
+    :meth:`observe` runs on the member thread (it sees every batch handed to the engine); the rest is read from the
+    sampler's and the HTTP threads."""
+
+    def __init__(self, member: Any, store_url: str) -> None:
+        self.member = member
+        self.engine = member.engine
+        self.store = member.engine.store
+        self.definitions = member.definitions
+        self.store_url = store_url
+        self.started = time.time()
+        self.red = RedMetrics(self.definitions.latency_buckets_ms, self.definitions.max_entities)
+        self._max_ts: int | None = None
+
+    def observe(self, batch: EventBatch) -> None:
+        self.red.observe(batch)
+        top = pc.max(batch.rows.column("ts")).as_py()
+        if top is not None and (self._max_ts is None or top > self._max_ts):
+            self._max_ts = top
+
+    @property
+    def draining(self) -> bool:
+        return self.member.stopping
+
+    @property
+    def max_ts(self) -> int | None:
+        return self._max_ts
+
+    def intake(self) -> Intake:
+        stats = self.member.stats
+        return Intake(stats.accepted, stats.rejected, reasons=dict(stats.reasons))
+
+    def sections(self) -> dict[str, Any]:
+        m = self.member
+        partitions = [
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": offset,
+                "committed": stored,
+                "lag": max(0, high - offset) if high >= 0 else None,
+            }  # fmt: skip
+            for (topic, partition), (offset, high, stored) in sorted(m.positions.items())
+        ]
+        return {
+            "kafka": {
+                "group": m.config.group,
+                "topics": list(m.config.topics),
+                "partitions": partitions,
+                "assignments": m.assignments,
+                "revocations": m.revocations,
+                "losses": m.losses,
+                "rewinds": m.rewinds,
+                "fenced_commits": m.fenced_commits,
+                "failed": m.failed,
+            }
+        }
+
+
+class _MemberCollector(Collector):
+    def __init__(self, member: Any) -> None:
+        self.member = member
+
+    def collect(self) -> Iterator[Any]:
+        m = self.member
+        lag = GaugeMetricFamily("drainpipe_kafka_partition_lag", "messages not fed yet (high watermark - next offset)",
+                                labels=["topic", "partition"])  # fmt: skip
+        offset = GaugeMetricFamily(
+            "drainpipe_kafka_partition_offset", "the next offset fed", labels=["topic", "partition"]
+        )
+        committed = GaugeMetricFamily("drainpipe_kafka_partition_committed_offset", "the next offset the store has",
+                                      labels=["topic", "partition"])  # fmt: skip
+        for (topic, partition), (next_offset, high, stored) in sorted(m.positions.items()):
+            labels = [topic, str(partition)]
+            offset.add_metric(labels, next_offset)
+            committed.add_metric(labels, stored)
+            if high >= 0:
+                lag.add_metric(labels, max(0, high - next_offset))
+        events = CounterMetricFamily("drainpipe_kafka_events", "events read, by outcome", labels=["outcome"])
+        events.add_metric(["accepted"], m.stats.accepted)
+        events.add_metric(["rejected"], m.stats.rejected)
+        rebalances = CounterMetricFamily("drainpipe_kafka_rebalances", "the member's rebalance events", labels=["kind"])
+        for kind, value in (("assigned", m.assignments), ("revoked", m.revocations), ("lost", m.losses),
+                            ("rewound", m.rewinds), ("fenced_commit", m.fenced_commits)):  # fmt: skip
+            rebalances.add_metric([kind], value)
+        yield from (lag, offset, committed, events, rebalances)
+
+
+class MemberEndpoints:
+    """The HTTP endpoints of one member (see the module docstring): :meth:`start` serves them and starts the
+    sampler, :meth:`stop` ends both. Construction binds the port (``OSError`` when it cannot)."""
+
+    def __init__(self, view: MemberView, host: str, port: int, options: LiveOptions | None = None) -> None:
+        member = view.member
+        self.registry = CollectorRegistry()
+        self.registry.register(view.red)
+        self.registry.register(_MemberCollector(member))
+        self.sampler = Sampler(view, options or LiveOptions())
+        registry, sampler = self.registry, self.sampler
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path, _, query = self.path.partition("?")
+                if path == "/metrics":
+                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = not member.failed
+                    body = {"status": "ok" if ok else "failing", "failed": member.failed}
+                    self._json(200 if ok else 503, body)
+                elif path in ("/", "/index.html"):
+                    self._send(200, PAGE, "text/html; charset=utf-8")
+                elif path == "/v1/stats":
+                    self._json(200, sampler.view())
+                elif path == "/v1/service":
+                    args = urllib.parse.parse_qs(query)
+                    arg = lambda name, default=None: args.get(name, [default])[-1]
+                    try:
+                        self._json(200, service_view(view.store, view.definitions, arg("service", ""),
+                                                     arg("range", "minute"), arg("end")))  # fmt: skip
+                    except (ValueError, StoreError) as exc:
+                        self._json(400, {"error": str(exc), "status": 400})
+                else:
+                    self._json(404, {"error": f"no such endpoint: {path}", "status": 404})
+
+            def _json(self, status: int, obj: Any) -> None:
+                self._send(status, json.dumps(obj).encode(), "application/json")
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # requests are not news
+                return None
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://{host}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="drainpipe-member-http", daemon=True)
+
+    def start(self) -> MemberEndpoints:
+        self.sampler.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self._server.shutdown()
+        self._server.server_close()
