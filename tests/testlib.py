@@ -7,6 +7,7 @@ import datetime as dt
 import gzip
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from drainpipe.errors import StoreUnavailable
 from drainpipe.inputs import DeadLetter, ReadStats, read_events
 from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, TS_MAX, TS_MIN
 from drainpipe.pipeline.aggregate import aggregate_batch
@@ -109,6 +111,23 @@ def assert_same_results(expected_url: str, actual_url: str, definitions: Definit
             assert math.isclose(got[5], want[5], rel_tol=1e-12, abs_tol=0.0), (want, got)
     assert actual_topn == expected_topn
     return inexact
+
+
+class Outage:
+    """A store whose merges fail as unavailable (as a lost PostgreSQL connection's do) while ``down`` is set;
+    everything else passes through. An embedded DuckDB store cannot go away by itself."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.down = threading.Event()
+
+    def merge(self, partials: Any, **kwargs: Any) -> MergeReport:
+        if self.down.is_set():
+            raise StoreUnavailable("injected outage")
+        return self.store.merge(partials, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.002) -> Any:

@@ -2,9 +2,10 @@
 in the store exactly once while it grows, across kill -9 of a member at random moments; three members joining
 (partitions revoked from one and assigned to another), one paused past its session (SIGSTOP) and woken, one killed;
 a member whose loop stalls past max.poll.interval and resumes with a checkpoint the store refuses (fencing tokens);
-poison messages to the dead letter with topic, partition and offset; OTLP protobuf messages; a DuckDB store refused
+a store outage past max.poll.interval; a broker restart; partitions added to a topic; poison messages to the dead
+letter with topic, partition and offset; OTLP protobuf messages, and the member's dashboard; a DuckDB store refused
 to a second member with the hint. Each protection was removed once to see its test fail (docs/pipeline.md,
-"Kafka")."""
+"Kafka", "How this is tested")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import pytest
 pytestmark = pytest.mark.kafka
 
 DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
+KAFKA_SH = Path(__file__).resolve().parents[2] / "scripts" / "kafka.sh"
 BASE_MS = 1_790_000_000_000
 
 
@@ -63,13 +65,19 @@ POISON = [(b"not json", "invalid JSON"), (b'{"ts": "yesterday", "service": "x", 
           (None, "no value (a tombstone)"), (b"\xff\xfe\x00", "not UTF-8")]  # fmt: skip
 
 
-def produce(servers: str, topic: str, events: int, seed: int, poison: bool = True) -> Counter[str]:
-    """``events`` valid events in messages of 1 to 120 (NDJSON), keyed over the partitions, with the poison
-    messages among them; the calls per service they make."""
+def producer(servers: str) -> Any:
+    """A producer whose retries across a broker restart do not write a message twice (idempotent)."""
     from confluent_kafka import Producer
 
+    return Producer({"bootstrap.servers": servers, "linger.ms": 5, "enable.idempotence": True,
+                     "reconnect.backoff.max.ms": 500, "retry.backoff.max.ms": 500})  # fmt: skip
+
+
+def produce(servers: str, topic: str, events: int, seed: int, poison: bool = True, to: Any = None) -> Counter[str]:
+    """``events`` valid events in messages of 1 to 120 (NDJSON), keyed over the partitions, with the poison
+    messages among them, by ``to`` (a new producer if None); the calls per service they make."""
     rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": servers, "linger.ms": 5})
+    to = to or producer(servers)
     calls: Counter[str] = Counter()
     sent = 0
     poisons = list(POISON) if poison else []
@@ -82,14 +90,14 @@ def produce(servers: str, topic: str, events: int, seed: int, poison: bool = Tru
             lines.append(json.dumps({"ts": BASE_MS + rng.randrange(600_000), "service": service,
                                      "endpoint": f"/e{i % 7}", "latency_ms": rng.randrange(1, 500),
                                      "status": rng.random() > 0.1}))  # fmt: skip
-        producer.produce(topic, "\n".join(lines).encode(), key=str(rng.randrange(1 << 30)).encode())
+        to.produce(topic, "\n".join(lines).encode(), key=str(rng.randrange(1 << 30)).encode())
         sent += n
         if poisons and rng.random() < 0.01:
             value, _ = poisons.pop()
-            producer.produce(topic, value, key=str(rng.randrange(1 << 30)).encode())
+            to.produce(topic, value, key=str(rng.randrange(1 << 30)).encode())
     for value, _ in poisons:
-        producer.produce(topic, value)
-    producer.flush(30)
+        to.produce(topic, value)
+    to.flush(30)
     return calls
 
 
@@ -106,9 +114,10 @@ class LiveTraffic(threading.Thread):
         self.start()
 
     def run(self) -> None:
+        to = producer(self.servers)
         for wave in range(self.waves):
             self.calls.update(
-                produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave)
+                produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave, to=to)
             )
             time.sleep(self.pause_s)
 
@@ -127,6 +136,14 @@ def scraped(url: str, name: str) -> list[float]:
     """The values of the series ``name`` on the member's ``/metrics``."""
     text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
     return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def wait_for_commit(member: subprocess.Popen[str], url: str) -> None:
+    """Until the member (started with ``--port 0``, at ``url``) has committed something to the store."""
+    deadline = time.monotonic() + 30
+    while not sum(scraped(url, "drainpipe_kafka_partition_committed_offset")):
+        assert time.monotonic() < deadline and member.poll() is None, "no commit"
+        time.sleep(0.05)
 
 
 def stored_calls(url: str) -> Counter[str]:
@@ -178,10 +195,7 @@ def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_onc
             assert second.returncode == 2 and "need a PostgreSQL store" in out, out
         # killed at a random moment after its first commit (a new member joins once the killed one's session has
         # expired: waiting on the clock alone, a kill could come before it ever commits)
-        deadline = time.monotonic() + 30
-        while not sum(scraped(url, "drainpipe_kafka_partition_committed_offset")):
-            assert time.monotonic() < deadline and member.poll() is None, "no commit"
-            time.sleep(0.05)
+        wait_for_commit(member, url)
         time.sleep(rng.uniform(0.0, 0.6))
         member.send_signal(signal.SIGKILL)
         member.wait(30)
@@ -281,6 +295,100 @@ def test_a_member_stalled_past_max_poll_interval_commits_nothing_when_it_resumes
     out = finish(consume(servers, topic, group, pg_url, dead, "--exit-at-end"))
     assert stored_calls(pg_url) == traffic.calls, (out_b, out)
     assert member.fenced_commits >= 1, (member.fenced_commits, member.losses)  # the path this test is for
+
+
+def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_keeps_them(
+    servers: str, tmp_path: Path
+) -> None:
+    """The store is down for 3.5 s, past max.poll.interval (1.5 s), while traffic flows: the member's checkpoints
+    queue up, it pauses its partitions and keeps polling, so the group never takes them; when the store is back it
+    resumes, and every event is stored once. (A member that waited for the store instead, not polling, lost its
+    partitions to a rebalance: the sabotage in docs/pipeline.md.)"""
+    from drainpipe.pipeline import LocalEngine, default_definitions, open_store
+    from drainpipe.server.kafka_member import ConsumeConfig, GroupMember
+    from drainpipe.server.service import serve_engine_options
+    from testlib import Outage, wait_until
+
+    topic = new_topic(servers, 3)
+    group, url = f"g-{topic}", f"duckdb:///{tmp_path / 'outage.duckdb'}"
+    traffic = LiveTraffic(servers, topic, waves=16, poison_wave=-1, pause_s=0.25, events=20_000)
+    definitions = default_definitions()
+    store = Outage(open_store(url))
+    store.register(definitions.all)
+    engine = LocalEngine(definitions, store, serve_engine_options(store_retry_s=(0.05, 0.2)))
+    config = ConsumeConfig(servers, [topic], group, checkpoint_s=0.2, max_poll_interval_s=1.5, session_timeout_s=1)
+    member = GroupMember(config, engine, definitions)
+    a = threading.Thread(target=member.run)
+    a.start()
+    wait_until(lambda: any(stored for _, _, stored in member.positions.values()), timeout=30, interval=0.05)
+    store.down.set()
+    time.sleep(3.5)
+    store.down.clear()
+    traffic.join()
+    time.sleep(1.0)
+    held = (member.assignments, member.revocations, member.losses)  # (leaving revokes)
+    member.stop()
+    a.join(30)
+    engine.close()
+    store.close()
+    assert held == (1, 0, 0), "the group took the partitions"
+    assert member.pauses >= 1
+    out = finish(consume(servers, topic, group, url, tmp_path / "dead.jsonl", "--exit-at-end"))
+    assert stored_calls(url) == traffic.calls, out
+
+
+def test_a_broker_restart_under_a_member_loses_and_doubles_nothing(servers: str, tmp_path: Path) -> None:
+    """The broker (the group's coordinator, every partition's leader) restarts while the topic grows and a member
+    reads it holding events not committed: the member's session expires meanwhile (the partitions are lost: the
+    group may give them to another member), so it drops what it had not committed and reads on from the store's
+    offsets once the broker is back; every event is stored once. (Without that rewind, the events held at the
+    restart are counted twice.)"""
+    topic = new_topic(servers, 3)
+    store, dead, group = f"duckdb:///{tmp_path / 'r.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
+    traffic = LiveTraffic(servers, topic, waves=10, poison_wave=3, pause_s=0.2, events=5_000)
+    # no checkpoint before it leaves: the member holds everything it read when the broker goes away
+    member = consume(servers, topic, group, store, dead, checkpoint_s=60.0)
+    time.sleep(2.0)  # assigned, reading
+    restart = subprocess.run(["bash", str(KAFKA_SH), "restart"], capture_output=True, text=True, timeout=120)
+    assert restart.returncode == 0, restart.stderr
+    traffic.join()
+    time.sleep(1.0)
+    member.send_signal(signal.SIGTERM)  # it commits what it holds as it leaves
+    out = finish(member)
+    assert "lost 1" in out, out  # the path this test is for
+    out += finish(consume(servers, topic, group, store, dead, "--exit-at-end"))
+    assert stored_calls(store) == traffic.calls, out
+    assert Counter(reason for _, _, reason in rejected(dead)) == Counter(reason for _, reason in POISON)
+
+
+def test_partitions_added_to_a_topic_are_read_from_their_start(servers: str, tmp_path: Path) -> None:
+    """Partitions added to a topic while a member reads it are assigned to it at the next metadata refresh (1 s
+    here) and read from their first offset (no stored position): the events written to them before that are not
+    skipped. The member is paused (SIGSTOP) while they are added and written, so that it cannot see them earlier.
+    (Starting new partitions at their end, Kafka's default, loses those events.)"""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = new_topic(servers, 2)
+    store, dead, group = f"duckdb:///{tmp_path / 'p.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
+    calls = produce(servers, topic, 5_000, seed=1, poison=False)
+    member = consume(servers, topic, group, store, dead, "--port", "0", "--kafka-config",
+                     "topic.metadata.refresh.interval.ms=1000")  # fmt: skip
+    url = endpoint_of(member)
+    wait_for_commit(member, url)
+    admin = AdminClient({"bootstrap.servers": servers})
+    member.send_signal(signal.SIGSTOP)
+    try:
+        admin.create_partitions([NewPartitions(topic, 5)])[topic].result(30)
+        calls += produce(servers, topic, 20_000, seed=2, poison=False)  # a new producer: it writes to all 5
+    finally:
+        member.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while len(lags := scraped(url, "drainpipe_kafka_partition_lag")) < 5 or any(lags):
+        assert time.monotonic() < deadline and member.poll() is None, lags
+        time.sleep(0.2)
+    member.send_signal(signal.SIGTERM)
+    out = finish(member)
+    assert stored_calls(store) == calls, out
 
 
 def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(servers: str, tmp_path: Path) -> None:

@@ -10,29 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-from drainpipe.errors import StoreUnavailable
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
 from drainpipe.server.wal import WriteAheadLog
 from serve_kill import Books, body_template, check, post_until
-
-
-class Outage:
-    """A store whose merges fail as unavailable while ``down`` is set."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-        self.down = threading.Event()
-
-    def merge(self, partials, **kwargs):
-        if self.down.is_set():
-            raise StoreUnavailable("injected outage")
-        return self.store.merge(partials, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
+from testlib import Outage
 
 
 def test_a_duckdb_outage_waits_in_the_log_then_everything_acknowledged_is_stored_once(tmp_path: Path) -> None:

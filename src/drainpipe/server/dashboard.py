@@ -271,7 +271,7 @@ function renderAlerts(a) {
 function renderKafka(k) {
   $("kafka").hidden = !k;
   if (!k) return;
-  $("kafka-summary").textContent = `· group ${k.group} · assigned ${k.assignments} · revoked ${k.revocations} · lost ${k.losses} · rewound ${k.rewinds} · fenced commits ${k.fenced_commits}` + (k.failed ? " · stopped: " + k.failed : "");
+  $("kafka-summary").textContent = `· group ${k.group} · assigned ${k.assignments} · revoked ${k.revocations} · lost ${k.losses} · rewound ${k.rewinds} · fenced commits ${k.fenced_commits} · paused for the store ${k.pauses}` + (k.failed ? " · stopped: " + k.failed : "");
   table($("kafka-partitions"), [["topic", (p) => esc(p.topic)], ["partition", (p) => p.partition], ["next offset", (p) => fmtInt(p.offset)],
     ["stored", (p) => fmtInt(p.committed)], ["lag", (p) => p.lag == null ? "–" : fmtInt(p.lag)]], k.partitions, "none assigned");
 }

@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -61,6 +62,39 @@ from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgre
 from .bodies import decode_body
 
 log = logging.getLogger("drainpipe.server")
+
+
+class _Repeats(logging.Filter):
+    """Passes each kind of line (its text with the numbers blanked) once per ``every_s``; the next one that passes
+    says how many were held back. librdkafka retries a broker that is down every few hundred milliseconds, and
+    says so each time. Thread-safe."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}  # kind -> (when it last passed, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        kind = re.sub(r"\d+", "#", text)[:300]
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(kind, (-self.every_s, 0))
+            if now - last < self.every_s:
+                self._seen[kind] = (last, held + 1)
+                return False
+            if len(self._seen) > 1000:
+                self._seen.clear()
+            self._seen[kind] = (now, 0)
+        if held:
+            record.msg, record.args = f"{text} ({held} more like it in the last {now - last:.0f} s)", ()
+        return True
+
+
+#: librdkafka's lines and the consumer's errors, each kind at most once per 30 s
+kafka_log = logging.getLogger("drainpipe.kafka")
+kafka_log.addFilter(_Repeats(30.0))
 
 __all__ = ["ENCODINGS", "ConsumeConfig", "GroupMember", "decode_message", "partition_part"]
 
@@ -177,8 +211,9 @@ class GroupMember:
         self.partitions: dict[tuple[str, int], _Partition] = {}
         self.cluster = ""
         self.assignments = self.revocations = self.losses = self.rewinds = self.fenced_commits = 0
+        self.pauses = 0  # times the partitions were paused because the store was behind
         try:
-            self._consumer = Consumer(config.consumer_settings(), logger=log)
+            self._consumer = Consumer(config.consumer_settings(), logger=kafka_log)
         except KafkaException as exc:  # a setting librdkafka refuses (--kafka-config)
             raise UsageError(f"kafka consumer settings: {exc.args[0].str()}") from None
         self._outstanding: deque[tuple[Commit, dict[tuple[str, int], int]]] = deque()
@@ -249,6 +284,7 @@ class GroupMember:
             assignment = self._consumer.assignment()
             (self._consumer.pause if behind else self._consumer.resume)(assignment)
             self._paused = behind
+            self.pauses += behind
         if behind:
             self._outstanding[0][0].done.wait(0.05)
 
@@ -264,7 +300,7 @@ class GroupMember:
             error = m.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("kafka: %s", error)
+                    kafka_log.warning("kafka: %s", error)
                 elif part is not None and m.offset() >= part.next:
                     part.at_end = True
                 continue

@@ -18,7 +18,8 @@ per service and endpoint of every request the member hands the engine), and the 
 * ``drainpipe_kafka_partition_offset{topic, partition}``: that next offset; ``..._committed_offset``: the one the
   store has;
 * ``drainpipe_kafka_events_total{outcome}`` (``accepted``, ``rejected``) and ``drainpipe_kafka_rebalances_total{kind}``
-  (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``).
+  (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``); ``drainpipe_kafka_pauses_total``: times
+  the member paused its partitions because the store was behind (it keeps polling meanwhile).
 
 The member thread refreshes the partition figures at each checkpoint (:attr:`GroupMember.positions`, replaced
 whole); a scrape or the sampler only reads them. The server is the standard library's threading HTTP server (one
@@ -107,6 +108,7 @@ class MemberView:
                 "losses": m.losses,
                 "rewinds": m.rewinds,
                 "fenced_commits": m.fenced_commits,
+                "pauses": m.pauses,
                 "failed": m.failed,
             }
         }
@@ -138,7 +140,9 @@ class _MemberCollector(Collector):
         for kind, value in (("assigned", m.assignments), ("revoked", m.revocations), ("lost", m.losses),
                             ("rewound", m.rewinds), ("fenced_commit", m.fenced_commits)):  # fmt: skip
             rebalances.add_metric([kind], value)
-        yield from (lag, offset, committed, events, rebalances)
+        pauses = CounterMetricFamily("drainpipe_kafka_pauses", "times the partitions were paused (the store behind)")
+        pauses.add_metric([], m.pauses)
+        yield from (lag, offset, committed, events, rebalances, pauses)
 
 
 class MemberEndpoints:
