@@ -165,7 +165,24 @@ def consume(servers: str, topic: str, group: str, store: str, dead: Path, *extra
     cmd = [DRAINPIPE, "consume", "--bootstrap-servers", servers, "--topic", topic, "--group", group, "--store",
            store, "--dead-letter", str(dead), "--checkpoint-s", str(checkpoint_s), "--session-timeout-s", "1",
            "--max-poll-interval-s", "5", *extra]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    member = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    STARTED.append(member)
+    return member
+
+
+#: every member a test started (killed after the test if still running: a failed test leaves none behind)
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def no_member_left() -> Any:
+    yield
+    while STARTED:
+        member = STARTED.pop()
+        if member.poll() is None:
+            member.send_signal(signal.SIGCONT)  # (a member paused by the test)
+            member.kill()
+            member.communicate(timeout=30)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
@@ -345,7 +362,7 @@ def test_a_broker_restart_under_a_member_loses_and_doubles_nothing(servers: str,
     restart are counted twice.)"""
     topic = new_topic(servers, 3)
     store, dead, group = f"duckdb:///{tmp_path / 'r.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
-    traffic = LiveTraffic(servers, topic, waves=10, poison_wave=3, pause_s=0.2, events=5_000)
+    traffic = LiveTraffic(servers, topic, waves=6, poison_wave=3, pause_s=0.2, events=5_000)
     # no checkpoint before it leaves: the member holds everything it read when the broker goes away
     member = consume(servers, topic, group, store, dead, checkpoint_s=60.0)
     time.sleep(2.0)  # assigned, reading
