@@ -120,11 +120,20 @@ def cmd_stream(args: argparse.Namespace) -> int:
     def on_batch(batch_id: int, info: dict[str, Any]) -> None:
         if not args.quiet:
             counts = f"read {info.get('read', 0):,} = accepted {info.get('accepted', 0):,} + rejected "
-            print(f"micro-batch {batch_id}: {counts}{info.get('rejected', 0):,}, {info.get('files', 0):,} new files",
-                  flush=True)  # fmt: skip
+            what = "" if args.bootstrap_servers else f", {info.get('files', 0):,} new files"
+            print(f"micro-batch {batch_id}: {counts}{info.get('rejected', 0):,}{what}", flush=True)
 
+    source: Any = args.input
+    if args.bootstrap_servers:
+        from .spark import KafkaTopics
+
+        if args.input or not args.topic:
+            raise UsageError("stream reads either --input DIR or --bootstrap-servers with --topic")
+        source = KafkaTopics.at(args.bootstrap_servers, args.topic, args.encoding)
+    elif not args.input or args.topic:
+        raise UsageError("stream reads either --input DIR or --bootstrap-servers with --topic")
     result = run_stream(
-        args.input,
+        source,
         definitions=definitions,
         store_url=args.store,
         checkpoint=args.checkpoint,
@@ -379,7 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Process new files as they arrive in a directory, with Spark Structured "
         "Streaming; progress is kept in the checkpoint directory.",
     )
-    st.add_argument("--input", required=True, metavar="DIR", help="directory new event files arrive in")
+    st.add_argument("--input", metavar="DIR", help="directory new event files arrive in")
+    st.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                    help="read Kafka topics instead (Spark's Kafka source; its offsets are kept in the checkpoint, not "
+                         "in a consumer group)")  # fmt: skip
+    st.add_argument("--topic", action="append", default=[], metavar="TOPIC", help="a topic to read (repeatable)")
+    st.add_argument("--encoding", default="json", choices=("json",),
+                    help="message values: json, one event or NDJSON lines (default: %(default)s)")  # fmt: skip
     st.add_argument("--engine", choices=("spark",), default="spark", help="streaming runs on spark")
     st.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint location")
     _metrics_option(st)

@@ -10,190 +10,35 @@ to a second member with the hint. Each protection was removed once to see its te
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kafka_testlib import (
+    BASE_MS,
+    KAFKA_SH,
+    POISON,
+    LiveTraffic,
+    consume,
+    endpoint_of,
+    finish,
+    new_topic,
+    produce,
+    rejected,
+    scraped,
+    stored_calls,
+    wait_for_commit,
+)
+
 pytestmark = pytest.mark.kafka
-
-DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
-KAFKA_SH = Path(__file__).resolve().parents[2] / "scripts" / "kafka.sh"
-BASE_MS = 1_790_000_000_000
-
-
-@pytest.fixture(scope="module")
-def servers() -> str:
-    """The broker, warmed: a fresh broker creates its offsets topic at the first group's first join, which made
-    that join take seconds."""
-    from confluent_kafka import Consumer
-
-    servers = os.environ["DRAINPIPE_TEST_KAFKA"].removeprefix("kafka://")
-    topic = new_topic(servers, 1)
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"warm-{topic}"})
-    assigned: list[Any] = []
-    consumer.subscribe([topic], on_assign=lambda _c, partitions: assigned.extend(partitions))
-    deadline = time.monotonic() + 60
-    while not assigned and time.monotonic() < deadline:
-        consumer.poll(0.1)
-    consumer.close()
-    return servers
-
-
-def new_topic(servers: str, partitions: int) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    topic = f"t-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": servers})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
-    return topic
-
-
-#: messages that are not events: (value, reason the dead letter gives)
-POISON = [(b"not json", "invalid JSON"), (b'{"ts": "yesterday", "service": "x", "latency_ms": 1}', "bad timestamp: ts"),
-          (None, "no value (a tombstone)"), (b"\xff\xfe\x00", "not UTF-8")]  # fmt: skip
-
-
-def producer(servers: str) -> Any:
-    """A producer whose retries across a broker restart do not write a message twice (idempotent)."""
-    from confluent_kafka import Producer
-
-    return Producer({"bootstrap.servers": servers, "linger.ms": 5, "enable.idempotence": True,
-                     "reconnect.backoff.max.ms": 500, "retry.backoff.max.ms": 500})  # fmt: skip
-
-
-def produce(servers: str, topic: str, events: int, seed: int, poison: bool = True, to: Any = None) -> Counter[str]:
-    """``events`` valid events in messages of 1 to 120 (NDJSON), keyed over the partitions, with the poison
-    messages among them, by ``to`` (a new producer if None); the calls per service they make."""
-    rng = random.Random(seed)
-    to = to or producer(servers)
-    calls: Counter[str] = Counter()
-    sent = 0
-    poisons = list(POISON) if poison else []
-    while sent < events:
-        n = min(events - sent, rng.choice([1, 5, 40, 120]))
-        lines = []
-        for i in range(sent, sent + n):
-            service = f"svc{rng.randrange(6)}"
-            calls[service] += 1
-            lines.append(json.dumps({"ts": BASE_MS + rng.randrange(600_000), "service": service,
-                                     "endpoint": f"/e{i % 7}", "latency_ms": rng.randrange(1, 500),
-                                     "status": rng.random() > 0.1}))  # fmt: skip
-        to.produce(topic, "\n".join(lines).encode(), key=str(rng.randrange(1 << 30)).encode())
-        sent += n
-        if poisons and rng.random() < 0.01:
-            value, _ = poisons.pop()
-            to.produce(topic, value, key=str(rng.randrange(1 << 30)).encode())
-    for value, _ in poisons:
-        to.produce(topic, value)
-    to.flush(30)
-    return calls
-
-
-class LiveTraffic(threading.Thread):
-    """Waves of ``events`` events (the poison messages in wave ``poison_wave``), ``pause_s`` apart, from a thread;
-    ``calls`` once joined."""
-
-    def __init__(self, servers: str, topic: str, waves: int, poison_wave: int, pause_s: float = 0.3,
-                 events: int = 15_000) -> None:  # fmt: skip
-        super().__init__()
-        self.servers, self.topic, self.waves, self.poison_wave = servers, topic, waves, poison_wave
-        self.pause_s, self.events = pause_s, events
-        self.calls: Counter[str] = Counter()
-        self.start()
-
-    def run(self) -> None:
-        to = producer(self.servers)
-        for wave in range(self.waves):
-            self.calls.update(
-                produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave, to=to)
-            )
-            time.sleep(self.pause_s)
-
-
-def endpoint_of(member: subprocess.Popen[str]) -> str:
-    """The URL of a member started with ``--port 0`` (its first lines say it)."""
-    assert member.stdout is not None
-    while True:
-        line = member.stdout.readline()
-        assert line, "consume exited"
-        if "/metrics and /healthz on " in line:
-            return line.split(" on ", 1)[1].strip()
-
-
-def scraped(url: str, name: str) -> list[float]:
-    """The values of the series ``name`` on the member's ``/metrics``."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
-
-
-def wait_for_commit(member: subprocess.Popen[str], url: str) -> None:
-    """Until the member (started with ``--port 0``, at ``url``) has committed something to the store."""
-    deadline = time.monotonic() + 30
-    while not sum(scraped(url, "drainpipe_kafka_partition_committed_offset")):
-        assert time.monotonic() < deadline and member.poll() is None, "no commit"
-        time.sleep(0.05)
-
-
-def stored_calls(url: str) -> Counter[str]:
-    """Calls per service in the store (the minute buckets of service_cpm add up to the calls)."""
-    from drainpipe.pipeline import open_store
-
-    store = open_store(url)
-    try:
-        out: Counter[str] = Counter()
-        for row in store.query(metric="service_cpm", granularity="minute"):
-            out[row[1]] += round(row[5])
-        return out
-    finally:
-        store.close()
-
-
-def consume(servers: str, topic: str, group: str, store: str, dead: Path, *extra: str,
-            checkpoint_s: float = 0.2) -> subprocess.Popen[str]:  # fmt: skip
-    cmd = [DRAINPIPE, "consume", "--bootstrap-servers", servers, "--topic", topic, "--group", group, "--store",
-           store, "--dead-letter", str(dead), "--checkpoint-s", str(checkpoint_s), "--session-timeout-s", "1",
-           "--max-poll-interval-s", "5", *extra]  # fmt: skip
-    member = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    STARTED.append(member)
-    return member
-
-
-#: every member a test started (killed after the test if still running: a failed test leaves none behind)
-STARTED: list[subprocess.Popen[str]] = []
-
-
-@pytest.fixture(autouse=True)
-def no_member_left() -> Any:
-    yield
-    while STARTED:
-        member = STARTED.pop()
-        if member.poll() is None:
-            member.send_signal(signal.SIGCONT)  # (a member paused by the test)
-            member.kill()
-            member.communicate(timeout=30)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out
-    return out
-
-
-def rejected(dead: Path) -> set[tuple[str, int, str]]:
-    rows = [json.loads(line) for line in dead.read_text().splitlines()] if dead.exists() else []
-    return {(r["source"], r["line"], r["reason"]) for r in rows}
 
 
 def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_once(servers: str, tmp_path: Path) -> None:

@@ -115,25 +115,33 @@ class ConnectServer:
 
 @contextmanager
 def connect_server(directory: Path, full_python: bool = False) -> Iterator[ConnectServer]:
-    """A Spark Connect server from pyspark's own ``sbin/start-connect-server.sh`` (its jar ships in
+    """A Spark Connect server as pyspark's ``sbin/start-connect-server.sh`` starts one (its jar ships in
     ``pyspark/jars``), ``local[2]`` inside, its task Python the numpy+pyarrow-only venv; stopped afterwards.
-    ``full_python``: its Python is this one instead (with drainpipe and the store drivers), as streaming through
+    ``full_python``: its Python is this one instead (with drainpipe and the store drivers), and it has the Kafka
+    connector (``spark.jars.packages``), as streaming through
     Connect needs: Spark runs the ``foreachBatch`` function in the server's Python."""
     import pyspark
+
+    from drainpipe.spark.kafka import connector_package
 
     if full_python:
         python, marker = sys.executable, directory / "no-marker"
     else:
         python, marker = executor_python(directory)
     port = free_port()
-    script = Path(pyspark.__file__).parent / "sbin" / "start-connect-server.sh"
-    env = {**os.environ, "SPARK_LOG_DIR": str(directory / "logs"), "SPARK_PID_DIR": str(directory),
-           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python, "SPARK_NO_DAEMONIZE": "1"}  # fmt: skip
+    # what sbin/start-connect-server.sh --wait does (PySpark's package has that script from 4.3 on only)
+    home = Path(pyspark.__file__).parent
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(directory / "logs"),
+           "SPARK_PID_DIR": str(directory), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python,
+           "SPARK_NO_DAEMONIZE": "1", "SPARK_CONNECT_MODE": "0"}  # fmt: skip
     logs = open(directory / "connect.log", "ab")
-    server = subprocess.Popen(["bash", str(script), "--wait", "--master", "local[2]",
+    server = subprocess.Popen(["bash", str(home / "sbin" / "spark-daemon.sh"), "submit",
+                               "org.apache.spark.sql.connect.service.SparkConnectServer", "1",
+                               "--name", "Spark Connect server", "--master", "local[2]",
                                "--conf", f"spark.connect.grpc.binding.port={port}",
                                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-                               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=8"],
+                               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=8",
+                               *(["--conf", f"spark.jars.packages={connector_package()}"] if full_python else [])],
                               env=env, stdout=logs, stderr=logs, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120

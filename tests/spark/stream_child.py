@@ -1,7 +1,9 @@
 """Runs a stream and kills itself (SIGKILL, no clean-up) right after micro-batch ``kill_after`` reached the store,
 before Spark could mark that batch committed in the checkpoint: the worst moment for exactly-once.
 
-    python stream_child.py INPUT_DIR STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER [MASTER EXECUTOR_PYTHON]
+    python stream_child.py INPUT STORE_URL CHECKPOINT DEAD_LETTER KILL_AFTER [MASTER EXECUTOR_PYTHON]
+
+INPUT: a directory (one file per micro-batch), or ``kafka://HOST:PORT/TOPIC`` (100 messages per micro-batch).
 
 KILL_AFTER -1: run to the end, and print the summary as JSON (a line starting ``summary``). MASTER/EXECUTOR_PYTHON: a standalone cluster and its executors' Python (default
 ``local[2]`` and this interpreter).
@@ -16,7 +18,7 @@ import sys
 from typing import Any
 
 from conftest import TEST_CONF
-from drainpipe.spark import run_stream
+from drainpipe.spark import KafkaTopics, run_stream
 
 
 def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill_after: str,
@@ -26,8 +28,12 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         if batch_id == int(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)
 
+    source: Any = input_dir
+    if input_dir.startswith("kafka://"):
+        servers, topic = input_dir.removeprefix("kafka://").split("/", 1)
+        source = KafkaTopics.at(servers, [topic], max_messages=100)
     summary = run_stream(
-        input_dir,
+        source,
         store_url=store_url,
         checkpoint=checkpoint,
         dead_letter=dead_letter,

@@ -140,3 +140,36 @@ def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Pat
     assert (summary["batches"], summary["unchanged_files"], summary["files"]) == (2, 1, 2), summary
     assert_same_results(local, url, default_definitions())
     assert (tmp_path / "stream.jsonl").read_text().count("\n") == expected.rejected  # each reject once
+
+
+@pytest.mark.kafka
+def test_a_kafka_stream_on_the_cluster_and_through_connect_stores_what_consume_stores(
+    cluster, connect_full, tmp_path: Path
+) -> None:
+    """``drainpipe stream --bootstrap-servers`` on the standalone cluster (its executors, with nothing of ours, get
+    the connector from the driver) and through Spark Connect (the server started with the connector): both stores
+    equal the one ``drainpipe consume`` fills from the same topic."""
+    from kafka_testlib import consume, finish, new_topic, produce, rejected, warm_broker
+
+    servers = warm_broker()
+    topic = new_topic(servers, 2)
+    produce(servers, topic, 3_000, seed=6)  # with the poison messages
+    reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
+    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
+    common = [sys.executable, "-m", "drainpipe.cli", "stream", "-q", "--bootstrap-servers", servers, "--topic", topic,
+              "--trigger-once"]  # fmt: skip
+    run = lambda *args: subprocess.Popen([*common, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # side by side: each is mostly a driver starting
+    on_cluster = run("--spark-master", cluster.master, "--spark-conf", f"spark.pyspark.python={cluster.python}",
+                     "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.executor.cores=1",
+                     "--store", "duckdb:///cluster.duckdb", "--checkpoint", "ck-cluster", "--dead-letter", "cluster.jsonl")  # fmt: skip
+    through = run("--spark-remote", connect_full.remote, "--store", "duckdb:///connect.duckdb", "--checkpoint",
+                  "ck-connect", "--dead-letter", "connect.jsonl")  # fmt: skip
+    for proc in (on_cluster, through):
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+    assert_same_results(reference, f"duckdb:///{tmp_path / 'cluster.duckdb'}", default_definitions())
+    assert rejected(tmp_path / "cluster.jsonl") == rejected(tmp_path / "consume.jsonl")
+    assert_same_results(reference, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
+    assert rejected(tmp_path / "connect.jsonl") == rejected(tmp_path / "consume.jsonl")

@@ -43,10 +43,8 @@ books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be 
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
-import itertools
 import logging
 import re
 import threading
@@ -57,8 +55,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadBody, DrainpipeError, InputError, StoreError, UsageError
-from ..inputs import DeadLetter, EventBatch, Position, ReadStats, validate_json_lines
+from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.endpoints import EndpointRules
+from ..inputs.messages import KAFKA_SOURCE, TOMBSTONE, json_values, message_source, message_text, partition_part
 from ..inputs.spans import SpanMapping
 from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
 from .bodies import decode_body
@@ -98,10 +97,10 @@ class _Repeats(logging.Filter):
 kafka_log = logging.getLogger("drainpipe.kafka")
 kafka_log.addFilter(_Repeats(30.0))
 
-__all__ = ["ENCODINGS", "ConsumeConfig", "GroupMember", "decode_message", "partition_part"]
+__all__ = ["ENCODINGS", "ConsumeConfig", "GroupMember", "decode_message"]
 
 #: the source name of Kafka partitions in the store's progress rows
-SOURCE = "kafka"
+SOURCE = KAFKA_SOURCE
 #: message encodings (the OpenTelemetry Collector's words) -> serve's body forms
 ENCODINGS = {"json": "ndjson", "otlp_proto": "otlp-protobuf", "otlp_json": "otlp-json"}
 #: messages taken from the consumer per call (one-event messages: the batch's fixed costs, its validation and
@@ -109,8 +108,6 @@ ENCODINGS = {"json": "ndjson", "otlp_proto": "otlp-protobuf", "otlp_json": "otlp
 CONSUME_MESSAGES = 50_000
 #: a message larger than this (decoded) is rejected
 MAX_MESSAGE_BYTES = 256 << 20
-#: the reject reason of a message without a value
-TOMBSTONE = "no value (a tombstone)"
 
 
 @dataclass
@@ -151,11 +148,6 @@ class ConsumeConfig:
             "enable.partition.eof": self.exit_at_end,
             **self.client,
         }
-
-
-def partition_part(cluster: str, topic: str, partition: int) -> str:
-    """The part name of a topic partition in the store (the cluster id keeps two clusters' topics apart)."""
-    return f"{cluster}/{topic}/{partition}"
 
 
 def decode_message(value: bytes | None, config: ConsumeConfig) -> tuple[EventBatch, list[tuple[int, str]]]:
@@ -331,14 +323,14 @@ class GroupMember:
             return self._decode_json(messages)
         batches = []
         for m in messages:
-            source = f"kafka:{m.topic()}/{m.partition()}"
+            source = message_source(m.topic(), m.partition())
             try:
                 batch, rejects = decode_message(m.value(), self.config)
             except BadBody as exc:
                 self._reject(source, m.offset(), m.value(), exc.message)
                 continue
             self.stats.add_accepted(batch.num_rows)
-            text = _text(m.value()) if rejects else ""
+            text = message_text(m.value()) if rejects else ""
             for index, reason in rejects:
                 self._reject(source, m.offset(), {"span": index, "value": text}, reason)
             if batch.num_rows:
@@ -346,32 +338,17 @@ class GroupMember:
         return EventBatch.join(batches)
 
     def _decode_json(self, messages: list[Any]) -> EventBatch:
-        values: list[bytes] = []
-        owners: list[Any] = []  # the message of each value
-        for m in messages:
-            value = m.value()
-            if value is None:
-                self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), None, TOMBSTONE)
-                continue
-            values.append(value)
-            owners.append(m)
-        if not values:
-            return EventBatch.empty()
-        batch, rejects = validate_json_lines(b"\n".join(values))
+        batch, rejects = json_values([m.value() for m in messages])
         self.stats.add_accepted(batch.num_rows)
-        if rejects:  # the block's line numbers back to messages (each value is one line or more)
-            starts = list(itertools.accumulate((v.count(b"\n") + 1 for v in values[:-1]), initial=1))
-            for lineno, reason in rejects:
-                k = bisect.bisect_right(starts, lineno) - 1
-                m = owners[k]
-                raw = {"line": lineno - starts[k] + 1, "value": _text(m.value())}
-                self._reject(f"kafka:{m.topic()}/{m.partition()}", m.offset(), raw, reason)
-        return EventBatch.of(batch)
+        for k, raw, reason in rejects:
+            m = messages[k]
+            self._reject(message_source(m.topic(), m.partition()), m.offset(), raw, reason)
+        return EventBatch.of(batch) if batch.num_rows else EventBatch.empty()
 
     def _reject(self, source: str, offset: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
         if self.dead_letter is not None:
-            self.dead_letter.write(source, offset, _text(raw) if isinstance(raw, bytes) else raw, reason)
+            self.dead_letter.write(source, offset, message_text(raw) if isinstance(raw, bytes) else raw, reason)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -519,8 +496,3 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _text(value: bytes | None) -> str:
-    """A message value for the dead letter: its first 4 KB as text (protobuf bytes escaped)."""
-    return (value or b"")[:4096].decode("utf-8", "backslashreplace")

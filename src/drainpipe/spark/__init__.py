@@ -33,6 +33,7 @@ from drainpipe.inputs import DeadLetter, LogFormat, default_dead_letter, detect_
 from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
+from .kafka import KafkaTopics
 from .session import add_rate, check_java, check_pyspark, job, spark_session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "run_batch",
     "run_stream",
+    "KafkaTopics",
     "check_java",
     "check_pyspark",
     "spark_session",
@@ -95,8 +97,9 @@ def run_batch(
     return add_rate(summary, t0)
 
 
-def run_stream(input_dir: str, **kwargs: Any) -> dict[str, Any]:
-    """Structured Streaming over a directory of new files; see :func:`drainpipe.spark.stream.run_stream`."""
+def run_stream(input_dir: str | KafkaTopics, **kwargs: Any) -> dict[str, Any]:
+    """Structured Streaming over a directory of new files, or Kafka topics (:class:`KafkaTopics`); see
+    :func:`drainpipe.spark.stream.run_stream`."""
     from .stream import run_stream as _run_stream
 
     return _run_stream(input_dir, **kwargs)

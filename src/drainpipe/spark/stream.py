@@ -1,4 +1,5 @@
-"""Streaming mode: Structured Streaming over a directory of new event files, exactly once into the store.
+"""Streaming mode: Structured Streaming over a directory of new event files (or Kafka topics, :mod:`.kafka`),
+exactly once into the store.
 
 The stream's source is Spark's file source (``binaryFile`` format, only the ``path`` column is read, so file
 contents never pass through it): it lists the directory, and the checkpoint's offset log pins which new files
@@ -42,6 +43,7 @@ from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
 from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
 from .engine import JobOptions, ingest_files
+from .kafka import KafkaTopics, connector_package, ingest_messages
 from .session import add_rate, is_connect, job, job_session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +67,7 @@ def _local_path(uri: str) -> str:
 
 
 def run_stream(
-    input_dir: str,
+    input_dir: str | KafkaTopics,
     *,
     definitions: Definitions = DEFAULT_DEFINITIONS,
     store_url: str = DEFAULT_STORE_URL,
@@ -82,7 +84,7 @@ def run_stream(
     on_batch: Callable[[int, dict[str, Any]], None] | None = None,
     remote: str | None = None,
 ) -> dict[str, Any]:
-    """Run the pipeline over the files arriving in ``input_dir`` until stopped.
+    """Run the pipeline over the files arriving in ``input_dir`` (or the messages of Kafka topics) until stopped.
 
     ``trigger_once``: process everything present now (in as many micro-batches as ``max_files_per_trigger``
     makes) and return. Otherwise poll every ``poll_s`` seconds until ``stop_after_s`` elapses (None: until
@@ -93,11 +95,15 @@ def run_stream(
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``. ``remote``: a Spark Connect URL (default
     ``$SPARK_REMOTE``), see the module docstring.
     """
-    if not os.path.isdir(input_dir):
-        raise InputError(f"stream input {input_dir!r} is not a directory")
     t0 = time.perf_counter()
-    input_dir = os.path.abspath(input_dir)
     remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if isinstance(input_dir, KafkaTopics):  # (under Connect, the server is started with the connector)
+        packages = ",".join(filter(None, [(conf or {}).get("spark.jars.packages"), connector_package()]))
+        conf = {**(conf or {}), "spark.jars.packages": packages}
+    elif not os.path.isdir(input_dir):
+        raise InputError(f"stream input {input_dir!r} is not a directory")
+    else:
+        input_dir = os.path.abspath(input_dir)
     if remote is not None or (spark is not None and is_connect(spark)):
         totals = _run_connect(
             input_dir, definitions, store_url, checkpoint, master, conf, trigger_once, stop_after_s,
@@ -108,7 +114,8 @@ def run_stream(
         job(store_url, master, conf, spark) as (store, session),
         DeadLetter(dead_letter or default_dead_letter(store_url)) as dl,
     ):
-        batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch)
+        kafka = input_dir if isinstance(input_dir, KafkaTopics) else None
+        batches = _MicroBatches(session, definitions, store, dl, options or JobOptions(), on_batch, kafka)
         try:
             query = _start(session, input_dir, checkpoint, batches, trigger_once, poll_s, max_files_per_trigger)
             _await(query, None if trigger_once else stop_after_s)
@@ -132,8 +139,10 @@ class _MicroBatches:
         dead_letter: DeadLetter,
         options: JobOptions,
         on_batch: Callable[[int, dict[str, Any]], None] | None,
+        kafka: KafkaTopics | None = None,
     ) -> None:
         self._context: dict[str, Any] = {
+            "kafka": kafka,
             "session": session,
             "definitions": definitions,
             "store": store,
@@ -146,8 +155,13 @@ class _MicroBatches:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         c = self._context
-        summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
-                                         c["options"])  # fmt: skip
+        if c["kafka"] is not None:
+            summary = ingest_messages(c["session"], frame, c["kafka"], c["definitions"], c["store"],
+                                      c["dead_letter"], c["options"])  # fmt: skip
+            ignored = 0
+        else:
+            summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
+                                             c["options"])  # fmt: skip
         with self._lock:
             _add(self.totals, summary, ignored)
         if c["on_batch"] is not None:
@@ -198,9 +212,10 @@ class _ConnectBatches:
     view ``view`` (the function's session is not the client's, but both are in the server's application)."""
 
     def __init__(self, definitions: Definitions, store_url: str, dead_letter: str, options: JobOptions,
-                 view: str) -> None:  # fmt: skip
+                 view: str, kafka: KafkaTopics | None = None) -> None:  # fmt: skip
         self.definitions, self.store_url, self.dead_letter, self.options, self.view = (
             definitions, store_url, dead_letter, options, view)  # fmt: skip
+        self.kafka = kafka
         self.totals = _new_totals()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -212,7 +227,11 @@ class _ConnectBatches:
         store = open_store(self.store_url)
         try:
             with DeadLetter(self.dead_letter) as dl:
-                summary, ignored = _ingest_batch(frame, session, self.definitions, store, dl, self.options)
+                if self.kafka is not None:
+                    summary = ingest_messages(session, frame, self.kafka, self.definitions, store, dl, self.options)
+                    ignored = 0
+                else:
+                    summary, ignored = _ingest_batch(frame, session, self.definitions, store, dl, self.options)
         finally:
             store.close()
         _add(self.totals, summary, ignored)
@@ -229,7 +248,7 @@ def _absolute_store(url: str) -> str:
 
 
 def _run_connect(
-    input_dir: str,
+    input_dir: str | KafkaTopics,
     definitions: Definitions,
     store_url: str,
     checkpoint: str,
@@ -255,7 +274,8 @@ def _run_connect(
     session, created = job_session(master, conf, spark, remote=remote)
     view = f"drainpipe_stream_totals_{os.getpid()}_{int(time.time() * 1000)}"
     try:
-        process = _ConnectBatches(definitions, store_url, target, options, view)
+        kafka = input_dir if isinstance(input_dir, KafkaTopics) else None
+        process = _ConnectBatches(definitions, store_url, target, options, view, kafka)
         query = _start(session, input_dir, os.path.abspath(checkpoint), process, trigger_once, poll_s, max_files)
         _await(query, None if trigger_once else stop_after_s)
         from pyspark.errors import AnalysisException
@@ -292,23 +312,25 @@ def _await(query: Any, timeout_s: float | None) -> None:
 
 def _start(
     session: SparkSession,
-    input_dir: str,
+    input_dir: str | KafkaTopics,
     checkpoint: str,
     process: Callable[[DataFrame, int], None],
     trigger_once: bool,
     poll_s: float,
     max_files: int | None,
 ) -> Any:
-    schema = "path string, modificationTime timestamp, length bigint, content binary"  # binaryFile's fixed schema
-    reader = session.readStream.format("binaryFile").schema(schema).option("pathGlobFilter", STREAM_GLOB)
-    if max_files:
-        reader = reader.option("maxFilesPerTrigger", str(max_files))
+    if isinstance(input_dir, KafkaTopics):
+        frame = input_dir.reader(session).load()
+        name = "kafka-" + "-".join(input_dir.topics)
+    else:
+        schema = "path string, modificationTime timestamp, length bigint, content binary"  # binaryFile's schema
+        reader = session.readStream.format("binaryFile").schema(schema).option("pathGlobFilter", STREAM_GLOB)
+        if max_files:
+            reader = reader.option("maxFilesPerTrigger", str(max_files))
+        frame = reader.load(input_dir).select("path")
+        name = os.path.basename(os.path.abspath(input_dir))
     writer = (
-        reader.load(input_dir)
-        .select("path")
-        .writeStream.queryName(f"drainpipe-{os.path.basename(os.path.abspath(input_dir))}")
-        .option("checkpointLocation", checkpoint)
-        .foreachBatch(process)
+        frame.writeStream.queryName(f"drainpipe-{name}").option("checkpointLocation", checkpoint).foreachBatch(process)
     )
     writer = writer.trigger(availableNow=True) if trigger_once else writer.trigger(processingTime=f"{poll_s} seconds")
     return writer.start()

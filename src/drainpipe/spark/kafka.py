@@ -1,0 +1,209 @@
+"""Kafka topics as the Spark stream's input: Spark's Kafka source, each micro-batch exactly once into the store.
+
+::
+
+    readStream.format("kafka") --micro-batch (topic, partition, offset, value)--> foreachBatch(ingest_messages):
+        offset ranges per partition (a small job) -> the store's offsets (the ``kafka`` parts, as ``consume``'s)
+        --mapInArrow(decode_messages: messages past the store's offset, JSON values as one block per Arrow batch)
+        --> events + REJECT/SPLIT rows --> per_type_stage (the batch engine's) --> the store, with each
+        partition's next offset in the same transaction
+
+Exactly once: Spark's checkpoint pins each micro-batch's offset ranges and runs a batch again after a crash until
+its commit log has it; the store holds each partition's next offset in the transaction of the states (as a
+``consume`` member's commits do, under the same part names ``<cluster id>/<topic>/<partition>``), so a batch run
+again finds its messages applied and skips them. Consumer-group options do not apply: Spark tracks its offsets in
+the checkpoint, not in a group.
+
+The connector is Spark's ``spark-sql-kafka-0-10`` of the installed PySpark's version, which Spark fetches from
+Maven Central itself (``spark.jars.packages``, :func:`connector_package`), driver and executors alike.
+
+Messages are decoded by :func:`drainpipe.inputs.messages.json_values`, as ``consume`` decodes them (``--encoding
+json``: one event or NDJSON lines per message); a tombstone or a line that does not validate goes to the dead
+letter as ``{"source": "kafka:<topic>/<partition>", "line": <offset>, ...}``. OTLP encodings are not yet read here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from drainpipe.errors import UsageError
+from drainpipe.inputs import DeadLetter, Part, Position, ReadStats, jsonable
+from drainpipe.inputs.messages import KAFKA_SOURCE, json_values, message_source, partition_part
+from drainpipe.pipeline import Definitions, open_books
+
+from . import skew
+from .engine import JobOptions, JobResult, per_type_stage
+from .rows import EVENT_ROWS, REJECT, SPLIT, events_rows, info_row, meta_rows, spark_schema
+from .splits import Split
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamReader
+
+__all__ = ["KafkaTopics", "connector_package", "decode_messages", "ingest_messages"]
+
+
+@dataclass(frozen=True)
+class KafkaTopics:
+    """What the stream reads: ``topics`` at ``bootstrap_servers`` (of the cluster ``cluster``, its id)."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    cluster: str
+    encoding: str = "json"
+    max_messages: int | None = None  # per micro-batch (Spark's maxOffsetsPerTrigger); None: all there are
+
+    @classmethod
+    def at(cls, bootstrap_servers: str, topics: Sequence[str], encoding: str = "json",
+           max_messages: int | None = None) -> KafkaTopics:  # fmt: skip
+        """The topics, with the cluster's id asked of the brokers (confluent-kafka; a :class:`UsageError` in one
+        line when it is not installed, the brokers cannot be reached or the encoding is not read here)."""
+        if encoding != "json":
+            raise UsageError(f"the Spark stream reads --encoding json only, not {encoding!r} (drainpipe consume "
+                             "reads the OTLP encodings)")  # fmt: skip
+        try:
+            from confluent_kafka import KafkaException
+            from confluent_kafka.admin import AdminClient
+        except ImportError:
+            raise UsageError("a Kafka input needs confluent-kafka: pip install 'drainpipe[kafka]'") from None
+        try:
+            cluster = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=30).cluster_id
+        except KafkaException as exc:
+            raise UsageError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from None
+        return cls(bootstrap_servers, tuple(topics), cluster or "kafka", encoding, max_messages)
+
+    def reader(self, session: SparkSession) -> DataStreamReader:
+        """Spark's Kafka source over the topics, from their earliest offsets on a first start."""
+        reader = (
+            session.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap_servers)
+            .option("subscribe", ",".join(self.topics))
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")  # retention deleted messages no one read: counted by nobody (docs)
+        )
+        return reader.option("maxOffsetsPerTrigger", str(self.max_messages)) if self.max_messages else reader
+
+
+def connector_package() -> str:
+    """The Maven coordinate of the installed PySpark's Kafka connector (for ``spark.jars.packages``)."""
+    import pyspark
+
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def _topic_split(index: int, topic: str, partition: int) -> Split:
+    """A split standing for one topic partition of a micro-batch: its path is the dead letter's source."""
+    return Split(index, Part(message_source(topic, partition), "kafka", False, 0), 1)
+
+
+def decode_messages(starts: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
+    """The ``mapInArrow`` function over a micro-batch's messages (``topic, partition, offset, value``): for each
+    partition in ``starts`` (``(split index, first offset not yet in the store)``), its messages from that offset
+    decoded into events (EVENT rows), their rejects (REJECT rows, ``line`` the offset) and counts (SPLIT rows).
+    Plain data only: it runs in the executors."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        stats, first = ReadStats(), None  # the task's counts, on one SPLIT row (the report sums them)
+        for batch in batches:
+            topics = batch.column("topic").to_pylist()
+            partitions = batch.column("partition").to_pylist()
+            offsets = batch.column("offset").to_pylist()
+            values = batch.column("value").to_pylist()
+            keep = []
+            for i, key in enumerate(zip(topics, partitions)):
+                start = starts.get(key)
+                if start is not None and offsets[i] >= start[1]:
+                    keep.append(i)
+            if not keep:
+                continue
+            first = starts[(topics[keep[0]], partitions[keep[0]])][0] if first is None else first
+            events, rejects = json_values([values[i] for i in keep])
+            stats.add_accepted(events.num_rows)
+            if rejects:
+                for _, _, reason in rejects:
+                    stats.add_rejected(reason)
+                kept = [keep[k] for k, _, _ in rejects]
+                yield meta_rows(
+                    EVENT_ROWS, REJECT, [starts[(topics[i], partitions[i])][0] for i in kept],
+                    line=[offsets[i] for i in kept],
+                    raw=[json.dumps(jsonable(raw), ensure_ascii=False) for _, raw, _ in rejects],
+                    reason=[reason for _, _, reason in rejects],
+                )  # fmt: skip
+            if events.num_rows:
+                yield events_rows(events)
+        if first is not None:
+            yield info_row(EVENT_ROWS, SPLIT, first, {"read": stats.read, "accepted": stats.accepted, "rejected":
+                           stats.rejected, "reasons": dict(stats.reasons), "end": None, "nbytes": 0})  # fmt: skip
+
+    return run
+
+
+def ingest_messages(
+    spark: SparkSession,
+    frame: DataFrame,
+    source: KafkaTopics,
+    definitions: Definitions,
+    store: Any,
+    dead_letter: DeadLetter | None,
+    options: JobOptions = JobOptions(),
+) -> dict[str, Any]:
+    """One micro-batch of messages into the store, exactly once (see the module docstring): the counts."""
+    from pyspark.sql import functions as F
+
+    names = frozenset(definitions.names)
+    store.register(definitions.all)
+    ranges = frame.groupBy("topic", "partition").agg(F.max("offset").alias("last")).collect()
+    starts: dict[tuple[str, int], tuple[int, int]] = {}
+    books: list[Any] = []
+    splits: list[Split] = []
+    ends: list[int] = []
+    for row in sorted(ranges, key=lambda r: (r.topic, r.partition)):
+        part = partition_part(source.cluster, row.topic, row.partition)
+        held = open_books(store, KAFKA_SOURCE, part, definitions.names)
+        start = held.start.offset
+        if held.names_from(start) != names:
+            raise UsageError(f"the store has {part} applied to different offsets per definition (the definitions "
+                             "changed since): the Spark stream applies every definition from one offset")  # fmt: skip
+        if start > row.last:
+            continue  # this micro-batch was applied before a crash: Spark runs it again
+        split = _topic_split(len(splits), row.topic, row.partition)
+        starts[(row.topic, row.partition)] = (split.index, start)
+        splits.append(split)
+        books.append(held)
+        ends.append(row.last + 1)
+    summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "applied": 0}
+    if not splits:
+        return summary
+    messages = frame.select("topic", "partition", "offset", "value")
+    events = messages.mapInArrow(decode_messages(starts), spark_schema(EVENT_ROWS))
+    partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
+    result: JobResult = per_type_stage(spark, events, definitions, skew.hash_placement(partitions),
+                                       replace(options, stream_metrics=True), splits)  # fmt: skip
+    if dead_letter is not None:
+        for path, offset, raw, reason in result.rejects:
+            dead_letter.write(path, offset, raw, reason)
+        dead_letter.flush()
+    rows = []
+    for held, end in zip(books, ends):
+        held.advance(definitions.names, Position(end))
+        rows += held.rows()
+
+    def chunks() -> Iterator[Any]:
+        yield from result.partials
+        if result.metric_chunks is not None:
+            yield from result.metric_chunks()
+
+    try:
+        report = store.merge_chunks(definitions.all, chunks(), progress=rows)
+    finally:
+        if result.release is not None:
+            result.release()
+    stats = result.stats
+    summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, reasons=dict(stats.reasons),
+                   applied=report.applied)  # fmt: skip
+    return summary
