@@ -91,6 +91,33 @@ def produce(servers: str, topic: str, events: int, seed: int, poison: bool = Tru
     return calls
 
 
+def produce_otlp(servers: str, topic: str) -> Counter[str]:
+    """30 ``ExportTraceServiceRequest`` messages of 20 spans (SERVER spans are requests, CLIENT ones are not) over 3
+    services, as the Collector's Kafka exporter writes them (``otlp_proto``), then one message that is not an
+    export; the calls per service they make."""
+    from confluent_kafka import Producer
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    to = Producer({"bootstrap.servers": servers})
+    calls: Counter[str] = Counter()
+    for e in range(30):
+        request = ExportTraceServiceRequest()
+        rs = request.resource_spans.add()
+        service = f"svc{e % 3}"
+        rs.resource.attributes.add(key="service.name").value.string_value = service
+        spans = rs.scope_spans.add().spans
+        for i in range(20):
+            end = (BASE_MS + e * 1000 + i) * 1_000_000
+            spans.add(trace_id=(e * 100 + i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+                      name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
+                      end_time_unix_nano=end)  # fmt: skip
+            calls[service] += 1 if i % 4 else 0
+        to.produce(topic, request.SerializeToString())
+    to.produce(topic, b"\x0a\xff\xff")  # not an export
+    to.flush(30)
+    return calls
+
+
 class LiveTraffic(threading.Thread):
     """Waves of ``events`` events (the poison messages in wave ``poison_wave``), ``pause_s`` apart, from a thread;
     ``calls`` once joined."""

@@ -393,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="read Kafka topics instead (Spark's Kafka source; its offsets are kept in the checkpoint, not "
                          "in a consumer group)")  # fmt: skip
     st.add_argument("--topic", action="append", default=[], metavar="TOPIC", help="a topic to read (repeatable)")
-    st.add_argument("--encoding", default="json", choices=("json",),
-                    help="message values: json, one event or NDJSON lines (default: %(default)s)")  # fmt: skip
+    st.add_argument("--encoding", default="json", choices=("json", "otlp_proto", "otlp_json"),
+                    help="Kafka message values: json (one event, or NDJSON lines), otlp_proto or otlp_json (an OTLP "
+                         "trace export each) (default: %(default)s)")  # fmt: skip
     st.add_argument("--engine", choices=("spark",), default="spark", help="streaming runs on spark")
     st.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint location")
     _metrics_option(st)

@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from kafka_testlib import (
-    BASE_MS,
     KAFKA_SH,
     POISON,
     LiveTraffic,
@@ -32,6 +31,7 @@ from kafka_testlib import (
     finish,
     new_topic,
     produce,
+    produce_otlp,
     rejected,
     scraped,
     stored_calls,
@@ -254,27 +254,8 @@ def test_partitions_added_to_a_topic_are_read_from_their_start(servers: str, tmp
 
 
 def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(servers: str, tmp_path: Path) -> None:
-    from confluent_kafka import Producer
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     topic = new_topic(servers, 2)
-    producer = Producer({"bootstrap.servers": servers})
-    calls: Counter[str] = Counter()
-    for e in range(30):
-        request = ExportTraceServiceRequest()
-        rs = request.resource_spans.add()
-        service = f"svc{e % 3}"
-        rs.resource.attributes.add(key="service.name").value.string_value = service
-        spans = rs.scope_spans.add().spans
-        for i in range(20):
-            end = (BASE_MS + e * 1000 + i) * 1_000_000
-            spans.add(trace_id=(e * 100 + i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
-                      name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
-                      end_time_unix_nano=end)  # fmt: skip
-            calls[service] += 1 if i % 4 else 0
-        producer.produce(topic, request.SerializeToString())
-    producer.produce(topic, b"\x0a\xff\xff")  # not an export
-    producer.flush(30)
+    calls = produce_otlp(servers, topic)
     store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
     member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
     url = endpoint_of(member)

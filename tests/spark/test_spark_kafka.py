@@ -16,12 +16,14 @@ from spark_testlib import SPARK, assert_same_results
 
 from drainpipe.pipeline.definitions import default_definitions
 from kafka_testlib import (
+    DRAINPIPE,
     POISON,
     consume,
     finish,
     kill_members,
     new_topic,
     produce,
+    produce_otlp,
     rejected,
     stored_calls,
     warm_broker,
@@ -66,3 +68,25 @@ def test_a_stream_from_kafka_killed_after_a_stored_micro_batch_stores_what_consu
     assert_same_results(reference, url, default_definitions())
     assert Counter(reason for _, _, reason in rejected(dead)) == Counter(reason for _, reason in POISON)
     assert rejected(dead) == rejected(tmp_path / "consume.jsonl")  # the same topic/partition, offset and reason
+
+
+def test_otlp_protobuf_messages_stream_as_consume_reads_them(servers: str, tmp_path: Path) -> None:
+    """``--encoding otlp_proto`` (an export per message, as the Collector's Kafka exporter writes): the same store
+    and the same reject (the message that is not an export) as ``consume``."""
+    topic = new_topic(servers, 2)
+    calls = produce_otlp(servers, topic)
+    reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
+    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--encoding", "otlp_proto",
+                   "--exit-at-end"))  # fmt: skip
+    assert stored_calls(reference) == +calls
+    url, dead = f"duckdb:///{tmp_path / 'stream.duckdb'}", tmp_path / "stream.jsonl"
+    done = subprocess.run(
+        [DRAINPIPE, "stream", "-q", "--bootstrap-servers", servers, "--topic", topic, "--encoding", "otlp_proto",
+         "--store", url, "--checkpoint", str(tmp_path / "ck"), "--dead-letter", str(dead), "--trigger-once",
+         "--spark-master", "local[2]"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert_same_results(reference, url, default_definitions())
+    [(source, _, reason)] = rejected(dead)
+    assert rejected(dead) == rejected(tmp_path / "consume.jsonl") and reason.startswith("invalid OTLP protobuf")

@@ -15,9 +15,26 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import OtlpError, UsageError
+from .batches import EventBatch
+from .endpoints import EndpointRules
 from .formats.jsonl_format import validate_json_lines
+from .spans import SpanMapping
 
-__all__ = ["KAFKA_SOURCE", "TOMBSTONE", "json_values", "partition_part", "message_source", "message_text"]
+__all__ = [
+    "ENCODINGS",
+    "KAFKA_SOURCE",
+    "TOMBSTONE",
+    "decode_values",
+    "json_values",
+    "otlp_values",
+    "partition_part",
+    "message_source",
+    "message_text",
+]
+
+#: message encodings (the OpenTelemetry Collector's words)
+ENCODINGS = ("json", "otlp_proto", "otlp_json")
 
 #: the source name of Kafka partitions in the store's progress rows
 KAFKA_SOURCE = "kafka"
@@ -59,3 +76,43 @@ def json_values(values: Sequence[bytes | None]) -> tuple[pa.RecordBatch, list[tu
             rejects.append((kept[k], {"line": lineno - starts[k] + 1, "value": message_text(present[k])}, reason))
     rejects.sort(key=lambda r: r[0])
     return batch, rejects
+
+
+def otlp_values(
+    values: Sequence[bytes | None], *, json_body: bool, mapping: SpanMapping, endpoints: EndpointRules
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """OTLP message values (an ``ExportTraceServiceRequest`` each, protobuf or OTLP JSON, as the OpenTelemetry
+    Collector's Kafka exporter writes) -> their events and ``(message index, raw, reason)`` per reject: a
+    tombstone, a value that does not decode (``raw`` its text), or a span that does not map (``raw`` ``{"span":
+    its index, "value": the message's text}``)."""
+    from .otlp import decode_traces
+
+    batches: list[EventBatch] = []
+    rejects: list[tuple[int, Any, str]] = []
+    for k, value in enumerate(values):
+        if value is None:
+            rejects.append((k, None, TOMBSTONE))
+            continue
+        try:
+            result = decode_traces(value, json_body=json_body, mapping=mapping, endpoints=endpoints)
+        except OtlpError as exc:
+            rejects.append((k, message_text(value), str(exc)))
+            continue
+        text = message_text(value) if result.rejects else ""
+        rejects += [(k, {"span": i, "value": text}, reason) for i, reason in result.rejects]
+        if result.batch.num_rows:
+            batches.append(result.batch)
+    return EventBatch.join(batches), rejects
+
+
+def decode_values(
+    values: Sequence[bytes | None], encoding: str, mapping: SpanMapping, endpoints: EndpointRules
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """Message values in ``encoding`` (:data:`ENCODINGS`) -> their events and rejects (:func:`json_values`,
+    :func:`otlp_values`). A :class:`UsageError` for an encoding not in the list."""
+    if encoding == "json":
+        batch, rejects = json_values(values)
+        return (EventBatch.of(batch) if batch.num_rows else EventBatch.empty()), rejects
+    if encoding not in ENCODINGS:
+        raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
+    return otlp_values(values, json_body=encoding == "otlp_json", mapping=mapping, endpoints=endpoints)

@@ -18,7 +18,8 @@ it first; the group's rebalance waits for that (the revoke callback runs inside 
 moves between members, and a member killed at any moment is replaced, without an event lost or counted twice.
 Offsets also go to Kafka once committed to the store, for monitoring (lag), never read back.
 
-Messages are decoded as ``serve``'s request bodies are (:func:`.bodies.decode_body`): ``json`` (one event, or NDJSON
+Messages are decoded as ``serve``'s request bodies are (:func:`drainpipe.inputs.messages.decode_values`, which the
+Spark stream's tasks share): ``json`` (one event, or NDJSON
 lines), ``otlp_proto`` or ``otlp_json`` (an ``ExportTraceServiceRequest``, as the Collector's Kafka exporter writes).
 A message that does not decode is rejected whole, one that partly does loses the records that do not: each goes to
 the dead letter (``{"source": "kafka:<topic>/<partition>", "line": <offset>, "raw": ..., "reason": ...}``; ``raw``
@@ -54,13 +55,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BadBody, DrainpipeError, InputError, StoreError, UsageError
+from ..errors import DrainpipeError, InputError, StoreError, UsageError
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.endpoints import EndpointRules
-from ..inputs.messages import KAFKA_SOURCE, TOMBSTONE, json_values, message_source, message_text, partition_part
+from ..inputs.messages import ENCODINGS, KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..inputs.spans import SpanMapping
 from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
-from .bodies import decode_body
 
 log = logging.getLogger("drainpipe.server")
 
@@ -97,17 +97,13 @@ class _Repeats(logging.Filter):
 kafka_log = logging.getLogger("drainpipe.kafka")
 kafka_log.addFilter(_Repeats(30.0))
 
-__all__ = ["ENCODINGS", "ConsumeConfig", "GroupMember", "decode_message"]
+__all__ = ["ConsumeConfig", "GroupMember"]
 
 #: the source name of Kafka partitions in the store's progress rows
 SOURCE = KAFKA_SOURCE
-#: message encodings (the OpenTelemetry Collector's words) -> serve's body forms
-ENCODINGS = {"json": "ndjson", "otlp_proto": "otlp-protobuf", "otlp_json": "otlp-json"}
 #: messages taken from the consumer per call (one-event messages: the batch's fixed costs, its validation and
 #: ingest, are spread over this many events; 20,000 gave 25% less, 100,000 no more)
 CONSUME_MESSAGES = 50_000
-#: a message larger than this (decoded) is rejected
-MAX_MESSAGE_BYTES = 256 << 20
 
 
 @dataclass
@@ -148,15 +144,6 @@ class ConsumeConfig:
             "enable.partition.eof": self.exit_at_end,
             **self.client,
         }
-
-
-def decode_message(value: bytes | None, config: ConsumeConfig) -> tuple[EventBatch, list[tuple[int, str]]]:
-    """A message's value -> its valid events and ``(index, reason)`` per rejected record (the NDJSON line, or the
-    span's index in the export). Raises :class:`~drainpipe.errors.BadBody` for a value that does not decode."""
-    if value is None:
-        raise BadBody(400, TOMBSTONE)
-    return decode_body(value, form=ENCODINGS[config.encoding], gzipped=False, max_decoded=MAX_MESSAGE_BYTES,
-                       max_events=1 << 40, spans=config.spans, endpoints=config.endpoints)  # fmt: skip
 
 
 @dataclass
@@ -317,33 +304,15 @@ class GroupMember:
                     self.observe(table)
 
     def _decode(self, messages: list[Any]) -> EventBatch:
-        """The valid events of ``messages``; every reject to the dead letter. JSON values are validated as one
-        NDJSON block (a call per message would cost more than the events of one-event messages)."""
-        if not self.config.encoding.startswith("otlp"):
-            return self._decode_json(messages)
-        batches = []
-        for m in messages:
-            source = message_source(m.topic(), m.partition())
-            try:
-                batch, rejects = decode_message(m.value(), self.config)
-            except BadBody as exc:
-                self._reject(source, m.offset(), m.value(), exc.message)
-                continue
-            self.stats.add_accepted(batch.num_rows)
-            text = message_text(m.value()) if rejects else ""
-            for index, reason in rejects:
-                self._reject(source, m.offset(), {"span": index, "value": text}, reason)
-            if batch.num_rows:
-                batches.append(batch)
-        return EventBatch.join(batches)
-
-    def _decode_json(self, messages: list[Any]) -> EventBatch:
-        batch, rejects = json_values([m.value() for m in messages])
+        """The valid events of ``messages``; every reject to the dead letter (:func:`~drainpipe.inputs.messages.
+        decode_values`: JSON values validated as one NDJSON block, OTLP values one export each)."""
+        config = self.config
+        batch, rejects = decode_values([m.value() for m in messages], config.encoding, config.spans, config.endpoints)
         self.stats.add_accepted(batch.num_rows)
         for k, raw, reason in rejects:
             m = messages[k]
             self._reject(message_source(m.topic(), m.partition()), m.offset(), raw, reason)
-        return EventBatch.of(batch) if batch.num_rows else EventBatch.empty()
+        return batch
 
     def _reject(self, source: str, offset: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)

@@ -17,9 +17,10 @@ the checkpoint, not in a group.
 The connector is Spark's ``spark-sql-kafka-0-10`` of the installed PySpark's version, which Spark fetches from
 Maven Central itself (``spark.jars.packages``, :func:`connector_package`), driver and executors alike.
 
-Messages are decoded by :func:`drainpipe.inputs.messages.json_values`, as ``consume`` decodes them (``--encoding
-json``: one event or NDJSON lines per message); a tombstone or a line that does not validate goes to the dead
-letter as ``{"source": "kafka:<topic>/<partition>", "line": <offset>, ...}``. OTLP encodings are not yet read here.
+Messages are decoded by :func:`drainpipe.inputs.messages.decode_values`, as ``consume`` decodes them (``--encoding
+json``: one event or NDJSON lines per message; ``otlp_proto``/``otlp_json``: an OTLP export per message, which needs
+opentelemetry-proto and ptars on the executors, as OTLP files do); a tombstone or a record that does not validate
+goes to the dead letter as ``{"source": "kafka:<topic>/<partition>", "line": <offset>, ...}``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ import pyarrow as pa
 
 from drainpipe.errors import UsageError
 from drainpipe.inputs import DeadLetter, Part, Position, ReadStats, jsonable
-from drainpipe.inputs.messages import KAFKA_SOURCE, json_values, message_source, partition_part
+from drainpipe.inputs.endpoints import EndpointRules
+from drainpipe.inputs.messages import ENCODINGS, KAFKA_SOURCE, decode_values, message_source, partition_part
+from drainpipe.inputs.spans import SpanMapping
 from drainpipe.pipeline import Definitions, open_books
 
 from . import skew
@@ -63,9 +66,8 @@ class KafkaTopics:
            max_messages: int | None = None) -> KafkaTopics:  # fmt: skip
         """The topics, with the cluster's id asked of the brokers (confluent-kafka; a :class:`UsageError` in one
         line when it is not installed, the brokers cannot be reached or the encoding is not read here)."""
-        if encoding != "json":
-            raise UsageError(f"the Spark stream reads --encoding json only, not {encoding!r} (drainpipe consume "
-                             "reads the OTLP encodings)")  # fmt: skip
+        if encoding not in ENCODINGS:
+            raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
         try:
             from confluent_kafka import KafkaException
             from confluent_kafka.admin import AdminClient
@@ -101,11 +103,13 @@ def _topic_split(index: int, topic: str, partition: int) -> Split:
     return Split(index, Part(message_source(topic, partition), "kafka", False, 0), 1)
 
 
-def decode_messages(starts: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
+def decode_messages(
+    starts: Mapping[tuple[str, int], tuple[int, int]], encoding: str, spans: SpanMapping, endpoints: EndpointRules
+) -> Any:
     """The ``mapInArrow`` function over a micro-batch's messages (``topic, partition, offset, value``): for each
     partition in ``starts`` (``(split index, first offset not yet in the store)``), its messages from that offset
-    decoded into events (EVENT rows), their rejects (REJECT rows, ``line`` the offset) and counts (SPLIT rows).
-    Plain data only: it runs in the executors."""
+    decoded (``encoding``) into events (EVENT rows), their rejects (REJECT rows, ``line`` the offset) and counts
+    (SPLIT rows). Plain data only: it runs in the executors."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stats, first = ReadStats(), None  # the task's counts, on one SPLIT row (the report sums them)
@@ -122,7 +126,8 @@ def decode_messages(starts: Mapping[tuple[str, int], tuple[int, int]]) -> Any:
             if not keep:
                 continue
             first = starts[(topics[keep[0]], partitions[keep[0]])][0] if first is None else first
-            events, rejects = json_values([values[i] for i in keep])
+            decoded, rejects = decode_values([values[i] for i in keep], encoding, spans, endpoints)
+            events = decoded.rows
             stats.add_accepted(events.num_rows)
             if rejects:
                 for _, _, reason in rejects:
@@ -180,7 +185,8 @@ def ingest_messages(
     if not splits:
         return summary
     messages = frame.select("topic", "partition", "offset", "value")
-    events = messages.mapInArrow(decode_messages(starts), spark_schema(EVENT_ROWS))
+    decode = decode_messages(starts, source.encoding, definitions.spans, definitions.endpoints)
+    events = messages.mapInArrow(decode, spark_schema(EVENT_ROWS))
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
     result: JobResult = per_type_stage(spark, events, definitions, skew.hash_placement(partitions),
                                        replace(options, stream_metrics=True), splits)  # fmt: skip
