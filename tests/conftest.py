@@ -54,3 +54,20 @@ def pg_url() -> Iterator[str]:
                 con.execute(f"DROP SCHEMA {schema} CASCADE")
         except psycopg.Error:
             pass
+
+
+@pytest.fixture(scope="module")
+def servers() -> str:
+    """The Kafka broker `make test` starts (``host:port``), warmed (kafka_testlib)."""
+    from kafka_testlib import warm_broker
+
+    return warm_broker()
+
+
+@pytest.fixture
+def no_member_left() -> Iterator[None]:
+    """After the test, kill every ``drainpipe consume`` member it started that still runs (kafka_testlib)."""
+    from kafka_testlib import kill_members
+
+    yield
+    kill_members()

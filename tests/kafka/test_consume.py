@@ -38,7 +38,7 @@ from kafka_testlib import (
     wait_for_commit,
 )
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
 
 
 def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_once(servers: str, tmp_path: Path) -> None:

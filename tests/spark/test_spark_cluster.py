@@ -143,15 +143,15 @@ def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Pat
 
 
 @pytest.mark.kafka
+@pytest.mark.usefixtures("no_member_left")
 def test_a_kafka_stream_on_the_cluster_and_through_connect_stores_what_consume_stores(
-    cluster, connect_full, tmp_path: Path
+    cluster, connect_full, servers: str, tmp_path: Path
 ) -> None:
     """``drainpipe stream --bootstrap-servers`` on the standalone cluster (its executors, with nothing of ours, get
     the connector from the driver) and through Spark Connect (the server started with the connector): both stores
     equal the one ``drainpipe consume`` fills from the same topic."""
-    from kafka_testlib import consume, finish, new_topic, produce, rejected, warm_broker
+    from kafka_testlib import consume, finish, new_topic, produce, rejected
 
-    servers = warm_broker()
     topic = new_topic(servers, 2)
     produce(servers, topic, 3_000, seed=6)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,28 +19,15 @@ from kafka_testlib import (
     POISON,
     consume,
     finish,
-    kill_members,
     new_topic,
     produce,
     produce_otlp,
     rejected,
     stored_calls,
-    warm_broker,
 )
 
-pytestmark = [*SPARK, pytest.mark.kafka]
+pytestmark = [*SPARK, pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="module")
-def servers() -> str:
-    return warm_broker()
-
-
-@pytest.fixture(autouse=True)
-def no_member_left() -> Iterator[None]:
-    yield
-    kill_members()
 
 
 def test_a_stream_from_kafka_killed_after_a_stored_micro_batch_stores_what_consume_stores(
