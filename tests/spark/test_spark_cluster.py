@@ -148,27 +148,52 @@ def test_a_kafka_stream_on_the_cluster_and_through_connect_stores_what_consume_s
     cluster, connect_full, servers: str, tmp_path: Path
 ) -> None:
     """``drainpipe stream --bootstrap-servers`` on the standalone cluster (its executors, with nothing of ours, get
-    the connector from the driver) and through Spark Connect (the server started with the connector): both stores
-    equal the one ``drainpipe consume`` fills from the same topic."""
+    the connector from the driver), its driver killed (SIGKILL) right after micro-batch 0 reached the store and
+    before Spark marked it committed, then restarted from the checkpoint; and through Spark Connect (the server
+    started with the connector). Both stores equal the one ``drainpipe consume`` fills from the same topic, and
+    both dead letters hold its rejects once."""
     from kafka_testlib import consume, finish, new_topic, produce, rejected
 
     topic = new_topic(servers, 2)
     produce(servers, topic, 3_000, seed=6)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
-    common = [sys.executable, "-m", "drainpipe.cli", "stream", "-q", "--bootstrap-servers", servers, "--topic", topic,
-              "--trigger-once"]  # fmt: skip
-    run = lambda *args: subprocess.Popen([*common, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True)  # fmt: skip
-    # side by side: each is mostly a driver starting
-    on_cluster = run("--spark-master", cluster.master, "--spark-conf", f"spark.pyspark.python={cluster.python}",
-                     "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.executor.cores=1",
-                     "--store", "duckdb:///cluster.duckdb", "--checkpoint", "ck-cluster", "--dead-letter", "cluster.jsonl")  # fmt: skip
-    through = run("--spark-remote", connect_full.remote, "--store", "duckdb:///connect.duckdb", "--checkpoint",
-                  "ck-connect", "--dead-letter", "connect.jsonl")  # fmt: skip
-    for proc in (on_cluster, through):
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
+    through = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "drainpipe.cli",
+            "stream",
+            "-q",
+            "--bootstrap-servers",
+            servers,
+            "--topic",
+            topic,
+            "--trigger-once",
+            "--spark-remote",
+            connect_full.remote,
+            "--store",
+            "duckdb:///connect.duckdb",
+            "--checkpoint",
+            "ck-connect",
+            "--dead-letter",
+            "connect.jsonl",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip  (side by side: each is mostly a driver starting)
+    args = [sys.executable, str(HERE / "stream_child.py"), f"kafka://{servers}/{topic}",
+            f"duckdb:///{tmp_path / 'cluster.duckdb'}", str(tmp_path / "ck-cluster"), str(tmp_path / "cluster.jsonl")]  # fmt: skip
+    killed = subprocess.run([*args, "0", cluster.master, cluster.python], cwd=HERE, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert killed.returncode == -9 and "batch 0 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
+    resumed = subprocess.run([*args, "-1", cluster.master, cluster.python], cwd=HERE, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, err = through.communicate(timeout=600)
+    assert through.returncode == 0, err[-4000:]
     assert_same_results(reference, f"duckdb:///{tmp_path / 'cluster.duckdb'}", default_definitions())
     assert rejected(tmp_path / "cluster.jsonl") == rejected(tmp_path / "consume.jsonl")
     assert_same_results(reference, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())

@@ -1,62 +1,58 @@
-"""``drainpipe stream --bootstrap-servers``: Spark's Kafka source into the store, the same values as ``drainpipe
-consume`` on the same topic, against the real broker `make test` starts. Poison messages go to the dead letter with
-topic, partition and offset, as consume sends them; a stream killed between a micro-batch's store commit and Spark's
-commit of it counts every event once when restarted."""
+"""``drainpipe stream --bootstrap-servers`` on ``local[2]`` (in this process: one session for the module, with the
+connector): Spark's Kafka source into the store, the same values as ``drainpipe consume`` on the same topic, against
+the real broker `make test` starts; poison messages in the dead letter with topic, partition and offset, as consume
+writes them; a rerun from the checkpoint finds nothing new; OTLP protobuf messages. The kill of a stream between a
+micro-batch's store commit and Spark's commit of it is in test_spark_cluster.py (on the standalone cluster)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from spark_testlib import SPARK, assert_same_results
 
+from conftest import TEST_CONF
 from drainpipe.pipeline.definitions import default_definitions
-from kafka_testlib import (
-    DRAINPIPE,
-    POISON,
-    consume,
-    finish,
-    new_topic,
-    produce,
-    produce_otlp,
-    rejected,
-    stored_calls,
-)
+from drainpipe.spark import KafkaTopics, run_stream
+from drainpipe.spark.kafka import connector_package
+from kafka_testlib import consume, finish, new_topic, produce, produce_otlp, rejected, stored_calls
 
 pytestmark = [*SPARK, pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
-HERE = Path(__file__).parent
 
 
-def test_a_stream_from_kafka_killed_after_a_stored_micro_batch_stores_what_consume_stores(
-    servers: str, tmp_path: Path
-) -> None:
-    """The stream (100 messages a micro-batch) kills itself (SIGKILL) right after micro-batch 0 reached the store,
-    before Spark marked it committed in its checkpoint: the worst moment for exactly once. Restarted from the
-    checkpoint, Spark runs batch 0 again, which finds its offsets in the store and changes nothing, then the rest.
-    The store then holds what ``drainpipe consume`` stores from the same topic, and the dead letter each of its
-    rejects once."""
+@pytest.fixture(scope="module")
+def kafka_spark() -> Iterator[object]:
+    from drainpipe.spark import spark_session
+
+    session = spark_session("local[2]", {**TEST_CONF, "spark.jars.packages": connector_package()})
+    yield session
+    session.stop()
+
+
+def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding: str = "json") -> dict:
+    return run_stream(KafkaTopics.at(servers, [topic], encoding), spark=session,
+                      store_url=f"duckdb:///{tmp_path / 'stream.duckdb'}", checkpoint=str(tmp_path / "ck"),
+                      dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
+
+
+def test_a_stream_from_kafka_stores_what_consume_stores(kafka_spark, servers: str, tmp_path: Path) -> None:
     topic = new_topic(servers, 3)
-    calls = produce(servers, topic, 6_000, seed=4)  # with the poison messages
+    calls = produce(servers, topic, 6_000, seed=3)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
     assert stored_calls(reference) == calls
-    url, dead = f"duckdb:///{tmp_path / 'stream.duckdb'}", tmp_path / "stream.jsonl"
-    args = [sys.executable, str(HERE / "stream_child.py"), f"kafka://{servers}/{topic}", url, str(tmp_path / "ck"),
-            str(dead)]  # fmt: skip
-    killed = subprocess.run([*args, "0"], cwd=HERE, capture_output=True, text=True, timeout=600)
-    assert killed.returncode == -9 and "batch 0 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
-    assert 0 < sum(stored_calls(url).values()) < sum(calls.values())
-    resumed = subprocess.run([*args, "-1"], cwd=HERE, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_results(reference, url, default_definitions())
-    assert Counter(reason for _, _, reason in rejected(dead)) == Counter(reason for _, reason in POISON)
-    assert rejected(dead) == rejected(tmp_path / "consume.jsonl")  # the same topic/partition, offset and reason
+    summary = _stream(kafka_spark, servers, topic, tmp_path)
+    assert (summary["accepted"], summary["rejected"]) == (sum(calls.values()), 4), summary
+    assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
+    # topic/partition, offset and reason of each poison message, once
+    assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
+    assert (tmp_path / "stream.jsonl").read_text().count("\n") == 4
+    again = _stream(kafka_spark, servers, topic, tmp_path)
+    assert again["read"] == 0, again
 
 
-def test_otlp_protobuf_messages_stream_as_consume_reads_them(servers: str, tmp_path: Path) -> None:
+def test_otlp_protobuf_messages_stream_as_consume_reads_them(kafka_spark, servers: str, tmp_path: Path) -> None:
     """``--encoding otlp_proto`` (an export per message, as the Collector's Kafka exporter writes): the same store
     and the same reject (the message that is not an export) as ``consume``."""
     topic = new_topic(servers, 2)
@@ -65,14 +61,8 @@ def test_otlp_protobuf_messages_stream_as_consume_reads_them(servers: str, tmp_p
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--encoding", "otlp_proto",
                    "--exit-at-end"))  # fmt: skip
     assert stored_calls(reference) == +calls
-    url, dead = f"duckdb:///{tmp_path / 'stream.duckdb'}", tmp_path / "stream.jsonl"
-    done = subprocess.run(
-        [DRAINPIPE, "stream", "-q", "--bootstrap-servers", servers, "--topic", topic, "--encoding", "otlp_proto",
-         "--store", url, "--checkpoint", str(tmp_path / "ck"), "--dead-letter", str(dead), "--trigger-once",
-         "--spark-master", "local[2]"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert_same_results(reference, url, default_definitions())
-    [(source, _, reason)] = rejected(dead)
-    assert rejected(dead) == rejected(tmp_path / "consume.jsonl") and reason.startswith("invalid OTLP protobuf")
+    _stream(kafka_spark, servers, topic, tmp_path, "otlp_proto")
+    assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
+    [(_, _, reason)] = rejected(tmp_path / "stream.jsonl")
+    assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
+    assert reason.startswith("invalid OTLP protobuf")
