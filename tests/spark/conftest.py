@@ -1,10 +1,13 @@
-"""Spark test set-up: one local[2] SparkSession per test module."""
+"""Spark test set-up: one local[2] SparkSession per test module, all in one JVM (PySpark starts it once per
+process), which has the Kafka connector from the start: packages are only resolved when the JVM starts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+
+from drainpipe.spark.kafka import connector_package
 
 #: small and quiet: two cores, 8 shuffle partitions, no UI
 TEST_CONF = {
@@ -13,6 +16,7 @@ TEST_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    "spark.jars.packages": connector_package(),
 }
 
 

@@ -1,33 +1,21 @@
-"""``drainpipe stream --bootstrap-servers`` on ``local[2]`` (in this process: one session for the module, with the
-connector): Spark's Kafka source into the store, the same values as ``drainpipe consume`` on the same topic, against
+"""``drainpipe stream --bootstrap-servers`` on ``local[2]`` (in this process, on the module's session, whose JVM has
+the connector): Spark's Kafka source into the store, the same values as ``drainpipe consume`` on the same topic, against
 the real broker `make test` starts; poison messages in the dead letter with topic, partition and offset, as consume
 writes them; a rerun from the checkpoint finds nothing new; OTLP protobuf messages. The kill of a stream between a
 micro-batch's store commit and Spark's commit of it is in test_spark_cluster.py (on the standalone cluster)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from spark_testlib import SPARK, assert_same_results
 
-from conftest import TEST_CONF
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.spark import KafkaTopics, run_stream
-from drainpipe.spark.kafka import connector_package
 from kafka_testlib import consume, finish, new_topic, produce, produce_otlp, rejected, stored_calls
 
 pytestmark = [*SPARK, pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
-
-
-@pytest.fixture(scope="module")
-def kafka_spark() -> Iterator[object]:
-    from drainpipe.spark import spark_session
-
-    session = spark_session("local[2]", {**TEST_CONF, "spark.jars.packages": connector_package()})
-    yield session
-    session.stop()
 
 
 def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding: str = "json") -> dict:
@@ -36,23 +24,23 @@ def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding:
                       dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
 
 
-def test_a_stream_from_kafka_stores_what_consume_stores(kafka_spark, servers: str, tmp_path: Path) -> None:
+def test_a_stream_from_kafka_stores_what_consume_stores(spark, servers: str, tmp_path: Path) -> None:
     topic = new_topic(servers, 3)
     calls = produce(servers, topic, 6_000, seed=3)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
     assert stored_calls(reference) == calls
-    summary = _stream(kafka_spark, servers, topic, tmp_path)
+    summary = _stream(spark, servers, topic, tmp_path)
     assert (summary["accepted"], summary["rejected"]) == (sum(calls.values()), 4), summary
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     # topic/partition, offset and reason of each poison message, once
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
     assert (tmp_path / "stream.jsonl").read_text().count("\n") == 4
-    again = _stream(kafka_spark, servers, topic, tmp_path)
+    again = _stream(spark, servers, topic, tmp_path)
     assert again["read"] == 0, again
 
 
-def test_otlp_protobuf_messages_stream_as_consume_reads_them(kafka_spark, servers: str, tmp_path: Path) -> None:
+def test_otlp_protobuf_messages_stream_as_consume_reads_them(spark, servers: str, tmp_path: Path) -> None:
     """``--encoding otlp_proto`` (an export per message, as the Collector's Kafka exporter writes): the same store
     and the same reject (the message that is not an export) as ``consume``."""
     topic = new_topic(servers, 2)
@@ -61,7 +49,7 @@ def test_otlp_protobuf_messages_stream_as_consume_reads_them(kafka_spark, server
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--encoding", "otlp_proto",
                    "--exit-at-end"))  # fmt: skip
     assert stored_calls(reference) == +calls
-    _stream(kafka_spark, servers, topic, tmp_path, "otlp_proto")
+    _stream(spark, servers, topic, tmp_path, "otlp_proto")
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     [(_, _, reason)] = rejected(tmp_path / "stream.jsonl")
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")

@@ -425,6 +425,8 @@ def _entity_bound(meta: pa.Table) -> dict[str, int]:
 
 #: the streamed metric states are cut into at least this many chunks (each holds all the rows of its entities)
 _STREAM_PARTITIONS = 64
+#: an input group of more bytes than this streams its merged metric states to the driver (``stream_metrics``)
+STREAM_METRICS_ABOVE_BYTES = 256 << 20
 
 
 def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter[str]) -> Iterator[Partial]:
@@ -634,7 +636,10 @@ def ingest_files(
         for wanted, items in groups.items():
             selected = definitions.select(wanted)
             splits = plan_splits([part for _, part in items])
-            result = aggregate_splits(spark, splits, selected, replace(options, stream_metrics=True), accumulators)
+            # a large input's merged metric states reach the driver one partition at a time; a small one's at once
+            # (the streamed merge's 64 partitions' jobs cost seconds: half of a small stream's micro-batch)
+            stream = sum(part.nbytes for _, part in items) > STREAM_METRICS_ABOVE_BYTES
+            result = aggregate_splits(spark, splits, selected, replace(options, stream_metrics=stream), accumulators)
             for (file, part), split in zip(items, splits):
                 end = result.ends.get(split.index)
                 position = part.end_position
@@ -648,7 +653,10 @@ def ingest_files(
             metric_rows = [0]
 
             def chunks(result: JobResult = result, metric_rows: list[int] = metric_rows) -> Iterator[Partial]:
-                yield from result.partials  # the top-Ns
+                for partial in result.partials:  # the top-Ns (and the metrics, not streamed)
+                    if isinstance(partial, MetricPartial):
+                        metric_rows[0] += _value_rows([partial], metrics=True)
+                    yield partial
                 for chunk in result.metric_chunks() if result.metric_chunks is not None else ():
                     metric_rows[0] += _value_rows([chunk], metrics=True)  # exact: a chunk has all of its entities
                     yield chunk
