@@ -30,7 +30,7 @@ from typing import Any
 from ..pipeline import GRANULARITY_MS, Definitions, MetricDef, parse_time, parse_time_ms
 from .live import display_format
 
-__all__ = ["RANGES", "service_view"]
+__all__ = ["RANGES", "service_view", "service_view_of_query"]
 
 #: buckets shown per range
 RANGES = {"minute": 60, "hour": 48, "day": 30}
@@ -45,6 +45,16 @@ def _by_function(metrics: list[MetricDef]) -> dict[str, MetricDef]:
         key = "errors" if m.function == "count" and m.where and "status" in m.where else m.function
         out.setdefault(key, m)
     return out
+
+
+def service_view_of_query(store: Any, definitions: Definitions, query: str) -> dict[str, Any]:
+    """:func:`service_view` of a request's query string (``service=NAME&range=minute|hour|day&end=T``), as
+    ``GET /v1/service`` takes it (``serve``'s and a Kafka member's); the same errors."""
+    import urllib.parse
+
+    args = urllib.parse.parse_qs(query)
+    arg = lambda name, default=None: args.get(name, [default])[-1]
+    return service_view(store, definitions, arg("service", ""), arg("range", "minute"), arg("end"))
 
 
 def service_view(store: Any, definitions: Definitions, service: str, granularity: str = "minute",

@@ -53,14 +53,13 @@ import socket
 import sys
 import threading
 import time
-import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BadBody, IngestRefused, StoreError
 from .auth import bearer_ok
 from .dashboard import PAGE
-from .drilldown import service_view
+from .drilldown import service_view_of_query
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
@@ -173,11 +172,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, svc.stats_view())
         elif path == "/v1/service":
             if self._authorized():
-                query = urllib.parse.parse_qs(self.path.partition("?")[2])
-                arg = lambda name, default=None: query.get(name, [default])[-1]
                 try:
-                    view = service_view(svc.store, svc.definitions, arg("service", ""), arg("range", "minute"),
-                                        arg("end"))  # fmt: skip
+                    view = service_view_of_query(svc.store, svc.definitions, self.path.partition("?")[2])
                 except (ValueError, StoreError) as exc:
                     self._error(400, str(exc))
                 else:

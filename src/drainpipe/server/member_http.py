@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -44,7 +43,7 @@ from prometheus_client.registry import Collector
 from ..errors import StoreError
 from ..inputs import EventBatch
 from .dashboard import PAGE
-from .drilldown import service_view
+from .drilldown import service_view_of_query
 from .live import Intake, LiveOptions, Sampler
 from .red import RedMetrics
 
@@ -171,11 +170,8 @@ class MemberEndpoints:
                 elif path == "/v1/stats":
                     self._json(200, sampler.view())
                 elif path == "/v1/service":
-                    args = urllib.parse.parse_qs(query)
-                    arg = lambda name, default=None: args.get(name, [default])[-1]
                     try:
-                        self._json(200, service_view(view.store, view.definitions, arg("service", ""),
-                                                     arg("range", "minute"), arg("end")))  # fmt: skip
+                        self._json(200, service_view_of_query(view.store, view.definitions, query))
                     except (ValueError, StoreError) as exc:
                         self._json(400, {"error": str(exc), "status": 400})
                 else:

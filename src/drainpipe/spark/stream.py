@@ -155,13 +155,8 @@ class _MicroBatches:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         c = self._context
-        if c["kafka"] is not None:
-            summary = ingest_messages(c["session"], frame, c["kafka"], c["definitions"], c["store"],
-                                      c["dead_letter"], c["options"])  # fmt: skip
-            ignored = 0
-        else:
-            summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
-                                             c["options"])  # fmt: skip
+        summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
+                                         c["options"], c["kafka"])  # fmt: skip
         with self._lock:
             _add(self.totals, summary, ignored)
         if c["on_batch"] is not None:
@@ -188,9 +183,18 @@ def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
 
 
 def _ingest_batch(
-    frame: DataFrame, session: Any, definitions: Definitions, store: Any, dead_letter: DeadLetter, options: JobOptions
+    frame: DataFrame,
+    session: Any,
+    definitions: Definitions,
+    store: Any,
+    dead_letter: DeadLetter,
+    options: JobOptions,
+    kafka: KafkaTopics | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """One micro-batch (its new files' paths) through :func:`ingest_files`: (its summary, files skipped)."""
+    """One micro-batch: its messages through :func:`ingest_messages` (``kafka``), or its new files' paths through
+    :func:`ingest_files`: (its summary, files skipped)."""
+    if kafka is not None:
+        return ingest_messages(session, frame, kafka, definitions, store, dead_letter, options), 0
     paths, ignored = [], 0
     for row in frame.select("path").collect():
         path = _local_path(row.path)
@@ -227,11 +231,8 @@ class _ConnectBatches:
         store = open_store(self.store_url)
         try:
             with DeadLetter(self.dead_letter) as dl:
-                if self.kafka is not None:
-                    summary = ingest_messages(session, frame, self.kafka, self.definitions, store, dl, self.options)
-                    ignored = 0
-                else:
-                    summary, ignored = _ingest_batch(frame, session, self.definitions, store, dl, self.options)
+                summary, ignored = _ingest_batch(frame, session, self.definitions, store, dl, self.options,
+                                                 self.kafka)  # fmt: skip
         finally:
             store.close()
         _add(self.totals, summary, ignored)
