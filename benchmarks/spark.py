@@ -35,6 +35,17 @@ and the longest task, which is the stage's time on a cluster with a core per par
 
     .venv/bin/python benchmarks/spark.py [--events 5000000] [--runs 3] [--master local[*]]
     .venv/bin/python benchmarks/spark.py --cluster    # local[2] beside a standalone cluster (spark-cluster.json)
+    .venv/bin/python benchmarks/spark.py --stream --servers HOST:PORT    # streaming: Kafka beside files
+
+3. **Streaming** (``--stream``, its own run; default 1M events): ``drainpipe stream`` from a Kafka topic beside
+   ``drainpipe stream`` over a directory of files, on the same events. The events (the skewed default workload,
+   as in ``benchmarks/kafka.py``) are written once as JSON Lines, cut into ``--files`` files in a directory, and
+   produced once into a topic of 6 partitions on the broker of ``scripts/kafka.sh start`` (NDJSON messages of 100
+   events). Each run, interleaved, is ``drainpipe stream --trigger-once`` from start to exit into a fresh DuckDB
+   file with a fresh checkpoint: ``file stream`` (``--input DIR``: Spark's file source, the batch engine per
+   micro-batch) and ``kafka stream`` (``--bootstrap-servers ... --topic ...``: Spark's Kafka source, every message
+   in one micro-batch). The two stores are checked to hold the same values first; medians of ``--runs``, events/s,
+   and the Kafka stream's ratio to the file stream (no target yet): ``spark-stream.json``.
 """
 
 from __future__ import annotations
@@ -44,9 +55,11 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -380,16 +393,95 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
     return 0
 
 
+def split_file(path: Path, directory: Path, files: int) -> Path:
+    """``path``'s lines cut into ``files`` JSON Lines files in ``directory`` (written once)."""
+    if not (directory / ".complete").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = path.read_bytes().splitlines(keepends=True)
+        step = -(-len(lines) // files)
+        for i in range(files):
+            (directory / f"part-{i:03d}.jsonl").write_bytes(b"".join(lines[i * step : (i + 1) * step]))
+        (directory / ".complete").touch()
+    return directory
+
+
+def one_stream(master: str, kind: str, source: list[str], work: Path) -> tuple[float, str]:
+    """One ``drainpipe stream --trigger-once`` run: (seconds, store URL)."""
+    name = f"{kind.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
+    store = f"duckdb:///{work / name}.duckdb"
+    cmd = [str(Path(sys.executable).with_name("drainpipe")), "stream", "-q", *source, "--checkpoint",
+           str(work / f"ck-{name}"), "--store", store, "--trigger-once", "--spark-master", master]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        raise SystemExit(f"{kind} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return wall, store
+
+
+def stream_comparison(args: argparse.Namespace) -> int:
+    """Section 3: the Kafka stream beside the file stream on the same events (see the module docstring)."""
+    from kafka import fill_topic, write_inputs
+    from pipeline import _compare, _rows_of
+
+    servers = args.servers.removeprefix("kafka://")
+    events = args.events or 1_000_000
+    cache = Path.home() / ".cache" / "drainpipe-bench" / "kafka"
+    path = write_inputs(cache, events)
+    directory = split_file(path, cache / f"stream-{events}-{args.files}", args.files)
+    topic = f"bench-stream-{uuid.uuid4().hex[:8]}"
+    messages = fill_topic(servers, topic, path, 100)
+    print(f"topic {topic}: {messages:,} messages of 100 events; {args.files} files in {directory}", flush=True)
+    sources = {"file stream": ["--input", str(directory)],
+               "kafka stream": ["--bootstrap-servers", servers, "--topic", topic]}  # fmt: skip
+    walls: dict[str, list[float]] = {k: [] for k in sources}
+    with tempfile.TemporaryDirectory(prefix="drainpipe-spark-stream-") as tmp:
+        work = Path(tmp)
+        stores = {kind: one_stream(args.master, kind, source, work)[1] for kind, source in sources.items()}
+        (ref, _), (got, _) = (_rows_of(Path(stores[k].removeprefix("duckdb:///"))) for k in sources)
+        common, problems = _compare(ref, got)
+        print(f"check: {common:,} value rows compared, {'the same' if not problems else '; '.join(problems)}")
+        for r in range(args.runs):
+            for kind, source in sources.items() if r % 2 == 0 else reversed(sources.items()):
+                wall, _ = one_stream(args.master, kind, source, work)
+                walls[kind].append(wall)
+                print(f"run {r + 1}: {kind:13s} {events / wall:>11,.0f} events/s ({wall:.2f} s)", flush=True)
+    rate = {k: events / statistics.median(v) for k, v in walls.items()}
+    print(f"\n{events:,} events, {args.master}, medians of {args.runs} runs, start to exit\n")
+    print("| contender | events/s | runs (s) | of the file stream |\n|---|---|---|---|")
+    for kind in sources:
+        runs = " / ".join(f"{w:.1f}" for w in walls[kind])
+        print(f"| {kind} | {rate[kind]:,.0f} | {runs} | {rate[kind] / rate['file stream']:.2f}x |")
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "events": events, "files": args.files, "runs": args.runs, "master": args.master,
+        "check": {"rows": common, "problems": problems},
+        "walls_s": walls, "events_per_s": rate,
+        "kafka_of_file": rate["kafka stream"] / rate["file stream"],
+    }  # fmt: skip
+    target = Path(args.out).with_name("spark-stream.json")
+    target.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwritten {target}")
+    return 1 if problems else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--events", type=int, default=None, help="default 5M (1M with --stream)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "drainpipe-bench"))
     parser.add_argument("--out", default=str(RESULTS / "spark.json"))
     parser.add_argument("--cluster", action="store_true",
                         help="the built-in section on local[2] and on a standalone cluster, side by side")  # fmt: skip
+    parser.add_argument("--stream", action="store_true", help="section 3: the Kafka stream beside the file stream")
+    parser.add_argument("--servers", default=os.environ.get("DRAINPIPE_TEST_KAFKA", "127.0.0.1:9092"),
+                        help="--stream: the Kafka broker (scripts/kafka.sh url)")  # fmt: skip
+    parser.add_argument("--files", type=int, default=8, help="--stream: files of the file stream")
     args = parser.parse_args()
+    if args.stream:
+        return stream_comparison(args)
+    args.events = args.events or 5_000_000
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()[0]

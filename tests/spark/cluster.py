@@ -107,10 +107,45 @@ def standalone_cluster(directory: Path, cores: int = 2) -> Iterator[Cluster]:
         shutil.rmtree(directory / "work", ignore_errors=True)
 
 
-@dataclass
 class ConnectServer:
-    remote: str  # sc://127.0.0.1:PORT
-    marker: Path  # one line per start of the server's task Python
+    """A running Spark Connect server (see :func:`connect_server`). ``restart()`` starts it again on the same port
+    after it died (a test killed it): the same ``remote`` then reaches the new one."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, port: int, marker: Path) -> None:
+        self.remote = f"sc://127.0.0.1:{port}"  # what clients connect to
+        self.marker = marker  # one line per start of the server's task Python
+        self._command, self._env, self._log, self._port = command, env, log, port
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        with open(self._log, "ab") as logs:
+            process = subprocess.Popen(self._command, env=self._env, stdout=logs, stderr=logs, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self._port)) == 0:
+                    return process
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.process = process
+                self.stop()
+                raise AssertionError("the Connect server did not start: " + self._log.read_text()[-3000:])
+            time.sleep(0.5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.process = self._start()
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
 
 
 @contextmanager
@@ -134,33 +169,15 @@ def connect_server(directory: Path, full_python: bool = False) -> Iterator[Conne
     env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(directory / "logs"),
            "SPARK_PID_DIR": str(directory), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": python,
            "SPARK_NO_DAEMONIZE": "1", "SPARK_CONNECT_MODE": "0"}  # fmt: skip
-    logs = open(directory / "connect.log", "ab")
-    server = subprocess.Popen(["bash", str(home / "sbin" / "spark-daemon.sh"), "submit",
-                               "org.apache.spark.sql.connect.service.SparkConnectServer", "1",
-                               "--name", "Spark Connect server", "--master", "local[2]",
-                               "--conf", f"spark.connect.grpc.binding.port={port}",
-                               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-                               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=8",
-                               *(["--conf", f"spark.jars.packages={connector_package()}"] if full_python else [])],
-                              env=env, stdout=logs, stderr=logs, start_new_session=True)  # fmt: skip
+    command = ["bash", str(home / "sbin" / "spark-daemon.sh"), "submit",
+               "org.apache.spark.sql.connect.service.SparkConnectServer", "1",
+               "--name", "Spark Connect server", "--master", "local[2]",
+               "--conf", f"spark.connect.grpc.binding.port={port}",
+               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=8",
+               *(["--conf", f"spark.jars.packages={connector_package()}"] if full_python else [])]  # fmt: skip
+    server = ConnectServer(command, env, directory / "connect.log", port, marker)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    "the Connect server did not start: " + (directory / "connect.log").read_text()[-3000:]
-                )
-            time.sleep(0.5)
-        yield ConnectServer(f"sc://127.0.0.1:{port}", marker)
+        yield server
     finally:
-        import signal
-
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(server.pid, signal.SIGKILL)
-        logs.close()
+        server.stop()

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster import connect_server, standalone_cluster
@@ -144,57 +145,60 @@ def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Pat
 
 @pytest.mark.kafka
 @pytest.mark.usefixtures("no_member_left")
-def test_a_kafka_stream_on_the_cluster_and_through_connect_stores_what_consume_stores(
+def test_a_kafka_stream_killed_on_the_cluster_and_through_connect_stores_what_consume_stores(
     cluster, connect_full, servers: str, tmp_path: Path
 ) -> None:
-    """``drainpipe stream --bootstrap-servers`` on the standalone cluster (its executors, with nothing of ours, get
-    the connector from the driver), its driver killed (SIGKILL) right after micro-batch 0 reached the store and
-    before Spark marked it committed, then restarted from the checkpoint; and through Spark Connect (the server
-    started with the connector). Both stores equal the one ``drainpipe consume`` fills from the same topic, and
-    both dead letters hold its rejects once."""
+    """``drainpipe stream --bootstrap-servers`` killed (SIGKILL) right after micro-batch 0 reached the store and
+    before Spark marked it committed, then restarted from its checkpoint, twice side by side: on the standalone
+    cluster (its executors, with nothing of ours, get the connector from the driver; the driver is killed), and
+    through Spark Connect (the query runs on the server, started with the connector: the server's JVM is killed,
+    then restarted on its port, then the stream). Both stores equal the one ``drainpipe consume`` fills from the
+    same topic, and both dead letters hold its rejects once."""
+    import threading
+
     from kafka_testlib import consume, finish, new_topic, produce, rejected
 
     topic = new_topic(servers, 2)
     produce(servers, topic, 3_000, seed=6)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
-    through = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "drainpipe.cli",
-            "stream",
-            "-q",
-            "--bootstrap-servers",
-            servers,
-            "--topic",
-            topic,
-            "--trigger-once",
-            "--spark-remote",
-            connect_full.remote,
-            "--store",
-            "duckdb:///connect.duckdb",
-            "--checkpoint",
-            "ck-connect",
-            "--dead-letter",
-            "connect.jsonl",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip  (side by side: each is mostly a driver starting)
-    args = [sys.executable, str(HERE / "stream_child.py"), f"kafka://{servers}/{topic}",
-            f"duckdb:///{tmp_path / 'cluster.duckdb'}", str(tmp_path / "ck-cluster"), str(tmp_path / "cluster.jsonl")]  # fmt: skip
-    killed = subprocess.run([*args, "0", cluster.master, cluster.python], cwd=HERE, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+
+    def child(name: str, kill_after: int, *master: str) -> list[str]:
+        return [sys.executable, str(HERE / "stream_child.py"), f"kafka://{servers}/{topic}",
+                f"duckdb:///{tmp_path / name}.duckdb", str(tmp_path / f"ck-{name}"), str(tmp_path / f"{name}.jsonl"),
+                str(kill_after), *master]  # fmt: skip
+
+    def in_the_window(name: str) -> bool:  # batch 0 planned, not marked committed: Spark will run it again
+        return (tmp_path / f"ck-{name}/offsets/0").exists() and not (tmp_path / f"ck-{name}/commits/0").exists()
+
+    outcome: dict[str, Any] = {}
+
+    def through_connect() -> None:
+        try:
+            client = subprocess.Popen(child("connect", 0, connect_full.remote), cwd=HERE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            connect_full.process.wait(600)  # killed by the batch's Python on the server
+            client.kill()  # (its client retries a dead server for minutes)
+            outcome["killed"] = in_the_window("connect"), client.communicate()[0][-3000:]
+            connect_full.restart()
+            outcome["resumed"] = subprocess.run(child("connect", -1, connect_full.remote), cwd=HERE,
+                                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        except BaseException as exc:  # (reported by the test's thread)
+            outcome["error"] = exc
+
+    side = threading.Thread(target=through_connect)
+    side.start()  # side by side: each is mostly a driver starting
+    killed = subprocess.run(child("cluster", 0, cluster.master, cluster.python), cwd=HERE, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
     assert killed.returncode == -9 and "batch 0 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
-    resumed = subprocess.run([*args, "-1", cluster.master, cluster.python], cwd=HERE, capture_output=True,
+    assert in_the_window("cluster")
+    resumed = subprocess.run(child("cluster", -1, cluster.master, cluster.python), cwd=HERE, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _, err = through.communicate(timeout=600)
-    assert through.returncode == 0, err[-4000:]
-    assert_same_results(reference, f"duckdb:///{tmp_path / 'cluster.duckdb'}", default_definitions())
-    assert rejected(tmp_path / "cluster.jsonl") == rejected(tmp_path / "consume.jsonl")
-    assert_same_results(reference, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
-    assert rejected(tmp_path / "connect.jsonl") == rejected(tmp_path / "consume.jsonl")
+    side.join(900)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["killed"][0], outcome["killed"][1]
+    assert outcome["resumed"].returncode == 0, outcome["resumed"].stderr[-3000:]
+    for name in ("cluster", "connect"):
+        assert_same_results(reference, f"duckdb:///{tmp_path / name}.duckdb", default_definitions())
+        assert rejected(tmp_path / f"{name}.jsonl") == rejected(tmp_path / "consume.jsonl"), name

@@ -23,7 +23,7 @@ the store URL and the dead letter's path), opens the store there for each micro-
 totals in a global temporary view of the server's application, which the client reads when the query ends.
 Hence the Connect server's Python needs drainpipe and its store driver (duckdb or psycopg) installed, and the store
 must be reachable from the server (a PostgreSQL URL, or a DuckDB path on the server's machine); the executors
-still need nothing of ours. Per-batch callbacks (``on_batch``) are not available there.
+still need nothing of ours. A per-batch callback (``on_batch``) is pickled with the function and runs there too.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def run_stream(
     ``trigger_once``: process everything present now (in as many micro-batches as ``max_files_per_trigger``
     makes) and return. Otherwise poll every ``poll_s`` seconds until ``stop_after_s`` elapses (None: until
     interrupted). ``checkpoint`` is the Structured Streaming checkpoint directory: restart with the same one to
-    resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit.
+    resume. ``on_batch(batch_id, summary)`` is called after each micro-batch's store commit (through Spark
+    Connect it runs on the server, so it must pickle, and its output goes to the server's log).
 
     Returns the summed counts (``read accepted rejected files unchanged_files ignored_files metrics_rows
     topn_rows``), ``batches``, ``elapsed_s`` and ``events_per_s``. ``remote``: a Spark Connect URL (default
@@ -107,7 +108,7 @@ def run_stream(
     if remote is not None or (spark is not None and is_connect(spark)):
         totals = _run_connect(
             input_dir, definitions, store_url, checkpoint, master, conf, trigger_once, stop_after_s,
-            dead_letter, spark, options or JobOptions(), poll_s, max_files_per_trigger, remote,
+            dead_letter, spark, options or JobOptions(), poll_s, max_files_per_trigger, remote, on_batch,
         )  # fmt: skip
         return add_rate(totals, t0)
     with (
@@ -216,10 +217,11 @@ class _ConnectBatches:
     view ``view`` (the function's session is not the client's, but both are in the server's application)."""
 
     def __init__(self, definitions: Definitions, store_url: str, dead_letter: str, options: JobOptions,
-                 view: str, kafka: KafkaTopics | None = None) -> None:  # fmt: skip
+                 view: str, kafka: KafkaTopics | None = None,
+                 on_batch: Callable[[int, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
         self.definitions, self.store_url, self.dead_letter, self.options, self.view = (
             definitions, store_url, dead_letter, options, view)  # fmt: skip
-        self.kafka = kafka
+        self.kafka, self.on_batch = kafka, on_batch
         self.totals = _new_totals()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -238,6 +240,8 @@ class _ConnectBatches:
         _add(self.totals, summary, ignored)
         row = json.dumps(dict(self.totals, reasons=dict(self.totals["reasons"])))
         session.createDataFrame([(row,)], "totals string").createOrReplaceGlobalTempView(self.view)
+        if self.on_batch is not None:
+            self.on_batch(batch_id, summary)
 
 
 def _absolute_store(url: str) -> str:
@@ -263,6 +267,7 @@ def _run_connect(
     poll_s: float,
     max_files: int | None,
     remote: str | None,
+    on_batch: Callable[[int, dict[str, Any]], None] | None,
 ) -> dict[str, Any]:
     """:func:`run_stream` through Spark Connect (see the module docstring); returns the totals."""
     import json
@@ -276,7 +281,7 @@ def _run_connect(
     view = f"drainpipe_stream_totals_{os.getpid()}_{int(time.time() * 1000)}"
     try:
         kafka = input_dir if isinstance(input_dir, KafkaTopics) else None
-        process = _ConnectBatches(definitions, store_url, target, options, view, kafka)
+        process = _ConnectBatches(definitions, store_url, target, options, view, kafka, on_batch)
         query = _start(session, input_dir, os.path.abspath(checkpoint), process, trigger_once, poll_s, max_files)
         _await(query, None if trigger_once else stop_after_s)
         from pyspark.errors import AnalysisException
