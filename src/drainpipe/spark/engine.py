@@ -150,6 +150,12 @@ class JobResult:
     # metric_chunks are consumed)
     overflow: Counter[str] = field(default_factory=Counter)
 
+    def all_partials(self) -> Iterator[Partial]:
+        """The partials, then the streamed metric chunks if any (once: chunks are consumed as they come)."""
+        yield from self.partials
+        if self.metric_chunks is not None:
+            yield from self.metric_chunks()
+
     def spread(self, measure: str = "seconds") -> dict[str, dict[str, float]]:
         """Per stage, :func:`~drainpipe.spark.skew.task_spread` of the tasks' wall ``seconds``, ``cpu``
         seconds or ``events``."""
@@ -653,13 +659,10 @@ def ingest_files(
             metric_rows = [0]
 
             def chunks(result: JobResult = result, metric_rows: list[int] = metric_rows) -> Iterator[Partial]:
-                for partial in result.partials:  # the top-Ns (and the metrics, not streamed)
+                for partial in result.all_partials():  # (exact per chunk: a chunk has all of its entities)
                     if isinstance(partial, MetricPartial):
                         metric_rows[0] += _value_rows([partial], metrics=True)
                     yield partial
-                for chunk in result.metric_chunks() if result.metric_chunks is not None else ():
-                    metric_rows[0] += _value_rows([chunk], metrics=True)  # exact: a chunk has all of its entities
-                    yield chunk
 
             try:
                 report = store.merge_chunks(selected.all, chunks(), progress=[r for f in files for r in f.rows()])

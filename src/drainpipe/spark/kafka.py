@@ -202,14 +202,8 @@ def ingest_messages(
     for held, end in zip(books, ends):
         held.advance(definitions.names, Position(end))
         rows += held.rows()
-
-    def chunks() -> Iterator[Any]:
-        yield from result.partials
-        if result.metric_chunks is not None:
-            yield from result.metric_chunks()
-
     try:
-        report = store.merge_chunks(definitions.all, chunks(), progress=rows)
+        report = store.merge_chunks(definitions.all, result.all_partials(), progress=rows)
     finally:
         if result.release is not None:
             result.release()
