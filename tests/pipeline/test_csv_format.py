@@ -178,6 +178,75 @@ def test_the_c_record_scan_equals_numpys(data: bytes, records: int, final: bool)
         assert c[0].tolist() == py[0].tolist() and c[1] == py[1]
 
 
+def _scan_by_bytes(data: bytes, begin: int, records: int, final: bool) -> tuple[list[int], int, bool]:
+    """The oracle of the C record scan: the strict reader's states, one byte at a time (field start, unquoted,
+    quoted, a quote inside quotes, a carriage return outside quotes); (ends, newlines before the last, malformed)."""
+    start, unquoted, quoted, quote_in_quoted, carriage = range(5)
+    state, ends, i = start, [], begin
+    while i < len(data) and len(ends) < records:
+        c = data[i : i + 1]
+        i += 1
+        if state == quoted:
+            state = quote_in_quoted if c == b'"' else quoted
+        elif state == carriage and c != b"\n":
+            return ends, _lines(data, begin, ends), True
+        elif c == b'"':
+            if state == unquoted:
+                return ends, _lines(data, begin, ends), True  # a quote inside an unquoted field
+            state = quoted
+        elif c == b",":
+            state = start
+        elif c == b"\r":
+            state = carriage
+        elif c == b"\n":
+            ends.append(i)
+            state = start
+        elif state == quote_in_quoted:
+            return ends, _lines(data, begin, ends), True  # text after a closing quote
+        else:
+            state = unquoted
+    malformed = final and len(ends) < records and state in (quoted, carriage)
+    return ends, _lines(data, begin, ends), malformed
+
+
+def _lines(data: bytes, begin: int, ends: list[int]) -> int:
+    return data.count(b"\n", begin, ends[-1]) if ends else 0
+
+
+_SCAN_BYTES = [b'"', b'""', b",", b"\r", b"\n", b"\r\n", b"a", b"b1", b" ", b"x" * 40, b'"' + b"q\n" * 20 + b'"']
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_SCAN_BYTES), max_size=120), st.data(), st.sampled_from([0, 1, 2, 5, 10_000]),
+       st.booleans())  # fmt: skip
+def test_the_c_record_scan_equals_the_readers_states(pieces: list[bytes], choose, records: int, final: bool):
+    """The C record scan (64-byte masks, a padded tail) gives exactly the byte-at-a-time reader's record ends,
+    newline count and verdict, from any start, across 64-byte boundaries."""
+    scanner = csv_format._scan_csv
+    assert scanner is not None
+    data = b"a" * choose.draw(st.integers(0, 130)) + b"".join(pieces)  # (moves what follows across a boundary)
+    begin = choose.draw(st.integers(0, len(data)))
+    raw, lines, malformed = scanner(data, begin, records, final)
+    assert (np.frombuffer(raw, np.int64).tolist(), lines, malformed) == _scan_by_bytes(data, begin, records, final)
+
+
+def test_the_c_record_scan_at_every_byte_around_a_64_byte_boundary():
+    """Each rule of the scan (a quote inside and after a field, escaped quotes, text after a closing quote, a bare
+    carriage return, quoted newlines) placed at every offset around the first 64-byte boundary: the reader's
+    verdict, ends and newlines."""
+    snippets = [b'"ab"c\n', b'"a""b"\n', b"a\rb\n", b"a\r\n", b'"q\nq"\n', b'a"b\n', b'"",x\n', b'"a"\r\nb\n', b'"\r"']
+    scanner = csv_format._scan_csv
+    assert scanner is not None
+    for snippet in snippets:
+        for pad in range(50, 70):
+            for tail in (b"", b"z,1\n"):
+                data = b"p" * (pad - 1) + b"\n" + snippet + tail
+                for final in (False, True):
+                    raw, lines, malformed = scanner(data, 0, 10_000, final)
+                    got = (np.frombuffer(raw, np.int64).tolist(), lines, malformed)
+                    assert got == _scan_by_bytes(data, 0, 10_000, final), (data, final)
+
+
 def test_csv_columns_take_the_clean_blocks():
     """The fast path is a real path: a clean block is read in columns, not by the reference."""
     from drainpipe.inputs import ReadStats, Sink

@@ -388,9 +388,8 @@ def _scan(data: bytes, begin: int, records: int, final: bool) -> tuple[np.ndarra
     the last end, and whether a record is not well-formed (``final``: ``data`` ends the file, its last record
     included). The C scanner gives the ends of the well-formed records before a malformed one; this fallback, none."""
     if _scan_csv is not None:
-        raw, malformed = _scan_csv(data, begin, records, final)
-        ends = np.frombuffer(raw, np.int64)
-        return ends, data.count(b"\n", begin, int(ends[-1])) if len(ends) else 0, malformed
+        raw, lines, malformed = _scan_csv(data, begin, records, final)
+        return np.frombuffer(raw, np.int64), lines, malformed
     buf = np.frombuffer(data, np.uint8)[begin:]
     newlines = np.flatnonzero(buf == 10)
     quotes = np.flatnonzero(buf == 34)
@@ -446,6 +445,28 @@ _INT_TS = r"^-?(?:0|[1-9][0-9]{0,17})$"  # JSON integer text that fits int64 (lo
 _NUMBER = "^" + NUMBER_RE.pattern + "$"
 
 
+def _plain_integers(cells: pa.Array) -> pa.Array:
+    """Which cells are ASCII digits without a leading zero, at most 18 of them: a subset of :data:`_INT_TS` that
+    takes a few plain kernels instead of a regex (the regex runs where a cell is not so)."""
+    length = pc.binary_length(cells)
+    return pc.and_(pc.and_(pc.ascii_is_decimal(cells), pc.less_equal(length, 18)),
+                   pc.or_(pc.invert(pc.starts_with(cells, "0")), pc.equal(length, 1)))  # fmt: skip
+
+
+def _plain_decimals(cells: pa.Array) -> pa.Array:
+    """Which cells are ``digits`` or ``digits.digits`` without a leading zero (``0`` and ``0.5`` are fine): a subset
+    of :data:`_NUMBER` in plain kernels (no sign, no exponent: those take the regex)."""
+    digits = pc.ascii_is_decimal(pc.replace_substring(cells, ".", "", max_replacements=1))
+    edges = pc.or_(pc.starts_with(cells, "."), pc.ends_with(cells, "."))
+    zero = pc.and_(pc.starts_with(cells, "0"), pc.invert(pc.or_(pc.equal(cells, "0"), pc.starts_with(cells, "0."))))
+    return pc.and_(digits, pc.invert(pc.or_(edges, zero)))
+
+
+def _all_or_empty(plain: pa.Array, cells: pa.Array) -> bool:
+    """Whether every cell is plain or empty (then the regex has nothing more to say)."""
+    return bool(pc.all(pc.or_(plain, pc.equal(cells, ""))).as_py())
+
+
 @functools.cache
 def _status_spellings() -> tuple[pa.Array, pa.Array]:
     """The ``status`` cells the columns type, and their values. Built on first use, not at import: pyarrow's first
@@ -488,8 +509,12 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
         return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
 
     ts, latency, status = cells("ts"), cells("latency_ms"), cells("status")
-    ts_ok = pc.match_substring_regex(ts, _INT_TS)
-    lat_ok = pc.match_substring_regex(latency, _NUMBER)
+    ts_ok = _plain_integers(ts)
+    if not _all_or_empty(ts_ok, ts):
+        ts_ok = pc.match_substring_regex(ts, _INT_TS)
+    lat_ok = _plain_decimals(latency)
+    if not _all_or_empty(lat_ok, latency):
+        lat_ok = pc.match_substring_regex(latency, _NUMBER)
     spellings, values = _status_spellings()
     status_at = pc.index_in(status, value_set=spellings)
     odd = ~(
