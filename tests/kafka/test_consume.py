@@ -291,3 +291,12 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
     assert "rejected 1" in out
     [(source, _, reason)] = rejected(dead)  # the one message that is not an export, once
     assert source.startswith(f"kafka:{topic}/") and reason.startswith("invalid OTLP protobuf"), reason
+
+
+def test_exit_at_end_on_a_topic_that_does_not_exist_is_one_clear_error(servers: str, tmp_path: Path) -> None:
+    """Draining a topic that is not there would wait for ever (a long-running member waits for it, warned)."""
+    member = consume(servers, "no-such-topic-here", "g-none", f"duckdb:///{tmp_path / 'n.duckdb'}",
+                     tmp_path / "dead.jsonl", "--exit-at-end")  # fmt: skip
+    out = member.communicate(timeout=60)[0]
+    assert member.returncode != 0 and "Kafka topic 'no-such-topic-here' does not exist" in out, out
+    assert "Traceback" not in out

@@ -218,9 +218,15 @@ class GroupMember:
 
         consumer = self._consumer
         try:
-            self.cluster = consumer.list_topics(timeout=30).cluster_id or "kafka"
+            metadata = consumer.list_topics(timeout=30)
         except KafkaException as exc:
             raise UsageError(f"cannot reach Kafka at {self.config.bootstrap_servers}: {exc}") from None
+        self.cluster = metadata.cluster_id or "kafka"
+        missing = [t for t in self.config.topics if t not in metadata.topics]
+        if missing and self.config.exit_at_end:  # (nothing to read to its end: it would wait for ever)
+            raise UsageError(f"Kafka topic {missing[0]!r} does not exist at {self.config.bootstrap_servers}")
+        if missing:  # a long-running member waits: the topic may be created later
+            log.warning("Kafka topic %r does not exist yet; waiting for it", missing[0])
         consumer.subscribe(self.config.topics, on_assign=self._assigned, on_revoke=self._revoked,
                            on_lost=self._lost)  # fmt: skip
         last = time.monotonic()
