@@ -1,0 +1,146 @@
+"""The OpenTelemetry Collector beside drainpipe: built here from its published Go modules, run on loopback.
+
+The peer of ``drainpipe serve`` for RED metrics from spans is the Collector with the spanmetrics connector. It is
+built by the OpenTelemetry Collector builder (``go.opentelemetry.io/collector/cmd/builder``, installed with ``go
+install``) from the manifest below: the OTLP receiver, the spanmetrics connector, the Prometheus and Kafka
+exporters and the batch processor, one release (core v0.165.0, contrib v0.165.1). The binary goes to
+``~/.cache/drainpipe-bench/otelcol-<release>/`` and is reused; nothing of it is committed, and ``make test`` never
+builds it (it takes a few minutes and the Go module proxy).
+
+    .venv/bin/python benchmarks/otelcol.py      # build (or find) the binary and print its path
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CORE = "v0.165.0"
+CONTRIB = "v0.165.1"
+HOME = Path.home() / ".cache" / "drainpipe-bench" / f"otelcol-{CONTRIB}"
+BINARY = HOME / "dist" / "otelcol-drainpipe"
+
+MANIFEST = f"""\
+dist:
+  name: otelcol-drainpipe
+  description: OpenTelemetry Collector for drainpipe's side-by-side benchmarks
+  output_path: {HOME / "dist"}
+receivers:
+  - gomod: go.opentelemetry.io/collector/receiver/otlpreceiver {CORE}
+processors:
+  - gomod: go.opentelemetry.io/collector/processor/batchprocessor {CORE}
+connectors:
+  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/connector/spanmetricsconnector {CONTRIB}
+exporters:
+  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter {CONTRIB}
+  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter {CONTRIB}
+"""
+
+
+def build() -> Path:
+    """The Collector binary, built once (``go install`` of the builder, then the builder over the manifest)."""
+    if BINARY.exists():
+        return BINARY
+    HOME.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GOBIN": str(HOME / "bin"), "CGO_ENABLED": "0"}
+    builder = HOME / "bin" / "builder"
+    if not builder.exists():
+        print(f"installing the Collector builder {CORE} ...", file=sys.stderr, flush=True)
+        subprocess.run(["go", "install", f"go.opentelemetry.io/collector/cmd/builder@{CORE}"], env=env, check=True)
+    (HOME / "manifest.yaml").write_text(MANIFEST)
+    print("building the Collector (a few minutes the first time) ...", file=sys.stderr, flush=True)
+    subprocess.run([str(builder), "--config", str(HOME / "manifest.yaml")], env=env, check=True, cwd=HOME)
+    return BINARY
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[float],
+           kafka: tuple[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The Collector's configuration (YAML is a superset of JSON): OTLP in, spanmetrics with ``buckets_ms`` as its
+    explicit histogram (milliseconds, cumulative, flushed every second, ``http.route`` as a dimension), the
+    Prometheus exporter out; with ``kafka`` (servers, topic), the spans also to that topic as OTLP protobuf."""
+    trace_exporters = ["spanmetrics"]
+    exporters: dict[str, Any] = {"prometheus": {"endpoint": f"127.0.0.1:{prom_port}"}}
+    if kafka is not None:
+        servers, topic = kafka
+        exporters["kafka"] = {"brokers": servers.split(","), "traces": {"topic": topic, "encoding": "otlp_proto"}}
+        trace_exporters.append("kafka")
+    return {
+        "receivers": {
+            "otlp": {
+                "protocols": {
+                    "grpc": {"endpoint": f"127.0.0.1:{grpc_port}"},
+                    "http": {"endpoint": f"127.0.0.1:{http_port}"},
+                }
+            }
+        },  # fmt: skip
+        "processors": {"batch": {}},
+        "connectors": {
+            "spanmetrics": {
+                "histogram": {"unit": "ms", "explicit": {"buckets": [f"{b}ms" for b in buckets_ms]}},
+                "dimensions": [{"name": "http.route"}],
+                "aggregation_temporality": "AGGREGATION_TEMPORALITY_CUMULATIVE",
+                "metrics_flush_interval": "1s",
+            }
+        },
+        "exporters": exporters,
+        "service": {
+            "telemetry": {"logs": {"level": "warn"}, "metrics": {"level": "none"}},
+            "pipelines": {
+                "traces": {"receivers": ["otlp"], "processors": ["batch"], "exporters": trace_exporters},
+                "metrics": {"receivers": ["spanmetrics"], "exporters": ["prometheus"]},
+            },
+        },
+    }
+
+
+class Collector:
+    """A running Collector (``with Collector(...) as c``): ``c.grpc`` / ``c.http`` the OTLP endpoints, ``c.metrics``
+    its Prometheus exporter's URL, ``c.proc`` the process."""
+
+    def __init__(self, work: Path, buckets_ms: list[float], kafka: tuple[str, str] | None = None) -> None:
+        self.grpc_port, self.http_port, self.prom_port = free_port(), free_port(), free_port()
+        self.path = work / "otelcol.yaml"
+        self.path.write_text(json.dumps(config(self.grpc_port, self.http_port, self.prom_port, buckets_ms, kafka)))
+        self.log = work / "otelcol.log"
+        self.grpc = f"127.0.0.1:{self.grpc_port}"
+        self.http = f"http://127.0.0.1:{self.http_port}"
+        self.metrics = f"http://127.0.0.1:{self.prom_port}/metrics"
+
+    def __enter__(self) -> Collector:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([str(build()), "--config", str(self.path)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=1):
+                    with urllib.request.urlopen(self.metrics, timeout=2):
+                        return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.proc.kill()
+                    raise SystemExit("the Collector did not start:\n" + self.log.read_text()[-3000:]) from None
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+if __name__ == "__main__":
+    print(build())
