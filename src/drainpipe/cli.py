@@ -123,15 +123,14 @@ def cmd_stream(args: argparse.Namespace) -> int:
             what = "" if args.bootstrap_servers else f", {info.get('files', 0):,} new files"
             print(f"micro-batch {batch_id}: {counts}{info.get('rejected', 0):,}{what}", flush=True)
 
+    kafka = bool(args.bootstrap_servers)
+    if bool(args.input) == kafka or bool(args.topic) != kafka:
+        raise UsageError("stream reads either --input DIR or --bootstrap-servers with --topic")
     source: Any = args.input
-    if args.bootstrap_servers:
+    if kafka:
         from .spark import KafkaTopics
 
-        if args.input or not args.topic:
-            raise UsageError("stream reads either --input DIR or --bootstrap-servers with --topic")
         source = KafkaTopics.at(args.bootstrap_servers, args.topic, args.encoding)
-    elif not args.input or args.topic:
-        raise UsageError("stream reads either --input DIR or --bootstrap-servers with --topic")
     result = run_stream(
         source,
         definitions=definitions,

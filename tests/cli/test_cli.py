@@ -288,3 +288,18 @@ def test_consume_refuses_bad_settings_in_one_line(tmp_path, capsys, extra: list[
                        "--store", f"duckdb:///{tmp_path / 's.duckdb'}", *extra)  # fmt: skip
     assert code == EXIT_USER and err.strip().splitlines() == [f"drainpipe: error: {message}"], err
     assert threading.active_count() == threads  # nothing started is left running (an engine's threads were)
+
+
+def test_kafka_encodings_and_the_stream_input_are_checked_in_one_place_each(capsys) -> None:
+    """Both Kafka commands offer exactly the encodings the decoder reads; ``stream`` takes a directory or topics."""
+    from drainpipe.inputs.messages import ENCODINGS
+
+    parser = build_parser()
+    for command in ("consume", "stream"):
+        sub = next(a for a in parser._actions if a.dest == "command").choices[command]  # type: ignore[union-attr]
+        [encoding] = [a for a in sub._actions if a.dest == "encoding"]
+        assert tuple(encoding.choices) == ENCODINGS, command
+    for argv in (["--input", "d", "--bootstrap-servers", "h:1", "--topic", "t"], ["--bootstrap-servers", "h:1"],
+                 ["--input", "d", "--topic", "t"], []):  # fmt: skip
+        assert main(["stream", "--checkpoint", "ck", *argv]) == EXIT_USER
+        assert "stream reads either --input DIR or --bootstrap-servers with --topic" in capsys.readouterr().err

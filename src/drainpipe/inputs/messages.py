@@ -25,6 +25,7 @@ __all__ = [
     "ENCODINGS",
     "KAFKA_SOURCE",
     "TOMBSTONE",
+    "check_encoding",
     "decode_values",
     "json_values",
     "otlp_values",
@@ -40,6 +41,12 @@ ENCODINGS = ("json", "otlp_proto", "otlp_json")
 KAFKA_SOURCE = "kafka"
 #: the reject reason of a message without a value
 TOMBSTONE = "no value (a tombstone)"
+
+
+def check_encoding(encoding: str) -> None:
+    """A :class:`UsageError` in one line for an encoding not in :data:`ENCODINGS`."""
+    if encoding not in ENCODINGS:
+        raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
 
 
 def partition_part(cluster: str, topic: str, partition: int) -> str:
@@ -110,9 +117,8 @@ def decode_values(
 ) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """Message values in ``encoding`` (:data:`ENCODINGS`) -> their events and rejects (:func:`json_values`,
     :func:`otlp_values`). A :class:`UsageError` for an encoding not in the list."""
+    check_encoding(encoding)
     if encoding == "json":
         batch, rejects = json_values(values)
         return (EventBatch.of(batch) if batch.num_rows else EventBatch.empty()), rejects
-    if encoding not in ENCODINGS:
-        raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
     return otlp_values(values, json_body=encoding == "otlp_json", mapping=mapping, endpoints=endpoints)

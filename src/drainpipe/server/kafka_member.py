@@ -58,7 +58,7 @@ from typing import Any
 from ..errors import DrainpipeError, InputError, StoreError, UsageError
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.endpoints import EndpointRules
-from ..inputs.messages import ENCODINGS, KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
+from ..inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, message_text, partition_part
 from ..inputs.spans import SpanMapping
 from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
 
@@ -99,8 +99,6 @@ kafka_log.addFilter(_Repeats(30.0))
 
 __all__ = ["ConsumeConfig", "GroupMember"]
 
-#: the source name of Kafka partitions in the store's progress rows
-SOURCE = KAFKA_SOURCE
 #: messages taken from the consumer per call (one-event messages: the batch's fixed costs, its validation and
 #: ingest, are spread over this many events; 20,000 gave 25% less, 100,000 no more)
 CONSUME_MESSAGES = 50_000
@@ -124,8 +122,7 @@ class ConsumeConfig:
     client: dict[str, Any] = field(default_factory=dict)  # more librdkafka settings
 
     def consumer_settings(self) -> dict[str, Any]:
-        if self.encoding not in ENCODINGS:
-            raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {self.encoding!r}")
+        check_encoding(self.encoding)
         return {
             "bootstrap.servers": self.bootstrap_servers,
             "group.id": self.group,
@@ -172,7 +169,7 @@ class _Partition:
 
     def fence(self) -> SourceProgress:
         """The token as a commit carries it (``Store.merge``'s ``fences``)."""
-        return SourceProgress(SOURCE, self.books.part, "fence", self.token)
+        return SourceProgress(KAFKA_SOURCE, self.books.part, "fence", self.token)
 
 
 class GroupMember:
@@ -399,8 +396,8 @@ class GroupMember:
             part = partition_part(self.cluster, tp.topic, tp.partition)
             # the token first, then the offsets: an old owner's commit lands before (its offsets are read here) or
             # is refused
-            token = store.fence(SOURCE, part)
-            books = open_books(store, SOURCE, part, self.definitions.names)
+            token = store.fence(KAFKA_SOURCE, part)
+            books = open_books(store, KAFKA_SOURCE, part, self.definitions.names)
             held = self.partitions[(tp.topic, tp.partition)] = _Partition(books, token)
             tp.offset = held.next if held.next > 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
@@ -444,10 +441,10 @@ class GroupMember:
         self.rewinds += 1
         store = self.engine.store
         for tp, part in list(self.partitions.items()):
-            if tp in lost or store.fence_token(SOURCE, part.books.part) != part.token:
+            if tp in lost or store.fence_token(KAFKA_SOURCE, part.books.part) != part.token:
                 del self.partitions[tp]
                 continue
-            part.reopen(open_books(store, SOURCE, part.books.part, self.definitions.names))
+            part.reopen(open_books(store, KAFKA_SOURCE, part.books.part, self.definitions.names))
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], part.next if part.next > 0 else OFFSET_BEGINNING))
             except KafkaException as exc:  # reading on from where the consumer is would skip what was dropped:

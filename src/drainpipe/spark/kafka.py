@@ -35,7 +35,7 @@ import pyarrow as pa
 from drainpipe.errors import UsageError
 from drainpipe.inputs import DeadLetter, Part, Position, ReadStats, jsonable
 from drainpipe.inputs.endpoints import EndpointRules
-from drainpipe.inputs.messages import ENCODINGS, KAFKA_SOURCE, decode_values, message_source, partition_part
+from drainpipe.inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, partition_part
 from drainpipe.inputs.spans import SpanMapping
 from drainpipe.pipeline import Definitions, open_books
 
@@ -70,8 +70,7 @@ class KafkaTopics:
            max_messages: int | None = None) -> KafkaTopics:  # fmt: skip
         """The topics, with the cluster's id asked of the brokers (confluent-kafka; a :class:`UsageError` in one
         line when it is not installed, the brokers cannot be reached or the encoding is not read here)."""
-        if encoding not in ENCODINGS:
-            raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
+        check_encoding(encoding)
         try:
             from confluent_kafka import KafkaException
             from confluent_kafka.admin import AdminClient
