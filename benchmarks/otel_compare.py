@@ -84,7 +84,7 @@ def send_spans(spans: int, endpoints: list[str], seed: int = 5) -> dict[str, int
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url), max_queue_size=1 << 16,
                                                            max_export_batch_size=512, schedule_delay_millis=200))  # fmt: skip
         providers.append((service, provider.get_tracer("drainpipe.compare"), provider))
-    bounds = [b for b in DEFAULT_LATENCY_BUCKETS_MS]
+    bounds = list(DEFAULT_LATENCY_BUCKETS_MS)
     now = time.time_ns()
     for i in range(spans):
         service, tracer, _ = providers[i % len(providers)]

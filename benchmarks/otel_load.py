@@ -73,13 +73,10 @@ class Contender:
         else:
             self._collector = Collector(self.work, list(DEFAULT_LATENCY_BUCKETS_MS)).__enter__()
             self.proc, self.host, self.port = self._collector.proc, "127.0.0.1", self._collector.http_port
-        self._seen: set[int] = set()
         return self
 
     def pids(self) -> list[int]:
-        found = [self.proc.pid, *children_of(self.proc.pid)]
-        self._seen.update(found)
-        return found
+        return [self.proc.pid, *children_of(self.proc.pid)]
 
     def cpu(self) -> float:
         return sum(cpu_s(pid) for pid in self.pids())
