@@ -8,7 +8,11 @@ to drainpipe, so both receive the very same spans. Per service: SERVER spans nam
 ``http.route`` and ``http.response.status_code`` (5xx answers with status ERROR, as HTTP instrumentations set it),
 a route-less SERVER span (``GET /health``: its name is its endpoint), CONSUMER spans, and CLIENT (database) and
 INTERNAL children; durations drawn from a log-normal, a share of them exactly on a bucket bound (Prometheus ``le``
-bounds are upper-inclusive: both must put those in the bucket they bound).
+bounds are upper-inclusive: both must put those in the bucket they bound). Four traces in ten are sampled, as
+OpenTelemetry's probability sampling records it in the trace state (``ot=th:8``: 1/2, ``ot=th:c``: 1/4; the SDK's
+samplers do not write it yet, so a sampler here does), and a few carry a malformed threshold (``ot=th:zz``): both
+must count a sampled span as its adjusted count, a malformed one as 1. (Only powers of two: the connector rounds
+other adjusted counts at random, so no two runs of it agree on them.)
 
 The mapping (``docs/pipeline.md``, "Beside the OpenTelemetry Collector"): the connector counts every span per
 (service, span name, span kind, status code, and here ``http.route``, configured as a dimension); drainpipe counts
@@ -66,9 +70,36 @@ REQUEST_KINDS = ("SPAN_KIND_SERVER", "SPAN_KIND_CONSUMER")
 Key = tuple[str, str]  # (service, endpoint)
 
 
+#: a trace's sampling, recorded in its trace state, by share of the traces: (state, adjusted count, share)
+SAMPLING = (("ot=th:8", 2, 0.25), ("vendor=acme,ot=th:c", 4, 0.13), ("ot=th:zz", 1, 0.02))
+
+
+def _sampler() -> Any:
+    """A sampler that keeps every span and gives a trace the trace state of :attr:`state` (set before its root span
+    starts); children inherit their parent's, as OpenTelemetry's probability samplers propagate it."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+    from opentelemetry.trace import TraceState, get_current_span
+
+    class ThresholdSampler(Sampler):
+        state = ""
+
+        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:  # fmt: skip
+            parent = get_current_span(parent_context).get_span_context()
+            if parent.is_valid:
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state)
+            members = [tuple(m.split("=", 1)) for m in self.state.split(",") if m]
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, TraceState(members))
+
+        def get_description(self) -> str:
+            return "ThresholdSampler"
+
+    return ThresholdSampler()
+
+
 def send_spans(spans: int, endpoints: list[str], seed: int = 5) -> dict[str, int]:
     """About ``spans`` request spans over the services (each with CLIENT and INTERNAL children), exported to every
-    OTLP/HTTP traces URL of ``endpoints``; returns counts by kind."""
+    OTLP/HTTP traces URL of ``endpoints``; returns counts by kind, and ``adjusted``: the requests they stand for."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -78,8 +109,10 @@ def send_spans(spans: int, endpoints: list[str], seed: int = 5) -> dict[str, int
     rng = random.Random(seed)
     kinds: Counter[str] = Counter()
     providers = []
+    sampler = _sampler()
     for s, service in enumerate(SERVICES):
-        provider = TracerProvider(resource=Resource({"service.name": service, "service.instance.id": f"{service}-{s}"}))
+        provider = TracerProvider(resource=Resource({"service.name": service, "service.instance.id": f"{service}-{s}"}),
+                                  sampler=sampler)  # fmt: skip
         for url in endpoints:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url), max_queue_size=1 << 16,
                                                            max_export_batch_size=512, schedule_delay_millis=200))  # fmt: skip
@@ -94,6 +127,14 @@ def send_spans(spans: int, endpoints: list[str], seed: int = 5) -> dict[str, int
             duration_ms = min(rng.lognormvariate(3.5, 1.2), 20_000)
         start = now - int(60e9) + rng.randrange(0, int(50e9))
         end = start + int(round(duration_ms * 1e6))
+        sampler.state, weight, draw = "", 1, rng.random()
+        for state, count, share in SAMPLING:
+            if draw < share:
+                sampler.state, weight = state, count
+                kinds[f"sampled {state}"] += 1
+                break
+            draw -= share
+        kinds["adjusted"] += weight
         which = rng.random()
         if which < 0.08:
             span = tracer.start_span("GET /health", kind=SpanKind.SERVER, start_time=start)
@@ -236,7 +277,7 @@ def main() -> int:
                 kinds = send_spans(args.spans, [f"{collector.http}/v1/traces", f"http://{host}:{port}/v1/traces"])
                 report["sent"] = kinds
                 report["send_s"] = round(time.perf_counter() - t0, 2)
-                requests = kinds["server"] + kinds["consumer"]
+                requests = kinds["adjusted"]  # the requests the request spans stand for
                 ours = settle(lambda: drainpipe_view(scrape(f"http://{host}:{port}/metrics")), requests)
                 theirs = settle(lambda: collector_view(scrape(collector.metrics)), requests)
             finally:
@@ -264,7 +305,13 @@ def main() -> int:
                 problems += differences("kafka calls", calls, theirs[0])
                 problems += differences("kafka errors", errors, theirs[1])
                 report["kafka"] = {"topic": topic, "stored_calls": sum(calls.values())}
-    print(f"\n{sum(ours[0].values()):,} request spans of {sum(report['sent'].values()):,} spans sent to both\n")
+    sent = report["sent"]
+    spans = sent["server"] + sent["consumer"] + sent["client"] + sent["internal"]
+    sampled = ", ".join(f"{k.split(' ', 1)[1]}: {v:,}" for k, v in sent.items() if k.startswith("sampled "))
+    print(
+        f"\n{sum(ours[0].values()):,} requests counted from {sent['server'] + sent['consumer']:,} request spans "
+        f"({spans:,} spans in all) sent to both; traces sampled: {sampled}\n"
+    )
     print("| service | endpoint | drainpipe calls | connector calls | drainpipe errors | connector errors |")
     print("|---|---|---|---|---|---|")
     for name, row in report["endpoints"].items():

@@ -18,6 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from testlib import TRACE_STATES, adjusted_count
+
 DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
 KAFKA_SH = Path(__file__).resolve().parents[1] / "scripts" / "kafka.sh"
 BASE_MS = 1_790_000_000_000
@@ -92,9 +94,9 @@ def produce(servers: str, topic: str, events: int, seed: int, poison: bool = Tru
 
 
 def produce_otlp(servers: str, topic: str) -> Counter[str]:
-    """30 ``ExportTraceServiceRequest`` messages of 20 spans (SERVER spans are requests, CLIENT ones are not) over 3
-    services, as the Collector's Kafka exporter writes them (``otlp_proto``), then one message that is not an
-    export; the calls per service they make."""
+    """30 ``ExportTraceServiceRequest`` messages of 20 spans (SERVER spans are requests, CLIENT ones are not; sampled
+    as :data:`~testlib.TRACE_STATES` say) over 3 services, as the Collector's Kafka exporter writes them
+    (``otlp_proto``), then one message that is not an export; the calls per service they make (adjusted counts)."""
     from confluent_kafka import Producer
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -108,10 +110,10 @@ def produce_otlp(servers: str, topic: str) -> Counter[str]:
         spans = rs.scope_spans.add().spans
         for i in range(20):
             end = (BASE_MS + e * 1000 + i) * 1_000_000
-            spans.add(trace_id=(e * 100 + i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
-                      name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
-                      end_time_unix_nano=end)  # fmt: skip
-            calls[service] += 1 if i % 4 else 0
+            span = spans.add(trace_id=(e * 100 + i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"),
+                             name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
+                             end_time_unix_nano=end, trace_state=TRACE_STATES[(e + i) % len(TRACE_STATES)])  # fmt: skip
+            calls[service] += adjusted_count(span.trace_state, span.span_id) if i % 4 else 0
         to.produce(topic, request.SerializeToString())
     to.produce(topic, b"\x0a\xff\xff")  # not an export
     to.flush(30)

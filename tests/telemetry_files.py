@@ -14,6 +14,8 @@ from pathlib import Path
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from testlib import TRACE_STATES, adjusted_count
+
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 PATHS = ["/", "/users/{n}", "/orders/{n}/items", "/files/{uuid}", "/static/app.js", "/blob/{hex}"]
 
@@ -60,7 +62,8 @@ def access_log(path: Path, flavor: str, n: int, seed: int, base_ms: int) -> list
 
 def otlp_file(path: Path, seed: int, base_ms: int, exports: int = 20, spans: int = 30) -> dict[str, int]:
     """Write ``exports`` OTLP JSON lines of SERVER/INTERNAL/CLIENT spans (plus a malformed line and a span that ends
-    before it starts); return the expected request count per service."""
+    before it starts; the SERVER spans sampled as :data:`~testlib.TRACE_STATES` say); return the expected request
+    count per service (the spans' adjusted counts)."""
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     lines = []
@@ -77,8 +80,9 @@ def otlp_file(path: Path, seed: int, base_ms: int, exports: int = 20, spans: int
             span = scope.spans.add(trace_id=rng.randbytes(15) + b"\1", span_id=rng.randbytes(7) + b"\1",
                                    name=f"GET /users/{rng.randrange(100)}", kind=kind, start_time_unix_nano=start,
                                    end_time_unix_nano=start + rng.randrange(1, 900) * 1_000_000)  # fmt: skip
-            if kind == 2:
-                counts[service] = counts.get(service, 0) + 1
+            if kind == 2:  # a request, sampled or not (its adjusted count)
+                span.trace_state = TRACE_STATES[i % len(TRACE_STATES)]
+                counts[service] = counts.get(service, 0) + adjusted_count(span.trace_state, span.span_id)
                 if i % 2:
                     span.attributes.add(key="http.route").value.string_value = "/users/:id"
                 if i % 7 == 0:

@@ -233,3 +233,26 @@ def write_parquet(tmp_path: Path, table: pa.Table, name: str = "in.parquet", **k
     path = tmp_path / name
     pq.write_table(table, path, **kw)
     return path
+
+
+#: the trace states the telemetry fixtures give their request spans in turn: unsampled, sampled at 1/2 and 1/4, a
+#: malformed threshold (counts 1, with a warning) and a probability of about 2/3 (1.49998: rounded per span)
+TRACE_STATES = ("", "ot=th:8", "vendor=x,ot=th:c", "ot=th:zz", "ot=th:5555;rv:0123456789abcd")
+
+
+def adjusted_count(trace_state: str, span_id: bytes) -> int:
+    """What a span with this trace state and id counts, written out again in Python integers (an independent
+    reference for :mod:`drainpipe.inputs.sampling` on the fixtures' trace states, which it parses simply: one
+    ``th`` or none, the valid or obviously malformed kinds above)."""
+    th = next((part[3:] for member in trace_state.split(",") if member.startswith("ot=")
+               for part in member[3:].split(";") if part.startswith("th:")), None)  # fmt: skip
+    if th is None or not all(c in "0123456789abcdef" for c in th):
+        return 1
+    d = (1 << 56) - (int(th, 16) << 4 * (14 - len(th)))
+    q, r = divmod(1 << 56, d)
+    m64 = (1 << 64) - 1
+    z = (int.from_bytes(span_id, "little") + 0x9E3779B97F4A7C15) & m64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
+    z ^= z >> 31
+    return q + ((z >> 8) < (r << 56) // d)

@@ -37,6 +37,7 @@ from kafka_testlib import (
     stored_calls,
     wait_for_commit,
 )
+from testlib import TRACE_STATES
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
 
@@ -258,7 +259,9 @@ def test_partitions_added_to_a_topic_are_read_from_their_start(servers: str, tmp
 
 def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(servers: str, tmp_path: Path) -> None:
     topic = new_topic(servers, 2)
-    calls = produce_otlp(servers, topic)
+    calls = produce_otlp(servers, topic)  # adjusted counts: sampled spans count as the requests they stand for
+    spans = 30 * 15  # the request spans (accepted events)
+    malformed = sum(1 for e in range(30) for i in range(20) if i % 4 and TRACE_STATES[(e + i) % 5] == "ot=th:zz")
     store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
     member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
     url = endpoint_of(member)
@@ -280,18 +283,19 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
         stats = json.load(urllib.request.urlopen(url + "/v1/stats", timeout=5))
         kafka = stats["kafka"]
         top = {row[0] for row in stats["top_services"]["rows"]}
-        if len(kafka["partitions"]) == 2 and top == set(calls) and stats["ingest"]["accepted"] == sum(calls.values()):
+        if len(kafka["partitions"]) == 2 and top == set(calls) and stats["ingest"]["accepted"] == spans:
             break
         assert time.monotonic() < deadline, stats
         time.sleep(0.3)
     assert kafka["group"] == f"g-{topic}" and all(p["lag"] == 0 for p in kafka["partitions"])
     assert stats["ingest"]["rejected"] == 1 and "alerts" not in stats and "log" not in stats
+    assert stats["ingest"]["warnings"] == {"malformed sampling threshold": malformed}
     drill = json.load(urllib.request.urlopen(url + "/v1/service?service=svc0&range=minute", timeout=5))
     assert sum(r["calls"] for r in drill["endpoints"]) == calls["svc0"]
     member.send_signal(signal.SIGTERM)
     out = finish(member)
     assert stored_calls(store) == +calls, out
-    assert "rejected 1" in out
+    assert "rejected 1" in out and f"accepted with a warning: malformed sampling threshold {malformed}" in out
     [(source, _, reason)] = rejected(dead)  # the one message that is not an export, once
     assert source.startswith(f"kafka:{topic}/") and reason.startswith("invalid OTLP protobuf"), reason
 

@@ -122,7 +122,8 @@ def _span(rng: random.Random) -> dict[str, Any]:
     }
     optional = {
         "parentSpanId": lambda: _id(rng, 8),
-        "traceState": lambda: _pick(rng, "ot=th:8", 5),
+        "traceState": lambda: _pick(rng, "ot=th:8", "vendor=a,ot=th:c", "ot=th:5555", "ot=th:zz", "\u00e9", "", None,
+                                    5),
         "flags": lambda: _pick(rng, 1, 256, "1", -1, 2**32),
         "droppedAttributesCount": lambda: _pick(rng, 0, 3, "2", -1),
         "events": lambda: [{"timeUnixNano": _integer(rng, end), "name": "exception",

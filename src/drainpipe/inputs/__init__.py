@@ -1,7 +1,7 @@
 """The input layer: every way events enter drainpipe goes through here.
 
 ============== =================================================================================================
-``schema``     the canonical event batch (:data:`EVENT_SCHEMA`)
+``schema``     the canonical event batch (:data:`EVENT_SCHEMA`; sampled spans' :data:`WEIGHTED_SCHEMA`)
 ``validation`` the validation rules, scalar and columnar cores
 ``rejects``    counts (:class:`ReadStats`), the reject sink, the dead letter (:class:`DeadLetter`)
 ``batches``    the request-row mark of a batch (requests, then exit rows), joining and shipping batches
@@ -14,6 +14,7 @@
 ``otlp``       OTLP trace exports into events (HTTP, gRPC and files share it)
 ``span_columns`` an export's wire bytes into the columns the span mapping reads
 ``spans``      which spans are requests, which attributes give each field
+``sampling``   a sampled span's adjusted count, from the threshold in its trace state
 ``endpoints``  endpoint normalization
 ``log_formats`` access-log formats (nginx ``log_format``, Apache ``LogFormat``) compiled for the readers
 ``options``    what reading needs beyond the bytes (:class:`~.options.InputOptions`)
@@ -35,12 +36,15 @@ from .part import Part, PartReader, RejectList
 from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
 from .position import Position
 from .rejects import DeadLetter, ReadStats, Sink, jsonable
-from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN, WEIGHT, WEIGHT_MAX, WEIGHTED_SCHEMA
 from .source import Source, SourcePart
 from .validation import validate_records, validate_tuples
 
 __all__ = [
     "EVENT_SCHEMA",
+    "WEIGHTED_SCHEMA",
+    "WEIGHT",
+    "WEIGHT_MAX",
     "FIELDS",
     "TS_MIN",
     "TS_MAX",

@@ -32,7 +32,7 @@
  *
  * What it returns per accepted line: its resources (attributes into the resource pool; an absent resource has
  * none) and its spans in export order (line, resource, kind, start, end, status code, trace and span ids, name,
- * attributes into the span pool). A span without a status has code 0 (UNSET), which is how the mapping reads an
+ * trace state, attributes into the span pool). A span without a status has code 0 (UNSET), which is how the mapping reads an
  * absent status. Attribute values: whether a pair has a value, its string value, its integer value; other value
  * types count as a value that is neither (the projection ptars reads, span_columns.py).
  */
@@ -102,7 +102,7 @@ put_u8(Buf *b, uint8_t v) { return buf_put(b, &v, 1); }
 /* Every output buffer, by index: the span columns, then the two attribute pools (span and resource). */
 enum {
     S_LINE, S_RESOURCE, S_KIND, S_START, S_END, S_CODE, S_TOFF, S_TDATA, S_SOFF, S_SDATA, S_NOFF, S_NDATA,
-    S_NBUFS
+    S_XOFF, S_XDATA, S_NBUFS
 };
 enum { A_OWNERS, A_KOFF, A_KDATA, A_VVALID, A_TVALID, A_TOFF, A_TDATA, A_IVALID, A_IDATA, A_NBUFS };
 #define SPAN_POOL S_NBUFS
@@ -764,13 +764,13 @@ span_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *se
     switch (f) {
     case 0: return id(s, &s->out[S_TDATA]);
     case 1: return id(s, &s->out[S_SDATA]);
-    case 2: return any_string(s);
     case 3: return id(s, NULL);
-    case 5: {
+    case 2:   /* traceState */
+    case 5: { /* name */
         const unsigned char *str;
         size_t len;
         TRY(string(s, &str, &len));
-        return buf_put(&s->out[S_NDATA], str, len) < 0 ? -1 : 0;
+        return buf_put(&s->out[f == 2 ? S_XDATA : S_NDATA], str, len) < 0 ? -1 : 0;
     }
     case 6: return enum32(s, SPAN_KINDS, &span->kind);
     case 7: return u64(s, &span->start);
@@ -795,7 +795,7 @@ span(Scan *s, void *ctx)
         put_i32(&o[S_KIND], span.kind) < 0 || put_u64(&o[S_START], span.start) < 0 ||
         put_u64(&o[S_END], span.end) < 0 || put_i32(&o[S_CODE], span.code) < 0 ||
         put_i32(&o[S_TOFF], (int32_t)o[S_TDATA].len) < 0 || put_i32(&o[S_SOFF], (int32_t)o[S_SDATA].len) < 0 ||
-        put_i32(&o[S_NOFF], (int32_t)o[S_NDATA].len) < 0 ||
+        put_i32(&o[S_NOFF], (int32_t)o[S_NDATA].len) < 0 || put_i32(&o[S_XOFF], (int32_t)o[S_XDATA].len) < 0 ||
         put_i32(&pool[A_OWNERS], (int32_t)(pool[A_KOFF].len / 4 - 1)) < 0)
         return -1;
     return 0;
@@ -953,7 +953,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (declined == NULL)
         goto done;
     /* every offsets column starts at 0 */
-    static const int OFFSETS[] = {S_TOFF, S_SOFF, S_NOFF, SPAN_POOL + A_OWNERS, SPAN_POOL + A_KOFF,
+    static const int OFFSETS[] = {S_TOFF, S_SOFF, S_NOFF, S_XOFF, SPAN_POOL + A_OWNERS, SPAN_POOL + A_KOFF,
                                   SPAN_POOL + A_TOFF, RES_POOL + A_OWNERS, RES_POOL + A_KOFF, RES_POOL + A_TOFF};
     for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
         if (put_i32(&s.out[OFFSETS[i]], 0) < 0)
@@ -1006,11 +1006,12 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Buf *o = s.out;
-    result = Py_BuildValue("(OLLNNNNNNNNNNNNNN)", declined, (long long)s.spans, (long long)s.resources,
+    result = Py_BuildValue("(OLLNNNNNNNNNNNNNNNN)", declined, (long long)s.spans, (long long)s.resources,
                            bytes_of(&o[S_LINE]), bytes_of(&o[S_RESOURCE]), bytes_of(&o[S_KIND]),
                            bytes_of(&o[S_START]), bytes_of(&o[S_END]), bytes_of(&o[S_CODE]), bytes_of(&o[S_TOFF]),
                            bytes_of(&o[S_TDATA]), bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]),
-                           bytes_of(&o[S_NOFF]), bytes_of(&o[S_NDATA]), pool_tuple(&o[SPAN_POOL]),
+                           bytes_of(&o[S_NOFF]), bytes_of(&o[S_NDATA]), bytes_of(&o[S_XOFF]),
+                           bytes_of(&o[S_XDATA]), pool_tuple(&o[SPAN_POOL]),
                            pool_tuple(&o[RES_POOL]));
 done:
     Py_XDECREF(declined);

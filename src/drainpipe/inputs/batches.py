@@ -8,31 +8,44 @@ parser and aggregator processes, which all ship a batch in one encoding (:meth:`
 The first :attr:`EventBatch.requests` rows are requests; the others are *exit rows*: calls a service made (a
 CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``. A batch from a format
 without exit rows (JSON Lines, CSV, Parquet, access logs) has ``requests == rows.num_rows``.
+
+A batch of sampled spans has an eighth column, ``weight`` (:data:`~.schema.WEIGHTED_SCHEMA`): how many requests
+each row stands for. Every other batch weighs 1 per row and has no such column, so that unsampled traffic pays
+nothing for it; :meth:`EventBatch.join` gives a mixed list the column (1 where it was absent).
+
+A batch also carries what its reader noted about rows it accepted with a caveat (:attr:`EventBatch.warnings`, such
+as a sampling threshold that could not be used), so that the counts reach the read's stats wherever the batch goes
+in the process. They are not part of the encoding: a process that ships a batch ships them beside it.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
-from .schema import EVENT_SCHEMA
+from .schema import EVENT_SCHEMA, WEIGHT, WEIGHTED_SCHEMA
 
 __all__ = ["EventBatch"]
 
 _EXITS = b"DPX1"  # an encoding that starts so holds a batch with exit rows: <N requests u64><IPC message>
+_WEIGHTED = b"DPW1"  # ... a batch with weights (and maybe exit rows): <N requests u64><IPC message>
 _REQUESTS = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
 class EventBatch:
-    """``rows`` (:data:`~.schema.EVENT_SCHEMA` columns; the workers' Parquet strings may be dictionary-encoded) of
-    which the first ``requests`` are requests and the rest exit rows. Immutable; safe to share between threads."""
+    """``rows`` (:data:`~.schema.EVENT_SCHEMA` columns, or :data:`~.schema.WEIGHTED_SCHEMA`'s; the workers'
+    Parquet strings may be dictionary-encoded) of which the first ``requests`` are requests and the rest exit rows.
+    Immutable; safe to share between threads."""
 
     rows: pa.RecordBatch
     requests: int
+    warnings: tuple[tuple[str, int], ...] = ()  # (reason, accepted rows read with that caveat); not encoded
 
     @classmethod
     def of(cls, rows: pa.RecordBatch | pa.Table) -> EventBatch:
@@ -59,10 +72,34 @@ class EventBatch:
         """One batch: the requests of all, then the exit rows of all (none: an empty batch)."""
         if len(batches) == 1:
             return batches[0]
+        weighted = any(b.weighted for b in batches)
+        if weighted:
+            batches = [b if b.weighted else b.with_weights(np.ones(b.num_rows, np.int64)) for b in batches]
         heads = [b.rows.slice(0, b.requests) for b in batches]
         tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
-        joined = pa.Table.from_batches(heads + tails, schema=EVENT_SCHEMA).combine_chunks().to_batches()
-        return cls(joined[0] if joined else _empty(), sum(b.requests for b in batches))
+        schema = WEIGHTED_SCHEMA if weighted else EVENT_SCHEMA
+        joined = pa.Table.from_batches(heads + tails, schema=schema).combine_chunks().to_batches()
+        warnings: Counter[str] = Counter()
+        for b in batches:
+            warnings.update(dict(b.warnings))
+        return cls(joined[0] if joined else _empty(), sum(b.requests for b in batches), tuple(warnings.items()))
+
+    def with_weights(self, weights: np.ndarray) -> EventBatch:
+        """This batch with ``weights`` (int64, one per row, each in [1, ``WEIGHT_MAX``]) as its weight column."""
+        rows = self.rows.drop_columns([WEIGHT]) if self.weighted else self.rows
+        return EventBatch(rows.append_column(WEIGHTED_SCHEMA.field(WEIGHT), pa.array(weights, pa.int64())),
+                          self.requests, self.warnings)  # fmt: skip
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the rows have a weight column (else each weighs 1)."""
+        return self.rows.num_columns > len(EVENT_SCHEMA)
+
+    def weights(self) -> np.ndarray | None:
+        """Each row's weight (int64), or None when every row weighs 1 (no weight column)."""
+        if not self.weighted:
+            return None
+        return self.rows.column(WEIGHT).to_numpy()  # (zero-copy: int64 without nulls)
 
     @property
     def num_rows(self) -> int:
@@ -79,22 +116,27 @@ class EventBatch:
 
     def encode(self) -> memoryview:
         """The batch as bytes another process or the log can :meth:`decode`: an Arrow IPC message (it starts with
-        0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows. (The serve log's records
-        have been written in this encoding since exit rows existed: old logs decode as they are.)"""
+        0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows (``DPX1``) or weights
+        (``DPW1``). (The serve log's records have been written in this encoding since exit rows existed: old logs
+        decode as they are.)"""
         message = self.rows.serialize()
+        if self.weighted:
+            return memoryview(b"".join((_WEIGHTED, _REQUESTS.pack(self.requests), message)))
         if self.exits == 0:
             return memoryview(message)  # zero-copy
         return memoryview(b"".join((_EXITS, _REQUESTS.pack(self.requests), message)))
 
     @classmethod
     def decode(cls, payload: bytes | memoryview) -> EventBatch:
-        """The batch :meth:`encode` gave; zero-copy (the batch holds on to ``payload``)."""
+        """The batch :meth:`encode` gave (without warnings); zero-copy (the batch holds on to ``payload``)."""
         view = memoryview(payload)
-        if view[:4] != _EXITS:
+        mark = view[:4]
+        if mark != _EXITS and mark != _WEIGHTED:
             rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
             return cls(rows, rows.num_rows)
         (requests,) = _REQUESTS.unpack_from(view, 4)
-        return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA), requests)
+        schema = WEIGHTED_SCHEMA if mark == _WEIGHTED else EVENT_SCHEMA
+        return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), schema), requests)
 
 
 def _empty() -> pa.RecordBatch:

@@ -22,7 +22,10 @@ The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list o
   its statement and duration feed the top-Ns keyed on ``db_statement``, under the calling service;
 * a span that cannot be mapped (ids missing or malformed, end before start, a value out of range) is rejected with
   a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``;
-* an HTTP status is an integer value, or a string of ASCII digits.
+* an HTTP status is an integer value, or a string of ASCII digits;
+* a sampled span counts as its adjusted count, from the sampling threshold in its trace state (``ot=th:8``: 2;
+  :mod:`.sampling`): the batch then has a ``weight`` column. A threshold that cannot be used counts 1 and is
+  reported (:attr:`TracesResult.warnings`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from ..errors import OtlpError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .rejects import ReadStats
+from .sampling import adjusted_counts
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS
 from .span_columns import Attributes, SpanColumns, span_columns
 
@@ -62,17 +65,16 @@ UNKNOWN_SERVICE = "unknown_service"
 
 @dataclass
 class TracesResult:
-    """A decoded export: ``batch`` (requests, then exit rows, marked), ``rejects`` as (span index, reason), and
-    the number of spans looked at (``spans``; the ones that are neither requests nor exits are not events)."""
+    """A decoded export: ``batch`` (requests, then exit rows, marked; its warnings count the requests counted 1
+    for a sampling threshold that could not be used), ``rejects`` as (span index, reason), and the number of spans
+    looked at (``spans``; the ones that are neither requests nor exits are not events)."""
 
     batch: EventBatch
     rejects: list[tuple[int, str]]
     spans: int
 
 
-def decode_traces(
-    body: bytes, *, json_body: bool, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
-) -> TracesResult:
+def decode_traces(body: bytes, *, json_body: bool, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
     """An ``ExportTraceServiceRequest`` (protobuf, or OTLP JSON if ``json_body``) -> events. Raises
     :class:`OtlpError` for a body that does not decode at all."""
     request = ExportTraceServiceRequest()
@@ -94,7 +96,7 @@ def decode_traces(
             request.ParseFromString(body)
         except DecodeError as exc:
             raise OtlpError(f"invalid OTLP protobuf: {exc}") from None
-    return map_spans(body, mapping, endpoints, stats)
+    return map_spans(body, mapping, endpoints)
 
 
 def decode_otlp_lines(
@@ -119,9 +121,7 @@ def decode_otlp_lines(
     return EventBatch.join(batches), bad
 
 
-def map_spans(
-    body: bytes, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
-) -> TracesResult:
+def map_spans(body: bytes, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
     """The mapping of the module docstring over an export's wire bytes (decoded once already by the official
     classes, which judged them valid).
 
@@ -130,12 +130,10 @@ def map_spans(
     (:mod:`._spanmap`), and the events are assembled from the columns. The rows are valid by construction: protobuf
     strings are valid UTF-8, a service is never empty, and an end time (uint64 nanoseconds) is always within the
     event timestamp range, so of the event rules only the latency bound is checked (in the C pass)."""
-    return map_columns(span_columns(body), mapping, endpoints, stats)
+    return map_columns(span_columns(body), mapping, endpoints)
 
 
-def map_columns(
-    columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules, stats: ReadStats | None = None
-) -> TracesResult:
+def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
     """The mapping of :func:`map_spans`, over spans already in columns (one export's, or a block of OTLP JSON
     lines')."""
     n = columns.spans
@@ -182,12 +180,12 @@ def map_columns(
         ],
         schema=EVENT_SCHEMA,
     )
+    weights, warnings = adjusted_counts(columns.trace_state, columns.span_id, requests)
+    events = EventBatch(batch, len(requests), tuple(warnings.items()))
+    if weights is not None:  # exit rows count nothing: 1 each
+        events = events.with_weights(np.concatenate([weights, np.ones(len(rows) - len(requests), np.int64)]))
     bad = [(int(i), _REASONS[int(category[i])]) for i in np.flatnonzero(category < 0)]
-    if stats is not None:
-        stats.add_accepted(len(rows))
-        for _, why in bad:
-            stats.add_rejected(why)
-    return TracesResult(EventBatch(batch, len(requests)), bad, n)
+    return TracesResult(events, bad, n)
 
 
 _REASONS = {-1: "bad value: trace_id", -2: "bad value: span_id", -3: "bad value: end before start",

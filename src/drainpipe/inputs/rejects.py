@@ -22,13 +22,15 @@ __all__ = ["ReadStats", "DeadLetter", "RejectWriter", "Sink", "jsonable"]
 @dataclass
 class ReadStats:
     """Counts of one read (or several: pass the same object). ``read == accepted + rejected`` holds by
-    construction; blank lines are not counted. ``reasons`` counts rejects by reason. Not thread-safe:
-    give each reading thread its own object and :meth:`merge` them."""
+    construction; blank lines are not counted. ``reasons`` counts rejects by reason; ``warnings`` counts accepted
+    records read with a caveat, by reason (a sampled span whose threshold could not be used counted 1). Not
+    thread-safe: give each reading thread its own object and :meth:`merge` them."""
 
     read: int = 0
     accepted: int = 0
     rejected: int = 0
     reasons: Counter = field(default_factory=Counter)
+    warnings: Counter = field(default_factory=Counter)
 
     def add_accepted(self, n: int) -> None:
         self.read += n
@@ -39,18 +41,26 @@ class ReadStats:
         self.rejected += n
         self.reasons[reason] += n
 
+    def add_warning(self, reason: str, n: int = 1) -> None:
+        """``n`` of the accepted records had a caveat (they are counted as accepted already)."""
+        self.warnings[reason] += n
+
     def merge(self, other: ReadStats) -> None:
         """Add ``other``'s counts to this one."""
         self.read += other.read
         self.accepted += other.accepted
         self.rejected += other.rejected
         self.reasons.update(other.reasons)
+        self.warnings.update(other.warnings)
 
     def summary(self) -> str:
-        """One line, e.g. ``read 10 = accepted 8 + rejected 2 (bad type: ts: 2)``."""
+        """One line, e.g. ``read 10 = accepted 8 + rejected 2 (bad type: ts: 2)``, then any warnings
+        (``; warnings: malformed sampling threshold: 1``)."""
         text = f"read {self.read} = accepted {self.accepted} + rejected {self.rejected}"
         if self.reasons:
             text += " (" + ", ".join(f"{r}: {n}" for r, n in self.reasons.most_common()) + ")"
+        if self.warnings:
+            text += "; warnings: " + ", ".join(f"{r}: {n}" for r, n in self.warnings.most_common())
         return text
 
 

@@ -12,13 +12,20 @@ The batch is a :class:`pyarrow.RecordBatch` with
 ``db_statement`` string    nullable (an empty string counts as absent)
 ================ ========= ==========================================================
 
+and, only in batches of sampled spans, an eighth column (:data:`WEIGHTED_SCHEMA`):
+
+================ ========= ==========================================================
+``weight``       int64     in [1, :data:`WEIGHT_MAX`]: how many requests the event stands for (a sampled span's
+                           adjusted count, :mod:`~drainpipe.inputs.sampling`); a batch without it weighs 1 per row
+================ ========= ==========================================================
+
 A leaf module (pyarrow only): every reader, the validation rules, the engines and the stores speak this schema."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["EVENT_SCHEMA", "FIELDS", "TS_MIN", "TS_MAX", "LATENCY_MAX_MS"]
+__all__ = ["EVENT_SCHEMA", "WEIGHTED_SCHEMA", "WEIGHT", "FIELDS", "TS_MIN", "TS_MAX", "LATENCY_MAX_MS", "WEIGHT_MAX"]
 
 EVENT_SCHEMA = pa.schema(
     [
@@ -32,6 +39,9 @@ EVENT_SCHEMA = pa.schema(
     ]
 )
 FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
+#: the weight column's name, and the schema of a batch that has it
+WEIGHT = "weight"
+WEIGHTED_SCHEMA = EVENT_SCHEMA.append(pa.field(WEIGHT, pa.int64(), nullable=False))
 
 #: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every
 #: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.
@@ -41,3 +51,6 @@ TS_MAX = 253_402_300_799_999
 #: every sum, average and percentile bucket of accepted events is finite (two latencies of 1e308 would average
 #: to infinity, which no JSON can carry).
 LATENCY_MAX_MS = 1e12
+#: Largest weight (2^32: a span sampled with a probability of one in four billion). A sampling threshold that means
+#: more is counted as 1 and reported, so that no sum of weights can overflow an int64 count.
+WEIGHT_MAX = 1 << 32

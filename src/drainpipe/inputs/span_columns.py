@@ -43,6 +43,7 @@ _PROJECTION = {
     "opentelemetry.proto.trace.v1.Span": (
         "trace_id",
         "span_id",
+        "trace_state",
         "name",
         "kind",
         "start_time_unix_nano",
@@ -83,7 +84,7 @@ class Attributes:
 class SpanColumns:
     """Spans, in export order, as Arrow columns (unsliced); ``resource[i]`` is the index of span ``i``'s resource;
     ``status_valid`` is the validity bitmap of the spans' statuses (None: every span has one) and ``status_code``
-    their codes."""
+    their codes; ``trace_state`` their W3C trace states (empty for none)."""
 
     spans: int
     resources: int
@@ -91,6 +92,7 @@ class SpanColumns:
     kind: pa.Array
     trace_id: pa.Array
     span_id: pa.Array
+    trace_state: pa.Array
     name: pa.Array
     start: pa.Array
     end: pa.Array
@@ -122,6 +124,7 @@ def span_columns(body: bytes) -> SpanColumns:
         kind=spans.field("kind"),
         trace_id=spans.field("trace_id"),
         span_id=spans.field("span_id"),
+        trace_state=spans.field("trace_state"),
         name=spans.field("name"),
         start=spans.field("start_time_unix_nano"),
         end=spans.field("end_time_unix_nano"),
@@ -150,7 +153,8 @@ def json_span_columns(data: bytes, count: int) -> JsonSpans | None:
     scanned = _scan_json(data, count)
     if scanned is None:
         raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
-    declined, n, resources, line, resource, kind, start, end, code, toff, tdata, soff, sdata, noff, ndata = scanned[:15]
+    declined, n, resources, line, resource, kind, start, end, code = scanned[:9]
+    toff, tdata, soff, sdata, noff, ndata, xoff, xdata = scanned[9:17]
     columns = SpanColumns(
         spans=n,
         resources=resources,
@@ -158,13 +162,14 @@ def json_span_columns(data: bytes, count: int) -> JsonSpans | None:
         kind=_fixed(pa.int32(), n, kind),
         trace_id=_binary(pa.binary(), n, toff, tdata),
         span_id=_binary(pa.binary(), n, soff, sdata),
+        trace_state=_binary(pa.string(), n, xoff, xdata),
         name=_binary(pa.string(), n, noff, ndata),
         start=_fixed(pa.uint64(), n, start),
         end=_fixed(pa.uint64(), n, end),
         status_valid=None,  # an absent status is code 0 (UNSET), as the mapping reads one
         status_code=_fixed(pa.int32(), n, code),
-        attributes=_json_attributes(scanned[15]),
-        resource_attributes=_json_attributes(scanned[16]),
+        attributes=_json_attributes(scanned[17]),
+        resource_attributes=_json_attributes(scanned[18]),
     )
     return JsonSpans(columns, np.frombuffer(line, np.int32), declined)
 

@@ -1,6 +1,11 @@
 """Event batch -> one partial per definition (:func:`aggregate_batch`): columnar, numpy ``bincount`` over dense
 group ids (:mod:`.grouping`); no per-event Python code. Exit rows (a CLIENT span's statement) feed only the top-Ns
-keyed on ``db_statement``."""
+keyed on ``db_statement``.
+
+A batch with a ``weight`` column (sampled spans) counts each row as that many requests: in counts, sums, the
+ok/tolerating counts of sla and apdex, and the histogram bins of percentiles (so the percentiles are weighted); min,
+max and the top-Ns are of the rows themselves. Weighted counts are bincounts with float64 weights, exact for sums
+of integers below 2^53."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs import EventBatch
+from ..inputs import WEIGHT, EventBatch
 from .buckets import GRANULARITY_MS, TOPN_BUCKET_MS
 from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups
@@ -134,6 +139,10 @@ class _BatchView:
             rows = self.selection(metric)
             if column == "gid":
                 values = self.groups(metric.scope, GRANULARITY_MS["minute"]).gid
+            elif column == WEIGHT:
+                weights = self.weights()
+                assert weights is not None  # (asked for only when the batch has weights)
+                values = weights
             elif column.startswith(("bin:", "b:")):
                 kind, precision = column.split(":")
                 codes, _, b = self.bins(float(precision))
@@ -145,11 +154,29 @@ class _BatchView:
         return self._cached(("selected", metric.scope, metric.where, column), compute)
 
     def counts(self, metric: MetricDef) -> np.ndarray:
-        """Per minute group of the metric's scope: the number of rows the metric counts."""
+        """Per minute group of the metric's scope: the number of requests the metric counts (weighted)."""
         size = self.groups(metric.scope, GRANULARITY_MS["minute"]).size
         return self._cached(
-            ("counts", metric.scope, metric.where), lambda: np.bincount(self.selected(metric, "gid"), minlength=size)
+            ("counts", metric.scope, metric.where),
+            lambda: _count(self.selected(metric, "gid"), self.row_weights(metric), size),
         )
+
+    def weights(self) -> np.ndarray | None:
+        """Each row's weight as float64 (null: 1), or None when the batch has none (every row weighs 1)."""
+
+        def compute() -> np.ndarray | None:
+            if WEIGHT not in self.batch.schema.names:
+                return None
+            column = self.arrow(WEIGHT)
+            if column.null_count == len(column):
+                return None
+            return pc.fill_null(column, 1).to_numpy(zero_copy_only=False).astype(np.float64)
+
+        return self._cached("weights", compute)
+
+    def row_weights(self, metric: MetricDef) -> np.ndarray | None:
+        """The weights of the rows ``metric`` counts, or None when every row weighs 1."""
+        return None if self.weights() is None else self.selected(metric, WEIGHT)
 
     def selection(self, metric: MetricDef) -> np.ndarray | None:
         """Rows a metric counts: the scope's counted rows that pass its filter (None = every row)."""
@@ -181,9 +208,16 @@ StateArrays = dict[str, np.ndarray]
 _Aggregator = Callable[[_BatchView, MetricDef, np.ndarray, np.ndarray, int], StateArrays]
 
 
-def _categories(g: np.ndarray, category: np.ndarray, categories: int, size: int) -> np.ndarray:
-    """Per group, the number of rows of each category: shape (size, categories), one bincount."""
-    return np.bincount(g * categories + category, minlength=size * categories).reshape(size, categories)
+def _count(ids: np.ndarray, weights: np.ndarray | None, size: int) -> np.ndarray:
+    """Per id in [0, size): how many requests (rows, or the sum of their weights), as int64."""
+    if weights is None:
+        return np.bincount(ids, minlength=size)
+    return np.bincount(ids, weights=weights, minlength=size).astype(np.int64)
+
+
+def _categories(g: np.ndarray, category: np.ndarray, categories: int, size: int, w: np.ndarray | None) -> np.ndarray:
+    """Per group, the number of requests of each category: shape (size, categories), one bincount."""
+    return _count(g * categories + category, w, size * categories).reshape(size, categories)
 
 
 def _agg_count(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
@@ -192,7 +226,8 @@ def _agg_count(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray
 
 def _agg_sum(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
     assert metric.field is not None
-    return {"v": np.bincount(g, weights=view.selected(metric, metric.field), minlength=size)}
+    values, w = view.selected(metric, metric.field), view.row_weights(metric)
+    return {"v": np.bincount(g, weights=values if w is None else values * w, minlength=size)}
 
 
 def _agg_avg(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
@@ -208,7 +243,7 @@ def _agg_extreme(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarr
 
 
 def _agg_sla(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
-    return {"ok": _categories(g, view.selected(metric, "status"), 2, size)[:, 1], "n": n}
+    return {"ok": _categories(g, view.selected(metric, "status"), 2, size, view.row_weights(metric))[:, 1], "n": n}
 
 
 def _agg_apdex(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray, size: int) -> StateArrays:
@@ -219,7 +254,7 @@ def _agg_apdex(view: _BatchView, metric: MetricDef, g: np.ndarray, n: np.ndarray
     category = (latency <= t).astype(np.int64)
     category[(latency > t) & (latency <= 4 * t)] = 2
     category[~view.selected(metric, "status")] = 0
-    counts = _categories(g, category, 3, size)
+    counts = _categories(g, category, 3, size, view.row_weights(metric))
     return {"ok": counts[:, 1], "tol": counts[:, 2], "n": n}
 
 
@@ -275,7 +310,7 @@ def _aggregate_histogram(view: _BatchView, metric: MetricDef, groups: _Groups, g
     return _state_table(
         groups.entity.take(pa.array(group)),
         groups.bucket[group],
-        {"n": np.bincount(ids, minlength=size)},
+        {"n": _count(ids, view.row_weights(metric), size)},
         STATE_COLUMNS["percentile"],
         b=view.selected(metric, f"b:{precision!r}")[first],
     )

@@ -65,6 +65,7 @@ class RunSummary:
     input_error: bool = False  # the error is a file that could not be read (exit 2), not the store (exit 1)
     queues: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = field(default_factory=dict)  # accepted events read with a caveat, by reason
     overflow: dict[str, int] = field(default_factory=dict)  # per scope: state rows folded into __overflow__
     engine: str = ""  # shown after the store when not the local engine ("spark")
 
@@ -95,6 +96,8 @@ class RunSummary:
         if self.rejected:
             top = ", ".join(f"{r} ({n})" for r, n in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:4])
             out.append(f"rejects appended to {self.dead_letter}: {top}")
+        if self.warnings:
+            out.append("accepted with warnings: " + ", ".join(f"{r} ({n:,})" for r, n in sorted(self.warnings.items())))
         if self.overflow:
             folded = ", ".join(f"{scope} {n:,}" for scope, n in sorted(self.overflow.items()))
             out.append(f"too many entities (max_entities): state rows folded into __overflow__: {folded}")
@@ -119,6 +122,7 @@ class RunSummary:
             dead_letter=dead_letter,
             store=store,
             reasons=dict(totals.get("reasons") or {}),
+            warnings=dict(totals.get("warnings") or {}),
             overflow=dict(totals.get("overflow") or {}),
             engine=engine,
         )
@@ -243,6 +247,7 @@ class _Run:
         summary.elapsed_s = time.perf_counter() - self.t0
         summary.read, summary.accepted, summary.rejected = self.stats.read, self.stats.accepted, self.stats.rejected
         summary.reasons = dict(self.stats.reasons)
+        summary.warnings = dict(self.stats.warnings)
         summary.stored = engine.counters.events_stored
         summary.error = summary.error or engine.counters.store_error
         summary.dropped = report["dropped"]

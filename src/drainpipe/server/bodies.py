@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
+from dataclasses import replace
 from typing import Any
 
 from ..errors import BadBody, ChannelClosed, OtlpError
@@ -125,8 +126,9 @@ def decode_body(
 
 
 class _Parse:
-    """What a parser process does with a request: ``(decode_body's keyword arguments, body) -> ((0, rejects),
-    the batch encoded)`` (:meth:`EventBatch.encode`), or ``((status, message), b"")`` for a bad body."""
+    """What a parser process does with a request: ``(decode_body's keyword arguments, body) -> ((0, (rejects,
+    warnings)), the batch encoded)`` (:meth:`EventBatch.encode`; its warnings travel beside it), or ``((status,
+    message), b"")`` for a bad body."""
 
     def __init__(self) -> None:
         self.endpoints: EndpointRules | None = None
@@ -148,7 +150,7 @@ class _Parse:
             batch, rejects = decode_body(body, **kwargs)
         except BadBody as exc:
             return (exc.status, exc.message), memoryview(b"")
-        return (0, rejects), batch.encode()
+        return (0, (rejects, batch.warnings)), batch.encode()
 
 
 class BodyDecoder:
@@ -184,7 +186,8 @@ class BodyDecoder:
             return decode_body(body, **kwargs)
         if status:
             raise BadBody(status, str(second))
-        return EventBatch.decode(payload), second
+        rejects, warnings = second
+        return replace(EventBatch.decode(payload), warnings=warnings), rejects
 
     def close(self) -> None:
         if self._pool is not None:

@@ -70,7 +70,8 @@ def consume(
     if member.failed:
         raise member.failure(member.failed)
     return {"read": stats.read, "accepted": stats.accepted, "rejected": stats.rejected,
-            "reasons": dict(stats.reasons), "assignments": member.assignments, "revocations": member.revocations,
+            "reasons": dict(stats.reasons), "warnings": dict(stats.warnings),
+            "assignments": member.assignments, "revocations": member.revocations,
             "losses": member.losses, "rewinds": member.rewinds, "dead_letter": path}  # fmt: skip
 
 
@@ -155,7 +156,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
-          f"revoked {result['revocations']}, lost {result['losses']}; rewound {result['rewinds']} times",
+          f"revoked {result['revocations']}, lost {result['losses']}; rewound {result['rewinds']} times"
+          + "".join(f"; accepted with a warning: {k} {v}" for k, v in sorted(result["warnings"].items())),
           flush=True)  # fmt: skip
     return 0
 

@@ -281,7 +281,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(r.status, r.message, {"Retry-After": str(r.retry_after)})
             return
         if otlp:
-            self._send(200, export_answer(rejects, bool(self.otlp_json)), content_type(bool(self.otlp_json)))
+            answer = export_answer(rejects, bool(self.otlp_json), batch.warnings)
+            self._send(200, answer, content_type(bool(self.otlp_json)))
             return
         reasons: dict[str, int] = {}
         for _, reason in rejects:

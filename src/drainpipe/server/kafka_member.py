@@ -312,6 +312,8 @@ class GroupMember:
         config = self.config
         batch, rejects = decode_values([m.value() for m in messages], config.encoding, config.spans, config.endpoints)
         self.stats.add_accepted(batch.num_rows)
+        for reason, n in batch.warnings:
+            self.stats.add_warning(reason, n)
         for k, raw, reason in rejects:
             m = messages[k]
             self._reject(message_source(m.topic(), m.partition()), m.offset(), raw, reason)

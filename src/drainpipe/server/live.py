@@ -36,6 +36,7 @@ class Intake:
     refused_unavailable: int = 0  # requests answered 503
     requests: int = 0
     reasons: dict[str, int] = field(default_factory=dict)  # rejects by reason
+    warnings: dict[str, int] = field(default_factory=dict)  # events accepted with a caveat, by reason
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,7 @@ class Sampler(threading.Thread):
                 "drops_per_s": last.get("drops_per_s", 0.0),
                 "dropped": sum(q["dropped_full"] + q["dropped_no_handler"] for q in queues),
                 "reasons": dict(sorted(c.reasons.items(), key=lambda kv: -kv[1])[:8]),
+                "warnings": dict(sorted(c.warnings.items(), key=lambda kv: -kv[1])[:8]),
             },
             "engine": {
                 "batches": ec.batches,

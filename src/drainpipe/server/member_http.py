@@ -83,7 +83,7 @@ class MemberView:
 
     def intake(self) -> Intake:
         stats = self.member.stats
-        return Intake(stats.accepted, stats.rejected, reasons=dict(stats.reasons))
+        return Intake(stats.accepted, stats.rejected, reasons=dict(stats.reasons), warnings=dict(stats.warnings))
 
     def sections(self) -> dict[str, Any]:
         m = self.member

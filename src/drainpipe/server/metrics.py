@@ -149,6 +149,11 @@ class EngineCollector(Collector):
         events.add_metric(["accepted"], ic.accepted)
         events.add_metric(["rejected"], ic.rejected)
         yield events
+        warned = c("ingest_warnings", "Events accepted with a caveat, by reason (a sampled span whose sampling "
+                   "threshold could not be used counts 1)", ["reason"])  # fmt: skip
+        for reason, n in sorted(ic.warnings.items()):
+            warned.add_metric([reason], n)
+        yield warned
         refused = c("ingest_refused_requests", "Requests refused by back-pressure, by status", ["status"])
         refused.add_metric(["429"], ic.refused_busy)
         refused.add_metric(["503"], ic.refused_unavailable)

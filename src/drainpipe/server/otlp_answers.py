@@ -3,7 +3,8 @@ them; over HTTP in the request's encoding (binary protobuf for ``application/x-p
 ``application/json``):
 
 * success: an ``ExportTraceServiceResponse``; when some spans were rejected, with ``partial_success``
-  (``rejected_spans`` and a message naming the reasons);
+  (``rejected_spans`` and a message naming the reasons); spans accepted with a warning (a sampling threshold that
+  could not be used) are named in its message too, which with ``rejected_spans`` 0 is the spec's warning;
 * failure over HTTP (4xx, 5xx): a ``google.rpc.Status`` with the gRPC code that matches the HTTP status and a
   one-line message. 429 and 503 carry ``Retry-After`` (the caller adds the header);
 * failure over gRPC: the status :func:`grpc_status` gives. Throttling (the HTTP side's 429 and 503) is
@@ -43,15 +44,21 @@ def _encode(message: ExportTraceServiceResponse | Status, json_body: bool) -> by
     return bytes(message.SerializeToString())
 
 
-def export_answer(rejects: Sequence[tuple[int, str]], json_body: bool) -> bytes:
-    """The 200 answer: empty, or ``partial_success`` with the rejected span count and their reasons."""
+def export_answer(
+    rejects: Sequence[tuple[int, str]], json_body: bool, warnings: Sequence[tuple[str, int]] = ()
+) -> bytes:
+    """The 200 answer: empty, or ``partial_success`` with the rejected span count and a message naming their
+    reasons and the warnings (``(reason, spans)``)."""
     response = ExportTraceServiceResponse()
+    parts = []
     if rejects:
         reasons = Counter(reason for _, reason in rejects)
         response.partial_success.rejected_spans = len(rejects)
-        response.partial_success.error_message = "rejected spans: " + ", ".join(
-            f"{reason} ({n})" for reason, n in reasons.most_common()
-        )
+        parts.append("rejected spans: " + ", ".join(f"{reason} ({n})" for reason, n in reasons.most_common()))
+    if warnings:
+        parts.append("accepted with a warning: " + ", ".join(f"{reason} ({n})" for reason, n in warnings))
+    if parts:
+        response.partial_success.error_message = "; ".join(parts)
     return _encode(response, json_body)
 
 

@@ -7,7 +7,8 @@ endpoint, exposed on ``/metrics`` beside the runtime's own metrics.
   ``[prometheus] latency_buckets_ms`` in the metrics TOML (``le`` in seconds, as Prometheus names base units).
 
 They count what the feeder hands the engine (every request event of ``/v1/events``, ``/v1/traces`` and a replay of
-the write-ahead log after a restart; statement rows of CLIENT spans are not requests), since the process started:
+the write-ahead log after a restart; statement rows of CLIENT spans are not requests; a sampled span counts as its
+adjusted count, its ``weight``), since the process started:
 ``rate()`` and ``increase()`` over them agree with the stored cpm of the same minutes, ``histogram_quantile`` with
 the stored percentiles to within a bucket.
 
@@ -77,14 +78,16 @@ class RedMetrics(Collector):
         pairs, first, local = np.unique(pair, return_index=True, return_inverse=True)
         ok = np.asarray(pc.fill_null(batch.column("status"), True).to_numpy(zero_copy_only=False), dtype=bool)
         latency = np.asarray(batch.column("latency_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
+        weights = events.weights()
+        w = None if weights is None else weights[: events.requests].astype(np.float64)
         width = len(self.bounds_ms) + 1
         k = len(pairs)
         # per pair of this batch; le semantics: a latency equal to a bound falls in that bound's bucket
-        oks = np.bincount(local, weights=ok, minlength=k).astype(np.int64)
-        calls = np.bincount(local, minlength=k)
+        oks = np.bincount(local, weights=ok if w is None else ok * w, minlength=k).astype(np.int64)
+        calls = np.bincount(local, weights=w, minlength=k).astype(np.int64)
         bucket = np.searchsorted(self.bounds_ms, latency, side="left")
-        hist = np.bincount(local * width + bucket, minlength=k * width).reshape(k, width)
-        sums = np.bincount(local, weights=latency, minlength=k)
+        hist = np.bincount(local * width + bucket, weights=w, minlength=k * width).astype(np.int64).reshape(k, width)
+        sums = np.bincount(local, weights=latency if w is None else latency * w, minlength=k)
         keys = [(s_names[p // len(e_names)], e_names[p % len(e_names)]) for p in pairs.tolist()]
         with self._lock:  # new pairs are admitted in the order of their first request: first come, first kept
             rows = np.empty(k, np.int64)

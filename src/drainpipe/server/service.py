@@ -128,6 +128,7 @@ class IngestCounters:
     refused_unavailable: int = 0  # 503
     batches: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = field(default_factory=dict)  # events accepted with a caveat, by reason
 
 
 class IngestService:
@@ -291,6 +292,8 @@ class IngestService:
             self.counters.rejected += rejected
             for reason in reasons:
                 self.counters.reasons[reason] = self.counters.reasons.get(reason, 0) + 1
+            for reason, k in batch.warnings:
+                self.counters.warnings[reason] = self.counters.warnings.get(reason, 0) + k
 
     # ------------------------------------------------------------------ shutdown
 
@@ -411,7 +414,8 @@ class IngestService:
     def intake(self) -> Intake:
         """What the service took in so far (the sampler's :class:`~.live.Watched` shape)."""
         c = self.counters
-        return Intake(c.accepted, c.rejected, c.refused_busy, c.refused_unavailable, c.requests, c.reasons.copy())
+        return Intake(c.accepted, c.rejected, c.refused_busy, c.refused_unavailable, c.requests, c.reasons.copy(),
+                      c.warnings.copy())  # fmt: skip
 
     def sections(self) -> dict[str, Any]:
         """The service's parts of the live view: the write-ahead log, purges, alerts."""

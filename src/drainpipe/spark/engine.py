@@ -513,7 +513,8 @@ def _read_report(
     ends: dict[int, tuple[int, int] | None] = {}
     for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
         report = json.loads(info)
-        part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]))
+        part = ReadStats(report["read"], report["accepted"], report["rejected"], Counter(report["reasons"]),
+                         Counter(report.get("warnings") or {}))  # fmt: skip
         stats.merge(part)
         end = report["end"]
         ends[d] = (int(end[0]), int(end[1])) if end is not None else None
@@ -694,6 +695,7 @@ def ingest_files(
         rejected=stats.rejected,
         dropped=0,
         reasons=dict(stats.reasons),
+        warnings=dict(stats.warnings),
         elapsed_s=elapsed,
         events_per_s=stats.accepted / elapsed if elapsed > 0 else 0.0,
     )

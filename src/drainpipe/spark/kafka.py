@@ -132,6 +132,8 @@ def decode_messages(
             decoded, rejects = decode_values([values[i] for i in keep], encoding, spans, endpoints)
             events = decoded.rows
             stats.add_accepted(events.num_rows)
+            for reason, n in decoded.warnings:
+                stats.add_warning(reason, n)
             if rejects:
                 for _, _, reason in rejects:
                     stats.add_rejected(reason)
@@ -146,7 +148,8 @@ def decode_messages(
                 yield events_rows(events)
         if first is not None:
             yield info_row(EVENT_ROWS, SPLIT, first, {"read": stats.read, "accepted": stats.accepted, "rejected":
-                           stats.rejected, "reasons": dict(stats.reasons), "end": None, "nbytes": 0})  # fmt: skip
+                           stats.rejected, "reasons": dict(stats.reasons), "warnings": dict(stats.warnings),
+                           "end": None, "nbytes": 0})  # fmt: skip
 
     return run
 
@@ -184,7 +187,7 @@ def ingest_messages(
         splits.append(split)
         books.append(held)
         ends.append(row.last + 1)
-    summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "applied": 0}
+    summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "warnings": {}, "applied": 0}
     if not splits:
         return summary
     messages = sum(row.n for row in ranges)
@@ -208,5 +211,5 @@ def ingest_messages(
             result.release()
     stats = result.stats
     summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, reasons=dict(stats.reasons),
-                   applied=report.applied)  # fmt: skip
+                   warnings=dict(stats.warnings), applied=report.applied)  # fmt: skip
     return summary

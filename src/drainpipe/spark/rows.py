@@ -16,7 +16,8 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   ========== ===================================================================================
 
 * :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT, the canonical
-  :data:`~drainpipe.inputs.EVENT_SCHEMA` columns) and the same bookkeeping rows.
+  :data:`~drainpipe.inputs.EVENT_SCHEMA` columns and ``weight``, null where the batch had none: 1) and the same
+  bookkeeping rows.
 
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
 the layouts :func:`~drainpipe.pipeline.aggregate.aggregate_batch` produces.
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from drainpipe.inputs import EVENT_SCHEMA
+from drainpipe.inputs import EVENT_SCHEMA, WEIGHT
 from drainpipe.pipeline import (
     STATE_COLUMNS,
     Definitions,
@@ -100,6 +101,7 @@ EVENT_ROWS = pa.schema(
         pa.field("kind", pa.int8()),
         pa.field("d", pa.int32()),
         *(pa.field(f.name, f.type) for f in EVENT_SCHEMA),  # nullable here: bookkeeping rows have no event
+        pa.field(WEIGHT, pa.int64()),  # a sampled span's adjusted count; null: 1
         *_META,
     ]
 )
@@ -166,8 +168,8 @@ def info_row(schema: pa.Schema, kind: int, d: int, info: Mapping[str, Any]) -> p
 
 
 def events_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Canonical events as :data:`EVENT_ROWS` (kind EVENT)."""
-    columns = {name: batch.column(name) for name in EVENT_SCHEMA.names}
+    """Canonical events (with or without weights) as :data:`EVENT_ROWS` (kind EVENT)."""
+    columns = {name: batch.column(name) for name in (*EVENT_SCHEMA.names, WEIGHT) if name in batch.schema.names}
     columns["kind"] = EVENT
     return _batch(EVENT_ROWS, batch.num_rows, columns)
 
@@ -179,7 +181,7 @@ _FILL: Mapping[str, Any] = {"instance": "", "endpoint": "", "status": True, "db_
 def columns_used(definitions: Definitions) -> tuple[str, ...]:
     """The event columns ``aggregate_batch`` reads for ``definitions`` (in :data:`EVENT_SCHEMA` order).
 
-    Always ``ts`` and ``service`` (every entity and bucket), then each definition's scope column, its
+    Always ``ts``, ``service`` (every entity and bucket) and ``weight``, then each definition's scope column, its
     ``field``, the columns its ``where`` filter compares, ``latency_ms`` and ``status`` for the functions that
     classify events by them (apdex, percentile, sla), and a top-N's ``latency_ms`` and ``key``. The per-type
     stage ships only these through the shuffle; :func:`fill_unused` restores the rest with constants.
@@ -200,7 +202,7 @@ def columns_used(definitions: Definitions) -> tuple[str, ...]:
         if topn.scope != "service":
             used.add(topn.scope)
         used.update(("latency_ms", topn.key))
-    return tuple(name for name in EVENT_SCHEMA.names if name in used)
+    return (*(name for name in EVENT_SCHEMA.names if name in used), WEIGHT)
 
 
 def topn_only_filter(definitions: Definitions) -> list[str] | None:
@@ -212,8 +214,8 @@ def topn_only_filter(definitions: Definitions) -> list[str] | None:
 
 
 def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
-    """An event batch with every :data:`EVENT_SCHEMA` column: columns absent (pruned) are filled with
-    constants (``latency_ms`` 0.0, strings ``""``, ``status`` true, ``db_statement`` null)."""
+    """An event batch with every :data:`EVENT_SCHEMA` column, and ``weight`` if it had one: columns absent (pruned)
+    are filled with constants (``latency_ms`` 0.0, strings ``""``, ``status`` true, ``db_statement`` null)."""
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     columns = []
     for f in EVENT_SCHEMA:
@@ -224,7 +226,11 @@ def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
             columns.append(
                 pa.nulls(table.num_rows, f.type) if fill is None else _constant(fill, table.num_rows, f.type)
             )
-    return pa.Table.from_arrays(columns, schema=pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA]))
+    fields = [pa.field(f.name, f.type) for f in EVENT_SCHEMA]
+    if WEIGHT in table.column_names:
+        columns.append(table.column(WEIGHT))
+        fields.append(pa.field(WEIGHT, pa.int64()))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def metric_partial(definition: MetricDef, rows: pa.Table, sources: Iterable[str] = ()) -> MetricPartial:

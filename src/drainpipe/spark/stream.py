@@ -165,19 +165,26 @@ class _MicroBatches:
 
     def release(self) -> dict[str, Any]:
         self._context.clear()
-        return dict(self.totals, reasons=dict(self.totals["reasons"]))
+        return _plain(self.totals)
 
 
 def _new_totals() -> dict[str, Any]:
     totals: dict[str, Any] = {key: 0 for key in _SUMMED}
-    totals.update(batches=0, ignored_files=0, reasons=Counter(), overflow=Counter())
+    totals.update(batches=0, ignored_files=0, reasons=Counter(), warnings=Counter(), overflow=Counter())
     return totals
+
+
+def _plain(totals: dict[str, Any]) -> dict[str, Any]:
+    """The totals with plain dicts for their counters (as JSON writes them)."""
+    return dict(totals, reasons=dict(totals["reasons"]), warnings=dict(totals["warnings"]),
+                overflow=dict(totals["overflow"]))  # fmt: skip
 
 
 def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
     for key in _SUMMED:
         totals[key] += summary.get(key, 0)
     totals["reasons"].update(summary.get("reasons") or {})
+    totals["warnings"].update(summary.get("warnings") or {})
     totals["overflow"].update(summary.get("overflow") or {})
     totals["batches"] += 1
     totals["ignored_files"] += ignored
@@ -238,7 +245,7 @@ class _ConnectBatches:
         finally:
             store.close()
         _add(self.totals, summary, ignored)
-        row = json.dumps(dict(self.totals, reasons=dict(self.totals["reasons"])))
+        row = json.dumps(_plain(self.totals))
         session.createDataFrame([(row,)], "totals string").createOrReplaceGlobalTempView(self.view)
         if self.on_batch is not None:
             self.on_batch(batch_id, summary)

@@ -98,6 +98,7 @@ def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterat
             "accepted": stats.accepted,
             "rejected": stats.rejected,
             "reasons": dict(stats.reasons),
+            "warnings": dict(stats.warnings),
             "end": result.end,
             "nbytes": split.nbytes,
         },

@@ -165,6 +165,8 @@ class LineFormat(Format):
                 offset += len(block)
                 lineno += count
                 sink.stats.add_accepted(batch.num_rows)
+                for reason, n in batch.warnings:
+                    sink.stats.add_warning(reason, n)
                 for line, raw, reason in rejects:
                     sink.reject(line, raw, reason)
                 yield index, batch if batch.num_rows else None, Position(offset, lineno)
