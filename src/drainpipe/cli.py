@@ -55,7 +55,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline import definitions_from
+    from .pipeline import definitions_from, remote_write_options
 
     if args.checkpoint_s <= 0:
         raise UsageError(f"--checkpoint-s must be > 0, got {args.checkpoint_s}")
@@ -64,6 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         tune_own_process()  # before anything converts Python values to Arrow or starts a worker
     definitions = definitions_from(args.metrics)  # validated before any data is read
+    remote = remote_write_options(args)
     from .inputs import log_format_of
 
     log_format = log_format_of(args.log_format)  # an unusable format is refused before anything starts
@@ -88,6 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in RunSummary.from_totals(result, store=args.store, dead_letter=result.get("dead_letter"),
                                            engine="spark").lines():  # fmt: skip
             print(line)
+        if remote is not None:
+            print(_remote_write(args.store, definitions, remote))
         return 0
     from ._progress import file_progress
     from .pipeline import EngineOptions, run_local
@@ -105,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     for line in summary.lines():
         print(line)
+    if remote is not None and summary.stored:
+        print(_remote_write(args.store, definitions, remote))
     if summary.complete:
         return 0
     print(f"drainpipe: error: {summary.failure()}", file=sys.stderr)
@@ -235,6 +240,26 @@ def _kv(text: str) -> tuple[str, str]:
         raise UsageError(f"--spark-conf expects key=value, got {text!r}")
     k, v = text.split("=", 1)
     return k.strip(), v.strip()
+
+
+def _remote_write(store_url: str, definitions: Any, options: Any) -> str:
+    """Send the store's final minutes after a run (``--remote-write``); one line saying what was sent."""
+    from .pipeline import open_store, send_stored
+
+    store = open_store(store_url)
+    try:
+        s = send_stored(store, definitions, options)
+    finally:
+        store.close()
+    line = f"remote write to {options.url}: {s['sent_samples']:,} values sent in {s['requests']} requests"
+    if s["skipped_minutes"]:
+        line += (f"; {s['skipped_minutes']:,} minutes older than {options.max_age_s:.0f} s not sent (a receiver with "
+                 "an out-of-order window takes them: raise --remote-write-max-age-s)")  # fmt: skip
+    if s["rejected_samples"]:
+        line += f"; {s['rejected_samples']:,} refused by the receiver (logged)"
+    if s["unsent"]:
+        line += "; the receiver is down: the rest is sent by the next run or server"
+    return line
 
 
 def _count(minimum: int) -> Any:
@@ -378,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the last one (default: %(default)s)",
     )
     _spark_options(r)
+    from .pipeline import add_remote_write_options
+
+    add_remote_write_options(r)
     r.add_argument("-q", "--quiet", action="store_true", help="no progress display (and, for spark, no JVM logs)")
     r.set_defaults(fn=cmd_run)
 

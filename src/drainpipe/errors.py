@@ -55,6 +55,7 @@ __all__ = [
     "SparkJobError",
     "StatsError",
     "OtlpError",
+    "RemoteWriteError",
     "LogFull",
     "Rejected",
     "ChannelClosed",
@@ -117,6 +118,15 @@ class StatsError(DrainpipeError):
 
 class OtlpError(DrainpipeError, ValueError):
     """A body that is not an OTLP trace export at all (undecodable protobuf, invalid JSON): one line."""
+
+
+class RemoteWriteError(DrainpipeError):
+    """A remote-write receiver could not take a request now (unreachable, 5xx, 429): the samples stay unsent and are
+    sent again later. ``retry_after_s``: the receiver's own delay, when it gave one."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class LogFull(DrainpipeError):

@@ -6,12 +6,16 @@ import gzip
 import itertools
 import json
 import random
+import shutil
 import socket
+import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from drainpipe.pipeline.definitions import Definitions, default_definitions
@@ -135,3 +139,51 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(interval)
     return value
+
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+@contextmanager
+def prometheus(workdir: Path, config: str, flags: Sequence[str] = ()) -> Iterator[str]:
+    """A real Prometheus (Debian's, which ``make test`` installs) on a free loopback port with ``config`` (YAML) and
+    ``flags``, its data in ``workdir``; its base URL, once ready."""
+    port = free_port()
+    (workdir / "prometheus.yml").write_text(config)
+    log = open(workdir / "prometheus.log", "wb")  # closed below, after the process
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", *flags],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("prometheus did not start:\n" + (workdir / "prometheus.log").read_text()[-3000:])
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def promql(base: str, query: str, at: float) -> list[dict]:
+    """An instant query's result (``data.result``) at ``at`` (epoch seconds)."""
+    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]

@@ -11,24 +11,18 @@ metrics drainpipe stored for the same minute.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from server_testlib import free_port, post_events, running_server, wait_for
+from server_testlib import PROMETHEUS, post_events, prometheus, promql, running_server, wait_for
 
 from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
 from drainpipe.pipeline.store import open_store
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 TOKEN = "scrape-secret"
 
 pytestmark = pytest.mark.skipif(
@@ -37,53 +31,17 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextmanager
-def prometheus(target: str, workdir: Path) -> Iterator[str]:
+def scraping(target: str, workdir: Path) -> Iterator[str]:
     """A Prometheus scraping ``target`` each second, with the token (job ``drainpipe``) and without (``no-token``)."""
-    port = free_port()
-    config = workdir / "prometheus.yml"
-    config.write_text(
+    config = (
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         f"  - job_name: drainpipe\n    authorization: {{type: Bearer, credentials: {TOKEN}}}\n"
         f"    static_configs: [{{targets: ['{target}']}}]\n"
         f"  - job_name: no-token\n    static_configs: [{{targets: ['{target}']}}]\n"
     )
-    log = open(workdir / "prometheus.log", "wb")  # closed below, after the process
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("prometheus did not start:\n" + (workdir / "prometheus.log").read_text()[-3000:])
-            time.sleep(0.2)
+    with prometheus(workdir, config) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def promql(base: str, query: str, at: float) -> list[dict]:
-    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        answer = json.loads(r.read())
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
 
 
 def scalar(base: str, query: str, at: float) -> float:
@@ -102,7 +60,7 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
     url = f"duckdb:///{tmp_path / 'red.duckdb'}"
     with running_server(store_url=url, token=TOKEN) as srv:
         target = srv.url.removeprefix("http://")
-        with prometheus(target, tmp_path) as prom:
+        with scraping(target, tmp_path) as prom:
             up = lambda job: promql(prom, f'up{{job="{job}"}}', time.time())
             wait_for(lambda: up("drainpipe") and up("no-token"), 30, "the first scrapes")
             wait_for(lambda: up("drainpipe")[0]["value"][1] == "1", 10, "a scrape with the token")

@@ -21,6 +21,8 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``cardinality``        the entity guard (``max_entities``; ``__overflow__``)
 ``retention``          how long rows are kept, and the cut-offs a purge uses
 ``alerts``             alert rules and their evaluation over stored metrics
+``remote_write``       the stored per-minute metrics sent to a Prometheus remote-write receiver, once each
+``prompb``             remote-write's protobuf messages
 ``rendering``          query results as a table or JSON
 ``generator``          the synthetic skewed workload
 ====================== ===========================================================================================
@@ -60,6 +62,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         split_partial,
     )
     from .progress import InputFile, PartBooks, open_books, resolve
+    from .remote_write import (
+        RemoteWriteOptions,
+        RemoteWriter,
+        add_remote_write_options,
+        remote_write_options,
+        send_stored,
+    )
     from .rendering import render
     from .retention import Retention
     from .run import RunSummary, run_local
@@ -121,6 +130,10 @@ _HOMES = {
     **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
+    **dict.fromkeys(
+        ["RemoteWriteOptions", "RemoteWriter", "add_remote_write_options", "remote_write_options", "send_stored"],
+        "remote_write",
+    ),
     **dict.fromkeys(["RunSummary", "run_local"], "run"),
     **dict.fromkeys(
         ["STATE_TABLE_SCHEMA", "from_state_table", "from_topn_table", "to_state_table", "to_topn_table"], "state_table"
@@ -170,6 +183,11 @@ __all__ = [
     "PostgresStore",
     "PurgeReport",
     "Retention",
+    "RemoteWriteOptions",
+    "RemoteWriter",
+    "add_remote_write_options",
+    "remote_write_options",
+    "send_stored",
     "RunSummary",
     "STATE_COLUMNS",
     "STATE_TABLE_SCHEMA",

@@ -17,7 +17,7 @@ TOKEN_ENV = "DRAINPIPE_TOKEN"
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, then :func:`~.assembly.serve` the :class:`~.assembly.ServeConfig` they describe."""
-    from ..pipeline import definitions_from
+    from ..pipeline import definitions_from, remote_write_options
     from .assembly import ServeConfig, serve
     from .http import is_loopback
     from .service import ServiceOptions
@@ -55,6 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.retention:
         definitions = dataclasses.replace(definitions, retention=definitions.retention.with_flags(args.retention))
     options = ServiceOptions(
+        remote_write=remote_write_options(args),
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_decoded_bytes=max(int(args.max_body_mb * (1 << 20)), 64 << 20),
         checkpoint_s=args.checkpoint_s,
@@ -147,6 +148,9 @@ def add_commands(
                    "JSON, retried with backoff (default: none, they are shown on the dashboard only)")  # fmt: skip
     s.add_argument("--alert-every-s", type=float, default=30.0, metavar="S",
                    help="evaluate the [[alert]] rules on the store this often (default: %(default)s)")  # fmt: skip
+    from ..pipeline import add_remote_write_options
+
+    add_remote_write_options(s)
     s.add_argument("--max-entities", type=int, default=None, metavar="N",
                    help="the cardinality guard: distinct entities kept per scope and minute, the rest fold into "
                    "__overflow__ (default: the metrics TOML's max_entities, else 10000)")  # fmt: skip

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StoreError, UsageError
 
 if TYPE_CHECKING:
-    from ..pipeline import Definitions
+    from ..pipeline import Definitions, RemoteWriter
     from .kafka_member import ConsumeConfig, GroupMember
 
 __all__ = ["add_consume_command", "consume"]
@@ -58,10 +58,13 @@ def consume(
             path = dead_letter or default_dead_letter(store_url)
             with DeadLetter(path) as dl:
                 member = GroupMember(config, engine, definitions, dl)
+                writer = _remote_writer(config, engine, definitions)
                 try:
-                    _run_member(member, config, store_url, path, announce, stop, host, port, definitions)
+                    _run_member(member, config, store_url, path, announce, stop, host, port, writer)
                 finally:
                     member.close()
+                    if writer is not None:  # after the member's last commit: its minutes may be final now
+                        writer.close()
         finally:
             engine.close()  # (also when the member could not start: the engine's threads end)
     finally:
@@ -75,6 +78,22 @@ def consume(
             "losses": member.losses, "rewinds": member.rewinds, "dead_letter": path}  # fmt: skip
 
 
+def _remote_writer(config: ConsumeConfig, engine: Any, definitions: Definitions) -> RemoteWriter | None:
+    """The member's remote writer (started), if ``config`` asks for one: a round sends once the engine has stored
+    every event the member had handed it when the round began."""
+    from ..pipeline import RemoteWriter
+
+    if config.remote_write is None:
+        return None
+    counters = engine.counters
+
+    def stored() -> Any:
+        taken = counters.events
+        return lambda: counters.events_stored + counters.events_not_stored >= taken
+
+    return RemoteWriter(engine.store, definitions, config.remote_write, barrier=stored).start()
+
+
 def _run_member(
     member: GroupMember,
     config: ConsumeConfig,
@@ -84,14 +103,16 @@ def _run_member(
     stop: threading.Event | None,
     host: str,
     port: int | None,
-    definitions: Definitions,
+    writer: RemoteWriter | None,
 ) -> None:
     """Serve ``member``'s endpoints (with ``port``) and run it until ``stop`` (or a signal)."""
     endpoints = None
+    if writer is not None:
+        member.observe = writer.observe
     if port is not None:
         from .member_http import MemberEndpoints, MemberView
 
-        view = MemberView(member, store_url)
+        view = MemberView(member, store_url, writer)
         member.observe = view.observe
         try:
             endpoints = MemberEndpoints(view, host, port).start()
@@ -127,7 +148,7 @@ def _on_signals(handler: Any) -> Any:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from ..pipeline import definitions_from
+    from ..pipeline import definitions_from, remote_write_options
     from .kafka_member import ConsumeConfig
 
     try:
@@ -149,7 +170,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                            encoding=args.encoding, session_timeout_s=args.session_timeout_s,
                            max_poll_interval_s=args.max_poll_interval_s, checkpoint_s=args.checkpoint_s,
                            exit_at_end=args.exit_at_end, client=client, spans=definitions.spans,
-                           endpoints=definitions.endpoints)  # fmt: skip
+                           endpoints=definitions.endpoints, remote_write=remote_write_options(args))  # fmt: skip
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
                      announce=lambda line: print(line, flush=True), host=args.host, port=args.port)  # fmt: skip
@@ -163,6 +184,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> None:
+    from ..pipeline import add_remote_write_options
+
     c = sub.add_parser(
         "consume",
         help="read Kafka topics as a member of a consumer group, exactly once into a store",
@@ -223,6 +246,7 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         action="store_true",
         help="leave the group and exit once every partition this member holds is read to its end",
     )
+    add_remote_write_options(c)
     metrics_option(c)
     store_option(c)
     c.add_argument(

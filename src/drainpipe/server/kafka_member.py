@@ -60,7 +60,15 @@ from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.endpoints import EndpointRules
 from ..inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, message_text, partition_part
 from ..inputs.spans import SpanMapping
-from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, SourceProgress, open_books
+from ..pipeline import (
+    Commit,
+    Definitions,
+    LocalEngine,
+    PartBooks,
+    RemoteWriteOptions,
+    SourceProgress,
+    open_books,
+)
 
 log = logging.getLogger("drainpipe.server")
 
@@ -120,6 +128,7 @@ class ConsumeConfig:
     spans: SpanMapping = field(default_factory=SpanMapping)
     endpoints: EndpointRules = field(default_factory=EndpointRules)
     client: dict[str, Any] = field(default_factory=dict)  # more librdkafka settings
+    remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
 
     def consumer_settings(self) -> dict[str, Any]:
         check_encoding(self.encoding)

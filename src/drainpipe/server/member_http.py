@@ -42,10 +42,12 @@ from prometheus_client.registry import Collector
 
 from ..errors import StoreError
 from ..inputs import EventBatch
+from ..pipeline import RemoteWriter
 from .dashboard import PAGE
 from .drilldown import service_view_of_query
 from .live import Intake, LiveOptions, Sampler
 from .red import RedMetrics
+from .remote_metrics import RemoteWriteCollector
 
 __all__ = ["MemberEndpoints", "MemberView"]
 
@@ -57,8 +59,9 @@ class MemberView:
     :meth:`observe` runs on the member thread (it sees every batch handed to the engine); the rest is read from the
     sampler's and the HTTP threads."""
 
-    def __init__(self, member: Any, store_url: str) -> None:
+    def __init__(self, member: Any, store_url: str, writer: RemoteWriter | None = None) -> None:
         self.member = member
+        self.writer = writer
         self.engine = member.engine
         self.store = member.engine.store
         self.definitions = member.definitions
@@ -69,6 +72,8 @@ class MemberView:
 
     def observe(self, batch: EventBatch) -> None:
         self.red.observe(batch)
+        if self.writer is not None:
+            self.writer.observe(batch)
         top = pc.max(batch.rows.column("ts")).as_py()
         if top is not None and (self._max_ts is None or top > self._max_ts):
             self._max_ts = top
@@ -153,6 +158,8 @@ class MemberEndpoints:
         self.registry = CollectorRegistry()
         self.registry.register(view.red)
         self.registry.register(_MemberCollector(member))
+        if view.writer is not None:
+            self.registry.register(RemoteWriteCollector(view.writer))
         self.sampler = Sampler(view, options or LiveOptions())
         registry, sampler = self.registry, self.sampler
 

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .otlp_answers import GRPC_EXPORT_PATH
+from .remote_metrics import RemoteWriteCollector
 from .service import HANDOFF_BUCKETS, WRITE_BUCKETS, IngestService
 
 PREFIX = "drainpipe"
@@ -191,6 +192,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(service))
         self.registry.register(service.red)  # the traffic's own RED metrics (calls, latency histograms)
+        if service.remote_writer is not None:
+            self.registry.register(RemoteWriteCollector(service.remote_writer))
         self.write_latency = Histogram(
             f"{PREFIX}_store_write_latency_seconds",
             "Latency of one store transaction (merge of a persist batch)",

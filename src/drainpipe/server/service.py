@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 
 from ..errors import IngestRefused, LogFull
 from ..inputs import EventBatch
-from ..pipeline import Definitions, EngineOptions, LocalEngine
+from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptions, RemoteWriter
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .bodies import BodyDecoder, Rejects
@@ -99,6 +99,7 @@ class ServiceOptions:
     alert_every_s: float = 30.0  # how often the definitions' [[alert]] rules are evaluated on the store
     alert_settle_s: float = 10.0  # a period is evaluated once it ended this long ago (its last events merged)
     alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
+    remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
 
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
@@ -164,12 +165,14 @@ class IngestService:
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
         self._aggregator = aggregator
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
+        rw = self.options.remote_write
+        self.remote_writer = RemoteWriter(self.store, definitions, rw, barrier=self._stored) if rw is not None else None
         self.feeder = Feeder(
             self.log,
             self.engine,
             definitions,
             checkpoint_s=self.options.checkpoint_s,
-            observe=self.red.observe,
+            observe=self._observe,
             aggregate=None if aggregator is None else aggregator.aggregate,
         )
         self.feeder.recover()
@@ -203,6 +206,19 @@ class IngestService:
         self.alerter.start()
         if self.options.purge_every_s > 0:
             self.purger.start()
+        if self.remote_writer is not None:
+            self.remote_writer.start()
+
+    def _stored(self) -> Callable[[], bool]:
+        """A check that holds once the store has every event acknowledged until now (the log committed to here)."""
+        end = self.log.end
+        return lambda: self.feeder.committed >= end
+
+    def _observe(self, batch: EventBatch) -> None:
+        """What the feeder hands the engine, seen by the live RED series and the remote writer's late count."""
+        self.red.observe(batch)
+        if self.remote_writer is not None:
+            self.remote_writer.observe(batch)
 
     # ------------------------------------------------------------------ requests
 
@@ -352,6 +368,8 @@ class IngestService:
 
         def close() -> None:
             self._report = self.engine.close()
+            if self.remote_writer is not None:  # after the engine's last commit: its minutes may be final now
+                self.remote_writer.close()
             self.store.close()
 
         if wait_s is None:
