@@ -21,6 +21,7 @@ Prints a table and writes benchmarks/results/ingest_load.json (``--out``). ``--c
 ``--durability none`` vs ``drainpipe run`` (ingest_compare.json). ``--otlp N``: the same events as NDJSON to
 ``/v1/events`` and as OTLP protobuf spans to ``/v1/traces`` (ingest_otlp.json; ``--grpc``: over OTLP/gRPC as
 well). ``--operations N``: retention purges and alert evaluation on against off (ingest_operations.json).
+``--remote-write N``: remote-write to a real Prometheus on against off (ingest_remote_write.json).
 
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py          # 8 clients, 60 s + 180 s
     flock /tmp/drainpipe-bench.lock .venv/bin/python benchmarks/ingest_load.py \
@@ -38,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -647,18 +649,26 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def operations(args: argparse.Namespace) -> int:
+def operations(args: argparse.Namespace, remote_write: str | None = None) -> int:
     """``drainpipe serve`` as it runs for months against the same server with retention and alerts off, in
     alternation, ``args.operations`` rounds. On: a purge every 10 s by a one-minute minute retention (so that every
     purge deletes rows the load keeps writing), four alert rules evaluated every second, notifications posted to a
     local receiver. Off: no purge, no rules. Events/s, p99, RSS in the window; nothing lost (counted by the hour
-    states, which the purge leaves)."""
+    states, which the purge leaves).
+
+    With ``remote_write`` (a receiver's URL; ``--remote-write N``), on is instead the same server with
+    ``--remote-write`` to it, each minute sent as soon as it ends (lateness 0), and off the same without."""
     tmp = Path(tempfile.mkdtemp(prefix="drainpipe-ops-"))
     toml = tmp / "ops.toml"
     toml.write_text(definitions_toml(OPERATION_RULES))
     receiver = Receiver()
-    on = ("--metrics", str(toml), "--alert-every-s", "1", "--alert-webhook", receiver.url, "--purge-every-s", "10",
-          "--retention", "minute=1m")  # fmt: skip
+    on: tuple[str, ...] = ("--metrics", str(toml), "--alert-every-s", "1", "--alert-webhook", receiver.url,
+                           "--purge-every-s", "10", "--retention", "minute=1m")  # fmt: skip
+    off: tuple[str, ...] = ("--purge-every-s", "0")
+    on_label = "on (purge every 10 s, 4 rules every 1 s, webhook)"
+    if remote_write is not None:
+        on = ("--purge-every-s", "0", "--remote-write", remote_write, "--remote-write-lateness-s", "0")
+        on_label = "on (remote-write each minute as it ends, to Prometheus)"
     rounds = []
     for i in range(args.operations):
         row: dict[str, Any] = {}
@@ -666,7 +676,7 @@ def operations(args: argparse.Namespace) -> int:
         # with data (bodies cycled for minutes would otherwise leave the rules' windows empty)
         bodies = build_bodies(args.bodies, args.events_per_request, False, args.seed + i,
                               ahead_s=2 * (args.warmup + args.measure) + 60)  # fmt: skip
-        for name, flags in (("off", ("--purge-every-s", "0")), ("on", on)):
+        for name, flags in (("off", off), ("on", on)):
             if name not in args.sides:
                 continue
             store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
@@ -707,21 +717,57 @@ def operations(args: argparse.Namespace) -> int:
     print()
     print("| | events/s (median) | p99 ms | RSS mean MB | RSS slope %/min | ratio (median of the rounds') |")
     print("|---|---|---|---|---|---|")
-    print(f"| retention and alerts off | {summary['off_events_per_s']:,.0f} | {summary['off_p99_ms']} | "
+    print(f"| off | {summary['off_events_per_s']:,.0f} | {summary['off_p99_ms']} | "
           f"{summary['off_rss_mean_mb']} | | |")  # fmt: skip
-    print(f"| on (purge every 10 s, 4 rules every 1 s, webhook) | {summary['on_events_per_s']:,.0f} | "
+    print(f"| {on_label} | {summary['on_events_per_s']:,.0f} | "
           f"{summary['on_p99_ms']} | {summary['on_rss_mean_mb']} | {summary['on_rss_slope_pct_per_min']} "
           f"(flat in {summary['on_flat_rounds']} of {len(rounds)}) | {summary['on_vs_off']} of off |")  # fmt: skip
-    result = {"mode": "operations", "clients": args.clients, "events_per_request": args.events_per_request,
+    result = {"mode": "remote-write" if remote_write else "operations", "clients": args.clients, "events_per_request": args.events_per_request,
               "warmup_s": args.warmup, "measure_s": args.measure, "on_flags": list(on[:2]) + list(on[4:]),
               "cpus": os.cpu_count(), "rounds": rounds, "median": summary}  # fmt: skip
-    out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_operations.json")
+    name = "ingest_remote_write.json" if remote_write else "ingest_operations.json"
+    out = args.out or str(ROOT / "benchmarks" / "results" / name)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     receiver.server.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if summary["lost"] == 0 else 1
+
+
+def remote_write_cost(args: argparse.Namespace) -> int:
+    """:func:`operations` with remote-write as the "on" side, to a Prometheus started here with its remote-write
+    receiver; afterwards, how many samples it holds."""
+    import urllib.request
+
+    prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
+    work = Path(tempfile.mkdtemp(prefix="drainpipe-prom-"))
+    (work / "prometheus.yml").write_text("global: {scrape_interval: 1h}\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([prometheus, f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--web.enable-remote-write-receiver"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        args.operations = args.remote_write
+        code = operations(args, remote_write=base + "/api/v1/write")
+        with urllib.request.urlopen(f"{base}/api/v1/status/tsdb", timeout=30) as r:
+            head = json.loads(r.read())["data"]["headStats"]
+        print(f"Prometheus holds {head['numSeries']:,} series")
+        return code
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
@@ -759,9 +805,14 @@ def main() -> int:
     ap.add_argument("--operations", type=int, default=0, metavar="ROUNDS",
                     help="instead of the memory test: retention purges and alert evaluation on against off, ROUNDS "
                     "rounds in alternation (ingest_operations.json)")  # fmt: skip
+    ap.add_argument("--remote-write", type=int, default=0, metavar="ROUNDS",
+                    help="serve with --remote-write to a real Prometheus (Debian's, started here) against without, "
+                    "ROUNDS rounds in alternation (ingest_remote_write.json)")  # fmt: skip
     ap.add_argument("--sides", default="off,on", help="--operations: which runs, off,on (default) or one of them")
     args = ap.parse_args()
     args.sides = args.sides.split(",")
+    if args.remote_write:
+        return remote_write_cost(args)
     if args.operations:
         return operations(args)
     if args.otlp:

@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
-from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS
+from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, batch_schema
 from drainpipe.inputs.spans import KINDS, SpanMapping
 
 T0_NS = 1_795_543_194_000_000_000  # ns
@@ -170,7 +170,9 @@ def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceReques
     requests, exits, rejects, count = reference(request, mapping, rules)
     assert result.spans == count
     assert result.rejects == rejects
-    assert result.batch.rows.schema == EVENT_SCHEMA
+    assert result.batch.rows.schema == batch_schema([TRACE_ID])  # (no trace state here: no weights)
+    traces = result.batch.trace_ids()
+    assert traces is not None and all(len(t) == 16 for t in traces.to_pylist())  # (mapped spans have valid ids)
     rows = result.batch.rows.to_pylist()
     split = result.batch.requests
     as_tuples = [tuple(r[f] for f in EVENT_SCHEMA.names) for r in rows]

@@ -1,7 +1,7 @@
 """The input layer: every way events enter drainpipe goes through here.
 
 ============== =================================================================================================
-``schema``     the canonical event batch (:data:`EVENT_SCHEMA`; sampled spans' :data:`WEIGHTED_SCHEMA`)
+``schema``     the canonical event batch (:data:`EVENT_SCHEMA`, and the optional columns: weights, trace ids)
 ``validation`` the validation rules, scalar and columnar cores
 ``rejects``    counts (:class:`ReadStats`), the reject sink, the dead letter (:class:`DeadLetter`)
 ``batches``    the request-row mark of a batch (requests, then exit rows), joining and shipping batches
@@ -36,13 +36,26 @@ from .part import Part, PartReader, RejectList
 from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
 from .position import Position
 from .rejects import DeadLetter, ReadStats, Sink, jsonable
-from .schema import EVENT_SCHEMA, FIELDS, LATENCY_MAX_MS, TS_MAX, TS_MIN, WEIGHT, WEIGHT_MAX, WEIGHTED_SCHEMA
+from .schema import (
+    EVENT_SCHEMA,
+    FIELDS,
+    LATENCY_MAX_MS,
+    OPTIONAL_FIELDS,
+    TRACE_ID,
+    TS_MAX,
+    TS_MIN,
+    WEIGHT,
+    WEIGHT_MAX,
+    batch_schema,
+)
 from .source import Source, SourcePart
 from .validation import validate_records, validate_tuples
 
 __all__ = [
     "EVENT_SCHEMA",
-    "WEIGHTED_SCHEMA",
+    "OPTIONAL_FIELDS",
+    "TRACE_ID",
+    "batch_schema",
     "WEIGHT",
     "WEIGHT_MAX",
     "FIELDS",

@@ -9,9 +9,10 @@ The first :attr:`EventBatch.requests` rows are requests; the others are *exit ro
 CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``. A batch from a format
 without exit rows (JSON Lines, CSV, Parquet, access logs) has ``requests == rows.num_rows``.
 
-A batch of sampled spans has an eighth column, ``weight`` (:data:`~.schema.WEIGHTED_SCHEMA`): how many requests
-each row stands for. Every other batch weighs 1 per row and has no such column, so that unsampled traffic pays
-nothing for it; :meth:`EventBatch.join` gives a mixed list the column (1 where it was absent).
+After the seven columns a batch may have optional ones (:data:`~.schema.OPTIONAL_FIELDS`): ``weight``, how many
+requests each row stands for (sampled spans), and ``trace_id`` (spans, for exemplars). A batch has one only when
+its events carry it, so that other traffic pays nothing for it; :meth:`EventBatch.join` gives a mixed list the
+union (weight 1, trace id null where a batch had none).
 
 A batch also carries what its reader noted about rows it accepted with a caveat (:attr:`EventBatch.warnings`, such
 as a sampling threshold that could not be used), so that the counts reach the read's stats wherever the batch goes
@@ -28,20 +29,22 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .schema import EVENT_SCHEMA, WEIGHT, WEIGHTED_SCHEMA
+from .schema import EVENT_SCHEMA, OPTIONAL_FIELDS, TRACE_ID, WEIGHT, batch_schema
 
 __all__ = ["EventBatch"]
 
 _EXITS = b"DPX1"  # an encoding that starts so holds a batch with exit rows: <N requests u64><IPC message>
-_WEIGHTED = b"DPW1"  # ... a batch with weights (and maybe exit rows): <N requests u64><IPC message>
+_OPTIONAL = b"DPO1"  # ... a batch with optional columns: <N requests u64><columns bitmask u64><IPC message>
 _REQUESTS = struct.Struct("<Q")
+_MASK = struct.Struct("<Q")
+_OPTIONAL_NAMES = tuple(f.name for f in OPTIONAL_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
 class EventBatch:
-    """``rows`` (:data:`~.schema.EVENT_SCHEMA` columns, or :data:`~.schema.WEIGHTED_SCHEMA`'s; the workers'
-    Parquet strings may be dictionary-encoded) of which the first ``requests`` are requests and the rest exit rows.
-    Immutable; safe to share between threads."""
+    """``rows`` (:data:`~.schema.EVENT_SCHEMA` columns, then any optional ones; the workers' Parquet strings may be
+    dictionary-encoded) of which the first ``requests`` are requests and the rest exit rows. Immutable; safe to
+    share between threads."""
 
     rows: pa.RecordBatch
     requests: int
@@ -72,34 +75,57 @@ class EventBatch:
         """One batch: the requests of all, then the exit rows of all (none: an empty batch)."""
         if len(batches) == 1:
             return batches[0]
-        weighted = any(b.weighted for b in batches)
-        if weighted:
-            batches = [b if b.weighted else b.with_weights(np.ones(b.num_rows, np.int64)) for b in batches]
+        optional = {name for b in batches for name in b.optional}
+        if optional:
+            batches = [b.with_optional(optional) for b in batches]
         heads = [b.rows.slice(0, b.requests) for b in batches]
         tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
-        schema = WEIGHTED_SCHEMA if weighted else EVENT_SCHEMA
-        joined = pa.Table.from_batches(heads + tails, schema=schema).combine_chunks().to_batches()
+        joined = pa.Table.from_batches(heads + tails, schema=batch_schema(optional)).combine_chunks().to_batches()
         warnings: Counter[str] = Counter()
         for b in batches:
             warnings.update(dict(b.warnings))
         return cls(joined[0] if joined else _empty(), sum(b.requests for b in batches), tuple(warnings.items()))
 
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The optional columns the rows have (in :data:`~.schema.OPTIONAL_FIELDS`' order)."""
+        return tuple(self.rows.schema.names[len(EVENT_SCHEMA) :])
+
+    def with_column(self, name: str, values: pa.Array) -> EventBatch:
+        """This batch with ``values`` (one per row) as its optional column ``name``."""
+        columns = {n: self.rows.column(n) for n in self.optional}
+        columns[name] = values
+        schema = batch_schema(columns)
+        extra = [columns[schema.field(i).name] for i in range(len(EVENT_SCHEMA), len(schema))]
+        arrays = [*(self.rows.column(i) for i in range(len(EVENT_SCHEMA))), *extra]
+        return EventBatch(pa.RecordBatch.from_arrays(arrays, schema=schema), self.requests, self.warnings)
+
     def with_weights(self, weights: np.ndarray) -> EventBatch:
         """This batch with ``weights`` (int64, one per row, each in [1, ``WEIGHT_MAX``]) as its weight column."""
-        rows = self.rows.drop_columns([WEIGHT]) if self.weighted else self.rows
-        return EventBatch(rows.append_column(WEIGHTED_SCHEMA.field(WEIGHT), pa.array(weights, pa.int64())),
-                          self.requests, self.warnings)  # fmt: skip
+        return self.with_column(WEIGHT, pa.array(weights, pa.int64()))
+
+    def with_optional(self, names: set[str]) -> EventBatch:
+        """This batch with at least the optional columns ``names``: weight 1, trace id null where it had none."""
+        batch = self
+        for name in names - set(self.optional):
+            ones = pa.array(np.ones(self.num_rows, np.int64))
+            batch = batch.with_column(name, ones if name == WEIGHT else pa.nulls(self.num_rows, pa.binary()))
+        return batch
 
     @property
     def weighted(self) -> bool:
         """Whether the rows have a weight column (else each weighs 1)."""
-        return self.rows.num_columns > len(EVENT_SCHEMA)
+        return WEIGHT in self.optional
 
     def weights(self) -> np.ndarray | None:
         """Each row's weight (int64), or None when every row weighs 1 (no weight column)."""
         if not self.weighted:
             return None
         return self.rows.column(WEIGHT).to_numpy()  # (zero-copy: int64 without nulls)
+
+    def trace_ids(self) -> pa.Array | None:
+        """Each row's trace id (binary, null for none), or None when the batch has no such column."""
+        return self.rows.column(TRACE_ID) if TRACE_ID in self.optional else None
 
     @property
     def num_rows(self) -> int:
@@ -116,12 +142,14 @@ class EventBatch:
 
     def encode(self) -> memoryview:
         """The batch as bytes another process or the log can :meth:`decode`: an Arrow IPC message (it starts with
-        0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows (``DPX1``) or weights
-        (``DPW1``). (The serve log's records have been written in this encoding since exit rows existed: old logs
-        decode as they are.)"""
+        0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows (``DPX1``), and with the
+        optional columns' bitmask too when there are any (``DPO1``). (The serve log's records have been written in
+        this encoding since exit rows existed: old logs decode as they are.)"""
         message = self.rows.serialize()
-        if self.weighted:
-            return memoryview(b"".join((_WEIGHTED, _REQUESTS.pack(self.requests), message)))
+        optional = self.optional
+        if optional:
+            mask = sum(1 << _OPTIONAL_NAMES.index(name) for name in optional)
+            return memoryview(b"".join((_OPTIONAL, _REQUESTS.pack(self.requests), _MASK.pack(mask), message)))
         if self.exits == 0:
             return memoryview(message)  # zero-copy
         return memoryview(b"".join((_EXITS, _REQUESTS.pack(self.requests), message)))
@@ -131,12 +159,17 @@ class EventBatch:
         """The batch :meth:`encode` gave (without warnings); zero-copy (the batch holds on to ``payload``)."""
         view = memoryview(payload)
         mark = view[:4]
-        if mark != _EXITS and mark != _WEIGHTED:
-            rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
-            return cls(rows, rows.num_rows)
-        (requests,) = _REQUESTS.unpack_from(view, 4)
-        schema = WEIGHTED_SCHEMA if mark == _WEIGHTED else EVENT_SCHEMA
-        return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), schema), requests)
+        if mark == _EXITS:
+            (requests,) = _REQUESTS.unpack_from(view, 4)
+            return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA), requests)
+        if mark == _OPTIONAL:
+            (requests,) = _REQUESTS.unpack_from(view, 4)
+            (mask,) = _MASK.unpack_from(view, 4 + _REQUESTS.size)
+            schema = batch_schema(name for i, name in enumerate(_OPTIONAL_NAMES) if mask >> i & 1)
+            message = view[4 + _REQUESTS.size + _MASK.size :]
+            return cls(pa.ipc.read_record_batch(pa.py_buffer(message), schema), requests)
+        rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
+        return cls(rows, rows.num_rows)
 
 
 def _empty() -> pa.RecordBatch:

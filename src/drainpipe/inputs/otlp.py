@@ -23,6 +23,7 @@ The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list o
 * a span that cannot be mapped (ids missing or malformed, end before start, a value out of range) is rejected with
   a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``;
 * an HTTP status is an integer value, or a string of ASCII digits;
+* each event keeps its span's trace id (the ``trace_id`` column), from which the live RED series pick exemplars;
 * a sampled span counts as its adjusted count, from the sampling threshold in its trace state (``ot=th:8``: 2;
   :mod:`.sampling`): the batch then has a ``weight`` column. A threshold that cannot be used counts 1 and is
   reported (:attr:`TracesResult.warnings`).
@@ -47,7 +48,7 @@ from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
 from .sampling import adjusted_counts
-from .schema import EVENT_SCHEMA, LATENCY_MAX_MS
+from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID
 from .span_columns import Attributes, SpanColumns, span_columns
 
 try:
@@ -182,6 +183,7 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
     )
     weights, warnings = adjusted_counts(columns.trace_state, columns.span_id, requests)
     events = EventBatch(batch, len(requests), tuple(warnings.items()))
+    events = events.with_column(TRACE_ID, columns.trace_id.take(pa.array(rows)))  # (exemplars)
     if weights is not None:  # exit rows count nothing: 1 each
         events = events.with_weights(np.concatenate([weights, np.ones(len(rows) - len(requests), np.int64)]))
     bad = [(int(i), _REASONS[int(category[i])]) for i in np.flatnonzero(category < 0)]

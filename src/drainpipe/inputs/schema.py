@@ -12,20 +12,35 @@ The batch is a :class:`pyarrow.RecordBatch` with
 ``db_statement`` string    nullable (an empty string counts as absent)
 ================ ========= ==========================================================
 
-and, only in batches of sampled spans, an eighth column (:data:`WEIGHTED_SCHEMA`):
+and after them, only in batches whose events carry them, the optional columns (:data:`OPTIONAL_FIELDS`, in this
+order; :func:`batch_schema`):
 
 ================ ========= ==========================================================
 ``weight``       int64     in [1, :data:`WEIGHT_MAX`]: how many requests the event stands for (a sampled span's
                            adjusted count, :mod:`~drainpipe.inputs.sampling`); a batch without it weighs 1 per row
+``trace_id``     binary    nullable: the 16-byte id of the trace the request belongs to (spans), for exemplars
 ================ ========= ==========================================================
 
 A leaf module (pyarrow only): every reader, the validation rules, the engines and the stores speak this schema."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 
-__all__ = ["EVENT_SCHEMA", "WEIGHTED_SCHEMA", "WEIGHT", "FIELDS", "TS_MIN", "TS_MAX", "LATENCY_MAX_MS", "WEIGHT_MAX"]
+__all__ = [
+    "EVENT_SCHEMA",
+    "OPTIONAL_FIELDS",
+    "WEIGHT",
+    "TRACE_ID",
+    "batch_schema",
+    "FIELDS",
+    "TS_MIN",
+    "TS_MAX",
+    "LATENCY_MAX_MS",
+    "WEIGHT_MAX",
+]
 
 EVENT_SCHEMA = pa.schema(
     [
@@ -39,9 +54,23 @@ EVENT_SCHEMA = pa.schema(
     ]
 )
 FIELDS: tuple[str, ...] = tuple(EVENT_SCHEMA.names)
-#: the weight column's name, and the schema of a batch that has it
 WEIGHT = "weight"
-WEIGHTED_SCHEMA = EVENT_SCHEMA.append(pa.field(WEIGHT, pa.int64(), nullable=False))
+TRACE_ID = "trace_id"
+#: the columns a batch may have after the seven, in this order
+OPTIONAL_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(WEIGHT, pa.int64(), nullable=False),
+    pa.field(TRACE_ID, pa.binary(), nullable=True),
+)
+
+
+def batch_schema(optional: Iterable[str] = ()) -> pa.Schema:
+    """:data:`EVENT_SCHEMA` and the optional columns named (in :data:`OPTIONAL_FIELDS`' order)."""
+    names = set(optional)
+    unknown = names - {f.name for f in OPTIONAL_FIELDS}
+    if unknown:
+        raise ValueError(f"not an optional event column: {sorted(unknown)[0]!r}")
+    return pa.schema([*EVENT_SCHEMA, *(f for f in OPTIONAL_FIELDS if f.name in names)])
+
 
 #: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every
 #: accepted timestamp converts to a Python ``datetime`` and an ISO-8601 bucket name.

@@ -17,7 +17,7 @@ Endpoints::
                          (:mod:`.otlp_answers`)
     (gRPC)            with ``grpc_port``, OTLP/gRPC's TraceService/Export on that port (:mod:`.otlp_grpc`)
     GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
-    GET  /metrics     Prometheus text
+    GET  /metrics     Prometheus text, or OpenMetrics (with exemplars) when the Accept header asks for it
     GET  /v1/service  one service over a range of buckets, from the store (``drilldown``)
     GET  /healthz     {"status": "ok"} (503 while shutting down)
     GET  /            the dashboard (one static page)
@@ -180,9 +180,8 @@ class Handler(BaseHTTPRequestHandler):
                     self._json(200, view)
         elif path == "/metrics":
             if self._authorized():
-                from prometheus_client import CONTENT_TYPE_LATEST
-
-                self._send(200, self.server.metrics.render(), CONTENT_TYPE_LATEST)
+                page, content_type = self.server.metrics.render(self.headers.get("Accept", ""))
+                self._send(200, page, content_type)
         elif path in ("/v1/events", "/v1/traces"):
             self._error(405, "use POST", {"Allow": "POST"})
         else:

@@ -36,8 +36,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pyarrow.compute as pc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from ..errors import StoreError
@@ -167,7 +168,8 @@ class MemberEndpoints:
             def do_GET(self) -> None:
                 path, _, query = self.path.partition("?")
                 if path == "/metrics":
-                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                    self._send(200, encoder(registry), content_type)
                 elif path == "/healthz":
                     ok = not member.failed
                     body = {"status": "ok" if ok else "failing", "failed": member.failed}

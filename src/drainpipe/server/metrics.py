@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from .otlp_answers import GRPC_EXPORT_PATH
@@ -223,8 +224,11 @@ class ServerMetrics:
         service.store.on_write = self.write_latency.observe
         service.sampler.on_handoff = lambda queue, seconds: self.handoff.labels(queue).observe(seconds)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The page and its content type: OpenMetrics (with the exemplars) when ``accept`` asks for it, else the
+        classic text format."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     def count_request(self, path: str, status: int) -> None:
         known = path if path in _PATHS else "other"

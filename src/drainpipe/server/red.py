@@ -16,6 +16,12 @@ Bounded like the stored metrics: at most ``max_entities`` (service, endpoint) se
 counted under ``service="__overflow__", endpoint="__overflow__"``, in ``drainpipe_calls_overflow_total``, and logged
 once. Nothing is dropped from the totals.
 
+Exemplars: where the events carry trace ids (spans), each histogram bucket of a series keeps one, the slowest
+request of that bucket in the latest batch that had one (``trace_id`` label, the latency in seconds, the event's
+time). They are exposed in the OpenMetrics format only (the classic text format cannot carry them): ``/metrics``
+answers in it when the scraper asks (``Accept: application/openmetrics-text``, as Prometheus does), so a latency
+spike in Grafana links to traces behind it.
+
 Thread-safe: :meth:`RedMetrics.observe` (the feeder thread) does its per-event work in numpy outside the lock and
 takes it once per batch to add; :meth:`RedMetrics.collect` (a scrape) copies the arrays under it.
 """
@@ -29,7 +35,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..inputs import EventBatch
@@ -60,6 +66,7 @@ class RedMetrics(Collector):
         self._error = np.zeros(0, np.int64)
         self._hist = np.zeros((0, width), np.int64)  # per series: requests per bucket (not cumulative), last +Inf
         self._sum_ms = np.zeros(0, np.float64)
+        self._exemplars: dict[tuple[int, int], Exemplar] = {}  # (series row, bucket) -> the latest
         self.overflow_calls = 0
 
     # ------------------------------------------------------------------ observing
@@ -88,6 +95,7 @@ class RedMetrics(Collector):
         bucket = np.searchsorted(self.bounds_ms, latency, side="left")
         hist = np.bincount(local * width + bucket, weights=w, minlength=k * width).astype(np.int64).reshape(k, width)
         sums = np.bincount(local, weights=latency if w is None else latency * w, minlength=k)
+        exemplars = _slowest_traced(events, local * width + bucket, latency)
         keys = [(s_names[p // len(e_names)], e_names[p % len(e_names)]) for p in pairs.tolist()]
         with self._lock:  # new pairs are admitted in the order of their first request: first come, first kept
             rows = np.empty(k, np.int64)
@@ -101,6 +109,8 @@ class RedMetrics(Collector):
             np.add.at(self._error, rows, calls - oks)
             np.add.at(self._hist, rows, hist)
             np.add.at(self._sum_ms, rows, sums)
+            for cell, exemplar in exemplars:
+                self._exemplars[(int(rows[cell // width]), cell % width)] = exemplar
 
     def _row(self, key: tuple[str, str]) -> int:
         """The series row of ``key`` (under the lock), created while there is room, else the overflow row."""
@@ -148,6 +158,7 @@ class RedMetrics(Collector):
             ok, error, sum_ms = self._ok[:n].copy(), self._error[:n].copy(), self._sum_ms[:n].copy()
             cumulative = np.cumsum(self._hist[:n], axis=1)
             overflow_calls = self.overflow_calls
+            exemplars = dict(self._exemplars)
         calls = CounterMetricFamily(
             f"{self.prefix}_calls",
             "Requests ingested, per service, endpoint and status",
@@ -162,11 +173,11 @@ class RedMetrics(Collector):
                 calls.add_metric([service, endpoint, "ok"], int(ok[i]))
             if error[i]:
                 calls.add_metric([service, endpoint, "error"], int(error[i]))
-            duration.add_metric(
-                [service, endpoint],
-                buckets=list(zip(les, (int(c) for c in cumulative[i]))),
-                sum_value=float(sum_ms[i]) / 1000.0,
-            )
+            buckets: list = []
+            for b, (le, count) in enumerate(zip(les, (int(c) for c in cumulative[i]))):
+                exemplar = exemplars.get((i, b))
+                buckets.append([le, count] if exemplar is None else [le, count, exemplar])
+            duration.add_metric([service, endpoint], buckets=buckets, sum_value=float(sum_ms[i]) / 1000.0)
         yield calls
         yield duration
         yield CounterMetricFamily(
@@ -174,6 +185,27 @@ class RedMetrics(Collector):
             "Requests counted under the __overflow__ series: their (service, endpoint) came after max_entities others",
             value=overflow_calls,
         )
+
+
+def _slowest_traced(events: EventBatch, cell: np.ndarray, latency: np.ndarray) -> list[tuple[int, Exemplar]]:
+    """Per cell (a series of this batch and a bucket) that has requests with a trace id: the slowest of them as an
+    exemplar (``trace_id`` in hex, the latency in seconds, the event's time)."""
+    traces = events.trace_ids()
+    if traces is None:
+        return []
+    traces = traces.slice(0, events.requests)
+    lengths = pc.fill_null(pc.binary_length(traces), 0).to_numpy(zero_copy_only=False)
+    traced = np.flatnonzero(lengths == 16)
+    if not len(traced):
+        return []
+    order = traced[np.lexsort((latency[traced], cell[traced]))]
+    last = np.ones(len(order), bool)
+    last[:-1] = cell[order][1:] != cell[order][:-1]
+    picked = order[last]
+    ids = traces.take(pa.array(picked)).to_pylist()
+    ts = events.rows.column("ts").to_numpy()[picked]
+    return [(int(cell[row]), Exemplar({"trace_id": tid.hex()}, float(latency[row]) / 1000.0, float(t) / 1000.0))
+            for row, tid, t in zip(picked.tolist(), ids, ts.tolist())]  # fmt: skip
 
 
 def _le(seconds: float) -> str:

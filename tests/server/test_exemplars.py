@@ -1,0 +1,83 @@
+"""Exemplars on ``/metrics``: spans keep their trace ids, and each latency bucket of the live RED histogram links to
+the slowest traced request in it, exposed in the OpenMetrics format when the scraper asks for it (the classic text
+format cannot carry them). A real Prometheus (Debian's, with its exemplar storage on) scrapes the server and gives
+the exemplars back through its query API: the trace ids of the slowest span per service, endpoint and bucket."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from server_testlib import PROMETHEUS, prometheus, request, running_server, wait_for
+
+from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
+
+pytestmark = pytest.mark.skipif(
+    not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
+)
+
+
+def _export(now_ns: int) -> tuple[bytes, dict[tuple[str, str, float], str]]:
+    """An export of SERVER spans over two services and routes, latencies spread over the buckets; and the trace id
+    (hex) of the slowest span per (service, route, bucket bound in seconds)."""
+    request = ExportTraceServiceRequest()
+    slowest: dict[tuple[str, str, float], tuple[float, str]] = {}
+    bounds = [*DEFAULT_LATENCY_BUCKETS_MS, float("inf")]
+    for s, service in enumerate(("shop", "cart")):
+        rs = request.resource_spans.add()
+        rs.resource.attributes.add(key="service.name").value.string_value = service
+        spans = rs.scope_spans.add().spans
+        for i in range(120):
+            route = f"/r{i % 2}"
+            latency_ms = (i * 37 + s * 11) % 3000 + 0.5
+            trace_id = (s * 1000 + i + 1).to_bytes(16, "big")
+            span = spans.add(trace_id=trace_id, span_id=(i + 1).to_bytes(8, "big"), name="GET", kind=2,
+                             start_time_unix_nano=now_ns - int(latency_ms * 1e6), end_time_unix_nano=now_ns)  # fmt: skip
+            span.attributes.add(key="http.route").value.string_value = route
+            le = next(b for b in bounds if latency_ms <= b)
+            key = (service, route, le / 1000 if le != float("inf") else le)
+            if latency_ms > slowest.get(key, (-1.0, ""))[0]:
+                slowest[key] = (latency_ms, trace_id.hex())
+    return request.SerializeToString(), {k: v[1] for k, v in slowest.items()}
+
+
+def _exemplars(base: str, start: float, end: float) -> dict[tuple[str, str, float], list[str]]:
+    query = urllib.parse.urlencode({"query": "drainpipe_call_duration_seconds_bucket", "start": start, "end": end})
+    with urllib.request.urlopen(f"{base}/api/v1/query_exemplars?{query}", timeout=10) as answer:
+        import json
+
+        data = json.loads(answer.read())["data"]
+    out: dict[tuple[str, str, float], list[str]] = {}
+    for series in data:
+        labels: dict[str, Any] = series["seriesLabels"]
+        key = (labels["service"], labels["endpoint"], float(labels["le"]))
+        out[key] = [e["labels"]["trace_id"] for e in series["exemplars"]]
+    return out
+
+
+def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_path: Path) -> None:
+    body, slowest = _export(time.time_ns())
+    with running_server() as srv:
+        status, _, _ = request(srv.url + "/v1/traces", "POST", body, {"Content-Type": "application/x-protobuf"})
+        assert status == 200
+        wait_for(lambda: b"drainpipe_calls_total{" in request(srv.url + "/metrics")[2], 30, "the series")
+        # the classic text format has no exemplars; OpenMetrics, when asked for, has them
+        _, headers, classic = request(srv.url + "/metrics")
+        assert headers["Content-Type"].startswith("text/plain") and b"trace_id" not in classic
+        _, headers, page = request(srv.url + "/metrics", headers={"Accept": "application/openmetrics-text"})
+        assert headers["Content-Type"].startswith("application/openmetrics-text") and b'# {trace_id="' in page
+        target = srv.url.removeprefix("http://")
+        config = ("global: {scrape_interval: 1s}\n"
+                  f"scrape_configs:\n  - job_name: drainpipe\n    static_configs: [{{targets: ['{target}']}}]\n")  # fmt: skip
+        with prometheus(tmp_path, config, ["--enable-feature=exemplar-storage"]) as prom:
+            start = time.time() - 60
+            got = wait_for(lambda: (e := _exemplars(prom, start, time.time() + 60)) and len(e) >= len(slowest) and e,
+                           30, "the exemplars in Prometheus")  # fmt: skip
+    for key, trace in slowest.items():
+        assert got.get(key) == [trace], key
+    assert set(got) == set(slowest)  # no bucket without traced requests has one
