@@ -6,6 +6,7 @@ strings, bad ids, end before start, latencies out of range; and a custom ``[span
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,9 +171,14 @@ def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceReques
     requests, exits, rejects, count = reference(request, mapping, rules)
     assert result.spans == count
     assert result.rejects == rejects
-    assert result.batch.rows.schema == batch_schema([TRACE_ID])  # (no trace state here: no weights)
-    traces = result.batch.trace_ids()
-    assert traces is not None and all(len(t) == 16 for t in traces.to_pylist())  # (mapped spans have valid ids)
+    assert result.batch.rows.schema == EVENT_SCHEMA  # (no trace state here: no weights; no exemplars asked for)
+    if result.batch.requests:  # with exemplars asked for, each event keeps its span's trace id
+        kept = map_spans(request.SerializeToString(), dataclasses.replace(mapping, trace_ids=True), rules).batch
+        assert (
+            kept.rows.schema == batch_schema([TRACE_ID]) and kept.rows.select(EVENT_SCHEMA.names) == result.batch.rows
+        )
+        traces = kept.trace_ids()
+        assert traces is not None and all(len(t) == 16 for t in traces.to_pylist())  # (mapped spans have valid ids)
     rows = result.batch.rows.to_pylist()
     split = result.batch.requests
     as_tuples = [tuple(r[f] for f in EVENT_SCHEMA.names) for r in rows]

@@ -1,10 +1,11 @@
-"""Exemplars on ``/metrics``: spans keep their trace ids, and each latency bucket of the live RED histogram links to
+"""Exemplars on ``/metrics`` (``[prometheus] exemplars = true``): spans keep their trace ids, and each latency bucket of the live RED histogram links to
 the slowest traced request in it, exposed in the OpenMetrics format when the scraper asks for it (the classic text
 format cannot carry them). A real Prometheus (Debian's, with its exemplar storage on) scrapes the server and gives
 the exemplars back through its query API: the trace ids of the slowest span per service, endpoint and bucket."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.parse
 import urllib.request
@@ -15,7 +16,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from server_testlib import PROMETHEUS, prometheus, request, running_server, wait_for
 
-from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
+from drainpipe.inputs.spans import SpanMapping
+from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS, default_definitions, parse_definitions
 
 pytestmark = pytest.mark.skipif(
     not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
@@ -62,7 +64,10 @@ def _exemplars(base: str, start: float, end: float) -> dict[tuple[str, str, floa
 
 def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_path: Path) -> None:
     body, slowest = _export(time.time_ns())
-    with running_server() as srv:
+    toml = '[prometheus]\nexemplars = true\n[[metric]]\nname = "c"\nscope = "service"\nfunction = "cpm"\n'
+    assert parse_definitions(toml).spans.trace_ids  # the switch, in the metrics TOML
+    definitions = dataclasses.replace(default_definitions(), spans=SpanMapping(trace_ids=True))
+    with running_server(definitions=definitions) as srv:
         status, _, _ = request(srv.url + "/v1/traces", "POST", body, {"Content-Type": "application/x-protobuf"})
         assert status == 200
         wait_for(lambda: b"drainpipe_calls_total{" in request(srv.url + "/metrics")[2], 30, "the series")

@@ -27,6 +27,8 @@ class SpanMapping:
     endpoint: tuple[str, ...] = ("http.route",)
     http_status: tuple[str, ...] = ("http.response.status_code", "http.status_code")
     statement: tuple[str, ...] = ("db.query.text", "db.statement")
+    #: keep each request's trace id (the batch's ``trace_id`` column): the metrics TOML's ``[prometheus] exemplars``
+    trace_ids: bool = False
 
     def __post_init__(self) -> None:
         for name in ("request_kinds", "service", "instance", "endpoint", "http_status", "statement"):

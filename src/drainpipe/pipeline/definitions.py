@@ -495,9 +495,15 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         )
     retention = parse_retention(document.get("retention", {}), source)
     prometheus = document.get("prometheus", {})
-    if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms"}:
-        raise DefinitionError(f"{source}: [prometheus] takes one key, latency_buckets_ms = [5, 10, 25, ...]")
+    if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms", "exemplars"}:
+        raise DefinitionError(f"{source}: [prometheus] takes latency_buckets_ms = [5, 10, 25, ...] and "
+                              "exemplars = true|false")  # fmt: skip
+    exemplars = prometheus.get("exemplars", False)
+    if not isinstance(exemplars, bool):
+        raise DefinitionError(f"{source}: [prometheus] exemplars must be true or false, not {exemplars!r}")
     spans = parse_span_mapping(document.get("spans", {}), source)
+    if exemplars:  # request spans keep their trace ids, from which the live histograms pick exemplars
+        spans = dataclasses.replace(spans, trace_ids=True)
     endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
     for kind, cls, keys in (("metric", MetricDef, _METRIC_KEYS), ("topn", TopNDef, _TOPN_KEYS)):

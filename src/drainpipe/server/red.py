@@ -66,7 +66,12 @@ class RedMetrics(Collector):
         self._error = np.zeros(0, np.int64)
         self._hist = np.zeros((0, width), np.int64)  # per series: requests per bucket (not cumulative), last +Inf
         self._sum_ms = np.zeros(0, np.float64)
-        self._exemplars: dict[tuple[int, int], Exemplar] = {}  # (series row, bucket) -> the latest
+        # per series and bucket, the latest exemplar: trace id, latency (s), time (s), whether there is one; numpy
+        # arrays beside the histogram (no Python object per exemplar until a scrape asks for them)
+        self._ex_id = np.zeros((0, width, 16), np.uint8)
+        self._ex_value = np.zeros((0, width), np.float64)
+        self._ex_ts = np.zeros((0, width), np.float64)
+        self._ex_set = np.zeros((0, width), bool)
         self.overflow_calls = 0
 
     # ------------------------------------------------------------------ observing
@@ -95,7 +100,7 @@ class RedMetrics(Collector):
         bucket = np.searchsorted(self.bounds_ms, latency, side="left")
         hist = np.bincount(local * width + bucket, weights=w, minlength=k * width).astype(np.int64).reshape(k, width)
         sums = np.bincount(local, weights=latency if w is None else latency * w, minlength=k)
-        exemplars = _slowest_traced(events, local * width + bucket, latency)
+        exemplars = _slowest_traced(events, local * width + bucket, latency, k * width)
         keys = [(s_names[p // len(e_names)], e_names[p % len(e_names)]) for p in pairs.tolist()]
         with self._lock:  # new pairs are admitted in the order of their first request: first come, first kept
             rows = np.empty(k, np.int64)
@@ -109,8 +114,13 @@ class RedMetrics(Collector):
             np.add.at(self._error, rows, calls - oks)
             np.add.at(self._hist, rows, hist)
             np.add.at(self._sum_ms, rows, sums)
-            for cell, exemplar in exemplars:
-                self._exemplars[(int(rows[cell // width]), cell % width)] = exemplar
+            if exemplars is not None:
+                cells, ids, values, times = exemplars
+                r, b = rows[cells // width], cells % width
+                self._ex_id[r, b] = ids
+                self._ex_value[r, b] = values
+                self._ex_ts[r, b] = times
+                self._ex_set[r, b] = True
 
     def _row(self, key: tuple[str, str]) -> int:
         """The series row of ``key`` (under the lock), created while there is room, else the overflow row."""
@@ -142,6 +152,11 @@ class RedMetrics(Collector):
             hist = np.zeros((size, self._hist.shape[1]), np.int64)
             hist[: len(self._hist)] = self._hist
             self._hist = hist
+            for name in ("_ex_id", "_ex_value", "_ex_ts", "_ex_set"):
+                old = getattr(self, name)
+                grown = np.zeros((size, *old.shape[1:]), old.dtype)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
         return row
 
     @property
@@ -158,7 +173,8 @@ class RedMetrics(Collector):
             ok, error, sum_ms = self._ok[:n].copy(), self._error[:n].copy(), self._sum_ms[:n].copy()
             cumulative = np.cumsum(self._hist[:n], axis=1)
             overflow_calls = self.overflow_calls
-            exemplars = dict(self._exemplars)
+            ex_set, ex_id = self._ex_set[:n].copy(), self._ex_id[:n].copy()
+            ex_value, ex_ts = self._ex_value[:n].copy(), self._ex_ts[:n].copy()
         calls = CounterMetricFamily(
             f"{self.prefix}_calls",
             "Requests ingested, per service, endpoint and status",
@@ -175,8 +191,12 @@ class RedMetrics(Collector):
                 calls.add_metric([service, endpoint, "error"], int(error[i]))
             buckets: list = []
             for b, (le, count) in enumerate(zip(les, (int(c) for c in cumulative[i]))):
-                exemplar = exemplars.get((i, b))
-                buckets.append([le, count] if exemplar is None else [le, count, exemplar])
+                if ex_set[i, b]:
+                    exemplar = Exemplar({"trace_id": ex_id[i, b].tobytes().hex()}, float(ex_value[i, b]),
+                                        float(ex_ts[i, b]))  # fmt: skip
+                    buckets.append([le, count, exemplar])
+                else:
+                    buckets.append([le, count])
             duration.add_metric([service, endpoint], buckets=buckets, sum_value=float(sum_ms[i]) / 1000.0)
         yield calls
         yield duration
@@ -187,25 +207,31 @@ class RedMetrics(Collector):
         )
 
 
-def _slowest_traced(events: EventBatch, cell: np.ndarray, latency: np.ndarray) -> list[tuple[int, Exemplar]]:
-    """Per cell (a series of this batch and a bucket) that has requests with a trace id: the slowest of them as an
-    exemplar (``trace_id`` in hex, the latency in seconds, the event's time)."""
+def _slowest_traced(
+    events: EventBatch, cell: np.ndarray, latency: np.ndarray, cells: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per cell (a series of this batch and a bucket; ``cells`` of them) that has requests with a trace id: the
+    slowest of them, as (cells, trace ids as rows of 16 bytes, latencies in seconds, times in seconds); None when no
+    request has one. O(requests), no Python object per request or cell."""
     traces = events.trace_ids()
     if traces is None:
-        return []
-    traces = traces.slice(0, events.requests)
-    lengths = pc.fill_null(pc.binary_length(traces), 0).to_numpy(zero_copy_only=False)
-    traced = np.flatnonzero(lengths == 16)
+        return None
+    n = events.requests
+    offsets = np.frombuffer(traces.buffers()[1], np.int32, n + 1, traces.offset * 4)
+    traced = np.flatnonzero(np.diff(offsets) == 16)  # (a null or malformed id has another length)
     if not len(traced):
-        return []
-    order = traced[np.lexsort((latency[traced], cell[traced]))]
-    last = np.ones(len(order), bool)
-    last[:-1] = cell[order][1:] != cell[order][:-1]
-    picked = order[last]
-    ids = traces.take(pa.array(picked)).to_pylist()
+        return None
+    slowest = np.full(cells, -1.0)
+    np.maximum.at(slowest, cell[traced], latency[traced])
+    winner = np.full(cells, -1, np.int64)
+    hits = traced[latency[traced] == slowest[cell[traced]]]
+    winner[cell[hits]] = hits  # (ties: any one of them)
+    chosen = np.flatnonzero(winner >= 0)
+    picked = winner[chosen]
+    data = np.frombuffer(traces.buffers()[2], np.uint8)
+    ids = data[offsets[picked][:, None] + np.arange(16)]
     ts = events.rows.column("ts").to_numpy()[picked]
-    return [(int(cell[row]), Exemplar({"trace_id": tid.hex()}, float(latency[row]) / 1000.0, float(t) / 1000.0))
-            for row, tid, t in zip(picked.tolist(), ids, ts.tolist())]  # fmt: skip
+    return chosen, ids, latency[picked] / 1000.0, ts / 1000.0
 
 
 def _le(seconds: float) -> str:
