@@ -52,6 +52,7 @@ def parse_span_mapping(table: Any, source: str = "<definitions>") -> SpanMapping
     if unknown:
         raise DefinitionError(f"{source}: [spans] unknown key {unknown[0]!r} (allowed: {', '.join(allowed)})")
     try:
-        return SpanMapping(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+        lists: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+        return SpanMapping(**lists)
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
