@@ -77,11 +77,14 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
             warm = traffic(40, int(time.time() * 1000) - 3_600_000)
             warm[0]["status"], warm[1]["status"] = True, False
             assert post_events(srv.url, warm, token=TOKEN)[0] == 200
-            time.sleep(4)  # scraped well before the window below starts
+            # scraped before the window below starts (it starts 2 s before the traffic)
+            wait_for(lambda: promql(prom, 'drainpipe_calls_total{job="drainpipe",service="shop"}', time.time()), 15,
+                     "the warm-up's series in Prometheus")  # fmt: skip
+            time.sleep(2.2)
             # the traffic's events all carry one minute (the counters count calls whatever their time)
             minute = int(time.time() // 60 * 60_000)
             t0, sent, errors = time.time(), 0, 0
-            while time.time() - t0 < 10:
+            while time.time() - t0 < 6:
                 batch = traffic(150, minute + 30_000)
                 assert post_events(srv.url, batch, token=TOKEN)[0] == 200
                 sent += len(batch)
@@ -94,7 +97,7 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
                     return store.query(metric, entity="shop", granularity="minute", start=iso, end=iso)
 
             wait_for(lambda: [r[5] for r in stored("service_cpm")] == [sent], 30, "the minute in the store")
-            time.sleep(3)  # the last requests are scraped
+            time.sleep(2)  # the last requests are scraped (every second)
             at = time.time()
             window = int(at - t0) + 2  # starts 1-2 s before the traffic, after the warm-up was scraped
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
-from drainpipe.inputs import EVENT_SCHEMA, DeadLetter, Part, Position, ReadStats, plan_parts
+from drainpipe.inputs import EVENT_SCHEMA, WEIGHT, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, LogFormat
 from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline import (
@@ -327,12 +327,13 @@ def per_type_stage(
     bookkeeping) per type: rows placed by ``placement`` on ``options.type_key`` (``repartitionById``), each
     partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's.
 
-    Only the columns the definitions read cross the shuffle (:func:`~drainpipe.spark.rows.columns_used`), and
-    for top-N-only definitions only the rows with a key."""
+    Only the columns the definitions read cross the shuffle (:func:`~drainpipe.spark.rows.columns_used`, and the
+    events' weights when they have them), and for top-N-only definitions only the rows with a key."""
     from pyspark.sql import functions as F
 
     bookkeeping = "kind" in events.columns
-    keep = [*columns_used(definitions), *([options.type_key] if options.type_key not in EVENT_SCHEMA.names else [])]
+    keep = [*columns_used(definitions), *([options.type_key] if options.type_key not in EVENT_SCHEMA.names else []),
+            *([WEIGHT] if WEIGHT in events.columns else [])]  # (a sampled span's adjusted count)  # fmt: skip
     if bookkeeping:
         keep += list(META_COLUMNS)
     events = events.select(*dict.fromkeys(keep))

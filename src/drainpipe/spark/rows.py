@@ -181,7 +181,7 @@ _FILL: Mapping[str, Any] = {"instance": "", "endpoint": "", "status": True, "db_
 def columns_used(definitions: Definitions) -> tuple[str, ...]:
     """The event columns ``aggregate_batch`` reads for ``definitions`` (in :data:`EVENT_SCHEMA` order).
 
-    Always ``ts``, ``service`` (every entity and bucket) and ``weight``, then each definition's scope column, its
+    Always ``ts`` and ``service`` (every entity and bucket), then each definition's scope column, its
     ``field``, the columns its ``where`` filter compares, ``latency_ms`` and ``status`` for the functions that
     classify events by them (apdex, percentile, sla), and a top-N's ``latency_ms`` and ``key``. The per-type
     stage ships only these through the shuffle; :func:`fill_unused` restores the rest with constants.
@@ -202,7 +202,7 @@ def columns_used(definitions: Definitions) -> tuple[str, ...]:
         if topn.scope != "service":
             used.add(topn.scope)
         used.update(("latency_ms", topn.key))
-    return (*(name for name in EVENT_SCHEMA.names if name in used), WEIGHT)
+    return tuple(name for name in EVENT_SCHEMA.names if name in used)
 
 
 def topn_only_filter(definitions: Definitions) -> list[str] | None:
