@@ -301,19 +301,26 @@ class RemoteWriter:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        deadline = time.monotonic() + flush_s
+        try:
+            self.flush(flush_s)
+        except Exception:
+            log.exception("remote write: the last round failed")
+
+    def flush(self, deadline_s: float) -> bool:
+        """Send what is final by now, retrying a receiver that is down (back-off) for up to ``deadline_s``; whether
+        everything final was sent (else the next start sends the rest). Not with :meth:`start`'s thread running."""
+        deadline = time.monotonic() + deadline_s
+        delay = _BACKOFF[0]
         while True:
             try:
                 self.send_final()
-                return
+                return True
             except RemoteWriteError as exc:
-                if time.monotonic() + _BACKOFF[0] > deadline:
+                if time.monotonic() + delay > deadline:
                     log.warning("%s; left for the next start", exc)
-                    return
-                time.sleep(_BACKOFF[0])
-            except Exception:
-                log.exception("remote write: the last round failed")
-                return
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, _BACKOFF[1])
 
 
 # ---------------------------------------------------------------------------------------------- the command line
@@ -369,15 +376,5 @@ def send_stored(
     down for up to ``deadline_s``; the writer's counts, and ``unsent``: 1 when it gave up (the next run or server
     sends the rest)."""
     writer = RemoteWriter(store, definitions, options)
-    deadline = time.monotonic() + deadline_s
-    delay = _BACKOFF[0]
-    while True:
-        try:
-            writer.send_final()
-            return {**writer.stats(), "unsent": 0}
-        except RemoteWriteError as exc:
-            if time.monotonic() + delay > deadline:
-                log.warning("%s; giving up for now", exc)
-                return {**writer.stats(), "unsent": 1}
-            time.sleep(delay)
-            delay = min(delay * 2, _BACKOFF[1])
+    sent = writer.flush(deadline_s)
+    return {**writer.stats(), "unsent": 0 if sent else 1}
