@@ -14,7 +14,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from jvm_archive import java_options
+
 PG_ENV = "DRAINPIPE_TEST_PG"
+
+#: every Spark JVM the tests start maps the class archive `make test` built (tests/jvm_archive.py): drivers and the
+#: Connect server through spark-submit, the standalone master and worker through spark-class; executors get it from
+#: the tests' conf (tests/spark/conftest.py)
+JVM_OPTIONS = java_options()
+if JVM_OPTIONS:
+    for variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+        os.environ[variable] = f"{os.environ.get(variable, '')} {JVM_OPTIONS}".strip()
 
 
 KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from drainpipe.spark.kafka import connector_package
+from jvm_archive import java_options
 
+JVM_OPTIONS = java_options()
 #: small and quiet: two cores, 8 shuffle partitions, no UI
 TEST_CONF = {
     "spark.sql.shuffle.partitions": "8",
@@ -17,6 +19,7 @@ TEST_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.jars.packages": connector_package(),
+    **({"spark.executor.defaultJavaOptions": JVM_OPTIONS} if JVM_OPTIONS else {}),  # (tests/jvm_archive.py)
 }
 
 

@@ -16,8 +16,10 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/ (jvm_archive, for the conftest's TEST_CONF)
 from conftest import TEST_CONF
 from drainpipe.spark import KafkaTopics, run_stream
 

@@ -16,6 +16,7 @@ import pytest
 from cluster import connect_server, standalone_cluster
 from spark_testlib import SPARK, skewed_inputs
 
+from conftest import JVM_OPTIONS
 from drainpipe.inputs import head_of, node_of
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.generator import generate_events, write_events
@@ -45,6 +46,7 @@ def test_a_relative_input_on_a_standalone_cluster_equals_the_local_engine(cluste
         [sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-master", cluster.master,
          "--spark-conf", f"spark.pyspark.python={cluster.python}", "--spark-conf", "spark.driver.host=127.0.0.1",
          "--spark-conf", "spark.executor.cores=1", "--spark-conf", "spark.executor.memory=1g",
+         *(["--spark-conf", f"spark.executor.defaultJavaOptions={JVM_OPTIONS}"] if JVM_OPTIONS else []),
          "--input", "events.jsonl", "--store", "duckdb:///spark.duckdb", "--dead-letter", "spark.jsonl"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
