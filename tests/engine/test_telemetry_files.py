@@ -4,6 +4,7 @@ tests/spark/test_spark_telemetry.py runs the same files through Spark and compar
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from drainpipe.errors import InputError
 from drainpipe.inputs.options import InputOptions
-from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.definitions import EXEMPLARS, default_definitions, with_exemplars
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
 from telemetry_files import access_log, otlp_file
@@ -27,6 +28,45 @@ def telemetry_inputs(directory: Path) -> tuple[list[str], dict]:
     spans = otlp_file(directory / "traces.otlp.jsonl.gz", 3, BASE_MS)
     paths = [str(directory / p) for p in ("nginx-access.log", "apache-access.log.gz", "traces.otlp.jsonl.gz")]
     return paths, {"access": nginx + apache, "spans": spans}
+
+
+#: the default metrics, with exemplars kept (``[prometheus] exemplars = true``): the spans' trace ids reach the store
+DEFINITIONS = with_exemplars(default_definitions())
+
+
+def expected_exemplars(path: Path) -> list[tuple]:
+    """What the exemplars top-N should hold for the OTLP fixture file, read with json alone: per service/endpoint,
+    minute (of the end time) and latency bucket (upper-inclusive), the slowest SERVER span's trace id (ties: the
+    smaller id), as (entity, minute ISO, latency ms, trace id)."""
+    import bisect
+    import time
+
+    bounds = DEFINITIONS.latency_buckets_ms
+    best: dict[tuple, tuple[float, str]] = {}
+    for line in gzip.decompress(path.read_bytes()).decode().splitlines():
+        try:
+            document = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the truncated line
+        for resource in document["resourceSpans"]:
+            attributes = {a["key"]: a["value"]["stringValue"] for a in resource["resource"]["attributes"]}
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
+                    if span.get("kind") != "SPAN_KIND_SERVER" or end < start:
+                        continue
+                    route = {a["key"]: a["value"].get("stringValue") for a in span.get("attributes", [])}
+                    endpoint = route.get("http.route") or span["name"].rsplit("/", 1)[0] + "/{id}"
+                    latency = (end - start) / 1e6
+                    minute = end // 1_000_000 // 60_000 * 60_000
+                    key = (f"{attributes['service.name']}/{endpoint}", minute, bisect.bisect_left(bounds, latency))
+                    candidate = (-latency, span["traceId"])
+                    if key not in best or candidate < best[key]:
+                        best[key] = candidate
+    return sorted(
+        (entity, time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(minute / 1000)), -negative, trace)
+        for (entity, minute, _le), (negative, trace) in best.items()
+    )
 
 
 def cpm_by_entity(url: str, metric: str) -> dict[str, float]:
@@ -44,7 +84,7 @@ def test_access_logs_and_otlp_files_through_the_local_engine(tmp_path: Path) -> 
     paths, want = telemetry_inputs(tmp_path)
     url = f"duckdb:///{tmp_path / 'store.duckdb'}"
     dead = tmp_path / "rejected.jsonl"
-    summary = run_local(paths, definitions=default_definitions(), store_url=url, dead_letter=str(dead), service="web")
+    summary = run_local(paths, definitions=DEFINITIONS, store_url=url, dead_letter=str(dead), service="web")
     assert summary.complete and summary.dropped == 0
     services = cpm_by_entity(url, "service_cpm")
     assert services["web"] == len(want["access"])
@@ -65,9 +105,13 @@ def test_access_logs_and_otlp_files_through_the_local_engine(tmp_path: Path) -> 
     store = open_store(url)
     try:  # CLIENT spans' statements reach the statements top-N, and nothing else
         statements = {row[4] for row in store.query_topn("top_slow_statements")}
+        exemplars = sorted((entity, bucket, latency, key)
+                           for _n, entity, bucket, _rank, key, latency in store.query_topn(EXEMPLARS))  # fmt: skip
     finally:
         store.close()
     assert statements and all(s.startswith("SELECT ") for s in statements)
+    # the slowest SERVER span's trace id per endpoint, minute and latency bucket ([prometheus] exemplars)
+    assert exemplars == expected_exemplars(Path(paths[2])) and len(exemplars) > 50
 
 
 def test_an_access_log_needs_a_service(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from drainpipe.spark import JobOptions, run_batch
 from testlib import assert_same_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from test_telemetry_files import telemetry_inputs
+from test_telemetry_files import DEFINITIONS, telemetry_inputs
 
 pytestmark = SPARK
 
@@ -24,17 +24,22 @@ pytestmark = SPARK
 def test_spark_reads_access_logs_and_otlp_files_as_the_local_engine_does(spark, tmp_path: Path) -> None:
     paths, _ = telemetry_inputs(tmp_path)
     local, remote = f"duckdb:///{tmp_path / 'local.duckdb'}", f"duckdb:///{tmp_path / 'spark.duckdb'}"
-    summary = run_local(paths, definitions=default_definitions(), store_url=local,
+    summary = run_local(paths, definitions=DEFINITIONS, store_url=local,
                         dead_letter=str(tmp_path / "local.jsonl"), service="web")  # fmt: skip
-    result = run_batch(paths, definitions=default_definitions(), store_url=remote, spark=spark,
+    result = run_batch(paths, definitions=DEFINITIONS, store_url=remote, spark=spark,
                        dead_letter=str(tmp_path / "spark.jsonl"), service="web")  # fmt: skip
     assert (result["read"], result["accepted"], result["rejected"]) == (
         summary.read,
         summary.accepted,
         summary.rejected,
     )
-    assert_same_results(local, remote, default_definitions())
+    assert_same_results(local, remote, DEFINITIONS)  # the exemplars top-N too (the spans' trace ids)
     assert (tmp_path / "spark.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+    # with the per-type stage, the trace ids (and weights) cross its shuffle
+    placed = f"duckdb:///{tmp_path / 'placed.duckdb'}"
+    run_batch(paths, definitions=DEFINITIONS, store_url=placed, spark=spark, service="web",
+              dead_letter=str(tmp_path / "placed.jsonl"), options=JobOptions(per_type="placed"))  # fmt: skip
+    assert_same_results(local, placed, DEFINITIONS)
 
 
 def test_spark_reads_custom_log_formats_and_quoted_csv_as_the_local_engine_does(

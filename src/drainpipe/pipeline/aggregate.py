@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..inputs import WEIGHT, EventBatch
-from .buckets import GRANULARITY_MS, TOPN_BUCKET_MS
+from .buckets import GRANULARITY_MS
 from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
@@ -337,24 +337,55 @@ def _topn_candidates(g: np.ndarray, latency: np.ndarray, size: int, n: int) -> n
 
 
 def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
-    groups = view.groups(topn.scope, TOPN_BUCKET_MS)
+    if topn.key not in view.batch.schema.names:  # an optional column (trace_id) this batch does not have
+        return TOPN_STATE_SCHEMA.empty_table()
     keys = view.arrow(topn.key)
-    has_key = pc.fill_null(pc.not_equal(keys, ""), False).to_numpy(zero_copy_only=False)
+    if pa.types.is_null(keys.type):  # (a table built with no value in the column)
+        return TOPN_STATE_SCHEMA.empty_table()
+    groups = view.groups(topn.scope, topn.bucket_ms)
+    present = pc.binary_length(keys) if pa.types.is_binary(keys.type) else pc.utf8_length(keys)
+    has_key = pc.fill_null(pc.greater(present, 0), False).to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(has_key & (groups.gid >= 0))
     g = groups.gid[rows]
     latency = view.numpy("latency_ms")[rows]
-    pick = _topn_candidates(g, latency, groups.size, topn.n)
+    if topn.latency_buckets_ms:  # n per latency bucket: candidates per (group, latency bucket)
+        bounds = np.asarray(topn.latency_buckets_ms)
+        classes = np.searchsorted(bounds, latency, side="left")
+        pick = _topn_candidates(g * (len(bounds) + 1) + classes, latency, groups.size * (len(bounds) + 1), topn.n)
+    else:
+        pick = _topn_candidates(g, latency, groups.size, topn.n)
     rows, g = rows[pick], g[pick]
+    picked = keys.take(pa.array(rows, pa.int64()))
     table = pa.table(
         {
             "entity": groups.entity.take(pa.array(g, pa.int64())),
             "bucket": pa.array(groups.bucket[g], pa.int64()),
             "latency_ms": pa.array(latency[pick], pa.float64()),
-            "key": keys.take(pa.array(rows, pa.int64())),
+            "key": _hex_strings(picked) if pa.types.is_binary(picked.type) else picked,
         },
         schema=TOPN_STATE_SCHEMA,
     )
-    return keep_top(table, topn.n)
+    return keep_top(table, topn)
+
+
+_HEX_DIGITS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)
+
+
+def _hex_strings(values: pa.Array) -> pa.Array:
+    """Binary values (trace ids) as lowercase hex strings; nulls stay null. One numpy lookup when every value has
+    the same length, as trace ids do."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
+    if values.null_count or len(values) == 0 or (lengths != lengths[0]).any():
+        return pa.array([None if v is None else v.hex() for v in values.to_pylist()], pa.string())
+    width = int(lengths[0])
+    start = values.offset
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[start : start + len(values) + 1]
+    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    text = _HEX_DIGITS[data].reshape(-1)  # two digits a byte
+    out_offsets = np.arange(len(values) + 1, dtype=np.int32) * (2 * width)
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(out_offsets), pa.py_buffer(text.tobytes()))
 
 
 def aggregate_batch(
@@ -363,9 +394,10 @@ def aggregate_batch(
     """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch (a plain
     batch or table is requests only).
 
-    Metric partials hold minute states, top-N partials 10-minute ones. A partial is returned for every
-    definition even when the batch contributes nothing to it (an empty table), so that ``source`` (the
-    identity of this batch, which stores record to make ingestion idempotent) reaches every definition.
+    Metric partials hold minute states, top-N partials those of their bucket width (10 minutes by default). A
+    partial is returned for every definition even when the batch contributes nothing to it (an empty table), so
+    that ``source`` (the identity of this batch, which stores record to make ingestion idempotent) reaches every
+    definition.
     """
     if isinstance(batch, EventBatch):
         batch, requests = batch.rows, batch.requests

@@ -7,8 +7,10 @@ Contract (``docs/pipeline.md``, "Metric definitions"):
   field), ``threshold_ms`` (apdex only, required there), ``precision_ms`` (percentile only, required there)
   and an optional ``where`` filter: ``field (==|!=|<|<=|>|>=) literal`` clauses joined by ``and``; literals
   are numbers, ``true``/``false`` or quoted strings.
-* A top-N is ``name``, ``scope``, ``key`` (a string event field) and ``n``: per entity and 10-minute bucket,
-  the n slowest events by latency_ms desc, ties by key asc, events without a key skipped.
+* A top-N is ``name``, ``scope``, ``key`` (a string event field, or ``trace_id``: the trace's id in hex) and
+  ``n``: per entity and bucket of ``minutes`` (default 10), the n slowest events by latency_ms desc, ties by key
+  asc, events without a key skipped. With ``latency_buckets_ms`` (histogram bounds, upper-inclusive as
+  Prometheus' ``le``), n per latency bucket instead: the exemplars of a histogram.
 
 Definitions are frozen dataclasses (hashable, picklable plain data); constructing one validates it and raises
 :class:`DefinitionError` (a ``ValueError``) with a one-line message naming the metric and the problem.
@@ -45,6 +47,10 @@ __all__ = [
     "EVENT_FIELDS",
     "NUMERIC_FIELDS",
     "STRING_FIELDS",
+    "TOPN_KEYS",
+    "TOPN_MINUTES",
+    "EXEMPLARS",
+    "with_exemplars",
     "Condition",
     "Filter",
     "parse_where",
@@ -74,10 +80,14 @@ EVENT_FIELDS: dict[str, str] = {
 }
 NUMERIC_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "number")
 STRING_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "string")
+#: what a top-N may be keyed on: a string field, or the optional trace id (spans; kept as lowercase hex)
+TOPN_KEYS: tuple[str, ...] = (*STRING_FIELDS, "trace_id")
 
 _NAME_RE = re.compile(r"[a-z0-9_]+\Z")
 
 Literal = str | int | float | bool
+#: a top-N's bucket widths in minutes: whole parts of an hour, so that buckets line up with hours and days
+TOPN_MINUTES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)
 
 
 # --------------------------------------------------------------------------------------------- filters
@@ -322,21 +332,38 @@ class MetricDef:
 
 @dataclass(frozen=True)
 class TopNDef:
-    """A top-N definition: per entity of ``scope`` and 10-minute bucket, the ``n`` slowest keyed events."""
+    """A top-N definition: per entity of ``scope`` and bucket of ``minutes``, the ``n`` slowest keyed events (with
+    ``latency_buckets_ms``: the n slowest of each latency bucket)."""
 
     name: str
     scope: str = "service"
     key: str = "db_statement"
     n: int = 10
+    minutes: int = 10
+    latency_buckets_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name("topn", self.name)
         label = f"topn {self.name!r}"
         _check_scope(label, self.scope)
-        if self.key not in STRING_FIELDS:
-            raise DefinitionError(f"{label}: key must be a string field ({', '.join(STRING_FIELDS)}), not {self.key!r}")
+        if self.key not in TOPN_KEYS:
+            raise DefinitionError(f"{label}: key must be a string field or trace_id ({', '.join(TOPN_KEYS)}), "
+                                  f"not {self.key!r}")  # fmt: skip
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise DefinitionError(f"{label}: n must be an integer >= 1, not {self.n!r}")
+        if not isinstance(self.minutes, int) or isinstance(self.minutes, bool) or self.minutes not in TOPN_MINUTES:
+            raise DefinitionError(f"{label}: minutes must be one of {', '.join(map(str, TOPN_MINUTES))} (whole "
+                                  f"parts of an hour), not {self.minutes!r}")  # fmt: skip
+        if self.latency_buckets_ms != ():
+            try:
+                object.__setattr__(self, "latency_buckets_ms", _latency_buckets(self.latency_buckets_ms))
+            except DefinitionError as exc:
+                raise DefinitionError(f"{label}: {exc}") from None
+
+    @property
+    def bucket_ms(self) -> int:
+        """The width of its time buckets."""
+        return self.minutes * 60_000
 
 
 Definition = MetricDef | TopNDef
@@ -349,6 +376,10 @@ def signature(definition: Definition) -> str:
     """
     fields = dataclasses.asdict(definition)
     fields.pop("name")
+    if isinstance(definition, TopNDef):  # a top-N of the first kind (10 minutes, n overall) signs as it always did
+        for key, default in (("minutes", 10), ("latency_buckets_ms", ())):
+            if fields[key] == default:
+                fields.pop(key)
     fields["kind"] = "metric" if isinstance(definition, MetricDef) else "topn"
     if isinstance(definition, MetricDef) and definition.filter is not None:
         fields["where"] = str(definition.filter)
@@ -447,6 +478,23 @@ def default_definitions() -> Definitions:
 
 DEFAULT_DEFINITIONS: Definitions = default_definitions()
 
+#: the top-N that ``[prometheus] exemplars = true`` adds
+EXEMPLARS = "exemplars"
+
+
+def with_exemplars(definitions: Definitions) -> Definitions:
+    """``definitions`` as ``[prometheus] exemplars = true`` makes them: request spans keep their trace ids (from
+    which the live histograms pick exemplars), and a top-N named :data:`EXEMPLARS` stores them: per endpoint and
+    minute, the slowest traced request of each latency bucket (of ``latency_buckets_ms``; so the slowest of the
+    minute too), keyed by its trace id. :class:`DefinitionError` if a top-N already has that name."""
+    if any(t.name == EXEMPLARS for t in definitions.topns):
+        raise DefinitionError(f"[prometheus] exemplars = true keeps a top-N named {EXEMPLARS!r}: rename yours")
+    exemplars = TopNDef(EXEMPLARS, "endpoint", "trace_id", 1, minutes=1,
+                        latency_buckets_ms=definitions.latency_buckets_ms)  # fmt: skip
+    return dataclasses.replace(definitions, topns=(*definitions.topns, exemplars),
+                               spans=dataclasses.replace(definitions.spans, trace_ids=True))  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------- TOML
 
 _METRIC_KEYS = tuple(f.name for f in dataclasses.fields(MetricDef))
@@ -502,8 +550,6 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
     if not isinstance(exemplars, bool):
         raise DefinitionError(f"{source}: [prometheus] exemplars must be true or false, not {exemplars!r}")
     spans = parse_span_mapping(document.get("spans", {}), source)
-    if exemplars:  # request spans keep their trace ids, from which the live histograms pick exemplars
-        spans = dataclasses.replace(spans, trace_ids=True)
     endpoints = parse_endpoint_rules(document.get("endpoint_rule", []), document.get("endpoint_ids", True), source)
     built: dict[str, list[Definition]] = {"metric": [], "topn": []}
     for kind, cls, keys in (("metric", MetricDef, _METRIC_KEYS), ("topn", TopNDef, _TOPN_KEYS)):
@@ -519,12 +565,13 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
                 raise DefinitionError(f"{where}: {exc}") from None
     if not built["metric"] and not built["topn"]:
         raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
+    buckets = prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS)
     functions = {m.name: m.function for m in built["metric"]}  # type: ignore[union-attr]
     alerts = parse_alert_rules(document.get("alert", []), source, functions)
     try:
-        return Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
-                           document.get("max_entities", 10_000), retention,
-                           prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS), alerts)  # fmt: skip
+        definitions = Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
+                                  document.get("max_entities", 10_000), retention, buckets, alerts)  # fmt: skip
+        return with_exemplars(definitions) if exemplars else definitions
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None
 

@@ -7,8 +7,8 @@ Contract (``docs/pipeline.md``, "Functions", "Entities and time buckets"):
 
 * :func:`aggregate_batch` turns one event batch (pyarrow ``RecordBatch``/``Table`` with the reader's columns
   ``ts service instance endpoint latency_ms status db_statement``) into one partial per definition:
-  the states of that batch per (entity, minute bucket) for a metric, per (entity, 10-minute bucket) for a
-  top-N. Entities: ``service``; ``service/instance``; ``service/endpoint``; rows with an empty (or null)
+  the states of that batch per (entity, minute bucket) for a metric, per (entity, bucket of its minutes, 10 by
+  default) for a top-N. Entities: ``service``; ``service/instance``; ``service/endpoint``; rows with an empty (or null)
   instance/endpoint do not count for that scope. It is columnar (numpy ``bincount`` over dense group ids,
   pyarrow hashing for wide key spaces); there is no per-event Python code.
 * A partial is an instance of a class of its own per definition (:func:`partial_type`), since the queues
@@ -37,7 +37,8 @@ min / max      ``v`` [min / max]
 sla            ``ok`` = successes [sum], ``n`` [sum]
 apdex          ``ok`` = satisfied [sum], ``tol`` = tolerating [sum], ``n`` [sum]; frustrated = n - ok - tol
 percentile     one row per histogram bin ``b`` = floor(latency_ms / precision_ms): ``n`` [sum]
-top-N          up to n rows (latency_ms, key) per (entity, bucket), ordered latency desc, key asc
+top-N          up to n rows (latency_ms, key) per (entity, bucket) (or per latency bucket in that), ordered latency
+               desc, key asc
 ============== ================================================================================
 
 Everything here is plain data and pure functions; the only module state is the memo of
@@ -176,7 +177,8 @@ class MetricPartial(Partial):
 
 
 class TopNPartial(Partial):
-    """Top-N states: per (entity, 10-minute bucket) up to n rows (latency_ms, key), best first."""
+    """Top-N states: per (entity, bucket of the definition's minutes) up to n rows (latency_ms, key), best first
+    (up to n per latency bucket, when the definition has them)."""
 
     __slots__ = ()
     definition: ClassVar[TopNDef]
@@ -236,31 +238,41 @@ def _make_type(definition: Definition) -> type[Partial]:
     return type(name, (base,), attributes)
 
 
-def run_starts(table: pa.Table) -> np.ndarray:
-    """Row indices where a new (entity, bucket) run starts in a table sorted by those columns."""
+def run_starts(table: pa.Table, classes: np.ndarray | None = None) -> np.ndarray:
+    """Row indices where a new (entity, bucket) run starts in a table sorted by those columns (and where
+    ``classes``, one value a row and constant over runs of it, changes)."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     entity = string_codes(table.column("entity"))[0]
     bucket = table.column("bucket").to_numpy()
     change = np.ones(table.num_rows, dtype=bool)
     change[1:] = (entity[1:] != entity[:-1]) | (bucket[1:] != bucket[:-1])
+    if classes is not None:
+        change[1:] |= classes[1:] != classes[:-1]
     return np.flatnonzero(change)
 
 
-def run_positions(table: pa.Table) -> np.ndarray:
-    """For a table sorted by (entity, bucket): each row's position within its (entity, bucket) run."""
-    starts = run_starts(table)
+def run_positions(table: pa.Table, classes: np.ndarray | None = None) -> np.ndarray:
+    """For a table sorted by (entity, bucket): each row's position within its (entity, bucket) run (or its run of
+    one class within that, :func:`run_starts`)."""
+    starts = run_starts(table, classes)
     run = np.zeros(table.num_rows, dtype=np.int64)
     run[starts[1:]] = 1
     return np.arange(table.num_rows) - starts[np.cumsum(run)]
 
 
-def keep_top(table: pa.Table, n: int) -> pa.Table:
-    """Sort top-N rows by (entity, bucket, latency desc, key asc) and keep the first ``n`` per group."""
+def keep_top(table: pa.Table, definition: TopNDef) -> pa.Table:
+    """Sort top-N rows by (entity, bucket, latency desc, key asc) and keep the first ``n`` per group: an
+    (entity, bucket), or with the definition's ``latency_buckets_ms`` an (entity, bucket, latency bucket), whose
+    rows are consecutive in that order."""
     if table.num_rows == 0:
         return table
     table = table.take(pc.sort_indices(table, sort_keys=TOPN_ORDER))
-    return table.filter(pa.array(run_positions(table) < n))
+    classes = None
+    if definition.latency_buckets_ms:  # upper-inclusive, as Prometheus' le: bound[i-1] < latency <= bound[i]
+        latency = table.column("latency_ms").to_numpy()
+        classes = np.searchsorted(np.asarray(definition.latency_buckets_ms), latency, side="left")
+    return table.filter(pa.array(run_positions(table, classes) < definition.n))
 
 
 # --------------------------------------------------------------------------------------------- merge
@@ -317,7 +329,7 @@ def normalize(partial: P) -> P:
     if isinstance(definition, MetricDef):
         table = _merge_states(table, definition, partial.key_columns)
     else:
-        table = keep_top(table.cast(TOPN_STATE_SCHEMA), definition.n)
+        table = keep_top(table.cast(TOPN_STATE_SCHEMA), definition)
     return partial._with(table, partial.sources)
 
 

@@ -79,4 +79,4 @@ def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str]
             "key": table.column("key").cast(pa.string()),
         }
     )
-    return partial_type(definition)(keep_top(state, definition.n), sources)  # type: ignore[return-value]
+    return partial_type(definition)(keep_top(state, definition), sources)  # type: ignore[return-value]

@@ -105,7 +105,7 @@ def _metric_value_table(partial: MetricPartial, stored: bool) -> pa.Table:
 
 
 def _topn_value_table(partial: TopNPartial, stored: bool) -> pa.Table:
-    table = keep_top(partial.table, partial.definition.n)
+    table = keep_top(partial.table, partial.definition)
     rows = table.num_rows
     return pa.table(
         {

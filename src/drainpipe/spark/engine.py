@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from drainpipe.errors import InputError, SparkJobError
-from drainpipe.inputs import EVENT_SCHEMA, WEIGHT, DeadLetter, Part, Position, ReadStats, plan_parts
+from drainpipe.inputs import EVENT_SCHEMA, TRACE_ID, WEIGHT, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, LogFormat
 from drainpipe.inputs.options import InputOptions
 from drainpipe.pipeline import (
@@ -69,6 +69,7 @@ from . import skew
 from .rows import (
     EVENT,
     EVENT_ROWS,
+    EXIT,
     META_COLUMNS,
     METRIC,
     REJECT,
@@ -323,24 +324,29 @@ def per_type_stage(
     splits: Sequence[Split] = (),
     stage_s: dict[str, float] | None = None,
 ) -> JobResult:
-    """Aggregate an events DataFrame (the canonical event columns; with ``kind``, non-EVENT rows pass through as
-    bookkeeping) per type: rows placed by ``placement`` on ``options.type_key`` (``repartitionById``), each
-    partition aggregated with ``aggregate_batch``, the sub-groups' partial states merged like any task's.
+    """Aggregate an events DataFrame (the canonical event columns; with ``kind``, EVENT rows are requests, EXIT rows
+    a CLIENT span's statement, other rows pass through as bookkeeping) per type: rows placed by ``placement`` on
+    ``options.type_key`` (``repartitionById``), each partition aggregated with ``aggregate_batch``, the sub-groups'
+    partial states merged like any task's.
 
     Only the columns the definitions read cross the shuffle (:func:`~drainpipe.spark.rows.columns_used`, and the
-    events' weights when they have them), and for top-N-only definitions only the rows with a key."""
+    events' weights when they have them, and their trace ids for a top-N on them), and for top-N-only definitions
+    only the rows with a key."""
     from pyspark.sql import functions as F
 
     bookkeeping = "kind" in events.columns
     keep = [*columns_used(definitions), *([options.type_key] if options.type_key not in EVENT_SCHEMA.names else []),
-            *([WEIGHT] if WEIGHT in events.columns else [])]  # (a sampled span's adjusted count)  # fmt: skip
+            *([WEIGHT] if WEIGHT in events.columns else []),  # (a sampled span's adjusted count)
+            *([TRACE_ID] if TRACE_ID in events.columns and any(t.key == TRACE_ID for t in definitions.topns)
+              else [])]  # (exemplars)  # fmt: skip
     if bookkeeping:
         keep += list(META_COLUMNS)
     events = events.select(*dict.fromkeys(keep))
     keys = topn_only_filter(definitions)
     if keys:
-        has_key = reduce(lambda a, b: a | b, [(F.col(k).isNotNull() & (F.col(k) != "")) for k in keys])
-        events = events.where(has_key | (F.col("kind") != EVENT) if bookkeeping else has_key)
+        present = [F.col(k).isNotNull() & (F.length(k) > 0) for k in keys if k in events.columns]
+        has_key = reduce(lambda a, b: a | b, present) if present else F.lit(False)
+        events = events.where(has_key | ~F.col("kind").isin(EVENT, EXIT) if bookkeeping else has_key)
     states = skew.place(events, placement, options.type_key).mapInArrow(
         aggregate_events(definitions), spark_schema(STATE_ROWS)
     )

@@ -145,7 +145,7 @@ def decode_messages(
                     reason=[reason for _, _, reason in rejects],
                 )  # fmt: skip
             if events.num_rows:
-                yield events_rows(events)
+                yield events_rows(decoded)
         if first is not None:
             yield info_row(EVENT_ROWS, SPLIT, first, {"read": stats.read, "accepted": stats.accepted, "rejected":
                            stats.rejected, "reasons": dict(stats.reasons), "warnings": dict(stats.warnings),

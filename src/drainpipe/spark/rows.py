@@ -9,15 +9,16 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   METRIC     ``d`` (index into ``Definitions.all``), ``entity``, ``bucket`` (minute start, epoch ms), ``b``
              (percentile bin, else -1) and the definition's state columns (``n v ok tol``,
              :data:`~drainpipe.pipeline.partials.STATE_COLUMNS`)
-  TOPN       ``d``, ``entity``, ``bucket`` (10-minute start), ``latency_ms``, ``key``
+  TOPN       ``d``, ``entity``, ``bucket`` (start of the top-N's bucket), ``latency_ms``, ``key``
   REJECT     ``d`` = split index, ``line`` (within the split), ``raw`` (JSON text), ``reason``
   SPLIT      ``d`` = split index, ``info`` = JSON ``{"read", "accepted", "rejected", "reasons", "lines"}``
   TASK       ``d`` = Spark partition id, ``info`` = JSON ``{"stage", "seconds", "events"}``
   ========== ===================================================================================
 
-* :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT, the canonical
-  :data:`~drainpipe.inputs.EVENT_SCHEMA` columns and ``weight``, null where the batch had none: 1) and the same
-  bookkeeping rows.
+* :data:`EVENT_ROWS` - parsed events on their way to the per-type stage (``kind`` EVENT for requests, EXIT for a
+  CLIENT span's statement, which feeds only the top-Ns keyed on ``db_statement``; the canonical
+  :data:`~drainpipe.inputs.EVENT_SCHEMA` columns, ``weight``, null where the batch had none: 1, and ``trace_id``)
+  and the same bookkeeping rows.
 
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
 the layouts :func:`~drainpipe.pipeline.aggregate.aggregate_batch` produces.
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from drainpipe.inputs import EVENT_SCHEMA, WEIGHT
+from drainpipe.inputs import EVENT_SCHEMA, TRACE_ID, WEIGHT, EventBatch
 from drainpipe.pipeline import (
     STATE_COLUMNS,
     Definitions,
@@ -52,6 +53,7 @@ __all__ = [
     "SPLIT",
     "TASK",
     "EVENT",
+    "EXIT",
     "STATE_ROWS",
     "EVENT_ROWS",
     "META_COLUMNS",
@@ -69,7 +71,7 @@ __all__ = [
     "fill_unused",
 ]
 
-METRIC, TOPN, REJECT, SPLIT, TASK, EVENT = 0, 1, 2, 3, 4, 5
+METRIC, TOPN, REJECT, SPLIT, TASK, EVENT, EXIT = 0, 1, 2, 3, 4, 5, 6
 
 _META = [
     pa.field("line", pa.int64()),
@@ -102,6 +104,7 @@ EVENT_ROWS = pa.schema(
         pa.field("d", pa.int32()),
         *(pa.field(f.name, f.type) for f in EVENT_SCHEMA),  # nullable here: bookkeeping rows have no event
         pa.field(WEIGHT, pa.int64()),  # a sampled span's adjusted count; null: 1
+        pa.field(TRACE_ID, pa.binary()),  # the span's trace id, when kept for exemplars
         *_META,
     ]
 )
@@ -113,6 +116,7 @@ _DDL = {
     pa.float64(): "double",
     pa.string(): "string",
     pa.bool_(): "boolean",
+    pa.binary(): "binary",
 }
 
 
@@ -167,11 +171,17 @@ def info_row(schema: pa.Schema, kind: int, d: int, info: Mapping[str, Any]) -> p
     return meta_rows(schema, kind, [d], info=[json.dumps(info, sort_keys=True)])
 
 
-def events_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Canonical events (with or without weights) as :data:`EVENT_ROWS` (kind EVENT)."""
-    columns = {name: batch.column(name) for name in (*EVENT_SCHEMA.names, WEIGHT) if name in batch.schema.names}
-    columns["kind"] = EVENT
-    return _batch(EVENT_ROWS, batch.num_rows, columns)
+def events_rows(batch: EventBatch) -> pa.RecordBatch:
+    """Canonical events (with or without the optional columns) as :data:`EVENT_ROWS`: its requests of kind EVENT,
+    its exit rows (a CLIENT span's statement, which feeds only the top-Ns keyed on ``db_statement``) of kind
+    EXIT."""
+    rows = batch.rows
+    names = (*EVENT_SCHEMA.names, WEIGHT, TRACE_ID)
+    columns = {name: rows.column(name) for name in names if name in rows.schema.names}
+    kind = np.full(rows.num_rows, EVENT, np.int8)
+    kind[batch.requests :] = EXIT
+    columns["kind"] = pa.array(kind)
+    return _batch(EVENT_ROWS, rows.num_rows, columns)
 
 
 #: what an unused event column is filled with after :func:`columns_used` pruned it (never read by a definition)
@@ -214,8 +224,9 @@ def topn_only_filter(definitions: Definitions) -> list[str] | None:
 
 
 def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
-    """An event batch with every :data:`EVENT_SCHEMA` column, and ``weight`` if it had one: columns absent (pruned)
-    are filled with constants (``latency_ms`` 0.0, strings ``""``, ``status`` true, ``db_statement`` null)."""
+    """An event batch with every :data:`EVENT_SCHEMA` column, and ``weight`` and ``trace_id`` if it had them: columns
+    absent (pruned) are filled with constants (``latency_ms`` 0.0, strings ``""``, ``status`` true,
+    ``db_statement`` null)."""
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     columns = []
     for f in EVENT_SCHEMA:
@@ -227,9 +238,10 @@ def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
                 pa.nulls(table.num_rows, f.type) if fill is None else _constant(fill, table.num_rows, f.type)
             )
     fields = [pa.field(f.name, f.type) for f in EVENT_SCHEMA]
-    if WEIGHT in table.column_names:
-        columns.append(table.column(WEIGHT))
-        fields.append(pa.field(WEIGHT, pa.int64()))
+    for name, kind in ((WEIGHT, pa.int64()), (TRACE_ID, pa.binary())):
+        if name in table.column_names:
+            columns.append(table.column(name))
+            fields.append(pa.field(name, kind))
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 

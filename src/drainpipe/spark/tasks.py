@@ -40,6 +40,7 @@ from drainpipe.pipeline import Definitions, MetricAccumulator, MetricPartial, To
 from .rows import (
     EVENT,
     EVENT_ROWS,
+    EXIT,
     META_COLUMNS,
     REJECT,
     SPLIT,
@@ -183,7 +184,7 @@ def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = 
                 reader, result = read_split(split)
                 for events in reader:
                     count[0] += events.num_rows
-                    yield events_rows(events.rows)
+                    yield events_rows(events)
                 yield from _bookkeeping(EVENT_ROWS, split, result)
                 _count(accumulators, result.stats.read, split.nbytes)
 
@@ -209,20 +210,29 @@ def _as_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def aggregate_events(definitions: Definitions, stage: str = "per-type") -> ArrowMapFn:
     """The per-type stage: aggregate the events of the partition (any layout holding the event columns the
-    definitions use, :func:`~drainpipe.spark.rows.columns_used`; with a ``kind`` column, non-EVENT rows are
-    bookkeeping and pass through)."""
+    definitions use, :func:`~drainpipe.spark.rows.columns_used`; with a ``kind`` column, EXIT rows feed only the
+    top-Ns keyed on ``db_statement`` and other non-EVENT rows are bookkeeping that passes through)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         aggregator = _Aggregator(definitions)
 
         def body() -> Iterator[pa.RecordBatch]:
             for batch in batches:
-                if "kind" in batch.schema.names:
-                    is_event = np.asarray(batch.column("kind").to_numpy(zero_copy_only=False) == EVENT)
-                    if not is_event.all():
-                        yield _as_meta(batch.filter(pa.array(~is_event)))
-                        batch = batch.filter(pa.array(is_event))
-                aggregator.add(fill_unused(batch))
+                if "kind" not in batch.schema.names:
+                    aggregator.add(fill_unused(batch))
+                    continue
+                kind = np.asarray(batch.column("kind").to_numpy(zero_copy_only=False))
+                is_event = (kind == EVENT) | (kind == EXIT)
+                if not is_event.all():
+                    yield _as_meta(batch.filter(pa.array(~is_event)))
+                    batch, kind = batch.filter(pa.array(is_event)), kind[is_event]
+                exits = kind == EXIT
+                if exits.any():  # requests first, then the exit rows, as an EventBatch holds them
+                    batch = batch.take(pa.array(np.concatenate([np.flatnonzero(~exits), np.flatnonzero(exits)])))
+                events = fill_unused(batch).combine_chunks()
+                rows = events.to_batches()[0] if events.num_rows else None
+                if rows is not None:
+                    aggregator.add(EventBatch(rows, int((~exits).sum())))
             yield from aggregator.rows()
 
         yield from _timed(stage, STATE_ROWS, body, aggregator.report)

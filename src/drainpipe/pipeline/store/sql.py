@@ -786,7 +786,7 @@ def _rows(table: pa.Table) -> list[tuple[Any, ...]]:
 
 
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
-_TOPN_GRANULARITY = "10 minutes"
+_TOPN_GRANULARITY = "topn"  # a label for the staged keys only (top-N rows have no granularity column)
 
 
 def _with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
