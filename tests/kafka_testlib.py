@@ -94,8 +94,8 @@ def produce(servers: str, topic: str, events: int, seed: int, poison: bool = Tru
 
 
 def produce_otlp(servers: str, topic: str) -> Counter[str]:
-    """30 ``ExportTraceServiceRequest`` messages of 20 spans (SERVER spans are requests, CLIENT ones are not; sampled
-    as :data:`~testlib.TRACE_STATES` say) over 3 services, as the Collector's Kafka exporter writes them
+    """30 ``ExportTraceServiceRequest`` messages of 20 spans (SERVER spans are requests, CLIENT ones, with statements,
+    are not; sampled as :data:`~testlib.TRACE_STATES` say) over 3 services, as the Collector's Kafka exporter writes them
     (``otlp_proto``), then one message that is not an export; the calls per service they make (adjusted counts)."""
     from confluent_kafka import Producer
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -114,6 +114,8 @@ def produce_otlp(servers: str, topic: str) -> Counter[str]:
                              name="GET /users/{id}", kind=2 if i % 4 else 3, start_time_unix_nano=end - 5_000_000,
                              end_time_unix_nano=end, trace_state=TRACE_STATES[(e + i) % len(TRACE_STATES)])  # fmt: skip
             calls[service] += adjusted_count(span.trace_state, span.span_id) if i % 4 else 0
+            if not i % 4:  # a CLIENT span with a statement: it feeds the statements top-N, not the calls
+                span.attributes.add(key="db.query.text").value.string_value = f"SELECT {i} FROM t"
         to.produce(topic, request.SerializeToString())
     to.produce(topic, b"\x0a\xff\xff")  # not an export
     to.flush(30)

@@ -260,7 +260,7 @@ def test_partitions_added_to_a_topic_are_read_from_their_start(servers: str, tmp
 def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(servers: str, tmp_path: Path) -> None:
     topic = new_topic(servers, 2)
     calls = produce_otlp(servers, topic)  # adjusted counts: sampled spans count as the requests they stand for
-    spans = 30 * 15  # the request spans (accepted events)
+    spans = 30 * 20  # the request spans and the CLIENT spans with statements (accepted events)
     malformed = sum(1 for e in range(30) for i in range(20) if i % 4 and TRACE_STATES[(e + i) % 5] == "ot=th:zz")
     store, dead = f"duckdb:///{tmp_path / 'o.duckdb'}", tmp_path / "dead.jsonl"
     member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
