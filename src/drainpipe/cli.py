@@ -252,6 +252,8 @@ def _remote_write(store_url: str, definitions: Any, options: Any) -> str:
     finally:
         store.close()
     line = f"remote write to {options.url}: {s['sent_samples']:,} values sent in {s['requests']} requests"
+    if s["sent_exemplars"]:
+        line += f" with {s['sent_exemplars']:,} exemplars"
     if s["skipped_minutes"]:
         line += (f"; {s['skipped_minutes']:,} minutes older than {options.max_age_s:.0f} s not sent (a receiver with "
                  "an out-of-order window takes them: raise --remote-write-max-age-s)")  # fmt: skip

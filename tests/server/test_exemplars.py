@@ -1,11 +1,14 @@
-"""Exemplars on ``/metrics`` (``[prometheus] exemplars = true``): spans keep their trace ids, and each latency bucket of the live RED histogram links to
-the slowest traced request in it, exposed in the OpenMetrics format when the scraper asks for it (the classic text
-format cannot carry them). A real Prometheus (Debian's, with its exemplar storage on) scrapes the server and gives
-the exemplars back through its query API: the trace ids of the slowest span per service, endpoint and bucket."""
+"""Exemplars (``[prometheus] exemplars = true``): spans keep their trace ids.
+
+* On ``/metrics``: each latency bucket of the live RED histogram links to the slowest traced request in it, exposed
+  in the OpenMetrics format when the scraper asks for it (the classic text format cannot carry them). A real
+  Prometheus (Debian's, with its exemplar storage on) scrapes the server and gives the exemplars back through its
+  query API: the trace ids of the slowest span per service, endpoint and bucket.
+* Stored (the top-N ``exemplars``, per endpoint, minute and latency bucket) and sent by remote-write: the slowest of
+  each endpoint and minute, on its p99 series; Prometheus gives back exactly the store's."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import urllib.parse
 import urllib.request
@@ -16,8 +19,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from server_testlib import PROMETHEUS, prometheus, request, running_server, wait_for
 
-from drainpipe.inputs.spans import SpanMapping
-from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS, default_definitions, parse_definitions
+from drainpipe.pipeline.definitions import (
+    DEFAULT_LATENCY_BUCKETS_MS,
+    default_definitions,
+    parse_definitions,
+    with_exemplars,
+)
 
 pytestmark = pytest.mark.skipif(
     not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
@@ -66,8 +73,9 @@ def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_
     body, slowest = _export(time.time_ns())
     toml = '[prometheus]\nexemplars = true\n[[metric]]\nname = "c"\nscope = "service"\nfunction = "cpm"\n'
     assert parse_definitions(toml).spans.trace_ids  # the switch, in the metrics TOML
-    definitions = dataclasses.replace(default_definitions(), spans=SpanMapping(trace_ids=True))
-    with running_server(definitions=definitions) as srv:
+    definitions = with_exemplars(default_definitions())
+    store_url = f"duckdb:///{tmp_path / 'store.duckdb'}"
+    with running_server(store_url=store_url, definitions=definitions) as srv:
         status, _, _ = request(srv.url + "/v1/traces", "POST", body, {"Content-Type": "application/x-protobuf"})
         assert status == 200
         wait_for(lambda: b"drainpipe_calls_total{" in request(srv.url + "/metrics")[2], 30, "the series")
@@ -86,3 +94,66 @@ def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_
     for key, trace in slowest.items():
         assert got.get(key) == [trace], key
     assert set(got) == set(slowest)  # no bucket without traced requests has one
+    # the store keeps the same ones: the top-N "exemplars", per endpoint, minute and latency bucket (the spans all
+    # end in one minute)
+    from drainpipe.pipeline.store import open_store
+
+    with open_store(store_url) as store:
+        stored = store.query_topn("exemplars")
+    assert len({row[2] for row in stored}) == 1
+    bounds = [*DEFAULT_LATENCY_BUCKETS_MS, float("inf")]
+    as_stored = {}
+    for _n, entity, _bucket, _rank, trace, latency in stored:
+        le = next(b for b in bounds if latency <= b)
+        service, route = entity.split("/", 1)
+        as_stored[(service, route, le / 1000 if le != float("inf") else le)] = trace
+    assert as_stored == slowest
+
+
+def test_stored_exemplars_reach_prometheus_by_remote_write(tmp_path: Path) -> None:
+    """``drainpipe run --remote-write`` over OTLP JSON spans of the last minutes, with exemplars on: every endpoint's
+    slowest traced request of each minute is in Prometheus' exemplar storage, on the endpoint's p99 series, with the
+    trace id, latency and minute the store holds; nothing else."""
+    import json
+    import subprocess
+    import sys
+
+    from drainpipe.pipeline.store import open_store
+    from telemetry_files import otlp_file
+
+    base_ms = (int(time.time() * 1000) // 60_000 - 10) * 60_000
+    otlp_file(tmp_path / "traces.otlp.jsonl", 4, base_ms)
+    (tmp_path / "metrics.toml").write_text(
+        '[prometheus]\nexemplars = true\n[[metric]]\nname = "endpoint_percentile"\nscope = "endpoint"\n'
+        'function = "percentile"\nprecision_ms = 10\n'
+    )
+    store_url = f"duckdb:///{tmp_path / 'store.duckdb'}"
+    (tmp_path / "prom").mkdir()
+    flags = ["--web.enable-remote-write-receiver", "--enable-feature=exemplar-storage"]
+    with prometheus(tmp_path / "prom", "global: {scrape_interval: 1h}\n", flags) as prom:
+        done = subprocess.run([str(Path(sys.executable).with_name("drainpipe")), "run", "-q", "--input",
+                               str(tmp_path / "traces.otlp.jsonl"), "--metrics", str(tmp_path / "metrics.toml"),
+                               "--store", store_url, "--remote-write", prom + "/api/v1/write"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        with open_store(store_url) as store:
+            rows = store.query_topn("exemplars")
+        want = {(entity, bucket): (trace, latency) for _n, entity, bucket, rank, trace, latency in rows if rank == 1}
+        assert len(want) > 10 and f"with {len(want)} exemplars" in done.stdout, done.stdout
+        query = urllib.parse.urlencode({"query": 'drainpipe_endpoint_percentile{percentile="p99"}',
+                                        "start": base_ms / 1000 - 60, "end": time.time() + 60})  # fmt: skip
+
+        def exemplars() -> dict[tuple[str, str], tuple[str, float]]:
+            with urllib.request.urlopen(f"{prom}/api/v1/query_exemplars?{query}", timeout=10) as answer:
+                data = json.loads(answer.read())["data"]
+            out = {}
+            for series in data:
+                labels = series["seriesLabels"]
+                for e in series["exemplars"]:
+                    minute = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(e["timestamp"])))
+                    out[(f"{labels['service']}/{labels['endpoint']}", minute)] = (e["labels"]["trace_id"],
+                                                                                 float(e["value"]))  # fmt: skip
+            return out
+
+        got = wait_for(lambda: (e := exemplars()) and len(e) >= len(want) and e, 30, "the exemplars in Prometheus")
+    assert got == want

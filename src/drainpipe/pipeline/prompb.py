@@ -1,10 +1,10 @@
 """Prometheus remote-write's protobuf messages (``prometheus/prompb``: ``WriteRequest``, ``TimeSeries``, ``Label``,
-``Sample``), as message classes of the protobuf library, built from their descriptor here.
+``Sample``, ``Exemplar``), as message classes of the protobuf library, built from their descriptor here.
 
 Prometheus publishes the ``.proto`` files but no Python package; the handful of messages remote-write 1.0 needs are
 described below field by field, with Prometheus' own field numbers and types, and the protobuf library does all the
-encoding (no wire format written by hand). Fields drainpipe never sends (metadata, exemplars, native histograms) are
-left out: a reader skips what it does not know, and the writer does not need them.
+encoding (no wire format written by hand). Fields drainpipe never sends (metadata, native histograms) are left out:
+a reader skips what it does not know, and the writer does not need them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
     "TimeSeries": [
         ("labels", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".prometheus.Label"),
         ("samples", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".prometheus.Sample"),
+        ("exemplars", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".prometheus.Exemplar"),
     ],
     "Label": [
         ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
@@ -32,6 +33,11 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
     "Sample": [
         ("value", 1, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
         ("timestamp", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+    ],
+    "Exemplar": [
+        ("labels", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".prometheus.Label"),
+        ("value", 2, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+        ("timestamp", 3, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
     ],
 }
 

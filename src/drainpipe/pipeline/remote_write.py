@@ -15,6 +15,12 @@ it is never sent again. Events that arrive for a minute already sent still count
 and are counted here as late (:meth:`RemoteWriter.observe`), not re-sent: a series' samples only move forward,
 which is what a receiver without an out-of-order window requires.
 
+**Exemplars.** With ``[prometheus] exemplars = true`` (the stored top-N ``exemplars``), each minute's slowest
+traced request per entity goes with it, as an exemplar (label ``trace_id``, value its latency in ms, the minute's
+timestamp) on the series of the first percentile metric of that scope at its highest percentile
+(``drainpipe_endpoint_percentile{percentile="p99"}`` with the default metrics): one a series and minute, in time
+order, as a receiver's exemplar storage takes them. Without such a metric no exemplar is sent.
+
 **Once.** The position (the start of the last minute sent) is a progress row of the store (source
 ``remote-write``, part the receiver's URL), written after the receiver acknowledged the minutes: a restart resumes
 after it. A process killed between the acknowledgement and that write sends those minutes again (Prometheus takes
@@ -47,7 +53,8 @@ import cramjam
 import numpy as np
 
 from ..errors import RemoteWriteError
-from .definitions import Definitions
+from .buckets import PERCENTILE_LABELS
+from .definitions import EXEMPLARS, Definitions
 from .prompb import write_request
 from .store import SourceProgress
 from .times import parse_time_ms
@@ -95,6 +102,20 @@ def series_labels(metric: str, scope: str, entity: str, label: str) -> list[tupl
     return sorted(labels)
 
 
+#: a minute's values ``(metric, entity, label, value)`` and its exemplars ``entity -> (trace id, latency ms)``
+_Minute = tuple[list[tuple[str, str, str, float]], dict[str, tuple[str, float]]]
+
+
+def _exemplar_series(definitions: Definitions) -> tuple[str, str, str] | None:
+    """Where stored exemplars go: ``(top-N, metric, label)``, the series of the first percentile metric of the
+    exemplars' scope at its highest percentile (the tail they explain); None without exemplars or such a metric."""
+    topn = next((t for t in definitions.topns if t.name == EXEMPLARS), None)
+    if topn is None:
+        return None
+    metric = next((m for m in definitions.metrics if m.function == "percentile" and m.scope == topn.scope), None)
+    return None if metric is None else (topn.name, metric.name, PERCENTILE_LABELS[-1])
+
+
 class RemoteWriter:
     """Sends the store's final minutes of ``definitions``' metrics to one receiver (see the module docstring)."""
 
@@ -109,8 +130,10 @@ class RemoteWriter:
         self.clock = clock or (lambda: int(store.clock()))
         self.barrier = barrier
         self._scopes = {m.name: m.scope for m in definitions.metrics}
+        self._exemplars = _exemplar_series(definitions)
         self._lock = threading.Lock()  # guards the counters below (the sending thread writes, scrapes read)
         self.sent_samples = 0
+        self.sent_exemplars = 0
         self.requests = 0
         self.failures = 0  # requests the receiver could not take now (retried)
         self.rejected_samples = 0  # refused for good by the receiver (4xx)
@@ -136,7 +159,8 @@ class RemoteWriter:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"sent_samples": self.sent_samples, "requests": self.requests, "failures": self.failures,
+            return {"sent_samples": self.sent_samples, "sent_exemplars": self.sent_exemplars,
+                    "requests": self.requests, "failures": self.failures,
                     "rejected_samples": self.rejected_samples, "skipped_minutes": self.skipped_minutes,
                     "late_events": self.late_events, "position_ms": self.position}  # fmt: skip
 
@@ -181,50 +205,70 @@ class RemoteWriter:
     def _send_range(self, first: int, last: int) -> int:
         """Read minutes [first, last] from the store and send them in requests of whole minutes."""
         rows = self.store.query(granularity="minute", start=first, end=last)
-        by_minute: dict[int, list[tuple[str, str, str, float]]] = {}
+        by_minute: dict[int, _Minute] = {}
         minutes: dict[str, int] = {}  # bucket text -> epoch ms (rows share a few buckets)
+
+        def minute_of(bucket: str) -> _Minute:
+            minute = minutes.get(bucket)
+            if minute is None:
+                minute = minutes[bucket] = parse_time_ms(bucket)
+            return by_minute.setdefault(minute, ([], {}))
+
         for metric, entity, _, bucket, label, value in rows:
             if metric in self._scopes:
-                minute = minutes.get(bucket)
-                if minute is None:
-                    minute = minutes[bucket] = parse_time_ms(bucket)
-                by_minute.setdefault(minute, []).append((metric, entity, label, value))
+                minute_of(bucket)[0].append((metric, entity, label, value))
+        if self._exemplars is not None:  # the slowest traced request of each entity and minute (rank 1)
+            for _, entity, bucket, rank, trace, latency in self.store.query_topn(self._exemplars[0], start=first,
+                                                                                  end=last):  # fmt: skip
+                if rank == 1:
+                    minute_of(bucket)[1][entity] = (trace, latency)
         sent = 0
-        batch: list[tuple[int, list[tuple[str, str, str, float]]]] = []
+        batch: list[tuple[int, _Minute]] = []
         size = 0
         for minute in sorted(by_minute):
             values = by_minute[minute]
-            if batch and size + len(values) > self.options.max_samples:
+            if batch and size + len(values[0]) > self.options.max_samples:
                 sent += self._post(batch)
                 batch, size = [], 0
             batch.append((minute, values))
-            size += len(values)
+            size += len(values[0])
         if batch:
             sent += self._post(batch)
         self._advance(last)  # (minutes without values are sent as nothing)
         return sent
 
-    def _post(self, minutes: Sequence[tuple[int, list[tuple[str, str, str, float]]]]) -> int:
+    def _post(self, minutes: Sequence[tuple[int, _Minute]]) -> int:
         """One request of whole minutes; the position moves past them once the receiver took (or refused) them."""
         request = write_request()
         series: dict[tuple[tuple[str, str], ...], Any] = {}
-        samples = 0
-        for minute, values in minutes:  # minutes in order: each series' samples in time order
+
+        def series_of(metric: str, entity: str, label: str) -> Any:
+            labels = tuple(series_labels(metric, self._scopes[metric], entity, label))
+            ts = series.get(labels)
+            if ts is None:
+                ts = series[labels] = request.timeseries.add()
+                for name, text in labels:
+                    ts.labels.add(name=name, value=text)
+            return ts
+
+        samples = exemplars = 0
+        for minute, (values, slowest) in minutes:  # minutes in order: each series' samples in time order
             for metric, entity, label, value in values:
-                labels = tuple(series_labels(metric, self._scopes[metric], entity, label))
-                ts = series.get(labels)
-                if ts is None:
-                    ts = series[labels] = request.timeseries.add()
-                    for name, text in labels:
-                        ts.labels.add(name=name, value=text)
-                ts.samples.add(value=float(value), timestamp=minute)
+                series_of(metric, entity, label).samples.add(value=float(value), timestamp=minute)
                 samples += 1
+            if self._exemplars is not None:
+                _, metric, label = self._exemplars
+                for entity, (trace, latency) in slowest.items():
+                    exemplar = series_of(metric, entity, label).exemplars.add(value=latency, timestamp=minute)
+                    exemplar.labels.add(name="trace_id", value=trace)
+                    exemplars += 1
         body = cramjam.snappy.compress_raw(request.SerializeToString())
         status = self._deliver(bytes(body))
         with self._lock:
             self.requests += 1
             if status < 300:
                 self.sent_samples += samples
+                self.sent_exemplars += exemplars
             else:
                 self.rejected_samples += samples
         self._advance(minutes[-1][0])

@@ -30,6 +30,8 @@ class RemoteWriteCollector(Collector):
         samples.add_metric(["rejected"], s["rejected_samples"])
         yield samples
         for name, doc, key in (
+            ("exemplars", "Stored exemplars sent (acknowledged): the slowest traced request per entity and minute",
+             "sent_exemplars"),
             ("requests", "Requests the receiver answered for good", "requests"),
             ("failures", "Requests the receiver could not take (sent again after a back-off)", "failures"),
             ("skipped_minutes", "Minutes not sent: older than --remote-write-max-age-s when their turn came",
