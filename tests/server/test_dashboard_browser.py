@@ -305,6 +305,7 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
         statements = rows("drill-statements")
         # the slowest: i = 25 (25 % 3 = 1) in a minute with m % 7 == 6, 10 + 25 + 18 ms
         assert statements[0][0] == "SELECT 1" and float(statements[0][1]) == 53.0
+        assert not shown("drill-traces-panel")  # no exemplars kept: no traces panel
         stored_cpm = store.query("service_cpm", entity="shop", granularity="minute")[-1][5]
         assert driver.text("latest-cpm") == f"· latest {stored_cpm:.1f}/min"  # the unit display_format gives cpm
         assert driver.text("latest-errors") == "· latest 6"
@@ -327,3 +328,42 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
         assert driver.text("error") == "" and driver.text("drill-error") == ""
         click(driver, "#back")
         wait_until(lambda: shown("live") and not shown("drill"), timeout=20)
+
+
+def test_the_drill_down_links_the_slowest_traced_requests_to_their_traces() -> None:
+    """With exemplars kept and ``[prometheus] trace_url`` set, the drill-down lists the service's slowest traced
+    requests (the stored exemplars), slowest first, each a link to its trace; without exemplars the panel is hidden."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from drainpipe.pipeline.definitions import with_exemplars
+
+    now_ns = time.time_ns()
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name").value.string_value = "shop"
+    spans = rs.scope_spans.add().spans
+    for i in range(40):  # latencies 5..395 ms over two routes: the slowest is i = 39 on /r1
+        span = spans.add(trace_id=(i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="GET", kind=2,
+                         start_time_unix_nano=now_ns - (i * 10 + 5) * 1_000_000, end_time_unix_nano=now_ns)  # fmt: skip
+        span.attributes.add(key="http.route").value.string_value = f"/r{i % 2}"
+    definitions = dataclasses.replace(with_exemplars(default_definitions()),
+                                      trace_url="https://traces.example/trace/{trace_id}")  # fmt: skip
+    with browser() as driver, running_server(definitions=definitions) as srv:
+        answer = urllib.request.urlopen(urllib.request.Request(
+            srv.url + "/v1/traces", data=request.SerializeToString(), method="POST",
+            headers={"Content-Type": "application/x-protobuf"}), timeout=10)  # fmt: skip
+        assert answer.status == 200
+        store = srv.service.store
+        wait_until(lambda: store.query_topn("exemplars"), timeout=30)
+        driver.s("POST", "/url", {"url": srv.url + "/#service=shop&range=minute"})
+        wait_until(lambda: driver.text("drill-service") == "shop", timeout=20)
+        links = "Array.from(document.querySelectorAll('#drill-traces a.trace')).map(a => [a.textContent, a.href])"
+        got = wait_until(lambda: driver.script(f"return {links}") or None, timeout=20)
+        cells = driver.script(
+            "return Array.from(document.querySelectorAll('#drill-traces tbody tr')).map(r => r.cells[0].textContent)"
+        )
+        stored = sorted(((r[5], r[4]) for r in store.query_topn("exemplars")), key=lambda r: (-r[0], r[1]))
+    assert len(got) == min(10, len(stored)) and cells[0] == "/r1"
+    slowest = (40).to_bytes(16, "big").hex()  # i = 39, 395 ms
+    assert got[0] == [slowest, f"https://traces.example/trace/{slowest}"]
+    assert [g[0] for g in got] == [trace for _, trace in stored[: len(got)]]

@@ -40,12 +40,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .cardinality import OVERFLOW, EntityGuard
     from .definitions import (
         DEFAULT_DEFINITIONS,
+        EXEMPLARS,
         Definition,
         Definitions,
         MetricDef,
         TopNDef,
         default_definitions,
         definitions_from,
+        with_exemplars,
     )
     from .engine import Commit, EngineOptions, LocalEngine
     from .generator import generate_events, write_events
@@ -100,12 +102,14 @@ _HOMES = {
     **dict.fromkeys(
         [
             "DEFAULT_DEFINITIONS",
+            "EXEMPLARS",
             "Definition",
             "Definitions",
             "MetricDef",
             "TopNDef",
             "default_definitions",
             "definitions_from",
+            "with_exemplars",
         ],
         "definitions",
     ),
@@ -163,6 +167,7 @@ __all__ = [
     "DEFAULT_STORE_URL",
     "Definition",
     "Definitions",
+    "EXEMPLARS",
     "DuckDBStore",
     "EngineOptions",
     "EntityGuard",
@@ -202,6 +207,7 @@ __all__ = [
     "complete_buckets",
     "default_definitions",
     "definitions_from",
+    "with_exemplars",
     "duckdb_path",
     "evaluate",
     "finalize",

@@ -415,6 +415,8 @@ class Definitions:
     #: upper bounds (ms) of the latency histogram ``drainpipe serve`` exposes to Prometheus (``[prometheus]``)
     latency_buckets_ms: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_MS
     alerts: tuple[AlertRule, ...] = ()  # rules over the stored metrics (``[[alert]]``), evaluated by serve
+    #: where the dashboard links a trace id (``[prometheus] trace_url``; ``{trace_id}`` is replaced); "": no link
+    trace_url: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -426,6 +428,9 @@ class Definitions:
         if isinstance(self.max_entities, bool) or not isinstance(self.max_entities, int) or self.max_entities < 1:
             raise DefinitionError(f"max_entities must be an integer >= 1, not {self.max_entities!r}")
         object.__setattr__(self, "latency_buckets_ms", _latency_buckets(self.latency_buckets_ms))
+        url = self.trace_url
+        if url and (not isinstance(url, str) or not url.startswith(("http://", "https://")) or "{trace_id}" not in url):
+            raise DefinitionError(f"trace_url must be an http(s) URL with {{trace_id}} in it, not {url!r}")
         seen: set[str] = set()
         for definition in self.all:
             if definition.name in seen:
@@ -543,9 +548,9 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         )
     retention = parse_retention(document.get("retention", {}), source)
     prometheus = document.get("prometheus", {})
-    if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms", "exemplars"}:
-        raise DefinitionError(f"{source}: [prometheus] takes latency_buckets_ms = [5, 10, 25, ...] and "
-                              "exemplars = true|false")  # fmt: skip
+    if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms", "exemplars", "trace_url"}:
+        raise DefinitionError(f"{source}: [prometheus] takes latency_buckets_ms = [5, 10, 25, ...], "
+                              'exemplars = true|false and trace_url = "https://.../{trace_id}"')  # fmt: skip
     exemplars = prometheus.get("exemplars", False)
     if not isinstance(exemplars, bool):
         raise DefinitionError(f"{source}: [prometheus] exemplars must be true or false, not {exemplars!r}")
@@ -570,7 +575,8 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
     alerts = parse_alert_rules(document.get("alert", []), source, functions)
     try:
         definitions = Definitions(tuple(built["metric"]), tuple(built["topn"]), spans, endpoints,  # type: ignore[arg-type]
-                                  document.get("max_entities", 10_000), retention, buckets, alerts)  # fmt: skip
+                                  document.get("max_entities", 10_000), retention, buckets, alerts,
+                                  prometheus.get("trace_url", ""))  # fmt: skip
         return with_exemplars(definitions) if exemplars else definitions
     except DefinitionError as exc:
         raise DefinitionError(f"{source}: {exc}") from None

@@ -6,8 +6,8 @@ load over time for L1 and L2 with rebalance events marked, ingest / drop rates o
 minute's metrics for the busiest services (from the store), and the alerts: those firing and the latest
 notifications with their delivery (``serve``), or the Kafka partitions held with their lag (``consume``). A service name opens its drill-down view, ``/#service=NAME&range=minute|hour|day``:
 its charts over the range (cpm, p50/p90/p99, SLA, apdex, errors), endpoints and instances ranked, its slowest
-statements (``GET /v1/service``, :mod:`.drilldown`). A token in the URL (``/#token=...``) is sent as a
-bearer token.
+statements and, with exemplars, its slowest traced requests linked to their traces (``GET /v1/service``,
+:mod:`.drilldown`). A token in the URL (``/#token=...``) is sent as a bearer token.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ PAGE_TEXT = r"""<!doctype html>
   <section class="panel half"><h2>Endpoints, by calls in the range</h2><table id="drill-endpoints"><thead></thead><tbody></tbody></table></section>
   <section class="panel half"><h2>Instances, by calls in the range</h2><table id="drill-instances"><thead></thead><tbody></tbody></table></section>
   <section class="panel wide"><h2>Slowest statements in the range</h2><table id="drill-statements"><thead></thead><tbody></tbody></table></section>
+  <section class="panel wide" id="drill-traces-panel" hidden><h2>Slowest traced requests, last hour of the range</h2><table id="drill-traces"><thead></thead><tbody></tbody></table></section>
 </main>
 <script>
 "use strict";
@@ -238,6 +239,12 @@ function renderService(d) {
   table($("drill-instances"), ranked, d.instances);
   table($("drill-statements"), [["statement", (r) => esc(r.key)], ["latency ms", (r) => num(r.latency_ms, {decimals: 1, unit: ""})],
     ["bucket", (r) => esc(r.time_bucket)]], d.statements);
+  // the stored exemplars ([prometheus] exemplars = true), each linked to its trace where [prometheus] trace_url is set
+  const traces = d.traces || [];
+  $("drill-traces-panel").hidden = !traces.length;
+  table($("drill-traces"), [["endpoint", (r) => esc(r.endpoint)], ["latency ms", (r) => num(r.latency_ms, {decimals: 1, unit: ""})],
+    ["minute", (r) => esc(r.time_bucket)],
+    ["trace", (r) => r.url ? `<a class="trace" href="${esc(r.url)}" target="_blank" rel="noopener">${esc(r.trace_id)}</a>` : `<code>${esc(r.trace_id)}</code>`]], traces);
 }
 
 async function loadService() {

@@ -11,14 +11,18 @@ service's latest stored one. The answer::
      "endpoints": [{"entity": "checkout/GET /cart", "name": "GET /cart", "calls": 5120, "avg_ms": 41.2,
                     "sla": 99.9, "max_p99_ms": 310.0, "errors": 3}, ...],   # ranked by calls in the range
      "instances": [...],
-     "statements": [{"key": "SELECT ...", "latency_ms": 912.0, "time_bucket": "..."}, ...]}  # the slowest
+     "statements": [{"key": "SELECT ...", "latency_ms": 912.0, "time_bucket": "..."}, ...],  # the slowest
+     "traces": [{"endpoint": "GET /cart", "trace_id": "4bf9...", "latency_ms": 1840.0, "time_bucket": "...",
+                 "url": "https://tempo.example/trace/4bf9..." | null}, ...]}  # with exemplars: the slowest traced
 
 Ranking columns over the range come from the stored per-bucket values: ``calls`` = sum of cpm x minutes per bucket,
 ``avg_ms`` and ``sla`` weighted by each bucket's calls (exact), ``max_p99_ms`` the highest bucket p99 (a
 percentile of the whole range cannot be had from per-bucket percentiles, so it is named for what it is), ``errors``
 from a count metric filtered on ``status`` when one is defined, else from the SLA (exact: sla = 100 x ok / calls).
 A series' ``role`` is its function, or ``errors`` for that filtered count (the first metric of each role has it).
-Columns whose metric is not defined are left out. Errors: :class:`ValueError` with a one-line message (the HTTP
+Columns whose metric is not defined are left out. ``traces`` (with ``[prometheus] exemplars = true``): the slowest
+traced requests of the range's last hour, from the stored exemplars, each linked through ``[prometheus]
+trace_url`` when it is set. Errors: :class:`ValueError` with a one-line message (the HTTP
 layer answers 400).
 """
 
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..pipeline import GRANULARITY_MS, Definitions, MetricDef, parse_time, parse_time_ms
+from ..pipeline import EXEMPLARS, GRANULARITY_MS, Definitions, MetricDef, parse_time, parse_time_ms
 from .live import display_format
 
 __all__ = ["RANGES", "service_view", "service_view_of_query"]
@@ -36,6 +40,8 @@ __all__ = ["RANGES", "service_view", "service_view_of_query"]
 RANGES = {"minute": 60, "hour": 48, "day": 30}
 RANKED = 20  # endpoints and instances listed
 STATEMENTS = 10
+TRACES = 10  # the slowest traced requests listed (from the stored exemplars)
+TRACES_WINDOW_MS = 3_600_000  # ... of the last hour of the range
 
 
 def _by_function(metrics: list[MetricDef]) -> dict[str, MetricDef]:
@@ -148,4 +154,20 @@ def service_view(store: Any, definitions: Definitions, service: str, granularity
         top = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:STATEMENTS]
         out["statements"] = [{"key": k, "latency_ms": lat, "time_bucket": b} for k, (lat, b) in top]
         break
+    out["traces"] = _slowest_traces(store, definitions, service, last + period)
     return out
+
+
+def _slowest_traces(store: Any, definitions: Definitions, service: str, until_ms: int) -> list[dict[str, Any]]:
+    """The slowest traced requests of ``service`` in the hour before ``until_ms`` (from the stored exemplars, per
+    endpoint and minute; an hour keeps the read small whatever the range), with a link where ``trace_url`` is set."""
+    topn = next((t for t in definitions.topns if t.name == EXEMPLARS), None)
+    if topn is None:
+        return []
+    rows = store.query_topn(topn.name, start=parse_time(until_ms - TRACES_WINDOW_MS),
+                            end=parse_time(until_ms - 60_000), entity_prefix=service + "/")  # fmt: skip
+    slowest = sorted(rows, key=lambda r: (-r[5], r[4]))[:TRACES]
+    url = definitions.trace_url
+    return [{"endpoint": entity[len(service) + 1 :], "trace_id": trace, "latency_ms": latency, "time_bucket": bucket,
+             "url": url.replace("{trace_id}", trace) if url else None}
+            for _n, entity, bucket, _rank, trace, latency in slowest]  # fmt: skip

@@ -156,9 +156,11 @@ class Store(Protocol):
         ...
 
     def query_topn(
-        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
-    ) -> list[tuple[str, str, str, int, str, float]]:
-        """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns."""
+        self, name: str, entity: str | None = None, start: Any = None, end: Any = None,
+        entity_prefix: str | None = None,
+    ) -> list[tuple[str, str, str, int, str, float]]:  # fmt: skip
+        """Top-N rows ``(name, entity, time_bucket, rank, key, latency_ms)`` ordered by those columns; the bounds
+        and ``entity_prefix`` as :meth:`query` takes them."""
         ...
 
     def stored_names(self) -> dict[str, str]:

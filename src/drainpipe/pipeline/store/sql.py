@@ -747,9 +747,14 @@ class SqlStore:
             return _rows(self._fetch_arrow(sql, params))
 
     def query_topn(
-        self, name: str, entity: str | None = None, start: Any = None, end: Any = None
-    ) -> list[tuple[str, str, str, int, str, float]]:
-        where, params = _filters([("name = ?", name), ("entity = ?", entity)], start, end)
+        self, name: str, entity: str | None = None, start: Any = None, end: Any = None,
+        entity_prefix: str | None = None,
+    ) -> list[tuple[str, str, str, int, str, float]]:  # fmt: skip
+        where, params = _filters(
+            [("name = ?", name), ("entity = ?", entity),
+             ("entity LIKE ? ESCAPE '\\'", None if entity_prefix is None else _like_prefix(entity_prefix))],
+            start, end,
+        )  # fmt: skip
         sql = f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values{where} ORDER BY name, entity, time_bucket, rank"
         with self._guard("query"):
             return _rows(self._fetch_arrow(sql, params))
