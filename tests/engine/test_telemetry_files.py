@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -22,12 +23,30 @@ from telemetry_files import access_log, otlp_file
 BASE_MS = 1_790_000_000_000 // 60_000 * 60_000
 
 
+def traced_events(path: Path, n: int, seed: int) -> list[dict]:
+    """JSON Lines events of which most carry a trace id (``trace_id``, 32 hex digits; a few malformed ones are
+    rejected); the valid events written."""
+    rng = random.Random(seed)
+    lines, valid = [], []
+    for i in range(n):
+        event = {"ts": BASE_MS + rng.randrange(0, 180_000), "service": "jsvc", "endpoint": f"/j{i % 3}",
+                 "latency_ms": float(rng.randrange(1, 3000)), "status": i % 9 != 0}  # fmt: skip
+        if i % 5:
+            event["trace_id"] = rng.randbytes(16).hex() if i % 37 else "not-a-trace-id"
+        lines.append(json.dumps(event))
+        if not i % 5 or i % 37:
+            valid.append(event)
+    path.write_text("\n".join(lines) + "\n")
+    return valid
+
+
 def telemetry_inputs(directory: Path) -> tuple[list[str], dict]:
     nginx = access_log(directory / "nginx-access.log", "nginx", 600, 1, BASE_MS)
     apache = access_log(directory / "apache-access.log.gz", "apache", 400, 2, BASE_MS)
     spans = otlp_file(directory / "traces.otlp.jsonl.gz", 3, BASE_MS)
-    paths = [str(directory / p) for p in ("nginx-access.log", "apache-access.log.gz", "traces.otlp.jsonl.gz")]
-    return paths, {"access": nginx + apache, "spans": spans}
+    traced = traced_events(directory / "traced.jsonl", 700, 4)
+    names = ("nginx-access.log", "apache-access.log.gz", "traces.otlp.jsonl.gz", "traced.jsonl")
+    return [str(directory / p) for p in names], {"access": nginx + apache, "spans": spans, "traced": traced}
 
 
 #: the default metrics, with exemplars kept (``[prometheus] exemplars = true``): the spans' trace ids reach the store
@@ -63,6 +82,26 @@ def expected_exemplars(path: Path) -> list[tuple]:
                     candidate = (-latency, span["traceId"])
                     if key not in best or candidate < best[key]:
                         best[key] = candidate
+    return sorted(
+        (entity, time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(minute / 1000)), -negative, trace)
+        for (entity, minute, _le), (negative, trace) in best.items()
+    )
+
+
+def expected_json_exemplars(events: list[dict]) -> list[tuple]:
+    """The same for JSON events with a ``trace_id`` (their ``ts`` is the minute's)."""
+    import bisect
+    import time
+
+    bounds = DEFINITIONS.latency_buckets_ms
+    best: dict[tuple, tuple[float, str]] = {}
+    for e in events:
+        if "trace_id" in e:
+            minute = e["ts"] // 60_000 * 60_000
+            key = (f"{e['service']}/{e['endpoint']}", minute, bisect.bisect_left(bounds, e["latency_ms"]))
+            candidate = (-e["latency_ms"], e["trace_id"])
+            if key not in best or candidate < best[key]:
+                best[key] = candidate
     return sorted(
         (entity, time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(minute / 1000)), -negative, trace)
         for (entity, minute, _le), (negative, trace) in best.items()
@@ -110,8 +149,12 @@ def test_access_logs_and_otlp_files_through_the_local_engine(tmp_path: Path) -> 
     finally:
         store.close()
     assert statements and all(s.startswith("SELECT ") for s in statements)
-    # the slowest SERVER span's trace id per endpoint, minute and latency bucket ([prometheus] exemplars)
-    assert exemplars == expected_exemplars(Path(paths[2])) and len(exemplars) > 50
+    # the slowest traced request per endpoint, minute and latency bucket ([prometheus] exemplars): SERVER spans'
+    # trace ids, and JSON events' trace_id fields
+    spans = [e for e in exemplars if not e[0].startswith("jsvc/")]
+    assert spans == expected_exemplars(Path(paths[2])) and len(spans) > 50
+    assert [e for e in exemplars if e[0].startswith("jsvc/")] == expected_json_exemplars(want["traced"])
+    assert reasons["bad value: trace_id"] == sum(1 for i in range(700) if i % 5 and not i % 37)
 
 
 def test_an_access_log_needs_a_service(tmp_path: Path) -> None:

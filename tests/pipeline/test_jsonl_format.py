@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from drainpipe.inputs import read_events
 from drainpipe.inputs.rejects import ReadStats
-from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, TS_MAX, TS_MIN, batch_schema
 from testlib import T0, Result, ms, read, read_jsonl, reasons, rec, row, write_bytes
 
 HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -269,6 +269,8 @@ CLEAN_RECORDS = st.fixed_dictionaries(
      "latency_ms": st.one_of(st.floats(0, LATENCY_MAX_MS), st.integers(0, int(LATENCY_MAX_MS)))},
     optional={"instance": st.one_of(st.none(), CLEAN_TEXT), "endpoint": st.one_of(st.none(), CLEAN_TEXT),
               "status": st.one_of(st.none(), st.booleans()), "db_statement": st.one_of(st.none(), CLEAN_TEXT),
+              "trace_id": st.one_of(st.none(), st.binary(min_size=16, max_size=16).filter(any).map(bytes.hex),
+                                    st.binary(min_size=16, max_size=16).filter(any).map(lambda b: b.hex().upper())),
               "extra": EXTRA_VALUE, "nested": st.dictionaries(CLEAN_TEXT, EXTRA_VALUE, max_size=2)},
 )  # fmt: skip
 
@@ -301,6 +303,9 @@ DIRTY_LINES = [
     "{" + _OK + ',"db_statement":""}', "{" + _OK + ',"db_statement":5}', "{" + _OK + ',"x":/*c*/1}',
     b"{" + _OK.encode() + b',"x":"caf\xe9"}', b"\xff\xfe", "{\n", "}",
     "{" + _OK + "}\x00 x }", "{" + _OK + ',"x":"a\x00b"}', "{" + _OK + ',"x":1}\x00{"ts":1}', "{" + _OK + ',"x":"\x7f"}',
+    "{" + _OK + ',"trace_id":"' + "0" * 32 + '"}', "{" + _OK + ',"trace_id":"' + "g" * 32 + '"}',
+    "{" + _OK + ',"trace_id":"abc"}', "{" + _OK + ',"trace_id":' + "1" * 32 + "}", "{" + _OK + ',"trace_id":true}',
+    "{" + _OK + ',"trace_id":"' + "a" * 31 + '\u00e9"}', "{" + _OK + ',"trace_id":"' + "ab" * 16 + '"}',
 ]  # fmt: skip
 #: Lines pyarrow.json reads without complaint (some of them as several rows) but strict JSON rejects.
 LENIENT_IN_PYARROW = [
@@ -363,7 +368,9 @@ def test_fast_path_taken_for_clean_blocks(lines):
     batch = fast[0]
     rejects: list = []
     expected = rows_to_batch(json_rows(enumerate(chunk, 1), lambda *a: rejects.append(a)))
-    assert rejects == [] and batch.equals(expected) and batch.schema.equals(EVENT_SCHEMA)
+    assert rejects == [] and batch.equals(expected)
+    traced = any('"trace_id": "' in x or '"trace_id":"' in x for x in lines)
+    assert batch.schema.equals(batch_schema([TRACE_ID]) if traced else EVENT_SCHEMA)
 
 
 @pytest.mark.parametrize("line", DIRTY_LINES)
@@ -456,7 +463,8 @@ def test_ndjson_bodies_fast_path_equals_per_line_path(lines, ending, final_newli
             events._JSONL_FAST_PATH = True
         results.append((batch, rejects, stats))
     (fast_batch, fast_rejects, fast_stats), (batch, rejects, stats) = results
-    assert fast_batch.equals(batch) and fast_batch.schema.equals(EVENT_SCHEMA)
+    assert fast_batch.equals(batch) and fast_batch.schema.equals(batch.schema)
+    assert batch.schema.equals(EVENT_SCHEMA) or batch.schema.equals(batch_schema([TRACE_ID]))
     assert fast_rejects == rejects and fast_stats == stats
 
 

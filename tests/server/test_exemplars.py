@@ -157,3 +157,29 @@ def test_stored_exemplars_reach_prometheus_by_remote_write(tmp_path: Path) -> No
 
         got = wait_for(lambda: (e := exemplars()) and len(e) >= len(want) and e, 30, "the exemplars in Prometheus")
     assert got == want
+
+
+def test_http_json_events_may_carry_a_trace_id(tmp_path: Path) -> None:
+    """``POST /v1/events`` (a JSON array, and JSON Lines): an event's optional ``trace_id`` (32 hex digits) is kept
+    and stored as an exemplar; a malformed one rejects its event with the reason."""
+    from server_testlib import post_events
+
+    from drainpipe.pipeline.store import open_store
+
+    now = int(time.time() * 1000) // 60_000 * 60_000
+    traces = [(i + 1).to_bytes(16, "big").hex() for i in range(3)]
+    array = [{"ts": now, "service": "web", "endpoint": "/a", "latency_ms": 10.0 * (i + 1), "trace_id": traces[i]}
+             for i in range(2)]  # fmt: skip
+    array.append({"ts": now, "service": "web", "endpoint": "/a", "latency_ms": 5.0, "trace_id": "0" * 32})
+    lines = [{"ts": now, "service": "web", "endpoint": "/b", "latency_ms": 900.0, "trace_id": traces[2].upper()},
+             {"ts": now, "service": "web", "endpoint": "/b", "latency_ms": 1.0}]  # fmt: skip
+    store_url = f"duckdb:///{tmp_path / 'store.duckdb'}"
+    with running_server(store_url=store_url, definitions=with_exemplars(default_definitions())) as srv:
+        status, _, answer = post_events(srv.url, array)
+        assert status == 200 and answer["rejected"] == 1, answer
+        assert answer["errors"][0]["reason"] == "bad value: trace_id", answer
+        status, _, answer = post_events(srv.url, lines, kind="ndjson")
+        assert status == 200 and answer["rejected"] == 0, answer
+    with open_store(store_url) as store:
+        stored = {(row[1], row[4], row[5]) for row in store.query_topn("exemplars")}
+    assert stored == {("web//a", traces[0], 10.0), ("web//a", traces[1], 20.0), ("web//b", traces[2], 900.0)}

@@ -16,6 +16,8 @@ The rules (``docs/pipeline.md``, "Input events"):
 ``status``                ``true``/``false``, ``0``/``1`` or the strings ``"true"``/``"false"``;
                           null/absent -> ``true``; anything else is rejected
 ``db_statement``          string or null; ``""`` -> null
+``trace_id`` (optional)   null, or 32 hex digits (W3C trace-id: either case, not all zeros), kept as its 16
+                          bytes; a batch has the column only when some record has one
 ========================= ===================================================================
 
 Scalar: :func:`validate_values` returns the canonical row tuple or raises :class:`~drainpipe.errors.Rejected`
@@ -37,7 +39,7 @@ import pyarrow.compute as pc
 
 from ..errors import Rejected
 from .rejects import ReadStats
-from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TS_MAX, TS_MIN
+from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, TS_MAX, TS_MIN, batch_schema
 
 __all__ = [
     "validate_values",
@@ -147,15 +149,30 @@ def check_status(value: Any) -> bool:
     raise Rejected("bad value: status")
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_ZERO_TRACE = "0" * 32
+
+
+def _check_trace_id(value: Any) -> bytes:
+    """A W3C trace id: 32 hex digits (either case), not all zeros -> its 16 bytes."""
+    if type(value) is not str or len(value) != 32 or not _HEX_DIGITS.issuperset(value) or value == _ZERO_TRACE:
+        raise Rejected(f"bad value: {TRACE_ID}")
+    return bytes.fromhex(value)
+
+
 def validate_values(
-    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
-) -> tuple:
+    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any,
+    trace_id: Any = None,
+) -> tuple:  # fmt: skip
     """The validation core for one record given as JSON-typed Python values (``None`` = absent/null).
 
-    Returns the canonical row tuple in :data:`FIELDS` order or raises ``Rejected``; fields are checked
-    in that order and the first failure is the reason. The inline test is only a shortcut for the
-    common, plainly valid record (a strict subset of what the field checks accept, with the same
-    result; ``test_fast_path_agrees_with_field_checks`` holds it to that)."""
+    Returns the canonical row tuple in :data:`FIELDS` order (and the trace id's bytes after them when the record
+    has one) or raises ``Rejected``; fields are checked in that order and the first failure is the reason. The
+    inline test is only a shortcut for the common, plainly valid record (a strict subset of what the field checks
+    accept, with the same result; ``test_fast_path_agrees_with_field_checks`` holds it to that)."""
+    if trace_id is not None:
+        return (*validate_values(ts, service, instance, endpoint, latency, status, db_statement),
+                _check_trace_id(trace_id))  # fmt: skip
     if (
         type(ts) is int and TS_MIN <= ts <= TS_MAX
         and type(service) is str and service and service.isascii()
@@ -184,13 +201,21 @@ def check_fields(
 
 
 _ROW_TYPE = pa.struct(list(EVENT_SCHEMA))
+_TRACED_ROW_TYPE = pa.struct(list(batch_schema([TRACE_ID])))
+_FIELD_COUNT = len(EVENT_SCHEMA)
 
 
-def rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
-    """Rows already valid by every rule (in :data:`~.schema.FIELDS` order, canonical Python types) -> a canonical
-    batch (one struct conversion: the fastest route)."""
+def rows_to_batch(rows: list[tuple], traced: bool | None = None) -> pa.RecordBatch:
+    """Rows already valid by every rule (in :data:`~.schema.FIELDS` order, canonical Python types; a row with a
+    trace id has its bytes after them) -> a canonical batch (one struct conversion: the fastest route), with the
+    ``trace_id`` column when some row has one. ``traced``: whether one has, if the caller knows."""
     if not rows:
         return pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
+    if traced is None:
+        traced = any(len(row) > _FIELD_COUNT for row in rows)
+    if traced:
+        rows = [row if len(row) > _FIELD_COUNT else (*row, None) for row in rows]
+        return pa.RecordBatch.from_struct_array(pa.array(rows, type=_TRACED_ROW_TYPE))
     return pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
 
 
@@ -209,7 +234,7 @@ def validate_records(
             get = obj.get
             rows.append(validate_values(
                 get("ts"), get("service"), get("instance"), get("endpoint"),
-                get("latency_ms"), get("status"), get("db_statement"),
+                get("latency_ms"), get("status"), get("db_statement"), get(TRACE_ID),
             ))  # fmt: skip
         except Rejected as r:
             rejects.append((i, r.reason))
@@ -481,7 +506,47 @@ def validate_columns(
         _status_column(_plain(column("status")), checks),
         text("db_statement"),
     ]
+    fields = list(EVENT_SCHEMA)
+    if TRACE_ID in names and batch.column(names.index(TRACE_ID)).null_count < n:  # some record has one
+        traces = _trace_id_column(_plain(column(TRACE_ID)), checks)
+        rejected = checks.rejected()
+        if rejected is None or traces.filter(pa.array(~rejected[0])).null_count < n - int(rejected[0].sum()):
+            arrays.append(traces)  # an accepted record has one (else the batch is as if none had: no column)
+            fields = list(batch_schema([TRACE_ID]))
     if not any(pa.types.is_dictionary(a.type) for a in arrays):
-        return pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA), checks.rejected()
-    schema = pa.schema([f.with_type(a.type) for f, a in zip(EVENT_SCHEMA, arrays)])
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), checks.rejected()
+    schema = pa.schema([f.with_type(a.type) for f, a in zip(fields, arrays)])
     return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
+
+
+_NIBBLE = np.full(256, 255, np.uint8)
+for _digit, _value in zip(b"0123456789abcdefABCDEF", [*range(16), *range(10, 16)]):
+    _NIBBLE[_digit] = _value
+
+
+def _trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
+    """trace_id: null, or 32 hex digits not all zeros -> 16 bytes (binary); anything else flagged, as
+    :func:`_check_trace_id` rules. Vectorized: the digits are decoded as one numpy array."""
+    text = _as_strings(arr, checks)
+    if text is None:
+        checks.flag_non_null(arr, f"bad value: {TRACE_ID}")
+        return pa.nulls(len(arr), pa.binary())
+    present = _np_mask(text.is_valid())
+    sized = _np_mask(pc.equal(pc.binary_length(text), 32))
+    digits = np.zeros((len(text), 32), np.uint8)
+    rows = np.flatnonzero(present & sized)
+    if len(rows):
+        chosen = text.take(pa.array(rows))
+        start = chosen.offset
+        offsets = np.frombuffer(chosen.buffers()[1], np.int32)[start : start + len(chosen) + 1]
+        data = np.frombuffer(chosen.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+        digits[rows] = _NIBBLE[data].reshape(-1, 32)
+    hexed = (digits != 255).all(axis=1)
+    nibbles = np.where(digits == 255, 0, digits)
+    raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    good = sized & hexed & raw.any(axis=1)
+    checks.flag(present & ~good, f"bad value: {TRACE_ID}")
+    offsets = np.arange(len(text) + 1, dtype=np.int32) * 16  # a null row holds 16 zero bytes behind its bit
+    validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
+    return pa.Array.from_buffers(pa.binary(), len(text), [validity, pa.py_buffer(offsets), pa.py_buffer(raw.tobytes())],
+                                 null_count=int(len(text) - present.sum()))  # fmt: skip
