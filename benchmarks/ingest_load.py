@@ -770,6 +770,44 @@ def remote_write_cost(args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def exemplar_cost(args: argparse.Namespace) -> int:
+    """OTLP protobuf spans to ``serve`` with exemplars on (``[prometheus] exemplars = true`` over the default
+    metrics: trace ids through the parsers and the log, the live histogram's exemplars and the stored top-N
+    ``exemplars``) against off, durable, in alternation, ``args.exemplars`` rounds: request spans/s, medians and
+    the ratio (ingest_exemplars.json)."""
+    tmp = Path(tempfile.mkdtemp(prefix="drainpipe-exemplars-"))
+    toml = tmp / "exemplars.toml"
+    toml.write_text("[prometheus]\nexemplars = true\n\n" + definitions_toml(""))
+    print(f"building {args.bodies} bodies of {args.events_per_request} events ...", flush=True)
+    bodies = build_bodies(args.bodies, args.events_per_request, False, args.seed)
+    spans, per_request = otlp_bodies(bodies), args.events_per_request
+    rounds = []
+    for i in range(args.exemplars):
+        row: dict[str, Any] = {}
+        for name, flags in (("off", ()), ("on", ("--metrics", str(toml)))):
+            store = f"duckdb:///{tmp}/{name}-{i}.duckdb"
+            row[name] = http_run(store, spans, args.clients, args.warmup, args.measure,
+                                 ("--wal", str(tmp / f"wal-{name}-{i}"), *flags), per_request)  # fmt: skip
+        row["on_vs_off"] = round(row["on"]["events_per_s"] / row["off"]["events_per_s"], 3)
+        rounds.append(row)
+        print(f"round {i + 1}: off {row['off']['events_per_s']:>9,.0f} request spans/s (p99 {row['off']['p99_ms']} ms)"
+              f"  on {row['on']['events_per_s']:>9,.0f} (p99 {row['on']['p99_ms']} ms)  on/off {row['on_vs_off']}",
+              flush=True)  # fmt: skip
+    med = lambda *keys: _median(rounds, *keys)
+    summary = {"off_spans_per_s": med("off", "events_per_s"), "on_spans_per_s": med("on", "events_per_s"),
+               "on_vs_off": round(med("on", "events_per_s") / med("off", "events_per_s"), 3),
+               "median_round_ratio": med("on_vs_off"),
+               "lost": sum(r[name]["lost"] for r in rounds for name in ("off", "on"))}  # fmt: skip
+    print(f"medians: off {summary['off_spans_per_s']:,.0f}  on {summary['on_spans_per_s']:,.0f} request spans/s  "
+          f"on/off {summary['on_vs_off']} (median of the rounds' ratios {summary['median_round_ratio']}); "
+          f"lost {summary['lost']}")  # fmt: skip
+    out = args.out or str(ROOT / "benchmarks" / "results" / "ingest_exemplars.json")
+    Path(out).write_text(json.dumps({"mode": "exemplars", "warmup_s": args.warmup, "measure_s": args.measure,
+                                     "clients": args.clients, "rounds": rounds, "summary": summary}, indent=2))  # fmt: skip
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if summary["lost"] == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -808,11 +846,16 @@ def main() -> int:
     ap.add_argument("--remote-write", type=int, default=0, metavar="ROUNDS",
                     help="serve with --remote-write to a real Prometheus (Debian's, started here) against without, "
                     "ROUNDS rounds in alternation (ingest_remote_write.json)")  # fmt: skip
+    ap.add_argument("--exemplars", type=int, default=0, metavar="ROUNDS",
+                    help="OTLP spans to serve with [prometheus] exemplars = true against without, ROUNDS rounds in "
+                    "alternation (ingest_exemplars.json)")  # fmt: skip
     ap.add_argument("--sides", default="off,on", help="--operations: which runs, off,on (default) or one of them")
     args = ap.parse_args()
     args.sides = args.sides.split(",")
     if args.remote_write:
         return remote_write_cost(args)
+    if args.exemplars:
+        return exemplar_cost(args)
     if args.operations:
         return operations(args)
     if args.otlp:

@@ -354,11 +354,12 @@ class TopNDef:
         if not isinstance(self.minutes, int) or isinstance(self.minutes, bool) or self.minutes not in TOPN_MINUTES:
             raise DefinitionError(f"{label}: minutes must be one of {', '.join(map(str, TOPN_MINUTES))} (whole "
                                   f"parts of an hour), not {self.minutes!r}")  # fmt: skip
-        if self.latency_buckets_ms != ():
-            try:
-                object.__setattr__(self, "latency_buckets_ms", _latency_buckets(self.latency_buckets_ms))
-            except DefinitionError as exc:
-                raise DefinitionError(f"{label}: {exc}") from None
+        try:  # (none, as an empty list in TOML too: n per bucket of time only)
+            buckets = _latency_buckets(self.latency_buckets_ms) if len(self.latency_buckets_ms) else ()
+        except (DefinitionError, TypeError):
+            raise DefinitionError(f"{label}: latency_buckets_ms must be 1 to 100 increasing positive numbers of "
+                                  f"milliseconds, not {self.latency_buckets_ms!r}") from None  # fmt: skip
+        object.__setattr__(self, "latency_buckets_ms", buckets)
 
     @property
     def bucket_ms(self) -> int:
