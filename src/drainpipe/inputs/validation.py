@@ -48,6 +48,7 @@ __all__ = [
     "validate_tuples",
     "validate_columns",
     "rows_to_batch",
+    "settle_trace_ids",
     "counted",
     "counted_batch",
     "check_ts",
@@ -519,6 +520,21 @@ def validate_columns(
     return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
 
 
+def settle_trace_ids(*batches: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """Canonical batches made alike for concatenation: all with the ``trace_id`` column when one has a trace id,
+    else none with it (a column left all null after its rows were filtered out is dropped)."""
+    traced = any(TRACE_ID in b.schema.names and b.column(TRACE_ID).null_count < b.num_rows for b in batches)
+    out = []
+    for b in batches:
+        has = TRACE_ID in b.schema.names
+        if has and not traced:
+            b = b.drop_columns([TRACE_ID])
+        elif traced and not has:
+            b = b.append_column(batch_schema([TRACE_ID]).field(TRACE_ID), pa.nulls(b.num_rows, pa.binary()))
+        out.append(b)
+    return out
+
+
 _NIBBLE = np.full(256, 255, np.uint8)
 for _digit, _value in zip(b"0123456789abcdefABCDEF", [*range(16), *range(10, 16)]):
     _NIBBLE[_digit] = _value
@@ -527,6 +543,8 @@ for _digit, _value in zip(b"0123456789abcdefABCDEF", [*range(16), *range(10, 16)
 def _trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
     """trace_id: null, or 32 hex digits not all zeros -> 16 bytes (binary); anything else flagged, as
     :func:`_check_trace_id` rules. Vectorized: the digits are decoded as one numpy array."""
+    if pa.types.is_fixed_size_binary(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return _raw_trace_id_column(arr.cast(pa.binary()), checks)  # (Parquet: the 16 bytes themselves)
     text = _as_strings(arr, checks)
     if text is None:
         checks.flag_non_null(arr, f"bad value: {TRACE_ID}")
@@ -550,3 +568,12 @@ def _trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
     validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
     return pa.Array.from_buffers(pa.binary(), len(text), [validity, pa.py_buffer(offsets), pa.py_buffer(raw.tobytes())],
                                  null_count=int(len(text) - present.sum()))  # fmt: skip
+
+
+def _raw_trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
+    """trace_id given as bytes: null, or 16 bytes not all zeros; anything else flagged."""
+    present = _np_mask(arr.is_valid())
+    sized = _np_mask(pc.equal(pc.binary_length(arr), 16))
+    zero = _np_mask(pc.equal(arr, pa.scalar(bytes(16), pa.binary())))
+    checks.flag(present & ~(sized & ~zero), f"bad value: {TRACE_ID}")
+    return arr

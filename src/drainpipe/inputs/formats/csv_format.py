@@ -32,8 +32,8 @@ from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
-from ..schema import EVENT_SCHEMA, FIELDS
-from ..validation import rows_to_batch, validate_columns, validate_values
+from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
+from ..validation import rows_to_batch, settle_trace_ids, validate_columns, validate_values
 from .base import (
     BOM,
     LINE_PART_BLOCKS,
@@ -115,10 +115,10 @@ def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
     index: dict[str, int] = {}
     for i, name in enumerate(header):
         index.setdefault(name, i)  # the first of duplicate columns wins
-    cells_of = itemgetter(*(index.get(name, len(header)) for name in FIELDS))
+    cells_of = itemgetter(*(index.get(name, len(header)) for name in (*FIELDS, TRACE_ID)))
 
     def typed(cells: list[str]) -> tuple:
-        ts, service, instance, endpoint, latency, status, db_statement = cells_of(cells + [""])
+        ts, service, instance, endpoint, latency, status, db_statement, trace_id = cells_of(cells + [""])
         return (
             _csv_int(ts),
             service or None,
@@ -127,6 +127,7 @@ def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
             _csv_number(latency),
             _CSV_STATUS.get(status, status),
             db_statement or None,
+            trace_id or None,  # (an optional column: empty or absent = none)
         )
 
     return typed
@@ -531,8 +532,9 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
             pc.cast(pc.if_else(lat_ok, latency, pa.scalar(None, pa.string())), pa.float64()),
             values.take(pc.fill_null(status_at, 4)),
             nulled(cells("db_statement")),
+            *([nulled(cells(TRACE_ID))] if TRACE_ID in index else []),
         ],
-        names=list(FIELDS),
+        names=[*FIELDS, *([TRACE_ID] if TRACE_ID in index else [])],
     )
     canonical, flagged = validate_columns(batch)
     bad = odd | (flagged[0] if flagged is not None else False)
@@ -556,6 +558,8 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
     out = canonical.filter(pa.array(~bad))
     if accepted:  # back in record order
         order = np.argsort(np.concatenate((np.flatnonzero(~bad), at)), kind="stable")
-        out = pa.Table.from_batches([out, rows_to_batch(accepted)]).combine_chunks().to_batches()[0].take(order)
+        both = settle_trace_ids(out, rows_to_batch(accepted))
+        out = pa.Table.from_batches(both).combine_chunks().to_batches()[0].take(order)
+    (out,) = settle_trace_ids(out)  # (a trace id column whose rows all went to the reference or were rejected)
     sink.stats.add_accepted(out.num_rows)
     return out

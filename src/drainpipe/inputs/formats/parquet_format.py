@@ -17,7 +17,7 @@ from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
-from ..schema import EVENT_SCHEMA, FIELDS
+from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
 from ..validation import validate_columns
 from .base import Format
 
@@ -86,8 +86,10 @@ def parquet_batch(
 
 
 def parquet_columns(pf: pq.ParquetFile) -> list[str] | None:
-    """The event columns a Parquet file has (what the reader asks for), None for none of them."""
-    return [name for name in FIELDS if name in pf.schema_arrow.names] or None
+    """The event columns a Parquet file has (what the reader asks for; the optional ``trace_id`` too: hex text or
+    the 16 bytes), None for none of them."""
+    names = pf.schema_arrow.names
+    return [name for name in FIELDS if name in names] + ([TRACE_ID] if TRACE_ID in names else []) or None
 
 
 def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: Sink) -> None:
