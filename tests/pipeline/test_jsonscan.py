@@ -85,6 +85,12 @@ KNOWN = st.fixed_dictionaries(
         "latency_ms": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False), st.integers(-5, 10**6)),
         "status": st.one_of(st.none(), st.booleans()),
         "db_statement": st.one_of(st.none(), st.text("SELECT *", max_size=6)),
+        # the optional trace id: the scanner keeps the text, validation decodes it (or rejects it)
+        "trace_id": st.one_of(
+            st.none(),
+            st.binary(min_size=16, max_size=16).map(bytes.hex),
+            st.sampled_from(["ABCDEF0123456789abcdef0123456789", "zz", ""]),
+        ),
     },
 )
 SPACING = st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", " :\r")])
@@ -115,6 +121,9 @@ OK = '"ts":1795255200000,"service":"svc","latency_ms":1.5'
     [
         "{" + OK + ',"extra":1}',  # an unknown field: pyarrow's path or the per-line path decides
         "{" + OK + ',"ts":2}',  # a duplicate key: json.loads keeps the last
+        "{" + OK + ',"trace_id":"a","trace_id":"b"}',
+        "{" + OK + ',"trace_id":5}',  # a number for the trace id's text
+        "{" + OK + ',"tr":"a"}',  # a key that starts as trace_id does
         '{"t\\u0073":1,"service":"s","latency_ms":1}',  # an escaped key
         "{" + OK + ',"instance":"a\\"b"}',  # an escape in a value
         "{" + OK + ',"instance":"a\tb"}',  # a control character

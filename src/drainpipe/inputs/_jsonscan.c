@@ -8,11 +8,11 @@
  * and returns None for anything else, and the caller then reads the block as before (pyarrow, else line by line):
  *   - every line is one object: it starts with '{', ends with '}' (an optional '\r' before the '\n'), and the
  *     block has exactly n lines;
- *   - keys are the seven field names of the event schema, each at most once, without escapes. An unknown
- *     field, a duplicate key or an escaped key declines (duplicates: json.loads keeps the last one, so
- *     declining keeps the per-line meaning without having to copy it);
+ *   - keys are the seven field names of the event schema and the optional trace_id, each at most once, without
+ *     escapes. An unknown field, a duplicate key or an escaped key declines (duplicates: json.loads keeps the
+ *     last one, so declining keeps the per-line meaning without having to copy it);
  *   - whitespace between tokens is JSON's (space, tab, CR);
- *   - values: ts an integer within int64; latency_ms a JSON number; status true/false; the four strings
+ *   - values: ts an integer within int64; latency_ms a JSON number; status true/false; the five strings
  *     without backslash escapes or control characters; any field may be null. A value of another JSON type
  *     (an ISO ts string, status 0/1, a number for a string) declines: the per-line rules decide those.
  * The caller has already checked that the block is UTF-8. Numbers are converted as json.loads + float() would
@@ -31,7 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { F_TS, F_SERVICE, F_INSTANCE, F_ENDPOINT, F_LATENCY, F_STATUS, F_DB, NFIELDS };
+enum { F_TS, F_SERVICE, F_INSTANCE, F_ENDPOINT, F_LATENCY, F_STATUS, F_DB, F_TRACE, NFIELDS };
+#define NSTRINGS 5 /* service, instance, endpoint, db_statement, trace_id */
 
 static inline const unsigned char *
 skip_ws(const unsigned char *p, const unsigned char *end)
@@ -77,7 +78,10 @@ key_at(const unsigned char *k, const unsigned char *end, const unsigned char **a
         return -1;                                                                                                \
     } while (0)
     switch (*k) {
-    case 't': KEY("ts\"", F_TS);
+    case 't':
+        if (end - k > 1 && k[1] == 'r')
+            KEY("trace_id\"", F_TRACE);
+        KEY("ts\"", F_TS);
     case 'i': KEY("instance\"", F_INSTANCE);
     case 'e': KEY("endpoint\"", F_ENDPOINT);
     case 'l': KEY("latency_ms\"", F_LATENCY);
@@ -279,7 +283,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nulls[NFIELDS] = {0};
     StrCol str[NFIELDS];
     memset(str, 0, sizeof str);
-    const int strings[] = {F_SERVICE, F_INSTANCE, F_ENDPOINT, F_DB};
+    const int strings[NSTRINGS] = {F_SERVICE, F_INSTANCE, F_ENDPOINT, F_DB, F_TRACE};
     if (n <= 0 || start < 0 || start >= view.len || view.len - start >= INT32_MAX) /* int32 string offsets */
         goto decline;
     if (n > (view.len - start + 1) / 2) /* a line is at least "{}": no more rows than that */
@@ -293,7 +297,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (int f = 0; f < NFIELDS; f++)
         if (!(valid[f] = PyMem_Calloc(bitmap, 1)))
             goto nomem;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NSTRINGS; i++) {
         StrCol *c = &str[strings[i]];
         if (!(c->offsets = PyMem_Malloc((size_t)(n + 1) * sizeof(int32_t))))
             goto nomem;
@@ -384,7 +388,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto decline;
             p++;
         }
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NSTRINGS; i++)
             str[strings[i]].offsets[row + 1] = (int32_t)str[strings[i]].len;
         row++;
     }
@@ -395,7 +399,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         nulls[f] = row - set;
     }
     /* (end offset, lines, columns): per field (null count, validity bitmap or None, value buffers...), in the
-     * event schema's order; `lines` rows each */
+     * event schema's order, then trace_id (text: validation decodes it); `lines` rows each */
     size_t filled = (size_t)(row + 7) / 8;
     PyObject *columns = PyTuple_New(NFIELDS);
     if (columns == NULL)

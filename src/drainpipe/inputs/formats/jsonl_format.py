@@ -255,10 +255,9 @@ _JSONL_FAST_PATH = True
 #: Most blocks skipped after a declined one (doubling per decline in a row): bounds what failed attempts cost
 #: on files whose blocks all need the per-line path (e.g. ``status`` written as 0/1 or ISO ``ts`` strings).
 _JSONL_MAX_BACKOFF = 16
-#: what the C scanner fills (the seven fields; a line with a trace id is left to pyarrow)
-_SCANNED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in EVENT_SCHEMA])  # all nullable: nulls are checked
-#: what pyarrow reads: the seven fields and the optional trace id (as text: validation decodes it)
-_ARROW_JSON_SCHEMA = pa.schema([*_SCANNED_SCHEMA, pa.field(TRACE_ID, pa.string())])
+#: what the C scanner and pyarrow read: the seven fields and the optional trace id (as text: validation decodes
+#: it), all nullable (nulls are checked)
+_ARROW_JSON_SCHEMA = pa.schema([*(pa.field(f.name, f.type) for f in EVENT_SCHEMA), pa.field(TRACE_ID, pa.string())])
 _ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="ignore")
 #: the same, refusing fields outside the schema (:func:`_arrow_known_fields_only`)
 _ARROW_JSON_PARSE_KNOWN = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="error")
@@ -352,7 +351,7 @@ def _fast_result(
 
 
 def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
-    """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`_SCANNED_SCHEMA` by the C scanner, or None
+    """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`_ARROW_JSON_SCHEMA` by the C scanner, or None
     when a line is outside its strict subset of JSON (``_jsonscan.c`` lists it: flat objects of the known
     fields with canonically typed, unescaped values) or the scanner is not built."""
     scanned = scan_range(data, 0, n)
@@ -368,9 +367,9 @@ def scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.Record
     end, n, columns = scanned
     arrays = [
         pa.Array.from_buffers(f.type, n, [None if b is None else pa.py_buffer(b) for b in buffers], null_count=nulls)
-        for f, (nulls, *buffers) in zip(_SCANNED_SCHEMA, columns, strict=True)
+        for f, (nulls, *buffers) in zip(_ARROW_JSON_SCHEMA, columns, strict=True)
     ]
-    return end, n, pa.RecordBatch.from_arrays(arrays, schema=_SCANNED_SCHEMA)
+    return end, n, pa.RecordBatch.from_arrays(arrays, schema=_ARROW_JSON_SCHEMA)
 
 
 def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.RecordBatch | None:
