@@ -206,15 +206,13 @@ _TRACED_ROW_TYPE = pa.struct(list(batch_schema([TRACE_ID])))
 _FIELD_COUNT = len(EVENT_SCHEMA)
 
 
-def rows_to_batch(rows: list[tuple], traced: bool | None = None) -> pa.RecordBatch:
+def rows_to_batch(rows: list[tuple]) -> pa.RecordBatch:
     """Rows already valid by every rule (in :data:`~.schema.FIELDS` order, canonical Python types; a row with a
     trace id has its bytes after them) -> a canonical batch (one struct conversion: the fastest route), with the
-    ``trace_id`` column when some row has one. ``traced``: whether one has, if the caller knows."""
+    ``trace_id`` column when some row has one."""
     if not rows:
         return pa.RecordBatch.from_pylist([], schema=EVENT_SCHEMA)
-    if traced is None:
-        traced = any(len(row) > _FIELD_COUNT for row in rows)
-    if traced:
+    if any(len(row) > _FIELD_COUNT for row in rows):
         rows = [row if len(row) > _FIELD_COUNT else (*row, None) for row in rows]
         return pa.RecordBatch.from_struct_array(pa.array(rows, type=_TRACED_ROW_TYPE))
     return pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
