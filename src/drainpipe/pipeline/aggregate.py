@@ -349,9 +349,8 @@ def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
     g = groups.gid[rows]
     latency = view.numpy("latency_ms")[rows]
     if topn.latency_buckets_ms:  # n per latency bucket: candidates per (group, latency bucket)
-        bounds = np.asarray(topn.latency_buckets_ms)
-        classes = np.searchsorted(bounds, latency, side="left")
-        pick = _topn_candidates(g * (len(bounds) + 1) + classes, latency, groups.size * (len(bounds) + 1), topn.n)
+        width = len(topn.latency_buckets_ms) + 1
+        pick = _topn_candidates(g * width + topn.latency_classes(latency), latency, groups.size * width, topn.n)
     else:
         pick = _topn_candidates(g, latency, groups.size, topn.n)
     rows, g = rows[pick], g[pick]
@@ -374,8 +373,6 @@ _HEX_DIGITS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8)
 def _hex_strings(values: pa.Array) -> pa.Array:
     """Binary values (trace ids) as lowercase hex strings; nulls stay null. One numpy lookup when every value has
     the same length, as trace ids do."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
     lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
     if values.null_count or len(values) == 0 or (lengths != lengths[0]).any():
         return pa.array([None if v is None else v.hex() for v in values.to_pylist()], pa.string())

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from ..errors import DefinitionError
 from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
+from ..inputs.schema import TRACE_ID
 from ..inputs.spans import SpanMapping, parse_span_mapping
 from .alerts import AlertRule, parse_alert_rules
 from .retention import Retention, parse_retention
@@ -81,7 +82,7 @@ EVENT_FIELDS: dict[str, str] = {
 NUMERIC_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "number")
 STRING_FIELDS: tuple[str, ...] = tuple(f for f, k in EVENT_FIELDS.items() if k == "string")
 #: what a top-N may be keyed on: a string field, or the optional trace id (spans; kept as lowercase hex)
-TOPN_KEYS: tuple[str, ...] = (*STRING_FIELDS, "trace_id")
+TOPN_KEYS: tuple[str, ...] = (*STRING_FIELDS, TRACE_ID)
 
 _NAME_RE = re.compile(r"[a-z0-9_]+\Z")
 
@@ -366,6 +367,11 @@ class TopNDef:
         """The width of its time buckets."""
         return self.minutes * 60_000
 
+    def latency_classes(self, latency: np.ndarray) -> np.ndarray:
+        """Each latency's bucket of ``latency_buckets_ms`` (upper-inclusive, as Prometheus' ``le``: bound[i-1] <
+        latency <= bound[i] is class i; above the last bound, len(bounds))."""
+        return np.searchsorted(np.asarray(self.latency_buckets_ms), latency, side="left")
+
 
 Definition = MetricDef | TopNDef
 
@@ -495,7 +501,7 @@ def with_exemplars(definitions: Definitions) -> Definitions:
     minute too), keyed by its trace id. :class:`DefinitionError` if a top-N already has that name."""
     if any(t.name == EXEMPLARS for t in definitions.topns):
         raise DefinitionError(f"[prometheus] exemplars = true keeps a top-N named {EXEMPLARS!r}: rename yours")
-    exemplars = TopNDef(EXEMPLARS, "endpoint", "trace_id", 1, minutes=1,
+    exemplars = TopNDef(EXEMPLARS, "endpoint", TRACE_ID, 1, minutes=1,
                         latency_buckets_ms=definitions.latency_buckets_ms)  # fmt: skip
     return dataclasses.replace(definitions, topns=(*definitions.topns, exemplars),
                                spans=dataclasses.replace(definitions.spans, trace_ids=True))  # fmt: skip

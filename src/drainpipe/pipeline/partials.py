@@ -269,9 +269,8 @@ def keep_top(table: pa.Table, definition: TopNDef) -> pa.Table:
         return table
     table = table.take(pc.sort_indices(table, sort_keys=TOPN_ORDER))
     classes = None
-    if definition.latency_buckets_ms:  # upper-inclusive, as Prometheus' le: bound[i-1] < latency <= bound[i]
-        latency = table.column("latency_ms").to_numpy()
-        classes = np.searchsorted(np.asarray(definition.latency_buckets_ms), latency, side="left")
+    if definition.latency_buckets_ms:
+        classes = definition.latency_classes(table.column("latency_ms").to_numpy())
     return table.filter(pa.array(run_positions(table, classes) < definition.n))
 
 
