@@ -137,6 +137,36 @@ def test_a_file_whose_applied_part_changed_in_place_is_refused(tmp_path, capsys)
     assert stored_events(url) == 1_000
 
 
+def test_a_growing_file_an_earlier_release_applied_with_sha256_digests_is_resumed_once(tmp_path, capsys) -> None:
+    """Stores written before the prefix digests became XXH3-128 hold SHA-256 ones: those files are checked, and
+    continued, with SHA-256 (a wrong algorithm would refuse them as rewritten, or re-read them)."""
+    import hashlib
+
+    url = f"duckdb:///{tmp_path}/s.duckdb"
+    log = tmp_path / "app.jsonl"
+    log.write_text("".join(line(i) for i in range(1_000)))
+    assert run(capsys, "--input", str(log), "--store", url)[0] == 0
+    data = log.read_bytes()
+    with duckdb.connect(str(tmp_path / "s.duckdb")) as con:  # the earlier release's digests
+        ends = [end for (end,) in con.execute("SELECT end_offset FROM source_progress").fetchall()]
+        assert ends and all(len(p) == 32 for (p,) in con.execute("SELECT prefix FROM source_progress").fetchall())
+        for end in set(ends):
+            con.execute("UPDATE source_progress SET prefix = ? WHERE end_offset = ?",
+                        [hashlib.sha256(data[:end]).hexdigest(), end])  # fmt: skip
+    with open(log, "a") as f:
+        f.write("".join(line(i) for i in range(1_000, 1_300)))
+    code, out, _ = run(capsys, "--input", str(log), "--store", url)
+    assert code == 0 and "read 300 = accepted 300" in out and stored_events(url) == 1_300
+    data = log.read_bytes()
+    with duckdb.connect(str(tmp_path / "s.duckdb")) as con:  # continued with SHA-256
+        rows = con.execute("SELECT end_offset, prefix FROM source_progress").fetchall()
+    assert rows and all(prefix == hashlib.sha256(data[:end]).hexdigest() for end, prefix in rows)
+    with open(log, "r+") as f:  # and a rewrite in place is still refused
+        f.write(line(0, "rewritten"))
+    code, out, err = run(capsys, "--input", str(log), "--store", url)
+    assert code == EXIT_USER and "changed" in err and stored_events(url) == 1_300
+
+
 def test_the_same_bytes_under_another_name_are_the_same_input(tmp_path, capsys) -> None:
     url = f"duckdb:///{tmp_path}/s.duckdb"
     a = tmp_path / "a.jsonl"

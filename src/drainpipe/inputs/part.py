@@ -34,7 +34,7 @@ Blocks = Generator[tuple[int, EventBatch | None, Position], None, Position]
 class Part:
     """Blocks ``first .. first + blocks - 1`` of one file (``blocks == -1``: every block from the part's start to
     the end of the file, read sequentially). Byte-range parts (JSON Lines) give the byte range, the lines before it
-    and in it, and (when planned with a hasher) the SHA-256 of every byte of the file before ``end``. ``fmt`` names
+    and in it, and (when planned with a hasher) the digest (:func:`~.parts.prefix_hasher`) of every byte of the file before ``end``. ``fmt`` names
     the file's format in the registry (:func:`drainpipe.inputs.formats.format_named`).
     """
 
@@ -49,7 +49,7 @@ class Part:
     lineno: int = 0  # lines (rows, for a file counted in rows) before the first one
     lines: int = 0  # byte range: lines in the part
     nbytes: int = 0  # bytes of the file this part stands for (progress, placement weights)
-    prefix: str = ""  # byte range: SHA-256 hex digest of the file's bytes before ``end`` ("" if not planned so)
+    prefix: str = ""  # byte range: hex digest of the file's bytes before ``end`` ("" if not planned so)
     rows: int = 0  # a file counted in rows: rows in the whole file
     by_rows: bool = False  # the file's progress unit is rows (Parquet), not bytes
     options: InputOptions = InputOptions()  # access logs' service, the span mapping, the endpoint rules

@@ -106,7 +106,7 @@ class InputFile(PartBooks):
     gzipped: bool = False
     head: str = ""
     node: str = ""
-    hasher: Any = None  # growable: SHA-256 fed the file's bytes before ``start``
+    hasher: Any = None  # growable: the prefix hasher (inputs.prefix_hasher) fed the file's bytes before ``start``
     _prefix: dict[Position, str] = field(default_factory=dict)  # digest of the bytes before a position
 
     @property
@@ -143,7 +143,8 @@ class InputFile(PartBooks):
             return self.head
         digest = self._prefix.get(pos)
         if digest is None:  # a whole CSV (or JSON Lines) file read sequentially: hash what was applied
-            digest = self._prefix[pos] = prefix_hasher(self.path, pos.offset).hexdigest()
+            like = next(iter(self._prefix.values()), "")  # the algorithm of the digests the store has
+            digest = self._prefix[pos] = prefix_hasher(self.path, pos.offset, like).hexdigest()
         return digest
 
 
@@ -170,13 +171,13 @@ def resolve(path: str, store: Store, names: frozenset[str]) -> InputFile:
         far = max(found, key=lambda r: r.end)
         if far.end > size:
             continue
-        hasher = prefix_hasher(path, far.end)
+        hasher = prefix_hasher(path, far.end, far.prefix)
         if hasher.hexdigest() == far.prefix:
             known = file(fid, found)
             for r in found:
                 known._prefix[Position(r.end, r.lines)] = r.prefix
             start = known.start  # usually where ``hasher`` stopped: one pass over the applied bytes
-            known.hasher = hasher if start.offset == far.end else prefix_hasher(path, start.offset)
+            known.hasher = hasher if start.offset == far.end else prefix_hasher(path, start.offset, far.prefix)
             return known
     same_node = [r for r in rows if r.node == node]
     if same_node:

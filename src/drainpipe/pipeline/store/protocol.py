@@ -23,7 +23,7 @@ class SourceProgress:
     (see :mod:`drainpipe.pipeline.progress`), ``"log"`` and the write-ahead log's key, ... ``end``/``lines`` say
     where the applied data ends (bytes and lines of a text file, rows of Parquet, a log offset; ``-1``: the whole of
     an immutable file). Files only: ``head`` and ``node`` are what a file is looked up by, ``path`` where it was,
-    and ``prefix`` the SHA-256 of a text file's bytes before ``end``."""
+    and ``prefix`` the digest (XXH3-128, or SHA-256 from earlier versions) of a text file's bytes before ``end``."""
 
     source: str
     part: str
