@@ -34,8 +34,8 @@ Blocks = Generator[tuple[int, EventBatch | None, Position], None, Position]
 class Part:
     """Blocks ``first .. first + blocks - 1`` of one file (``blocks == -1``: every block from the part's start to
     the end of the file, read sequentially). Byte-range parts (JSON Lines) give the byte range, the lines before it
-    and in it, and (when planned with a hasher) the digest (:func:`~.parts.prefix_hasher`) of every byte of the file before ``end``. ``fmt`` names
-    the file's format in the registry (:func:`drainpipe.inputs.formats.format_named`).
+    and in it, and (when planned with a hasher) the digest (:func:`~.parts.prefix_hasher`) of every byte of the file
+    before ``end``. ``fmt`` names the file's format in the registry (:func:`drainpipe.inputs.formats.format_named`).
     """
 
     path: str
