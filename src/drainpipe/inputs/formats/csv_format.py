@@ -275,21 +275,35 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
         per_part = batch_rows * max(1, min(LINE_PART_BLOCKS, int(estimate // (3 * max(1, workers)))))
         f.seek(pos)
         first = 0
-        for block, ends, nlines, well_formed in _record_blocks(f, True, per_part):
+        # Scanned a block at a time, as the readers do (asking the scan for a whole part's records at once rescanned
+        # and copied its growing buffer), and grouped into parts of ``per_part`` records.
+        part: list[tuple[int, int, int]] = []  # (bytes, records, lines) of the blocks of the part being cut
+
+        def cut() -> Part:
+            nonlocal first, pos, lineno
+            nbytes, nlines = sum(b for b, _, _ in part), sum(n for _, _, n in part)
+            digest = hasher.copy().hexdigest() if hasher is not None else ""
+            blocks = -(-sum(r for _, r, _ in part) // batch_rows)
+            done = Part(path, Csv.name, False, batch_rows, first, blocks, pos, pos + nbytes, lineno, nlines, nbytes,
+                        digest, options=options)  # fmt: skip
+            first, pos, lineno = first + blocks, pos + nbytes, lineno + nlines
+            part.clear()
+            return done
+
+        for block, ends, nlines, well_formed in _record_blocks(f, True, batch_rows):
             if not well_formed:
+                if part:
+                    yield cut()
                 yield Part(path, Csv.name, False, batch_rows, first=first, start=pos, lineno=lineno, nbytes=size - pos,
                            options=options)  # fmt: skip
                 return
-            digest = ""
             if hasher is not None:
                 hasher.update(block)
-                digest = hasher.copy().hexdigest()
-            blocks = -(-len(ends) // batch_rows)
-            yield Part(path, Csv.name, False, batch_rows, first, blocks, pos, pos + len(block), lineno, nlines,
-                       len(block), digest, options=options)  # fmt: skip
-            first += blocks
-            pos += len(block)
-            lineno += nlines
+            part.append((len(block), len(ends), nlines))
+            if len(part) * batch_rows >= per_part or len(ends) < batch_rows:  # full, or a short block ends a part
+                yield cut()
+        if part:
+            yield cut()
 
 
 def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callable[[list[str]], tuple],
