@@ -4,15 +4,16 @@ from setuptools import Extension, setup
 
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
           "-Wno-cast-function-type"]
+_COLUMNS = ["src/drainpipe/inputs/_columns.h"]  # the event columns the JSON and CSV scanners fill
 
 setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"], extra_compile_args=_FLAGS),
-                   Extension("drainpipe.inputs._jsonscan", ["src/drainpipe/inputs/_jsonscan.c"],
+                   Extension("drainpipe.inputs._jsonscan", ["src/drainpipe/inputs/_jsonscan.c"], depends=_COLUMNS,
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._spanmap", ["src/drainpipe/inputs/_spanmap.c"],
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._logscan", ["src/drainpipe/inputs/_logscan.c"],
                              extra_compile_args=_FLAGS),
-                   Extension("drainpipe.inputs._csvscan", ["src/drainpipe/inputs/_csvscan.c"],
+                   Extension("drainpipe.inputs._csvscan", ["src/drainpipe/inputs/_csvscan.c"], depends=_COLUMNS,
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._otlpjson", ["src/drainpipe/inputs/_otlpjson.c"],
                              extra_compile_args=_FLAGS)])

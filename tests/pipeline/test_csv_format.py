@@ -109,32 +109,46 @@ def test_csv_gz(tmp_path):
 
 
 _CELLS = {
-    "ts": ["", str(T0), "-5", "0", f"0{T0}", "2026-11-21T10:00:00Z", "1.5", "9" * 19, "9" * 25, "x"],
+    "ts": ["", str(T0), "-5", "0", f"0{T0}", "2026-11-21T10:00:00Z", "1.5", "9" * 19, "9" * 25, "x", f'"{T0}"', "-0"],
     "service": ["svc", "", '"a,b"', '"x ""y"""', '"multi\nline"', "caf\u00e9", "  "],
     "instance": ["", "i-1", '""', '"a\r\nb"'],
     "endpoint": ["", "GET /x", '"GET /a,b"'],
-    "latency_ms": ["1.5", "", "2", "1e2", "-1", "1e999", "abc", " 1.5", "0.1"],
-    "status": ["", "true", "false", "1", "0", "yes", "True", "1.0"],
+    "latency_ms": ["1.5", "", "2", "1e2", "-1", "1e999", "abc", " 1.5", "0.1", "-0", "1E+2", "01", '"7"', "2."],
+    "status": ["", "true", "false", "1", "0", "yes", "True", "1.0", '"true"', '"0"'],
     "db_statement": ["", "SELECT 1", '"SELECT ""x"""'],
+    "trace_id": ["", "4bf92f3577b34da6a3ce929d0e0e4736", "00000000000000000000000000000000", "xyz"],
+    "extra": ["", "anything", '"q,""r"""'],
 }
 _BROKEN = ['1,ab"c,x', '"open', "   ", "", "a,b", '"x"y,1,2,3,4,5,6', "\udcff"]
 
 
+#: a valid cell of each column: records of these but one odd cell are rejected, if at all, for that cell
+_VALID = {"ts": str(T0), "service": "svc", "instance": "i-1", "endpoint": "GET /x", "latency_ms": "1.5",
+          "status": "true", "db_statement": "", "trace_id": "", "extra": ""}  # fmt: skip
+
+
 @st.composite
 def _csv_texts(draw) -> bytes:
-    header = draw(st.permutations(list(FIELDS)))
+    optional = ["instance", "endpoint", "status", "db_statement"]
+    names = [name for name in FIELDS if name not in optional or draw(st.integers(0, 4))]  # optional ones absent
+    names += [name for name in ("trace_id", "extra") if draw(st.booleans())]  # a trace id, an unknown column
+    if draw(st.integers(0, 5)) == 0:
+        names.append(draw(st.sampled_from(names)))  # a duplicate: the first column of a name wins
+    header = draw(st.permutations(names))
     lines = [",".join(header)]
     for _ in range(draw(st.integers(0, 14))):
         if draw(st.integers(0, 9)) == 0:
             lines.append(draw(st.sampled_from(_BROKEN)))
         else:
-            lines.append(",".join(draw(st.sampled_from(_CELLS[name])) for name in header))
+            odd = draw(st.sampled_from([None, *header]))  # one column of any cell, the others valid
+            lines.append(",".join(draw(st.sampled_from(_CELLS[name])) if odd in (None, name) else _VALID[name]
+                                  for name in header))  # fmt: skip
     ending = draw(st.sampled_from(["\n", "\r\n"]))
     text = ending.join(lines) + draw(st.sampled_from([ending, ""]))
     return text.encode("utf-8", "surrogateescape")
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_csv_texts(), st.sampled_from([1, 2, 3, 65536]))
 def test_csv_in_columns_reads_as_the_reference(tmp_path_factory, data: bytes, batch_rows: int):
     """Random records (quoted fields with commas, escaped quotes and newlines, CRLF, odd values, stray quotes,
@@ -143,19 +157,24 @@ def test_csv_in_columns_reads_as_the_reference(tmp_path_factory, data: bytes, ba
     tmp = tmp_path_factory.mktemp("csv")
     path = write_bytes(tmp, "in.csv", data)
     results = []
-    scanner = csv_format._scan_csv
-    for columns, c_scanner in ((True, True), (True, False), (False, True)):
+    scanner, cells = csv_format._scan_csv, csv_format._scan_columns
+    # the C passes; the numpy record scan and pyarrow's cells (Spark executors); pyarrow's cells; the reference
+    for columns, c_scanner, c_cells in ((True, True, True), (True, False, False), (True, True, False),
+                                        (False, True, True)):  # fmt: skip
         csv_format._COLUMNS = columns
-        csv_format._scan_csv = scanner if c_scanner else None  # the numpy record scan of Spark executors
+        csv_format._scan_csv = scanner if c_scanner else None
+        csv_format._scan_columns = cells if c_cells else None
         try:
             r = read([path], tmp, batch_rows=batch_rows)
         except InputError as e:
             r = str(e)
         finally:
             csv_format._COLUMNS = True
-            csv_format._scan_csv = scanner
-        results.append(r if isinstance(r, str) else (r.rows, r.rejects))
-    assert results[0] == results[2] and results[1] == results[2]
+            csv_format._scan_csv, csv_format._scan_columns = scanner, cells
+        # (a batch has a trace id column when one of its rows has a trace id: the others' None depends on the cut)
+        rows = lambda r: [{k: v for k, v in row.items() if k != "trace_id" or v is not None} for row in r.rows]
+        results.append(r if isinstance(r, str) else (rows(r), r.rejects))
+    assert results[0] == results[3] and results[1] == results[3] and results[2] == results[3]
 
 
 @settings(max_examples=300, deadline=None)
@@ -256,6 +275,13 @@ def test_csv_columns_take_the_clean_blocks():
     ends = np.arange(1, 6) * (len(text) // 5)
     out = csv_format._fast_block(text, ends, list(FIELDS), 1, Sink("x", ReadStats(), None), typed, len(FIELDS))
     assert out is not None and out.num_rows == 5
+    # and by the C pass: quoted cells with escapes and newlines, CRLF, a last record without a newline
+    block = f'{T0},"a ""b""","x\r\ny",GET /x,-0,1,"SELECT ""t"""\r\n{T0},svc,,,1e2,,'.encode()
+    raw = csv_format._scanned_cells(block, list(FIELDS), 2)
+    assert raw is not None and raw.to_pylist()[0] | {"trace_id": None} == {
+        "ts": T0, "service": 'a "b"', "instance": "x\r\ny", "endpoint": "GET /x", "latency_ms": -0.0, "status": True,
+        "db_statement": 'SELECT "t"', "trace_id": None}  # fmt: skip
+    assert raw.column("instance").null_count == 1 and raw.column("status").to_pylist() == [True, None]
 
 
 def test_csv_parts_are_ranges_of_whole_records_and_a_stray_quote_ends_them(tmp_path):

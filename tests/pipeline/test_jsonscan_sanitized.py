@@ -124,6 +124,20 @@ for _ in range(4000):
             for final in (False, True):
                 assert sanitized.scan(data, begin, records, final) == normal(data, begin, records, final), data
                 count += 1
+from drainpipe.inputs._csvscan import columns as normal_columns
+cells = [b"", b"1790000000000", b"-0", b"1.5e3", b"true", b"0", b'"a""b"', b'"x\r\ny"', b"svc", b'"', b"1.", b"\r"]
+for _ in range(6000):  # the cell pass: records of random cells and bytes, widths and field maps
+    width = rng.randrange(1, 9)
+    fields = bytes(rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 255]) for _ in range(width))
+    records = [b",".join(rng.choice(cells) for _ in range(rng.randrange(width - 1, width + 2))) for _ in range(rng.randrange(1, 5))]
+    data = rng.choice([b"\n", b"\r\n"]).join(records) + rng.choice([b"", b"\n"])
+    if rng.random() < 0.3 and data:
+        data = bytearray(data)
+        data[rng.randrange(len(data))] = rng.choice(b'",\r\n1a')
+        data = bytes(data)
+    n = rng.randrange(1, 6)
+    assert sanitized.columns(data, fields, n) == normal_columns(data, fields, n), (data, fields, n)
+    count += 1
 print("checked", count)
 """
 

@@ -32,6 +32,7 @@ from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
+from ..scanned import RAW_SCHEMA, raw_batch
 from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
 from ..validation import rows_to_batch, settle_trace_ids, validate_columns, validate_values
 from .base import (
@@ -46,9 +47,10 @@ from .base import (
 )
 
 try:
+    from .._csvscan import columns as _scan_columns
     from .._csvscan import scan as _scan_csv
-except ImportError:  # the pure-Python code shipped to Spark executors: numpy finds the records there
-    _scan_csv = None  # type: ignore[assignment]
+except ImportError:  # the pure-Python code shipped to Spark executors: numpy finds the records, pyarrow the cells
+    _scan_csv = _scan_columns = None  # type: ignore[assignment]
 
 __all__ = ["Csv", "NUMBER_RE"]
 
@@ -489,9 +491,10 @@ def _status_spellings() -> tuple[pa.Array, pa.Array]:
     return pa.array(["true", "1", "false", "0", ""]), pa.array([True, True, False, False, None])
 
 
-def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, sink: Sink,
-                typed: Callable[[list[str]], tuple], width: int) -> pa.RecordBatch | None:  # fmt: skip
-    """A well-formed block in columns (see the module docstring), or None to read it through the reference."""
+def _arrow_cells(block: bytes, records: pa.Array, header: list[str],
+                 width: int) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray] | None:  # fmt: skip
+    """A well-formed block's cells by pyarrow's CSV reader, typed by compute kernels: ``(raw batch, the record of
+    each row, the rows whose cells the kernels did not type)``, or None to read the block through the reference."""
     names = [f"c{i}" for i in range(width)]
     try:
         table = pacsv.read_csv(
@@ -503,7 +506,6 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
         )  # fmt: skip
     except (pa.ArrowInvalid, UnicodeDecodeError):
         return None  # a row of another width, a whitespace-only line, bytes that are not UTF-8: the reference
-    records = _records(block, ends)
     if table.num_rows == len(records):
         kept = np.arange(len(records))  # no blank records: row i is record i
     else:
@@ -550,10 +552,53 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
         ],
         names=[*FIELDS, *([TRACE_ID] if TRACE_ID in index else [])],
     )
+    return batch, kept, odd
+
+
+@functools.cache
+def _column_fields(header: tuple[str, ...]) -> bytes:
+    """Per CSV column, the event field the C pass fills from it (its index in :data:`RAW_SCHEMA`), or 255 (no field,
+    or a later duplicate: the first column of a name wins, as in :func:`_csv_typer`)."""
+    at = {name: i for i, name in enumerate(RAW_SCHEMA.names)}
+    seen: set[str] = set()
+    fields = []
+    for name in header:
+        fields.append(at[name] if name in at and name not in seen else 255)
+        seen.add(name)
+    return bytes(fields)
+
+
+def _scanned_cells(block: bytes, header: list[str], records: int) -> pa.RecordBatch | None:
+    """The ``records`` records of a well-formed block typed by the C pass (``_csvscan.columns``: exactly what the
+    reference types them to, or None where it might not), as a raw batch; None without the C pass, for bytes that
+    are not UTF-8, or where it declines."""
+    if _scan_columns is None:
+        return None
+    if not block.isascii():
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    columns = _scan_columns(block, _column_fields(tuple(header)), records)
+    return None if columns is None else raw_batch(records, columns)
+
+
+def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, sink: Sink,
+                typed: Callable[[list[str]], tuple], width: int) -> pa.RecordBatch | None:  # fmt: skip
+    """A well-formed block in columns (see the module docstring), or None to read it through the reference."""
+    records = _records(block, ends)
+    batch = _scanned_cells(block, header, len(records))
+    if batch is not None:
+        kept, odd = np.arange(len(records)), np.zeros(len(records), bool)  # row i is record i, every row typed
+    else:
+        cells = _arrow_cells(block, records, header, width)
+        if cells is None:
+            return None
+        batch, kept, odd = cells
     canonical, flagged = validate_columns(batch)
     bad = odd | (flagged[0] if flagged is not None else False)
     if not bad.any():
-        sink.stats.add_accepted(n)
+        sink.stats.add_accepted(batch.num_rows)
         return canonical
     # the rows typed otherwise or flagged: the reference gives their fate and reason, and types those it accepts
     accepted: list[tuple] = []

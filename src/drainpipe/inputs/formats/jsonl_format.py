@@ -31,7 +31,8 @@ from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import ReadStats, Sink
-from ..schema import EVENT_SCHEMA, TRACE_ID
+from ..scanned import RAW_SCHEMA, raw_batch
+from ..schema import TRACE_ID
 from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
 from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source, split_lines
 
@@ -255,12 +256,9 @@ _JSONL_FAST_PATH = True
 #: Most blocks skipped after a declined one (doubling per decline in a row): bounds what failed attempts cost
 #: on files whose blocks all need the per-line path (e.g. ``status`` written as 0/1 or ISO ``ts`` strings).
 _JSONL_MAX_BACKOFF = 16
-#: what the C scanner and pyarrow read: the seven fields and the optional trace id (as text: validation decodes
-#: it), all nullable (nulls are checked)
-_ARROW_JSON_SCHEMA = pa.schema([*(pa.field(f.name, f.type) for f in EVENT_SCHEMA), pa.field(TRACE_ID, pa.string())])
-_ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="ignore")
+_ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=RAW_SCHEMA, unexpected_field_behavior="ignore")
 #: the same, refusing fields outside the schema (:func:`_arrow_known_fields_only`)
-_ARROW_JSON_PARSE_KNOWN = pajson.ParseOptions(explicit_schema=_ARROW_JSON_SCHEMA, unexpected_field_behavior="error")
+_ARROW_JSON_PARSE_KNOWN = pajson.ParseOptions(explicit_schema=RAW_SCHEMA, unexpected_field_behavior="error")
 _ARROW_JSON_READ = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
 #: the same on one thread, with blocks large enough that a block of lines comes back as one chunk (workers)
 _ARROW_JSON_READ_SERIAL = pajson.ReadOptions(use_threads=False, block_size=32 << 20)
@@ -351,7 +349,7 @@ def _fast_result(
 
 
 def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
-    """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`_ARROW_JSON_SCHEMA` by the C scanner, or None
+    """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`RAW_SCHEMA` by the C scanner, or None
     when a line is outside its strict subset of JSON (``_jsonscan.c`` lists it: flat objects of the known
     fields with canonically typed, unescaped values) or the scanner is not built."""
     scanned = scan_range(data, 0, n)
@@ -365,11 +363,7 @@ def scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.Record
     if scanned is None:
         return None
     end, n, columns = scanned
-    arrays = [
-        pa.Array.from_buffers(f.type, n, [None if b is None else pa.py_buffer(b) for b in buffers], null_count=nulls)
-        for f, (nulls, *buffers) in zip(_ARROW_JSON_SCHEMA, columns, strict=True)
-    ]
-    return end, n, pa.RecordBatch.from_arrays(arrays, schema=_ARROW_JSON_SCHEMA)
+    return end, n, raw_batch(n, columns)
 
 
 def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.RecordBatch | None:
@@ -395,11 +389,11 @@ def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.Record
             )
         except Exception:
             return None
-    if table.num_rows != n or table.schema != _ARROW_JSON_SCHEMA:
+    if table.num_rows != n or table.schema != RAW_SCHEMA:
         return None
     table = table.combine_chunks()
     return pa.RecordBatch.from_arrays([col.chunk(0) if col.num_chunks else pa.array([], col.type)
-                                       for col in table.columns], schema=_ARROW_JSON_SCHEMA)  # fmt: skip
+                                       for col in table.columns], schema=RAW_SCHEMA)  # fmt: skip
 
 
 def _arrow_known_fields_only(data: bytes) -> pa.Table | None:
