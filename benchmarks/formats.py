@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.inputs.formats import format_of
-from pipeline import SQL_JOB, _compare, _rows_of, sql_statements
+from pipeline import SQL_JOB, _compare, _rows_of, byte_compile_drainpipe, sql_statements
 
 RESULTS = Path(__file__).parent / "results"
 SERVICE = "shop"
@@ -337,6 +337,7 @@ def main() -> None:
     ap.add_argument("--check-events", type=int, default=200_000, help="events of the equality check's files")
     ap.add_argument("--json", type=Path, default=RESULTS / "formats.json")
     args = ap.parse_args()
+    byte_compile_drainpipe()
     formats = args.formats.split(",")
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                               "events": args.events, "runs": args.runs, "check": {}, "runs_by_format": {}}  # fmt: skip
