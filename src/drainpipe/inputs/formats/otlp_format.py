@@ -2,8 +2,9 @@
 in the OTLP JSON encoding per line, as the OpenTelemetry Collector's file exporter writes them, decoded and mapped
 by :mod:`drainpipe.inputs.otlp` (the same mapping as OTLP over HTTP and gRPC).
 
-A block of lines is read into span columns in one C pass (:func:`~drainpipe.inputs.span_columns.json_span_columns`)
-and mapped at once; a line the pass declines is decoded by the reference (protobuf's JSON mapping), which decides
+A block of lines is read into span columns in one C pass (:func:`~drainpipe.inputs.span_columns.json_span_columns`;
+where it is not built, as on Spark executors, by ``json`` and pyarrow: :mod:`~drainpipe.inputs.span_json`) and
+mapped at once; a line the pass declines is decoded by the reference (protobuf's JSON mapping), which decides
 whether it is valid. The file is cut into byte ranges of whole lines for the workers, as JSON Lines files are, with
 blocks of about :data:`~.base.LINE_BLOCK_BYTES` each (an OTLP line is a whole export, often hundreds of spans)."""
 
@@ -13,9 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
 from ..batches import EventBatch
 from ..options import InputOptions
 from ..span_columns import json_span_columns
+from ..span_events import map_columns
+from ..span_json import python_json_spans
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
 __all__ = ["OtlpJson"]
@@ -24,7 +28,7 @@ __all__ = ["OtlpJson"]
 class OtlpJson(LineFormat):
     name = "otlp"
     suffixes = (".otlp.jsonl", ".otlp.json")
-    cost_per_byte = 4.0  # Spark executors (no C extensions) read it with the reference decoder: slowest per byte
+    cost_per_byte = 4.0  # Spark executors (no C extensions) read it with the Python pass (span_json): slowest per byte
     block_bytes = LINE_BLOCK_BYTES
 
     def decoder(self, options: InputOptions) -> LineDecoder:
@@ -45,13 +49,14 @@ def decode_block(
 ) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """A block of ``count`` OTLP JSON lines, the first of them line ``first_line + 1`` -> its events and
     ``(line, raw, reason)`` rejects: those of :func:`~drainpipe.inputs.otlp.decode_otlp_lines` (the reference), in
-    the same order of lines. With ``columns`` the lines are read in one C pass and mapped at once; the lines the
-    pass declines, and every line where it is not built or ``columns`` is false, go to the reference."""
-    from ..otlp import decode_otlp_lines, map_columns  # imports opentelemetry-proto: only where OTLP files are read
-
-    scanned = json_span_columns(data, count) if columns else None
-    if scanned is None:
-        return decode_otlp_lines(split_lines(data), first_line, options)
+    the same order of lines. With ``columns`` the lines are read in one pass (C, or :mod:`~..span_json` where the C
+    pass is not built) and mapped at once; the lines the pass declines, and every line when ``columns`` is false, go
+    to the reference."""
+    if not columns:
+        return _reference(split_lines(data), first_line, options)
+    scanned = json_span_columns(data, count)
+    if scanned is None:  # no C pass (Spark executors): the same columns by json and pyarrow
+        scanned = python_json_spans(data, count)
     result = map_columns(scanned.columns, options.spans, options.endpoints)
     batches = [result.batch] if result.batch.num_rows else []
     line = scanned.line
@@ -65,9 +70,22 @@ def decode_block(
     if scanned.declined:
         raw = split_lines(data)
         for k in scanned.declined:
-            batch, rejects = decode_otlp_lines(raw[k : k + 1], first_line + k, options)
+            batch, rejects = _reference(raw[k : k + 1], first_line + k, options)
             if batch.num_rows:
                 batches.append(batch)
             bad += rejects
         bad.sort(key=lambda reject: reject[0])  # line order, as the reference reports them (the sort is stable)
     return EventBatch.join(batches), bad
+
+
+def _reference(
+    lines: list[bytes], first_line: int, options: InputOptions
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """The reference decoder over ``lines`` (imported here: it needs opentelemetry-proto, which only the lines the
+    passes decline, and the tests' comparisons, use)."""
+    try:
+        from ..otlp import decode_otlp_lines
+    except ImportError as exc:  # a Spark executor without opentelemetry-proto, on a line the Python pass declines
+        raise InputError(f"an OTLP JSON line outside the fast passes needs the reference decoder, which needs "
+                         f"opentelemetry-proto installed where it is read ({exc})") from None  # fmt: skip
+    return decode_otlp_lines(lines, first_line, options)

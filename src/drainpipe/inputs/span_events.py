@@ -1,0 +1,110 @@
+"""Spans in columns -> request events: the OTLP mapping of :mod:`.otlp` (its docstring states the rules), over
+:class:`~.span_columns.SpanColumns` however they were read (an export's wire form by ptars, OTLP JSON lines by the
+C pass or :mod:`.span_json`). No protobuf here: Spark executors map OTLP JSON files with this module alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .batches import EventBatch
+from .endpoints import EndpointRules
+from .sampling import adjusted_counts
+from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID
+from .span_columns import Attributes, SpanColumns
+
+try:
+    from ._spanmap import classify, pick
+except ImportError:  # a Spark executor's zip of drainpipe's Python modules holds no extension
+    from ._spanmap_fallback import classify, pick
+from .spans import KINDS, SpanMapping
+
+__all__ = ["TracesResult", "UNKNOWN_SERVICE", "map_columns"]
+
+_SERVER = KINDS["server"]
+_CLIENT = KINDS["client"]
+UNKNOWN_SERVICE = "unknown_service"
+
+
+@dataclass
+class TracesResult:
+    """A decoded export: ``batch`` (requests, then exit rows, marked; its warnings count the requests counted 1
+    for a sampling threshold that could not be used), ``rejects`` as (span index, reason), and the number of spans
+    looked at (``spans``; the ones that are neither requests nor exits are not events)."""
+
+    batch: EventBatch
+    rejects: list[tuple[int, str]]
+    spans: int
+
+
+def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
+    """The mapping of :func:`map_spans`, over spans already in columns (one export's, or a block of OTLP JSON
+    lines')."""
+    n = columns.spans
+    resource = columns.resource_attributes
+    attrs = columns.attributes
+    service, instance = _pick(resource, (mapping.service, mapping.instance))
+    http_status = np.empty(n, np.int64)
+    endpoint, statement, _ = _pick(attrs, (mapping.endpoint, mapping.statement, mapping.http_status), http_status)
+    category, ok, latency = np.empty(n, np.int8), np.empty(n, np.bool_), np.empty(n, np.float64)
+    request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
+    classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS),
+             category, ok, latency)  # fmt: skip
+    # the events: requests, then exit rows
+    requests = np.flatnonzero(category == 1)
+    rows = np.concatenate([requests, np.flatnonzero(category == 2)])
+    is_exit = np.arange(len(rows)) >= len(requests)
+    # service and instance: the resource's attribute, else the default (the last two entries of the pool)
+    owner = columns.resource[rows]
+    pool = pa.concat_arrays([resource.text, pa.array([UNKNOWN_SERVICE, ""], pa.string())])
+    k = len(resource.text)
+    services = pool.take(np.where(service >= 0, service, k)[owner])
+    instances = pool.take(np.where(instance >= 0, instance, k + 1)[owner])
+    # endpoint: the first endpoint attribute, else the span name, normalized once per distinct value; "" for exits
+    chosen = endpoint[rows]
+    chosen = np.where(chosen >= 0, chosen, len(attrs.text) + rows)
+    distinct = pa.concat_arrays([attrs.text, columns.name]).take(chosen).dictionary_encode()
+    normalize = endpoints.normalize
+    templates = [normalize(e) for e in distinct.dictionary.to_pylist()]
+    codes = np.frombuffer(distinct.indices.buffers()[1], np.int32, len(rows))  # (to_numpy would import pandas)
+    if len(requests) < len(rows):
+        codes = np.where(is_exit, len(templates), codes)
+        templates.append("")
+    end = np.frombuffer(columns.end.buffers()[1], np.uint64, n)
+    ts = (end[rows] // np.uint64(1_000_000)).astype(np.int64)  # exactly as Python's end // 1_000_000
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(ts),
+            services,
+            instances,
+            pa.array(templates, pa.string()).take(codes),
+            pa.array(latency[rows]),
+            pa.array(ok[rows]),
+            attrs.text.take(pa.array(statement[rows], mask=~is_exit)),  # null for requests
+        ],
+        schema=EVENT_SCHEMA,
+    )
+    weights, warnings = adjusted_counts(columns.trace_state, columns.span_id, requests)
+    events = EventBatch(batch, len(requests), tuple(warnings.items()))
+    if mapping.trace_ids:  # for exemplars (``[prometheus] exemplars``): 20 more bytes a span through the pipeline
+        events = events.with_column(TRACE_ID, columns.trace_id.take(pa.array(rows)))
+    if weights is not None:  # exit rows count nothing: 1 each
+        events = events.with_weights(np.concatenate([weights, np.ones(len(rows) - len(requests), np.int64)]))
+    bad = [(int(i), _REASONS[int(category[i])]) for i in np.flatnonzero(category < 0)]
+    return TracesResult(events, bad, n)
+
+
+_REASONS = {-1: "bad value: trace_id", -2: "bad value: span_id", -3: "bad value: end before start",
+            -4: "out of range: latency_ms"}  # fmt: skip
+
+
+def _pick(attrs: Attributes, fields: tuple[tuple[str, ...], ...], status: np.ndarray | None = None) -> np.ndarray:
+    """Per field (a list of keys each, lower rank first), per owner: the index of the attribute that gives it, or -1.
+    With ``status``, the last field is the HTTP status, whose value goes there (-1 for none)."""
+    roles = [(key.encode(), field, rank) for field, keys in enumerate(fields) for rank, key in enumerate(keys)]
+    out = np.empty((len(fields), attrs.owners), np.int64)
+    status_field = len(fields) - 1 if status is not None else -1
+    pick(attrs.owners, *attrs.buffers(), roles, len(fields), status_field, out, status)
+    return out
