@@ -64,13 +64,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         split_partial,
     )
     from .progress import InputFile, PartBooks, open_books, resolve
-    from .remote_write import (
-        RemoteWriteOptions,
-        RemoteWriter,
-        add_remote_write_options,
-        remote_write_options,
-        send_stored,
-    )
+    from .remote_write import RemoteWriter, send_stored
+    from .remote_write_flags import RemoteWriteOptions, add_remote_write_options, remote_write_options
     from .rendering import render
     from .retention import Retention
     from .run import RunSummary, run_local
@@ -134,10 +129,8 @@ _HOMES = {
     **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
-    **dict.fromkeys(
-        ["RemoteWriteOptions", "RemoteWriter", "add_remote_write_options", "remote_write_options", "send_stored"],
-        "remote_write",
-    ),
+    **dict.fromkeys(["RemoteWriter", "send_stored"], "remote_write"),
+    **dict.fromkeys(["RemoteWriteOptions", "add_remote_write_options", "remote_write_options"], "remote_write_flags"),
     **dict.fromkeys(["RunSummary", "run_local"], "run"),
     **dict.fromkeys(
         ["STATE_TABLE_SCHEMA", "from_state_table", "from_topn_table", "to_state_table", "to_topn_table"], "state_table"
