@@ -317,7 +317,52 @@ def test_the_workers_go_before_the_last_big_files_final_store_write(files, tmp_p
 def test_line_ranges_cut_complete_lines_and_hash_prefixes(tmp_path_factory, lines, final_newline, per_part, buf, pos):
     """The planner's scan (base.line_ranges) with buffers down to one byte, lines spanning buffers and a
     last line without a newline: ranges of ``per_part`` complete lines, contiguous, ending at the last newline,
-    each with the SHA-256 of everything before its end, as a reference computed from the whole bytes."""
+    each with the SHA-256 of everything before its end, as a reference computed from the whole bytes; with the C
+    newline finder and with numpy's (Spark executors)."""
+
+    for c_pass in (base._nth_newline, None):
+        old = base._nth_newline
+        base._nth_newline = c_pass
+        try:
+            _check_line_ranges(tmp_path_factory, lines, final_newline, per_part, buf, pos)
+        finally:
+            base._nth_newline = old
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 300), st.integers(0, 300), st.integers(1, 12), st.integers(2, 90))
+def test_the_newline_finder_equals_a_byte_by_byte_count(data, start, stop, n, sparse):
+    """``nth_newline`` in C (64-byte masks) and in numpy: the offset after the n-th newline of data[start:stop], or
+    how many it holds, as counted byte by byte (newlines placed anywhere around the 64-byte steps)."""
+    data = bytes(10 if b % sparse == 0 else b if b != 10 else 11 for b in data)  # one in ``sparse`` a newline
+    start, stop = min(start, len(data)), min(max(start, stop), len(data))
+    at = [i + 1 for i in range(start, stop) if data[i] == 10]
+    want = (at[n - 1], n) if len(at) >= n else (-1, len(at))
+    assert base._nth_newline(data, start, stop, n) == want
+    assert base._nth_newline(bytearray(data), start, stop, n) == want
+    old = base._nth_newline
+    base._nth_newline = None
+    try:
+        assert base.nth_newline(data, start, stop, n) == want
+    finally:
+        base._nth_newline = old
+
+
+def test_the_newline_finder_at_every_offset_around_the_64_byte_steps():
+    for start in (0, 1, 63):
+        for p in range(start, 200):
+            for q in (p + 1, p + 63, p + 64, p + 65):  # a second newline, maybe in the next 64 bytes
+                data = bytearray(b"x" * 200)
+                data[p] = 10
+                if q < 200:
+                    data[q] = 10
+                two = (q + 1, 2) if q < 200 else (-1, 1)
+                assert base._nth_newline(data, start, 200, 1) == (p + 1, 1), (start, p)
+                assert base._nth_newline(data, start, 200, 2) == two, (start, p, q)
+                assert base._nth_newline(data, start, 200, 3) == (-1, two[1]), (start, p, q)
+
+
+def _check_line_ranges(tmp_path_factory, lines, final_newline, per_part, buf, pos) -> None:
     import hashlib
 
     data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")

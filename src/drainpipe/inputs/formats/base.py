@@ -19,6 +19,11 @@ from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
 
+try:
+    from .._lines import nth as _nth_newline
+except ImportError:  # the pure-Python code shipped to Spark executors: numpy counts there
+    _nth_newline = None  # type: ignore[assignment]
+
 __all__ = [
     "Format",
     "LineFormat",
@@ -34,6 +39,7 @@ __all__ = [
     "line_parts",
     "open_planned",
     "line_ranges",
+    "nth_newline",
     "LINE_PART_BLOCKS",
     "READ_BYTES",
 ]
@@ -304,9 +310,9 @@ def line_ranges(
     have fewer) of ``f`` from ``pos`` to its last newline before ``size``; ``digest`` is ``hasher``'s hex digest
     of everything before ``end`` ("" without a hasher).
 
-    One sequential pass through a reused buffer: counting newlines (numpy: ~3x ``bytearray.count``) and locating
-    one only where a range ends. Plain reads, not a memory map: faulting in a map's pages cost more
-    than the hashing itself and left them in this process's RSS."""
+    One sequential pass through a reused buffer, the newlines counted and a range's last one found by
+    :func:`nth_newline`. Plain reads, not a memory map: faulting in a map's pages cost more than the hashing itself
+    and left them in this process's RSS."""
     buf = bytearray(_SCAN_BYTES)
     view = memoryview(buf)
     f.seek(pos)
@@ -317,9 +323,8 @@ def line_ranges(
         got = f.readinto(view[: min(len(buf), size - offset)])
         if not got:
             break
-        newline = np.frombuffer(buf, np.uint8, got) == 10
-        left = int(np.count_nonzero(newline))
-        if not left:
+        tail = buf.rfind(b"\n", 0, got) + 1  # the bytes after the last newline wait for the next read
+        if not tail:
             carry += view[:got]
             offset += got
             continue
@@ -327,17 +332,18 @@ def line_ranges(
             hasher.update(carry)
         carry = b""
         counted = hashed = 0
-        while left >= need:
-            cut = counted + int(np.flatnonzero(newline[counted:])[need - 1]) + 1
+        while True:
+            cut, found = nth_newline(buf, counted, tail, need)
+            if cut < 0:
+                need -= found
+                break
             digest = ""
             if hasher is not None:
                 hasher.update(view[hashed:cut])
                 hashed = cut
                 digest = hasher.copy().hexdigest()
             yield begin, offset + cut, lines, digest
-            begin, counted, left, need = offset + cut, cut, left - need, lines
-        need -= left
-        tail = buf.rfind(b"\n", 0, got) + 1
+            begin, counted, need = offset + cut, cut, lines
         last_end = offset + tail
         if hasher is not None:
             hasher.update(view[hashed:tail])
@@ -345,6 +351,15 @@ def line_ranges(
         offset += got
     if need < lines:  # the rest of the complete lines; a last line without a newline waits for a later run
         yield begin, last_end, lines - need, hasher.copy().hexdigest() if hasher is not None else ""
+
+
+def nth_newline(data: bytes | bytearray, start: int, stop: int, n: int) -> tuple[int, int]:
+    """In ``data[start:stop]``: ``(offset after its n-th newline, n)`` if it holds ``n`` (>= 1), else ``(-1, the
+    newlines it holds)``. The C pass (``_lines.c``, 64 bytes at a time), else numpy (Spark executors' zip)."""
+    if _nth_newline is not None:
+        return _nth_newline(data, start, stop, n)
+    at = np.flatnonzero(np.frombuffer(data, np.uint8, stop)[start:] == 10)
+    return (start + int(at[n - 1]) + 1, n) if len(at) >= n else (-1, len(at))
 
 
 class CountedLines:
