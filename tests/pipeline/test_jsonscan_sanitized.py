@@ -7,10 +7,10 @@ so that ASan sees each bytes object's bounds) over every prefix of clean lines a
 blocks, at every start offset; any invalid read or undefined behaviour aborts the child. Its results must also equal
 the normal build's. (Removing the bound check of the 16-byte copy makes this fail: ASan reports a heap-buffer-
 overflow on the first short string at the end of a buffer.) The access-log scanner (``_logscan.c``: a format's
-program over cut and mutated lines, the request times' digits copied into a small buffer) and the CSV record
-scanner (``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets) and the OTLP JSON scanner
-(``_otlpjson.c``: every prefix of the differential test's exports, and mutated blocks of them) get the same
-treatment."""
+program over cut and mutated lines, the request times' digits copied into a small buffer), the CSV record scanner
+(``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets, and its cell pass), the newline finder
+(``_lines.c``) and the OTLP JSON scanner (``_otlpjson.c``: every prefix of the differential test's exports, and
+mutated blocks of them) get the same treatment."""
 
 from __future__ import annotations
 
@@ -170,7 +170,27 @@ for _ in range(1500):  # blocks of exports, bytes mutated
 print("checked", count)
 """
 
-CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD}
+LINES_CHILD = r"""
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("_lines", sys.argv[1])
+sanitized = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sanitized)
+from drainpipe.inputs._lines import nth as normal
+
+rng = random.Random(13)
+count = 0
+for _ in range(20000):
+    data = bytes(rng.choice(b"ab\n") if rng.random() < 0.3 else 97 for _ in range(rng.randrange(0, 300)))
+    start = rng.randrange(len(data) + 1)
+    stop = rng.randrange(start, len(data) + 1)
+    n = rng.randrange(1, 10)
+    assert sanitized.nth(data, start, stop, n) == normal(data, start, stop, n), (data, start, stop, n)
+    count += 1
+print("checked", count)
+"""
+
+CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD,
+            "_lines": LINES_CHILD}  # fmt: skip
 
 
 def _compile(name: str, target: Path) -> None:
