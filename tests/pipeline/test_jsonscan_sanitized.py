@@ -25,11 +25,15 @@ import pytest
 
 SOURCES = Path(__file__).parents[2] / "src" / "drainpipe" / "inputs"
 
-JSON_CHILD = r"""
+#: every child's start: the sanitized build, loaded as ``sanitized`` (argv: its path, this directory, its name)
+PRELUDE = r"""
 import importlib.util, json, random, sys
-spec = importlib.util.spec_from_file_location("_jsonscan", sys.argv[1])
+spec = importlib.util.spec_from_file_location(sys.argv[3], sys.argv[1])
 sanitized = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sanitized)
+"""
+
+JSON_CHILD = r"""
 from drainpipe.inputs._jsonscan import scan as normal
 
 rng = random.Random(5)
@@ -70,10 +74,6 @@ print("checked", count)
 
 
 LOG_CHILD = r"""
-import importlib.util, random, sys
-spec = importlib.util.spec_from_file_location("_logscan", sys.argv[1])
-sanitized = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitized)
 from drainpipe.inputs._logscan import scan as normal
 from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, parse_log_format
 
@@ -109,10 +109,6 @@ print("checked", count)
 """
 
 CSV_CHILD = r"""
-import importlib.util, random, sys
-spec = importlib.util.spec_from_file_location("_csvscan", sys.argv[1])
-sanitized = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitized)
 from drainpipe.inputs._csvscan import scan as normal
 
 rng = random.Random(9)
@@ -142,10 +138,6 @@ print("checked", count)
 """
 
 OTLP_CHILD = r"""
-import importlib.util, random, sys
-spec = importlib.util.spec_from_file_location("_otlpjson", sys.argv[1])
-sanitized = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitized)
 from drainpipe.inputs._otlpjson import scan as normal
 sys.path.insert(0, sys.argv[2])
 from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
@@ -171,10 +163,6 @@ print("checked", count)
 """
 
 LINES_CHILD = r"""
-import importlib.util, random, sys
-spec = importlib.util.spec_from_file_location("_lines", sys.argv[1])
-sanitized = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sanitized)
 from drainpipe.inputs._lines import nth as normal
 
 rng = random.Random(13)
@@ -215,7 +203,7 @@ def test_the_scanner_under_asan_and_ubsan(tmp_path: Path, name: str) -> None:
     _compile(name, module)
     env = dict(os.environ, LD_PRELOAD=f"{asan}:{ubsan}", PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", CHILDREN[name], str(module), str(Path(__file__).parent)], env=env,
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", PRELUDE + CHILDREN[name], str(module), str(Path(__file__).parent),
+                            name], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert child.returncode == 0 and "Sanitizer" not in child.stderr, child.stderr[-4000:]
     assert "checked" in child.stdout
