@@ -5,7 +5,8 @@ from setuptools import Extension, setup
 
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
           "-Wno-cast-function-type"]
-_COLUMNS = ["src/drainpipe/inputs/_columns.h"]  # the event columns the JSON and CSV scanners fill
+_NUMBERS = ["src/drainpipe/inputs/_numbers.h"]  # JSON numbers, for every scanner that reads them
+_COLUMNS = ["src/drainpipe/inputs/_columns.h", *_NUMBERS]  # the event columns the JSON and CSV scanners fill
 
 setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"], extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._jsonscan", ["src/drainpipe/inputs/_jsonscan.c"], depends=_COLUMNS,
@@ -17,5 +18,5 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    Extension("drainpipe.inputs._csvscan", ["src/drainpipe/inputs/_csvscan.c"], depends=_COLUMNS,
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._lines", ["src/drainpipe/inputs/_lines.c"], extra_compile_args=_FLAGS),
-                   Extension("drainpipe.inputs._otlpjson", ["src/drainpipe/inputs/_otlpjson.c"],
+                   Extension("drainpipe.inputs._otlpjson", ["src/drainpipe/inputs/_otlpjson.c"], depends=_NUMBERS,
                              extra_compile_args=_FLAGS)])

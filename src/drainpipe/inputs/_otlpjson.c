@@ -36,11 +36,8 @@
  * absent status. Attribute values: whether a pair has a value, its string value, its integer value; other value
  * types count as a value that is neither (the projection ptars reads, span_columns.py).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_numbers.h"
 #include <stdlib.h>
-#include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -354,12 +351,6 @@ string(Scan *s, const unsigned char **str, size_t *n)
     return 0;
 }
 
-static inline int
-is_digit(unsigned char c)
-{
-    return c >= '0' && c <= '9';
-}
-
 /* An integer next, a JSON integer or a quoted one (digits, with a '-' only if `neg_ok`), at most `max` (and at
  * least -max-1 when negative) -> *out. */
 static int
@@ -406,43 +397,9 @@ static int
 finite_number(Scan *s)
 {
     ws(s);
-    const unsigned char *q = s->p, *end = s->end, *start = q;
-    q += q < end && *q == '-';
-    if (q >= end || !is_digit(*q))
-        return 1;
-    if (*q == '0')
-        q++;
-    else
-        while (q < end && is_digit(*q))
-            q++;
-    if (q < end && *q == '.') {
-        q++;
-        if (q >= end || !is_digit(*q))
-            return 1;
-        while (q < end && is_digit(*q))
-            q++;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < end && (*q == '+' || *q == '-'))
-            q++;
-        if (q >= end || !is_digit(*q))
-            return 1;
-        while (q < end && is_digit(*q))
-            q++;
-    }
-    char text[64];
-    size_t n = (size_t)(q - start);
-    if (n >= sizeof text)
-        return 1;
-    memcpy(text, start, n);
-    text[n] = '\0';
-    double v = PyOS_string_to_double(text, NULL, NULL);
-    if (v == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 1;
-    }
-    if (!isfinite(v))
+    const unsigned char *q = s->p;
+    double v;
+    if (parse_number(&q, s->end, &v, 0) || !isfinite(v))
         return 1;
     s->p = q;
     return 0;
