@@ -117,9 +117,10 @@ def start_pool(workers: int, definitions: Definitions) -> ProcessPoolExecutor:
     """Worker processes for :func:`process_part`, started now."""
     for d in definitions.all:  # the partial classes exist before a fork
         partial_type(d)
-    import numpy.ma  # noqa: F401  (pyarrow looks at np.ma when it converts a numpy array: a lazy 20 ms import,
+    # pyarrow looks at np.ma when it converts a numpy array, a lazy 20 ms import: once here, before the fork, instead
+    # of in every worker
+    import numpy.ma  # noqa: F401
 
-    # here once, before the fork, instead of in every worker)
     return process_pool(workers, _init_worker, (definitions, os.getpid()))
 
 
