@@ -1,6 +1,6 @@
 """Build the C extensions (the queue's per-item hot paths, the JSON Lines scanner, the access-log scanner, the CSV
-record scanner, the line formats' newline finder, the OTLP JSON scanner, the OTLP span mapping's per-span pass);
-everything else is in pyproject.toml."""
+record scanner, the line formats' newline finder, the OTLP JSON scanner, the OTLP span mapping's per-span pass, the
+aggregation's group ids and states); everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
@@ -18,5 +18,7 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    Extension("drainpipe.inputs._csvscan", ["src/drainpipe/inputs/_csvscan.c"], depends=_COLUMNS,
                              extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._lines", ["src/drainpipe/inputs/_lines.c"], extra_compile_args=_FLAGS),
+                   Extension("drainpipe.pipeline._groupstates", ["src/drainpipe/pipeline/_groupstates.c"],
+                             extra_compile_args=_FLAGS),
                    Extension("drainpipe.inputs._otlpjson", ["src/drainpipe/inputs/_otlpjson.c"], depends=_NUMBERS,
                              extra_compile_args=_FLAGS)])

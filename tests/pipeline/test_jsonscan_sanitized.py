@@ -1,4 +1,5 @@
-"""The C scanners (JSON Lines, access logs, CSV records) fuzzed under AddressSanitizer and UndefinedBehaviorSanitizer.
+"""The C scanners (JSON Lines, access logs, CSV records) and the aggregation kernel fuzzed under AddressSanitizer and
+UndefinedBehaviorSanitizer.
 
 The scanner reads raw bytes with pointer arithmetic (and copies short strings as 16-byte moves), so an off-by-one
 would read past a buffer without any Python-visible symptom. This builds ``_jsonscan.c`` with ``-fsanitize=address,
@@ -9,8 +10,9 @@ the normal build's. (Removing the bound check of the 16-byte copy makes this fai
 overflow on the first short string at the end of a buffer.) The access-log scanner (``_logscan.c``: a format's
 program over cut and mutated lines, the request times' digits copied into a small buffer), the CSV record scanner
 (``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets, and its cell pass), the newline finder
-(``_lines.c``) and the OTLP JSON scanner (``_otlpjson.c``: every prefix of the differential test's exports, and
-mutated blocks of them) get the same treatment."""
+(``_lines.c``), the OTLP JSON scanner (``_otlpjson.c``: every prefix of the differential test's exports, and
+mutated blocks of them) and the aggregation kernel (``pipeline/_groupstates.c``: random codes, times, weights and
+sizes from zero, its dense and hashed groupings) get the same treatment."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-SOURCES = Path(__file__).parents[2] / "src" / "drainpipe" / "inputs"
+SOURCES = Path(__file__).parents[2] / "src" / "drainpipe"
 
 #: every child's start: the sanitized build, loaded as ``sanitized`` (argv: its path, this directory, its name)
 PRELUDE = r"""
@@ -177,14 +179,45 @@ for _ in range(20000):
 print("checked", count)
 """
 
+GROUPS_CHILD = r"""
+import numpy as np
+from drainpipe.pipeline import _groupstates as normal
+
+rng = np.random.default_rng(17)
+count = 0
+for _ in range(3000):  # random codes, times, ids, weights; every function; sizes from 0
+    n = int(rng.integers(0, 40))
+    services = rng.integers(0, 3, n).astype(np.int32)
+    subs = None if rng.random() < 0.3 else rng.integers(0, 4, n).astype(np.int32)
+    ts = rng.choice([rng.integers(-10**6, 10**6, n), rng.integers(-10**14, 10**14, n)])
+    width = int(rng.choice([1, 60_000, 3_600_000]))
+    excluded = int(rng.integers(-1, 4))
+    got = sanitized.groups(services, subs, excluded, ts, width)
+    assert got == normal.groups(services, subs, excluded, ts, width)
+    gid = np.frombuffer(got[0], np.int64)
+    size = len(got[1]) // 8
+    values = rng.choice([0.0, -0.0, 1.5, 500.0, 2000.0, 1e12, 2.0**60], n)
+    status = rng.integers(0, 2, n).astype(bool)
+    weights = None if rng.random() < 0.5 else rng.integers(0, 5, n).astype(np.float64)
+    for function in range(6):
+        args = (function, gid, size, values, status, weights, 500.0)
+        assert sanitized.states(*args) == normal.states(*args)
+    for precision in (0.001, 10.0, 1e6):
+        assert sanitized.histogram(gid, size, values, weights, precision) == normal.histogram(gid, size, values, weights, precision)
+    count += 1
+print("checked", count)
+"""
+
 CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD,
-            "_lines": LINES_CHILD}  # fmt: skip
+            "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
+#: where a C source is, under src/drainpipe (inputs/ unless named here)
+PACKAGES = {"_groupstates": "pipeline"}
 
 
 def _compile(name: str, target: Path) -> None:
     include = sysconfig.get_paths()["include"]
     cmd = ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / f"{name}.c"), "-o", str(target)]  # fmt: skip
+           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / PACKAGES.get(name, "inputs") / f"{name}.c"), "-o", str(target)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 

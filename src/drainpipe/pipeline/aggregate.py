@@ -24,6 +24,11 @@ from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
 
+try:  # group ids and states a pass over the rows each; the numpy path below gives the same bits, slower
+    from . import _groupstates as _kernel
+except ImportError:  # the pure-Python code shipped to Spark executors
+    _kernel = None  # type: ignore[assignment]
+
 __all__ = ["aggregate_batch"]
 
 _FIELDS = ("ts", "service", "instance", "endpoint", "latency_ms", "status")
@@ -103,6 +108,8 @@ class _BatchView:
         return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
 
     def _groups(self, scope: str, width_ms: int) -> _Groups:
+        if _kernel is not None:
+            return self._kernel_groups(scope, width_ms)
         services, service_names = self.encoded("service")
         slots = self.numpy("ts") // width_ms
         columns = [services]
@@ -127,6 +134,40 @@ class _BatchView:
             gid = np.full(self.rows, -1, dtype=np.int64)
             gid[counted] = ids
         return _Groups(gid, entity, slots[first] * width_ms, counted)
+
+    def _kernel_groups(self, scope: str, width_ms: int) -> _Groups:
+        """:meth:`_groups` in one pass of the C kernel: the same ids, in the same (key) order."""
+        services, service_names = self.encoded("service")
+        names = [service_names]
+        subs, empty = None, -1
+        if scope != "service":
+            subs, sub_names = self.encoded(scope)
+            empty = pc.index(sub_names, "").as_py()
+            subs = subs.astype(np.int32, copy=False)
+            names.append(sub_names)
+        ts = self.numpy("ts")
+        gid_buffer, first_buffer = _kernel.groups(services.astype(np.int32, copy=False), subs, empty, ts, width_ms)
+        gid, first = np.frombuffer(gid_buffer, np.int64), np.frombuffer(first_buffer, np.int64)
+        codes = [services] if subs is None else [services, subs]
+        parts = [n.take(pa.array(c[first])) for c, n in zip(codes, names)]
+        entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
+        return _Groups(gid, entity, np.floor_divide(ts[first], width_ms) * width_ms, gid >= 0 if empty >= 0 else None)
+
+    def filter_mask(self, metric: MetricDef) -> np.ndarray | None:
+        """The rows passing the metric's ``where`` filter (None: no filter)."""
+        where = metric.filter
+        return None if where is None else self._cached(("filter", metric.where), lambda: where.mask(self.batch))
+
+    def metric_gid(self, metric: MetricDef) -> np.ndarray:
+        """Per row, its minute group id of the metric's scope, -1 where the metric does not count it (its filter
+        folded in): what the C kernel takes."""
+
+        def compute() -> np.ndarray:
+            gid = self.groups(metric.scope, GRANULARITY_MS["minute"]).gid
+            mask = self.filter_mask(metric)
+            return gid if mask is None else np.where(mask, gid, -1)
+
+        return self._cached(("metric gid", metric.scope, metric.where), compute)
 
     def selected(self, metric: MetricDef, column: str) -> np.ndarray:
         """A per-row array restricted to the rows ``metric`` counts.
@@ -183,9 +224,9 @@ class _BatchView:
 
         def compute() -> np.ndarray | None:
             counted = self.groups(metric.scope, GRANULARITY_MS["minute"]).counted
-            if metric.filter is None:
+            mask = self.filter_mask(metric)
+            if mask is None:
                 return counted
-            mask = metric.filter.mask(self.batch)
             return mask if counted is None else mask & counted
 
         return self._cached(("selection", metric.scope, metric.where), compute)
@@ -281,14 +322,56 @@ def _state_table(
     return pa.table(columns)
 
 
+#: per function, the C kernel's code for it and the names of the arrays it returns after ``n``
+_KERNEL_FUNCTIONS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "count": ("COUNT", ()),
+        "cpm": ("COUNT", ()),
+        "sum": ("SUM", ("v",)),
+        "avg": ("SUM", ("v",)),
+        "min": ("MIN", ("v",)),
+        "max": ("MAX", ("v",)),
+        "sla": ("SLA", ("ok",)),
+        "apdex": ("APDEX", ("ok", "tol")),
+    }
+)
+
+
+def _kernel_states(view: _BatchView, metric: MetricDef, groups: _Groups) -> tuple[np.ndarray, StateArrays]:
+    """``(n, states)`` of a metric (not a percentile) in one pass of the C kernel: the numpy aggregators' values."""
+    code, names = _KERNEL_FUNCTIONS[metric.function]
+    field = "latency_ms" if metric.function == "apdex" else metric.field
+    values = None if field is None else view.numpy(field).astype(np.float64, copy=False)
+    status = view.numpy("status") if metric.function in ("sla", "apdex") else None
+    threshold = float(metric.threshold_ms) if metric.threshold_ms is not None else 0.0
+    out = _kernel.states(getattr(_kernel, code), view.metric_gid(metric), groups.size, values, status, view.weights(),
+                         threshold)  # fmt: skip
+    n = np.frombuffer(out[0], np.int64)
+    return n, {"n": n, **{name: np.frombuffer(a, np.float64 if name == "v" else np.int64)
+                          for name, a in zip(names, out[1:])}}  # fmt: skip
+
+
 def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
     groups = view.groups(metric.scope, GRANULARITY_MS["minute"])
+    layout = STATE_COLUMNS[metric.function]
+    if _kernel is not None:
+        if metric.function == "percentile":
+            table = _kernel_histogram(view, metric, groups)
+            if table is not None:
+                return table
+        else:
+            n, states = _kernel_states(view, metric, groups)
+            return _present_states(groups, n, states, layout)
     g = view.selected(metric, "gid")
     if metric.function == "percentile":
         return _aggregate_histogram(view, metric, groups, g)
-    layout = STATE_COLUMNS[metric.function]
     n = view.counts(metric)
     states = _AGGREGATORS[metric.function](view, metric, g, n, groups.size)
+    return _present_states(groups, n, states, layout)
+
+
+def _present_states(groups: _Groups, n: np.ndarray, states: StateArrays, layout: Sequence[StateColumn]) -> pa.Table:
+    """The state table of the groups with requests (``n``) among ``groups``."""
     if n.all():
         return _state_table(groups.entity, groups.bucket, states, layout)
     present = np.flatnonzero(n)
@@ -298,6 +381,18 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
         {k: v[present] for k, v in states.items()},
         layout,
     )
+
+
+def _kernel_histogram(view: _BatchView, metric: MetricDef, groups: _Groups) -> pa.Table | None:
+    """A percentile metric's state table by the C kernel, or None where its dense table would be too large."""
+    assert metric.precision_ms is not None
+    out = _kernel.histogram(view.metric_gid(metric), groups.size, view.numpy("latency_ms"), view.weights(),
+                            float(metric.precision_ms))  # fmt: skip
+    if out is None:
+        return None
+    group, b, n = (np.frombuffer(a, np.int64) for a in out)
+    return _state_table(groups.entity.take(pa.array(group)), groups.bucket[group], {"n": n},
+                        STATE_COLUMNS["percentile"], b=b)  # fmt: skip
 
 
 def _aggregate_histogram(view: _BatchView, metric: MetricDef, groups: _Groups, g: np.ndarray) -> pa.Table:
@@ -340,7 +435,7 @@ def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
     if topn.key not in view.batch.schema.names:  # an optional column (trace_id) this batch does not have
         return TOPN_STATE_SCHEMA.empty_table()
     keys = view.arrow(topn.key)
-    if pa.types.is_null(keys.type):  # (a table built with no value in the column)
+    if pa.types.is_null(keys.type) or keys.null_count == len(keys):  # no row has a key (or a table built so)
         return TOPN_STATE_SCHEMA.empty_table()
     groups = view.groups(topn.scope, topn.bucket_ms)
     present = pc.binary_length(keys) if pa.types.is_binary(keys.type) else pc.utf8_length(keys)

@@ -1,0 +1,26 @@
+"""Typed stub of the C extension ``drainpipe.pipeline._groupstates`` (source: ``_groupstates.c``, which states the
+contracts)."""
+
+from typing import Any
+
+COUNT: int
+SUM: int
+MIN: int
+MAX: int
+SLA: int
+APDEX: int
+
+def groups(services: Any, subs: Any, excluded: int, ts: Any, width_ms: int, /) -> tuple[bytearray, bytearray]:
+    """Dense group ids (int64 per row, -1: no group) of the rows' (service, sub, slot) keys in key order, and a row of
+    each group."""
+
+def states(
+    function: int, gid: Any, size: int, values: Any, status: Any, weights: Any, threshold: float, /
+) -> tuple[bytearray, ...]:
+    """One metric's states per group: ``(n, ...)`` as int64 / float64 arrays."""
+
+def histogram(
+    gid: Any, size: int, values: Any, weights: Any, precision: float, /
+) -> tuple[bytearray, bytearray, bytearray] | None:
+    """``(group, bin, n)`` per (group, bin) pair that occurs, in that order; None when a dense table would be too
+    large."""
