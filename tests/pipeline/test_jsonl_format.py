@@ -414,10 +414,12 @@ def test_fast_path_value_rejects_get_per_line_reasons(tmp_path):
 
 
 @HYPO
-@given(st.lists(MIXED_LINE, max_size=24), st.integers(1, 8), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
-def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newline):
+@given(st.lists(MIXED_LINE, max_size=24), st.integers(1, 8), st.sampled_from([b"\n", b"\r\n"]), st.booleans(),
+       st.booleans())  # fmt: skip
+def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newline, dictionaries):
     """JsonlBlocks.read_range (the workers' reader: scanner straight out of the part's bytes, else the block cut
-    out) gives the per-line path's blocks, rows, rejects and line numbers."""
+    out; the scanner's strings kept dictionary-encoded or not) gives the per-line path's blocks, rows, rejects and
+    line numbers."""
     import drainpipe.inputs.formats.jsonl_format as events
     from drainpipe.inputs import RejectList, Sink
     from drainpipe.inputs.formats.jsonl_format import JsonlBlocks
@@ -427,7 +429,7 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
 
     def blocks(fast: bool) -> tuple[list, list, ReadStats]:
         stats, rejects, out = ReadStats(), RejectList(), []
-        reader, begin, lineno = JsonlBlocks(), 0, 0
+        reader, begin, lineno = JsonlBlocks(dictionaries and fast), 0, 0
         events._JSONL_FAST_PATH = fast
         try:
             while begin < len(data):

@@ -29,8 +29,8 @@
  * columns(data, fields, records) -> columns | None
  *   The cells of a block of well-formed records typed into the event fields' columns (_columns.h), in one pass:
  *   what the columnar path did with pyarrow's CSV reader and a dozen compute kernels (half of a CSV worker's time).
- *   `fields` gives, per CSV column, the event field it feeds (F_* of _columns.h) or 255 (a column no field reads,
- *   or a later duplicate: the first column of a name wins). Cells are typed as the reference types them
+ *   `fields` gives, per CSV column, the event field it feeds (F_* of _columns.h; at most one column a field) or 255
+ *   (a column no field reads, or a later duplicate: the first column of a name wins). Cells are typed as the reference types them
  *   (csv_format._csv_typer): an empty cell is null; ts an integer (JSON syntax, at most 18 digits); latency_ms a
  *   JSON number, converted as float() converts its text ("-0" is -0.0); status true/1/false/0; strings as they are
  *   (quoted ones unquoted, "" as "). It declines (None) whatever the reference decides otherwise or rejects: a cell
@@ -227,24 +227,27 @@ cell_at(const unsigned char **pp, const unsigned char *end, Cell *cell)
     return 0;
 }
 
-/* A string cell appended to its column (unescaped); 0, or -1 with MemoryError set. */
+/* A string cell into row `row` of field f (unescaped first into `scratch`, when it holds ""); 0, or -1 with
+ * MemoryError set. */
 static inline int
-append_cell(StrCol *col, const Cell *cell, const unsigned char *limit)
+append_cell(Columns *c, int f, Py_ssize_t row, const Cell *cell, const unsigned char *limit, StrCol *scratch)
 {
     if (!cell->escaped)
-        return strcol_append(col, cell->s, cell->n, limit);
+        return columns_string(c, f, row, cell->s, cell->n, limit);
+    scratch->len = 0;
     for (size_t i = 0; i < cell->n; i++) {
-        if (strcol_append(col, cell->s + i, 1, cell->s + i + 1) < 0)
+        if (strcol_append(scratch, cell->s + i, 1, cell->s + i + 1) < 0)
             return -1;
         if (cell->s[i] == '"')
             i++; /* the second of "" */
     }
-    return 0;
+    const unsigned char *s = (const unsigned char *)scratch->data;
+    return columns_string(c, f, row, s, scratch->len, s + scratch->len);
 }
 
 /* A typed cell into row `row` of field `f`; 0, 1 to decline, -1 with MemoryError set. */
 static inline int
-set_cell(Columns *c, int f, Py_ssize_t row, const Cell *cell, const unsigned char *limit)
+set_cell(Columns *c, int f, Py_ssize_t row, const Cell *cell, const unsigned char *limit, StrCol *scratch)
 {
     const unsigned char *s = cell->s, *e = cell->s + cell->n;
     if (cell->n == 0)
@@ -265,7 +268,7 @@ set_cell(Columns *c, int f, Py_ssize_t row, const Cell *cell, const unsigned cha
             return 1;
         break;
     default:
-        if (append_cell(&c->str[f], cell, limit) < 0)
+        if (append_cell(c, f, row, cell, limit, scratch) < 0)
             return -1;
     }
     SET_BIT(c->valid[f], row);
@@ -292,13 +295,18 @@ columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     Columns c;
     memset(&c, 0, sizeof c);
+    StrCol scratch = {0}; /* an escaped cell, unescaped */
     const unsigned char *fields = map.buf;
     Py_ssize_t width = map.len, row = 0;
     if (records <= 0 || width <= 0 || buf.len >= INT32_MAX) /* int32 string offsets */
         goto decline;
+    unsigned mapped = 0; /* a field fed by two columns is declined: each field holds one value a row */
     for (Py_ssize_t i = 0; i < width; i++)
-        if (fields[i] != 255 && fields[i] >= NFIELDS)
-            goto decline;
+        if (fields[i] != 255) {
+            if (fields[i] >= NFIELDS || (mapped & (1u << fields[i])))
+                goto decline;
+            mapped |= 1u << fields[i];
+        }
     if (columns_alloc(&c, records) < 0)
         goto done;
     const unsigned char *p = buf.buf, *end = p + buf.len;
@@ -312,7 +320,7 @@ columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (col == width || cell_at(&p, end, &cell))
                 goto decline;
             if (fields[col] != 255) {
-                int r = set_cell(&c, fields[col], row, &cell, end);
+                int r = set_cell(&c, fields[col], row, &cell, end, &scratch);
                 if (r < 0)
                     goto done;
                 if (r)
@@ -339,6 +347,7 @@ decline:
     result = Py_NewRef(Py_None);
 done:
     columns_free(&c);
+    PyMem_Free(scratch.data);
     PyBuffer_Release(&map);
     PyBuffer_Release(&buf);
     return result;

@@ -172,7 +172,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         const unsigned char *s = ++p;
                         if (!(p = string_end(p, end)))
                             goto decline;
-                        if (strcol_append(&c.str[f], s, (size_t)(p - s), end) < 0)
+                        if (columns_string(&c, f, row, s, (size_t)(p - s), end) < 0)
                             goto nomem;
                         p++;
                     }

@@ -49,6 +49,7 @@ __all__ = [
     "validate_columns",
     "rows_to_batch",
     "settle_trace_ids",
+    "plain_strings",
     "counted",
     "counted_batch",
     "check_ts",
@@ -433,8 +434,8 @@ def _str_column(arr: pa.Array, name: str, checks: _Checks, keep_dictionary: bool
 
 def _checked_dictionary(arr: pa.DictionaryArray, name: str, checks: _Checks) -> pa.DictionaryArray | None:
     """``arr`` (dictionary-encoded) checked by :func:`_str_column`'s rules on its dictionary, which is small, and
-    kept encoded; None when the rules would rewrite values (nulls to fill, empty statements) or the values are not
-    plain strings: the caller decodes it then."""
+    kept encoded; None when the rules would rewrite values (empty statements) or the values are not plain strings:
+    the caller decodes it then. An instance's or endpoint's nulls become "" (one more value when it has none)."""
     values = arr.dictionary
     if not pa.types.is_string(values.type) or values.null_count:
         return None
@@ -446,7 +447,13 @@ def _checked_dictionary(arr: pa.DictionaryArray, name: str, checks: _Checks) -> 
         return arr
     if name == "db_statement":
         return None if pc.any(pc.equal(values, "")).as_py() else arr
-    return None if arr.null_count else arr
+    if not arr.null_count:
+        return arr
+    empty = pc.index(values, "").as_py()
+    if empty < 0:
+        empty = len(values)
+        values = pa.concat_arrays([values, pa.array([""], values.type)])
+    return pa.DictionaryArray.from_arrays(pc.fill_null(arr.indices, empty), values)
 
 
 def _latency_column(arr: pa.Array, checks: _Checks) -> pa.Array:
@@ -516,6 +523,15 @@ def validate_columns(
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), checks.rejected()
     schema = pa.schema([f.with_type(a.type) for f, a in zip(fields, arrays)])
     return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
+
+
+def plain_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its dictionary-encoded columns decoded (to concatenate it with plain batches)."""
+    if not any(pa.types.is_dictionary(t) for t in batch.schema.types):
+        return batch
+    arrays = [_plain(c) for c in batch.columns]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([f.with_type(a.type) for f, a in
+                                                                zip(batch.schema, arrays)]))  # fmt: skip
 
 
 def settle_trace_ids(*batches: pa.RecordBatch) -> list[pa.RecordBatch]:

@@ -34,7 +34,7 @@ from ..position import Position
 from ..rejects import Sink
 from ..scanned import RAW_SCHEMA, raw_batch
 from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
-from ..validation import rows_to_batch, settle_trace_ids, validate_columns, validate_values
+from ..validation import plain_strings, rows_to_batch, settle_trace_ids, validate_columns, validate_values
 from .base import (
     BOM,
     LINE_PART_BLOCKS,
@@ -74,7 +74,8 @@ class Csv(Format):
             lines = CountedLines(f, f.tell(), not part.gzipped)
             start = Position(part.start, part.lineno)
             limit = None if part.whole else part.end - part.start
-            for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start, limit)):
+            for index, batch in enumerate(_read_csv(f, lines, part.batch_rows, sink, part.path, start, limit,
+                                                    dictionaries)):  # fmt: skip
                 position = Position(lines.offset, lines.count)
                 yield part.first + index, EventBatch.of(batch) if batch.num_rows else None, position
             return Position(lines.offset, lines.count)
@@ -220,10 +221,11 @@ def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tu
 
 
 def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, path: str, start: Position,
-              limit: int | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+              limit: int | None = None, dictionaries: bool = False) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The accepted rows of each block of ``batch_rows`` records (an empty batch for a block without any: the
     position still moves), from ``start`` (after the header) to the end of the file, or ``limit`` bytes for a
-    range part; ``lines`` is kept at the position after the last block given."""
+    range part; ``lines`` is kept at the position after the last block given. ``dictionaries``: string columns
+    the C pass gives dictionary-encoded may stay so (:func:`~..validation.validate_columns`)."""
     tracker = _LineTracker(lines)
     reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
     header = _csv_header(reader, tracker, path)
@@ -242,7 +244,7 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
             yield from _reference_rest(CountedLines(f, lines.offset, growable), lines, batch_rows, sink, typed, width)
             return
         # (a range part's records were checked well-formed when it was planned)
-        batch = _fast_block(block, ends, header, lines.count, sink, typed, width) if _COLUMNS else None
+        batch = _fast_block(block, ends, header, lines.count, sink, typed, width, dictionaries) if _COLUMNS else None
         if batch is None:
             batch = _reference_block(block, lines.count, sink, typed, width)
         lines.offset += len(block)
@@ -584,8 +586,10 @@ def _scanned_cells(block: bytes, header: list[str], records: int) -> pa.RecordBa
 
 
 def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, sink: Sink,
-                typed: Callable[[list[str]], tuple], width: int) -> pa.RecordBatch | None:  # fmt: skip
-    """A well-formed block in columns (see the module docstring), or None to read it through the reference."""
+                typed: Callable[[list[str]], tuple], width: int,
+                dictionaries: bool = False) -> pa.RecordBatch | None:  # fmt: skip
+    """A well-formed block in columns (see the module docstring), or None to read it through the reference.
+    ``dictionaries``: :func:`~..validation.validate_columns`'s ``keep_dictionaries``."""
     records = _records(block, ends)
     batch = _scanned_cells(block, header, len(records))
     if batch is not None:
@@ -595,7 +599,7 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
         if cells is None:
             return None
         batch, kept, odd = cells
-    canonical, flagged = validate_columns(batch)
+    canonical, flagged = validate_columns(batch, dictionaries)
     bad = odd | (flagged[0] if flagged is not None else False)
     if not bad.any():
         sink.stats.add_accepted(batch.num_rows)
@@ -617,7 +621,7 @@ def _fast_block(block: bytes, ends: np.ndarray, header: list[str], lineno: int, 
     out = canonical.filter(pa.array(~bad))
     if accepted:  # back in record order
         order = np.argsort(np.concatenate((np.flatnonzero(~bad), at)), kind="stable")
-        both = settle_trace_ids(out, rows_to_batch(accepted))
+        both = settle_trace_ids(plain_strings(out), rows_to_batch(accepted))
         out = pa.Table.from_batches(both).combine_chunks().to_batches()[0].take(order)
     (out,) = settle_trace_ids(out)  # (a trace id column whose rows all went to the reference or were rejected)
     sink.stats.add_accepted(out.num_rows)

@@ -79,7 +79,7 @@ class JsonLines(Format):
             growable = part.whole and self.growable(part.gzipped)
             end = Position(offset, part.lineno)
             for index, batch, consumed, lines in read_jsonl_stream(f, growable, part.batch_rows, sink, part.lineno,
-                                                                   limit):  # fmt: skip
+                                                                   limit, dictionaries):  # fmt: skip
                 end = Position(offset + consumed, part.lineno + lines)
                 yield part.first + index, None if batch is None else EventBatch.of(batch), end
             return end
@@ -123,14 +123,20 @@ def _json_record(line: bytes) -> tuple:
 
 
 def read_jsonl_stream(
-    f: BinaryIO, growable: bool, batch_rows: int, sink: Sink, lineno: int = 0, limit: int | None = None
+    f: BinaryIO,
+    growable: bool,
+    batch_rows: int,
+    sink: Sink,
+    lineno: int = 0,
+    limit: int | None = None,
+    dictionaries: bool = False,
 ) -> Iterator[tuple[int, pa.RecordBatch | None, int, int]]:
     """``(block index, accepted rows or None, bytes consumed, lines consumed)`` per block of ``batch_rows`` lines of
     ``f`` (the first line read is line ``lineno + 1``), consumed counts being from where ``f`` stood. ``limit``:
     read no more than that many bytes (a range part, read in one piece); else the file is read to its end in large
     chunks. Each block goes through :meth:`JsonlBlocks.read_range`. For a growable file a last line without a
-    newline is left unread: it may still be being written."""
-    reader = JsonlBlocks()
+    newline is left unread: it may still be being written. ``dictionaries``: see :class:`JsonlBlocks`."""
+    reader = JsonlBlocks(dictionaries)
     data, begin, index, consumed, count, eof, ascii = b"", 0, 0, 0, 0, False, True
     left = limit
     while True:
@@ -158,10 +164,14 @@ class JsonlBlocks:
     """Validates consecutive blocks of raw JSON lines (fast columnar path when provably equal, else per line).
 
     After a block the fast path declines, the next blocks go straight line by line (doubling backoff): that
-    only saves failed attempts; the result of a block never depends on the path."""
+    only saves failed attempts; the result of a block never depends on the path, its rows never do.
 
-    def __init__(self) -> None:
+    ``dictionaries``: the string columns the C scanner gives dictionary-encoded stay so where validation changes
+    none of their values (for a reader that only aggregates them; see :func:`~..validation.validate_columns`)."""
+
+    def __init__(self, dictionaries: bool = False) -> None:
         self.skip = self.backoff = 0
+        self.dictionaries = dictionaries
 
     def read(
         self,
@@ -203,7 +213,7 @@ class JsonlBlocks:
             scanned = scan_range(data, begin, count)
             if scanned is not None:
                 end, n, batch = scanned
-                fast = _fast_result(batch, _LazyLines(data, begin, end, n), lineno)
+                fast = _fast_result(batch, _LazyLines(data, begin, end, n), lineno, self.dictionaries)
                 if fast is not None:
                     self._tried(True)
                     return end, n, _accepted(*fast, sink)
@@ -329,12 +339,13 @@ def fast_jsonl_block(
 
 
 def _fast_result(
-    batch: pa.RecordBatch, chunk: Sequence[bytes], lineno: int
+    batch: pa.RecordBatch, chunk: Sequence[bytes], lineno: int, dictionaries: bool = False
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
     """A raw batch a fast path read from the lines ``chunk`` (the first is line ``lineno + 1``) -> ``(canonical
     batch of the accepted rows, (line, raw, reason) per rejected line)``, or None when a row the columnar checks
-    flag is one the per-line path accepts (never expected: the caller then reads the block line by line)."""
-    canonical, flagged = validate_columns(batch)
+    flag is one the per-line path accepts (never expected: the caller then reads the block line by line).
+    ``dictionaries``: :func:`~..validation.validate_columns`'s ``keep_dictionaries``."""
+    canonical, flagged = validate_columns(batch, dictionaries)
     if flagged is None:
         return canonical, []
     # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
