@@ -55,14 +55,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline import definitions_from, remote_write_options
-
     if args.checkpoint_s <= 0:
         raise UsageError(f"--checkpoint-s must be > 0, got {args.checkpoint_s}")
     if args.engine != "spark" and args.own_process:
         from .processes import tune_own_process
 
-        tune_own_process()  # before anything converts Python values to Arrow or starts a worker
+        tune_own_process()  # before numpy is imported, anything converts Python values to Arrow or starts a worker
+    from .pipeline import definitions_from, remote_write_options
+
     definitions = definitions_from(args.metrics)  # validated before any data is read
     remote = remote_write_options(args)
     from .inputs import log_format_of

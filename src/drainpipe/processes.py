@@ -24,11 +24,18 @@ __all__ = ["die_with", "hide_pandas", "mp_context", "process_pool", "tune_own_pr
 
 def tune_own_process() -> None:
     """Tune a process that drainpipe owns from start to exit (the ``drainpipe run`` command on the local engine),
-    before it starts anything: :func:`hide_pandas`, and no transparent huge pages for it and every process it starts
-    (Linux ``PR_SET_THP_DISABLE``, inherited by its workers). With THP at ``always``, each run's page faults went
-    through huge-page allocation and compaction: 1.1-1.7 s of kernel time on a 5M-event Parquet run against 0.5 s
-    without, 2.9 s of wall time against 2.3 s (the reason databases such as Redis and MongoDB advise THP off)."""
+    before it imports numpy or starts anything:
+
+    * :func:`hide_pandas`;
+    * one OpenBLAS thread (``OPENBLAS_NUM_THREADS=1`` unless the user set it; inherited by the workers): numpy's
+      OpenBLAS starts a thread per core that spins after it starts, though drainpipe calls no BLAS routine, and its
+      parallelism is its worker processes. Those threads took 0.11 s of CPU in a 1.3 s CSV run on two cores;
+    * no transparent huge pages for it and every process it starts (Linux ``PR_SET_THP_DISABLE``, inherited by its
+      workers). With THP at ``always``, each run's page faults went through huge-page allocation and compaction:
+      1.1-1.7 s of kernel time on a 5M-event Parquet run against 0.5 s without, 2.9 s of wall time against 2.3 s
+      (the reason databases such as Redis and MongoDB advise THP off)."""
     hide_pandas()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         import ctypes
 
