@@ -134,7 +134,8 @@ for _ in range(6000):  # the cell pass: records of random cells and bytes, width
         data[rng.randrange(len(data))] = rng.choice(b'",\r\n1a')
         data = bytes(data)
     n = rng.randrange(1, 6)
-    assert sanitized.columns(data, fields, n) == normal_columns(data, fields, n), (data, fields, n)
+    begin = rng.randrange(0, len(data) + 1) if rng.random() < 0.3 else 0
+    assert sanitized.columns(data, fields, n, begin) == normal_columns(data, fields, n, begin), (data, fields, n, begin)
     count += 1
 print("checked", count)
 """

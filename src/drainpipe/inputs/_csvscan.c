@@ -26,16 +26,19 @@
  *   after the last end is not well-formed (with `final`, the data ends the file, so a record left in quotes or in
  *   a carriage return is not). Scanning stops there: every record before the last end is well-formed.
  *
- * columns(data, fields, records) -> columns | None
- *   The cells of a block of well-formed records typed into the event fields' columns (_columns.h), in one pass:
- *   what the columnar path did with pyarrow's CSV reader and a dozen compute kernels (half of a CSV worker's time).
- *   `fields` gives, per CSV column, the event field it feeds (F_* of _columns.h; at most one column a field) or 255
- *   (a column no field reads, or a later duplicate: the first column of a name wins). Cells are typed as the reference types them
- *   (csv_format._csv_typer): an empty cell is null; ts an integer (JSON syntax, at most 18 digits); latency_ms a
- *   JSON number, converted as float() converts its text ("-0" is -0.0); status true/1/false/0; strings as they are
- *   (quoted ones unquoted, "" as "). It declines (None) whatever the reference decides otherwise or rejects: a cell
- *   of another form (an ISO ts, "TRUE"), a record with another number of cells (blank lines included), a quote out
- *   of place, or not exactly `records` records. The caller has checked the block is UTF-8.
+ * columns(data, fields, records, begin) -> (end, rows, lines, columns) | None
+ *   The cells of up to `records` well-formed records from offset `begin` typed into the event fields' columns
+ *   (_columns.h), in one pass: what the columnar path did with pyarrow's CSV reader and a dozen compute kernels (half
+ *   of a CSV worker's time). It finds the records' ends on the way, so a worker reading a planned range (whose
+ *   records the planner checked) needs no record scan of its own. end: the offset after the last record read (after
+ *   its newline); rows: the records read (fewer than `records` only at the data's end); lines: the newlines read
+ *   (quoted ones included). `fields` gives, per CSV column, the event field it feeds (F_* of _columns.h; at most one
+ *   column a field) or 255 (a column no field reads, or a later duplicate: the first column of a name wins). Cells
+ *   are typed as the reference types them (csv_format._csv_typer): an empty cell is null; ts an integer (JSON
+ *   syntax, at most 18 digits); latency_ms a JSON number, converted as float() converts its text ("-0" is -0.0);
+ *   status true/1/false/0; strings as they are (quoted ones unquoted, "" as "). It declines (None) whatever the
+ *   reference decides otherwise or rejects: a cell of another form (an ISO ts, "TRUE"), a record with another number
+ *   of cells (blank lines included), a quote out of place. The caller has checked the data is UTF-8.
  */
 #include "_columns.h"
 
@@ -185,6 +188,7 @@ typedef struct {
     const unsigned char *s;
     size_t n;
     int escaped;
+    Py_ssize_t newlines; /* inside its quotes */
 } Cell;
 
 /* The cell starting at *pp, *pp moved to its delimiter (a comma, a newline, a carriage return, the end); 0, or 1
@@ -194,6 +198,7 @@ cell_at(const unsigned char **pp, const unsigned char *end, Cell *cell)
 {
     const unsigned char *p = *pp;
     cell->escaped = 0;
+    cell->newlines = 0;
     if (p < end && *p == '"') {
         const unsigned char *s = ++p;
         for (;;) {
@@ -206,6 +211,8 @@ cell_at(const unsigned char **pp, const unsigned char *end, Cell *cell)
                 continue;
             }
             cell->s = s, cell->n = (size_t)(q - s);
+            for (const unsigned char *nl = s; (nl = memchr(nl, '\n', (size_t)(q - nl))) != NULL; nl++)
+                cell->newlines++;
             p = q + 1;
             break;
         }
@@ -278,12 +285,12 @@ set_cell(Columns *c, int f, Py_ssize_t row, const Cell *cell, const unsigned cha
 static PyObject *
 columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "columns(data, fields, records)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "columns(data, fields, records, begin)");
         return NULL;
     }
-    Py_ssize_t records = PyLong_AsSsize_t(args[2]);
-    if (records == -1 && PyErr_Occurred())
+    Py_ssize_t records = PyLong_AsSsize_t(args[2]), begin = PyLong_AsSsize_t(args[3]);
+    if ((records == -1 || begin == -1) && PyErr_Occurred())
         return NULL;
     Py_buffer buf, map;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
@@ -297,9 +304,9 @@ columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     memset(&c, 0, sizeof c);
     StrCol scratch = {0}; /* an escaped cell, unescaped */
     const unsigned char *fields = map.buf;
-    Py_ssize_t width = map.len, row = 0;
-    if (records <= 0 || width <= 0 || buf.len >= INT32_MAX) /* int32 string offsets */
-        goto decline;
+    Py_ssize_t width = map.len, row = 0, lines = 0;
+    if (records <= 0 || width <= 0 || begin < 0 || begin >= buf.len || buf.len - begin >= INT32_MAX)
+        goto decline; /* (int32 string offsets) */
     unsigned mapped = 0; /* a field fed by two columns is declined: each field holds one value a row */
     for (Py_ssize_t i = 0; i < width; i++)
         if (fields[i] != 255) {
@@ -309,16 +316,15 @@ columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     if (columns_alloc(&c, records) < 0)
         goto done;
-    const unsigned char *p = buf.buf, *end = p + buf.len;
-    while (p < end) {
-        if (row == records)
-            goto decline;
+    const unsigned char *p = (const unsigned char *)buf.buf + begin, *end = (const unsigned char *)buf.buf + buf.len;
+    while (p < end && row < records) {
         c.ts[row] = 0;
         c.latency[row] = 0.0;
         for (Py_ssize_t col = 0;; col++) {
             Cell cell;
             if (col == width || cell_at(&p, end, &cell))
                 goto decline;
+            lines += cell.newlines;
             if (fields[col] != 255) {
                 int r = set_cell(&c, fields[col], row, &cell, end, &scratch);
                 if (r < 0)
@@ -333,15 +339,16 @@ columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (col + 1 != width)
                 goto decline;
             p += p < end && *p == '\r'; /* (cell_at saw the newline after it) */
-            p += p < end;               /* the newline */
+            lines += p < end;
+            p += p < end; /* the newline */
             break;
         }
         columns_row_done(&c, row);
         row++;
     }
-    if (row != records)
-        goto decline;
-    result = columns_result(&c, row);
+    PyObject *columns = columns_result(&c, row);
+    if (columns != NULL)
+        result = Py_BuildValue("(nnnN)", (Py_ssize_t)(p - (const unsigned char *)buf.buf), row, lines, columns);
     goto done;
 decline:
     result = Py_NewRef(Py_None);
@@ -358,8 +365,8 @@ static PyMethodDef methods[] = {
      "scan(data, begin, records, final) -> (ends, lines, malformed): the ends of up to `records` CSV records from "
      "`begin`, the newlines before the last, and whether one is not well-formed (see _csvscan.c)."},
     {"columns", (PyCFunction)(void (*)(void))columns, METH_FASTCALL,
-     "columns(data, fields, records) -> columns | None: a block of well-formed records' cells typed into the event "
-     "fields' Arrow column buffers, or None to decline (see _csvscan.c)."},
+     "columns(data, fields, records, begin) -> (end, rows, lines, columns) | None: up to `records` well-formed "
+     "records from `begin` typed into the event fields' Arrow column buffers, or None to decline (see _csvscan.c)."},
     {NULL, NULL, 0, NULL},
 };
 
