@@ -198,6 +198,32 @@ def _read_as_workers(path: str, batch_rows: int) -> tuple[list[dict], list[tuple
     return out, [(line, reason) for line, _, reason in rejects.rows]
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_csv_texts(), st.sampled_from([1, 2, 5]), st.sampled_from([1, 7, 64]))
+def test_the_planner_cuts_the_same_parts_whatever_its_buffer_holds(tmp_path_factory, data: bytes, batch_rows: int,
+                                                                   buffer: int):  # fmt: skip
+    """The planner reads through one reused buffer, moving the unread rest to its start and growing it when a block
+    does not fit: with a buffer of a few bytes (every record straddles reads) it cuts the parts it cuts with 8 MB."""
+    from drainpipe.inputs import plan_parts
+    from drainpipe.inputs.parts import prefix_hasher
+
+    path = str(write_bytes(tmp_path_factory.mktemp("plan"), "in.csv", data))
+
+    def plan() -> list:
+        try:
+            return list(plan_parts(path, batch_rows, workers=2, hasher=prefix_hasher(path, 0)))
+        except InputError as e:
+            return [str(e)]
+
+    whole = plan()
+    saved = csv_format._PLAN_BYTES
+    csv_format._PLAN_BYTES = buffer
+    try:
+        assert plan() == whole
+    finally:
+        csv_format._PLAN_BYTES = saved
+
+
 @settings(max_examples=300, deadline=None)
 @given(_csv_texts(), st.integers(1, 6), st.booleans())
 def test_the_c_record_scan_equals_numpys(data: bytes, records: int, final: bool):
