@@ -1,6 +1,6 @@
 """Typed stub of the C extension ``drainpipe.inputs._csvscan`` (source and its rules: ``_csvscan.c``)."""
 
-def scan(data: bytes, begin: int, records: int, final: bool, /) -> tuple[bytes, int, bool]:
+def scan(data: bytes | memoryview, begin: int, records: int, final: bool, /) -> tuple[bytes, int, bool]:
     """The ends of up to ``records`` CSV records of ``data`` from ``begin`` (int64 offsets after each record's
     newline), the newlines from ``begin`` to the last end, and whether the record after the last end is not
     well-formed (``final``: the data ends the file). Scanning stops at the first record that is not well-formed."""

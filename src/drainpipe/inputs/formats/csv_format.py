@@ -317,7 +317,7 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
 _PLAN_BYTES = 8 << 20
 
 
-def _planned_blocks(f: BinaryIO, records: int) -> Iterator[tuple[memoryview, int, int, bool]]:
+def _planned_blocks(f: io.BufferedReader, records: int) -> Iterator[tuple[memoryview, int, int, bool]]:
     """What :func:`_record_blocks` gives for a growable file, ``(bytes, records, lines, well formed)`` per block,
     for the planner: read through one reused buffer (``bytes`` is a view of it, valid until the next block), so no
     byte is copied but by the read itself (the blocks' and buffers' copies were a tenth of the parent's CPU)."""
@@ -497,7 +497,7 @@ def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None 
         return
 
 
-def _scan(data: bytes, begin: int, records: int, final: bool) -> tuple[np.ndarray, int, bool]:
+def _scan(data: bytes | memoryview, begin: int, records: int, final: bool) -> tuple[np.ndarray, int, bool]:
     """The ends (offsets after them) of up to ``records`` records of ``data`` from ``begin``, the newlines before
     the last end, and whether a record is not well-formed (``final``: ``data`` ends the file, its last record
     included). The C scanner gives the ends of the well-formed records before a malformed one; this fallback, none."""
