@@ -348,6 +348,44 @@ def test_the_newline_finder_equals_a_byte_by_byte_count(data, start, stop, n, sp
         base._nth_newline = old
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"", b"x", b"{}", b"a" * 40, b"b" * 70]), max_size=30),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 6),
+    st.one_of(st.none(), st.integers(1, 120)),
+    st.one_of(st.none(), st.integers(0, 400)),
+    st.sampled_from([1, 7, 64, 8 << 20]),
+)
+def test_line_blocks_cut_as_a_line_by_line_reference(lines, final_newline, growable, count, max_bytes, limit, read):
+    """base.line_blocks (the readers of line formats: blocks of ``count`` lines, ended early by the line that brings
+    a block to ``max_bytes``, a last line without a newline its own line unless the file is growable), read in
+    chunks down to one byte, against a model that takes the lines one by one; with the C newline finder and with
+    numpy's (Spark executors)."""
+    import io
+
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    seen = data if limit is None else data[:limit]
+    whole = seen.split(b"\n")
+    model_lines = [line + b"\n" for line in whole[:-1]] + ([whole[-1]] if whole[-1] and not growable else [])
+    want, block = [], []
+    for line in model_lines:
+        block.append(line)
+        if len(block) == count or (max_bytes is not None and sum(map(len, block)) >= max_bytes):
+            want.append((b"".join(block), len(block)))
+            block = []
+    if block:
+        want.append((b"".join(block), len(block)))
+    for c_pass in (base._nth_newline, None):
+        saved = base._nth_newline, base.READ_BYTES
+        base._nth_newline, base.READ_BYTES = c_pass, read
+        try:
+            assert list(base.line_blocks(io.BytesIO(data), growable, count, max_bytes, limit)) == want
+        finally:
+            base._nth_newline, base.READ_BYTES = saved
+
+
 def test_the_newline_finder_at_every_offset_around_the_64_byte_steps():
     for start in (0, 1, 63):
         for p in range(start, 200):
