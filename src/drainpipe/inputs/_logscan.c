@@ -409,6 +409,24 @@ strings_result(strings_t *c, Py_ssize_t count, PyObject **values)
     return offsets;
 }
 
+/* Whether every byte of [p, end) is ASCII, 32 bytes at a time (a byte at a time, this check took over a third of the
+ * scan). */
+static int
+is_ascii(const unsigned char *p, const unsigned char *end)
+{
+    uint64_t high = 0, w[4];
+    for (; end - p >= 32; p += 32) {
+        memcpy(w, p, 32);
+        high |= w[0] | w[1] | w[2] | w[3];
+        if (high & 0x8080808080808080ull)
+            return 0;
+    }
+    for (; p < end; p++)
+        if (*p & 0x80)
+            return 0;
+    return !(high & 0x8080808080808080ull);
+}
+
 static PyObject *
 scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -460,12 +478,10 @@ scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const unsigned char *data = buf.buf, *end = data + buf.len;
-    for (const unsigned char *q = data; q < end; q++) {
-        if (*q & 0x80) { /* not ASCII: pyarrow checks UTF-8 and reads it */
-            PyBuffer_Release(&buf);
-            PyMem_Free(prog);
-            Py_RETURN_NONE;
-        }
+    if (!is_ascii(data, end)) { /* pyarrow checks UTF-8 and reads it */
+        PyBuffer_Release(&buf);
+        PyMem_Free(prog);
+        Py_RETURN_NONE;
     }
     PyObject *out[9] = {NULL};
     Py_ssize_t sizes[5] = {1, 1, 8, 8, 1};
