@@ -406,3 +406,17 @@ def test_a_growing_log_is_applied_exactly_once(tmp_path: Path, monkeypatch: pyte
     finally:
         store.close()
     assert sum(value for *_, value in minutes) == pytest.approx(3000)
+
+
+def test_the_c_scanner_declines_a_block_with_a_byte_beyond_ascii_wherever_it_is():
+    """The scanner reads only ASCII blocks (pyarrow checks UTF-8 and reads the others); its check takes 32 bytes at a
+    time, so a high byte is put at every offset: within the 32-byte steps, and in the tail after the last one."""
+    scan = pytest.importorskip("drainpipe.inputs._logscan").scan
+    fmt = log_format_of("")
+    line = b'10.0.0.1 - - [10/Oct/2026:13:55:36 +0000] "GET /users/1 HTTP/1.1" 200 5 "-" "ua" 0.012\n'
+    block = line * 3
+    assert scan(block, 3, fmt.program, fmt.quoted, True) is not None
+    for at in range(len(block)):
+        bad = bytearray(block)
+        bad[at] = 0xFF
+        assert scan(bytes(bad), 3, fmt.program, fmt.quoted, True) is None, at

@@ -414,17 +414,16 @@ strings_result(strings_t *c, Py_ssize_t count, PyObject **values)
 static int
 is_ascii(const unsigned char *p, const unsigned char *end)
 {
-    uint64_t high = 0, w[4];
+    uint64_t w[4];
     for (; end - p >= 32; p += 32) {
         memcpy(w, p, 32);
-        high |= w[0] | w[1] | w[2] | w[3];
-        if (high & 0x8080808080808080ull)
+        if ((w[0] | w[1] | w[2] | w[3]) & 0x8080808080808080ull)
             return 0;
     }
     for (; p < end; p++)
         if (*p & 0x80)
             return 0;
-    return !(high & 0x8080808080808080ull);
+    return 1;
 }
 
 static PyObject *
