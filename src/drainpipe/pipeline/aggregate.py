@@ -322,7 +322,8 @@ def _state_table(
     return pa.table(columns)
 
 
-#: per function, the C kernel's code for it and the names of the arrays it returns after ``n``
+#: per function the C kernel computes (the others take the numpy path), its code and the names of the arrays it
+#: returns after ``n``
 _KERNEL_FUNCTIONS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
     {
         "count": ("COUNT", ()),
@@ -359,7 +360,7 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
             table = _kernel_histogram(view, metric, groups)
             if table is not None:
                 return table
-        else:
+        elif metric.function in _KERNEL_FUNCTIONS:
             n, states = _kernel_states(view, metric, groups)
             return _present_states(groups, n, states, layout)
     g = view.selected(metric, "gid")
