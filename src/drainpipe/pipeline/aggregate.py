@@ -95,6 +95,8 @@ class _BatchView:
             if pa.types.is_dictionary(column.type) and not column.null_count:
                 # the reader's codes, as they are: only the dictionary (small; its values may repeat) is encoded
                 values = pc.dictionary_encode(column.dictionary)
+                if len(values.dictionary) == len(column.dictionary):  # no value repeats: the codes are the ids
+                    return column.indices.to_numpy(), column.dictionary
                 return values.indices.to_numpy()[column.indices.to_numpy()], values.dictionary
             column = self.arrow(name)
             if column.null_count:
@@ -355,6 +357,10 @@ def _kernel_states(view: _BatchView, metric: MetricDef, groups: _Groups) -> tupl
 def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
     groups = view.groups(metric.scope, GRANULARITY_MS["minute"])
     layout = STATE_COLUMNS[metric.function]
+    if groups.size == 0:  # no row counts for the scope (say, no event names an instance): no pass over the rows
+        empty = np.zeros(0, np.int64)
+        extra = {"b": empty} if metric.function == "percentile" else {}
+        return _state_table(groups.entity, empty, {c.name: empty for c in layout}, layout, **extra)
     if _kernel is not None:
         if metric.function == "percentile":
             table = _kernel_histogram(view, metric, groups)
