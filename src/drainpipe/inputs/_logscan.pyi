@@ -1,7 +1,7 @@
 """Typed stub of the C extension ``drainpipe.inputs._logscan`` (source and its rules: ``_logscan.c``)."""
 
 def scan(
-    data: bytes, count: int, program: tuple[tuple[str, str], ...], quoted: tuple[bool, ...], ids: bool, /
+    data: bytes | memoryview, count: int, program: tuple[tuple[str, str], ...], quoted: tuple[bool, ...], ids: bool, /
 ) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes | None, bytes | None] | None:
     """``count`` whole lines of ``data`` read by a log format's program: ``(good, blank, ts, latency, status,
     endpoint offsets, endpoint values, instance offsets, instance values)``: numpy buffers (uint8, uint8, int64,

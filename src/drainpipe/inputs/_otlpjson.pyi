@@ -2,7 +2,7 @@
 
 from typing import Any
 
-def scan(data: bytes, count: int, /) -> tuple[Any, ...] | None:
+def scan(data: bytes | memoryview, count: int, /) -> tuple[Any, ...] | None:
     """The spans of a block of ``count`` OTLP JSON lines as column buffers: ``(declined line indexes, spans,
     resources, line, resource, kind, start, end, status code, trace id offsets, data, span id offsets, data, name
     offsets, data, span attributes, resource attributes)``, each attribute pool ``(owners, owner offsets, key offsets,

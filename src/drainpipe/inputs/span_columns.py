@@ -145,7 +145,7 @@ class JsonSpans:
     declined: list[int]
 
 
-def json_span_columns(data: bytes, count: int) -> JsonSpans | None:
+def json_span_columns(data: bytes | memoryview, count: int) -> JsonSpans | None:
     """A block of ``count`` OTLP JSON lines (one export each, blank lines allowed) -> its spans as columns, in one
     C pass; None where the pass is not built (then every line goes to the reference decoder)."""
     if _scan_json is None:

@@ -204,12 +204,13 @@ def decode_line(line: bytes, fmt: LogFormat, compiled: re.Pattern[str], options:
         return r.reason
 
 
-def _per_line(data: bytes, first_line: int, options: InputOptions) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:
+def _per_line(data: bytes | memoryview, first_line: int,
+              options: InputOptions) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:  # fmt: skip
     fmt = options.log_format
     compiled = re.compile(fmt.pattern)  # re keeps it compiled between blocks
     rows: list[tuple] = []
     bad: list[tuple[int, bytes, str]] = []
-    for i, line in enumerate(split_lines(data), first_line + 1):
+    for i, line in enumerate(split_lines(bytes(data)), first_line + 1):
         out = decode_line(line, fmt, compiled, options)
         if isinstance(out, tuple):
             rows.append(out)
@@ -241,7 +242,7 @@ _COLUMNS = True
 
 
 def decode_access_block(
-    data: bytes, count: int, first_line: int, options: InputOptions
+    data: bytes | memoryview, count: int, first_line: int, options: InputOptions
 ) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:
     """A block of ``count`` whole lines (the first is line ``first_line + 1``) -> the canonical batch of their
     requests and ``(line, raw, reason)`` per rejected line. Blank lines are skipped."""
@@ -256,7 +257,7 @@ def decode_access_block(
     return out if out is not None else _per_line(data, first_line, options)
 
 
-def _scanned(data: bytes, count: int, options: InputOptions) -> _Columns | None:
+def _scanned(data: bytes | memoryview, count: int, options: InputOptions) -> _Columns | None:
     """The C scanner's columns, or None where it is not built or declines (non-ASCII bytes, a format it has no
     program for). Without user rules it writes the id segments as ``{id}`` itself."""
     fmt = options.log_format
@@ -276,7 +277,7 @@ def _scanned(data: bytes, count: int, options: InputOptions) -> _Columns | None:
     return _Columns(good, blank, ts, endpoint, latency, status, instance, normalized=not options.endpoints.rules)
 
 
-def _arrow_columns(data: bytes, count: int, fmt: LogFormat) -> _Columns | None:
+def _arrow_columns(data: bytes | memoryview, count: int, fmt: LogFormat) -> _Columns | None:
     """The columns by pyarrow: the format's regular expression (RE2) over the block's lines, then vectorized casts;
     times, upstream lists and anything else parsed in Python once per distinct text. None for a block that is not
     UTF-8 (the reference rejects its lines one by one)."""
@@ -370,7 +371,7 @@ def _repeat(value: str, n: int) -> pa.Array:
 
 
 def _finish(
-    cols: _Columns, data: bytes, count: int, first_line: int, options: InputOptions
+    cols: _Columns, data: bytes | memoryview, count: int, first_line: int, options: InputOptions
 ) -> tuple[EventBatch, list[tuple[int, bytes, str]]] | None:
     """Columns -> (canonical batch, rejects). Lines the columns flag (and rows the range checks flag) get their
     reasons from the reference; should the reference accept one of them (never expected), None: the caller reads
@@ -403,7 +404,7 @@ def _finish(
     compiled = re.compile(options.log_format.pattern)
     rejects = []
     for i in np.flatnonzero(bad).tolist():
-        line = data[starts[i] : starts[i + 1] if i + 1 < len(starts) else len(data)]
+        line = bytes(data[starts[i] : starts[i + 1] if i + 1 < len(starts) else len(data)])
         out = decode_line(line, options.log_format, compiled, options)
         if not isinstance(out, str):
             return None

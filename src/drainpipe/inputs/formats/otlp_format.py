@@ -34,7 +34,7 @@ class OtlpJson(LineFormat):
     def decoder(self, options: InputOptions) -> LineDecoder:
         columns = _COLUMNS
 
-        def decode(data: bytes, count: int, first: int) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+        def decode(data: bytes | memoryview, count: int, first: int) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
             return decode_block(data, count, first, options, columns)
 
         return decode
@@ -45,7 +45,7 @@ _COLUMNS = True
 
 
 def decode_block(
-    data: bytes, count: int, first_line: int, options: InputOptions, columns: bool = True
+    data: bytes | memoryview, count: int, first_line: int, options: InputOptions, columns: bool = True
 ) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """A block of ``count`` OTLP JSON lines, the first of them line ``first_line + 1`` -> its events and
     ``(line, raw, reason)`` rejects: those of :func:`~drainpipe.inputs.otlp.decode_otlp_lines` (the reference), in
@@ -53,10 +53,10 @@ def decode_block(
     pass is not built) and mapped at once; the lines the pass declines, and every line when ``columns`` is false, go
     to the reference."""
     if not columns:
-        return _reference(split_lines(data), first_line, options)
+        return _reference(split_lines(bytes(data)), first_line, options)
     scanned = json_span_columns(data, count)
     if scanned is None:  # no C pass (Spark executors): the same columns by json and pyarrow
-        scanned = python_json_spans(data, count)
+        scanned = python_json_spans(bytes(data), count)
     result = map_columns(scanned.columns, options.spans, options.endpoints)
     batches = [result.batch] if result.batch.num_rows else []
     line = scanned.line
@@ -68,7 +68,7 @@ def decode_block(
         bad = [(first_line + 1 + int(k), {"span": int(j)}, why)
                for k, j, (_, why) in zip(lines, in_line, result.rejects)]  # fmt: skip
     if scanned.declined:
-        raw = split_lines(data)
+        raw = split_lines(bytes(data))
         for k in scanned.declined:
             batch, rejects = _reference(raw[k : k + 1], first_line + k, options)
             if batch.num_rows:
