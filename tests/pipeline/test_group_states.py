@@ -81,13 +81,13 @@ def _batch(events: list[tuple[Any, ...]], encoded: bool, weighted: bool) -> Even
     return EventBatch.of(pa.RecordBatch.from_arrays(arrays, names=names))
 
 
-def _tables(batch: EventBatch, kernel: Any) -> list[pa.Table]:
-    saved = aggregate._kernel
-    aggregate._kernel = kernel
+def _tables(batch: EventBatch, kernel: bool) -> list[pa.Table]:
+    saved = aggregate._KERNEL
+    aggregate._KERNEL = kernel
     try:
         return [p.table for p in aggregate_batch(batch, DEFINITIONS)]
     finally:
-        aggregate._kernel = saved
+        aggregate._KERNEL = saved
 
 
 @settings(max_examples=150, deadline=None)
@@ -95,8 +95,8 @@ def _tables(batch: EventBatch, kernel: Any) -> list[pa.Table]:
 def test_the_kernel_gives_the_numpy_paths_states_bit_for_bit(events: list[tuple[Any, ...]], encoded: bool,
                                                              weighted: bool) -> None:  # fmt: skip
     batch = _batch(events, encoded, weighted)
-    expected = _tables(batch, None)
-    got = _tables(batch, _groupstates)
+    expected = _tables(batch, False)
+    got = _tables(batch, True)
     for definition, want, have in zip(DEFINITIONS.all, expected, got):
         assert have.schema == want.schema, definition.name
         for name in want.schema.names:  # bit for bit: -0.0 is not 0.0 here
@@ -148,7 +148,7 @@ def test_ties_of_signed_zeros_keep_the_row_numpy_keeps(latencies: list[float]) -
     the first would store another bit pattern for the same minimum."""
     events = [(T0, "a", "i1", "/x", latency, True, None, None) for latency in latencies]
     batch = _batch(events, False, False)
-    expected, got = _tables(batch, None), _tables(batch, _groupstates)
+    expected, got = _tables(batch, False), _tables(batch, True)
     for definition, want, have in zip(DEFINITIONS.all, expected, got):
         if definition.name in ("instance_min", "endpoint_max_ok"):
             bits = [np.float64(v).tobytes() for v in want.column("v").to_pylist()]

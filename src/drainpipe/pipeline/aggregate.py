@@ -25,9 +25,14 @@ from .grouping import compact_codes, first_rows, group_ids, reduce_groups
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
 
 try:  # group ids and states a pass over the rows each; the numpy path below gives the same bits, slower
-    from . import _groupstates as _kernel
+    from ._groupstates import APDEX, COUNT, MAX, MIN, SLA, SUM
+    from ._groupstates import groups as kernel_groups
+    from ._groupstates import histogram as kernel_histogram
+    from ._groupstates import states as kernel_states
+
+    _KERNEL = True
 except ImportError:  # the pure-Python code shipped to Spark executors
-    _kernel = None  # type: ignore[assignment]
+    _KERNEL = False
 
 __all__ = ["aggregate_batch"]
 
@@ -110,7 +115,7 @@ class _BatchView:
         return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
 
     def _groups(self, scope: str, width_ms: int) -> _Groups:
-        if _kernel is not None:
+        if _KERNEL:
             return self._kernel_groups(scope, width_ms)
         services, service_names = self.encoded("service")
         slots = self.numpy("ts") // width_ms
@@ -148,7 +153,7 @@ class _BatchView:
             subs = subs.astype(np.int32, copy=False)
             names.append(sub_names)
         ts = self.numpy("ts")
-        gid_buffer, first_buffer = _kernel.groups(services.astype(np.int32, copy=False), subs, empty, ts, width_ms)
+        gid_buffer, first_buffer = kernel_groups(services.astype(np.int32, copy=False), subs, empty, ts, width_ms)
         gid, first = np.frombuffer(gid_buffer, np.int64), np.frombuffer(first_buffer, np.int64)
         codes = [services] if subs is None else [services, subs]
         parts = [n.take(pa.array(c[first])) for c, n in zip(codes, names)]
@@ -326,17 +331,19 @@ def _state_table(
 
 #: per function the C kernel computes (the others take the numpy path), its code and the names of the arrays it
 #: returns after ``n``
-_KERNEL_FUNCTIONS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
+_KERNEL_FUNCTIONS: Mapping[str, tuple[int, tuple[str, ...]]] = MappingProxyType(
     {
-        "count": ("COUNT", ()),
-        "cpm": ("COUNT", ()),
-        "sum": ("SUM", ("v",)),
-        "avg": ("SUM", ("v",)),
-        "min": ("MIN", ("v",)),
-        "max": ("MAX", ("v",)),
-        "sla": ("SLA", ("ok",)),
-        "apdex": ("APDEX", ("ok", "tol")),
+        "count": (COUNT, ()),
+        "cpm": (COUNT, ()),
+        "sum": (SUM, ("v",)),
+        "avg": (SUM, ("v",)),
+        "min": (MIN, ("v",)),
+        "max": (MAX, ("v",)),
+        "sla": (SLA, ("ok",)),
+        "apdex": (APDEX, ("ok", "tol")),
     }
+    if _KERNEL
+    else {}
 )
 
 
@@ -347,7 +354,7 @@ def _kernel_states(view: _BatchView, metric: MetricDef, groups: _Groups) -> tupl
     values = None if field is None else view.numpy(field).astype(np.float64, copy=False)
     status = view.numpy("status") if metric.function in ("sla", "apdex") else None
     threshold = float(metric.threshold_ms) if metric.threshold_ms is not None else 0.0
-    out = _kernel.states(getattr(_kernel, code), view.metric_gid(metric), groups.size, values, status, view.weights(),
+    out = kernel_states(code, view.metric_gid(metric), groups.size, values, status, view.weights(),
                          threshold)  # fmt: skip
     n = np.frombuffer(out[0], np.int64)
     return n, {"n": n, **{name: np.frombuffer(a, np.float64 if name == "v" else np.int64)
@@ -361,7 +368,7 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
         empty = np.zeros(0, np.int64)
         extra = {"b": empty} if metric.function == "percentile" else {}
         return _state_table(groups.entity, empty, {c.name: empty for c in layout}, layout, **extra)
-    if _kernel is not None:
+    if _KERNEL:
         if metric.function == "percentile":
             table = _kernel_histogram(view, metric, groups)
             if table is not None:
@@ -393,7 +400,7 @@ def _present_states(groups: _Groups, n: np.ndarray, states: StateArrays, layout:
 def _kernel_histogram(view: _BatchView, metric: MetricDef, groups: _Groups) -> pa.Table | None:
     """A percentile metric's state table by the C kernel, or None where its dense table would be too large."""
     assert metric.precision_ms is not None
-    out = _kernel.histogram(view.metric_gid(metric), groups.size, view.numpy("latency_ms"), view.weights(),
+    out = kernel_histogram(view.metric_gid(metric), groups.size, view.numpy("latency_ms"), view.weights(),
                             float(metric.precision_ms))  # fmt: skip
     if out is None:
         return None
