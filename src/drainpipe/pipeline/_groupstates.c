@@ -8,7 +8,7 @@
  * C extensions, and a property test holds both to one result).
  *
  * Arrays come in and go out as buffers of rows (C-contiguous numpy arrays; bytearrays out): codes int32, ts and
- * group ids int64, values and weights float64, status and masks one byte per row (numpy bool).
+ * group ids int64, values and weights float64, status one byte per row (numpy bool).
  *
  * groups(services, subs, excluded, ts, width_ms) -> (gid, first)
  *   Dense group ids of the rows' (service code, sub code, time slot) keys, slot = floor(ts / width_ms); subs None

@@ -115,50 +115,43 @@ class _BatchView:
         return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
 
     def _groups(self, scope: str, width_ms: int) -> _Groups:
-        if _KERNEL:
-            return self._kernel_groups(scope, width_ms)
         services, service_names = self.encoded("service")
-        slots = self.numpy("ts") // width_ms
-        columns = [services]
-        names = [service_names]
-        counted = None
+        codes, names, empty = [services], [service_names], -1
         if scope != "service":
             subs, sub_names = self.encoded(scope)
-            empty = pc.index(sub_names, "").as_py()
-            counted = subs != empty if empty >= 0 else None
-            columns.append(subs)
+            empty = pc.index(sub_names, "").as_py()  # (rows without a value count for no group of the scope)
+            codes.append(subs)
             names.append(sub_names)
-        if counted is not None:
-            columns, slots = [c[counted] for c in columns], slots[counted]
-        codes = [(c, max(len(n), 1)) for c, n in zip(columns, names)]
-        ids, size = group_ids([*codes, compact_codes(slots)])
-        first = first_rows(ids, size)
-        parts = [n.take(pa.array(c[first])) for c, n in zip(columns, names)]
-        entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
-        if counted is None:
-            gid = ids
-        else:
-            gid = np.full(self.rows, -1, dtype=np.int64)
-            gid[counted] = ids
-        return _Groups(gid, entity, slots[first] * width_ms, counted)
-
-    def _kernel_groups(self, scope: str, width_ms: int) -> _Groups:
-        """:meth:`_groups` in one pass of the C kernel: the same ids, in the same (key) order."""
-        services, service_names = self.encoded("service")
-        names = [service_names]
-        subs, empty = None, -1
-        if scope != "service":
-            subs, sub_names = self.encoded(scope)
-            empty = pc.index(sub_names, "").as_py()
-            subs = subs.astype(np.int32, copy=False)
-            names.append(sub_names)
-        ts = self.numpy("ts")
-        gid_buffer, first_buffer = kernel_groups(services.astype(np.int32, copy=False), subs, empty, ts, width_ms)
-        gid, first = np.frombuffer(gid_buffer, np.int64), np.frombuffer(first_buffer, np.int64)
-        codes = [services] if subs is None else [services, subs]
+        gid, first = (self._kernel_ids if _KERNEL else self._numpy_ids)(codes, names, empty, width_ms)
         parts = [n.take(pa.array(c[first])) for c, n in zip(codes, names)]
         entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
-        return _Groups(gid, entity, np.floor_divide(ts[first], width_ms) * width_ms, gid >= 0 if empty >= 0 else None)
+        bucket = np.floor_divide(self.numpy("ts")[first], width_ms) * width_ms
+        return _Groups(gid, entity, bucket, gid >= 0 if empty >= 0 else None)
+
+    def _kernel_ids(
+        self, codes: list[np.ndarray], names: list[pa.Array], empty: int, width_ms: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Dense ids of the rows' (codes..., time slot) keys (-1: a row whose sub code is ``empty``) in key order, and
+        a row of each group: one pass of the C kernel."""
+        subs = codes[1].astype(np.int32, copy=False) if len(codes) > 1 else None
+        gid, first = kernel_groups(codes[0].astype(np.int32, copy=False), subs, empty, self.numpy("ts"), width_ms)
+        return np.frombuffer(gid, np.int64), np.frombuffer(first, np.int64)
+
+    def _numpy_ids(
+        self, codes: list[np.ndarray], names: list[pa.Array], empty: int, width_ms: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_kernel_ids` in numpy (Spark executors): the same ids."""
+        slots = self.numpy("ts") // width_ms
+        rows = np.flatnonzero(codes[1] != empty) if len(codes) > 1 and empty >= 0 else None
+        if rows is not None:
+            codes, slots = [c[rows] for c in codes], slots[rows]
+        ids, size = group_ids([*((c, max(len(n), 1)) for c, n in zip(codes, names)), compact_codes(slots)])
+        first = first_rows(ids, size)
+        if rows is None:
+            return ids, first
+        gid = np.full(self.rows, -1, dtype=np.int64)
+        gid[rows] = ids
+        return gid, rows[first]
 
     def filter_mask(self, metric: MetricDef) -> np.ndarray | None:
         """The rows passing the metric's ``where`` filter (None: no filter)."""
