@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -106,6 +108,20 @@ def test_csv_gz(tmp_path):
     assert r.rows == [row()]
 
 
+@pytest.mark.parametrize("ending", ["", "\n"])
+def test_a_gzipped_csv_read_to_its_end_is_positioned_after_every_line(tmp_path, ending):
+    """A gzipped file does not grow: a last record without a newline is read, and counted as a line of the
+    position the read ends at."""
+    from drainpipe.inputs import ReadStats, RejectList, Sink, read_part, whole_file
+
+    path = write_bytes(
+        tmp_path, "in.csv.gz", f"{CSV_HEADER}\n{T0},svc,,,1.5,true,\n{T0},svc,,,2,true,{ending}".encode()
+    )
+    reader = read_part(whole_file(str(path), 65536), Sink("x", ReadStats(), RejectList()))
+    assert sum(b.num_rows for b in reader) == 2
+    assert reader.snapshot().lines == 3
+
+
 # ----------------------------------------------------------------------------------------------- columns
 
 
@@ -199,29 +215,45 @@ def _read_as_workers(path: str, batch_rows: int) -> tuple[list[dict], list[tuple
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(_csv_texts(), st.sampled_from([1, 2, 5]), st.sampled_from([1, 7, 64]))
-def test_the_planner_cuts_the_same_parts_whatever_its_buffer_holds(tmp_path_factory, data: bytes, batch_rows: int,
-                                                                   buffer: int):  # fmt: skip
-    """The planner reads through one reused buffer, moving the unread rest to its start and growing it when a block
-    does not fit: with a buffer of a few bytes (every record straddles reads) it cuts the parts it cuts with 8 MB."""
+@given(_csv_texts(), st.sampled_from([1, 2, 5]), st.sampled_from([1, 7, 64]), st.booleans())
+def test_the_blocks_are_the_same_whatever_the_read_buffer_holds(tmp_path_factory, data: bytes, batch_rows: int,
+                                                                 buffer: int, c_cells: bool):  # fmt: skip
+    """The record blocks are read through one reused buffer, the unread rest moved to its start and the buffer grown
+    when a block does not fit: with a buffer of a few bytes (every record straddling reads) the planner cuts the
+    parts it cuts with 8 MB, and the parts read to the same rows and rejects (without the C cell pass too, when a
+    range is read through the record blocks with its byte limit)."""
     from drainpipe.inputs import plan_parts
     from drainpipe.inputs.parts import prefix_hasher
 
-    path = str(write_bytes(tmp_path_factory.mktemp("plan"), "in.csv", data))
-
-    def plan() -> list:
-        try:
-            return list(plan_parts(path, batch_rows, workers=2, hasher=prefix_hasher(path, 0)))
-        except InputError as e:
-            return [str(e)]
-
-    whole = plan()
-    saved = csv_format._PLAN_BYTES
-    csv_format._PLAN_BYTES = buffer
-    try:
-        assert plan() == whole
+    tmp = tmp_path_factory.mktemp("plan")
+    path = str(write_bytes(tmp, "in.csv", data))
+    csv_format._COLUMNS = False
+    try:  # the reference, a record at a time
+        reference = read([Path(path)], tmp, batch_rows=batch_rows)
+    except InputError:
+        reference = None
     finally:
-        csv_format._PLAN_BYTES = saved
+        csv_format._COLUMNS = True
+
+    def plan_and_read() -> tuple:
+        try:
+            return list(plan_parts(path, batch_rows, workers=2, hasher=prefix_hasher(path, 0))), _read_as_workers(
+                path, batch_rows
+            )
+        except InputError as e:
+            return (str(e),)
+
+    saved = csv_format.READ_BYTES, csv_format._scan_columns
+    csv_format._scan_columns = saved[1] if c_cells else None
+    try:
+        whole = plan_and_read()
+        if reference is not None:
+            rows = [{k: v for k, v in r.items() if k != "trace_id" or v is not None} for r in reference.rows]
+            assert whole[1] == (rows, [(r["line"], r["reason"]) for r in reference.rejects])
+        csv_format.READ_BYTES = buffer
+        assert plan_and_read() == whole
+    finally:
+        csv_format.READ_BYTES, csv_format._scan_columns = saved
 
 
 @settings(max_examples=300, deadline=None)

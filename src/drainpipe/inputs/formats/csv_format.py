@@ -241,7 +241,8 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
         yield from _read_range(f.read(limit), lines, batch_rows, sink, header, typed, dictionaries)
         return
     growable = lines.growable and limit is None
-    for block, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit, check=limit is None):
+    for view, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit, check=limit is None):
+        block = bytes(view)
         if not well_formed and limit is None:
             f.seek(lines.offset)  # a stray quote: the reference reads the rest of the file from here
             yield from _reference_rest(CountedLines(f, lines.offset, growable), lines, batch_rows, sink, typed, width)
@@ -297,7 +298,8 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
             part.clear()
             return done
 
-        for block, records, nlines, well_formed in _planned_blocks(f, batch_rows):
+        for block, ends, nlines, well_formed in _record_blocks(f, True, batch_rows):
+            records = len(ends)
             if not well_formed:
                 if part:
                     yield cut()
@@ -311,53 +313,6 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
                 yield cut()
         if part:
             yield cut()
-
-
-#: bytes the planner reads at a time
-_PLAN_BYTES = 8 << 20
-
-
-def _planned_blocks(f: io.BufferedReader, records: int) -> Iterator[tuple[memoryview, int, int, bool]]:
-    """What :func:`_record_blocks` gives for a growable file, ``(bytes, records, lines, well formed)`` per block,
-    for the planner: read through one reused buffer (``bytes`` is a view of it, valid until the next block), so no
-    byte is copied but by the read itself (the blocks' and buffers' copies were a tenth of the parent's CPU)."""
-    buf = bytearray(_PLAN_BYTES)
-    view = memoryview(buf)
-    filled = begin = 0
-    eof = False
-    while True:
-        ends, lines, malformed = _scan(view[:filled], begin, records, False)
-        if malformed:
-            if len(ends):
-                yield view[begin : int(ends[-1])], len(ends), lines, True
-                begin = int(ends[-1])
-            yield view[begin:filled], 0, 0, False
-            return
-        if len(ends) == records:
-            cut = int(ends[-1])
-            yield view[begin:cut], records, lines, True
-            begin = cut
-            continue
-        if not eof:  # the rest to the buffer's start, then read after it (into a larger buffer if it is full)
-            rest = filled - begin
-            if rest == len(buf):  # (a new buffer: the old one may still be viewed by the caller)
-                buf = bytearray(2 * len(buf))
-                buf[:rest] = view[begin:filled]
-                view = memoryview(buf)
-            elif begin:
-                view[:rest] = view[begin:filled]  # (a memoryview copy is a memmove: the two may overlap)
-            filled, begin = rest, 0
-            got = f.readinto(view[filled:])
-            filled += got
-            eof = not got
-            continue
-        done = int(ends[-1]) if len(ends) else begin
-        if done > begin:
-            yield view[begin:done], len(ends), lines, True
-        cut = buf.rfind(b"\n", done, filled) + 1  # a line without a newline may still be being written
-        if cut > done:  # complete lines, but a record its end leaves open: the reference rejects it
-            yield view[done:cut], 0, 0, False
-        return
 
 
 def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callable[[list[str]], tuple],
@@ -389,6 +344,8 @@ def _read_range(data: bytes, lines: CountedLines, batch_rows: int, sink: Sink, h
             end, rows, nlines, columns = scanned
             source = functools.partial(_block_records, data, begin, end, rows)
             batch = _validated(raw_batch(rows, columns), source, None, lines.count, sink, typed, width, dictionaries)
+            if batch is None:  # (never expected, as in _read_csv) the reference reads the block
+                batch = _reference_block(data[begin:end], lines.count, sink, typed, width)
         else:
             ends, nlines, _ = _scan(data, begin, batch_rows, True)
             end = int(ends[-1]) if len(ends) == batch_rows else len(data)
@@ -451,50 +408,66 @@ _COLUMNS = True
 
 
 def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None = None,
-                   check: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, bool]]:  # fmt: skip
+                   check: bool = True) -> Iterator[tuple[memoryview, np.ndarray, int, bool]]:  # fmt: skip
     """``(bytes, record ends, lines, well formed)`` of consecutive blocks of ``records`` records of ``f`` from where
     it stands, cut after the newlines outside quotes (``record ends``: the offsets after them in the block). A block
     that is not ``well formed`` holds a record that is not, and ends the blocks: from its start only the reference
     knows where records end. At the end of a growable file, a last line without a newline is left unread (the
     reference rejects a record its end of file leaves in quotes). ``limit``: read no more bytes; ``check=False``:
-    the records are known to be well-formed (a range its planner checked)."""
-    data, begin, eof, left = b"", 0, False, limit
+    the records are known to be well-formed (a range its planner checked).
+
+    The file is read through one reused buffer, and ``bytes`` is a view of it, valid until the next block: the
+    planner only hashes and counts a block, and copies of the blocks and of a growing buffer were a tenth of its CPU.
+    (Every file given here, plain or gzip, is a buffered reader, which has ``readinto``.)"""
+    buf = bytearray(READ_BYTES)  # (grown when a block needs more)
+    view = memoryview(buf)
+    filled = begin = 0
+    eof, left = False, limit
     while True:
-        ends, lines, malformed = _scan(data, begin, records, eof and not growable)
+        ends, lines, malformed = _scan(view[:filled], begin, records, eof and not growable)
         if malformed and check:
             if len(ends):
-                yield data[begin : int(ends[-1])], ends - begin, lines, True
+                yield view[begin : int(ends[-1])], ends - begin, lines, True
                 begin = int(ends[-1])
-            yield data[begin:], np.empty(0, np.int64), 0, False
+            yield view[begin:filled], np.empty(0, np.int64), 0, False
             return
         if len(ends) == records:
             cut = int(ends[-1])
-            yield data[begin:cut], ends - begin, lines, True
+            yield view[begin:cut], ends - begin, lines, True
             begin = cut
             continue
-        if not eof:  # at least twice what the last block took: a block is rarely scanned twice
-            want = max(READ_BYTES, 2 * (len(data) - begin))
-            chunk = f.read(want if left is None else min(want, left))
+        if not eof:  # the rest to the buffer's start, then read after it (into a larger buffer if it is full)
+            rest = filled - begin
+            if rest == len(buf):  # (a new buffer: the old one may still be viewed by the caller)
+                buf = bytearray(2 * len(buf))
+                buf[:rest] = view[begin:filled]
+                view = memoryview(buf)
+            elif begin:
+                view[:rest] = view[begin:filled]  # (a memoryview copy is a memmove: the two may overlap)
+            filled, begin = rest, 0
+            room = view[filled:] if left is None else view[filled : filled + left]
+            got = f.readinto(room) if len(room) else 0  # type: ignore[attr-defined]
             if left is not None:
-                left -= len(chunk)
-            if chunk:
-                data, begin = data[begin:] + chunk, 0
-            else:
-                eof = True
+                left -= got
+            filled += got
+            eof = not got
             continue
-        if begin >= len(data):
+        if begin >= filled:
             return
         if not growable:  # the rest is the last records (the last one maybe without a newline)
-            block = data[begin:]
-            yield block, ends - begin, lines + (not block.endswith(b"\n")), True
+            block = view[begin:filled]
+            yield block, ends - begin, lines + (block[-1] != _NEWLINE), True
             return
-        cut = data.rfind(b"\n", begin) + 1  # a line without a newline may still be being written
+        cut = buf.rfind(b"\n", begin, filled) + 1  # a line without a newline may still be being written
         done = int(ends[-1]) if len(ends) else begin
         if done > begin:
-            yield data[begin:done], ends - begin, lines, True
+            yield view[begin:done], ends - begin, lines, True
         if cut > done:  # complete lines, but a record its end leaves open: the reference rejects it
-            yield data[done:cut], np.empty(0, np.int64), 0, not check
+            yield view[done:cut], np.empty(0, np.int64), 0, not check
         return
+
+
+_NEWLINE = ord("\n")
 
 
 def _scan(data: bytes | memoryview, begin: int, records: int, final: bool) -> tuple[np.ndarray, int, bool]:
