@@ -121,10 +121,8 @@ class Format:
         return f"<format {self.name}>"
 
 
-#: decodes a block of whole lines (``data``: the block's bytes, ``count`` lines, the first is line ``first_line + 1``)
-#: -> (EventBatch, (line, raw, reason) rejects)
-#: a line format's decoder: a block of lines (a view of a range part's bytes, which it must not keep; else bytes),
-#: their count and the line number before the first -> its events and ``(line, raw bytes, reason)`` rejects
+#: a line format's decoder: a block of whole lines (a view of a range part's bytes, which it must not keep; else
+#: bytes), their count, and the line number before the first -> its events and ``(line, raw bytes, reason)`` rejects
 LineDecoder = Callable[[bytes | memoryview, int, int], tuple[EventBatch, list[tuple[int, Any, str]]]]
 
 #: a block of an OTLP JSON file ends after ``batch_rows`` lines or once it holds this many bytes: an OTLP line is a
