@@ -209,7 +209,7 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
     """The ``drainpipe run`` process (the console script: no argv) hides pandas, which pyarrow would import (0.16 s,
     35 MB) just to ask whether a value is a pandas object, turns transparent huge pages off, and at its end freezes
     its objects out of the collections the interpreter runs at exit; the same results. ``main(argv)`` from a program
-    leaves the program's imports and collector alone."""
+    leaves the program's imports and collector alone. It also asks for one OpenBLAS thread before numpy is imported."""
     import gc
     import importlib.util
     import subprocess
@@ -219,18 +219,24 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
                for i in range(500)]  # fmt: skip
     path = write_jsonl(tmp_path / "e.jsonl", records)
     program = (
-        "import gc, sys\nfrom drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\n"
-        "print('frozen:', gc.get_freeze_count() > 0)\n"
+        "import gc, os, sys\nimport drainpipe.processes as p\ntuned = []\nreal = p.tune_own_process\n"
+        "p.tune_own_process = lambda: (tuned.append('numpy' in sys.modules), real())\n"
+        "from drainpipe.cli import main\nrc = main()\nprint('pandas loaded:', 'pandas' in sys.modules)\n"
+        "print('frozen:', gc.get_freeze_count() > 0)\nprint('numpy before tuning:', tuned)\n"
+        "print('blas threads:', os.environ.get('OPENBLAS_NUM_THREADS'))\n"
         "print(open('/proc/self/status').read())\nsys.exit(rc)"
     )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     outputs = {}
     for name in ("a", "b"):
         url = f"duckdb:///{tmp_path / name}.duckdb"
         if name == "a":
             done = subprocess.run([sys.executable, "-c", program, "run", "--input", path, "--store", url, "-q"],
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+                                  capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
             assert done.returncode == 0, done.stderr
             assert "pandas loaded: False" in done.stdout and "frozen: True" in done.stdout
+            # one OpenBLAS thread, asked for before numpy starts its threads
+            assert "numpy before tuning: [False]" in done.stdout and "blas threads: 1" in done.stdout
             if "THP_enabled" in done.stdout:  # Linux: no transparent huge pages for the run's processes
                 assert re.search(r"THP_enabled:\s*0", done.stdout)
         else:
