@@ -159,6 +159,21 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_definitions(args: argparse.Namespace) -> int:
+    from .pipeline import definitions_from, definitions_toml
+
+    definitions = definitions_from(args.metrics)
+    header = (
+        f"The metric definitions of {args.metrics} (its own and, with defaults = true, the built-in set), as drainpipe "
+        "reads them." if args.metrics else
+        "drainpipe's built-in metric definitions (docs/pipeline.md, \"Metric definitions\"): a metrics file to edit.\n"
+        "A file with settings only ([prometheus], [retention], [spans], ...) keeps this set; a file with\n"
+        "defaults = true adds its own [[metric]] and [[topn]] tables to it."
+    )  # fmt: skip
+    sys.stdout.write(definitions_toml(definitions, header))
+    return 0
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     from .pipeline import definitions_from, open_store, parse_time
 
@@ -464,6 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--limit", type=_count(0), default=0, metavar="N", help="print at most N rows (0: all)")
     q.set_defaults(fn=cmd_query)
+
+    df = sub.add_parser(
+        "definitions",
+        help="print the built-in metric definitions as TOML, to edit",
+        description="Print the built-in metric and top-N definitions as a metrics TOML file (to start a file of your "
+        "own from), or with --metrics the definitions a file amounts to.",
+    )
+    _metrics_option(df)
+    df.set_defaults(fn=cmd_definitions)
 
     c = sub.add_parser(
         "compact",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
 import textwrap
 from pathlib import Path
@@ -186,11 +188,76 @@ def test_line_of_the_failing_table(tmp_path: Path) -> None:
         ("[[metric]]\nname = \n", "invalid TOML"),
         ("[metrics]\nx = 1\n", "unknown top-level key 'metrics'"),
         ("metric = 3\n", "must be written as [[metric]] tables"),
-        ("# nothing\n", "defines no [[metric]] or [[topn]] tables"),
+        ("# nothing\n", "defines nothing"),
+        ('defaults = false\n[retention]\nminute = "2d"\n', "defaults = false and no [[metric]] or [[topn]] tables"),
+        ("defaults = 1\n", "defaults must be true or false"),
+        (
+            'defaults = true\n[[metric]]\nname = "service_cpm"\nscope = "service"\nfunction = "count"\n',
+            "metric 'service_cpm' has the name of a built-in one",
+        ),
+        (
+            'defaults = true\n[[topn]]\nname = "top_slow_statements"\n',
+            "topn 'top_slow_statements' has the name of a built-in",
+        ),
     ],
 )
 def test_file_errors(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in _load_error(tmp_path, text)
+
+
+def test_a_file_with_settings_only_keeps_the_built_in_set(tmp_path: Path) -> None:
+    """Turning a switch on does not mean copying the definitions: exemplars, retention or the span mapping alone."""
+    exemplars = load_definitions(_write(tmp_path, "[prometheus]\nexemplars = true\n"))
+    assert exemplars.metrics == DEFAULT_DEFINITIONS.metrics
+    assert exemplars.names == (*DEFAULT_DEFINITIONS.names, "exemplars") and exemplars.spans.trace_ids
+    kept = load_definitions(_write(tmp_path, '[retention]\nminute = "2d"\n[[alert]]\nname = "slow"\n'
+                                              'metric = "service_resp_time"\nthreshold = 100\n'))  # fmt: skip
+    assert kept.all == DEFAULT_DEFINITIONS.all and kept.retention.minute == 2 * 86_400_000
+    assert [a.metric for a in kept.alerts] == ["service_resp_time"]  # an alert on a built-in metric
+
+
+def test_defaults_true_adds_a_files_own_definitions(tmp_path: Path) -> None:
+    both = load_definitions(
+        _write(
+            tmp_path,
+            """
+        defaults = true
+        [[metric]]
+        name = "endpoint_slow_calls"
+        scope = "endpoint"
+        function = "count"
+        where = "latency_ms > 1000"
+        [[topn]]
+        name = "top_slow_endpoints"
+        key = "endpoint"
+        """,
+        )
+    )
+    assert both.metrics == (*DEFAULT_DEFINITIONS.metrics, MetricDef("endpoint_slow_calls", "endpoint", "count",
+                                                                    where="latency_ms > 1000"))  # fmt: skip
+    assert both.topns == (*DEFAULT_DEFINITIONS.topns, TopNDef("top_slow_endpoints", key="endpoint"))
+    alone = load_definitions(_write(tmp_path, '[[metric]]\nname = "m"\nscope = "service"\nfunction = "cpm"\n'))
+    assert alone.names == ("m",)  # tables without defaults = true: the file's own set, as before
+
+
+def test_the_printed_built_in_set_reads_back_the_same(tmp_path: Path) -> None:
+    """``drainpipe definitions`` prints a file to edit: read back, it is the built-in set; so are other sets."""
+    from drainpipe.cli import main
+    from drainpipe.pipeline import definitions_toml
+
+    path = tmp_path / "printed.toml"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["definitions"]) == 0
+    path.write_text(out.getvalue())
+    assert load_definitions(path) == DEFAULT_DEFINITIONS
+    own = Definitions(
+        (MetricDef("a", "endpoint", "percentile", precision_ms=2.5), MetricDef("b", "service", "max", field="latency_ms",
+         where='db_statement == "SELECT \\"x\\""')),
+        (TopNDef("t", "instance", "endpoint", 3, minutes=5, latency_buckets_ms=(10, 250.5)),),
+        retention=DEFAULT_DEFINITIONS.retention.with_overrides({"minute": 36 * 3_600_000, "day": None}),
+    )  # fmt: skip
+    assert parse_definitions(definitions_toml(own)) == own
 
 
 def test_bad_toml_reports_the_line(tmp_path: Path) -> None:

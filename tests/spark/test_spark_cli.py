@@ -11,14 +11,24 @@ from pathlib import Path
 
 from spark_testlib import SPARK
 
+from drainpipe.pipeline import DEFAULT_DEFINITIONS
+from drainpipe.pipeline.definitions import load_definitions
+from testlib import assert_same_results, stored
+
 pytestmark = SPARK
 
 
 def _events(path: Path, n: int) -> None:
+    """n events (every third traced) and a line that is not JSON."""
     path.write_text(
-        "".join(json.dumps({"ts": 1_795_255_200_000 + i, "service": "s", "latency_ms": 1.0}) + "\n" for i in range(n))
+        "".join(json.dumps({"ts": 1_795_255_200_000 + i, "service": "s", "latency_ms": float(i % 50)}
+                           | ({"trace_id": f"{i + 1:032x}"} if i % 3 == 0 else {})) + "\n" for i in range(n))
         + "not json\n"
-    )
+    )  # fmt: skip
+
+
+#: a metrics file with settings only: the built-in set, with exemplars and a retention of its own
+SETTINGS_ONLY = '[prometheus]\nexemplars = true\n[retention]\nminute = "30d"\n'
 
 
 def _drainpipe(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
@@ -40,8 +50,9 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     incoming = tmp_path / "in"
     incoming.mkdir()
     _events(incoming / "a.jsonl", 2000)
+    (tmp_path / "run" / "m.toml").write_text(SETTINGS_ONLY)
     run = _drainpipe(tmp_path / "run", "run", "-q", "--engine", "spark", "--spark-master", "local[1]", "--input",
-                     str(events), "--store", f"duckdb:///{tmp_path}/run/s.duckdb")  # fmt: skip
+                     str(events), "--store", f"duckdb:///{tmp_path}/run/s.duckdb", "--metrics", "m.toml")  # fmt: skip
     stream = _drainpipe(tmp_path, "stream", "--input", str(incoming), "--checkpoint", str(tmp_path / "ck"),
                         "--store", f"duckdb:///{tmp_path}/s.duckdb", "--trigger-once", "--spark-master", "local[1]")  # fmt: skip
 
@@ -52,8 +63,13 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     assert lines[2] == f"rejects appended to {tmp_path}/run/s.rejected.jsonl: invalid JSON (1)"
     assert len(lines) == 3
     local, _ = _finish(_drainpipe(tmp_path / "run", "run", "-q", "--input", str(events), "--store",
-                                  f"duckdb:///{tmp_path}/run/l.duckdb"))  # fmt: skip
+                                  f"duckdb:///{tmp_path}/run/l.duckdb", "--metrics", "m.toml"))  # fmt: skip
     assert local[0] == lines[0] and local[2] == lines[2].replace("s.rejected", "l.rejected")  # the local engine's
+    # both engines read the settings-only file as the built-in set with exemplars, and store the same
+    definitions = load_definitions(tmp_path / "run" / "m.toml")
+    assert definitions.names == (*DEFAULT_DEFINITIONS.names, "exemplars")
+    assert_same_results(f"duckdb:///{tmp_path}/run/l.duckdb", f"duckdb:///{tmp_path}/run/s.duckdb", definitions)
+    assert len(stored(f"duckdb:///{tmp_path}/run/s.duckdb", definitions)[1]["exemplars"]) > 0
 
     lines = [x for x in _finish(stream)[0] if x.strip()]
     assert lines[0] == "micro-batch 0: read 2,001 = accepted 2,000 + rejected 1, 1 new files", lines

@@ -536,8 +536,34 @@ def _build(kind: str, cls: type, keys: tuple[str, ...], entry: Any) -> Definitio
         raise DefinitionError(f"{label}: {exc}") from None
 
 
+def _with_defaults(built: dict[str, list[Definition]], defaults: Any, source: str) -> dict[str, list[Definition]]:
+    """The file's own metrics and top-Ns, after the built-in ones when ``defaults`` is true (absent: true for a file
+    that has settings only, false for one with tables of its own). A name of its own that a built-in one has is
+    refused: the file would otherwise compute something else than the name says elsewhere."""
+    own = bool(built["metric"] or built["topn"])
+    if defaults is None:
+        defaults = not own
+    if not isinstance(defaults, bool):
+        raise DefinitionError(f"{source}: defaults must be true or false, not {defaults!r}")
+    if not defaults:
+        if not own:
+            raise DefinitionError(f"{source}: defaults = false and no [[metric]] or [[topn]] tables: nothing to do")
+        return built
+    builtin = default_definitions()
+    names = set(builtin.names)
+    for definition in (*built["metric"], *built["topn"]):
+        if definition.name in names:
+            kind = "metric" if isinstance(definition, MetricDef) else "topn"
+            raise DefinitionError(f"{source}: {kind} {definition.name!r} has the name of a built-in one (defaults = "
+                                  "true keeps the built-in set): rename it")  # fmt: skip
+    return {"metric": [*builtin.metrics, *built["metric"]], "topn": [*builtin.topns, *built["topn"]]}
+
+
 def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
-    """Parse TOML text (``[[metric]]`` and ``[[topn]]`` tables) into :class:`Definitions`.
+    """Parse TOML text (``[[metric]]`` and ``[[topn]]`` tables, settings) into :class:`Definitions`.
+
+    A text with settings but no tables uses the built-in set with those settings; ``defaults = true`` adds its
+    tables to the built-in set (a name clash is an error); an empty text is an error.
 
     Errors are :class:`DefinitionError` s prefixed with ``source`` and, where known, the line.
     """
@@ -545,14 +571,16 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(f"{source}: invalid TOML: {exc}") from None
-    allowed = {"metric", "topn", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention", "prometheus",
-               "alert"}  # fmt: skip
+    allowed = {"metric", "topn", "defaults", "spans", "endpoint_rule", "endpoint_ids", "max_entities", "retention",
+               "prometheus", "alert"}  # fmt: skip
     unknown = sorted(set(document) - allowed)
     if unknown:
         raise DefinitionError(
-            f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, [spans], "
-            "[[endpoint_rule]], endpoint_ids, max_entities, [retention], [prometheus] and [[alert]])"
+            f"{source}: unknown top-level key {unknown[0]!r} (expected [[metric]] and [[topn]] tables, defaults, "
+            "[spans], [[endpoint_rule]], endpoint_ids, max_entities, [retention], [prometheus] and [[alert]])"
         )
+    if not document:
+        raise DefinitionError(f"{source}: defines nothing (no [[metric]] or [[topn]] tables, no settings)")
     retention = parse_retention(document.get("retention", {}), source)
     prometheus = document.get("prometheus", {})
     if not isinstance(prometheus, dict) or set(prometheus) - {"latency_buckets_ms", "exemplars", "trace_url"}:
@@ -575,8 +603,7 @@ def parse_definitions(text: str, source: str = "<definitions>") -> Definitions:
             except DefinitionError as exc:
                 where = f"{source}:{lines[index]}" if index < len(lines) else source
                 raise DefinitionError(f"{where}: {exc}") from None
-    if not built["metric"] and not built["topn"]:
-        raise DefinitionError(f"{source}: defines no [[metric]] or [[topn]] tables")
+    built = _with_defaults(built, document.get("defaults"), source)
     buckets = prometheus.get("latency_buckets_ms", DEFAULT_LATENCY_BUCKETS_MS)
     functions = {m.name: m.function for m in built["metric"]}  # type: ignore[union-attr]
     alerts = parse_alert_rules(document.get("alert", []), source, functions)
