@@ -1,5 +1,13 @@
 """Shared fixtures. PostgreSQL: the server `make test` starts (scripts/postgres.sh), named by DRAINPIPE_TEST_PG.
 
+The clock: a test whose data have fixed timestamps says which clock it runs under, ``@pytest.mark.clock("2026-11-21T
+12:00:00Z")`` (drainpipe's clock stands there, in the test's process and in every process it starts); a test whose
+data are placed relative to "now" reads drainpipe's clock (:func:`drainpipe.pipeline.now_ms`, never ``time.time()``) and
+says so with a bare ``@pytest.mark.clock``. ``make test`` runs the tests with either marker a second time with the
+whole clock a year ahead and once a year behind (``DRAINPIPE_CLOCK=+365d``, ``-365d``): none may depend on the day
+it runs. The few that compare with a process whose clock cannot be moved (a real Prometheus) are marked
+``wall_clock(reason)`` and left out of those runs.
+
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
 DRAINPIPE_TEST_KAFKA (the broker `make test` starts, scripts/kafka.sh) those marked ``kafka``.
@@ -14,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from drainpipe.pipeline.clock import clock_setting, using_clock
 from jvm_archive import java_options
 
 PG_ENV = "DRAINPIPE_TEST_PG"
@@ -31,6 +40,11 @@ KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("-m") == "clock" and clock_setting():
+        # the shifted-clock runs: a test that must see the wall clock cannot follow the shift
+        for item in items:
+            if (exempt := item.get_closest_marker("wall_clock")) is not None:
+                item.add_marker(pytest.mark.skip(reason=f"runs on the wall clock: {exempt.args[0]}"))
     for marker, env, what in (("postgres", PG_ENV, "a private PostgreSQL"), ("kafka", KAFKA_ENV, "a Kafka broker")):
         if os.environ.get(env):
             continue
@@ -64,6 +78,18 @@ def pg_url() -> Iterator[str]:
                 con.execute(f"DROP SCHEMA {schema} CASCADE")
         except psycopg.Error:
             pass
+
+
+@pytest.fixture(autouse=True)
+def _the_tests_clock(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``clock("INSTANT")`` runs with drainpipe's clock standing at that instant, here and in the
+    processes it starts; any other runs on the clock the run was given (the wall clock, or a shifted one)."""
+    marker = request.node.get_closest_marker("clock")
+    if marker is None or not marker.args:
+        yield
+        return
+    with using_clock(marker.args[0]):
+        yield
 
 
 @pytest.fixture(scope="module")

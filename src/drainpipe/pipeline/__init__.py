@@ -8,11 +8,13 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``definitions``        metric and top-N definitions (the built-in set, TOML files) and their signatures
 ``buckets``            the fixed vocabulary of granularities and percentiles
 ``times``              time conversions: bucket starts, ISO-8601 text, user-given bounds
+``clock``              drainpipe's one notion of "now" (the wall clock, or one a test or ``DRAINPIPE_CLOCK`` sets)
 ``partials``           the mergeable state types: merge, roll-up, pieces of a source
 ``grouping``           dense group ids and per-group reduction (numpy)
 ``aggregate``          an event batch -> one partial per definition
 ``values``             states -> value rows (finalize)
 ``state_table``        the stores' encoding of states
+``definitions_toml``   definitions written back as metrics TOML (``drainpipe definitions``)
 ``store``              the store protocol and its DuckDB and PostgreSQL backends (a package)
 ``progress``           exactly once: how far each part of a source is applied, where to resume; what a file is
 ``engine``             the local engine: L1 and L2 on queues, persistence, checkpoints
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .alerts import AlertRule, complete_buckets, evaluate, rule_fields
     from .buckets import GRANULARITIES, GRANULARITY_MS, PERCENTILE_LABELS, PERCENTILES, TOPN_BUCKET_MS
     from .cardinality import OVERFLOW, EntityGuard
+    from .clock import CLOCK_ENV, now_ms, set_clock, using_clock
     from .definitions import (
         DEFAULT_DEFINITIONS,
         EXEMPLARS,
@@ -49,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         definitions_from,
         with_exemplars,
     )
+    from .definitions_toml import definitions_toml
     from .engine import Commit, EngineOptions, LocalEngine
     from .generator import generate_events, write_events
     from .partials import (
@@ -94,6 +98,7 @@ _HOMES = {
         ["GRANULARITIES", "GRANULARITY_MS", "PERCENTILE_LABELS", "PERCENTILES", "TOPN_BUCKET_MS"], "buckets"
     ),
     **dict.fromkeys(["OVERFLOW", "EntityGuard"], "cardinality"),
+    **dict.fromkeys(["CLOCK_ENV", "now_ms", "set_clock", "using_clock"], "clock"),
     **dict.fromkeys(
         [
             "DEFAULT_DEFINITIONS",
@@ -108,6 +113,7 @@ _HOMES = {
         ],
         "definitions",
     ),
+    **dict.fromkeys(["definitions_toml"], "definitions_toml"),
     **dict.fromkeys(["Commit", "EngineOptions", "LocalEngine"], "engine"),
     **dict.fromkeys(["TOPN_COLUMNS", "VALUE_COLUMNS", "finalize", "finalize_table"], "values"),
     **dict.fromkeys(["generate_events", "write_events"], "generator"),
@@ -155,6 +161,10 @@ _HOMES = {
 }
 __all__ = [
     "AlertRule",
+    "CLOCK_ENV",
+    "now_ms",
+    "set_clock",
+    "using_clock",
     "Commit",
     "DEFAULT_DEFINITIONS",
     "DEFAULT_STORE_URL",
@@ -197,6 +207,7 @@ __all__ = [
     "TopNPartial",
     "VALUE_COLUMNS",
     "aggregate_batch",
+    "definitions_toml",
     "complete_buckets",
     "default_definitions",
     "definitions_from",

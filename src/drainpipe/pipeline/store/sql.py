@@ -75,7 +75,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -86,6 +85,7 @@ import pyarrow.compute as pc
 
 from ...errors import Fenced, StoreError, first_line
 from ..buckets import GRANULARITIES
+from ..clock import now_ms
 from ..definitions import Definition, signature
 from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup, source_root
 from ..retention import Retention
@@ -96,10 +96,6 @@ from .ledger import Ledger
 from .protocol import MergeReport, PurgeReport, SourceProgress
 
 log = logging.getLogger("drainpipe.store")
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 #: state rows written per batch of statements within one merge transaction
@@ -159,8 +155,9 @@ class SqlStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._closed = False
-        #: the time (epoch ms) the ledger records and purges measure against; tests replace it with a fake clock
-        self.clock: Callable[[], int] = _wall_clock_ms
+        #: the time (epoch ms) the ledger records and purges measure against: drainpipe's clock
+        #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
+        self.clock: Callable[[], int] = now_ms
 
     # ----------------------------------------------------------------------------- backend primitives
 
