@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from testlib import TRACE_STATES, adjusted_count
+from testlib import TRACE_STATES, adjusted_count, wait_until
 
 DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
 KAFKA_SH = Path(__file__).resolve().parents[1] / "scripts" / "kafka.sh"
@@ -153,18 +153,56 @@ def endpoint_of(member: subprocess.Popen[str]) -> str:
             return line.split(" on ", 1)[1].strip()
 
 
-def scraped(url: str, name: str) -> list[float]:
-    """The values of the series ``name`` on the member's ``/metrics``."""
+def scraped(url: str, name: str, **labels: str) -> list[float]:
+    """The values of the series ``name`` (with these label values) on the member's ``/metrics``."""
     text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name + "{") and all(w in line.split("}", 1)[0] for w in wanted)]  # fmt: skip
+
+
+def holds_uncommitted(url: str) -> bool:
+    """Whether the member at ``url`` has fed events that its store does not have yet."""
+    return sum(scraped(url, "drainpipe_kafka_partition_offset")) > sum(
+        scraped(url, "drainpipe_kafka_partition_committed_offset")
+    )
+
+
+def group_members(servers: str, group: str) -> tuple[str, list[frozenset[int]]]:
+    """The group's state and each member's partitions, as the broker's admin API reports them."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    description = admin.describe_consumer_groups([group])[group].result(30)
+    members = [frozenset(tp.partition for tp in m.assignment.topic_partitions) for m in description.members]
+    return description.state.name, members
+
+
+def wait_for_group(servers: str, group: str, members: int, partitions: int, timeout: float = 60) -> None:
+    """Until the broker reports the group stable with ``members`` members that share all ``partitions`` partitions
+    of its topic (a rebalance done: a member joined, left or missed its session)."""
+
+    def settled() -> bool:
+        state, held = group_members(servers, group)
+        together = [p for m in held for p in m]
+        return state == "STABLE" and len(held) == members and sorted(together) == list(range(partitions))
+
+    wait_until(settled, timeout=timeout, interval=0.1)
+
+
+def wait_for_member(member: subprocess.Popen[str], url: str, what: str, pred: Any, timeout: float = 30) -> Any:
+    """Until ``pred(url)`` holds for the member (started with ``--port 0``, at ``url``), which must keep running."""
+
+    def held() -> Any:
+        assert member.poll() is None, f"the member exited waiting for {what}"
+        return pred(url)
+
+    return wait_until(held, timeout=timeout, interval=0.05)
 
 
 def wait_for_commit(member: subprocess.Popen[str], url: str) -> None:
     """Until the member (started with ``--port 0``, at ``url``) has committed something to the store."""
-    deadline = time.monotonic() + 30
-    while not sum(scraped(url, "drainpipe_kafka_partition_committed_offset")):
-        assert time.monotonic() < deadline and member.poll() is None, "no commit"
-        time.sleep(0.05)
+    wait_for_member(member, url, "a commit", lambda u: sum(scraped(u, "drainpipe_kafka_partition_committed_offset")))
 
 
 def stored_calls(url: str) -> Counter[str]:

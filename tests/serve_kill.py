@@ -45,11 +45,21 @@ def start_serve(store_url: str, wal_dir: str, *extra: str, port: int = 0,
     if not m:
         proc.kill()
         raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
-    # keep the pipes from filling up; what the server says is kept in proc.output
+    # keep the pipes from filling up; what the server says is kept in proc.output (whole once proc.readers joined)
     proc.output = [line]  # type: ignore[attr-defined]
-    for pipe in (proc.stdout, proc.stderr):
-        threading.Thread(target=lambda p=pipe: proc.output.extend(p), daemon=True).start()  # type: ignore[attr-defined]
+    proc.readers = [threading.Thread(target=lambda p=pipe: proc.output.extend(p), daemon=True)  # type: ignore[attr-defined]
+                    for pipe in (proc.stdout, proc.stderr)]  # fmt: skip
+    for reader in proc.readers:  # type: ignore[attr-defined]
+        reader.start()
     return proc, m.group(1)
+
+
+def all_output(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    """Everything a server started by :func:`start_serve` printed, once it has exited (its pipes read to the end)."""
+    proc.wait(timeout)
+    for reader in proc.readers:  # type: ignore[attr-defined]
+        reader.join(timeout)
+    return "".join(proc.output)  # type: ignore[attr-defined]
 
 
 def grpc_address(proc: subprocess.Popen[str]) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.server.wal import HEADER, SUFFIX
-from serve_kill import Books, body_template, check, export_until, grpc_address, post_until, start_serve
+from serve_kill import Books, all_output, body_template, check, export_until, grpc_address, post_until, start_serve
 
 HERE = Path(__file__).resolve().parent
 SIZE = 200  # events per request
@@ -124,8 +124,7 @@ def test_a_torn_last_record_is_cut_at_start_up_and_nothing_acknowledged_is_lost(
     proc, _ = start_serve(url, str(wal))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-    time.sleep(0.2)
-    err = "".join(proc.output)
+    err = all_output(proc)
     assert "cut 1508 damaged byte(s)" in err and "torn last write" in err, err
     assert last.stat().st_size <= size or not last.exists()
     _assert_exact(check(url, books), books)

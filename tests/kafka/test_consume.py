@@ -29,6 +29,7 @@ from kafka_testlib import (
     consume,
     endpoint_of,
     finish,
+    holds_uncommitted,
     new_topic,
     produce,
     produce_otlp,
@@ -36,8 +37,10 @@ from kafka_testlib import (
     scraped,
     stored_calls,
     wait_for_commit,
+    wait_for_group,
+    wait_for_member,
 )
-from testlib import TRACE_STATES
+from testlib import TRACE_STATES, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
 
@@ -85,23 +88,27 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     topic = new_topic(servers, 6)
     group, dead = f"g-{topic}", tmp_path / "dead.jsonl"
     traffic = LiveTraffic(servers, topic, waves=24, poison_wave=-1, pause_s=0.2)
-    a = consume(servers, topic, group, pg_url, dead, checkpoint_s=3.0)
-    time.sleep(1.5)
-    b = consume(servers, topic, group, pg_url, dead, checkpoint_s=3.0)  # a gives b half of its partitions
-    time.sleep(1.2)
-    c = consume(servers, topic, group, pg_url, dead)  # a third of them each
-    time.sleep(1.2)
-    b.send_signal(signal.SIGSTOP)  # b holds up to 3 s of events, not committed
-    time.sleep(2.0)  # b's session (1 s) expires: a and c take its partitions from the store's offsets
+    # each step waits for the group's state as the broker reports it, or for the member's own account on /metrics
+    a = consume(servers, topic, group, pg_url, dead, "--port", "0", checkpoint_s=3.0)
+    wait_for_member(a, endpoint_of(a), "events read", holds_uncommitted)  # a holds events as b joins
+    b = consume(servers, topic, group, pg_url, dead, "--port", "0", checkpoint_s=3.0)
+    url_b = endpoint_of(b)
+    wait_for_group(servers, group, members=2, partitions=6)  # a gave b half of its partitions
+    c = consume(servers, topic, group, pg_url, dead)
+    wait_for_group(servers, group, members=3, partitions=6)  # a third of them each
+    wait_for_member(b, url_b, "events read and not committed", holds_uncommitted)
+    b.send_signal(signal.SIGSTOP)  # b holds events not committed (it commits every 3 s)
+    wait_for_group(servers, group, members=2, partitions=6)  # b's session (1 s) expired: a and c took its partitions
     a.send_signal(signal.SIGKILL)
     a.wait(30)
-    time.sleep(1.5)  # c holds everything
+    wait_for_group(servers, group, members=1, partitions=6)  # c holds everything
     b.send_signal(signal.SIGCONT)  # b wakes with its checkpoint overdue, for partitions c owns now
-    time.sleep(1.0)
+    wait_for_member(b, url_b, "the loss noticed",
+                    lambda u: sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="rewound")))  # fmt: skip
     for member in (b, c):
         member.send_signal(signal.SIGTERM)
     out_b, out_c = finish(b), finish(c)
-    assert "revoked" in out_c and "rewound 0 times" not in out_b, (out_b, out_c)  # b noticed (lost or fenced)
+    assert "rewound 0 times" not in out_b, out_b  # (the summary says it too)
     traffic.join()
     out = finish(consume(servers, topic, group, pg_url, dead, "--exit-at-end"))
     assert stored_calls(pg_url) == traffic.calls, (out_b, out_c, out)
@@ -144,13 +151,13 @@ def test_a_member_stalled_past_max_poll_interval_commits_nothing_when_it_resumes
     monkeypatch.setattr(member, "_feed", stalling_feed)
     a = threading.Thread(target=member.run)
     a.start()
-    time.sleep(0.5)
+    wait_for_group(servers, group, members=1, partitions=4)
     # b commits rarely, so the zombie's commit lands before b has committed past it (a commit all of whose
     # offsets are behind the store's is skipped as a retry anyway)
-    b = consume(servers, topic, group, pg_url, dead, checkpoint_s=10.0)  # the two share the partitions
-    time.sleep(2.0)
+    b = consume(servers, topic, group, pg_url, dead, checkpoint_s=10.0)
+    wait_for_group(servers, group, members=2, partitions=4)  # the two share the partitions
     stall.set()  # a stalls holding events it read, then resumes with its 3 s checkpoint overdue
-    time.sleep(5.5)
+    wait_until(lambda: member.fenced_commits, timeout=60, interval=0.05)  # the store refused the overdue commit
     member.stop()
     a.join(30)
     engine.close()
@@ -173,7 +180,7 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
     from drainpipe.pipeline import LocalEngine, default_definitions, open_store
     from drainpipe.server.kafka_member import ConsumeConfig, GroupMember
     from drainpipe.server.service import serve_engine_options
-    from testlib import Outage, wait_until
+    from testlib import Outage
 
     topic = new_topic(servers, 3)
     group, url = f"g-{topic}", f"duckdb:///{tmp_path / 'outage.duckdb'}"
@@ -188,10 +195,10 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
     a.start()
     wait_until(lambda: any(stored for _, _, stored in member.positions.values()), timeout=30, interval=0.05)
     store.down.set()
-    time.sleep(3.5)
+    time.sleep(3.5)  # the outage itself: longer than max.poll.interval
     store.down.clear()
     traffic.join()
-    time.sleep(1.0)
+    wait_until(lambda: stored_calls(url) == traffic.calls, timeout=60, interval=0.1)  # the member caught up
     held = (member.assignments, member.revocations, member.losses)  # (leaving revokes)
     member.stop()
     a.join(30)
@@ -213,12 +220,17 @@ def test_a_broker_restart_under_a_member_loses_and_doubles_nothing(servers: str,
     store, dead, group = f"duckdb:///{tmp_path / 'r.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
     traffic = LiveTraffic(servers, topic, waves=6, poison_wave=3, pause_s=0.2, events=5_000)
     # no checkpoint before it leaves: the member holds everything it read when the broker goes away
-    member = consume(servers, topic, group, store, dead, checkpoint_s=60.0)
-    time.sleep(2.0)  # assigned, reading
+    member = consume(servers, topic, group, store, dead, "--port", "0", checkpoint_s=60.0)
+    url = endpoint_of(member)
+    wait_for_member(member, url, "events read", holds_uncommitted)  # assigned, reading, holding
     restart = subprocess.run(["bash", str(KAFKA_SH), "restart"], capture_output=True, text=True, timeout=120)
     assert restart.returncode == 0, restart.stderr
     traffic.join()
-    time.sleep(1.0)
+    wait_for_member(member, url, "the loss noticed",
+                    lambda u: sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="lost")), timeout=60)  # fmt: skip
+    wait_for_member(member, url, "every partition read to its end",
+                    lambda u: len(lags := scraped(u, "drainpipe_kafka_partition_lag")) == 3 and not any(lags),
+                    timeout=60)  # fmt: skip
     member.send_signal(signal.SIGTERM)  # it commits what it holds as it leaves
     out = finish(member)
     assert "lost 1" in out, out  # the path this test is for

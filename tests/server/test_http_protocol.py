@@ -14,6 +14,8 @@ import time
 import pytest
 from server_testlib import events, running_server
 
+from testlib import wait_until
+
 
 def _raw(url: str, data: bytes, timeout: float = 10) -> bytes:
     host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
@@ -98,7 +100,7 @@ def test_a_client_that_goes_away_is_one_log_line(server, caplog, capfd, when: st
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         _reset(sock)
-    time.sleep(0.5)
+    wait_until(lambda: sum("went away" in r.getMessage() for r in caplog.records) >= 5, timeout=10)
     assert not [r for r in caplog.records if r.exc_info], "a client going away logged a traceback"
     assert "Traceback" not in capfd.readouterr().err  # socketserver's default handler prints one to stderr
     assert sum("went away" in r.getMessage() for r in caplog.records) == 5
