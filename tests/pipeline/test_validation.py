@@ -8,17 +8,20 @@ import datetime as dt
 import io
 import json
 import math
+from collections import Counter
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drainpipe.errors import Rejected
 from drainpipe.inputs.formats.csv_format import NUMBER_RE
-from drainpipe.inputs.schema import FIELDS, TS_MAX, TS_MIN
-from drainpipe.inputs.validation import check_fields, validate_values
+from drainpipe.inputs.schema import FIELDS, TRACE_ID, TS_MAX, TS_MIN
+from drainpipe.inputs.validation import check_fields, validate_columns, validate_values, warning_counts
 from testlib import Result, read, read_csv, read_jsonl, write_parquet
 
+T0 = 1_790_000_000_000
 HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -158,3 +161,73 @@ def test_arbitrary_lines_never_crash_and_counts_reconcile(tmp_path, lines):
     non_blank = sum(1 for x in encoded if x.strip(b" \t\r\n"))
     assert result.stats.read == non_blank
     assert all(isinstance(x["reason"], str) and x["reason"] for x in result.rejects)
+
+
+# ------------------------------------------------------------------------- odd optional fields: dropped, warned
+
+HEXISH = st.text(st.sampled_from("0123456789abcdefABCDEF-g \u00e9"), max_size=40)
+TRACE_TEXT = st.one_of(
+    st.none(),
+    HEXISH,
+    st.binary(min_size=16, max_size=16).map(bytes.hex),
+    st.binary(min_size=8, max_size=8).map(bytes.hex),
+    st.uuids().map(str),
+    st.sampled_from(["0" * 32, "0" * 16, "00000000-0000-0000-0000-000000000000", "", "abc"]),
+    TEXT,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(TRACE_TEXT, st.booleans()), max_size=20))
+def test_trace_id_cores_agree(cells):
+    """The scalar and the columnar cores keep, pad and drop the same trace ids, with the same warnings (of accepted
+    rows only: a row rejected for another field counts none)."""
+    warnings: Counter = Counter()
+    want = []
+    for trace, ok in cells:
+        try:
+            row = validate_values(T0, "s", "", "", 1.0 if ok else -1.0, True, None, trace, warnings=warnings)
+        except Rejected:
+            continue
+        want.append(row[7] if len(row) > 7 else None)
+    batch = pa.RecordBatch.from_pydict({
+        "ts": [T0] * len(cells), "service": ["s"] * len(cells),
+        "latency_ms": [1.0 if ok else -1.0 for _, ok in cells], TRACE_ID: pa.array([t for t, _ in cells], pa.string()),
+    })  # fmt: skip
+    canonical, rejected, warned = validate_columns(batch)
+    if rejected is not None:
+        canonical = canonical.filter(pa.array(~rejected[0]))
+    got = canonical.column(TRACE_ID).to_pylist() if TRACE_ID in canonical.schema.names else [None] * len(want)
+    assert got == want and warning_counts(warned) == warnings
+    assert (TRACE_ID in canonical.schema.names) == any(t is not None for t in want)  # no column without an id
+
+
+@pytest.mark.parametrize("name", ["instance", "endpoint", "db_statement"])
+@pytest.mark.parametrize(
+    "values, arrow",
+    [([5, None, 7], pa.int64()), ([True, False, None], pa.bool_()), ([1.5, None, 2.5], pa.float64()),
+     ([b"ok", b"\xff", None], pa.binary())],
+)  # fmt: skip
+def test_odd_optional_fields_cores_agree(name, values, arrow):
+    """An optional field of another type (or bytes that are not UTF-8) is dropped with a warning by both cores, and
+    the event kept; its default takes its place."""
+    warnings: Counter = Counter()
+    want = []
+    for value in values:
+        if isinstance(value, bytes):  # a scalar record holds text: what a reader decodes of the bytes, or no text
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                value = 0
+        fields = {"instance": None, "endpoint": None, "db_statement": None, name: value}
+        want.append(validate_values(T0, "s", fields["instance"], fields["endpoint"], 1.0, True,
+                                    fields["db_statement"], warnings=warnings))  # fmt: skip
+    batch = pa.RecordBatch.from_pydict({"ts": [T0] * 3, "service": ["s"] * 3, "latency_ms": [1.0] * 3,
+                                        name: pa.array(values, arrow)})  # fmt: skip
+    canonical, rejected, warned = validate_columns(batch)
+    assert rejected is None and [tuple(r.values()) for r in canonical.to_pylist()] == want
+    assert (
+        warning_counts(warned)
+        == warnings
+        == {f"bad {name}": sum(v is not None for v in values) - (arrow == pa.binary())}
+    )

@@ -61,7 +61,7 @@ def test_validate_records_and_json_lines_use_the_file_rules() -> None:
 
 def test_json_array_ndjson_and_gzip_are_accepted(server: IngestServer) -> None:
     status, _, body = post_events(server.url, events(500, seed=1))
-    assert status == 200 and body == {"accepted": 500, "rejected": 0, "reasons": {}, "errors": []}
+    assert status == 200 and body == {"accepted": 500, "rejected": 0, "reasons": {}, "errors": [], "warnings": {}}
     status, _, body = post_events(server.url, events(300, seed=2), kind="ndjson")
     assert status == 200 and body["accepted"] == 300
     status, _, body = post_events(server.url, events(200, seed=3), kind="ndjson", gzipped=True)

@@ -13,12 +13,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
-
 from ..errors import OtlpError, UsageError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .formats.jsonl_format import validate_json_lines
+from .rejects import ReadStats
 from .spans import SpanMapping
 
 __all__ = [
@@ -64,25 +63,28 @@ def message_text(value: bytes | None) -> str:
     return (value or b"")[:4096].decode("utf-8", "backslashreplace")
 
 
-def json_values(values: Sequence[bytes | None]) -> tuple[pa.RecordBatch, list[tuple[int, Any, str]]]:
-    """JSON message values (one event, or NDJSON lines, each) -> the canonical batch of their valid events and
-    ``(message index, raw, reason)`` per reject: a tombstone (``raw`` None) or a line that does not validate
-    (``raw`` ``{"line": its line in the message, "value": the message's text}``). One validation call for all of
-    them: a call per message would cost more than the events of one-event messages."""
+def json_values(values: Sequence[bytes | None]) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """JSON message values (one event, or NDJSON lines, each) -> their valid events (with the warnings of those
+    accepted with an odd optional field dropped) and ``(message index, raw, reason)`` per reject: a tombstone
+    (``raw`` None) or a line that does not validate (``raw`` ``{"line": its line in the message, "value": the
+    message's text}``). One validation call for all of them: a call per message would cost more than the events of
+    one-event messages."""
     kept = [i for i, v in enumerate(values) if v is not None]
     rejects: list[tuple[int, Any, str]] = [(i, None, TOMBSTONE) for i, v in enumerate(values) if v is None]
     if not kept:
-        batch, _ = validate_json_lines(b"")
-        return batch, rejects
+        return EventBatch.empty(), rejects
     present = [v for v in values if v is not None]
-    batch, bad = validate_json_lines(b"\n".join(present))
+    stats = ReadStats()
+    batch, bad = validate_json_lines(b"\n".join(present), stats)
     if bad:  # the block's line numbers back to messages (each value is one line or more)
         starts = list(itertools.accumulate((v.count(b"\n") + 1 for v in present[:-1]), initial=1))
         for lineno, reason in bad:
             k = bisect.bisect_right(starts, lineno) - 1
             rejects.append((kept[k], {"line": lineno - starts[k] + 1, "value": message_text(present[k])}, reason))
     rejects.sort(key=lambda r: r[0])
-    return batch, rejects
+    if not batch.num_rows:
+        return EventBatch.empty(), rejects
+    return EventBatch(batch, batch.num_rows, tuple(stats.warnings.items())), rejects
 
 
 def otlp_values(
@@ -119,6 +121,5 @@ def decode_values(
     :func:`otlp_values`). A :class:`UsageError` for an encoding not in the list."""
     check_encoding(encoding)
     if encoding == "json":
-        batch, rejects = json_values(values)
-        return (EventBatch.of(batch) if batch.num_rows else EventBatch.empty()), rejects
+        return json_values(values)
     return otlp_values(values, json_body=encoding == "otlp_json", mapping=mapping, endpoints=endpoints)

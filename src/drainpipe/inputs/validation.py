@@ -10,26 +10,34 @@ The rules (``docs/pipeline.md``, "Input events"):
                           ``2026-11-21T10:00:00[.fff][Z|+hh:mm|+hhmm|+hh]``; no offset = UTC;
                           sub-millisecond digits are truncated); must lie in years 0001..9999
 ``service``               non-empty string
-``instance``/``endpoint`` string; null/absent -> ``""``
+``instance``/``endpoint`` string; null/absent -> ``""``; anything else is dropped (``""``) with a warning
 ``latency_ms``            number (int or float, not bool, not a string), 0 <= latency_ms <= 1e12
                           (:data:`~.schema.LATENCY_MAX_MS`)
 ``status``                ``true``/``false``, ``0``/``1`` or the strings ``"true"``/``"false"``;
                           null/absent -> ``true``; anything else is rejected
-``db_statement``          string or null; ``""`` -> null
-``trace_id`` (optional)   null, or 32 hex digits (W3C trace-id: either case, not all zeros), kept as its 16
-                          bytes; a batch has the column only when some record has one
+``db_statement``          string or null; ``""`` -> null; anything else is dropped (null) with a warning
+``trace_id`` (optional)   null, or an id :mod:`.trace_ids` can use, kept as its 16 bytes; anything else is
+                          dropped (null) with a warning; a batch has the column only when an accepted record
+                          has one
 ========================= ===================================================================
 
+An odd *optional* field never costs its event: the field is dropped (its default) and the event is accepted with a
+warning (``bad instance``, ``bad endpoint``, ``bad db_statement``, ``bad trace_id``), counted where the read counts
+its records (:attr:`~.rejects.ReadStats.warnings`), as a sampled span's unusable threshold is. The required fields
+(``ts``, ``service``, ``latency_ms``) and ``status`` (a dropped status would count a failure as a success) reject.
+
 Scalar: :func:`validate_values` returns the canonical row tuple or raises :class:`~drainpipe.errors.Rejected`
-(a control-flow exception the readers catch: its ``reason`` goes to the dead letter). Columnar:
-:func:`validate_columns` returns the canonical batch and the rejected rows with their reasons; string-typed
-``ts``/``status`` columns are mapped through the scalar rules once per distinct value.
+(a control-flow exception the readers catch: its ``reason`` goes to the dead letter), and adds an accepted row's
+warnings to the caller's counter. Columnar: :func:`validate_columns` returns the canonical batch, the rejected rows
+with their reasons, and the accepted rows with warnings; string-typed ``ts``/``status`` columns are mapped through
+the scalar rules once per distinct value.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,6 +48,7 @@ import pyarrow.compute as pc
 from ..errors import Rejected
 from .rejects import ReadStats
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, TS_MAX, TS_MIN, batch_schema
+from .trace_ids import BAD_TRACE_ID, trace_id_bytes, trace_id_column
 
 __all__ = [
     "validate_values",
@@ -52,6 +61,8 @@ __all__ = [
     "plain_strings",
     "counted",
     "counted_batch",
+    "Warned",
+    "warning_counts",
     "check_ts",
     "check_status",
     "is_stringish",
@@ -100,28 +111,34 @@ def check_ts(value: Any) -> int:
     raise Rejected("missing field: ts" if value is None else "bad type: ts")
 
 
-def _check_valid_unicode(value: str, name: str) -> str:
-    # JSON escapes can produce lone surrogates ("\ud800"), which are not encodable text.
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise Rejected(f"bad value: {name}") from None
-    return value
+def _encodable(value: str) -> bool:
+    """Whether a string is text UTF-8 can encode: JSON escapes can produce lone surrogates ("\ud800"), which are
+    not."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_service(value: Any) -> str:
     if type(value) is not str:
         raise Rejected("missing field: service" if value is None else "bad type: service")
-    if not value:
+    if not value or not _encodable(value):
         raise Rejected("bad value: service")
-    return _check_valid_unicode(value, "service")
+    return value
 
 
-def _check_optional_str(value: Any, name: str) -> str | None:
-    if value is None or type(value) is str:
-        return _check_valid_unicode(value, name) if value else None
-    raise Rejected(f"bad type: {name}")
+def _optional_str(value: Any, name: str, odd: list[str]) -> str | None:
+    """An optional string field (null and "" are None). An odd value (not a string, not encodable text) is dropped
+    and its warning noted in ``odd``: the field is not worth its event."""
+    if type(value) is str and _encodable(value):
+        return value or None
+    if value is not None:
+        odd.append(f"bad {name}")
+    return None
 
 
 def _check_latency(value: Any) -> float:
@@ -151,30 +168,26 @@ def check_status(value: Any) -> bool:
     raise Rejected("bad value: status")
 
 
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-_ZERO_TRACE = "0" * 32
-
-
-def _check_trace_id(value: Any) -> bytes:
-    """A W3C trace id: 32 hex digits (either case), not all zeros -> its 16 bytes."""
-    if type(value) is not str or len(value) != 32 or not _HEX_DIGITS.issuperset(value) or value == _ZERO_TRACE:
-        raise Rejected(f"bad value: {TRACE_ID}")
-    return bytes.fromhex(value)
-
-
 def validate_values(
     ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any,
-    trace_id: Any = None,
+    trace_id: Any = None, *, warnings: Counter[str] | None = None,
 ) -> tuple:  # fmt: skip
     """The validation core for one record given as JSON-typed Python values (``None`` = absent/null).
 
-    Returns the canonical row tuple in :data:`FIELDS` order (and the trace id's bytes after them when the record
-    has one) or raises ``Rejected``; fields are checked in that order and the first failure is the reason. The
-    inline test is only a shortcut for the common, plainly valid record (a strict subset of what the field checks
-    accept, with the same result; ``test_fast_path_agrees_with_field_checks`` holds it to that)."""
+    Returns the canonical row tuple in :data:`FIELDS` order (and the trace id's 16 bytes after them when the record
+    has one that can be used) or raises ``Rejected``; fields are checked in that order and the first failure is the
+    reason. An accepted record's warnings (an odd optional field, dropped) are added to ``warnings``; a rejected
+    record adds none. The inline test is only a shortcut for the common, plainly valid record (a strict subset of
+    what the field checks accept, with the same result; ``test_fast_path_agrees_with_field_checks`` holds it to
+    that)."""
     if trace_id is not None:
-        return (*validate_values(ts, service, instance, endpoint, latency, status, db_statement),
-                _check_trace_id(trace_id))  # fmt: skip
+        row = validate_values(ts, service, instance, endpoint, latency, status, db_statement, warnings=warnings)
+        raw = trace_id_bytes(trace_id)
+        if raw is not None:
+            return (*row, raw)
+        if warnings is not None:  # (after the other fields: a rejected record counts no warning)
+            warnings[BAD_TRACE_ID] += 1
+        return row
     if (
         type(ts) is int and TS_MIN <= ts <= TS_MAX
         and type(service) is str and service and service.isascii()
@@ -185,21 +198,27 @@ def validate_values(
         and (db_statement is None or (type(db_statement) is str and db_statement and db_statement.isascii()))
     ):  # fmt: skip
         return (ts, service, instance, endpoint, latency, status, db_statement)
-    return check_fields(ts, service, instance, endpoint, latency, status, db_statement)
+    return check_fields(ts, service, instance, endpoint, latency, status, db_statement, warnings)
 
 
 def check_fields(
-    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any
-) -> tuple:
-    return (
+    ts: Any, service: Any, instance: Any, endpoint: Any, latency: Any, status: Any, db_statement: Any,
+    warnings: Counter[str] | None = None,
+) -> tuple:  # fmt: skip
+    """:func:`validate_values`' field checks, without the shortcut and the trace id."""
+    odd: list[str] = []
+    row = (
         check_ts(ts),
         _check_service(service),
-        _check_optional_str(instance, "instance") or "",
-        _check_optional_str(endpoint, "endpoint") or "",
+        _optional_str(instance, "instance", odd) or "",
+        _optional_str(endpoint, "endpoint", odd) or "",
         _check_latency(latency),
         check_status(status),
-        _check_optional_str(db_statement, "db_statement"),
+        _optional_str(db_statement, "db_statement", odd),
     )
+    if odd and warnings is not None:  # only now: a required field checked after an odd one may still reject
+        warnings.update(odd)
+    return row
 
 
 _ROW_TYPE = pa.struct(list(EVENT_SCHEMA))
@@ -224,9 +243,10 @@ def validate_records(
 ) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """Already-parsed JSON records (e.g. the elements of a JSON array an HTTP client sent) -> a canonical
     :data:`EVENT_SCHEMA` batch of the valid ones and ``(index, reason)`` per rejected one, by the same rules as
-    files. ``stats`` (optional) counts them as a read would."""
+    files. ``stats`` (optional) counts them as a read would, warnings too."""
     rows: list[tuple] = []
     rejects: list[tuple[int, str]] = []
+    warnings: Counter[str] = Counter()
     for i, obj in enumerate(records):
         try:
             if type(obj) is not dict:
@@ -234,11 +254,11 @@ def validate_records(
             get = obj.get
             rows.append(validate_values(
                 get("ts"), get("service"), get("instance"), get("endpoint"),
-                get("latency_ms"), get("status"), get("db_statement"), get(TRACE_ID),
+                get("latency_ms"), get("status"), get("db_statement"), get(TRACE_ID), warnings=warnings,
             ))  # fmt: skip
         except Rejected as r:
             rejects.append((i, r.reason))
-    return counted(rows, rejects, stats)
+    return counted(rows, rejects, stats, warnings)
 
 
 def validate_tuples(
@@ -246,32 +266,55 @@ def validate_tuples(
 ) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """``(index, (ts, service, instance, endpoint, latency_ms, status, db_statement))`` per record, as an input
     format decoded them (for example a span) -> a canonical batch of the valid ones and ``(index, reason)`` per
-    rejected one, by the same rules as every other input."""
+    rejected one, by the same rules as every other input (``stats``: as :func:`validate_records`)."""
     rows: list[tuple] = []
     rejects: list[tuple[int, str]] = []
+    warnings: Counter[str] = Counter()
     for i, values in numbered:
         try:
-            rows.append(validate_values(*values))
+            rows.append(validate_values(*values, warnings=warnings))
         except Rejected as r:
             rejects.append((i, r.reason))
-    return counted(rows, rejects, stats)
+    return counted(rows, rejects, stats, warnings)
 
 
 def counted(
-    rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None
+    rows: list[tuple], rejects: list[tuple[int, str]], stats: ReadStats | None, warnings: Counter[str] | None = None
 ) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """Valid rows (as :func:`rows_to_batch` takes them) -> their batch, and the rows, rejects and warnings counted
+    in ``stats`` (if any)."""
     batch = rows_to_batch(rows)
-    return counted_batch(batch, rejects, stats)
+    return counted_batch(batch, rejects, stats, warnings)
 
 
 def counted_batch(
-    batch: pa.RecordBatch, rejects: list[tuple[int, str]], stats: ReadStats | None
+    batch: pa.RecordBatch,
+    rejects: list[tuple[int, str]],
+    stats: ReadStats | None,
+    warnings: Counter[str] | None = None,
 ) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+    """``batch`` and ``rejects``, counted in ``stats`` (if any) with the accepted rows' ``warnings``."""
     if stats is not None:
         stats.add_accepted(batch.num_rows)
         for _, reason in rejects:
             stats.add_rejected(reason)
+        for reason, n in (warnings or {}).items():
+            stats.add_warning(reason, n)
     return batch, rejects
+
+
+#: accepted rows read with a caveat (an odd optional field dropped): per reason, a mask over a batch's rows
+Warned = list[tuple[np.ndarray, str]]
+
+
+def warning_counts(warned: Warned, keep: np.ndarray | None = None) -> Counter[str]:
+    """How many rows each reason of ``warned`` holds (only those in ``keep``, when given)."""
+    counts: Counter[str] = Counter()
+    for mask, reason in warned:
+        n = int((mask & keep).sum() if keep is not None else mask.sum())
+        if n:
+            counts[reason] += n
+    return counts
 
 
 def _np_mask(arr: pa.Array) -> np.ndarray:
@@ -288,11 +331,18 @@ def is_stringish(t: pa.DataType) -> bool:
 
 
 class _Checks:
-    """Collects (row mask, reason) pairs in field order; the first reason flagged for a row wins."""
+    """Collects (row mask, reason) pairs in field order; the first reason flagged for a row wins. Rows read with a
+    caveat are collected beside them (:meth:`optional`, :meth:`warned`)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.flags: list[tuple[np.ndarray, str]] = []
+        self.warnings: Warned = []
+
+    def optional(self, warning: str) -> _Checks:
+        """The checks of an optional field: what they flag is not rejected but noted as ``warning`` (the caller
+        gives such rows the field's default)."""
+        return _Warnings(self, warning)
 
     def flag(self, mask: np.ndarray | None, reason: str) -> None:
         if mask is not None and mask.any():
@@ -313,6 +363,24 @@ class _Checks:
             reasons[mask] = reason
         mask = reasons != None  # noqa: E711 (elementwise)
         return mask, list(reasons[mask])
+
+    def warned(self, rejected: np.ndarray | None) -> Warned:
+        """The warnings of the rows not ``rejected`` (a rejected row counts none)."""
+        if rejected is None:
+            return self.warnings
+        return [(mask & ~rejected, reason) for mask, reason in self.warnings if (mask & ~rejected).any()]
+
+
+class _Warnings(_Checks):
+    """:meth:`_Checks.optional`: flags become the parent's warnings, under one reason."""
+
+    def __init__(self, parent: _Checks, warning: str) -> None:
+        super().__init__(parent.n)
+        self.parent, self.warning = parent, warning
+
+    def flag(self, mask: np.ndarray | None, reason: str) -> None:
+        if mask is not None and mask.any():
+            self.parent.warnings.append((mask, self.warning))
 
 
 def _map_distinct(arr: pa.Array, check: Callable[[Any], Any], checks: _Checks, default: Any, dtype: Any) -> np.ndarray:
@@ -406,7 +474,8 @@ def _ts_column(arr: pa.Array, checks: _Checks) -> pa.Array:
 
 
 def _str_column(arr: pa.Array, name: str, checks: _Checks, keep_dictionary: bool = False) -> pa.Array:
-    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null).
+    """service (required, non-empty), instance/endpoint (null -> ""), db_statement (null, "" -> null); a value of
+    an optional one that is not text (another type, bytes that are not UTF-8) is dropped with a warning.
 
     ``keep_dictionary``: a dictionary-encoded column stays encoded when these rules change none of its values
     (:func:`_checked_dictionary`); otherwise it is decoded first, as always without the flag."""
@@ -417,6 +486,8 @@ def _str_column(arr: pa.Array, name: str, checks: _Checks, keep_dictionary: bool
         arr = arr.dictionary_decode()
     if name == "service":
         checks.flag_nulls(arr, "missing field: service")
+    else:
+        checks = checks.optional(f"bad {name}")  # (a flagged row's value is null: the default)
     text = _as_strings(arr, checks)
     if text is None:
         checks.flag_non_null(arr, f"bad type: {name}")
@@ -488,8 +559,9 @@ def _plain(arr: pa.Array) -> pa.Array:
 
 def validate_columns(
     batch: pa.RecordBatch, keep_dictionaries: bool = False
-) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None]:
-    """The columnar validation core: any Arrow batch -> (canonical batch of every row, rejects).
+) -> tuple[pa.RecordBatch, tuple[np.ndarray, list[str]] | None, Warned]:
+    """The columnar validation core: any Arrow batch -> (canonical batch of every row, rejects, warnings of the
+    rows not rejected).
 
     Rows flagged in ``rejects`` hold placeholder values in the canonical batch; filter them out.
     ``keep_dictionaries``: see :func:`parquet_batch`."""
@@ -513,16 +585,20 @@ def validate_columns(
         text("db_statement"),
     ]
     fields = list(EVENT_SCHEMA)
+    rejected = checks.rejected()
     if TRACE_ID in names and batch.column(names.index(TRACE_ID)).null_count < n:  # some record has one
-        traces = _trace_id_column(_plain(column(TRACE_ID)), checks)
-        rejected = checks.rejected()
-        if rejected is None or traces.filter(pa.array(~rejected[0])).null_count < n - int(rejected[0].sum()):
-            arrays.append(traces)  # an accepted record has one (else the batch is as if none had: no column)
+        traces, dropped = trace_id_column(column(TRACE_ID))
+        if dropped is not None:
+            checks.warnings.append((dropped, BAD_TRACE_ID))
+        kept = traces if rejected is None else traces.filter(pa.array(~rejected[0]))
+        if kept.null_count < len(kept):
+            arrays.append(traces)  # an accepted record kept one (else the batch is as if none had: no column)
             fields = list(batch_schema([TRACE_ID]))
+    warned = checks.warned(None if rejected is None else rejected[0])
     if not any(pa.types.is_dictionary(a.type) for a in arrays):
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), checks.rejected()
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)), rejected, warned
     schema = pa.schema([f.with_type(a.type) for f, a in zip(fields, arrays)])
-    return pa.RecordBatch.from_arrays(arrays, schema=schema), checks.rejected()
+    return pa.RecordBatch.from_arrays(arrays, schema=schema), rejected, warned
 
 
 def plain_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -547,47 +623,3 @@ def settle_trace_ids(*batches: pa.RecordBatch) -> list[pa.RecordBatch]:
             b = b.append_column(batch_schema([TRACE_ID]).field(TRACE_ID), pa.nulls(b.num_rows, pa.binary()))
         out.append(b)
     return out
-
-
-_NIBBLE = np.full(256, 255, np.uint8)
-for _digit, _value in zip(b"0123456789abcdefABCDEF", [*range(16), *range(10, 16)]):
-    _NIBBLE[_digit] = _value
-
-
-def _trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
-    """trace_id: null, or 32 hex digits not all zeros -> 16 bytes (binary); anything else flagged, as
-    :func:`_check_trace_id` rules. Vectorized: the digits are decoded as one numpy array."""
-    if pa.types.is_fixed_size_binary(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
-        return _raw_trace_id_column(arr.cast(pa.binary()), checks)  # (Parquet: the 16 bytes themselves)
-    text = _as_strings(arr, checks)
-    if text is None:
-        checks.flag_non_null(arr, f"bad value: {TRACE_ID}")
-        return pa.nulls(len(arr), pa.binary())
-    present = _np_mask(text.is_valid())
-    sized = _np_mask(pc.equal(pc.binary_length(text), 32))
-    digits = np.zeros((len(text), 32), np.uint8)
-    rows = np.flatnonzero(present & sized)
-    if len(rows):
-        chosen = text.take(pa.array(rows))
-        start = chosen.offset
-        offsets = np.frombuffer(chosen.buffers()[1], np.int32)[start : start + len(chosen) + 1]
-        data = np.frombuffer(chosen.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
-        digits[rows] = _NIBBLE[data].reshape(-1, 32)
-    hexed = (digits != 255).all(axis=1)
-    nibbles = np.where(digits == 255, 0, digits)
-    raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
-    good = sized & hexed & raw.any(axis=1)
-    checks.flag(present & ~good, f"bad value: {TRACE_ID}")
-    offsets = np.arange(len(text) + 1, dtype=np.int32) * 16  # a null row holds 16 zero bytes behind its bit
-    validity = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little").tobytes())
-    return pa.Array.from_buffers(pa.binary(), len(text), [validity, pa.py_buffer(offsets), pa.py_buffer(raw.tobytes())],
-                                 null_count=int(len(text) - present.sum()))  # fmt: skip
-
-
-def _raw_trace_id_column(arr: pa.Array, checks: _Checks) -> pa.Array:
-    """trace_id given as bytes: null, or 16 bytes not all zeros; anything else flagged."""
-    present = _np_mask(arr.is_valid())
-    sized = _np_mask(pc.equal(pc.binary_length(arr), 16))
-    zero = _np_mask(pc.equal(arr, pa.scalar(bytes(16), pa.binary())))
-    checks.flag(present & ~(sized & ~zero), f"bad value: {TRACE_ID}")
-    return arr

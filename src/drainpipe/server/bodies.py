@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import BadBody, ChannelClosed, OtlpError
-from ..inputs import EventBatch, validate_json_lines, validate_records
+from ..inputs import EventBatch, ReadStats, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
 from .channel import HelperPool
@@ -105,14 +105,15 @@ def decode_body(
         body = gunzip(body, max_decoded)
     elif len(body) > max_decoded:
         raise BadBody(413, f"body larger than {max_decoded} bytes")
-    if form == "array":
-        batch, rejects = validate_records(_json_records(body, max_events))
-        return EventBatch.of(batch), rejects
-    if form == "ndjson":
-        batch, rejects = validate_json_lines(body)
-        if batch.num_rows + len(rejects) > max_events:
-            raise BadBody(413, f"more than {max_events} events in one request")
-        return EventBatch.of(batch), rejects
+    if form in ("array", "ndjson"):
+        stats = ReadStats()  # for the warnings of the events accepted (an odd optional field dropped)
+        if form == "array":
+            batch, rejects = validate_records(_json_records(body, max_events), stats)
+        else:
+            batch, rejects = validate_json_lines(body, stats)
+            if batch.num_rows + len(rejects) > max_events:
+                raise BadBody(413, f"more than {max_events} events in one request")
+        return EventBatch(batch, batch.num_rows, tuple(stats.warnings.items())), rejects
     from ..inputs.otlp import decode_traces
 
     try:

@@ -3,9 +3,9 @@
 Endpoints::
 
     POST /v1/events   NDJSON (application/x-ndjson) or a JSON array (application/json), gzip accepted
-                      -> 200 {"accepted", "rejected", "reasons", "errors"}; 400 malformed body (or malformed
-                         chunked framing), 401 bad token, 411 neither Content-Length nor chunked, 413 too large,
-                         415 wrong type/encoding, 429/503 + Retry-After
+                      -> 200 {"accepted", "rejected", "reasons", "errors", "warnings"}; 400 malformed body (or
+                         malformed chunked framing), 401 bad token, 411 neither Content-Length nor chunked, 413 too
+                         large, 415 wrong type/encoding, 429/503 + Retry-After
                       The body comes with a Content-Length or ``Transfer-Encoding: chunked``; either way the body
                       as sent (after de-chunking, before gzip) is limited to ``max_body_bytes`` and never more
                       than that is read into memory: a chunk that would pass the limit is answered 413 before
@@ -294,6 +294,7 @@ class Handler(BaseHTTPRequestHandler):
                 "rejected": len(rejects),
                 "reasons": reasons,
                 "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]],
+                "warnings": dict(batch.warnings),  # accepted events whose odd optional field was dropped, by reason
             },
         )
 

@@ -17,6 +17,7 @@ import csv
 import functools
 import io
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any, BinaryIO
@@ -34,7 +35,14 @@ from ..position import Position
 from ..rejects import Sink
 from ..scanned import RAW_SCHEMA, raw_batch
 from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
-from ..validation import plain_strings, rows_to_batch, settle_trace_ids, validate_columns, validate_values
+from ..validation import (
+    plain_strings,
+    rows_to_batch,
+    settle_trace_ids,
+    validate_columns,
+    validate_values,
+    warning_counts,
+)
 from .base import (
     BOM,
     LINE_PART_BLOCKS,
@@ -210,14 +218,16 @@ def _csv_records(reader: Iterator[list[str]], tracker: _LineTracker) -> Iterator
             yield first, raw, bad, cells
 
 
-def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tuple], width: int) -> tuple:
+def _csv_row(cells: list[str] | None, bad: bool, typed: Callable[[list[str]], tuple], width: int,
+             warnings: Counter[str]) -> tuple:  # fmt: skip
+    """One record's row (its warnings added to ``warnings``), or ``Rejected``."""
     if bad:
         raise Rejected("not UTF-8")
     if cells is None:
         raise Rejected("bad CSV row")
     if len(cells) != width:
         raise Rejected("wrong number of columns")
-    return validate_values(*typed(cells))
+    return validate_values(*typed(cells), warnings=warnings)
 
 
 def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, path: str, start: Position,
@@ -324,7 +334,7 @@ def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callab
     tracker.lineno = lineno
     for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
         try:
-            yield _csv_row(cells, bad, typed, width)
+            yield _csv_row(cells, bad, typed, width, sink.stats.warnings)  # (every row given is accepted)
         except Rejected as r:
             sink.reject(first, raw, r.reason)
 
@@ -675,22 +685,24 @@ def _validated(batch: pa.RecordBatch, source: Callable[[], tuple[bytes, np.ndarr
     gives their fate and reason. ``source()``: the block's bytes and record ends, asked for only then. None when the
     reference does not read such a row as one record (never expected): the caller reads the block through it."""
     kept, odd = typing if typing is not None else (np.arange(batch.num_rows), np.zeros(batch.num_rows, bool))
-    canonical, flagged = validate_columns(batch, dictionaries)
+    canonical, flagged, warned = validate_columns(batch, dictionaries)
     bad = odd | (flagged[0] if flagged is not None else False)
     if not bad.any():
         sink.stats.add_accepted(batch.num_rows)
+        sink.stats.warnings.update(warning_counts(warned))
         return canonical
     # the rows typed otherwise or flagged: the reference gives their fate and reason, and types those it accepts
     block, ends = source()
     records = _records(block, ends)
     accepted: list[tuple] = []
     at: list[int] = []
+    warnings = warning_counts(warned, ~bad)  # the rows read again count theirs there
     for i in np.flatnonzero(bad).tolist():
         record = int(kept[i])
         raw = records[record].as_py()
         try:
             accepted.append(_csv_row(next(csv.reader(io.StringIO(raw.decode("utf-8")), strict=True)), False, typed,
-                                     width))  # fmt: skip
+                                     width, warnings))  # fmt: skip
             at.append(i)
         except Rejected as r:
             sink.reject(lineno + 1 + _lines_before(block, ends, record), raw, r.reason)
@@ -703,4 +715,5 @@ def _validated(batch: pa.RecordBatch, source: Callable[[], tuple[bytes, np.ndarr
         out = pa.Table.from_batches(both).combine_chunks().to_batches()[0].take(order)
     (out,) = settle_trace_ids(out)  # (a trace id column whose rows all went to the reference or were rejected)
     sink.stats.add_accepted(out.num_rows)
+    sink.stats.warnings.update(warnings)
     return out

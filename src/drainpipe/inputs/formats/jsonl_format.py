@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -33,7 +34,7 @@ from ..position import Position
 from ..rejects import ReadStats, Sink
 from ..scanned import RAW_SCHEMA, raw_batch
 from ..schema import TRACE_ID
-from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values
+from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values, warning_counts
 from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source, split_lines
 
 try:
@@ -101,8 +102,9 @@ def _reject_constant(name: str) -> Any:
 _scan_json = json.JSONDecoder(parse_constant=_reject_constant).scan_once  # type: ignore[attr-defined]
 
 
-def _json_record(line: bytes) -> tuple:
-    """One stripped, non-blank JSON line -> canonical row tuple, or ``Rejected``."""
+def _json_record(line: bytes, warnings: Counter[str] | None) -> tuple:
+    """One stripped, non-blank JSON line -> canonical row tuple (its warnings added to ``warnings``), or
+    ``Rejected``."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
@@ -118,7 +120,7 @@ def _json_record(line: bytes) -> tuple:
     get = obj.get
     return validate_values(
         get("ts"), get("service"), get("instance"), get("endpoint"),
-        get("latency_ms"), get("status"), get("db_statement"), get(TRACE_ID),
+        get("latency_ms"), get("status"), get("db_statement"), get(TRACE_ID), warnings=warnings,
     )  # fmt: skip
 
 
@@ -193,7 +195,7 @@ class JsonlBlocks:
             self.skip -= 1
         if fast is not None:
             return _accepted(*fast, sink)
-        rows = json_rows(enumerate(chunk, lineno + 1), sink.reject)
+        rows = json_rows(enumerate(chunk, lineno + 1), sink.reject, sink.stats.warnings)
         if rows:
             sink.stats.add_accepted(len(rows))
             return rows_to_batch(rows)
@@ -228,9 +230,13 @@ class JsonlBlocks:
         self.skip = self.backoff
 
 
-def _accepted(batch: pa.RecordBatch, rejects: list[tuple[int, bytes, str]], sink: Sink) -> pa.RecordBatch | None:
+def _accepted(
+    batch: pa.RecordBatch, rejects: list[tuple[int, bytes, str]], warnings: Counter[str], sink: Sink
+) -> pa.RecordBatch | None:
     for reject in rejects:
         sink.reject(*reject)
+    for reason, n in warnings.items():
+        sink.stats.add_warning(reason, n)
     if batch.num_rows:
         sink.stats.add_accepted(batch.num_rows)
         return batch
@@ -299,11 +305,12 @@ def fast_jsonl_block(
     data: bytes | None = None,
     newlines: np.ndarray | None = None,
     scan: bool = True,
-) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
+) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]], Counter[str]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
-    rows, (line, raw, reason) per rejected line)`` via the C scanner (:func:`scanned`) or else ``pyarrow.json``
-    (:func:`_arrow_parsed`) and the columnar core, or None when this cannot be proven to equal what the per-line
-    path (:func:`json_rows`) gives for the block. The scanner accepts a strict subset of what follows.
+    rows, (line, raw, reason) per rejected line, the accepted rows' warnings)`` via the C scanner
+    (:func:`scanned`) or else ``pyarrow.json`` (:func:`_arrow_parsed`) and the columnar core, or None when this
+    cannot be proven to equal what the per-line path (:func:`json_rows`) gives for the block. The scanner accepts a
+    strict subset of what follows.
 
     Only a block in which every line is one strict-JSON object whose known fields have the canonical JSON
     types takes this path; the rows the columnar checks reject get their reasons from the per-line path.
@@ -340,14 +347,15 @@ def fast_jsonl_block(
 
 def _fast_result(
     batch: pa.RecordBatch, chunk: Sequence[bytes], lineno: int, dictionaries: bool = False
-) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]]] | None:
+) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]], Counter[str]] | None:
     """A raw batch a fast path read from the lines ``chunk`` (the first is line ``lineno + 1``) -> ``(canonical
-    batch of the accepted rows, (line, raw, reason) per rejected line)``, or None when a row the columnar checks
-    flag is one the per-line path accepts (never expected: the caller then reads the block line by line).
-    ``dictionaries``: :func:`~..validation.validate_columns`'s ``keep_dictionaries``."""
-    canonical, flagged = validate_columns(batch, dictionaries)
+    batch of the accepted rows, (line, raw, reason) per rejected line, the accepted rows' warnings)``, or None when
+    a row the columnar checks flag is one the per-line path accepts (never expected: the caller then reads the
+    block line by line). ``dictionaries``: :func:`~..validation.validate_columns`'s ``keep_dictionaries``."""
+    canonical, flagged, warned = validate_columns(batch, dictionaries)
+    warnings = warning_counts(warned)  # (of the rows not flagged: the per-line path rejects every flagged one)
     if flagged is None:
-        return canonical, []
+        return canonical, [], warnings
     # Rows the columnar checks reject are strict-JSON objects of canonical types: the per-line path gives
     # their reasons (and must reject every one of them, or the whole block goes back to it).
     mask = flagged[0]
@@ -356,7 +364,7 @@ def _fast_result(
     accepted = json_rows(((lineno + 1 + i, chunk[i]) for i in bad), lambda *reject: rejects.append(reject))
     if accepted or len(rejects) != len(bad):
         return None
-    return canonical.filter(pa.array(~mask)), rejects
+    return canonical.filter(pa.array(~mask)), rejects, warnings
 
 
 def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
@@ -458,27 +466,35 @@ def _one_object_per_line(
 def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """A JSON Lines (NDJSON) body -> a canonical batch of its valid records and ``(line number, reason)`` per
     rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files, through the
-    same columnar fast path where it provably gives the same result."""
+    same columnar fast path where it provably gives the same result. ``stats`` (optional) counts them as a read
+    would, warnings too."""
     if data and _JSONL_FAST_PATH:
         n = data.count(b"\n") + (not data.endswith(b"\n"))
         fast = fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
         if fast is not None:
-            batch, rejected = fast
-            return counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats)
+            batch, rejected, noted = fast
+            return counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats, noted)
     rejects: list[tuple[int, str]] = []
-    rows = json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)))
-    return counted(rows, rejects, stats)
+    warnings: Counter[str] = Counter()
+    rows = json_rows(enumerate(data.split(b"\n"), 1), lambda lineno, _raw, reason: rejects.append((lineno, reason)),
+                     warnings)  # fmt: skip
+    return counted(rows, rejects, stats, warnings)
 
 
-def json_rows(numbered: Iterable[tuple[int, bytes]], reject: Callable[[int, bytes, str], None]) -> list[tuple]:
-    """Validated rows of numbered JSON lines; blank lines are skipped, every other line is a row or a reject."""
+def json_rows(
+    numbered: Iterable[tuple[int, bytes]],
+    reject: Callable[[int, bytes, str], None],
+    warnings: Counter[str] | None = None,
+) -> list[tuple]:
+    """Validated rows of numbered JSON lines; blank lines are skipped, every other line is a row or a reject. The
+    rows' warnings are added to ``warnings``."""
     rows: list[tuple] = []
     for lineno, raw in numbered:
         line = raw.strip(_JSON_WS)
         if not line:
             continue
         try:
-            rows.append(_json_record(line))
+            rows.append(_json_record(line, warnings))
         except Rejected as r:
             reject(lineno, raw, r.reason)
     return rows

@@ -18,7 +18,7 @@ from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
 from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
-from ..validation import validate_columns
+from ..validation import validate_columns, warning_counts
 from .base import Format
 
 __all__ = ["Parquet", "parquet_batch", "parquet_columns", "open_parquet"]
@@ -74,11 +74,13 @@ def parquet_batch(
     values (the canonical batch then has :data:`EVENT_SCHEMA`'s columns with ``dictionary<string>`` types there),
     for a consumer that groups by them (:func:`~drainpipe.pipeline.aggregate.aggregate_batch` takes the codes as
     they are instead of decoding and hashing every string again). Else every column has its EVENT_SCHEMA type."""
-    canonical, rejects = validate_columns(batch, keep_dictionaries)
+    canonical, rejects, warned = validate_columns(batch, keep_dictionaries)
     if rejects is not None:
         mask, reasons = rejects
         _reject_rows(batch, mask, reasons, offset, sink)
         canonical = canonical.filter(pa.array(~mask))
+    for reason, n in warning_counts(warned).items():
+        sink.stats.add_warning(reason, n)
     if canonical.num_rows:
         sink.stats.add_accepted(canonical.num_rows)
         return canonical
