@@ -61,9 +61,10 @@ def access_log(path: Path, flavor: str, n: int, seed: int, base_ms: int) -> list
 
 
 def otlp_file(path: Path, seed: int, base_ms: int, exports: int = 20, spans: int = 30) -> dict[str, int]:
-    """Write ``exports`` OTLP JSON lines of SERVER/INTERNAL/CLIENT spans (plus a malformed line and a span that ends
-    before it starts; the SERVER spans sampled as :data:`~testlib.TRACE_STATES` say); return the expected request
-    count per service (the spans' adjusted counts)."""
+    """Write ``exports`` OTLP JSON lines of SERVER/INTERNAL/CLIENT spans (plus a malformed line, a span that ends
+    before it starts, and SERVER spans whose ids are odd: a 64-bit trace id, none, a span id of 4 bytes, which are
+    requests all the same; the SERVER spans sampled as :data:`~testlib.TRACE_STATES` say); return the expected
+    request count per service (the spans' adjusted counts)."""
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     lines = []
@@ -93,12 +94,19 @@ def otlp_file(path: Path, seed: int, base_ms: int, exports: int = 20, spans: int
             bad = scope.spans.add(trace_id=b"\2" * 16, span_id=b"\3" * 8, name="GET /", kind=2,
                                   start_time_unix_nano=base_ms * 1_000_000 + 10, end_time_unix_nano=base_ms * 1_000_000)  # fmt: skip
             assert bad.kind == 2
+        if e == 4:  # odd ids never cost a request: a 64-bit trace id (kept, padded), none, a short span id
+            state = TRACE_STATES[-1]  # (a rounded count: a span id that cannot be used rounds as an id of zeros)
+            for trace_id, span_id in ((b"\0\0\0\6m\xea2-", b"\5" * 8), (b"", b"\6" * 8), (b"\7" * 16, b"\5" * 4)):
+                end = (base_ms + 60_000) * 1_000_000
+                scope.spans.add(trace_id=trace_id, span_id=span_id, name="GET /odd/1", kind=2, trace_state=state,
+                                start_time_unix_nano=end - 2_000_000, end_time_unix_nano=end)  # fmt: skip
+                counts[service] += adjusted_count(state, span_id if len(span_id) == 8 else bytes(8))
         document = json_format.MessageToDict(request)
         for r in document["resourceSpans"]:
             for s in r["scopeSpans"]:
                 for span in s["spans"]:
                     for key in ("traceId", "spanId"):
-                        span[key] = base64.b64decode(span[key]).hex()
+                        span[key] = base64.b64decode(span.get(key, "")).hex()
         lines.append(json.dumps(document))
         if e == 5:
             lines.append('{"resourceSpans": [')  # a truncated line

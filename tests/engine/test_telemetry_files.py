@@ -23,21 +23,30 @@ from telemetry_files import access_log, otlp_file
 BASE_MS = 1_790_000_000_000 // 60_000 * 60_000
 
 
+#: trace ids a few events carry instead of 32 hex digits, and what is kept of them (None: dropped, with a warning)
+ODD_TRACE_IDS = [("not-a-trace-id", None), ("000000066dea322d", "0000000000000000000000066dea322d"),
+                 ("4BF92F35-77B3-4DA6-A3CE-929D0E0E4736", "4bf92f3577b34da6a3ce929d0e0e4736"), ("", None),
+                 ("0" * 32, None), (6, None), (True, None), ({"id": 1}, None)]  # fmt: skip
+
+
 def traced_events(path: Path, n: int, seed: int) -> list[dict]:
-    """JSON Lines events of which most carry a trace id (``trace_id``, 32 hex digits; a few malformed ones are
-    rejected); the valid events written."""
+    """JSON Lines events of which most carry a trace id (``trace_id``, 32 hex digits; every 37th one of
+    :data:`ODD_TRACE_IDS`: a 64-bit id or a UUID is kept as its 32 digits, the others are dropped, their events
+    stored without them); the events as stored."""
     rng = random.Random(seed)
-    lines, valid = [], []
+    lines, stored = [], []
     for i in range(n):
         event = {"ts": BASE_MS + rng.randrange(0, 180_000), "service": "jsvc", "endpoint": f"/j{i % 3}",
                  "latency_ms": float(rng.randrange(1, 3000)), "status": i % 9 != 0}  # fmt: skip
+        stored.append(dict(event))
         if i % 5:
-            event["trace_id"] = rng.randbytes(16).hex() if i % 37 else "not-a-trace-id"
+            odd, kept = ODD_TRACE_IDS[i // 37 % len(ODD_TRACE_IDS)]
+            event["trace_id"], kept = (rng.randbytes(16).hex(),) * 2 if i % 37 else (odd, kept)
+            if kept is not None:
+                stored[-1]["trace_id"] = kept
         lines.append(json.dumps(event))
-        if not i % 5 or i % 37:
-            valid.append(event)
     path.write_text("\n".join(lines) + "\n")
-    return valid
+    return stored
 
 
 def telemetry_inputs(directory: Path) -> tuple[list[str], dict]:
@@ -79,7 +88,10 @@ def expected_exemplars(path: Path) -> list[tuple]:
                     latency = (end - start) / 1e6
                     minute = end // 1_000_000 // 60_000 * 60_000
                     key = (f"{attributes['service.name']}/{endpoint}", minute, bisect.bisect_left(bounds, latency))
-                    candidate = (-latency, span["traceId"])
+                    trace = span["traceId"].rjust(32, "0") if len(span["traceId"]) == 16 else span["traceId"]
+                    if not trace:  # (a span without a trace id is a request, and no exemplar)
+                        continue
+                    candidate = (-latency, trace)
                     if key not in best or candidate < best[key]:
                         best[key] = candidate
     return sorted(
@@ -154,7 +166,11 @@ def test_access_logs_and_otlp_files_through_the_local_engine(tmp_path: Path) -> 
     spans = [e for e in exemplars if not e[0].startswith("jsvc/")]
     assert spans == expected_exemplars(Path(paths[2])) and len(spans) > 50
     assert [e for e in exemplars if e[0].startswith("jsvc/")] == expected_json_exemplars(want["traced"])
-    assert reasons["bad value: trace_id"] == sum(1 for i in range(700) if i % 5 and not i % 37)
+    assert "bad value: trace_id" not in reasons  # an odd trace id costs its event nothing but the id
+    dropped = sum(1 for i in range(700) if i % 5 and not i % 37 and ODD_TRACE_IDS[i // 37 % 8][1] is None)
+    assert summary.warnings["bad trace_id"] == dropped + 1  # and a span's (telemetry_files.otlp_file)
+    assert summary.warnings["bad span_id"] == 1
+    assert cpm_by_entity(url, "service_cpm")["jsvc"] == 700
 
 
 def test_an_access_log_needs_a_service(tmp_path: Path) -> None:

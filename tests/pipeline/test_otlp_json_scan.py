@@ -27,8 +27,11 @@ from drainpipe.inputs import span_columns
 from drainpipe.inputs.formats.otlp_format import decode_block
 from drainpipe.inputs.options import InputOptions
 from drainpipe.inputs.span_json import MESSAGES, SPAN_KINDS, STATUS_CODES, python_json_spans
+from drainpipe.inputs.spans import SpanMapping
 
 OPTIONS = InputOptions()
+#: the same, the spans' trace ids kept (exemplars): the passes and the reference must give the same ids too
+TRACED = InputOptions(spans=SpanMapping(trace_ids=True))
 END = 1_790_000_000_000_000_000
 
 
@@ -51,11 +54,14 @@ def _scanned(data: bytes, count: int) -> Any:
 
 
 def _same(data: bytes, count: int) -> list[int]:
-    """A pass and the reference over one block: the same events and rejects. Returns the lines the pass declined."""
-    fast, fast_bad = decode_block(data, count, 100, OPTIONS, True)
-    ref, ref_bad = decode_block(data, count, 100, OPTIONS, False)
-    assert _rows(fast) == _rows(ref), data[:2000]
-    assert fast_bad == ref_bad, data[:2000]
+    """A pass and the reference over one block: the same events (trace ids too), rejects and warnings. Returns the
+    lines the pass declined."""
+    for options in (OPTIONS, TRACED):
+        fast, fast_bad = decode_block(data, count, 100, options, True)
+        ref, ref_bad = decode_block(data, count, 100, options, False)
+        assert _rows(fast) == _rows(ref), data[:2000]
+        assert fast_bad == ref_bad, data[:2000]
+        assert dict(fast.warnings) == dict(ref.warnings), data[:2000]
     return _scanned(data, count).declined
 
 
@@ -113,8 +119,17 @@ def _id(rng: random.Random, width: int) -> Any:
     good = rng.randbytes(width).hex()
     if rng.random() < 0.8:
         return good
-    return _pick(rng, good.upper(), good[:-1], "zz" * width, good[:4] + " " + good[4:], "", 12, None,
-                 bytes(width).hex(), good[:6] + "\u00e9")  # fmt: skip
+    odd = [good.upper(), good[:-1], "zz" * width, good[:4] + " " + good[4:], "", 12, None, bytes(width).hex(),
+           good[:6] + "\u00e9", good[:width], [good], True]  # fmt: skip
+    if width == 16:  # a trace id: a 64-bit one (padded), a UUID (its digits), a UUID's length that is none
+        odd += [
+            good[:16],
+            bytes(8).hex(),
+            f"{good[:8]}-{good[8:12]}-{good[12:16]}-{good[16:20]}-{good[20:]}",
+            "-" * 36,
+            f"{good[:8]}-{good[8:12]}-{good[12:16]}-{good[16:20]}_{good[20:]}",
+        ]
+    return rng.choice(odd)
 
 
 def _integer(rng: random.Random, value: int) -> Any:

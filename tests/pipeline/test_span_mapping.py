@@ -2,11 +2,14 @@
 the numpy fallback that Spark executors use) against a plain reference written
 straight from the documented rules (docs/pipeline.md, "OpenTelemetry spans"), over generated exports: kinds, resource
 and span attributes in any order and of any type, both key spellings, status codes, HTTP statuses as integers and
-strings, bad ids, end before start, latencies out of range; and a custom ``[spans]`` mapping."""
+strings, ids of every length (a span whose ids cannot be used is mapped, with a warning; a 64-bit trace id is
+padded), end before start, latencies out of range; and a custom ``[spans]`` mapping."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,11 +20,12 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp
+from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp, span_events
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, batch_schema
 from drainpipe.inputs.spans import KINDS, SpanMapping
+from testlib import adjusted_count
 
 T0_NS = 1_795_543_194_000_000_000  # ns
 
@@ -30,13 +34,22 @@ T0_NS = 1_795_543_194_000_000_000  # ns
 def per_span_pass(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test here runs with the C pass and with its numpy fallback."""
     chosen = _spanmap if request.param == "C" else _spanmap_fallback
-    otlp.pick, otlp.classify = chosen.pick, chosen.classify  # type: ignore[assignment]
+    # (the mapping's module, span_events: patching otlp, which no longer calls them, had tested the C pass twice)
+    span_events.pick, span_events.classify = chosen.pick, chosen.classify  # type: ignore[assignment]
     yield
-    otlp.pick, otlp.classify = _spanmap.pick, _spanmap.classify
+    span_events.pick, span_events.classify = _spanmap.pick, _spanmap.classify
+
+
+def trace_id(raw: bytes) -> bytes | None:
+    """A span's trace id as an event keeps it (docs/pipeline.md): 16 bytes, or 8 left-padded with zeros; None for
+    any other length or all zeros."""
+    padded = bytes(8) + raw if len(raw) == 8 else raw
+    return padded if len(padded) == 16 and any(padded) else None
 
 
 def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: EndpointRules) -> tuple:
-    """(request rows, exit rows, rejects, spans), by the documented rules, one span at a time."""
+    """(request rows, exit rows, rejects, spans, warnings, trace ids of the rows), by the documented rules, one span
+    at a time."""
 
     def text(attrs: dict[str, AnyValue], keys: tuple[str, ...]) -> str | None:
         for key in keys:  # the first key present with a non-empty string wins
@@ -58,6 +71,9 @@ def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: E
         return None
 
     requests, exits, rejects, index = [], [], [], -1
+    warnings: Counter[str] = Counter()
+    request_ids: list[bytes | None] = []
+    exit_ids: list[bytes | None] = []
     request_kinds = {KINDS[k] for k in mapping.request_kinds}
     for rs in request.resource_spans:
         resource = {kv.key: kv.value for kv in rs.resource.attributes}
@@ -75,11 +91,7 @@ def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: E
                         continue
                 else:
                     continue
-                if len(span.trace_id) != 16 or not any(span.trace_id):
-                    rejects.append((index, "bad value: trace_id"))
-                elif len(span.span_id) != 8 or not any(span.span_id):
-                    rejects.append((index, "bad value: span_id"))
-                elif span.end_time_unix_nano < span.start_time_unix_nano:
+                if span.end_time_unix_nano < span.start_time_unix_nano:
                     rejects.append((index, "bad value: end before start"))
                 elif (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6 > LATENCY_MAX_MS:
                     rejects.append((index, "out of range: latency_ms"))
@@ -88,6 +100,10 @@ def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: E
                     if ok and span.status.code == 0 and span.kind == KINDS["server"]:
                         status = http_status(attrs)
                         ok = status is None or status < 500
+                    # the ids never cost a span: one that cannot be used is counted as a warning
+                    warnings["bad trace_id"] += trace_id(span.trace_id) is None
+                    warnings["bad span_id"] += len(span.span_id) != 8 or not any(span.span_id)
+                    (request_ids if statement is None else exit_ids).append(trace_id(span.trace_id))
                     ts = span.end_time_unix_nano // 1_000_000
                     latency = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6
                     if statement is None:
@@ -95,7 +111,7 @@ def reference(request: ExportTraceServiceRequest, mapping: SpanMapping, rules: E
                         requests.append((ts, service, instance, endpoint, latency, ok, None))
                     else:
                         exits.append((ts, service, instance, "", latency, ok, statement))
-    return requests, exits, rejects, index + 1
+    return requests, exits, rejects, index + 1, +warnings, request_ids + exit_ids
 
 
 SPAN_KEYS = ["http.route", "route", "http.response.status_code", "http.status_code", "db.query.text", "db.statement",
@@ -129,8 +145,12 @@ def spans(draw: Any) -> dict[str, Any]:
     # mostly mappable spans, so that the rules after the checks are exercised too
     duration = draw(st.sampled_from([0, 1, 999_999, 1_234_567, 10**9] * 3 + [-1, int(LATENCY_MAX_MS * 1e6) + 1]))
     return {
-        "trace_id": draw(st.sampled_from([b"\x00" * 15 + b"\x01"] * 8 + [bytes(16), b"\x01" * 8, b""])),
-        "span_id": draw(st.sampled_from([b"\x00" * 7 + b"\x02"] * 8 + [bytes(8), b"\x02" * 4])),
+        "trace_id": draw(
+            st.sampled_from(
+                [b"\x00" * 15 + b"\x01"] * 8 + [bytes(16), b"\x01" * 8, bytes(8), b"", b"\x03" * 12, b"\x04" * 17]
+            )
+        ),
+        "span_id": draw(st.sampled_from([b"\x00" * 7 + b"\x02"] * 8 + [bytes(8), b"\x02" * 4, b""])),
         "name": draw(st.sampled_from(["checkout", "GET /items/123", ""])),
         "kind": draw(st.sampled_from([0, 1, 2, 2, 2, 3, 3, 3, 4, 5])),  # SERVER and CLIENT more often
         "start_time_unix_nano": start,
@@ -168,17 +188,20 @@ MAPPINGS = st.sampled_from([
 def test_map_spans_equals_the_documented_rules(request: ExportTraceServiceRequest, mapping: SpanMapping) -> None:
     rules = EndpointRules()
     result = map_spans(request.SerializeToString(), mapping, rules)
-    requests, exits, rejects, count = reference(request, mapping, rules)
+    requests, exits, rejects, count, warnings, ids = reference(request, mapping, rules)
     assert result.spans == count
     assert result.rejects == rejects
+    assert dict(result.batch.warnings) == warnings
     assert result.batch.rows.schema == EVENT_SCHEMA  # (no trace state here: no weights; no exemplars asked for)
-    if result.batch.requests:  # with exemplars asked for, each event keeps its span's trace id
-        kept = map_spans(request.SerializeToString(), dataclasses.replace(mapping, trace_ids=True), rules).batch
-        assert (
-            kept.rows.schema == batch_schema([TRACE_ID]) and kept.rows.select(EVENT_SCHEMA.names) == result.batch.rows
-        )
-        traces = kept.trace_ids()
-        assert traces is not None and all(len(t) == 16 for t in traces.to_pylist())  # (mapped spans have valid ids)
+    # with exemplars asked for, each event keeps its span's trace id (padded, or null when it cannot be used; no
+    # column when none is kept)
+    kept = map_spans(request.SerializeToString(), dataclasses.replace(mapping, trace_ids=True), rules).batch
+    assert kept.rows.select(EVENT_SCHEMA.names) == result.batch.rows and dict(kept.warnings) == warnings
+    traces = kept.trace_ids()
+    if any(t is not None for t in ids):
+        assert kept.rows.schema == batch_schema([TRACE_ID]) and traces is not None and traces.to_pylist() == ids
+    else:
+        assert traces is None
     rows = result.batch.rows.to_pylist()
     split = result.batch.requests
     as_tuples = [tuple(r[f] for f in EVENT_SCHEMA.names) for r in rows]
@@ -224,3 +247,85 @@ def test_the_first_key_of_the_mapping_wins_whatever_the_attribute_order() -> Non
     # a key whose value is no status is passed over for the next
     assert map_spans(wire(2, [("code", "x"), ("http.status_code", "503")]), mapping, rules).batch.rows.column(
         "status").to_pylist() == [False]  # fmt: skip
+
+
+GOOD_TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
+#: a span's trace id as bytes (protobuf, and hex in OTLP JSON), what its event keeps, and whether it warns
+TRACE_SHAPES = [
+    (GOOD_TRACE, GOOD_TRACE, False), (GOOD_TRACE[8:], bytes(8) + GOOD_TRACE[8:], False),  # 16 bytes; 8, padded
+    (bytes(16), None, True), (bytes(8), None, True), (b"", None, True), (GOOD_TRACE[:4], None, True),
+    (GOOD_TRACE[:12], None, True), (GOOD_TRACE + GOOD_TRACE[:4], None, True), (GOOD_TRACE[:15], None, True),
+]  # fmt: skip
+SPAN_IDS = [(b"\x02" * 8, False), (bytes(8), True), (b"", True), (b"\x02" * 4, True), (b"\x02" * 9, True)]
+
+
+def _traced(trace_id: bytes, span_id: bytes, state: str = "") -> ExportTraceServiceRequest:
+    request = one_span(2, [("http.route", "/r")])
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.trace_id, span.span_id, span.trace_state = trace_id, span_id, state
+    return request
+
+
+@pytest.mark.parametrize("trace_id, kept, warned", TRACE_SHAPES)
+@pytest.mark.parametrize("span_id, span_warned", SPAN_IDS)
+def test_a_span_with_odd_ids_is_a_request_with_a_warning(
+    trace_id: bytes, kept: bytes | None, warned: bool, span_id: bytes, span_warned: bool
+) -> None:
+    """A span's ids never cost it (the metrics do not need them; the Collector's spanmetrics connector counts such
+    spans too): the trace id is kept (16 bytes; 8 left-padded) or dropped, the span id ignored, each with a warning.
+    A sampled span whose span id cannot be used rounds its count as a span id of zeros (also when its bytes end the
+    export's id column: nothing is read past them)."""
+    mapping = SpanMapping(trace_ids=True)
+    for state in ("", "ot=th:5555"):  # unsampled; a count rounded from the span id's bits
+        result = map_spans(_traced(trace_id, span_id, state).SerializeToString(), mapping, EndpointRules())
+        assert (result.batch.requests, result.rejects, result.spans) == (1, [], 1)
+        want = {"bad trace_id": 1} if warned else {}
+        assert dict(result.batch.warnings) == {**want, **({"bad span_id": 1} if span_warned else {})}
+        traces = result.batch.trace_ids()
+        assert (traces.to_pylist() if traces is not None else [None]) == [kept]
+        weights = result.batch.weights()
+        if state:
+            seed = span_id if not span_warned else bytes(8)
+            assert (weights.tolist() if weights is not None else [1]) == [adjusted_count(state, seed)]
+
+
+def test_odd_trace_ids_in_otlp_json_on_every_transport_and_pass() -> None:
+    """OTLP JSON carries ids as hex: 32 digits, 16 (padded), a UUID (its digits, as on every input), and odd ones
+    (empty, not hex, all zeros, a number, a list) that are dropped with a warning: the same through the reference
+    decoder (HTTP, gRPC, Kafka), the C pass and the Python pass (files); no span is rejected."""
+    from drainpipe.inputs import span_columns
+    from drainpipe.inputs.formats.otlp_format import decode_block
+    from drainpipe.inputs.messages import decode_values
+    from drainpipe.inputs.options import InputOptions
+
+    good = GOOD_TRACE.hex()
+    shapes: list[tuple[Any, bytes | None]] = [
+        (good, GOOD_TRACE), (good.upper(), GOOD_TRACE), (good[16:], bytes(8) + GOOD_TRACE[8:]),
+        (f"{good[:8]}-{good[8:12]}-{good[12:16]}-{good[16:20]}-{good[20:]}", GOOD_TRACE), ("", None), ("zz" * 16, None),
+        ("0" * 32, None), ("0" * 16, None), (good[:-1], None), (good[:24], None), (12, None), ([good], None),
+        ("-" * 36, None), (f"{good[:8]}-{good[8:12]}-{good[12:16]}-{good[16:20]}-{good[20:-1]}g", None),
+    ]  # fmt: skip
+    spans = [{"traceId": trace, "spanId": "02" * 8, "name": "GET /x", "kind": 2, "startTimeUnixNano": "1000000",
+              "endTimeUnixNano": "3000000"} for trace, _ in shapes]  # fmt: skip
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+    want_ids = [kept for _, kept in shapes]
+    want_warnings = {"bad trace_id": sum(kept is None for kept in want_ids)}
+    mapping = SpanMapping(trace_ids=True)
+    http = otlp.decode_traces(line, json_body=True, mapping=mapping, endpoints=EndpointRules())  # HTTP, gRPC
+    kafka, rejects = decode_values([line], "otlp_json", mapping, EndpointRules())
+    assert http.rejects == [] and rejects == []
+    batches = [http.batch, kafka]
+    options = InputOptions(spans=mapping)
+    scan = span_columns._scan_json
+    try:
+        for c_pass in (scan, None):  # files: the C pass, and the Python pass of Spark executors
+            span_columns._scan_json = c_pass  # type: ignore[assignment]
+            batch, bad = decode_block(line + b"\n", 1, 0, options, True)
+            assert bad == []
+            batches.append(batch)
+    finally:
+        span_columns._scan_json = scan
+    for batch in batches:
+        traces = batch.trace_ids()
+        assert batch.requests == len(shapes) and traces is not None and traces.to_pylist() == want_ids
+        assert dict(batch.warnings) == want_warnings

@@ -203,16 +203,16 @@ def test_bad_bodies_and_partial_success_as_the_spec_says(tmp_path: Path) -> None
         status, _, raw = request(traces, "POST", b"x", {"Content-Type": "text/plain"})
         assert status == 415 and Status.FromString(raw).code == 3
         good = [_span(bytes([1] * 16), bytes([i + 1] * 8), base, base + 5_000_000) for i in range(3)]
-        bad = [_span(bytes(16), bytes([9] * 8), base, base + 1),  # all-zero trace id
+        bad = [_span(bytes(16), bytes([9] * 8), base, base + 1),  # all-zero trace id: mapped, with a warning
                _span(bytes([2] * 16), bytes([8] * 8), base + 10, base)]  # ends before it starts  # fmt: skip
         document = {"resourceSpans": [{"resource": {"attributes": [
             {"key": "service.name", "value": {"stringValue": "shop"}}]},
             "scopeSpans": [{"spans": good + bad}]}]}  # fmt: skip
         status, _, raw = request(traces, "POST", json.dumps(document).encode(), {"Content-Type": "application/json"})
         answer = json.loads(raw)
-        assert status == 200 and answer["partialSuccess"]["rejectedSpans"] == "2", answer
-        assert "trace_id" in answer["partialSuccess"]["errorMessage"] and "end before start" in answer[
-            "partialSuccess"]["errorMessage"]  # fmt: skip
+        assert status == 200 and answer["partialSuccess"]["rejectedSpans"] == "1", answer
+        assert "end before start" in answer["partialSuccess"]["errorMessage"]
+        assert "accepted with a warning: bad trace_id (1)" in answer["partialSuccess"]["errorMessage"]
         pb = ExportTraceServiceRequest()
         rs = pb.resource_spans.add()
         rs.resource.attributes.add(key="service.name").value.string_value = "shop"
@@ -222,7 +222,7 @@ def test_bad_bodies_and_partial_success_as_the_spec_says(tmp_path: Path) -> None
         status, _, raw = request(traces, "POST", pb.SerializeToString(), {"Content-Type": "application/x-protobuf"})
         assert status == 200 and not ExportTraceServiceResponse.FromString(raw).HasField("partial_success")
     got = stored(url)
-    assert got[("service_cpm", "shop")] == 4
+    assert got[("service_cpm", "shop")] == 5
 
 
 # ------------------------------------------------------------------------------------------------------ OTLP/gRPC
@@ -249,7 +249,8 @@ def test_the_sdk_grpc_exporter_reaches_the_store_as_over_http(tmp_path: Path) ->
 
 
 def _export_with_rejects(base: int) -> bytes:
-    """Three valid SERVER spans of "shop" and two that cannot be mapped (an all-zero trace id; end before start)."""
+    """Three valid SERVER spans of "shop", one with an all-zero trace id (mapped, with a warning) and one that cannot
+    be mapped (end before start)."""
     pb = ExportTraceServiceRequest()
     rs = pb.resource_spans.add()
     rs.resource.attributes.add(key="service.name").value.string_value = "shop"
@@ -291,7 +292,8 @@ def test_grpc_answers_as_the_spec_says(tmp_path: Path) -> None:
         answer, err = _call(address, _export_with_rejects(base), "t")
         assert err is None and answer is not None
         partial = ExportTraceServiceResponse.FromString(answer).partial_success
-        assert partial.rejected_spans == 2 and "end before start" in partial.error_message, partial
+        assert partial.rejected_spans == 1 and "end before start" in partial.error_message, partial
+        assert "bad trace_id (1)" in partial.error_message, partial
         _, err = _call(address, _export_with_rejects(base), None)
         assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED
         _, err = _call(address, b"\xff\xff\xff garbage", "t")
@@ -308,7 +310,7 @@ def test_grpc_answers_as_the_spec_says(tmp_path: Path) -> None:
         answer, err = _call(address, good.SerializeToString(), "t")
         assert err is None and answer is not None
         assert not ExportTraceServiceResponse.FromString(answer).HasField("partial_success")
-    assert stored(url)[("service_cpm", "shop")] == 6  # 3 of the partly valid export, 3 of the good one
+    assert stored(url)[("service_cpm", "shop")] == 7  # 4 of the partly valid export, 3 of the good one
     throttled = ServiceOptions(sample_interval_s=0.25, top_refresh_s=0.5, max_concurrent_requests=0, retry_after_s=7)
     with running_server(store_url=f"duckdb:///{tmp_path / 'f.duckdb'}", grpc_port=0, options=throttled) as srv:
         assert srv.grpc is not None

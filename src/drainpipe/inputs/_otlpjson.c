@@ -25,9 +25,11 @@
  *     values (SPAN_KIND_SERVER; the names are checked against opentelemetry-proto's by a test); a double is a JSON
  *     number that is finite as a double; bools are true/false; null is an unset field, as in ParseDict, but never
  *     a list element; bytesValue and entityRefs decline;
- *   - ids (traceId, spanId, parentSpanId of spans and links) are strings, as the reference's hex conversion
- *     wants: hex of even length decodes, any other string without whitespace is an empty id (the reference makes
- *     it one), and whitespace declines (bytes.fromhex skips some of it).
+ *   - ids (traceId, spanId, parentSpanId of spans and links) are strings (any other value declines: the reference
+ *     makes it an empty id): hex of even length decodes, any other string without whitespace is an empty id (the
+ *     reference makes it one), and whitespace declines (bytes.fromhex skips some of it). A span's traceId of 36
+ *     characters that is not hex declines too: the reference reads a UUID's 32 digits (inputs/trace_ids.py); the
+ *     mapping decides which decoded trace ids it can use (16 bytes, or 8 left-padded).
  * Nesting deeper than MAX_DEPTH (array and kvlist values) declines.
  *
  * What it returns per accepted line: its resources (attributes into the resource pool; an absent resource has
@@ -630,9 +632,10 @@ key_value(Scan *s, void *ctx)
 
 /* ------------------------------------------------------------------------------------------------- messages */
 
-/* An id: a string; hex of even length decodes into `into` (if any), other strings are an empty id. */
+/* An id: a string; hex of even length decodes into `into` (if any), other strings are an empty id, except a span's
+ * trace id (`trace`) of a UUID's length: the reference reads a UUID with dashes. */
 static int
-id(Scan *s, Buf *into)
+id(Scan *s, Buf *into, int trace)
 {
     const unsigned char *str;
     size_t n;
@@ -643,6 +646,8 @@ id(Scan *s, Buf *into)
             return 1; /* bytes.fromhex skips whitespace between pairs */
         hex &= HEX[str[i]] >= 0;
     }
+    if (!hex && trace && n == 36)
+        return 1;
     if (!hex || into == NULL)
         return 0;
     if (buf_reserve(into, n / 2) < 0)
@@ -691,7 +696,7 @@ link_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *se
     FIELD(LINK_FIELDS);
     switch (f) {
     case 0:
-    case 1: return id(s, NULL);
+    case 1: return id(s, NULL, 0);
     case 2: return any_string(s);
     case 3: return list(s, key_value, NULL);
     default: return u32(s);
@@ -719,9 +724,9 @@ span_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *se
     Span *span = ctx;
     FIELD(SPAN_FIELDS);
     switch (f) {
-    case 0: return id(s, &s->out[S_TDATA]);
-    case 1: return id(s, &s->out[S_SDATA]);
-    case 3: return id(s, NULL);
+    case 0: return id(s, &s->out[S_TDATA], 1);
+    case 1: return id(s, &s->out[S_SDATA], 0);
+    case 3: return id(s, NULL, 0);
     case 2:   /* traceState */
     case 5: { /* name */
         const unsigned char *str;

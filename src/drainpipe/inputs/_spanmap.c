@@ -11,9 +11,12 @@
  *             keys whose value suits the field (the earliest of equals): a non-empty string for a text field; an
  *             integer, or a string of ASCII digits, for the status field, whose value is returned too;
  *   classify: per span, whether it is a request (its kind is in the request kinds), an exit row (a CLIENT span
- *             with a statement) or neither; for the first two, the first check that fails (trace id, span id,
- *             end before start, latency over the bound), else its latency and whether it succeeded (not ERROR;
- *             a SERVER span with status UNSET also fails with an HTTP status >= 500).
+ *             with a statement) or neither; for the first two, the first check that fails (end before start,
+ *             latency over the bound), else its latency and whether it succeeded (not ERROR; a SERVER span with
+ *             status UNSET also fails with an HTTP status >= 500). Its ids never cost it: the metrics do not need
+ *             them (the Collector's spanmetrics connector counts such spans too), so a span whose trace id or span
+ *             id cannot be used is mapped, and counted for a warning (the trace id's rule is inputs/trace_ids.py's:
+ *             16 bytes, or 8 left-padded with zeros, not all zero; a span id is 8 bytes, not all zero).
  * The inputs are unsliced arrays (offset 0), as a fresh ptars batch holds; the caller checks that.
  */
 #define PY_SSIZE_T_CLEAN
@@ -200,10 +203,27 @@ fail:
     return NULL;
 }
 
+/* Whether the n bytes at id are not all zero. */
+static inline int
+nonzero(const uint8_t *id, int32_t n)
+{
+    uint8_t any = 0;
+    for (int32_t j = 0; j < n; j++)
+        any |= id[j];
+    return any != 0;
+}
+
+/* Whether a trace id can be used (inputs/trace_ids.py): 16 bytes, or a 64-bit id of 8, not all zero. */
+static inline int
+trace_id_usable(const uint8_t *id, int32_t n)
+{
+    return (n == 16 || n == 8) && nonzero(id, n);
+}
+
 /* classify(kind, start, end, status_valid, status_code, tid_offsets, tid_data, sid_offsets, sid_data, statement,
- *          http_status, request_kinds, client, server, latency_max_ms, out_cat, out_ok, out_latency) -> None
- * out_cat: int8 per span: 1 request, 2 exit row, 0 neither, -1 bad trace id, -2 bad span id, -3 end before start,
- * -4 latency out of range. */
+ *          http_status, request_kinds, client, server, latency_max_ms, out_cat, out_ok, out_latency)
+ *   -> (mapped spans whose trace id cannot be used, mapped spans whose span id cannot be used)
+ * out_cat: int8 per span: 1 request, 2 exit row, 0 neither, -3 end before start, -4 latency out of range. */
 static PyObject *
 classify(PyObject *self, PyObject *args)
 {
@@ -242,6 +262,7 @@ classify(PyObject *self, PyObject *args)
         goto fail;
     }
 
+    Py_ssize_t bad_trace = 0, bad_span = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t k = kind[i];
         int is_request = k >= 0 && k < 64 && (request_kinds >> k) & 1;
@@ -250,22 +271,6 @@ classify(PyObject *self, PyObject *args)
         lat[i] = 0.0;
         if (!is_request && !is_exit) {
             cat[i] = 0;
-            continue;
-        }
-        const uint8_t *id = tdata + toff[i];
-        int nonzero = 0;
-        for (int j = 0; j < 16 && toff[i + 1] - toff[i] == 16; j++)
-            nonzero |= id[j];
-        if (toff[i + 1] - toff[i] != 16 || !nonzero) {
-            cat[i] = -1;
-            continue;
-        }
-        id = sdata + soff[i];
-        nonzero = 0;
-        for (int j = 0; j < 8 && soff[i + 1] - soff[i] == 8; j++)
-            nonzero |= id[j];
-        if (soff[i + 1] - soff[i] != 8 || !nonzero) {
-            cat[i] = -2;
             continue;
         }
         if (end[i] < start[i]) {
@@ -284,9 +289,11 @@ classify(PyObject *self, PyObject *args)
         cat[i] = is_request ? 1 : 2;
         ok[i] = (uint8_t)success;
         lat[i] = latency;
+        bad_trace += !trace_id_usable(tdata + toff[i], toff[i + 1] - toff[i]);
+        bad_span += !(soff[i + 1] - soff[i] == 8 && nonzero(sdata + soff[i], 8));
     }
     release(b, 14);
-    Py_RETURN_NONE;
+    return Py_BuildValue("(nn)", bad_trace, bad_span);
 fail:
     release(b, 14);
     return NULL;
@@ -294,7 +301,8 @@ fail:
 
 static PyMethodDef methods[] = {
     {"pick", pick, METH_VARARGS, "Per owner and field: the first-ranked attribute whose value suits the field."},
-    {"classify", classify, METH_VARARGS, "Per span: request, exit row, neither, or why it is rejected."},
+    {"classify", classify, METH_VARARGS,
+     "Per span: request, exit row, neither, or why it is rejected; the mapped spans whose ids cannot be used."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,6 +13,8 @@ def pick(owners: int, list_offsets: Any, present: Any, key_offsets: Any, key_dat
 
 def classify(kind: Any, start: Any, end: Any, status_valid: Any, status_code: Any, tid_offsets: Any, tid_data: Any,
              sid_offsets: Any, sid_data: Any, statement: Any, http_status: Any, request_kinds: int, client: int,
-             server: int, latency_max_ms: float, out_cat: Any, out_ok: Any, out_latency: Any, /) -> None:  # fmt: skip
-    """Per span: ``out_cat`` (int8: 1 request, 2 exit row, 0 neither, -1..-4 the first check that fails),
-    ``out_ok`` and ``out_latency`` (ms) of the mapped ones."""
+             server: int, latency_max_ms: float, out_cat: Any, out_ok: Any, out_latency: Any,
+             /) -> tuple[int, int]:  # fmt: skip
+    """Per span: ``out_cat`` (int8: 1 request, 2 exit row, 0 neither, -3/-4 the first check that fails),
+    ``out_ok`` and ``out_latency`` (ms) of the mapped ones. Returns how many mapped spans have a trace id, and how
+    many a span id, that cannot be used (they are mapped all the same)."""

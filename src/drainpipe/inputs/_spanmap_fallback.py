@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .trace_ids import trace_id_column
+
 _NONE = np.iinfo(np.int64).max
 
 
@@ -76,7 +78,8 @@ def pick(owners: int, list_offsets: Any, present: Any, key_offsets: Any, key_dat
 
 def classify(kind: Any, start: Any, end: Any, status_valid: Any, status_code: Any, tid_offsets: Any, tid_data: Any,
              sid_offsets: Any, sid_data: Any, statement: Any, http_status: Any, request_kinds: int, client: int,
-             server: int, latency_max_ms: float, out_cat: Any, out_ok: Any, out_latency: Any, /) -> None:  # fmt: skip
+             server: int, latency_max_ms: float, out_cat: Any, out_ok: Any, out_latency: Any,
+             /) -> tuple[int, int]:  # fmt: skip
     kinds = np.frombuffer(kind, np.int32)
     n = len(kinds)
     starts = np.frombuffer(start, np.uint64, n)
@@ -86,11 +89,7 @@ def classify(kind: Any, start: Any, end: Any, status_valid: Any, status_code: An
     is_exit = ~is_request & (kinds == client) & (np.asarray(statement) >= 0)
     backwards = ends < starts
     latency = np.where(backwards, 0, ends - starts).astype(np.float64) / 1e6  # as Python's (end - start) / 1e6
-    reason = np.select(
-        [~_is_id(tid_offsets, tid_data, n, 16), ~_is_id(sid_offsets, sid_data, n, 8), backwards,
-         latency > latency_max_ms],
-        [-1, -2, -3, -4], 0,
-    )  # fmt: skip
+    reason = np.select([backwards, latency > latency_max_ms], [-3, -4], 0)
     code = np.where(_bits(status_valid, n), np.frombuffer(status_code, np.int32, n), 0)
     http = np.asarray(http_status)
     ok = (code != 2) & ~((code == 0) & (kinds == server) & (http >= 500))
@@ -99,11 +98,9 @@ def classify(kind: Any, start: Any, end: Any, status_valid: Any, status_code: An
     np.asarray(out_cat)[:] = np.where(mapped, np.where(reason < 0, reason, np.where(is_request, 1, 2)), 0)
     np.asarray(out_ok)[:] = good & ok
     np.asarray(out_latency)[:] = np.where(good, latency, 0.0)
-
-
-def _is_id(offsets: Any, data: Any, n: int, size: int) -> np.ndarray:
-    """Per element: ``size`` bytes, not all zero."""
-    ids = _strings(offsets, data, n, pa.binary())
-    right_size = np.diff(np.frombuffer(offsets, np.int32, n + 1)) == size
-    zero = pc.equal(ids, pa.scalar(bytes(size), pa.binary())).to_numpy(zero_copy_only=False)
-    return right_size & ~zero
+    # the ids never cost a span (see _spanmap.c): the mapped ones whose ids cannot be used are counted
+    _, dropped = trace_id_column(_strings(tid_offsets, tid_data, n, pa.binary()).filter(good))
+    sizes = np.diff(np.frombuffer(sid_offsets, np.int32, n + 1))
+    zero = pc.equal(_strings(sid_offsets, sid_data, n, pa.binary()), pa.scalar(bytes(8), pa.binary()))
+    usable = (sizes == 8) & ~zero.to_numpy(zero_copy_only=False)
+    return (0 if dropped is None else int(dropped.sum())), int((good & ~usable).sum())

@@ -20,8 +20,11 @@ The mapping (``docs/pipeline.md``, "OpenTelemetry spans"; every attribute list o
   ``http.response.status_code`` (or the older ``http.status_code``) >= 500;
 * a CLIENT span with ``db.query.text`` (or the older ``db.statement``) is an *exit row* (:class:`~.batches.EventBatch`):
   its statement and duration feed the top-Ns keyed on ``db_statement``, under the calling service;
-* a span that cannot be mapped (ids missing or malformed, end before start, a value out of range) is rejected with
-  a reason; :func:`decode_traces` reports it for OTLP's ``partial_success``;
+* a span that cannot be mapped (end before start, a latency out of range) is rejected with a reason;
+  :func:`decode_traces` reports it for OTLP's ``partial_success``. Its ids never cost it (the metrics do not need
+  them, and the Collector's spanmetrics connector counts such spans too): a trace id that cannot be used
+  (:mod:`.trace_ids`: 16 bytes, or 8 left-padded with zeros; in OTLP JSON also a UUID's 32 digits) is dropped and a
+  span id that cannot be used is ignored, each counted as a warning (``bad trace_id``, ``bad span_id``);
 * an HTTP status is an integer value, or a string of ASCII digits;
 * with ``trace_ids`` (the metrics TOML's ``[prometheus] exemplars = true``), each event keeps its span's trace id
   (the ``trace_id`` column), from which the live RED series pick exemplars;
@@ -48,6 +51,7 @@ from .options import InputOptions
 from .span_columns import span_columns
 from .span_events import TracesResult, map_columns
 from .spans import SpanMapping
+from .trace_ids import trace_id_bytes
 
 __all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "map_columns", "map_spans"]
 
@@ -117,27 +121,35 @@ _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 
 def _hex_ids_to_base64(document: dict[str, Any]) -> None:
-    """OTLP JSON carries ids as hex; protobuf's JSON mapping wants base64. An id that is not hex becomes empty, so
-    its span is rejected with a reason instead of failing the whole request."""
-    for holder in _id_holders(document):
+    """OTLP JSON carries ids as hex; protobuf's JSON mapping wants base64. An id that is not hex (or not a string)
+    becomes empty, so that its span is mapped without it (and counted as a warning) instead of failing the whole
+    request. A span's trace id follows the trace id rule of every input (:func:`~.trace_ids.trace_id_bytes`: a
+    UUID's dashes are read too)."""
+    for holder, is_span in _id_holders(document):
         for key in _ID_FIELDS:
             value = holder.get(key)
-            if isinstance(value, str):
+            if value is None:  # (absent, or null: protobuf's default, the empty id)
+                continue
+            if is_span and key == "traceId":
+                raw = trace_id_bytes(value) or b""
+            else:
                 try:
-                    holder[key] = base64.b64encode(bytes.fromhex(value)).decode()
+                    raw = bytes.fromhex(value) if isinstance(value, str) else b""
                 except ValueError:
-                    holder[key] = ""
+                    raw = b""
+            holder[key] = base64.b64encode(raw).decode()
 
 
-def _id_holders(document: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _id_holders(document: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bool]]:
+    """The spans (``True``) and their links (``False``) of an export."""
     for rs in _list(document.get("resourceSpans", document.get("resource_spans"))):
         for ss in _list(rs.get("scopeSpans", rs.get("scope_spans"))) if isinstance(rs, dict) else ():
             for span in _list(ss.get("spans")) if isinstance(ss, dict) else ():
                 if isinstance(span, dict):
-                    yield span
+                    yield span, True
                     for link in _list(span.get("links")):
                         if isinstance(link, dict):
-                            yield link
+                            yield link, False
 
 
 def _list(value: Any) -> list[Any]:

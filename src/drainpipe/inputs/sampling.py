@@ -64,7 +64,7 @@ _parsed = functools.lru_cache(maxsize=4096)(parse_trace_state)
 def adjusted_counts(trace_states: pa.Array, span_ids: pa.Array, rows: np.ndarray) -> tuple[np.ndarray | None, Counter]:
     """Per row (``rows``: indexes into the spans), its span's adjusted count (int64), or None when every one counts
     1; and how many counted 1 for a threshold they could not use, by reason. ``trace_states``: each span's trace
-    state (string; null or empty for none); ``span_ids``: their 8-byte ids (binary), valid for the rows."""
+    state (string; null or empty for none); ``span_ids``: their 8-byte ids (binary; another length reads as 0)."""
     warnings: Counter = Counter()
     if not len(rows) or _all_empty(trace_states):
         return None, warnings
@@ -187,10 +187,17 @@ def _all_empty(strings: pa.Array) -> bool:
 
 
 def _ids(span_ids: pa.Array, rows: np.ndarray) -> np.ndarray:
-    """The 8-byte span ids of ``rows`` as little-endian uint64."""
+    """The 8-byte span ids of ``rows`` as little-endian uint64; 0 for a span id that is not 8 bytes (such a span is
+    mapped all the same, and rounds as the same span each time it is read)."""
     offsets = np.frombuffer(span_ids.buffers()[1], np.int32, len(span_ids) + 1, span_ids.offset * 4)
-    data = np.frombuffer(span_ids.buffers()[2], np.uint8)
-    return data[offsets[rows][:, None] + np.arange(8)].copy().view("<u8").ravel()
+    data = span_ids.buffers()[2]
+    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    starts = offsets[rows]
+    sized = offsets[rows + 1] - starts == 8
+    if not sized.all():
+        data = np.concatenate([data, np.zeros(8, np.uint8)])  # (a short id at the end: nothing read past it)
+        starts = np.where(sized, starts, len(data) - 8)
+    return data[starts[:, None] + np.arange(8)].copy().view("<u8").ravel()
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from .endpoints import EndpointRules
 from .sampling import adjusted_counts
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID
 from .span_columns import Attributes, SpanColumns
+from .trace_ids import BAD_TRACE_ID, trace_id_column
 
 try:
     from ._spanmap import classify, pick
@@ -21,18 +22,21 @@ except ImportError:  # a Spark executor's zip of drainpipe's Python modules hold
     from ._spanmap_fallback import classify, pick
 from .spans import KINDS, SpanMapping
 
-__all__ = ["TracesResult", "UNKNOWN_SERVICE", "map_columns"]
+__all__ = ["TracesResult", "UNKNOWN_SERVICE", "BAD_SPAN_ID", "map_columns"]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
 UNKNOWN_SERVICE = "unknown_service"
+#: the warning reason of a span mapped without its span id (which only seeds the rounding of a sampled span's count)
+BAD_SPAN_ID = "bad span_id"
 
 
 @dataclass
 class TracesResult:
     """A decoded export: ``batch`` (requests, then exit rows, marked; its warnings count the requests counted 1
-    for a sampling threshold that could not be used), ``rejects`` as (span index, reason), and the number of spans
-    looked at (``spans``; the ones that are neither requests nor exits are not events)."""
+    for a sampling threshold that could not be used, and the events whose trace id or span id could not be used),
+    ``rejects`` as (span index, reason), and the number of spans looked at (``spans``; the ones that are neither
+    requests nor exits are not events)."""
 
     batch: EventBatch
     rejects: list[tuple[int, str]]
@@ -50,8 +54,8 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
     endpoint, statement, _ = _pick(attrs, (mapping.endpoint, mapping.statement, mapping.http_status), http_status)
     category, ok, latency = np.empty(n, np.int8), np.empty(n, np.bool_), np.empty(n, np.float64)
     request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
-    classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS),
-             category, ok, latency)  # fmt: skip
+    bad_trace, bad_span = classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER,
+                                   float(LATENCY_MAX_MS), category, ok, latency)  # fmt: skip
     # the events: requests, then exit rows
     requests = np.flatnonzero(category == 1)
     rows = np.concatenate([requests, np.flatnonzero(category == 2)])
@@ -87,17 +91,21 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
         schema=EVENT_SCHEMA,
     )
     weights, warnings = adjusted_counts(columns.trace_state, columns.span_id, requests)
+    for reason, k in ((BAD_TRACE_ID, bad_trace), (BAD_SPAN_ID, bad_span)):  # (mapped all the same, see classify)
+        if k:
+            warnings[reason] += k
     events = EventBatch(batch, len(requests), tuple(warnings.items()))
     if mapping.trace_ids:  # for exemplars (``[prometheus] exemplars``): 20 more bytes a span through the pipeline
-        events = events.with_column(TRACE_ID, columns.trace_id.take(pa.array(rows)))
+        traces, _ = trace_id_column(columns.trace_id.take(pa.array(rows)))  # (a 64-bit id padded, a bad one null)
+        if traces.null_count < len(traces):  # (else none is kept: no column, as for events without trace ids)
+            events = events.with_column(TRACE_ID, traces)
     if weights is not None:  # exit rows count nothing: 1 each
         events = events.with_weights(np.concatenate([weights, np.ones(len(rows) - len(requests), np.int64)]))
     bad = [(int(i), _REASONS[int(category[i])]) for i in np.flatnonzero(category < 0)]
     return TracesResult(events, bad, n)
 
 
-_REASONS = {-1: "bad value: trace_id", -2: "bad value: span_id", -3: "bad value: end before start",
-            -4: "out of range: latency_ms"}  # fmt: skip
+_REASONS = {-3: "bad value: end before start", -4: "out of range: latency_ms"}
 
 
 def _pick(attrs: Attributes, fields: tuple[tuple[str, ...], ...], status: np.ndarray | None = None) -> np.ndarray:
