@@ -23,7 +23,8 @@ __all__ = ["ReadStats", "DeadLetter", "RejectWriter", "Sink", "jsonable"]
 class ReadStats:
     """Counts of one read (or several: pass the same object). ``read == accepted + rejected`` holds by
     construction; blank lines are not counted. ``reasons`` counts rejects by reason; ``warnings`` counts accepted
-    records read with a caveat, by reason (a sampled span whose threshold could not be used counted 1). Not
+    records read with a caveat, by reason (an odd optional field dropped, such as ``bad trace_id``; a sampled span
+    whose threshold could not be used counted 1). Not
     thread-safe: give each reading thread its own object and :meth:`merge` them."""
 
     read: int = 0

@@ -151,8 +151,9 @@ class EngineCollector(Collector):
         events.add_metric(["accepted"], ic.accepted)
         events.add_metric(["rejected"], ic.rejected)
         yield events
-        warned = c("ingest_warnings", "Events accepted with a caveat, by reason (a sampled span whose sampling "
-                   "threshold could not be used counts 1)", ["reason"])  # fmt: skip
+        warned = c("ingest_warnings", "Events accepted with a caveat, by reason (an odd optional field dropped, "
+                   "such as a trace id that cannot be used; a sampled span whose sampling threshold could not be "
+                   "used counts 1)", ["reason"])  # fmt: skip
         for reason, n in sorted(ic.warnings.items()):
             warned.add_metric([reason], n)
         yield warned
