@@ -124,19 +124,22 @@ def produce_otlp(servers: str, topic: str) -> Counter[str]:
 
 class LiveTraffic(threading.Thread):
     """Waves of ``events`` events (the poison messages in wave ``poison_wave``), ``pause_s`` apart, from a thread;
-    ``calls`` once joined."""
+    ``calls`` once joined. ``waves`` of them, or fewer once ``until`` is set (a test that needs the topic to grow
+    until it has reached some state, however long that takes under load)."""
 
     def __init__(self, servers: str, topic: str, waves: int, poison_wave: int, pause_s: float = 0.3,
-                 events: int = 15_000) -> None:  # fmt: skip
+                 events: int = 15_000, until: threading.Event | None = None) -> None:  # fmt: skip
         super().__init__()
         self.servers, self.topic, self.waves, self.poison_wave = servers, topic, waves, poison_wave
-        self.pause_s, self.events = pause_s, events
+        self.pause_s, self.events, self.until = pause_s, events, until
         self.calls: Counter[str] = Counter()
         self.start()
 
     def run(self) -> None:
         to = producer(self.servers)
         for wave in range(self.waves):
+            if self.until is not None and self.until.is_set():
+                break
             self.calls.update(
                 produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave, to=to)
             )

@@ -87,7 +87,8 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     every 3 s.)"""
     topic = new_topic(servers, 6)
     group, dead = f"g-{topic}", tmp_path / "dead.jsonl"
-    traffic = LiveTraffic(servers, topic, waves=24, poison_wave=-1, pause_s=0.2)
+    paused = threading.Event()  # the topic grows until b is paused holding events (at most 300 waves)
+    traffic = LiveTraffic(servers, topic, waves=300, poison_wave=-1, pause_s=0.2, events=5_000, until=paused)
     # each step waits for the group's state as the broker reports it, or for the member's own account on /metrics
     a = consume(servers, topic, group, pg_url, dead, "--port", "0", checkpoint_s=3.0)
     wait_for_member(a, endpoint_of(a), "events read", holds_uncommitted)  # a holds events as b joins
@@ -98,6 +99,7 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     wait_for_group(servers, group, members=3, partitions=6)  # a third of them each
     wait_for_member(b, url_b, "events read and not committed", holds_uncommitted)
     b.send_signal(signal.SIGSTOP)  # b holds events not committed (it commits every 3 s)
+    paused.set()
     wait_for_group(servers, group, members=2, partitions=6)  # b's session (1 s) expired: a and c took its partitions
     a.send_signal(signal.SIGKILL)
     a.wait(30)
