@@ -185,12 +185,18 @@ def wait_for_group(servers: str, group: str, members: int, partitions: int, time
     """Until the broker reports the group stable with ``members`` members that share all ``partitions`` partitions
     of its topic (a rebalance done: a member joined, left or missed its session)."""
 
+    seen: list[Any] = []
+
     def settled() -> bool:
         state, held = group_members(servers, group)
+        seen[:] = [state, [sorted(m) for m in held]]
         together = [p for m in held for p in m]
         return state == "STABLE" and len(held) == members and sorted(together) == list(range(partitions))
 
-    wait_until(settled, timeout=timeout, interval=0.1)
+    try:
+        wait_until(settled, timeout=timeout, interval=0.1)
+    except AssertionError:
+        raise AssertionError(f"the group is not {members} members sharing {partitions} partitions: {seen}") from None
 
 
 def wait_for_member(member: subprocess.Popen[str], url: str, what: str, pred: Any, timeout: float = 30) -> Any:
@@ -237,13 +243,18 @@ STARTED: list[subprocess.Popen[str]] = []
 
 
 def kill_members() -> None:
-    """Kill every member a test started that still runs."""
+    """Kill every member a test started that still runs, and print the end of what each said (a failed test's
+    report shows it)."""
     while STARTED:
         member = STARTED.pop()
         if member.poll() is None:
             member.send_signal(signal.SIGCONT)  # (a member paused by the test)
             member.kill()
-            member.communicate(timeout=30)
+        try:
+            out = member.communicate(timeout=30)[0] or ""
+        except ValueError:  # (its output was read already)
+            continue
+        print(f"member {member.pid} ({member.returncode}):", *out.splitlines()[-25:], sep="\n  ")
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:

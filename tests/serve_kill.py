@@ -17,12 +17,12 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from drainpipe.pipeline.clock import now_ms
 from drainpipe.pipeline.store import open_store
 
 PLACEHOLDER = b"SERVICE-PLACEHOLDER"
@@ -70,8 +70,9 @@ def grpc_address(proc: subprocess.Popen[str]) -> str:
 
 
 def body_template(events: int) -> bytes:
-    """NDJSON of ``events`` events of service PLACEHOLDER, timestamps in the last minute."""
-    now = int(time.time() * 1000)
+    """NDJSON of ``events`` events of service PLACEHOLDER, timestamps in the last minute (by drainpipe's clock, which
+    the servers' purges read)."""
+    now = now_ms()
     lines = [
         b'{"ts": %d, "service": "%s", "instance": "%s-i%d", "endpoint": "/e%d", "latency_ms": %d, "status": %s}'
         % (now - (i * 37) % 60_000, PLACEHOLDER, PLACEHOLDER, i % 3, i % 4, 1 + i % 300,
@@ -125,7 +126,7 @@ def otlp_export(name: str, spans: int) -> bytes:
     minute: the gRPC clients' request, as :func:`body_template` is the HTTP clients'."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    now = time.time_ns()
+    now = now_ms() * 1_000_000
     export = ExportTraceServiceRequest()
     rs = export.resource_spans.add()
     rs.resource.attributes.add(key="service.name").value.string_value = name

@@ -29,6 +29,9 @@ REPLAY_REQUESTS = 6_000  # 1.2 million events: a replay of a few seconds
 #: kill rounds a test may add until a kill has cut a request (see _kill_rounds)
 EXTRA_ROUNDS = 4
 
+#: the servers purge by drainpipe's clock: the requests' events are stamped by it too
+pytestmark = pytest.mark.clock
+
 
 def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int, *, grpc: bool = False) -> None:
     """``rounds`` times, and more (up to EXTRA_ROUNDS) until a kill has cut a request: start a server, load it with 4
@@ -130,24 +133,44 @@ def test_a_torn_last_record_is_cut_at_start_up_and_nothing_acknowledged_is_lost(
     _assert_exact(check(url, books), books)
 
 
-def _replay_log(tmp_path: Path) -> tuple[str, Books, int]:
-    """A write-ahead log of REPLAY_REQUESTS acknowledged requests, a service each, written as a server would, and
-    a store that has none of it: (store URL, the books, the log's end)."""
+@pytest.fixture(scope="module")
+def replay_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A write-ahead log of REPLAY_REQUESTS acknowledged requests, a service each, written as a server would
+    (parser threads appending at once, their records sharing group commits): (its directory, its end). Written
+    once for the module (6,000 fsyncs one by one took 10-25 s, and each replay test wrote it anew); every test
+    replays its own copy."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from drainpipe.inputs import EventBatch, validate_json_lines
     from drainpipe.server.wal import WriteAheadLog
 
-    log = WriteAheadLog(tmp_path / "wal")
-    books = Books(size=SIZE)
+    directory = tmp_path_factory.mktemp("replay") / "wal"
+    log = WriteAheadLog(directory)
     template_batch, rejects = validate_json_lines(body_template(SIZE))
     assert not rejects
     column = template_batch.schema.get_field_index("service")
-    for i in range(REPLAY_REQUESTS):
-        name = f"w-{i}"
-        log.append(EventBatch.of(template_batch.set_column(column, "service", pa.array([name] * SIZE))))
-        books.attempted.add(name)
-        books.acked.add(name)
+
+    def append(i: int) -> None:
+        log.append(EventBatch.of(template_batch.set_column(column, "service", pa.array([f"w-{i}"] * SIZE))))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(append, range(REPLAY_REQUESTS)))
     end = log.end
     log.close()
+    return directory, end
+
+
+def _replay_log(tmp_path: Path, source: tuple[Path, int]) -> tuple[str, Books, int]:
+    """The module's replay log copied to ``tmp_path / "wal"``, a store that has none of it, and the books of its
+    requests (all acknowledged): (store URL, the books, the log's end)."""
+    import shutil
+
+    directory, end = source
+    shutil.copytree(directory, tmp_path / "wal")
+    books = Books(size=SIZE)
+    for i in range(REPLAY_REQUESTS):
+        books.attempted.add(f"w-{i}")
+        books.acked.add(f"w-{i}")
     return f"duckdb:///{tmp_path / 'serve.duckdb'}", books, end
 
 
@@ -169,12 +192,14 @@ def _mid_replay(url: str, wal: Path, end: int, *extra: str) -> Any:
         time.sleep(0.02)
 
 
-def test_a_sigterm_in_a_long_replay_stops_at_the_grace_and_the_next_start_stores_the_rest_once(tmp_path: Path) -> None:
+def test_a_sigterm_in_a_long_replay_stops_at_the_grace_and_the_next_start_stores_the_rest_once(
+    tmp_path: Path, replay_source: tuple[Path, int]
+) -> None:
     """SIGTERM while the start-up replay is far from done, with a grace shorter than the replay: the server stops
     feeding when the grace runs out, closes its engine and store and exits 0 (it had exited with a C++ abort, -6,
     the replay still running in its threads), the rest staying in the log; the next start stores every request
     once."""
-    url, books, end = _replay_log(tmp_path)
+    url, books, end = _replay_log(tmp_path, replay_source)
     proc = _mid_replay(url, tmp_path / "wal", end, "--shutdown-grace-s", "0.2")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -203,10 +228,12 @@ def test_a_sigterm_in_a_long_replay_stops_at_the_grace_and_the_next_start_stores
     assert result["lost"] == result["duplicated"] == 0 and result["metrics_agree"], result
 
 
-def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(tmp_path: Path) -> None:
+def test_a_kill_in_the_middle_of_a_replay_then_a_restart_applies_the_log_once(
+    tmp_path: Path, replay_source: tuple[Path, int]
+) -> None:
     """A log of 6,000 acknowledged requests (written as a server would) is replayed at start; the server is
     killed while the replay is half done (seen in /v1/stats), restarted, and stopped: every request once."""
-    url, books, end = _replay_log(tmp_path)
+    url, books, end = _replay_log(tmp_path, replay_source)
     proc = _mid_replay(url, tmp_path / "wal", end)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from drainpipe.pipeline import clock
 from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.aggregator import Aggregator
@@ -69,7 +70,7 @@ def running_server(
 
 def events(n: int, *, services: int = 6, seed: int | None = None, now_ms: int | None = None) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()  # (drainpipe's clock: the one the servers' purges read)
     out = []
     for _ in range(n):
         s = min(services - 1, int(rng.paretovariate(1.2)) - 1)

@@ -26,9 +26,12 @@ from drainpipe.pipeline.definitions import (
     with_exemplars,
 )
 
-pytestmark = pytest.mark.skipif(
-    not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
+    ),
+    pytest.mark.wall_clock("a real Prometheus takes samples by its own clock"),
+]
 
 
 def _export(now_ns: int) -> tuple[bytes, dict[tuple[str, str, float], str]]:

@@ -25,9 +25,12 @@ from drainpipe.pipeline.store import open_store
 
 TOKEN = "scrape-secret"
 
-pytestmark = pytest.mark.skipif(
-    not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
+    ),
+    pytest.mark.wall_clock("a real Prometheus takes samples by its own clock"),
+]
 
 
 @contextmanager

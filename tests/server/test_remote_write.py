@@ -30,9 +30,12 @@ from drainpipe.pipeline.prompb import decode_write_request
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.service import ServiceOptions
 
-pytestmark = pytest.mark.skipif(
-    not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package (make test installs it)"
+    ),
+    pytest.mark.wall_clock("a real Prometheus takes samples by its own clock"),
+]
 
 MINUTE = 60_000
 SCOPES = {m.name: m.scope for m in DEFAULT_DEFINITIONS.metrics}
