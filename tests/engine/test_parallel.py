@@ -94,7 +94,9 @@ def files(tmp_path_factory):
         resource = {"attributes": [{"key": "service.name", "value": {"stringValue": rows[i]["service"] or "x"}}]}
         exports.append(json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}))
     for i, text in ((5, ""), (6, "  "), (700, '{"resourceSpans": ['), (1_500, '{"resource_spans": []}'),
-                    (2_000, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2}]}]}]}'),
+                    (2_000, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2}]}]}]}'),  # no ids: warned
+                    (2_200, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2, "startTimeUnixNano": "9", '
+                            '"endTimeUnixNano": "1"}]}]}]}'),  # ends before it starts: rejected
                     (2_500, '{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": 2, "name": 5}]}]}]}')):  # fmt: skip
         exports.insert(i, text)
     otlp = d / "events.otlp.jsonl"
