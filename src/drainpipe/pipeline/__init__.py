@@ -14,7 +14,7 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``aggregate``          an event batch -> one partial per definition
 ``values``             states -> value rows (finalize)
 ``state_table``        the stores' encoding of states
-``definitions_toml``   definitions written back as metrics TOML (``drainpipe definitions``)
+``definitions_file``   definitions written back as metrics TOML (``drainpipe definitions``)
 ``store``              the store protocol and its DuckDB and PostgreSQL backends (a package)
 ``progress``           exactly once: how far each part of a source is applied, where to resume; what a file is
 ``engine``             the local engine: L1 and L2 on queues, persistence, checkpoints
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         definitions_from,
         with_exemplars,
     )
-    from .definitions_toml import definitions_toml
+    from .definitions_file import definitions_toml
     from .engine import Commit, EngineOptions, LocalEngine
     from .generator import generate_events, write_events
     from .partials import (
@@ -113,7 +113,7 @@ _HOMES = {
         ],
         "definitions",
     ),
-    **dict.fromkeys(["definitions_toml"], "definitions_toml"),
+    **dict.fromkeys(["definitions_toml"], "definitions_file"),
     **dict.fromkeys(["Commit", "EngineOptions", "LocalEngine"], "engine"),
     **dict.fromkeys(["TOPN_COLUMNS", "VALUE_COLUMNS", "finalize", "finalize_table"], "values"),
     **dict.fromkeys(["generate_events", "write_events"], "generator"),
