@@ -42,9 +42,12 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
             os.kill(os.getpid(), signal.SIGKILL)
 
     source: Any = input_dir
+    conf = {**TEST_CONF, **({"spark.pyspark.python": python} if python else {})}
     if input_dir.startswith("kafka://"):
         servers, topic = input_dir.removeprefix("kafka://").split("/", 1)
         source = KafkaTopics.at(servers, [topic], max_messages=100)
+    else:  # files need no Kafka connector: resolving it (Ivy) and shipping its jars to each executor cost seconds
+        del conf["spark.jars.packages"]
     remote = master if master.startswith("sc://") else None
     summary = run_stream(
         source,
@@ -53,7 +56,7 @@ def main(input_dir: str, store_url: str, checkpoint: str, dead_letter: str, kill
         dead_letter=dead_letter,
         master="local[2]" if remote else master,
         remote=remote,
-        conf={**TEST_CONF, **({"spark.pyspark.python": python} if python else {})},
+        conf=conf,
         trigger_once=True,
         max_files_per_trigger=1,
         on_batch=on_batch,
