@@ -20,6 +20,7 @@ import pytest
 
 from drainpipe.server.wal import HEADER, SUFFIX
 from serve_kill import Books, all_output, body_template, check, export_until, grpc_address, post_until, start_serve
+from testlib import wait_until
 
 HERE = Path(__file__).resolve().parent
 SIZE = 200  # events per request
@@ -52,7 +53,10 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
         else:
             threads = post_until(base, books, template, f"r{r}", 4, stop)
         try:
-            time.sleep(rng.uniform(0.6, 2.0))
+            # a random moment once this server acknowledges (however long its start takes under load)
+            acked = len(books.acked)
+            wait_until(lambda a=acked, p=proc: len(books.acked) > a or p.poll() is not None, timeout=60, interval=0.005)
+            time.sleep(rng.uniform(0.0, 1.4))
             _until_in_flight(books)
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -83,9 +87,9 @@ def _until_in_flight(books: Books, timeout_s: float = 5.0) -> None:
 
 
 def _final_stop(store_url: str, wal: Path, *extra: str) -> None:
-    """Start, then SIGTERM: with a grace long enough for the rest of the log, which the checks need stored."""
+    """Start, then SIGTERM: with a grace long enough for the rest of the log, which the checks need stored. (No
+    wait between: serve handles SIGTERM from before it prints "listening on", and then stores the log first.)"""
     proc, _ = start_serve(store_url, str(wal), "--shutdown-grace-s", "120", *extra)
-    time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     try:
         assert proc.wait(180) == 0
