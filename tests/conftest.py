@@ -1,12 +1,12 @@
 """Shared fixtures. PostgreSQL: the server `make test` starts (scripts/postgres.sh), named by DRAINPIPE_TEST_PG.
 
-The clock: a test whose data have fixed timestamps says which clock it runs under, ``@pytest.mark.clock("2026-11-21T
-12:00:00Z")`` (drainpipe's clock stands there, in the test's process and in every process it starts); a test whose
-data are placed relative to "now" reads drainpipe's clock (:func:`drainpipe.pipeline.now_ms`, never ``time.time()``) and
-says so with a bare ``@pytest.mark.clock``. ``make test`` runs the tests with either marker a second time with the
-whole clock a year ahead and once a year behind (``DRAINPIPE_CLOCK=+365d``, ``-365d``): none may depend on the day
-it runs. The few that compare with a process whose clock cannot be moved (a real Prometheus) are marked
-``wall_clock(reason)`` and left out of those runs.
+The clock: a test whose data have fixed timestamps says which clock it runs under, ``@pytest.mark.clock_at(
+"2026-11-21T12:00:00Z")`` (drainpipe's clock stands there, in the test's process and in every process it starts); a
+test whose data are placed relative to "now" reads drainpipe's clock (:func:`drainpipe.pipeline.now_ms`, never
+``time.time()``) and says so with ``@pytest.mark.clock``. ``make test`` runs the ``clock`` tests a second time with the
+whole clock a year ahead and once a year behind (``DRAINPIPE_CLOCK=+365d``, ``-365d``): none may depend on the day it
+runs (a ``clock_at`` test cannot: its clock stands where it says). The few that compare with a process whose clock
+cannot be moved (a real Prometheus) are marked ``wall_clock(reason)``, and listed as skipped in those runs.
 
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
@@ -85,10 +85,10 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def _the_tests_clock(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked ``clock("INSTANT")`` runs with drainpipe's clock standing at that instant, here and in the
+    """A test marked ``clock_at("INSTANT")`` runs with drainpipe's clock standing at that instant, here and in the
     processes it starts; any other runs on the clock the run was given (the wall clock, or a shifted one)."""
-    marker = request.node.get_closest_marker("clock")
-    if marker is None or not marker.args:
+    marker = request.node.get_closest_marker("clock_at")
+    if marker is None:
         yield
         return
     with using_clock(marker.args[0]):

@@ -26,7 +26,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "release-bd20262"
 
 #: the fixtures' events are from 2026-11-21T10:00Z (as that release wrote them): the tests run on the day after, when
 #: every retention still keeps them (a server purges at start: on the wall clock, the minutes went 7 days later)
-pytestmark = pytest.mark.clock("2026-11-22T10:00:00Z")
+pytestmark = pytest.mark.clock_at("2026-11-22T10:00:00Z")
 
 
 def _unpack(tmp_path: Path, name: str) -> Path:

@@ -30,7 +30,7 @@ from testlib import ingest, same_values, store_events
 
 #: the generated files' events are of 2026-11-21 (the generator's default start) and the servers purge at start: the
 #: clock stands on that day (the requests' events follow it)
-pytestmark = [pytest.mark.postgres, pytest.mark.clock("2026-11-21T12:00:00Z")]
+pytestmark = [pytest.mark.postgres, pytest.mark.clock_at("2026-11-21T12:00:00Z")]
 
 SHARED_SERVICES = (b"alpha", b"beta", b"gamma")
 
