@@ -1,5 +1,5 @@
-"""Spark test set-up: one local[2] SparkSession per test module, all in one JVM (PySpark starts it once per
-process), which has the Kafka connector from the start: packages are only resolved when the JVM starts."""
+"""Spark test set-up: one local[2] SparkSession for all the Spark test modules, in one JVM (PySpark starts it once
+per process), which has the Kafka connector from the start: packages are only resolved when the JVM starts."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ TEST_CONF = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[object]:
-    """A local[2] SparkSession for the test module, stopped after it."""
+    """A local[2] SparkSession for the Spark tests, stopped after them. (One per module cost each module a new
+    SparkContext and its first jobs' warm-up, 2-3 s, for nothing: the tests keep no state in the session; each
+    writes its own store and checkpoint.)"""
     from drainpipe.spark import spark_session
 
     session = spark_session("local[2]", TEST_CONF, app_name="drainpipe-tests")
