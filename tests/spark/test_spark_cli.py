@@ -19,9 +19,9 @@ pytestmark = SPARK
 
 
 def _events(path: Path, n: int) -> None:
-    """n events (every third traced) and a line that is not JSON."""
+    """n events (every third traced; exemplars are per endpoint) and a line that is not JSON."""
     path.write_text(
-        "".join(json.dumps({"ts": 1_795_255_200_000 + i, "service": "s", "latency_ms": float(i % 50)}
+        "".join(json.dumps({"ts": 1_795_255_200_000 + i, "service": "s", "endpoint": f"/e{i % 3}", "latency_ms": float(i % 50)}
                            | ({"trace_id": f"{i + 1:032x}"} if i % 3 == 0 else {})) + "\n" for i in range(n))
         + "not json\n"
     )  # fmt: skip
