@@ -156,9 +156,10 @@ def endpoint_of(member: subprocess.Popen[str]) -> str:
             return line.split(" on ", 1)[1].strip()
 
 
-def scraped(url: str, name: str, **labels: str) -> list[float]:
+def scraped(url: str, name: str, token: str | None = None, **labels: str) -> list[float]:
     """The values of the series ``name`` (with these label values) on the member's ``/metrics``."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=headers), timeout=5).read().decode()
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
     return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line.startswith(name + "{") and all(w in line.split("}", 1)[0] for w in wanted)]  # fmt: skip

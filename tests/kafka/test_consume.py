@@ -380,3 +380,36 @@ def test_a_rewind_whose_seek_fails_stops_the_member_and_the_next_one_stores_ever
     assert stored_calls(url) != calls  # it stopped before the end, its dropped events not stored
     out = finish(consume(servers, topic, f"g-{topic}", url, dead, "--exit-at-end"))
     assert stored_calls(url) == calls, out
+
+
+def test_a_member_with_a_token_shows_its_routes_only_with_it(servers: str, tmp_path: Path) -> None:
+    """``consume --token``: the member's /v1/stats, /v1/service and /metrics want the bearer token (as Prometheus
+    sends it), / and /healthz do not; the rule is serve's (http_face)."""
+    import urllib.error
+
+    topic = new_topic(servers, 1)
+    calls = produce(servers, topic, 300, seed=3, poison=False)
+    store = f"duckdb:///{tmp_path / 't.duckdb'}"
+    member = consume(servers, topic, f"g-{topic}", store, tmp_path / "dead.jsonl", "--port", "0", "--token", "s3cret")
+    url = endpoint_of(member)
+
+    def get(path: str, token: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            return urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=5).status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    for path in ("/v1/stats", "/v1/service?service=svc0&range=minute", "/metrics"):
+        assert (get(path), get(path, "wrong"), get(path, "s3cret")) == (401, 401, 200), path
+    assert get("/healthz") == 200 and get("/") == 200
+
+    def committed_to_the_end(u: str) -> bool:
+        lag = scraped(u, "drainpipe_kafka_partition_lag", "s3cret")
+        offsets = [scraped(u, f"drainpipe_kafka_partition_{k}offset", "s3cret") for k in ("", "committed_")]
+        return lag == [0.0] and offsets[0] == offsets[1] and offsets[0][0] > 0
+
+    wait_for_member(member, url, "everything committed", committed_to_the_end)
+    member.send_signal(signal.SIGTERM)
+    out = finish(member)
+    assert stored_calls(store) == calls, out

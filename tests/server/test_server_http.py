@@ -13,7 +13,9 @@ from server_testlib import events, ndjson, post_events, request, running_server,
 import drainpipe
 from drainpipe.inputs import EVENT_SCHEMA, validate_json_lines, validate_records
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.server.http import IngestServer, is_loopback
+from drainpipe.pipeline.store import open_store
+from drainpipe.server.http import IngestServer
+from drainpipe.server.http_face import is_loopback
 from drainpipe.server.service import IngestService, ServiceOptions
 from drainpipe.server.wal import MemoryLog
 
@@ -174,6 +176,40 @@ def test_non_loopback_bind_needs_a_token() -> None:
     service = IngestService.__new__(IngestService)  # never started: the check comes first
     with pytest.raises(ValueError, match="without a token"):
         IngestServer(service, "0.0.0.0", 0, None)
+
+
+def test_consume_refuses_a_non_loopback_port_without_a_token(capsys) -> None:
+    """The same rule for a Kafka member's routes, before it connects to anything (the broker here does not exist)."""
+    from drainpipe.cli import main
+
+    group = ["consume", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--group", "g", "--port", "0"]
+    assert main([*group, "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "consume: refusing to listen on '0.0.0.0' without a token" in err and err.count("\n") == 1, err
+
+
+def test_the_read_routes_want_the_token_but_the_page_and_the_probe() -> None:
+    """serve's and consume's one rule (http_face): with a token, /v1/stats, /v1/service and /metrics answer 401
+    (with WWW-Authenticate) without it and 200 with it; / and /healthz answer anyone; other paths are not theirs."""
+    from drainpipe.server.http_face import ReadRoutes
+
+    store = open_store("duckdb:///:memory:")
+    routes = ReadRoutes(lambda: (200, {"status": "ok"}), lambda: {"live": 1}, lambda accept: (b"m 1\n", "text/plain"),
+                        store, default_definitions(), token="s3cret")  # fmt: skip
+    try:
+        for path in ("/v1/stats", "/v1/service?service=x", "/metrics"):
+            denied = routes.get(path, None)
+            assert denied is not None and denied.status == 401 and "WWW-Authenticate" in denied.headers, path
+            assert routes.get(path, "Bearer wrong").status == 401  # type: ignore[union-attr]
+            assert routes.get(path, "bearer s3cret").status == 200, path  # type: ignore[union-attr]
+        for path in ("/", "/healthz"):
+            assert routes.get(path, None).status == 200, path  # type: ignore[union-attr]
+        assert routes.get("/v1/service?range=minute", "Bearer s3cret").status == 400  # type: ignore[union-attr]
+        assert routes.get("/v1/events", None) is None and routes.get("/nope", None) is None
+        open_routes = ReadRoutes(routes.health, routes.stats, routes.metrics, store, routes.definitions)
+        assert open_routes.get("/v1/stats", None).status == 200  # type: ignore[union-attr]  # no token: open
+    finally:
+        store.close()
 
 
 def test_back_pressure_is_429_or_503_with_retry_after() -> None:

@@ -11,22 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
-
-TOKEN_ENV = "DRAINPIPE_TOKEN"
+from .http_face import TOKEN_ENV, check_bind, token_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, then :func:`~.assembly.serve` the :class:`~.assembly.ServeConfig` they describe."""
     from ..pipeline import definitions_from, remote_write_options
     from .assembly import ServeConfig, serve
-    from .http import is_loopback
     from .service import ServiceOptions
 
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    if not token and not is_loopback(args.host):
-        raise UsageError(
-            f"refusing to listen on {args.host!r} without a token: pass --token or set {TOKEN_ENV} (or bind 127.0.0.1)"
-        )
+    token = token_of(args.token)
+    check_bind(args.host, token, "serve")
     for name, value in (("--max-body-mb", args.max_body_mb), ("--wal-max-bytes", args.wal_max_bytes),
                         ("--checkpoint-s", args.checkpoint_s), ("--slow-handler-s", args.slow_handler_s),
                         ("--alert-every-s", args.alert_every_s)):  # fmt: skip
@@ -97,8 +92,7 @@ def _port(text: str) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from .client import run_stats
 
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    return run_stats(args.url, token, once=args.once, interval=args.interval)
+    return run_stats(args.url, token_of(args.token), once=args.once, interval=args.interval)
 
 
 def add_commands(

@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, UsageError
+from .http_face import TOKEN_ENV, check_bind, token_of
 
 if TYPE_CHECKING:
     from ..pipeline import Definitions, RemoteWriter
@@ -26,10 +27,12 @@ def consume(
     stop: threading.Event | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
     when called on the main thread), with the dashboard, ``/metrics`` and ``/healthz`` on ``host:port`` if ``port``
-    is given;
+    is given (the routes ``serve`` has, with its token rule: ``token`` is needed for all but ``/`` and ``/healthz``,
+    and for a non-loopback ``host``);
     returns what it did. Errors (one line each): :class:`~drainpipe.errors.UsageError` for a store another process
     holds (a DuckDB file has one writer: several members need PostgreSQL), a setting librdkafka refuses or a broker
     it cannot reach; :class:`~drainpipe.errors.StoreError` when a store commit failed for good and
@@ -60,7 +63,7 @@ def consume(
                 member = GroupMember(config, engine, definitions, dl)
                 writer = _remote_writer(config, engine, definitions)
                 try:
-                    _run_member(member, config, store_url, path, announce, stop, host, port, writer)
+                    _run_member(member, config, store_url, path, announce, stop, (host, port, token), writer)
                 finally:
                     member.close()
                     if writer is not None:  # after the member's last commit: its minutes may be final now
@@ -101,11 +104,12 @@ def _run_member(
     path: str,
     announce: Any,
     stop: threading.Event | None,
-    host: str,
-    port: int | None,
+    listen: tuple[str, int | None, str | None],
     writer: RemoteWriter | None,
 ) -> None:
-    """Serve ``member``'s endpoints (with ``port``) and run it until ``stop`` (or a signal)."""
+    """Serve ``member``'s endpoints (``listen``: host, port or None, token) and run it until ``stop`` (or a
+    signal)."""
+    host, port, token = listen
     endpoints = None
     if writer is not None:
         member.observe = writer.observe
@@ -115,7 +119,7 @@ def _run_member(
         view = MemberView(member, store_url, writer)
         member.observe = view.observe
         try:
-            endpoints = MemberEndpoints(view, host, port).start()
+            endpoints = MemberEndpoints(view, host, port, token=token).start()
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         announce(f"drainpipe consume: the dashboard, /metrics and /healthz on {endpoints.url}")
@@ -159,6 +163,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         ("--max-poll-interval-s", args.max_poll_interval_s)):  # fmt: skip
         if value <= 0:
             raise UsageError(f"{name} must be > 0")
+    token = token_of(args.token)
+    if args.port is not None:
+        check_bind(args.host, token, "consume")  # before anything connects
     definitions = definitions_from(args.metrics)
     client = {}
     for item in args.kafka_config:
@@ -173,7 +180,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
                            endpoints=definitions.endpoints, remote_write=remote_write_options(args))  # fmt: skip
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
-                     announce=lambda line: print(line, flush=True), host=args.host, port=args.port)  # fmt: skip
+                     announce=lambda line: print(line, flush=True), host=args.host, port=args.port,
+                     token=token)  # fmt: skip
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
@@ -240,7 +248,13 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
     c.add_argument("--port", type=int, metavar="PORT",
                    help="serve the dashboard, /metrics (the traffic's RED series and per-partition lag) and /healthz "
                         "on this port (0: a free one)")  # fmt: skip
-    c.add_argument("--host", default="127.0.0.1", help="the address of --port (default: %(default)s)")
+    c.add_argument("--host", default="127.0.0.1",
+                   help="the address of --port (default: %(default)s; a non-loopback one needs a token)")  # fmt: skip
+    c.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token for the routes of --port but / and /healthz (default: ${TOKEN_ENV})",
+    )
     c.add_argument(
         "--exit-at-end",
         action="store_true",

@@ -16,11 +16,8 @@ Endpoints::
                          for /v1/events, with a google.rpc.Status body in the request's encoding
                          (:mod:`.otlp_answers`)
     (gRPC)            with ``grpc_port``, OTLP/gRPC's TraceService/Export on that port (:mod:`.otlp_grpc`)
-    GET  /v1/stats    the live view as JSON (dashboard, ``drainpipe stats``)
-    GET  /metrics     Prometheus text, or OpenMetrics (with exemplars) when the Accept header asks for it
-    GET  /v1/service  one service over a range of buckets, from the store (``drilldown``)
-    GET  /healthz     {"status": "ok"} (503 while shutting down)
-    GET  /            the dashboard (one static page)
+    GET  /v1/stats, /metrics, /v1/service, /healthz, /: the read routes every process with an HTTP face shares, and
+                      their token rule (:mod:`.http_face`); /healthz is 503 while shutting down
 
 Every error body but OTLP's is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
 request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
@@ -44,7 +41,6 @@ processes in ``drainpipe serve``).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -56,10 +52,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadBody, IngestRefused, StoreError
-from .auth import bearer_ok
-from .dashboard import PAGE
-from .drilldown import service_view_of_query
+from ..errors import BadBody, IngestRefused
+from .http_face import ReadRoutes, check_bind
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
@@ -76,21 +70,6 @@ MAX_ERRORS = 20
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` resolves to is a loopback address."""
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -150,38 +129,14 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:  # the client is gone
             pass
 
-    def _authorized(self) -> bool:
-        if self.server.token_ok(self.headers):
-            return True
-        self._error(401, "missing or bad bearer token", {"WWW-Authenticate": 'Bearer realm="drainpipe"'})
-        return False
-
     # ------------------------------------------------------------------ GET
 
     def do_GET(self) -> None:
         self.server.deadlines.clear(self.connection)
         path = self.path.split("?", 1)[0]
-        svc = self.server.service
-        if path == "/healthz":
-            status, body = svc.health()
-            self._json(status, body)
-        elif path in ("/", "/index.html"):
-            self._send(200, PAGE, "text/html; charset=utf-8")
-        elif path == "/v1/stats":
-            if self._authorized():
-                self._json(200, svc.stats_view())
-        elif path == "/v1/service":
-            if self._authorized():
-                try:
-                    view = service_view_of_query(svc.store, svc.definitions, self.path.partition("?")[2])
-                except (ValueError, StoreError) as exc:
-                    self._error(400, str(exc))
-                else:
-                    self._json(200, view)
-        elif path == "/metrics":
-            if self._authorized():
-                page, content_type = self.server.metrics.render(self.headers.get("Accept", ""))
-                self._send(200, page, content_type)
+        answer = self.server.routes.get(self.path, self.headers.get("Authorization"), self.headers.get("Accept", ""))
+        if answer is not None:  # the read routes every process with an HTTP face shares (http_face)
+            self._send(answer.status, answer.body, answer.content_type, answer.headers)
         elif path in ("/v1/events", "/v1/traces"):
             self._error(405, "use POST", {"Allow": "POST"})
         else:
@@ -418,16 +373,15 @@ class IngestServer(ThreadingHTTPServer):
         shutdown_grace_s: float = 30.0,
         grpc_port: int | None = None,
     ) -> None:
-        if not token and not is_loopback(host):
-            raise ValueError(
-                f"refusing to listen on non-loopback address {host!r} without a token (--token or DRAINPIPE_TOKEN)"
-            )
+        check_bind(host, token, "serve")
         self.service = service
         self.token = token or None
         self.shutdown_grace_s = shutdown_grace_s
         self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
         self.deadlines = _Deadlines()
         self.metrics = ServerMetrics(service)
+        self.routes = ReadRoutes(service.health, service.stats_view, self.metrics.render, service.store,
+                                 service.definitions, self.token)  # fmt: skip
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
         super().__init__((host, port), Handler)
@@ -452,7 +406,7 @@ class IngestServer(ThreadingHTTPServer):
 
     def token_ok(self, headers: Any) -> bool:
         """Whether a request's ``Authorization`` header carries the bearer token (always, without a token)."""
-        return bearer_ok(headers.get("Authorization"), self.token)
+        return self.routes.authorized(headers.get("Authorization"))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that goes away mid-request is one log line; anything else keeps its traceback."""

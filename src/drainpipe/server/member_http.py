@@ -21,14 +21,15 @@ per service and endpoint of every request the member hands the engine), and the 
   (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``); ``drainpipe_kafka_pauses_total``: times
   the member paused its partitions because the store was behind (it keeps polling meanwhile).
 
-The member thread refreshes the partition figures at each checkpoint (:attr:`GroupMember.positions`, replaced
-whole); a scrape or the sampler only reads them. The server is the standard library's threading HTTP server (one
-thread per request), on ``--host``; like ``serve``'s, binding a non-loopback address is the operator's choice.
+The member thread refreshes the partition figures every 0.5 s and at each checkpoint (:attr:`GroupMember.positions`,
+replaced whole); a scrape or the sampler only reads them. The server is the standard library's threading HTTP
+server (one thread per request), on ``--host``. The routes and their token rule are ``serve``'s (:mod:`.http_face`):
+with ``--token`` (or ``DRAINPIPE_TOKEN``) every route but ``/`` and ``/healthz`` wants it, and a non-loopback
+``--host`` without a token is refused.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -41,11 +42,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from ..errors import StoreError
 from ..inputs import EventBatch
 from ..pipeline import RemoteWriter
-from .dashboard import PAGE
-from .drilldown import service_view_of_query
+from .http_face import ReadRoutes, check_bind, error_answer
 from .live import Intake, LiveOptions, Sampler
 from .red import RedMetrics
 from .remote_metrics import RemoteWriteCollector
@@ -154,47 +153,41 @@ class MemberEndpoints:
     """The HTTP endpoints of one member (see the module docstring): :meth:`start` serves them and starts the
     sampler, :meth:`stop` ends both. Construction binds the port (``OSError`` when it cannot)."""
 
-    def __init__(self, view: MemberView, host: str, port: int, options: LiveOptions | None = None) -> None:
+    def __init__(
+        self, view: MemberView, host: str, port: int, options: LiveOptions | None = None, token: str | None = None
+    ) -> None:
         member = view.member
+        check_bind(host, token, "consume")
         self.registry = CollectorRegistry()
         self.registry.register(view.red)
         self.registry.register(_MemberCollector(member))
         if view.writer is not None:
             self.registry.register(RemoteWriteCollector(view.writer))
         self.sampler = Sampler(view, options or LiveOptions())
-        registry, sampler = self.registry, self.sampler
+        registry = self.registry
+
+        def health() -> tuple[int, dict[str, Any]]:
+            ok = not member.failed
+            return (200 if ok else 503), {"status": "ok" if ok else "failing", "failed": member.failed}
+
+        def metrics(accept: str) -> tuple[bytes, str]:
+            encoder, content_type = choose_encoder(accept)
+            return encoder(registry), content_type
+
+        routes = ReadRoutes(health, self.sampler.view, metrics, view.store, view.definitions, token)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                path, _, query = self.path.partition("?")
-                if path == "/metrics":
-                    encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                    self._send(200, encoder(registry), content_type)
-                elif path == "/healthz":
-                    ok = not member.failed
-                    body = {"status": "ok" if ok else "failing", "failed": member.failed}
-                    self._json(200 if ok else 503, body)
-                elif path in ("/", "/index.html"):
-                    self._send(200, PAGE, "text/html; charset=utf-8")
-                elif path == "/v1/stats":
-                    self._json(200, sampler.view())
-                elif path == "/v1/service":
-                    try:
-                        self._json(200, service_view_of_query(view.store, view.definitions, query))
-                    except (ValueError, StoreError) as exc:
-                        self._json(400, {"error": str(exc), "status": 400})
-                else:
-                    self._json(404, {"error": f"no such endpoint: {path}", "status": 404})
-
-            def _json(self, status: int, obj: Any) -> None:
-                self._send(status, json.dumps(obj).encode(), "application/json")
-
-            def _send(self, status: int, body: bytes, kind: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
+                answer = routes.get(self.path, self.headers.get("Authorization"), self.headers.get("Accept", ""))
+                if answer is None:
+                    answer = error_answer(404, f"no such endpoint: {self.path.partition('?')[0]}")
+                self.send_response(answer.status)
+                self.send_header("Content-Type", answer.content_type)
+                self.send_header("Content-Length", str(len(answer.body)))
+                for name, value in answer.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(answer.body)
 
             def log_message(self, *args: Any) -> None:  # requests are not news
                 return None
