@@ -13,6 +13,7 @@ import pytest
 from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 SLOW_MS = 200
 HANG_S = 1.6
@@ -84,7 +85,7 @@ def _scenario(qname: str, threads: int) -> dict:
         during = q.stats()
         gate.set()
         released_at = time.monotonic()
-        time.sleep(0.5)  # the stuck type catches up, the task rejoins
+        wait_until(lambda: q.stats().failed_over == (), timeout=10, interval=0.01)  # the task rejoins
     after = q.stats()
     q.shutdown()
     final = q.stats()

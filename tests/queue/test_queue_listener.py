@@ -79,6 +79,7 @@ class Slow:
         self.seconds = seconds
         self.calls_during: list[int] = []
         self.events: list[tuple[str, int, tuple[int, ...]]] = []
+        self.asleep = threading.Event()  # set as a callback begins its sleep
 
     def on_revoked(self, task, partitions, types):
         self.events.append(("revoked", task, partitions))
@@ -86,6 +87,7 @@ class Slow:
     def on_assigned(self, task, partitions, types):
         self.events.append(("assigned", task, partitions))
         before = sum(len(self.recorders[t].batches) for t in types)
+        self.asleep.set()
         time.sleep(self.seconds)
         self.calls_during.append(sum(len(self.recorders[t].batches) for t in types) - before)
 
@@ -159,7 +161,8 @@ def test_a_slow_listener_holds_up_its_own_queue_only(qname: str) -> None:
     """Listener callbacks run on the queue's own listener thread, not on the control thread that every queue
     shares: while one queue's listener sleeps for 1.5 s, another queue's rebalance completes at once."""
     recorders: dict = {}
-    slow_q, slow_types = _hot_queue(qname, Slow(recorders, 1.5))
+    listener = Slow(recorders, 1.5)
+    slow_q, slow_types = _hot_queue(qname, listener)
     fast_q, fast_types = _hot_queue(qname + "-fast", None)
     for t in slow_types + fast_types:
         recorders[t] = Recorder(t.__name__)
@@ -171,7 +174,7 @@ def test_a_slow_listener_holds_up_its_own_queue_only(qname: str) -> None:
             q.produce([t for t in ts if owner[q._table.home[t][0]] == 0][i % 4](i))
     slow = threading.Thread(target=slow_q.rebalance_now, kwargs={"timeout": 10})
     slow.start()
-    time.sleep(0.2)  # the slow queue's listener is asleep now
+    assert listener.asleep.wait(10)  # the slow queue's listener is asleep now
     t0 = time.monotonic()
     result = fast_q.rebalance_now(timeout=10)
     took = time.monotonic() - t0
