@@ -182,6 +182,14 @@ def group_members(servers: str, group: str) -> tuple[str, list[frozenset[int]]]:
     return description.state.name, members
 
 
+def group_clients(servers: str, group: str) -> list[str]:
+    """The client ids of the group's members, as the broker's admin API reports them."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    return [m.client_id for m in admin.describe_consumer_groups([group])[group].result(30).members]
+
+
 def wait_for_group(servers: str, group: str, members: int, partitions: int, timeout: float = 60) -> None:
     """Until the broker reports the group stable with ``members`` members that share all ``partitions`` partitions
     of its topic (a rebalance done: a member joined, left or missed its session)."""
