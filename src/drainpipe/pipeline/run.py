@@ -312,7 +312,7 @@ class _Run:
             before = self.stats.accepted
             reader = read_part(part, self.source.sink(part.path))
             for batch in reader:
-                engine.ingest(batch, None, subset)
+                engine.ingest(batch, definitions=subset)
                 if self.progress:
                     self.progress(self.stats.read, self.done_bytes)
             self.uncommitted += self.stats.accepted - before

@@ -204,7 +204,7 @@ class Feeder:
         subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
         table = EventBatch.join(group)  # one batch (requests first, then any exit rows)
         if self.aggregate is None:
-            self.engine.ingest(table, None, subset)
+            self.engine.ingest(table, definitions=subset)
         else:
             self.engine.ingest_partials(self.aggregate(table, subset or self.definitions), table.requests)
         if self.observe is not None:

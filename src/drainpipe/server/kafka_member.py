@@ -315,7 +315,7 @@ class GroupMember:
             table = self._decode(group)
             if table.num_rows:
                 subset = None if names == self._all_names else self.definitions.select(sorted(names))
-                self.engine.ingest(table, None, subset)
+                self.engine.ingest(table, definitions=subset)
                 self._events_since += table.num_rows
                 if self.observe is not None:
                     self.observe(table)
