@@ -487,16 +487,13 @@ def _hex_strings(values: pa.Array) -> pa.Array:
     return pa.StringArray.from_buffers(len(values), pa.py_buffer(out_offsets), pa.py_buffer(text.tobytes()))
 
 
-def aggregate_batch(
-    batch: EventBatch | pa.RecordBatch | pa.Table, definitions: Definitions, *, source: str | None = None
-) -> list[Partial]:
+def aggregate_batch(batch: EventBatch | pa.RecordBatch | pa.Table, definitions: Definitions) -> list[Partial]:
     """One partial per definition (metrics first, then top-Ns, in definition order) for one event batch (a plain
     batch or table is requests only).
 
     Metric partials hold minute states, top-N partials those of their bucket width (10 minutes by default). A
     partial is returned for every definition even when the batch contributes nothing to it (an empty table), so
-    that ``source`` (the identity of this batch, which stores record to make ingestion idempotent) reaches every
-    definition.
+    that callers may pair the result with ``definitions`` position by position.
     """
     if isinstance(batch, EventBatch):
         batch, requests = batch.rows, batch.requests
@@ -505,12 +502,9 @@ def aggregate_batch(
     every = _BatchView(batch)
     # exit rows (a CLIENT span's statement) feed only the top-Ns keyed on db_statement
     view = every if requests == batch.num_rows else _BatchView(batch.slice(0, requests))
-    sources = () if source is None else (source,)
     partials: list[Partial] = []
     for metric in definitions.metrics:
-        partials.append(partial_type(metric)(_aggregate_metric(view, metric), "minute", sources))  # type: ignore[call-arg]
+        partials.append(partial_type(metric)(_aggregate_metric(view, metric), "minute"))  # type: ignore[call-arg]
     for topn in definitions.topns:
-        partials.append(
-            partial_type(topn)(_aggregate_topn(every if topn.key == "db_statement" else view, topn), sources)
-        )
+        partials.append(partial_type(topn)(_aggregate_topn(every if topn.key == "db_statement" else view, topn)))
     return partials

@@ -4,9 +4,8 @@ Four BatchQueues, as in the seed's "Usage in the Codebase":
 
 * ``ingest`` (single consumer, called from every drain task at once): turns each event batch into one partial per
   definition with :func:`aggregate_batch` (columnar, numpy/pyarrow). Metric partials are cut into chunks of at most
-  ``chunk_rows`` state rows (:func:`split_partial`, which names the pieces so stores stay idempotent), so the
-  number of items a metric puts into L1 follows the merge work it causes: that is what throughput-weighted
-  rebalancing measures.
+  ``chunk_rows`` state rows (:func:`split_partial`), so the number of items a metric puts into L1 follows the merge
+  work it causes: that is what throughput-weighted rebalancing measures.
 * ``L1`` (handler map, one handler per metric type; defaults cpu_cores(1.0), adaptive, idle 1-50 ms): merges minute
   states in memory and hands them to L2 every ``l1_flush_s`` and when idle. Every metric type is registered
   ``split="auto"``: while one carries more than one thread's share of the rows the queue runs it as several
@@ -165,7 +164,7 @@ class _L2Handler(_L1Handler):
 
 
 class LocalEngine:
-    """The pipeline on this machine's BatchQueues. ``ingest(batch, source)`` from any thread, then ``close()``."""
+    """The pipeline on this machine's BatchQueues. ``ingest(batch)`` from any thread, then ``close()``."""
 
     def __init__(
         self, definitions: Definitions, store: Any, options: EngineOptions | None = None, name: str = "pipeline"
@@ -267,16 +266,16 @@ class LocalEngine:
     def ingest(
         self,
         batch: EventBatch | pa.RecordBatch | pa.Table,
-        source: str | None = None,
+        *,
         definitions: Definitions | None = None,
     ) -> bool:
         """The engine's front door for events: queue one validated event batch (a plain batch or table is requests
-        only; ``source`` = its identity, for idempotent stores; ``definitions``: a subset to aggregate it for,
-        default all). Blocks when the pipeline is full; False if the engine is closed. Events aggregated elsewhere
-        (worker processes, serve's aggregator process) come in as partials, through :meth:`ingest_partials`."""
+        only; ``definitions``: a subset to aggregate it for, default all). Blocks when the pipeline is full; False if
+        the engine is closed. Events aggregated elsewhere (worker processes, serve's aggregator process) come in as
+        partials, through :meth:`ingest_partials`."""
         with self._count_lock:
             self._ingest_in += 1
-        if self.ingest_queue.produce((batch, source, definitions)):
+        if self.ingest_queue.produce((batch, definitions)):
             return True
         with self._count_lock:
             self._ingest_in -= 1
@@ -285,15 +284,13 @@ class LocalEngine:
     def ingest_partials(self, partials: Sequence[Partial], events: int, batches: int = 1) -> None:
         """Queue partials aggregated elsewhere (e.g. in worker processes, :mod:`.parallel`) from ``events``
         events of ``batches`` input batches: metric partials go to L1 in chunks, top-N partials to topn. Blocks
-        while L1 is full. Each partial must carry the sources of its batches (see :func:`aggregate_batch`)."""
+        while L1 is full."""
         self._dispatch(list(partials), events, batches)
 
-    def _aggregate(
-        self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, str | None, Definitions | None]]
-    ) -> None:
+    def _aggregate(self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
-        for batch, source, definitions in items:
-            partials = aggregate_batch(batch, definitions or self.definitions, source=source)
+        for batch, definitions in items:
+            partials = aggregate_batch(batch, definitions or self.definitions)
             self._dispatch(partials, batch.requests if isinstance(batch, EventBatch) else batch.num_rows, 1)
             with self._count_lock:
                 self._ingest_done += 1
