@@ -17,6 +17,7 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``definitions_file``   definitions written back as metrics TOML (``drainpipe definitions``)
 ``store``              the store protocol and its DuckDB and PostgreSQL backends (a package)
 ``progress``           exactly once: how far each part of a source is applied, where to resume; what a file is
+``driver``             exactly once for every source: the policy, checkpoints, queued commits, rollback
 ``engine``             the local engine: L1 and L2 on queues, persistence, checkpoints
 ``parallel``           reading and aggregating file parts in worker processes
 ``run``                ``drainpipe run``: inputs -> engine -> store, exactly once
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         with_exemplars,
     )
     from .definitions_file import definitions_toml
+    from .driver import Driver, Sink
     from .engine import Commit, EngineOptions, LocalEngine
     from .generator import generate_events, write_events
     from .partials import (
@@ -133,6 +135,7 @@ _HOMES = {
         "partials",
     ),
     **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
+    **dict.fromkeys(["Driver", "Sink"], "driver"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
     **dict.fromkeys(["RemoteWriter", "send_stored"], "remote_write"),
@@ -166,6 +169,7 @@ __all__ = [
     "set_clock",
     "using_clock",
     "Commit",
+    "Driver",
     "DEFAULT_DEFINITIONS",
     "DEFAULT_STORE_URL",
     "Definition",
@@ -180,6 +184,7 @@ __all__ = [
     "InputFile",
     "LocalEngine",
     "PartBooks",
+    "Sink",
     "MergeReport",
     "MetricAccumulator",
     "MetricDef",

@@ -52,6 +52,7 @@ class PartBooks:
     applied: dict[str, Position]  # per definition name; Position() = nothing yet, COMPLETE = all of it
     advanced: bool = False  # this run applied something of it
     _dirty: set[str] = field(default_factory=set)
+    _every: tuple[int, frozenset[str]] | None = None  # (the greatest open offset, the open names): names_from's cache
 
     @property
     def start(self) -> Position:
@@ -65,7 +66,14 @@ class PartBooks:
         return self.start == COMPLETE
 
     def names_from(self, offset: int) -> frozenset[str]:
-        """The definitions to aggregate for data starting at ``offset``: those applied no further than it."""
+        """The definitions to aggregate for data starting at ``offset``: those applied no further than it. This is
+        the one policy for every source (:mod:`.driver`); called per record or message, so the common answer (past
+        every definition's position: all those not complete) is kept until the books advance."""
+        if self._every is None:
+            open_ = {n: p.offset for n, p in self.applied.items() if p != COMPLETE}
+            self._every = (max(open_.values(), default=0), frozenset(open_))
+        if offset >= self._every[0]:
+            return self._every[1]
         return frozenset(n for n, p in self.applied.items() if p != COMPLETE and p.offset <= offset)
 
     def advance(self, names: Collection[str], end: Position | None) -> None:
@@ -78,6 +86,7 @@ class PartBooks:
                 self.applied[name] = target
                 self._dirty.add(name)
                 self.advanced = True
+                self._every = None
 
     def rows(self) -> list[SourceProgress]:
         """Rows for the definitions advanced since the last call."""

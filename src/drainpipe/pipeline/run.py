@@ -35,7 +35,8 @@ from ..inputs.options import InputOptions
 from ..processes import usable_cpus
 from . import parallel
 from .definitions import Definitions
-from .engine import Commit, EngineOptions, LocalEngine
+from .driver import Driver
+from .engine import EngineOptions, LocalEngine
 from .progress import InputFile, resolve
 from .store import Store, is_new_store, open_store
 
@@ -210,9 +211,7 @@ class _Run:
         self.stats = ReadStats()
         self.source = FileSource(paths, batch_rows, options=self.inputs, stats=self.stats)
         self.done_bytes = 0
-        self.uncommitted = 0  # events ingested since the last checkpoint
-        self.last_checkpoint = time.monotonic()
-        self.commits: list[Commit] = []  # the checkpoints of the file being read
+        self.driver: Driver  # the books and commits (made in :meth:`run`, with the engine)
         self.later: list[str] = []  # the files after the one being read
         self.early: tuple[str, parallel.PartStream] | None = None  # the first file's parts (:meth:`start_early`)
 
@@ -234,6 +233,9 @@ class _Run:
         try:
             with DeadLetter(summary.dead_letter or "") as dl:
                 self.source.dead_letter = dl
+                # commits are not throttled here: the engine's checkpoint waits for its stages, which bounds them
+                self.driver = Driver(self.definitions, engine, ingest=engine.ingest, dead_letter=dl,
+                                     checkpoint_s=self.options.l2_flush_s, max_commits=1 << 30)  # fmt: skip
                 paths = self.source.list_parts()
                 for i, path in enumerate(paths):
                     self.later = paths[i + 1 :]
@@ -263,7 +265,8 @@ class _Run:
         if file.done:
             self.summary.unchanged_files += 1
             return True
-        self.commits = []
+        stored_before = self.driver.stored_events
+        self.driver.hold(path, file)
         parts = self._plan(path, file.start, file.hasher) if stream is None else iter(())
         try:
             if path in self.big:
@@ -277,9 +280,9 @@ class _Run:
             else:
                 self._parts_in_process(engine, file, parts)
         except InputError as exc:
-            engine.checkpoint((), self.uncommitted, rollback=True, wait=True)  # what this file brought since
-            self.uncommitted = 0
-            stored = sum(c.events for c in self.commits if not c.error)
+            self.driver.rollback()  # what this file brought since its last checkpoint
+            self.driver.release(path)
+            stored = self.driver.stored_events - stored_before
             self.summary.error = f"{exc}; {stored:,} events of this file were stored before it (a rerun resumes there)"
             self.summary.input_error = True
             return False
@@ -287,7 +290,8 @@ class _Run:
             self.summary.pending[path] = file.pending()
         if not file.advanced:
             self.summary.unchanged_files += 1  # a growable file with nothing new
-        self._checkpoint(engine, file, wait=True)
+        self.driver.checkpoint(wait=True)
+        self.driver.release(path)
         return True
 
     def _plan(self, path: str, start: Position, hasher: Any) -> Iterator[Part]:
@@ -307,20 +311,17 @@ class _Run:
 
     def _parts_in_process(self, engine: LocalEngine, file: InputFile, parts: Iterable[Part]) -> None:
         for part in parts:
-            names = file.names_from(part.start_offset)
-            subset = None if names == self.names else self.definitions.select(names)
-            before = self.stats.accepted
+            names = self.driver.wanted(file, part.start_offset)
             reader = read_part(part, self.source.sink(part.path))
             for batch in reader:
-                engine.ingest(batch, definitions=subset)
+                self.driver.feed(batch, names)
                 if self.progress:
                     self.progress(self.stats.read, self.done_bytes)
-            self.uncommitted += self.stats.accepted - before
             position = part.end_position
             if position is None:  # a whole file read sequentially: where the reader stopped, if it can grow
                 position = reader.snapshot() if file.growable else None
             file.advance(names, position, part.prefix)
-            self._maybe_checkpoint(engine, file)
+            self._maybe_checkpoint()
 
     def _parts_on_workers(self, engine: LocalEngine, file: InputFile, parts: parallel.PartStream,
                           dl: DeadLetter) -> None:  # fmt: skip
@@ -330,19 +331,15 @@ class _Run:
                 dl.write(part.path, line, raw, reason)
             if result.partials:
                 engine.ingest_partials(result.partials, result.events, result.blocks)
-            self.uncommitted += result.events
+            self.driver.fed(result.events)
             position = part.end_position
             assert position is not None
             file.advance(result.names, position, part.prefix)
             if self.progress:
                 self.progress(self.stats.read, self.done_bytes)
-            self._maybe_checkpoint(engine, file)
+            self._maybe_checkpoint()
 
-    def _maybe_checkpoint(self, engine: LocalEngine, file: InputFile) -> None:
-        if time.monotonic() - self.last_checkpoint >= self.options.l2_flush_s:
-            self._checkpoint(engine, file)
-
-    def _checkpoint(self, engine: LocalEngine, file: InputFile, wait: bool = False) -> None:
-        self.commits.append(engine.checkpoint(file.rows(), self.uncommitted, wait=wait))
-        self.uncommitted = 0
-        self.last_checkpoint = time.monotonic()
+    def _maybe_checkpoint(self) -> None:
+        self.driver.reap()
+        if self.driver.due:
+            self.driver.checkpoint()

@@ -14,8 +14,12 @@ feeder stops reading, so what waits for the store waits in the log, not in memor
 (not "unavailable") stops the feeder: nothing after it may be committed, the data stays in the log, and the
 service reports the reason (unhealthy, 503).
 
-Thread-safety: one feeder thread owns the reader and the engine's intake; ``position``, ``committed``, ``failed``
-are read by others.
+The books, the checkpoints, the queued commits and their reaping are the :class:`~drainpipe.pipeline.Driver`'s, as
+for every source; what is the feeder's own is the log: gathering live records into batches, and releasing the log
+up to what the store has.
+
+Thread-safety: one feeder thread owns the reader, the driver and the engine's intake; ``position``, ``committed``,
+``failed`` are read by others.
 """
 
 from __future__ import annotations
@@ -23,11 +27,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 from ..inputs import EventBatch, Position
-from ..pipeline import Commit, Definitions, LocalEngine, PartBooks, Partial, open_books
+from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, Partial, open_books
 from .log_source import LogPart, LogSource
 from .wal import EventLog
 
@@ -80,15 +83,15 @@ class Feeder:
         self.observe = observe  # sees every event batch handed to the engine (the RED metrics)
         # L1 aggregation elsewhere (an Aggregator's process); None: the engine aggregates, in this process
         self.aggregate = aggregate
-        self.books = PartBooks(LogSource.name, log_.key, dict.fromkeys(definitions.names, Position()))
+        self.driver = Driver(definitions, engine, ingest=engine.ingest, checkpoint_s=checkpoint_s,
+                             max_commits=max_commits, on_commit=self._stored, observe=observe)  # fmt: skip
+        self._hold(PartBooks(LogSource.name, log_.key, dict.fromkeys(definitions.names, Position())))
         self.position = 0  # fed up to here
         self.committed = 0  # the store has everything up to here
         self.replay_start = self.replay_end = 0  # what the log held beyond the store's position at start
         self.replayed_events = 0
         self.recovered_s: float | None = None  # time until what the log held at start was in the store
         self.failed = ""  # a commit failed for good: the reason
-        self._events_since = 0
-        self._outstanding: deque[tuple[Commit, int]] = deque()
         self._halt = threading.Event()
         self._abort = threading.Event()  # the grace is over: stop feeding, commit nothing more (the log keeps it)
         self._thread = threading.Thread(target=self._run, name="drainpipe-feeder", daemon=True)
@@ -101,7 +104,7 @@ class Feeder:
         A store that has applied more of this log's identity than the log holds was fed from another copy of the
         log (or the log's files were deleted): then the log starts over under a new identity, with a warning."""
         names = self.definitions.names
-        self.books = open_books(self.engine.store, LogSource.name, self.log.key, names)
+        self._hold(open_books(self.engine.store, LogSource.name, self.log.key, names))
         top = max((p.offset for p in self.books.applied.values()), default=0)
         if top > self.log.end:
             log.warning(
@@ -109,7 +112,7 @@ class Feeder:
                 "log that fed it; starting a new log", self.log.key, top, self.log.end,
             )  # fmt: skip
             self.log.renew()
-            self.books = PartBooks(LogSource.name, self.log.key, dict.fromkeys(names, Position()))
+            self._hold(PartBooks(LogSource.name, self.log.key, dict.fromkeys(names, Position())))
         start = self.books.start.offset
         self.position = self.committed = self.replay_start = start
         self.replay_end = self.log.end
@@ -118,26 +121,32 @@ class Feeder:
 
     # ------------------------------------------------------------------ the loop
 
+    def _hold(self, books: PartBooks) -> None:
+        """Hold the log's part with ``books`` (the one part the feeder holds; a renewed log is another part)."""
+        for key in list(self.driver.parts):
+            self.driver.release(key)
+        self.books = books
+        self.driver.hold(books.part, books)
+
     def start(self) -> None:
         self._t0 = time.monotonic()
         self._thread.start()
 
     def _run(self) -> None:
         part = LogSource(self.log).build_part(self.log.key, Position(self.position))
-        last = time.monotonic()
+        driver = self.driver
         try:
             while not self.failed and not self._abort.is_set():
                 self._reap()
-                if time.monotonic() - last >= self.checkpoint_s:
+                if driver.due:
                     self._checkpoint()
-                    last = time.monotonic()
-                if len(self._outstanding) >= self.max_commits:  # the store is behind: let the log hold the data
-                    self._outstanding[0][0].done.wait(0.05)
+                if driver.behind:  # the store is behind: let the log hold the data
+                    driver.wait_for_store(0.05)
                     continue
                 if self.recovered_s is None and self.position >= self.replay_end:
                     if self.committed >= self.replay_end:
                         self._recovered()
-                    elif not self._outstanding:
+                    elif not driver.queued:
                         self._checkpoint()  # the replay is fed: commit it now, not at the next period
                 records = _take(part, READ_RECORDS)
                 if not records:
@@ -166,8 +175,8 @@ class Feeder:
             if self._abort.is_set():
                 return
             self._checkpoint()
-            while self._outstanding and not self.failed:
-                self._outstanding[0][0].done.wait(0.1)
+            while driver.queued and not self.failed:
+                driver.wait_for_store(0.1)
                 self._reap()
         except Exception as exc:  # a bug: stop feeding, keep the data in the log, say so
             self.failed = f"feeder failed: {exc!r}"
@@ -177,43 +186,42 @@ class Feeder:
 
     def _feed(self, records: list[tuple[int, EventBatch]]) -> None:
         """Ingest records, consecutive ones coalesced into batches of up to ``COALESCE_EVENTS`` events: a request's
-        batch is small, and the engine's cost per batch (one partial per definition, L1 items) is what limits it."""
+        batch is small, and the engine's cost per batch (one partial per definition, L1 items) is what limits it.
+        A record goes to the definitions that have not applied it (all, unless some were applied further before a
+        restart: the driver's policy)."""
         group: list[EventBatch] = []
         events = rows = 0
-        lagging: list[str] = []
+        names: frozenset[str] = frozenset()
         for end, batch in records:
-            now_lagging = [n for n in self.definitions.names if self.books.applied[n].offset < end]
+            now_names = self.driver.wanted(self.books, self.position)  # the record starts where the last ended
             if group and (
-                now_lagging != lagging
-                or events + batch.requests > COALESCE_EVENTS
-                or rows + batch.num_rows > COALESCE_ROWS
+                now_names != names or events + batch.requests > COALESCE_EVENTS or rows + batch.num_rows > COALESCE_ROWS
             ):
-                self._ingest(group, lagging)
+                self._ingest(group, names)
                 group, events, rows = [], 0, 0
-            lagging = now_lagging
-            if lagging:  # definitions ahead of the rest (applied further before a restart) skip what they have
+            names = now_names
+            if names:
                 group.append(batch)
                 events, rows = events + batch.requests, rows + batch.num_rows
                 if end <= self.replay_end:
                     self.replayed_events += batch.requests
             self.position = end  # fed once ingested below: checkpoints run between _feed calls only
         if group:
-            self._ingest(group, lagging)
+            self._ingest(group, names)
 
-    def _ingest(self, group: list[EventBatch], names: list[str]) -> None:
-        subset = None if len(names) == len(self.definitions.names) else self.definitions.select(names)
+    def _ingest(self, group: list[EventBatch], names: frozenset[str]) -> None:
         table = EventBatch.join(group)  # one batch (requests first, then any exit rows)
         if self.aggregate is None:
-            self.engine.ingest(table, definitions=subset)
-        else:
-            self.engine.ingest_partials(self.aggregate(table, subset or self.definitions), table.requests)
+            self.driver.feed(table, names)
+            return
+        subset = self.driver.definitions_for(names) or self.definitions
+        self.engine.ingest_partials(self.aggregate(table, subset), table.requests)
+        self.driver.fed(table.requests)
         if self.observe is not None:
             try:
                 self.observe(table)
             except Exception:  # metrics of the traffic must not stop feeding it to the store
                 log.exception("observing a batch for the RED metrics failed")
-        n = table.num_rows
-        self._events_since += n
 
     def _recovered(self) -> None:
         self.recovered_s = time.monotonic() - self._t0
@@ -225,25 +233,22 @@ class Feeder:
 
     def _checkpoint(self) -> None:
         """Commit everything fed so far together with the log position (not waiting for the store)."""
-        if self.position == (self._outstanding[-1][1] if self._outstanding else self.committed):
-            return
         self.books.advance(self.definitions.names, Position(self.position))  # a definition ahead keeps its own
-        rows = self.books.rows()
-        self._outstanding.append((self.engine.checkpoint(rows, self._events_since), self.position))
-        self._events_since = 0
+        self.driver.checkpoint(self.position)
+
+    def _stored(self, position: int) -> None:
+        """The store has the log up to ``position``: the log may let it go."""
+        self.committed = position
+        self.log.release(position)
 
     def _reap(self) -> None:
-        while self._outstanding and self._outstanding[0][0].done.is_set():
-            commit, position = self._outstanding.popleft()
-            if commit.error:
-                self.failed = commit.error
-                log.error(
-                    "store write failed for good: %s; accepting no more events; what was acknowledged stays in the "
-                    "write-ahead log and is stored at the next start", commit.error,
-                )  # fmt: skip
-                return
-            self.committed = position
-            self.log.release(position)
+        self.driver.reap()
+        if self.driver.failed and not self.failed:
+            self.failed = self.driver.failed
+            log.error(
+                "store write failed for good: %s; accepting no more events; what was acknowledged stays in the "
+                "write-ahead log and is stored at the next start", self.failed,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ stopping
 

@@ -1,0 +1,228 @@
+"""The exactly-once driver: the books of a source's parts, kept once for every source and every engine.
+
+::
+
+    a part's reader ──batch, offset──> Driver.feed ──(the definitions that still need it)──> sink.ingest
+                                         │
+    Driver.checkpoint(marker) ──every part's advanced books + the dead letter flushed──> sink.checkpoint ──> Commit
+                                         │                                     (states + positions, one transaction)
+    Driver.reap() <── finished commits, in order: on_commit(marker) │ failed │ fenced
+    Driver.rollback() ── wait for the queued commits, then discard what the sink holds uncommitted
+
+Every source (``drainpipe run``'s files, ``serve``'s write-ahead log, a ``consume`` member's topic partitions,
+Spark's file parts and Kafka micro-batches) reads its parts its own way (planned byte ranges, log records, fetched
+messages, Spark tasks) and hands what it read here. What is the same for all lives here and nowhere else:
+
+* **the policy**: data starting at a position is aggregated for the definitions that have applied the part no
+  further than that position (:meth:`PartBooks.names_from`), and skipped when none has: a definition added later
+  catches up while the others skip what they have (:meth:`wanted`, :meth:`definitions_for`);
+* **the checkpoint**: the rows of every held part's advanced books, with the rejects of what they cover flushed to
+  the dead letter first, and the held parts' fencing tokens, go to the sink, which commits them in the same
+  transaction as the states (:meth:`checkpoint`);
+* **pending commits**: at most ``max_commits`` queued (:attr:`behind`: the reader stops reading, so what waits for
+  the store waits in the source, not in memory), reaped in order (:meth:`reap`); a commit that fails for good
+  stops the driver (:attr:`failed`), a fenced one (another owner holds a part now) is reported to the source;
+* **rollback**: when a part is lost (a file that cannot be read, a partition taken away), everything not committed
+  is dropped and the part is read again from the store's position (:meth:`rollback`).
+
+The sink is where states are committed (:class:`Sink`): :class:`~drainpipe.pipeline.LocalEngine`, whose ``ingest``
+the driver feeds (``ingest=engine.ingest``), or a Spark job's driver-side merge, whose states Spark's tasks made.
+
+Thread-safety: none. One thread, the source's reader, owns a driver (its books, queue and counters); the sink's
+commits complete on other threads, which only set a :class:`~.engine.Commit`'s ``done``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+from ..inputs import DeadLetter, EventBatch
+from .definitions import Definitions
+from .engine import Commit
+from .progress import PartBooks
+from .store import SourceProgress
+
+__all__ = ["Driver", "Sink"]
+
+log = logging.getLogger("drainpipe.pipeline")
+
+
+class Sink(Protocol):
+    """Where a driver's commits go: :class:`~drainpipe.pipeline.LocalEngine` is one (its ``checkpoint`` commits the
+    states it made with the rows given, in one transaction); a Spark job's driver-side merge is another."""
+
+    def checkpoint(self, progress: Sequence[SourceProgress], events: int, *, wait: bool = False,
+                   rollback: bool = False, fences: Sequence[SourceProgress] = ()) -> Commit: ...  # fmt: skip
+
+
+class Driver:
+    """The books of the parts one reader holds, and the commits that carry them; see the module docstring.
+
+    ``ingest(batch, definitions=)``: where :meth:`feed` hands batches (the engine's ``ingest``; None for a sink
+    whose states were made elsewhere, e.g. by Spark's tasks); ``checkpoint_s``: how often :attr:`due` says a
+    checkpoint is; ``max_commits``: commits queued before :attr:`behind`; ``on_commit(marker)``: called (on the
+    reader's thread, from :meth:`reap`) for each commit the store has, in order; ``observe(batch)``: sees every
+    batch fed (the live RED metrics), and its errors are logged, never raised."""
+
+    def __init__(
+        self,
+        definitions: Definitions,
+        sink: Sink,
+        *,
+        ingest: Callable[..., Any] | None = None,
+        dead_letter: DeadLetter | None = None,
+        checkpoint_s: float = 2.0,
+        max_commits: int = 2,
+        on_commit: Callable[[Any], None] | None = None,
+        observe: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.definitions = definitions
+        self.sink = sink
+        self._ingest = ingest
+        self.dead_letter = dead_letter
+        self.checkpoint_s = checkpoint_s
+        self.max_commits = max_commits
+        self.on_commit = on_commit
+        self.observe = observe
+        self.names = frozenset(definitions.names)
+        #: the parts held: key -> (books, fencing token or None). A part's books advance as the reader goes.
+        self.parts: dict[Hashable, tuple[PartBooks, int | None]] = {}
+        self.failed = ""  # a commit failed for good: the reason (nothing after it may be committed)
+        self.stored_events = 0  # events of the commits the store has (reaped)
+        self.fenced_commits = 0
+        self.uncommitted = 0  # events fed since the last checkpoint
+        self._queued: deque[tuple[Commit, Any]] = deque()
+        self._last = time.monotonic()
+        self._subsets: dict[frozenset[str], Definitions | None] = {self.names: None}
+
+    # ------------------------------------------------------------------ parts
+
+    def hold(self, key: Hashable, books: PartBooks, token: int | None = None) -> None:
+        """Hold a part from now on (its books as the store has them; ``token``: the fencing token the store issued
+        for it, which every later commit carries)."""
+        self.parts[key] = (books, token)
+
+    def release(self, key: Hashable) -> None:
+        """Stop holding a part (after its last commit, or when it was lost)."""
+        self.parts.pop(key, None)
+
+    def books(self, key: Hashable) -> PartBooks:
+        return self.parts[key][0]
+
+    # ------------------------------------------------------------------ the policy, and feeding
+
+    def wanted(self, books: PartBooks, offset: int) -> frozenset[str]:
+        """The definitions that need a part's data starting at ``offset`` (empty: every one has it)."""
+        return books.names_from(offset)
+
+    def definitions_for(self, names: frozenset[str]) -> Definitions | None:
+        """``names`` as the sink takes them: None for all of them, else the subset (made once per set)."""
+        if names not in self._subsets:
+            self._subsets[names] = self.definitions.select(sorted(names))
+        return self._subsets[names]
+
+    def feed(self, batch: EventBatch, names: frozenset[str]) -> None:
+        """Hand ``batch`` to ``ingest`` for ``names`` (skipped when empty); it counts its requests (exit rows are
+        not events) towards the next checkpoint. ``observe`` sees it; an error there is logged, never raised: the
+        traffic's metrics must not stop feeding the store."""
+        if not names:
+            return
+        assert self._ingest is not None, "a driver without ingest is fed partials (fed()), not batches"
+        self._ingest(batch, definitions=self.definitions_for(names))
+        self.uncommitted += batch.requests
+        if self.observe is not None:
+            try:
+                self.observe(batch)
+            except Exception:
+                log.exception("observing a batch for the RED metrics failed")
+
+    def fed(self, events: int) -> None:
+        """Count ``events`` handed to the sink another way (partials aggregated elsewhere)."""
+        self.uncommitted += events
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def due(self) -> bool:
+        """``checkpoint_s`` has passed since the last checkpoint."""
+        return time.monotonic() - self._last >= self.checkpoint_s
+
+    @property
+    def behind(self) -> bool:
+        """``max_commits`` commits are queued: the store is behind; read nothing until :meth:`wait_for_store`."""
+        return len(self._queued) >= self.max_commits
+
+    @property
+    def queued(self) -> int:
+        """Commits not yet reaped."""
+        return len(self._queued)
+
+    def checkpoint(self, marker: Any = None, *, wait: bool = False) -> Commit | None:
+        """Commit everything fed so far with every held part's advanced books (not waiting for the store unless
+        ``wait``); None when there is nothing to commit. The dead letter is flushed first: the rejects of what a
+        commit covers are on disk before it (at least once; the store is exactly once)."""
+        self._last = time.monotonic()
+        rows = [row for books, _ in self.parts.values() for row in books.rows()]
+        if not rows and not self.uncommitted:
+            return None
+        if self.dead_letter is not None:
+            self.dead_letter.flush()
+        fences = [SourceProgress(b.source, b.part, "fence", t) for b, t in self.parts.values() if t is not None]
+        commit = self.sink.checkpoint(rows, self.uncommitted, wait=wait, fences=fences)
+        self._queued.append((commit, marker))
+        self.uncommitted = 0
+        if wait:
+            self.reap()
+        return commit
+
+    def reap(self) -> bool:
+        """Take in the finished commits, in order: ``on_commit`` for each the store has. Stops at a commit that
+        failed for good (:attr:`failed` says why) or was fenced; returns True for a fenced one (another owner
+        holds one of the parts now: the source rolls back and drops the parts whose token moved on)."""
+        while self._queued and self._queued[0][0].done.is_set():
+            commit, marker = self._queued.popleft()
+            if commit.fenced:
+                self.fenced_commits += 1
+                return True
+            if commit.error:
+                self.failed = commit.error
+                return False
+            self.stored_events += commit.events
+            if self.on_commit is not None:
+                self.on_commit(marker)
+        return False
+
+    def wait_for_store(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the oldest queued commit (returns at once when none is queued)."""
+        if self._queued:
+            self._queued[0][0].done.wait(timeout_s)
+
+    def drain(self) -> bool:
+        """Wait until every queued commit is done (or one failed); True if one was fenced."""
+        while self._queued and not self.failed:
+            self.wait_for_store(0.1)
+            if self.reap():
+                return True
+        return False
+
+    def rollback(self) -> None:
+        """Drop everything fed since the last checkpoint, after the queued commits are done (each is stored,
+        fenced in turn, or failed: :attr:`failed`). The parts' books are the caller's to reopen from the store."""
+        while self._queued:
+            self.wait_for_store(0.1)
+            if self._queued[0][0].done.is_set():
+                commit, marker = self._queued.popleft()
+                if commit.fenced:
+                    self.fenced_commits += 1
+                elif commit.error:
+                    self.failed = self.failed or commit.error
+                else:
+                    self.stored_events += commit.events
+                    if self.on_commit is not None:
+                        self.on_commit(marker)
+        self.sink.checkpoint([], 0, rollback=True, wait=True)
+        self.uncommitted = 0
