@@ -332,6 +332,7 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .kafka import add_consume_command
     from .server.commands import add_commands
 
     p = argparse.ArgumentParser(
@@ -502,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--now", metavar="T", help="purge as if it were this time (ISO-8601 or epoch ms; default: now)")
     c.set_defaults(fn=cmd_compact)
 
+    add_consume_command(sub, _store_option, _metrics_option)
     add_commands(sub, _store_option, _metrics_option, _retention_option)
     return p
 

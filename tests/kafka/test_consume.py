@@ -134,8 +134,8 @@ def test_a_member_stalled_past_max_poll_interval_commits_nothing_when_it_resumes
     before librdkafka has told it anything. The store refuses it (stale tokens); the member drops its work and
     reads its partitions again from the store's offsets. (Without the store's check, the events of those seconds
     are counted by both members.)"""
+    from drainpipe.kafka import ConsumeConfig, GroupMember, kafka_consumer
     from drainpipe.pipeline import LocalEngine, default_definitions, open_store
-    from drainpipe.server.kafka_member import ConsumeConfig, GroupMember
     from drainpipe.server.service import serve_engine_options
 
     topic = new_topic(servers, 4)
@@ -146,7 +146,7 @@ def test_a_member_stalled_past_max_poll_interval_commits_nothing_when_it_resumes
     store.register(definitions.all)
     engine = LocalEngine(definitions, store, serve_engine_options())
     config = ConsumeConfig(servers, [topic], group, checkpoint_s=3.0, max_poll_interval_s=1, session_timeout_s=1)
-    member = GroupMember(config, engine, definitions)
+    member = GroupMember(config, engine, definitions, kafka_consumer(config))
     stall = threading.Event()
     feed = member._feed
 
@@ -188,8 +188,8 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
     queue up, it pauses its partitions and keeps polling, so the group never takes them; when the store is back it
     resumes, and every event is stored once. (A member that waited for the store instead, not polling, lost its
     partitions to a rebalance: the sabotage in docs/pipeline.md.)"""
+    from drainpipe.kafka import ConsumeConfig, GroupMember, kafka_consumer
     from drainpipe.pipeline import LocalEngine, default_definitions, open_store
-    from drainpipe.server.kafka_member import ConsumeConfig, GroupMember
     from drainpipe.server.service import serve_engine_options
     from testlib import Outage
 
@@ -201,7 +201,7 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
     store.register(definitions.all)
     engine = LocalEngine(definitions, store, serve_engine_options(store_retry_s=(0.05, 0.2)))
     config = ConsumeConfig(servers, [topic], group, checkpoint_s=0.2, max_poll_interval_s=1.5, session_timeout_s=1)
-    member = GroupMember(config, engine, definitions)
+    member = GroupMember(config, engine, definitions, kafka_consumer(config))
     a = threading.Thread(target=member.run)
     a.start()
     wait_until(lambda: any(stored for _, _, stored in member.positions.values()), timeout=30, interval=0.05)
@@ -330,65 +330,6 @@ def test_exit_at_end_on_a_topic_that_does_not_exist_is_one_clear_error(servers: 
     out = member.communicate(timeout=60)[0]
     assert member.returncode != 0 and "Kafka topic 'no-such-topic-here' does not exist" in out, out
     assert "Traceback" not in out
-
-
-def test_a_rewind_whose_seek_fails_stops_the_member_and_the_next_one_stores_every_event_once(
-    servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A rewind drops the uncommitted events and seeks back to the store's offsets; if the seek fails, reading on
-    from where the consumer stands would skip what was dropped. The member stops instead (InputError), and the
-    next member reads the partitions again from the store's offsets: every event once."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    from drainpipe.errors import InputError
-    from drainpipe.pipeline import LocalEngine, default_definitions, open_store
-    from drainpipe.server.kafka_member import ConsumeConfig, GroupMember
-    from drainpipe.server.service import serve_engine_options
-
-    topic = new_topic(servers, 2)
-    calls = produce(servers, topic, 3_000, seed=8, poison=False)
-    url, dead = f"duckdb:///{tmp_path / 's.duckdb'}", tmp_path / "dead.jsonl"
-    definitions = default_definitions()
-    store = open_store(url)
-    store.register(definitions.all)
-    engine = LocalEngine(definitions, store, serve_engine_options())
-    config = ConsumeConfig(servers, [topic], f"g-{topic}", checkpoint_s=0.2, exit_at_end=True)
-    member = GroupMember(config, engine, definitions)
-
-    class SeekFails:  # the consumer, but its seek fails (a broker that cannot be reached, say)
-        def __init__(self, consumer: Any) -> None:
-            self._consumer = consumer
-
-        def seek(self, partition: Any) -> None:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "injected: seek failed"))
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._consumer, name)
-
-    feed, fed = member._feed, [0]
-
-    def feed_then_rewind(messages: list[Any]) -> None:
-        feed(messages)
-        fed[0] += len(messages)
-        if fed[0] and member.partitions and member.rewinds == 0 and member._events_since:  # uncommitted events held
-            member._consumer = SeekFails(member._consumer)
-            member._rewind(set())
-
-    monkeypatch.setattr(member, "_feed", feed_then_rewind)
-    running = threading.Thread(target=member.run)
-    running.start()
-    running.join(60)
-    stuck = running.is_alive()  # (read on past the dropped events, a member waits for offsets it skipped)
-    if stuck:
-        member.stop()
-        running.join(30)
-    engine.close()
-    store.close()
-    assert not stuck, "the member did not stop after its seek failed"
-    assert member.failure is InputError and "cannot rewind" in (member.failed or ""), member.failed
-    assert stored_calls(url) != calls  # it stopped before the end, its dropped events not stored
-    out = finish(consume(servers, topic, f"g-{topic}", url, dead, "--exit-at-end"))
-    assert stored_calls(url) == calls, out
 
 
 def test_a_member_with_a_token_shows_its_routes_only_with_it(servers: str, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Kafka messages as an input: the part name of a topic partition, and a batch of JSON message values validated
 as one NDJSON block, the rejects traced back to their messages.
 
-Both engines read topics through this module: ``drainpipe consume`` (:mod:`drainpipe.server.kafka_member`) and
+Both engines read topics through this module: ``drainpipe consume`` (:mod:`drainpipe.kafka`) and
 the Spark stream's tasks (:mod:`drainpipe.spark.kafka`), so a message is accepted or rejected, with the same reason,
 whichever reads it. Pure Python over :func:`~.formats.jsonl_format.validate_json_lines` (Spark's executors have
 no C extensions of ours: that function's columnar path then runs on pyarrow alone)."""

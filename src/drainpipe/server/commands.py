@@ -101,11 +101,8 @@ def add_commands(
     metrics_option: Callable[[argparse.ArgumentParser], None],
     retention_option: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    """Add ``serve``, ``consume`` and ``stats`` to the subparsers ``sub``, with the CLI's shared
-    --store/--metrics/--retention options."""
-    from .consume import add_consume_command
-
-    add_consume_command(sub, store_option, metrics_option)
+    """Add ``serve`` and ``stats`` to the subparsers ``sub``, with the CLI's shared --store/--metrics/--retention
+    options."""
     s = sub.add_parser(
         "serve",
         help="run the pipeline as a service: HTTP ingest, /metrics, /healthz, dashboard",

@@ -3,9 +3,9 @@ store a few times a second into the one dict that ``/v1/stats``, ``/metrics``, t
 stats`` show, and the display formatting of metrics (:func:`display_format`).
 
 What is watched is anything with the :class:`Watched` shape: ``serve``'s :class:`~.service.IngestService` (its
-sections: the write-ahead log, alerts, retention) and a Kafka group member's view (:mod:`.member_http`; its
-section: the partitions and their lag). The common part of the view (intake, engine, queues, store, top
-services) is built here; each watched process adds its own sections."""
+sections: the write-ahead log, alerts, retention) and a Kafka group member's view
+(:mod:`drainpipe.kafka.member_http`; its section: the partitions and their lag). The common part of the view
+(intake, engine, queues, store, top services) is built here; each watched process adds its own sections."""
 
 from __future__ import annotations
 

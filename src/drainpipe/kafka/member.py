@@ -1,4 +1,5 @@
-"""``drainpipe consume``: a member of a Kafka consumer group that feeds the local engine, exactly once into the store.
+"""``drainpipe consume``'s group member: a member of a Kafka consumer group that feeds the local engine, exactly
+once into the store.
 
 ::
 
@@ -38,8 +39,19 @@ store's offsets; librdkafka's "lost" callback does the same when the member noti
 With ``--port``, :mod:`.member_http` serves the dashboard, ``/v1/stats``, ``/metrics`` (the traffic's RED series as
 ``serve`` has them, and per-partition lag) and ``/healthz``.
 
-Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the engine's intake and the
-books; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
+The books, the checkpoints, the queued commits, the throttle and the rollback are the
+:class:`~drainpipe.pipeline.Driver`'s, as for every source; what is the member's own is Kafka: the rebalance
+callbacks, seeking, the fencing tokens it holds and the offsets it reports back to Kafka. The consumer is handed in
+(:func:`~.config.kafka_consumer` builds librdkafka's), so all of that is tested with a fake consumer as well as
+against a broker.
+
+Each partition is a part (its books, its next offset, its token) over the one consumer: :meth:`GroupMember._feed`
+splits each fetched batch of messages by partition for positions and for the definitions that still need them, and
+decodes and ingests each group of messages at once, whatever partitions they came from (the engine's cost is per
+batch: a batch per partition would cost a batch per partition).
+
+Thread-safety: one thread (the caller of :meth:`GroupMember.run`) owns the consumer, the driver and the engine's
+intake; rebalance callbacks run on it, inside ``consume()``. :meth:`stop` may be called from any thread.
 """
 
 from __future__ import annotations
@@ -47,65 +59,21 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DrainpipeError, InputError, StoreError, UsageError
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
-from ..inputs.endpoints import EndpointRules
-from ..inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, message_text, partition_part
-from ..inputs.spans import SpanMapping
-from ..pipeline import (
-    Commit,
-    Definitions,
-    LocalEngine,
-    PartBooks,
-    RemoteWriteOptions,
-    SourceProgress,
-    open_books,
-)
+from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
+from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
+from .config import ConsumeConfig, kafka_log
 
 log = logging.getLogger("drainpipe.server")
 
-
-class _Repeats(logging.Filter):
-    """Passes each kind of line (its text with the numbers blanked) once per ``every_s``; the next one that passes
-    says how many were held back. librdkafka retries a broker that is down every few hundred milliseconds, and
-    says so each time. Thread-safe."""
-
-    def __init__(self, every_s: float) -> None:
-        super().__init__()
-        self.every_s = every_s
-        self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, int]] = {}  # kind -> (when it last passed, held back since)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        kind = re.sub(r"\d+", "#", text)[:300]
-        now = time.monotonic()
-        with self._lock:
-            last, held = self._seen.get(kind, (-self.every_s, 0))
-            if now - last < self.every_s:
-                self._seen[kind] = (last, held + 1)
-                return False
-            if len(self._seen) > 1000:
-                self._seen.clear()
-            self._seen[kind] = (now, 0)
-        if held:
-            record.msg, record.args = f"{text} ({held} more like it in the last {now - last:.0f} s)", ()
-        return True
-
-
-#: librdkafka's lines and the consumer's errors, each kind at most once per 30 s
-kafka_log = logging.getLogger("drainpipe.kafka")
-kafka_log.addFilter(_Repeats(30.0))
-
-__all__ = ["ConsumeConfig", "GroupMember"]
+__all__ = ["GroupMember"]
 
 #: messages taken from the consumer per call (one-event messages: the batch's fixed costs, its validation and
 #: ingest, are spread over this many events; 20,000 gave 25% less, 100,000 no more)
@@ -113,83 +81,29 @@ CONSUME_MESSAGES = 50_000
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
 
-
-@dataclass
-class ConsumeConfig:
-    """What ``drainpipe consume`` was given (see ``docs/pipeline.md``, "Kafka")."""
-
-    bootstrap_servers: str
-    topics: list[str]
-    group: str
-    encoding: str = "json"
-    session_timeout_s: float = 10.0
-    max_poll_interval_s: float = 300.0
-    checkpoint_s: float = 2.0
-    max_commits: int = 2  # checkpoints queued for the store before the member pauses its partitions
-    exit_at_end: bool = False  # leave once every partition this member holds is read to its end
-    spans: SpanMapping = field(default_factory=SpanMapping)
-    endpoints: EndpointRules = field(default_factory=EndpointRules)
-    client: dict[str, Any] = field(default_factory=dict)  # more librdkafka settings
-    remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
-
-    def consumer_settings(self) -> dict[str, Any]:
-        check_encoding(self.encoding)
-        return {
-            "bootstrap.servers": self.bootstrap_servers,
-            "group.id": self.group,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False,  # offsets go to Kafka after the store has them, for monitoring only
-            "auto.offset.reset": "earliest",  # no stored position, or one a topic's retention deleted
-            "session.timeout.ms": int(self.session_timeout_s * 1000),
-            "heartbeat.interval.ms": max(100, int(self.session_timeout_s * 1000) // 4),
-            "max.poll.interval.ms": int(self.max_poll_interval_s * 1000),
-            "fetch.message.max.bytes": 16 << 20,
-            # prefetch deep (librdkafka's default, 100,000 messages, kept a one-event-per-message topic at a third
-            # of the rate), bounded by queued.max.messages.kbytes (64 MB); answer a fetch within 50 ms when idle
-            "queued.min.messages": 1_000_000,
-            "fetch.wait.max.ms": 50,
-            "topic.metadata.refresh.interval.ms": 30_000,  # partitions added to a topic are taken within 30 s
-            "enable.partition.eof": self.exit_at_end,
-            **self.client,
-        }
+TopicPartition = tuple[str, int]
 
 
 @dataclass
 class _Partition:
-    """A partition this member owns: its books (per definition, the offset the store has applied) and the next
-    offset to feed (everything before it is in the engine or the store)."""
+    """A partition this member owns, besides its books (the driver's): the next offset to feed (everything before
+    it is in the engine or the store), whether the broker said it ends there, and the next offset stored."""
 
-    books: PartBooks
-    token: int  # the fencing token the store issued this member for the partition at assignment
-    # derived from the books (reopen):
-    next: int = field(init=False)
-    at_end: bool = field(init=False)  # the broker said the partition ends at ``next`` (exit_at_end only)
+    next: int
+    at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
     stored: int = field(init=False)  # the next offset the store has (after the last commit this member saw done)
-    all_names: frozenset[str] = field(init=False)  # every definition ...
-    all_from: int = field(init=False)  # ... needs the messages from this offset on (none is applied further)
 
     def __post_init__(self) -> None:
-        self.reopen(self.books)
-
-    def reopen(self, books: PartBooks) -> None:
-        """Start over from ``books`` (the store's): read from its least offset."""
-        self.books, self.next, self.at_end = books, books.start.offset, False
         self.stored = self.next
-        self.all_names = frozenset(books.applied)
-        self.all_from = max((p.offset for p in books.applied.values()), default=0)
-
-    def fence(self) -> SourceProgress:
-        """The token as a commit carries it (``Store.merge``'s ``fences``)."""
-        return SourceProgress(KAFKA_SOURCE, self.books.part, "fence", self.token)
 
 
 class GroupMember:
-    """One member of the group; :meth:`run` until :meth:`stop`. See the module docstring."""
+    """One member of the group; :meth:`run` until :meth:`stop`. See the module docstring. ``consumer``: a
+    confluent-kafka ``Consumer`` not yet subscribed (:func:`~.config.kafka_consumer`), or any object with its
+    methods; the member closes it."""
 
-    def __init__(self, config: ConsumeConfig, engine: LocalEngine, definitions: Definitions,
+    def __init__(self, config: ConsumeConfig, engine: LocalEngine, definitions: Definitions, consumer: Any,
                  dead_letter: DeadLetter | None = None) -> None:  # fmt: skip
-        from confluent_kafka import Consumer, KafkaException
-
         self.config = config
         self.engine = engine
         self.definitions = definitions
@@ -197,25 +111,34 @@ class GroupMember:
         self.stats = ReadStats()
         self.failed = ""  # why the member stopped on its own: a store commit failed for good, or a rewind failed
         self.failure: type[DrainpipeError] = StoreError  # the error that says so
-        self.partitions: dict[tuple[str, int], _Partition] = {}
+        self.partitions: dict[TopicPartition, _Partition] = {}
         self.cluster = ""
-        self.assignments = self.revocations = self.losses = self.rewinds = self.fenced_commits = 0
+        self.assignments = self.revocations = self.losses = self.rewinds = 0
         self.pauses = 0  # times the partitions were paused because the store was behind
-        try:
-            self._consumer = Consumer(config.consumer_settings(), logger=kafka_log)
-        except KafkaException as exc:  # a setting librdkafka refuses (--kafka-config)
-            raise UsageError(f"kafka consumer settings: {exc.args[0].str()}") from None
-        self._outstanding: deque[tuple[Commit, dict[tuple[str, int], int]]] = deque()
-        self._events_since = 0
+        self.driver = Driver(definitions, engine, ingest=engine.ingest, dead_letter=dead_letter,
+                             checkpoint_s=config.checkpoint_s, max_commits=config.max_commits,
+                             on_commit=self._stored)  # fmt: skip
+        self._consumer = consumer
         self._paused = False
         self._stop = threading.Event()
         self._closed = False
-        self._all_names = frozenset(definitions.names)
-        #: sees every event batch handed to the engine (the RED metrics of ``--port``)
-        self.observe: Callable[[EventBatch], None] | None = None
         #: per partition held: (next offset fed, high watermark as of the last fetch or -1, next offset stored);
         #: refreshed at each checkpoint, read by ``/metrics``
-        self.positions: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self.positions: dict[TopicPartition, tuple[int, int, int]] = {}
+
+    @property
+    def observe(self) -> Callable[[EventBatch], None] | None:
+        """Sees every event batch handed to the engine (the RED metrics of ``--port``)."""
+        return self.driver.observe
+
+    @observe.setter
+    def observe(self, hook: Callable[[EventBatch], None] | None) -> None:
+        self.driver.observe = hook
+
+    @property
+    def fenced_commits(self) -> int:
+        """Commits the store refused for a stale fencing token."""
+        return self.driver.fenced_commits
 
     # ------------------------------------------------------------------ the loop
 
@@ -237,13 +160,13 @@ class GroupMember:
             log.warning("Kafka topic %r does not exist yet; waiting for it", missing[0])
         consumer.subscribe(self.config.topics, on_assign=self._assigned, on_revoke=self._revoked,
                            on_lost=self._lost)  # fmt: skip
-        last = shown = time.monotonic()
+        shown = time.monotonic()
         try:
             while not self._stop.is_set() and not self.failed and not self._at_end():
                 self._reap()
-                if time.monotonic() - last >= self.config.checkpoint_s:
+                if self.driver.due:
                     self._checkpoint()  # (it refreshes the positions)
-                    last = shown = time.monotonic()
+                    shown = time.monotonic()
                 elif time.monotonic() - shown >= POSITIONS_S:  # /metrics and the dashboard see reading, not commits
                     self._refresh_positions()
                     shown = time.monotonic()
@@ -278,24 +201,26 @@ class GroupMember:
     def _throttle(self) -> None:
         """The store is behind (``max_commits`` checkpoints queued): pause the partitions and keep polling, which
         keeps the membership, until it catches up."""
-        behind = len(self._outstanding) >= self.config.max_commits
+        behind = self.driver.behind
         if behind != self._paused:
             assignment = self._consumer.assignment()
             (self._consumer.pause if behind else self._consumer.resume)(assignment)
             self._paused = behind
             self.pauses += behind
         if behind:
-            self._outstanding[0][0].done.wait(0.05)
+            self.driver.wait_for_store(0.05)
 
     def _feed(self, messages: list[Any]) -> None:
-        """Decode messages and ingest them, grouped by the definitions that still need them (all, unless some
-        were applied further before a restart; messages every definition has are skipped)."""
+        """Split messages by partition (positions, and the definitions that still need each: the driver's
+        policy), then decode and ingest each group of messages for the same definitions at once."""
         from confluent_kafka import KafkaError
 
         groups: dict[frozenset[str], list[Any]] = {}
         partitions = self.partitions
+        driver = self.driver
         for m in messages:
-            part = partitions.get((m.topic(), m.partition()))
+            key = (m.topic(), m.partition())
+            part = partitions.get(key)
             error = m.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
@@ -308,17 +233,13 @@ class GroupMember:
                 continue
             part.at_end = False
             part.next = offset + 1
-            names = part.all_names if offset >= part.all_from else part.books.names_from(offset)
+            names = driver.wanted(driver.books(key), offset)
             if names:
                 groups.setdefault(names, []).append(m)
         for names, group in groups.items():
             table = self._decode(group)
             if table.num_rows:
-                subset = None if names == self._all_names else self.definitions.select(sorted(names))
-                self.engine.ingest(table, definitions=subset)
-                self._events_since += table.num_rows
-                if self.observe is not None:
-                    self.observe(table)
+                driver.feed(table, names)
 
     def _decode(self, messages: list[Any]) -> EventBatch:
         """The valid events of ``messages``; every reject to the dead letter (:func:`~drainpipe.inputs.messages.
@@ -343,18 +264,9 @@ class GroupMember:
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
         self._refresh_positions()
-        rows = []
-        for part in self.partitions.values():
-            part.books.advance(self.definitions.names, Position(part.next))
-            rows += part.books.rows()
-        if not rows and not self._events_since:
-            return
-        if self.dead_letter is not None:
-            self.dead_letter.flush()  # the rejects of what the commit covers are written before it
-        ends = {tp: part.next for tp, part in self.partitions.items()}
-        fences = [part.fence() for part in self.partitions.values()]
-        self._outstanding.append((self.engine.checkpoint(rows, self._events_since, fences=fences), ends))
-        self._events_since = 0
+        for key, part in self.partitions.items():
+            self.driver.books(key).advance(self.definitions.names, Position(part.next))
+        self.driver.checkpoint({key: part.next for key, part in self.partitions.items()})
 
     def _refresh_positions(self) -> None:
         from confluent_kafka import KafkaException, TopicPartition
@@ -368,26 +280,13 @@ class GroupMember:
             positions[(topic, partition)] = (part.next, high, part.stored)
         self.positions = positions  # replaced whole: a scrape reads one consistent dict
 
-    def _reap(self) -> None:
-        """Take in finished commits: their offsets go to Kafka (monitoring); a failed one stops the member."""
+    def _stored(self, ends: dict[TopicPartition, int]) -> None:
+        """A commit is stored: its offsets go to Kafka (monitoring only, never read back)."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        done = []
-        while self._outstanding and self._outstanding[0][0].done.is_set():
-            commit, ends = self._outstanding.popleft()
-            if commit.fenced:  # another member owns one of the partitions now: start over from the store
-                self.fenced_commits += 1
-                self._rewind(set())
-                return
-            if commit.error:
-                self.failed = f"the store write failed: {commit.error}"
-                log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
-                          commit.error)  # fmt: skip
-                return
-            done.append(ends)
-        offsets = {tp: end for ends in done for tp, end in ends.items() if tp in self.partitions}
-        for tp, end in offsets.items():
-            self.partitions[tp].stored = end
+        offsets = {key: end for key, end in ends.items() if key in self.partitions}
+        for key, end in offsets.items():
+            self.partitions[key].stored = end
         if offsets:
             try:
                 self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
@@ -395,13 +294,31 @@ class GroupMember:
             except KafkaException as exc:  # e.g. in the middle of a rebalance: the store has them, which counts
                 log.debug("kafka offset commit (monitoring only) failed: %s", exc)
 
+    def _reap(self) -> None:
+        """Take in finished commits; a fenced one (another member owns a partition now) starts over from the store,
+        a failed one stops the member."""
+        if self.driver.reap():
+            self._rewind(set())
+        self._check_store()
+
+    def _check_store(self) -> None:
+        if self.driver.failed and not self.failed:
+            self.failed = f"the store write failed: {self.driver.failed}"
+            log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
+                      self.driver.failed)  # fmt: skip
+
     def _drain(self) -> None:
         """Wait until every queued commit is done (or one failed)."""
-        while self._outstanding and not self.failed:
-            self._outstanding[0][0].done.wait(0.1)
-            self._reap()
+        if self.driver.drain():
+            self._rewind(set())
+        self._check_store()
 
     # ------------------------------------------------------------------ rebalances (inside consume())
+
+    def _hold(self, key: TopicPartition, books: PartBooks, token: int) -> _Partition:
+        self.driver.hold(key, books, token)
+        held = self.partitions[key] = _Partition(books.start.offset)
+        return held
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         from confluent_kafka import OFFSET_BEGINNING
@@ -414,7 +331,7 @@ class GroupMember:
             # is refused
             token = store.fence(KAFKA_SOURCE, part)
             books = open_books(store, KAFKA_SOURCE, part, self.definitions.names)
-            held = self.partitions[(tp.topic, tp.partition)] = _Partition(books, token)
+            held = self._hold((tp.topic, tp.partition), books, token)
             tp.offset = held.next if held.next > 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
         if self._paused:
@@ -429,8 +346,12 @@ class GroupMember:
             self._checkpoint()
             self._drain()
         for tp in partitions:
-            self.partitions.pop((tp.topic, tp.partition), None)
+            self._release((tp.topic, tp.partition))
         log.info("kafka: revoked %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
+
+    def _release(self, key: TopicPartition) -> None:
+        self.partitions.pop(key, None)
+        self.driver.release(key)
 
     def _lost(self, consumer: Any, partitions: list[Any]) -> None:
         """The partitions were taken away without a revoke (this member missed its session): another member may
@@ -440,32 +361,27 @@ class GroupMember:
         log.warning("kafka: lost %s; uncommitted work dropped, the rest rewound to the store's offsets",
                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))  # fmt: skip
 
-    def _rewind(self, lost: set[tuple[str, int]]) -> None:
+    def _rewind(self, lost: set[TopicPartition]) -> None:
         """Drop everything not committed, give up ``lost`` and every partition whose fencing token moved on (another
         member owns it), and read the rest again from the store's offsets."""
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-        while self._outstanding:  # queued commits: stored, or fenced in turn (they carry the same tokens)
-            self._outstanding[0][0].done.wait(0.1)
-            if self._outstanding[0][0].done.is_set():
-                commit, _ = self._outstanding.popleft()
-                self.fenced_commits += commit.fenced
-                if commit.error and not commit.fenced:
-                    self.failed = f"the store write failed: {commit.error}"
-        self.engine.checkpoint([], 0, rollback=True, wait=True)
-        self._events_since = 0
+        self.driver.rollback()  # queued commits: stored, or fenced in turn (they carry the same tokens)
+        self._check_store()
         self.rewinds += 1
         store = self.engine.store
-        for tp, part in list(self.partitions.items()):
-            if tp in lost or store.fence_token(KAFKA_SOURCE, part.books.part) != part.token:
-                del self.partitions[tp]
+        for key in list(self.partitions):
+            books, token = self.driver.parts[key]
+            if key in lost or store.fence_token(KAFKA_SOURCE, books.part) != token:
+                self._release(key)
                 continue
-            part.reopen(open_books(store, KAFKA_SOURCE, part.books.part, self.definitions.names))
+            assert token is not None
+            held = self._hold(key, open_books(store, KAFKA_SOURCE, books.part, self.definitions.names), token)
             try:
-                self._consumer.seek(TopicPartition(tp[0], tp[1], part.next if part.next > 0 else OFFSET_BEGINNING))
+                self._consumer.seek(TopicPartition(key[0], key[1], held.next if held.next > 0 else OFFSET_BEGINNING))
             except KafkaException as exc:  # reading on from where the consumer is would skip what was dropped:
                 # stop instead; the others read the partitions again from the store's offsets
-                self.failed = f"cannot rewind {tp[0]}[{tp[1]}] to offset {part.next}: {exc}"
+                self.failed = f"cannot rewind {key[0]}[{key[1]}] to offset {held.next}: {exc}"
                 self.failure = InputError
                 log.error("kafka: %s; the member stops", self.failed)
                 return

@@ -44,10 +44,10 @@ from prometheus_client.registry import Collector
 
 from ..inputs import EventBatch
 from ..pipeline import RemoteWriter
-from .http_face import ReadRoutes, check_bind, error_answer
-from .live import Intake, LiveOptions, Sampler
-from .red import RedMetrics
-from .remote_metrics import RemoteWriteCollector
+from ..server.http_face import ReadRoutes, check_bind, error_answer
+from ..server.live import Intake, LiveOptions, Sampler
+from ..server.red import RedMetrics
+from ..server.remote_metrics import RemoteWriteCollector
 
 __all__ = ["MemberEndpoints", "MemberView"]
 

@@ -8,11 +8,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, UsageError
-from .http_face import TOKEN_ENV, check_bind, token_of
+from ..server.http_face import TOKEN_ENV, check_bind, token_of
 
 if TYPE_CHECKING:
     from ..pipeline import Definitions, RemoteWriter
-    from .kafka_member import ConsumeConfig, GroupMember
+    from .config import ConsumeConfig
+    from .member import GroupMember
 
 __all__ = ["add_consume_command", "consume"]
 
@@ -40,9 +41,10 @@ def consume(
     read its partitions from the store's offsets)."""
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
-    from .instrumented import InstrumentedStore
-    from .kafka_member import GroupMember
-    from .service import serve_engine_options
+    from ..server import serve_engine_options
+    from ..server.instrumented import InstrumentedStore
+    from .config import kafka_consumer
+    from .member import GroupMember
 
     try:
         store = open_store(store_url)
@@ -60,7 +62,7 @@ def consume(
         try:
             path = dead_letter or default_dead_letter(store_url)
             with DeadLetter(path) as dl:
-                member = GroupMember(config, engine, definitions, dl)
+                member = GroupMember(config, engine, definitions, kafka_consumer(config), dl)
                 writer = _remote_writer(config, engine, definitions)
                 try:
                     _run_member(member, config, store_url, path, announce, stop, (host, port, token), writer)
@@ -153,7 +155,7 @@ def _on_signals(handler: Any) -> Any:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from ..pipeline import definitions_from, remote_write_options
-    from .kafka_member import ConsumeConfig
+    from .config import ConsumeConfig
 
     try:
         import confluent_kafka  # noqa: F401

@@ -1,0 +1,198 @@
+"""The group member's own logic without a broker: its consumer is handed in (tests/kafka/fake_consumer.py), so the
+rebalances, fencing and rewinds are scripted at exact moments, and every event is counted in the store. The same
+paths run against a real broker in test_consume.py; here each runs in well under a second.
+
+Each protection was removed once to see its test fail: the checkpoint in ``_revoked`` (the next owner read the
+revoked partition again: events counted twice), the rollback in ``_rewind`` (after a loss, the uncommitted events
+were stored with the next commit and read again: twice), the token check in ``_rewind`` (the fenced member read on a
+partition another member owned: twice), and the stop on a failed seek (the member read on past what it dropped:
+lost)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from fake_consumer import FakeConsumer
+
+from drainpipe.errors import InputError
+from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
+from drainpipe.kafka import ConsumeConfig, GroupMember
+from drainpipe.pipeline import LocalEngine, default_definitions, open_store
+from drainpipe.server import serve_engine_options
+from kafka_testlib import BASE_MS, stored_calls
+
+pytest.importorskip("confluent_kafka")
+
+P0, P1 = ("t", 0), ("t", 1)
+
+
+def topic_log(
+    partitions: int, per_partition: int, seed: int
+) -> tuple[dict[str, list[list[bytes | None]]], Counter[str]]:
+    """A topic ``t`` of one-event JSON messages, and the calls per service in it."""
+    rng = random.Random(seed)
+    calls: Counter[str] = Counter()
+    log: list[list[bytes | None]] = []
+    for _ in range(partitions):
+        values: list[bytes | None] = []
+        for i in range(per_partition):
+            service = f"svc{rng.randrange(4)}"
+            calls[service] += 1
+            values.append(json.dumps({"ts": BASE_MS + rng.randrange(600_000), "service": service,
+                                      "endpoint": f"/e{i % 5}", "latency_ms": rng.randrange(1, 300),
+                                      "status": True}).encode())  # fmt: skip
+        log.append(values)
+    return {"t": log}, calls
+
+
+def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
+               script_member: list[GroupMember] | None = None) -> GroupMember:  # fmt: skip
+    """Run one member on ``consumer`` into the store at ``url`` until it holds only partitions read to their end
+    (``exit_at_end``); the store and engine closed after. ``script_member`` receives the member first (for a script
+    that looks at it)."""
+    definitions = default_definitions()
+    store = open_store(url)
+    store.register(definitions.all)
+    engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=checkpoint_s))
+    config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, exit_at_end=True)
+    member = GroupMember(config, engine, definitions, consumer)
+    if script_member is not None:
+        script_member.append(member)
+    running = threading.Thread(target=member.run)
+    running.start()
+    running.join(60)
+    stuck = running.is_alive()  # e.g. a member that reads on a partition another owns: fenced again and again
+    if stuck:
+        member.stop()
+        running.join(30)
+    engine.close()
+    store.close()
+    assert not stuck, f"the member did not finish: {member.rewinds} rewinds, {member.fenced_commits} fenced commits"
+    assert consumer.closed
+    return member
+
+
+def once(script: Callable[[FakeConsumer], None]) -> Callable[[FakeConsumer], None]:
+    """``script`` at the first consume() only."""
+    return lambda c: script(c) if c.calls == 1 else None
+
+
+def stored_offset(url: str, key: tuple[str, int]) -> int:
+    store = open_store(url)
+    try:
+        rows = store.progress(KAFKA_SOURCE, part=partition_part("fake-cluster", *key))
+        ends = {r.end for r in rows if r.name in default_definitions().names}  # (not the fencing token's row)
+    finally:
+        store.close()
+    assert len(ends) <= 1, ends  # every definition alike
+    return ends.pop() if ends else 0
+
+
+def test_a_revoked_partition_is_committed_before_it_goes_and_the_next_owner_reads_on_from_there(tmp_path: Path) -> None:
+    log, calls = topic_log(2, 600, seed=1)
+    url = f"duckdb:///{tmp_path / 'r.duckdb'}"
+    seen: dict[str, int] = {}
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0, P1)
+        elif c.fetched.get(P1, 0) >= 200 and "revoked at" not in seen:
+            seen["revoked at"] = c.fetched[P1]  # everything fetched is fed: consume() is called between batches
+            c.revoke(P1)  # no periodic checkpoint has run (60 s): the revoke's own commit must store it
+            seen["stored at revoke"] = stored_offset(url, P1)
+
+    first = run_member(url, FakeConsumer(log, script))
+    assert seen["stored at revoke"] == seen["revoked at"] == 200
+    assert (first.assignments, first.revocations) == (1, 1)
+    second = FakeConsumer(log, once(lambda c: c.assign(P1)))
+    run_member(url, second)
+    assert second.fetched == {P1: 400}  # from the stored offset on
+    assert stored_calls(url) == calls
+
+
+def test_a_lost_partition_drops_what_was_not_committed_and_reads_it_again_from_the_store(tmp_path: Path) -> None:
+    log, calls = topic_log(1, 800, seed=2)
+    url = f"duckdb:///{tmp_path / 'l.duckdb'}"
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0)
+        elif c.calls == 4:  # 300 messages fed, none committed (60 s)
+            c.lose(P0)  # the session expired: another member may own it now
+            c.assign(P0)  # ... and the group gives it back
+
+    consumer = FakeConsumer(log, script)
+    member = run_member(url, consumer)
+    assert (member.losses, member.rewinds, member.assignments) == (1, 1, 2)
+    assert consumer.fetched == {P0: 300 + 800}  # the 300 dropped were read again, from the store's offset 0
+    assert stored_calls(url) == calls
+
+
+def test_a_fenced_commit_gives_up_the_partition_another_member_took_and_rereads_the_rest(tmp_path: Path) -> None:
+    log, calls = topic_log(2, 500, seed=3)
+    url = f"duckdb:///{tmp_path / 'f.duckdb'}"
+    members: list[GroupMember] = []
+    taken: dict[str, int] = {}
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0, P1)
+        elif c.calls == 3 and not taken:  # another member is given P0 (its assignment issues a new token)
+            store = members[0].engine.store
+            taken["token"] = store.fence(KAFKA_SOURCE, partition_part("fake-cluster", *P0))
+
+    first = run_member(url, FakeConsumer(log, script), checkpoint_s=0.0, script_member=members)
+    assert first.fenced_commits >= 1 and first.rewinds >= 1
+    assert P0 not in first.partitions  # given up: its token moved on
+    assert stored_offset(url, P1) == 500  # the rest was read again from the store and to its end
+    second = FakeConsumer(log, once(lambda c: c.assign(P0)))
+    run_member(url, second)
+    assert stored_calls(url) == calls
+
+
+def test_a_rewind_whose_seek_fails_stops_the_member_and_the_next_one_stores_every_event_once(tmp_path: Path) -> None:
+    """Reading on from where the consumer stands after a failed seek would skip what the rewind dropped: the member
+    stops instead (InputError), and the next member reads the partitions from the store's offsets."""
+    log, calls = topic_log(2, 400, seed=4)
+    url = f"duckdb:///{tmp_path / 's.duckdb'}"
+
+    class SeekFails(FakeConsumer):
+        def seek(self, tp: object) -> None:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "injected: seek failed"))
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0, P1)
+        elif c.calls == 3:
+            c.lose(P1)  # P0 is kept, and rewound to the store's offset: the seek fails
+
+    member = run_member(url, SeekFails(log, script))
+    assert member.failure is InputError and "cannot rewind" in member.failed, member.failed
+    assert stored_calls(url) != calls  # it stopped before the end, its dropped events not stored
+    run_member(url, FakeConsumer(log, once(lambda c: c.assign(P0, P1))))
+    assert stored_calls(url) == calls
+
+
+def test_a_store_behind_pauses_the_partitions_and_resumes_them(tmp_path: Path) -> None:
+    """``max_commits`` checkpoints queued: the member pauses its partitions (what waits for the store waits in
+    Kafka), keeps calling consume() (its membership), and resumes once the store has caught up."""
+    log, calls = topic_log(2, 300, seed=5)
+    url = f"duckdb:///{tmp_path / 'p.duckdb'}"
+    paused_calls = []
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0, P1)
+        if c.paused:
+            paused_calls.append(c.calls)
+
+    member = run_member(url, FakeConsumer(log, script, fetch=10), checkpoint_s=0.0)
+    assert member.pauses >= 1 and paused_calls
+    assert stored_calls(url) == calls
