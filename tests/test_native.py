@@ -55,6 +55,8 @@ def test_an_unknown_tier_and_the_required_one_are_refused() -> None:
             pass
     with pytest.raises(UsageError, match="cannot be turned off"):
         native.disable("fastpath")
+    with pytest.raises(UsageError, match="unknown native tier colunmar"):
+        native.enabled("colunmar")
     assert native.enabled("fastpath") and native.enabled("jsonscan") and native.ENV not in os.environ
     child = subprocess.run([sys.executable, "-m", "drainpipe.native"], env={**os.environ, native.ENV: "nope"},
                            capture_output=True, text=True)  # fmt: skip

@@ -139,6 +139,8 @@ _BUILT: dict[str, ModuleType | None] = {
     "groupstates": groupstates,
 }
 _off: frozenset[str] = frozenset()
+#: the tiers in use here (built and not off): what :func:`enabled` asks, once per block of a reader
+_on: frozenset[str] = frozenset(n for n in TIERS if _BUILT.get(n, True) is not None)
 
 
 def _names(names: tuple[str, ...] | list[str]) -> frozenset[str]:
@@ -153,8 +155,9 @@ def _names(names: tuple[str, ...] | list[str]) -> frozenset[str]:
 
 def _set(off: frozenset[str]) -> None:
     """Turn exactly ``off`` off: rebind the extensions' names, and tell the processes this one starts."""
-    global _off
+    global _off, _on
     _off = off
+    _on = frozenset(n for n in TIERS if n not in off and _BUILT.get(n, True) is not None)
     names = globals()
     for name, module in _BUILT.items():
         if name != "fastpath":
@@ -167,12 +170,16 @@ def _set(off: frozenset[str]) -> None:
 
 def enabled(name: str) -> bool:
     """Whether tier ``name`` is in use here: built, and not turned off."""
-    return name not in _off and (name not in _BUILT or _BUILT[name] is not None)
+    if name in _on:
+        return True
+    if name not in _SPECS:
+        raise UsageError(f"unknown native tier {name} (tiers: {', '.join(TIERS)})")
+    return False
 
 
 def available() -> frozenset[str]:
     """The tiers built in this process (the C extensions that import, and the Python paths), whether on or off."""
-    return frozenset(n for n in TIERS if n not in _BUILT or _BUILT[n] is not None)
+    return frozenset(n for n in TIERS if _BUILT.get(n, True) is not None)
 
 
 def tiers() -> tuple[Tier, ...]:
