@@ -122,7 +122,7 @@ _SPECS: dict[str, tuple[bool, bool, str, str]] = {
     "logscan": (True, False, "access-log lines into columns by a format's program", "pyarrow with the format's RE2"),
     "otlpjson": (True, False, "OTLP JSON lines into span columns", "json and pyarrow (inputs.span_json)"),
     "spanmap": (True, False, "the OTLP span mapping's per-span pass", "numpy (inputs._spanmap_fallback)"),
-    "groupstates": (True, False, "aggregation's group ids, states and histograms", "numpy (pipeline.grouping)"),
+    "groupstates": (True, False, "aggregation's group ids, states and histograms", "numpy (pipeline.aggregate)"),
     "columnar": (False, False, "text formats read in columns (a C scanner, else pyarrow)", "the per-record readers"),
     "threads": (False, False, "pyarrow's thread pool in the JSON Lines reader", "the calling thread only"),
 }
