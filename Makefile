@@ -9,7 +9,7 @@ KAFKA_URL ?= $(shell scripts/kafka.sh url)
 
 .PHONY: install check demo test bench clean pg pg-stop kafka kafka-stop chromium prometheus nginx jvm-archive
 
-$(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c src/drainpipe/inputs/_jsonscan.c src/drainpipe/inputs/_spanmap.c src/drainpipe/inputs/_logscan.c src/drainpipe/inputs/_csvscan.c src/drainpipe/inputs/_otlpjson.c
+$(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c $(wildcard src/drainpipe/native/*.c src/drainpipe/native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark,grpc,kafka]'

@@ -11,7 +11,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "drainpipe"
 #: packages built on the queue: they may import ``drainpipe`` (the public API) and each other, never ``drainpipe._*``
-CLIENTS = ("drainpipe.pipeline", "drainpipe.server", "drainpipe.spark", "drainpipe.inputs")
+CLIENTS = ("drainpipe.pipeline", "drainpipe.server", "drainpipe.spark", "drainpipe.inputs", "drainpipe.kafka")
+#: where the optional C extensions are built and imported (drainpipe/native/__init__.py: the native tiers)
+NATIVE = "drainpipe.native"
 
 
 def _modules() -> dict[str, Path]:
@@ -25,6 +27,9 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+#: the C extensions, by the source each is built from (setup.py names each after its source's path)
+EXTENSIONS = {".".join(p.relative_to(SRC).with_suffix("").parts) for p in PACKAGE.rglob("*.c")}
+IMPORTABLE = set(MODULES) | EXTENSIONS
 
 
 def _resolve(module: str, node: ast.ImportFrom) -> str:
@@ -45,8 +50,9 @@ def _imports(module: str) -> list[tuple[str, list[str], int]]:
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(module, node)
             names = [alias.name for alias in node.names]
-            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
-            found.append((target, [n for n in names if f"{target}.{n}" not in MODULES], node.lineno))
+            # (``from . import _jsonscan``: a C extension is a module imported, not a private name)
+            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in IMPORTABLE]
+            found.append((target, [n for n in names if f"{target}.{n}" not in IMPORTABLE], node.lineno))
             found += [(sub, [], node.lineno) for sub in submodules]
     return [(t, names, line) for t, names, line in found if t == "drainpipe" or t.startswith("drainpipe.")]
 
@@ -101,14 +107,36 @@ def test_no_module_uses_another_modules_private_names() -> None:
             if target == m:
                 continue
             bad += [f"{m}:{line} imports {target}.{n}" for n in names if n.startswith("_") and n != "__version__"]
-            # private modules belong to the queue core: only drainpipe itself and its own _modules import them
+            # private modules belong to the queue core: only drainpipe itself and its own _modules import them (and
+            # drainpipe.native, which reports the queue core's C extension among the native tiers, importing it as
+            # the core does: the core cannot run without it, so it is no tier the callers choose)
             last = target.rsplit(".", 1)[-1]
             if (
                 last.startswith("_")
                 and target.count(".") == 1
-                and not (m == "drainpipe" or m.startswith("drainpipe._") or m in ("drainpipe.cli",))
+                and not (m == "drainpipe" or m.startswith("drainpipe._") or m in ("drainpipe.cli", NATIVE))
             ):
                 bad.append(f"{m}:{line} imports the private module {target}")
+    assert not bad, bad
+
+
+def _extension_importers(imports: dict[str, list[tuple[str, list[str], int]]]) -> list[str]:
+    """``module:line imports extension`` for every import of an optional C extension outside drainpipe.native."""
+    return [
+        f"{m}:{line} imports {t}"
+        for m, found in imports.items()
+        if m != NATIVE
+        for t, _, line in found
+        if t in EXTENSIONS and t.startswith(NATIVE + ".")
+    ]
+
+
+def test_only_native_imports_the_optional_c_extensions() -> None:
+    """The native tiers are loaded in one place: every optional C extension is built in drainpipe.native and imported
+    only there; callers ask it (``native.jsonscan``, ``native.enabled(...)``), so that ``native.disabled(...)`` turns
+    a tier off for all of them. (The queue core's own ``_fastpath`` is required and imported by the core.)"""
+    assert not [e for e in EXTENSIONS if not e.startswith(NATIVE + ".") and e != "drainpipe._fastpath"], EXTENSIONS
+    bad = _extension_importers({m: _imports(m) for m in MODULES})
     assert not bad, bad
 
 
@@ -117,6 +145,10 @@ def test_the_layering_checks_can_fail() -> None:
     assert "drainpipe._control" in _graph()["drainpipe._queue"]
     assert "drainpipe.server.commands" in _graph()["drainpipe.cli"]
     assert any(t == "drainpipe._fastpath" for t, _, _ in _imports("drainpipe._partitions"))
+    assert any(t == "drainpipe.native._jsonscan" for t, _, _ in _imports(NATIVE))
+    assert _extension_importers({"drainpipe.x": [("drainpipe.native._jsonscan", [], 3)]}) == [
+        "drainpipe.x:3 imports drainpipe.native._jsonscan"
+    ]
 
 
 # --------------------------------------------------------------------------------------------- exceptions, loading
@@ -253,5 +285,5 @@ def test_the_new_checks_can_fail() -> None:
     assert _loads_by_name("import importlib\nm = importlib.import_module('drainpipe.x')\n") == [2]
     assert _private_imports("from drainpipe.inputs.records import _secret\n") == ["drainpipe.inputs.records._secret"]
     assert not _private_imports("from drainpipe._balancer import _plan\n")  # a private module's unit test
-    assert not _private_imports("from drainpipe.inputs import _spanmap\n")
+    assert not _private_imports("from drainpipe.native import _spanmap\n")
     assert _is_lazy_face("drainpipe.pipeline") and not _is_lazy_face("drainpipe.pipeline.store")

@@ -23,7 +23,7 @@ from drainpipe.inputs import DeadLetter, ReadStats, read_events
 from drainpipe.inputs.schema import EVENT_SCHEMA, FIELDS, TRACE_ID, TS_MAX, TS_MIN, batch_schema
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions
-from drainpipe.pipeline.store import MergeReport, Store, open_store
+from drainpipe.pipeline.store import MergeReport, SourceProgress, Store, open_store
 
 T0 = 1_795_255_200_000  # 2026-11-21T10:00:00Z
 MIDNIGHT = 1_790_035_200_000  # 2026-09-22T00:00:00Z: a day boundary, for bucket and retention edges
@@ -66,10 +66,13 @@ def metric_chunks(first: int, n: int, minutes: int, definitions: Definitions = D
 
 
 def ingest(
-    store: Store, events: pa.RecordBatch, source: str | None, definitions: Definitions = DEFAULT_DEFINITIONS
+    store: Store, events: pa.RecordBatch, part: str | None, definitions: Definitions = DEFAULT_DEFINITIONS
 ) -> MergeReport:
-    """Aggregate one batch and merge it into ``store`` (one transaction)."""
-    return store.merge(aggregate_batch(events, definitions, source=source))
+    """Aggregate one batch and merge it into ``store`` (one transaction). With ``part``, exactly once, as an engine's
+    checkpoint makes it: the merge carries a progress row per definition of source ``"test"`` and that part, so a
+    second ingest of the same part finds its rows in the store's books and writes nothing."""
+    progress = [] if part is None else [SourceProgress("test", part, name, 1) for name in definitions.names]
+    return store.merge(aggregate_batch(events, definitions), progress=progress)
 
 
 def same_values(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:

@@ -117,7 +117,7 @@ def test_absurd_latencies_are_rejected_and_json_output_is_always_standard(tmp_pa
     assert code == 0 and {r["value"] for r in _strict_json(out)} == {20.0}  # type: ignore[union-attr]
     # a stored non-finite value (from an older build) is rendered as null, never as Infinity
     s = open_store(url)
-    s._con.execute("UPDATE metric_values SET value = 'inf'::DOUBLE")  # type: ignore[attr-defined]
+    s.backend.execute("UPDATE metric_values SET value = 'inf'::DOUBLE")  # type: ignore[attr-defined]
     s.close()
     code, out, _ = run(capsys, "query", "--store", url, "--metric", "service_resp_time", "--format", "json")
     assert code == 0 and {r["value"] for r in _strict_json(out)} == {None}  # type: ignore[union-attr]

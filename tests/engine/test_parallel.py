@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.inputs import EVENT_SCHEMA, ReadStats, Sink, plan_parts, read_part, whole_file
 from drainpipe.inputs.formats import base, parquet_format
 from drainpipe.pipeline import parallel
@@ -322,13 +323,9 @@ def test_line_ranges_cut_complete_lines_and_hash_prefixes(tmp_path_factory, line
     each with the SHA-256 of everything before its end, as a reference computed from the whole bytes; with the C
     newline finder and with numpy's (Spark executors)."""
 
-    for c_pass in (base._nth_newline, None):
-        old = base._nth_newline
-        base._nth_newline = c_pass
-        try:
+    for off in ((), ("lines",)):
+        with native.disabled(*off):
             _check_line_ranges(tmp_path_factory, lines, final_newline, per_part, buf, pos)
-        finally:
-            base._nth_newline = old
 
 
 @settings(max_examples=300, deadline=None)
@@ -340,14 +337,11 @@ def test_the_newline_finder_equals_a_byte_by_byte_count(data, start, stop, n, sp
     start, stop = min(start, len(data)), min(max(start, stop), len(data))
     at = [i + 1 for i in range(start, stop) if data[i] == 10]
     want = (at[n - 1], n) if len(at) >= n else (-1, len(at))
-    assert base._nth_newline(data, start, stop, n) == want
-    assert base._nth_newline(bytearray(data), start, stop, n) == want
-    old = base._nth_newline
-    base._nth_newline = None
-    try:
+    assert native.lines is not None
+    assert native.lines.nth(data, start, stop, n) == want
+    assert native.lines.nth(bytearray(data), start, stop, n) == want
+    with native.disabled("lines"):
         assert base.nth_newline(data, start, stop, n) == want
-    finally:
-        base._nth_newline = old
 
 
 @settings(max_examples=300, deadline=None)
@@ -379,16 +373,19 @@ def test_line_blocks_cut_as_a_line_by_line_reference(lines, final_newline, growa
             block = []
     if block:
         want.append((b"".join(block), len(block)))
-    for c_pass in (base._nth_newline, None):
-        saved = base._nth_newline, base.READ_BYTES
-        base._nth_newline, base.READ_BYTES = c_pass, read
+    for off in ((), ("lines",)):
+        saved = base.READ_BYTES
+        base.READ_BYTES = read
         try:
-            assert list(base.line_blocks(io.BytesIO(data), growable, count, max_bytes, limit)) == want
+            with native.disabled(*off):
+                assert list(base.line_blocks(io.BytesIO(data), growable, count, max_bytes, limit)) == want
         finally:
-            base._nth_newline, base.READ_BYTES = saved
+            base.READ_BYTES = saved
 
 
 def test_the_newline_finder_at_every_offset_around_the_64_byte_steps():
+    assert native.lines is not None
+    nth = native.lines.nth
     for start in (0, 1, 63):
         for p in range(start, 200):
             for q in (p + 1, p + 63, p + 64, p + 65):  # a second newline, maybe in the next 64 bytes
@@ -397,9 +394,9 @@ def test_the_newline_finder_at_every_offset_around_the_64_byte_steps():
                 if q < 200:
                     data[q] = 10
                 two = (q + 1, 2) if q < 200 else (-1, 1)
-                assert base._nth_newline(data, start, 200, 1) == (p + 1, 1), (start, p)
-                assert base._nth_newline(data, start, 200, 2) == two, (start, p, q)
-                assert base._nth_newline(data, start, 200, 3) == (-1, two[1]), (start, p, q)
+                assert nth(data, start, 200, 1) == (p + 1, 1), (start, p)
+                assert nth(data, start, 200, 2) == two, (start, p, q)
+                assert nth(data, start, 200, 3) == (-1, two[1]), (start, p, q)
 
 
 def _check_line_ranges(tmp_path_factory, lines, final_newline, per_part, buf, pos) -> None:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.errors import InputError
 from drainpipe.inputs import ReadStats, RejectList, Sink, log_format_of, parse_log_format, plan_parts, read_part
 from drainpipe.inputs.endpoints import EndpointRules
@@ -33,15 +34,8 @@ APACHE_T = '%h %l %u %t "%r" %>s %b %T %v'
 def decode(data: bytes, options: InputOptions, path: str) -> tuple[pa.RecordBatch, list]:
     """One block through the path named: "c" (the scanner, pyarrow where it declines), "arrow", "line"."""
     count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
-    saved = access_format._scan_log
-    try:
-        if path != "c":
-            access_format._scan_log = None  # type: ignore[assignment]
-        access_format._COLUMNS = path != "line"
+    with native.disabled(*{"c": (), "arrow": ("logscan",), "line": ("columnar",)}[path]):
         batch, rejects = access_format.decode_access_block(data, count, 0, options)
-    finally:
-        access_format._scan_log = saved  # type: ignore[assignment]
-        access_format._COLUMNS = True
     return batch.rows, rejects
 
 
@@ -313,20 +307,11 @@ def test_the_scanner_runs_where_it_should_and_declines_where_it_must():
     for text in ("$time_iso8601 $request_method $uri $status $request_time", '[$time_local] $request $status $request_time',
                  '[$time_local] "$request" ${request_time}1 $status'):  # fmt: skip
         assert not parse_log_format(text).program, text
-    calls = []
-    saved = access_format._scan_log
-
-    def spy(*args):
-        calls.append(args)
-        return saved(*args)
-
-    access_format._scan_log = spy  # type: ignore[assignment]
-    try:
-        same_everywhere(b'1.1.1.1 - - [10/Oct/2026:13:55:36 +0000] "GET /a HTTP/1.1" 200 1 "-" "ua" 0.1\n',
-                        InputOptions(service="s"))  # fmt: skip
-    finally:
-        access_format._scan_log = saved  # type: ignore[assignment]
-    assert calls
+    line = b'1.1.1.1 - - [10/Oct/2026:13:55:36 +0000] "GET /a HTTP/1.1" 200 1 "-" "ua" 0.1\n'
+    same_everywhere(line, InputOptions(service="s"))
+    assert access_format._scanned(line, 1, InputOptions(service="s")) is not None  # the "c" path ran the scanner
+    with native.disabled("logscan"):
+        assert access_format._scanned(line, 1, InputOptions(service="s")) is None
 
 
 def test_endpoints_normalized_in_columns_equal_the_per_value_rules():
@@ -411,7 +396,9 @@ def test_a_growing_log_is_applied_exactly_once(tmp_path: Path, monkeypatch: pyte
 def test_the_c_scanner_declines_a_block_with_a_byte_beyond_ascii_wherever_it_is():
     """The scanner reads only ASCII blocks (pyarrow checks UTF-8 and reads the others); its check takes 32 bytes at a
     time, so a high byte is put at every offset: within the 32-byte steps, and in the tail after the last one."""
-    scan = pytest.importorskip("drainpipe.inputs._logscan").scan
+    if native.logscan is None:
+        pytest.skip("the access-log scanner is not built")
+    scan = native.logscan.scan
     fmt = log_format_of("")
     line = b'10.0.0.1 - - [10/Oct/2026:13:55:36 +0000] "GET /users/1 HTTP/1.1" 200 5 "-" "ua" 0.012\n'
     block = line * 3

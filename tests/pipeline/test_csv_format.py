@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.errors import InputError
 from drainpipe.inputs import FIELDS, read_events
 from drainpipe.inputs.formats import csv_format
@@ -174,28 +175,21 @@ def test_csv_in_columns_reads_as_the_reference(tmp_path_factory, data: bytes, ba
     tmp = tmp_path_factory.mktemp("csv")
     path = write_bytes(tmp, "in.csv", data)
     results = []
-    scanner, cells = csv_format._scan_csv, csv_format._scan_columns
-    # the C passes; the numpy record scan and pyarrow's cells (Spark executors); pyarrow's cells; the reference
-    for columns, c_scanner, c_cells in ((True, True, True), (True, False, False), (True, True, False),
-                                        (False, True, True)):  # fmt: skip
-        csv_format._COLUMNS = columns
-        csv_format._scan_csv = scanner if c_scanner else None
-        csv_format._scan_columns = cells if c_cells else None
-        try:
-            r = read([path], tmp, batch_rows=batch_rows)
-        except InputError as e:
-            r = str(e)
-        finally:
-            csv_format._COLUMNS = True
-            csv_format._scan_csv, csv_format._scan_columns = scanner, cells
+    # the C passes; the numpy record scan and pyarrow's cells (Spark executors); the reference
+    for off in ((), ("csvscan",), ("columnar",)):
+        with native.disabled(*off):
+            try:
+                r = read([path], tmp, batch_rows=batch_rows)
+            except InputError as e:
+                r = str(e)
         # (a batch has a trace id column when one of its rows has a trace id: the others' None depends on the cut)
         rows = lambda r: [{k: v for k, v in row.items() if k != "trace_id" or v is not None} for row in r.rows]
         results.append(r if isinstance(r, str) else (rows(r), r.rejects))
-    assert results[0] == results[3] and results[1] == results[3] and results[2] == results[3]
-    if not isinstance(results[3], str):  # as the workers read it: planned ranges, strings kept dictionary-encoded
+    assert results[0] == results[2] and results[1] == results[2]
+    if not isinstance(results[2], str):  # as the workers read it: planned ranges, strings kept dictionary-encoded
         encoded, rejects = _read_as_workers(str(path), batch_rows)
-        assert encoded == results[3][0]
-        assert rejects == [(r["line"], r["reason"]) for r in results[3][1]]
+        assert encoded == results[2][0]
+        assert rejects == [(r["line"], r["reason"]) for r in results[2][1]]
 
 
 def _read_as_workers(path: str, batch_rows: int) -> tuple[list[dict], list[tuple[int, str]]]:
@@ -227,13 +221,11 @@ def test_the_blocks_are_the_same_whatever_the_read_buffer_holds(tmp_path_factory
 
     tmp = tmp_path_factory.mktemp("plan")
     path = str(write_bytes(tmp, "in.csv", data))
-    csv_format._COLUMNS = False
     try:  # the reference, a record at a time
-        reference = read([Path(path)], tmp, batch_rows=batch_rows)
+        with native.disabled("columnar"):
+            reference = read([Path(path)], tmp, batch_rows=batch_rows)
     except InputError:
         reference = None
-    finally:
-        csv_format._COLUMNS = True
 
     def plan_and_read() -> tuple:
         try:
@@ -243,17 +235,17 @@ def test_the_blocks_are_the_same_whatever_the_read_buffer_holds(tmp_path_factory
         except InputError as e:
             return (str(e),)
 
-    saved = csv_format.READ_BYTES, csv_format._scan_columns
-    csv_format._scan_columns = saved[1] if c_cells else None
+    saved = csv_format.READ_BYTES
     try:
-        whole = plan_and_read()
-        if reference is not None:
-            rows = [{k: v for k, v in r.items() if k != "trace_id" or v is not None} for r in reference.rows]
-            assert whole[1] == (rows, [(r["line"], r["reason"]) for r in reference.rejects])
-        csv_format.READ_BYTES = buffer
-        assert plan_and_read() == whole
+        with native.disabled(*(() if c_cells else ("csvscan",))):
+            whole = plan_and_read()
+            if reference is not None:
+                rows = [{k: v for k, v in r.items() if k != "trace_id" or v is not None} for r in reference.rows]
+                assert whole[1] == (rows, [(r["line"], r["reason"]) for r in reference.rejects])
+            csv_format.READ_BYTES = buffer
+            assert plan_and_read() == whole
     finally:
-        csv_format.READ_BYTES, csv_format._scan_columns = saved
+        csv_format.READ_BYTES = saved
 
 
 @settings(max_examples=300, deadline=None)
@@ -263,14 +255,10 @@ def test_the_c_record_scan_equals_numpys(data: bytes, records: int, final: bool)
     a malformed record numpy sees, C sees too (C, reading record by record, may see one sooner: a stray quote
     numpy's parity count takes for an open field still waiting for its end; either way the reference reads from
     there)."""
-    scanner = csv_format._scan_csv
-    assert scanner is not None
+    assert native.csvscan is not None
     c = csv_format._scan(data, 0, records, final)
-    csv_format._scan_csv = None
-    try:
+    with native.disabled("csvscan"):
         py = csv_format._scan(data, 0, records, final)
-    finally:
-        csv_format._scan_csv = scanner
     assert c[2] or not py[2]
     if not c[2]:
         assert c[0].tolist() == py[0].tolist() and c[1] == py[1]
@@ -320,8 +308,8 @@ _SCAN_BYTES = [b'"', b'""', b",", b"\r", b"\n", b"\r\n", b"a", b"b1", b" ", b"x"
 def test_the_c_record_scan_equals_the_readers_states(pieces: list[bytes], choose, records: int, final: bool):
     """The C record scan (64-byte masks, a padded tail) gives exactly the byte-at-a-time reader's record ends,
     newline count and verdict, from any start, across 64-byte boundaries."""
-    scanner = csv_format._scan_csv
-    assert scanner is not None
+    assert native.csvscan is not None
+    scanner = native.csvscan.scan
     data = b"a" * choose.draw(st.integers(0, 130)) + b"".join(pieces)  # (moves what follows across a boundary)
     begin = choose.draw(st.integers(0, len(data)))
     raw, lines, malformed = scanner(data, begin, records, final)
@@ -333,8 +321,8 @@ def test_the_c_record_scan_at_every_byte_around_a_64_byte_boundary():
     carriage return, quoted newlines) placed at every offset around the first 64-byte boundary: the reader's
     verdict, ends and newlines."""
     snippets = [b'"ab"c\n', b'"a""b"\n', b"a\rb\n", b"a\r\n", b'"q\nq"\n', b'a"b\n', b'"",x\n', b'"a"\r\nb\n', b'"\r"']
-    scanner = csv_format._scan_csv
-    assert scanner is not None
+    assert native.csvscan is not None
+    scanner = native.csvscan.scan
     for snippet in snippets:
         for pad in range(50, 70):
             for tail in (b"", b"z,1\n"):

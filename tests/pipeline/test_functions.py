@@ -24,9 +24,7 @@ from drainpipe.pipeline.partials import (
     merge,
     normalize,
     partial_type,
-    piece_of,
     rollup,
-    source_root,
     split_partial,
 )
 from drainpipe.pipeline.state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
@@ -274,11 +272,11 @@ def test_each_definition_has_its_own_partial_class() -> None:
 
 
 def test_partials_pickle_by_definition() -> None:
-    partials = aggregate_batch(batch([event(db="q")]), DEFAULT_DEFINITIONS, source="src-1")
-    for partial in partials:
+    partials = aggregate_batch(batch([event(db="q")]), DEFAULT_DEFINITIONS)
+    for partial in [*partials, rollup(partials[0], "hour")]:  # type: ignore[arg-type]
         copy = pickle.loads(pickle.dumps(partial))
         assert type(copy) is type(partial)
-        assert copy.sources == frozenset({"src-1"})
+        assert getattr(copy, "granularity", None) == getattr(partial, "granularity", None)
         assert finalize(copy) == finalize(partial)
 
 
@@ -302,12 +300,12 @@ def test_accumulator() -> None:
     assert len(accumulator) == 0 and accumulator.drain() is None
     for i in range(5):
         (partial,) = aggregate_batch(
-            batch([event(endpoint="/e", latency=i * 10), event(endpoint="/f")]), _single(metric), source=f"b{i}"
+            batch([event(endpoint="/e", latency=i * 10), event(endpoint="/f")]), _single(metric)
         )
         accumulator.add(partial)
     assert len(accumulator) == 2  # two (entity, bucket) keys
     drained = accumulator.drain()
-    assert drained is not None and drained.sources == frozenset(f"b{i}" for i in range(5))
+    assert drained is not None
     assert {(r[1], r[4]): r[5] for r in finalize(drained)}[("svc//e", "p50")] == 20.0
     assert len(accumulator) == 0
     with pytest.raises(TypeError):
@@ -318,24 +316,23 @@ def test_accumulator() -> None:
 
 def test_split_partial_pieces() -> None:
     events = [event(T0 + i * 1_000, endpoint=f"/e{i % 7}", latency=i, db=f"q{i % 3}") for i in range(200)]
-    for partial in aggregate_batch(batch(events), DEFAULT_DEFINITIONS, source="b"):
+    for partial in aggregate_batch(batch(events), DEFAULT_DEFINITIONS):
         pieces = split_partial(partial, 4)
         k = len(pieces)
         assert sum(p.table.num_rows for p in pieces) == partial.table.num_rows
         assert all(p.table.num_rows <= 4 for p in pieces) and all(type(p) is type(partial) for p in pieces)
-        assert [p.sources for p in pieces] == [{f"b ~{i}/{k}"} for i in range(1, k + 1)] or k == 1
+        assert k == -(-partial.table.num_rows // 4) or k == 1
         assert finalize(merge(pieces)) == finalize(partial)
         assert [p.table for p in split_partial(partial, 4)] == [p.table for p in pieces]  # deterministic
-    assert piece_of("b ~2/3 ~1/4") == ("b ~2/3", 1, 4) and piece_of("b") is None
-    assert source_root("b ~2/3 ~1/4") == "b"
     with pytest.raises(ValueError):
         split_partial(partial, 0)
 
 
 def test_empty_batch_gives_empty_partials() -> None:
-    partials = aggregate_batch(batch([]), DEFAULT_DEFINITIONS, source="empty")
-    assert len(partials) == 17
-    assert all(p.table.num_rows == 0 and p.sources == {"empty"} for p in partials)
+    partials = aggregate_batch(batch([]), DEFAULT_DEFINITIONS)
+    assert len(partials) == 17  # one per definition, in their order, even when the batch brings nothing to it
+    assert [p.name for p in partials] == list(DEFAULT_DEFINITIONS.names)
+    assert all(p.table.num_rows == 0 for p in partials)
     assert all(finalize(p) == [] for p in partials)
     assert all(finalize(merge([p, p])) == [] for p in partials)
 
@@ -489,7 +486,7 @@ def test_every_partial_is_normal_so_merging_one_returns_it(groups: list[list[tup
             again = normalize(p)
             assert again.table.num_rows == p.table.num_rows
             assert sorted(finalize(again)) == sorted(finalize(p))
-        gathered = same[0]._with(pa.concat_tables([p.table for p in same]), merged.sources)
+        gathered = same[0]._with(pa.concat_tables([p.table for p in same]))
         assert sorted(finalize(normalize(gathered))) == sorted(finalize(merged))
 
 

@@ -1,4 +1,5 @@
-"""The C aggregation kernel (``pipeline/_groupstates.c``) against the numpy path it replaces where it is built.
+"""The C aggregation kernel (``native/_groupstates.c``) against the numpy path it replaces where it is not built or
+is off (``native.disabled("groupstates")``).
 
 Both must give the same partial states bit for bit: the same groups in the same order, the same counts, sums,
 extremes and histogram bins, for every function, scope, filter and weighting, with plain and dictionary-encoded
@@ -16,12 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.inputs import WEIGHT, EventBatch
-from drainpipe.pipeline import aggregate
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
 
-_groupstates = pytest.importorskip("drainpipe.pipeline._groupstates")
+if native.groupstates is None:
+    pytest.skip("the aggregation kernel is not built", allow_module_level=True)
+_groupstates = native.groupstates
 
 T0 = 1_790_000_000_000
 DEFINITIONS = Definitions(
@@ -82,12 +85,8 @@ def _batch(events: list[tuple[Any, ...]], encoded: bool, weighted: bool) -> Even
 
 
 def _tables(batch: EventBatch, kernel: bool) -> list[pa.Table]:
-    saved = aggregate._KERNEL
-    aggregate._KERNEL = kernel
-    try:
+    with native.disabled(*(() if kernel else ("groupstates",))):
         return [p.table for p in aggregate_batch(batch, DEFINITIONS)]
-    finally:
-        aggregate._KERNEL = saved
 
 
 @settings(max_examples=150, deadline=None)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.inputs import read_events
 from drainpipe.inputs.rejects import ReadStats
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, TS_MAX, TS_MIN, batch_schema
@@ -338,16 +339,11 @@ MIXED_LINE = st.one_of(CLEAN_LINE, CLEAN_LINE, st.sampled_from(DIRTY_LINES))
 
 
 def read_both_paths(tmp_path: Path, data: bytes, name: str, batch_rows: int) -> tuple[Result, Result]:
-    import drainpipe.inputs.formats.jsonl_format as events
-
     path = write_bytes(tmp_path, name, data)
     results = []
     for fast in (True, False):
-        events._JSONL_FAST_PATH = fast
-        try:
+        with native.disabled(*(() if fast else ("columnar",))):
             results.append(read([path], tmp_path, batch_rows=batch_rows))
-        finally:
-            events._JSONL_FAST_PATH = True
     return results[0], results[1]
 
 
@@ -441,7 +437,6 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
     """JsonlBlocks.read_range (the workers' reader: scanner straight out of the part's bytes, else the block cut
     out; the scanner's strings kept dictionary-encoded or not) gives the per-line path's blocks, rows, rejects and
     line numbers."""
-    import drainpipe.inputs.formats.jsonl_format as events
     from drainpipe.inputs import RejectList, Sink
     from drainpipe.inputs.formats.jsonl_format import JsonlBlocks
 
@@ -451,15 +446,12 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
     def blocks(fast: bool) -> tuple[list, list, ReadStats]:
         stats, rejects, out = ReadStats(), RejectList(), []
         reader, begin, lineno = JsonlBlocks(dictionaries and fast), 0, 0
-        events._JSONL_FAST_PATH = fast
-        try:
+        with native.disabled(*(() if fast else ("columnar",))):
             while begin < len(data):
                 begin, n, batch = reader.read_range(data, begin, batch_rows, lineno, Sink("x", stats, rejects),
                                                     data.isascii())  # fmt: skip
                 lineno += n
                 out.append((lineno, None if batch is None else batch.to_pylist()))
-        finally:
-            events._JSONL_FAST_PATH = True
         return out, rejects.rows, stats
 
     fast, slow = blocks(True), blocks(False)
@@ -470,25 +462,22 @@ def test_read_range_equals_per_line_path(lines, batch_rows, ending, final_newlin
 @given(st.lists(MIXED_LINE, max_size=24), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
 def test_ndjson_bodies_fast_path_equals_per_line_path(lines, ending, final_newline):
     """An HTTP body of JSON Lines (validate_json_lines) gives the same batch, rejects and counts with the
-    columnar fast path as line by line."""
-    import drainpipe.inputs.formats.jsonl_format as events
+    columnar fast path (the C scanner, and pyarrow alone as where it is not built) as line by line."""
     from drainpipe.inputs import validate_json_lines
 
     encoded = [x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines]
     data = ending.join(encoded) + (ending if final_newline and encoded else b"")
     results = []
-    for fast in (True, False):
-        events._JSONL_FAST_PATH = fast
-        try:
+    for off in ((), ("jsonscan",), ("columnar",)):
+        with native.disabled(*off):
             stats = ReadStats()
             batch, rejects = validate_json_lines(data, stats)
-        finally:
-            events._JSONL_FAST_PATH = True
         results.append((batch, rejects, stats))
-    (fast_batch, fast_rejects, fast_stats), (batch, rejects, stats) = results
-    assert fast_batch.equals(batch) and fast_batch.schema.equals(batch.schema)
+    *fast, (batch, rejects, stats) = results
+    for fast_batch, fast_rejects, fast_stats in fast:
+        assert fast_batch.equals(batch) and fast_batch.schema.equals(batch.schema)
+        assert fast_rejects == rejects and fast_stats == stats
     assert batch.schema.equals(EVENT_SCHEMA) or batch.schema.equals(batch_schema([TRACE_ID]))
-    assert fast_rejects == rejects and fast_stats == stats
 
 
 def test_ndjson_body_value_rejects_on_the_fast_path():
@@ -527,15 +516,12 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     whole = [line + b"\n" for line in raw] + ([last] if last and not growable else [])
 
     want_stats, want_rejects, want = ReadStats(), RejectList(), []
-    events._JSONL_FAST_PATH = False
-    try:
+    with native.disabled("columnar"):
         reader = JsonlBlocks()
         for index, k in enumerate(range(0, len(whole), batch_rows)):
             batch = reader.read(whole[k : k + batch_rows], k, Sink("x", want_stats, want_rejects))
             if batch is not None:
                 want.append((index, batch.to_pylist()))
-    finally:
-        events._JSONL_FAST_PATH = True
 
     stats, rejects = ReadStats(), RejectList()
     old = events.READ_BYTES

@@ -1,4 +1,4 @@
-"""The C scanner of JSON Lines blocks (``drainpipe.inputs._jsonscan``) against ``json.loads``.
+"""The C scanner of JSON Lines blocks (``drainpipe.native._jsonscan``) against ``json.loads``.
 
 The scanner is the first fast path of a JSON Lines block. ``test_events.py`` holds the whole read to the per-line
 result (fast paths on or off); these tests hold the scanner itself to json.loads + float() value by value, show
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drainpipe.inputs._jsonscan import scan
 from drainpipe.inputs.formats.jsonl_format import fast_jsonl_block, json_rows, scanned
 from drainpipe.inputs.validation import rows_to_batch
+from drainpipe.native._jsonscan import scan
 
 HYPO = settings(max_examples=300, deadline=None)
 
@@ -184,16 +184,16 @@ def scan_batch(data: bytes, begin: int, count: int):
     return scanned[2]
 
 
-def test_without_the_extension_pyarrow_reads_the_same(monkeypatch):
+def test_without_the_extension_pyarrow_reads_the_same():
     """Spark executors import drainpipe's pure-Python modules only: without the scanner, pyarrow's reader takes
     the same clean block, with the same result."""
-    from drainpipe.inputs.formats import jsonl_format as records
+    from drainpipe import native
 
     lines = [json.dumps({"ts": 1795255200000 + i, "service": "s", "latency_ms": i / 7, "status": i % 2 == 0})
              for i in range(50)]  # fmt: skip
     chunk = [line.encode() + b"\n" for line in lines]
     with_scanner = fast_jsonl_block(chunk)
-    monkeypatch.setattr(records, "_scan_block", None)
-    without = fast_jsonl_block(chunk)
+    with native.disabled("jsonscan"):
+        without = fast_jsonl_block(chunk)
     assert with_scanner is not None and without is not None
     assert with_scanner[0].equals(without[0]) and with_scanner[1] == without[1] == []

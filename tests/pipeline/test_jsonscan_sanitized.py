@@ -11,7 +11,7 @@ overflow on the first short string at the end of a buffer.) The access-log scann
 program over cut and mutated lines, the request times' digits copied into a small buffer), the CSV record scanner
 (``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets, and its cell pass), the newline finder
 (``_lines.c``), the OTLP JSON scanner (``_otlpjson.c``: every prefix of the differential test's exports, and
-mutated blocks of them) and the aggregation kernel (``pipeline/_groupstates.c``: random codes, times, weights and
+mutated blocks of them) and the aggregation kernel (``_groupstates.c``: random codes, times, weights and
 sizes from zero, its dense and hashed groupings) get the same treatment."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-SOURCES = Path(__file__).parents[2] / "src" / "drainpipe"
+SOURCES = Path(__file__).parents[2] / "src" / "drainpipe" / "native"  # every C extension but the queue core's
 
 #: every child's start: the sanitized build, loaded as ``sanitized`` (argv: its path, this directory, its name)
 PRELUDE = r"""
@@ -36,7 +36,7 @@ spec.loader.exec_module(sanitized)
 """
 
 JSON_CHILD = r"""
-from drainpipe.inputs._jsonscan import scan as normal
+from drainpipe.native._jsonscan import scan as normal
 
 rng = random.Random(5)
 def record():
@@ -76,7 +76,7 @@ print("checked", count)
 
 
 LOG_CHILD = r"""
-from drainpipe.inputs._logscan import scan as normal
+from drainpipe.native._logscan import scan as normal
 from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, parse_log_format
 
 formats = [DEFAULT_LOG_FORMAT,
@@ -111,7 +111,7 @@ print("checked", count)
 """
 
 CSV_CHILD = r"""
-from drainpipe.inputs._csvscan import scan as normal
+from drainpipe.native._csvscan import scan as normal
 
 rng = random.Random(9)
 count = 0
@@ -122,7 +122,7 @@ for _ in range(4000):
             for final in (False, True):
                 assert sanitized.scan(data, begin, records, final) == normal(data, begin, records, final), data
                 count += 1
-from drainpipe.inputs._csvscan import columns as normal_columns
+from drainpipe.native._csvscan import columns as normal_columns
 cells = [b"", b"1790000000000", b"-0", b"1.5e3", b"true", b"0", b'"a""b"', b'"x\r\ny"', b"svc", b'"', b"1.", b"\r"]
 for _ in range(6000):  # the cell pass: records of random cells and bytes, widths and field maps
     width = rng.randrange(1, 9)
@@ -141,7 +141,7 @@ print("checked", count)
 """
 
 OTLP_CHILD = r"""
-from drainpipe.inputs._otlpjson import scan as normal
+from drainpipe.native._otlpjson import scan as normal
 sys.path.insert(0, sys.argv[2])
 from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
 
@@ -166,7 +166,7 @@ print("checked", count)
 """
 
 LINES_CHILD = r"""
-from drainpipe.inputs._lines import nth as normal
+from drainpipe.native._lines import nth as normal
 
 rng = random.Random(13)
 count = 0
@@ -182,7 +182,7 @@ print("checked", count)
 
 GROUPS_CHILD = r"""
 import numpy as np
-from drainpipe.pipeline import _groupstates as normal
+from drainpipe.native import _groupstates as normal
 
 rng = np.random.default_rng(17)
 count = 0
@@ -211,14 +211,12 @@ print("checked", count)
 
 CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD,
             "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
-#: where a C source is, under src/drainpipe (inputs/ unless named here)
-PACKAGES = {"_groupstates": "pipeline"}
 
 
 def _compile(name: str, target: Path) -> None:
     include = sysconfig.get_paths()["include"]
     cmd = ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / PACKAGES.get(name, "inputs") / f"{name}.c"), "-o", str(target)]  # fmt: skip
+           "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / f"{name}.c"), "-o", str(target)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-import drainpipe.pipeline.store.sql as store_module
+import drainpipe.pipeline.store.merge as merge_module
 from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
@@ -49,7 +49,7 @@ def test_a_long_merge_holds_one_batch_not_every_batch(tmp_path, monkeypatch: pyt
     """A Spark job's whole output is one merge_chunks transaction. DuckDB kept every Arrow table that had been
     registered (and unregistered) in a transaction until it committed: memory grew with the output. Arrow's
     allocations while the 24th chunk is made must be those of about one write batch, as at the 6th."""
-    monkeypatch.setattr(store_module, "_WRITE_ROWS", 20_000)
+    monkeypatch.setattr(merge_module, "WRITE_ROWS", 20_000)
     definitions = default_definitions()
     seen: dict[int, int] = {}
 

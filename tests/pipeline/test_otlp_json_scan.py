@@ -15,6 +15,7 @@ import base64
 import json
 import random
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from drainpipe import native
 from drainpipe.inputs import span_columns
 from drainpipe.inputs.formats.otlp_format import decode_block
 from drainpipe.inputs.options import InputOptions
@@ -41,11 +43,10 @@ def _rows(batch: Any) -> tuple[list, int]:
 
 
 @pytest.fixture(params=["c", "python"])
-def json_pass(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def json_pass(request: pytest.FixtureRequest) -> Iterator[str]:
     """Which pass reads the blocks: the C one, or the Python one (as where the C pass is not built)."""
-    if request.param == "python":
-        monkeypatch.setattr(span_columns, "_scan_json", None)
-    return str(request.param)
+    with native.disabled(*(("otlpjson",) if request.param == "python" else ())):
+        yield str(request.param)
 
 
 def _scanned(data: bytes, count: int) -> Any:

@@ -1,5 +1,5 @@
 """Retention: a simulated month of minute traffic into a store that purges daily on a fake clock stays flat in rows,
-ledger entries and bytes, on DuckDB and PostgreSQL; what is kept is exactly what the retention says; durations and
+progress rows and bytes, on DuckDB and PostgreSQL; what is kept is exactly what the retention says; durations and
 the ``[retention]`` table are parsed strictly."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from drainpipe.pipeline.store import SourceProgress, SqlStore, open_store
 from testlib import MIDNIGHT as T0
 
 DAY = 86_400_000
-TABLES = ("metric_state", "metric_values", "topn_values", "applied_sources", "source_progress")
+TABLES = ("metric_state", "metric_values", "topn_values", "source_progress")
 SHORT = Retention(minute=DAY, hour=3 * DAY, day=7 * DAY, topn=DAY)
 
 
@@ -34,11 +34,11 @@ def day_of_traffic(day: int) -> pa.RecordBatch:
 
 
 def counts(store: SqlStore) -> dict[str, int]:
-    return {t: store._fetchall(f"SELECT count(*) FROM {t}")[0][0] for t in TABLES}
+    return {t: store.backend.fetchall(f"SELECT count(*) FROM {t}")[0][0] for t in TABLES}
 
 
 def simulate_month(store: SqlStore, days: int = 30) -> list[tuple[dict[str, int], int]]:
-    """Per simulated day: merge its traffic (its own source and file-progress entry) at the day's end, purge, and
+    """Per simulated day: merge its traffic (with its file's progress rows) at the day's end, purge, and
     reclaim; the row counts and store size after each day."""
     definitions = default_definitions()
     now = [T0]
@@ -46,7 +46,7 @@ def simulate_month(store: SqlStore, days: int = 30) -> list[tuple[dict[str, int]
     out = []
     for day in range(days):
         now[0] = T0 + (day + 1) * DAY  # the end of the day: its traffic has all arrived
-        partials = aggregate_batch(day_of_traffic(day), definitions, source=f"day-{day}:1440:0")
+        partials = aggregate_batch(day_of_traffic(day), definitions)
         progress = [SourceProgress("file", f"fid-{day}", d.name, -1, 2880, f"head-{day}", f"node-{day}",
                                    f"/logs/{day}.jsonl")
                     for d in definitions.all]  # fmt: skip
@@ -61,7 +61,7 @@ def check_flat(history: list[tuple[dict[str, int], int]]) -> None:
     # from day 8 on, every retention window is full: each day adds what the purge takes
     steady = [c for c, _ in history[8:]]
     assert all(c == steady[0] for c in steady), steady
-    assert steady[0]["applied_sources"] <= 8 * 17 and steady[0]["source_progress"] <= 8 * 17  # 8 days of entries
+    assert steady[0]["source_progress"] <= 8 * 17  # 8 days of progress rows
     assert history[-1][0]["metric_values"] < history[7][0]["metric_values"] * 2
     sizes = [size for _, size in history]
     # bytes flat too: deleted rows' space is reused (DuckDB's file alternates as blocks are freed and refilled)
@@ -109,12 +109,12 @@ def test_without_purge_the_same_month_grows(tmp_path) -> None:
         history = simulate_month(store, days=12)
         values = [c["metric_values"] for c, _ in history]
         assert all(b > a for a, b in zip(values, values[1:]))
-        assert history[-1][0]["applied_sources"] == 12 * 17
+        assert history[-1][0]["source_progress"] == 12 * 17
     finally:
         store.close()
 
 
-def test_forever_keeps_everything_and_the_ledger() -> None:
+def test_forever_keeps_everything_and_the_books() -> None:
     r = Retention(minute=None)
     assert "minute" not in r.metric_cutoffs(T0) and r.ledger_cutoff(T0) is None
     assert Retention().ledger_cutoff(T0) == T0 - 800 * DAY  # the longest retention
@@ -150,7 +150,7 @@ def test_serve_purges_at_start_and_on_its_schedule(tmp_path) -> None:
 
     url = f"duckdb:///{tmp_path / 'serve.duckdb'}"
     store = open_store(url)
-    store.merge(aggregate_batch(day_of_traffic(0), default_definitions(), source="old:1:0"))
+    store.merge(aggregate_batch(day_of_traffic(0), default_definitions()))
     before = counts(store)["metric_values"]
     service = IngestService(default_definitions(), store, options=ServiceOptions(purge_every_s=0.05))
     try:

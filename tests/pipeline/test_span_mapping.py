@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from drainpipe.inputs import _spanmap, _spanmap_fallback, otlp, span_events
+from drainpipe import native
+from drainpipe.inputs import otlp
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.otlp import map_spans
 from drainpipe.inputs.schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, batch_schema
@@ -32,12 +33,11 @@ T0_NS = 1_795_543_194_000_000_000  # ns
 
 @pytest.fixture(autouse=True, scope="module", params=["C", "numpy"])
 def per_span_pass(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test here runs with the C pass and with its numpy fallback."""
-    chosen = _spanmap if request.param == "C" else _spanmap_fallback
-    # (the mapping's module, span_events: patching otlp, which no longer calls them, had tested the C pass twice)
-    span_events.pick, span_events.classify = chosen.pick, chosen.classify  # type: ignore[assignment]
-    yield
-    span_events.pick, span_events.classify = _spanmap.pick, _spanmap.classify
+    """Every test here runs with the C pass and with its numpy fallback (inputs._spanmap_fallback)."""
+    if request.param == "C":
+        assert native.spanmap is not None, "the C pass is not built"
+    with native.disabled(*(("spanmap",) if request.param == "numpy" else ())):
+        yield
 
 
 def trace_id(raw: bytes) -> bytes | None:
@@ -293,7 +293,6 @@ def test_odd_trace_ids_in_otlp_json_on_every_transport_and_pass() -> None:
     """OTLP JSON carries ids as hex: 32 digits, 16 (padded), a UUID (its digits, as on every input), and odd ones
     (empty, not hex, all zeros, a number, a list) that are dropped with a warning: the same through the reference
     decoder (HTTP, gRPC, Kafka), the C pass and the Python pass (files); no span is rejected."""
-    from drainpipe.inputs import span_columns
     from drainpipe.inputs.formats.otlp_format import decode_block
     from drainpipe.inputs.messages import decode_values
     from drainpipe.inputs.options import InputOptions
@@ -316,15 +315,11 @@ def test_odd_trace_ids_in_otlp_json_on_every_transport_and_pass() -> None:
     assert http.rejects == [] and rejects == []
     batches = [http.batch, kafka]
     options = InputOptions(spans=mapping)
-    scan = span_columns._scan_json
-    try:
-        for c_pass in (scan, None):  # files: the C pass, and the Python pass of Spark executors
-            span_columns._scan_json = c_pass  # type: ignore[assignment]
+    for off in ((), ("otlpjson",)):  # files: the C pass, and the Python pass of Spark executors
+        with native.disabled(*off):
             batch, bad = decode_block(line + b"\n", 1, 0, options, True)
-            assert bad == []
-            batches.append(batch)
-    finally:
-        span_columns._scan_json = scan
+        assert bad == []
+        batches.append(batch)
     for batch in batches:
         traces = batch.trace_ids()
         assert batch.requests == len(shapes) and traces is not None and traces.to_pylist() == want_ids

@@ -1,4 +1,4 @@
-"""Stores: URLs, idempotent and transactional upsert-merge, rollups, queries."""
+"""Stores: URLs, transactional upsert-merge made exactly once by the books (progress rows), rollups, queries."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from drainpipe.errors import StoreError
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
-from drainpipe.pipeline.partials import merge, rollup, split_partial
-from drainpipe.pipeline.store import DuckDBStore, MergeReport, Store, open_store
+from drainpipe.pipeline.partials import rollup, split_partial
+from drainpipe.pipeline.store import DuckDBStore, MergeReport, SourceProgress, Store, open_store
 from drainpipe.pipeline.times import parse_time
 from testlib import T0, ingest, same_values, store_events
 
@@ -65,10 +65,10 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert absolute.exists()
     with open_store("duckdb:///opts.duckdb?memory_limit=300MB&threads=1") as tuned:  # DuckDB's own options
         assert isinstance(tuned, DuckDBStore) and tuned.path == "opts.duckdb"
-        assert tuned._con.sql("SELECT current_setting('threads')").fetchall() == [(1,)]
-        assert tuned._con.sql("SELECT current_setting('preserve_insertion_order')").fetchall() == [(False,)]
+        assert tuned.backend.fetchall("SELECT current_setting('threads')") == [(1,)]
+        assert tuned.backend.fetchall("SELECT current_setting('preserve_insertion_order')") == [(False,)]
     with open_store("duckdb:///opts.duckdb?preserve_insertion_order=true") as ordered:  # the URL overrides a default
-        assert ordered._con.sql("SELECT current_setting('preserve_insertion_order')").fetchall() == [(True,)]
+        assert ordered.backend.fetchall("SELECT current_setting('preserve_insertion_order')") == [(True,)]
 
 
 def test_is_new_store_only_for_an_embedded_file_not_there_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,8 +131,31 @@ def test_same_input_twice_gives_the_same_values(store: Store) -> None:
     first, first_topn = store.query(), store.query_topn("top_slow_statements")
     assert ingest(store, EVENTS, "file.jsonl#0") == MergeReport(applied=0, skipped=17)
     assert store.query() == first and store.query_topn("top_slow_statements") == first_topn
-    assert store.applied("file.jsonl#0") == frozenset(DEFAULT_DEFINITIONS.names)
-    assert store.applied("other") == frozenset()
+    assert {r.name for r in store.progress("test", part="file.jsonl#0")} == set(DEFAULT_DEFINITIONS.names)
+    assert store.progress("test", part="other") == []
+
+
+def test_a_retry_is_skipped_only_when_every_progress_row_is_recorded(store: Store) -> None:
+    """The books decide per call: a merge whose rows are all recorded at or past its positions is a retry of a
+    commit and writes nothing; one row further on (the next checkpoint of the part) or of a definition not recorded
+    yet, and the call is new input, merged."""
+    definitions = Definitions((MetricDef("c", "service", "count"), MetricDef("d", "endpoint", "count")))
+
+    def rows(end: int, names: tuple[str, ...] = ("c", "d")) -> list[SourceProgress]:
+        return [SourceProgress("file", "f", name, end) for name in names]
+
+    first = EVENTS.slice(0, 1000)
+    assert store.merge(aggregate_batch(first, definitions), progress=rows(1000)).applied == 2
+    assert store.merge(aggregate_batch(first, definitions), progress=rows(1000)) == MergeReport(applied=0, skipped=2)
+    assert store.merge(aggregate_batch(first, definitions), progress=rows(500)).skipped == 2  # behind: applied
+    assert store.merge(aggregate_batch(EVENTS.slice(1000), definitions), progress=rows(3000)).applied == 2
+    once = open_store("duckdb:///:memory:")
+    once.merge(aggregate_batch(EVENTS, definitions))
+    assert store.query() == once.query()
+    assert {r.name: r.end for r in store.progress("file", part="f")} == {"c": 3000, "d": 3000}
+    # a definition without a row yet: not a retry (-1, the whole of an immutable file, is past every position)
+    assert store.merge(aggregate_batch(first, definitions), progress=[*rows(-1, ("c",)), *rows(3000, ("e",))]).applied
+    once.close()
 
 
 def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> None:
@@ -143,7 +166,7 @@ def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> Non
     from drainpipe.pipeline.store import SourceProgress
 
     now = [T0]
-    store.clock = lambda: now[0]  # type: ignore[attr-defined]  # (the record time of ledger rows)
+    store.clock = lambda: now[0]  # type: ignore[attr-defined]  # (the record time of progress rows)
     assert store.fence_token("kafka", "c/t/0") == 0
     old = store.fence("kafka", "c/t/0")
     new = store.fence("kafka", "c/t/0")  # a new owner
@@ -157,7 +180,7 @@ def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> Non
     store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[row],
                 fences=[SourceProgress("kafka", "c/t/0", "fence", new)])  # fmt: skip
     assert store.query() and {r.name: r.end for r in store.progress("kafka", part="c/t/0")}["service_cpm"] == 10
-    # a purge of the ledger keeps the token of a part still written: every merge that carries it records it again
+    # a purge of the books keeps the token of a part still written: every merge that carries it records it again
     store.purge(Retention(minute=DAY, hour=DAY, day=DAY, topn=DAY), now_ms=T0 + 3 * DAY + DAY // 2)
     assert store.fence_token("kafka", "c/t/0") == new
 
@@ -176,7 +199,7 @@ def test_two_halves_equal_the_whole(tmp_path: Path) -> None:
     whole.close()
 
 
-def test_without_sources_states_are_merged_each_time(store: Store) -> None:
+def test_without_progress_states_are_merged_each_time(store: Store) -> None:
     definitions = Definitions((MetricDef("c", "service", "count"),))
     ingest(store, EVENTS, None, definitions)
     ingest(store, EVENTS, None, definitions)
@@ -186,59 +209,23 @@ def test_without_sources_states_are_merged_each_time(store: Store) -> None:
     once.close()
 
 
-def test_partially_applied_states_are_refused(store: Store) -> None:
-    definitions = Definitions((MetricDef("c", "service", "count"),))
-    (a,) = aggregate_batch(EVENTS.slice(0, 100), definitions, source="a")
-    (b,) = aggregate_batch(EVENTS.slice(100, 100), definitions, source="b")
-    store.merge([a])
-    with pytest.raises(StoreError, match="mix input already applied and new input"):
-        store.merge([merge([a, b])])
-    assert store.merge([b, b]) == MergeReport(applied=1, skipped=1)  # a repeat within one call is skipped too
-    assert store.unapplied([a, b]) == []
-    with pytest.raises(StoreError, match="mixes applied and new"):
-        store.unapplied([merge([a, aggregate_batch(EVENTS.slice(200, 100), definitions, source="c")[0]])])
-
-
-def test_pieces_of_a_source_count_once_all_are_applied(store: Store) -> None:
+def test_pieces_merged_in_several_transactions_equal_the_whole(store: Store) -> None:
+    """The local engine cuts partials into chunks (split_partial) that reach the store in different merges; their
+    states add up to the whole batch's, and the last merge's progress rows make its retry a no-op."""
     definitions = Definitions(
         (MetricDef("c", "endpoint", "count"), MetricDef("p", "instance", "percentile", precision_ms=10))
     )
     whole = open_store("duckdb:///:memory:")
-    ingest(whole, EVENTS, "batch-1", definitions)
-    parts = aggregate_batch(EVENTS, definitions, source="batch-1")
-    pieces = [split_partial(p, 7) for p in parts]
+    ingest(whole, EVENTS, None, definitions)
+    pieces = [split_partial(p, 7) for p in aggregate_batch(EVENTS, definitions)]
     assert all(len(group) > 2 for group in pieces)
-    assert pieces[0][0].sources == {f"batch-1 ~1/{len(pieces[0])}"}
-    # first pieces land (a "crash" after that); the batch is not applied yet
     store.merge([group[0] for group in pieces])
-    assert store.applied("batch-1") == frozenset()
-    assert not store.is_applied("batch-1", definitions.names)
-    # a rerun re-aggregates the same pieces; unapplied() drops the ones already stored
-    again = [q for p in aggregate_batch(EVENTS, definitions, source="batch-1") for q in split_partial(p, 7)]
-    todo = store.unapplied(again)
-    assert len(todo) == sum(len(group) - 1 for group in pieces)
-    with pytest.raises(StoreError, match="mix input already applied"):
-        store.merge([merge([q for q in again if q.name == "c"])])  # the whole batch again would double count
-    store.merge(todo[:3])
-    store.merge(todo[3:] + todo[:3])  # late duplicates are skipped
-    assert store.applied("batch-1") == frozenset({"c", "p"}) and store.is_applied("batch-1")
-    assert store.query() == whole.query()
-    assert store.merge(parts).skipped == 2  # the whole batch is covered by its pieces
+    last = [q for group in pieces for q in group[1:]]
+    progress = [SourceProgress("file", "f", name, 3000) for name in definitions.names]
+    assert store.merge(last, progress=progress).applied == len(last)
+    assert store.merge(last, progress=progress).skipped == len(last)  # the retry of a commit whose answer was lost
     assert store.query() == whole.query()
     whole.close()
-
-
-def test_nested_pieces_and_pieces_of_an_applied_source(store: Store) -> None:
-    definitions = Definitions((MetricDef("c", "endpoint", "count"),))
-    (part,) = aggregate_batch(EVENTS, definitions, source="s")
-    first, second = split_partial(part, part.table.num_rows // 2 + 1)
-    nested = split_partial(second, second.table.num_rows // 3 + 1)
-    assert len(nested) == 3 and nested[0].sources == {"s ~2/2 ~1/3"}
-    store.merge([first, *nested[:-1]])
-    assert store.applied("s") == frozenset()
-    store.merge([nested[-1]])
-    assert store.applied("s") == {"c"}
-    assert store.merge([part, first, second, *nested]).skipped == 6
 
 
 def test_explicit_granularities_without_rollup(store: Store) -> None:
@@ -250,34 +237,22 @@ def test_explicit_granularities_without_rollup(store: Store) -> None:
     )
     reference = open_store("duckdb:///:memory:")
     ingest(reference, EVENTS, "s", definitions)
-    minute = aggregate_batch(EVENTS, definitions, source="s")
+    minute = aggregate_batch(EVENTS, definitions)
     with pytest.raises(ValueError, match="hour states given to merge"):
         store.merge([rollup(minute[0], "hour")])
     every = [q for p in minute for q in (p, rollup(p, "hour"), rollup(p, "day"))]
-    assert store.merge(every, rollup=False) == MergeReport(applied=6, skipped=0)
+    progress = [SourceProgress("test", "s", name, 1) for name in definitions.names]
+    assert store.merge(every, rollup=False, progress=progress) == MergeReport(applied=6, skipped=0)
     assert store.query() == reference.query()
-    assert store.merge(every, rollup=False).skipped == 6
-    assert store.applied("s") == {"p", "a"}
+    assert store.merge(every, rollup=False, progress=progress).skipped == 6
     reference.close()
-
-
-def test_different_partials_with_one_source_are_refused(store: Store) -> None:
-    definitions = Definitions((MetricDef("c", "endpoint", "count"),))
-    (part,) = aggregate_batch(EVENTS, definitions, source="s")
-    table = part.table
-    halves = [
-        type(part)(table.slice(0, 10), "minute", part.sources),
-        type(part)(table.slice(10), "minute", part.sources),
-    ]
-    with pytest.raises(StoreError, match="two different partials carry source 's'"):
-        store.merge(halves)
 
 
 def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     ingest(store, EVENTS.slice(0, 1000), "one")
     before, before_topn = store.query(), store.query_topn("top_slow_statements")
     calls = {"n": 0}
-    original = store._insert_arrow  # type: ignore[attr-defined]
+    original = store.backend.insert_arrow  # type: ignore[attr-defined]
 
     def failing(table_name: str, rows: pa.Table) -> None:
         calls["n"] += 1
@@ -285,13 +260,13 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
             raise RuntimeError("disk on fire")
         original(table_name, rows)
 
-    monkeypatch.setattr(store, "_insert_arrow", failing)
+    monkeypatch.setattr(store.backend, "insert_arrow", failing)  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="disk on fire"):
         ingest(store, EVENTS.slice(1000), "two")
     assert calls["n"] > 1  # states had been written when it failed
     monkeypatch.undo()
     assert store.query() == before and store.query_topn("top_slow_statements") == before_topn
-    assert store.applied("two") == frozenset()
+    assert store.progress("test", part="two") == []
     assert ingest(store, EVENTS.slice(1000), "two").applied == 17  # and it can be retried
 
 
@@ -365,14 +340,14 @@ def test_a_write_whose_range_only_touches_the_stored_range_merges_the_shared_key
     def rows(lo: int, hi: int) -> pa.RecordBatch:
         return events.filter(pa.array((minute >= lo) & (minute <= hi)))
 
-    def write(target: Store, events: pa.RecordBatch, source: str) -> None:
-        target.merge(aggregate_batch(events, DEFAULT_DEFINITIONS, source=source), rollup=False)
+    def write(target: Store, events: pa.RecordBatch) -> None:
+        target.merge(aggregate_batch(events, DEFAULT_DEFINITIONS), rollup=False)
 
     middle, later, earlier = rows(0, 5), rows(5, 9), rows(-4, 0)
-    for events, source in ((middle, "m"), (later, "l"), (earlier, "e")):  # l starts at m's end, e ends at m's start
-        write(store, events, source)
+    for events in (middle, later, earlier):  # later starts at middle's end, earlier ends at its start
+        write(store, events)
     whole = open_store("duckdb:///:memory:")
-    write(whole, pa.Table.from_batches([middle, later, earlier]).combine_chunks().to_batches()[0], "all")
+    write(whole, pa.Table.from_batches([middle, later, earlier]).combine_chunks().to_batches()[0])
     assert same_values(store.query(), whole.query())
     assert {r[3] for r in store.query(granularity="minute")} >= {"2026-11-21T10:00:00Z", "2026-11-21T10:05:00Z"}
     whole.close()

@@ -14,6 +14,7 @@ from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import SqlStore, open_store
+from drainpipe.pipeline.store.schema import column_types as column_types_of
 from testlib import MIDNIGHT as T0
 
 TIME_TABLES = ("metric_state", "metric_values", "topn_values")
@@ -36,27 +37,27 @@ def traffic(minutes: int = 5) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA)
 
 
-def merge(store, source: str) -> None:
-    store.merge(aggregate_batch(traffic(), default_definitions(), source=source))
+def merge(store) -> None:
+    store.merge(aggregate_batch(traffic(), default_definitions()))
 
 
 def column_types(store: SqlStore) -> set[str]:
-    types = store._column_types()
+    types = column_types_of(store.backend)
     return {types.get((t, "time_bucket"), "") for t in TIME_TABLES}
 
 
 def test_time_bucket_is_a_timestamp_and_the_api_still_speaks_iso(url: str) -> None:
     with open_store(url) as store:
-        merge(store, "a")
+        merge(store)
         assert column_types(store) == {"TIMESTAMP WITH TIME ZONE"}
         # native range queries: a timestamp literal with an offset, and interval arithmetic
-        (n,) = store._fetchall(
+        (n,) = store.backend.fetchall(
             "SELECT count(*) FROM metric_values WHERE metric = 'service_cpm' AND granularity = 'minute' "
             "AND time_bucket >= CAST('2026-09-22 02:02:00+02' AS TIMESTAMPTZ) - INTERVAL '1 minute'"
         )[0]
         assert n == 4  # 00:01 .. 00:04 UTC
         # what Grafana's $__timeFilter(time_bucket) expands to for the PostgreSQL data source
-        (n,) = store._fetchall(
+        (n,) = store.backend.fetchall(
             "SELECT count(*) FROM metric_values WHERE metric = 'service_cpm' AND granularity = 'minute' "
             "AND time_bucket BETWEEN '2026-09-22T00:01:00Z' AND '2026-09-22T00:03:00Z'"
         )[0]
@@ -77,21 +78,21 @@ def downgrade(store: SqlStore) -> None:
         else "strftime(CAST(time_bucket AS TIMESTAMP), '%Y-%m-%dT%H:%M:%SZ')"
     )
     for table in TIME_TABLES:
-        store._execute(f"ALTER TABLE {table} ALTER COLUMN time_bucket TYPE VARCHAR USING {iso}")
+        store.backend.execute(f"ALTER TABLE {table} ALTER COLUMN time_bucket TYPE VARCHAR USING {iso}")
 
 
 def test_a_store_with_text_buckets_is_migrated_once_on_open(url: str, caplog) -> None:
     with open_store(url) as store:
-        merge(store, "a")
+        merge(store)
         before = store.query(), store.query_topn("top_slow_statements")
         downgrade(store)
         assert column_types(store) == {"CHARACTER VARYING" if "postgres" in url else "VARCHAR"}
-        assert store._fetchall("SELECT min(time_bucket) FROM metric_values")[0][0] == "2026-09-22T00:00:00Z"
+        assert store.backend.fetchall("SELECT min(time_bucket) FROM metric_values")[0][0] == "2026-09-22T00:00:00Z"
     with caplog.at_level(logging.WARNING, logger="drainpipe.store"):
         with open_store(url) as store:
             assert column_types(store) == {"TIMESTAMP WITH TIME ZONE"}
             assert (store.query(), store.query_topn("top_slow_statements")) == before
-            merge(store, "b")  # the migrated states merge with new ones: every count doubles
+            merge(store)  # the migrated states merge with new ones: every count doubles
             cpm = {r[3]: r[5] for r in store.query("service_cpm", granularity="minute")}
             assert cpm == {r[3]: 2 * r[5] for r in before[0] if r[0] == "service_cpm" and r[2] == "minute"}
             assert len(store.query()) == len(before[0])

@@ -20,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import drainpipe.inputs.formats.csv_format as csv_format
-import drainpipe.inputs.formats.jsonl_format as jsonl_format
+from drainpipe import native
 from drainpipe.inputs import ReadStats, validate_json_lines, validate_records
 from drainpipe.inputs.schema import TRACE_ID
 from drainpipe.pipeline.definitions import default_definitions, with_exemplars
@@ -82,14 +81,11 @@ def _want(trace: Any) -> tuple[list, int, dict]:
 
 @pytest.mark.parametrize("trace", [*SHAPES, None], ids=repr)
 @pytest.mark.parametrize("path", ["scanner", "pyarrow", "per-line"])
-def test_json_lines_keep_or_drop_each_shape(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trace: Any, path: str
-) -> None:
-    if path == "pyarrow":  # as on Spark executors, where the C scanner is not built
-        monkeypatch.setattr(jsonl_format, "_scan_block", None)
-    elif path == "per-line":
-        monkeypatch.setattr(jsonl_format, "_JSONL_FAST_PATH", False)
-    result = read_jsonl(tmp_path, [json.dumps(_event(1.0, trace)), json.dumps(_event(2.0))])
+def test_json_lines_keep_or_drop_each_shape(tmp_path: Path, trace: Any, path: str) -> None:
+    # pyarrow: as on Spark executors, where the C scanner is not built
+    off = {"scanner": (), "pyarrow": ("jsonscan",), "per-line": ("columnar",)}[path]
+    with native.disabled(*off):
+        result = read_jsonl(tmp_path, [json.dumps(_event(1.0, trace)), json.dumps(_event(2.0))])
     assert _outcome(result) == _want(trace)
     assert (result.stats.read, result.stats.accepted, result.stats.rejected) == (2, 2, 0)
 
@@ -116,12 +112,10 @@ def _csv(events: list[dict]) -> bytes:
 
 @pytest.mark.parametrize("trace", [*TEXT_SHAPES, None], ids=repr)
 @pytest.mark.parametrize("columns", [True, False])
-def test_csv_keeps_or_drops_each_shape(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trace: str | None, columns: bool
-) -> None:
+def test_csv_keeps_or_drops_each_shape(tmp_path: Path, trace: str | None, columns: bool) -> None:
     """A CSV cell is text (an empty cell is none: no warning); in columns (the C pass) and by the reference."""
-    monkeypatch.setattr(csv_format, "_COLUMNS", columns)
-    result = read([write_bytes(tmp_path, "in.csv", _csv([_event(1.0, trace), _event(2.0)]))], tmp_path)
+    with native.disabled(*(() if columns else ("columnar",))):
+        result = read([write_bytes(tmp_path, "in.csv", _csv([_event(1.0, trace), _event(2.0)]))], tmp_path)
     assert _outcome(result) == _want(trace or None)
 
 
@@ -201,12 +195,9 @@ def test_every_format_keeps_and_drops_trace_ids_alike(tmp_path: Path, events: li
     nonempty = [r if r.get(TRACE_ID) != "" else {k: v for k, v in r.items() if k != TRACE_ID} for r in records]
     want_csv = read_jsonl(tmp_path, [json.dumps(r) for r in nonempty])
     for columns in (True, False):  # the CSV block in columns, and the per-record reference
-        csv_format._COLUMNS = columns
-        try:
+        with native.disabled(*(() if columns else ("columnar",))):
             rows = [{**r, "latency_ms": repr(r["latency_ms"])} for r in records]
             got = read([write_bytes(tmp_path, "in.csv", _csv(rows))], tmp_path)
-        finally:
-            csv_format._COLUMNS = True
         assert _rows(got) == _rows(want_csv) and got.rejects == [], columns
         assert got.stats.warnings == want_csv.stats.warnings, columns
     # Parquet: the hex text, and the ids as bytes (their 16 or 8 bytes, or hex's bytes when it is hex)

@@ -17,7 +17,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, Met
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.partials import split_partial
-from drainpipe.pipeline.store import Store, open_store
+from drainpipe.pipeline.store import SourceProgress, Store, open_store
 from testlib import T0, ingest, metric_chunks, same_values, store_events
 
 pytestmark = pytest.mark.postgres
@@ -74,14 +74,12 @@ def test_pieces_queries_and_filters(pg_url: str, reference: Store) -> None:
     duck = open_store("duckdb:///:memory:")
     ingest(duck, EVENTS, "batch-1", definitions)
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        pieces = [q for p in aggregate_batch(EVENTS, definitions, source="batch-1") for q in split_partial(p, 97)]
+        # the local engine's chunks, in two transactions; the second carries the batch's progress rows
+        pieces = [q for p in aggregate_batch(EVENTS, definitions) for q in split_partial(p, 97)]
+        progress = [SourceProgress("file", "batch-1", name, len(EVENTS)) for name in definitions.names]
         store.merge(pieces[:5])
-        assert not store.is_applied("batch-1", definitions.names)
-        todo = store.unapplied(pieces)
-        assert len(todo) == len(pieces) - 5
-        store.merge(todo)
-        store.merge(pieces)  # late duplicates are skipped
-        assert store.applied("batch-1") == frozenset(definitions.names)
+        assert store.merge(pieces[5:], progress=progress).applied == len(pieces) - 5
+        assert store.merge(pieces[5:], progress=progress).skipped == len(pieces) - 5  # a retry: nothing twice
         assert store.query() == duck.query()
         for kwargs in (
             {"metric": "p", "granularity": "hour"},
@@ -117,7 +115,7 @@ def test_lost_connection_is_store_unavailable_then_reconnects(pg_url: str) -> No
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         ingest(store, EVENTS.slice(0, 500), "a")
         # kill our session from another connection: the next call fails as "unavailable", the one after reconnects
-        pid = store._con.info.backend_pid  # type: ignore[attr-defined]
+        pid = store.backend.connection.info.backend_pid  # type: ignore[attr-defined]
         with psycopg.connect(os.environ["DRAINPIPE_TEST_PG"], autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", [pid])
         with pytest.raises(StoreUnavailable):
@@ -149,7 +147,7 @@ def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
                 timer = threading.Timer(1.5, _pg_script, args=("start",))
                 timers.append(timer)
                 timer.start()
-            engine.ingest(batch, f"restart-test:{i}")
+            engine.ingest(batch)
             if outage and stopped.is_set():
                 time.sleep(0.03)  # spread the rest of the input over the outage and the recovery
         engine.close()
@@ -208,9 +206,9 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
     assert accepted == 12_000 and summary["dropped"] == 0 and summary["store_errors"] == 0
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == accepted
-        # a server store can lose a COMMIT's acknowledgement: the log position committed with the states makes a
-        # retry a no-op, so requests need no ids and the ledger stays empty
-        assert not store.has_sources("")
+        # a server store can lose a COMMIT's acknowledgement: the log position committed with the states (the
+        # books) makes a retry a no-op
+        assert store.progress("log")
 
 
 def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg_url: str, tmp_path) -> None:
@@ -348,9 +346,9 @@ def test_a_long_merge_probes_the_growing_tables_by_index(pg_url: str, monkeypatc
     probe of each write batch's keys must stay an index lookup as the tables grow in it: planned as if they were
     small (a staging table emptied by DELETE looked 20x its size), it hashed the keys and scanned the whole table
     per batch: quadratic."""
-    import drainpipe.pipeline.store.sql as store_module
+    import drainpipe.pipeline.store.merge as merge_module
 
-    monkeypatch.setattr(store_module, "_WRITE_ROWS", 30_000)
+    monkeypatch.setattr(merge_module, "WRITE_ROWS", 30_000)
     definitions = DEFAULT_DEFINITIONS
     plans: list[str] = []
 
@@ -360,8 +358,8 @@ def test_a_long_merge_probes_the_growing_tables_by_index(pg_url: str, monkeypatc
             for k in range(15):
                 yield from metric_chunks(k * 3_000, 3_000, 2, definitions)
                 if k == 14:  # inside the transaction, with the last batch's keys staged
-                    rows = store._fetchall(  # type: ignore[attr-defined]
-                        "EXPLAIN SELECT * FROM metric_state t WHERE " + store_module._STAGED
+                    rows = store.backend.fetchall(  # type: ignore[attr-defined]
+                        "EXPLAIN SELECT * FROM metric_state t WHERE " + merge_module._STAGED
                     )
                     plans.append("\n".join(r[0] for r in rows))
 

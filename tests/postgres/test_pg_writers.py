@@ -101,8 +101,8 @@ def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         _faults(pg_url, "40001", "40P01")
         engine = LocalEngine(DEFAULT_DEFINITIONS, store, EngineOptions(store_retry_s=(0.01, 0.05)), name="pg-retry")
-        for i, batch in enumerate(batches):
-            engine.ingest(batch, f"b{i}")
+        for batch in batches:
+            engine.ingest(batch)
         engine.close()
         assert engine.counters.store_retries >= 2 and engine.counters.store_errors == 0
         got = store.query()

@@ -30,7 +30,7 @@ from pathlib import Path
 from .batches import EventBatch
 from .files import FileSource, expand_inputs, read_events
 from .formats import FORMATS, Format, detect_format, format_of, growable
-from .formats.jsonl_format import use_serial_json_reader, validate_json_lines
+from .formats.jsonl_format import validate_json_lines
 from .log_formats import DEFAULT_LOG_FORMAT, LogFormat, parse_log_format
 from .part import Part, PartReader, RejectList
 from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
@@ -92,7 +92,6 @@ __all__ = [
     "validate_json_lines",
     "validate_tuples",
     "jsonable",
-    "use_serial_json_reader",
     "default_dead_letter",
     "LogFormat",
     "DEFAULT_LOG_FORMAT",

@@ -1,6 +1,6 @@
 """Access-log formats: an nginx ``log_format`` string or an Apache ``LogFormat`` string compiled into what the
 readers need: one regular expression (the same text for Python's ``re`` and for RE2 in pyarrow) with a named group
-per variable that feeds an event field, and a program for the C scanner (:mod:`drainpipe.inputs._logscan`) that
+per variable that feeds an event field, and a program for the C scanner (``drainpipe.native.logscan``) that
 reads the same lines the same way.
 
 Variables that feed event fields (``docs/pipeline.md``, "Access logs", has this table for users):

@@ -14,7 +14,7 @@ Callers decode each export with the official message classes first (they are the
 undecodable body is their error); a body they accept, ptars reads the same way.
 
 OTLP JSON files take a shorter road to the same columns: :func:`json_span_columns` reads a block of their lines in
-one C pass (``_otlpjson.c``), which accepts only lines whose meaning under the official JSON decoding is beyond
+one C pass (``native.otlpjson``), which accepts only lines whose meaning under the official JSON decoding is beyond
 doubt and hands the others back to it.
 """
 
@@ -27,10 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-try:
-    from ._otlpjson import scan as _scan_json
-except ImportError:  # a Spark executor's zip of drainpipe's Python modules holds no extension
-    _scan_json = None  # type: ignore[assignment]
+from .. import native
 
 __all__ = ["Attributes", "JsonSpans", "SpanColumns", "json_span_columns", "span_columns"]
 
@@ -74,7 +71,7 @@ class Attributes:
     integer: pa.Array
 
     def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any]:
-        """The buffers :func:`drainpipe.inputs._spanmap.pick` reads, in its order (after the owner count)."""
+        """The buffers :func:`drainpipe.native.spanmap.pick` reads, in its order (after the owner count)."""
         keys, text, integer = self.keys.buffers(), self.text.buffers(), self.integer.buffers()
         return (self.offsets, self.present, keys[1], keys[2], self.value_valid, _validity(self.text), text[1],
                 text[2], _validity(self.integer), integer[1])  # fmt: skip
@@ -102,7 +99,7 @@ class SpanColumns:
     resource_attributes: Attributes
 
     def buffers(self) -> tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any]:
-        """The buffers :func:`drainpipe.inputs._spanmap.classify` reads first, in its order."""
+        """The buffers :func:`drainpipe.native.spanmap.classify` reads first, in its order."""
         tid, sid = self.trace_id.buffers(), self.span_id.buffers()
         return (self.kind.buffers()[1], self.start.buffers()[1], self.end.buffers()[1], self.status_valid,
                 self.status_code.buffers()[1], tid[1], tid[2], sid[1], sid[2])  # fmt: skip
@@ -147,10 +144,11 @@ class JsonSpans:
 
 def json_span_columns(data: bytes | memoryview, count: int) -> JsonSpans | None:
     """A block of ``count`` OTLP JSON lines (one export each, blank lines allowed) -> its spans as columns, in one
-    C pass; None where the pass is not built (then every line goes to the reference decoder)."""
-    if _scan_json is None:
+    C pass; None where the pass is not built or is off (:mod:`drainpipe.native`'s ``otlpjson``)."""
+    otlpjson = native.otlpjson
+    if otlpjson is None:
         return None
-    scanned = _scan_json(data, count)
+    scanned = otlpjson.scan(data, count)
     if scanned is None:
         raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
     declined, n, resources, line, resource, kind, start, end, code = scanned[:9]

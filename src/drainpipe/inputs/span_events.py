@@ -1,6 +1,8 @@
 """Spans in columns -> request events: the OTLP mapping of :mod:`.otlp` (its docstring states the rules), over
 :class:`~.span_columns.SpanColumns` however they were read (an export's wire form by ptars, OTLP JSON lines by the
-C pass or :mod:`.span_json`). No protobuf here: Spark executors map OTLP JSON files with this module alone."""
+C pass or :mod:`.span_json`). No protobuf here: Spark executors map OTLP JSON files with this module alone. The
+per-span passes are C (``drainpipe.native.spanmap``), or where it is not built or is off the same in numpy
+(:mod:`._spanmap_fallback`)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .. import native
+from . import _spanmap_fallback
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .sampling import adjusted_counts
 from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID
 from .span_columns import Attributes, SpanColumns
-from .trace_ids import BAD_TRACE_ID, trace_id_column
-
-try:
-    from ._spanmap import classify, pick
-except ImportError:  # a Spark executor's zip of drainpipe's Python modules holds no extension
-    from ._spanmap_fallback import classify, pick
 from .spans import KINDS, SpanMapping
+from .trace_ids import BAD_TRACE_ID, trace_id_column
 
 __all__ = ["TracesResult", "UNKNOWN_SERVICE", "BAD_SPAN_ID", "map_columns"]
 
@@ -54,6 +53,8 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
     endpoint, statement, _ = _pick(attrs, (mapping.endpoint, mapping.statement, mapping.http_status), http_status)
     category, ok, latency = np.empty(n, np.int8), np.empty(n, np.bool_), np.empty(n, np.float64)
     request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
+    spanmap = native.spanmap
+    classify = spanmap.classify if spanmap is not None else _spanmap_fallback.classify
     bad_trace, bad_span = classify(*columns.buffers(), statement, http_status, request_kinds, _CLIENT, _SERVER,
                                    float(LATENCY_MAX_MS), category, ok, latency)  # fmt: skip
     # the events: requests, then exit rows
@@ -114,5 +115,7 @@ def _pick(attrs: Attributes, fields: tuple[tuple[str, ...], ...], status: np.nda
     roles = [(key.encode(), field, rank) for field, keys in enumerate(fields) for rank, key in enumerate(keys)]
     out = np.empty((len(fields), attrs.owners), np.int64)
     status_field = len(fields) - 1 if status is not None else -1
+    spanmap = native.spanmap
+    pick = spanmap.pick if spanmap is not None else _spanmap_fallback.pick
     pick(attrs.owners, *attrs.buffers(), roles, len(fields), status_field, out, status)
     return out

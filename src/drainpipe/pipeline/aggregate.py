@@ -5,7 +5,10 @@ keyed on ``db_statement``.
 A batch with a ``weight`` column (sampled spans) counts each row as that many requests: in counts, sums, the
 ok/tolerating counts of sla and apdex, and the histogram bins of percentiles (so the percentiles are weighted); min,
 max and the top-Ns are of the rows themselves. Weighted counts are bincounts with float64 weights, exact for sums
-of integers below 2^53."""
+of integers below 2^53.
+
+Group ids and states take a pass over the rows each in the C kernel (``drainpipe.native.groupstates``); where it is
+not built (Spark executors) or is off, the numpy path below gives the same bits, slower."""
 
 from __future__ import annotations
 
@@ -18,21 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import native
 from ..inputs import WEIGHT, EventBatch
 from .buckets import GRANULARITY_MS
 from .definitions import Definitions, MetricDef, TopNDef
 from .grouping import compact_codes, first_rows, group_ids, reduce_groups
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
-
-try:  # group ids and states a pass over the rows each; the numpy path below gives the same bits, slower
-    from ._groupstates import APDEX, COUNT, MAX, MIN, SLA, SUM
-    from ._groupstates import groups as kernel_groups
-    from ._groupstates import histogram as kernel_histogram
-    from ._groupstates import states as kernel_states
-
-    _KERNEL = True
-except ImportError:  # the pure-Python code shipped to Spark executors
-    _KERNEL = False
 
 __all__ = ["aggregate_batch"]
 
@@ -122,7 +116,8 @@ class _BatchView:
             empty = pc.index(sub_names, "").as_py()  # (rows without a value count for no group of the scope)
             codes.append(subs)
             names.append(sub_names)
-        gid, first = (self._kernel_ids if _KERNEL else self._numpy_ids)(codes, names, empty, width_ms)
+        kernel = native.groupstates is not None
+        gid, first = (self._kernel_ids if kernel else self._numpy_ids)(codes, names, empty, width_ms)
         parts = [n.take(pa.array(c[first])) for c, n in zip(codes, names)]
         entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
         bucket = np.floor_divide(self.numpy("ts")[first], width_ms) * width_ms
@@ -133,8 +128,10 @@ class _BatchView:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Dense ids of the rows' (codes..., time slot) keys (-1: a row whose sub code is ``empty``) in key order, and
         a row of each group: one pass of the C kernel."""
+        kernel = native.groupstates
+        assert kernel is not None
         subs = codes[1].astype(np.int32, copy=False) if len(codes) > 1 else None
-        gid, first = kernel_groups(codes[0].astype(np.int32, copy=False), subs, empty, self.numpy("ts"), width_ms)
+        gid, first = kernel.groups(codes[0].astype(np.int32, copy=False), subs, empty, self.numpy("ts"), width_ms)
         return np.frombuffer(gid, np.int64), np.frombuffer(first, np.int64)
 
     def _numpy_ids(
@@ -322,33 +319,33 @@ def _state_table(
     return pa.table(columns)
 
 
-#: per function the C kernel computes (the others take the numpy path), its code and the names of the arrays it
-#: returns after ``n``
-_KERNEL_FUNCTIONS: Mapping[str, tuple[int, tuple[str, ...]]] = MappingProxyType(
+#: per function the C kernel computes (the others take the numpy path), the name of its code in the kernel and the
+#: names of the arrays it returns after ``n``
+_KERNEL_FUNCTIONS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
     {
-        "count": (COUNT, ()),
-        "cpm": (COUNT, ()),
-        "sum": (SUM, ("v",)),
-        "avg": (SUM, ("v",)),
-        "min": (MIN, ("v",)),
-        "max": (MAX, ("v",)),
-        "sla": (SLA, ("ok",)),
-        "apdex": (APDEX, ("ok", "tol")),
+        "count": ("COUNT", ()),
+        "cpm": ("COUNT", ()),
+        "sum": ("SUM", ("v",)),
+        "avg": ("SUM", ("v",)),
+        "min": ("MIN", ("v",)),
+        "max": ("MAX", ("v",)),
+        "sla": ("SLA", ("ok",)),
+        "apdex": ("APDEX", ("ok", "tol")),
     }
-    if _KERNEL
-    else {}
 )
 
 
 def _kernel_states(view: _BatchView, metric: MetricDef, groups: _Groups) -> tuple[np.ndarray, StateArrays]:
     """``(n, states)`` of a metric (not a percentile) in one pass of the C kernel: the numpy aggregators' values."""
+    kernel = native.groupstates
+    assert kernel is not None
     code, names = _KERNEL_FUNCTIONS[metric.function]
     field = "latency_ms" if metric.function == "apdex" else metric.field
     values = None if field is None else view.numpy(field).astype(np.float64, copy=False)
     status = view.numpy("status") if metric.function in ("sla", "apdex") else None
     threshold = float(metric.threshold_ms) if metric.threshold_ms is not None else 0.0
-    out = kernel_states(code, view.metric_gid(metric), groups.size, values, status, view.weights(),
-                         threshold)  # fmt: skip
+    out = kernel.states(getattr(kernel, code), view.metric_gid(metric), groups.size, values, status, view.weights(),
+                        threshold)  # fmt: skip
     n = np.frombuffer(out[0], np.int64)
     return n, {"n": n, **{name: np.frombuffer(a, np.float64 if name == "v" else np.int64)
                           for name, a in zip(names, out[1:])}}  # fmt: skip
@@ -361,7 +358,7 @@ def _aggregate_metric(view: _BatchView, metric: MetricDef) -> pa.Table:
         empty = np.zeros(0, np.int64)
         extra = {"b": empty} if metric.function == "percentile" else {}
         return _state_table(groups.entity, empty, {c.name: empty for c in layout}, layout, **extra)
-    if _KERNEL:
+    if native.groupstates is not None:
         if metric.function == "percentile":
             table = _kernel_histogram(view, metric, groups)
             if table is not None:
@@ -393,7 +390,9 @@ def _present_states(groups: _Groups, n: np.ndarray, states: StateArrays, layout:
 def _kernel_histogram(view: _BatchView, metric: MetricDef, groups: _Groups) -> pa.Table | None:
     """A percentile metric's state table by the C kernel, or None where its dense table would be too large."""
     assert metric.precision_ms is not None
-    out = kernel_histogram(view.metric_gid(metric), groups.size, view.numpy("latency_ms"), view.weights(),
+    kernel = native.groupstates
+    assert kernel is not None
+    out = kernel.histogram(view.metric_gid(metric), groups.size, view.numpy("latency_ms"), view.weights(),
                             float(metric.precision_ms))  # fmt: skip
     if out is None:
         return None

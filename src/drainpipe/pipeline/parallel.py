@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import native
 from ..inputs import (
     Part,
     ReadStats,
@@ -33,7 +34,6 @@ from ..inputs import (
     Sink,
     format_of,
     read_part,
-    use_serial_json_reader,
 )
 from ..processes import die_with, hide_pandas, process_pool
 from .aggregate import aggregate_batch
@@ -70,7 +70,7 @@ _definitions: Definitions | None = None
 def _init_worker(definitions: Definitions, parent: int) -> None:
     global _definitions
     _definitions = definitions
-    use_serial_json_reader()  # the pool is the parallelism
+    native.disable("threads")  # the pool is the parallelism
     die_with(parent)
     warm_up()
 

@@ -12,15 +12,14 @@ Contract (``docs/pipeline.md``, "Functions", "Entities and time buckets"):
   instance/endpoint do not count for that scope. It is columnar (numpy ``bincount`` over dense group ids,
   pyarrow hashing for wide key spaces); there is no per-event Python code.
 * A partial is an instance of a class of its own per definition (:func:`partial_type`), since the queues
-  dispatch by exact type. It holds a pyarrow table of states with unique keys and the set of ``sources``
-  (input-batch identities) it contains. Partials pickle (by definition, not by class reference).
+  dispatch by exact type. It holds a pyarrow table of states with unique keys. Partials pickle (by definition, not
+  by class reference).
 * :func:`merge` combines partials of one type; it is associative, commutative and exact for every integer
   state (counts, successes, apdex counts, percentile histograms) and for min/max. Float sums (``sum``,
   ``avg``) are float64 additions, whose result may differ in the last ulp with the order of additions; the
   merge itself is deterministic for a given order. :class:`MetricAccumulator` merges partials incrementally.
 * :func:`rollup` turns minute states into hour/day states by merging (values are never averaged).
-* :func:`split_partial` cuts a partial into smaller ones that merge back to it; each piece names its share of
-  the sources (``"s ~i/k"``), which idempotent stores rely on (see :mod:`drainpipe.pipeline.store`).
+* :func:`split_partial` cuts a partial into smaller ones that merge back to it (the local engine's chunks).
 * :func:`finalize` turns states into value rows ``(metric, entity, granularity, time_bucket, label, value)``
   (``time_bucket`` = bucket start, ISO-8601 with ``Z``), or for a top-N into rows
   ``(name, entity, time_bucket, rank, key, latency_ms)``.
@@ -110,9 +109,6 @@ __all__ = [
     "fold_entities",
     "MetricAccumulator",
     "split_partial",
-    "piece_of",
-    "source_root",
-    "PIECE_MARK",
     "keep_top",
     "run_positions",
     "run_starts",
@@ -123,22 +119,21 @@ P = TypeVar("P", bound="Partial")
 
 
 class Partial:
-    """Base of the per-definition partial classes: a table of states plus the sources it contains.
+    """Base of the per-definition partial classes: a table of states.
 
     ``table`` has unique :attr:`key_columns` (``bucket`` = bucket start in epoch ms), except top-N tables,
     which hold up to n rows per (entity, bucket), sorted best first. Row order carries no meaning otherwise.
-    ``sources`` are the identities of the input batches whose events the states contain (may be empty).
-    Treat partials as immutable values.
+    Treat partials as immutable values. (What input the states hold is the store's progress rows' business, not
+    the partial's: see :mod:`drainpipe.pipeline.progress`.)
     """
 
-    __slots__ = ("table", "sources")
+    __slots__ = ("table",)
     definition: ClassVar[Definition]
     key_columns: ClassVar[tuple[str, ...]]
     one_row_per_key: ClassVar[bool] = True
 
-    def __init__(self, table: pa.Table, sources: Iterable[str] = ()) -> None:
+    def __init__(self, table: pa.Table) -> None:
         self.table = table
-        self.sources = frozenset(sources)
 
     @property
     def name(self) -> str:
@@ -150,11 +145,12 @@ class Partial:
             return self.table.num_rows
         return table_groups(self.table, ("entity", "bucket"))[1]
 
-    def _with(self: P, table: pa.Table, sources: Iterable[str]) -> P:
-        raise NotImplementedError
+    def _with(self: P, table: pa.Table) -> P:
+        """A partial of the same type (and granularity) holding ``table``."""
+        return type(self)(table)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} keys={len(self)} sources={len(self.sources)}>"
+        return f"<{type(self).__name__} keys={len(self)}>"
 
 
 class MetricPartial(Partial):
@@ -163,17 +159,17 @@ class MetricPartial(Partial):
     __slots__ = ("granularity",)
     definition: ClassVar[MetricDef]
 
-    def __init__(self, table: pa.Table, granularity: str = "minute", sources: Iterable[str] = ()) -> None:
+    def __init__(self, table: pa.Table, granularity: str = "minute") -> None:
         if granularity not in GRANULARITY_MS:
             raise ValueError(f"unknown granularity {granularity!r} (expected one of {', '.join(GRANULARITIES)})")
-        super().__init__(table, sources)
+        super().__init__(table)
         self.granularity = granularity
 
-    def _with(self: P, table: pa.Table, sources: Iterable[str]) -> P:
-        return type(self)(table, self.granularity, sources)  # type: ignore[call-arg,attr-defined]
+    def _with(self: P, table: pa.Table) -> P:
+        return type(self)(table, self.granularity)  # type: ignore[call-arg,attr-defined]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self.definition, self.table, self.sources, self.granularity))
+        return (_restore, (self.definition, self.table, self.granularity))
 
 
 class TopNPartial(Partial):
@@ -185,16 +181,12 @@ class TopNPartial(Partial):
     key_columns = ("entity", "bucket")
     one_row_per_key = False
 
-    def _with(self: P, table: pa.Table, sources: Iterable[str]) -> P:
-        return type(self)(table, sources)
-
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self.definition, self.table, self.sources))
+        return (_restore, (self.definition, self.table))
 
 
-def _restore(definition: Definition, table: pa.Table, sources: frozenset[str], *granularity: str) -> Partial:
-    cls = partial_type(definition)
-    return cls(table, *granularity, sources=sources)  # type: ignore[misc]
+def _restore(definition: Definition, table: pa.Table, *granularity: str) -> Partial:
+    return partial_type(definition)(table, *granularity)
 
 
 _TYPES: dict[Definition, type[Partial]] = {}
@@ -293,14 +285,14 @@ def fold_entities(partial: P, fold: np.ndarray, into: str) -> P:
     table = partial.table
     index = table.schema.get_field_index("entity")
     entity = pc.if_else(pa.array(fold), pa.scalar(into), table.column("entity"))
-    return normalize(partial._with(table.set_column(index, table.schema.field(index), entity), partial.sources))
+    return normalize(partial._with(table.set_column(index, table.schema.field(index), entity)))
 
 
 def merge(partials: Iterable[P]) -> P:
     """Merge partials of one exact type (and granularity) into one partial with unique keys.
 
     Associative and commutative (exactly so for integer states and min/max; float sums up to the last
-    ulp); ``sources`` are united. Row order is unspecified except for top-N (sorted, best first). One partial
+    ulp). Row order is unspecified except for top-N (sorted, best first). One partial
     is returned as it is: a partial has unique keys (see :class:`Partial`; :func:`normalize` makes rows gathered
     from elsewhere into one). Raises ``ValueError`` for an empty input or mixed types or granularities.
     """
@@ -317,7 +309,7 @@ def merge(partials: Iterable[P]) -> P:
     if len(parts) == 1:  # already unique keys: hashing them again would only cost (a store merges single flushes)
         return first
     table = pa.concat_tables([p.table for p in parts])
-    return normalize(first._with(table, frozenset().union(*(p.sources for p in parts))))
+    return normalize(first._with(table))
 
 
 def normalize(partial: P) -> P:
@@ -329,7 +321,7 @@ def normalize(partial: P) -> P:
         table = _merge_states(table, definition, partial.key_columns)
     else:
         table = keep_top(table.cast(TOPN_STATE_SCHEMA), definition)
-    return partial._with(table, partial.sources)
+    return partial._with(table)
 
 
 def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
@@ -342,7 +334,7 @@ def rollup(partial: MetricPartial, granularity: str) -> MetricPartial:
     table = partial.table
     bucket = table.column("bucket").to_numpy()
     table = table.set_column(table.schema.get_field_index("bucket"), "bucket", pa.array(bucket - bucket % width))
-    return normalize(type(partial)(table, granularity, partial.sources))
+    return normalize(type(partial)(table, granularity))
 
 
 class MetricAccumulator:
@@ -394,32 +386,12 @@ class MetricAccumulator:
 
 # --------------------------------------------------------------------------------------------- pieces
 
-PIECE_MARK = " ~"  # reserved in source identities: "<source> ~<i>/<k>" is piece i of k of <source>
-_PIECE_RE = re.compile(r" ~(\d+)/(\d+)\Z")
-
-
-def piece_of(source: str) -> tuple[str, int, int] | None:
-    """``(parent, i, k)`` if ``source`` names piece i of k of ``parent``, else None."""
-    match = _PIECE_RE.search(source)
-    if match is None:
-        return None
-    return source[: match.start()], int(match.group(1)), int(match.group(2))
-
-
-def source_root(source: str) -> str:
-    """The input-batch identity a (possibly nested) piece belongs to."""
-    while (piece := piece_of(source)) is not None:
-        source = piece[0]
-    return source
-
 
 def split_partial(partial: P, max_rows: int) -> list[P]:
     """Cut a partial into pieces of at most ``max_rows`` state rows that merge back to it.
 
-    Each piece carries distinct sources: source ``s`` of piece i (1-based) of k becomes ``"s ~i/k"``, and
-    stores count ``s`` as applied once all of its pieces are. The cut is deterministic, so re-aggregating the
-    same batch yields the same pieces. This is the only correct way to cut a partial: two pieces carrying
-    the same sources would be taken for one piece delivered twice.
+    The cut is deterministic (consecutive slices of the table), so re-aggregating the same batch yields the same
+    pieces. The pieces are slices of the one table, not copies.
     """
     if max_rows < 1:
         raise ValueError("max_rows must be >= 1")
@@ -427,7 +399,4 @@ def split_partial(partial: P, max_rows: int) -> list[P]:
     count = -(-table.num_rows // max_rows)
     if count <= 1:
         return [partial]
-    return [
-        partial._with(table.slice(i * max_rows, max_rows), (f"{s}{PIECE_MARK}{i + 1}/{count}" for s in partial.sources))
-        for i in range(count)
-    ]
+    return [partial._with(table.slice(i * max_rows, max_rows)) for i in range(count)]

@@ -8,14 +8,14 @@ Defaults (the metrics TOML's ``[retention]`` table, or ``--retention GRANULARITY
 * ``day = "800d"``: daily rows are few (one per entity, metric and day); two years and a bit allow year-over-year.
 * ``topn = "7d"``: the slowest statements per 10 minutes belong with the minutes they explain.
 
-The ledger (``applied_sources`` and ``source_progress``: what input has been applied, which makes re-runs and
-retries exactly-once) is pruned on the same terms: an entry goes once it was recorded longer ago than the longest
-of these retentions. Its data are older still (data are applied after they happen), so every state they brought
-is purged at every granularity: applying the same input again could only bring back rows the next purge deletes,
-never count anything twice that is still kept.
+The store's books (``source_progress``: how far each input is applied, which makes re-runs and retries exactly
+once) are pruned on the same terms: a progress row goes once it was recorded longer ago than the longest of these
+retentions. Its data are older still (data are applied after they happen), so every state they brought is purged
+at every granularity: applying the same input again could only bring back rows the next purge deletes, never count
+anything twice that is still kept.
 
-A duration is a number and a unit, ``s m h d w``, or ``"forever"`` (never purged; then the ledger is never
-pruned either).
+A duration is a number and a unit, ``s m h d w``, or ``"forever"`` (never purged; then the books are never pruned
+either).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Retention:
         return None if self.topn is None else now_ms - self.topn
 
     def ledger_cutoff(self, now_ms: int) -> int | None:
-        """The record time (epoch ms) below which ledger entries are pruned; None when anything is kept forever."""
+        """The record time (epoch ms) below which the store's progress rows (its books) are pruned; None when
+        anything is kept forever. (The name is from when the books were called the ledger.)"""
         kept = [getattr(self, f.name) for f in fields(self)]
         return None if any(k is None for k in kept) else now_ms - max(k for k in kept if k is not None)
 

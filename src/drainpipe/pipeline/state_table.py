@@ -3,7 +3,6 @@ as their ranked rows; decoded back into partials, which stores merge with the on
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -48,9 +47,7 @@ def to_state_table(partial: MetricPartial) -> pa.Table:
     return pa.table(columns, schema=STATE_TABLE_SCHEMA)
 
 
-def from_state_table(
-    definition: MetricDef, granularity: str, table: pa.Table, sources: Iterable[str] = ()
-) -> MetricPartial:
+def from_state_table(definition: MetricDef, granularity: str, table: pa.Table) -> MetricPartial:
     """The partial of stored states (columns of :data:`STATE_TABLE_SCHEMA`); inverse of :func:`to_state_table`."""
     cls = partial_type(definition)
     columns: dict[str, Any] = {
@@ -61,7 +58,7 @@ def from_state_table(
         columns["b"] = table.column("b").cast(pa.int64())
     for c in STATE_COLUMNS[definition.function]:
         columns[c.name] = table.column(c.name).cast(c.type)
-    return cls(pa.table(columns), granularity, sources)  # type: ignore[call-arg,return-value]
+    return cls(pa.table(columns), granularity)  # type: ignore[call-arg,return-value]
 
 
 def to_topn_table(partial: TopNPartial) -> pa.Table:
@@ -69,7 +66,7 @@ def to_topn_table(partial: TopNPartial) -> pa.Table:
     return finalize_table(partial, stored=True)
 
 
-def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str] = ()) -> TopNPartial:
+def from_topn_table(definition: TopNDef, table: pa.Table) -> TopNPartial:
     """The top-N partial of stored rows (columns entity, time_bucket, key, latency_ms at least)."""
     state = pa.table(
         {
@@ -79,4 +76,4 @@ def from_topn_table(definition: TopNDef, table: pa.Table, sources: Iterable[str]
             "key": table.column("key").cast(pa.string()),
         }
     )
-    return partial_type(definition)(keep_top(state, definition), sources)  # type: ignore[return-value]
+    return partial_type(definition)(keep_top(state, definition))  # type: ignore[return-value]

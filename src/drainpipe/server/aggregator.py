@@ -57,7 +57,7 @@ class Aggregator:
         return self._pool.restarts
 
     def aggregate(self, batch: EventBatch, definitions: Definitions) -> list[Partial]:
-        """As ``aggregate_batch(batch, definitions)`` (no source), computed in the process; blocks until done."""
+        """As ``aggregate_batch(batch, definitions)``, computed in the process; blocks until done."""
         try:
             answer, _ = self._pool.call(definitions, batch.encode())
         except ChannelClosed:  # the process died or is stuck (it was replaced), or this aggregator was closed

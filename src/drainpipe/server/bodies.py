@@ -21,6 +21,7 @@ import zlib
 from dataclasses import replace
 from typing import Any
 
+from .. import native
 from ..errors import BadBody, ChannelClosed, OtlpError
 from ..inputs import EventBatch, ReadStats, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
@@ -137,9 +138,7 @@ class _Parse:
 
     def __call__(self, kwargs: dict[str, Any], body: bytes) -> tuple[tuple[int, Any], memoryview]:
         if not self.ready:  # in the process, once
-            from ..inputs import use_serial_json_reader
-
-            use_serial_json_reader()  # the processes are the parallelism
+            native.disable("threads")  # the processes are the parallelism
             self.ready = True
         # the endpoint rules arrive with every body; keep using the first equal copy, whose memo is warm
         if kwargs.get("endpoints") is not None:

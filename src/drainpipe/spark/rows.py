@@ -245,7 +245,7 @@ def fill_unused(batch: pa.RecordBatch | pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
-def metric_partial(definition: MetricDef, rows: pa.Table, sources: Iterable[str] = ()) -> MetricPartial:
+def metric_partial(definition: MetricDef, rows: pa.Table) -> MetricPartial:
     """The minute partial of METRIC rows of one definition (state columns cast to their types)."""
     cls = partial_type(definition)
     columns: dict[str, Any] = {"entity": rows.column("entity"), "bucket": rows.column("bucket").cast(pa.int64())}
@@ -253,23 +253,23 @@ def metric_partial(definition: MetricDef, rows: pa.Table, sources: Iterable[str]
         columns["b"] = rows.column("b").cast(pa.int64())
     for c in STATE_COLUMNS[definition.function]:
         columns[c.name] = rows.column(c.name).cast(c.type)
-    return cls(pa.table(columns), "minute", sources)  # type: ignore[call-arg,return-value]
+    return cls(pa.table(columns), "minute")  # type: ignore[call-arg,return-value]
 
 
-def topn_partial(definition: TopNDef, rows: pa.Table, sources: Iterable[str] = ()) -> TopNPartial:
+def topn_partial(definition: TopNDef, rows: pa.Table) -> TopNPartial:
     """The partial of TOPN rows of one definition (not yet reduced to n per key: merge it)."""
     cls = partial_type(definition)
     table = pa.table({name: rows.column(name) for name in ("entity", "bucket", "latency_ms", "key")})
-    return cls(table, sources)  # type: ignore[return-value]
+    return cls(table)  # type: ignore[return-value]
 
 
-def empty_like(definition: MetricDef | TopNDef, sources: Iterable[str] = ()) -> Partial:
-    """A partial without states (it still carries ``sources`` to the store)."""
+def empty_like(definition: MetricDef | TopNDef) -> Partial:
+    """A partial without states."""
     rows = _batch(STATE_ROWS, 0, {})
     table = pa.Table.from_batches([rows])
     if isinstance(definition, MetricDef):
-        return metric_partial(definition, table, sources)
-    return topn_partial(definition, table, sources)
+        return metric_partial(definition, table)
+    return topn_partial(definition, table)
 
 
 def select_rows(table: pa.Table, kind: int, d: int | None = None) -> pa.Table:

@@ -4,7 +4,7 @@ the request time appended. One line is one request of the service given with ``-
 endpoint = method + normalized path (:mod:`..endpoints`), status = HTTP status < 500, latency from the request time
 in the format's unit, instance from ``$hostname`` / ``%v`` (else empty).
 
-A block of lines is read in columns, as JSON Lines are: the C scanner (:mod:`drainpipe.inputs._logscan`) cuts
+A block of lines is read in columns, as JSON Lines are: the C scanner (``drainpipe.native.logscan``) cuts
 every line by the format's program and converts its fields in one pass; where it is not built (the pure-Python
 code Spark executors import) or declines a block, pyarrow does the same with the format's regular expression
 (RE2) and vectorized casts. Both leave the endpoint as the raw ``METHOD path`` text: it is normalized once per
@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ... import native
 from ...errors import InputError, Rejected
 from ..batches import EventBatch
 from ..log_formats import (
@@ -49,11 +50,6 @@ from ..options import InputOptions
 from ..schema import EVENT_SCHEMA
 from ..validation import check_ts, rows_to_batch, validate_columns, validate_values
 from .base import LineDecoder, LineFormat, split_lines
-
-try:
-    from .._logscan import scan as _scan_log
-except ImportError:  # the pure-Python code shipped to Spark executors: pyarrow reads the columns there
-    _scan_log = None  # type: ignore[assignment]
 
 __all__ = ["AccessLog", "decode_access_block", "decode_line"]
 
@@ -237,16 +233,13 @@ class _Columns:
     normalized: bool = False  # the endpoints are templates already
 
 
-#: Switch for the columnar paths (tests turn it off to compare with the per-line reference).
-_COLUMNS = True
-
-
 def decode_access_block(
     data: bytes | memoryview, count: int, first_line: int, options: InputOptions
 ) -> tuple[EventBatch, list[tuple[int, bytes, str]]]:
     """A block of ``count`` whole lines (the first is line ``first_line + 1``) -> the canonical batch of their
-    requests and ``(line, raw, reason)`` per rejected line. Blank lines are skipped."""
-    if not _COLUMNS or count == 0:
+    requests and ``(line, raw, reason)`` per rejected line. Blank lines are skipped. The ``columnar`` tier off
+    (:mod:`drainpipe.native`), every block is read line by line."""
+    if count == 0 or not native.enabled("columnar"):
         return _per_line(data, first_line, options)
     cols = _scanned(data, count, options)
     if cols is None:
@@ -258,13 +251,14 @@ def decode_access_block(
 
 
 def _scanned(data: bytes | memoryview, count: int, options: InputOptions) -> _Columns | None:
-    """The C scanner's columns, or None where it is not built or declines (non-ASCII bytes, a format it has no
-    program for). Without user rules it writes the id segments as ``{id}`` itself."""
+    """The C scanner's columns, or None where it is not built or is off, or declines (non-ASCII bytes, a format it
+    has no program for). Without user rules it writes the id segments as ``{id}`` itself."""
     fmt = options.log_format
-    if _scan_log is None or not fmt.program:
+    logscan = native.logscan
+    if logscan is None or not fmt.program:
         return None
     ids = options.endpoints.ids and not options.endpoints.rules
-    out = _scan_log(data, count, fmt.program, fmt.quoted, ids)
+    out = logscan.scan(data, count, fmt.program, fmt.quoted, ids)
     if out is None:
         return None
     good, blank = np.frombuffer(out[0], bool), np.frombuffer(out[1], bool)

@@ -12,17 +12,13 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from ... import native
 from ...errors import InputError, UsageError
 from ..batches import EventBatch
 from ..options import InputOptions
 from ..part import Blocks, Part
 from ..position import Position
 from ..rejects import Sink
-
-try:
-    from .._lines import nth as _nth_newline
-except ImportError:  # the pure-Python code shipped to Spark executors: numpy counts there
-    _nth_newline = None  # type: ignore[assignment]
 
 __all__ = [
     "Format",
@@ -359,9 +355,10 @@ def line_ranges(
 
 def nth_newline(data: bytes | bytearray, start: int, stop: int, n: int) -> tuple[int, int]:
     """In ``data[start:stop]``: ``(offset after its n-th newline, n)`` if it holds ``n`` (>= 1), else ``(-1, the
-    newlines it holds)``. The C pass (``_lines.c``, 64 bytes at a time), else numpy (Spark executors' zip)."""
-    if _nth_newline is not None:
-        return _nth_newline(data, start, stop, n)
+    newlines it holds)``. The C pass (``native.lines``, 64 bytes at a time), else numpy (Spark executors' zip)."""
+    lines = native.lines
+    if lines is not None:
+        return lines.nth(data, start, stop, n)
     at = np.flatnonzero(np.frombuffer(data, np.uint8, stop)[start:] == 10)
     return (start + int(at[n - 1]) + 1, n) if len(at) >= n else (-1, len(at))
 

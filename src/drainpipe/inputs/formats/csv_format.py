@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from ... import native
 from ...errors import InputError, Rejected
 from ..batches import EventBatch
 from ..options import InputOptions
@@ -53,12 +54,6 @@ from .base import (
     open_text_sink,
     open_text_source,
 )
-
-try:
-    from .._csvscan import columns as _scan_columns
-    from .._csvscan import scan as _scan_csv
-except ImportError:  # the pure-Python code shipped to Spark executors: numpy finds the records, pyarrow the cells
-    _scan_csv = _scan_columns = None  # type: ignore[assignment]
 
 __all__ = ["Csv", "NUMBER_RE"]
 
@@ -247,10 +242,12 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
     else:
         f.seek(lines.offset)
     typed, width = _csv_typer(header), len(header)
-    if limit is not None and _COLUMNS and _scan_columns is not None:  # a planned range: the cell pass cuts it
+    csvscan = native.csvscan if native.enabled("columnar") else None
+    if limit is not None and csvscan is not None:  # a planned range: the C cell pass cuts it
         yield from _read_range(f.read(limit), lines, batch_rows, sink, header, typed, dictionaries)
         return
     growable = lines.growable and limit is None
+    columnar = native.enabled("columnar")
     for view, ends, nlines, well_formed in _record_blocks(f, growable, batch_rows, limit, check=limit is None):
         block = bytes(view)
         if not well_formed and limit is None:
@@ -258,7 +255,7 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
             yield from _reference_rest(CountedLines(f, lines.offset, growable), lines, batch_rows, sink, typed, width)
             return
         # (a range part's records were checked well-formed when it was planned)
-        batch = _fast_block(block, ends, header, lines.count, sink, typed, width, dictionaries) if _COLUMNS else None
+        batch = _fast_block(block, ends, header, lines.count, sink, typed, width, dictionaries) if columnar else None
         if batch is None:
             batch = _reference_block(block, lines.count, sink, typed, width)
         lines.offset += len(block)
@@ -342,14 +339,16 @@ def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callab
 def _read_range(data: bytes, lines: CountedLines, batch_rows: int, sink: Sink, header: list[str],
                 typed: Callable[[list[str]], tuple], dictionaries: bool) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The blocks of a planned range (``data``, its records checked well-formed by the planner), as
-    :func:`_read_csv` gives them. The C cell pass reads each block straight out of ``data`` and finds where it ends
-    on the way: no record scan and no copy of the block (they were a sixth of a worker's time). A block it declines
-    is cut by the record scan and read as any block is."""
+    :func:`_read_csv` gives them (where the C pass is on). The C cell pass reads each block straight out of ``data``
+    and finds where it ends on the way: no record scan and no copy of the block (they were a sixth of a worker's
+    time). A block it declines is cut by the record scan and read as any block is."""
+    csvscan = native.csvscan
+    assert csvscan is not None
     fields, width = _column_fields(tuple(header)), len(header)
     utf8 = data.isascii() or _is_utf8(data)  # (else each block is checked, and those that are not go elsewhere)
     begin = 0
     while begin < len(data):
-        scanned = _scan_columns(data, fields, batch_rows, begin) if utf8 else None
+        scanned = csvscan.columns(data, fields, batch_rows, begin) if utf8 else None
         if scanned is not None and (scanned[1] == batch_rows or scanned[0] == len(data)):
             end, rows, nlines, columns = scanned
             source = functools.partial(_block_records, data, begin, end, rows)
@@ -411,10 +410,6 @@ def _reference_block(block: bytes, lineno: int, sink: Sink, typed: Callable[[lis
     rows = list(_reference_rows(CountedLines(io.BytesIO(block), 0, False), lineno, sink, typed, width))
     sink.stats.add_accepted(len(rows))
     return rows_to_batch(rows)
-
-
-#: Switch for the columnar path (tests turn it off to compare with the reference).
-_COLUMNS = True
 
 
 def _record_blocks(f: BinaryIO, growable: bool, records: int, limit: int | None = None,
@@ -484,8 +479,9 @@ def _scan(data: bytes | memoryview, begin: int, records: int, final: bool) -> tu
     """The ends (offsets after them) of up to ``records`` records of ``data`` from ``begin``, the newlines before
     the last end, and whether a record is not well-formed (``final``: ``data`` ends the file, its last record
     included). The C scanner gives the ends of the well-formed records before a malformed one; this fallback, none."""
-    if _scan_csv is not None:
-        raw, lines, malformed = _scan_csv(data, begin, records, final)
+    csvscan = native.csvscan
+    if csvscan is not None:
+        raw, lines, malformed = csvscan.scan(data, begin, records, final)
         return np.frombuffer(raw, np.int64), lines, malformed
     buf = np.frombuffer(data, np.uint8)[begin:]
     newlines = np.flatnonzero(buf == 10)
@@ -649,12 +645,13 @@ def _column_fields(header: tuple[str, ...]) -> bytes:
 
 
 def _scanned_cells(block: bytes, header: list[str], records: int) -> pa.RecordBatch | None:
-    """The ``records`` records of a well-formed block typed by the C pass (``_csvscan.columns``: exactly what the
+    """The ``records`` records of a well-formed block typed by the C pass (``native.csvscan``: exactly what the
     reference types them to, or None where it might not), as a raw batch; None without the C pass, for bytes that
     are not UTF-8, or where it declines."""
-    if _scan_columns is None or not (block.isascii() or _is_utf8(block)):
+    csvscan = native.csvscan
+    if csvscan is None or not (block.isascii() or _is_utf8(block)):
         return None
-    scanned = _scan_columns(block, _column_fields(tuple(header)), records, 0)
+    scanned = csvscan.columns(block, _column_fields(tuple(header)), records, 0)
     if scanned is None or scanned[:2] != (len(block), records):
         return None
     return raw_batch(records, scanned[3])

@@ -4,9 +4,10 @@
 A block goes through a columnar fast path and the columnar core (:func:`fast_jsonl_block`) when that provably
 gives the per-line result (every line a strict JSON object with canonically typed known fields; value rejects then
 get their reasons from the per-line core); any other block is validated line by line, so the result never depends
-on which path ran. The fast path is the C scanner ``_jsonscan`` (one pass from bytes to Arrow buffers, for flat
-objects of the known fields with unescaped values) and, for blocks it declines or where it is not built (the
-pure-Python code Spark executors import), ``pyarrow.json``.
+on which path ran. The fast path is the C scanner (``native.jsonscan``: one pass from bytes to Arrow buffers, for
+flat objects of the known fields with unescaped values) and, for blocks it declines or where it is not built (the
+pure-Python code Spark executors import), ``pyarrow.json``. :mod:`drainpipe.native` says which tiers are on
+(``columnar`` off: every block line by line; ``threads`` off: ``pyarrow.json`` on the calling thread).
 
 Uncompressed files are cut into byte ranges of whole lines for the workers (:meth:`JsonLines.plan`: the parent
 only counts newlines, and hashes the bytes for exactly once); a part is read with the same block reader as a whole
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from ... import native
 from ...errors import Rejected
 from ..batches import EventBatch
 from ..options import InputOptions
@@ -37,11 +39,6 @@ from ..schema import TRACE_ID
 from ..validation import counted, counted_batch, rows_to_batch, validate_columns, validate_values, warning_counts
 from .base import READ_BYTES, Format, line_ends, line_parts, open_text_sink, open_text_source, split_lines
 
-try:
-    from .._jsonscan import scan as _scan_block
-except ImportError:  # the pure-Python code shipped to Spark executors: pyarrow's reader is the fast path there
-    _scan_block = None  # type: ignore[assignment]
-
 __all__ = [
     "JsonLines",
     "JsonlBlocks",
@@ -50,7 +47,6 @@ __all__ = [
     "json_rows",
     "scanned",
     "scan_range",
-    "use_serial_json_reader",
     "validate_json_lines",
 ]
 
@@ -188,7 +184,7 @@ class JsonlBlocks:
         and ``newlines`` = the offsets of its ``\\n`` bytes, if the caller has them) as a canonical batch, None
         if there are none; rejects go to ``sink``. ``scan=False``: the C scanner already declined these lines."""
         fast = None
-        if _JSONL_FAST_PATH and not self.skip:
+        if not self.skip and native.enabled("columnar"):
             fast = fast_jsonl_block(chunk, lineno, data, newlines, scan)
             self._tried(fast is not None)
         elif self.skip:
@@ -210,7 +206,7 @@ class JsonlBlocks:
 
         The C scanner reads a block straight out of ``data`` and finds its end on the way; a block it declines
         is cut out and read by :meth:`read`, with the same result."""
-        tried = ascii and _JSONL_FAST_PATH and not self.skip and _scan_block is not None
+        tried = ascii and not self.skip and native.jsonscan is not None and native.enabled("columnar")
         if tried:
             scanned = scan_range(data, begin, count)
             if scanned is not None:
@@ -267,24 +263,20 @@ class _LazyLines(Sequence[bytes]):
         return iter(self._split())
 
 
-#: Switch for the columnar JSON Lines fast path (tests turn it off to compare with the per-line path).
-_JSONL_FAST_PATH = True
 #: Most blocks skipped after a declined one (doubling per decline in a row): bounds what failed attempts cost
 #: on files whose blocks all need the per-line path (e.g. ``status`` written as 0/1 or ISO ``ts`` strings).
 _JSONL_MAX_BACKOFF = 16
 _ARROW_JSON_PARSE = pajson.ParseOptions(explicit_schema=RAW_SCHEMA, unexpected_field_behavior="ignore")
 #: the same, refusing fields outside the schema (:func:`_arrow_known_fields_only`)
 _ARROW_JSON_PARSE_KNOWN = pajson.ParseOptions(explicit_schema=RAW_SCHEMA, unexpected_field_behavior="error")
-_ARROW_JSON_READ = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
-#: the same on one thread, with blocks large enough that a block of lines comes back as one chunk (workers)
+_ARROW_JSON_READ_THREADS = pajson.ReadOptions(use_threads=True, block_size=1 << 20)
+#: the same on one thread, with blocks large enough that a block of lines comes back as one chunk (the ``threads``
+#: tier off: worker and parser processes, where the processes are the parallelism and pyarrow's threads waste CPU)
 _ARROW_JSON_READ_SERIAL = pajson.ReadOptions(use_threads=False, block_size=32 << 20)
 
 
-def use_serial_json_reader() -> None:
-    """Parse JSON blocks on the calling thread only (worker processes: the process pool is the parallelism, and
-    pyarrow's own threads would waste CPU)."""
-    global _ARROW_JSON_READ
-    _ARROW_JSON_READ = _ARROW_JSON_READ_SERIAL
+def _arrow_json_read() -> pajson.ReadOptions:
+    return _ARROW_JSON_READ_THREADS if native.enabled("threads") else _ARROW_JSON_READ_SERIAL
 
 
 _MAX_NESTING = 200  # a line with fewer brackets than this cannot reach Python's recursion limit
@@ -370,7 +362,7 @@ def _fast_result(
 def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
     """The ``n`` lines of UTF-8 ``data`` as a raw batch of :data:`RAW_SCHEMA` by the C scanner, or None
     when a line is outside its strict subset of JSON (``_jsonscan.c`` lists it: flat objects of the known
-    fields with canonically typed, unescaped values) or the scanner is not built."""
+    fields with canonically typed, unescaped values) or the scanner is not built or is off."""
     scanned = scan_range(data, 0, n)
     return scanned[2] if scanned is not None and scanned[:2] == (len(data), n) else None
 
@@ -378,7 +370,8 @@ def scanned(data: bytes, n: int) -> pa.RecordBatch | None:
 def scan_range(data: bytes, begin: int, count: int) -> tuple[int, int, pa.RecordBatch] | None:
     """Up to ``count`` lines of UTF-8 ``data`` from offset ``begin`` by the C scanner: ``(end offset, lines,
     raw batch)``, or None (see :func:`scanned`)."""
-    scanned = _scan_block(data, count, begin) if _scan_block is not None else None
+    jsonscan = native.jsonscan
+    scanned = jsonscan.scan(data, count, begin) if jsonscan is not None else None
     if scanned is None:
         return None
     end, n, columns = scanned
@@ -404,7 +397,7 @@ def _arrow_parsed(data: bytes, n: int, newlines: np.ndarray | None) -> pa.Record
                 return None
         try:
             table = pajson.read_json(
-                pa.BufferReader(data), read_options=_ARROW_JSON_READ, parse_options=_ARROW_JSON_PARSE
+                pa.BufferReader(data), read_options=_arrow_json_read(), parse_options=_ARROW_JSON_PARSE
             )
         except Exception:
             return None
@@ -425,7 +418,7 @@ def _arrow_known_fields_only(data: bytes) -> pa.Table | None:
     the caller's other path declines it). Saves those guards' passes over the bytes on the usual input."""
     try:
         table = pajson.read_json(
-            pa.BufferReader(data), read_options=_ARROW_JSON_READ, parse_options=_ARROW_JSON_PARSE_KNOWN
+            pa.BufferReader(data), read_options=_arrow_json_read(), parse_options=_ARROW_JSON_PARSE_KNOWN
         )
     except Exception:
         return None
@@ -468,7 +461,7 @@ def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa
     rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files, through the
     same columnar fast path where it provably gives the same result. ``stats`` (optional) counts them as a read
     would, warnings too."""
-    if data and _JSONL_FAST_PATH:
+    if data and native.enabled("columnar"):
         n = data.count(b"\n") + (not data.endswith(b"\n"))
         fast = fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
         if fast is not None:

@@ -3,10 +3,11 @@ in the OTLP JSON encoding per line, as the OpenTelemetry Collector's file export
 by :mod:`drainpipe.inputs.otlp` (the same mapping as OTLP over HTTP and gRPC).
 
 A block of lines is read into span columns in one C pass (:func:`~drainpipe.inputs.span_columns.json_span_columns`;
-where it is not built, as on Spark executors, by ``json`` and pyarrow: :mod:`~drainpipe.inputs.span_json`) and
-mapped at once; a line the pass declines is decoded by the reference (protobuf's JSON mapping), which decides
-whether it is valid. The file is cut into byte ranges of whole lines for the workers, as JSON Lines files are, with
-blocks of about :data:`~.base.LINE_BLOCK_BYTES` each (an OTLP line is a whole export, often hundreds of spans)."""
+where it is not built or is off, as on Spark executors, by ``json`` and pyarrow: :mod:`~drainpipe.inputs.span_json`) and
+mapped at once; a line the pass declines is decoded by the reference (protobuf's JSON mapping), which decides whether it
+is valid. With the ``columnar`` tier off (:mod:`drainpipe.native`) every line goes to the reference. The file is cut
+into byte ranges of whole lines for the workers, as JSON Lines files are, with blocks of about
+:data:`~.base.LINE_BLOCK_BYTES` each (an OTLP line is a whole export, often hundreds of spans)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import native
 from ...errors import InputError
 from ..batches import EventBatch
 from ..options import InputOptions
@@ -32,16 +34,12 @@ class OtlpJson(LineFormat):
     block_bytes = LINE_BLOCK_BYTES
 
     def decoder(self, options: InputOptions) -> LineDecoder:
-        columns = _COLUMNS
+        columns = native.enabled("columnar")
 
         def decode(data: bytes | memoryview, count: int, first: int) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
             return decode_block(data, count, first, options, columns)
 
         return decode
-
-
-#: read blocks through the C pass (tests turn it off to compare with the reference decoder)
-_COLUMNS = True
 
 
 def decode_block(
@@ -55,7 +53,7 @@ def decode_block(
     if not columns:
         return _reference(split_lines(bytes(data)), first_line, options)
     scanned = json_span_columns(data, count)
-    if scanned is None:  # no C pass (Spark executors): the same columns by json and pyarrow
+    if scanned is None:  # no C pass (Spark executors, or off): the same columns by json and pyarrow
         scanned = python_json_spans(bytes(data), count)
     result = map_columns(scanned.columns, options.spans, options.endpoints)
     batches = [result.batch] if result.batch.num_rows else []

@@ -1,15 +1,22 @@
-"""Metric stores: transactional, idempotent upsert-merge of states, and the query side.
+"""Metric stores: transactional upsert-merge of states, exactly once through the store's books, and the query side.
 
-The contract (tables, merge, idempotency) is written at the top of :mod:`.sql`, where it is implemented once for
-every SQL backend. The modules, each with one job:
+The store is one class, :class:`SqlStore`, over a backend object (DuckDB or PostgreSQL); its jobs have a module
+each:
 
 =================== =================================================================================================
 ``protocol``        :class:`Store`, the protocol engines and servers write through, and its records
                     (:class:`SourceProgress`, :class:`MergeReport`, :class:`PurgeReport`)
-``sql``             :class:`SqlStore`: schema, migrations, purge, merge, queries, over a few backend primitives
-``ledger``          :class:`~.ledger.Ledger`: which (source, name) pairs are applied, counting pieces of a source
-``duckdb_store``    :class:`DuckDBStore`, the embedded backend, and its URL form
-``postgres_store``  :class:`PostgresStore`, the server backend (psycopg 3; several writing processes)
+``sql``             :class:`SqlStore`: the store, composed from the modules below over a backend (its contract)
+``backend``         :class:`~.backend.Backend`: the primitives a database supplies (statements, Arrow in and out,
+                    transactions, the write lock, staging)
+``schema``          the tables, and the migrations of stores written by earlier versions
+``merge``           the upsert-merge of new states into the stored ones
+``books``           how far each input is applied (``source_progress``, committed with the states) and fencing
+``registry``        the definitions the stored states were computed by
+``queries``         value and top-N rows, the read side
+``purge``           retention: what is deleted when
+``duckdb_store``    :class:`DuckDBStore` and its backend, the embedded database, and its URL form
+``postgres_store``  :class:`PostgresStore` and its backend, the server database (psycopg 3; several writing processes)
 ``urls``            :func:`open_store` and :func:`is_new_store`: a store URL to a store
 =================== =================================================================================================
 """

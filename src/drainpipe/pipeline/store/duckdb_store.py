@@ -1,49 +1,32 @@
-"""The embedded store: a DuckDB database file (or ``:memory:``), and its URL form."""
+"""The embedded store: a DuckDB database file (or ``:memory:``), its backend, and its URL form.
+
+One connection, used by one process: the write lock is the store's own (:class:`~.sql.SqlStore`), and nothing is
+ever retried: every DuckDB error is :class:`~drainpipe.errors.StoreError`.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
 
 from ...errors import StoreError, first_line
+from .backend import Prepare, sql_transaction
 from .sql import SqlStore
 
+#: DuckDB options a store sets unless its URL says otherwise. No table of a store has a meaningful row order (every
+#: read sorts), and without it DuckDB inserts a merge's rows in parallel and writes them to the file at commit
+#: instead of through the log: a 622k-row merge and close took 0.56 s instead of 0.86 s.
 _DUCKDB_DEFAULTS = {"preserve_insertion_order": "false"}
 
 
-class DuckDBStore(SqlStore):
-    """A store in an embedded DuckDB database file (or ``:memory:``)."""
-
-    def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
-        """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``
-        takes them."""
-        super().__init__()
-        import duckdb
-
-        self.path = path
-        self._duckdb = duckdb
-        fresh = path == ":memory:" or not os.path.exists(path)  # nothing to migrate in a new database
-        try:
-            self._con = duckdb.connect(path, config={**_DUCKDB_DEFAULTS, **(config or {})})
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open duckdb store {path!r}: {first_line(exc)}") from None
-        self._staged: dict[str, pa.Table] = {}
-        try:
-            self._create_schema(migrate=not fresh)
-        except duckdb.Error as exc:
-            self._con.close()
-            raise StoreError(f"cannot use duckdb store {path!r}: {first_line(exc)}") from None
-
-    def __repr__(self) -> str:
-        return f"DuckDBStore({self.path!r})"
-
-    def _backend_errors(self) -> tuple[type[BaseException], ...]:
-        return (self._duckdb.Error,)
+class DuckDBBackend:
+    """A DuckDB database file (or ``:memory:``) as a :class:`~.backend.Backend`."""
 
     # Arrow tables reach DuckDB through relations (from_arrow), never through register(): a registered view is a
     # catalog entry, and DuckDB keeps a dropped entry, with the Arrow table it holds, until the transaction commits.
@@ -51,9 +34,53 @@ class DuckDBStore(SqlStore):
     # 9.3 GB for 5M minute state rows. Staging into a temporary table is no better: DuckDB also keeps every row
     # version a transaction deletes until it commits. A statement that reads a staged relation runs as a query
     # over it instead (DuckDBPyRelation.query binds the name for that one statement).
-    _STAGING_DDL = ()
+    staging_ddl: tuple[str, ...] = ()
+    probe_ranges = True
 
-    def _stage(self, name: str, rows: pa.Table) -> None:
+    def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
+        """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``
+        takes them; connected by :meth:`open`."""
+        import duckdb
+
+        self.path = path
+        self._duckdb = duckdb
+        self._config = {**_DUCKDB_DEFAULTS, **(config or {})}
+        self._staged: dict[str, pa.Table] = {}
+        #: the DuckDB connection (None until opened); for tests and tools that look at the database themselves
+        self.connection: Any = None
+
+    def __repr__(self) -> str:
+        return f"DuckDBBackend({self.path!r})"
+
+    def open(self, prepare: Prepare) -> None:
+        duckdb = self._duckdb
+        fresh = self.path == ":memory:" or not os.path.exists(self.path)  # nothing to migrate in a new database
+        try:
+            self.connection = duckdb.connect(self.path, config=self._config)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open duckdb store {self.path!r}: {first_line(exc)}") from None
+        try:
+            prepare(not fresh)
+        except duckdb.Error as exc:
+            self.connection.close()
+            raise StoreError(f"cannot use duckdb store {self.path!r}: {first_line(exc)}") from None
+
+    @contextmanager
+    def session(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            raise
+        except self._duckdb.Error as exc:
+            raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
+
+    def transaction(self) -> AbstractContextManager[None]:
+        return sql_transaction(self.execute)
+
+    def lock_writes(self) -> None:
+        pass  # one writing process per file; the store's lock serialises its threads
+
+    def stage(self, name: str, rows: pa.Table) -> None:
         self._staged[name] = rows
 
     def _over_staged(self, sql: str, params: Sequence[Any]) -> Any:
@@ -63,40 +90,53 @@ class DuckDBStore(SqlStore):
             if re.search(rf"\b{name}\b", sql):
                 if params:
                     raise ValueError("a statement over a staged relation takes no parameters")
-                return self._con.from_arrow(rows).query(name, sql)
+                return self.connection.from_arrow(rows).query(name, sql)
         return None
 
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         if self._over_staged(sql, params) is None:
-            self._con.execute(sql, list(params))
+            self.connection.execute(sql, list(params))
 
-    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         staged = self._over_staged(sql, params)
-        return staged.fetchall() if staged is not None else self._con.execute(sql, list(params)).fetchall()
+        return staged.fetchall() if staged is not None else self.connection.execute(sql, list(params)).fetchall()
 
-    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+    def fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
         staged = self._over_staged(sql, params)
-        return (staged if staged is not None else self._con.sql(sql, params=list(params))).to_arrow_table()
+        return (staged if staged is not None else self.connection.sql(sql, params=list(params))).to_arrow_table()
 
-    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+    def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows:
-            self._con.from_arrow(rows).insert_into(table_name)
+            self.connection.from_arrow(rows).insert_into(table_name)
 
-    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
-        row = self._con.execute(sql, list(params)).fetchone()
+    def delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        row = self.connection.execute(sql, list(params)).fetchone()
         return int(row[0]) if row else 0
 
-    def _reclaim(self) -> None:
-        self._con.execute("CHECKPOINT")  # deleted row groups' blocks become free for reuse in the file
+    def reclaim(self, tables: Sequence[str]) -> None:
+        self.connection.execute("CHECKPOINT")  # deleted row groups' blocks become free for reuse in the file
 
-    def _size_bytes(self) -> int:
+    def size_bytes(self, tables: Sequence[str]) -> int:
         if self.path == ":memory:":
-            row = self._con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+            row = self.connection.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
             return int(row[0] or 0) if row else 0
         return sum(os.path.getsize(p) for p in (self.path, self.path + ".wal") if os.path.exists(p))
 
-    def _close(self) -> None:
-        self._con.close()
+    def close(self) -> None:
+        self.connection.close()
+
+
+class DuckDBStore(SqlStore):
+    """A store in an embedded DuckDB database file (or ``:memory:``)."""
+
+    def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
+        """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``
+        takes them."""
+        self.path = path
+        super().__init__(DuckDBBackend(path, config=config))
+
+    def __repr__(self) -> str:
+        return f"DuckDBStore({self.path!r})"
 
 
 def duckdb_path(url: str) -> str:

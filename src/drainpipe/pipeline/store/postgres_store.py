@@ -1,19 +1,19 @@
-"""The PostgreSQL store (``postgresql://user:pass@host:port/db``, psycopg 3).
+"""The PostgreSQL store (``postgresql://user:pass@host:port/db``, psycopg 3): its backend, and the store over it.
 
-Same semantics as the DuckDB store, because it *is* the same store: every SQL statement and the whole
-idempotent upsert-merge live in :class:`~drainpipe.pipeline.store.sql.SqlStore`; this module only supplies the
-backend primitives (``?`` placeholders become ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come
-back as Arrow tables) plus what a server database needs beyond an embedded file:
+Same semantics as the DuckDB store, because it *is* the same store (:class:`~drainpipe.pipeline.store.sql.SqlStore`,
+every SQL statement and the whole upsert-merge); :class:`PostgresBackend` only supplies the primitives (``?``
+placeholders become ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come back as Arrow tables) plus what a
+server database needs beyond an embedded file:
 
-* indexes on the key columns (metric|name, granularity, entity, time_bucket) and on ``applied_sources.root``,
-  as the store module's docstring asks of a server store;
+* indexes on the key columns (metric|name, granularity, entity, time_bucket), as :mod:`.schema` says of a server
+  store;
 * schema creation under an advisory lock, so two processes opening one database at once do not race;
 * a lost or refused connection (server restarting, network gone) raises
-  :class:`~drainpipe.pipeline.engine.StoreUnavailable`, which the engine retries with backoff; the next call
-  reconnects (and recreates the session's temporary staging tables). A transaction cut off by the failure is
-  rolled back by the server, so a retried merge starts from a clean state; if the connection died *during*
-  COMMIT and the commit did land, the retry finds its sources in ``applied_sources`` and skips them: nothing
-  is counted twice.
+  :class:`~drainpipe.errors.StoreUnavailable`, which the engine retries with backoff; the next call reconnects (and
+  recreates the session's temporary staging tables). A transaction cut off by the failure is rolled back by the
+  server, so a retried merge starts from a clean state; if the connection died *during* COMMIT and the commit did
+  land, the retry finds its progress rows in the books (:mod:`.books`) and writes nothing: nothing is counted
+  twice.
 
 Failures are sorted into two kinds, because a server must never drop what it acknowledged:
 
@@ -26,7 +26,7 @@ Failures are sorted into two kinds, because a server must never drop what it ack
   its write-ahead log until it is restarted with the cause fixed.
 
 Several processes may write one database at once (servers, ``drainpipe run``, a Spark driver): every writing
-transaction runs at READ COMMITTED and takes one advisory lock first (:meth:`PostgresStore._lock_writes`), so
+transaction runs at READ COMMITTED and takes one advisory lock first (:meth:`PostgresBackend.lock_writes`), so
 merges are serial and each reads what the previous one committed; definitions are registered with
 ``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
 
@@ -38,26 +38,32 @@ from __future__ import annotations
 import io
 import re
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
+from .backend import Prepare, sql_transaction
 from .sql import SqlStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresBackend", "PostgresStore"]
 
 _INDEXES = (
     "CREATE INDEX IF NOT EXISTS metric_state_key ON metric_state (metric, granularity, entity, time_bucket)",
     "CREATE INDEX IF NOT EXISTS metric_values_key ON metric_values (metric, granularity, entity, time_bucket)",
     "CREATE INDEX IF NOT EXISTS topn_values_key ON topn_values (name, entity, time_bucket)",
-    "CREATE INDEX IF NOT EXISTS applied_sources_root ON applied_sources (root)",
+)
+#: the session's staging relation, which the merge's statements join against (:meth:`PostgresBackend.stage`)
+_STAGING = (
+    """CREATE TEMPORARY TABLE IF NOT EXISTS stage_keys (
+        name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL,
+        time_bucket TIMESTAMPTZ NOT NULL)""",
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
-_WRITE_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see _lock_writes
+_WRITE_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_writes
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -85,26 +91,198 @@ def _redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-class PostgresStore(SqlStore):
-    """A store in a PostgreSQL database. Open with :meth:`from_url` (or :func:`open_store`)."""
+class PostgresBackend:
+    """A PostgreSQL database as a :class:`~.backend.Backend`: one connection, opened again when lost."""
+
+    staging_ddl: tuple[str, ...] = _STAGING
+    #: the range probe has no index here (time_bucket is the last column of the key indexes): a probe that finds
+    #: nothing would read every row of the metrics, so merges always look their keys up
+    probe_ranges = False
+
+    #: the merge's correctness rests on READ COMMITTED (each statement sees what committed before it started, so
+    #: the states read after the write lock is granted include the previous holder's); pinned here so that a
+    #: server or role whose default_transaction_isolation is stricter does not take the snapshot before the lock
+    _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
     def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
-        super().__init__()
+        """Connected by :meth:`open`. ``display``: the database in messages (default: ``conninfo`` without its
+        password)."""
         import psycopg
 
         self._psycopg = psycopg
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
-        self._display = display or _redact(conninfo)
-        self._con: Any = None
+        self.display = display or _redact(conninfo)
+        #: the psycopg connection (None while there is none); for tests and tools that look at the database
+        self.connection: Any = None
+        #: connections opened again after one was lost
         self.reconnects = 0
+        self._prepare: Prepare | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.display!r})"
+
+    # ----------------------------------------------------------------------------- connection
+
+    def open(self, prepare: Prepare) -> None:
+        self._prepare = prepare
         try:
             self._connect()
         except StoreUnavailable as exc:
-            raise StoreError(f"cannot open postgresql store {self._display}: {exc}") from None
-        except psycopg.Error as exc:
+            raise StoreError(f"cannot open postgresql store {self.display}: {exc}") from None
+        except self._psycopg.Error as exc:
             self._drop()
-            raise StoreError(f"cannot use postgresql store {self._display}: {first_line(exc)}") from None
+            raise StoreError(f"cannot use postgresql store {self.display}: {first_line(exc)}") from None
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self.connection = psycopg.connect(
+                self._conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+            )
+        except psycopg.OperationalError as exc:
+            self.connection = None
+            raise StoreUnavailable(f"server unreachable: {first_line(exc)}") from exc
+        # every connection: the schema (a server restored from an older dump is migrated too) and the session's
+        # temporary staging table, under a lock so that processes opening one database at once do not race
+        with self.transaction():
+            self.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            assert self._prepare is not None
+            self._prepare(True)
+            for statement in _INDEXES:
+                self.execute(statement)
+
+    def _drop(self) -> None:
+        con, self.connection = self.connection, None
+        if con is not None:
+            try:
+                con.close()
+            except Exception:
+                pass
+
+    def _connected(self) -> bool:
+        con = self.connection
+        return con is not None and not con.closed and not con.broken
+
+    @contextmanager
+    def session(self, action: str) -> Iterator[None]:
+        """Connect if needed; a lost connection is :class:`StoreUnavailable`, another database error
+        :class:`StoreError`."""
+        psycopg = self._psycopg
+        try:
+            if not self._connected():
+                self._drop()
+                self._connect()
+                self.reconnects += 1
+            yield
+        except (StoreError, StoreUnavailable):
+            if not self._connected():
+                self._drop()
+            raise
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # connection lost, server shutting down / starting up, or a transient failure: retry later
+            if not self._connected():
+                self._drop()
+            raise StoreUnavailable(f"postgresql {action} failed: {first_line(exc)}") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
+
+    # ----------------------------------------------------------------------------- concurrent writers
+
+    def transaction(self) -> AbstractContextManager[None]:
+        return sql_transaction(self.execute, self._BEGIN)
+
+    def lock_writes(self) -> None:
+        """Several processes (servers, ``drainpipe run``, a Spark driver) may write one database. A merge reads
+        the stored states of its keys, merges them in Python and replaces them; two interleaved merges of one key
+        would both read the old state and one's addition would be lost. So every writing transaction takes one
+        transaction-scoped advisory lock first: merges into one database are serial, in commit order. Why not
+        finer: every merge of minute states also rewrites the hour and day states of the same entities, which
+        concurrent writers share, so per-key locks would serialize them as much, with deadlocks to handle."""
+        self.execute(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
+
+    # ----------------------------------------------------------------------------- planning the keyed statements
+
+    def stage(self, name: str, rows: pa.Table) -> None:
+        """The session's temporary table ``name``, emptied and refilled; and the statements that follow, which join
+        the staged keys with a keyed table, are planned for a cached table.
+
+        Emptied by TRUNCATE, not DELETE: in a long transaction deleted rows stay in the table's pages until it ends,
+        and the planner, which sizes a table by its pages, took 15,000 staged keys for 350,000 and hashed them
+        against a whole table. Planned for a cached table: a long merge (a Spark job's output, in one transaction)
+        grows the tables, and with PostgreSQL's default random_page_cost (4.0, a spinning disk) the planner hashed
+        each write batch's keys and scanned the whole table, up to ~25M rows: 7.5 s per batch at 12M rows, against
+        3.1 s by the index with 1.1 (quadratic in all: the Spark job's 10M-row write did not finish in 20 minutes).
+        JIT compilation, which cost more than these statements save, is off for them too."""
+        self.execute(f"TRUNCATE {name}")
+        self.insert_arrow(name, rows)
+        if name == "stage_keys":
+            self.execute("SET LOCAL random_page_cost = 1.1")
+            self.execute("SET LOCAL jit = off")
+
+    # ----------------------------------------------------------------------------- primitives
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if params:
+            self.connection.execute(_pg_sql(sql), list(params))
+        else:
+            self.connection.execute(sql)
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self.connection.execute(_pg_sql(sql), list(params)) if params else self.connection.execute(sql)
+        return cur.fetchall()
+
+    def fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
+        cur = self.connection.execute(_pg_sql(sql), list(params)) if params else self.connection.execute(sql)
+        rows = cur.fetchall()
+        columns = list(zip(*rows)) if rows else [()] * len(cur.description)
+        return pa.table(
+            {
+                d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
+                for d, values in zip(cur.description, columns)
+            }
+        )
+
+    def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        # Arrow's CSV writer quotes every string ("" stays an empty string) and leaves nulls unquoted and
+        # empty, which is exactly what COPY's CSV format reads back; floats are written round-trip exact.
+        sink = io.BytesIO()
+        pacsv.write_csv(rows, sink, pacsv.WriteOptions(include_header=False))
+        names = ", ".join(f'"{n}"' for n in rows.column_names)
+        with (
+            self.connection.cursor() as cur,
+            cur.copy(f"COPY {table_name} ({names}) FROM STDIN WITH (FORMAT csv)") as copy,
+        ):
+            copy.write(sink.getbuffer())
+
+    def delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        cur = self.connection.execute(_pg_sql(sql), list(params)) if params else self.connection.execute(sql)
+        return max(0, cur.rowcount)
+
+    def reclaim(self, tables: Sequence[str]) -> None:
+        # VACUUM runs outside a transaction (the connection is in autocommit between the store's own BEGINs)
+        self.connection.execute(f"VACUUM {', '.join(tables)}")
+
+    def size_bytes(self, tables: Sequence[str]) -> int:
+        row = self.connection.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname = ANY(%s)",
+            (list(tables),),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._drop()
+
+
+class PostgresStore(SqlStore):
+    """A store in a PostgreSQL database. Open with :meth:`from_url` (or :func:`open_store`)."""
+
+    def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
+        self._pg = PostgresBackend(conninfo, connect_timeout=connect_timeout, display=display)
+        super().__init__(self._pg)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> PostgresStore:
@@ -121,153 +299,10 @@ class PostgresStore(SqlStore):
         conninfo = urllib.parse.urlunsplit(("postgresql",) + tuple(parsed)[1:])
         return cls(conninfo, display=_redact(url), **kwargs)
 
+    @property
+    def reconnects(self) -> int:
+        """Connections opened again after one was lost."""
+        return self._pg.reconnects
+
     def __repr__(self) -> str:
-        return f"PostgresStore({self._display!r})"
-
-    # ----------------------------------------------------------------------------- connection
-
-    def _connect(self) -> None:
-        psycopg = self._psycopg
-        try:
-            self._con = psycopg.connect(
-                self._conninfo, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
-            )
-        except psycopg.OperationalError as exc:
-            self._con = None
-            raise StoreUnavailable(f"server unreachable: {first_line(exc)}") from exc
-        self._create_schema()
-
-    def _drop(self) -> None:
-        con, self._con = self._con, None
-        if con is not None:
-            try:
-                con.close()
-            except Exception:
-                pass
-
-    def _connected(self) -> bool:
-        con = self._con
-        return con is not None and not con.closed and not con.broken
-
-    def _create_schema(self, migrate: bool = True) -> None:
-        with self._transaction():
-            self._execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
-            super()._create_schema(migrate)
-            for statement in _INDEXES:
-                self._execute(statement)
-
-    @contextmanager
-    def _guard(self, action: str) -> Iterator[None]:
-        """As :meth:`SqlStore._guard`, plus: connect if needed; a lost connection is :class:`StoreUnavailable`."""
-        psycopg = self._psycopg
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"cannot {action}: the store is closed")
-            try:
-                if not self._connected():
-                    self._drop()
-                    self._connect()
-                    self.reconnects += 1
-                yield
-            except (StoreError, StoreUnavailable):
-                if not self._connected():
-                    self._drop()
-                raise
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # connection lost, server shutting down / starting up, or a transient failure: retry later
-                if not self._connected():
-                    self._drop()
-                raise StoreUnavailable(f"postgresql {action} failed: {first_line(exc)}") from exc
-            except psycopg.Error as exc:
-                raise StoreError(f"store {action} failed: {first_line(exc)}") from exc
-
-    # ----------------------------------------------------------------------------- concurrent writers
-
-    #: the merge's correctness rests on READ COMMITTED (each statement sees what committed before it started, so
-    #: the states read after the write lock is granted include the previous holder's); pinned here so that a
-    #: server or role whose default_transaction_isolation is stricter does not take the snapshot before the lock
-    _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
-
-    def _lock_writes(self) -> None:
-        """Several processes (servers, ``drainpipe run``, a Spark driver) may write one database. A merge reads
-        the stored states of its keys, merges them in Python and replaces them; two interleaved merges of one key
-        would both read the old state and one's addition would be lost. So every writing transaction takes one
-        transaction-scoped advisory lock first: merges into one database are serial, in commit order. Why not
-        finer: every merge of minute states also rewrites the hour and day states of the same entities, which
-        concurrent writers share, so per-key locks would serialize them as much, with deadlocks to handle."""
-        self._execute(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
-
-    # ----------------------------------------------------------------------------- planning the keyed statements
-
-    def _stage(self, name: str, rows: pa.Table) -> None:
-        """As :meth:`SqlStore._stage`; and the statements that follow, which join the staged keys with a keyed
-        table, are planned for a cached table. A long merge (a Spark job's output, in one transaction) grows the
-        tables, and with PostgreSQL's default random_page_cost (4.0, a spinning disk) the planner hashed each write
-        batch's keys and scanned the whole table, up to ~25M rows: 7.5 s per batch at 12M rows, against 3.1 s by
-        the index with 1.1 (quadratic in all: the Spark job's 10M-row write did not finish in 20 minutes). JIT
-        compilation, which cost more than these statements save, is off for them too."""
-        super()._stage(name, rows)
-        if name == "stage_keys":
-            self._execute("SET LOCAL random_page_cost = 1.1")
-            self._execute("SET LOCAL jit = off")
-
-    def _in_range(self, table: str, name_column: str, names: Iterable[str], new_rows: pa.Table) -> bool:
-        """Always look the keys up. The probe of :meth:`SqlStore._in_range` has no index here (time_bucket is the
-        last column of the key indexes), so a probe that finds nothing would read every row of the metrics."""
-        return True
-
-    # ----------------------------------------------------------------------------- backend primitives
-
-    def _backend_errors(self) -> tuple[type[BaseException], ...]:
-        return (self._psycopg.Error,)
-
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        if params:
-            self._con.execute(_pg_sql(sql), list(params))
-        else:
-            self._con.execute(sql)
-
-    def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
-        return cur.fetchall()
-
-    def _fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
-        rows = cur.fetchall()
-        columns = list(zip(*rows)) if rows else [()] * len(cur.description)
-        return pa.table(
-            {
-                d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
-                for d, values in zip(cur.description, columns)
-            }
-        )
-
-    def _insert_arrow(self, table_name: str, rows: pa.Table) -> None:
-        if rows.num_rows == 0:
-            return
-        # Arrow's CSV writer quotes every string ("" stays an empty string) and leaves nulls unquoted and
-        # empty, which is exactly what COPY's CSV format reads back; floats are written round-trip exact.
-        sink = io.BytesIO()
-        pacsv.write_csv(rows, sink, pacsv.WriteOptions(include_header=False))
-        names = ", ".join(f'"{n}"' for n in rows.column_names)
-        with self._con.cursor() as cur, cur.copy(f"COPY {table_name} ({names}) FROM STDIN WITH (FORMAT csv)") as copy:
-            copy.write(sink.getbuffer())
-
-    def _delete(self, sql: str, params: Sequence[Any] = ()) -> int:
-        cur = self._con.execute(_pg_sql(sql), list(params)) if params else self._con.execute(sql)
-        return max(0, cur.rowcount)
-
-    def _reclaim(self) -> None:
-        # VACUUM runs outside a transaction (the connection is in autocommit between the store's own BEGINs)
-        self._con.execute("VACUUM metric_state, metric_values, topn_values, applied_sources, source_progress")
-
-    def _size_bytes(self) -> int:
-        row = self._con.execute(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname = ANY(%s)",
-            (["metric_state", "metric_values", "topn_values", "applied_sources", "source_progress", "definitions"],),
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    def _close(self) -> None:
-        self._drop()
+        return f"PostgresStore({self._pg.display!r})"

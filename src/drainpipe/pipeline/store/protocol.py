@@ -52,8 +52,8 @@ class PurgeReport:
 class MergeReport:
     """What one :meth:`Store.merge` call did."""
 
-    applied: int  # partials merged
-    skipped: int  # partials skipped because all their (source, name) pairs were applied before
+    applied: int  # partials (or chunks) merged
+    skipped: int  # partials not merged because the store's books held every progress row of the call already
 
 
 @runtime_checkable
@@ -68,13 +68,14 @@ class Store(Protocol):
         progress: Sequence[SourceProgress] = (),
         fences: Sequence[SourceProgress] = (),
     ) -> MergeReport:
-        """Upsert-merge metric and top-N partials in one transaction (see the module docstring). ``fences``: the
-        fencing tokens (:meth:`fence`) of the parts the writer owns, as rows whose ``end`` is the token; when one
-        is no longer the part's latest, :class:`~drainpipe.errors.Fenced` and nothing is written.
+        """Upsert-merge metric and top-N partials in one transaction (see :mod:`drainpipe.pipeline.store.sql`),
+        with ``progress``, the rows that say how far the input they hold is applied (the store's books): when the
+        books hold every one of them already, nothing is written (``skipped``). ``fences``: the fencing tokens
+        (:meth:`fence`) of the parts the writer owns, as rows whose ``end`` is the token; when one is no longer the
+        part's latest, :class:`~drainpipe.errors.Fenced` and nothing is written.
 
         With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
-        and day buckets. With ``rollup=False`` each partial updates its own granularity only; then one call
-        must carry all granularities of its sources (a source is recorded as applied by the call).
+        and day buckets. With ``rollup=False`` each partial updates its own granularity only.
         """
         ...
 
@@ -82,7 +83,7 @@ class Store(Protocol):
         self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[SourceProgress] = ()
     ) -> MergeReport:
         """:meth:`merge` for states too large to hold at once: ``chunks`` (minute metric states and top-N rows of
-        ``definitions``, without sources: ``progress`` makes the write exactly once) are written as they come, in
+        ``definitions``; ``progress`` makes the write exactly once, as for :meth:`merge`) are written as they come, in
         one transaction, so memory holds a chunk and not the whole output. Chunks of one definition may share keys.
         """
         ...
@@ -95,13 +96,9 @@ class Store(Protocol):
         """``part``'s latest fencing token (0: none issued)."""
         ...
 
-    def applied(self, source: str) -> frozenset[str]:
-        """Names of the definitions whose states already contain all of input batch ``source``."""
-        ...
-
     def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
-        """Delete, in one transaction, what ``retention`` no longer keeps at ``now_ms`` (default: now), the ledger
-        included (see :mod:`drainpipe.pipeline.retention`)."""
+        """Delete, in one transaction, what ``retention`` no longer keeps at ``now_ms`` (default: now), old progress
+        rows included (see :mod:`drainpipe.pipeline.retention`)."""
         ...
 
     def reclaim(self) -> None:
@@ -110,16 +107,6 @@ class Store(Protocol):
 
     def size_bytes(self) -> int:
         """The space the store takes."""
-        ...
-
-    def is_applied(self, source: str, names: Iterable[str] | None = None) -> bool:
-        """Whether ``source`` is applied for every one of ``names`` (default: every definition the store has
-        seen; pass the run's ``Definitions.names``)."""
-        ...
-
-    def has_sources(self, prefix: str) -> bool:
-        """Whether any applied source starts with ``prefix`` (one query: lets a reader skip per-batch checks for
-        an input none of whose batches was stored before)."""
         ...
 
     def register(self, definitions: Iterable[Definition]) -> None:
@@ -132,12 +119,6 @@ class Store(Protocol):
     ) -> list[SourceProgress]:
         """The progress rows of ``source``: of its ``part`` if given; with ``head``/``node`` (files), the rows of
         the files with this head fingerprint or this device/inode. Ordered by part and definition."""
-        ...
-
-    def unapplied(self, partials: Iterable[Partial]) -> list[Partial]:
-        """The partials still to merge: those whose sources are all applied are dropped; a partial whose
-        sources are partly applied raises :class:`StoreError`. Engines filter fresh partials (or pieces of
-        :func:`~drainpipe.pipeline.partials.split_partial`) with it before merging them with others."""
         ...
 
     def query(

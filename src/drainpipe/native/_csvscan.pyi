@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.inputs._csvscan`` (source and its rules: ``_csvscan.c``)."""
+"""Typed stub of the C extension ``drainpipe.native._csvscan`` (source and its rules: ``_csvscan.c``)."""
 
 def scan(data: bytes | memoryview, begin: int, records: int, final: bool, /) -> tuple[bytes, int, bool]:
     """The ends of up to ``records`` CSV records of ``data`` from ``begin`` (int64 offsets after each record's

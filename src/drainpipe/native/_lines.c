@@ -1,4 +1,4 @@
-/* drainpipe.inputs._lines: where the n-th newline of a byte range is, 64 bytes at a time.
+/* drainpipe.native._lines: where the n-th newline of a byte range is, 64 bytes at a time.
  *
  * Why C: planning a line-format file (JSON Lines, access logs, OTLP JSON) into parts of whole lines counts every
  * newline of it in the main process, beside the workers. numpy did it as a comparison into a bool array the size of
@@ -85,7 +85,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.inputs._lines", "Where the n-th newline of a byte range is (see _lines.c).",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._lines", "Where the n-th newline of a byte range is (see _lines.c).",
     -1, methods,
 };
 

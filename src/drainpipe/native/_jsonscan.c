@@ -1,4 +1,4 @@
-/* drainpipe.inputs._jsonscan: a block of JSON Lines request events -> Arrow column buffers, in one pass.
+/* drainpipe.native._jsonscan: a block of JSON Lines request events -> Arrow column buffers, in one pass.
  *
  * Why C: pyarrow's JSON reader spent ~0.75 us per event (about 160 MB/s) on the benchmark's lines, most of a
  * worker's time and the main reason a file of JSON Lines was slower than DuckDB's read_json. The event schema is
@@ -226,7 +226,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.inputs._jsonscan",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._jsonscan",
     "A block of JSON Lines events -> Arrow column buffers (a strict fast path; see _jsonscan.c).", -1, methods,
 };
 

@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.inputs._spanmap`` (source and its rules: ``_spanmap.c``). Buffers are
+"""Typed stub of the C extension ``drainpipe.native._spanmap`` (source and its rules: ``_spanmap.c``). Buffers are
 any objects with the buffer protocol (numpy arrays, pyarrow buffers); None for an absent validity bitmap."""
 
 from typing import Any

@@ -1,4 +1,4 @@
-/* drainpipe.inputs: JSON numbers read from bytes as Python reads them (included by the C scanners: _columns.h for
+/* drainpipe.native (the input scanners): JSON numbers read from bytes as Python reads them (included by the C scanners: _columns.h for
  * JSON Lines and CSV, _otlpjson.c).
  */
 #ifndef DRAINPIPE_NUMBERS_H

@@ -1,4 +1,4 @@
-/* drainpipe.inputs._spanmap: the per-span part of the OTLP span mapping, over the Arrow columns that ptars read.
+/* drainpipe.native._spanmap: the per-span part of the OTLP span mapping, over the Arrow columns that ptars read.
  *
  * Why C: with the spans already in Arrow columns (inputs/span_columns.py), what was left of the mapping was some
  * forty numpy and pyarrow calls per export, each a few microseconds on arrays of a thousand spans: ~0.6 ms per
@@ -306,7 +306,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_spanmap", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "drainpipe.native._spanmap", NULL, -1, methods};
 
 PyMODINIT_FUNC
 PyInit__spanmap(void)

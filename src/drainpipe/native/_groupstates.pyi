@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.pipeline._groupstates`` (source: ``_groupstates.c``, which states the
+"""Typed stub of the C extension ``drainpipe.native._groupstates`` (source: ``_groupstates.c``, which states the
 contracts)."""
 
 from typing import Any

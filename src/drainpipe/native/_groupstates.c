@@ -1,4 +1,4 @@
-/* drainpipe.pipeline._groupstates: an event batch's group ids and per-group metric states, a pass over the rows each.
+/* drainpipe.native._groupstates: an event batch's group ids and per-group metric states, a pass over the rows each.
  *
  * Why C: aggregating a batch (aggregate.py) was numpy over dense group ids, a dozen whole-array passes and
  * temporaries per metric (codes multiplied and added, a lookup table, masks and their selections, bin codes, one
@@ -694,7 +694,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.pipeline._groupstates",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._groupstates",
     "An event batch's group ids and per-group metric states, a pass over the rows each (see _groupstates.c).", -1,
     methods,
 };

@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.inputs._jsonscan`` (source and its rules: ``_jsonscan.c``)."""
+"""Typed stub of the C extension ``drainpipe.native._jsonscan`` (source and its rules: ``_jsonscan.c``)."""
 
 def scan(data: bytes, lines: int, start: int = 0, /) -> tuple[int, int, tuple[tuple, ...]] | None:
     """Up to ``lines`` JSON Lines of ``data`` (UTF-8, checked by the caller) from offset ``start``: ``(end

@@ -1,4 +1,4 @@
-/* drainpipe.inputs._logscan: a block of access-log lines -> columns, in one pass, by the format's program.
+/* drainpipe.native._logscan: a block of access-log lines -> columns, in one pass, by the format's program.
  *
  * Why C: pyarrow reading the same lines with the format's regular expression (RE2, with captures) ran at about
  * 1 us per line, most of an access log's cost. A log format is a fixed sequence of literals and variables, each
@@ -575,7 +575,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.inputs._logscan",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._logscan",
     "A block of access-log lines -> columns, by the format's program (a fast path; see _logscan.c).", -1, methods,
 };
 

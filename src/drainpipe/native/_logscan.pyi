@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.inputs._logscan`` (source and its rules: ``_logscan.c``)."""
+"""Typed stub of the C extension ``drainpipe.native._logscan`` (source and its rules: ``_logscan.c``)."""
 
 def scan(
     data: bytes | memoryview, count: int, program: tuple[tuple[str, str], ...], quoted: tuple[bool, ...], ids: bool, /

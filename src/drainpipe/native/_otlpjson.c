@@ -1,4 +1,4 @@
-/* drainpipe.inputs._otlpjson: a block of OTLP JSON lines (one ExportTraceServiceRequest per line, as the
+/* drainpipe.native._otlpjson: a block of OTLP JSON lines (one ExportTraceServiceRequest per line, as the
  * OpenTelemetry Collector's file exporter writes them) -> the span columns the OTLP mapping reads, in one pass.
  *
  * Why C: the reference decoder (inputs/otlp.py: json.loads, hex ids to base64, protobuf's json_format.ParseDict,
@@ -990,7 +990,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.inputs._otlpjson",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._otlpjson",
     "OTLP JSON lines -> span columns in one pass (see _otlpjson.c).", -1, methods,
 };
 

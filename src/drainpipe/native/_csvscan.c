@@ -1,4 +1,4 @@
-/* drainpipe.inputs._csvscan: where the records of a CSV block end, and whether they are well-formed, in one pass.
+/* drainpipe.native._csvscan: where the records of a CSV block end, and whether they are well-formed, in one pass.
  *
  * Why C: planning a CSV file into parts (and reading one) needs its record boundaries: the newlines outside quoted
  * fields. numpy found them from the quote parity at ~300 MB/s with its temporaries (every string field quoted, as
@@ -371,7 +371,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "drainpipe.inputs._csvscan",
+    PyModuleDef_HEAD_INIT, "drainpipe.native._csvscan",
     "CSV record boundaries and well-formedness in one pass, and a block's cells into columns (see _csvscan.c).", -1,
     methods,
 };

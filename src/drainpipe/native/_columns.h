@@ -1,4 +1,4 @@
-/* drainpipe.inputs: what the C scanners of request events share (included by _jsonscan.c and _csvscan.c).
+/* drainpipe.native (the input scanners): what the C scanners of request events share (included by _jsonscan.c and _csvscan.c).
  *
  * A scanner fills the event fields' columns as Arrow buffers, row by row, and hands them to Python as
  * (null count, validity bitmap or None, value buffers...) per field, in the event schema's order, then trace_id as

@@ -1,4 +1,4 @@
-"""Typed stub of the C extension ``drainpipe.inputs._otlpjson`` (source and its rules: ``_otlpjson.c``)."""
+"""Typed stub of the C extension ``drainpipe.native._otlpjson`` (source and its rules: ``_otlpjson.c``)."""
 
 from typing import Any
 

@@ -1,0 +1,107 @@
+"""The database under a store: the few primitives every SQL job of the store is written against.
+
+A :class:`Backend` is one connection to one database (DuckDB: :mod:`.duckdb_store`; PostgreSQL:
+:mod:`.postgres_store`). The store's SQL is written once, with ``?`` placeholders; a backend with another paramstyle
+translates them. Everything else (schema, merge, books, queries, purge) is in the store's other modules, which take a
+backend as an argument and never know which database it is, apart from the two facts it declares
+(:attr:`Backend.staging_ddl`, :attr:`Backend.probe_ranges`).
+
+Contract:
+
+* Not thread-safe: :class:`~.sql.SqlStore` serialises every use under its lock, and every use runs inside
+  :meth:`Backend.session`.
+* Blocking: every primitive waits for the database.
+* Errors: inside :meth:`Backend.session`, a database error leaves as :class:`~drainpipe.errors.StoreError`
+  (permanent) or :class:`~drainpipe.errors.StoreUnavailable` (worth retrying: the connection was lost or refused);
+  :class:`StoreError` and :class:`StoreUnavailable` raised by the store's own code pass unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+__all__ = ["Backend", "Prepare", "sql_transaction"]
+
+#: what a backend runs on every new connection, inside its schema transaction: create what is missing and, with
+#: ``migrate`` (False only for a database the backend just created), bring an older store up to date
+Prepare = Callable[[bool], None]
+
+
+class Backend(Protocol):
+    """One connection to the store's database (see the module docstring for the contract)."""
+
+    #: DDL of the session's staging relations (``stage_keys``), run with the schema on every new connection; empty
+    #: for a backend whose :meth:`stage` keeps them otherwise
+    staging_ddl: tuple[str, ...]
+    #: whether a range probe (``SELECT 1 ... WHERE time_bucket BETWEEN ...``) is cheap, so that a merge asks it before
+    #: staging keys to look them up (see :func:`~.merge.write_groups`); False where no index serves it
+    probe_ranges: bool
+
+    def open(self, prepare: Prepare) -> None:
+        """Connect and run ``prepare`` (on this and every later connection); :class:`StoreError` when the database
+        cannot be opened or used."""
+        ...
+
+    def session(self, action: str) -> AbstractContextManager[None]:
+        """The context every use runs in: connected (reconnecting after a lost connection), with database errors
+        translated (``action`` names the use in their message)."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """One transaction: committed when the block ends, rolled back when it raises."""
+        ...
+
+    def lock_writes(self) -> None:
+        """Called first in every writing transaction: a database other processes write too takes a lock held until
+        the transaction ends, so that merges (read stored states, merge, replace) never interleave. An embedded
+        file has one writer process already."""
+        ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table: ...
+
+    def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
+        """Append ``rows`` (columns in the table's column order) to ``table_name``."""
+        ...
+
+    def stage(self, name: str, rows: pa.Table) -> None:
+        """Make ``rows`` the whole content of the session's staging relation ``name`` (``stage_keys``), which the
+        statements that follow may join against."""
+        ...
+
+    def delete(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a DELETE; the number of rows it deleted."""
+        ...
+
+    def reclaim(self, tables: Sequence[str]) -> None:
+        """Make the space of deleted rows of ``tables`` reusable now; outside any transaction."""
+        ...
+
+    def size_bytes(self, tables: Sequence[str]) -> int:
+        """The space the store takes: its database file, or ``tables`` with their indexes."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@contextmanager
+def sql_transaction(execute: Callable[[str], None], begin: str = "BEGIN TRANSACTION") -> Iterator[None]:
+    """A transaction through plain statements (``begin``, then COMMIT, or ROLLBACK when the block raises): what
+    both backends' :meth:`Backend.transaction` is."""
+    execute(begin)
+    try:
+        yield
+    except BaseException:
+        try:
+            execute("ROLLBACK")
+        except Exception:  # the original error says more (e.g. a lost connection)
+            pass
+        raise
+    execute("COMMIT")

@@ -1,0 +1,210 @@
+"""The store's upsert-merge: new states merged into the stored states of their keys, which they replace.
+
+Contract (``docs/pipeline.md``, "Output (storage)"): rows are upserts keyed by (metric, entity, granularity,
+time_bucket, label); states are merged, not overwritten, so two halves of the input stored one after the other give
+the same values as the whole. Merging a state twice counts it twice: what makes a rerun exactly once is the books
+(:mod:`.books`), checked by the store before it calls this module.
+
+How, per call:
+
+1. the partials are merged per (definition, granularity) in memory, and merged minute states are rolled up to hour
+   and day (:func:`~drainpipe.pipeline.partials.rollup`); merging is associative, so the roll-up of the merge is the
+   merge of the roll-ups;
+2. in batches of about :data:`WRITE_ROWS` state rows (memory holds a batch, not every state of the transaction; the
+   statements stay few, whatever the number of metrics), the keys (name, granularity, entity, time_bucket) are
+   staged, the stored states for them read, merged with the new ones by :func:`~drainpipe.pipeline.partials.merge`
+   (the one merge implementation, in Python, so every backend shares it), and the keys' state and value rows
+   replaced; likewise the top-N rows.
+
+Functions over a :class:`~.backend.Backend`, called inside the store's session and writing transaction (whose lock
+keeps two merges of one key from interleaving); blocking; database errors propagate; a partial of the wrong kind is
+``TypeError``, misused granularities ``ValueError``, before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..definitions import Definition
+from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup
+from ..state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
+from ..values import TOPN_COLUMNS, VALUE_COLUMNS, finalize_table
+from .backend import Backend
+
+__all__ = ["WRITE_ROWS", "check_partials", "write", "write_chunks"]
+
+#: state rows written per batch of statements within one merge transaction (read at each call: tests lower it)
+WRITE_ROWS = 400_000
+
+_STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
+_KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
+_TOPN_GRANULARITY = "topn"  # a label for the staged keys only (top-N rows have no granularity column)
+_STAGED = (
+    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.metric AND k.granularity = t.granularity"
+    " AND k.entity = t.entity AND k.time_bucket = t.time_bucket)"
+)
+_STAGED_TOPN = (
+    "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.name AND k.entity = t.entity"
+    " AND k.time_bucket = t.time_bucket)"
+)
+
+
+def check_partials(parts: Sequence[Partial], with_rollup: bool) -> None:
+    """``TypeError`` for anything but a partial; ``ValueError`` for coarser states given with ``with_rollup``."""
+    for part in parts:
+        if not isinstance(part, (MetricPartial, TopNPartial)):
+            raise TypeError(f"not a partial: {part!r}")
+        if with_rollup and isinstance(part, MetricPartial) and part.granularity != "minute":
+            raise ValueError(
+                f"{part.name!r}: {part.granularity} states given to merge(rollup=True), which derives hour and "
+                "day from minute states itself; pass minute states only, or all granularities with rollup=False"
+            )
+
+
+def write(backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
+    """Merge ``parts`` into the stored states (with ``with_rollup``, minute states also into hour and day)."""
+    grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
+    for part in parts:
+        grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
+    _write_groups(backend, grouped.values(), with_rollup)
+
+
+def write_chunks(backend: Backend, chunks: Iterable[Partial]) -> int:
+    """Merge minute metric states and top-N rows into the stored states as they come, a batch of about
+    :data:`WRITE_ROWS` rows at a time (chunks of one definition may share keys: each batch merges into what the
+    batches before it wrote); the number of chunks."""
+    count = 0
+    pending: list[Partial] = []
+    rows = 0
+    for chunk in chunks:
+        if not isinstance(chunk, (MetricPartial, TopNPartial)):
+            raise TypeError(f"merge_chunks takes partials, not {chunk!r}")
+        count += 1
+        pending.append(chunk)
+        rows += chunk.table.num_rows
+        if rows >= WRITE_ROWS:
+            _write_chunk_batch(backend, pending)
+            pending, rows = [], 0
+    _write_chunk_batch(backend, pending)
+    return count
+
+
+def _write_chunk_batch(backend: Backend, chunks: list[Partial]) -> None:
+    grouped: dict[Definition, list[Partial]] = defaultdict(list)
+    for chunk in chunks:
+        if chunk.table.num_rows:
+            grouped[chunk.definition].append(chunk)
+    _write_groups(backend, grouped.values(), True)
+
+
+def _write_groups(backend: Backend, groups: Iterable[list[Partial]], with_rollup: bool) -> None:
+    """Each group (partials of one definition and granularity) merged first and, with ``with_rollup``, rolled up
+    once; written in batches of about WRITE_ROWS state rows."""
+    metrics: list[MetricPartial] = []
+    topns: list[TopNPartial] = []
+    for group in groups:
+        for m in _granular(merge(group), with_rollup):
+            if isinstance(m, MetricPartial):
+                metrics.append(m)
+            elif isinstance(m, TopNPartial):
+                topns.append(m)
+        if sum(m.table.num_rows for m in metrics) >= WRITE_ROWS:
+            _merge_metrics(backend, [m for m in metrics if m.table.num_rows])
+            metrics = []
+    if any(m.table.num_rows for m in metrics):
+        _merge_metrics(backend, [m for m in metrics if m.table.num_rows])
+    if any(t.table.num_rows for t in topns):
+        _merge_topns(backend, [t for t in topns if t.table.num_rows])
+
+
+def _granular(part: Partial, with_rollup: bool) -> list[Partial]:
+    if isinstance(part, MetricPartial) and with_rollup and part.granularity == "minute":
+        return [part, rollup(part, "hour"), rollup(part, "day")]
+    return [part]
+
+
+def _merge_metrics(backend: Backend, parts: list[MetricPartial]) -> None:
+    """Merge stored states into the new ones for every key of ``parts``; replace their state and value rows."""
+    new_states = pa.concat_tables(_with_key(to_state_table(p), p.name, p.granularity) for p in parts)
+    combined = parts
+    if _maybe_stored(backend, "metric_state", "metric", (p.name for p in parts), new_states):
+        _stage_keys(backend, new_states)
+        stored = backend.fetch_arrow(f"SELECT {', '.join(_STATE_COLUMNS)} FROM metric_state t WHERE {_STAGED}")
+        combined = [
+            merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
+            for part, found in zip(parts, _split(stored, "metric", [(p.name, p.granularity) for p in parts]))
+        ]
+        if stored.num_rows:  # a key has value rows only with state rows: none stored, none to delete
+            backend.execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
+            backend.execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
+            new_states = pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined)
+    backend.insert_arrow("metric_state", new_states.select(list(_STATE_COLUMNS)))
+    backend.insert_arrow(
+        "metric_values",
+        pa.concat_tables(finalize_table(c, stored=True) for c in combined).select(list(VALUE_COLUMNS)),
+    )
+
+
+def _merge_topns(backend: Backend, parts: list[TopNPartial]) -> None:
+    """Merge stored top-N rows into the new ones for every key of ``parts``; replace their rows."""
+    new_rows = pa.concat_tables(_with_key(to_topn_table(p), p.name, _TOPN_GRANULARITY) for p in parts)
+    if _maybe_stored(backend, "topn_values", "name", (p.name for p in parts), new_rows):
+        _stage_keys(backend, new_rows)
+        stored = backend.fetch_arrow(f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values t WHERE {_STAGED_TOPN}")
+        if stored.num_rows:
+            combined = [
+                merge([part, from_topn_table(part.definition, found)]) if found.num_rows else part
+                for part, found in zip(parts, _split(stored, "name", [(p.name, None) for p in parts]))
+            ]
+            backend.execute(f"DELETE FROM topn_values t WHERE {_STAGED_TOPN}")
+            new_rows = pa.concat_tables(to_topn_table(c) for c in combined)
+    backend.insert_arrow("topn_values", new_rows.select(list(TOPN_COLUMNS)))
+
+
+def _maybe_stored(backend: Backend, table: str, name_column: str, names: Iterable[str], new_rows: pa.Table) -> bool:
+    """Whether ``table`` may hold a key of ``new_rows``: a row of ``names`` within the time buckets they span. When
+    it holds none, no new key can be stored yet, and staging the keys to look them up is skipped: a run into a new
+    store, or over the next hour of input (minute keys of new time), writes without a join. A backend whose probe
+    has no index (:attr:`~.backend.Backend.probe_ranges` False) always looks the keys up: a probe that finds nothing
+    would read every row of the metrics."""
+    if not backend.probe_ranges:
+        return True
+    lo, hi = pc.min_max(new_rows.column("time_bucket")).values()
+    names = sorted(set(names))
+    found = backend.fetchall(
+        f"SELECT 1 FROM {table} WHERE time_bucket BETWEEN ? AND ? "
+        f"AND {name_column} IN ({', '.join('?' * len(names))}) LIMIT 1",
+        (lo.as_py(), hi.as_py(), *names),
+    )
+    return bool(found)
+
+
+def _stage_keys(backend: Backend, keys: pa.Table) -> None:
+    """Replace the staged keys by the distinct (name, granularity, entity, time_bucket) rows of ``keys``."""
+    distinct = keys.group_by(list(_KEY_COLUMNS), use_threads=False).aggregate([]).select(list(_KEY_COLUMNS))
+    backend.stage("stage_keys", distinct)
+
+
+def _with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
+    """``table`` with constant ``name``/``metric`` and ``granularity`` columns added."""
+    rows = table.num_rows
+    for column, value in (("name", name), ("metric", name), ("granularity", granularity)):
+        if column not in table.column_names:
+            table = table.append_column(column, pa.repeat(pa.scalar(value, pa.string()), rows))
+    return table
+
+
+def _split(stored: pa.Table, name_column: str, keys: list[tuple[str, str | None]]) -> list[pa.Table]:
+    """The rows of ``stored`` per (name, granularity) key (granularity None: any)."""
+    out = []
+    names = stored.column(name_column)
+    for name, granularity in keys:
+        mask = pc.equal(names, name)
+        if granularity is not None:
+            mask = pc.and_(mask, pc.equal(stored.column("granularity"), granularity))
+        out.append(stored.filter(mask))
+    return out
