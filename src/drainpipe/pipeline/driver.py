@@ -126,14 +126,14 @@ class Driver:
         return self._subsets[names]
 
     def feed(self, batch: EventBatch, names: frozenset[str]) -> None:
-        """Hand ``batch`` to ``ingest`` for ``names`` (skipped when empty); it counts its requests (exit rows are
-        not events) towards the next checkpoint. ``observe`` sees it; an error there is logged, never raised: the
+        """Hand ``batch`` to ``ingest`` for ``names`` (skipped when empty); its rows (requests and exit rows: each
+        is an accepted event of its reader) count towards the next checkpoint. ``observe`` sees it; an error there is logged, never raised: the
         traffic's metrics must not stop feeding the store."""
         if not names:
             return
         assert self._ingest is not None, "a driver without ingest is fed partials (fed()), not batches"
         self._ingest(batch, definitions=self.definitions_for(names))
-        self.uncommitted += batch.requests
+        self.uncommitted += batch.num_rows
         if self.observe is not None:
             try:
                 self.observe(batch)
