@@ -54,3 +54,31 @@ def test_otlp_protobuf_messages_stream_as_consume_reads_them(spark, servers: str
     [(_, _, reason)] = rejected(tmp_path / "stream.jsonl")
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
     assert reason.startswith("invalid OTLP protobuf")
+
+
+def test_a_definition_added_between_streams_reads_the_topic_from_its_start(spark, servers: str, tmp_path: Path) -> None:
+    """A stream with one more definition, on a store that has the topic applied for the others: the new one reads
+    every message, the others only those after their offsets (the exactly-once driver's policy, as ``consume`` and
+    ``run`` have it), one job and one transaction per set, the new definition's first. The store then equals a
+    ``consume`` of the whole topic with the larger set. (Before the driver, the stream refused such a store.)"""
+    from drainpipe.pipeline import definitions_from
+
+    metrics = tmp_path / "more.toml"
+    metrics.write_text('defaults = true\n[[metric]]\nname = "endpoint_slow_calls"\nscope = "endpoint"\n'
+                       'function = "count"\nwhere = "latency_ms > 250"\n')  # fmt: skip
+    more = definitions_from(str(metrics))
+    topic = new_topic(servers, 2)
+    calls = produce(servers, topic, 3_000, seed=5, poison=False)
+    store = f"duckdb:///{tmp_path / 'stream.duckdb'}"
+    run_stream(KafkaTopics.at(servers, [topic]), spark=spark, store_url=store, checkpoint=str(tmp_path / "ck1"),
+               dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
+    calls += produce(servers, topic, 2_000, seed=6, poison=False)
+    summary = run_stream(KafkaTopics.at(servers, [topic]), definitions=more, spark=spark, store_url=store,
+                         checkpoint=str(tmp_path / "ck2"), dead_letter=str(tmp_path / "stream.jsonl"),
+                         trigger_once=True)  # fmt: skip
+    assert summary["accepted"] == 3_000 + 2_000, summary  # the first 3,000 for the new one alone, then 2,000 for all
+    assert stored_calls(store) == calls
+    reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
+    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--metrics", str(metrics),
+                   "--exit-at-end"))  # fmt: skip
+    assert_same_results(reference, store, more)

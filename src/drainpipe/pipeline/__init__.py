@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         with_exemplars,
     )
     from .definitions_file import definitions_toml
-    from .driver import Driver, Sink
-    from .engine import Commit, EngineOptions, LocalEngine
+    from .driver import Commit, Driver, Sink
+    from .engine import EngineOptions, LocalEngine
     from .generator import generate_events, write_events
     from .partials import (
         STATE_COLUMNS,
@@ -116,7 +116,7 @@ _HOMES = {
         "definitions",
     ),
     **dict.fromkeys(["definitions_toml"], "definitions_file"),
-    **dict.fromkeys(["Commit", "EngineOptions", "LocalEngine"], "engine"),
+    **dict.fromkeys(["EngineOptions", "LocalEngine"], "engine"),
     **dict.fromkeys(["TOPN_COLUMNS", "VALUE_COLUMNS", "finalize", "finalize_table"], "values"),
     **dict.fromkeys(["generate_events", "write_events"], "generator"),
     **dict.fromkeys(
@@ -135,7 +135,7 @@ _HOMES = {
         "partials",
     ),
     **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
-    **dict.fromkeys(["Driver", "Sink"], "driver"),
+    **dict.fromkeys(["Commit", "Driver", "Sink"], "driver"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
     **dict.fromkeys(["RemoteWriter", "send_stored"], "remote_write"),

@@ -15,7 +15,8 @@ messages, Spark tasks) and hands what it read here. What is the same for all liv
 
 * **the policy**: data starting at a position is aggregated for the definitions that have applied the part no
   further than that position (:meth:`PartBooks.names_from`), and skipped when none has: a definition added later
-  catches up while the others skip what they have (:meth:`wanted`, :meth:`definitions_for`);
+  catches up while the others skip what they have (:meth:`wanted`, :meth:`definitions_for`); data grouped by those
+  definitions is committed the fewest definitions first (:meth:`in_order`);
 * **the checkpoint**: the rows of every held part's advanced books, with the rejects of what they cover flushed to
   the dead letter first, and the held parts' fencing tokens, go to the sink, which commits them in the same
   transaction as the states (:meth:`checkpoint`);
@@ -29,26 +30,43 @@ The sink is where states are committed (:class:`Sink`): :class:`~drainpipe.pipel
 the driver feeds (``ingest=engine.ingest``), or a Spark job's driver-side merge, whose states Spark's tasks made.
 
 Thread-safety: none. One thread, the source's reader, owns a driver (its books, queue and counters); the sink's
-commits complete on other threads, which only set a :class:`~.engine.Commit`'s ``done``.
+commits complete on other threads, which only set a :class:`Commit`'s ``done``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from ..inputs import DeadLetter, EventBatch
 from .definitions import Definitions
-from .engine import Commit
 from .progress import PartBooks
 from .store import SourceProgress
 
-__all__ = ["Driver", "Sink"]
+__all__ = ["Commit", "Driver", "Sink"]
 
 log = logging.getLogger("drainpipe.pipeline")
+T = TypeVar("T")
+
+
+@dataclass
+class Commit:
+    """One commit of a sink: the states made since the last one, in one transaction with ``progress`` (or, with
+    ``rollback``, discarded). On the local engine, a marker on the persist queue behind everything produced before
+    it. ``done`` is set once that has happened (by the thread that committed); ``error`` is the failure, if any."""
+
+    progress: list[SourceProgress]
+    events: int
+    rollback: bool = False
+    fences: list[SourceProgress] = field(default_factory=list)  # the writer's tokens (Store.merge's ``fences``)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
+    fenced: bool = False  # refused for a stale fencing token: its states are discarded, later commits go on
 
 
 class Sink(Protocol):
@@ -119,6 +137,15 @@ class Driver:
         """The definitions that need a part's data starting at ``offset`` (empty: every one has it)."""
         return books.names_from(offset)
 
+    @staticmethod
+    def in_order(groups: Mapping[frozenset[str], T]) -> list[tuple[frozenset[str], T]]:
+        """Groups of data keyed by the definitions that need them, in the order to commit them: the fewest
+        definitions first. Along a part the set only grows (a definition behind the others needs everything the
+        others need, and more before it), so this commits every part's earlier data first: a commit never advances
+        a definition past data of the same part still to come in a later commit, which a crash in between would
+        lose."""
+        return sorted(groups.items(), key=lambda item: len(item[0]))
+
     def definitions_for(self, names: frozenset[str]) -> Definitions | None:
         """``names`` as the sink takes them: None for all of them, else the subset (made once per set)."""
         if names not in self._subsets:
@@ -127,8 +154,8 @@ class Driver:
 
     def feed(self, batch: EventBatch, names: frozenset[str]) -> None:
         """Hand ``batch`` to ``ingest`` for ``names`` (skipped when empty); its rows (requests and exit rows: each
-        is an accepted event of its reader) count towards the next checkpoint. ``observe`` sees it; an error there is logged, never raised: the
-        traffic's metrics must not stop feeding the store."""
+        is an accepted event of its reader) count towards the next checkpoint. ``observe`` sees it; an error there
+        is logged, never raised: the traffic's metrics must not stop feeding the store."""
         if not names:
             return
         assert self._ingest is not None, "a driver without ingest is fed partials (fed()), not batches"

@@ -42,6 +42,7 @@ from ..inputs import EventBatch
 from .aggregate import aggregate_batch
 from .cardinality import EntityGuard
 from .definitions import Definitions
+from .driver import Commit
 from .partials import MetricAccumulator, MetricPartial, Partial, partial_type, split_partial
 from .store import SourceProgress
 
@@ -99,21 +100,6 @@ class _FlushRequest:
 
     def __init__(self) -> None:
         self.active = False
-
-
-@dataclass
-class Commit:
-    """A checkpoint marker on the persist queue: everything produced to it before the marker is committed in one
-    transaction with ``progress`` (or, with ``rollback``, discarded). ``done`` is set once that has happened;
-    ``error`` is the failure, if any."""
-
-    progress: list[SourceProgress]
-    events: int
-    rollback: bool = False
-    fences: list[SourceProgress] = field(default_factory=list)  # the writer's tokens (Store.merge's ``fences``)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: str = ""
-    fenced: bool = False  # refused for a stale fencing token: its states are discarded, later commits go on
 
 
 class _L1Handler:

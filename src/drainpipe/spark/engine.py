@@ -54,6 +54,7 @@ from drainpipe.pipeline import (
     PERCENTILE_LABELS,
     STATE_COLUMNS,
     Definitions,
+    Driver,
     EntityGuard,
     InputFile,
     MetricDef,
@@ -66,6 +67,7 @@ from drainpipe.pipeline import (
 )
 
 from . import skew
+from .commits import JobCommit
 from .rows import (
     EVENT,
     EVENT_ROWS,
@@ -596,18 +598,23 @@ def ingest_files(
 ) -> dict[str, Any]:
     """Aggregate ``paths`` on Spark and merge the states into ``store`` in one transaction per group of files.
 
-    Exactly once, with the local engine's books (:mod:`drainpipe.pipeline.progress`): each file is read from where
-    the store has it applied (nothing, for a file stored in full), and the transaction that writes the states
-    records how far each file is now applied. A file stored for some definitions only (the definitions changed) is
-    aggregated for the missing ones. Rejects go to ``dead_letter`` before the store commit (a crash in between
-    repeats them on the re-run: the dead letter is at least once, the store exactly once). Returns the counts, the
-    stage times and the task-time spread.
+    Exactly once, on the exactly-once driver (:class:`~drainpipe.pipeline.Driver`) with the local engine's books:
+    each file is read from where the store has it applied (nothing, for a file stored in full), and the transaction
+    that writes the states records how far each file is now applied. A file stored for some definitions only (the
+    definitions changed) is aggregated for the missing ones (the driver's policy; a group per set of definitions,
+    the fewest first). Rejects go to ``dead_letter`` before the store commit (a crash in between repeats them on the
+    re-run: the dead letter is at least once, the store exactly once). Returns the counts, the stage times and the
+    task-time spread.
     """
     t0 = time.perf_counter()
     parallelism = _parallelism(spark)
     names = frozenset(definitions.names)
     store.register(definitions.all)
     files = [resolve(path, store, names) for path in dict.fromkeys(paths)]
+    commits = JobCommit(store)
+    driver = Driver(definitions, commits, dead_letter=dead_letter)
+    for file in files:
+        driver.hold(file.path, file)
     groups: dict[frozenset[str], list[tuple[InputFile, Part]]] = {}
     unchanged = 0
     for file in files:
@@ -629,8 +636,7 @@ def ingest_files(
         )
         unchanged += not parts  # stored in full by an earlier run: nothing new
         for part in parts:
-            wanted = file.names_from(part.start_offset)
-            groups.setdefault(wanted, []).append((file, part))
+            groups.setdefault(driver.wanted(file, part.start_offset), []).append((file, part))
     stats = ReadStats()
     summary: dict[str, Any] = {
         "files": len(files),
@@ -647,7 +653,7 @@ def ingest_files(
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
     try:
-        for wanted, items in groups.items():
+        for wanted, items in driver.in_order(groups):
             selected = definitions.select(wanted)
             splits = plan_splits([part for _, part in items])
             # a large input's merged metric states reach the driver one partition at a time; a small one's at once
@@ -663,7 +669,6 @@ def ingest_files(
             if dead_letter is not None:
                 for path, line, raw, reason in result.rejects:
                     dead_letter.write(path, line, raw, reason)
-                dead_letter.flush()
             metric_rows = [0]
 
             def chunks(result: JobResult = result, metric_rows: list[int] = metric_rows) -> Iterator[Partial]:
@@ -673,10 +678,13 @@ def ingest_files(
                     yield partial
 
             try:
-                report = store.merge_chunks(selected.all, chunks(), progress=[r for f in files for r in f.rows()])
+                commits.stage(selected.all, chunks())
+                driver.fed(result.stats.accepted)
+                driver.checkpoint(wait=True)  # the dead letter flushed, then every file's books with the states
             finally:
                 if result.release is not None:
                     result.release()
+            report = commits.report
             summary["pending"].update({f.path: f.pending() for f in files if f.pending()})
             stats.merge(result.stats)
             summary["splits"] += len(splits)

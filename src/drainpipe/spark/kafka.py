@@ -37,9 +37,10 @@ from drainpipe.inputs import DeadLetter, Part, Position, ReadStats, jsonable
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, partition_part
 from drainpipe.inputs.spans import SpanMapping
-from drainpipe.pipeline import Definitions, open_books
+from drainpipe.pipeline import Definitions, Driver, PartBooks, open_books
 
 from . import skew
+from .commits import JobCommit
 from .engine import JobOptions, JobResult, per_type_stage
 from .rows import EVENT_ROWS, REJECT, SPLIT, events_rows, info_row, meta_rows, spark_schema
 from .splits import Split
@@ -107,12 +108,14 @@ def _topic_split(index: int, topic: str, partition: int) -> Split:
 
 
 def decode_messages(
-    starts: Mapping[tuple[str, int], tuple[int, int]], encoding: str, spans: SpanMapping, endpoints: EndpointRules
-) -> Any:
+    ranges: Mapping[tuple[str, int], tuple[int, int, int]], encoding: str, spans: SpanMapping,
+    endpoints: EndpointRules,
+) -> Any:  # fmt: skip
     """The ``mapInArrow`` function over a micro-batch's messages (``topic, partition, offset, value``): for each
-    partition in ``starts`` (``(split index, first offset not yet in the store)``), its messages from that offset
-    decoded (``encoding``) into events (EVENT rows), their rejects (REJECT rows, ``line`` the offset) and counts
-    (SPLIT rows). Plain data only: it runs in the executors."""
+    partition in ``ranges`` (``(split index, first offset, end offset)``: the offsets to read, not yet in the store
+    for the definitions this job aggregates), its messages in that range decoded (``encoding``) into events (EVENT
+    rows), their rejects (REJECT rows, ``line`` the offset) and counts (SPLIT rows). Plain data only: it runs in the
+    executors."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stats, first = ReadStats(), None  # the task's counts, on one SPLIT row (the report sums them)
@@ -123,12 +126,12 @@ def decode_messages(
             values = batch.column("value").to_pylist()
             keep = []
             for i, key in enumerate(zip(topics, partitions)):
-                start = starts.get(key)
-                if start is not None and offsets[i] >= start[1]:
+                read = ranges.get(key)
+                if read is not None and read[1] <= offsets[i] < read[2]:
                     keep.append(i)
             if not keep:
                 continue
-            first = starts[(topics[keep[0]], partitions[keep[0]])][0] if first is None else first
+            first = ranges[(topics[keep[0]], partitions[keep[0]])][0] if first is None else first
             decoded, rejects = decode_values([values[i] for i in keep], encoding, spans, endpoints)
             events = decoded.rows
             stats.add_accepted(events.num_rows)
@@ -139,7 +142,7 @@ def decode_messages(
                     stats.add_rejected(reason)
                 kept = [keep[k] for k, _, _ in rejects]
                 yield meta_rows(
-                    EVENT_ROWS, REJECT, [starts[(topics[i], partitions[i])][0] for i in kept],
+                    EVENT_ROWS, REJECT, [ranges[(topics[i], partitions[i])][0] for i in kept],
                     line=[offsets[i] for i in kept],
                     raw=[json.dumps(jsonable(raw), ensure_ascii=False) for _, raw, _ in rejects],
                     reason=[reason for _, _, reason in rejects],
@@ -163,53 +166,55 @@ def ingest_messages(
     dead_letter: DeadLetter | None,
     options: JobOptions = JobOptions(),
 ) -> dict[str, Any]:
-    """One micro-batch of messages into the store, exactly once (see the module docstring): the counts."""
+    """One micro-batch of messages into the store, exactly once (see the module docstring): the counts.
+
+    On the exactly-once driver (:class:`~drainpipe.pipeline.Driver`), as every source: each partition's messages
+    not yet applied are cut where the definitions that need them change (a definition added since reads what the
+    others have), and each set of definitions is one job and one transaction, the fewest first."""
     from pyspark.sql import functions as F
 
-    names = frozenset(definitions.names)
     store.register(definitions.all)
+    commits = JobCommit(store)
+    driver = Driver(definitions, commits, dead_letter=dead_letter)
     ranges = frame.groupBy("topic", "partition").agg(F.max("offset").alias("last"), F.count("*").alias("n")).collect()
-    starts: dict[tuple[str, int], tuple[int, int]] = {}
-    books: list[Any] = []
-    splits: list[Split] = []
-    ends: list[int] = []
+    groups: dict[frozenset[str], list[tuple[str, int, PartBooks, int, int]]] = {}
     for row in sorted(ranges, key=lambda r: (r.topic, r.partition)):
-        part = partition_part(source.cluster, row.topic, row.partition)
-        held = open_books(store, KAFKA_SOURCE, part, definitions.names)
-        start = held.start.offset
-        if held.names_from(start) != names:
-            raise UsageError(f"the store has {part} applied to different offsets per definition (the definitions "
-                             "changed since): the Spark stream applies every definition from one offset")  # fmt: skip
-        if start > row.last:
+        held = open_books(store, KAFKA_SOURCE, partition_part(source.cluster, row.topic, row.partition),
+                          definitions.names)  # fmt: skip
+        start, end = held.start.offset, row.last + 1
+        if start >= end:
             continue  # this micro-batch was applied before a crash: Spark runs it again
-        split = _topic_split(len(splits), row.topic, row.partition)
-        starts[(row.topic, row.partition)] = (split.index, start)
-        splits.append(split)
-        books.append(held)
-        ends.append(row.last + 1)
+        driver.hold((row.topic, row.partition), held)
+        cuts = sorted({start, end} | {p.offset for p in held.applied.values() if start < p.offset < end})
+        for lo, hi in zip(cuts, cuts[1:]):
+            if names := driver.wanted(held, lo):
+                groups.setdefault(names, []).append((row.topic, row.partition, held, lo, hi))
     summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "warnings": {}, "applied": 0}
-    if not splits:
-        return summary
+    stats = ReadStats()
     messages = sum(row.n for row in ranges)
-    decode = decode_messages(starts, source.encoding, definitions.spans, definitions.endpoints)
-    events = frame.select("topic", "partition", "offset", "value").mapInArrow(decode, spark_schema(EVENT_ROWS))
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
     job = replace(options, stream_metrics=messages > STREAM_METRICS_ABOVE)
-    result: JobResult = per_type_stage(spark, events, definitions, skew.hash_placement(partitions), job, splits)
-    if dead_letter is not None:
-        for path, offset, raw, reason in result.rejects:
-            dead_letter.write(path, offset, raw, reason)
-        dead_letter.flush()
-    rows = []
-    for held, end in zip(books, ends):
-        held.advance(definitions.names, Position(end))
-        rows += held.rows()
-    try:
-        report = store.merge_chunks(definitions.all, result.all_partials(), progress=rows)
-    finally:
-        if result.release is not None:
-            result.release()
-    stats = result.stats
+    for names, items in driver.in_order(groups):
+        selected = definitions.select(sorted(names))
+        splits = [_topic_split(i, topic, partition) for i, (topic, partition, _, _, _) in enumerate(items)]
+        read = {(topic, partition): (i, lo, hi) for i, (topic, partition, _, lo, hi) in enumerate(items)}
+        decode = decode_messages(read, source.encoding, definitions.spans, definitions.endpoints)
+        events = frame.select("topic", "partition", "offset", "value").mapInArrow(decode, spark_schema(EVENT_ROWS))
+        result: JobResult = per_type_stage(spark, events, selected, skew.hash_placement(partitions), job, splits)
+        if dead_letter is not None:
+            for path, offset, raw, reason in result.rejects:
+                dead_letter.write(path, offset, raw, reason)
+        for _, _, held, _, hi in items:
+            held.advance(names, Position(hi))
+        try:
+            commits.stage(selected.all, result.all_partials())
+            driver.fed(result.stats.accepted)
+            driver.checkpoint(wait=True)  # the dead letter flushed, then the partitions' books with the states
+        finally:
+            if result.release is not None:
+                result.release()
+        stats.merge(result.stats)
+        summary["applied"] += commits.report.applied
     summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, reasons=dict(stats.reasons),
-                   warnings=dict(stats.warnings), applied=report.applied)  # fmt: skip
+                   warnings=dict(stats.warnings))  # fmt: skip
     return summary
