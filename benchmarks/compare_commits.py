@@ -8,6 +8,8 @@ weighs on both alike.
     .venv/bin/python benchmarks/compare_commits.py BASE [HEAD] --bench pipeline --rounds 5
     .venv/bin/python benchmarks/compare_commits.py bd20262 --bench queue --rounds 5
     .venv/bin/python benchmarks/compare_commits.py bd20262 --bench ingest --rounds 5
+    .venv/bin/python benchmarks/compare_commits.py bd20262 --bench formats --rounds 5
+    .venv/bin/python benchmarks/compare_commits.py bd20262 --bench kafka --rounds 5   # the broker: make kafka
 
 Benchmarks (the metrics each reports; higher is better unless marked):
 
@@ -15,6 +17,11 @@ Benchmarks (the metrics each reports; higher is better unless marked):
   from Parquet and JSON Lines, and drainpipe/DuckDB SQL in the same round (the peer side by side).
 * ``queue``: ``benchmarks/queue_throughput.py``, one run per round: items/s of each produce mode.
 * ``ingest``: ``benchmarks/ingest_load.py``, 24 clients, durable: events/s in the measured window and p99 (lower).
+* ``formats``: ``benchmarks/formats.py`` on 2M events, one run per round: drainpipe's events/s from JSON Lines, CSV,
+  access logs and OTLP JSON files, and drainpipe/DuckDB SQL on each in the same round.
+* ``kafka``: ``benchmarks/kafka.py`` on 1M events against the broker at ``$DRAINPIPE_TEST_KAFKA`` (default
+  127.0.0.1:9092), one run per round: ``consume``'s events/s from messages of 100 events and of one, and the same
+  relative to ``drainpipe run`` on the same events in the same round.
 
 Prints a table and writes ``benchmarks/results/compare-<bench>.json``.
 """
@@ -83,10 +90,39 @@ def _ingest_metrics(d: dict[str, Any]) -> dict[str, float]:
             "lost": d["lost"]}  # fmt: skip
 
 
+def _formats(tree: Path, out: Path) -> list[str]:
+    return [sys.executable, str(tree / "benchmarks" / "formats.py"), "--events", "2000000", "--runs", "1",
+            "--json", str(out)]  # fmt: skip
+
+
+def _formats_metrics(d: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for fmt, row in d["table"].items():
+        out[f"drainpipe {fmt} events/s"] = row["drainpipe_eps"]
+        out[f"drainpipe/DuckDB SQL {fmt}"] = row["vs_sql"]
+    return out
+
+
+def _kafka(tree: Path, out: Path) -> list[str]:
+    servers = os.environ.get("DRAINPIPE_TEST_KAFKA", "127.0.0.1:9092").removeprefix("kafka://")
+    return [sys.executable, str(tree / "benchmarks" / "kafka.py"), "--servers", servers, "--events", "1000000",
+            "--runs", "1", "--json", str(out)]  # fmt: skip
+
+
+def _kafka_metrics(d: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name in ("consume-100", "consume-1"):
+        out[f"{name} events/s"] = d["table"][name]["eps"]
+        out[f"{name} / run"] = d["table"][name]["vs_run"]
+    return out
+
+
 BENCHES: dict[str, tuple[Callable[[Path, Path], list[str]], Callable[[dict[str, Any]], dict[str, float]]]] = {
     "pipeline": (_pipeline, _pipeline_metrics),
     "queue": (_queue, _queue_metrics),
     "ingest": (_ingest, _ingest_metrics),
+    "formats": (_formats, _formats_metrics),
+    "kafka": (_kafka, _kafka_metrics),
 }
 
 

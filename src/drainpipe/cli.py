@@ -494,8 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
         "compact",
         help="delete what the retention no longer keeps, and make its space reusable",
         description="Purge the store as drainpipe serve does on its schedule: metric rows per granularity older "
-        "than their retention, top-N rows, and ledger entries older than the longest retention; then reclaim "
-        "the space (DuckDB checkpoint, PostgreSQL VACUUM). For batch users of drainpipe run.",
+        "than their retention, top-N rows, and progress rows (the books) older than the longest retention; then "
+        "reclaim the space (DuckDB checkpoint, PostgreSQL VACUUM). For batch users of drainpipe run.",
     )
     _store_option(c)
     _metrics_option(c)

@@ -116,8 +116,8 @@ def test_without_purge_the_same_month_grows(tmp_path) -> None:
 
 def test_forever_keeps_everything_and_the_books() -> None:
     r = Retention(minute=None)
-    assert "minute" not in r.metric_cutoffs(T0) and r.ledger_cutoff(T0) is None
-    assert Retention().ledger_cutoff(T0) == T0 - 800 * DAY  # the longest retention
+    assert "minute" not in r.metric_cutoffs(T0) and r.books_cutoff(T0) is None
+    assert Retention().books_cutoff(T0) == T0 - 800 * DAY  # the longest retention
     assert Retention().describe() == "minute 7d, hour 90d, day 800d, topn 7d"
 
 

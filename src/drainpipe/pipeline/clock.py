@@ -1,6 +1,6 @@
 """drainpipe's one notion of "now": the wall clock, unless a test or an operator sets another.
 
-Everything that compares stored data with the present reads :func:`now_ms`: retention purges and the ledger's record
+Everything that compares stored data with the present reads :func:`now_ms`: retention purges and the books' record
 times (through :attr:`~drainpipe.pipeline.store.SqlStore.clock`, whose default it is), alert evaluation and
 remote-write's final minutes (through the store's clock), the drill-down's and the dashboard's "last hours". Durations,
 timeouts and rates do not: they use ``time.monotonic`` or ``time.perf_counter``, which no clock setting moves.

@@ -57,9 +57,9 @@ class Retention:
     def topn_cutoff(self, now_ms: int) -> int | None:
         return None if self.topn is None else now_ms - self.topn
 
-    def ledger_cutoff(self, now_ms: int) -> int | None:
+    def books_cutoff(self, now_ms: int) -> int | None:
         """The record time (epoch ms) below which the store's progress rows (its books) are pruned; None when
-        anything is kept forever. (The name is from when the books were called the ledger.)"""
+        anything is kept forever."""
         kept = [getattr(self, f.name) for f in fields(self)]
         return None if any(k is None for k in kept) else now_ms - max(k for k in kept if k is not None)
 

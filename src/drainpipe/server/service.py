@@ -30,7 +30,7 @@ fsynced for a durable :class:`~.wal.WriteAheadLog` (the default of ``drainpipe s
 log in order (:mod:`.feeder`) and commits the log position with the states in one store transaction, so on a
 restart it resumes exactly where the store is: each acknowledged event is counted once, whatever killed the
 process and when. The same position makes a retried commit whose acknowledgement was lost a no-op, so requests
-need no ids in the store's ledger.
+need no ids in the store.
 
 Admission (back-pressure as refusals, never unbounded memory). A request is refused when:
 

@@ -32,7 +32,7 @@ def purge(backend: Backend, retention: Retention, now_ms: int) -> dict[str, int]
     topn = retention.topn_cutoff(now_ms)
     if topn is not None:
         deleted["topn_values"] += backend.delete("DELETE FROM topn_values WHERE time_bucket < ?", (instant(topn),))
-    recorded_before = retention.ledger_cutoff(now_ms)  # the books' cut-off (the retention module's older name)
+    recorded_before = retention.books_cutoff(now_ms)
     if recorded_before is not None:
         deleted[books.TABLE] += backend.delete(f"DELETE FROM {books.TABLE} WHERE applied_at < ?", (recorded_before,))
     return dict(deleted)
