@@ -365,3 +365,41 @@ def test_an_executor_without_protobuf_or_c_extensions_reads_otlp_json_files(tmp_
         refused.startswith("refused: an OTLP JSON line outside the fast passes needs")
         and "opentelemetry-proto" in refused
     )
+
+
+def test_exports_as_bodies_and_messages_read_by_the_pass_give_the_reference_result() -> None:
+    """One decoder per wire format: OTLP JSON from HTTP bodies and Kafka values goes through the files' pass
+    (``decode_exports``: each export, its line breaks blanked, a line of one block). Exports pretty-printed across
+    lines, blank, broken or not objects give, export by export, what the reference decoder
+    (:func:`~drainpipe.inputs.otlp.decode_traces`) gives: the same events, the same span rejects, and the same
+    one-line reason for an export rejected whole."""
+    from drainpipe.errors import OtlpError
+    from drainpipe.inputs import EventBatch, decode_exports
+    from drainpipe.inputs.otlp import decode_traces
+
+    rng = random.Random(54)
+    exports = []
+    for i in range(120):
+        line = _line(rng)
+        if i % 3 == 0:
+            try:  # the same export laid out over lines, as SDKs and people send bodies
+                line = json.dumps(json.loads(line), indent=2).encode()
+            except ValueError:
+                pass
+        exports.append(line)
+    exports += [b"", b"  \n ", b"[]", b"{", _collector_line(5, 9).replace(b", ", b",\r\n  ")]
+    for options in (OPTIONS, TRACED):
+        batch, rejects = decode_exports(exports, options)
+        want_batches: list = []
+        want_rejects: list = []
+        for k, export in enumerate(exports):
+            try:
+                result = decode_traces(export, json_body=True, mapping=options.spans, endpoints=options.endpoints)
+            except OtlpError as exc:
+                want_rejects.append((k, export, str(exc)))
+                continue
+            want_batches.append(result.batch)
+            want_rejects += [(k, {"span": i}, reason) for i, reason in result.rejects]
+        assert _rows(batch) == _rows(EventBatch.join(want_batches))
+        assert rejects == want_rejects
+    assert any(isinstance(raw, bytes) for _, raw, _ in rejects) and any(isinstance(raw, dict) for _, raw, _ in rejects)

@@ -31,7 +31,9 @@ from .batches import EventBatch
 from .files import FileSource, expand_inputs, read_events
 from .formats import FORMATS, Format, detect_format, format_of, growable
 from .formats.jsonl_format import validate_json_lines
+from .formats.otlp_format import decode_exports
 from .log_formats import DEFAULT_LOG_FORMAT, LogFormat, parse_log_format
+from .options import InputOptions
 from .part import Part, PartReader, RejectList
 from .parts import HEAD_BYTES, file_identity, head_of, node_of, plan_parts, prefix_hasher, read_part, whole_file
 from .position import Position
@@ -90,6 +92,8 @@ __all__ = [
     "read_events",
     "validate_records",
     "validate_json_lines",
+    "decode_exports",
+    "InputOptions",
     "validate_tuples",
     "jsonable",
     "default_dead_letter",

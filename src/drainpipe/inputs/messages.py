@@ -17,6 +17,7 @@ from ..errors import OtlpError, UsageError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .formats.jsonl_format import validate_json_lines
+from .options import InputOptions
 from .rejects import ReadStats
 from .spans import SpanMapping
 
@@ -93,7 +94,10 @@ def otlp_values(
     """OTLP message values (an ``ExportTraceServiceRequest`` each, protobuf or OTLP JSON, as the OpenTelemetry
     Collector's Kafka exporter writes) -> their events and ``(message index, raw, reason)`` per reject: a
     tombstone, a value that does not decode (``raw`` its text), or a span that does not map (``raw`` ``{"span":
-    its index, "value": the message's text}``)."""
+    its index, "value": the message's text}``). OTLP JSON values are read together, by the pass that reads OTLP
+    JSON files (:func:`~.formats.otlp_format.decode_exports`)."""
+    if json_body:
+        return _otlp_json_values(values, mapping, endpoints)
     from .otlp import decode_traces
 
     batches: list[EventBatch] = []
@@ -112,6 +116,22 @@ def otlp_values(
         if result.batch.num_rows:
             batches.append(result.batch)
     return EventBatch.join(batches), rejects
+
+
+def _otlp_json_values(
+    values: Sequence[bytes | None], mapping: SpanMapping, endpoints: EndpointRules
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    from .formats.otlp_format import decode_exports
+
+    present = [k for k, value in enumerate(values) if value is not None]
+    batch, found = decode_exports([values[k] or b"" for k in present], InputOptions(spans=mapping, endpoints=endpoints))
+    rejects: list[tuple[int, Any, str]] = [(k, None, TOMBSTONE) for k, value in enumerate(values) if value is None]
+    for i, raw, reason in found:
+        k = present[i]
+        text = message_text(values[k])
+        rejects.append((k, {**raw, "value": text} if isinstance(raw, dict) else text, reason))
+    rejects.sort(key=lambda reject: reject[0])
+    return batch, rejects
 
 
 def decode_values(
