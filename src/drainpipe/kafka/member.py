@@ -86,9 +86,10 @@ TopicPartition = tuple[str, int]
 
 @dataclass
 class _Partition:
-    """A partition this member owns, besides its books (the driver's): the next offset to feed (everything before
-    it is in the engine or the store), whether the broker said it ends there, and the next offset stored."""
+    """A partition this member owns: its books (the ones the driver holds), the next offset to feed (everything
+    before it is in the engine or the store), whether the broker said it ends there, and the next offset stored."""
 
+    books: PartBooks
     next: int
     at_end: bool = False  # the broker said the partition ends at ``next`` (exit_at_end only)
     stored: int = field(init=False)  # the next offset the store has (after the last commit this member saw done)
@@ -217,7 +218,6 @@ class GroupMember:
 
         groups: dict[frozenset[str], list[Any]] = {}
         partitions = self.partitions
-        driver = self.driver
         for m in messages:
             key = (m.topic(), m.partition())
             part = partitions.get(key)
@@ -233,13 +233,13 @@ class GroupMember:
                 continue
             part.at_end = False
             part.next = offset + 1
-            names = driver.wanted(driver.books(key), offset)
+            names = part.books.names_from(offset)  # the driver's policy (Driver.wanted), per message: one call
             if names:
                 groups.setdefault(names, []).append(m)
         for names, group in groups.items():
             table = self._decode(group)
             if table.num_rows:
-                driver.feed(table, names)
+                self.driver.feed(table, names)
 
     def _decode(self, messages: list[Any]) -> EventBatch:
         """The valid events of ``messages``; every reject to the dead letter (:func:`~drainpipe.inputs.messages.
@@ -264,8 +264,8 @@ class GroupMember:
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
         self._refresh_positions()
-        for key, part in self.partitions.items():
-            self.driver.books(key).advance(self.definitions.names, Position(part.next))
+        for part in self.partitions.values():
+            part.books.advance(self.definitions.names, Position(part.next))
         self.driver.checkpoint({key: part.next for key, part in self.partitions.items()})
 
     def _refresh_positions(self) -> None:
@@ -317,7 +317,7 @@ class GroupMember:
 
     def _hold(self, key: TopicPartition, books: PartBooks, token: int) -> _Partition:
         self.driver.hold(key, books, token)
-        held = self.partitions[key] = _Partition(books.start.offset)
+        held = self.partitions[key] = _Partition(books, books.start.offset)
         return held
 
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
