@@ -9,7 +9,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,16 +133,19 @@ class Outage:
         return getattr(self.store, name)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.002) -> Any:
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.002, *, what: str = "") -> Any:
     """Poll ``pred`` (for state that has no event of its own: stats, a page, a store) until it returns something
-    true, and return that; :class:`AssertionError` with the last value after ``timeout`` seconds."""
+    true, and return that; :class:`AssertionError` with the last value (and ``what`` was awaited) after ``timeout``
+    seconds. A ``pred`` that asks another process (HTTP, a query) polls at a coarser ``interval``."""
     deadline = time.monotonic() + timeout
     while True:
         last = pred()
         if last:
             return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s; last value {last!r}")
+            raise AssertionError(
+                f"timed out after {timeout} s{' waiting for ' + what if what else ''}; last value {last!r}"
+            )
         time.sleep(interval)
 
 
@@ -224,10 +227,18 @@ def reasons(result: Result) -> list[str]:
 
 
 def row(**values) -> dict:
+    """One event as a dict of the canonical columns: ``values`` over defaults (T0, service ``svc``, 1.5 ms, ok)."""
     full = {"ts": T0, "service": "svc", "instance": "", "endpoint": "", "latency_ms": 1.5, "status": True,
             "db_statement": None}  # fmt: skip
     full.update(values)
     return full
+
+
+def event_batch(events: Iterable[dict | tuple], schema: pa.Schema = EVENT_SCHEMA) -> pa.RecordBatch:
+    """A record batch of events, each a dict (missing columns take :func:`row`'s defaults) or a tuple of the
+    columns in :data:`COLUMNS`' order (then any extra columns of ``schema``)."""
+    records = [row(**e) if isinstance(e, dict) else dict(zip(schema.names, e)) for e in events]
+    return pa.RecordBatch.from_pylist(records, schema=schema)
 
 
 def ms(*args, tz=dt.UTC) -> int:

@@ -4,6 +4,7 @@ log at its byte budget answers 503."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -61,7 +62,12 @@ def _kill_rounds(store_url: str, wal: Path, books: Books, rounds: int, seed: int
             acked = len(books.acked)
             wait_until(lambda a=acked, p=proc: len(books.acked) > a or p.poll() is not None, timeout=60, interval=0.005)
             time.sleep(rng.uniform(0.0, 1.4))
-            _until_in_flight(books)
+            # a client inside a request, so that the kill cuts one. The clients' requests share group commits, so
+            # they are answered together and begin again together: a kill at a random moment could fall in that gap
+            # with no request in flight, and the check that the kills cut requests failed (seen once in a fresh
+            # clone's run). (Best effort: after 5 s the kill comes anyway.)
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: books.in_flight, timeout=5.0, interval=0.0002)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -79,15 +85,6 @@ def test_kill_9_under_otlp_grpc_load_then_restart_stores_each_acknowledged_span_
     _kill_rounds(url, tmp_path / "wal", books, rounds=2, seed=5, grpc=True)
     _final_stop(url, tmp_path / "wal")
     _assert_exact(check(url, books), books)
-
-
-def _until_in_flight(books: Books, timeout_s: float = 5.0) -> None:
-    """Wait until a client is inside a request, so that the kill cuts one. The clients' requests share group commits,
-    so they are answered together and begin again together: a kill at a random moment could fall in that gap with
-    no request in flight, and the check that the kills cut requests failed (seen once in a fresh clone's run)."""
-    deadline = time.monotonic() + timeout_s
-    while books.in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.0002)
 
 
 def _final_stop(store_url: str, wal: Path, *extra: str) -> None:

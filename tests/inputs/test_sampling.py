@@ -21,6 +21,7 @@ from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef
 from drainpipe.pipeline.values import finalize
 from drainpipe.server.red import RedMetrics
+from testlib import event_batch
 
 WHOLE = 1 << 56  # the threshold's scale: probability = (WHOLE - threshold) / WHOLE
 TABLE = Path(__file__).parent.parent / "fixtures" / "tracestates" / "connector-v0.165.1.jsonl"
@@ -109,11 +110,8 @@ events = st.lists(
 
 
 def _rows(spec: list[tuple]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [{"ts": BASE + m * 60_000 + 7, "service": f"s{s}", "instance": f"i{s}", "endpoint": f"/e{e}",
-          "latency_ms": lat, "status": ok, "db_statement": None} for m, s, e, lat, ok, _ in spec],
-        schema=EVENT_SCHEMA,
-    )  # fmt: skip
+    return event_batch({"ts": BASE + m * 60_000 + 7, "service": f"s{s}", "instance": f"i{s}", "endpoint": f"/e{e}",
+                        "latency_ms": lat, "status": ok} for m, s, e, lat, ok, _ in spec)  # fmt: skip
 
 
 @settings(max_examples=60, deadline=None)

@@ -26,6 +26,7 @@ from drainpipe.pipeline.definitions import (
     with_exemplars,
 )
 from drainpipe.pipeline.partials import merge
+from testlib import event_batch
 
 BOUNDS = (5.0, 10.0, 25.0)
 LATENCIES = st.sampled_from([0.5, 4.999, 5.0, 5.001, 7.0, 10.0, 12.0, 25.0, 25.5, 300.0])
@@ -44,18 +45,11 @@ rows = st.lists(
 
 
 def _batch(events: list[tuple]) -> pa.RecordBatch:
-    n = len(events)
-    columns = {
-        "ts": [T0 + e[2] for e in events],
-        "service": [e[0] for e in events],
-        "instance": [""] * n,
-        "endpoint": [e[1] for e in events],
-        "latency_ms": [e[3] for e in events],
-        "status": [True] * n,
-        "db_statement": [None] * n,
-        TRACE_ID: [e[4] for e in events],
-    }
-    return pa.RecordBatch.from_pydict(columns, schema=batch_schema([TRACE_ID]))
+    return event_batch(
+        ({"ts": T0 + offset, "service": service, "endpoint": endpoint, "latency_ms": latency, TRACE_ID: trace}
+         for service, endpoint, offset, latency, trace in events),
+        schema=batch_schema([TRACE_ID]),
+    )  # fmt: skip
 
 
 def _reference(events: list[tuple], topn: TopNDef) -> list[tuple]:

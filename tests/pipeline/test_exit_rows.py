@@ -8,20 +8,20 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drainpipe.inputs import EVENT_SCHEMA, EventBatch
+from drainpipe.inputs import EventBatch
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.partials import merge
 from drainpipe.pipeline.values import finalize
+from testlib import event_batch
 
 BASE = 1_790_000_000_000
 
 
 def rows(spec: list[tuple[int, int]], statement: bool) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [{"ts": BASE + m * 60_000, "service": f"s{s}", "instance": "i", "endpoint": "" if statement else "/x",
-          "latency_ms": float(10 * m + s), "status": True, "db_statement": f"SELECT {s}" if statement else None}
-         for m, s in spec], schema=EVENT_SCHEMA)  # fmt: skip
+    return event_batch({"ts": BASE + m * 60_000, "service": f"s{s}", "instance": "i",
+                        "endpoint": "" if statement else "/x", "latency_ms": float(10 * m + s),
+                        "db_statement": f"SELECT {s}" if statement else None} for m, s in spec)  # fmt: skip
 
 
 spec = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), max_size=20)

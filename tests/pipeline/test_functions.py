@@ -30,7 +30,7 @@ from drainpipe.pipeline.partials import (
 from drainpipe.pipeline.state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
 from drainpipe.pipeline.times import iso_from_ms, ms_from_iso
 from drainpipe.pipeline.values import finalize, finalize_table
-from testlib import T0
+from testlib import T0, event_batch
 
 MIN = 60_000
 COLUMNS = ("ts", "service", "instance", "endpoint", "latency_ms", "status", "db_statement")
@@ -41,10 +41,7 @@ def event(ts: int = T0, service: str = "svc", instance: str = "", endpoint: str 
     return (ts, service, instance, endpoint, float(latency), ok, db)
 
 
-def batch(events: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
-    columns = list(zip(*events)) if events else [[] for _ in COLUMNS]
-    types = [pa.int64(), pa.string(), pa.string(), pa.string(), pa.float64(), pa.bool_(), pa.string()]
-    return pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(columns, types)], names=list(COLUMNS))
+batch = event_batch  # (events as tuples of COLUMNS)
 
 
 def rows(

@@ -8,20 +8,19 @@ import pyarrow as pa
 import pytest
 
 import drainpipe.pipeline.store.merge as merge_module
-from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import SourceProgress, open_store
-from testlib import metric_chunks
+from testlib import event_batch, metric_chunks
 
 BASE = 1_790_000_000_000 // 60_000 * 60_000
 
 
 def events(seed: int, n: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [{"ts": BASE + ((i * 7 + seed) % 5) * 60_000, "service": f"s{(i + seed) % 3}", "instance": f"i{i % 2}",
-          "endpoint": f"/e{(i * seed) % 4}", "latency_ms": float((i * 13 + seed) % 700), "status": i % 9 != 0,
-          "db_statement": f"SELECT {i % 5}" if i % 3 == 0 else None} for i in range(n)], schema=EVENT_SCHEMA)  # fmt: skip
+    return event_batch({"ts": BASE + ((i * 7 + seed) % 5) * 60_000, "service": f"s{(i + seed) % 3}",
+                        "instance": f"i{i % 2}", "endpoint": f"/e{(i * seed) % 4}",
+                        "latency_ms": float((i * 13 + seed) % 700), "status": i % 9 != 0,
+                        "db_statement": f"SELECT {i % 5}" if i % 3 == 0 else None} for i in range(n))  # fmt: skip
 
 
 def test_chunks_sharing_keys_store_what_one_merge_stores(tmp_path) -> None:

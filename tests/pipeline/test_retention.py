@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from drainpipe.errors import DefinitionError
-from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions, parse_definitions
 from drainpipe.pipeline.retention import Retention, parse_duration, parse_retention_flag
 from drainpipe.pipeline.store import SourceProgress, SqlStore, open_store
 from testlib import MIDNIGHT as T0
+from testlib import event_batch
 
 DAY = 86_400_000
 TABLES = ("metric_state", "metric_values", "topn_values", "source_progress")
@@ -25,12 +25,11 @@ SHORT = Retention(minute=DAY, hour=3 * DAY, day=7 * DAY, topn=DAY)
 def day_of_traffic(day: int) -> pa.RecordBatch:
     """Two services, an event each per minute of the day, every tenth with a statement."""
     start = T0 + day * DAY
-    rows = [
+    return event_batch(
         {"ts": start + m * 60_000 + s * 1000, "service": f"svc{s}", "instance": "i", "endpoint": f"/e{m % 4}",
          "latency_ms": float(m % 300), "status": m % 17 != 0, "db_statement": f"select {m % 5}" if m % 10 == 0 else None}
         for m in range(1440) for s in range(2)
-    ]  # fmt: skip
-    return pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA)
+    )  # fmt: skip
 
 
 def counts(store: SqlStore) -> dict[str, int]:

@@ -18,7 +18,7 @@ from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.partials import split_partial
 from drainpipe.pipeline.store import SourceProgress, Store, open_store
-from testlib import T0, ingest, metric_chunks, same_values, store_events
+from testlib import T0, ingest, metric_chunks, same_values, store_events, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -283,13 +283,15 @@ def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg
                         reasons.add(json.loads(body)["error"].split(" (")[0])
                 stop.wait(0.02)  # a client's backoff; the test never waits on it
 
-    def wait_until(what: str, predicate, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
+    def until(what: str, predicate, timeout: float = 60.0) -> None:
+        """Wait for ``predicate``, watching the persist backlog and the clients' problems meanwhile."""
+
+        def watched() -> bool:
             max_backlog[0] = max(max_backlog[0], service.engine.persist.stats().total_used())
             assert not problems, problems
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {accepted} {refused}"
-            time.sleep(0.01)
+            return predicate()
+
+        wait_until(watched, timeout, interval=0.01, what=what)
 
     reasons: set[str] = set()
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(3)]
@@ -297,26 +299,26 @@ def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg
     try:
         for t in threads:
             t.start()
-        wait_until(
+        until(
             "events accepted and persisted before the outage",
             lambda: accepted["before"] >= 8_000 and service.engine.counters.persisted_batches > 0,
         )
         phase[0] = "outage"
         _pg_script("stop")
         pg_stopped = True
-        wait_until("503 once the log is at its budget", lambda: refused.get(503, 0) >= 3)
+        until("503 once the log is at its budget", lambda: refused.get(503, 0) >= 3)
         assert reasons == {"write-ahead log full"}, reasons
-        wait_until("the engine to notice the outage", lambda: not service.store.available)
+        until("the engine to notice the outage", lambda: not service.store.available)
         log_at_budget = wal.size
         backlog_during_outage = service.engine.persist.stats().total_used()
         phase[0] = "after"
         _pg_script("start")
         pg_stopped = False
-        wait_until("events accepted after the restart", lambda: accepted["after"] >= 8_000, timeout=90)
+        until("events accepted after the restart", lambda: accepted["after"] >= 8_000, timeout=90)
         stop.set()
         for t in threads:
             t.join(60)
-        wait_until("the store to catch up", lambda: service.feeder.committed == wal.end, timeout=90)
+        until("the store to catch up", lambda: service.feeder.committed == wal.end, timeout=90)
     finally:
         stop.set()
         for t in threads:

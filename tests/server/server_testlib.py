@@ -133,15 +133,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something true (returned) or ``timeout`` seconds pass (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
-    return value
-
-
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 

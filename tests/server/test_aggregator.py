@@ -9,12 +9,13 @@ import signal
 import time
 
 import pytest
-from server_testlib import events, post_events, running_server, stored_event_count, wait_for
+from server_testlib import events, post_events, running_server, stored_event_count
 
 from drainpipe.inputs import EventBatch, validate_records
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.server.aggregator import Aggregator
+from testlib import wait_until
 
 
 def _statements(n: int) -> list[dict]:
@@ -102,7 +103,9 @@ def test_a_killed_aggregator_is_replaced_and_no_event_is_lost_or_doubled(tmp_pat
             assert status == 200, body
             total += body["accepted"]
             # the feeder finds the process dead when it next aggregates: this request's batch
-            wait_for(lambda k=kills: aggregator.restarts == k, 30, "the aggregator's replacement")
-        wait_for(lambda: srv.service.feeder.committed >= srv.service.log.end, 30, "the store to catch up")
+            wait_until(lambda k=kills: aggregator.restarts == k, 30, what="the aggregator's replacement", interval=0.1)
+        wait_until(
+            lambda: srv.service.feeder.committed >= srv.service.log.end, 30, what="the store to catch up", interval=0.1
+        )
         assert aggregator.restarts == 2
     assert stored_event_count(url) == total == 12 * 500

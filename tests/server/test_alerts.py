@@ -12,12 +12,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from server_testlib import free_port, post_events, request, running_server, wait_for
+from server_testlib import free_port, post_events, request, running_server
 
 from drainpipe.errors import DefinitionError
 from drainpipe.pipeline.alerts import AlertRule, complete_buckets, evaluate
 from drainpipe.pipeline.definitions import default_definitions, parse_definitions
 from drainpipe.server.service import ServiceOptions
+from testlib import wait_until
 
 MINUTE = 60_000
 
@@ -140,12 +141,19 @@ def test_an_alert_fires_and_resolves_through_a_webhook_that_is_down_then_back(tm
             for m in range(3):
                 post_events(srv.url, traffic("slow-api", m0 + m * MINUTE, 300.0) + traffic("fast-api", m0 + m * MINUTE,
                             20.0) + traffic("slow-batch", m0 + m * MINUTE, 900.0))  # fmt: skip
-            wait_for(lambda: svc.alerter.firing, 20, "the alert to fire once the minutes are stored")
+            wait_until(
+                lambda: svc.alerter.firing, 20, what="the alert to fire once the minutes are stored", interval=0.1
+            )
             assert list(svc.alerter.firing) == [("api slow", "slow-api")]  # not fast-api, not slow-batch (pattern)
-            wait_for(lambda: svc.notifier.failed_attempts >= 3, 10, "retries against a receiver that is down")
+            wait_until(
+                lambda: svc.notifier.failed_attempts >= 3,
+                10,
+                what="retries against a receiver that is down",
+                interval=0.1,
+            )
             assert not receiver.posts
             receiver.start()  # it comes back (and fails the first post once more)
-            wait_for(lambda: receiver.posts, 10, "the firing notification")
+            wait_until(lambda: receiver.posts, 10, what="the firing notification", interval=0.1)
             fired = receiver.posts[0]
             assert fired["status"] == "firing" and fired["alert"] == "api slow" and fired["entity"] == "slow-api"
             assert fired["value"] == 300.0 and fired["time_bucket"] == iso(m0 + 2 * MINUTE)
@@ -154,10 +162,10 @@ def test_an_alert_fires_and_resolves_through_a_webhook_that_is_down_then_back(tm
 
             # minute m0+3: slow-api is fast again; once it is complete and stored, the alert resolves
             post_events(srv.url, traffic("slow-api", m0 + 3 * MINUTE, 20.0))
-            wait_for(lambda: svc.store.query("service_resp_time", entity="slow-api", granularity="minute",
-                                             start=m0 + 3 * MINUTE), 20, "the good minute in the store")  # fmt: skip
+            wait_until(lambda: svc.store.query("service_resp_time", entity="slow-api", granularity="minute",
+                                             start=m0 + 3 * MINUTE), 20, what="the good minute in the store", interval=0.1)  # fmt: skip
             now[0] += MINUTE
-            wait_for(lambda: len(receiver.posts) == 2, 10, "the resolved notification")
+            wait_until(lambda: len(receiver.posts) == 2, 10, what="the resolved notification", interval=0.1)
             resolved = receiver.posts[1]
             assert resolved["status"] == "resolved" and resolved["entity"] == "slow-api"
             assert resolved["value"] == 20.0 and resolved["since"] == iso(m0 + MINUTE)
@@ -167,8 +175,8 @@ def test_an_alert_fires_and_resolves_through_a_webhook_that_is_down_then_back(tm
             def shown() -> dict:
                 return json.loads(request(srv.url + "/v1/stats")[2])["alerts"]
 
-            wait_for(lambda: len(shown()["recent"]) == 2 and all(n["delivered"] for n in shown()["recent"]), 10,
-                     "the stats view")  # fmt: skip
+            wait_until(lambda: len(shown()["recent"]) == 2 and all(n["delivered"] for n in shown()["recent"]), 10,
+                     what="the stats view", interval=0.1)  # fmt: skip
             view = shown()
             assert view["firing"] == [] and [n["status"] for n in view["recent"]] == ["resolved", "firing"]
             assert view["webhook"]["delivered"] == 2 and view["webhook"]["pending"] == 0

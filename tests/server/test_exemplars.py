@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from server_testlib import PROMETHEUS, prometheus, request, running_server, wait_for
+from server_testlib import PROMETHEUS, prometheus, request, running_server
 
 from drainpipe.pipeline.definitions import (
     DEFAULT_LATENCY_BUCKETS_MS,
@@ -25,6 +25,7 @@ from drainpipe.pipeline.definitions import (
     parse_definitions,
     with_exemplars,
 )
+from testlib import wait_until
 
 pytestmark = [
     pytest.mark.skipif(
@@ -81,7 +82,9 @@ def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_
     with running_server(store_url=store_url, definitions=definitions) as srv:
         status, _, _ = request(srv.url + "/v1/traces", "POST", body, {"Content-Type": "application/x-protobuf"})
         assert status == 200
-        wait_for(lambda: b"drainpipe_calls_total{" in request(srv.url + "/metrics")[2], 30, "the series")
+        wait_until(
+            lambda: b"drainpipe_calls_total{" in request(srv.url + "/metrics")[2], 30, what="the series", interval=0.1
+        )
         # the classic text format has no exemplars; OpenMetrics, when asked for, has them
         _, headers, classic = request(srv.url + "/metrics")
         assert headers["Content-Type"].startswith("text/plain") and b"trace_id" not in classic
@@ -92,8 +95,8 @@ def test_prometheus_stores_the_slowest_trace_of_each_bucket_as_its_exemplar(tmp_
                   f"scrape_configs:\n  - job_name: drainpipe\n    static_configs: [{{targets: ['{target}']}}]\n")  # fmt: skip
         with prometheus(tmp_path, config, ["--enable-feature=exemplar-storage"]) as prom:
             start = time.time() - 60
-            got = wait_for(lambda: (e := _exemplars(prom, start, time.time() + 60)) and len(e) >= len(slowest) and e,
-                           30, "the exemplars in Prometheus")  # fmt: skip
+            got = wait_until(lambda: (e := _exemplars(prom, start, time.time() + 60)) and len(e) >= len(slowest) and e,
+                           30, what="the exemplars in Prometheus", interval=0.1)  # fmt: skip
     for key, trace in slowest.items():
         assert got.get(key) == [trace], key
     assert set(got) == set(slowest)  # no bucket without traced requests has one
@@ -158,7 +161,12 @@ def test_stored_exemplars_reach_prometheus_by_remote_write(tmp_path: Path) -> No
                                                                                  float(e["value"]))  # fmt: skip
             return out
 
-        got = wait_for(lambda: (e := exemplars()) and len(e) >= len(want) and e, 30, "the exemplars in Prometheus")
+        got = wait_until(
+            lambda: (e := exemplars()) and len(e) >= len(want) and e,
+            30,
+            what="the exemplars in Prometheus",
+            interval=0.1,
+        )
     assert got == want
 
 

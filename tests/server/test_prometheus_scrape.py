@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from server_testlib import PROMETHEUS, post_events, prometheus, promql, running_server, wait_for
+from server_testlib import PROMETHEUS, post_events, prometheus, promql, running_server
 
 from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
 from drainpipe.pipeline.store import open_store
+from testlib import wait_until
 
 TOKEN = "scrape-secret"
 
@@ -65,8 +66,8 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
         target = srv.url.removeprefix("http://")
         with scraping(target, tmp_path) as prom:
             up = lambda job: promql(prom, f'up{{job="{job}"}}', time.time())
-            wait_for(lambda: up("drainpipe") and up("no-token"), 30, "the first scrapes")
-            wait_for(lambda: up("drainpipe")[0]["value"][1] == "1", 10, "a scrape with the token")
+            wait_until(lambda: up("drainpipe") and up("no-token"), 30, what="the first scrapes", interval=0.1)
+            wait_until(lambda: up("drainpipe")[0]["value"][1] == "1", 10, what="a scrape with the token", interval=0.1)
             assert up("no-token")[0]["value"][1] == "0"  # /metrics wants the token
 
             def traffic(n: int, ts: int) -> list[dict]:
@@ -81,8 +82,8 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
             warm[0]["status"], warm[1]["status"] = True, False
             assert post_events(srv.url, warm, token=TOKEN)[0] == 200
             # scraped before the window below starts (it starts 2 s before the traffic)
-            wait_for(lambda: promql(prom, 'drainpipe_calls_total{job="drainpipe",service="shop"}', time.time()), 15,
-                     "the warm-up's series in Prometheus")  # fmt: skip
+            wait_until(lambda: promql(prom, 'drainpipe_calls_total{job="drainpipe",service="shop"}', time.time()), 15,
+                     what="the warm-up's series in Prometheus", interval=0.1)  # fmt: skip
             time.sleep(2.2)
             # the traffic's events all carry one minute (the counters count calls whatever their time)
             minute = int(time.time() // 60 * 60_000)
@@ -99,7 +100,12 @@ def test_promql_over_the_scraped_red_metrics_agrees_with_the_stored_minute(tmp_p
                 with open_store(url) as store:
                     return store.query(metric, entity="shop", granularity="minute", start=iso, end=iso)
 
-            wait_for(lambda: [r[5] for r in stored("service_cpm")] == [sent], 30, "the minute in the store")
+            wait_until(
+                lambda: [r[5] for r in stored("service_cpm")] == [sent],
+                30,
+                what="the minute in the store",
+                interval=0.1,
+            )
             time.sleep(2)  # the last requests are scraped (every second)
             at = time.time()
             window = int(at - t0) + 2  # starts 1-2 s before the traffic, after the warm-up was scraped

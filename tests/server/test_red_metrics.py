@@ -6,14 +6,14 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 
-import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from drainpipe.inputs import EVENT_SCHEMA, EventBatch
+from drainpipe.inputs import EventBatch
 from drainpipe.server.red import RedMetrics
+from testlib import event_batch
 
 BOUNDS = (5.0, 10.0, 50.0, 100.0)
 OVER = "__overflow__"
@@ -27,14 +27,10 @@ event = st.tuples(
 
 
 def batch(events: list[tuple[str, str, float, bool]], exits: int = 0) -> EventBatch:
-    rows = [
-        {"ts": 0, "service": s, "instance": "", "endpoint": e, "latency_ms": lat, "status": ok, "db_statement": None}
-        for s, e, lat, ok in events
-    ]
-    rows += [{"ts": 0, "service": "a", "instance": "", "endpoint": "/x", "latency_ms": 1.0, "status": True,
-              "db_statement": "select"}] * exits  # fmt: skip
+    rows = [{"ts": 0, "service": s, "endpoint": e, "latency_ms": lat, "status": ok} for s, e, lat, ok in events]
     # statement rows of CLIENT spans follow the requests, as the inputs give them
-    return EventBatch(pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA), len(events))
+    rows += [{"ts": 0, "service": "a", "endpoint": "/x", "latency_ms": 1.0, "db_statement": "select"}] * exits
+    return EventBatch(event_batch(rows), len(events))
 
 
 def scrape(red: RedMetrics) -> dict[tuple, float]:

@@ -22,13 +22,14 @@ from typing import Any
 
 import cramjam
 import pytest
-from server_testlib import PROMETHEUS, post_events, prometheus, promql, running_server, wait_for
+from server_testlib import PROMETHEUS, post_events, prometheus, promql, running_server
 
 from drainpipe.pipeline import RemoteWriteOptions
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.prompb import decode_write_request
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.service import ServiceOptions
+from testlib import wait_until
 
 pytestmark = [
     pytest.mark.skipif(
@@ -155,31 +156,47 @@ def test_the_stored_minutes_reach_prometheus_once_across_an_outage_and_a_restart
                 for m in range(3):
                     assert post_events(srv.url, events(first + m * MINUTE, 300, m))[0] == 200
                 now[0] = first + 3 * MINUTE
-                wait_for(lambda: writer.position >= first + 2 * MINUTE, 30, "the first three minutes sent")
+                wait_until(
+                    lambda: writer.position >= first + 2 * MINUTE, 30, what="the first three minutes sent", interval=0.1
+                )
                 proxy.down = True
                 for m in range(3, 5):
                     assert post_events(srv.url, events(first + m * MINUTE, 300, m))[0] == 200
                 now[0] = first + 5 * MINUTE
-                wait_for(lambda: writer.stats()["failures"] >= 2, 30, "the refused requests")
+                wait_until(lambda: writer.stats()["failures"] >= 2, 30, what="the refused requests", interval=0.1)
                 assert writer.position < first + 3 * MINUTE  # nothing moves on while the receiver is down
                 proxy.down = False
-                wait_for(lambda: writer.position >= first + 4 * MINUTE, 30, "the minutes sent after the outage")
+                wait_until(
+                    lambda: writer.position >= first + 4 * MINUTE,
+                    30,
+                    what="the minutes sent after the outage",
+                    interval=0.1,
+                )
                 # late: events of minute 1, sent already, are stored but not sent again
                 assert post_events(srv.url, events(first + MINUTE, 50, 99))[0] == 200
-                wait_for(lambda: writer.stats()["late_events"] == 50, 30, "the late events counted")
+                wait_until(
+                    lambda: writer.stats()["late_events"] == 50, 30, what="the late events counted", interval=0.1
+                )
             with running_server(store_url=store_url, options=_with(options, rw), clock=lambda: now[0]) as srv:
                 writer = srv.service.remote_writer  # the same store again
                 assert writer is not None and writer.position == first + 4 * MINUTE  # resumed from the store
                 for m in range(5, 7):
                     assert post_events(srv.url, events(first + m * MINUTE, 300, m))[0] == 200
                 now[0] = first + 7 * MINUTE
-                wait_for(lambda: writer.position >= first + 6 * MINUTE, 30, "the minutes after the restart")
+                wait_until(
+                    lambda: writer.position >= first + 6 * MINUTE,
+                    30,
+                    what="the minutes after the restart",
+                    interval=0.1,
+                )
             assert proxy.refused >= 2
             sent = Counter((labels, ts) for labels, ts, _ in proxy.samples)
             assert sent and max(sent.values()) == 1, [k for k, n in sent.items() if n > 1][:5]  # none sent twice
             want = expected_series(store_url)
             late_minute = first + MINUTE
-            got = wait_for(lambda: (g := in_prometheus(prom)) and len(g) >= len(want) and g, 30, "the samples")
+            got = wait_until(
+                lambda: (g := in_prometheus(prom)) and len(g) >= len(want) and g, 30, what="the samples", interval=0.1
+            )
             assert set(got) == set(want)  # every series and minute, nothing else
             for key, value in want.items():
                 if key[1] != late_minute:  # minute 1 changed after it was sent (the late events): not re-sent
@@ -235,8 +252,8 @@ def test_run_sends_what_it_stored_and_skips_history_unless_the_receiver_takes_it
                                    prom + "/api/v1/write", *extra], capture_output=True, text=True, timeout=120)  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             outputs[name] = (done.stdout, expected_series(store))
-        got = wait_for(lambda: (g := in_prometheus(prom)) and len(g) >= sum(len(w) for _, w in outputs.values()) // 2
-                       and g, 30, "the samples")  # fmt: skip
+        got = wait_until(lambda: (g := in_prometheus(prom)) and len(g) >= sum(len(w) for _, w in outputs.values()) // 2
+                       and g, 30, what="the samples", interval=0.1)  # fmt: skip
     out, want = outputs["default"]
     assert "remote write to" in out and "1 minutes older than 3600 s not sent" in out, out
     recent_minute = now - 10 * MINUTE

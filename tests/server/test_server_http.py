@@ -18,22 +18,13 @@ from drainpipe.server.http import IngestServer
 from drainpipe.server.http_face import is_loopback
 from drainpipe.server.service import IngestService, ServiceOptions
 from drainpipe.server.wal import MemoryLog
+from testlib import wait_until
 
 
 @pytest.fixture(scope="module")
 def server():
     with running_server() as srv:
         yield srv
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
 
 
 # ------------------------------------------------------------------------------------------ validation entry points
@@ -247,13 +238,16 @@ def test_healthz_stats_and_metrics(server: IngestServer) -> None:
     for i in range(6):
         assert post_events(server.url, events(2000, seed=100 + i))[0] == 200
     accepted = server.service.counters.accepted
-    view = wait_for(
+    view = wait_until(
         lambda: (
             (v := json.loads(request(server.url + "/v1/stats")[2]))["engine"]["persisted_batches"] > 0
             and v["top_services"]["rows"]
             and v["ingest"]["accepted"] == accepted
             and v
-        )
+        ),
+        timeout=10,
+        interval=0.05,
+        what="the posted events in /v1/stats",
     )
     assert {q["role"] for q in view["queues"]} == {"ingest", "L1", "L2", "topn", "persist"}
     l1 = next(q for q in view["queues"] if q["role"] == "L1")

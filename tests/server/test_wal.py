@@ -14,23 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drainpipe.errors import DrainpipeError, LogFull
-from drainpipe.inputs import EVENT_SCHEMA, EventBatch
+from drainpipe.inputs import EventBatch
 from drainpipe.server import wal as wal_module
 from drainpipe.server.wal import MAGIC, SUFFIX, MemoryLog, WriteAheadLog
+from testlib import event_batch
 
 
 def rows(n: int, tag: int = 0) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {
-            "ts": [1_700_000_000_000 + i for i in range(n)],
-            "service": [f"s{tag}"] * n,
-            "instance": [None] * n,
-            "endpoint": [None] * n,
-            "latency_ms": [float(i) for i in range(n)],
-            "status": [True] * n,
-            "db_statement": [None] * n,
-        },
-        schema=EVENT_SCHEMA,
+    return event_batch(
+        {"ts": 1_700_000_000_000 + i, "service": f"s{tag}", "instance": None, "endpoint": None, "latency_ms": float(i)}
+        for i in range(n)
     )
 
 
