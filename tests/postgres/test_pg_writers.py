@@ -24,6 +24,7 @@ import pytest
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
+from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
 from serve_kill import PLACEHOLDER, body_template, start_serve
 from testlib import ingest, same_values, store_events
@@ -262,8 +263,7 @@ def test_a_spark_job_writes_while_a_server_writes(pg_url: str, tmp_path: Path) -
     write_events(generate_events(20_000, services=3, seed=400, duration_s=2 * 3600), path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     duck = f"duckdb:///{tmp_path}/ref.duckdb"
-    subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--input", str(path), "--store", duck],
-                   env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    run_local([str(path)], definitions=DEFAULT_DEFINITIONS, store_url=duck)  # the reference (no process to start)
     proc, base = _serve(pg_url, tmp_path / "wal")
     stop = threading.Event()
     result: list = []

@@ -131,67 +131,74 @@ def browser() -> Iterator[WebDriver]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def test_dashboard_updates_while_events_flow() -> None:
+@pytest.fixture(scope="module")
+def driver() -> Iterator[WebDriver]:
+    """One browser session for the module's tests (each opens its own server's page, a new origin): starting
+    chromedriver and Chromium cost each test about a second."""
+    with browser() as session:
+        yield session
+
+
+def test_dashboard_updates_while_events_flow(driver: WebDriver) -> None:
     stop = threading.Event()
-    with browser() as driver:
-        with running_server(rebalance_interval_ms=300) as srv:
+    with running_server(rebalance_interval_ms=300) as srv:
 
-            def feed() -> None:
-                seed = 0
-                while not stop.is_set():
-                    post_events(srv.url, events(1500, services=10, seed=seed))
-                    seed += 1
-                    time.sleep(0.05)
+        def feed() -> None:
+            seed = 0
+            while not stop.is_set():
+                post_events(srv.url, events(1500, services=10, seed=seed))
+                seed += 1
+                time.sleep(0.05)
 
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-            driver.s("POST", "/url", {"url": srv.url + "/"})
-            wait_until(lambda: number(driver.text("accepted-total")) > 0, timeout=20)
-            first = number(driver.text("accepted-total"))
-            polls = int(driver.text("polls"))
-            # the page keeps polling, and what it shows keeps moving (the feeder posts on)
-            wait_until(lambda: int(driver.text("polls")) >= polls + 2, timeout=20)
-            wait_until(lambda: number(driver.text("accepted-total")) > first, timeout=20)
-            assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t, timeout=20)) > 0
-            assert driver.text("status") == "live"
-            # heat strips: one row per queue, one cell per partition
-            rows = driver.script(
-                "return Array.from(document.querySelectorAll('#heat .heatrow')).map("
-                "r => [r.id, r.querySelectorAll('.cell').length])"
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        driver.s("POST", "/url", {"url": srv.url + "/"})
+        wait_until(lambda: number(driver.text("accepted-total")) > 0, timeout=20)
+        first = number(driver.text("accepted-total"))
+        polls = int(driver.text("polls"))
+        # the page keeps polling, and what it shows keeps moving (the feeder posts on)
+        wait_until(lambda: int(driver.text("polls")) >= polls + 2, timeout=20)
+        wait_until(lambda: number(driver.text("accepted-total")) > first, timeout=20)
+        assert number(wait_until(lambda: (t := driver.text("events-rate")) and number(t) > 0 and t, timeout=20)) > 0
+        assert driver.text("status") == "live"
+        # heat strips: one row per queue, one cell per partition
+        rows = driver.script(
+            "return Array.from(document.querySelectorAll('#heat .heatrow')).map("
+            "r => [r.id, r.querySelectorAll('.cell').length])"
+        )
+        assert {r[0] for r in rows} == {"heat-ingest", "heat-L1", "heat-L2", "heat-topn", "heat-persist"}
+        assert all(r[1] >= 1 for r in rows)
+        # the busiest services come from the store
+        top = wait_until(
+            lambda: driver.script(
+                "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"
+            ),
+            timeout=20,
+        )
+        assert top and all(s.startswith("svc-") for s in top)
+        # the load charts have been drawn (some non-transparent pixels)
+        assert (
+            driver.script(
+                "const c = document.getElementById('load-l1'); const d = c.getContext('2d')"
+                ".getImageData(0, 0, c.width, c.height).data; let n = 0;"
+                "for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"
             )
-            assert {r[0] for r in rows} == {"heat-ingest", "heat-L1", "heat-L2", "heat-topn", "heat-persist"}
-            assert all(r[1] >= 1 for r in rows)
-            # the busiest services come from the store
-            top = wait_until(
-                lambda: driver.script(
-                    "return Array.from(document.querySelectorAll('#top-services tbody tr')).map(r => r.cells[0].textContent)"
-                ),
-                timeout=20,
-            )
-            assert top and all(s.startswith("svc-") for s in top)
-            # the load charts have been drawn (some non-transparent pixels)
-            assert (
-                driver.script(
-                    "const c = document.getElementById('load-l1'); const d = c.getContext('2d')"
-                    ".getImageData(0, 0, c.width, c.height).data; let n = 0;"
-                    "for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"
-                )
-                > 100
-            )
-            assert driver.text("error") == ""
-            png = base64.b64decode(driver.s("GET", "/screenshot"))
-            assert png[:8] == b"\x89PNG\r\n\x1a\n"
-            if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):  # refresh the docs' screenshot on request only
-                time.sleep(2.5)  # a little more history for the screenshot
-                (ROOT / "docs").mkdir(exist_ok=True)
-                (ROOT / "docs" / "dashboard.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))
-            stop.set()
-            feeder.join(10)
-            _numbers_equal_the_store(driver, srv)
+            > 100
+        )
+        assert driver.text("error") == ""
+        png = base64.b64decode(driver.s("GET", "/screenshot"))
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        if os.environ.get("DRAINPIPE_UPDATE_SCREENSHOT"):  # refresh the docs' screenshot on request only
+            time.sleep(2.5)  # a little more history for the screenshot
+            (ROOT / "docs").mkdir(exist_ok=True)
+            (ROOT / "docs" / "dashboard.png").write_bytes(base64.b64decode(driver.s("GET", "/screenshot")))
+        stop.set()
+        feeder.join(10)
+        _numbers_equal_the_store(driver, srv)
     stop.set()
 
 
-def test_the_dashboard_shows_firing_alerts_escaped() -> None:
+def test_the_dashboard_shows_firing_alerts_escaped(driver: WebDriver) -> None:
     """A rule fires on stored minutes (a fake clock puts them in the past); the page shows it, with the entity's name
     as text even when it looks like markup, and the notification as not sent (no webhook)."""
     m0 = int(time.time() // 60) * 60_000 - 10 * 60_000
@@ -199,7 +206,7 @@ def test_the_dashboard_shows_firing_alerts_escaped() -> None:
     definitions = dataclasses.replace(default_definitions(), alerts=(rule,))
     options = ServiceOptions(sample_interval_s=0.2, alert_every_s=0.2, alert_settle_s=0)
     evil = "<img src=x onerror=alert(1)>-svc"
-    with browser() as driver, running_server(options=options, definitions=definitions,
+    with running_server(options=options, definitions=definitions,
                                              clock=lambda: m0 + 2 * 60_000 + 30_000) as srv:  # fmt: skip
         for m in range(2):
             post_events(srv.url, [{"ts": m0 + m * 60_000 + i, "service": svc, "endpoint": "/x",
@@ -269,7 +276,7 @@ def click(driver: WebDriver, css: str) -> None:
     driver.s("POST", f"/element/{next(iter(element.values()))}/click", {})
 
 
-def test_drill_down_into_a_service_by_click_and_by_url() -> None:
+def test_drill_down_into_a_service_by_click_and_by_url(driver: WebDriver) -> None:
     """From the busiest-services table into one service: charts, endpoints and instances ranked, slowest statements,
     as the store has them; the range switches by link and the view opens from its URL alone."""
     m0 = int(time.time() // 60) * 60_000 - 40 * 60_000
@@ -280,7 +287,7 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
              for m in range(30) for e, n in calls.items() for i in range(n)]  # fmt: skip
     batch += [{"ts": m0 + 29 * 60_000 + i * 1000, "service": "other", "endpoint": "/", "latency_ms": 1.0, "status": True}
               for i in range(5)]  # fmt: skip
-    with browser() as driver, running_server(token="t0k") as srv:
+    with running_server(token="t0k") as srv:
         post_events(srv.url, batch, token="t0k")
         store = srv.service.store
         wait_until(lambda: len(store.query("service_cpm", entity="shop", granularity="minute")) == 30, timeout=30)
@@ -330,7 +337,7 @@ def test_drill_down_into_a_service_by_click_and_by_url() -> None:
         wait_until(lambda: shown("live") and not shown("drill"), timeout=20)
 
 
-def test_the_drill_down_links_the_slowest_traced_requests_to_their_traces() -> None:
+def test_the_drill_down_links_the_slowest_traced_requests_to_their_traces(driver: WebDriver) -> None:
     """With exemplars kept and ``[prometheus] trace_url`` set, the drill-down lists the service's slowest traced
     requests (the stored exemplars), slowest first, each a link to its trace; without exemplars the panel is hidden."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -348,7 +355,7 @@ def test_the_drill_down_links_the_slowest_traced_requests_to_their_traces() -> N
         span.attributes.add(key="http.route").value.string_value = f"/r{i % 2}"
     definitions = dataclasses.replace(with_exemplars(default_definitions()),
                                       trace_url="https://traces.example/trace/{trace_id}")  # fmt: skip
-    with browser() as driver, running_server(definitions=definitions) as srv:
+    with running_server(definitions=definitions) as srv:
         answer = urllib.request.urlopen(urllib.request.Request(
             srv.url + "/v1/traces", data=request.SerializeToString(), method="POST",
             headers={"Content-Type": "application/x-protobuf"}), timeout=10)  # fmt: skip
