@@ -23,6 +23,7 @@ from drainpipe.pipeline.definitions import (
     parse_where,
     signature,
 )
+from testlib import event_batch
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -289,17 +290,8 @@ def test_constructing_invalid_definitions_raises() -> None:
 
 
 def _events() -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {
-            "ts": pa.array([0, 60_000, 120_000, 180_000], pa.int64()),
-            "service": ["a", "b", "a", 'q"uote'],
-            "instance": ["", "i", "i", ""],
-            "endpoint": ["/x", "", "/y", ""],
-            "latency_ms": [1.0, 500.0, 2000.5, 10.0],
-            "status": [True, False, False, True],
-            "db_statement": pa.array(["s1", None, "s2", None], pa.string()),
-        }
-    )
+    return event_batch([(0, "a", "", "/x", 1.0, True, "s1"), (60_000, "b", "i", "", 500.0, False, None),
+                        (120_000, "a", "i", "/y", 2000.5, False, "s2"), (180_000, 'q"uote', "", "", 10.0, True, None)])  # fmt: skip
 
 
 @pytest.mark.parametrize(
