@@ -163,7 +163,7 @@ def test_a_kafka_stream_killed_on_the_cluster_and_through_connect_stores_what_co
     topic = new_topic(servers, 2)
     produce(servers, topic, 3_000, seed=6)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
-    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
+    member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end")
 
     def child(name: str, kill_after: int, *master: str) -> list[str]:
         return [sys.executable, str(HERE / "stream_child.py"), f"kafka://{servers}/{topic}",
@@ -198,6 +198,7 @@ def test_a_kafka_stream_killed_on_the_cluster_and_through_connect_stores_what_co
                              text=True, timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     side.join(900)
+    finish(member)  # the reference, read meanwhile
     assert "error" not in outcome, outcome.get("error")
     assert outcome["killed"][0], outcome["killed"][1]
     assert outcome["resumed"].returncode == 0, outcome["resumed"].stderr[-3000:]

@@ -28,9 +28,11 @@ def test_a_stream_from_kafka_stores_what_consume_stores(spark, servers: str, tmp
     topic = new_topic(servers, 3)
     calls = produce(servers, topic, 6_000, seed=3)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
-    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end"))
-    assert stored_calls(reference) == calls
+    # the reference member reads the topic while the stream does (each its own offsets): the test waits for one
+    member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end")
     summary = _stream(spark, servers, topic, tmp_path)
+    finish(member)
+    assert stored_calls(reference) == calls
     assert (summary["accepted"], summary["rejected"]) == (sum(calls.values()), 4), summary
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     # topic/partition, offset and reason of each poison message, once
@@ -46,10 +48,11 @@ def test_otlp_protobuf_messages_stream_as_consume_reads_them(spark, servers: str
     topic = new_topic(servers, 2)
     calls = produce_otlp(servers, topic)
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
-    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--encoding", "otlp_proto",
-                   "--exit-at-end"))  # fmt: skip
+    member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--encoding", "otlp_proto",
+                     "--exit-at-end")  # fmt: skip
+    _stream(spark, servers, topic, tmp_path, "otlp_proto")  # (while the reference member reads)
+    finish(member)
     assert stored_calls(reference) == +calls
-    _stream(spark, servers, topic, tmp_path, "otlp_proto")
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     [(_, _, reason)] = rejected(tmp_path / "stream.jsonl")
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
@@ -73,12 +76,13 @@ def test_a_definition_added_between_streams_reads_the_topic_from_its_start(spark
     run_stream(KafkaTopics.at(servers, [topic]), spark=spark, store_url=store, checkpoint=str(tmp_path / "ck1"),
                dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
     calls += produce(servers, topic, 2_000, seed=6, poison=False)
+    reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"  # the whole topic, read while the second stream runs
+    member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--metrics", str(metrics),
+                     "--exit-at-end")  # fmt: skip
     summary = run_stream(KafkaTopics.at(servers, [topic]), definitions=more, spark=spark, store_url=store,
                          checkpoint=str(tmp_path / "ck2"), dead_letter=str(tmp_path / "stream.jsonl"),
                          trigger_once=True)  # fmt: skip
     assert summary["accepted"] == 3_000 + 2_000, summary  # the first 3,000 for the new one alone, then 2,000 for all
     assert stored_calls(store) == calls
-    reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
-    finish(consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--metrics", str(metrics),
-                   "--exit-at-end"))  # fmt: skip
+    finish(member)
     assert_same_results(reference, store, more)
