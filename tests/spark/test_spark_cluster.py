@@ -28,6 +28,16 @@ pytestmark = SPARK
 HERE = Path(__file__).parent
 
 
+def finished(proc: subprocess.Popen[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """A process started with pipes, waited for, as ``subprocess.run`` returns it (killed after ``timeout``)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     with standalone_cluster(tmp_path_factory.mktemp("cluster")) as c:
@@ -39,17 +49,19 @@ def test_a_relative_input_on_a_standalone_cluster_equals_the_local_engine(cluste
     with (tmp_path / "events.jsonl").open("a") as f:
         f.write('{"ts": 1, "service": ""}\nnot json\n')
     local = f"duckdb:///{tmp_path / 'local.duckdb'}"
-    summary = run_local([str(tmp_path / "events.jsonl")], definitions=default_definitions(), store_url=local,
-                        dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
     starts_before = cluster.marker.read_text().count("\n") if cluster.marker.exists() else 0
-    done = subprocess.run(
+    job = subprocess.Popen(
         [sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-master", cluster.master,
          "--spark-conf", f"spark.pyspark.python={cluster.python}", "--spark-conf", "spark.driver.host=127.0.0.1",
          "--spark-conf", "spark.executor.cores=1", "--spark-conf", "spark.executor.memory=1g",
          *(["--spark-conf", f"spark.executor.defaultJavaOptions={JVM_OPTIONS}"] if JVM_OPTIONS else []),
          "--input", "events.jsonl", "--store", "duckdb:///spark.duckdb", "--dead-letter", "spark.jsonl"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # the reference while the job's driver starts
+    summary = run_local([str(tmp_path / "events.jsonl")], definitions=default_definitions(), store_url=local,
+                        dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    done = finished(job)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
     # the tasks ran in the executors' own Python (the wrapper recorded its starts), not the driver's
@@ -68,13 +80,18 @@ def test_the_same_job_through_spark_connect(connect, tmp_path: Path) -> None:
     Python has nothing of ours; drainpipe reaches it as an artifact."""
     write_events(generate_events(20_000, services=8, seed=9), tmp_path / "events.jsonl")
     local = f"duckdb:///{tmp_path / 'local.duckdb'}"
-    summary = run_local([str(tmp_path / "events.jsonl")], definitions=default_definitions(), store_url=local,
-                        dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
-    done = subprocess.run(
+    job = subprocess.Popen(
         [sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-remote", connect.remote,
          "--input", "events.jsonl", "--store", "duckdb:///connect.duckdb", "--dead-letter", "connect.jsonl"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    summary = run_local(
+        [str(tmp_path / "events.jsonl")],
+        definitions=default_definitions(),
+        store_url=local,
+        dead_letter=str(tmp_path / "local.jsonl"),
+    )
+    done = finished(job)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
     assert connect.marker.exists()  # the server's tasks ran in the venv without drainpipe
@@ -97,11 +114,14 @@ def test_a_stream_through_spark_connect_equals_the_local_engine(connect_full, tm
     with (tmp_path / "in" / "part1.jsonl").open("a") as f:
         f.write("not json\n")
     local = f"duckdb:///{tmp_path / 'local.duckdb'}"
-    summary = run_local(sorted(str(p) for p in (tmp_path / "in").iterdir()), definitions=default_definitions(),
-                        store_url=local, dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
+    inputs = sorted(str(p) for p in (tmp_path / "in").iterdir())
     command = [sys.executable, "-m", "drainpipe.cli", "stream", "-q", "--spark-remote", connect_full.remote,
                "--input", "in", "--store", "duckdb:///connect.duckdb", "--checkpoint", "ck", "--trigger-once"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    job = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    summary = run_local(
+        inputs, definitions=default_definitions(), store_url=local, dead_letter=str(tmp_path / "local.jsonl")
+    )
+    done = finished(job)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"read {summary.read:,} = accepted {summary.accepted:,} + rejected 1" in done.stdout, done.stdout
     assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
@@ -124,14 +144,16 @@ def test_a_stream_on_the_cluster_survives_a_killed_driver(cluster, tmp_path: Pat
         os.replace(path, incoming / f"part-{i}{''.join(Path(path).suffixes)}")
     files = sorted(str(p) for p in incoming.iterdir())
     local = f"duckdb:///{tmp_path / 'local.duckdb'}"
-    expected = run_local(files, definitions=default_definitions(), store_url=local,
-                         dead_letter=str(tmp_path / "local.jsonl"))  # fmt: skip
-    assert expected.rejected >= 12
     url = f"duckdb:///{tmp_path / 'stream.duckdb'}"
     args = [sys.executable, str(HERE / "stream_child.py"), str(incoming), url, str(tmp_path / "ckpt"),
             str(tmp_path / "stream.jsonl")]  # fmt: skip
-    killed = subprocess.run([*args, "1", cluster.master, cluster.python], cwd=HERE, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    child = subprocess.Popen([*args, "1", cluster.master, cluster.python], cwd=HERE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    expected = run_local(
+        files, definitions=default_definitions(), store_url=local, dead_letter=str(tmp_path / "local.jsonl")
+    )
+    assert expected.rejected >= 12
+    killed = finished(child)
     assert killed.returncode == -9 and "batch 1 stored" in killed.stdout, killed.stdout + killed.stderr[-3000:]
     with open_store(url) as store:
         applied = [bool(store.progress("file", head=head_of(f), node=node_of(f))) for f in files]
