@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from drainpipe.inputs import EVENT_SCHEMA
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import SqlStore, open_store
 from drainpipe.pipeline.store.schema import column_types as column_types_of
 from testlib import MIDNIGHT as T0
+from testlib import event_batch
 
 TIME_TABLES = ("metric_state", "metric_values", "topn_values")
 
@@ -29,12 +29,8 @@ def url(request, tmp_path) -> Iterator[str]:
 
 
 def traffic(minutes: int = 5) -> pa.RecordBatch:
-    rows = [
-        {"ts": T0 + m * 60_000 + 5_000, "service": "svc", "instance": "i", "endpoint": "/e", "latency_ms": 10.0 * m,
-         "status": True, "db_statement": "select 1"}
-        for m in range(minutes)
-    ]  # fmt: skip
-    return pa.RecordBatch.from_pylist(rows, schema=EVENT_SCHEMA)
+    return event_batch({"ts": T0 + m * 60_000 + 5_000, "instance": "i", "endpoint": "/e", "latency_ms": 10.0 * m,
+                        "db_statement": "select 1"} for m in range(minutes))  # fmt: skip
 
 
 def merge(store) -> None:

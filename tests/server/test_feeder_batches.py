@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from drainpipe.inputs import EVENT_SCHEMA, EventBatch
+from drainpipe.inputs import EventBatch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import LocalEngine
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.feeder import COALESCE_EVENTS, COALESCE_ROWS, Feeder
 from drainpipe.server.service import serve_engine_options
 from drainpipe.server.wal import MemoryLog
-from testlib import T0
+from testlib import T0, event_batch
 
 
 def export(requests: int, exits: int) -> pa.RecordBatch:
     """One OTLP request's events: ``requests`` request rows, then ``exits`` exit rows."""
 
     def rows(n: int, statement: str | None) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pylist(
-            [{"ts": T0 + i, "service": "s", "instance": "i", "endpoint": "" if statement else "/e",
-              "latency_ms": 1.0, "status": True, "db_statement": statement} for i in range(n)],
-            schema=EVENT_SCHEMA,
-        )  # fmt: skip
+        return event_batch({"ts": T0 + i, "service": "s", "instance": "i", "endpoint": "" if statement else "/e",
+                            "latency_ms": 1.0, "db_statement": statement} for i in range(n))  # fmt: skip
 
     return EventBatch.with_exits(rows(requests, None), rows(exits, "select 1"))
 
