@@ -4,8 +4,6 @@ the ``[retention]`` table are parsed strictly."""
 
 from __future__ import annotations
 
-import time
-
 import pyarrow as pa
 import pytest
 
@@ -15,7 +13,7 @@ from drainpipe.pipeline.definitions import default_definitions, parse_definition
 from drainpipe.pipeline.retention import Retention, parse_duration, parse_retention_flag
 from drainpipe.pipeline.store import SourceProgress, SqlStore, open_store
 from testlib import MIDNIGHT as T0
-from testlib import event_batch
+from testlib import event_batch, wait_until
 
 DAY = 86_400_000
 TABLES = ("metric_state", "metric_values", "topn_values", "source_progress")
@@ -153,11 +151,8 @@ def test_serve_purges_at_start_and_on_its_schedule(tmp_path) -> None:
     before = counts(store)["metric_values"]
     service = IngestService(default_definitions(), store, options=ServiceOptions(purge_every_s=0.05))
     try:
-        deadline = time.monotonic() + 15
-        stats = service.stats_view()["store"]
-        while stats["purges"] < 2 and time.monotonic() < deadline:  # the view is sampled once a second
-            time.sleep(0.1)
-            stats = service.stats_view()["store"]
+        # (the view is sampled once a second)
+        stats = wait_until(lambda: (s := service.stats_view()["store"])["purges"] >= 2 and s, timeout=15, interval=0.1)
         assert stats["purges"] >= 2 and stats["purged_rows"] > 0 and stats["retention"].startswith("minute 7d")
     finally:
         service.close()

@@ -8,6 +8,8 @@ import time
 
 from server_testlib import post_events, request, running_server
 
+from testlib import wait_until
+
 MINUTE = 60_000
 
 
@@ -20,11 +22,8 @@ def test_the_service_view_equals_the_events_sent() -> None:
         auth = {"Authorization": "Bearer k"}
         post_events(srv.url, events, token="k")
         get = lambda q: request(srv.url + "/v1/service?" + q, headers=auth)
-        deadline = time.monotonic() + 30
         stored = lambda: [v for s in json.loads(get("service=shop")[2])["series"][:1] for v in s["values"] if v]
-        while len(stored()) < 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_until(lambda: len(stored()) >= 4, timeout=30, interval=0.2, what="the four minutes stored")
         view = json.loads(get("service=shop&range=minute")[2])
         assert view["end"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((m0 + 3 * MINUTE) / 1000))
         assert len(view["buckets"]) == 60 and view["buckets"][-1] == view["end"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 from server_testlib import events, post_events, request
 
@@ -14,6 +13,7 @@ from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
+from testlib import wait_until
 
 
 class Hang:
@@ -48,20 +48,13 @@ def test_a_hanging_store_merge_is_reported_then_cleared() -> None:
     server = IngestServer(service, "127.0.0.1", 0).start()
     try:
         assert post_events(server.url, events(500))[0] == 200
-        deadline = time.monotonic() + 10
-        while not _slow(server):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        (queue, call), *_ = _slow(server)
+        (queue, call), *_ = wait_until(lambda: _slow(server), timeout=10, interval=0.05, what="a slow handler")
         assert queue.endswith("-persist") and call["method"] == "consume" and call["seconds"] >= 0.2
         metrics = request(server.url + "/metrics")[2].decode()
         line = next(x for x in metrics.splitlines() if x.startswith("drainpipe_queue_slow_handler_seconds{"))
         assert f'queue="{queue}"' in line and float(line.rsplit(" ", 1)[1]) >= 0.2
         store.go.set()
-        deadline = time.monotonic() + 10
-        while _slow(server):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: not _slow(server), timeout=10, interval=0.05, what="the slow handler gone")
         assert "drainpipe_queue_slow_handler_seconds{" not in request(server.url + "/metrics")[2].decode()
     finally:
         store.go.set()
