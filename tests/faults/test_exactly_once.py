@@ -17,7 +17,7 @@ import pytest
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.generator import generate_events, write_events
 from procs import alive, children_of
-from testlib import assert_same_results
+from testlib import assert_same_results, wait_until
 
 HERE = Path(__file__).resolve().parent
 FLUSH_S = "0.05"  # a checkpoint every 50 ms of work: several per run
@@ -91,10 +91,7 @@ def _rerun_equals_reference(url: str, inputs: list[str], reference: tuple[str, i
 
 
 def _no_orphans(pids: list[int]) -> None:
-    deadline = time.monotonic() + 10
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pids), f"worker processes outlived their killed parent: {alive(pids)}"
+    wait_until(lambda: not alive(pids), timeout=10, interval=0.05, what="the workers to end with their killed parent")
 
 
 def test_the_reference_run_checkpoints_several_times(reference) -> None:
@@ -135,10 +132,7 @@ def test_workers_die_with_a_parent_stopped_by_sigterm(inputs, tmp_path) -> None:
     child = _child(f"duckdb:///{tmp_path}/t.duckdb", inputs[:1], 2)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "start"
-    deadline = time.monotonic() + 30
-    while not (workers := children_of(child.pid)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert workers
+    workers = wait_until(lambda: children_of(child.pid), timeout=30, interval=0.01, what="the run's workers")
     child.send_signal(signal.SIGTERM)
     child.wait(timeout=60)
     child.stdout.close()

@@ -271,10 +271,13 @@ def test_partitions_added_to_a_topic_are_read_from_their_start(servers: str, tmp
         calls += produce(servers, topic, 20_000, seed=2, poison=False)  # a new producer: it writes to all 5
     finally:
         member.send_signal(signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while len(lags := scraped(url, "drainpipe_kafka_partition_lag")) < 5 or any(lags):
-        assert time.monotonic() < deadline and member.poll() is None, lags
-        time.sleep(0.2)
+
+    def all_five_read() -> bool:
+        assert member.poll() is None, "the member ended"
+        lags = scraped(url, "drainpipe_kafka_partition_lag")
+        return len(lags) >= 5 and not any(lags)
+
+    wait_until(all_five_read, timeout=30, interval=0.2, what="every partition, the new ones too, read to its end")
     member.send_signal(signal.SIGTERM)
     out = finish(member)
     assert stored_calls(store) == calls, out
@@ -289,27 +292,26 @@ def test_otlp_protobuf_messages_as_the_collectors_kafka_exporter_writes_them(ser
     member = consume(servers, topic, f"g-{topic}", store, dead, "--encoding", "otlp_proto", "--port", "0")
     url = endpoint_of(member)
     # /metrics: the RED series count every request, and no partition lags once all is read and committed
-    deadline = time.monotonic() + 30
-    while True:
-        requests = sum(scraped(url, "drainpipe_calls_total"))
-        lags = scraped(url, "drainpipe_kafka_partition_lag")
-        if requests == sum(calls.values()) and len(lags) == 2 and not any(lags):
-            break
-        assert time.monotonic() < deadline, (requests, lags)
-        time.sleep(0.3)
+
+    def read_and_committed() -> tuple[int, list[float]] | None:
+        requests, lags = sum(scraped(url, "drainpipe_calls_total")), scraped(url, "drainpipe_kafka_partition_lag")
+        return (requests, lags) if requests == sum(calls.values()) and len(lags) == 2 and not any(lags) else None
+
+    wait_until(read_and_committed, timeout=30, interval=0.3, what="every request counted, no partition lagging")
     health = urllib.request.urlopen(url + "/healthz", timeout=5)
     assert health.status == 200 and json.load(health)["status"] == "ok"
     # the dashboard's view: the partitions held with their lag, the busiest services from the store
     page = urllib.request.urlopen(url + "/", timeout=5).read().decode()
     assert 'id="kafka-partitions"' in page
-    while True:
+
+    def the_view() -> dict | None:
         stats = json.load(urllib.request.urlopen(url + "/v1/stats", timeout=5))
-        kafka = stats["kafka"]
         top = {row[0] for row in stats["top_services"]["rows"]}
-        if len(kafka["partitions"]) == 2 and top == set(calls) and stats["ingest"]["accepted"] == spans:
-            break
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.3)
+        done = len(stats["kafka"]["partitions"]) == 2 and top == set(calls) and stats["ingest"]["accepted"] == spans
+        return stats if done else None
+
+    stats = wait_until(the_view, timeout=30, interval=0.3, what="the partitions and the services in /v1/stats")
+    kafka = stats["kafka"]
     assert kafka["group"] == f"g-{topic}" and all(p["lag"] == 0 for p in kafka["partitions"])
     assert stats["ingest"]["rejected"] == 1 and "alerts" not in stats and "log" not in stats
     assert stats["ingest"]["warnings"] == {"malformed sampling threshold": malformed}

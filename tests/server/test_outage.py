@@ -7,7 +7,6 @@ tests/postgres has the same with a real PostgreSQL server stopped and started.""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from drainpipe.pipeline.definitions import default_definitions
@@ -16,7 +15,7 @@ from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
 from drainpipe.server.wal import WriteAheadLog
 from serve_kill import Books, body_template, check, post_until
-from testlib import Outage
+from testlib import Outage, wait_until
 
 
 def test_a_duckdb_outage_waits_in_the_log_then_everything_acknowledged_is_stored_once(tmp_path: Path) -> None:
@@ -37,22 +36,16 @@ def test_a_duckdb_outage_waits_in_the_log_then_everything_acknowledged_is_stored
     stop = threading.Event()
     threads = post_until(server.url, books, body_template(200), "o", 3, stop)
     try:
-        deadline = time.monotonic() + 60
-        while len(books.acked) < 50:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: len(books.acked) >= 50, timeout=60, interval=0.01, what="acknowledged requests")
         store.down.set()
         acked_before = len(books.acked)
-        while books.refused < 5:  # until the log is at its budget
-            assert time.monotonic() < deadline, (len(books.acked), books.refused, wal.size)
-            time.sleep(0.01)
+        wait_until(lambda: books.refused >= 5, timeout=60, interval=0.01, what="the log at its budget (refusals)")
         acked_in_outage = len(books.acked) - acked_before
         held = service.engine.persist.stats().total_used()
         in_log = wal.size
         store.down.clear()
-        while len(books.acked) < acked_before + acked_in_outage + 50:  # accepting again after the outage
-            assert time.monotonic() < deadline + 30
-            time.sleep(0.01)
+        wait_until(lambda: len(books.acked) >= acked_before + acked_in_outage + 50, timeout=60, interval=0.01,
+                   what="requests accepted again after the outage")  # fmt: skip
     finally:
         stop.set()
         for t in threads:
