@@ -1,7 +1,7 @@
 """The validation rules, once, for every input: a scalar core for records given as Python values (JSON Lines, CSV,
 HTTP JSON bodies, decoded spans and log lines) and a columnar core for Arrow batches (Parquet, the JSON fast
 paths). Both apply the rules in the same field order, so a record gets the same reject reason whichever core saw
-it (``tests/pipeline/test_validation.py`` holds them equal).
+it (``tests/inputs/test_validation.py`` holds them equal).
 
 The rules (``docs/pipeline.md``, "Input events"):
 
