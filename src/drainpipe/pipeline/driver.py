@@ -128,9 +128,6 @@ class Driver:
         """Stop holding a part (after its last commit, or when it was lost)."""
         self.parts.pop(key, None)
 
-    def books(self, key: Hashable) -> PartBooks:
-        return self.parts[key][0]
-
     # ------------------------------------------------------------------ the policy, and feeding
 
     def wanted(self, books: PartBooks, offset: int) -> frozenset[str]:
@@ -161,15 +158,21 @@ class Driver:
         assert self._ingest is not None, "a driver without ingest is fed partials (fed()), not batches"
         self._ingest(batch, definitions=self.definitions_for(names))
         self.uncommitted += batch.num_rows
+        self._observe(batch)
+
+    def fed(self, events: int, batch: EventBatch | None = None) -> None:
+        """Count ``events`` handed to the sink another way (partials aggregated elsewhere, from ``batch``, which
+        ``observe`` then sees as :meth:`feed` would show it)."""
+        self.uncommitted += events
+        if batch is not None:
+            self._observe(batch)
+
+    def _observe(self, batch: EventBatch) -> None:
         if self.observe is not None:
             try:
                 self.observe(batch)
-            except Exception:
+            except Exception:  # the traffic's metrics must not stop feeding the store
                 log.exception("observing a batch for the RED metrics failed")
-
-    def fed(self, events: int) -> None:
-        """Count ``events`` handed to the sink another way (partials aggregated elsewhere)."""
-        self.uncommitted += events
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -80,7 +80,6 @@ class Feeder:
         self.definitions = definitions
         self.checkpoint_s = checkpoint_s
         self.max_commits = max_commits
-        self.observe = observe  # sees every event batch handed to the engine (the RED metrics)
         # L1 aggregation elsewhere (an Aggregator's process); None: the engine aggregates, in this process
         self.aggregate = aggregate
         self.driver = Driver(definitions, engine, ingest=engine.ingest, checkpoint_s=checkpoint_s,
@@ -216,12 +215,7 @@ class Feeder:
             return
         subset = self.driver.definitions_for(names) or self.definitions
         self.engine.ingest_partials(self.aggregate(table, subset), table.requests)
-        self.driver.fed(table.requests)
-        if self.observe is not None:
-            try:
-                self.observe(table)
-            except Exception:  # metrics of the traffic must not stop feeding it to the store
-                log.exception("observing a batch for the RED metrics failed")
+        self.driver.fed(table.num_rows, table)  # rows, as feed() counts them
 
     def _recovered(self) -> None:
         self.recovered_s = time.monotonic() - self._t0
