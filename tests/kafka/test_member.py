@@ -53,7 +53,7 @@ def topic_log(
 
 
 def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
-               script_member: list[GroupMember] | None = None) -> GroupMember:  # fmt: skip
+               script_member: list[GroupMember] | None = None, max_commits: int = 2) -> GroupMember:  # fmt: skip
     """Run one member on ``consumer`` into the store at ``url`` until it holds only partitions read to their end
     (``exit_at_end``); the store and engine closed after. ``script_member`` receives the member first (for a script
     that looks at it)."""
@@ -61,7 +61,8 @@ def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
     store = open_store(url)
     store.register(definitions.all)
     engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=checkpoint_s))
-    config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, exit_at_end=True)
+    config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, max_commits=max_commits,
+                           exit_at_end=True)  # fmt: skip
     member = GroupMember(config, engine, definitions, consumer)
     if script_member is not None:
         script_member.append(member)
@@ -193,6 +194,8 @@ def test_a_store_behind_pauses_the_partitions_and_resumes_them(tmp_path: Path) -
         if c.paused:
             paused_calls.append(c.calls)
 
-    member = run_member(url, FakeConsumer(log, script, fetch=10), checkpoint_s=0.0)
+    # a checkpoint every round and one commit allowed in flight: the throttle looks right after each checkpoint,
+    # while its commit is still queued (a store write takes milliseconds), whatever the machine's speed
+    member = run_member(url, FakeConsumer(log, script, fetch=10), checkpoint_s=0.0, max_commits=1)
     assert member.pauses >= 1 and paused_calls
     assert stored_calls(url) == calls
