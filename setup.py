@@ -1,6 +1,6 @@
 """Build the C extensions (the queue's per-item hot paths; and in ``drainpipe.native``, the optional ones: the JSON
-Lines scanner, the access-log scanner, the CSV record scanner, the line formats' newline finder, the OTLP JSON scanner,
-the OTLP span mapping's per-span pass, the aggregation's group ids and states); everything else is in pyproject.toml.
+Lines scanner, the access-log scanner, the CSV record scanner, the line formats' newline finder, the OTLP JSON and protobuf
+scanners, the OTLP span mapping's per-span pass, the aggregation's group ids and states); everything else is in pyproject.toml.
 """
 from setuptools import Extension, setup
 
@@ -23,4 +23,5 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    _native("_csvscan", _COLUMNS),
                    _native("_lines"),
                    _native("_groupstates"),
-                   _native("_otlpjson", _NUMBERS)])
+                   _native("_otlpjson", [f"{_NATIVE}/_spancols.h", *_NUMBERS]),
+                   _native("_otlpproto", [f"{_NATIVE}/_spancols.h"])])

@@ -10,8 +10,8 @@ the normal build's. (Removing the bound check of the 16-byte copy makes this fai
 overflow on the first short string at the end of a buffer.) The access-log scanner (``_logscan.c``: a format's
 program over cut and mutated lines, the request times' digits copied into a small buffer), the CSV record scanner
 (``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets, and its cell pass), the newline finder
-(``_lines.c``), the OTLP JSON scanner (``_otlpjson.c``: every prefix of the differential test's exports, and
-mutated blocks of them) and the aggregation kernel (``_groupstates.c``: random codes, times, weights and
+(``_lines.c``), the OTLP JSON and protobuf scanners (``_otlpjson.c``, ``_otlpproto.c``: every prefix of their
+differential tests' exports, and mutated blocks of them) and the aggregation kernel (``_groupstates.c``: random codes, times, weights and
 sizes from zero, its dense and hashed groupings) get the same treatment."""
 
 from __future__ import annotations
@@ -165,6 +165,32 @@ for _ in range(1500):  # blocks of exports, bytes mutated
 print("checked", count)
 """
 
+PROTO_CHILD = r"""
+from drainpipe.native._otlpproto import scan as normal
+sys.path.insert(0, sys.argv[2])
+from test_otlp_proto_scan import _export  # the differential test's exports: every field, odd fields, mutations
+
+rng = random.Random(12)
+def check(exports):
+    assert sanitized.scan(exports) == normal(exports), exports
+
+count = 0
+for _ in range(40):  # every prefix of an export, each a bytes object of its own (ASan sees its end)
+    export = _export(rng)
+    check([export[:cut] for cut in range(len(export) + 1)])
+    count += len(export) + 1
+for _ in range(1500):  # exports, bytes mutated
+    exports = []
+    for _ in range(rng.randrange(1, 4)):
+        raw = bytearray(_export(rng))
+        for _ in range(rng.randrange(0, 4) if raw else 0):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        exports.append(bytes(raw))
+    check(exports)
+    count += 1
+print("checked", count)
+"""
+
 LINES_CHILD = r"""
 from drainpipe.native._lines import nth as normal
 
@@ -210,7 +236,7 @@ print("checked", count)
 """
 
 CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD,
-            "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
+            "_otlpproto": PROTO_CHILD, "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
 
 
 def _compile(name: str, target: Path) -> None:

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import OtlpError, UsageError
+from ..errors import UsageError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .formats.jsonl_format import validate_json_lines
@@ -95,36 +95,19 @@ def otlp_values(
     Collector's Kafka exporter writes) -> their events and ``(message index, raw, reason)`` per reject: a
     tombstone, a value that does not decode (``raw`` its text), or a span that does not map (``raw`` ``{"span":
     its index, "value": the message's text}``). OTLP JSON values are read together, by the pass that reads OTLP
-    JSON files (:func:`~.formats.otlp_format.decode_exports`)."""
-    if json_body:
-        return _otlp_json_values(values, mapping, endpoints)
-    from .otlp import decode_traces
-
-    batches: list[EventBatch] = []
-    rejects: list[tuple[int, Any, str]] = []
-    for k, value in enumerate(values):
-        if value is None:
-            rejects.append((k, None, TOMBSTONE))
-            continue
-        try:
-            result = decode_traces(value, json_body=json_body, mapping=mapping, endpoints=endpoints)
-        except OtlpError as exc:
-            rejects.append((k, message_text(value), str(exc)))
-            continue
-        text = message_text(value) if result.rejects else ""
-        rejects += [(k, {"span": i, "value": text}, reason) for i, reason in result.rejects]
-        if result.batch.num_rows:
-            batches.append(result.batch)
-    return EventBatch.join(batches), rejects
-
-
-def _otlp_json_values(
-    values: Sequence[bytes | None], mapping: SpanMapping, endpoints: EndpointRules
-) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
-    from .formats.otlp_format import decode_exports
-
+    JSON files (:func:`~.formats.otlp_format.decode_exports`), protobuf values by the pass that reads OTLP/HTTP and
+    gRPC bodies (:func:`~.otlp.decode_proto_exports`)."""
     present = [k for k, value in enumerate(values) if value is not None]
-    batch, found = decode_exports([values[k] or b"" for k in present], InputOptions(spans=mapping, endpoints=endpoints))
+    exports = [values[k] or b"" for k in present]
+    options = InputOptions(spans=mapping, endpoints=endpoints)
+    if json_body:
+        from .formats.otlp_format import decode_exports
+
+        batch, found = decode_exports(exports, options)
+    else:
+        from .otlp import decode_proto_exports
+
+        batch, found = decode_proto_exports(exports, options)
     rejects: list[tuple[int, Any, str]] = [(k, None, TOMBSTONE) for k, value in enumerate(values) if value is None]
     for i, raw, reason in found:
         k = present[i]

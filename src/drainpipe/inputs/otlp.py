@@ -48,12 +48,12 @@ from ..errors import OtlpError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .span_columns import span_columns
+from .span_columns import proto_span_columns, span_columns
 from .span_events import TracesResult, map_columns
 from .spans import SpanMapping
 from .trace_ids import trace_id_bytes
 
-__all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "map_columns", "map_spans"]
+__all__ = ["TracesResult", "decode_traces", "decode_otlp_lines", "decode_proto_exports", "map_columns", "map_spans"]
 
 
 def decode_traces(body: bytes, *, json_body: bool, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
@@ -79,6 +79,42 @@ def decode_traces(body: bytes, *, json_body: bool, mapping: SpanMapping, endpoin
         except DecodeError as exc:
             raise OtlpError(f"invalid OTLP protobuf: {exc}") from None
     return map_spans(body, mapping, endpoints)
+
+
+def decode_proto_exports(
+    exports: Sequence[bytes | memoryview], options: InputOptions
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """OTLP protobuf exports as they come in bodies and messages -> their events and ``(export index, raw, reason)``
+    rejects, as :func:`~.formats.otlp_format.decode_exports` gives them for OTLP JSON: an export rejected whole is
+    ``(index, its bytes, the reason decode_traces raises)``, a span ``(index, {"span": its index in the export},
+    reason)``, in export order.
+
+    The exports are read and judged in one C pass over their wire bytes (:func:`~.span_columns.proto_span_columns`)
+    and mapped at once; an export the pass declines, and every export where it is not built or is off, is decoded
+    by the reference (:func:`decode_traces`), which accepts it or says why not."""
+    scanned = proto_span_columns(exports)
+    batches: list[EventBatch] = []
+    bad: list[tuple[int, Any, str]] = []
+    declined: Sequence[int] = range(len(exports))
+    if scanned is not None:
+        result = map_columns(scanned.columns, options.spans, options.endpoints)
+        if result.batch.num_rows:
+            batches.append(result.batch)
+        bad += scanned.span_rejects(result.rejects)
+        declined = scanned.declined
+    for k in declined:
+        export = bytes(exports[k])
+        try:
+            one = decode_traces(export, json_body=False, mapping=options.spans, endpoints=options.endpoints)
+        except OtlpError as exc:
+            bad.append((k, export, str(exc)))
+            continue
+        if one.batch.num_rows:
+            batches.append(one.batch)
+        bad += [(k, {"span": index}, reason) for index, reason in one.rejects]
+    if declined:
+        bad.sort(key=lambda reject: reject[0])  # export order (the sort is stable: spans stay in order)
+    return EventBatch.join(batches), bad
 
 
 def decode_otlp_lines(

@@ -13,14 +13,16 @@ which is what the mapping wants (an endpoint or statement must be a string, an H
 Callers decode each export with the official message classes first (they are the authority on what is valid: an
 undecodable body is their error); a body they accept, ptars reads the same way.
 
-OTLP JSON files take a shorter road to the same columns: :func:`json_span_columns` reads a block of their lines in
-one C pass (``native.otlpjson``), which accepts only lines whose meaning under the official JSON decoding is beyond
-doubt and hands the others back to it.
+This is the reference road. Both wire formats take a shorter one to the same columns, one C pass that reads and
+judges at once, accepting only exports whose meaning under the official decoding is beyond doubt and handing the
+others back to it: :func:`json_span_columns` for a block of OTLP JSON lines (``native.otlpjson``),
+:func:`proto_span_columns` for protobuf exports (``native.otlpproto``).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ import pyarrow as pa
 
 from .. import native
 
-__all__ = ["Attributes", "JsonSpans", "SpanColumns", "json_span_columns", "span_columns"]
+__all__ = ["Attributes", "ScannedSpans", "SpanColumns", "json_span_columns", "proto_span_columns", "span_columns"]
 
 #: the fields the mapping reads, per message (everything else is skipped while reading)
 _PROJECTION = {
@@ -133,16 +135,27 @@ def span_columns(body: bytes) -> SpanColumns:
 
 
 @dataclass(frozen=True)
-class JsonSpans:
-    """The spans of a block of OTLP JSON lines: ``columns`` hold the spans of every line but the ``declined`` ones
-    (indexes into the block, for the reference decoder), and ``line[i]`` is the index of span ``i``'s line."""
+class ScannedSpans:
+    """The spans of a block of exports (OTLP JSON lines, or protobuf messages) read by a scanner: ``columns`` hold
+    the spans of every export but the ``declined`` ones (indexes into the block, for the reference decoder), and
+    ``line[i]`` is the index of span ``i``'s export."""
 
     columns: SpanColumns
     line: np.ndarray
     declined: list[int]
 
+    def span_rejects(self, rejects: list[tuple[int, str]], first: int = 0) -> list[tuple[int, dict[str, int], str]]:
+        """The mapping's ``(span index, reason)`` rejects of these columns as ``(first + export index, {"span":
+        the span's index in its export}, reason)``."""
+        if not rejects:
+            return []
+        index = np.array([i for i, _ in rejects], np.int64)
+        exports = self.line[index]
+        in_export = index - np.searchsorted(self.line, exports)  # (line holds sorted values)
+        return [(first + int(k), {"span": int(j)}, why) for k, j, (_, why) in zip(exports, in_export, rejects)]
 
-def json_span_columns(data: bytes | memoryview, count: int) -> JsonSpans | None:
+
+def json_span_columns(data: bytes | memoryview, count: int) -> ScannedSpans | None:
     """A block of ``count`` OTLP JSON lines (one export each, blank lines allowed) -> its spans as columns, in one
     C pass; None where the pass is not built or is off (:mod:`drainpipe.native`'s ``otlpjson``)."""
     otlpjson = native.otlpjson
@@ -151,6 +164,21 @@ def json_span_columns(data: bytes | memoryview, count: int) -> JsonSpans | None:
     scanned = otlpjson.scan(data, count)
     if scanned is None:
         raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
+    return _scanned(scanned)
+
+
+def proto_span_columns(exports: Sequence[bytes | memoryview]) -> ScannedSpans | None:
+    """OTLP protobuf exports (an ``ExportTraceServiceRequest`` each) -> their spans as columns, in one C pass over
+    the wire bytes that also judges them: an export it cannot vouch for is declined, for the reference (the official
+    classes, then :func:`span_columns`). None where the pass is not built or is off (``otlpproto``)."""
+    otlpproto = native.otlpproto
+    if otlpproto is None:
+        return None
+    return _scanned(otlpproto.scan(exports))
+
+
+def _scanned(scanned: tuple[Any, ...]) -> ScannedSpans:
+    """A scanner's tuple (``_otlpjson.pyi``) as columns."""
     declined, n, resources, line, resource, kind, start, end, code = scanned[:9]
     toff, tdata, soff, sdata, noff, ndata, xoff, xdata = scanned[9:17]
     columns = SpanColumns(
@@ -166,13 +194,13 @@ def json_span_columns(data: bytes | memoryview, count: int) -> JsonSpans | None:
         end=_fixed(pa.uint64(), n, end),
         status_valid=None,  # an absent status is code 0 (UNSET), as the mapping reads one
         status_code=_fixed(pa.int32(), n, code),
-        attributes=_json_attributes(scanned[17]),
-        resource_attributes=_json_attributes(scanned[18]),
+        attributes=_pool_attributes(scanned[17]),
+        resource_attributes=_pool_attributes(scanned[18]),
     )
-    return JsonSpans(columns, np.frombuffer(line, np.int32), declined)
+    return ScannedSpans(columns, np.frombuffer(line, np.int32), declined)
 
 
-def _json_attributes(pool: tuple[Any, ...]) -> Attributes:
+def _pool_attributes(pool: tuple[Any, ...]) -> Attributes:
     owners, offsets, koff, kdata, vvalid, tvalid, toff, tdata, ivalid, idata = pool
     rows = len(koff) // 4 - 1
     return Attributes(

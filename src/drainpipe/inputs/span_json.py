@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .span_columns import Attributes, JsonSpans, SpanColumns
+from .span_columns import Attributes, ScannedSpans, SpanColumns
 
 __all__ = ["MESSAGES", "MAX_DEPTH", "python_json_spans"]
 
@@ -358,7 +358,7 @@ class _Block:
         return columns, np.array(self.line_of, np.int32)
 
 
-def python_json_spans(data: bytes, count: int) -> JsonSpans:
+def python_json_spans(data: bytes, count: int) -> ScannedSpans:
     """A block of ``count`` OTLP JSON lines (one export each, blank lines allowed) -> the spans of the lines this pass
     accepts as columns, and the indexes of the lines it declines (for the reference). Raises ``ValueError`` when
     ``data`` does not hold ``count`` lines."""
@@ -379,4 +379,4 @@ def python_json_spans(data: bytes, count: int) -> JsonSpans:
         except (_Decline, ValueError, RecursionError):  # (json's errors and UnicodeDecodeError are ValueErrors)
             declined.append(index)
     columns, line = block.columns()
-    return JsonSpans(columns, line, declined)
+    return ScannedSpans(columns, line, declined)

@@ -15,7 +15,7 @@ Tiers (:data:`TIERS`; :func:`tiers` lists them with what runs without each, ``py
 that list):
 
 * C extensions: ``fastpath`` (the queue's hot paths, ``drainpipe._fastpath``: required, reported only), ``lines``,
-  ``jsonscan``, ``csvscan``, ``logscan``, ``otlpjson``, ``spanmap``, ``groupstates``;
+  ``jsonscan``, ``csvscan``, ``logscan``, ``otlpjson``, ``otlpproto``, ``spanmap``, ``groupstates``;
 * Python paths that can be turned off: ``columnar`` (the text formats read in columns, by their C scanner or else by
   pyarrow; off, every block goes to the per-record reference reader) and ``threads`` (pyarrow's thread pool in the
   JSON Lines reader; worker and parser processes turn it off: the processes are the parallelism).
@@ -63,6 +63,10 @@ try:
 except ImportError:
     otlpjson = None  # type: ignore[assignment]
 try:
+    from . import _otlpproto as otlpproto
+except ImportError:
+    otlpproto = None  # type: ignore[assignment]
+try:
     from . import _spanmap as spanmap
 except ImportError:
     spanmap = None  # type: ignore[assignment]
@@ -89,6 +93,7 @@ __all__ = [
     "lines",
     "logscan",
     "otlpjson",
+    "otlpproto",
     "report",
     "spanmap",
     "tiers",
@@ -121,6 +126,7 @@ _SPECS: dict[str, tuple[bool, bool, str, str]] = {
     "csvscan": (True, False, "CSV record ends and cells into columns", "numpy's quote parity, pyarrow's reader"),
     "logscan": (True, False, "access-log lines into columns by a format's program", "pyarrow with the format's RE2"),
     "otlpjson": (True, False, "OTLP JSON lines into span columns", "json and pyarrow (inputs.span_json)"),
+    "otlpproto": (True, False, "OTLP protobuf exports into span columns", "protobuf, then ptars (inputs.span_columns)"),
     "spanmap": (True, False, "the OTLP span mapping's per-span pass", "numpy (inputs._spanmap_fallback)"),
     "groupstates": (True, False, "aggregation's group ids, states and histograms", "numpy (pipeline.aggregate)"),
     "columnar": (False, False, "text formats read in columns (a C scanner, else pyarrow)", "the per-record readers"),
@@ -135,6 +141,7 @@ _BUILT: dict[str, ModuleType | None] = {
     "csvscan": csvscan,
     "logscan": logscan,
     "otlpjson": otlpjson,
+    "otlpproto": otlpproto,
     "spanmap": spanmap,
     "groupstates": groupstates,
 }

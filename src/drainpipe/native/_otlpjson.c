@@ -39,6 +39,7 @@
  * types count as a value that is neither (the projection ptars reads, span_columns.py).
  */
 #include "_numbers.h"
+#include "_spancols.h"
 #include <stdlib.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -53,77 +54,14 @@ typedef struct {
 } Name;
 #define N(lit) {lit, sizeof(lit) - 1}
 
-/* A growing byte buffer. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-} Buf;
-
-static int
-buf_reserve(Buf *b, size_t n)
-{
-    if (b->len + n <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + n)
-        cap *= 2;
-    char *data = PyMem_Realloc(b->data, cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
-static inline int
-buf_put(Buf *b, const void *p, size_t n)
-{
-    if (n == 0)
-        return 0; /* (p may be NULL then: an empty escaped string) */
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-static inline int
-put_i32(Buf *b, int32_t v) { return buf_put(b, &v, 4); }
-static inline int
-put_i64(Buf *b, int64_t v) { return buf_put(b, &v, 8); }
-static inline int
-put_u64(Buf *b, uint64_t v) { return buf_put(b, &v, 8); }
-static inline int
-put_u8(Buf *b, uint8_t v) { return buf_put(b, &v, 1); }
-
-/* Every output buffer, by index: the span columns, then the two attribute pools (span and resource). */
-enum {
-    S_LINE, S_RESOURCE, S_KIND, S_START, S_END, S_CODE, S_TOFF, S_TDATA, S_SOFF, S_SDATA, S_NOFF, S_NDATA,
-    S_XOFF, S_XDATA, S_NBUFS
-};
-enum { A_OWNERS, A_KOFF, A_KDATA, A_VVALID, A_TVALID, A_TOFF, A_TDATA, A_IVALID, A_IDATA, A_NBUFS };
-#define SPAN_POOL S_NBUFS
-#define RES_POOL (S_NBUFS + A_NBUFS)
-#define NBUFS (S_NBUFS + 2 * A_NBUFS)
 
 typedef struct {
     const unsigned char *p, *end; /* the line being read */
-    Buf out[NBUFS];
-    Buf scratch; /* an escaped string, decoded */
-    int64_t spans, resources, attrs[2];
+    Cols c;
     int32_t line;
     int depth;
 } Scan;
 
-/* Results: 0 done, 1 decline the line, -1 a Python error (memory). */
-#define TRY(x)                                                                                                    \
-    do {                                                                                                          \
-        int r_ = (x);                                                                                             \
-        if (r_)                                                                                                   \
-            return r_;                                                                                            \
-    } while (0)
 
 static inline void
 ws(Scan *s)
@@ -162,47 +100,6 @@ null_next(Scan *s)
     return literal(s, "null", 4);
 }
 
-static int
-utf8_valid(const unsigned char *q, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = q[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t more;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            more = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F; /* no UTF-16 surrogates */
-        }
-        else if (c >= 0xF0 && c <= 0xF4) {
-            more = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        }
-        else
-            return 0;
-        if (i + more >= n)
-            return 0;
-        if (q[i + 1] < lo || q[i + 1] > hi)
-            return 0;
-        for (size_t j = 2; j <= more; j++)
-            if (q[i + j] < 0x80 || q[i + j] > 0xBF)
-                return 0;
-        i += more + 1;
-    }
-    return 1;
-}
 
 /* Per byte: its value as a hex digit, or -1; and whether it ends the fast scan of a string (the closing quote, an
  * escape, a control character), or is whitespace to bytes.fromhex. Filled at import. */
@@ -273,7 +170,7 @@ string(Scan *s, const unsigned char **str, size_t *n)
         s->p = q + 1;
         return 0;
     }
-    Buf *b = &s->scratch;
+    Buf *b = &s->c.scratch;
     b->len = 0;
     q = s->p;
     while (1) {
@@ -620,14 +517,7 @@ key_value(Scan *s, void *ctx)
 {
     Pair pair = {ctx, 0, 0, 0, 0};
     TRY(object(s, key_value_member, &pair));
-    Buf *pool = ctx;
-    if (pool == NULL)
-        return 0;
-    if (put_i32(&pool[A_KOFF], (int32_t)pool[A_KDATA].len) < 0 || put_u8(&pool[A_VVALID], pair.has_value) < 0 ||
-        put_u8(&pool[A_TVALID], pair.has_text) < 0 || put_i32(&pool[A_TOFF], (int32_t)pool[A_TDATA].len) < 0 ||
-        put_u8(&pool[A_IVALID], pair.has_int) < 0 || put_i64(&pool[A_IDATA], pair.has_int ? pair.int_value : 0) < 0)
-        return -1;
-    return 0;
+    return ctx == NULL ? 0 : cols_pair(ctx, pair.has_value, pair.has_text, pair.has_int, pair.int_value);
 }
 
 /* ------------------------------------------------------------------------------------------------- messages */
@@ -724,20 +614,20 @@ span_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *se
     Span *span = ctx;
     FIELD(SPAN_FIELDS);
     switch (f) {
-    case 0: return id(s, &s->out[S_TDATA], 1);
-    case 1: return id(s, &s->out[S_SDATA], 0);
+    case 0: return id(s, &s->c.out[S_TDATA], 1);
+    case 1: return id(s, &s->c.out[S_SDATA], 0);
     case 3: return id(s, NULL, 0);
     case 2:   /* traceState */
     case 5: { /* name */
         const unsigned char *str;
         size_t len;
         TRY(string(s, &str, &len));
-        return buf_put(&s->out[f == 2 ? S_XDATA : S_NDATA], str, len) < 0 ? -1 : 0;
+        return buf_put(&s->c.out[f == 2 ? S_XDATA : S_NDATA], str, len) < 0 ? -1 : 0;
     }
     case 6: return enum32(s, SPAN_KINDS, &span->kind);
     case 7: return u64(s, &span->start);
     case 8: return u64(s, &span->end);
-    case 9: return list(s, key_value, &s->out[SPAN_POOL]);
+    case 9: return list(s, key_value, &s->c.out[SPAN_POOL]);
     case 11: return list(s, event, NULL);
     case 13: return list(s, span_link, NULL);
     case 15: return object(s, status_member, &span->code);
@@ -750,17 +640,7 @@ span(Scan *s, void *ctx)
 {
     Span span = {0, 0, 0, 0};
     TRY(object(s, span_member, &span));
-    Buf *o = s->out;
-    Buf *pool = &o[SPAN_POOL];
-    s->spans++;
-    if (put_i32(&o[S_LINE], s->line) < 0 || put_i64(&o[S_RESOURCE], s->resources - 1) < 0 ||
-        put_i32(&o[S_KIND], span.kind) < 0 || put_u64(&o[S_START], span.start) < 0 ||
-        put_u64(&o[S_END], span.end) < 0 || put_i32(&o[S_CODE], span.code) < 0 ||
-        put_i32(&o[S_TOFF], (int32_t)o[S_TDATA].len) < 0 || put_i32(&o[S_SOFF], (int32_t)o[S_SDATA].len) < 0 ||
-        put_i32(&o[S_NOFF], (int32_t)o[S_NDATA].len) < 0 || put_i32(&o[S_XOFF], (int32_t)o[S_XDATA].len) < 0 ||
-        put_i32(&pool[A_OWNERS], (int32_t)(pool[A_KOFF].len / 4 - 1)) < 0)
-        return -1;
-    return 0;
+    return cols_span(&s->c, s->line, span.kind, span.start, span.end, span.code);
 }
 
 static const Name SCOPE_FIELDS[] = {N("name"), N("version"), N("attributes"), N("droppedAttributesCount"), {NULL, 0}};
@@ -793,7 +673,7 @@ static int
 resource_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned *seen)
 {
     FIELD(RESOURCE_FIELDS);
-    return f == 0 ? list(s, key_value, &s->out[RES_POOL]) : u32(s);
+    return f == 0 ? list(s, key_value, &s->c.out[RES_POOL]) : u32(s);
 }
 
 static const Name RESOURCE_SPANS_FIELDS[] = {N("resource"), N("scopeSpans"), N("schemaUrl"), {NULL, 0}};
@@ -808,10 +688,9 @@ resource_spans_member(Scan *s, void *ctx, const unsigned char *key, size_t n, un
 static int
 resource_spans(Scan *s, void *ctx)
 {
-    s->resources++; /* its spans name it while it is read; its attributes close when it does */
+    s->c.resources++; /* its spans name it while it is read; its attributes close when it does */
     TRY(object(s, resource_spans_member, NULL));
-    Buf *pool = &s->out[RES_POOL];
-    return put_i32(&pool[A_OWNERS], (int32_t)(pool[A_KOFF].len / 4 - 1)) < 0 ? -1 : 0;
+    return cols_owner(&s->c.out[RES_POOL]);
 }
 
 static const Name REQUEST_FIELDS[] = {N("resourceSpans"), {NULL, 0}};
@@ -824,67 +703,6 @@ request_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned 
 }
 
 /* ------------------------------------------------------------------------------------------------ the block */
-
-static PyObject *
-bytes_of(const Buf *b)
-{
-    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
-}
-
-/* Arrow's validity bitmap of one byte per element; None when every element is valid. */
-static PyObject *
-bitmap_of(const Buf *b)
-{
-    size_t n = b->len;
-    const unsigned char *v = (const unsigned char *)b->data;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++)
-        valid += v[i];
-    if (valid == n)
-        Py_RETURN_NONE;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
-    if (out == NULL)
-        return NULL;
-    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
-    memset(bits, 0, (n + 7) / 8);
-    for (size_t i = 0; i < n; i++)
-        bits[i >> 3] |= (unsigned char)(v[i] << (i & 7));
-    return out;
-}
-
-static PyObject *
-pool_tuple(const Buf *pool)
-{
-    return Py_BuildValue("(nNNNNNNNNN)", (Py_ssize_t)(pool[A_OWNERS].len / 4 - 1), bytes_of(&pool[A_OWNERS]),
-                         bytes_of(&pool[A_KOFF]), bytes_of(&pool[A_KDATA]), bitmap_of(&pool[A_VVALID]),
-                         bitmap_of(&pool[A_TVALID]), bytes_of(&pool[A_TOFF]), bytes_of(&pool[A_TDATA]),
-                         bitmap_of(&pool[A_IVALID]), bytes_of(&pool[A_IDATA]));
-}
-
-/* The buffers of the last scan, kept for the next: a block's columns are tens of MB, and fresh buffers cost a
- * page fault per 4 KB as they grow (a sixth of the time). The GIL is held through a scan, so one set serves. */
-static Buf kept[NBUFS + 1];
-
-/* Keep the buffers for the next scan, unless they are past KEEP_BYTES in all (then free them). */
-#define KEEP_BYTES ((size_t)256 << 20)
-
-static void
-scan_done(Scan *s)
-{
-    size_t held = s->scratch.cap;
-    for (int i = 0; i < NBUFS; i++)
-        held += s->out[i].cap;
-    for (int i = 0; i <= NBUFS; i++) {
-        Buf *b = i < NBUFS ? &s->out[i] : &s->scratch;
-        if (held > KEEP_BYTES) {
-            PyMem_Free(b->data);
-            b->data = NULL;
-            b->cap = 0;
-        }
-        b->len = 0;
-        kept[i] = *b;
-    }
-}
 
 /* scan(data, count) -> (declined, spans, resources, span columns..., span pool, resource pool), or None when
  * `data` does not hold `count` lines. */
@@ -904,25 +722,12 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Scan s;
     memset(&s, 0, sizeof s);
-    for (int i = 0; i <= NBUFS; i++) {
-        Buf *b = i < NBUFS ? &s.out[i] : &s.scratch;
-        *b = kept[i];
-        b->len = 0;
-        kept[i].data = NULL; /* (owned by this scan until scan_done hands them back) */
-        kept[i].cap = 0;
-    }
     PyObject *declined = PyList_New(0), *result = NULL;
-    if (declined == NULL)
+    if (cols_begin(&s.c) < 0 || declined == NULL)
         goto done;
-    /* every offsets column starts at 0 */
-    static const int OFFSETS[] = {S_TOFF, S_SOFF, S_NOFF, S_XOFF, SPAN_POOL + A_OWNERS, SPAN_POOL + A_KOFF,
-                                  SPAN_POOL + A_TOFF, RES_POOL + A_OWNERS, RES_POOL + A_KOFF, RES_POOL + A_TOFF};
-    for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
-        if (put_i32(&s.out[OFFSETS[i]], 0) < 0)
-            goto done;
     const unsigned char *p = view.buf, *end = p + view.len;
     Py_ssize_t lines = 0;
-    size_t marks[NBUFS];
+    Mark mark;
     while (p < end) {
         const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
         const unsigned char *line_end = nl ? nl : end;
@@ -936,9 +741,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         while (q < line_end && (*q == '\v' || *q == '\f' || *q == ' ' || *q == '\t' || *q == '\r'))
             q++;
         if (q < line_end) { /* not blank (as bytes.strip() sees it) */
-            for (int i = 0; i < NBUFS; i++)
-                marks[i] = s.out[i].len;
-            int64_t spans = s.spans, resources = s.resources;
+            cols_mark(&s.c, &mark);
             r = object(&s, request_member, NULL);
             if (r == 0) {
                 ws(&s);
@@ -947,16 +750,9 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (r < 0)
                 goto done;
             if (r) { /* roll the line back; the reference reads it */
-                for (int i = 0; i < NBUFS; i++)
-                    s.out[i].len = marks[i];
-                s.spans = spans;
-                s.resources = resources;
-                PyObject *index = PyLong_FromSsize_t(lines);
-                if (index == NULL || PyList_Append(declined, index) < 0) {
-                    Py_XDECREF(index);
+                cols_rollback(&s.c, &mark);
+                if (cols_decline(declined, lines) < 0)
                     goto done;
-                }
-                Py_DECREF(index);
             }
         }
         lines++;
@@ -967,17 +763,10 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(result);
         goto done;
     }
-    Buf *o = s.out;
-    result = Py_BuildValue("(OLLNNNNNNNNNNNNNNNN)", declined, (long long)s.spans, (long long)s.resources,
-                           bytes_of(&o[S_LINE]), bytes_of(&o[S_RESOURCE]), bytes_of(&o[S_KIND]),
-                           bytes_of(&o[S_START]), bytes_of(&o[S_END]), bytes_of(&o[S_CODE]), bytes_of(&o[S_TOFF]),
-                           bytes_of(&o[S_TDATA]), bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]),
-                           bytes_of(&o[S_NOFF]), bytes_of(&o[S_NDATA]), bytes_of(&o[S_XOFF]),
-                           bytes_of(&o[S_XDATA]), pool_tuple(&o[SPAN_POOL]),
-                           pool_tuple(&o[RES_POOL]));
+    result = cols_result(declined, &s.c);
 done:
     Py_XDECREF(declined);
-    scan_done(&s);
+    cols_done(&s.c);
     PyBuffer_Release(&view);
     return result;
 }

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from .. import native
-from ..errors import BadBody, ChannelClosed, OtlpError
+from ..errors import BadBody, ChannelClosed
 from ..inputs import EventBatch, InputOptions, ReadStats, decode_exports, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
@@ -115,24 +115,20 @@ def decode_body(
             if batch.num_rows + len(rejects) > max_events:
                 raise BadBody(413, f"more than {max_events} events in one request")
         return EventBatch(batch, batch.num_rows, tuple(stats.warnings.items())), rejects
-    spans, endpoints = spans or SpanMapping(), endpoints or EndpointRules()
-    if form == "otlp-json":  # the pass that reads OTLP JSON files, Kafka's values too: one decoder per wire format
-        events, found = decode_exports([body], InputOptions(spans=spans, endpoints=endpoints))
-        for _, raw, reason in found:
-            if not isinstance(raw, dict):
-                raise BadBody(400, reason)
-        if events.num_rows + len(found) > max_events:
-            raise BadBody(413, f"more than {max_events} spans in one request")
-        return events, [(raw["span"], reason) for _, raw, reason in found]
-    from ..inputs.otlp import decode_traces
+    # an export goes through the pass that reads it from files and Kafka values too: one decoder per wire format
+    options = InputOptions(spans=spans or SpanMapping(), endpoints=endpoints or EndpointRules())
+    if form == "otlp-json":
+        events, found = decode_exports([body], options)
+    else:
+        from ..inputs.otlp import decode_proto_exports
 
-    try:
-        result = decode_traces(body, json_body=False, mapping=spans, endpoints=endpoints)
-    except OtlpError as exc:
-        raise BadBody(400, str(exc)) from None
-    if result.spans > max_events:
+        events, found = decode_proto_exports([body], options)
+    for _, raw, reason in found:
+        if not isinstance(raw, dict):
+            raise BadBody(400, reason)
+    if events.num_rows + len(found) > max_events:
         raise BadBody(413, f"more than {max_events} spans in one request")
-    return result.batch, result.rejects
+    return events, [(raw["span"], reason) for _, raw, reason in found]
 
 
 class _Parse:

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ... import native
 from ...errors import InputError, OtlpError
 from ..batches import EventBatch
@@ -58,14 +56,7 @@ def decode_block(
         scanned = python_json_spans(bytes(data), count)
     result = map_columns(scanned.columns, options.spans, options.endpoints)
     batches = [result.batch] if result.batch.num_rows else []
-    line = scanned.line
-    bad: list[tuple[int, Any, str]] = []
-    if result.rejects:
-        index = np.array([i for i, _ in result.rejects], np.int64)
-        lines = line[index]
-        in_line = index - np.searchsorted(line, lines)  # a span's index in its export (line holds sorted values)
-        bad = [(first_line + 1 + int(k), {"span": int(j)}, why)
-               for k, j, (_, why) in zip(lines, in_line, result.rejects)]  # fmt: skip
+    bad: list[tuple[int, Any, str]] = list(scanned.span_rejects(result.rejects, first_line + 1))
     if scanned.declined:
         raw = split_lines(bytes(data))
         for k in scanned.declined:
