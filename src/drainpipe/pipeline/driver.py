@@ -160,12 +160,10 @@ class Driver:
         self.uncommitted += batch.num_rows
         self._observe(batch)
 
-    def fed(self, events: int, batch: EventBatch | None = None) -> None:
-        """Count ``events`` handed to the sink another way (partials aggregated elsewhere, from ``batch``, which
-        ``observe`` then sees as :meth:`feed` would show it)."""
+    def fed(self, events: int) -> None:
+        """Count ``events`` handed to the sink another way (partials aggregated elsewhere: ``run``'s workers,
+        Spark's tasks)."""
         self.uncommitted += events
-        if batch is not None:
-            self._observe(batch)
 
     def _observe(self, batch: EventBatch) -> None:
         if self.observe is not None:

@@ -153,9 +153,19 @@ class LocalEngine:
     """The pipeline on this machine's BatchQueues. ``ingest(batch)`` from any thread, then ``close()``."""
 
     def __init__(
-        self, definitions: Definitions, store: Any, options: EngineOptions | None = None, name: str = "pipeline"
+        self,
+        definitions: Definitions,
+        store: Any,
+        options: EngineOptions | None = None,
+        name: str = "pipeline",
+        *,
+        aggregate: Callable[[EventBatch, Definitions], list[Partial]] = aggregate_batch,
     ) -> None:
+        """``aggregate``: how the ingest stage turns a batch into partials, :func:`aggregate_batch` on its own
+        threads by default, or a helper process's (the live commands', ``drainpipe.server.aggregator``): it is
+        called on the ingest threads, which wait for it."""
         self.definitions = definitions
+        self._aggregate_batch = aggregate
         self.store = store
         self.options = o = options or EngineOptions()
         self.counters = EngineCounters()
@@ -257,8 +267,8 @@ class LocalEngine:
     ) -> bool:
         """The engine's front door for events: queue one validated event batch (a plain batch or table is requests
         only; ``definitions``: a subset to aggregate it for, default all). Blocks when the pipeline is full; False if
-        the engine is closed. Events aggregated elsewhere (worker processes, serve's aggregator process) come in as
-        partials, through :meth:`ingest_partials`."""
+        the engine is closed. Events aggregated elsewhere (``run``'s worker processes) come in as partials, through
+        :meth:`ingest_partials`."""
         with self._count_lock:
             self._ingest_in += 1
         if self.ingest_queue.produce((batch, definitions)):
@@ -275,9 +285,10 @@ class LocalEngine:
 
     def _aggregate(self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
-        for batch, definitions in items:
-            partials = aggregate_batch(batch, definitions or self.definitions)
-            self._dispatch(partials, batch.requests if isinstance(batch, EventBatch) else batch.num_rows, 1)
+        for rows, definitions in items:
+            batch = rows if isinstance(rows, EventBatch) else EventBatch.of(rows)
+            partials = self._aggregate_batch(batch, definitions or self.definitions)
+            self._dispatch(partials, batch.requests, 1)
             with self._count_lock:
                 self._ingest_done += 1
 

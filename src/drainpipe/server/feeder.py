@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from ..inputs import EventBatch, Position
-from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, Partial, open_books
+from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
 from .log_source import LogPart, LogSource
 from .wal import EventLog
 
@@ -73,15 +73,12 @@ class Feeder:
         checkpoint_s: float = 2.0,
         max_commits: int = 2,
         observe: Callable[[EventBatch], None] | None = None,
-        aggregate: Callable[[EventBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
         self.log = log_
         self.engine = engine
         self.definitions = definitions
         self.checkpoint_s = checkpoint_s
         self.max_commits = max_commits
-        # L1 aggregation elsewhere (an Aggregator's process); None: the engine aggregates, in this process
-        self.aggregate = aggregate
         self.driver = Driver(definitions, engine, ingest=engine.ingest, checkpoint_s=checkpoint_s,
                              max_commits=max_commits, on_commit=self._stored, observe=observe)  # fmt: skip
         self._hold(PartBooks(LogSource.name, log_.key, dict.fromkeys(definitions.names, Position())))
@@ -209,13 +206,7 @@ class Feeder:
             self._ingest(group, names)
 
     def _ingest(self, group: list[EventBatch], names: frozenset[str]) -> None:
-        table = EventBatch.join(group)  # one batch (requests first, then any exit rows)
-        if self.aggregate is None:
-            self.driver.feed(table, names)
-            return
-        subset = self.driver.definitions_for(names) or self.definitions
-        self.engine.ingest_partials(self.aggregate(table, subset), table.requests)
-        self.driver.fed(table.num_rows, table)  # rows, as feed() counts them
+        self.driver.feed(EventBatch.join(group), names)  # one batch (requests first, then any exit rows)
 
     def _recovered(self) -> None:
         self.recovered_s = time.monotonic() - self._t0

@@ -14,12 +14,11 @@ Data flow across the processes::
       ▼
     WriteAheadLog.append (group commit, fsync) ──► 200 to the client
       ┊ (the log on disk: EventBatch.encode() records)
-    Feeder thread: read the log in order, join up to 32k requests
-      │                                               aggregator process (Aggregator: a HelperPool of one)
+    Feeder thread: read the log in order, join up to 32k requests ─► Driver.feed ─► LocalEngine.ingest
+    engine's ingest threads                           aggregator process (Aggregator: a HelperPool of one)
       ├──────────── EventBatch.encode() ─────────────► aggregate_batch ──► partials
       ▼ ◄──────────────── partials (pickled) ─────────────────┘
-    LocalEngine.ingest_partials ─► L1 ─► L2 ─► persist: one store transaction with the states and
-                                                         "log <id> applied to <position>"
+    L1 ─► L2 ─► persist: one store transaction with the states and "log <id> applied to <position>"
       ┊ every checkpoint_s                             ─► WriteAheadLog.release(position)
     Sampler thread (live.py): the view of /v1/stats, /metrics, the dashboard
     Purger thread (purger.py), Alerter thread (alerting.py): against the store
@@ -161,7 +160,9 @@ class IngestService:
         self.purger = Purger(self.store, definitions.retention, self.options.purge_every_s)
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
-        self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
+        # L1 aggregation of what the feeder hands the engine: in the aggregator process where there is one
+        aggregate = {} if aggregator is None else {"aggregate": aggregator.aggregate}
+        self.engine = LocalEngine(definitions, self.store, engine_options, name=name, **aggregate)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
         self._aggregator = aggregator
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
@@ -173,7 +174,6 @@ class IngestService:
             definitions,
             checkpoint_s=self.options.checkpoint_s,
             observe=self._observe,
-            aggregate=None if aggregator is None else aggregator.aggregate,
         )
         self.feeder.recover()
         self.counters = IngestCounters()
