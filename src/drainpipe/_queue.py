@@ -224,6 +224,35 @@ class BatchQueue:
         """Partitions per drain task, as last published by the control thread (each partition in one task)."""
         return tuple(self._parts.assigned)
 
+    def partition_owners(self) -> tuple[int, ...]:
+        """The drain task that owns each partition now (index = partition), ``-1`` for a partition in a handoff:
+        revoked from its old owner and not yet assigned to its new one. The live owner table, which
+        :attr:`assigned_partitions` follows only once a handoff is done.
+
+        Read-only; thread-safety: a snapshot, callable from any thread (including a rebalance listener's); the
+        control thread may change owners right after."""
+        parts = self._parts
+        return tuple(parts.owner[: parts.count[0]])
+
+    def partitions_of(self, type_: type) -> tuple[int, ...]:
+        """The partitions the handler of ``type_`` serves and its items are routed to now: one for a plain handler,
+        one per instance for a split handler (a ``split="auto"`` type's retired instances excluded); ``()`` when
+        ``type_`` has no handler. With a custom ``partition_selector`` the selector decides where items go; this is
+        the partition the handler was placed on.
+
+        Read-only; thread-safety: a snapshot, callable from any thread; the control thread may change it right
+        after (a split resize, a removal)."""
+        entry = self._table.entries.get(type_)
+        return entry.partitions if entry is not None else ()
+
+    def handler_types(self) -> frozenset[type]:
+        """The item types that have a handler now. A type leaves as soon as its removal starts (its items are
+        dropped from then on), which may be before ``remove_handler`` returns; it joins once ``add_handler`` has
+        been applied.
+
+        Read-only; thread-safety: a snapshot, callable from any thread."""
+        return frozenset(self._table.entries)
+
     @property
     def rebalancing_enabled(self) -> bool:
         return self._control.periodic
