@@ -22,17 +22,17 @@ class Log:
         self.lock = threading.Lock()
 
     def on_revoked(self, task, partitions, types):
-        q = self.q_box[0]
+        owners = self.q_box[0].partition_owners()
         # the old owner has left its cycle and does not own these any more
-        assert all(q._parts.owner[p] == -1 for p in partitions)
+        assert all(owners[p] == -1 for p in partitions)
         with self.lock:
             self.events.append(("revoked", task, partitions, types))
         if self.fail:
             raise RuntimeError("listener bug")
 
     def on_assigned(self, task, partitions, types):
-        q = self.q_box[0]
-        assert all(q._parts.owner[p] == -1 for p in partitions)  # not handed over yet: no one drains them
+        owners = self.q_box[0].partition_owners()
+        assert all(owners[p] == -1 for p in partitions)  # not handed over yet: no one drains them
         with self.lock:
             self.events.append(("assigned", task, partitions, types))
 
@@ -48,9 +48,9 @@ def test_revoked_before_assigned_with_partitions_and_types(qname: str, fail: boo
     recs = [Recorder(t.__name__) for t in types]
     for t, r in zip(types, recs):
         q.add_handler(t, r)
-    owner_before = list(q._parts.owner)
+    owner_before = q.partition_owners()
     # load: the types on task 0's partitions are hot
-    hot = [t for t in types if owner_before[q._table.home[t][0]] == 0]
+    hot = [t for t in types if owner_before[q.partitions_of(t)[0]] == 0]
     for i in range(3000):
         q.produce(hot[i % len(hot)](i))
     for t in types:
@@ -67,7 +67,7 @@ def test_revoked_before_assigned_with_partitions_and_types(qname: str, fail: boo
         for p, old, new in result.moves:
             if p in partitions:
                 assert task == (old if kind == "revoked" else new)
-        assert set(tps) == {t for t in types if q._table.home[t][0] in partitions}
+        assert set(tps) == {t for t in types if q.partitions_of(t)[0] in partitions}
     assert all(r.overlaps == 0 for r in recs)
 
 
@@ -107,8 +107,8 @@ def test_the_new_owner_starts_only_after_on_assigned_returns(qname: str) -> None
     for t in types:
         recorders[t] = Recorder(t.__name__)
         q.add_handler(t, recorders[t])
-    owner = list(q._parts.owner)
-    hot = [t for t in types if owner[q._table.home[t][0]] == 0]
+    owner = q.partition_owners()
+    hot = [t for t in types if owner[q.partitions_of(t)[0]] == 0]
 
     def produce(stop: threading.Event) -> None:  # items keep arriving for every type while the handoff runs
         i = 0
@@ -148,8 +148,9 @@ def test_growth_and_shutdown_are_told(qname: str) -> None:
         q.add_handler(t, Recorder())
     grown = {p for kind, _, ps in events if kind == "assigned" for p in ps}
     assert q.partition_count > start and grown == set(range(start, q.partition_count))
+    owners = q.partition_owners()
     for _, task, ps in events:  # each new partition told to the task that owns it
-        assert all(q._parts.owner[p] == task for p in ps)
+        assert all(owners[p] == task for p in ps)
     assigned_now = [tuple(ps) for ps in q.assigned_partitions]
     q.produce_many([t(0) for t in types])
     q.shutdown()
@@ -169,9 +170,9 @@ def test_a_slow_listener_holds_up_its_own_queue_only(qname: str) -> None:
     for q, ts in ((slow_q, slow_types), (fast_q, fast_types)):
         for t in ts:
             q.add_handler(t, recorders[t])
-        owner = list(q._parts.owner)
+        owner = q.partition_owners()
         for i in range(3000):
-            q.produce([t for t in ts if owner[q._table.home[t][0]] == 0][i % 4](i))
+            q.produce([t for t in ts if owner[q.partitions_of(t)[0]] == 0][i % 4](i))
     slow = threading.Thread(target=slow_q.rebalance_now, kwargs={"timeout": 10})
     slow.start()
     assert listener.asleep.wait(10)  # the slow queue's listener is asleep now
@@ -212,8 +213,8 @@ def test_revoked_is_told_only_after_the_old_owner_left_its_cycle(qname: str) -> 
     recs = {t: Held(t.__name__) for t in types}
     for t in types:
         q.add_handler(t, recs[t])
-    owner = list(q._parts.owner)
-    on_zero = [t for t in types if owner[q._table.home[t][0]] == 0]
+    owner = q.partition_owners()
+    on_zero = [t for t in types if owner[q.partitions_of(t)[0]] == 0]
     held = on_zero[0]
     recs[held].hold = True
     for i in range(4000):  # task 0's other types hot: the plan moves some of them to task 1
