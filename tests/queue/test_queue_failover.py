@@ -52,7 +52,8 @@ def _scenario(qname: str, threads: int) -> dict:
 
         rec.consume = consume  # type: ignore[method-assign]
         q.add_handler(t, rec)
-    owner_of = {t: q._parts.owner[q._table.home[t][0]] for t in types}
+    owners = q.partition_owners()
+    owner_of = {t: owners[q.partitions_of(t)[0]] for t in types}
     stuck = next(t for t in types if owner_of[t] == 0)
     gate, holding = threading.Event(), threading.Event()
 
@@ -112,7 +113,7 @@ def _check(r: dict) -> None:
     lost = [e for e in r["events"] if e[0] == "lost"]
     moved = {p for _, _, ps in lost for p in ps}
     assert lost and all(task == 0 for _, task, _ in lost)
-    assert moved == {r["q"]._table.home[t][0] for t in r["types"] if r["owner_of"][t] == 0 and t is not stuck}
+    assert moved == {r["q"].partitions_of(t)[0] for t in r["types"] if r["owner_of"][t] == 0 and t is not stuck}
 
 
 def test_a_stuck_call_fails_its_tasks_other_partitions_over_to_healthy_tasks(qname: str) -> None:
@@ -234,7 +235,8 @@ def test_partitions_are_revoked_before_the_stuck_call_is_checked(qname: str) -> 
     recs = {t: Recorder(t.__name__) for t in types}
     for t in types:
         q.add_handler(t, recs[t])
-    owner_of = {t: q._parts.owner[q._table.home[t][0]] for t in types}
+    owners = q.partition_owners()
+    owner_of = {t: owners[q.partitions_of(t)[0]] for t in types}
     stuck, other = [t for t in types if owner_of[t] == 0][:2]
     gate, holding, after_release = threading.Event(), threading.Event(), threading.Event()
     recs[stuck].gate, recs[stuck].block_if = gate, lambda batch: holding.set() is None

@@ -99,7 +99,8 @@ def test_a_type_that_turns_hot_is_split_and_joined_back(qname: str, monkeypatch:
             time.sleep(0.05)
         split_to = count()
         assert split_to >= 3, split_to  # ~90% of the load on 4 tasks: about 4 tasks' worth
-        owners = {q._parts.owner[p] for p in q._table.entries[hot].partitions}
+        owner = q.partition_owners()
+        owners = {owner[p] for p in q.partitions_of(hot)}
         assert len(owners) == split_to  # each instance on a task of its own
         phase[0] = "cold"
         deadline = time.monotonic() + 6

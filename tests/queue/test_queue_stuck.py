@@ -33,8 +33,8 @@ def _setup(qname: str, **kw):
     gate = first_call_blocks(stuck)
     q.add_handler(A, stuck)
     q.add_handler(B, healthy)
-    pa, pb = q._table.home[A][0], q._table.home[B][0]
-    owner = list(q._parts.owner)
+    (pa,), (pb,) = q.partitions_of(A), q.partitions_of(B)
+    owner = q.partition_owners()
     assert owner[pa] != owner[pb]
     third = ({0, 1, 2} - {owner[pa], owner[pb]}).pop()
     q.produce(A(0))
@@ -44,15 +44,17 @@ def _setup(qname: str, **kw):
 
 def test_a_move_waits_only_for_its_own_old_owner(qname: str) -> None:
     q, balancer, stuck, healthy, gate, pa, pb, third = _setup(qname)
-    stuck_owner = q._parts.owner[pa]
-    plan = list(q._parts.owner)
+    owner = q.partition_owners()
+    stuck_owner = owner[pa]
+    plan = list(owner)
     plan[pa] = plan[pb] = third  # one rebalance moves the stuck partition and the healthy one
     balancer.plans.append(plan)
     with pytest.raises(TimeoutError):  # the rebalance as a whole waits for the stuck owner...
         q.rebalance_now(timeout=0.2)
     # ... but the healthy partition was assigned at once, and its items flow (none dropped: IF_POSSIBLE)
-    assert q._parts.owner[pb] == third
-    assert q._parts.owner[pa] == -1
+    owner = q.partition_owners()
+    assert owner[pb] == third
+    assert owner[pa] == -1
     t0 = time.monotonic()
     assert all(q.produce(B(i)) for i in range(100))
     assert healthy.wait_items(100, timeout=0.5), len(healthy.items)
@@ -64,14 +66,15 @@ def test_a_move_waits_only_for_its_own_old_owner(qname: str) -> None:
     others = make_types(4, "Other")
     for t in others:
         q.add_handler(t, Recorder(t.__name__), timeout=1)
-    free = [t for t in others if q._parts.owner[q._table.home[t][0]] not in (-1, stuck_owner)]
+    owner = q.partition_owners()
+    free = [t for t in others if owner[q.partitions_of(t)[0]] not in (-1, stuck_owner)]
     assert free
     for t in free:
         assert q.remove_handler(t, timeout=1)
     assert time.monotonic() - t0 < 0.1
     assert q.stats().rebalance_state == "fencing"
     gate.set()  # the stuck call ends: its partition reaches its new owner, and everything is delivered
-    assert wait_until(lambda: q._parts.owner[pa] == third, 2)
+    assert wait_until(lambda: q.partition_owners()[pa] == third, 2)
     assert q.stats().rebalance_state == "stable"
     q.produce(A(1))
     assert stuck.wait_items(2)
@@ -82,10 +85,11 @@ def test_a_move_waits_only_for_its_own_old_owner(qname: str) -> None:
 
 def test_requests_about_the_stuck_type_wait_their_turn_in_order(qname: str) -> None:
     q, _, stuck, _, gate, _, _, _ = _setup(qname)
+    withdrawn = Recorder("a2")
     with pytest.raises(TimeoutError, match="still running"):  # removal waits for the stuck call (its fence)
         q.remove_handler(A, timeout=0.2)
     with pytest.raises(TimeoutError, match="withdrawn, nothing changed"):  # behind it: withdrawn
-        q.add_handler(A, Recorder("a2"), timeout=0.1)
+        q.add_handler(A, withdrawn, timeout=0.1)
     t0 = time.monotonic()
     rc = Recorder("c")
     q.add_handler(C, rc, timeout=1)  # another type: at once
@@ -95,14 +99,15 @@ def test_requests_about_the_stuck_type_wait_their_turn_in_order(qname: str) -> N
     waiter = threading.Thread(target=lambda: done.append(q.add_handler(A, again, timeout=5)))
     waiter.start()
     time.sleep(0.1)
-    assert not done and A not in q._table.entries  # queued behind the removal
+    assert not done and A not in q.handler_types()  # queued behind the removal
     gate.set()
     waiter.join(5)
     assert done == [None]
-    assert q._table.entries[A].target(q._table.home[A][0]).consume == again.consume  # removal, then the new add
+    assert A in q.handler_types()  # removal, then the new add: A's items reach the new handler only
     q.produce(A(5))
     q.produce(C(6))
     assert again.wait_items(1) and rc.wait_items(1)
+    assert again.ids == [5] and stuck.ids == [0] and withdrawn.ids == []
     assert stuck.overlaps == again.overlaps == 0
 
 
@@ -111,7 +116,7 @@ def test_a_slow_handler_call_is_reported(qname: str, caplog: pytest.LogCaptureFi
     q, _, stuck, _, gate, pa, _, _ = _setup(qname, slow_handler_ms=50)
     assert wait_until(lambda: len(q.stats().slow_calls) == 1, 2)
     call = q.stats().slow_calls[0]
-    assert (call.type_name, call.task, call.method) == ("A", q._parts.owner[pa], "consume")
+    assert (call.type_name, call.task, call.method) == ("A", q.partition_owners()[pa], "consume")
     assert call.seconds >= 0.05
     time.sleep(0.2)
     assert q.stats().slow_calls[0].seconds > call.seconds  # the seconds so far, growing

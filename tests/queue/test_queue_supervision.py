@@ -58,7 +58,7 @@ def test_a_failed_cycle_hands_on_what_it_held_and_draining_resumes_within_100_ms
     assert sorted(x.id for x in ra.items + rb.items) == sorted(x.id for x in items + later)  # each once
     assert s.lost == 0 and s.produced == s.dispatched == 21 and s.task_restarts == 1
     assert ra.overlaps == rb.overlaps == 0 and ra.wrong_type == rb.wrong_type == 0
-    assert all(owner >= 0 for owner in q._parts.owner)
+    assert all(owner >= 0 for owner in q.partition_owners())
 
 
 def test_a_failure_in_the_consumer_path_is_handed_on(qname: str, monkeypatch: pytest.MonkeyPatch) -> None:

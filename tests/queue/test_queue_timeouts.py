@@ -27,7 +27,7 @@ def test_timeouts_on_control_calls_while_a_handler_is_stuck(qname: str) -> None:
         q.add_handler(A, rc, timeout=0.1)
     assert time.monotonic() - t0 < 2
     gate.set()  # the stuck call ends: the removal completes; the withdrawn add never happened
-    assert wait_until(lambda: A not in q._table.entries, 2)
+    assert wait_until(lambda: A not in q.handler_types(), 2)
     assert not q.remove_handler(A, timeout=2)
     q.add_handler(C, rc, timeout=2)  # and the queue works on
     q.produce(B(2))
