@@ -134,7 +134,7 @@ def test_items_left_in_a_partition_the_new_registration_does_not_serve_are_dropp
             return c
 
         q.add_handler(Hot, factory, split=2, key=lambda it: it.key)
-        served = set(q._table.entries[Hot].partitions)
+        served = set(q.partitions_of(Hot))
         stray = min(set(range(4)) - served)
         assert q._parts.buffers.put(stray, [Hot(1, i) for i in range(50)]) == 50  # as an earlier registration left them
         for i in range(100):
