@@ -243,3 +243,26 @@ def test_remove_handler_racing_shutdown_still_waits_for_the_running_handler(qnam
     remover.join(5)
     closer.join(5)
     assert out == [(True, False)], "remove_handler returned while the removed handler was still running"
+
+
+def test_the_read_only_views_follow_registration_and_ownership(qname):
+    """handler_types(), partitions_of() and partition_owners(): what the behaviour tests read instead of internals.
+    A type's items reach its handler on the partition partitions_of() names, owned by the task partition_owners()
+    names; a split type names one partition per instance; a removed type is gone from both views."""
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4))
+    assert q.handler_types() == frozenset() and q.partitions_of(A) == ()
+    ra = Recorder("a")
+    q.add_handler(A, ra)
+    q.add_handler(B, lambda: Recorder("b"), split=2)
+    assert q.handler_types() == {A, B}
+    (pa,) = q.partitions_of(A)
+    pb = q.partitions_of(B)
+    assert len(pb) == 2 and all(0 <= p < 4 for p in (pa, *pb))
+    owners = q.partition_owners()
+    assert owners == tuple(t for p in range(4) for t, ps in enumerate(q.assigned_partitions) if p in ps)
+    assert len({owners[p] for p in pb}) == 2  # a split type's instances on different tasks
+    q.produce(A(1))
+    assert ra.wait_items(1) and ra.threads[0].endswith(f"-{owners[pa]}")  # drained by the owner named
+    assert q.produced_count(pa) == 1
+    assert q.remove_handler(A)
+    assert q.handler_types() == {B} and q.partitions_of(A) == ()
