@@ -302,23 +302,6 @@ def start_server(
     return proc, m.group(1), int(m.group(2))
 
 
-def ledger_rows(store: str) -> int | None:
-    """Rows of the store's ``applied_sources`` ledger: one per (request, definition), kept forever (the one part
-    of the server's state that grows with the number of requests)."""
-    try:
-        if store.startswith("duckdb:///"):
-            import duckdb
-
-            with duckdb.connect(store[len("duckdb:///") :], read_only=True) as con:
-                return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
-        import psycopg
-
-        with psycopg.connect(store, autocommit=True) as con:
-            return con.execute("SELECT count(*) FROM applied_sources").fetchone()[0]
-    except Exception:
-        return None
-
-
 def fit_slope(points: list[tuple[float, float]]) -> float:
     """Least-squares slope of (t, y) points (y per unit of t)."""
     n = len(points)
@@ -885,12 +868,24 @@ def main() -> int:
     )
 
     rss: list[tuple[float, int]] = []
+    pss_peak = [0]  # KB: the server's process tree, sampled every 2 s (smaps_rollup is not free to read)
+    tree_cpu: dict[str, tuple[float, float]] = {}  # (time, CPU seconds of the server tree) at the window's ends
     done = threading.Event()
     t_start = time.perf_counter()
 
     def sample_rss() -> None:
+        n = 0
         while not done.is_set():
-            rss.append((time.perf_counter() - t_start, rss_kb(proc.pid)))
+            now = time.perf_counter() - t_start
+            rss.append((now, rss_kb(proc.pid)))
+            tree = [proc.pid, *children_of(proc.pid)]
+            if "start" not in tree_cpu and now >= args.warmup:
+                tree_cpu["start"] = (now, sum(cpu_s(p) for p in tree))
+            elif "end" not in tree_cpu and now >= total_s - 0.25:
+                tree_cpu["end"] = (now, sum(cpu_s(p) for p in tree))
+            if n % 4 == 0:
+                pss_peak[0] = max(pss_peak[0], sum(memory_kb(p, "Pss", "smaps_rollup") for p in tree))
+            n += 1
             done.wait(0.5)
 
     rss_idle = rss_kb(proc.pid)
@@ -907,6 +902,8 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
     done.set()
     sampler.join()
+    if "start" in tree_cpu and "end" not in tree_cpu:  # the load ended between two samples
+        tree_cpu["end"] = (elapsed, cpu_s(proc.pid) + sum(cpu_s(c) for c in children_of(proc.pid)))
     load_after = os.getloadavg()
 
     t_stop = time.perf_counter()
@@ -921,7 +918,6 @@ def main() -> int:
         stored = int(round(sum(r[5] for r in s.query(metric="service_cpm", granularity="minute"))))
     finally:
         s.close()
-    ledger = ledger_rows(store)
     shutil.rmtree(tmp, ignore_errors=True)
 
     if schema:
@@ -935,6 +931,10 @@ def main() -> int:
     memory = memory_verdict(rss, args.warmup, total_s - 0.25, args.flat_pct)
     requests_done = len(latencies)
     events_measured = len(measured) * args.events_per_request
+    cpu_cores = 0.0  # the server tree's cores in the measured window
+    if "start" in tree_cpu and "end" in tree_cpu:
+        (t0, c0), (t1, c1) = tree_cpu["start"], tree_cpu["end"]
+        cpu_cores = (c1 - c0) / (t1 - t0)
     result = {
         "clients": args.clients,
         "warmup_s": args.warmup,
@@ -968,9 +968,10 @@ def main() -> int:
         "events_in_store": stored,
         "lost": accepted[0] - stored,
         "shutdown_s": round(shutdown_s, 2),
-        "ledger_rows": ledger,
-        "ledger_rows_per_s": round(ledger / elapsed, 1) if ledger is not None else None,
         "server_exit_code": proc.returncode,
+        "server_tree_cpu_cores": round(cpu_cores, 3) if cpu_cores else None,
+        "events_per_cpu_s": round(events_measured / args.measure / cpu_cores, 1) if cpu_cores else None,
+        "pss_peak_mb": round(pss_peak[0] / 1024, 1),
         "rss_mb": {
             "idle": round(rss_idle / 1024, 1),
             **memory,
@@ -1005,7 +1006,11 @@ def main() -> int:
         ("429 / 503 retries", f"{retries['429']} / {retries['503']}"),
         ("accepted / in store / lost", f"{accepted[0]:,} / {stored:,} / {accepted[0] - stored}"),
         ("dropped in queues", str(result["server_dropped"])),
-        ("store ledger (applied_sources) rows", f"{ledger} ({result['ledger_rows_per_s']}/s)"),
+        (
+            "server tree: cores used (window) / events per CPU s",
+            f"{result['server_tree_cpu_cores']} / {result['events_per_cpu_s']:,}" if cpu_cores else "n/a",
+        ),
+        ("server tree: peak PSS", f"{result['pss_peak_mb']} MB"),
         ("server RSS idle", f"{m['idle']} MB"),
         (
             "RSS in the window first / last / min / max",
