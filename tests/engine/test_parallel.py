@@ -259,10 +259,14 @@ def test_a_store_that_fails_to_open_after_the_early_start_is_reported_and_no_wor
     from procs import alive, children_of
 
     monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    started = []
-    monkeypatch.setattr(
-        run_module._Run, "start_early", lambda self, f=run_module._Run.start_early: started.append(1) or f(self)
-    )
+    started = []  # part streams submitted to the workers: the early start's, before the store is opened
+
+    class Recorded(parallel.PartStream):
+        def __init__(self, *args, **kwargs):
+            started.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(parallel, "PartStream", Recorded)
 
     def refuse(url):
         raise StoreError("cannot open duckdb store: refused by the test")
