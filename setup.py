@@ -18,7 +18,7 @@ def _native(name: str, depends: list[str] | None = None) -> Extension:
 
 setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"], extra_compile_args=_FLAGS),
                    _native("_jsonscan", _COLUMNS),
-                   _native("_spanmap"),
+                   _native("_spanmap", [f"{_NATIVE}/_spanrules.h"]),
                    _native("_logscan"),
                    _native("_csvscan", _COLUMNS),
                    _native("_lines"),

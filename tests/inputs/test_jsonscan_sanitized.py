@@ -170,9 +170,16 @@ from drainpipe.native._otlpproto import scan as normal
 sys.path.insert(0, sys.argv[2])
 from test_otlp_proto_scan import _export  # the differential test's exports: every field, odd fields, mutations
 
+from drainpipe.native._otlpproto import events as normal_events
+SPAN_ROLES = [(b"http.route", 0, 0), (b"db.statement", 1, 0), (b"db.query.text", 1, 1),
+              (b"http.response.status_code", 2, 0), (b"http.status_code", 2, 1)]
+RESOURCE_ROLES = [(b"service.name", 0, 0), (b"service.instance.id", 1, 0), (b"host.name", 1, 1)]
+
 rng = random.Random(12)
 def check(exports):
     assert sanitized.scan(exports) == normal(exports), exports
+    args = (exports, SPAN_ROLES, RESOURCE_ROLES, (1 << 2) | (1 << 5), 3, 2, 1e9)
+    assert sanitized.events(*args) == normal_events(*args), exports
 
 count = 0
 for _ in range(40):  # every prefix of an export, each a bytes object of its own (ASan sees its end)

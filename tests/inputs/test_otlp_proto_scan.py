@@ -231,7 +231,8 @@ def test_the_sdks_exports_are_taken_not_declined() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import SpanKind, Status as SdkStatus, StatusCode
+    from opentelemetry.trace import SpanKind, StatusCode
+    from opentelemetry.trace import Status as SdkStatus
 
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=SdkResource.create({"service.name": "checkout", "host.name": "h1"}))

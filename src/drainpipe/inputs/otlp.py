@@ -48,8 +48,8 @@ from ..errors import OtlpError
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
-from .span_columns import proto_span_columns, span_columns
-from .span_events import TracesResult, map_columns
+from .span_columns import span_columns
+from .span_events import TracesResult, map_columns, map_proto_exports
 from .spans import SpanMapping
 from .trace_ids import trace_id_bytes
 
@@ -89,19 +89,18 @@ def decode_proto_exports(
     ``(index, its bytes, the reason decode_traces raises)``, a span ``(index, {"span": its index in the export},
     reason)``, in export order.
 
-    The exports are read and judged in one C pass over their wire bytes (:func:`~.span_columns.proto_span_columns`)
-    and mapped at once; an export the pass declines, and every export where it is not built or is off, is decoded
-    by the reference (:func:`decode_traces`), which accepts it or says why not."""
-    scanned = proto_span_columns(exports)
+    The exports are read, judged and mapped to events in one C pass over their wire bytes
+    (:func:`~.span_events.map_proto_exports`); an export the pass declines, and every export where it is not built
+    or is off, is decoded by the reference (:func:`decode_traces`), which accepts it or says why not."""
+    mapped = map_proto_exports(exports, options.spans, options.endpoints)
     batches: list[EventBatch] = []
     bad: list[tuple[int, Any, str]] = []
     declined: Sequence[int] = range(len(exports))
-    if scanned is not None:
-        result = map_columns(scanned.columns, options.spans, options.endpoints)
-        if result.batch.num_rows:
-            batches.append(result.batch)
-        bad += scanned.span_rejects(result.rejects)
-        declined = scanned.declined
+    if mapped is not None:
+        events, span_rejects, declined = mapped
+        if events.num_rows:
+            batches.append(events)
+        bad += span_rejects
     for k in declined:
         export = bytes(exports[k])
         try:

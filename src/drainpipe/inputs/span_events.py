@@ -6,6 +6,7 @@ per-span passes are C (``drainpipe.native.spanmap``), or where it is not built o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from .span_columns import Attributes, SpanColumns
 from .spans import KINDS, SpanMapping
 from .trace_ids import BAD_TRACE_ID, trace_id_column
 
-__all__ = ["TracesResult", "UNKNOWN_SERVICE", "BAD_SPAN_ID", "map_columns"]
+__all__ = ["TracesResult", "UNKNOWN_SERVICE", "BAD_SPAN_ID", "map_columns", "map_proto_exports"]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
@@ -109,10 +110,79 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
 _REASONS = {-3: "bad value: end before start", -4: "out of range: latency_ms"}
 
 
+def map_proto_exports(
+    exports: Sequence[bytes | memoryview], mapping: SpanMapping, endpoints: EndpointRules
+) -> tuple[EventBatch, list[tuple[int, dict[str, int], str]], list[int]] | None:
+    """OTLP protobuf exports -> their events in one C pass from the wire bytes, the mapping of :func:`map_columns`
+    done inside it (``native.otlpproto.events``): ``(events, (export, {"span": index in it}, reason) per rejected
+    span, the exports it declined)``, the declined ones for the reference. Python only normalizes the distinct
+    endpoints and wraps the columns. None where the pass is not built or is off."""
+    otlpproto = native.otlpproto
+    if otlpproto is None:
+        return None
+    request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
+    span_roles = _roles((mapping.endpoint, mapping.statement, mapping.http_status))
+    resource_roles = _roles((mapping.service, mapping.instance))
+    out = otlpproto.events(exports, span_roles, resource_roles, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS))
+    (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, ep_off, ep, st_off, st, st_valid,
+     rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata) = out  # fmt: skip
+    m = len(rows) // 8
+    # endpoint: the chosen attribute or the span's name, normalized once per distinct value; "" for exit rows
+    distinct = _strings(requests, ep_off, ep).dictionary_encode()
+    normalize = endpoints.normalize
+    templates = [normalize(e) for e in distinct.dictionary.to_pylist()]
+    codes = np.frombuffer(distinct.indices.buffers()[1], np.int32, requests)
+    if requests < m:
+        codes = np.concatenate([codes, np.full(m - requests, len(templates), np.int32)])
+        templates.append("")
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(ts)]),
+            _strings(m, svc_off, svc),
+            _strings(m, inst_off, inst),
+            pa.array(templates, pa.string()).take(codes),
+            pa.Array.from_buffers(pa.float64(), m, [None, pa.py_buffer(latency)]),
+            pa.Array.from_buffers(pa.bool_(), m, [None, pa.py_buffer(ok)]),
+            _strings(m, st_off, st, st_valid),  # null for requests
+        ],
+        schema=EVENT_SCHEMA,
+    )
+    index = np.frombuffer(rows, np.int64)
+    weights, warnings = adjusted_counts(_strings(n, xoff, xdata), _binary(n, sid_off, sid), index[:requests])
+    for reason, k in ((BAD_TRACE_ID, bad_trace), (BAD_SPAN_ID, bad_span)):
+        if k:
+            warnings[reason] += k
+    events = EventBatch(batch, requests, tuple(warnings.items()))
+    if mapping.trace_ids:
+        traces, _ = trace_id_column(_binary(n, tid_off, tid).take(pa.array(index)))
+        if traces.null_count < len(traces):
+            events = events.with_column(TRACE_ID, traces)
+    if weights is not None:
+        events = events.with_weights(np.concatenate([weights, np.ones(m - requests, np.int64)]))
+    rejects = [(int(k), {"span": int(j)}, _REASONS[c]) for k, j, c in
+               zip(np.frombuffer(rej_export, np.int32), np.frombuffer(rej_index, np.int32),
+                   np.frombuffer(rej_cat, np.int8))]  # fmt: skip
+    return events, rejects, declined
+
+
+def _roles(fields: tuple[tuple[str, ...], ...]) -> list[tuple[bytes, int, int]]:
+    """Per field (a list of keys each, lower rank first): ``(key, field, rank)`` for the C passes."""
+    return [(key.encode(), field, rank) for field, keys in enumerate(fields) for rank, key in enumerate(keys)]
+
+
+def _strings(n: int, offsets: bytes, data: bytes, valid: bytes | None = None) -> pa.Array:
+    return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid),
+                                                  pa.py_buffer(offsets), pa.py_buffer(data)])  # fmt: skip
+
+
+def _binary(n: int, offsets: bytes, data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def _pick(attrs: Attributes, fields: tuple[tuple[str, ...], ...], status: np.ndarray | None = None) -> np.ndarray:
     """Per field (a list of keys each, lower rank first), per owner: the index of the attribute that gives it, or -1.
     With ``status``, the last field is the HTTP status, whose value goes there (-1 for none)."""
-    roles = [(key.encode(), field, rank) for field, keys in enumerate(fields) for rank, key in enumerate(keys)]
+    roles = _roles(fields)
     out = np.empty((len(fields), attrs.owners), np.int64)
     status_field = len(fields) - 1 if status is not None else -1
     spanmap = native.spanmap

@@ -8,3 +8,14 @@ def scan(exports: Sequence[bytes | memoryview], /) -> tuple[Any, ...]:
     for a line: ``(declined export indexes, spans, resources, export, resource, kind, start, end, status code, trace
     id offsets, data, span id offsets, data, name offsets, data, trace state offsets, data, span attributes, resource
     attributes)``."""
+
+def events(exports: Sequence[bytes | memoryview], span_roles: list[tuple[bytes, int, int]],
+           resource_roles: list[tuple[bytes, int, int]], request_kinds: int, client: int, server: int,
+           latency_max_ms: float, /) -> tuple[Any, ...]:  # fmt: skip
+    """The events of OTLP protobuf trace exports, the span mapping done in the pass: ``(declined export indexes,
+    spans, requests, rows (int64 span index per event), ts, latency, ok bits, service offsets, data, instance
+    offsets, data, endpoint offsets, data (requests only, not normalized), statement offsets, data, validity,
+    rejected spans' export indexes (int32), their indexes in the export (int32), their categories (int8), spans
+    mapped with a trace id that cannot be used, with a span id that cannot be used, trace id offsets, data, span id
+    offsets, data, trace state offsets, data)``. ``span_roles``: fields endpoint 0, statement 1, HTTP status 2;
+    ``resource_roles``: service 0, instance 1 (``(key, field, rank)``, lower rank first)."""

@@ -269,6 +269,22 @@ bitmap_of(const Buf *b)
     return out;
 }
 
+/* Arrow's bits of a boolean column of one byte per element (always: the values, not a validity). */
+static inline PyObject *
+bits_of(const Buf *b)
+{
+    size_t n = b->len;
+    const unsigned char *v = (const unsigned char *)b->data;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
+    if (out == NULL)
+        return NULL;
+    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
+    memset(bits, 0, (n + 7) / 8);
+    for (size_t i = 0; i < n; i++)
+        bits[i >> 3] |= (unsigned char)((v[i] != 0) << (i & 7));
+    return out;
+}
+
 static PyObject *
 pool_tuple(const Buf *pool)
 {

@@ -24,8 +24,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_FIELDS 8
-#define MAX_ROLES 64
+#include "_spanrules.h"
+
 
 /* A buffer argument: None (an absent validity bitmap) or any object with the buffer protocol. */
 typedef struct {
@@ -60,19 +60,6 @@ release(Buf *bufs, int n)
             PyBuffer_Release(&bufs[i].view);
 }
 
-static inline int
-bit(const uint8_t *bitmap, Py_ssize_t i)
-{
-    return bitmap == NULL || (bitmap[i >> 3] >> (i & 7)) & 1;
-}
-
-typedef struct {
-    const char *key;
-    Py_ssize_t len;
-    int field;
-    int64_t rank;
-} Role;
-
 /* pick(owners, list_offsets, present, key_offsets, key_data, value_valid, text_valid, text_offsets, text_data,
  *      int_valid, int_data, roles, fields, status_field, out_pair, out_status) -> None
  * out_pair: int64[fields][owners] (attribute index, -1 for none); out_status: int64[owners] or None. */
@@ -92,27 +79,10 @@ pick(PyObject *self, PyObject *args)
         return NULL;
     }
     Role roles[MAX_ROLES];
-    PyObject *seq = PySequence_Fast(roles_obj, "roles must be a sequence");
+    Py_ssize_t nroles;
+    PyObject *seq = rules_roles(roles_obj, fields, roles, &nroles);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t nroles = PySequence_Fast_GET_SIZE(seq);
-    if (nroles > MAX_ROLES) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "pick: too many roles");
-        return NULL;
-    }
-    for (Py_ssize_t r = 0; r < nroles; r++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, r);
-        long long rank;
-        if (!PyArg_ParseTuple(item, "y#iL", &roles[r].key, &roles[r].len, &roles[r].field, &rank) ||
-            roles[r].field < 0 || roles[r].field >= fields) {
-            Py_DECREF(seq);
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "pick: a role's field is out of range");
-            return NULL;
-        }
-        roles[r].rank = rank;
-    }
     /* the role keys stay alive in seq (bytes objects) until the end */
     Buf b[13];
     memset(b, 0, sizeof(b));
@@ -149,51 +119,8 @@ pick(PyObject *self, PyObject *args)
         goto fail;
     }
 
-    for (Py_ssize_t o = 0; o < owners; o++) {
-        int64_t best[MAX_FIELDS];
-        for (int f = 0; f < fields; f++) {
-            best[f] = INT64_MAX;
-            out_pair[f * owners + o] = -1;
-        }
-        if (status_field >= 0)
-            out_status[o] = -1;
-        if (!bit(present, o))
-            continue;
-        for (Py_ssize_t i = offsets[o]; i < offsets[o + 1]; i++) {
-            const char *key = kdata + koff[i];
-            Py_ssize_t klen = koff[i + 1] - koff[i];
-            if (!bit(vvalid, i))
-                continue;
-            int has_text = bit(tvalid, i);
-            Py_ssize_t tlen = has_text ? toff[i + 1] - toff[i] : 0;
-            for (Py_ssize_t r = 0; r < nroles; r++) {
-                const Role *role = &roles[r];
-                if (role->len != klen || memcmp(role->key, key, klen) != 0 || role->rank >= best[role->field])
-                    continue;
-                if (role->field == status_field) {
-                    int64_t status;
-                    if (bit(ivalid, i)) { /* (the caller passes None only when every value is an integer) */
-                        status = idata[i];
-                    } else if (tlen > 0) {
-                        const char *t = tdata + toff[i];
-                        status = 0;
-                        Py_ssize_t k = 0;
-                        for (; k < tlen && t[k] >= '0' && t[k] <= '9'; k++)
-                            status = status < ((int64_t)1 << 58) ? status * 10 + (t[k] - '0') : (int64_t)1 << 62;
-                        if (k < tlen)
-                            continue; /* not all ASCII digits: no status */
-                    } else {
-                        continue;
-                    }
-                    out_status[o] = status;
-                } else if (tlen == 0) {
-                    continue;
-                }
-                best[role->field] = role->rank;
-                out_pair[role->field * owners + o] = i;
-            }
-        }
-    }
+    Pool pool = {owners, offsets, present, vvalid, tvalid, ivalid, koff, toff, kdata, tdata, idata};
+    rules_pick(&pool, roles, nroles, fields, status_field, out_pair, out_status);
     release(b, 13);
     Py_DECREF(seq);
     Py_RETURN_NONE;
@@ -201,23 +128,6 @@ fail:
     release(b, 13);
     Py_DECREF(seq);
     return NULL;
-}
-
-/* Whether the n bytes at id are not all zero. */
-static inline int
-nonzero(const uint8_t *id, int32_t n)
-{
-    uint8_t any = 0;
-    for (int32_t j = 0; j < n; j++)
-        any |= id[j];
-    return any != 0;
-}
-
-/* Whether a trace id can be used (inputs/trace_ids.py): 16 bytes, or a 64-bit id of 8, not all zero. */
-static inline int
-trace_id_usable(const uint8_t *id, int32_t n)
-{
-    return (n == 16 || n == 8) && nonzero(id, n);
 }
 
 /* classify(kind, start, end, status_valid, status_code, tid_offsets, tid_data, sid_offsets, sid_data, statement,
@@ -262,36 +172,9 @@ classify(PyObject *self, PyObject *args)
         goto fail;
     }
 
-    Py_ssize_t bad_trace = 0, bad_span = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t k = kind[i];
-        int is_request = k >= 0 && k < 64 && (request_kinds >> k) & 1;
-        int is_exit = !is_request && k == client && stmt[i] >= 0;
-        ok[i] = 0;
-        lat[i] = 0.0;
-        if (!is_request && !is_exit) {
-            cat[i] = 0;
-            continue;
-        }
-        if (end[i] < start[i]) {
-            cat[i] = -3;
-            continue;
-        }
-        double latency = (double)(end[i] - start[i]) / 1e6; /* as Python's (end - start) / 1e6 */
-        if (latency > latency_max) {
-            cat[i] = -4;
-            continue;
-        }
-        int32_t code = bit(svalid, i) ? scode[i] : 0;
-        int success = code != 2; /* ERROR */
-        if (success && code == 0 && k == server && http[i] >= 0)
-            success = http[i] < 500;
-        cat[i] = is_request ? 1 : 2;
-        ok[i] = (uint8_t)success;
-        lat[i] = latency;
-        bad_trace += !trace_id_usable(tdata + toff[i], toff[i + 1] - toff[i]);
-        bad_span += !(soff[i + 1] - soff[i] == 8 && nonzero(sdata + soff[i], 8));
-    }
+    SpanView v = {n, kind, scode, toff, soff, start, end, svalid, tdata, sdata};
+    Py_ssize_t bad_trace, bad_span;
+    rules_classify(&v, stmt, http, request_kinds, client, server, latency_max, cat, ok, lat, &bad_trace, &bad_span);
     release(b, 14);
     return Py_BuildValue("(nn)", bad_trace, bad_span);
 fail:
