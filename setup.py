@@ -9,6 +9,7 @@ _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-fiel
 _NATIVE = "src/drainpipe/native"  # every optional extension: drainpipe.native is the one module importing them
 _NUMBERS = [f"{_NATIVE}/_numbers.h"]  # JSON numbers, for every scanner that reads them
 _COLUMNS = [f"{_NATIVE}/_columns.h", *_NUMBERS]  # the event columns the JSON and CSV scanners fill
+_SPANS = [f"{_NATIVE}/{h}" for h in ("_spancols.h", "_spanrules.h", "_spanevents.h")]  # the OTLP scanners' columns
 
 
 def _native(name: str, depends: list[str] | None = None) -> Extension:
@@ -23,5 +24,5 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    _native("_csvscan", _COLUMNS),
                    _native("_lines"),
                    _native("_groupstates"),
-                   _native("_otlpjson", [f"{_NATIVE}/_spancols.h", *_NUMBERS]),
-                   _native("_otlpproto", [f"{_NATIVE}/_spancols.h"])])
+                   _native("_otlpjson", [*_SPANS, *_NUMBERS]),
+                   _native("_otlpproto", _SPANS)])

@@ -145,10 +145,17 @@ from drainpipe.native._otlpjson import scan as normal
 sys.path.insert(0, sys.argv[2])
 from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
 
+from drainpipe.native._otlpjson import events as normal_events
+SPAN_ROLES = [(b"http.route", 0, 0), (b"db.statement", 1, 0), (b"db.query.text", 1, 1),
+              (b"http.response.status_code", 2, 0), (b"http.status_code", 2, 1)]
+RESOURCE_ROLES = [(b"service.name", 0, 0), (b"service.instance.id", 1, 0), (b"host.name", 1, 1)]
+
 rng = random.Random(11)
 def check(data):
     count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
     assert sanitized.scan(data, count) == normal(data, count), data
+    args = (data, count, SPAN_ROLES, RESOURCE_ROLES, (1 << 2) | (1 << 5), 3, 2, 1e9)
+    assert sanitized.events(*args) == normal_events(*args), data
 
 count = 0
 for _ in range(40):  # every prefix of an export

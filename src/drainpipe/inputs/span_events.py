@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,15 @@ from .span_columns import Attributes, SpanColumns
 from .spans import KINDS, SpanMapping
 from .trace_ids import BAD_TRACE_ID, trace_id_column
 
-__all__ = ["TracesResult", "UNKNOWN_SERVICE", "BAD_SPAN_ID", "map_columns", "map_proto_exports"]
+__all__ = [
+    "Mapped",
+    "TracesResult",
+    "UNKNOWN_SERVICE",
+    "BAD_SPAN_ID",
+    "map_columns",
+    "map_json_block",
+    "map_proto_exports",
+]
 
 _SERVER = KINDS["server"]
 _CLIENT = KINDS["client"]
@@ -110,20 +119,48 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
 _REASONS = {-3: "bad value: end before start", -4: "out of range: latency_ms"}
 
 
+#: what a C pass's mapping gives: the events, ``(export, {"span": its index in the export}, reason)`` per rejected
+#: span, and the exports it declined (for the reference)
+Mapped = tuple[EventBatch, list[tuple[int, dict[str, int], str]], list[int]]
+
+
 def map_proto_exports(
     exports: Sequence[bytes | memoryview], mapping: SpanMapping, endpoints: EndpointRules
-) -> tuple[EventBatch, list[tuple[int, dict[str, int], str]], list[int]] | None:
+) -> Mapped | None:
     """OTLP protobuf exports -> their events in one C pass from the wire bytes, the mapping of :func:`map_columns`
-    done inside it (``native.otlpproto.events``): ``(events, (export, {"span": index in it}, reason) per rejected
-    span, the exports it declined)``, the declined ones for the reference. Python only normalizes the distinct
-    endpoints and wraps the columns. None where the pass is not built or is off."""
+    done inside it (``native.otlpproto.events``). Python only normalizes the distinct endpoints and wraps the
+    columns. None where the pass is not built or is off."""
     otlpproto = native.otlpproto
     if otlpproto is None:
         return None
+    return _mapped(otlpproto.events(exports, *_mapping_args(mapping)), mapping, endpoints)
+
+
+def map_json_block(
+    data: bytes | memoryview, count: int, mapping: SpanMapping, endpoints: EndpointRules
+) -> Mapped | None:
+    """A block of ``count`` OTLP JSON lines (an export each; blank lines allowed) -> their events in one C pass, as
+    :func:`map_proto_exports` (``native.otlpjson.events``); an export is a line. None where the pass is not built or
+    is off."""
+    otlpjson = native.otlpjson
+    if otlpjson is None:
+        return None
+    out = otlpjson.events(data, count, *_mapping_args(mapping))
+    if out is None:
+        raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
+    return _mapped(out, mapping, endpoints)
+
+
+def _mapping_args(mapping: SpanMapping) -> tuple[Any, ...]:
+    """The mapping as the C passes' ``events`` take it (after the exports)."""
     request_kinds = sum(1 << KINDS[k] for k in mapping.request_kinds)
     span_roles = _roles((mapping.endpoint, mapping.statement, mapping.http_status))
     resource_roles = _roles((mapping.service, mapping.instance))
-    out = otlpproto.events(exports, span_roles, resource_roles, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS))
+    return span_roles, resource_roles, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS)
+
+
+def _mapped(out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules) -> Mapped:
+    """A C pass's events tuple (``_otlpproto.pyi``) as an :class:`EventBatch`, rejects and declined exports."""
     (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, ep_off, ep, st_off, st, st_valid,
      rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata) = out  # fmt: skip
     m = len(rows) // 8

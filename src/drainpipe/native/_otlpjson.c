@@ -39,7 +39,7 @@
  * types count as a value that is neither (the projection ptars reads, span_columns.py).
  */
 #include "_numbers.h"
-#include "_spancols.h"
+#include "_spanevents.h"
 #include <stdlib.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -704,77 +704,119 @@ request_member(Scan *s, void *ctx, const unsigned char *key, size_t n, unsigned 
 
 /* ------------------------------------------------------------------------------------------------ the block */
 
-/* scan(data, count) -> (declined, spans, resources, span columns..., span pool, resource pool), or None when
- * `data` does not hold `count` lines. */
-static PyObject *
-scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Read the lines of `data` into s->c (lines declined: rolled back and listed in `declined`; blank lines are skipped);
+ * `first`, if given, gets each line's first span index (int64). The number of lines, or -1 with a Python error. */
+static Py_ssize_t
+scan_lines(Scan *s, const Py_buffer *view, PyObject *declined, Buf *first)
 {
-    Py_buffer view;
-    Py_ssize_t count;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "scan(data, count)");
-        return NULL;
-    }
-    count = PyLong_AsSsize_t(args[1]);
-    if (count == -1 && PyErr_Occurred())
-        return NULL;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Scan s;
-    memset(&s, 0, sizeof s);
-    PyObject *declined = PyList_New(0), *result = NULL;
-    if (cols_begin(&s.c) < 0 || declined == NULL)
-        goto done;
-    const unsigned char *p = view.buf, *end = p + view.len;
+    const unsigned char *p = view->buf, *end = p + view->len;
     Py_ssize_t lines = 0;
     Mark mark;
     while (p < end) {
         const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
         const unsigned char *line_end = nl ? nl : end;
-        s.p = p;
-        s.end = line_end;
-        s.line = (int32_t)lines;
-        s.depth = 0;
-        ws(&s);
-        int r = 0;
-        const unsigned char *q = s.p;
+        s->p = p;
+        s->end = line_end;
+        s->line = (int32_t)lines;
+        s->depth = 0;
+        if (first && put_i64(first, s->c.spans) < 0)
+            return -1;
+        ws(s);
+        const unsigned char *q = s->p;
         while (q < line_end && (*q == '\v' || *q == '\f' || *q == ' ' || *q == '\t' || *q == '\r'))
             q++;
         if (q < line_end) { /* not blank (as bytes.strip() sees it) */
-            cols_mark(&s.c, &mark);
-            r = object(&s, request_member, NULL);
+            cols_mark(&s->c, &mark);
+            int r = object(s, request_member, NULL);
             if (r == 0) {
-                ws(&s);
-                r = s.p == line_end ? 0 : 1;
+                ws(s);
+                r = s->p == line_end ? 0 : 1;
             }
             if (r < 0)
-                goto done;
+                return -1;
             if (r) { /* roll the line back; the reference reads it */
-                cols_rollback(&s.c, &mark);
+                cols_rollback(&s->c, &mark);
                 if (cols_decline(declined, lines) < 0)
-                    goto done;
+                    return -1;
             }
         }
         lines++;
         p = nl ? nl + 1 : end;
     }
+    return lines;
+}
+
+/* scan(data, count) -> (declined, spans, resources, span columns..., span pool, resource pool), or None when
+ * `data` does not hold `count` lines; events(data, count, span_roles, resource_roles, request_kinds, client, server,
+ * latency_max_ms) -> their events (the tuple of _otlpproto.pyi's events; _spanevents.h), or None likewise. */
+static PyObject *
+read_block(PyObject *const *args, Py_ssize_t nargs, PyObject *mapping_args)
+{
+    Py_buffer view;
+    Py_ssize_t count;
+    count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    Mapping m;
+    if (mapping_args && mapping_parse(mapping_args, 2, &m) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        if (mapping_args)
+            mapping_release(&m);
+        return NULL;
+    }
+    Scan s;
+    memset(&s, 0, sizeof s);
+    Buf first = {NULL, 0, 0};
+    PyObject *declined = PyList_New(0), *result = NULL;
+    Py_ssize_t lines;
+    if (cols_begin(&s.c) < 0 || declined == NULL ||
+        (lines = scan_lines(&s, &view, declined, mapping_args ? &first : NULL)) < 0)
+        goto done;
     if (lines != count) {
         result = Py_None;
         Py_INCREF(result);
         goto done;
     }
-    result = cols_result(declined, &s.c);
+    result = mapping_args ? cols_events(&s.c, &first, &m, declined) : cols_result(declined, &s.c);
 done:
+    PyMem_Free(first.data);
     Py_XDECREF(declined);
+    if (mapping_args)
+        mapping_release(&m);
     cols_done(&s.c);
     PyBuffer_Release(&view);
     return result;
+}
+
+static PyObject *
+scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan(data, count)");
+        return NULL;
+    }
+    return read_block(args, nargs, NULL);
+}
+
+static PyObject *
+events(PyObject *module, PyObject *args)
+{
+    if (PyTuple_GET_SIZE(args) != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "events(data, count, span_roles, resource_roles, request_kinds, client, server, latency_max)");
+        return NULL;
+    }
+    return read_block(&PyTuple_GET_ITEM(args, 0), 2, args);
 }
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(data, count) -> the span columns of a block of OTLP JSON lines, and the lines declined (see "
      "_otlpjson.c)."},
+    {"events", events, METH_VARARGS,
+     "events(data, count, span_roles, resource_roles, request_kinds, client, server, latency_max_ms) -> the events "
+     "of a block of OTLP JSON lines, the span mapping done in the pass (see _spanevents.h)."},
     {NULL, NULL, 0, NULL},
 };
 

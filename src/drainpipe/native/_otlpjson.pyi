@@ -8,3 +8,9 @@ def scan(data: bytes | memoryview, count: int, /) -> tuple[Any, ...] | None:
     offsets, data, span attributes, resource attributes)``, each attribute pool ``(owners, owner offsets, key offsets,
     key data, value validity, text validity, text offsets, text data, integer validity, integer data)``; None when
     ``data`` does not hold ``count`` lines."""
+
+def events(data: bytes | memoryview, count: int, span_roles: list[tuple[bytes, int, int]],
+           resource_roles: list[tuple[bytes, int, int]], request_kinds: int, client: int, server: int,
+           latency_max_ms: float, /) -> tuple[Any, ...] | None:  # fmt: skip
+    """The events of a block of ``count`` OTLP JSON lines, the span mapping done in the pass: the tuple of
+    ``_otlpproto.events`` with a line for an export; None when ``data`` does not hold ``count`` lines."""

@@ -28,8 +28,7 @@
  * state, attributes into the span pool). Attribute values: whether a pair has a value, its string value, its
  * integer value; other value types count as a value that is neither.
  */
-#include "_spancols.h"
-#include "_spanrules.h"
+#include "_spanevents.h"
 
 #define MAX_DEPTH 32
 
@@ -542,177 +541,31 @@ done:
     return result;
 }
 
-/* ---------------------------------------------------------------------------------- the mapping, in the pass */
-
-/* A pool's one-byte-per-pair validity as an Arrow bitmap (into `into`), or NULL when every pair is valid. */
-static const uint8_t *
-packed(const Buf *bytes, Buf *into)
-{
-    size_t n = bytes->len, valid = 0;
-    const uint8_t *v = (const uint8_t *)bytes->data;
-    for (size_t i = 0; i < n; i++)
-        valid += v[i];
-    if (valid == n)
-        return NULL;
-    into->len = 0;
-    if (buf_reserve(into, (n + 7) / 8 + 1) < 0)
-        return NULL;
-    uint8_t *bits = (uint8_t *)into->data;
-    memset(bits, 0, (n + 7) / 8 + 1);
-    for (size_t i = 0; i < n; i++)
-        bits[i >> 3] |= (uint8_t)(v[i] << (i & 7));
-    return bits;
-}
-
-static Pool
-pool_view(const Buf *pool, Py_ssize_t owners, Buf packs[3])
-{
-    Pool p = {owners, (const int32_t *)pool[A_OWNERS].data, NULL,
-              packed(&pool[A_VVALID], &packs[0]), packed(&pool[A_TVALID], &packs[1]),
-              packed(&pool[A_IVALID], &packs[2]), (const int32_t *)pool[A_KOFF].data,
-              (const int32_t *)pool[A_TOFF].data, pool[A_KDATA].data, pool[A_TDATA].data,
-              (const int64_t *)pool[A_IDATA].data};
-    return p;
-}
-
-/* Append the text of pair `i` of `pool` (or `fallback`) to a string column. */
-static int
-put_text(Buf *off, Buf *data, const Buf *pool, int64_t i, const char *fallback, size_t fallback_len)
-{
-    if (i >= 0) {
-        const int32_t *toff = (const int32_t *)pool[A_TOFF].data;
-        if (buf_put(data, pool[A_TDATA].data + toff[i], (size_t)(toff[i + 1] - toff[i])) < 0)
-            return -1;
-    }
-    else if (buf_put(data, fallback, fallback_len) < 0)
-        return -1;
-    return put_i32(off, (int32_t)data->len);
-}
-
-/* The events' columns. */
-enum { E_ROWS, E_TS, E_LAT, E_OK, E_SVC_OFF, E_SVC, E_INST_OFF, E_INST, E_EP_OFF, E_EP, E_ST_OFF, E_ST, E_ST_VALID,
-       E_REJ_EXPORT, E_REJ_INDEX, E_REJ_CAT, E_FIRST, E_PACK, E_NBUFS = E_PACK + 3 };
-
-#define UNKNOWN_SERVICE "unknown_service"
-
-/* events(exports, span_roles, resource_roles, request_kinds, client, server, latency_max_ms) -> (declined, spans,
- * requests, rows, ts, latency, ok bits, service offsets, data, instance offsets, data, endpoint offsets, data
- * (requests only: the chosen attribute or the span's name, not yet normalized), statement offsets, data, validity
- * bits, rejected spans' exports, their indexes in the export, their categories, bad trace ids, bad span ids, trace
- * id offsets, data, span id offsets, data, trace state offsets, data): the mapping of inputs/span_events.py's
- * map_columns, done in the pass. span_roles give fields endpoint 0, statement 1 and HTTP status 2; resource_roles
- * service 0 and instance 1. Rows: the requests, then the exit rows, each in span order. */
+/* events(exports, span_roles, resource_roles, request_kinds, client, server, latency_max_ms) -> the events of the
+ * exports, the span mapping done in the pass (the tuple in _otlpproto.pyi; _spanevents.h). */
 static PyObject *
 events(PyObject *module, PyObject *args)
 {
-    PyObject *exports, *span_roles_obj, *res_roles_obj;
-    unsigned long long request_kinds;
-    int client, server;
-    double latency_max;
-    if (!PyArg_ParseTuple(args, "OOOKiid", &exports, &span_roles_obj, &res_roles_obj, &request_kinds, &client,
-                          &server, &latency_max))
+    Mapping m;
+    if (PyTuple_GET_SIZE(args) < 1) {
+        PyErr_SetString(PyExc_TypeError, "events(exports, span_roles, resource_roles, request_kinds, ...)");
         return NULL;
-    Role span_roles[MAX_ROLES], res_roles[MAX_ROLES];
-    Py_ssize_t n_span_roles, n_res_roles;
-    PyObject *span_keep = rules_roles(span_roles_obj, 3, span_roles, &n_span_roles);
-    if (span_keep == NULL)
+    }
+    if (mapping_parse(args, 1, &m) < 0)
         return NULL;
-    PyObject *res_keep = rules_roles(res_roles_obj, 2, res_roles, &n_res_roles);
-    PyObject *seq = res_keep ? PySequence_Fast(exports, "events(exports, ...): a sequence of bytes-like objects")
-                             : NULL;
+    PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(args, 0), "events(exports, ...): a sequence of bytes-like "
+                                                               "objects");
     Scan s;
     memset(&s, 0, sizeof s);
-    Buf e[E_NBUFS];
-    memset(e, 0, sizeof e);
-    int64_t *res_pair = NULL, *span_pair = NULL, *http = NULL;
-    int8_t *cat = NULL;
-    uint8_t *ok = NULL;
-    double *lat = NULL;
+    Buf first = {NULL, 0, 0};
     PyObject *declined = NULL, *result = NULL;
-    if (seq == NULL || cols_begin(&s.c) < 0 || (declined = PyList_New(0)) == NULL ||
-        scan_all(&s, seq, declined, &e[E_FIRST]) < 0)
-        goto done;
-    static const int OFFSETS[] = {E_SVC_OFF, E_INST_OFF, E_EP_OFF, E_ST_OFF}; /* each starts at 0 */
-    for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
-        if (put_i32(&e[OFFSETS[i]], 0) < 0)
-            goto done;
-    const Py_ssize_t S = s.c.spans, R = s.c.resources;
-    const Buf *o = s.c.out;
-    res_pair = PyMem_Malloc(sizeof(int64_t) * (2 * R + 1));
-    span_pair = PyMem_Malloc(sizeof(int64_t) * (3 * S + 1));
-    http = PyMem_Malloc(sizeof(int64_t) * (S + 1));
-    cat = PyMem_Malloc(S + 1);
-    ok = PyMem_Malloc(S + 1);
-    lat = PyMem_Malloc(sizeof(double) * (S + 1));
-    if (!res_pair || !span_pair || !http || !cat || !ok || !lat) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Pool res_pool = pool_view(&o[RES_POOL], R, &e[E_PACK]);
-    if (PyErr_Occurred())
-        goto done;
-    rules_pick(&res_pool, res_roles, n_res_roles, 2, -1, res_pair, NULL);
-    Pool span_pool = pool_view(&o[SPAN_POOL], S, &e[E_PACK]); /* (the packs are reused: the resource pick is done) */
-    if (PyErr_Occurred())
-        goto done;
-    rules_pick(&span_pool, span_roles, n_span_roles, 3, 2, span_pair, http);
-    const int64_t *stmt = span_pair + S;
-    SpanView v = {S, (const int32_t *)o[S_KIND].data, (const int32_t *)o[S_CODE].data,
-                  (const int32_t *)o[S_TOFF].data, (const int32_t *)o[S_SOFF].data, (const uint64_t *)o[S_START].data,
-                  (const uint64_t *)o[S_END].data, NULL, (const uint8_t *)o[S_TDATA].data,
-                  (const uint8_t *)o[S_SDATA].data};
-    Py_ssize_t bad_trace, bad_span;
-    rules_classify(&v, stmt, http, request_kinds, client, server, latency_max, cat, ok, lat, &bad_trace, &bad_span);
-
-    const int64_t *resource = (const int64_t *)o[S_RESOURCE].data, *first = (const int64_t *)e[E_FIRST].data;
-    const int32_t *line = (const int32_t *)o[S_LINE].data, *noff = (const int32_t *)o[S_NOFF].data;
-    const uint64_t *end = v.end;
-    Py_ssize_t requests = 0, rows = 0;
-    for (int pass = 1; pass <= 2; pass++) { /* the requests, then the exit rows */
-        for (Py_ssize_t i = 0; i < S; i++) {
-            if (cat[i] != pass)
-                continue;
-            int64_t r = resource[i];
-            if (put_i64(&e[E_ROWS], i) < 0 || put_i64(&e[E_TS], (int64_t)(end[i] / 1000000u)) < 0 ||
-                buf_put(&e[E_LAT], &lat[i], 8) < 0 || put_u8(&e[E_OK], ok[i]) < 0 ||
-                put_text(&e[E_SVC_OFF], &e[E_SVC], &o[RES_POOL], res_pair[r], UNKNOWN_SERVICE,
-                         sizeof UNKNOWN_SERVICE - 1) < 0 ||
-                put_text(&e[E_INST_OFF], &e[E_INST], &o[RES_POOL], res_pair[R + r], "", 0) < 0 ||
-                put_u8(&e[E_ST_VALID], pass == 2) < 0 ||
-                put_text(&e[E_ST_OFF], &e[E_ST], &o[SPAN_POOL], pass == 2 ? stmt[i] : -1, "", 0) < 0)
-                goto done;
-            if (pass == 1 && put_text(&e[E_EP_OFF], &e[E_EP], &o[SPAN_POOL], span_pair[i],
-                                      o[S_NDATA].data + noff[i], (size_t)(noff[i + 1] - noff[i])) < 0)
-                goto done;
-            rows++;
-            requests += pass == 1;
-        }
-    }
-    for (Py_ssize_t i = 0; i < S; i++)
-        if (cat[i] < 0 && (put_i32(&e[E_REJ_EXPORT], line[i]) < 0 ||
-                           put_i32(&e[E_REJ_INDEX], (int32_t)(i - first[line[i]])) < 0 ||
-                           put_u8(&e[E_REJ_CAT], (uint8_t)cat[i]) < 0))
-            goto done;
-    result = Py_BuildValue("(OnnNNNNNNNNNNNNNNNNnnNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
-                           bytes_of(&e[E_TS]), bytes_of(&e[E_LAT]), bits_of(&e[E_OK]), bytes_of(&e[E_SVC_OFF]),
-                           bytes_of(&e[E_SVC]), bytes_of(&e[E_INST_OFF]), bytes_of(&e[E_INST]),
-                           bytes_of(&e[E_EP_OFF]), bytes_of(&e[E_EP]), bytes_of(&e[E_ST_OFF]), bytes_of(&e[E_ST]),
-                           bitmap_of(&e[E_ST_VALID]), bytes_of(&e[E_REJ_EXPORT]), bytes_of(&e[E_REJ_INDEX]),
-                           bytes_of(&e[E_REJ_CAT]), bad_trace, bad_span, bytes_of(&o[S_TOFF]), bytes_of(&o[S_TDATA]),
-                           bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]), bytes_of(&o[S_XOFF]), bytes_of(&o[S_XDATA]));
-done:
-    PyMem_Free(res_pair);
-    PyMem_Free(span_pair);
-    PyMem_Free(http);
-    PyMem_Free(cat);
-    PyMem_Free(ok);
-    PyMem_Free(lat);
-    for (int i = 0; i < E_NBUFS; i++)
-        PyMem_Free(e[i].data);
+    if (seq != NULL && cols_begin(&s.c) == 0 && (declined = PyList_New(0)) != NULL &&
+        scan_all(&s, seq, declined, &first) == 0)
+        result = cols_events(&s.c, &first, &m, declined);
+    PyMem_Free(first.data);
     Py_XDECREF(declined);
     Py_XDECREF(seq);
-    Py_XDECREF(res_keep);
-    Py_DECREF(span_keep);
+    mapping_release(&m);
     cols_done(&s.c);
     return result;
 }

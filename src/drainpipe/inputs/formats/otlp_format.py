@@ -2,12 +2,13 @@
 in the OTLP JSON encoding per line, as the OpenTelemetry Collector's file exporter writes them, decoded and mapped
 by :mod:`drainpipe.inputs.otlp` (the same mapping as OTLP over HTTP and gRPC).
 
-A block of lines is read into span columns in one C pass (:func:`~drainpipe.inputs.span_columns.json_span_columns`;
-where it is not built or is off, as on Spark executors, by ``json`` and pyarrow: :mod:`~drainpipe.inputs.span_json`) and
-mapped at once; a line the pass declines is decoded by the reference (protobuf's JSON mapping), which decides whether it
-is valid. With the ``columnar`` tier off (:mod:`drainpipe.native`) every line goes to the reference. The file is cut
-into byte ranges of whole lines for the workers, as JSON Lines files are, with blocks of about
-:data:`~.base.LINE_BLOCK_BYTES` each (an OTLP line is a whole export, often hundreds of spans)."""
+A block of lines is read and mapped to events in one C pass (:func:`~drainpipe.inputs.span_events.map_json_block`;
+where it is not built or is off, as on Spark executors, read into span columns by ``json`` and pyarrow,
+:mod:`~drainpipe.inputs.span_json`, and mapped at once); a line the pass declines is decoded by the reference
+(protobuf's JSON mapping), which decides whether it is valid. With the ``columnar`` tier off
+(:mod:`drainpipe.native`) every line goes to the reference. The file is cut into byte ranges of whole lines for
+the workers, as JSON Lines files are, with blocks of about :data:`~.base.LINE_BLOCK_BYTES` each (an OTLP line is a
+whole export, often hundreds of spans)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from ... import native
 from ...errors import InputError, OtlpError
 from ..batches import EventBatch
 from ..options import InputOptions
-from ..span_columns import json_span_columns
-from ..span_events import map_columns
+from ..span_events import map_columns, map_json_block
 from ..span_json import python_json_spans
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
@@ -51,15 +51,17 @@ def decode_block(
     to the reference."""
     if not columns:
         return _reference(split_lines(bytes(data)), first_line, options)
-    scanned = json_span_columns(data, count)
-    if scanned is None:  # no C pass (Spark executors, or off): the same columns by json and pyarrow
+    mapped = map_json_block(data, count, options.spans, options.endpoints)
+    if mapped is None:  # no C pass (Spark executors, or off): the same columns by json and pyarrow, then mapped
         scanned = python_json_spans(bytes(data), count)
-    result = map_columns(scanned.columns, options.spans, options.endpoints)
-    batches = [result.batch] if result.batch.num_rows else []
-    bad: list[tuple[int, Any, str]] = list(scanned.span_rejects(result.rejects, first_line + 1))
-    if scanned.declined:
+        result = map_columns(scanned.columns, options.spans, options.endpoints)
+        mapped = result.batch, scanned.span_rejects(result.rejects), scanned.declined
+    events, span_rejects, declined = mapped
+    batches = [events] if events.num_rows else []
+    bad: list[tuple[int, Any, str]] = [(first_line + 1 + k, raw, why) for k, raw, why in span_rejects]
+    if declined:
         raw = split_lines(bytes(data))
-        for k in scanned.declined:
+        for k in declined:
             batch, rejects = _reference(raw[k : k + 1], first_line + k, options)
             if batch.num_rows:
                 batches.append(batch)
