@@ -159,13 +159,16 @@ class LocalEngine:
         options: EngineOptions | None = None,
         name: str = "pipeline",
         *,
-        aggregate: Callable[[EventBatch, Definitions], list[Partial]] = aggregate_batch,
+        aggregate: Callable[[EventBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
-        """``aggregate``: how the ingest stage turns a batch into partials, :func:`aggregate_batch` on its own
-        threads by default, or a helper process's (the live commands', ``drainpipe.server.aggregator``): it is
-        called on the ingest threads, which wait for it."""
+        """``aggregate``: where a batch given to :meth:`ingest` becomes partials. None (the default): on the
+        engine's ingest threads, by :func:`aggregate_batch`. A callable (the live commands': a helper process,
+        ``drainpipe.server.aggregator``): called by :meth:`ingest` on the caller's thread, which waits for it (with
+        the GIL released, in a helper's case), and its partials go on to L1; the ingest threads then idle. Measured
+        for ``serve`` (docs/architecture.md, "One live path"): a batch handed to the ingest threads, which then
+        waited for the helper, gave 0.85x the events/s of the caller waiting itself."""
         self.definitions = definitions
-        self._aggregate_batch = aggregate
+        self._aggregate_elsewhere = aggregate
         self.store = store
         self.options = o = options or EngineOptions()
         self.counters = EngineCounters()
@@ -269,6 +272,10 @@ class LocalEngine:
         only; ``definitions``: a subset to aggregate it for, default all). Blocks when the pipeline is full; False if
         the engine is closed. Events aggregated elsewhere (``run``'s worker processes) come in as partials, through
         :meth:`ingest_partials`."""
+        if self._aggregate_elsewhere is not None:
+            rows = batch if isinstance(batch, EventBatch) else EventBatch.of(batch)
+            self._dispatch(self._aggregate_elsewhere(rows, definitions or self.definitions), rows.requests, 1)
+            return True
         with self._count_lock:
             self._ingest_in += 1
         if self.ingest_queue.produce((batch, definitions)):
@@ -285,10 +292,9 @@ class LocalEngine:
 
     def _aggregate(self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
-        for rows, definitions in items:
-            batch = rows if isinstance(rows, EventBatch) else EventBatch.of(rows)
-            partials = self._aggregate_batch(batch, definitions or self.definitions)
-            self._dispatch(partials, batch.requests, 1)
+        for batch, definitions in items:
+            partials = aggregate_batch(batch, definitions or self.definitions)
+            self._dispatch(partials, batch.requests if isinstance(batch, EventBatch) else batch.num_rows, 1)
             with self._count_lock:
                 self._ingest_done += 1
 
