@@ -15,7 +15,7 @@ Data flow across the processes::
     WriteAheadLog.append (group commit, fsync) ──► 200 to the client
       ┊ (the log on disk: EventBatch.encode() records)
     Feeder thread: read the log in order, join up to 32k requests ─► Driver.feed ─► LocalEngine.ingest
-    engine's ingest threads                           aggregator process (Aggregator: a HelperPool of one)
+      │ (waits, GIL released)                         aggregator process (Aggregator: a HelperPool of one)
       ├──────────── EventBatch.encode() ─────────────► aggregate_batch ──► partials
       ▼ ◄──────────────── partials (pickled) ─────────────────┘
     L1 ─► L2 ─► persist: one store transaction with the states and "log <id> applied to <position>"
