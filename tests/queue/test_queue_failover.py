@@ -54,6 +54,7 @@ def _scenario(qname: str, threads: int) -> dict:
         q.add_handler(t, rec)
     owners = q.partition_owners()
     owner_of = {t: owners[q.partitions_of(t)[0]] for t in types}
+    before = q.stats().task_partitions
     stuck = next(t for t in types if owner_of[t] == 0)
     gate, holding = threading.Event(), threading.Event()
 
@@ -86,7 +87,15 @@ def _scenario(qname: str, threads: int) -> dict:
         during = q.stats()
         gate.set()
         released_at = time.monotonic()
-        wait_until(lambda: q.stats().failed_over == (), timeout=10, interval=0.01)  # the task rejoins
+
+        # the task rejoins: failed_over is cleared first, then its partitions come back through a fenced handoff
+        def rejoined() -> bool:
+            s = q.stats()
+            return (
+                s.failed_over == () and s.task_partitions[:threads] == before and not any(s.task_partitions[threads:])
+            )
+
+        wait_until(rejoined, timeout=10, interval=0.01)
     after = q.stats()
     q.shutdown()
     final = q.stats()
