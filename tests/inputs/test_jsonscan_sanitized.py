@@ -163,7 +163,7 @@ for _ in range(40):  # every prefix of an export
     for cut in range(0, len(text) + 1, 1 if len(text) < 2000 else 3):
         check(text[:cut])
         count += 1
-for _ in range(1500):  # blocks of exports, bytes mutated
+for _ in range(800):  # blocks of exports, bytes mutated (two entry points each: scan and events)
     block = bytearray(b"\n".join(_line(rng) for _ in range(rng.randrange(1, 4))))
     for _ in range(rng.randrange(0, 4)):
         block[rng.randrange(len(block))] = rng.choice(b'{}[]",:\\ \t\r\n0123456789-+.eEtrufalsnu\x00\x80\xff')
@@ -193,7 +193,7 @@ for _ in range(40):  # every prefix of an export, each a bytes object of its own
     export = _export(rng)
     check([export[:cut] for cut in range(len(export) + 1)])
     count += len(export) + 1
-for _ in range(1500):  # exports, bytes mutated
+for _ in range(800):  # exports, bytes mutated (two entry points each: scan and events)
     exports = []
     for _ in range(rng.randrange(1, 4)):
         raw = bytearray(_export(rng))
