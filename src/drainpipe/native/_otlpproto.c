@@ -555,16 +555,19 @@ events(PyObject *module, PyObject *args)
         return NULL;
     PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(args, 0), "events(exports, ...): a sequence of bytes-like "
                                                                "objects");
+    if (seq == NULL) {
+        mapping_release(&m);
+        return NULL;
+    }
     Scan s;
     memset(&s, 0, sizeof s);
     Buf first = {NULL, 0, 0};
     PyObject *declined = NULL, *result = NULL;
-    if (seq != NULL && cols_begin(&s.c) == 0 && (declined = PyList_New(0)) != NULL &&
-        scan_all(&s, seq, declined, &first) == 0)
+    if (cols_begin(&s.c) == 0 && (declined = PyList_New(0)) != NULL && scan_all(&s, seq, declined, &first) == 0)
         result = cols_events(&s.c, &first, &m, declined);
     PyMem_Free(first.data);
     Py_XDECREF(declined);
-    Py_XDECREF(seq);
+    Py_DECREF(seq);
     mapping_release(&m);
     cols_done(&s.c);
     return result;
