@@ -33,6 +33,10 @@ import importlib.util, json, random, sys
 spec = importlib.util.spec_from_file_location(sys.argv[3], sys.argv[1])
 sanitized = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sanitized)
+# the span mapping's roles, as the OTLP scanners' events take them (inputs/span_events.py)
+SPAN_ROLES = [(b"http.route", 0, 0), (b"db.statement", 1, 0), (b"db.query.text", 1, 1),
+              (b"http.response.status_code", 2, 0), (b"http.status_code", 2, 1)]
+RESOURCE_ROLES = [(b"service.name", 0, 0), (b"service.instance.id", 1, 0), (b"host.name", 1, 1)]
 """
 
 JSON_CHILD = r"""
@@ -146,9 +150,6 @@ sys.path.insert(0, sys.argv[2])
 from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
 
 from drainpipe.native._otlpjson import events as normal_events
-SPAN_ROLES = [(b"http.route", 0, 0), (b"db.statement", 1, 0), (b"db.query.text", 1, 1),
-              (b"http.response.status_code", 2, 0), (b"http.status_code", 2, 1)]
-RESOURCE_ROLES = [(b"service.name", 0, 0), (b"service.instance.id", 1, 0), (b"host.name", 1, 1)]
 
 rng = random.Random(11)
 def check(data):
@@ -178,9 +179,6 @@ sys.path.insert(0, sys.argv[2])
 from test_otlp_proto_scan import _export  # the differential test's exports: every field, odd fields, mutations
 
 from drainpipe.native._otlpproto import events as normal_events
-SPAN_ROLES = [(b"http.route", 0, 0), (b"db.statement", 1, 0), (b"db.query.text", 1, 1),
-              (b"http.response.status_code", 2, 0), (b"http.status_code", 2, 1)]
-RESOURCE_ROLES = [(b"service.name", 0, 0), (b"service.instance.id", 1, 0), (b"host.name", 1, 1)]
 
 rng = random.Random(12)
 def check(exports):

@@ -248,41 +248,43 @@ bytes_of(const Buf *b)
     return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
 }
 
-/* Arrow's validity bitmap of one byte per element; None when every element is valid. */
-static PyObject *
-bitmap_of(const Buf *b)
+/* Arrow's bits (LSB first) of n one-byte flags into `bits` ((n + 7) / 8 bytes). */
+static inline void
+pack_bits(const unsigned char *v, size_t n, unsigned char *bits)
 {
-    size_t n = b->len;
-    const unsigned char *v = (const unsigned char *)b->data;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++)
-        valid += v[i];
-    if (valid == n)
-        Py_RETURN_NONE;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
-    if (out == NULL)
-        return NULL;
-    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
     memset(bits, 0, (n + 7) / 8);
     for (size_t i = 0; i < n; i++)
-        bits[i >> 3] |= (unsigned char)(v[i] << (i & 7));
-    return out;
+        bits[i >> 3] |= (unsigned char)((v[i] != 0) << (i & 7));
+}
+
+/* Whether every one-byte flag of `b` is set. */
+static inline int
+all_set(const Buf *b)
+{
+    const unsigned char *v = (const unsigned char *)b->data;
+    for (size_t i = 0; i < b->len; i++)
+        if (!v[i])
+            return 0;
+    return 1;
 }
 
 /* Arrow's bits of a boolean column of one byte per element (always: the values, not a validity). */
 static inline PyObject *
 bits_of(const Buf *b)
 {
-    size_t n = b->len;
-    const unsigned char *v = (const unsigned char *)b->data;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
-    if (out == NULL)
-        return NULL;
-    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
-    memset(bits, 0, (n + 7) / 8);
-    for (size_t i = 0; i < n; i++)
-        bits[i >> 3] |= (unsigned char)((v[i] != 0) << (i & 7));
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((b->len + 7) / 8));
+    if (out != NULL)
+        pack_bits((const unsigned char *)b->data, b->len, (unsigned char *)PyBytes_AS_STRING(out));
     return out;
+}
+
+/* Arrow's validity bitmap of one byte per element; None when every element is valid. */
+static PyObject *
+bitmap_of(const Buf *b)
+{
+    if (all_set(b))
+        Py_RETURN_NONE;
+    return bits_of(b);
 }
 
 static PyObject *

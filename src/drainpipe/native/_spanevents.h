@@ -10,24 +10,18 @@
 #include "_spancols.h"
 #include "_spanrules.h"
 
-/* A pool's one-byte-per-pair validity as an Arrow bitmap (into `into`), or NULL when every pair is valid. */
+/* A pool's one-byte-per-pair validity as an Arrow bitmap (into `into`), or NULL when every pair is valid (or with
+ * a Python error set: memory). */
 static const uint8_t *
 packed(const Buf *bytes, Buf *into)
 {
-    size_t n = bytes->len, valid = 0;
-    const uint8_t *v = (const uint8_t *)bytes->data;
-    for (size_t i = 0; i < n; i++)
-        valid += v[i];
-    if (valid == n)
+    if (all_set(bytes))
         return NULL;
     into->len = 0;
-    if (buf_reserve(into, (n + 7) / 8 + 1) < 0)
+    if (buf_reserve(into, (bytes->len + 7) / 8 + 1) < 0)
         return NULL;
-    uint8_t *bits = (uint8_t *)into->data;
-    memset(bits, 0, (n + 7) / 8 + 1);
-    for (size_t i = 0; i < n; i++)
-        bits[i >> 3] |= (uint8_t)(v[i] << (i & 7));
-    return bits;
+    pack_bits((const unsigned char *)bytes->data, bytes->len, (unsigned char *)into->data);
+    return (const uint8_t *)into->data;
 }
 
 static Pool
