@@ -14,8 +14,10 @@ from start to exit:
   (no decoding; the member's fetch settings): the ceiling of reading the topic from Python.
 
 Before timing, the store of ``consume`` is checked to hold the same values as the store of ``run`` (the 100-event
-topic). The table gives medians of ``--runs`` runs, events/s and ratios against ``run``. Targets: consume >= 0.5x of
-run with NDJSON messages of 100 events, >= 0.25x with one event per message.
+topic). The table gives medians of ``--runs`` runs, events/s and ratios against ``run``, and the peak memory of each
+contender: the proportional set size (PSS) summed over its processes, sampled every 0.5 s (shared libraries count
+once). Targets: consume >= 0.5x of run with NDJSON messages of 100 events, >= 0.25x with one event per message;
+consume's peak PSS at most 400 MB.
 
     scripts/kafka.sh start
     .venv/bin/python benchmarks/kafka.py --servers 127.0.0.1:9092          # 5M events, 3 runs
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +43,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import children_of, memory_kb
+
 RESULTS = Path(__file__).parent / "results"
 DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
 PARTITIONS = 6
@@ -118,16 +124,29 @@ def _produce(producer: Any, topic: str, value: bytes, partition: int) -> None:
             producer.poll(0.1)
 
 
-def timed(cmds: list[list[str]]) -> tuple[float, list[str]]:
-    """Start the commands together; the seconds until the last has exited, and their outputs."""
+def timed(cmds: list[list[str]]) -> tuple[float, list[str], float]:
+    """Start the commands together; the seconds until the last has exited, their outputs, and the peak PSS (MB) of
+    all their processes together."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            pids = [q for p in procs for q in (p.pid, *children_of(p.pid))]
+            peak[0] = max(peak[0], sum(memory_kb(pid, "Pss", "smaps_rollup") for pid in pids))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     outs = [p.communicate()[0] for p in procs]
     wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
     for p, out in zip(procs, outs):
         if p.returncode:
             raise SystemExit(f"{p.args} failed ({p.returncode}):\n{out[-3000:]}")
-    return wall, outs
+    return wall, outs, peak[0] / 1024
 
 
 def consume_cmd(servers: str, topic: str, group: str, store: str) -> list[str]:
@@ -147,20 +166,23 @@ def fresh_pg(url: str) -> str:
     return with_schema(url, schema)
 
 
-def run_once(kind: str, args: argparse.Namespace, topics: dict[int, str], path: Path, work: Path) -> float:
+def run_once(
+    kind: str, args: argparse.Namespace, topics: dict[int, str], path: Path, work: Path
+) -> tuple[float, float]:
+    """One run of ``kind``: its seconds from start to exit and its peak PSS (MB)."""
     db = work / f"{kind}-{uuid.uuid4().hex[:6]}.duckdb"
     if kind == "run":
-        wall, _ = timed([[DRAINPIPE, "run", "--input", str(path), "--store", f"duckdb:///{db}", "--quiet"]])
+        wall, _, pss = timed([[DRAINPIPE, "run", "--input", str(path), "--store", f"duckdb:///{db}", "--quiet"]])
     elif kind == "consume-x2":
         url, group = fresh_pg(args.pg), f"bench-{uuid.uuid4().hex}"
-        wall, _ = timed([consume_cmd(args.servers, topics[100], group, url) for _ in range(2)])
+        wall, _, pss = timed([consume_cmd(args.servers, topics[100], group, url) for _ in range(2)])
     elif kind.startswith("consume-"):
         topic = topics[int(kind.split("-")[1])]
-        wall, _ = timed([consume_cmd(args.servers, topic, f"bench-{uuid.uuid4().hex}", f"duckdb:///{db}")])
+        wall, _, pss = timed([consume_cmd(args.servers, topic, f"bench-{uuid.uuid4().hex}", f"duckdb:///{db}")])
     else:
         topic = topics[int(kind.split("-")[1])]
-        wall, _ = timed([[sys.executable, "-c", BARE, args.servers, topic, str(PARTITIONS)]])
-    return wall
+        wall, _, pss = timed([[sys.executable, "-c", BARE, args.servers, topic, str(PARTITIONS)]])
+    return wall, pss
 
 
 def check_same(args: argparse.Namespace, topic: str, path: Path, work: Path) -> dict[str, Any]:
@@ -198,15 +220,18 @@ def main() -> None:
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                               "events": args.events, "runs": args.runs, "partitions": PARTITIONS}  # fmt: skip
     walls: dict[str, list[float]] = {k: [] for k in kinds}
+    peaks: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="drainpipe-kafka-") as tmp:
         work = Path(tmp)
         report["check"] = check_same(args, topics[100], path, work)
         for r in range(args.runs):
             order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
             for kind in order:
-                wall = run_once(kind, args, topics, path, work)
+                wall, pss = run_once(kind, args, topics, path, work)
                 walls[kind].append(wall)
-                print(f"run {r + 1}: {kind:12s} {args.events / wall:>11,.0f} events/s ({wall:.2f} s)", flush=True)
+                peaks[kind].append(pss)
+                print(f"run {r + 1}: {kind:12s} {args.events / wall:>11,.0f} events/s ({wall:.2f} s), peak PSS "
+                      f"{pss:.0f} MB", flush=True)  # fmt: skip
                 for stale in work.glob("*.duckdb*"):
                     if not stale.name.startswith("check-"):
                         stale.unlink()
@@ -214,14 +239,15 @@ def main() -> None:
     table = {}
     for kind in kinds:
         eps = args.events / statistics.median(walls[kind])
-        table[kind] = {"eps": eps, "vs_run": eps / run_eps, "target": TARGETS.get(kind), "walls": walls[kind]}
+        table[kind] = {"eps": eps, "vs_run": eps / run_eps, "target": TARGETS.get(kind), "walls": walls[kind],
+                       "peak_pss_mb": statistics.median(peaks[kind]), "peaks_pss_mb": peaks[kind]}  # fmt: skip
     report["table"] = table
     print(f"\n{args.events:,} events, {PARTITIONS} partitions, medians of {args.runs} runs, start to exit\n")
-    print("| contender | events/s | of `drainpipe run` | target |")
-    print("|---|---|---|---|")
+    print("| contender | events/s | of `drainpipe run` | target | peak PSS MB |")
+    print("|---|---|---|---|---|")
     for kind, row in table.items():
         target = f">= {row['target']}x" if row["target"] else "-"
-        print(f"| {kind} | {row['eps']:,.0f} | {row['vs_run']:.2f}x | {target} |")
+        print(f"| {kind} | {row['eps']:,.0f} | {row['vs_run']:.2f}x | {target} | {row['peak_pss_mb']:.0f} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.json}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,8 +214,6 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
     leaves the program's imports and collector alone. It also asks for one OpenBLAS thread before numpy is imported."""
     import gc
     import importlib.util
-    import subprocess
-    import sys
 
     records = [{"ts": T0 + i * 1000, "service": f"s{i % 3}", "latency_ms": 1.0 + i, "status": i % 5 != 0}
                for i in range(500)]  # fmt: skip
@@ -250,6 +250,32 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
         finally:
             store.close()
     assert outputs["a"] == outputs["b"] and len(outputs["a"]) > 0
+
+
+@pytest.mark.parametrize("command", ["serve", "consume"])
+def test_the_live_commands_take_arrows_buffers_from_the_system_allocator(tmp_path, command) -> None:
+    """``serve`` and ``consume``, in a process of their own, set Arrow's pool to the system allocator before their
+    helpers start (they inherit the variable); a pool the user chose stays; a calling program is left alone."""
+    program = (
+        "import os, sys\nimport drainpipe.processes as p\nreal = p.tune_live_process\n"
+        "def tune():\n    print('pyarrow before:', 'pyarrow' in sys.modules)\n    real()\n    import pyarrow\n"
+        "    print('pool:', pyarrow.default_memory_pool().backend_name,"
+        " os.environ['ARROW_DEFAULT_MEMORY_POOL'])\n    sys.exit(7)\n"
+        "p.tune_live_process = tune\nfrom drainpipe.cli import main\nsys.exit(main())"
+    )
+    store = f"duckdb:///{tmp_path / 's.duckdb'}"
+    args = {"serve": ["serve", "--store", store, "--port", "0"],
+            "consume": ["consume", "--store", store, "--bootstrap-servers", "127.0.0.1:1", "--topic", "t",
+                        "--group", "g"]}[command]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120,
+                          env=env)  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert "pyarrow before: False" in done.stdout and "pool: system system" in done.stdout
+    done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120,
+                          env={**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"})  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert "pool: mimalloc mimalloc" in done.stdout
 
 
 def test_compact_deletes_what_the_retention_no_longer_keeps(store, capsys) -> None:

@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, UsageError
+from ..processes import tune_live_process
 from ..server.http_face import TOKEN_ENV, check_bind, token_of
 
 if TYPE_CHECKING:
@@ -155,6 +156,8 @@ def _on_signals(handler: Any) -> Any:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    if args.own_process:
+        tune_live_process()  # before pyarrow is imported: its default pool is chosen then
     from ..pipeline import definitions_from, remote_write_options
     from .config import ConsumeConfig
 

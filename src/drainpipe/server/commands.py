@@ -11,11 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
+from ..processes import tune_live_process
 from .http_face import TOKEN_ENV, check_bind, token_of
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, then :func:`~.assembly.serve` the :class:`~.assembly.ServeConfig` they describe."""
+    if args.own_process:
+        tune_live_process()  # before pyarrow is imported: its default pool is chosen then, here and in the helpers
     from ..pipeline import definitions_from, remote_write_options
     from .assembly import ServeConfig, serve
     from .service import ServiceOptions
@@ -150,7 +153,7 @@ def add_commands(
                    "shown in /metrics (drainpipe_queue_slow_handler_seconds) and on the dashboard "
                    "(default: %(default)s)")  # fmt: skip
     s.add_argument("--parsers", type=int, default=None, metavar="N",
-                   help="processes that parse and validate request bodies (default: one per core, plus one), "
+                   help="processes that parse and validate request bodies (default: one per core), "
                    "beside one that aggregates; 0: parse in the request threads, aggregate in the server process",
                    )  # fmt: skip
     s.add_argument(
