@@ -176,6 +176,29 @@ def test_weights_survive_the_encoding_and_a_join_with_unweighted_batches_and_exi
     assert dict(joined.warnings) == {MALFORMED: 3}
 
 
+def test_a_decoded_batch_is_encoded_as_the_bytes_it_came_from() -> None:
+    """A batch that crossed a process boundary and goes on (a parser's batch into the serve log) is not encoded a
+    second time: its encoding is the very bytes it was read from, for each form of the encoding; a batch made from
+    it (a column added, a join) encodes its own rows, and pickling leaves the bytes behind."""
+    import pickle
+
+    rows = _rows([(0, 0, 0, 5.0, True, 1), (0, 1, 1, 7.0, False, 1)])
+    exits = pa.RecordBatch.from_pylist([{"ts": BASE, "service": "s0", "instance": "", "endpoint": "",
+                                         "latency_ms": 3.0, "status": True, "db_statement": "SELECT 1"}],
+                                       schema=EVENT_SCHEMA)  # fmt: skip
+    plain = EventBatch.of(rows)
+    with_exits = EventBatch.with_exits(rows, exits)
+    weighted = with_exits.with_weights(np.array([4, 2, 1], np.int64))
+    for batch in (plain, with_exits, weighted):
+        payload = bytes(batch.encode())
+        back = EventBatch.decode(payload)
+        assert back == batch and back.encode().obj is payload
+        assert bytes(back.with_weights(np.array([3] * back.num_rows, np.int64)).encode()) != payload
+        assert EventBatch.decode(EventBatch.join([back, back]).encode()).num_rows == 2 * batch.num_rows
+        again = pickle.loads(pickle.dumps(back))
+        assert again == batch and again.encoding is None and bytes(again.encode()) == payload
+
+
 def test_span_ids_are_read_where_the_rows_are() -> None:
     """A sliced id column (an offset into its buffers) gives each row its own id."""
     ids = pa.array([os.urandom(8) for _ in range(6)], pa.binary())

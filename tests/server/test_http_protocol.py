@@ -186,3 +186,38 @@ def test_a_trickling_client_is_cut_at_its_deadline(stage: str, caplog) -> None:
         sock.close()
     assert closed and took < 3, f"the {stage} trickle was not cut ({took:.1f} s)"
     assert any(f"its {stage} took too long" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_that_takes_none_of_its_answers_is_cut(caplog) -> None:
+    """The sockets have no timeout of their own: a client that pipelines requests and reads none of the answers
+    would hold its thread in a blocked write for good. The kernel's send timeout cuts it; read afterwards, the
+    connection ends early (without the cut, reading would unblock the server and every answer would come)."""
+    from drainpipe.server.service import ServiceOptions
+
+    caplog.set_level(logging.INFO, logger="drainpipe")
+    opts = ServiceOptions(answer_deadline_s=0.5, sample_interval_s=0.25, top_refresh_s=0.5)
+    asked = 400
+    with running_server(options=opts) as srv:
+        host, port = srv.url.split("//")[1].rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10)
+        sock.connect((host, int(port)))
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * asked)  # the dashboard page, over and over
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any("was not taken" in r.getMessage() for r in caplog.records):
+            time.sleep(0.05)
+        data = bytearray()
+        try:
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+        except ConnectionResetError:  # closed with requests unread: a reset, after what was sent before it
+            pass
+        sock.close()
+        assert srv.url  # the server still answers others
+        with socket.create_connection((host, int(port)), timeout=10) as other:
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert other.recv(64).startswith(b"HTTP/1.1 200")
+    answered = data.count(b"HTTP/1.1 200")
+    assert 0 < answered < asked, answered
+    assert any("its answer was not taken" in r.getMessage() for r in caplog.records)

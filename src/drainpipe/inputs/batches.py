@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,12 @@ class EventBatch:
     rows: pa.RecordBatch
     requests: int
     warnings: tuple[tuple[str, int], ...] = ()  # (reason, accepted rows read with that caveat); not encoded
+    # the bytes :meth:`decode` read the rows from (they hold on to them anyway): :meth:`encode` gives them back, so a
+    # batch that crosses a process boundary and goes on (a parser's batch into the serve log) is encoded once
+    encoding: memoryview | None = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[type[EventBatch], tuple[pa.RecordBatch, int, tuple[tuple[str, int], ...]]]:
+        return EventBatch, (self.rows, self.requests, self.warnings)  # (a memoryview does not pickle: not kept)
 
     @classmethod
     def of(cls, rows: pa.RecordBatch | pa.Table) -> EventBatch:
@@ -144,7 +150,10 @@ class EventBatch:
         """The batch as bytes another process or the log can :meth:`decode`: an Arrow IPC message (it starts with
         0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows (``DPX1``), and with the
         optional columns' bitmask too when there are any (``DPO1``). (The serve log's records have been written in
-        this encoding since exit rows existed: old logs decode as they are.)"""
+        this encoding since exit rows existed: old logs decode as they are.) A batch from :meth:`decode` gives back
+        the bytes it was read from."""
+        if self.encoding is not None:
+            return self.encoding
         message = self.rows.serialize()
         optional = self.optional
         if optional:
@@ -156,20 +165,22 @@ class EventBatch:
 
     @classmethod
     def decode(cls, payload: bytes | memoryview) -> EventBatch:
-        """The batch :meth:`encode` gave (without warnings); zero-copy (the batch holds on to ``payload``)."""
+        """The batch :meth:`encode` gave (without warnings); zero-copy (the batch holds on to ``payload``, and
+        :meth:`encode` gives it back)."""
         view = memoryview(payload)
         mark = view[:4]
         if mark == _EXITS:
             (requests,) = _REQUESTS.unpack_from(view, 4)
-            return cls(pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA), requests)
+            rows = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA)
+            return cls(rows, requests, encoding=view)
         if mark == _OPTIONAL:
             (requests,) = _REQUESTS.unpack_from(view, 4)
             (mask,) = _MASK.unpack_from(view, 4 + _REQUESTS.size)
             schema = batch_schema(name for i, name in enumerate(_OPTIONAL_NAMES) if mask >> i & 1)
             message = view[4 + _REQUESTS.size + _MASK.size :]
-            return cls(pa.ipc.read_record_batch(pa.py_buffer(message), schema), requests)
+            return cls(pa.ipc.read_record_batch(pa.py_buffer(message), schema), requests, encoding=view)
         rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
-        return cls(rows, rows.num_rows)
+        return cls(rows, rows.num_rows, encoding=view)
 
 
 def _empty() -> pa.RecordBatch:

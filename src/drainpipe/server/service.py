@@ -88,6 +88,7 @@ class ServiceOptions:
     max_concurrent_requests: int = 64  # POSTs being processed at once: 429 above
     header_deadline_s: float = 30.0  # a request line and headers (or an idle keep-alive wait) take at most this
     body_deadline_s: float = 60.0  # a request body takes at most this to arrive
+    answer_deadline_s: float = 60.0  # a client that takes none of its answer for this long is cut (SO_SNDTIMEO)
     retry_after_s: int = 1
     sample_interval_s: float = LiveOptions.sample_interval_s  # the dashboard's time resolution
     history: int = LiveOptions.history  # samples kept (5 minutes at 1 s)
