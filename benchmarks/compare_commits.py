@@ -10,6 +10,7 @@ weighs on both alike.
     .venv/bin/python benchmarks/compare_commits.py bd20262 --bench ingest --rounds 5
     .venv/bin/python benchmarks/compare_commits.py bd20262 --bench formats --rounds 5
     .venv/bin/python benchmarks/compare_commits.py bd20262 --bench kafka --rounds 5   # the broker: make kafka
+    .venv/bin/python benchmarks/compare_commits.py bd20262 --bench otlp --rounds 5
 
 Benchmarks (the metrics each reports; higher is better unless marked):
 
@@ -19,6 +20,9 @@ Benchmarks (the metrics each reports; higher is better unless marked):
 * ``ingest``: ``benchmarks/ingest_load.py``, 24 clients, durable: events/s in the measured window and p99 (lower).
 * ``formats``: ``benchmarks/formats.py`` on 2M events, one run per round: drainpipe's events/s from JSON Lines, CSV,
   access logs and OTLP JSON files, and drainpipe/DuckDB SQL on each in the same round.
+* ``otlp``: this checkout's ``benchmarks/otel_load.py`` against each commit's ``drainpipe serve`` (``--server-src``),
+  wrk posting 512-span OTLP protobuf exports, one saturated run and one at 150,000 spans/s per round: spans/s,
+  spans per CPU second of the server's process tree, its peak PSS and p99 (lower), the fixed rate's p99 (lower).
 * ``kafka``: ``benchmarks/kafka.py`` on 1M events against the broker at ``$DRAINPIPE_TEST_KAFKA`` (default
   127.0.0.1:9092), one run per round: ``consume``'s events/s from messages of 100 events and of one, and the same
   relative to ``drainpipe run`` on the same events in the same round.
@@ -117,12 +121,26 @@ def _kafka_metrics(d: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _otlp(tree: Path, out: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "otel_load.py"), "--server-src", str(tree / "src"),
+            "--contenders", "drainpipe", "--client", "wrk", "--rounds", "1", "--warmup", "5", "--measure", "20",
+            "--json", str(out)]  # fmt: skip
+
+
+def _otlp_metrics(d: dict[str, Any]) -> dict[str, float]:
+    m = d["medians"]["wrk"]["drainpipe"]
+    return {"spans/s": m["spans_per_s"], "spans per CPU s": m["spans_per_cpu_s"],
+            "peak PSS MB (lower is better)": m["peak_pss_mb"], "p99 ms (lower is better)": m["p99_ms"],
+            "p99 ms at 150k spans/s (lower is better)": d["fixed_rate"]["drainpipe"]["p99_ms"]}  # fmt: skip
+
+
 BENCHES: dict[str, tuple[Callable[[Path, Path], list[str]], Callable[[dict[str, Any]], dict[str, float]]]] = {
     "pipeline": (_pipeline, _pipeline_metrics),
     "queue": (_queue, _queue_metrics),
     "ingest": (_ingest, _ingest_metrics),
     "formats": (_formats, _formats_metrics),
     "kafka": (_kafka, _kafka_metrics),
+    "otlp": (_otlp, _otlp_metrics),
 }
 
 

@@ -68,16 +68,17 @@ def spans_in(body: bytes) -> int:
 
 
 class Contender:
-    """One contender running (``with Contender(name, work) as c``): ``c.host``/``c.port`` its OTLP/HTTP endpoint,
+    """One contender running (``with Contender(name, work, src) as c``): ``c.host``/``c.port`` its OTLP/HTTP endpoint,
     ``c.cpu()`` the CPU seconds of its processes so far, ``c.rss_kb()`` their resident memory now."""
 
-    def __init__(self, name: str, work: Path) -> None:
-        self.name, self.work = name, work / f"{name}-{time.monotonic_ns()}"
+    def __init__(self, name: str, work: Path, src: Path) -> None:
+        self.name, self.work, self.src = name, work / f"{name}-{time.monotonic_ns()}", src
         self.work.mkdir()
 
     def __enter__(self) -> Contender:
         if self.name == "drainpipe":
             self.proc, self.host, self.port = start_server(f"duckdb:///{self.work / 'serve.duckdb'}",
+                                                           env={"PYTHONPATH": str(self.src)},
                                                            extra=("--wal", str(self.work / "wal")))  # fmt: skip
             self._collector = None
         else:
@@ -160,7 +161,7 @@ class Wrk:
 def saturated(name: str, work: Path, bodies: list[bytes], spans: float, args: argparse.Namespace,
               client: str, wrk: Wrk | None) -> dict[str, Any]:  # fmt: skip
     """One saturated run of one contender with one client (module docstring, 1.)."""
-    with Contender(name, work) as c:
+    with Contender(name, work, args.server_src) as c:
         peak = {"rss": 0, "pss": 0}
         marks: dict[str, tuple[float, float]] = {}
         stop = threading.Event()
@@ -219,7 +220,7 @@ def saturated(name: str, work: Path, bodies: list[bytes], spans: float, args: ar
 def fixed_rate(name: str, work: Path, bodies: list[bytes], spans: float, rate: float,
                args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """Exports due every ``1 / rate`` s, spread over the clients; latency from when each was due (2.)."""
-    with Contender(name, work) as c:
+    with Contender(name, work, args.server_src) as c:
         latencies: list[float] = []
         lock = threading.Lock()
         t0 = time.perf_counter() + 0.5
@@ -275,6 +276,12 @@ def main() -> int:
     )
     ap.add_argument("--rate-share", type=float, default=0.5, help="of the slower contender's saturated rate")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument(
+        "--server-src",
+        type=Path,
+        default=ROOT / "src",
+        help="the src directory drainpipe serve runs from (another checkout's: compare_commits)",
+    )
     ap.add_argument("--json", type=Path, default=RESULTS / "otel_load.json")
     args = ap.parse_args()
     clients = [c for c in args.client.split(",") if c]
