@@ -91,8 +91,11 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         seconds = self.server.service.options.answer_deadline_s
         whole = int(seconds)
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                                   struct.pack("ll", whole, int((seconds - whole) * 1e6)))  # fmt: skip
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                       struct.pack("ll", whole, int((seconds - whole) * 1e6)))  # fmt: skip
+        except OSError:  # a platform without it: a socket timeout bounds the writes (and polls before each)
+            self.connection.settimeout(seconds)
 
     def handle_one_request(self) -> None:
         # the request line and headers must arrive within the deadline (an idle keep-alive connection is closed then)
