@@ -547,9 +547,8 @@ def worker(args: argparse.Namespace) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     with sampler:
         if args.worker == "drainpipe-memory":
-            state = _watch_store_close()
             out = run_drainpipe(path, db, trace=trace, expected=args.expected)
-            out.update(state)
+            out.update(state_rows=_state_rows(db))
         else:
             out = CONTENDERS[args.worker](path, db)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -571,19 +570,15 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def _watch_store_close() -> dict[str, Any]:
-    """Record the stored state size when the run closes its DuckDB store (what memory should follow)."""
-    from drainpipe.pipeline.store import DuckDBStore
+def _state_rows(db: Path) -> int:
+    """The stored state rows after the run (what its memory should follow), read from the closed DuckDB file."""
+    import duckdb
 
-    info: dict[str, Any] = {}
-    close = DuckDBStore._close
-
-    def _close(self: Any) -> None:
-        info["state_rows"] = self._con.execute("SELECT count(*) FROM metric_state").fetchone()[0]
-        close(self)
-
-    DuckDBStore._close = _close  # type: ignore[method-assign]
-    return info
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return int(con.execute("SELECT count(*) FROM metric_state").fetchone()[0])
+    finally:
+        con.close()
 
 
 #: the SQL contender as a user would run it: a Python process running DuckDB over the file (argv: statements file,
@@ -844,7 +839,6 @@ def profile_stages(path: Path, db: Path) -> dict[str, Any]:
     F.MetricAccumulator.add = timed("accumulator add", F.MetricAccumulator.add)
     F.MetricAccumulator.drain = timed("accumulator drain", F.MetricAccumulator.drain)
     S.SqlStore.merge = timed("store.merge", S.SqlStore.merge)
-    S.SqlStore.is_applied = timed("store.is_applied", S.SqlStore.is_applied)
     engine_init = E.LocalEngine.__init__
     engine_close = E.LocalEngine.close
 
@@ -957,7 +951,7 @@ def profile_sequential(path: Path, db: Path, jsonl: Path) -> dict[str, Any]:
     partials = stage(
         "aggregate_batch (16 metrics + top-N)",
         n,
-        lambda: [aggregate_batch(b, definitions, source=f"s{i}") for i, b in enumerate(batches)],
+        lambda: [aggregate_batch(b, definitions) for b in batches],
     )
 
     def l1() -> list:
