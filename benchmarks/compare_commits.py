@@ -21,7 +21,8 @@ Benchmarks (the metrics each reports; higher is better unless marked):
 * ``formats``: ``benchmarks/formats.py`` on 2M events, one run per round: drainpipe's events/s from JSON Lines, CSV,
   access logs and OTLP JSON files, and drainpipe/DuckDB SQL on each in the same round.
 * ``otlp``: this checkout's ``benchmarks/otel_load.py`` against each commit's ``drainpipe serve`` (``--server-src``),
-  wrk posting 512-span OTLP protobuf exports, one saturated run and one at 150,000 spans/s per round: spans/s,
+  512-span OTLP protobuf exports, one saturated run (wrk) and one at 150,000 spans/s (the Python client, open
+  loop) per round: spans/s,
   spans per CPU second of the server's process tree, its peak PSS and p99 (lower), the fixed rate's p99 (lower).
 * ``kafka``: ``benchmarks/kafka.py`` on 1M events against the broker at ``$DRAINPIPE_TEST_KAFKA`` (default
   127.0.0.1:9092), one run per round: ``consume``'s events/s from messages of 100 events and of one, and the same

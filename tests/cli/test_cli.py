@@ -255,7 +255,7 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
 @pytest.mark.parametrize("command", ["serve", "consume"])
 def test_the_live_commands_take_arrows_buffers_from_the_system_allocator(tmp_path, command) -> None:
     """``serve`` and ``consume``, in a process of their own, set Arrow's pool to the system allocator before their
-    helpers start (they inherit the variable); a pool the user chose stays; a calling program is left alone."""
+    helpers start (they inherit the variable); a pool the user chose stays."""
     program = (
         "import os, sys\nimport drainpipe.processes as p\nreal = p.tune_live_process\n"
         "def tune():\n    print('pyarrow before:', 'pyarrow' in sys.modules)\n    real()\n    import pyarrow\n"

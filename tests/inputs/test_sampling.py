@@ -180,6 +180,7 @@ def test_a_decoded_batch_is_encoded_as_the_bytes_it_came_from() -> None:
     """A batch that crossed a process boundary and goes on (a parser's batch into the serve log) is not encoded a
     second time: its encoding is the very bytes it was read from, for each form of the encoding; a batch made from
     it (a column added, a join) encodes its own rows, and pickling leaves the bytes behind."""
+    import dataclasses
     import pickle
 
     rows = _rows([(0, 0, 0, 5.0, True, 1), (0, 1, 1, 7.0, False, 1)])
@@ -197,6 +198,9 @@ def test_a_decoded_batch_is_encoded_as_the_bytes_it_came_from() -> None:
         assert EventBatch.decode(EventBatch.join([back, back]).encode()).num_rows == 2 * batch.num_rows
         again = pickle.loads(pickle.dumps(back))
         assert again == batch and again.encoding is None and bytes(again.encode()) == payload
+        warned = EventBatch.decode(payload, ((MALFORMED, 1),))
+        assert warned.warnings == ((MALFORMED, 1),) and warned.encode().obj is payload
+        assert dataclasses.replace(warned, warnings=()).encoding is None  # (a batch made from it: its own bytes)
 
 
 def test_span_ids_are_read_where_the_rows_are() -> None:

@@ -214,10 +214,56 @@ def test_a_client_that_takes_none_of_its_answers_is_cut(caplog) -> None:
         except ConnectionResetError:  # closed with requests unread: a reset, after what was sent before it
             pass
         sock.close()
-        assert srv.url  # the server still answers others
         with socket.create_connection((host, int(port)), timeout=10) as other:
             other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert other.recv(64).startswith(b"HTTP/1.1 200")
     answered = data.count(b"HTTP/1.1 200")
     assert 0 < answered < asked, answered
     assert any("its answer was not taken" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("case", ["unknown path", "unsupported type", "idle keep-alive"])
+def test_a_connection_that_stops_sending_is_closed_at_its_deadline(case: str, caplog) -> None:
+    """No socket timeout: a body that never comes (for a path that has none to give, or a type refused with 415) is
+    cut at the body deadline, and an idle keep-alive connection is closed at the header deadline, quietly."""
+    from drainpipe.server.service import ServiceOptions
+
+    caplog.set_level(logging.DEBUG, logger="drainpipe")
+    opts = ServiceOptions(header_deadline_s=1.0, body_deadline_s=1.0, sample_interval_s=0.25, top_refresh_s=0.5)
+    with running_server(options=opts) as srv:
+        host, port = srv.url.split("//")[1].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        if case == "idle keep-alive":
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        else:
+            path, ctype = ("/nope", "application/json") if case == "unknown path" else ("/v1/events", "text/plain")
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+                         "Content-Length: 1000\r\n\r\n".encode())  # fmt: skip
+        t0 = time.monotonic()
+        data = b""
+        try:
+            while chunk := sock.recv(4096):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        took = time.monotonic() - t0
+        sock.close()
+    assert took < 5, f"not closed ({took:.1f} s)"
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    if case == "idle keep-alive":
+        assert (logging.DEBUG, f"closed an idle keep-alive connection from {host}") in messages
+        assert not any("took too long" in m for _, m in messages)
+    else:
+        assert (logging.INFO, f"cut a connection from {host}: its body took too long") in messages
+
+
+def test_a_deadline_must_be_positive() -> None:
+    """0 would mean "never" to the kernel's send timeout; a negative one is no deadline at all."""
+    from drainpipe.errors import UsageError
+    from drainpipe.server.service import ServiceOptions
+
+    for name in ("header_deadline_s", "body_deadline_s", "answer_deadline_s"):
+        for value in (0, -1.0):
+            with pytest.raises(UsageError, match=f"ServiceOptions.{name} must be > 0"):
+                ServiceOptions(**{name: value})

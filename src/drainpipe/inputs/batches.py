@@ -51,7 +51,9 @@ class EventBatch:
     warnings: tuple[tuple[str, int], ...] = ()  # (reason, accepted rows read with that caveat); not encoded
     # the bytes :meth:`decode` read the rows from (they hold on to them anyway): :meth:`encode` gives them back, so a
     # batch that crosses a process boundary and goes on (a parser's batch into the serve log) is encoded once
-    encoding: memoryview | None = field(default=None, compare=False, repr=False)
+    # (not an argument: set by decode only, so that no batch made from another, by replace() or a constructor, can
+    # carry bytes that are not its rows')
+    encoding: memoryview | None = field(default=None, init=False, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[type[EventBatch], tuple[pa.RecordBatch, int, tuple[tuple[str, int], ...]]]:
         return EventBatch, (self.rows, self.requests, self.warnings)  # (a memoryview does not pickle: not kept)
@@ -164,23 +166,25 @@ class EventBatch:
         return memoryview(b"".join((_EXITS, _REQUESTS.pack(self.requests), message)))
 
     @classmethod
-    def decode(cls, payload: bytes | memoryview) -> EventBatch:
-        """The batch :meth:`encode` gave (without warnings); zero-copy (the batch holds on to ``payload``, and
-        :meth:`encode` gives it back)."""
+    def decode(cls, payload: bytes | memoryview, warnings: tuple[tuple[str, int], ...] = ()) -> EventBatch:
+        """The batch :meth:`encode` gave, with ``warnings`` (they travel beside the encoding); zero-copy (the batch
+        holds on to ``payload``, and :meth:`encode` gives it back)."""
         view = memoryview(payload)
         mark = view[:4]
         if mark == _EXITS:
             (requests,) = _REQUESTS.unpack_from(view, 4)
             rows = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA)
-            return cls(rows, requests, encoding=view)
-        if mark == _OPTIONAL:
+        elif mark == _OPTIONAL:
             (requests,) = _REQUESTS.unpack_from(view, 4)
             (mask,) = _MASK.unpack_from(view, 4 + _REQUESTS.size)
             schema = batch_schema(name for i, name in enumerate(_OPTIONAL_NAMES) if mask >> i & 1)
-            message = view[4 + _REQUESTS.size + _MASK.size :]
-            return cls(pa.ipc.read_record_batch(pa.py_buffer(message), schema), requests, encoding=view)
-        rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
-        return cls(rows, rows.num_rows, encoding=view)
+            rows = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size + _MASK.size :]), schema)
+        else:
+            rows = pa.ipc.read_record_batch(pa.py_buffer(view), EVENT_SCHEMA)
+            requests = rows.num_rows
+        batch = cls(rows, requests, warnings)
+        object.__setattr__(batch, "encoding", view)  # (frozen: set once, here)
+        return batch
 
 
 def _empty() -> pa.RecordBatch:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import replace
 from typing import Any
 
 from .. import native
@@ -191,7 +190,7 @@ class BodyDecoder:
         if status:
             raise BadBody(status, str(second))
         rejects, warnings = second
-        return replace(EventBatch.decode(payload), warnings=warnings), rejects
+        return EventBatch.decode(payload, warnings), rejects
 
     def close(self) -> None:
         if self._pool is not None:

@@ -45,6 +45,7 @@ processes in ``drainpipe serve``).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import BadBody, IngestRefused
 from .http_face import ReadRoutes, check_bind
@@ -98,12 +99,18 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(seconds)
 
     def handle_one_request(self) -> None:
-        # the request line and headers must arrive within the deadline (an idle keep-alive connection is closed then)
-        self.server.deadlines.set(self.connection, self.server.service.options.header_deadline_s, "headers")
+        # a keep-alive connection that sends nothing within the header deadline is closed (quietly: it is idle); once
+        # a request begins, its line and headers must arrive within the deadline too (loudly: a slow sender)
+        deadlines, seconds = self.server.deadlines, self.server.service.options.header_deadline_s
+        deadlines.set(self.connection, seconds, "idle")
         try:
+            if not cast(io.BufferedReader, self.rfile).peek(1):  # (the read that fills the buffer) closed or cut
+                self.close_connection = True
+                return
+            deadlines.set(self.connection, seconds, "headers")
             super().handle_one_request()
         finally:
-            self.server.deadlines.clear(self.connection)
+            deadlines.clear(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -203,7 +210,12 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = 0
         if 0 < length <= (1 << 20):
-            self.rfile.read(length)
+            deadlines = self.server.deadlines
+            deadlines.set(self.connection, self.server.service.options.body_deadline_s, "body")
+            try:
+                self.rfile.read(length)
+            finally:
+                deadlines.clear(self.connection)
         elif length:
             self.close_connection = True
 
@@ -369,7 +381,10 @@ class _Deadlines:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     continue
-                log.info("cut a connection from %s: its %s took too long", peer, what)
+                if what == "idle":
+                    log.debug("closed an idle keep-alive connection from %s", peer)
+                else:
+                    log.info("cut a connection from %s: its %s took too long", peer, what)
 
 
 class IngestServer(ThreadingHTTPServer):

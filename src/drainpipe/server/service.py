@@ -53,7 +53,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from ..errors import IngestRefused, LogFull
+from ..errors import IngestRefused, LogFull, UsageError
 from ..inputs import EventBatch
 from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptions, RemoteWriter
 from .aggregator import Aggregator
@@ -100,6 +100,11 @@ class ServiceOptions:
     alert_settle_s: float = 10.0  # a period is evaluated once it ended this long ago (its last events merged)
     alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
     remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
+
+    def __post_init__(self) -> None:
+        for name in ("header_deadline_s", "body_deadline_s", "answer_deadline_s"):
+            if not getattr(self, name) > 0:  # (0 would mean "never" to the kernel's send timeout)
+                raise UsageError(f"ServiceOptions.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
