@@ -22,8 +22,9 @@ Endpoints::
 Every error body but OTLP's is JSON (``{"error": ..., "status": ...}``), the standard library's own errors (a malformed
 request line, a header too long, an unknown method) included. Conflicting ``Content-Length`` headers are refused
 with 400 and the connection closed (RFC 9112 6.3). A client that goes away mid-request is one log line. A
-request line and headers must arrive within ``header_deadline_s`` (30 s), a body within ``body_deadline_s``
-(60 s): a slow sender is cut then, whatever its pace. A client that takes none of its answer for
+request line and headers must arrive within ``header_deadline_s`` (30 s) of its first byte (a keep-alive
+connection idle that long is closed), a body within ``body_deadline_s`` (60 s): a slow sender is cut then,
+whatever its pace. A client that takes none of its answer for
 ``answer_deadline_s`` (60 s) is cut too. The sockets have no timeout of their own: Python polls before every read
 and write of a socket with one, a system call and a hand-over of the GIL more per operation (without it, the same
 load gave 754-755 requests/s against 677-726 at the same CPU); the deadlines' watchdog bounds the reads, and a
@@ -55,6 +56,8 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
@@ -201,6 +204,16 @@ class Handler(BaseHTTPRequestHandler):
             svc.leave()
             self.server.metrics.ingest_latency.observe(time.perf_counter() - t0)
 
+    @contextmanager
+    def _body_deadline(self) -> Iterator[None]:
+        """Every read of a body is within the body deadline (the sockets have no timeout of their own)."""
+        deadlines = self.server.deadlines
+        deadlines.set(self.connection, self.server.service.options.body_deadline_s, "body")
+        try:
+            yield
+        finally:
+            deadlines.clear(self.connection)
+
     def _discard_body(self) -> None:
         if "Transfer-Encoding" in self.headers:
             self.close_connection = True  # not worth de-chunking a body we do not want
@@ -210,12 +223,8 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = 0
         if 0 < length <= (1 << 20):
-            deadlines = self.server.deadlines
-            deadlines.set(self.connection, self.server.service.options.body_deadline_s, "body")
-            try:
+            with self._body_deadline():
                 self.rfile.read(length)
-            finally:
-                deadlines.clear(self.connection)
         elif length:
             self.close_connection = True
 
@@ -238,17 +247,15 @@ class Handler(BaseHTTPRequestHandler):
             self._discard_body()
             self._error(415, f"unsupported content encoding {encoding!r}: send gzip or none")
             return
-        self.server.deadlines.set(self.connection, opts.body_deadline_s, "body")
         try:
-            body = self._read_body(opts.max_body_bytes)
+            with self._body_deadline():
+                body = self._read_body(opts.max_body_bytes)
         except BadBody as exc:
             self.close_connection = True  # the body was not (fully) read: the connection cannot be reused
             self._error(exc.status, exc.message)
             return
         except OSError:  # cut at its deadline, or the client went away
             body = None
-        finally:
-            self.server.deadlines.clear(self.connection)
         if body is None:  # the client went away mid-body (or was cut at its deadline)
             self.close_connection = True
             log.info("client %s went away mid-body", self.client_address[0])
