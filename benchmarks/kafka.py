@@ -88,14 +88,14 @@ def write_inputs(data_dir: Path, n: int) -> Path:
     return path
 
 
-def fill_topic(servers: str, topic: str, path: Path, per_message: int) -> int:
-    """A topic of ``PARTITIONS`` partitions holding the file's lines, ``per_message`` to a message (round robin
+def fill_topic(servers: str, topic: str, path: Path, per_message: int, partitions: int = PARTITIONS) -> int:
+    """A topic of ``partitions`` partitions holding the file's lines, ``per_message`` to a message (round robin
     over the partitions); the messages produced."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": servers})
-    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(60)
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 20, "batch.size": 1 << 20,
                          "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})  # fmt: skip
@@ -105,11 +105,11 @@ def fill_topic(servers: str, topic: str, path: Path, per_message: int) -> int:
         for line in f:
             lines.append(line.rstrip(b"\n"))
             if len(lines) == per_message:
-                _produce(producer, topic, b"\n".join(lines), messages % PARTITIONS)
+                _produce(producer, topic, b"\n".join(lines), messages % partitions)
                 messages += 1
                 lines = []
         if lines:
-            _produce(producer, topic, b"\n".join(lines), messages % PARTITIONS)
+            _produce(producer, topic, b"\n".join(lines), messages % partitions)
             messages += 1
     producer.flush(300)
     return messages

@@ -252,15 +252,23 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
     ingest(store, EVENTS.slice(0, 1000), "one")
     before, before_topn = store.query(), store.query_topn("top_slow_statements")
     calls = {"n": 0}
-    original = store.backend.insert_arrow  # type: ignore[attr-defined]
+    backend = store.backend  # type: ignore[attr-defined]
+    original_insert, original_execute = backend.insert_arrow, backend.execute
 
-    def failing(table_name: str, rows: pa.Table) -> None:
+    def failing_insert(table_name: str, rows: pa.Table) -> None:  # the merge in Python writes values by COPY
         calls["n"] += 1
         if table_name == "metric_values":
             raise RuntimeError("disk on fire")
-        original(table_name, rows)
+        original_insert(table_name, rows)
 
-    monkeypatch.setattr(store.backend, "insert_arrow", failing)  # type: ignore[attr-defined]
+    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge, by INSERT ... SELECT
+        calls["n"] += 1
+        if sql.lstrip().startswith("INSERT INTO metric_values"):
+            raise RuntimeError("disk on fire")
+        original_execute(sql, params)
+
+    monkeypatch.setattr(backend, "insert_arrow", failing_insert)
+    monkeypatch.setattr(backend, "execute", failing_execute)
     with pytest.raises(RuntimeError, match="disk on fire"):
         ingest(store, EVENTS.slice(1000), "two")
     assert calls["n"] > 1  # states had been written when it failed

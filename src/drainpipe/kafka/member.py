@@ -163,20 +163,23 @@ class GroupMember:
                            on_lost=self._lost)  # fmt: skip
         shown = time.monotonic()
         try:
-            while not self._stop.is_set() and not self.failed and not self._at_end():
-                self._reap()
-                if self.driver.due:
-                    self._checkpoint()  # (it refreshes the positions)
-                    shown = time.monotonic()
-                elif time.monotonic() - shown >= POSITIONS_S:  # /metrics and the dashboard see reading, not commits
-                    self._refresh_positions()
-                    shown = time.monotonic()
-                self._throttle()
-                with _collector_paused():
-                    self._feed(consumer.consume(CONSUME_MESSAGES, 0.1))
-            if not self.failed:
+            while True:
+                while not self._stop.is_set() and not self.failed and not self._at_end():
+                    self._reap()
+                    if self.driver.due:
+                        self._checkpoint()  # (it refreshes the positions)
+                        shown = time.monotonic()
+                    elif time.monotonic() - shown >= POSITIONS_S:  # /metrics and the dashboard see reading
+                        self._refresh_positions()
+                        shown = time.monotonic()
+                    self._throttle()
+                    with _collector_paused():
+                        self._feed(consumer.consume(CONSUME_MESSAGES, 0.1))
+                if self.failed:
+                    break
                 self._checkpoint()
-                self._drain()
+                if not self._drain() or self._stop.is_set():
+                    break  # (else a commit was fenced: the partitions kept were rewound, and are read again)
         finally:
             self.close()  # leaves the group: the revoke callback commits first (nothing left to commit now)
 
@@ -307,11 +310,14 @@ class GroupMember:
             log.error("store write failed for good: %s; the member stops (the store keeps what it had)",
                       self.driver.failed)  # fmt: skip
 
-    def _drain(self) -> None:
-        """Wait until every queued commit is done (or one failed)."""
-        if self.driver.drain():
+    def _drain(self) -> bool:
+        """Wait until every queued commit is done (or one failed); True when one was fenced (the partitions kept
+        are rewound to the store's offsets)."""
+        fenced = self.driver.drain()
+        if fenced:
             self._rewind(set())
         self._check_store()
+        return fenced
 
     # ------------------------------------------------------------------ rebalances (inside consume())
 

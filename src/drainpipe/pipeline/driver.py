@@ -20,8 +20,12 @@ messages, Spark tasks) and hands what it read here. What is the same for all liv
 * **the checkpoint**: the rows of every held part's advanced books, with the rejects of what they cover flushed to
   the dead letter first, and the held parts' fencing tokens, go to the sink, which commits them in the same
   transaction as the states (:meth:`checkpoint`);
-* **pending commits**: at most ``max_commits`` queued (:attr:`behind`: the reader stops reading, so what waits for
-  the store waits in the source, not in memory), reaped in order (:meth:`reap`); a commit that fails for good
+* **pending commits**: a checkpoint is due every ``checkpoint_s``, but not while the one before waits for the store
+  (up to ``max_checkpoint_s``): a store slower than the checkpoints gets fewer, larger commits, not a queue of small
+  ones. That is how writers sharing one store scale: a commit's cost is mostly fixed (the hour and day states of
+  every entity it touches are rewritten, whatever the events it brings), so as the store gets busier each writer
+  pays it less often. At most ``max_commits`` are queued (:attr:`behind`: the reader stops reading, so what waits
+  for the store waits in the source, not in memory), reaped in order (:meth:`reap`); a commit that fails for good
   stops the driver (:attr:`failed`), a fenced one (another owner holds a part now) is reported to the source;
 * **rollback**: when a part is lost (a file that cannot be read, a partition taken away), everything not committed
   is dropped and the part is read again from the store's position (:meth:`rollback`).
@@ -77,12 +81,18 @@ class Sink(Protocol):
                    rollback: bool = False, fences: Sequence[SourceProgress] = ()) -> Commit: ...  # fmt: skip
 
 
+#: how many checkpoint intervals a checkpoint waits for the commit before it, at most (``max_checkpoint_s``)
+STRETCH = 5
+
+
 class Driver:
     """The books of the parts one reader holds, and the commits that carry them; see the module docstring.
 
     ``ingest(batch, definitions=)``: where :meth:`feed` hands batches (the engine's ``ingest``; None for a sink
     whose states were made elsewhere, e.g. by Spark's tasks); ``checkpoint_s``: how often :attr:`due` says a
-    checkpoint is; ``max_commits``: commits queued before :attr:`behind`; ``on_commit(marker)``: called (on the
+    checkpoint is, and ``max_checkpoint_s`` how long it may wait for the commit before it (default :data:`STRETCH`
+    intervals); ``max_commits``: commits
+    queued before :attr:`behind`; ``on_commit(marker)``: called (on the
     reader's thread, from :meth:`reap`) for each commit the store has, in order; ``observe(batch)``: sees every
     batch fed (the live RED metrics), and its errors are logged, never raised."""
 
@@ -94,6 +104,7 @@ class Driver:
         ingest: Callable[..., Any] | None = None,
         dead_letter: DeadLetter | None = None,
         checkpoint_s: float = 2.0,
+        max_checkpoint_s: float | None = None,
         max_commits: int = 2,
         on_commit: Callable[[Any], None] | None = None,
         observe: Callable[[Any], None] | None = None,
@@ -103,6 +114,9 @@ class Driver:
         self._ingest = ingest
         self.dead_letter = dead_letter
         self.checkpoint_s = checkpoint_s
+        self.max_checkpoint_s = (
+            STRETCH * checkpoint_s if max_checkpoint_s is None else max(checkpoint_s, max_checkpoint_s)
+        )
         self.max_commits = max_commits
         self.on_commit = on_commit
         self.observe = observe
@@ -176,8 +190,12 @@ class Driver:
 
     @property
     def due(self) -> bool:
-        """``checkpoint_s`` has passed since the last checkpoint."""
-        return time.monotonic() - self._last >= self.checkpoint_s
+        """``checkpoint_s`` has passed since the last checkpoint and the store has it; or, while the store still
+        works on it, ``max_checkpoint_s`` has passed."""
+        elapsed = time.monotonic() - self._last
+        if elapsed < self.checkpoint_s:
+            return False
+        return elapsed >= self.max_checkpoint_s or not self._queued or self._queued[-1][0].done.is_set()
 
     @property
     def behind(self) -> bool:

@@ -3,8 +3,8 @@
 A :class:`Backend` is one connection to one database (DuckDB: :mod:`.duckdb_store`; PostgreSQL:
 :mod:`.postgres_store`). The store's SQL is written once, with ``?`` placeholders; a backend with another paramstyle
 translates them. Everything else (schema, merge, books, queries, purge) is in the store's other modules, which take a
-backend as an argument and never know which database it is, apart from the two facts it declares
-(:attr:`Backend.staging_ddl`, :attr:`Backend.probe_ranges`).
+backend as an argument and never know which database it is, apart from the facts it declares
+(:attr:`Backend.staging_ddl`, :attr:`Backend.probe_ranges`, :attr:`Backend.merges_in_database`).
 
 Contract:
 
@@ -38,8 +38,11 @@ class Backend(Protocol):
     #: for a backend whose :meth:`stage` keeps them otherwise
     staging_ddl: tuple[str, ...]
     #: whether a range probe (``SELECT 1 ... WHERE time_bucket BETWEEN ...``) is cheap, so that a merge asks it before
-    #: staging keys to look them up (see :func:`~.merge.write_groups`); False where no index serves it
+    #: staging keys to look them up (see :mod:`.merge`); False where no index serves it
     probe_ranges: bool
+    #: whether the database merges staged states into the stored ones itself (:mod:`.database_merge`: the session
+    #: has its staging tables, the state key a unique index); False: the store reads, merges and rewrites them
+    merges_in_database: bool
 
     def open(self, prepare: Prepare) -> None:
         """Connect and run ``prepare`` (on this and every later connection); :class:`StoreError` when the database

@@ -36,6 +36,7 @@ class DuckDBBackend:
     # over it instead (DuckDBPyRelation.query binds the name for that one statement).
     staging_ddl: tuple[str, ...] = ()
     probe_ranges = True
+    merges_in_database = False
 
     def __init__(self, path: str = "drainpipe.duckdb", *, config: dict[str, str] | None = None) -> None:
         """``config``: DuckDB configuration options (``memory_limit``, ``threads``, ...), as ``duckdb.connect``

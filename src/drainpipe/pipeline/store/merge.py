@@ -11,10 +11,13 @@ How, per call:
    and day (:func:`~drainpipe.pipeline.partials.rollup`); merging is associative, so the roll-up of the merge is the
    merge of the roll-ups;
 2. in batches of about :data:`WRITE_ROWS` state rows (memory holds a batch, not every state of the transaction; the
-   statements stay few, whatever the number of metrics), the keys (name, granularity, entity, time_bucket) are
+   statements stay few, whatever the number of metrics), the new states are merged into the stored ones of their
+   keys, and the keys' value rows replaced; likewise the top-N rows. Two ways, by what the backend declares
+   (:attr:`~.backend.Backend.merges_in_database`): here, the keys (name, granularity, entity, time_bucket) are
    staged, the stored states for them read, merged with the new ones by :func:`~drainpipe.pipeline.partials.merge`
-   (the one merge implementation, in Python, so every backend shares it), and the keys' state and value rows
-   replaced; likewise the top-N rows.
+   and rewritten (DuckDB, an embedded file with one writer process); or by the database server itself, from staged
+   rows (:mod:`.database_merge`: PostgreSQL, which several writers share, so that none holds the write lock for
+   its own Python).
 
 Functions over a :class:`~.backend.Backend`, called inside the store's session and writing transaction (whose lock
 keeps two merges of one key from interleaving); blocking; database errors propagate; a partial of the wrong kind is
@@ -24,7 +27,7 @@ keeps two merges of one key from interleaving); blocking; database errors propag
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,9 +36,10 @@ from ..definitions import Definition
 from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup
 from ..state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
 from ..values import TOPN_COLUMNS, VALUE_COLUMNS, finalize_table
+from . import database_merge
 from .backend import Backend
 
-__all__ = ["WRITE_ROWS", "check_partials", "write", "write_chunks"]
+__all__ = ["WRITE_ROWS", "Writes", "check_partials", "write_chunks"]
 
 #: state rows written per batch of statements within one merge transaction (read at each call: tests lower it)
 WRITE_ROWS = 400_000
@@ -65,12 +69,36 @@ def check_partials(parts: Sequence[Partial], with_rollup: bool) -> None:
             )
 
 
-def write(backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
-    """Merge ``parts`` into the stored states (with ``with_rollup``, minute states also into hour and day)."""
-    grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
-    for part in parts:
-        grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
-    _write_groups(backend, grouped.values(), with_rollup)
+class Writes:
+    """The writes of one merge: ``parts`` merged per (definition, granularity), rolled up with ``with_rollup``, in
+    batches of about :data:`WRITE_ROWS` state rows (memory holds a batch, not every state of the transaction).
+
+    Made inside the store's transaction *before* the write lock: where the database merges
+    (:attr:`~.backend.Backend.merges_in_database`), the first batch (a checkpoint's whole merge, as a rule) is staged
+    now, so that the lock is held for the database's statements only, never for this process's Python. :meth:`apply`
+    runs under the lock."""
+
+    def __init__(self, backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
+        grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
+        for part in parts:
+            grouped[(part.definition, getattr(part, "granularity", ""))].append(part)
+        self._backend = backend
+        self._batches = _batches(grouped.values(), with_rollup)
+        self._first = next(self._batches, None)
+        self._staged = self._first is not None and backend.merges_in_database
+        if self._staged:
+            assert self._first is not None
+            database_merge.stage(backend, *self._first)
+
+    def apply(self) -> None:
+        """Merge every batch into the stored states."""
+        if self._first is not None:
+            if self._staged:
+                database_merge.merge_staged(self._backend, *self._first)
+            else:
+                _apply(self._backend, self._first)
+        for batch in self._batches:
+            _apply(self._backend, batch)
 
 
 def write_chunks(backend: Backend, chunks: Iterable[Partial]) -> int:
@@ -98,27 +126,43 @@ def _write_chunk_batch(backend: Backend, chunks: list[Partial]) -> None:
     for chunk in chunks:
         if chunk.table.num_rows:
             grouped[chunk.definition].append(chunk)
-    _write_groups(backend, grouped.values(), True)
+    for batch in _batches(grouped.values(), True):
+        _apply(backend, batch)
 
 
-def _write_groups(backend: Backend, groups: Iterable[list[Partial]], with_rollup: bool) -> None:
+#: a batch of writes: metric partials (one per definition and granularity) and top-N partials
+_Batch = tuple[list[MetricPartial], list[TopNPartial]]
+
+
+def _batches(groups: Iterable[list[Partial]], with_rollup: bool) -> Iterator[_Batch]:
     """Each group (partials of one definition and granularity) merged first and, with ``with_rollup``, rolled up
-    once; written in batches of about WRITE_ROWS state rows."""
+    once; in batches of about WRITE_ROWS state rows, the top-N partials with the last."""
     metrics: list[MetricPartial] = []
     topns: list[TopNPartial] = []
     for group in groups:
         for m in _granular(merge(group), with_rollup):
             if isinstance(m, MetricPartial):
-                metrics.append(m)
-            elif isinstance(m, TopNPartial):
+                if m.table.num_rows:
+                    metrics.append(m)
+            elif isinstance(m, TopNPartial) and m.table.num_rows:
                 topns.append(m)
         if sum(m.table.num_rows for m in metrics) >= WRITE_ROWS:
-            _merge_metrics(backend, [m for m in metrics if m.table.num_rows])
+            yield metrics, []
             metrics = []
-    if any(m.table.num_rows for m in metrics):
-        _merge_metrics(backend, [m for m in metrics if m.table.num_rows])
-    if any(t.table.num_rows for t in topns):
-        _merge_topns(backend, [t for t in topns if t.table.num_rows])
+    if metrics or topns:
+        yield metrics, topns
+
+
+def _apply(backend: Backend, batch: _Batch) -> None:
+    metrics, topns = batch
+    if backend.merges_in_database:
+        database_merge.stage(backend, metrics, topns)
+        database_merge.merge_staged(backend, metrics, topns)
+        return
+    if metrics:
+        _merge_metrics(backend, metrics)
+    if topns:
+        _merge_topns(backend, topns)
 
 
 def _granular(part: Partial, with_rollup: bool) -> list[Partial]:

@@ -87,12 +87,14 @@ class SqlStore:
     ) -> MergeReport:
         parts = list(partials)
         merge.check_partials(parts, rollup)
-        with self._guard("merge"), self._write_transaction():
+        with self._guard("merge"), self.backend.transaction():
+            writes = merge.Writes(self.backend, parts, rollup)  # (this process's share of the work: before the lock)
+            self.backend.lock_writes()
             books.check_fences(self.backend, fences)
             registry.check(self.backend, {p.definition for p in parts})
             if progress and books.recorded(self.backend, progress):
                 return MergeReport(applied=0, skipped=len(parts))
-            merge.write(self.backend, parts, rollup)
+            writes.apply()
             # the tokens are recorded again with the progress: their record time moves on with it, so a retention
             # purge of the books never takes the token of a part that is still being written
             self._record_progress([*progress, *books.fence_rows(fences)])

@@ -1,0 +1,274 @@
+"""Scaling out on one PostgreSQL store, as machines would see it: N ``drainpipe consume`` members of one group, each
+in a cgroup of its own capped at a share of a core, so that N members have N times the CPU, as N machines would.
+
+    scripts/postgres.sh start && scripts/kafka.sh start        # (root: the cgroups are made under /sys/fs/cgroup)
+    .venv/bin/python benchmarks/scale.py                        # N = 1, 2, 4 on 12 partitions; 8 on 24
+    .venv/bin/python benchmarks/scale.py --members 1,2,4 --rounds 2 --share 0.15 --events 3600000
+    .venv/bin/python benchmarks/scale.py --src /tmp/base/src --src src      # two checkouts side by side
+
+The topic (``--events`` of the skewed workload of ``benchmarks/pipeline.py``, NDJSON messages of 100 events, round
+robin over the partitions) is produced once per partition count. Each run: a fresh PostgreSQL schema, a fresh group,
+N members started together with ``--exit-at-end``, each in its own cgroup v1 ``cpu`` group (``cpu.cfs_quota_us`` =
+share x ``cpu.cfs_period_us``) and ``cpuacct`` group. The broker's and PostgreSQL's processes are moved into
+``cpuacct`` groups of their own (not capped: they get the rest of the machine), so that the CPU each party used is
+read from the kernel, exited PostgreSQL backends included.
+
+The rate is read in the steady part of the run: the messages applied (the sum over partitions of the offsets the
+store's books hold for the topic, one cheap query twice a second) between the samples where 20% and 80% of the
+messages were applied, times the events per message. Every run is checked exact: the events the store counts (the
+day states of ``service_cpm``) equal the events produced. The curve (events/s, x one member, target 0.8 N) and the
+CPU of members, broker and PostgreSQL over the same window are printed and written to
+``benchmarks/results/scale.json``. With ``--src`` given more than once (a checkout's ``src``, e.g. a baseline commit's
+worktree with its extensions built), the members run each checkout's code in turn (``PYTHONPATH``), configuration by
+configuration, and each gets its own curve: the baseline runs side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from ingest_load import drop_pg_schema, fresh_pg_schema
+from kafka import DRAINPIPE, fill_topic, write_inputs
+
+RESULTS = Path(__file__).parent / "results"
+PER_MESSAGE = 100
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+ACCT_ROOT = Path("/sys/fs/cgroup/cpuacct")
+PERIOD_US = 100_000
+
+
+class Cgroup:
+    """A cgroup v1 pair (``cpu`` for the cap, ``cpuacct`` for the CPU used) named ``drainpipe-scale/<name>``."""
+
+    def __init__(self, name: str, share: float | None) -> None:
+        self.name = name
+        self.dirs = [root / "drainpipe-scale" / name for root in (CPU_ROOT, ACCT_ROOT)]
+        for d in self.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        cpu = self.dirs[0]
+        (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (cpu / "cpu.cfs_quota_us").write_text(str(int(share * PERIOD_US)) if share else "-1")
+
+    def enter(self, pid: int | None = None) -> None:
+        """Move ``pid`` (default: the calling process, as a ``preexec_fn``) and its threads into both groups."""
+        for d in self.dirs:
+            (d / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def cpu_s(self) -> float:
+        return int((self.dirs[1] / "cpuacct.usage").read_text()) / 1e9
+
+    def throttled_s(self) -> float:
+        stat = dict(line.split() for line in (self.dirs[0] / "cpu.stat").read_text().splitlines())
+        return int(stat.get("throttled_time", 0)) / 1e9
+
+    def remove(self) -> None:
+        for d, root in zip(self.dirs, (CPU_ROOT, ACCT_ROOT)):
+            for pid in (d / "cgroup.procs").read_text().split():
+                try:
+                    (root / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass  # (it exited meanwhile)
+            d.rmdir()
+
+
+def pids_of(match: str, comm: str) -> list[int]:
+    """The processes named ``comm`` whose command line holds ``match``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != comm:
+                continue
+            if match in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def applied_messages(con: Any, topic: str) -> int:
+    """The messages of ``topic`` the store holds as applied: per partition, the least next offset over the
+    definitions (a partition is applied up to there for every one)."""
+    row = con.execute(
+        "SELECT coalesce(sum(m), 0) FROM (SELECT min(end_offset) AS m FROM source_progress "
+        "WHERE source = 'kafka' AND name <> '#fence' AND part LIKE %s GROUP BY part) p",
+        (f"%/{topic}/%",),
+    ).fetchone()
+    return int(row[0])
+
+
+def stored_events(con: Any) -> int:
+    row = con.execute(
+        "SELECT coalesce(sum(n), 0) FROM metric_state WHERE metric = 'service_cpm' AND granularity = 'day'"
+    ).fetchone()
+    return int(row[0])
+
+
+def member_run(
+    args: argparse.Namespace, src: Path, members: int, topic: str, messages: int, work: Path
+) -> dict[str, Any]:
+    """One run of ``members`` members (the code of ``src``) over ``topic``; the rate in the steady window and the
+    CPU of each party."""
+    import psycopg
+
+    url, schema = fresh_pg_schema(args.pg)
+    group = f"scale-{uuid.uuid4().hex[:10]}"
+    caps = [Cgroup(f"m{i}", args.share) for i in range(members)]
+    parties = {"broker": Cgroup("broker", None), "postgres": Cgroup("postgres", None)}
+    for pid in pids_of("kafka.Kafka", "java"):
+        parties["broker"].enter(pid)
+    for pid in pids_of("", "postgres"):
+        parties["postgres"].enter(pid)
+    logs = [open(work / f"member-{src.parent.name}-{members}-{i}.log", "w") for i in range(members)]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [DRAINPIPE, "consume", "--bootstrap-servers", args.servers, "--topic", topic, "--group", group,
+           "--store", url, "--exit-at-end", "--checkpoint-s", str(args.checkpoint_s)]  # fmt: skip
+    samples: list[tuple[float, int, float, float, float]] = []  # (t, applied, members' CPU, broker's, postgres')
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with psycopg.connect(url, autocommit=True) as con:
+            t0 = time.perf_counter()
+            procs = [
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=cg.enter, env=env, cwd=work)
+                for cg, log in zip(caps, logs)
+            ]
+            while True:
+                done = all(p.poll() is not None for p in procs)
+                try:
+                    applied = applied_messages(con, topic)
+                except psycopg.errors.UndefinedTable:
+                    applied = 0  # (the first member has not made the tables yet)
+                samples.append((time.perf_counter() - t0, applied, sum(c.cpu_s() for c in caps),
+                                parties["broker"].cpu_s(), parties["postgres"].cpu_s()))  # fmt: skip
+                if done:
+                    break
+                if samples[-1][0] > args.timeout_s:
+                    raise SystemExit(f"{members} member(s): not done after {args.timeout_s} s")
+                time.sleep(0.5)
+            wall = time.perf_counter() - t0
+            for p in procs:
+                if p.returncode:
+                    raise SystemExit(f"a member failed ({p.returncode}): see {work}")
+            stored = stored_events(con)
+            throttled = sum(c.throttled_s() for c in caps)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+        for cg in [*caps, *parties.values()]:
+            cg.remove()
+    drop_pg_schema(args.pg, schema)
+    lo = next(s for s in samples if s[1] >= 0.2 * messages)
+    hi = next(s for s in samples if s[1] >= 0.8 * messages)
+    span = hi[0] - lo[0]
+    eps = (hi[1] - lo[1]) * PER_MESSAGE / span if span > 0 else float("nan")
+    return {
+        "members": members, "eps": eps, "window_s": span, "wall_s": wall, "stored": stored,
+        "exact": stored == args.events, "members_cores": (hi[2] - lo[2]) / span, "throttled_s": throttled,
+        "broker_cores": (hi[3] - lo[3]) / span, "postgres_cores": (hi[4] - lo[4]) / span,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--servers", default=os.environ.get("DRAINPIPE_TEST_KAFKA", "kafka://127.0.0.1:9092"))
+    ap.add_argument(
+        "--pg", default=os.environ.get("DRAINPIPE_TEST_PG"), required=not os.environ.get("DRAINPIPE_TEST_PG")
+    )
+    ap.add_argument("--events", type=int, default=3_600_000)
+    ap.add_argument("--members", default="1,2,4", help="member counts on --partitions partitions")
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--wide", default="8:24", help="MEMBERS:PARTITIONS reported without a target ('' for none)")
+    ap.add_argument("--share", type=float, default=0.15, help="each member's cap, in cores")
+    ap.add_argument("--checkpoint-s", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "drainpipe-bench" / "kafka")
+    ap.add_argument("--src", type=Path, action="append", help="a checkout's src for the members (repeatable; default: "
+                    "this checkout's)")  # fmt: skip
+    ap.add_argument("--logs", type=Path, help="keep the members' output here (default: a temporary directory)")
+    ap.add_argument("--json", type=Path, default=RESULTS / "scale.json")
+    args = ap.parse_args()
+    args.servers = args.servers.removeprefix("kafka://")
+    if os.geteuid() != 0 or not CPU_ROOT.is_dir():
+        raise SystemExit("scale.py caps members with cgroup v1 (/sys/fs/cgroup/cpu): run it as root")
+    path = write_inputs(args.data_dir, args.events)
+    plan = [(int(n), args.partitions) for n in args.members.split(",") if n]
+    if args.wide:
+        n, p = args.wide.split(":")
+        plan.append((int(n), int(p)))
+    topics: dict[int, tuple[str, int]] = {}
+    for partitions in sorted({p for _, p in plan}):
+        topic = f"scale-{partitions}-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        messages = fill_topic(args.servers, topic, path, PER_MESSAGE, partitions)
+        print(f"topic {topic}: {messages:,} messages, {partitions} partitions ({time.perf_counter() - t0:.1f} s)",
+              flush=True)  # fmt: skip
+        topics[partitions] = (topic, messages)
+    sources = [p.resolve() for p in (args.src or [ROOT / "src"])]
+    runs: dict[tuple[Path, int, int], list[dict[str, Any]]] = {(s, n, p): [] for s in sources for n, p in plan}
+    with tempfile.TemporaryDirectory(prefix="drainpipe-scale-") as tmp:
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.logs)
+        for r in range(args.rounds):
+            for n, p in plan if r % 2 == 0 else plan[::-1]:
+                for src in sources if r % 2 == 0 else sources[::-1]:
+                    topic, messages = topics[p]
+                    run = member_run(args, src, n, topic, messages, Path(tmp))
+                    runs[(src, n, p)].append(run)
+                    print(f"round {r + 1}: {src}: {n} member(s), {p} partitions: {run['eps']:,.0f} events/s "
+                          f"(window {run['window_s']:.1f} s; members {run['members_cores']:.2f} cores, broker "
+                          f"{run['broker_cores']:.2f}, postgres {run['postgres_cores']:.2f}; exact {run['exact']})",
+                          flush=True)  # fmt: skip
+    table = []
+    print(f"\n{args.events:,} events, members capped at {args.share} core each, medians of {args.rounds} round(s)\n")
+    print("| code | members | partitions | events/s | x one member | target | members' cores | broker | postgres "
+          "| exact |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for src in sources:
+        ones = runs.get((src, 1, args.partitions))
+        one = statistics.median(r["eps"] for r in ones) if ones else None
+        for n, p in plan:
+            rows = runs[(src, n, p)]
+            med = {k: statistics.median(r[k] for r in rows) for k in
+                   ("eps", "members_cores", "broker_cores", "postgres_cores")}  # fmt: skip
+            scale = med["eps"] / one if one else float("nan")
+            target = 0.8 * n if p == args.partitions and n > 1 else None
+            exact = all(r["exact"] for r in rows)
+            table.append({"src": str(src), "members": n, "partitions": p, **med, "x_one": scale, "target": target,
+                          "exact": exact, "runs": rows})  # fmt: skip
+            print(f"| {src.parent.name} | {n} | {p} | {med['eps']:,.0f} | {scale:.2f} | "
+                  f"{f'>= {target:.1f}' if target else '-'} | {med['members_cores']:.2f} | {med['broker_cores']:.2f} | "
+                  f"{med['postgres_cores']:.2f} | {'yes' if exact else 'NO'} |")  # fmt: skip
+    report = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "events": args.events, "share": args.share, "checkpoint_s": args.checkpoint_s, "rounds": args.rounds,
+        "table": table,
+    }  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The merge PostgreSQL does itself (``database_merge``) equals the store's merge in Python (DuckDB's): generated
+events in generated batches, every merge function, percentiles with ties at bin edges, top-N with equal latencies,
+keys that differ by case and by non-ASCII bytes, with and without latency classes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from drainpipe.pipeline.aggregate import aggregate_batch
+from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
+from drainpipe.pipeline.store import Store, open_store
+from drainpipe.pipeline.store.schema import TABLES
+from testlib import T0, event_batch
+
+pytestmark = pytest.mark.postgres
+
+DEFINITIONS = Definitions(
+    (
+        MetricDef("c", "service", "count"),
+        MetricDef("cpm", "instance", "cpm"),
+        MetricDef("s", "endpoint", "sum", field="latency_ms"),
+        MetricDef("lo", "service", "min", field="latency_ms"),
+        MetricDef("hi", "instance", "max", field="latency_ms"),
+        MetricDef("avg", "endpoint", "avg", field="latency_ms"),
+        MetricDef("sla", "service", "sla"),
+        MetricDef("apdex", "instance", "apdex", threshold_ms=100),
+        MetricDef("p", "service", "percentile", precision_ms=10),
+        MetricDef("p1", "endpoint", "percentile", precision_ms=1),
+        MetricDef("errors", "service", "count", where="status == false"),
+    ),
+    (
+        TopNDef("slow", "service", "db_statement", 3),
+        TopNDef("slow_by_class", "service", "db_statement", 2, latency_buckets_ms=(100.0, 500.0)),
+    ),
+)
+
+_EVENTS = st.lists(
+    st.tuples(
+        st.integers(0, 3 * 60 + 5),  # minute: across hours (and, from T0, a day)
+        st.sampled_from(["alpha", "beta", "Beta"]),
+        st.sampled_from(["", "i1", "i2"]),
+        st.sampled_from(["/a", "/b", "/é"]),
+        st.one_of(st.sampled_from([0.5, 10.0, 99.99, 100.0, 100.01, 500.0, 1234.5]), st.floats(0, 5000)),
+        st.booleans(),
+        st.sampled_from([None, "select 1", "select 2", "Select 1", "sélect", "update t"]),
+    ),
+    min_size=1,
+    max_size=120,
+)
+
+
+@pytest.fixture
+def stores(pg_url: str) -> Iterator[tuple[Store, Store]]:
+    pg, duck = open_store(pg_url), open_store("duckdb:///:memory:")
+    yield pg, duck
+    pg.close()
+    duck.close()
+
+
+def _empty(*stores: Store) -> None:
+    for store in stores:
+        for table in TABLES:
+            store.backend.execute(f"DELETE FROM {table}")  # type: ignore[attr-defined]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_EVENTS, st.lists(st.integers(0, 120), max_size=4), st.booleans())
+@example(  # each merge operation meets a stored state in both directions (a smaller and a larger value after)
+    [(0, "alpha", "i1", "/a", 50.0, True, "select 1"), (1, "alpha", "i1", "/a", 10.0, False, "select 2"),
+     (2, "alpha", "i1", "/a", 500.0, True, "select 1")],
+    [1, 2],
+    True,
+)  # fmt: skip
+def test_the_database_merges_as_the_store_merges_in_python(
+    stores: tuple[Store, Store], rows: list[tuple], cuts: list[int], minute_and_rollup: bool
+) -> None:
+    pg, duck = stores
+    assert pg.backend.merges_in_database and not duck.backend.merges_in_database  # type: ignore[attr-defined]
+    _empty(pg, duck)
+    events = event_batch([(T0 + m * 60_000 + i, svc, inst, ep, lat, ok, st) for i, (m, svc, inst, ep, lat, ok, st)
+                          in enumerate(rows)])  # fmt: skip
+    bounds = sorted({0, len(rows), *(min(c, len(rows)) for c in cuts)})
+    for lo, hi in zip(bounds, bounds[1:]):
+        partials = aggregate_batch(events.slice(lo, hi - lo), DEFINITIONS)
+        if minute_and_rollup:
+            for store in (pg, duck):
+                store.merge(partials)
+        else:  # every granularity given, as a Spark job's output or a migration merges them
+            from drainpipe.pipeline.partials import MetricPartial, rollup
+
+            every = [q for p in partials for q in ([p, rollup(p, "hour"), rollup(p, "day")]
+                                                   if isinstance(p, MetricPartial) else [p])]  # fmt: skip
+            for store in (pg, duck):
+                store.merge(every, rollup=False)
+    assert pg.query() == duck.query()
+    for topn in DEFINITIONS.topns:
+        assert pg.query_topn(topn.name) == duck.query_topn(topn.name)
+
+
+def test_merge_chunks_in_the_database_equals_python(stores: tuple[Store, Store]) -> None:
+    """A Spark job's chunks: batches of one transaction that share keys (each merges into what the one before
+    wrote)."""
+    import drainpipe.pipeline.store.merge as merge_module
+
+    pg, duck = stores
+    rows = [(T0 + (i % 7) * 60_000, ["a", "b"][i % 2], "", f"/e{i % 5}", float(i % 13) * 7.5, i % 4 != 0,
+             ["select 1", None, "x"][i % 3]) for i in range(600)]  # fmt: skip
+    chunks = [p for k in range(0, 600, 100) for p in aggregate_batch(event_batch(rows[k : k + 100]), DEFINITIONS)]
+    original = merge_module.WRITE_ROWS
+    merge_module.WRITE_ROWS = 50  # several batches in the one transaction
+    try:
+        for store in (pg, duck):
+            store.merge_chunks(DEFINITIONS.all, iter(chunks))
+    finally:
+        merge_module.WRITE_ROWS = original
+    assert pg.query() == duck.query() and len(pg.query()) > 100
+    assert pg.query_topn("slow") == duck.query_topn("slow")
+
+
+def test_the_state_key_is_unique_and_the_staged_tables_are_the_sessions(stores: tuple[Store, Store]) -> None:
+    pg, _ = stores
+    con = pg.backend  # type: ignore[attr-defined]
+    indexes = {r[0]: r[1] for r in con.fetchall("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = ? AND schemaname = current_schema()",
+                                                 ("metric_state",))}  # fmt: skip
+    assert "UNIQUE" in indexes["metric_state_unique"] and "metric_state_key" not in indexes
+    temporary = {r[0] for r in con.fetchall("SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema()")}
+    assert {"stage_state", "stage_topn", "stage_defs", "stage_keys"} <= temporary
