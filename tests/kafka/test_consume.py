@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -78,12 +79,13 @@ def test_a_member_killed_at_random_moments_then_restarted_stores_every_event_onc
 
 
 @pytest.mark.postgres
-def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
+def test_four_members_with_joins_a_sigstop_and_a_kill_store_every_event_once(
     servers: str, pg_url: str, tmp_path: Path
 ) -> None:
-    """Members come and go while the topic grows: b and c join (partitions revoked from those that held them,
-    assigned to the newcomer), b is paused past its session (SIGSTOP) and its partitions move on, a is killed and
-    its partitions move on, b wakes (SIGCONT) holding events of partitions it lost. Every event is stored once.
+    """Members come and go while the topic grows: b, c and d join (partitions revoked from those that held them,
+    assigned to the newcomer: four members on one PostgreSQL store), b is paused past its session (SIGSTOP) and its
+    partitions move on, a is killed and its partitions move on, b wakes (SIGCONT) holding events of partitions it
+    lost. Every event is stored once.
     (Without the commit on revoke, the events a read before the first rebalance are counted twice: a commits only
     every 3 s.)"""
     topic = new_topic(servers, 6)
@@ -104,6 +106,8 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     wait_for_group(servers, group, members=2, partitions=6)  # a gave b half of its partitions
     c = join("c")
     wait_for_group(servers, group, members=3, partitions=6)  # a third of them each
+    d = join("d")
+    wait_for_group(servers, group, members=4, partitions=6)
     wait_for_member(b, url_b, "events read and not committed", holds_uncommitted)
     b.send_signal(signal.SIGSTOP)  # b holds events not committed (it commits every 3 s)
     paused.set()
@@ -112,17 +116,17 @@ def test_three_members_with_a_join_a_sigstop_and_a_kill_store_every_event_once(
     wait_until(lambda: "b" not in group_clients(servers, group), timeout=60, interval=0.1)
     a.send_signal(signal.SIGKILL)
     a.wait(30)
-    wait_until(lambda: "a" not in group_clients(servers, group), timeout=60, interval=0.1)  # c takes a's share
+    wait_until(lambda: "a" not in group_clients(servers, group), timeout=60, interval=0.1)  # c, d take a's share
     b.send_signal(signal.SIGCONT)  # b wakes with its checkpoint overdue, for partitions others own now
     wait_for_member(b, url_b, "the loss noticed",
                     lambda u: sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="rewound")))  # fmt: skip
-    for member in (b, c):
+    for member in (b, c, d):
         member.send_signal(signal.SIGTERM)
-    out_b, out_c = finish(b), finish(c)
+    out_b, out_c, out_d = finish(b), finish(c), finish(d)
     assert "rewound 0 times" not in out_b, out_b  # (the summary says it too)
     traffic.join()
     out = finish(consume(servers, topic, group, pg_url, dead, "--exit-at-end"))
-    assert stored_calls(pg_url) == traffic.calls, (out_b, out_c, out)
+    assert stored_calls(pg_url) == traffic.calls, (out_b, out_c, out_d, out)
 
 
 @pytest.mark.postgres
@@ -221,32 +225,44 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
     assert stored_calls(url) == traffic.calls, out
 
 
-def test_a_broker_restart_under_a_member_loses_and_doubles_nothing(servers: str, tmp_path: Path) -> None:
-    """The broker (the group's coordinator, every partition's leader) restarts while the topic grows and a member
-    reads it holding events not committed: the member's session expires meanwhile (the partitions are lost: the
-    group may give them to another member), so it drops what it had not committed and reads on from the store's
-    offsets once the broker is back; every event is stored once. (Without that rewind, the events held at the
-    restart are counted twice.)"""
-    topic = new_topic(servers, 3)
-    store, dead, group = f"duckdb:///{tmp_path / 'r.duckdb'}", tmp_path / "dead.jsonl", f"g-{topic}"
+@pytest.mark.postgres
+def test_a_broker_restart_under_four_members_loses_and_doubles_nothing(
+    servers: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The broker (the group's coordinator, every partition's leader) restarts while the topic grows and four
+    members on one PostgreSQL store read it, each holding events not committed: their sessions expire meanwhile (the
+    partitions are lost: the group may give them to another member), so each drops what it had not committed and
+    reads on from the store's offsets once the broker is back; every event is stored once. (Without that rewind,
+    the events held at the restart are counted twice.)"""
+    topic = new_topic(servers, 4)
+    dead, group = tmp_path / "dead.jsonl", f"g-{topic}"
     traffic = LiveTraffic(servers, topic, waves=6, poison_wave=3, pause_s=0.2, events=5_000)
-    # no checkpoint before it leaves: the member holds everything it read when the broker goes away
-    member = consume(servers, topic, group, store, dead, "--port", "0", checkpoint_s=60.0)
-    url = endpoint_of(member)
-    wait_for_member(member, url, "events read", holds_uncommitted)  # assigned, reading, holding
+    # no checkpoint before they leave: each member holds everything it read when the broker goes away
+    members = [consume(servers, topic, group, pg_url, dead, "--port", "0", "--kafka-config", f"client.id=m{i}",
+                       checkpoint_s=60.0) for i in range(4)]  # fmt: skip
+    urls = [endpoint_of(m) for m in members]
+    wait_for_group(servers, group, members=4, partitions=4)
+    for member, url in zip(members, urls):
+        wait_for_member(member, url, "events read", holds_uncommitted)  # assigned, reading, holding
     restart = subprocess.run(["bash", str(KAFKA_SH), "restart"], capture_output=True, text=True, timeout=120)
     assert restart.returncode == 0, restart.stderr
     traffic.join()
-    wait_for_member(member, url, "the loss noticed",
-                    lambda u: sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="lost")), timeout=60)  # fmt: skip
-    wait_for_member(member, url, "every partition read to its end",
-                    lambda u: len(lags := scraped(u, "drainpipe_kafka_partition_lag")) == 3 and not any(lags),
-                    timeout=60)  # fmt: skip
-    member.send_signal(signal.SIGTERM)  # it commits what it holds as it leaves
-    out = finish(member)
-    assert "lost 1" in out, out  # the path this test is for
-    out += finish(consume(servers, topic, group, store, dead, "--exit-at-end"))
-    assert stored_calls(store) == traffic.calls, out
+
+    def lost(_: str) -> float:
+        return sum(sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="lost")) for u in urls)
+
+    def read_to_end(_: str) -> bool:
+        lags = [lag for u in urls for lag in scraped(u, "drainpipe_kafka_partition_lag")]
+        return len(lags) == 4 and not any(lags)
+
+    wait_for_member(members[0], urls[0], "the loss noticed", lost, timeout=60)
+    wait_for_member(members[0], urls[0], "every partition read to its end", read_to_end, timeout=60)
+    for member in members:
+        member.send_signal(signal.SIGTERM)  # each commits what it holds as it leaves
+    out = "".join(finish(member) for member in members)
+    assert re.search(r"lost [1-9]", out), out  # the path this test is for
+    out += finish(consume(servers, topic, group, pg_url, dead, "--exit-at-end"))
+    assert stored_calls(pg_url) == traffic.calls, out
     assert Counter(reason for _, _, reason in rejected(dead)) == Counter(reason for _, reason in POISON)
 
 

@@ -67,7 +67,7 @@ def _empty(*stores: Store) -> None:
             store.backend.execute(f"DELETE FROM {table}")  # type: ignore[attr-defined]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_EVENTS, st.lists(st.integers(0, 120), max_size=4), st.booleans())
 @example(  # each merge operation meets a stored state in both directions (a smaller and a larger value after)
     [(0, "alpha", "i1", "/a", 50.0, True, "select 1"), (1, "alpha", "i1", "/a", 10.0, False, "select 2"),
