@@ -61,7 +61,8 @@ _INDEXES = (
     # (a HOT update); the upserts of four members' overlapping states took 40% less time than at 100. Set once:
     # an ALTER at every connection would rewrite the catalog row and wait for a VACUUM of the table
     "DO $$ BEGIN IF NOT 'fillfactor=75' = ANY(coalesce((SELECT reloptions FROM pg_class"
-    " WHERE oid = 'metric_state'::regclass), '{}')) THEN ALTER TABLE metric_state SET (fillfactor = 75); END IF; END $$",
+    " WHERE oid = 'metric_state'::regclass), '{}'))"
+    " THEN ALTER TABLE metric_state SET (fillfactor = 75); END IF; END $$",
     "CREATE INDEX IF NOT EXISTS metric_values_key ON metric_values (metric, granularity, entity, time_bucket)",
     "CREATE INDEX IF NOT EXISTS topn_values_key ON topn_values (name, entity, time_bucket)",
 )
