@@ -101,7 +101,9 @@ def test_the_database_merges_as_the_store_merges_in_python(
         assert pg.query_topn(topn.name) == duck.query_topn(topn.name)
 
 
-def test_merge_chunks_in_the_database_equals_python(stores: tuple[Store, Store]) -> None:
+def test_merge_chunks_in_the_database_equals_python(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Spark job's chunks: batches of one transaction that share keys (each merges into what the one before
     wrote)."""
     import drainpipe.pipeline.store.merge as merge_module
@@ -110,13 +112,9 @@ def test_merge_chunks_in_the_database_equals_python(stores: tuple[Store, Store])
     rows = [(T0 + (i % 7) * 60_000, ["a", "b"][i % 2], "", f"/e{i % 5}", float(i % 13) * 7.5, i % 4 != 0,
              ["select 1", None, "x"][i % 3]) for i in range(600)]  # fmt: skip
     chunks = [p for k in range(0, 600, 100) for p in aggregate_batch(event_batch(rows[k : k + 100]), DEFINITIONS)]
-    original = merge_module.WRITE_ROWS
-    merge_module.WRITE_ROWS = 50  # several batches in the one transaction
-    try:
-        for store in (pg, duck):
-            store.merge_chunks(DEFINITIONS.all, iter(chunks))
-    finally:
-        merge_module.WRITE_ROWS = original
+    monkeypatch.setattr(merge_module, "WRITE_ROWS", 50)  # several batches in the one transaction
+    for store in (pg, duck):
+        store.merge_chunks(DEFINITIONS.all, iter(chunks))
     assert pg.query() == duck.query() and len(pg.query()) > 100
     assert pg.query_topn("slow") == duck.query_topn("slow")
 

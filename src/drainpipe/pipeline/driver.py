@@ -91,8 +91,7 @@ class Driver:
     ``ingest(batch, definitions=)``: where :meth:`feed` hands batches (the engine's ``ingest``; None for a sink
     whose states were made elsewhere, e.g. by Spark's tasks); ``checkpoint_s``: how often :attr:`due` says a
     checkpoint is, and ``max_checkpoint_s`` how long it may wait for the commit before it (default :data:`STRETCH`
-    intervals); ``max_commits``: commits
-    queued before :attr:`behind`; ``on_commit(marker)``: called (on the
+    intervals); ``max_commits``: commits queued before :attr:`behind`; ``on_commit(marker)``: called (on the
     reader's thread, from :meth:`reap`) for each commit the store has, in order; ``observe(batch)``: sees every
     batch fed (the live RED metrics), and its errors are logged, never raised."""
 

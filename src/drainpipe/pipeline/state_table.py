@@ -13,7 +13,7 @@ from .partials import STATE_COLUMNS, MetricPartial, TopNPartial, keep_top, parti
 from .times import BUCKET_TIME, ms_from_bucket
 from .values import bucket_column, finalize_table
 
-__all__ = ["STATE_TABLE_SCHEMA", "to_state_table", "from_state_table", "to_topn_table", "from_topn_table"]
+__all__ = ["STATE_TABLE_SCHEMA", "to_state_table", "from_state_table", "to_topn_table", "from_topn_table", "with_key"]
 
 #: stored form of metric states (see :func:`to_state_table`); ``b`` is -1 except for percentile bins
 STATE_TABLE_SCHEMA = pa.schema(
@@ -45,6 +45,16 @@ def to_state_table(partial: MetricPartial) -> pa.Table:
             table.column(field) if field in table.column_names else pa.nulls(rows, STATE_TABLE_SCHEMA.field(field).type)
         )
     return pa.table(columns, schema=STATE_TABLE_SCHEMA)
+
+
+def with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
+    """Stored rows of one definition with their key's constant columns added: ``name`` and ``metric`` (the
+    definition's name, as the top-N and metric tables call it) and ``granularity`` (those already there are kept)."""
+    rows = table.num_rows
+    for column, value in (("name", name), ("metric", name), ("granularity", granularity)):
+        if column not in table.column_names:
+            table = table.append_column(column, pa.repeat(pa.scalar(value, pa.string()), rows))
+    return table
 
 
 def from_state_table(definition: MetricDef, granularity: str, table: pa.Table) -> MetricPartial:

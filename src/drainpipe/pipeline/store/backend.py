@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-__all__ = ["Backend", "Prepare", "sql_transaction"]
+__all__ = ["KEY_COLUMNS", "Backend", "Prepare", "sql_transaction", "stage_keys"]
 
 #: what a backend runs on every new connection, inside its schema transaction: create what is missing and, with
 #: ``migrate`` (False only for a database the backend just created), bring an older store up to date
@@ -92,6 +92,16 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+#: the columns of the staged keys (``stage_keys``), which the keyed statements join against
+KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
+
+
+def stage_keys(backend: Backend, rows: pa.Table) -> None:
+    """Make the distinct (name, granularity, entity, time_bucket) of ``rows`` the session's staged keys."""
+    keys = list(KEY_COLUMNS)
+    backend.stage("stage_keys", rows.group_by(keys, use_threads=False).aggregate([]).select(keys))
 
 
 @contextmanager

@@ -38,9 +38,9 @@ import pyarrow as pa
 from ..buckets import GRANULARITY_MS
 from ..definitions import MetricDef
 from ..partials import MetricPartial, TopNPartial
-from ..state_table import to_state_table, to_topn_table
+from ..state_table import to_state_table, to_topn_table, with_key
 from ..values import PERCENTILE_LABELS, PERCENTILES
-from .backend import Backend
+from .backend import Backend, stage_keys
 
 __all__ = ["STAGING_DDL", "STATE_KEY_INDEX", "merge_staged", "stage"]
 
@@ -61,7 +61,6 @@ _STATE_KEY = "metric, granularity, entity, time_bucket, b"
 STATE_KEY_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS metric_state_unique ON metric_state ({_STATE_KEY})"
 
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
-_KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 _TOPN_COLUMNS = ("name", "entity", "time_bucket", "key", "latency_ms")
 _JOIN_KEYS = (
     "s.metric = k.name AND s.granularity = k.granularity AND s.entity = k.entity AND s.time_bucket = k.time_bucket"
@@ -157,12 +156,11 @@ def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[To
     if rows:
         values = ", ".join(["(?, ?, ?::float8, ?::integer, ?::float8[])"] * (len(rows) // 5))
         backend.execute(f"INSERT INTO stage_defs VALUES {values}", rows)
-    states = [_with_key(to_state_table(p), p.name, p.granularity) for p in metrics if p.table.num_rows]
+    states = [with_key(to_state_table(p), p.name, p.granularity) for p in metrics if p.table.num_rows]
     if states:
         table = pa.concat_tables(states)
         backend.insert_arrow("stage_state", table.select(list(_STATE_COLUMNS)))
-        keys = table.group_by(["metric", "granularity", "entity", "time_bucket"], use_threads=False).aggregate([])
-        backend.stage("stage_keys", keys.rename_columns(list(_KEY_COLUMNS)))
+        stage_keys(backend, table)
     else:
         backend.execute("TRUNCATE stage_keys")
     tops = [to_topn_table(t) for t in topns if t.table.num_rows]
@@ -190,9 +188,3 @@ def merge_staged(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequ
             backend.execute(_INSERT_PERCENTILES)
     if any(t.table.num_rows for t in topns):
         backend.execute(_MERGE_TOPN)
-
-
-def _with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
-    rows = table.num_rows
-    table = table.append_column("metric", pa.repeat(pa.scalar(name, pa.string()), rows))
-    return table.append_column("granularity", pa.repeat(pa.scalar(granularity, pa.string()), rows))

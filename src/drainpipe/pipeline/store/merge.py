@@ -34,10 +34,10 @@ import pyarrow.compute as pc
 
 from ..definitions import Definition
 from ..partials import MetricPartial, Partial, TopNPartial, merge, rollup
-from ..state_table import from_state_table, from_topn_table, to_state_table, to_topn_table
+from ..state_table import from_state_table, from_topn_table, to_state_table, to_topn_table, with_key
 from ..values import TOPN_COLUMNS, VALUE_COLUMNS, finalize_table
 from . import database_merge
-from .backend import Backend
+from .backend import Backend, stage_keys
 
 __all__ = ["WRITE_ROWS", "Writes", "check_partials", "write_chunks"]
 
@@ -45,7 +45,6 @@ __all__ = ["WRITE_ROWS", "Writes", "check_partials", "write_chunks"]
 WRITE_ROWS = 400_000
 
 _STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
-_KEY_COLUMNS = ("name", "granularity", "entity", "time_bucket")
 _TOPN_GRANULARITY = "topn"  # a label for the staged keys only (top-N rows have no granularity column)
 _STAGED = (
     "EXISTS (SELECT 1 FROM stage_keys k WHERE k.name = t.metric AND k.granularity = t.granularity"
@@ -85,10 +84,10 @@ class Writes:
         self._backend = backend
         self._batches = _batches(grouped.values(), with_rollup)
         self._first = next(self._batches, None)
-        self._staged = self._first is not None and backend.merges_in_database
-        if self._staged:
-            assert self._first is not None
+        self._staged = False
+        if self._first is not None and backend.merges_in_database:
             database_merge.stage(backend, *self._first)
+            self._staged = True
 
     def apply(self) -> None:
         """Merge every batch into the stored states."""
@@ -173,10 +172,10 @@ def _granular(part: Partial, with_rollup: bool) -> list[Partial]:
 
 def _merge_metrics(backend: Backend, parts: list[MetricPartial]) -> None:
     """Merge stored states into the new ones for every key of ``parts``; replace their state and value rows."""
-    new_states = pa.concat_tables(_with_key(to_state_table(p), p.name, p.granularity) for p in parts)
+    new_states = pa.concat_tables(with_key(to_state_table(p), p.name, p.granularity) for p in parts)
     combined = parts
     if _maybe_stored(backend, "metric_state", "metric", (p.name for p in parts), new_states):
-        _stage_keys(backend, new_states)
+        stage_keys(backend, new_states)
         stored = backend.fetch_arrow(f"SELECT {', '.join(_STATE_COLUMNS)} FROM metric_state t WHERE {_STAGED}")
         combined = [
             merge([part, from_state_table(part.definition, part.granularity, found)]) if found.num_rows else part
@@ -185,7 +184,7 @@ def _merge_metrics(backend: Backend, parts: list[MetricPartial]) -> None:
         if stored.num_rows:  # a key has value rows only with state rows: none stored, none to delete
             backend.execute(f"DELETE FROM metric_state t WHERE {_STAGED}")
             backend.execute(f"DELETE FROM metric_values t WHERE {_STAGED}")
-            new_states = pa.concat_tables(_with_key(to_state_table(c), c.name, c.granularity) for c in combined)
+            new_states = pa.concat_tables(with_key(to_state_table(c), c.name, c.granularity) for c in combined)
     backend.insert_arrow("metric_state", new_states.select(list(_STATE_COLUMNS)))
     backend.insert_arrow(
         "metric_values",
@@ -195,9 +194,9 @@ def _merge_metrics(backend: Backend, parts: list[MetricPartial]) -> None:
 
 def _merge_topns(backend: Backend, parts: list[TopNPartial]) -> None:
     """Merge stored top-N rows into the new ones for every key of ``parts``; replace their rows."""
-    new_rows = pa.concat_tables(_with_key(to_topn_table(p), p.name, _TOPN_GRANULARITY) for p in parts)
+    new_rows = pa.concat_tables(with_key(to_topn_table(p), p.name, _TOPN_GRANULARITY) for p in parts)
     if _maybe_stored(backend, "topn_values", "name", (p.name for p in parts), new_rows):
-        _stage_keys(backend, new_rows)
+        stage_keys(backend, new_rows)
         stored = backend.fetch_arrow(f"SELECT {', '.join(TOPN_COLUMNS)} FROM topn_values t WHERE {_STAGED_TOPN}")
         if stored.num_rows:
             combined = [
@@ -225,21 +224,6 @@ def _maybe_stored(backend: Backend, table: str, name_column: str, names: Iterabl
         (lo.as_py(), hi.as_py(), *names),
     )
     return bool(found)
-
-
-def _stage_keys(backend: Backend, keys: pa.Table) -> None:
-    """Replace the staged keys by the distinct (name, granularity, entity, time_bucket) rows of ``keys``."""
-    distinct = keys.group_by(list(_KEY_COLUMNS), use_threads=False).aggregate([]).select(list(_KEY_COLUMNS))
-    backend.stage("stage_keys", distinct)
-
-
-def _with_key(table: pa.Table, name: str, granularity: str) -> pa.Table:
-    """``table`` with constant ``name``/``metric`` and ``granularity`` columns added."""
-    rows = table.num_rows
-    for column, value in (("name", name), ("metric", name), ("granularity", granularity)):
-        if column not in table.column_names:
-            table = table.append_column(column, pa.repeat(pa.scalar(value, pa.string()), rows))
-    return table
 
 
 def _split(stored: pa.Table, name_column: str, keys: list[tuple[str, str | None]]) -> list[pa.Table]:
