@@ -233,7 +233,7 @@ def member_run(
         "eps_window": (hi[1] - lo[1]) * PER_MESSAGE / window if window > 0 else None, "stored": stored,
         "exact": stored == args.events, "members_cores": done[2] / done[0], "throttled_s": throttled,
         "broker_cores": done[3] / done[0], "postgres_cores": done[4] / done[0],
-        "samples": [[round(t, 2), a] for t, a, *_ in samples],
+        "commits": [[round(t, 2), a] for i, (t, a, *_) in enumerate(samples) if i == 0 or a != samples[i - 1][1]],
     }  # fmt: skip
 
 
