@@ -73,17 +73,18 @@ print(messages, size)
 """
 
 
-def write_inputs(data_dir: Path, n: int) -> Path:
-    """The events as one JSON Lines file (written once per event count)."""
+def write_inputs(data_dir: Path, n: int, duration_s: int = 3600) -> Path:
+    """The events (over ``duration_s`` seconds of event time) as one JSON Lines file (written once per event count
+    and duration)."""
     from drainpipe.inputs.formats import format_of
     from drainpipe.pipeline.generator import generate_events
 
-    path = data_dir / f"kafka-events-{n}.jsonl"
+    path = data_dir / (f"kafka-events-{n}.jsonl" if duration_s == 3600 else f"kafka-events-{n}-{duration_s}s.jsonl")
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
         writer, _ = format_of(path)
         tmp = path.with_name(path.name + ".tmp.jsonl")
-        writer.write(generate_events(n, seed=42), str(tmp), False)
+        writer.write(generate_events(n, seed=42, duration_s=duration_s), str(tmp), False)
         tmp.rename(path)
     return path
 

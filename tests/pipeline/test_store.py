@@ -261,10 +261,12 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
             raise RuntimeError("disk on fire")
         original_insert(table_name, rows)
 
-    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge, by INSERT ... SELECT
+    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge: the second of its upserts
         calls["n"] += 1
-        if sql.lstrip().startswith("INSERT INTO metric_values"):
-            raise RuntimeError("disk on fire")
+        if "INSERT INTO metric_values" in sql:
+            calls["values"] = calls.get("values", 0) + 1
+            if calls["values"] == 2:
+                raise RuntimeError("disk on fire")
         original_execute(sql, params)
 
     monkeypatch.setattr(backend, "insert_arrow", failing_insert)

@@ -127,3 +127,40 @@ def test_the_state_key_is_unique_and_the_staged_tables_are_the_sessions(stores: 
     assert "UNIQUE" in indexes["metric_state_unique"] and "metric_state_key" not in indexes
     temporary = {r[0] for r in con.fetchall("SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema()")}
     assert {"stage_state", "stage_topn", "stage_defs", "stage_keys"} <= temporary
+
+
+def test_a_store_written_with_a_row_per_bin_is_packed_when_opened(stores: tuple[Store, Store], pg_url: str) -> None:
+    """A store of the previous release kept a row per percentile bin and a non-unique index on the values' key: the
+    next open packs the bins (a row per key), indexes the values' key uniquely, and merges go on from there."""
+    pg, duck = stores
+    _empty(pg, duck)
+    rows = [(T0 + (i % 5) * 60_000, ["a", "b"][i % 2], "", f"/e{i % 3}", float(i % 37) * 3.5, i % 4 != 0, None)
+            for i in range(400)]  # fmt: skip
+    first, second = (
+        aggregate_batch(event_batch(rows[:200]), DEFINITIONS),
+        aggregate_batch(event_batch(rows[200:]), DEFINITIONS),
+    )
+    for store in (pg, duck):
+        store.merge(first)
+    con = pg.backend  # type: ignore[attr-defined]
+    for statement in (  # the previous release's layout
+        "INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n) SELECT metric, entity, granularity,"
+        " time_bucket, u.b, u.c FROM metric_state, unnest(bins, counts) AS u (b, c) WHERE bins IS NOT NULL",
+        "DELETE FROM metric_state WHERE bins IS NOT NULL",
+        "ALTER TABLE metric_state DROP COLUMN bins, DROP COLUMN counts",
+        "DROP INDEX metric_values_unique",
+        "CREATE INDEX metric_values_key ON metric_values (metric, granularity, entity, time_bucket)",
+    ):
+        con.execute(statement)
+    assert con.fetchall("SELECT count(*) FROM metric_state WHERE b >= 0")[0][0] > 100
+    pg.close()
+    with open_store(pg_url) as reopened:
+        con = reopened.backend  # type: ignore[attr-defined]
+        assert con.fetchall("SELECT count(*) FROM metric_state WHERE b >= 0")[0][0] == 0
+        assert reopened.query() == duck.query()
+        reopened.merge(second)
+        duck.merge(second)
+        assert reopened.query() == duck.query()
+        indexes = {r[0] for r in con.fetchall("SELECT indexname FROM pg_indexes WHERE tablename = 'metric_values'"
+                                              " AND schemaname = current_schema()")}  # fmt: skip
+        assert indexes == {"metric_values_unique"}

@@ -10,45 +10,61 @@ server's statements only::
     writer, before the lock              the lock                                     (one transaction)
     ───────────────────────              ──────────────────────────────────────────
     partials merged, rolled up   ──>     states:  INSERT ... ON CONFLICT DO UPDATE (add counts and sums,
-    COPY into the session's              LEAST / GREATEST for min / max)
-    staging tables: new states,          values:  DELETE the keys' value rows, INSERT them again, computed
-    their keys, top-N rows, and          from the merged states (every finalizer in SQL, percentiles by a
-    what each definition is              running sum over the key's bins)
-                                         top-N:   stored and new rows of a key ranked together, the first n
-                                                  kept (per latency class)
+    COPY into the session's              LEAST / GREATEST for min / max, histograms added bin by bin)
+    staging tables: new states           values:  computed from the merged states the upsert RETURNs (every
+    (a percentile key's bins             finalizer in SQL, percentiles by a running sum over the key's bins)
+    packed in one row), top-N            and upserted in the same statement
+    rows, and what each                  top-N:   stored and new rows of a key ranked together, the first n
+    definition is                                 kept (per latency class)
+
+A percentile key's histogram is one row (``b`` = :data:`PACKED`, ``n`` its count, ``bins`` and ``counts`` arrays in
+b order), not a row per bin as in DuckDB: bins were 85% of the rows a merge wrote, and the per-row cost (an index
+entry, a tuple, a values look-up) is what the server spends its time on. A store written before is packed when
+opened (:func:`pack_stored_bins`). The metric statements read no stored table except through the upserts' unique
+indexes (:data:`STATE_KEY_INDEX`, :data:`VALUE_KEY_INDEX`), so their cost is the staged rows', whatever the store's
+size.
 
 Every state is mergeable by one of those operations (:data:`~drainpipe.pipeline.partials.STATE_COLUMNS`), and the
 values are computed exactly as :func:`~drainpipe.pipeline.values.finalize_table` computes them: the same integer
 arithmetic for apdex and percentile ranks, the same float64 operations for the rest, strings ranked by their bytes
 (``COLLATE "C"``, as Arrow sorts). ``tests/postgres/test_database_merge.py`` holds the two merges equal.
 
-A backend that merges this way declares :attr:`~.backend.Backend.merges_in_database` and creates
-:data:`STAGING_DDL` with its session; the unique index on the state key (:data:`STATE_KEY_INDEX`) is what
-``ON CONFLICT`` needs. Functions over such a backend, called inside the store's session and writing transaction;
-blocking; database errors propagate.
+A backend that merges this way declares :attr:`~.backend.Backend.merges_in_database`, creates :data:`STAGING_DDL`
+with its session, and has the two unique indexes and the packed columns. Functions over such a backend, called
+inside the store's session and writing transaction; blocking; database errors propagate.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..buckets import GRANULARITY_MS
 from ..definitions import MetricDef
+from ..grouping import table_groups
 from ..partials import MetricPartial, TopNPartial
-from ..state_table import to_state_table, to_topn_table, with_key
-from ..values import PERCENTILE_LABELS, PERCENTILES
-from .backend import Backend, stage_keys
+from ..state_table import STATE_TABLE_SCHEMA, to_state_table, to_topn_table, with_key
+from ..values import PERCENTILE_LABELS, PERCENTILES, bucket_column
+from .backend import Backend
 
-__all__ = ["STAGING_DDL", "STATE_KEY_INDEX", "merge_staged", "stage"]
+__all__ = ["PACKED", "STAGING_DDL", "STATE_KEY_INDEX", "VALUE_KEY_INDEX", "merge_staged", "pack_stored_bins", "stage"]
+
+log = logging.getLogger("drainpipe.store")
+
+#: the ``b`` of a state row that is not one bin: a scalar state's, and a percentile key's packed histogram's
+PACKED = -1
 
 #: the session's staging tables (temporary: each writer's own), created with its connection
 STAGING_DDL = (
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_state (
         metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
-        time_bucket TIMESTAMPTZ NOT NULL, b BIGINT NOT NULL, n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT)""",
+        time_bucket TIMESTAMPTZ NOT NULL, b BIGINT NOT NULL, n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT,
+        bins BIGINT[], counts BIGINT[])""",
     """CREATE TEMPORARY TABLE IF NOT EXISTS stage_topn (
         name VARCHAR NOT NULL, entity VARCHAR NOT NULL, time_bucket TIMESTAMPTZ NOT NULL, key VARCHAR NOT NULL,
         latency_ms DOUBLE PRECISION NOT NULL)""",
@@ -56,37 +72,35 @@ STAGING_DDL = (
         name VARCHAR NOT NULL, fn VARCHAR NOT NULL, precision_ms DOUBLE PRECISION, keep INTEGER,
         bounds DOUBLE PRECISION[])""",
 )
-#: the state key, unique: what the upsert's ON CONFLICT names
+#: the state key, unique: what the states' upsert's ON CONFLICT names
 _STATE_KEY = "metric, granularity, entity, time_bucket, b"
 STATE_KEY_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS metric_state_unique ON metric_state ({_STATE_KEY})"
+#: the value key, unique: what the values' upsert's ON CONFLICT names
+_VALUE_KEY = "metric, granularity, entity, time_bucket, label"
+VALUE_KEY_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS metric_values_unique ON metric_values ({_VALUE_KEY})"
 
-_STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol")
+_STATE_COLUMNS = ("metric", "entity", "granularity", "time_bucket", "b", "n", "v", "ok", "tol", "bins", "counts")
 _TOPN_COLUMNS = ("name", "entity", "time_bucket", "key", "latency_ms")
-_JOIN_KEYS = (
-    "s.metric = k.name AND s.granularity = k.granularity AND s.entity = k.entity AND s.time_bucket = k.time_bucket"
-)
-_KEY = "s.metric, s.granularity, s.entity, s.time_bucket"
 _MINUTES = " ".join(f"WHEN '{g}' THEN {ms // 60_000}.0::float8" for g, ms in GRANULARITY_MS.items())
 
-_UPSERT_STATES = f"""
-INSERT INTO metric_state AS t ({", ".join(_STATE_COLUMNS)})
-SELECT {", ".join(_STATE_COLUMNS)} FROM stage_state
-ON CONFLICT ({_STATE_KEY}) DO UPDATE SET
-    n = t.n + excluded.n, ok = t.ok + excluded.ok, tol = t.tol + excluded.tol,
-    v = CASE WHEN excluded.metric = ANY(?) THEN LEAST(t.v, excluded.v)
-             WHEN excluded.metric = ANY(?) THEN GREATEST(t.v, excluded.v)
-             ELSE t.v + excluded.v END"""
+# Each statement upserts states and hands the merged rows (RETURNING: the row as updated) straight to the values'
+# upsert: no second look-up of the states, no delete of the old values (a key's labels never change, so replacing
+# each value row is the whole of it). Both upserts are in key order (the staged rows' order is what the writer sent).
+_UPSERT_VALUES = f"ON CONFLICT ({_VALUE_KEY}) DO UPDATE SET value = excluded.value"
 
-_DELETE_VALUES = (
-    "DELETE FROM metric_values t USING stage_keys k WHERE t.metric = k.name AND t.granularity = k.granularity"
-    " AND t.entity = k.entity AND t.time_bucket = k.time_bucket"
+# values.finalize_table in SQL: the same operations on the same types (integer division for apdex, float64 else)
+_MERGE_STATES = f"""
+WITH s AS (
+    INSERT INTO metric_state AS t ({", ".join(_STATE_COLUMNS)})
+    SELECT {", ".join(_STATE_COLUMNS)} FROM stage_state WHERE bins IS NULL
+    ON CONFLICT ({_STATE_KEY}) DO UPDATE SET
+        n = t.n + excluded.n, ok = t.ok + excluded.ok, tol = t.tol + excluded.tol,
+        v = CASE WHEN excluded.metric = ANY(?) THEN LEAST(t.v, excluded.v)
+                 WHEN excluded.metric = ANY(?) THEN GREATEST(t.v, excluded.v)
+                 ELSE t.v + excluded.v END
+    RETURNING t.metric, t.entity, t.granularity, t.time_bucket, t.n, t.v, t.ok, t.tol
 )
-
-# values.finalize_table in SQL: the same operations on the same types (integer division for apdex, float64 else).
-# The joins run in the order written (join_collapse_limit, :func:`merge_staged`): the staged keys with their
-# definitions (a hash join of two small tables), then each key's stored states by the unique index.
-_INSERT_VALUES = f"""
-INSERT INTO metric_values (metric, entity, granularity, time_bucket, label, value)
+INSERT INTO metric_values AS o (metric, entity, granularity, time_bucket, label, value)
 SELECT s.metric, s.entity, s.granularity, s.time_bucket, '',
     CASE d.fn
         WHEN 'count' THEN s.n::float8
@@ -95,30 +109,41 @@ SELECT s.metric, s.entity, s.granularity, s.time_bucket, '',
         WHEN 'sla' THEN (100 * s.ok)::float8 / s.n::float8
         WHEN 'apdex' THEN (((2 * s.ok + s.tol) * 10000 + s.n) / (2 * s.n))::float8 / 10000.0::float8
         ELSE s.v END
-FROM stage_keys k JOIN stage_defs d ON d.name = k.name AND d.fn <> 'percentile' JOIN metric_state s ON {_JOIN_KEYS}"""
+FROM s JOIN stage_defs d ON d.name = s.metric
+{_UPSERT_VALUES}"""
 
-# values._percentiles in SQL: per key, the rank r = ceil(p * count / 100) of each percentile in integers, and the
-# first bin (in b order) whose running count reaches it; one aggregate per key (its bins come in key order from the
-# window), one value row per percentile
+# A key's histograms added bin by bin (both in b order; the sum too); then values._percentiles in SQL: per key,
+# the rank r = ceil(p * count / 100) of each percentile in integers, and the first bin (in b order) whose running
+# count reaches it; one aggregate per key over its bins, one value row per percentile.
 _PERCENTILE_BINS = ", ".join(
-    f"min(c.b) FILTER (WHERE c.running >= ({p} * c.total + 99) / 100) AS {label}"
+    f"min(r.b) FILTER (WHERE r.running >= ({p} * s.n + 99) / 100) AS {label}"
     for p, label in zip(PERCENTILES, PERCENTILE_LABELS)
 )
-_PERCENTILE_ROWS = ", ".join(f"('{label}', g.{label})" for label in PERCENTILE_LABELS)
-_INSERT_PERCENTILES = f"""
-INSERT INTO metric_values (metric, entity, granularity, time_bucket, label, value)
-SELECT g.metric, g.entity, g.granularity, g.time_bucket, p.label, p.b::float8 * g.precision_ms
-FROM (
-    SELECT c.metric, c.granularity, c.entity, c.time_bucket, min(c.precision_ms) AS precision_ms, {_PERCENTILE_BINS}
-    FROM (
-        SELECT {_KEY}, s.b, d.precision_ms,
-            (sum(s.n) OVER (PARTITION BY {_KEY} ORDER BY s.b ROWS UNBOUNDED PRECEDING))::bigint AS running,
-            (sum(s.n) OVER (PARTITION BY {_KEY}))::bigint AS total
-        FROM stage_keys k JOIN stage_defs d ON d.name = k.name AND d.fn = 'percentile'
-            JOIN metric_state s ON {_JOIN_KEYS}
-    ) c
-    GROUP BY c.metric, c.granularity, c.entity, c.time_bucket
-) g CROSS JOIN LATERAL (VALUES {_PERCENTILE_ROWS}) AS p (label, b)"""
+_PERCENTILE_ROWS = ", ".join(f"('{label}', q.{label})" for label in PERCENTILE_LABELS)
+_MERGE_BINS = f"""
+WITH s AS (
+    INSERT INTO metric_state AS t ({", ".join(_STATE_COLUMNS)})
+    SELECT {", ".join(_STATE_COLUMNS)} FROM stage_state WHERE bins IS NOT NULL
+    ON CONFLICT ({_STATE_KEY}) DO UPDATE SET n = t.n + excluded.n, (bins, counts) = (
+        SELECT array_agg(m.b ORDER BY m.b), array_agg(m.c ORDER BY m.b) FROM (
+            SELECT u.b, sum(u.c)::bigint AS c FROM (
+                SELECT * FROM unnest(t.bins, t.counts) UNION ALL SELECT * FROM unnest(excluded.bins, excluded.counts)
+            ) AS u (b, c) GROUP BY u.b
+        ) AS m)
+    RETURNING t.metric, t.entity, t.granularity, t.time_bucket, t.n, t.bins, t.counts
+)
+INSERT INTO metric_values AS o (metric, entity, granularity, time_bucket, label, value)
+SELECT s.metric, s.entity, s.granularity, s.time_bucket, p.label, p.b::float8 * d.precision_ms
+FROM s JOIN stage_defs d ON d.name = s.metric
+    CROSS JOIN LATERAL (
+        SELECT {_PERCENTILE_BINS}
+        FROM (
+            SELECT u.b, (sum(u.c) OVER (ORDER BY u.b ROWS UNBOUNDED PRECEDING))::bigint AS running
+            FROM unnest(s.bins, s.counts) AS u (b, c)
+        ) AS r
+    ) AS q
+    CROSS JOIN LATERAL (VALUES {_PERCENTILE_ROWS}) AS p (label, b)
+{_UPSERT_VALUES}"""
 
 # partials.keep_top and values._topn_value_table in SQL: a key's stored and new rows ranked by latency (descending)
 # then key (bytes), the first n kept per latency class (the number of bounds below the latency), ranked again
@@ -143,6 +168,74 @@ SELECT name, entity, time_bucket,
 FROM kept WHERE position <= keep"""
 
 
+#: the percentile states of a store written before they were packed (a row per bin) become a row per key; run once,
+#: when the columns are added (the same transaction as the schema: an open cut halfway leaves the columns absent)
+_PACK_BINS = (
+    "ALTER TABLE metric_state ADD COLUMN bins BIGINT[], ADD COLUMN counts BIGINT[]",
+    f"""INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n, bins, counts)
+    SELECT metric, entity, granularity, time_bucket, {PACKED}, sum(n)::bigint, array_agg(b ORDER BY b),
+        array_agg(n ORDER BY b)
+    FROM metric_state WHERE b > {PACKED} GROUP BY metric, entity, granularity, time_bucket""",
+    f"DELETE FROM metric_state WHERE b > {PACKED}",
+)
+
+
+def pack_stored_bins(backend: Backend, label: str) -> None:
+    """Add the packed histogram columns to ``metric_state`` if missing, packing the bins stored before (a store
+    written by a version that kept a row per bin). In the schema transaction."""
+    found = backend.fetchall(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'metric_state' AND column_name = 'bins'"
+    )
+    if found:
+        return
+    for statement in _PACK_BINS:
+        backend.execute(statement)
+    log.info("%s: metric_state packs each percentile key's bins in one row (bins, counts)", label)
+
+
+def _packed(partial: MetricPartial) -> pa.Table:
+    """A percentile partial's states, a row per key (``b`` = :data:`PACKED`, ``n`` its count) with its bins and
+    their counts in b order, as PostgreSQL array literals (what COPY reads)."""
+    table = partial.table
+    ids, _ = table_groups(table, ("entity", "bucket"))
+    b = table.column("b").to_numpy()
+    order = np.lexsort((b, ids))
+    ids, b, n = ids[order], b[order], table.column("n").to_numpy()[order]
+    starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    offsets = pa.array(np.concatenate((starts, [len(ids)])), pa.int32())
+    first = pa.array(order[starts])
+    rows = len(starts)
+    columns: dict[str, Any] = {
+        "entity": table.column("entity").take(first),
+        "time_bucket": bucket_column(table.column("bucket").to_numpy()[order[starts]], stored=True),
+        "b": pa.array(np.full(rows, PACKED, dtype=np.int64)),
+        "n": pa.array(np.add.reduceat(n, starts).astype(np.int64)),
+    }
+    for field in STATE_TABLE_SCHEMA.names[4:]:
+        columns[field] = pa.nulls(rows, STATE_TABLE_SCHEMA.field(field).type)
+    columns["bins"] = _array_literals(pa.ListArray.from_arrays(offsets, pa.array(b)))
+    columns["counts"] = _array_literals(pa.ListArray.from_arrays(offsets, pa.array(n)))
+    return pa.table(columns)
+
+
+def _array_literals(lists: pa.ListArray) -> pa.Array:
+    """Each list of integers as a PostgreSQL array literal (``{1,2,3}``)."""
+    joined = pc.binary_join(pc.cast(lists, pa.list_(pa.string())), ",")
+    return pc.binary_join_element_wise("{", joined, "}", "")
+
+
+def _state_rows(partial: MetricPartial) -> pa.Table:
+    """What a partial stages: its packed histograms, or its states with no bins."""
+    if partial.definition.function == "percentile":
+        table = _packed(partial)
+    else:
+        table = to_state_table(partial)
+        table = table.append_column("bins", pa.nulls(table.num_rows, pa.string()))
+        table = table.append_column("counts", pa.nulls(table.num_rows, pa.string()))
+    return with_key(table, partial.name, partial.granularity)
+
+
 def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
     """Make ``metrics`` (unique keys per partial, and one partial per definition and granularity) and ``topns`` the
     session's staged rows, replacing what was staged before. Touches no shared table: may run before the lock."""
@@ -156,35 +249,30 @@ def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[To
     if rows:
         values = ", ".join(["(?, ?, ?::float8, ?::integer, ?::float8[])"] * (len(rows) // 5))
         backend.execute(f"INSERT INTO stage_defs VALUES {values}", rows)
-    states = [with_key(to_state_table(p), p.name, p.granularity) for p in metrics if p.table.num_rows]
+    states = [_state_rows(p) for p in metrics if p.table.num_rows]
     if states:
         table = pa.concat_tables(states)
         backend.insert_arrow("stage_state", table.select(list(_STATE_COLUMNS)))
-        stage_keys(backend, table)
-    else:
-        backend.execute("TRUNCATE stage_keys")
     tops = [to_topn_table(t) for t in topns if t.table.num_rows]
     if tops:
         backend.insert_arrow("stage_topn", pa.concat_tables(tops).select(list(_TOPN_COLUMNS)))
-    backend.execute("ANALYZE stage_state, stage_keys, stage_topn")
 
 
 def merge_staged(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
     """Merge what :func:`stage` staged (``metrics`` and ``topns``, for the definitions' merge operations) into the
     stored states, values and top-N rows. Under the write lock."""
-    # the joins in the order written (see _INSERT_VALUES); the window's and the aggregates' sorts in memory (at the
-    # default 4 MB, a merge of a few thousand percentile keys spilled them to disk)
-    backend.execute("SET LOCAL join_collapse_limit = 1")
-    backend.execute("SET LOCAL work_mem = '64MB'")
+    # no JIT compilation (it cost more than these statements take: their estimates grow with a Spark job's batches);
+    # the top-N rows' keys looked up by the index, as in a cached table (the planner's default is a spinning disk)
+    backend.execute("SET LOCAL jit = off")
+    backend.execute("SET LOCAL random_page_cost = 1.1")
     if any(p.table.num_rows for p in metrics):
         by_function: dict[str, list[str]] = {"min": [], "max": []}
         for p in metrics:
             if p.definition.function in by_function:
                 by_function[p.definition.function].append(p.name)
-        backend.execute(_UPSERT_STATES, (sorted(set(by_function["min"])), sorted(set(by_function["max"]))))
-        backend.execute(_DELETE_VALUES)
-        backend.execute(_INSERT_VALUES)
+        if any(p.definition.function != "percentile" for p in metrics):
+            backend.execute(_MERGE_STATES, (sorted(set(by_function["min"])), sorted(set(by_function["max"]))))
         if any(p.definition.function == "percentile" for p in metrics):
-            backend.execute(_INSERT_PERCENTILES)
+            backend.execute(_MERGE_BINS)
     if any(t.table.num_rows for t in topns):
         backend.execute(_MERGE_TOPN)

@@ -49,7 +49,7 @@ import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
-from .database_merge import STAGING_DDL, STATE_KEY_INDEX
+from .database_merge import STAGING_DDL, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
 from .sql import SqlStore
 
 __all__ = ["PostgresBackend", "PostgresStore"]
@@ -60,10 +60,14 @@ _INDEXES = (
     # room in each page for the merge's updates: an updated state then stays on its page with no new index entry
     # (a HOT update); the upserts of four members' overlapping states took 40% less time than at 100. Set once:
     # an ALTER at every connection would rewrite the catalog row and wait for a VACUUM of the table
-    "DO $$ BEGIN IF NOT 'fillfactor=75' = ANY(coalesce((SELECT reloptions FROM pg_class"
-    " WHERE oid = 'metric_state'::regclass), '{}'))"
-    " THEN ALTER TABLE metric_state SET (fillfactor = 75); END IF; END $$",
-    "CREATE INDEX IF NOT EXISTS metric_values_key ON metric_values (metric, granularity, entity, time_bucket)",
+    *(
+        f"DO $$ BEGIN IF NOT 'fillfactor=75' = ANY(coalesce((SELECT reloptions FROM pg_class"
+        f" WHERE oid = '{table}'::regclass), '{{}}'))"
+        f" THEN ALTER TABLE {table} SET (fillfactor = 75); END IF; END $$"
+        for table in ("metric_state", "metric_values")
+    ),
+    VALUE_KEY_INDEX,  # (the values' upsert; it serves every lookup the former key index served)
+    "DROP INDEX IF EXISTS metric_values_key",
     "CREATE INDEX IF NOT EXISTS topn_values_key ON topn_values (name, entity, time_bucket)",
 )
 #: the session's staging relation, which the merge's statements join against (:meth:`PostgresBackend.stage`)
@@ -164,6 +168,7 @@ class PostgresBackend:
             self._prepare(True)
             for statement in _INDEXES:
                 self.execute(statement)
+            pack_stored_bins(self, self.display)
 
     def _drop(self) -> None:
         con, self.connection = self.connection, None
