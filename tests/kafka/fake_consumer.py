@@ -60,6 +60,8 @@ class FakeConsumer:
         self.fetched: dict[tuple[str, int], int] = {}  # messages handed out per partition
         self.calls = 0
         self.closed = False
+        self.closed_with: list[tuple[str, int]] = []  # partitions still assigned when close() was called
+        self._leaving = False
         self._callbacks: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the group, as a test scripts it
@@ -84,6 +86,9 @@ class FakeConsumer:
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         self._callbacks = callbacks
+
+    def unsubscribe(self) -> None:  # (as librdkafka: the revoke comes in the next poll)
+        self._leaving = True
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -110,6 +115,10 @@ class FakeConsumer:
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         self.calls += 1
+        if self._leaving:
+            if self.positions:
+                self.revoke(*self.positions)
+            return []
         self.script(self)
         out: list[Message] = []
         for (topic, partition), at in sorted(self.positions.items()):
@@ -126,3 +135,4 @@ class FakeConsumer:
 
     def close(self) -> None:
         self.closed = True
+        self.closed_with = sorted(self.positions)

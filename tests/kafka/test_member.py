@@ -76,7 +76,9 @@ def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
     engine.close()
     store.close()
     assert not stuck, f"the member did not finish: {member.rewinds} rewinds, {member.fenced_commits} fenced commits"
-    assert consumer.closed
+    # it left the group before closing the consumer, its partitions revoked in a poll: a rebalance served inside
+    # librdkafka's close can hang it for good
+    assert consumer.closed and consumer.closed_with == [], consumer.closed_with
     return member
 
 
@@ -111,7 +113,7 @@ def test_a_revoked_partition_is_committed_before_it_goes_and_the_next_owner_read
 
     first = run_member(url, FakeConsumer(log, script))
     assert seen["stored at revoke"] == seen["revoked at"] == 200
-    assert (first.assignments, first.revocations) == (1, 1)
+    assert (first.assignments, first.revocations) == (1, 2)  # (P1's, then P0's as it leaves the group)
     second = FakeConsumer(log, once(lambda c: c.assign(P1)))
     run_member(url, second)
     assert second.fetched == {P1: 400}  # from the stored offset on

@@ -80,6 +80,8 @@ __all__ = ["GroupMember"]
 CONSUME_MESSAGES = 50_000
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
+#: how long leaving the group may take before the consumer is closed anyway (see GroupMember._leave)
+LEAVE_S = 30.0
 
 TopicPartition = tuple[str, int]
 
@@ -188,7 +190,25 @@ class GroupMember:
         :meth:`run` (which calls it), or any thread once :meth:`run` has returned or was never called."""
         if not self._closed:
             self._closed = True
+            self._leave()
             self._consumer.close()
+
+    def _leave(self) -> None:
+        """Unsubscribe, and serve the rebalance that follows here, by polling, until nothing is assigned (at most
+        :data:`LEAVE_S`): the consumer's close then has no rebalance left to serve. A rebalance served inside close
+        can hang it for good: when the group hands this member partitions as it closes (the other members left
+        first, as members run with ``--exit-at-end`` do), librdkafka's assign waits there for a reply that never
+        comes (seen in a four-member run; a known librdkafka issue). Messages polled meanwhile are dropped: they were
+        never committed, and the partitions' next owner reads them from the store's offsets."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + LEAVE_S
+        try:
+            self._consumer.unsubscribe()
+            while self._consumer.assignment() and time.monotonic() < deadline:
+                self._consumer.consume(CONSUME_MESSAGES, 0.1)
+        except (KafkaException, RuntimeError):  # (never subscribed, or the consumer is closed already)
+            pass
 
     def _at_end(self) -> bool:
         return self.config.exit_at_end and bool(self.partitions) and all(p.at_end for p in self.partitions.values())
