@@ -5,6 +5,7 @@ in a cgroup of its own capped at a share of a core, so that N members have N tim
     .venv/bin/python benchmarks/scale.py                        # N = 1, 2, 4 on 12 partitions; 8 on 24
     .venv/bin/python benchmarks/scale.py --members 1,2,4 --rounds 2 --share 0.15 --events 3600000
     .venv/bin/python benchmarks/scale.py --src /tmp/base/src --src src      # two checkouts side by side
+    .venv/bin/python benchmarks/scale.py --serve 1,2,4                     # serve processes instead of members
 
 The topic (``--events`` of the skewed workload of ``benchmarks/pipeline.py``, NDJSON messages of 100 events, round
 robin over the partitions; with ``--keyed``, each message of one service, on its service's partition, as a producer
@@ -20,13 +21,17 @@ of the events stored and the first that brought 80% or more, both commit instant
 (Python's at the cap: the first commit comes tens of seconds in) and the tail stay out, and no commit is counted in
 part. A busy store gets few, large commits, so the run must be long enough for many: the default is 12M events,
 at 1,000 a second of event time as in the first measurement's 3.6M over an hour (a denser input would make fewer
-state rows per event and flatter the store). The whole run's rate is reported beside it. The CPU of each party is over the same window.
-Every run is checked exact: the events the store counts (the day states of ``service_cpm``) equal the events
-produced. The curve (events/s, x one member, target 0.8 N) and the
-CPU of members, broker and PostgreSQL over the same window are printed and written to
-``benchmarks/results/scale.json``. With ``--src`` given more than once (a checkout's ``src``, e.g. a baseline commit's
-worktree with its extensions built), the members run each checkout's code in turn (``PYTHONPATH``), configuration by
-configuration, and each gets its own curve: the baseline runs side by side in the same run.
+state rows per event and flatter the store). The whole run's rate is reported beside it. The CPU of each party is
+over the same window. Every run is checked exact: the events the store counts (the day states of ``service_cpm``)
+equal the events produced. The curve (events/s, x one member, target 0.8 N) and the CPU of members, broker and
+PostgreSQL are printed and written to ``benchmarks/results/scale.json``. With ``--src`` given more than once (a
+checkout's ``src``, e.g. a baseline commit's worktree with its extensions built), the members run each checkout's
+code in turn (``PYTHONPATH``), configuration by configuration, and each gets its own curve: the baseline runs side
+by side in the same run.
+
+``--serve`` measures ``drainpipe serve`` processes the same way (:func:`serve_run`): each capped as a member is,
+behind one PostgreSQL store, with HTTP clients (this process, outside the caps, its CPU reported) posting NDJSON
+bodies of 1,000 events over keep-alive connections split evenly over the servers.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ import argparse
 import json
 import os
 import platform
+import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -75,6 +83,14 @@ class Cgroup:
         """Move ``pid`` (default: the calling process, as a ``preexec_fn``) and its threads into both groups."""
         for d in self.dirs:
             (d / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def adopt(self, pids: list[int]) -> None:
+        """Move each of ``pids`` into both groups (one that exited meanwhile, a PostgreSQL backend say, is skipped)."""
+        for pid in pids:
+            try:
+                self.enter(pid)
+            except ProcessLookupError:
+                pass
 
     def cpu_s(self) -> float:
         return int((self.dirs[1] / "cpuacct.usage").read_text()) / 1e9
@@ -180,10 +196,8 @@ def member_run(
     group = f"scale-{uuid.uuid4().hex[:10]}"
     caps = [Cgroup(f"m{i}", args.share) for i in range(members)]
     parties = {"broker": Cgroup("broker", None), "postgres": Cgroup("postgres", None)}
-    for pid in pids_of("kafka.Kafka", "java"):
-        parties["broker"].enter(pid)
-    for pid in pids_of("", "postgres"):
-        parties["postgres"].enter(pid)
+    parties["broker"].adopt(pids_of("kafka.Kafka", "java"))
+    parties["postgres"].adopt(pids_of("", "postgres"))
     logs = [open(work / f"member-{src.parent.name}-{members}-{i}.log", "w") for i in range(members)]
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [DRAINPIPE, "consume", "--bootstrap-servers", args.servers, "--topic", topic, "--group", group,
@@ -244,6 +258,133 @@ def member_run(
     }  # fmt: skip
 
 
+def serve_run(args: argparse.Namespace, src: Path, servers: int, bodies: list[bytes], work: Path) -> dict[str, Any]:
+    """``servers`` ``drainpipe serve`` processes (the code of ``src``), each capped as a member is, on one fresh
+    schema; ``--clients`` keep-alive connections (this process, outside the caps, its CPU reported) split evenly over
+    them post NDJSON bodies of 1,000 events for ``--serve-s`` seconds; the store's count polled twice a second. The
+    rate: between the store's last commit in the first third of the posting and its last commit before the posting
+    ended (the servers' start and the drain after stay out). Then each server is stopped (SIGTERM: it applies what its
+    log holds) and the run is checked exact: stored = acknowledged."""
+    import psycopg
+
+    from ingest_load import drive
+
+    url, schema = fresh_pg_schema(args.pg)
+    caps = [Cgroup(f"s{i}", args.share) for i in range(servers)]
+    postgres = Cgroup("postgres", None)
+    postgres.adopt(pids_of("", "postgres"))
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    logs = [open(work / f"serve-{src.parent.name}-{servers}-{i}.log", "w") for i in range(servers)]
+    procs: list[subprocess.Popen[str]] = []
+    samples: list[tuple[float, int, float, float, float]] = []  # (t, stored, servers' CPU, postgres', clients')
+    try:
+        for i, (cg, log) in enumerate(zip(caps, logs)):
+            cmd = [sys.executable, "-m", "drainpipe.cli", "serve", "--store", url, "--port", "0",
+                   "--wal", str(work / f"wal-{src.parent.name}-{servers}-{i}-{time.time_ns()}")]  # fmt: skip
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=cg.enter,
+                                          env=env, cwd=work))  # fmt: skip
+        ports = []
+        for p in procs:
+            line = p.stdout.readline() if p.stdout else ""
+            found = re.search(r"listening on http://([\d.]+):(\d+)", line)
+            if not found:
+                raise SystemExit(f"serve did not start: {line!r} (see {work})")
+            ports.append(int(found.group(2)))
+        share = max(1, args.clients // servers)
+        loads: list[Any] = [None] * servers
+        t0 = time.perf_counter()
+        clients_cpu = time.process_time()
+
+        def post(i: int) -> None:
+            loads[i] = drive("127.0.0.1", ports[i], bodies, False, share, t0, args.serve_s)
+
+        posting = [threading.Thread(target=post, args=(i,)) for i in range(servers)]
+        for t in posting:
+            t.start()
+        with psycopg.connect(url, autocommit=True) as con:
+            while any(t.is_alive() for t in posting):
+                try:
+                    stored = stored_events(con)
+                except psycopg.errors.UndefinedTable:
+                    stored = 0
+                samples.append((time.perf_counter() - t0, stored, sum(c.cpu_s() for c in caps), postgres.cpu_s(),
+                                time.process_time() - clients_cpu))  # fmt: skip
+                time.sleep(0.5)
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                if p.wait(timeout=args.timeout_s):
+                    raise SystemExit(f"a server failed ({p.returncode}): see {work}")
+            stored = stored_events(con)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+        for cg in [*caps, postgres]:
+            cg.remove()
+    drop_pg_schema(args.pg, schema)
+    accepted = sum(load.accepted for load in loads if load is not None)
+    commits = [s for i, s in enumerate(samples) if i == 0 or s[1] != samples[i - 1][1]]
+    lo = [s for s in commits if s[0] <= args.serve_s / 3][-1]
+    hi = commits[-1]
+    window = hi[0] - lo[0]
+    return {
+        "servers": servers, "eps": (hi[1] - lo[1]) / window if window > 0 else 0.0,
+        "window_s": [round(lo[0], 2), round(hi[0], 2)], "accepted": accepted, "stored": stored,
+        "exact": stored == accepted, "accepted_eps": accepted / args.serve_s,
+        "servers_cores": (hi[2] - lo[2]) / window if window > 0 else 0.0,
+        "postgres_cores": (hi[3] - lo[3]) / window if window > 0 else 0.0,
+        "clients_cores": (hi[4] - lo[4]) / window if window > 0 else 0.0,
+        "retries": {k: sum(load.retries[k] for load in loads) for k in ("429", "503")},
+        "commits": [[round(t, 2), n] for t, n, *_ in commits],
+    }  # fmt: skip
+
+
+def serve_main(args: argparse.Namespace, sources: list[Path]) -> list[dict[str, Any]]:
+    """The ``serve`` curve: ``--serve`` server counts, each checkout in turn, ``--rounds`` rounds."""
+    from ingest_load import build_bodies
+
+    counts = [int(n) for n in args.serve.split(",") if n]
+    bodies = build_bodies(args.bodies, 1000, False, seed=7, ahead_s=args.serve_s)
+    runs: dict[tuple[Path, int], list[dict[str, Any]]] = {(s, n): [] for s in sources for n in counts}
+    with tempfile.TemporaryDirectory(prefix="drainpipe-scale-serve-") as tmp:
+        work = Path(args.logs or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for r in range(args.rounds):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                for src in sources if r % 2 == 0 else sources[::-1]:
+                    run = serve_run(args, src, n, bodies, work)
+                    runs[(src, n)].append(run)
+                    print(f"round {r + 1}: {src}: {n} server(s): {run['eps']:,.0f} events/s stored (accepted "
+                          f"{run['accepted_eps']:,.0f}/s; window {run['window_s']}; servers {run['servers_cores']:.2f} "
+                          f"cores, postgres {run['postgres_cores']:.2f}, clients {run['clients_cores']:.2f}; exact "
+                          f"{run['exact']})", flush=True)  # fmt: skip
+    table = []
+    print(f"\nserve processes capped at {args.share} core each, {args.clients} connections, medians of "
+          f"{args.rounds} round(s)\n")  # fmt: skip
+    print("| code | servers | events/s stored | x one server | target | servers' cores | postgres | clients | exact |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for src in sources:
+        ones = runs.get((src, 1))
+        one = statistics.median(r["eps"] for r in ones) if ones else None
+        for n in counts:
+            rows = runs[(src, n)]
+            med = {k: statistics.median(r[k] for r in rows) for k in
+                   ("eps", "servers_cores", "postgres_cores", "clients_cores")}  # fmt: skip
+            scale = med["eps"] / one if one else float("nan")
+            target = 0.8 * n if n > 1 else None
+            exact = all(r["exact"] for r in rows)
+            table.append({"src": str(src), "servers": n, **med, "x_one": scale, "target": target, "exact": exact,
+                          "runs": rows})  # fmt: skip
+            print(f"| {src.parent.name} | {n} | {med['eps']:,.0f} | {scale:.2f} | "
+                  f"{f'>= {target:.1f}' if target else '-'} | {med['servers_cores']:.2f} | "
+                  f"{med['postgres_cores']:.2f} | {med['clients_cores']:.2f} | {'yes' if exact else 'NO'} |")  # fmt: skip
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", default=os.environ.get("DRAINPIPE_TEST_KAFKA", "kafka://127.0.0.1:9092"))
@@ -264,10 +405,24 @@ def main() -> None:
                     "this checkout's)")  # fmt: skip
     ap.add_argument("--logs", type=Path, help="keep the members' output here (default: a temporary directory)")
     ap.add_argument("--json", type=Path, default=RESULTS / "scale.json")
+    ap.add_argument("--serve", help="serve process counts (e.g. 1,2,4): the serve curve instead of the members'")
+    ap.add_argument("--serve-s", type=float, default=90.0, help="how long the clients post, per serve run")
+    ap.add_argument("--clients", type=int, default=16, help="client connections, split over the servers")
+    ap.add_argument("--bodies", type=int, default=400, help="distinct bodies of 1,000 events (cycled)")
     args = ap.parse_args()
     args.servers = args.servers.removeprefix("kafka://")
     if os.geteuid() != 0 or not CPU_ROOT.is_dir():
         raise SystemExit("scale.py caps members with cgroup v1 (/sys/fs/cgroup/cpu): run it as root")
+    if args.serve:
+        sources = [p.resolve() for p in (args.src or [ROOT / "src"])]
+        table = serve_main(args, sources)
+        report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "serve": True,
+                  "share": args.share, "clients": args.clients, "serve_s": args.serve_s, "rounds": args.rounds,
+                  "table": table}  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+        return
     path = write_inputs(args.data_dir, args.events, duration_s=args.events // EVENT_RATE)
     plan = [(int(n), args.partitions) for n in args.members.split(",") if n]
     if args.wide:
