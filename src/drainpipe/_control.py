@@ -96,12 +96,8 @@ class Controller:
         self._release = release
         self._type_routing = is_type_hash(config.partition_selector)
         self._consumer = config.consumer is not None
-        self.periodic = (
-            config.balancer is not None
-            and config.rebalance_interval_ms > 0
-            and len(tasks) > 1
-            and config.shared_scheduler is None
-        )
+        # the interval turns rebalancing on; without a balancer, with the default one (throughput-weighted)
+        self.periodic = config.rebalance_interval_ms > 0 and len(tasks) > 1 and config.shared_scheduler is None
         self.interval = (config.rebalance_interval_ms or AUTO_INTERVAL_MS) / 1000.0
         self._ticking = False
         # rebalances, history and load_history: written here, read by stats() on any thread (an int, deques)

@@ -137,3 +137,34 @@ def test_queue_and_manager_validate_and_start_nothing(qname, kwargs):
         BatchQueueManager.get_or_create(qname, cfg)
     assert BatchQueueManager.get(qname) is None
     assert _drainpipe_threads() <= before
+
+
+def test_the_interval_alone_turns_rebalancing_on_with_the_default_balancer():
+    """An interval without a balancer left rebalancing off, silently: it now rebalances with the default balancer
+    (throughput-weighted). The load: two busy types on partitions of one task, which the balancer splits."""
+    from queue_testlib import in_background, make_types, new_queue
+
+    from testlib import wait_until
+
+    q = new_queue("interval-alone", threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4),
+                  rebalance_interval_ms=20)  # fmt: skip
+    try:
+        assert q.rebalancing_enabled
+        types = make_types(40, "IA")
+        for t in types:
+            q.add_handler(t, lambda batch: None)
+        first = set(q.assigned_partitions[0])
+        by_partition = {q.partitions_of(t)[0]: t for t in types if q.partitions_of(t)[0] in first}
+        busy = list(by_partition.values())[:2]
+        assert len(busy) == 2
+
+        def produce(stop: threading.Event) -> None:
+            while not stop.is_set():
+                for t in busy:
+                    q.produce(t(0))
+
+        with in_background(produce):
+            wait_until(lambda: q.stats().rebalances > 0, timeout=30, what="a rebalance")
+        assert {q.partition_owners()[p] for p in by_partition if by_partition[p] in busy} == {0, 1}
+    finally:
+        q.shutdown()
