@@ -144,6 +144,7 @@ def test_a_store_written_with_a_row_per_bin_is_packed_when_opened(stores: tuple[
         store.merge(first)
     con = pg.backend  # type: ignore[attr-defined]
     for statement in (  # the previous release's layout
+        "ALTER TABLE metric_state DROP CONSTRAINT IF EXISTS metric_state_packed",
         "INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n) SELECT metric, entity, granularity,"
         " time_bucket, u.b, u.c FROM metric_state, unnest(bins, counts) AS u (b, c) WHERE bins IS NOT NULL",
         "DELETE FROM metric_state WHERE bins IS NOT NULL",
@@ -164,3 +165,8 @@ def test_a_store_written_with_a_row_per_bin_is_packed_when_opened(stores: tuple[
         indexes = {r[0] for r in con.fetchall("SELECT indexname FROM pg_indexes WHERE tablename = 'metric_values'"
                                               " AND schemaname = current_schema()")}  # fmt: skip
         assert indexes == {"metric_values_unique"}
+        # a writer of the previous release, which would write a row per bin again, is refused with nothing written
+        with pytest.raises(Exception, match="metric_state_packed"), reopened.backend.session("x"):  # type: ignore[attr-defined]
+            con.execute("INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n) "
+                        "SELECT metric, entity, granularity, time_bucket, 3, 1 FROM metric_state LIMIT 1")  # fmt: skip
+        assert reopened.query() == duck.query()

@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DrainpipeError, InputError, StoreError, UsageError
+from ..errors import DrainpipeError, InputError, StoreError, UsageError, first_line
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
@@ -190,8 +190,10 @@ class GroupMember:
         :meth:`run` (which calls it), or any thread once :meth:`run` has returned or was never called."""
         if not self._closed:
             self._closed = True
-            self._leave()
-            self._consumer.close()
+            try:
+                self._leave()
+            finally:
+                self._consumer.close()
 
     def _leave(self) -> None:
         """Unsubscribe, and serve the rebalance that follows here, by polling, until nothing is assigned (at most
@@ -205,10 +207,14 @@ class GroupMember:
         deadline = time.monotonic() + LEAVE_S
         try:
             self._consumer.unsubscribe()
-            while self._consumer.assignment() and time.monotonic() < deadline:
+            while True:  # (one poll at least: an assignment may be on its way with nothing assigned yet)
                 self._consumer.consume(CONSUME_MESSAGES, 0.1)
+                if not self._consumer.assignment() or time.monotonic() >= deadline:
+                    break
         except (KafkaException, RuntimeError):  # (never subscribed, or the consumer is closed already)
             pass
+        except Exception as exc:  # (a revoke's commit failed: nothing of it is stored, the next owner reads it again)
+            log.warning("kafka: leaving the group: %s", first_line(exc))
 
     def _at_end(self) -> bool:
         return self.config.exit_at_end and bool(self.partitions) and all(p.at_end for p in self.partitions.values())

@@ -15,7 +15,8 @@ from .values import bucket_column, finalize_table
 
 __all__ = ["STATE_TABLE_SCHEMA", "to_state_table", "from_state_table", "to_topn_table", "from_topn_table", "with_key"]
 
-#: stored form of metric states (see :func:`to_state_table`); ``b`` is -1 except for percentile bins
+#: stored form of metric states (see :func:`to_state_table`); ``b`` is -1 except for percentile bins (which a
+#: PostgreSQL store packs a key's to one row: :mod:`~drainpipe.pipeline.store.database_merge`)
 STATE_TABLE_SCHEMA = pa.schema(
     [
         ("entity", pa.string()),

@@ -174,21 +174,31 @@ SELECT name, entity, time_bucket,
 FROM kept WHERE position <= keep"""
 
 
-#: the percentile states of a store written before they were packed (a row per bin) become a row per key; run once,
-#: when the columns are added (the same transaction as the schema: an open cut halfway leaves the columns absent)
+# The percentile states of a store written before they were packed (a row per bin) become a row per key; run once,
+# when the columns are added (the same transaction as the schema: an open cut halfway leaves the columns absent).
+# A percentile metric is one the registry signs as such, or one with a row that is not at b = PACKED (only bins
+# are): every row of it is a bin, a bin at b = PACKED (a negative latency) included. Then the CHECK: a writer of an
+# earlier version on the same database would write a row per bin again, which this merge cannot read; it fails on
+# the constraint instead, with nothing written.
+_PERCENTILE_METRICS = f"""(SELECT name FROM definitions WHERE signature LIKE '%"function": "percentile"%'
+    UNION SELECT DISTINCT metric FROM metric_state WHERE b <> {PACKED})"""
 _PACK_BINS = (
     "ALTER TABLE metric_state ADD COLUMN bins BIGINT[], ADD COLUMN counts BIGINT[]",
+    f"""CREATE TEMPORARY TABLE packed_bins ON COMMIT DROP AS
+    SELECT metric, entity, granularity, time_bucket, sum(n)::bigint AS n, array_agg(b ORDER BY b) AS bins,
+        array_agg(n ORDER BY b) AS counts
+    FROM metric_state WHERE metric IN {_PERCENTILE_METRICS} GROUP BY metric, entity, granularity, time_bucket""",
+    "DELETE FROM metric_state WHERE metric IN (SELECT DISTINCT metric FROM packed_bins)",
     f"""INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n, bins, counts)
-    SELECT metric, entity, granularity, time_bucket, {PACKED}, sum(n)::bigint, array_agg(b ORDER BY b),
-        array_agg(n ORDER BY b)
-    FROM metric_state WHERE b > {PACKED} GROUP BY metric, entity, granularity, time_bucket""",
-    f"DELETE FROM metric_state WHERE b > {PACKED}",
+    SELECT metric, entity, granularity, time_bucket, {PACKED}, n, bins, counts FROM packed_bins""",
+    f"ALTER TABLE metric_state ADD CONSTRAINT metric_state_packed CHECK (b = {PACKED})",
 )
 
 
 def pack_stored_bins(backend: Backend, label: str) -> None:
     """Add the packed histogram columns to ``metric_state`` if missing, packing the bins stored before (a store
-    written by a version that kept a row per bin). In the schema transaction."""
+    written by a version that kept a row per bin), and forbid rows per bin from then on. In the schema
+    transaction."""
     found = backend.fetchall(
         "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
         "AND table_name = 'metric_state' AND column_name = 'bins'"
@@ -197,7 +207,10 @@ def pack_stored_bins(backend: Backend, label: str) -> None:
         return
     for statement in _PACK_BINS:
         backend.execute(statement)
-    log.info("%s: metric_state packs each percentile key's bins in one row (bins, counts)", label)
+    packed = backend.fetchall("SELECT count(*) FROM metric_state WHERE bins IS NOT NULL")[0][0]
+    if packed:
+        log.warning("%s: migrated metric_state: %d percentile keys' bins packed, a row each (bins, counts)", label,
+                    packed)  # fmt: skip
 
 
 def _packed(partial: MetricPartial) -> pa.Table:

@@ -7,8 +7,8 @@ several writers share needs beyond an embedded file:
 
 * the merge done by the server (:mod:`.database_merge`): a writer stages its states, and holds the write lock only
   for the server's statements that merge them;
-* indexes on the key columns (metric|name, granularity, entity, time_bucket; the state key with its bin, unique), as
-  :mod:`.schema` says of a server store;
+* indexes on the key columns (metric|name, granularity, entity, time_bucket; unique on the state key and on the
+  value key), as :mod:`.schema` says of a server store, and a percentile key's bins in one row;
 * schema creation under an advisory lock, so two processes opening one database at once do not race;
 * a lost or refused connection (server restarting, network gone) raises
   :class:`~drainpipe.errors.StoreUnavailable`, which the engine retries with backoff; the next call reconnects (and
@@ -212,10 +212,10 @@ class PostgresBackend:
 
     def lock_writes(self) -> None:
         """Several processes (servers, ``drainpipe run``, a Spark driver, ``consume`` members) may write one
-        database. A merge upserts its keys' states, then recomputes the keys' values from all of their states (a
-        percentile from every bin); two interleaved merges of one key would each compute the values without the
-        other's states. So every writing transaction takes one transaction-scoped advisory lock before it touches
-        a shared table: merges into one database are serial, in commit order. What a writer does alone (its
+        database. A merge upserts its keys' states, then recomputes the keys' values from the merged states (a
+        percentile from its whole histogram); two interleaved merges of one key would each compute the values
+        without the other's states. So every writing transaction takes one transaction-scoped advisory lock before
+        it touches a shared table: merges into one database are serial, in commit order. What a writer does alone (its
         partials merged and rolled up, its rows copied into its staging tables) comes before the lock, so the lock
         is held for the server's statements only (:mod:`.database_merge`)."""
         self.execute(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")

@@ -2,7 +2,7 @@
 
 Tables (portable SQL: the same statements serve DuckDB and PostgreSQL)::
 
-    metric_state    (metric, entity, granularity, time_bucket, b, n, v, ok, tol)  a row per key and bin b
+    metric_state    (metric, entity, granularity, time_bucket, b, n, v, ok, tol)  a row per key (and bin b)
     metric_values   (metric, entity, granularity, time_bucket, label, value)       a row per key and label
     topn_values     (name, entity, time_bucket, rank, key, latency_ms)             a row per key and rank
     source_progress (source, part, name, end_offset, end_lines, head, node, path, prefix, applied_at)
@@ -10,7 +10,8 @@ Tables (portable SQL: the same statements serve DuckDB and PostgreSQL)::
     definitions     (name, signature)                                              primary key (name)
 
 ``metric_state`` holds the mergeable states in the fixed columns of
-:data:`~drainpipe.pipeline.state_table.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1`` otherwise);
+:data:`~drainpipe.pipeline.state_table.STATE_TABLE_SCHEMA` (one row per percentile bin ``b``, ``b = -1`` otherwise;
+PostgreSQL keeps a percentile key's bins in one row instead, :mod:`.database_merge`);
 ``metric_values`` the finalized values (what queries read); for a top-N the ranked rows are the state. The merge
 (:mod:`.merge`) keeps the first three unique per key. They have no primary key in DuckDB, whose index upkeep made
 merges ~10x slower; a PostgreSQL store indexes them on (metric|name, granularity, entity, time_bucket).
