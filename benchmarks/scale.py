@@ -107,6 +107,10 @@ class Cgroup:
                 except OSError:
                     pass  # (it exited meanwhile)
             d.rmdir()
+            try:
+                d.parent.rmdir()  # drainpipe-scale itself, once its last group is gone
+            except OSError:
+                pass  # (other groups of the run are still in it)
 
 
 def pids_of(match: str, comm: str) -> list[int]:
