@@ -113,6 +113,23 @@ class Cgroup:
                 pass  # (other groups of the run are still in it)
 
 
+def release(procs: list[Any], logs: list[Any], groups: list[Cgroup]) -> None:
+    """The end of a run, however it ended: processes still running killed, logs closed, cgroups removed."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for log in logs:
+        log.close()
+    for cg in groups:
+        cg.remove()
+
+
+def change_points(samples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The samples (t, stored, ...) where the stored count changed (the first included): the store's commits."""
+    return [s for i, s in enumerate(samples) if i == 0 or s[1] != samples[i - 1][1]]
+
+
 def pids_of(match: str, comm: str) -> list[int]:
     """The processes named ``comm`` whose command line holds ``match``."""
     out = []
@@ -235,20 +252,13 @@ def member_run(
             stored = stored_events(con)
             throttled = sum(c.throttled_s() for c in caps)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-        for cg in [*caps, *parties.values()]:
-            cg.remove()
+        release(procs, logs, [*caps, *parties.values()])
     drop_pg_schema(args.pg, schema)
     # The rate in the steady part: between two commits, the last one that left at most 20% stored and the first
     # that brought 80% or more (commit instants both, so no commit is counted in part); the members' start (the
     # first commit comes after the Python start-up at the cap) and the tail stay out. The CPU of each party over
     # the same commits. The whole run's rate (start until all stored) is reported beside it.
-    commits = [s for i, s in enumerate(samples) if i == 0 or s[1] != samples[i - 1][1]]
+    commits = change_points(samples)
     done = next(s for s in commits if s[1] >= messages)
     lo = [s for s in commits if s[1] <= 0.2 * messages][-1]
     hi = next(s for s in commits if s[1] >= 0.8 * messages)
@@ -321,17 +331,10 @@ def serve_run(args: argparse.Namespace, src: Path, servers: int, bodies: list[by
                     raise SystemExit(f"a server failed ({p.returncode}): see {work}")
             stored = stored_events(con)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-        for cg in [*caps, postgres]:
-            cg.remove()
+        release(procs, logs, [*caps, postgres])
     drop_pg_schema(args.pg, schema)
     accepted = sum(load.accepted for load in loads if load is not None)
-    commits = [s for i, s in enumerate(samples) if i == 0 or s[1] != samples[i - 1][1]]
+    commits = change_points(samples)
     lo = [s for s in commits if s[0] <= args.serve_s / 3][-1]
     hi = commits[-1]
     window = hi[0] - lo[0]
