@@ -223,21 +223,13 @@ class PostgresBackend:
     # ----------------------------------------------------------------------------- planning the keyed statements
 
     def stage(self, name: str, rows: pa.Table) -> None:
-        """The session's temporary table ``name``, emptied and refilled; and the statements that follow, which join
-        the staged keys with a keyed table, are planned for a cached table.
+        """The session's temporary table ``name``, emptied and refilled. (This store's merge stages through
+        :mod:`.database_merge`, which plans its own statements; this serves the protocol's ``stage_keys``.)
 
         Emptied by TRUNCATE, not DELETE: in a long transaction deleted rows stay in the table's pages until it ends,
-        and the planner, which sizes a table by its pages, took 15,000 staged keys for 350,000 and hashed them
-        against a whole table. Planned for a cached table: a long merge (a Spark job's output, in one transaction)
-        grows the tables, and with PostgreSQL's default random_page_cost (4.0, a spinning disk) the planner hashed
-        each write batch's keys and scanned the whole table, up to ~25M rows: 7.5 s per batch at 12M rows, against
-        3.1 s by the index with 1.1 (quadratic in all: the Spark job's 10M-row write did not finish in 20 minutes).
-        JIT compilation, which cost more than these statements save, is off for them too."""
+        and the planner, which sizes a table by its pages, took 15,000 staged keys for 350,000."""
         self.execute(f"TRUNCATE {name}")
         self.insert_arrow(name, rows)
-        if name == "stage_keys":
-            self.execute("SET LOCAL random_page_cost = 1.1")
-            self.execute("SET LOCAL jit = off")
 
     # ----------------------------------------------------------------------------- primitives
 
