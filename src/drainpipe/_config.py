@@ -31,6 +31,7 @@ class BatchQueueConfig:
     shutdown_timeout_ms: int = 500
     rebalance_listener: Any = None  # a RebalanceListener: told what each task loses and gains in a rebalance
     slow_handler_ms: int = 10_000  # a handler call running longer than this is logged and listed in stats()
+    handoff_timeout_ms: int = 30_000  # a fence or a listener call not done by then: rolled back or left behind
 
     def validate(self) -> BatchQueueConfig:
         """Check every field; return self so calls chain."""
@@ -71,6 +72,7 @@ class BatchQueueConfig:
             raise ConfigError("rebalance_listener must have on_revoked(task, partitions, types) and on_assigned(...)")
         _int_at_least("shutdown_timeout_ms", self.shutdown_timeout_ms, 0)
         _int_at_least("slow_handler_ms", self.slow_handler_ms, 1)
+        _int_at_least("handoff_timeout_ms", self.handoff_timeout_ms, 1)
         return self
 
 

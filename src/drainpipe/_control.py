@@ -47,6 +47,7 @@ from ._drain import Dispatcher, DrainTask
 from ._fastpath import Producer
 from ._handlers import Entry, HandlerTable
 from ._handoff import Handoffs
+from ._listener import Teller
 from ._liveness import Liveness
 from ._load import WARMUP_SAMPLES, LoadEstimate
 from ._partitions import UNOWNED, Partitions
@@ -109,9 +110,12 @@ class Controller:
         self._planned_tasks = len(tasks)  # the queue's own tasks (a stand-in is not planned on)
         self._requests = Requests(name, loop, last=self.shutdown)
         self._state = ControlState()
-        self._handoffs = Handoffs(
-            name, config.rebalance_listener, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler
+        deadline_s = config.handoff_timeout_ms / 1000.0
+        teller = Teller(
+            name, config.rebalance_listener, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler
         )
+        teller.start()  # before the drain tasks run: each first hears its initial partitions
+        self._handoffs = Handoffs(name, teller, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler)
         self._liveness = Liveness(
             name, config.slow_handler_ms, self._consumer, parts=parts, tasks=tasks, scheduler=scheduler,
             handoffs=self._handoffs, load=self._load, state=self._state,
@@ -141,6 +145,10 @@ class Controller:
     @property
     def resizes(self) -> int:
         return self._resizer.resizes
+
+    @property
+    def handoff_timeouts(self) -> int:
+        return self._handoffs.timeouts
 
     def failed_over(self) -> tuple[int, ...]:
         """The tasks stuck in a call whose partitions failed over (any thread: a snapshot)."""
@@ -242,8 +250,8 @@ class Controller:
             return result(skipped="no gain")
 
         def finish(done: bool) -> RebalanceResult:
-            if not done:
-                return result(skipped="shutdown")
+            if not done:  # cut by shutdown, or a fence rolled back at handoff_timeout_ms
+                return result(skipped="shutdown" if self._parts.closing[0] else "timed out")
             res = result(moves, _int_loads(tp, plan, tasks))
             self.rebalances += 1
             self.history.append(res)

@@ -1,11 +1,12 @@
-"""Moving partitions between the drain tasks of one queue, and telling the rebalance listener.
+"""Moving partitions between the drain tasks of one queue, within a deadline.
 
 A partition changes owner with the two-phase handoff of the seed::
 
     move(moves) ─► revoke: owner[p] = UNOWNED, p in ``moving``         (at once, on the control thread)
                 └► fence:  per old owner, a wait until it has left      (:meth:`Handoffs.after_cycle`: a wait the
                            the drain cycle it was in                     control loop polls, never a block)
-                └► tell:   the listener hears "revoked", "assigned"     (on the queue's listener thread)
+                └► tell:   the listener hears "revoked" on the old      (:mod:`._listener`: one call at a time)
+                           owner's thread, "assigned" on the new one's
                 └► assign: owner[p] = new, published, p leaves          (control thread); the new owner is woken
                            ``moving``
 
@@ -16,31 +17,31 @@ moves it cut stay in ``moving`` and :meth:`Handoffs.settle_cut` gives them their
 stopped (the final drain empties them). :meth:`Handoffs.take_over` is the one move without a fence: a failover,
 whose old owner is stuck in a handler call (:mod:`._liveness` says why that is safe).
 
-The listener (``config.rebalance_listener``) is told on a thread of the queue's own, started with the first event,
-so that a slow listener holds up this queue's handoffs only, never the control thread that every queue shares.
+Deadline (``handoff_timeout_ms``): a fence not passed by then is rolled back (the partitions go back to their old
+owner, which is still inside its cycle and will drain them when it leaves it: no one else took them meanwhile); a
+listener call past it is left behind (:mod:`._listener`) and the handoff completes. Either is logged and counted
+(``timeouts``). So every partition has an owner again within the deadline, and ``state`` says ``stable`` only when
+no partition is in a handoff or unowned.
 
 Thread rule: everything here runs on the control thread, except :meth:`Handoffs.farewell` (on the thread of the
-final drain, once nothing else runs) and the listener's callbacks (on the listener thread). ``state`` is read by
-``stats()`` on any thread (a str, replaced whole).
+final drain, once nothing else runs). ``state`` and ``timeouts`` are read by ``stats()`` on any thread.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
 
 from ._control_loop import ControlLoop
 from ._drain import DrainTask
+from ._listener import Events, Move, Teller
 from ._partitions import UNOWNED, Partitions
 from ._scheduler import Scheduler
 
 log = logging.getLogger("drainpipe.control")
-
-Move = tuple[int, int, int]  # (partition, old owner, new owner)
-Events = Sequence[tuple[str, Sequence[Move]]]  # (phase, moves): "revoked", "lost", "assigned"
 
 
 class Handoffs:
@@ -51,7 +52,8 @@ class Handoffs:
     def __init__(
         self,
         name: str,
-        listener: Any,
+        teller: Teller,
+        deadline_s: float,
         *,
         loop: ControlLoop,
         parts: Partitions,
@@ -59,36 +61,63 @@ class Handoffs:
         scheduler: Scheduler,
     ) -> None:
         self._name = name
-        self._listener = listener
+        self._teller = teller
+        self._deadline_s = deadline_s
         self._loop = loop
         self._parts = parts
         self._tasks = tasks
         self._scheduler = scheduler
-        self.state = "stable"
+        self._phase = "stable"
         self.moving: dict[int, tuple[int, int]] = {}
-        self._listener_thread: ThreadPoolExecutor | None = None  # started with the first event to tell
+        self.rolled_back = 0  # fences not passed within the deadline
 
-    def after_cycle(self, tasks: Iterable[int], then: Callable[[], None], abortable: bool) -> None:
+    @property
+    def state(self) -> str:
+        """stable | revoking | fencing | assigning: ``stable`` only when no partition is in a handoff or unowned."""
+        if self.moving:
+            return "assigning" if self._phase == "stable" else self._phase
+        n = self._parts.count[0]
+        return "assigning" if any(t < 0 for t in self._parts.owner[:n]) else "stable"
+
+    @property
+    def timeouts(self) -> int:
+        """Fences rolled back and listener calls left behind past the deadline."""
+        return self.rolled_back + self._teller.timeouts
+
+    def after_cycle(
+        self, tasks: Iterable[int], then: Callable[[], None], abortable: bool,
+        expired: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         """Run ``then`` once each of ``tasks`` has left the drain cycle it is in now (at once if none is in one).
-        An abortable wait also ends when shutdown begins. Control thread; never blocks."""
+        An abortable wait also ends when shutdown begins; with ``expired``, the wait ends at the handoff deadline
+        too, and ``expired`` runs instead of ``then``. Control thread; never blocks."""
         waiting = self._parts.in_cycle(tasks)
         closing = self._parts.closing
-        self._loop.when(lambda: self._parts.left(waiting) or (abortable and closing[0]), then)
+        if expired is None:
+            self._loop.when(lambda: self._parts.left(waiting) or (abortable and closing[0]), then)
+            return
+        due = time.monotonic() + self._deadline_s
+
+        def ready() -> bool:
+            return self._parts.left(waiting) or (abortable and closing[0]) or time.monotonic() >= due
+
+        self._loop.when(ready, lambda: then() if not waiting or closing[0] else expired())
 
     def move(self, moves: Sequence[Move]) -> Future[bool]:
         """Revoke every moved partition now; assign each old owner's share once that owner has left its cycle.
         The Future is True once all are assigned, False if shutdown came first (the rest is left to the final
         drain). Control thread; never blocks."""
         done: Future[bool] = Future()
-        self.state = "revoking"
+        self._phase = "revoking"
         groups: dict[int, list[Move]] = {}
         for move in moves:
             p, old, new = move
             self._parts.owner[p] = UNOWNED
             self.moving[p] = (old, new)
             groups.setdefault(old, []).append(move)
-        self.state = "fencing"
+        self._phase = "fencing"
         left = [len(groups)]
+        whole = [True]  # no group rolled back
 
         def assign(group: list[Move]) -> None:
             """The old owner has left its cycle: tell the listener (on its own thread), then hand over. Moves a
@@ -102,19 +131,33 @@ class Handoffs:
 
         def handed(group: list[Move], closing: bool) -> None:
             if not closing:  # cut by shutdown: left in ``moving``, assigned once every task has stopped
-                self.state = "assigning"
+                self._phase = "assigning"
                 group = self._complete(group)
-            self.state = "fencing" if self.moving else "stable"
+            self._phase = "fencing" if self.moving else "stable"
             if not closing:
                 for t in {new for _, _, new in group}:
                     self._scheduler.wake(self._tasks[t])
             left[0] -= 1
             if left[0] == 0 or closing:
                 if not done.done():
-                    done.set_result(not closing)
+                    done.set_result(whole[0] and not closing)
+
+        def roll_back(old: int, group: list[Move]) -> None:
+            """The old owner has not left its cycle by the deadline: the partitions go back to it."""
+            group = [m for m in group if self.moving.get(m[0]) == (m[1], m[2])]
+            for p, _, _ in group:
+                self._parts.owner[p] = old
+                del self.moving[p]
+            self._parts.publish()
+            self.rolled_back += 1
+            whole[0] = False
+            log.warning("queue %r: drain task %d did not leave its cycle within %.1f s; %d partition(s) stay with "
+                        "it", self._name, old, self._deadline_s, len(group))  # fmt: skip
+            handed([], closing=False)
 
         for old, group in groups.items():
-            self.after_cycle({old}, functools.partial(assign, group), abortable=True)
+            self.after_cycle({old}, functools.partial(assign, group), abortable=True,
+                             expired=functools.partial(roll_back, old, group))  # fmt: skip
         return done
 
     def take_over(self, moves: Sequence[Move]) -> None:
@@ -124,12 +167,13 @@ class Handoffs:
         them "lost", then "assigned"; at shutdown they are left to :meth:`settle_cut`. Control thread."""
         for p, old, new in moves:
             self.moving[p] = (old, new)
+        self._phase = "assigning"
 
         def assign() -> None:
             if self._parts.closing[0]:
                 return
             self._complete(moves)
-            self.state = "fencing" if self.moving else "stable"
+            self._phase = "fencing" if self.moving else "stable"
             for i in {m[2] for m in moves}:
                 self._scheduler.wake(self._tasks[i])
 
@@ -153,49 +197,21 @@ class Handoffs:
             self._parts.owner[p] = new
         self.moving.clear()
         self._parts.publish()
-        self.state = "stable"
+        self._phase = "stable"
 
     # ------------------------------------------------------------------ the rebalance listener
 
     def after_told(self, events: Events, then: Callable[[], None]) -> None:
-        """Tell the listener ``events`` (``(phase, moves)``: "revoked" and "lost" per old owner, "assigned" per new
-        owner) in order on the queue's listener thread, then run ``then`` on the control thread. A slow listener
-        thus holds up this queue's handoffs only, never the control thread (other queues' work). Without a
-        listener, or with nothing to tell, ``then`` runs at once."""
-        listener = self._listener
-        if listener is None or not any(moves for _, moves in events):
+        """Tell the listener ``events`` (``(phase, moves)``, in order: see :mod:`._listener`), then run ``then`` on
+        the control thread, once the calls have returned or passed their deadline. Without a listener, or with
+        nothing that changes what it was told, ``then`` runs at once. Never blocks."""
+        told = self._teller.tell(events)
+        if told is None:
             then()
-            return
-        told = self._executor().submit(self._tell, listener, [(ph, list(m)) for ph, m in events if m])
-        self._loop.when(told.done, then)
+        else:
+            self._loop.when(told, then)
 
     def farewell(self) -> None:
-        """After the final drain (on its thread, blocking): the listener hears each task's partitions revoked, as a
-        Kafka consumer's listener does when it closes, and its thread ends."""
-        if self._listener is not None:
-            owned = [(p, t, UNOWNED) for p, t in enumerate(self._parts.owner) if t >= 0]
-            self._executor().submit(self._tell, self._listener, [("revoked", owned)]).result()
-        if self._listener_thread is not None:
-            self._listener_thread.shutdown(wait=True)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        """The queue's listener thread, started with the first event to tell."""
-        if self._listener_thread is None:
-            self._listener_thread = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self._name}-listener")
-        return self._listener_thread
-
-    def _tell(self, listener: Any, events: list[tuple[str, list[Move]]]) -> None:
-        """On the listener thread: each event's callback per task, with its partitions and their types. A callback
-        that raises is logged; the others are still called."""
-        for phase, moves in events:
-            by_task: dict[int, list[int]] = {}
-            for p, old, new in moves:
-                by_task.setdefault(new if phase == "assigned" else old, []).append(p)
-            callback = getattr(listener, f"on_{phase}", None)
-            if callback is None:  # on_lost is optional: as Kafka's onPartitionsLost, it defaults to on_revoked
-                callback = listener.on_revoked
-            for task, partitions in sorted(by_task.items()):
-                try:
-                    callback(task, tuple(partitions), self._parts.types_on(partitions))
-                except Exception:
-                    log.exception("queue %r: rebalance listener failed in %s", self._name, callback.__name__)
+        """After the final drain (on its thread, blocking): the listener hears every partition revoked, as a Kafka
+        consumer's listener does when it closes."""
+        self._teller.farewell()

@@ -35,14 +35,16 @@ class RebalanceListener(Protocol):
     """``BatchQueueConfig.rebalance_listener``, as Kafka's ``ConsumerRebalanceListener``: told which partitions
     (and the item types placed on them) each drain task loses and gains.
 
-    The callbacks run in order on the queue's own listener thread (never on the control thread all queues share:
-    a slow listener holds up this queue's handoffs only). A rebalance hands partitions over per old owner:
-    ``on_revoked`` once that owner has left the drain cycle it was in (no handler of those partitions runs on it
-    any more), then ``on_assigned`` for their new owners, and only after it returned do the new owners get them.
-    Also told: partitions added by growth (``on_assigned``), a failover (``on_lost`` for the partitions taken from
-    a task stuck in a handler call without its fence, then ``on_assigned``; optional, defaulting to
-    ``on_revoked``), and shutdown (``on_revoked`` for every task's partitions after the final drain). What they
-    raise is logged; the rebalance goes on."""
+    Every ownership change is told once, in order, per partition: ``on_assigned`` first (the initial assignment
+    included), then ``on_revoked``/``on_lost`` and ``on_assigned`` in turn; at shutdown ``on_revoked`` for what is
+    still held. The callbacks run one at a time on the drain thread that loses or gains the partitions (never on
+    the control thread all queues share): ``on_revoked`` once the old owner has left the drain cycle it was in (no
+    handler of those partitions runs on it any more), ``on_assigned`` before the new owner takes anything from
+    them; the assignment completes when it returns, or at ``handoff_timeout_ms``. Also told: growth
+    (``on_assigned``), a failover (``on_lost`` for the partitions taken from a task stuck in a handler call, on the
+    thread of the task taking them over; optional, defaulting to ``on_revoked``), a shrink (``on_revoked`` for the
+    partitions dropped) and shutdown (on the final drain's thread). What they raise is logged; the rebalance goes
+    on."""
 
     def on_revoked(self, task: int, partitions: tuple[int, ...], types: tuple[type, ...]) -> None: ...
 

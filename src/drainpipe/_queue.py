@@ -360,6 +360,7 @@ class BatchQueue:
             failovers=ctl.failovers,
             failed_over=ctl.failed_over(),
             resizes=ctl.resizes,
+            handoff_timeouts=ctl.handoff_timeouts,
             split_instances=tuple(
                 (e.type.__qualname__, len(e.partitions)) for e in list(self._table.entries.values()) if e.split
             ),

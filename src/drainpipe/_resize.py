@@ -197,7 +197,7 @@ class Resizer:
         """Fewer instances: producers stop routing to the last ones at once; each retired instance stays bound to
         its partition (a late item is never dropped, and a later split reuses it), handles what is buffered there,
         and once its partition is empty gets its final flush: one ``on_idle()`` call on the thread of the task
-        that owns the partition. The listener hears those partitions revoked."""
+        that owns the partition. The partition stays with its owner (no listener event: ownership does not change)."""
         table = self._table
         before = entry.partitions
         retired = entry.retire_partitions(want)
@@ -230,7 +230,6 @@ class Resizer:
 
         task.actions.append(flush)
         self._scheduler.wake(task)
-        self._handoffs.after_told([("revoked", [(p, owner, UNOWNED)])], lambda: None)
 
     # ------------------------------------------------------------------ shrinking adaptive partitions
 
@@ -264,8 +263,10 @@ class Resizer:
             self._state.end_shrink()
             busy = not self._state.may_drop() or moving
             if not busy and parts.count[0] == n and not any(parts.targets[p] or parts.buffers.size(p) for p in beyond):
+                dropped = [(p, parts.owner[p], UNOWNED) for p in beyond]
                 parts.shrink(want)
                 log.info("queue %r: partitions %d -> %d", self._name, n, want)
+                self._handoffs.after_told([("revoked", dropped)], lambda: None)  # on their old owners' threads
 
         self._handoffs.after_cycle(parts.owners_of(beyond), drop, abortable=True)
 

@@ -1,7 +1,7 @@
 """The rebalance listener: each task hears the partitions (and types) it loses and gains, a partition's on_revoked
 before its on_assigned, revoked only once the old owner has left its cycle and assigned before the new owner gets
-them; growth and shutdown are told too; a failing listener does not stop the rebalance, and a slow one holds up
-its own queue only."""
+them; the initial assignment, growth and shutdown are told too; a failing listener does not stop the rebalance, and
+a slow one holds up its own queue only. (Every change, in order, per partition: test_queue_listener_ledger.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from queue_testlib import Recorder, in_background, make_types, new_queue
 
 from drainpipe import DrainBalancer, PartitionPolicy, ThreadPolicy
+from testlib import wait_until
 
 
 class Log:
@@ -20,6 +21,7 @@ class Log:
         self.q_box = q_box
         self.fail = fail
         self.lock = threading.Lock()
+        self.watching = False  # from the rebalance on: the initial assignment is told before, with owners set
 
     def on_revoked(self, task, partitions, types):
         owners = self.q_box[0].partition_owners()
@@ -31,6 +33,8 @@ class Log:
             raise RuntimeError("listener bug")
 
     def on_assigned(self, task, partitions, types):
+        if not self.watching:
+            return
         owners = self.q_box[0].partition_owners()
         assert all(owners[p] == -1 for p in partitions)  # not handed over yet: no one drains them
         with self.lock:
@@ -55,6 +59,7 @@ def test_revoked_before_assigned_with_partitions_and_types(qname: str, fail: boo
         q.produce(hot[i % len(hot)](i))
     for t in types:
         q.produce(t(-1))
+    listener.watching = True
     result = q.rebalance_now(timeout=5)
     assert result.moved > 0
     for p in {p for _, _, ps, _ in listener.events for p in ps}:  # each partition: revoked, then assigned
@@ -130,7 +135,7 @@ def test_the_new_owner_starts_only_after_on_assigned_returns(qname: str) -> None
     assert all(r.overlaps == 0 for r in recorders.values())
 
 
-def test_growth_and_shutdown_are_told(qname: str) -> None:
+def test_the_initial_assignment_growth_and_shutdown_are_told(qname: str) -> None:
     events: list[tuple[str, int, tuple[int, ...]]] = []
 
     class Log2:
@@ -143,13 +148,15 @@ def test_growth_and_shutdown_are_told(qname: str) -> None:
     q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(1),
                   rebalance_listener=Log2())  # fmt: skip
     start = q.partition_count
+    wait_until(lambda: len(events) == 2, what="each task's initial on_assigned")
+    assert sorted(events) == [("assigned", t, ps) for t, ps in enumerate(q.assigned_partitions)]
     types = make_types(6, prefix="G")
     for t in types:
         q.add_handler(t, Recorder())
-    grown = {p for kind, _, ps in events if kind == "assigned" for p in ps}
+    grown = {p for kind, _, ps in events[2:] if kind == "assigned" for p in ps}
     assert q.partition_count > start and grown == set(range(start, q.partition_count))
     owners = q.partition_owners()
-    for _, task, ps in events:  # each new partition told to the task that owns it
+    for _, task, ps in events:  # each partition told to the task that owns it
         assert all(owners[p] == task for p in ps)
     assigned_now = [tuple(ps) for ps in q.assigned_partitions]
     q.produce_many([t(0) for t in types])
@@ -159,8 +166,8 @@ def test_growth_and_shutdown_are_told(qname: str) -> None:
 
 
 def test_a_slow_listener_holds_up_its_own_queue_only(qname: str) -> None:
-    """Listener callbacks run on the queue's own listener thread, not on the control thread that every queue
-    shares: while one queue's listener sleeps for 1.5 s, another queue's rebalance completes at once."""
+    """Listener callbacks run on the queue's own drain threads, not on the control thread that every queue shares:
+    while one queue's listener sleeps for 1.5 s, another queue's rebalance completes at once."""
     recorders: dict = {}
     listener = Slow(recorders, 1.5)
     slow_q, slow_types = _hot_queue(qname, listener)
