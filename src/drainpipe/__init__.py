@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if imported eagerly
     from ._balancer import DrainBalancer
     from ._config import BatchQueueConfig
+    from ._events import QueueEvent
     from ._handlers import HandlerConsumer
     from ._manager import BatchQueueManager
     from ._policies import PartitionPolicy, ThreadPolicy
@@ -37,6 +38,7 @@ _EXPORTS = {
     "PartitionPolicy": "._policies",
     "PartitionSelector": "._routing",
     "PartitionUsage": "._stats",
+    "QueueEvent": "._events",
     "RebalanceListener": "._protocols",
     "RebalanceResult": "._stats",
     "ThreadPolicy": "._policies",
@@ -54,6 +56,7 @@ __all__ = [
     "PartitionPolicy",
     "PartitionSelector",
     "PartitionUsage",
+    "QueueEvent",
     "RebalanceListener",
     "RebalanceResult",
     "ThreadPolicy",

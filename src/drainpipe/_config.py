@@ -32,6 +32,7 @@ class BatchQueueConfig:
     rebalance_listener: Any = None  # a RebalanceListener: told what each task loses and gains in a rebalance
     slow_handler_ms: int = 10_000  # a handler call running longer than this is logged and listed in stats()
     handoff_timeout_ms: int = 30_000  # a fence or a listener call not done by then: rolled back or left behind
+    event_queue_size: int = 0  # > 0: BatchQueue.events() returns what happened (ownership, errors), this many kept
 
     def validate(self) -> BatchQueueConfig:
         """Check every field; return self so calls chain."""
@@ -73,6 +74,7 @@ class BatchQueueConfig:
         _int_at_least("shutdown_timeout_ms", self.shutdown_timeout_ms, 0)
         _int_at_least("slow_handler_ms", self.slow_handler_ms, 1)
         _int_at_least("handoff_timeout_ms", self.handoff_timeout_ms, 1)
+        _int_at_least("event_queue_size", self.event_queue_size, 0)
         return self
 
 

@@ -44,6 +44,7 @@ from ._config import BatchQueueConfig
 from ._control_loop import ControlLoop
 from ._control_state import ControlState
 from ._drain import Dispatcher, DrainTask
+from ._events import EventQueue
 from ._fastpath import Producer
 from ._handlers import Entry, HandlerTable
 from ._handoff import Handoffs
@@ -83,6 +84,7 @@ class Controller:
         producer: Producer,
         thread_count: int,
         release: Callable[[], None],
+        events: EventQueue | None = None,
     ) -> None:
         self.name = name
         self._config = config
@@ -112,13 +114,16 @@ class Controller:
         self._state = ControlState()
         deadline_s = config.handoff_timeout_ms / 1000.0
         teller = Teller(
-            name, config.rebalance_listener, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler
-        )
+            name, config.rebalance_listener, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler,
+            events=events,
+        )  # fmt: skip
         teller.start()  # before the drain tasks run: each first hears its initial partitions
-        self._handoffs = Handoffs(name, teller, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler)
+        self._handoffs = Handoffs(
+            name, teller, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler, events=events
+        )
         self._liveness = Liveness(
             name, config.slow_handler_ms, self._consumer, parts=parts, tasks=tasks, scheduler=scheduler,
-            handoffs=self._handoffs, load=self._load, state=self._state,
+            handoffs=self._handoffs, load=self._load, state=self._state, events=events,
         )  # fmt: skip
         self._resizer = Resizer(
             name, config.partitions, consumer=self._consumer, type_routing=self._type_routing,

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ._events import EventQueue
 from ._fastpath import group_by_type
 from ._handlers import HandlerTable, Target
 from ._partitions import Partitions
@@ -71,8 +72,10 @@ class Dispatcher:
         error_handler: Callable[[list[Any], BaseException], None] | None,
         log: logging.Logger,
         owner: object,
+        events: EventQueue | None = None,
     ) -> None:
         self._name = name
+        self._events = events  # the queue's event queue, if it keeps one
         self._parts = parts
         self._table = table
         self._consumer = consumer
@@ -187,6 +190,8 @@ class Dispatcher:
         held = sum(len(items) for _, _, items in left)
         self._log.error("queue %r: drain task %d failed (%r); restarted, handing on the %d item(s) it held",
                         self._name, task, exc, held, exc_info=exc)  # fmt: skip
+        if self._events is not None:
+            self._events.put("task_failed", task=task, error=exc, items=held)
         try:
             for target, p, items in left:
                 if target is not None:
@@ -258,6 +263,8 @@ class Dispatcher:
             counters.calling = None
 
     def _report_error(self, batch: list[Any], exc: BaseException) -> None:
+        if self._events is not None:
+            self._events.put("handler_error", types=tuple(dict.fromkeys(map(type, batch))), error=exc, items=len(batch))
         handler = self._error_handler
         if handler is None:
             self._log.error("queue %r: handler failed on %d items: %r", self._name, len(batch), exc, exc_info=exc)

@@ -37,6 +37,7 @@ from concurrent.futures import Future
 
 from ._control_loop import ControlLoop
 from ._drain import DrainTask
+from ._events import EventQueue
 from ._listener import Events, Move, Teller
 from ._partitions import UNOWNED, Partitions
 from ._scheduler import Scheduler
@@ -59,8 +60,10 @@ class Handoffs:
         parts: Partitions,
         tasks: list[DrainTask],
         scheduler: Scheduler,
+        events: EventQueue | None = None,
     ) -> None:
         self._name = name
+        self._events = events
         self._teller = teller
         self._deadline_s = deadline_s
         self._loop = loop
@@ -151,6 +154,8 @@ class Handoffs:
             self._parts.publish()
             self.rolled_back += 1
             whole[0] = False
+            if self._events is not None:
+                self._events.put("handoff_timeout", task=old, partitions=tuple(m[0] for m in group))
             log.warning("queue %r: drain task %d did not leave its cycle within %.1f s; %d partition(s) stay with "
                         "it", self._name, old, self._deadline_s, len(group))  # fmt: skip
             handed([], closing=False)

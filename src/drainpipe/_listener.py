@@ -45,6 +45,7 @@ from typing import Any
 
 from ._control_loop import ControlLoop
 from ._drain import Dispatcher, DrainTask
+from ._events import EventQueue
 from ._partitions import Partitions
 from ._scheduler import Scheduler
 
@@ -85,9 +86,11 @@ class Teller:
         parts: Partitions,
         tasks: list[DrainTask],
         scheduler: Scheduler,
+        events: EventQueue | None = None,
     ) -> None:
         self._name = name
         self._listener = listener
+        self._events = events  # told too, as the control thread decides (no call to wait for)
         self._deadline_s = deadline_s
         self._loop = loop
         self._parts = parts
@@ -103,14 +106,17 @@ class Teller:
 
     @property
     def active(self) -> bool:
-        return self._listener is not None
+        """A listener or an event queue is told: the ledger is kept."""
+        return self._listener is not None or self._events is not None
 
     def start(self) -> None:
         """The initial assignment: each task hears its partitions assigned on its own thread, as the first thing its
         first cycle does; the mail waits for those calls. Before the drain tasks are submitted."""
-        if self._listener is None:
+        if not self.active:
             return
         calls = self._calls([("assigned", [(p, -1, t) for p, t in enumerate(self._parts.owner) if t >= 0])])
+        if self._listener is None:
+            return
         due = time.monotonic() + self._deadline_s
         for call in calls:
             call.due = due
@@ -121,6 +127,9 @@ class Teller:
             late = [c for c in calls if c.state != _DONE]
             if late:
                 self.timeouts += len(late)
+                for c in late:
+                    if self._events is not None:
+                        self._events.put("handoff_timeout", task=c.task, partitions=c.partitions, types=c.types)
                 tasks = [c.task for c in late]
                 log.warning("queue %r: the rebalance listener's initial on_assigned calls for tasks %s took over "
                             "%.1f s; later calls go on", self._name, tasks, self._deadline_s)  # fmt: skip
@@ -136,10 +145,10 @@ class Teller:
         """Queue ``events`` ((phase, moves) in order; per move the partition, its old and its new owner) for the
         listener; returns a predicate that is true once every call they made is done or past its deadline, or None
         when they change nothing the listener was told. Control thread; never blocks."""
-        if self._listener is None:
+        if not self.active:
             return None
         calls = self._calls(events)
-        if not calls:
+        if not calls or self._listener is None:
             return None
         self._mail.extend(calls)
         if self._head is None and not self._initial:
@@ -150,7 +159,7 @@ class Teller:
     def farewell(self) -> None:
         """After the final drain (its thread, blocking; no task runs): the calls still in the mail, in order, then
         every partition the ledger holds revoked, per task. Ends the listener thread."""
-        if self._listener is None:
+        if not self.active:
             return
         with self._lock:
             left = self._initial + ([self._head] if self._head is not None else []) + list(self._mail)
@@ -163,7 +172,10 @@ class Teller:
             by_task.setdefault(t, []).append(p)
         self.held.clear()
         for t, ps in sorted(by_task.items()):
-            self._run(_Call("revoked", t, tuple(ps), self._parts.types_on(ps), t))
+            call = _Call("revoked", t, tuple(ps), self._parts.types_on(ps), t)
+            self._record(call)
+            if self._listener is not None:
+                self._run(call)
         if self._spare is not None:
             self._spare.shutdown(wait=False)
 
@@ -193,7 +205,13 @@ class Teller:
                     by_task.setdefault((was, runner), []).append(p)
             for (task, runner), ps in sorted(by_task.items()):
                 out.append(_Call(phase, task, tuple(ps), self._parts.types_on(ps), runner))
+        for call in out:
+            self._record(call)
         return out
+
+    def _record(self, call: _Call) -> None:
+        if self._events is not None:
+            self._events.put(call.phase, task=call.task, partitions=call.partitions, types=call.types)
 
     # ------------------------------------------------------------------ the mail
 
@@ -206,6 +224,8 @@ class Teller:
                 if queued:
                     head.state = _RUNNING  # claimed for the listener thread: its own thread never reached it
             self.timeouts += 1
+            if self._events is not None:
+                self._events.put("handoff_timeout", task=head.task, partitions=head.partitions, types=head.types)
             if queued:
                 log.warning("queue %r: drain task %d did not reach the listener's %s call in %.1f s; the listener "
                             "thread makes it", self._name, head.runner, head.phase, self._deadline_s)  # fmt: skip

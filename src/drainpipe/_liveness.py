@@ -35,6 +35,7 @@ from typing import Any, cast
 
 from ._control_state import ControlState, TaskState
 from ._drain import DrainTask
+from ._events import EventQueue
 from ._handlers import Target
 from ._handoff import Handoffs, Move
 from ._load import LoadEstimate
@@ -60,8 +61,10 @@ class Liveness:
         handoffs: Handoffs,
         load: LoadEstimate,
         state: ControlState,
+        events: EventQueue | None = None,
     ) -> None:
         self._name = name
+        self._events = events
         self._slow_ms = slow_ms
         self._consumer = consumer
         self._parts = parts
@@ -102,6 +105,10 @@ class Liveness:
                 log.warning("queue %r: handler of %s on drain task %d has been in %s for %.1f s "
                             "(slow_handler_ms=%d)", self._name, call.type_name, call.task, call.method,
                             call.seconds, self._slow_ms)  # fmt: skip
+                if self._events is not None:
+                    calling = self._seen[call.task][1]
+                    typ = (calling if isinstance(calling, Target) else calling[0]).type
+                    self._events.put("slow_call", task=call.task, types=() if typ is None else (typ,))
         self._reported &= {(t, since) for t, (_, _, since) in self._seen.items()}
         for t, (calls, calling, _) in list(self._stuck.items()):
             counters = self._tasks[t].counters
@@ -179,6 +186,8 @@ class Liveness:
         log.warning("queue %r: drain task %d is stuck in a handler call; %d of its partitions fail over to tasks %s "
                     "(the stuck handler's own %d stay)", self._name, t, len(moves), sorted({m[2] for m in moves}),
                     len(kept))  # fmt: skip
+        if self._events is not None:
+            self._events.put("failover", task=t, partitions=tuple(m[0] for m in moves))
         self._handoffs.take_over(moves)
 
     def _rejoin(self, t: int) -> None:

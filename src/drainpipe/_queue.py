@@ -39,6 +39,7 @@ from ._config import BatchQueueConfig
 from ._control import Controller
 from ._control_loop import control_loops
 from ._drain import Counters, Dispatcher, DrainTask, on_drain_thread
+from ._events import EventQueue, QueueEvent
 from ._fastpath import Producer
 from ._handlers import HandlerConsumer, HandlerTable, Target
 from ._partitions import Partitions
@@ -109,8 +110,9 @@ class BatchQueue:
             self._parts.idle,
         )
 
+        self._events = EventQueue(config.event_queue_size) if config.event_queue_size else None
         dispatcher = Dispatcher(
-            name, self._parts, self._table, self._consumer, typed, config.error_handler, self._log, self
+            name, self._parts, self._table, self._consumer, typed, config.error_handler, self._log, self, self._events
         )
         self._final: Counters = dispatcher.final
         self._tasks = [DrainTask(i, dispatcher, (config.min_idle_ms, config.max_idle_ms), self) for i in range(tasks)]
@@ -134,6 +136,7 @@ class BatchQueue:
             producer=self.produce,
             thread_count=thread_count,
             release=self._release_scheduler,
+            events=self._events,
         )
         for task in self._tasks:
             self._scheduler.submit(task)
@@ -361,6 +364,7 @@ class BatchQueue:
             failed_over=ctl.failed_over(),
             resizes=ctl.resizes,
             handoff_timeouts=ctl.handoff_timeouts,
+            events_dropped=0 if self._events is None else self._events.dropped,
             split_instances=tuple(
                 (e.type.__qualname__, len(e.partitions)) for e in list(self._table.entries.values()) if e.split
             ),
@@ -372,6 +376,16 @@ class BatchQueue:
         if partition is not None:
             return self._parts.buffers.produced(partition)
         return sum(self._parts.buffers.produced_all()) + count_value(self._dropped_early)
+
+    def events(self, timeout: float | None = 0.0, max_events: int = 1000) -> list[QueueEvent]:
+        """What happened to the queue since the last call, oldest first (:class:`QueueEvent`: ownership changes,
+        handler errors, failed cycles, slow calls, failovers, handoff timeouts), up to ``max_events``. Waits up to
+        ``timeout`` seconds (None: for ever) for the first when there is none; ``0`` never blocks. Thread-safe.
+        The queue keeps ``event_queue_size`` events; when full the oldest are dropped and counted
+        (``stats().events_dropped``). Raises ConfigError when the queue was built without ``event_queue_size``."""
+        if self._events is None:
+            raise ConfigError(f"queue {self._name!r} keeps no events: build it with event_queue_size > 0")
+        return self._events.poll(timeout, max_events)
 
     def load_history(self) -> list[tuple[float, tuple[int, ...]]]:
         """Per-interval per-task load samples (time, items per task) recorded by periodic rebalancing."""

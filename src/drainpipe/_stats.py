@@ -84,6 +84,7 @@ class BatchQueueStats:
     failed_over: tuple[int, ...] = ()  # drain tasks stuck in a call now, their other partitions failed over
     resizes: int = 0  # split="auto" types spread over more instances or joined into fewer
     handoff_timeouts: int = 0  # fences rolled back and listener calls left behind at handoff_timeout_ms
+    events_dropped: int = 0  # events() not polled in time: the oldest dropped from the event queue
     split_instances: tuple[tuple[str, int], ...] = ()  # per split type (fixed or "auto"): instances routed to now
 
     @property
