@@ -9,10 +9,10 @@ import time
 
 import pytest
 from queue_testlib import Recorder, make_gate, make_types, new_queue
-from testlib import wait_until
 
 from drainpipe import PartitionPolicy, QueueEvent, ThreadPolicy
 from drainpipe.errors import ConfigError
+from testlib import wait_until
 
 
 def test_events_tell_ownership_errors_and_a_failover_in_order(qname: str) -> None:
