@@ -23,6 +23,7 @@ class BatchQueueConfig:
     buffer_size: int = 10_000
     strategy: BufferStrategy = BufferStrategy.BLOCKING
     consumer: Any = None
+    consumer_thread_safe: bool = False  # the consumer may be called from two threads at once: a stuck call fails over
     error_handler: ErrorHandler | Callable[[list, BaseException], None] | None = None
     min_idle_ms: int = 1
     max_idle_ms: int = 50
@@ -59,6 +60,8 @@ class BatchQueueConfig:
             raise ConfigError(f"strategy must be a BufferStrategy, got {self.strategy!r}")
         if self.consumer is not None and not (callable(self.consumer) or hasattr(self.consumer, "consume")):
             raise ConfigError("consumer must be callable or have a consume(batch) method")
+        if not isinstance(self.consumer_thread_safe, bool):
+            raise ConfigError(f"consumer_thread_safe must be a bool, got {self.consumer_thread_safe!r}")
         if self.error_handler is not None and not callable(self.error_handler):
             raise ConfigError("error_handler must be callable (batch, exc)")
         _int_at_least("min_idle_ms", self.min_idle_ms, 1)

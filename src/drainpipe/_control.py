@@ -113,6 +113,8 @@ class Controller:
         self._requests = Requests(name, loop, last=self.shutdown)
         self._state = ControlState()
         deadline_s = config.handoff_timeout_ms / 1000.0
+        # a stuck call fails over unless a second call of a single consumer might not be allowed
+        can_fail_over = not self._consumer or config.consumer_thread_safe
         teller = Teller(
             name, config.rebalance_listener, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler,
             events=events,
@@ -122,7 +124,7 @@ class Controller:
             name, teller, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler, events=events
         )
         self._liveness = Liveness(
-            name, config.slow_handler_ms, self._consumer, parts=parts, tasks=tasks, scheduler=scheduler,
+            name, config.slow_handler_ms, can_fail_over, parts=parts, tasks=tasks, scheduler=scheduler,
             handoffs=self._handoffs, load=self._load, state=self._state, events=events,
         )  # fmt: skip
         self._resizer = Resizer(

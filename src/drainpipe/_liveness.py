@@ -18,7 +18,10 @@ it (and before each ``on_idle``), so it can no longer touch them. If the call ha
 The partitions holding the hung handler stay (Python cannot interrupt the call), with the other types placed on
 them: those wait with it. Items the task had already taken from them are in its hands and are handed on when the
 call returns. A queue whose every task is stuck gets one stand-in drain task. A queue
-with a single ``consumer`` cannot fail over (every task calls that consumer): it says so once per task.
+with a single ``consumer`` fails over only when the consumer is declared safe to call from several threads at once
+(``consumer_thread_safe``): then a stuck call's task loses every partition (the consumer is on all of them; items
+the stuck call holds are handled when it returns, possibly after later items of their partitions). Otherwise it
+cannot (it says so once per task): a failover would start a second call of a consumer that may not allow it.
 
 A task's failover is its state FAILED_OVER in :class:`._control_state.ControlState` (what that forbids is written
 there); this module alone moves a task into it and out of it.
@@ -53,7 +56,7 @@ class Liveness:
         self,
         name: str,
         slow_ms: int,
-        consumer: bool,
+        can_fail_over: bool,
         *,
         parts: Partitions,
         tasks: list[DrainTask],
@@ -66,7 +69,7 @@ class Liveness:
         self._name = name
         self._events = events
         self._slow_ms = slow_ms
-        self._consumer = consumer
+        self._can_fail_over = can_fail_over  # False: a single consumer not declared consumer_thread_safe
         self._parts = parts
         self._tasks = tasks  # the queue's list: a stand-in is appended to it
         self._scheduler = scheduler
@@ -141,11 +144,11 @@ class Liveness:
     def _fail_over(self, t: int, calls: int, calling: Any) -> None:
         """Task ``t`` has been in one handler call for longer than slow_handler_ms: its other partitions go to
         healthy tasks now, without waiting for its fence (the module docstring says why that is safe)."""
-        if self._consumer:
+        if not self._can_fail_over:
             if (t, "consumer") not in self._reported_failover:
                 self._reported_failover.add((t, "consumer"))
                 log.warning("queue %r: the single consumer is stuck on drain task %d; a consumer queue cannot fail "
-                            "over (every task calls that consumer)", self._name, t)  # fmt: skip
+                            "over unless its consumer is declared consumer_thread_safe", self._name, t)  # fmt: skip
             return
         parts, moving = self._parts, self._handoffs.moving
         target = calling if isinstance(calling, Target) else calling[0]

@@ -5,12 +5,13 @@ overlapping calls, the listener told (on_lost), stats counted."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 
 import pytest
-from queue_testlib import Recorder, in_background, make_types, new_queue
+from queue_testlib import Recorder, in_background, make_gate, make_types, new_queue
 
 from drainpipe import PartitionPolicy, ThreadPolicy
 from testlib import wait_until
@@ -160,6 +161,46 @@ def test_a_consumer_queue_says_it_cannot_fail_over(qname: str, caplog: pytest.Lo
         q.shutdown()
     assert q.stats().failovers == 0 and len(got) == 1
     assert "cannot fail over" in caplog.text
+
+
+def test_a_thread_safe_consumer_fails_over_and_round_robin_intake_goes_on(qname: str) -> None:
+    """Issue 58's finding: a single-consumer queue with round-robin producers and one consume call hung consumed 0 of
+    200 items on the other partitions in 3 s (the producer blocked on the hung task's full partition). Declared
+    consumer_thread_safe, the hung task's partitions fail over and every item is consumed while the call hangs;
+    exactly once, the held batch when it returns. (Without the declaration: the producer stays blocked.)"""
+    gate = make_gate()
+    got: list = []
+    lock = threading.Lock()
+
+    def consumer(batch):
+        if any(x.flag == "hang" for x in batch):
+            gate.wait(30)
+        with lock:
+            got.extend(x.id for x in batch)
+
+    rr = itertools.count()
+    (t,) = make_types(1, prefix="FT")
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2), buffer_size=2,
+                  partition_selector=lambda item, n: next(rr) % n, consumer=consumer, slow_handler_ms=SLOW_MS,
+                  consumer_thread_safe=True)  # fmt: skip
+    q.produce(t(-1, flag="hang"))
+    sent = [0]
+
+    def produce(stop: threading.Event) -> None:
+        for i in range(200):
+            if stop.is_set():
+                return
+            q.produce(t(i))
+            sent[0] += 1
+
+    with in_background(produce):
+        # every item but those the hung call took with it (its batch: task 0's only one) is consumed meanwhile
+        wait_until(lambda: q.stats().dispatched == 201 and len(got) == 201 - q.stats().task_dispatched[0],
+                   timeout=10, what="the items the hung call does not hold consumed while it hangs")  # fmt: skip
+    assert q.stats().failovers >= 1
+    gate.set()
+    q.shutdown()
+    assert sorted(got) == list(range(-1, 200))
 
 
 class Sometimes:

@@ -2,7 +2,8 @@
 
 Four BatchQueues, as in the seed's "Usage in the Codebase":
 
-* ``ingest`` (single consumer, called from every drain task at once): turns each event batch into one partial per
+* ``ingest`` (single consumer, called from every drain task at once, so declared thread-safe: a hung call fails
+  the task's partitions over to the other tasks and intake goes on): turns each event batch into one partial per
   definition with :func:`aggregate_batch` (columnar, numpy/pyarrow). Metric partials are cut into chunks of at most
   ``chunk_rows`` state rows (:func:`split_partial`), so the number of items a metric puts into L1 follows the merge
   work it causes: that is what throughput-weighted rebalancing measures.
@@ -247,6 +248,9 @@ class LocalEngine:
                 buffer_size=o.ingest_buffer,
                 partition_selector=lambda item, n: next(rr) % n,
                 consumer=self._aggregate,
+                # _aggregate is called from every ingest task at once already: a hung call fails over, so the
+                # round-robin producers blocked on its partition go on (intake never stops for one batch)
+                consumer_thread_safe=True,
                 strategy=BufferStrategy.BLOCKING,
                 shutdown_timeout_ms=60_000,
                 slow_handler_ms=o.slow_handler_ms,
