@@ -1,10 +1,11 @@
 """`drainpipe run` exactly once, whatever happens: kill -9 at any moment (between two checkpoints, inside a
 checkpoint's transaction, during the final commit, at random), then run the same input again: the store equals an
-uninterrupted run's, row for row. Each kill also takes down the run's worker processes (PR_SET_PDEATHSIG)."""
+uninterrupted run's, row for row, and the dead letter holds each rejected record once. Each kill also takes down the run's worker processes (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from drainpipe.inputs import default_dead_letter
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.generator import generate_events, write_events
 from procs import alive, children_of
@@ -88,6 +90,10 @@ def reference(inputs: list[str], tmp_path_factory: pytest.TempPathFactory) -> tu
 def _rerun_equals_reference(url: str, inputs: list[str], reference: tuple[str, int], workers: int) -> None:
     run_clean(url, inputs, workers)
     assert_same_results(reference[0], url, DEFAULT_DEFINITIONS)
+    # the two rejects, each once, however often the kills made the runs read them again
+    dead = Path(default_dead_letter(url)).read_text().splitlines()
+    assert sorted((json.loads(r)["line"], json.loads(r)["reason"]) for r in dead) == [
+        (120_001, "bad value: service"), (120_002, "invalid JSON")], dead  # fmt: skip
 
 
 def _no_orphans(pids: list[int]) -> None:

@@ -4,7 +4,7 @@ rejected records with their reasons (the :class:`Sink` a reader writes them to, 
 from __future__ import annotations
 
 import datetime as _dt
-import io
+import hashlib
 import json
 import math
 import os
@@ -71,36 +71,48 @@ class DeadLetter:
         {"source": "<input path>", "line": <n>, "raw": <raw record>, "reason": "<reason>"}
 
     ``line`` is the 1-based physical line number for JSON Lines and CSV (where a record starts; blank
-    lines count) and the 1-based row number within the file for Parquet. ``raw`` is the line's text for
-    JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
+    lines count) and the 1-based row number within the file for Parquet; a message's offset for Kafka. ``raw`` is
+    the line's text for JSON Lines and CSV without its line ending (bytes that are not UTF-8 are decoded with
     ``errors="backslashreplace"``) and the row as an object for Parquet (only the canonical columns;
     timestamps as ISO strings, non-finite floats as strings).
 
+    **Each rejected record once.** A record read again (a rewind after a failed or killed commit, a Kafka partition
+    re-read by another member, a run after a crash, the other engine) is rejected again, but the dead letter does not
+    take it twice: a record whose source, line and raw record are in the file already is skipped (``repeated``
+    counts them). The file's records are known from :meth:`open` on (read once), and what other processes append
+    meanwhile is read before each write (one ``fstat``, and the new bytes when the file grew).
+
     The file is opened eagerly by ``__enter__``/:meth:`open` and appended to: rejected records of earlier runs
-    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe. ``count`` is the
-    number of records written.
+    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe; each record is one
+    ``write`` of an append-only file (whole lines even with several processes appending). ``count`` is the number
+    of records written.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self.count = 0
+        self.repeated = 0  # records skipped: the dead letter held them already
         self._lock = threading.Lock()
-        self._file: io.TextIOBase | None = None
+        self._fd: int | None = None
+        self._seen: set[bytes] = set()  # digests of (source, line, raw) of the records in the file
+        self._end = 0  # the file's bytes up to here are in _seen
+        self._tail = b""  # an incomplete last line (another writer mid-write), read again next time
 
     def open(self) -> DeadLetter:
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 try:
-                    self._file = open(self.path, "a", encoding="utf-8")
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 except OSError as exc:
                     raise UsageError(f"cannot write the dead letter {self.path!r}: {exc.strerror or exc}") from None
+                self._catch_up()
         return self
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def __enter__(self) -> DeadLetter:
         return self.open()
@@ -109,20 +121,55 @@ class DeadLetter:
         self.close()
 
     def flush(self) -> None:
-        """Push what was written to the operating system (before a store commit that follows it)."""
-        with self._lock:
-            if self._file is not None:
-                self._file.flush()
+        """Push what was written to the operating system (before a store commit that follows it): every write is
+        one system call already, so there is nothing left to push."""
 
     def write(self, source: str, line: int, raw: Any, reason: str) -> None:
-        """Append one reject (thread-safe)."""
-        record = {"source": source, "line": line, "raw": jsonable(raw), "reason": reason}
-        text = json.dumps(record, allow_nan=False) + "\n"  # ASCII: safe for any line splitter
+        """Append one reject, unless the file holds it already (thread-safe)."""
+        key = json.dumps({"source": source, "line": line, "raw": jsonable(raw)}, allow_nan=False)
+        text = key[:-1] + ", " + json.dumps({"reason": reason})[1:] + "\n"  # ASCII: safe for any line splitter
+        digest = _digest(key[:-1].encode())
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 raise RuntimeError(f"dead letter {self.path!r} is not open")
-            self._file.write(text)
+            self._catch_up()
+            if digest in self._seen:
+                self.repeated += 1
+                return
+            data = text.encode()
+            os.write(self._fd, data)
+            self._seen.add(digest)
             self.count += 1
+            if os.fstat(self._fd).st_size == self._end + len(data):  # no one else wrote meanwhile
+                self._end += len(data)
+
+    def _catch_up(self) -> None:
+        """Read the records appended since the last look (by this or another process) into ``_seen``."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size <= self._end:
+            if size < self._end:  # truncated or replaced under us: read it all again
+                self._seen.clear()
+                self._end, self._tail = 0, b""
+                self._catch_up()
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self._end)
+            data = self._tail + f.read(size - self._end)
+        self._end = size
+        lines = data.split(b"\n")
+        self._tail = lines.pop()  # b"" when the data ends with a whole line
+        for record in lines:
+            cut = record.rfind(_REASON)
+            if cut > 0:
+                self._seen.add(_digest(record[:cut]))
+
+
+_REASON = b', "reason": '  # the last field of a record: what comes before it identifies the record
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 def jsonable(value: Any) -> Any:
