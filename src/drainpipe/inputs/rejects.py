@@ -79,13 +79,14 @@ class DeadLetter:
     **Each rejected record once.** A record read again (a rewind after a failed or killed commit, a Kafka partition
     re-read by another member, a run after a crash, the other engine) is rejected again, but the dead letter does not
     take it twice: a record whose source, line and raw record are in the file already is skipped (``repeated``
-    counts them). The file's records are known from :meth:`open` on (read once), and what other processes append
-    meanwhile is read before each write (one ``fstat``, and the new bytes when the file grew).
+    counts them). The file's records are known from :meth:`open` on (read once), and what other processes appended
+    meanwhile is read at each :meth:`flush`, before the records held since the last one are appended (in one
+    ``write`` of the append-only file: whole lines even with several processes appending).
 
     The file is opened eagerly by ``__enter__``/:meth:`open` and appended to: rejected records of earlier runs
-    are never destroyed, and after a clean run the file exists. :meth:`write` is thread-safe; each record is one
-    ``write`` of an append-only file (whole lines even with several processes appending). ``count`` is the number
-    of records written.
+    are never destroyed, and after a clean run the file exists. :meth:`write` and :meth:`flush` are thread-safe.
+    Records are held in memory until :meth:`flush` (the driver flushes before each commit) or :meth:`close`.
+    ``count`` is the number of records taken (written, or held to be written).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -97,6 +98,7 @@ class DeadLetter:
         self._seen: set[bytes] = set()  # digests of (source, line, raw) of the records in the file
         self._end = 0  # the file's bytes up to here are in _seen
         self._tail = b""  # an incomplete last line (another writer mid-write), read again next time
+        self._held: list[tuple[bytes, bytes]] = []  # (digest, line) taken since the last flush
 
     def open(self) -> DeadLetter:
         with self._lock:
@@ -109,6 +111,7 @@ class DeadLetter:
         return self
 
     def close(self) -> None:
+        self.flush()
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -121,48 +124,56 @@ class DeadLetter:
         self.close()
 
     def flush(self) -> None:
-        """Push what was written to the operating system (before a store commit that follows it): every write is
-        one system call already, so there is nothing left to push."""
+        """Append the records taken since the last flush to the file (before a store commit that follows it),
+        except those another process appended meanwhile. Thread-safe."""
+        with self._lock:
+            if self._fd is None or not self._held:
+                return
+            held, self._held = self._held, []
+            theirs = self._catch_up()
+            data = b"".join(line for digest, line in held if digest not in theirs)
+            self.repeated += sum(1 for digest, _ in held if digest in theirs)
+            self.count -= sum(1 for digest, _ in held if digest in theirs)
+            if data:
+                os.write(self._fd, data)
+                if os.fstat(self._fd).st_size == self._end + len(data):  # no one else wrote meanwhile
+                    self._end += len(data)
 
     def write(self, source: str, line: int, raw: Any, reason: str) -> None:
-        """Append one reject, unless the file holds it already (thread-safe)."""
-        key = json.dumps({"source": source, "line": line, "raw": jsonable(raw)}, allow_nan=False)
-        text = key[:-1] + ", " + json.dumps({"reason": reason})[1:] + "\n"  # ASCII: safe for any line splitter
-        digest = _digest(key[:-1].encode())
+        """Take one reject, unless the dead letter holds it already (thread-safe; written at :meth:`flush`)."""
+        record = {"source": source, "line": line, "raw": jsonable(raw), "reason": reason}
+        data = (json.dumps(record, allow_nan=False) + "\n").encode()  # ASCII: safe for any line splitter
+        digest = _digest(data[: data.rfind(_REASON)])
         with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"dead letter {self.path!r} is not open")
-            self._catch_up()
             if digest in self._seen:
                 self.repeated += 1
                 return
-            data = text.encode()
-            os.write(self._fd, data)
             self._seen.add(digest)
+            self._held.append((digest, data))
             self.count += 1
-            if os.fstat(self._fd).st_size == self._end + len(data):  # no one else wrote meanwhile
-                self._end += len(data)
 
-    def _catch_up(self) -> None:
-        """Read the records appended since the last look (by this or another process) into ``_seen``."""
+    def _catch_up(self) -> set[bytes]:
+        """Read the records appended since the last look (by this or another process) into ``_seen``; returns
+        their digests."""
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size <= self._end:
             if size < self._end:  # truncated or replaced under us: read it all again
-                self._seen.clear()
+                self._seen = {digest for digest, _ in self._held}
                 self._end, self._tail = 0, b""
-                self._catch_up()
-            return
+                return self._catch_up()
+            return set()
         with open(self.path, "rb") as f:
             f.seek(self._end)
             data = self._tail + f.read(size - self._end)
         self._end = size
         lines = data.split(b"\n")
         self._tail = lines.pop()  # b"" when the data ends with a whole line
-        for record in lines:
-            cut = record.rfind(_REASON)
-            if cut > 0:
-                self._seen.add(_digest(record[:cut]))
+        new = {_digest(record[:cut]) for record in lines if (cut := record.rfind(_REASON)) > 0}
+        self._seen |= new
+        return new
 
 
 _REASON = b', "reason": '  # the last field of a record: what comes before it identifies the record
