@@ -7,9 +7,12 @@ import datetime as dt
 import gzip
 import json
 import math
+import os
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,3 +275,35 @@ def adjusted_count(trace_state: str, span_id: bytes) -> int:
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
     z ^= z >> 31
     return q + ((z >> 8) < (r << 56) // d)
+
+
+# ------------------------------------------------------------------------------------------ small volumes
+
+
+@contextmanager
+def small_volume(path: Path, size_mb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mb`` MB mounted at ``path`` (created) for the block (the tests run as root, as CI does)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fill_to(filler: Path, free: int) -> None:
+    """Grow or shrink ``filler`` until its file system has about ``free`` bytes free (written: tmpfs allocates on
+    write, not on truncate)."""
+    have = filler.stat().st_size if filler.exists() else 0
+    size = max(0, have + free_bytes(filler.parent) - free)
+    with open(filler, "ab") as f:
+        f.truncate(size)
+    if size > have:
+        with open(filler, "r+b") as f:
+            f.seek(have)
+            f.write(b"\0" * (size - have))

@@ -26,7 +26,9 @@ from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
 from drainpipe.kafka import ConsumeConfig, GroupMember
 from drainpipe.pipeline import LocalEngine, default_definitions, open_store
 from drainpipe.server import serve_engine_options
+from drainpipe.server.disk import DiskLimits, DiskWatch
 from kafka_testlib import BASE_MS, stored_calls
+from testlib import fill_to, small_volume
 
 pytest.importorskip("confluent_kafka")
 
@@ -53,7 +55,8 @@ def topic_log(
 
 
 def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
-               script_member: list[GroupMember] | None = None, max_commits: int = 2) -> GroupMember:  # fmt: skip
+               script_member: list[GroupMember] | None = None, max_commits: int = 2,
+               disk: DiskWatch | None = None) -> GroupMember:  # fmt: skip
     """Run one member on ``consumer`` into the store at ``url`` until it holds only partitions read to their end
     (``exit_at_end``); the store and engine closed after. ``script_member`` receives the member first (for a script
     that looks at it)."""
@@ -63,7 +66,7 @@ def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
     engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=checkpoint_s))
     config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, max_commits=max_commits,
                            exit_at_end=True)  # fmt: skip
-    member = GroupMember(config, engine, definitions, consumer)
+    member = GroupMember(config, engine, definitions, consumer, disk=disk)
     if script_member is not None:
         script_member.append(member)
     running = threading.Thread(target=member.run)
@@ -201,3 +204,31 @@ def test_a_store_behind_pauses_the_partitions_and_resumes_them(tmp_path: Path) -
     member = run_member(url, FakeConsumer(log, script, fetch=10), checkpoint_s=0.0, max_commits=1)
     assert member.pauses >= 1 and paused_calls
     assert stored_calls(url) == calls
+
+
+def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is_freed(tmp_path: Path) -> None:
+    """consume cannot answer 503: it pauses its partitions (keeping them and its membership) while the store's
+    volume is under the refusal threshold, and reads on once space is freed; every event once."""
+    log, calls = topic_log(2, 600, seed=9)
+    seen: dict[str, int] = {}
+    with small_volume(tmp_path / "vol", 32) as vol:
+        url = f"duckdb:///{vol / 'd.duckdb'}"
+        filler = vol / "filler"
+        watch = DiskWatch({"store": str(vol)}, DiskLimits(12 << 20, 6 << 20), every_s=0.02)
+
+        def script(c: FakeConsumer) -> None:
+            if c.calls == 1:
+                c.assign(P0, P1)
+            elif c.fetched.get(P0, 0) >= 200 and "filled at" not in seen:
+                seen["filled at"] = sum(c.fetched.values())
+                fill_to(filler, 3 << 20)
+            elif c.paused and "paused at" not in seen:
+                seen["paused at"] = sum(c.fetched.values())
+                seen["paused calls"] = c.calls
+            elif "paused at" in seen and c.calls >= seen["paused calls"] + 5 and filler.exists():
+                seen["still paused at"] = sum(c.fetched.values())  # nothing read while paused
+                filler.unlink()
+
+        member = run_member(url, FakeConsumer(log, script), disk=watch)
+        assert member.disk_pauses == 1 and seen["still paused at"] == seen["paused at"], seen
+        assert stored_calls(url) == calls

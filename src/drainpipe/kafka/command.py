@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, UsageError
 from ..processes import tune_live_process
+from ..server.commands import disk_limits, disk_options
 from ..server.http_face import TOKEN_ENV, check_bind, token_of
 
 if TYPE_CHECKING:
     from ..pipeline import Definitions, RemoteWriter
+    from ..server.disk import DiskLimits
     from .config import ConsumeConfig
     from .member import GroupMember
 
@@ -30,11 +33,13 @@ def consume(
     host: str = "127.0.0.1",
     port: int | None = None,
     token: str | None = None,
+    disk: DiskLimits | None = None,
 ) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
     when called on the main thread), with the dashboard, ``/metrics`` and ``/healthz`` on ``host:port`` if ``port``
     is given (the routes ``serve`` has, with its token rule: ``token`` is needed for all but ``/`` and ``/healthz``,
-    and for a non-loopback ``host``);
+    and for a non-loopback ``host``); the store's and the dead letter's volumes are watched (``disk``: the
+    thresholds; the partitions pause while one is under the refusal threshold);
     returns what it did. Errors (one line each): :class:`~drainpipe.errors.UsageError` for a store another process
     holds (a DuckDB file has one writer: several members need PostgreSQL), a setting librdkafka refuses or a broker
     it cannot reach; :class:`~drainpipe.errors.StoreError` when a store commit failed for good and
@@ -43,6 +48,7 @@ def consume(
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
     from ..server import serve_engine_options
+    from ..server.disk import DiskWatch, store_directory
     from ..server.instrumented import InstrumentedStore
     from .config import kafka_consumer
     from .member import GroupMember
@@ -64,7 +70,12 @@ def consume(
         try:
             path = dead_letter or default_dead_letter(store_url)
             with DeadLetter(path) as dl:
-                member = GroupMember(config, engine, definitions, kafka_consumer(config), dl)
+                volumes = {
+                    "store": store_directory(store_url) or "",
+                    "dead_letter": os.path.dirname(os.path.abspath(path)),
+                }
+                watch = DiskWatch(volumes, disk)
+                member = GroupMember(config, engine, definitions, kafka_consumer(config), dl, watch)
                 writer = _remote_writer(config, engine, definitions)
                 try:
                     _run_member(member, config, store_url, path, announce, stop, (host, port, token), writer)
@@ -187,7 +198,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
                      announce=lambda line: print(line, flush=True), host=args.host, port=args.port,
-                     token=token)  # fmt: skip
+                     token=token, disk=disk_limits(args))  # fmt: skip
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
@@ -267,6 +278,8 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         help="leave the group and exit once every partition this member holds is read to its end",
     )
     add_remote_write_options(c)
+    disk_options(c, "the member pauses its partitions (keeping them) while the store's or the dead letter's file "
+                 "system has less free")  # fmt: skip
     metrics_option(c)
     store_option(c)
     c.add_argument(

@@ -69,6 +69,7 @@ from ..errors import DrainpipeError, InputError, StoreError, UsageError, first_l
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
+from ..server.disk import DiskWatch
 from .config import ConsumeConfig, kafka_log
 
 log = logging.getLogger("drainpipe.server")
@@ -106,8 +107,9 @@ class GroupMember:
     methods; the member closes it."""
 
     def __init__(self, config: ConsumeConfig, engine: LocalEngine, definitions: Definitions, consumer: Any,
-                 dead_letter: DeadLetter | None = None) -> None:  # fmt: skip
+                 dead_letter: DeadLetter | None = None, disk: DiskWatch | None = None) -> None:  # fmt: skip
         self.config = config
+        self.disk = disk  # the store's and the dead letter's volumes: under the refusal threshold, the member pauses
         self.engine = engine
         self.definitions = definitions
         self.dead_letter = dead_letter
@@ -117,7 +119,8 @@ class GroupMember:
         self.partitions: dict[TopicPartition, _Partition] = {}
         self.cluster = ""
         self.assignments = self.revocations = self.losses = self.rewinds = 0
-        self.pauses = 0  # times the partitions were paused because the store was behind
+        self.pauses = 0  # times the partitions were paused because the store was behind (or its disk full)
+        self.disk_pauses = 0  # of those, times a volume under the refusal threshold paused them
         self.driver = Driver(definitions, engine, ingest=engine.ingest, dead_letter=dead_letter,
                              checkpoint_s=config.checkpoint_s, max_commits=config.max_commits,
                              on_commit=self._stored)  # fmt: skip
@@ -229,14 +232,20 @@ class GroupMember:
         return self._stop.is_set()
 
     def _throttle(self) -> None:
-        """The store is behind (``max_commits`` checkpoints queued): pause the partitions and keep polling, which
-        keeps the membership, until it catches up."""
-        behind = self.driver.behind
+        """The store is behind (``max_commits`` checkpoints queued), or a volume it writes to is under the refusal
+        threshold (:mod:`~drainpipe.server.disk`): pause the partitions and keep polling, which keeps the
+        membership, until it catches up (or space is freed)."""
+        full = self.disk.check().full if self.disk is not None else ()
+        behind = self.driver.behind or bool(full)
         if behind != self._paused:
             assignment = self._consumer.assignment()
             (self._consumer.pause if behind else self._consumer.resume)(assignment)
             self._paused = behind
             self.pauses += behind
+            if full:
+                self.disk_pauses += 1
+                log.warning("partitions paused: %s, under the refusal threshold of %s bytes", full[0].describe(),
+                            f"{full[0].refuse:,}")  # fmt: skip
         if behind:
             self.driver.wait_for_store(0.05)
 

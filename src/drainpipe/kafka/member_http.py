@@ -7,8 +7,9 @@
                      and a ``kafka`` section)
     GET /v1/service  one service over a range of buckets, from the store (:mod:`.drilldown`)
     GET /metrics     Prometheus text (below)
-    GET /healthz     200 {"status": "ok"} while the member runs; 503 once it stopped on its own (a store commit
-                     failed for good, a rewind failed)
+    GET /healthz     200 {"status": "ok"} while the member runs ("degraded" while a volume it writes to is low on
+                     space); 503 once it stopped on its own (a store commit failed for good, a rewind failed), or
+                     "disk full" while a volume is under the refusal threshold (its partitions paused)
 
 ``/metrics`` holds the traffic's RED series, as ``serve`` exposes them (:mod:`.red`: calls and latency histograms
 per service and endpoint of every request the member hands the engine), and the member's own:
@@ -19,7 +20,10 @@ per service and endpoint of every request the member hands the engine), and the 
   store has;
 * ``drainpipe_kafka_events_total{outcome}`` (``accepted``, ``rejected``) and ``drainpipe_kafka_rebalances_total{kind}``
   (``assigned``, ``revoked``, ``lost``, ``rewound``, ``fenced_commit``); ``drainpipe_kafka_pauses_total``: times
-  the member paused its partitions because the store was behind (it keeps polling meanwhile).
+  the member paused its partitions because the store was behind or a volume was under the refusal threshold
+  (``drainpipe_kafka_disk_pauses_total``; it keeps polling meanwhile);
+* ``drainpipe_disk_free_bytes{volume, path}`` (and ``..._total_bytes``, ``..._low``) for the store's and the dead
+  letter's volumes (:mod:`~drainpipe.server.disk`).
 
 The member thread refreshes the partition figures every 0.5 s and at each checkpoint (:attr:`GroupMember.positions`,
 replaced whole); a scrape or the sampler only reads them. The server is the standard library's threading HTTP
@@ -144,9 +148,17 @@ class _MemberCollector(Collector):
         for kind, value in (("assigned", m.assignments), ("revoked", m.revocations), ("lost", m.losses),
                             ("rewound", m.rewinds), ("fenced_commit", m.fenced_commits)):  # fmt: skip
             rebalances.add_metric([kind], value)
-        pauses = CounterMetricFamily("drainpipe_kafka_pauses", "times the partitions were paused (the store behind)")
+        pauses = CounterMetricFamily(
+            "drainpipe_kafka_pauses", "times the partitions were paused (the store behind, or its disk full)"
+        )
         pauses.add_metric([], m.pauses)
-        yield from (lag, offset, committed, events, rebalances, pauses)
+        disk_pauses = CounterMetricFamily(
+            "drainpipe_kafka_disk_pauses", "times a volume under the refusal threshold paused the partitions"
+        )
+        disk_pauses.add_metric([], m.disk_pauses)
+        yield from (lag, offset, committed, events, rebalances, pauses, disk_pauses)
+        if m.disk is not None:
+            yield from m.disk.collect()
 
 
 class MemberEndpoints:
@@ -167,8 +179,13 @@ class MemberEndpoints:
         registry = self.registry
 
         def health() -> tuple[int, dict[str, Any]]:
-            ok = not member.failed
-            return (200 if ok else 503), {"status": "ok" if ok else "failing", "failed": member.failed}
+            """200 ``ok`` or ``degraded`` (a volume low on space), 503 ``failing`` or ``disk full`` (paused)."""
+            if member.failed:
+                return 503, {"status": "failing", "failed": member.failed}
+            disk = member.disk.health() if member.disk is not None else None
+            if disk is None:
+                return 200, {"status": "ok", "failed": ""}
+            return (200 if disk[0] == "degraded" else 503), {"status": disk[0], "disk": disk[1], "failed": ""}
 
         def metrics(accept: str) -> tuple[bytes, str]:
             encoder, content_type = choose_encoder(accept)

@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         purge_every_s=args.purge_every_s,
         alert_webhook=args.alert_webhook or "",
         alert_every_s=args.alert_every_s,
+        disk=disk_limits(args),
     )
     config = ServeConfig(store_url=args.store, definitions=definitions, host=args.host,
                          port=args.port, grpc_port=args.grpc_port, token=token, durable=args.durability != "none",
@@ -79,6 +80,29 @@ def _byte_size(text: str) -> int:
         return int(float(number) * units[unit])
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 4G, got {text!r}") from None
+
+
+def disk_options(parser: argparse.ArgumentParser, refuse_help: str) -> None:
+    """``--disk-warn`` and ``--disk-refuse`` (the free space thresholds of :mod:`.disk`) on ``parser``."""
+    parser.add_argument("--disk-warn", type=_byte_size, default=None, metavar="SIZE",
+                        help="/healthz says degraded (and a retention purge runs early) while a volume written to has "
+                        "less free than this (default: 10%% of it, at most 1G)")  # fmt: skip
+    parser.add_argument(
+        "--disk-refuse",
+        type=_byte_size,
+        default=None,
+        metavar="SIZE",
+        help=f"{refuse_help} than this; /healthz answers 503 (default: 2%% of it, at most 256M)",
+    )
+
+
+def disk_limits(args: argparse.Namespace) -> Any:
+    """The :class:`~.disk.DiskLimits` of ``--disk-warn`` and ``--disk-refuse``."""
+    from .disk import DiskLimits
+
+    if args.disk_warn is not None and args.disk_refuse is not None and args.disk_refuse > args.disk_warn:
+        raise UsageError("--disk-refuse must not be above --disk-warn")
+    return DiskLimits(args.disk_warn, args.disk_refuse)
 
 
 def _port(text: str) -> int:
@@ -171,6 +195,8 @@ def add_commands(
     s.add_argument("--wal-max-bytes", type=_byte_size, default="4G", metavar="SIZE",
                    help="most bytes the log may hold that the store has not applied (e.g. during a store outage); "
                    "beyond, requests get 503 with Retry-After (default: 4G)")  # fmt: skip
+    disk_options(s, "requests are refused (503 with Retry-After) while the log's or the store's file system has "
+                 "less free")  # fmt: skip
     s.set_defaults(fn=cmd_serve)
 
     t = sub.add_parser("stats", help="the live view of a running server in the terminal")

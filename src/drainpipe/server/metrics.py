@@ -184,6 +184,7 @@ class EngineCollector(Collector):
         draining = g("draining", "1 while shutting down")
         draining.add_metric([], 1 if svc.draining else 0)
         yield draining
+        yield from svc.disk.collect()
 
 
 class ServerMetrics:

@@ -59,6 +59,7 @@ from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptio
 from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .bodies import BodyDecoder, Rejects
+from .disk import DiskLimits, DiskWatch, store_directory
 from .feeder import Feeder
 from .instrumented import InstrumentedStore
 from .live import Intake, LiveOptions, Sampler
@@ -100,6 +101,8 @@ class ServiceOptions:
     alert_settle_s: float = 10.0  # a period is evaluated once it ended this long ago (its last events merged)
     alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
     remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
+    disk: DiskLimits = DiskLimits()  # free space under which /healthz is degraded, and POSTs are refused (503)
+    disk_purge_gap_s: float = 60.0  # while a volume stays low, a retention purge at most this often
 
     def __post_init__(self) -> None:
         for name in ("header_deadline_s", "body_deadline_s", "answer_deadline_s"):
@@ -163,7 +166,12 @@ class IngestService:
         engine_options = engine_options or serve_engine_options()
         if not engine_options.checkpoints or engine_options.live:
             raise ValueError("serving needs EngineOptions(checkpoints=True, live=False): see serve_engine_options")
-        self.purger = Purger(self.store, definitions.retention, self.options.purge_every_s)
+        self.disk = DiskWatch(
+            {"log": self.log.location if self.log.durable else "", "store": store_directory(store_url) or ""},
+            self.options.disk,
+        )
+        self.purger = Purger(self.store, definitions.retention, self.options.purge_every_s, disk=self.disk,
+                             early_gap_s=self.options.disk_purge_gap_s)  # fmt: skip
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
         # L1 aggregation of what the feeder hands the engine: in the aggregator process where there is one
@@ -269,6 +277,10 @@ class IngestService:
                 raise self._refuse(503, "shutting down", retry)
             if self.feeder.failed:
                 raise self._refuse(503, f"store write failed; accepting nothing until restarted ({self.feeder.failed})",
+                                   10 * retry)  # fmt: skip
+            full = self.disk.check().full
+            if full:  # refused while the log and the store can still be written, not once a write failed
+                raise self._refuse(503, f"disk nearly full: {full[0].describe()}, refusing under {full[0].refuse:,}",
                                    10 * retry)  # fmt: skip
             if self.log.size >= self.log.max_bytes:
                 raise self._refuse(503, f"{'write-ahead log' if self.log.durable else 'in-memory buffer'} full "
@@ -421,15 +433,22 @@ class IngestService:
         return self._max_ts
 
     def health(self) -> tuple[int, dict[str, Any]]:
+        """200 with status ``ok`` or ``degraded`` (a volume low on space), 503 otherwise (draining, failed, a disk
+        under the refusal threshold)."""
         status = "draining" if self._draining else "failed" if self.feeder.failed else "ok"
         body = {
             "status": status,
             "store": "ok" if self.store.available else "unavailable",
             "uptime_s": round(time.time() - self.started, 1),
         }
+        disk = self.disk.health()
+        if disk is not None:
+            body["disk"] = disk[1]
+            if status == "ok":
+                body["status"] = status = disk[0]
         if self.feeder.failed:
             body["error"] = self.feeder.failed
-        return (200 if status == "ok" else 503), body
+        return (200 if status in ("ok", "degraded") else 503), body
 
     def stats_view(self) -> dict[str, Any]:
         """The JSON behind the dashboard and ``drainpipe stats``."""
@@ -447,9 +466,11 @@ class IngestService:
         return {
             "store": {
                 "purges": self.purger.purges,
+                "early_purges": self.purger.early_purges,
                 "purged_rows": self.purger.purged_rows,
                 "purge_error": self.purger.last_error,
             },  # fmt: skip
+            "disk": self.disk.describe(),
             "log": {
                 "durable": lg.durable,
                 "bytes": lg.size,
