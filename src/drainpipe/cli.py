@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--now", metavar="T", help="purge as if it were this time (ISO-8601 or epoch ms; default: now)")
     c.set_defaults(fn=cmd_compact)
 
-    add_consume_command(sub, _store_option, _metrics_option)
+    add_consume_command(sub, _store_option, _metrics_option, _retention_option)
     add_commands(sub, _store_option, _metrics_option, _retention_option)
     return p
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import threading
@@ -34,12 +35,15 @@ def consume(
     port: int | None = None,
     token: str | None = None,
     disk: DiskLimits | None = None,
+    purge_every_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run one member of ``config.group`` into the store at ``store_url`` until ``stop`` is set (or SIGTERM/SIGINT
     when called on the main thread), with the dashboard, ``/metrics`` and ``/healthz`` on ``host:port`` if ``port``
     is given (the routes ``serve`` has, with its token rule: ``token`` is needed for all but ``/`` and ``/healthz``,
     and for a non-loopback ``host``); the store's and the dead letter's volumes are watched (``disk``: the
-    thresholds; the partitions pause while one is under the refusal threshold);
+    thresholds; the partitions pause while one is under the refusal threshold); the store is purged by the
+    definitions' retention at start and every ``purge_every_s`` (0, the default: never), early when a volume runs
+    low;
     returns what it did. Errors (one line each): :class:`~drainpipe.errors.UsageError` for a store another process
     holds (a DuckDB file has one writer: several members need PostgreSQL), a setting librdkafka refuses or a broker
     it cannot reach; :class:`~drainpipe.errors.StoreError` when a store commit failed for good and
@@ -50,6 +54,7 @@ def consume(
     from ..server import serve_engine_options
     from ..server.disk import DiskWatch, store_directory
     from ..server.instrumented import InstrumentedStore
+    from ..server.purger import Purger
     from .config import kafka_consumer
     from .member import GroupMember
 
@@ -77,9 +82,14 @@ def consume(
                 watch = DiskWatch(volumes, disk)
                 member = GroupMember(config, engine, definitions, kafka_consumer(config), dl, watch)
                 writer = _remote_writer(config, engine, definitions)
+                purger = Purger(engine.store, definitions.retention, purge_every_s, disk=watch)
+                if purge_every_s > 0:
+                    purger.purge()  # at start, as serve does
+                    purger.start()
                 try:
                     _run_member(member, config, store_url, path, announce, stop, (host, port, token), writer)
                 finally:
+                    purger.stop()
                     member.close()
                     if writer is not None:  # after the member's last commit: its minutes may be final now
                         writer.close()
@@ -183,7 +193,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
     token = token_of(args.token)
     if args.port is not None:
         check_bind(args.host, token, "consume")  # before anything connects
+    if args.purge_every_s < 0:
+        raise UsageError("--purge-every-s must be >= 0")
     definitions = definitions_from(args.metrics)
+    if args.retention:
+        definitions = dataclasses.replace(definitions, retention=definitions.retention.with_flags(args.retention))
     client = {}
     for item in args.kafka_config:
         key, sep, value = item.partition("=")
@@ -198,7 +212,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
                      announce=lambda line: print(line, flush=True), host=args.host, port=args.port,
-                     token=token, disk=disk_limits(args))  # fmt: skip
+                     token=token, disk=disk_limits(args), purge_every_s=args.purge_every_s)  # fmt: skip
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(result["reasons"].items()))
     print(f"read {result['read']:,} = accepted {result['accepted']:,} + rejected {result['rejected']:,}"
           + (f" ({reasons})" if reasons else "") + f"; partitions assigned {result['assignments']} times, "
@@ -208,7 +222,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> None:
+def add_consume_command(sub: Any, store_option: Any, metrics_option: Any, retention_option: Any) -> None:
     from ..pipeline import add_remote_write_options
 
     c = sub.add_parser(
@@ -278,6 +292,11 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any) -> Non
         help="leave the group and exit once every partition this member holds is read to its end",
     )
     add_remote_write_options(c)
+    retention_option(c)
+    c.add_argument("--purge-every-s", type=float, default=0.0, metavar="S",
+                   help="purge the store by the retention this often, first at start, and early while a volume is "
+                   "low on space (default: 0, never: a topic replayed from long ago keeps what it brings; serve "
+                   "purges hourly)")  # fmt: skip
     disk_options(c, "the member pauses its partitions (keeping them) while the store's or the dead letter's file "
                  "system has less free")  # fmt: skip
     metrics_option(c)
