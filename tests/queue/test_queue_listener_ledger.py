@@ -16,7 +16,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from queue_testlib import Recorder, make_gate, make_types, new_queue
+from queue_testlib import Recorder, in_background, make_gate, make_types, new_queue
 
 from drainpipe import PartitionPolicy, ThreadPolicy
 from testlib import wait_until
@@ -239,3 +239,35 @@ def test_a_fence_past_the_deadline_is_rolled_back() -> None:
     wait_until(lambda: q.stats().dispatched == q.stats().produced, what="every item dispatched")
     got = [x.id for t in on_zero for x in recs[t].items]
     assert len(got) == len(set(got)) == 3001
+
+
+def test_auto_splits_and_joins_keep_the_listeners_picture(qname: str) -> None:
+    """A split="auto" type turned hot and cold twice: its split takes partitions (grown or free) to other tasks,
+    told assigned on their new owners' threads; its join keeps each retired partition with its owner (no event).
+    Whenever the queue is quiet the picture equals the owners; after shutdown the sequences hold and nothing is
+    held."""
+    picture = Picture()
+    q = new_queue(qname, threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.adaptive(),
+                  rebalance_interval_ms=50, rebalance_listener=picture)  # fmt: skip
+    hot, *others = make_types(6, prefix="AJ")
+    q.add_handler(hot, Recorder, split="auto")
+    for t in others:
+        q.add_handler(t, Recorder())
+    phase = ["cold"]
+
+    def produce(stop: threading.Event) -> None:
+        i = 0
+        while not stop.is_set():
+            q.produce_many([t(i) for t in others] + [hot(i * 1000 + k) for k in range(200 if phase[0] == "hot" else 1)])
+            i += 1
+            time.sleep(0.001)
+
+    with in_background(produce):
+        for _ in range(2):
+            for phase[0] in ("hot", "cold"):
+                before = q.stats().resizes
+                wait_until(lambda before=before: q.stats().resizes > before, timeout=20, what=f"a {phase[0]} resize")
+                wait_until(lambda: _quiet_and_agreeing(q, picture), timeout=10, what="the picture = the owners")
+    q.shutdown()
+    assert picture.held == {} and not picture.wrong, (picture.held, picture.wrong)
+    _check_sequences(picture, qname)
