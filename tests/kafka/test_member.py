@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 from fake_consumer import FakeConsumer
 
 from drainpipe.errors import InputError
+from drainpipe.inputs import DeadLetter
 from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
 from drainpipe.kafka import ConsumeConfig, GroupMember
 from drainpipe.pipeline import LocalEngine, default_definitions, open_store
@@ -56,7 +57,7 @@ def topic_log(
 
 def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
                script_member: list[GroupMember] | None = None, max_commits: int = 2,
-               disk: DiskWatch | None = None) -> GroupMember:  # fmt: skip
+               disk: DiskWatch | None = None, dead_letter: DeadLetter | None = None) -> GroupMember:  # fmt: skip
     """Run one member on ``consumer`` into the store at ``url`` until it holds only partitions read to their end
     (``exit_at_end``); the store and engine closed after. ``script_member`` receives the member first (for a script
     that looks at it)."""
@@ -66,7 +67,7 @@ def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
     engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=checkpoint_s))
     config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, max_commits=max_commits,
                            exit_at_end=True)  # fmt: skip
-    member = GroupMember(config, engine, definitions, consumer, disk=disk)
+    member = GroupMember(config, engine, definitions, consumer, dead_letter, disk)
     if script_member is not None:
         script_member.append(member)
     running = threading.Thread(target=member.run)
@@ -138,6 +139,30 @@ def test_a_lost_partition_drops_what_was_not_committed_and_reads_it_again_from_t
     member = run_member(url, consumer)
     assert (member.losses, member.rewinds, member.assignments) == (1, 1, 2)
     assert consumer.fetched == {P0: 300 + 800}  # the 300 dropped were read again, from the store's offset 0
+    assert stored_calls(url) == calls
+
+
+def test_poison_messages_read_again_after_a_rewind_are_in_the_dead_letter_once(tmp_path: Path) -> None:
+    """Issue 58: the dead letter was at least once. Two poison messages among the 300 a loss drops are read again
+    after the rewind and rejected again; the dead letter holds each once (without its check: twice)."""
+    log, calls = topic_log(1, 800, seed=2)
+    for i in (50, 150):
+        calls[json.loads(log["t"][0][i])["service"]] -= 1  # type: ignore[arg-type]
+        log["t"][0][i] = b"not json"
+    url = f"duckdb:///{tmp_path / 'p.duckdb'}"
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0)
+        elif c.calls == 4:  # 300 messages fed (the poison among them), none committed
+            c.lose(P0)
+            c.assign(P0)
+
+    with DeadLetter(tmp_path / "dead.jsonl") as dead:
+        member = run_member(url, FakeConsumer(log, script), dead_letter=dead)
+    assert member.rewinds == 1 and member.stats.rejected == 4  # each rejected by both reads
+    records = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["raw"]["value"]) for r in records] == [(50, "not json"), (150, "not json")]
     assert stored_calls(url) == calls
 
 
