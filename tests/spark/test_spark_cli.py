@@ -1,9 +1,12 @@
 """`drainpipe run --engine spark -q` and `drainpipe stream`: the same formatted summary as the local engine's
-(thousands separators, rejects and where they went) and nothing else (no JVM banners or log lines)."""
+(thousands separators, rejects and where they went), which tier the executors ran, and nothing else (no JVM banners
+or log lines). Shipped without its C extensions, the job falls back to the Python paths, says so once, and stores
+the same."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -61,7 +64,9 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     assert lines[0] == "read 1,501 = accepted 1,500 + rejected 1   dropped 0   handler errors 0"
     assert re.fullmatch(r"[\d,]+ events/s over \d+\.\d\d s into duckdb:///.*/s\.duckdb \(spark\)", lines[1]), lines[1]
     assert lines[2] == f"rejects appended to {tmp_path}/run/s.rejected.jsonl: invalid JSON (1)"
-    assert len(lines) == 3
+    # the executors imported drainpipe from the shipped zip, its C extensions extracted and loaded there
+    assert re.fullmatch(r"Spark executors ran the native tier \(\d C extensions\)", lines[3]), lines[3]
+    assert len(lines) == 4
     local, _ = _finish(_drainpipe(tmp_path / "run", "run", "-q", "--input", str(events), "--store",
                                   f"duckdb:///{tmp_path}/run/l.duckdb", "--metrics", "m.toml"))  # fmt: skip
     assert local[0] == lines[0] and local[2] == lines[2].replace("s.rejected", "l.rejected")  # the local engine's
@@ -76,3 +81,19 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     assert lines[-3] == "read 2,001 = accepted 2,000 + rejected 1   dropped 0   handler errors 0"
     assert lines[-2].endswith("(spark streaming)") and " events/s over " in lines[-2]
     assert lines[-1] == f"rejects appended to {tmp_path}/s.rejected.jsonl: invalid JSON (1)"
+
+
+def test_a_job_shipped_without_its_c_extensions_runs_the_python_paths_and_says_so(tmp_path: Path) -> None:
+    events = tmp_path / "e.jsonl"
+    _events(events, 1500)
+    env = {**os.environ, "DRAINPIPE_SPARK_NATIVE": "0"}
+    run = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-master",
+                            "local[1]", "--input", str(events), "--store", f"duckdb:///{tmp_path}/s.duckdb"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    local = _drainpipe(tmp_path, "run", "-q", "--input", str(events), "--store", f"duckdb:///{tmp_path}/l.duckdb")
+    lines, err = _finish(run)
+    _finish(local)
+    assert lines[-1].startswith("Spark executors ran the Python fallback where a C extension was missing (the "
+                                "shipped code has no extensions built for this Python"), lines  # fmt: skip
+    assert err.count("Spark tasks ran the Python fallback") == 1, err  # logged once
+    assert_same_results(f"duckdb:///{tmp_path}/l.duckdb", f"duckdb:///{tmp_path}/s.duckdb", DEFAULT_DEFINITIONS)

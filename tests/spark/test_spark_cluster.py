@@ -1,7 +1,7 @@
 """The Spark engine on a real standalone cluster (tests/spark/cluster.py): executors in their own processes and
 working directories, with their own Python that has nothing of ours installed. With a relative input path, the
 results equal the local engine's; the tasks ran in the executors' Python (checked), importing drainpipe from the
-zip the job shipped."""
+zip the job shipped, its C extensions extracted and loaded there (the native tier, checked)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def test_a_relative_input_on_a_standalone_cluster_equals_the_local_engine(cluste
     assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
     # the tasks ran in the executors' own Python (the wrapper recorded its starts), not the driver's
     assert cluster.marker.exists() and cluster.marker.read_text().count("\n") > starts_before
+    # ... which had nothing of ours installed, and ran the C extensions the job shipped in its zip
+    assert any(line.startswith("Spark executors ran the native tier") for line in done.stdout.splitlines()), done.stdout
     assert_same_results(local, f"duckdb:///{tmp_path / 'spark.duckdb'}", default_definitions())
 
 
@@ -95,6 +97,8 @@ def test_the_same_job_through_spark_connect(connect, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.splitlines()[0].startswith(f"read {summary.read:,} = accepted {summary.accepted:,}")
     assert connect.marker.exists()  # the server's tasks ran in the venv without drainpipe
+    # the artifact carried the C extensions: the server's executors ran them
+    assert any(line.startswith("Spark executors ran the native tier") for line in done.stdout.splitlines()), done.stdout
     assert_same_results(local, f"duckdb:///{tmp_path / 'connect.duckdb'}", default_definitions())
 
 

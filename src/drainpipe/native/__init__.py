@@ -28,11 +28,22 @@ Turning tiers off (tests and benchmarks forcing the Python path; a process that 
 
 ``DRAINPIPE_NATIVE_OFF`` (comma-separated tier names) turns tiers off for a process and every process it starts:
 :func:`disabled` sets it for its block, so worker processes see the same tiers whether forked or spawned.
+
+**From a zip** (a Spark executor runs drainpipe from the zip the job ships, :func:`drainpipe.spark.session.code_zip`,
+which holds the built extensions): a shared object cannot load from a zip, so on import this package extracts the
+extensions built for this interpreter (``importlib.machinery.EXTENSION_SUFFIXES``) to the local temp directory,
+once per content (a directory named by their digest, made atomically), and puts that directory first on its
+``__path__``: the imports below then find them as on an install. An extension built for another Python, platform or
+C library does not import, and its tier falls back; :data:`missing` says why (the task reports it to the driver).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
 import os
+import tempfile
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,40 +51,95 @@ from types import ModuleType
 
 from ..errors import UsageError
 
+#: why a C extension is not here ("" when every one imports): the first import error, or what the zip lacks
+missing = ""
+
+
+def _unzipped_extensions() -> list[str]:
+    """When this package is imported from a zip: the directory its extensions for this interpreter were extracted
+    to (see the module docstring), else []."""
+    global missing
+    archive = getattr(globals().get("__loader__"), "archive", None)  # a zipimport.zipimporter's file
+    if archive is None:
+        return []
+    prefix = __name__.replace(".", "/") + "/"
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    with zipfile.ZipFile(archive) as z:
+        shipped = [i for i in z.infolist() if i.filename.startswith(prefix) and "/" not in i.filename[len(prefix) :]
+                   and i.filename.endswith((".so", ".pyd"))]  # fmt: skip
+        ours = [i for i in shipped if i.filename.endswith(suffixes)]
+        if not ours:
+            missing = (f"the shipped code has no extensions built for this Python ({suffixes[0]}; shipped: "
+                       f"{sorted({i.filename.rsplit('.', 2)[-2] for i in shipped}) or 'none'})")  # fmt: skip
+            return []
+        digest = hashlib.sha256(b"".join(f"{i.filename}:{i.CRC}:{i.file_size};".encode() for i in ours))
+        target = os.path.join(tempfile.gettempdir(), f"drainpipe-native-{digest.hexdigest()[:16]}")
+        if not os.path.isdir(target):
+            staging = f"{target}.{os.getpid()}.tmp"
+            os.makedirs(staging, exist_ok=True)
+            for info in ours:
+                with open(os.path.join(staging, info.filename[len(prefix) :]), "wb") as f:
+                    f.write(z.read(info))
+            try:
+                os.rename(staging, target)  # atomic: another task's extraction may have won meanwhile
+            except OSError:
+                for name in os.listdir(staging):
+                    os.unlink(os.path.join(staging, name))
+                os.rmdir(staging)
+    return [target]
+
+
+def _missing(exc: ImportError) -> None:
+    """An extension did not import: remember the first reason (an install without a build says nothing)."""
+    global missing
+    if not missing and getattr(globals().get("__loader__"), "archive", None) is not None:
+        missing = f"{exc.name or 'an extension'}: {exc}"
+
+
+__path__[:0] = _unzipped_extensions()  # extracted extensions first: the imports below find them
+
 # The extensions, each bound to its public name while it is on (None when it is not built or turned off). mypy
 # types each by its stub beside its source.
 try:
     from . import _lines as lines
-except ImportError:
+except ImportError as exc:
     lines = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _jsonscan as jsonscan
-except ImportError:
+except ImportError as exc:
     jsonscan = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _csvscan as csvscan
-except ImportError:
+except ImportError as exc:
     csvscan = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _logscan as logscan
-except ImportError:
+except ImportError as exc:
     logscan = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _otlpjson as otlpjson
-except ImportError:
+except ImportError as exc:
     otlpjson = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _otlpproto as otlpproto
-except ImportError:
+except ImportError as exc:
     otlpproto = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _spanmap as spanmap
-except ImportError:
+except ImportError as exc:
     spanmap = None  # type: ignore[assignment]
+    _missing(exc)
 try:
     from . import _groupstates as groupstates
-except ImportError:
+except ImportError as exc:
     groupstates = None  # type: ignore[assignment]
+    _missing(exc)
 try:  # the queue core's (its modules import it themselves: it is required, and only reported here)
     from .. import _fastpath
 except ImportError:  # a Spark executor's zip: the queue is never loaded there
@@ -81,6 +147,7 @@ except ImportError:  # a Spark executor's zip: the queue is never loaded there
 
 __all__ = [
     "ENV",
+    "missing",
     "TIERS",
     "Tier",
     "available",

@@ -69,6 +69,7 @@ class RunSummary:
     warnings: dict[str, int] = field(default_factory=dict)  # accepted events read with a caveat, by reason
     overflow: dict[str, int] = field(default_factory=dict)  # per scope: state rows folded into __overflow__
     engine: str = ""  # shown after the store when not the local engine ("spark")
+    executors: str = ""  # Spark: which tier the executors' tasks ran (the C extensions, or the fallback and why)
 
     @property
     def events_per_s(self) -> float:
@@ -102,6 +103,8 @@ class RunSummary:
         if self.overflow:
             folded = ", ".join(f"{scope} {n:,}" for scope, n in sorted(self.overflow.items()))
             out.append(f"too many entities (max_entities): state rows folded into __overflow__: {folded}")
+        if self.executors:
+            out.append(f"Spark executors ran {self.executors}")
         return out
 
     @classmethod
@@ -126,6 +129,7 @@ class RunSummary:
             warnings=dict(totals.get("warnings") or {}),
             overflow=dict(totals.get("overflow") or {}),
             engine=engine,
+            executors=str(totals.get("executors") or ""),
         )
         summary.stored = summary.accepted
         return summary

@@ -31,6 +31,7 @@ each partition; the states then merge exactly as above. Results are identical in
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -89,6 +90,8 @@ from .rows import (
 )
 from .splits import Split, plan_splits
 from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, pack_ipc, sample_types, scan_events, scan_states
+
+log = logging.getLogger("drainpipe.spark")
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -152,6 +155,8 @@ class JobResult:
     # per scope: state rows folded into __overflow__ by the cardinality guard (metric counts grow as the
     # metric_chunks are consumed)
     overflow: Counter[str] = field(default_factory=Counter)
+    # tasks per (C extensions their Python ran, why any was missing): which tier the executors ran
+    tiers: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def all_partials(self) -> Iterator[Partial]:
         """The partials, then the streamed metric chunks if any (once: chunks are consumed as they come)."""
@@ -414,7 +419,9 @@ def _merge_states(
         _folded(merged, definitions, overflow)
     partials = _partials(definitions, merged, collected if definitions.topns else None, overflow)
     stats, rejects, ends = _read_report(splits, meta)
-    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends, overflow=overflow)
+    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends, overflow=overflow,
+                       tiers=_task_tiers(meta))  # fmt: skip
+    _say_tiers(result.tiers)
     if stream:
         result.partials = [p for p in partials if not isinstance(p, MetricPartial)]
         frame = _metric_merge(states, definitions, guard).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
@@ -536,6 +543,43 @@ def _read_report(
     return stats, rejects, ends
 
 
+def _task_tiers(meta: pa.Table) -> Counter[tuple[str, str]]:
+    tiers: Counter[tuple[str, str]] = Counter()
+    for info in select_rows(meta, TASK).column("info").to_pylist():
+        report = json.loads(info)
+        tiers[(report.get("native", ""), report.get("missing", ""))] += 1
+    return tiers
+
+
+_TIERS_SAID: set[tuple[str, str]] = set()  # each (tier, why) is logged once per driver process
+
+
+def describe_tiers(tiers: Counter[tuple[str, str]]) -> str:
+    """One phrase for a run's summary: the native tier and its C extensions, or the Python fallback and why (the
+    tasks' most common report, with how many tasks ran otherwise)."""
+    if not tiers:
+        return ""
+    (ran, why), n = tiers.most_common(1)[0]
+    phrase = (f"the native tier ({len(ran.split(',')) if ran else 0} C extensions)" if not why
+              else f"the Python fallback where a C extension was missing ({why})")  # fmt: skip
+    others = sum(tiers.values()) - n
+    return phrase + (f"; {others} other task(s) ran otherwise" if others else "")
+
+
+def _say_tiers(tiers: Counter[tuple[str, str]]) -> None:
+    """Log once which tier the executors' tasks ran: the C extensions, or the Python fallback and why."""
+    for key in tiers:
+        if key in _TIERS_SAID:
+            continue
+        _TIERS_SAID.add(key)
+        ran, why = key
+        if why:
+            log.warning("Spark tasks ran the Python fallback for what they lack (%s); C extensions in use: %s", why,
+                        ran or "none")  # fmt: skip
+        else:
+            log.info("Spark tasks ran the native tier: %s", ran or "none")
+
+
 def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int, float]]]:
     out: dict[str, list[tuple[float, int, float]]] = {}
     for info in select_rows(meta, TASK).column("info").to_pylist():
@@ -649,6 +693,7 @@ def ingest_files(
         "overflow": Counter(),  # per scope: state rows folded into __overflow__ (the cardinality guard)
         "stage_s": {},
         "spread": {},
+        "tiers": Counter(),  # tasks per (C extensions their Python ran, why any was missing)
     }
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
@@ -695,6 +740,7 @@ def ingest_files(
             for stage, seconds in result.stage_s.items():
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())
+            summary["tiers"].update(result.tiers)
             if result.placement is not None:
                 summary["placement"] = {
                     "partitions": result.placement.partitions,
@@ -713,6 +759,7 @@ def ingest_files(
         warnings=dict(stats.warnings),
         elapsed_s=elapsed,
         events_per_s=stats.accepted / elapsed if elapsed > 0 else 0.0,
+        executors=describe_tiers(summary["tiers"]),
     )
     return summary
 

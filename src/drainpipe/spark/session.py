@@ -7,8 +7,9 @@
 * :func:`spark_session` builds or reuses a session (``master``, or a Spark Connect ``remote`` such as
   ``sc://host:15002``). The executors' Python is the user's choice (``PYSPARK_PYTHON``, ``spark.pyspark.python``,
   or a packed venv shipped with ``spark.archives``); only when none is made and the master is local does it default
-  to this interpreter. The job ships its own task code (:func:`ship_code`: a zip of drainpipe's pure-Python modules,
-  ``addPyFile``, or ``addArtifacts`` under Connect), so the executors need only pyspark, pyarrow and numpy. Modest
+  to this interpreter. The job ships its own task code (:func:`ship_code`: a zip of drainpipe's Python modules and
+  the pipeline's C extensions, ``addPyFile``, or ``addArtifacts`` under Connect), so the executors need only
+  pyspark, pyarrow and numpy, and run the native tier where the build suits them. Modest
   defaults:
   UI and console progress bars off, ``spark.sql.shuffle.partitions=8``, Arrow batches of 64k rows, log level
   ERROR, and for ``local[...]`` masters ``spark.driver.memory=2g`` and log level FATAL (a failed task's stack
@@ -214,11 +215,16 @@ def is_connect(session: Any) -> bool:
 
 
 _SHIPPED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions that have the code
+#: ``0`` in the driver's environment ships the task code without C extensions (executors on a platform unlike the
+#: driver's, where extracting them is pointless; the tests forcing the fallback)
+SHIP_NATIVE_ENV = "DRAINPIPE_SPARK_NATIVE"
 
 
 def code_zip() -> str:
-    """A zip of drainpipe's pure-Python modules (no C extension, no caches), built once per content in the temp
-    directory: everything a Spark task imports, for executors that have nothing of ours installed."""
+    """A zip of drainpipe's Python modules and the C extensions built here for the pipeline (``drainpipe/native``;
+    not the queue's, which tasks never load), no caches, built once per content in the temp directory: everything a
+    Spark task imports, for executors that have nothing of ours installed. An executor extracts the extensions it
+    can load (:mod:`drainpipe.native`, "From a zip") and falls back to the Python paths for the rest."""
     import hashlib
     import zipfile
     from pathlib import Path
@@ -227,6 +233,8 @@ def code_zip() -> str:
 
     root = Path(drainpipe.__file__).resolve().parent
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    if os.environ.get(SHIP_NATIVE_ENV, "1") != "0":  # 0: executors run the Python paths (a platform unlike ours)
+        files += sorted((root / "native").glob("*.so"))
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(root)).encode())
@@ -243,8 +251,8 @@ def code_zip() -> str:
 
 def ship_code(session: Any) -> None:
     """Add drainpipe's task code to ``session``'s job (once per session): ``addPyFile``, or ``addArtifacts``
-    under Spark Connect. Executors then import drainpipe from the zip; it never loads the C extension (the queue
-    is imported lazily, and tasks do not use it)."""
+    under Spark Connect. Executors then import drainpipe from the zip, with the pipeline's C extensions where they
+    load (never the queue's: it is imported lazily, and tasks do not use it)."""
     if session in _SHIPPED:
         return
     path = code_zip()

@@ -19,7 +19,9 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
 last output being produced (Python work plus waiting for input), the CPU seconds of its Python worker over the
 same span (what the task did, whatever else the machine runs), the events it aggregated and the stage name;
-that is how the task-time spread (max / median) is measured without a SparkListener. Aggregating tasks add, per
+that is how the task-time spread (max / median) is measured without a SparkListener. It also names the C
+extensions the task's Python ran (``native``) and why any is missing there (``missing``): the driver logs once
+which tier the executors ran. Aggregating tasks add, per
 metric scope, the most distinct entities one bucket of theirs holds (``entities``): summed over the tasks, a
 bound that spares the driver the cardinality guard's Spark stage when nothing can exceed ``max_entities``.
 """
@@ -34,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from drainpipe import native
 from drainpipe.inputs import EventBatch
 from drainpipe.pipeline import Definitions, MetricAccumulator, MetricPartial, TopNDef, aggregate_batch, normalize
 
@@ -147,8 +150,15 @@ def _timed(
     aggregating tasks' ``entities``)."""
     start, cpu = time.perf_counter(), time.process_time()
     yield from body()
-    info = {"stage": stage, "seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+    info = {"stage": stage, "seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+            "native": native_tiers(), "missing": native.missing}  # fmt: skip
     yield info_row(schema, TASK, _partition_id(), {**info, **report()})
+
+
+def native_tiers() -> str:
+    """The C extensions in use in this task's Python (comma-separated; "" for none): what the driver reports as
+    the tier the executors ran."""
+    return ",".join(t.name for t in native.tiers() if t.native and t.enabled and t.name != "fastpath")
 
 
 def scan_states(
