@@ -115,8 +115,10 @@ class Controller:
         deadline_s = config.handoff_timeout_ms / 1000.0
         # a stuck call fails over unless a second call of a single consumer might not be allowed
         can_fail_over = not self._consumer or config.consumer_thread_safe
+        # a listener call is waited for no longer than a handler call is before its task fails over
+        told_s = min(deadline_s, config.slow_handler_ms / 1000.0)
         teller = Teller(
-            name, config.rebalance_listener, deadline_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler,
+            name, config.rebalance_listener, told_s, loop=loop, parts=parts, tasks=tasks, scheduler=scheduler,
             events=events,
         )  # fmt: skip
         teller.start()  # before the drain tasks run: each first hears its initial partitions

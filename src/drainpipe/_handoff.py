@@ -72,6 +72,8 @@ class Handoffs:
         self._scheduler = scheduler
         self._phase = "stable"
         self.moving: dict[int, tuple[int, int]] = {}
+        self.past_fence: set[int] = set()  # moving partitions whose old owner has left its cycle (being told)
+        self._taken: set[int] = set()  # moving partitions a failover took over: its own, not the move's any more
         self.rolled_back = 0  # fences not passed within the deadline
 
     @property
@@ -124,8 +126,9 @@ class Handoffs:
 
         def assign(group: list[Move]) -> None:
             """The old owner has left its cycle: tell the listener (on its own thread), then hand over. Moves a
-            failover completed meanwhile (the old owner hung) are done already."""
-            group = [m for m in group if self.moving.get(m[0]) == (m[1], m[2])]
+            failover took over or completed meanwhile (the old owner hung) are not this move's any more."""
+            group = self._still(group)
+            self.past_fence.update(m[0] for m in group)
             if self._parts.closing[0]:
                 handed(group, closing=True)
                 return
@@ -146,8 +149,9 @@ class Handoffs:
                     done.set_result(whole[0] and not closing)
 
         def roll_back(old: int, group: list[Move]) -> None:
-            """The old owner has not left its cycle by the deadline: the partitions go back to it."""
-            group = [m for m in group if self.moving.get(m[0]) == (m[1], m[2])]
+            """The old owner has not left its cycle by the deadline: the partitions go back to it (not those a
+            failover took over meanwhile: they are the failover's)."""
+            group = self._still(group)
             for p, _, _ in group:
                 self._parts.owner[p] = old
                 del self.moving[p]
@@ -172,27 +176,36 @@ class Handoffs:
         them "lost", then "assigned"; at shutdown they are left to :meth:`settle_cut`. Control thread."""
         for p, old, new in moves:
             self.moving[p] = (old, new)
+            self._taken.add(p)
+            self.past_fence.discard(p)
         self._phase = "assigning"
 
         def assign() -> None:
             if self._parts.closing[0]:
                 return
-            self._complete(moves)
+            self._complete(moves, taken=True)
             self._phase = "fencing" if self.moving else "stable"
             for i in {m[2] for m in moves}:
                 self._scheduler.wake(self._tasks[i])
 
         self.after_told([("lost", moves), ("assigned", moves)], assign)
 
-    def _complete(self, moves: Sequence[Move]) -> list[Move]:
-        """Give the moves still in ``moving`` as planned (not completed or redone by another) their new owner, and
-        publish; returns those."""
-        group = [m for m in moves if self.moving.get(m[0]) == (m[1], m[2])]
+    def _still(self, moves: Sequence[Move], taken: bool = False) -> list[Move]:
+        """The moves still in ``moving`` as planned: not completed, redone by another, or (unless ``taken``: the
+        failover's own) taken over by a failover."""
+        return [m for m in moves if self.moving.get(m[0]) == (m[1], m[2]) and (m[0] in self._taken) == taken]
+
+    def _complete(self, moves: Sequence[Move], taken: bool = False) -> list[Move]:
+        """Give the moves still in ``moving`` as planned their new owner (:meth:`_still`), and publish; returns
+        those."""
+        group = self._still(moves, taken)
         for p, _, new in group:
             self._parts.owner[p] = new
         self._parts.publish()
         for p, _, _ in group:
             del self.moving[p]
+            self.past_fence.discard(p)
+            self._taken.discard(p)
         return group
 
     def settle_cut(self) -> None:
@@ -201,6 +214,8 @@ class Handoffs:
         for p, (_, new) in self.moving.items():
             self._parts.owner[p] = new
         self.moving.clear()
+        self.past_fence.clear()
+        self._taken.clear()
         self._parts.publish()
         self._phase = "stable"
 

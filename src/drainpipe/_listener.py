@@ -23,14 +23,18 @@ on the new owner's (before it takes anything from the partition: the assignment 
 initial assignment on each task's thread before its first cycle takes anything, and shutdown's "revoked" on the
 thread of the final drain (once no task runs).
 
-Deadline: a call not done ``deadline_s`` after it was posted is counted in ``timeouts`` and logged. If its thread
-never reached it (stuck in a handler), it runs on the queue's listener thread instead; if the callback itself is
-hanging, the mail moves on without it (the handoff it holds up completes).
+Deadline: a call not done ``deadline_s`` after it was posted (min(``handoff_timeout_ms``, ``slow_handler_ms``)) is
+counted in ``timeouts`` and logged once. If its thread never reached it (stuck in a handler), it runs on the
+queue's listener thread instead (and is waited for once more); if the callback itself is hanging, the mail moves on
+without it (the handoff it holds up completes). A drain thread inside a callback is timed by liveness as inside a
+handler call: a callback that hangs past ``slow_handler_ms`` fails the task over (its partitions go to the others).
 
 Thread rule: :meth:`Teller.tell`, :meth:`Teller.start` and the mail's progress run on the control thread (start:
-before the drain tasks are submitted); a call's state changes under ``_lock`` (the control thread, the drain thread
-that runs it and the listener thread race for it); :meth:`Teller.farewell` on the thread of the final drain.
-``timeouts`` is read by ``stats()`` on any thread.
+before the drain tasks are submitted); a call's state and late flag, the mail, the head and ``_closed`` change under
+``_lock`` (the control thread, the drain thread that runs a call, the listener thread and the final drain race for
+them); :meth:`Teller.farewell` on the thread of the final drain, which closes the mail first: from then on nothing
+more is posted or sent to the listener thread, and a call running there is waited for. ``timeouts`` is read by
+``stats()`` on any thread.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._control_loop import ControlLoop
-from ._drain import Dispatcher, DrainTask
+from ._drain import Counters, Dispatcher, DrainTask
 from ._events import EventQueue
+from ._handlers import Target
 from ._partitions import Partitions
 from ._scheduler import Scheduler
 
@@ -55,12 +60,13 @@ Move = tuple[int, int, int]  # (partition, old owner, new owner)
 Events = Sequence[tuple[str, Sequence[Move]]]  # (phase, moves): "revoked", "lost", "assigned"
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
+_LISTENER = type("rebalance listener", (), {})  # the "type" a drain thread's listener call shows in slow_calls
 
 
 class _Call:
     """One callback: ``on_<phase>(task, partitions, types)``, run by the thread of task ``runner``."""
 
-    __slots__ = ("phase", "task", "partitions", "types", "runner", "state", "due")
+    __slots__ = ("phase", "task", "partitions", "types", "runner", "state", "due", "late")
 
     def __init__(self, phase: str, task: int, partitions: tuple[int, ...], types: tuple[type, ...], runner: int):
         self.phase = phase
@@ -70,6 +76,7 @@ class _Call:
         self.runner = runner
         self.state = _QUEUED
         self.due = 0.0  # when the control thread stops waiting for it (set when posted)
+        self.late = False  # past its deadline once (counted once)
 
 
 class Teller:
@@ -100,8 +107,12 @@ class Teller:
         self._mail: deque[_Call] = deque()
         self._head: _Call | None = None
         self._initial: list[_Call] = []  # the initial assignment's calls: the mail waits for them
-        self._lock = threading.Lock()  # a call's state; the mail once farewell runs beside the control thread
+        self._lock = threading.Lock()  # a call's state and late flag, the mail and head, _closed, _spare
+        self._closed = False  # farewell began: nothing more goes to the listener thread or the drain tasks
         self._spare: ThreadPoolExecutor | None = None  # the listener thread, for calls whose own thread is stuck
+        # what a drain thread is in while it makes a call: liveness times it as a handler call (and fails the task
+        # over if it hangs); its type's name is what stats().slow_calls shows
+        self._marker = Target(lambda batch: None, _LISTENER, False)
         self.timeouts = 0
 
     @property
@@ -124,18 +135,15 @@ class Teller:
         self._initial = calls
 
         def opened() -> None:
-            late = [c for c in calls if c.state != _DONE]
-            if late:
-                self.timeouts += len(late)
-                for c in late:
-                    if self._events is not None:
-                        self._events.put("handoff_timeout", task=c.task, partitions=c.partitions, types=c.types)
-                tasks = [c.task for c in late]
-                log.warning("queue %r: the rebalance listener's initial on_assigned calls for tasks %s took over "
-                            "%.1f s; later calls go on", self._name, tasks, self._deadline_s)  # fmt: skip
-            self._initial = []
-            if self._head is None:
-                self._advance()
+            spare = [c for c in calls if c.state != _DONE and self._overdue(c)]
+            due = time.monotonic() + self._deadline_s  # those now on the listener thread: waited for once more
+
+            def go() -> None:
+                self._initial = []
+                if self._head is None:
+                    self._advance()
+
+            self._loop.when(lambda: all(c.state == _DONE for c in spare) or time.monotonic() >= due, go)
 
         if calls:
             self._loop.call(lambda: self._loop.when(
@@ -158,13 +166,19 @@ class Teller:
 
     def farewell(self) -> None:
         """After the final drain (its thread, blocking; no task runs): the calls still in the mail, in order, then
-        every partition the ledger holds revoked, per task. Ends the listener thread."""
+        every partition the ledger holds revoked, per task. A call running on the listener thread is waited for
+        first (up to the deadline), so that no two calls run at once. Ends the listener thread."""
         if not self.active:
             return
         with self._lock:
+            self._closed = True
             left = self._initial + ([self._head] if self._head is not None else []) + list(self._mail)
             self._mail.clear()
             self._head = None
+            spare = self._spare
+        due = time.monotonic() + self._deadline_s
+        while any(c.state == _RUNNING for c in left) and time.monotonic() < due:
+            time.sleep(0.005)
         for call in left:
             self._run(call)
         by_task: dict[int, list[int]] = {}
@@ -176,8 +190,8 @@ class Teller:
             self._record(call)
             if self._listener is not None:
                 self._run(call)
-        if self._spare is not None:
-            self._spare.shutdown(wait=False)
+        if spare is not None:
+            spare.shutdown(wait=False)
 
     # ------------------------------------------------------------------ the ledger
 
@@ -218,24 +232,13 @@ class Teller:
     def _advance(self) -> None:
         """The head is done, or past its deadline: the next call (control thread)."""
         head = self._head
-        if head is not None and head.state != _DONE:
-            with self._lock:
-                queued = head.state == _QUEUED
-                if queued:
-                    head.state = _RUNNING  # claimed for the listener thread: its own thread never reached it
-            self.timeouts += 1
-            if self._events is not None:
-                self._events.put("handoff_timeout", task=head.task, partitions=head.partitions, types=head.types)
-            if queued:
-                log.warning("queue %r: drain task %d did not reach the listener's %s call in %.1f s; the listener "
-                            "thread makes it", self._name, head.runner, head.phase, self._deadline_s)  # fmt: skip
-                self._spare_thread().submit(self._call_listener, head)
-                head.due = time.monotonic() + self._deadline_s
-                self._loop.when(lambda: head.state == _DONE or time.monotonic() >= head.due, self._advance)
-                return
-            log.warning("queue %r: the rebalance listener's %s call for task %d has run for over %.1f s; the "
-                        "handoff goes on without it", self._name, head.phase, head.task, self._deadline_s)  # fmt: skip
+        if head is not None and head.state != _DONE and self._overdue(head):
+            head.due = time.monotonic() + self._deadline_s  # on the listener thread now: waited for once more
+            self._loop.when(lambda: head.state == _DONE or time.monotonic() >= head.due, self._advance)
+            return
         with self._lock:
+            if self._closed:
+                return
             self._head = self._mail.popleft() if self._mail else None
             call = self._head
         if call is None:
@@ -250,20 +253,53 @@ class Teller:
         self._scheduler.wake(runner)
         self._loop.when(lambda: call.state == _DONE or time.monotonic() >= call.due, self._advance)
 
+    def _overdue(self, call: _Call) -> bool:
+        """``call`` is past its deadline (control thread): counted and logged once. If its drain thread never
+        reached it, it goes to the listener thread, and True says to wait for it there; else (the callback hangs,
+        or shutdown began) the mail goes on without it."""
+        with self._lock:
+            first, call.late = not call.late, True
+            queued = call.state == _QUEUED and not self._closed
+            if queued:
+                call.state = _RUNNING  # claimed for the listener thread: its own thread never reached it
+                if self._spare is None:
+                    self._spare = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self._name}-listener")
+                self._spare.submit(self._call_listener, call)
+        if first:
+            self.timeouts += 1
+            if self._events is not None:
+                self._events.put("handoff_timeout", task=call.task, partitions=call.partitions, types=call.types)
+            if queued:
+                log.warning("queue %r: drain task %d did not reach the listener's %s call in %.1f s; the listener "
+                            "thread makes it", self._name, call.runner, call.phase, self._deadline_s)  # fmt: skip
+            else:
+                log.warning("queue %r: the listener's %s call for task %d has run for over %.1f s; the handoffs go "
+                            "on without it", self._name, call.phase, call.task, self._deadline_s)  # fmt: skip
+        return queued
+
     def _action(self, call: _Call) -> Callable[[Dispatcher, DrainTask], int]:
-        def tell(_dispatcher: Dispatcher, _task: DrainTask) -> int:
-            self._run(call)
+        def tell(_dispatcher: Dispatcher, task: DrainTask) -> int:
+            self._run(call, task.counters)
             return 0
 
         return tell
 
-    def _run(self, call: _Call) -> None:
-        """Make ``call`` here unless another thread claimed it."""
+    def _run(self, call: _Call, counters: Counters | None = None) -> None:
+        """Make ``call`` here unless another thread claimed it; on a drain thread (``counters``: its task's), timed
+        by liveness as a handler call is."""
         with self._lock:
             if call.state != _QUEUED:
                 return
             call.state = _RUNNING
-        self._call_listener(call)
+        if counters is None:
+            self._call_listener(call)
+            return
+        counters.calls += 1
+        counters.calling = (self._marker, f"on_{call.phase}")
+        try:
+            self._call_listener(call)
+        finally:
+            counters.calling = None
 
     def _call_listener(self, call: _Call) -> None:
         callback = getattr(self._listener, f"on_{call.phase}", None)
@@ -275,8 +311,3 @@ class Teller:
             log.exception("queue %r: rebalance listener failed in %s", self._name, callback.__name__)
         finally:
             call.state = _DONE
-
-    def _spare_thread(self) -> ThreadPoolExecutor:
-        if self._spare is None:
-            self._spare = ThreadPoolExecutor(1, thread_name_prefix=f"drainpipe-{self._name}-listener")
-        return self._spare

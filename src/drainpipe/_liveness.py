@@ -156,8 +156,10 @@ class Liveness:
         # before a handoff under way revoked them, and the call runs on
         kept = {p for p in range(parts.count[0]) if target in parts.targets[p]}
         taking = [p for p in range(parts.count[0]) if parts.owner[p] == t and p not in kept]
-        # handoffs from t under way wait for t's fence, which may never come: they complete now too
-        pending = [(p, new) for p, (old, new) in moving.items() if old == t and p not in kept]
+        # handoffs from t under way wait for t's fence, which may never come: they complete now too (not those past
+        # their fence: t left that cycle, and the listener is hearing them handed over already)
+        past = self._handoffs.past_fence
+        pending = [(p, new) for p, (old, new) in moving.items() if old == t and p not in kept and p not in past]
         healthy = [i for i in range(len(self._tasks)) if i != t and self._state.task(i) is TaskState.RUNNING]
         if not taking and not pending:
             self._mark(t, calls, calling, [])

@@ -67,3 +67,54 @@ def test_records_are_written_as_the_release_before_wrote_them(tmp_path: Path) ->
     lines = path.read_text().splitlines()
     assert lines == [json.dumps(old), json.dumps({**old, "line": 4, "raw": "c,d"})]
     assert os.stat(path).st_size == sum(len(x) + 1 for x in lines)
+
+
+def test_records_a_full_disk_refused_are_written_when_read_again(tmp_path: Path, monkeypatch) -> None:
+    """The flush before a commit fails (ENOSPC): the commit fails, the input is read again, and its rejects must be
+    written then, not skipped as already held."""
+    import errno
+
+    from drainpipe.inputs import rejects
+
+    path = tmp_path / "dl.jsonl"
+    with DeadLetter(path) as dl:
+        dl.write("a.jsonl", 2, "not json", "invalid JSON")
+        real = os.write
+        monkeypatch.setattr(rejects.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        try:
+            dl.flush()
+        except OSError:
+            pass
+        else:
+            raise AssertionError("the flush must fail")
+        monkeypatch.setattr(rejects.os, "write", real)
+        dl.write("a.jsonl", 2, "not json", "invalid JSON")  # read again after the failed commit
+    assert [r[:2] for r in _records(path)] == [("a.jsonl", 2)]
+
+
+def test_a_file_truncated_under_a_writer_gets_its_held_records_once(tmp_path: Path) -> None:
+    path = tmp_path / "dl.jsonl"
+    with DeadLetter(path) as dl:
+        dl.write("a.jsonl", 1, "x", "r")
+        dl.flush()
+        dl.write("a.jsonl", 2, "y", "r")
+        path.write_text("")  # an operator empties the file
+        dl.flush()
+        dl.write("a.jsonl", 2, "y", "r")  # read again (a rewind)
+        dl.flush()
+    assert [r[1] for r in _records(path)] == [2]
+
+
+def test_a_line_a_crashed_writer_left_unfinished_is_ended_before_ours(tmp_path: Path) -> None:
+    path = tmp_path / "dl.jsonl"
+    path.write_text('{"source": "s", "line": 1, "raw": "r", "reason": "why"}\n{"source": "s", "li')
+    with DeadLetter(path) as dl:
+        dl.write("s", 3, "z", "why")
+        dl.flush()
+    with DeadLetter(path) as again:
+        again.write("s", 1, "r", "why")
+        again.write("s", 3, "z", "why")
+        again.flush()
+        assert again.repeated == 2
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[2])["line"] == 3  # the unfinished line stays, ended; ours whole

@@ -271,3 +271,66 @@ def test_auto_splits_and_joins_keep_the_listeners_picture(qname: str) -> None:
     q.shutdown()
     assert picture.held == {} and not picture.wrong, (picture.held, picture.wrong)
     _check_sequences(picture, qname)
+
+
+def test_a_listener_callback_that_hangs_fails_its_drain_task_over() -> None:
+    """The callbacks run on drain threads: one that hangs is timed as a handler call is, and past slow_handler_ms
+    the task's partitions fail over, so its items flow (found by review: 0 of 100 dispatched, no failover)."""
+    release = make_gate()
+
+    class Hangs(Picture):
+        def on_assigned(self, task, partitions, types):
+            super().on_assigned(task, partitions, types)
+            if task == 0:
+                release.wait(30)
+
+    name = f"ledger{next(_names)}"
+    q = new_queue(name, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4), slow_handler_ms=60,
+                  rebalance_listener=Hangs())  # fmt: skip
+    types = make_types(4, prefix=f"HL{name}")
+    for t in types:
+        q.add_handler(t, Recorder(t.__name__))
+    owners = q.partition_owners()
+    on_zero = next(t for t in types if owners[q.partitions_of(t)[0]] == 0)
+    q.produce_many([on_zero(i) for i in range(100)])
+    wait_until(lambda: q.stats().dispatched == 100, timeout=10, what="the hung task's items dispatched elsewhere")
+    s = q.stats()
+    assert s.failovers == 1 and [c.type_name for c in s.slow_calls] == ["rebalance listener"], s
+    release.set()
+
+
+def test_a_fence_that_times_out_after_a_failover_took_its_partitions_leaves_them_with_the_failover() -> None:
+    """A rebalance moves partitions off a task stuck in a handler; the failover takes them over while its slow
+    on_lost runs; the move's fence then times out. Its rollback must not hand them back to the stuck task (found by
+    review: a partition stayed on it, undrained, under "stable")."""
+
+    class SlowLost(Picture):
+        def on_lost(self, task, partitions, types):
+            super().on_lost(task, partitions, types)
+            time.sleep(0.35)  # (under slow_handler_ms: a listener call longer than that fails its task over too)
+
+    picture = SlowLost()
+    name = f"ledger{next(_names)}"
+    # the rebalance comes first (at once), the failover at ~0.4-0.5 s, the fence's deadline at ~0.7 s while the
+    # failover's on_lost still sleeps (until ~0.8 s)
+    q = new_queue(name, threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(9), slow_handler_ms=400,
+                  handoff_timeout_ms=700, rebalance_listener=picture)  # fmt: skip
+    types = make_types(9, prefix=f"RF{name}")
+    recs = {t: Recorder(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    owners = q.partition_owners()
+    on_zero = [t for t in types if owners[q.partitions_of(t)[0]] == 0]
+    gate = make_gate()
+    recs[on_zero[0]].gate = gate
+    q.produce(on_zero[0](-1))
+    wait_until(lambda: recs[on_zero[0]].active, what="task 0 stuck in a handler call")
+    for i in range(3000):
+        q.produce(on_zero[1 + i % (len(on_zero) - 1)](i))
+    moved = q.rebalance_now(timeout=10)
+    assert moved.skipped == "timed out" and all(old == 0 for _, old, _ in moved.moves), moved
+    wait_until(lambda: q.stats().dispatched == 3001, timeout=10, what="every item handed to a handler")
+    wait_until(lambda: _quiet_and_agreeing(q, picture), timeout=10, what="the picture = the owners")
+    stuck_owned = [p for p, t in enumerate(q.partition_owners()) if t == 0]
+    assert stuck_owned == list(q.partitions_of(on_zero[0])), stuck_owned  # only the stuck handler's own
+    gate.set()

@@ -89,3 +89,13 @@ def test_a_disk_running_full_is_answered_before_a_write_fails(volume: Path) -> N
 def open_store_minutes(service: IngestService) -> int:
     """The service's minute rows of service_cpm (read through its own store)."""
     return len(service.store.query(metric="service_cpm", granularity="minute"))
+
+
+def test_either_threshold_alone_keeps_refusing_inside_warning() -> None:
+    gib = 1 << 30
+    total = 100 * gib
+    assert (DiskLimits().warn(total), DiskLimits().refuse(total)) == (gib, 256 * MB)
+    assert DiskLimits(warn_bytes=100 * MB).refuse(total) == 100 * MB  # not the default 256M above the warning
+    assert DiskLimits(refuse_bytes=2 * gib).warn(total) == 2 * gib  # a refused volume is low too
+    small = 10 * MB
+    assert (DiskLimits().warn(small), DiskLimits().refuse(small)) == (small // 10, small // 50)

@@ -125,19 +125,34 @@ class DeadLetter:
 
     def flush(self) -> None:
         """Append the records taken since the last flush to the file (before a store commit that follows it),
-        except those another process appended meanwhile. Thread-safe."""
+        except those another process appended meanwhile. Thread-safe. Raises ``OSError`` when the file cannot take
+        them (a full disk): they are dropped then, and not remembered, so that the read that rejects them again
+        (after the commit failed, the input is read again from the last one) writes them."""
         with self._lock:
             if self._fd is None or not self._held:
                 return
-            held, self._held = self._held, []
-            theirs = self._catch_up()
-            data = b"".join(line for digest, line in held if digest not in theirs)
-            self.repeated += sum(1 for digest, _ in held if digest in theirs)
-            self.count -= sum(1 for digest, _ in held if digest in theirs)
-            if data:
-                os.write(self._fd, data)
-                if os.fstat(self._fd).st_size == self._end + len(data):  # no one else wrote meanwhile
-                    self._end += len(data)
+            theirs = self._catch_up()  # first: a file truncated under us is read again with ours still held
+            held = [(digest, line) for digest, line in self._held if digest not in theirs]
+            self.repeated += len(self._held) - len(held)
+            self.count -= len(self._held) - len(held)
+            self._held = []
+            data = b"".join(line for _, line in held)
+            if not data:
+                return
+            if self._tail:  # the file ends inside a line (a writer died mid-record): end that line first
+                data = b"\n" + data
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError:
+                for digest, _ in held:
+                    self._seen.discard(digest)
+                self.count -= len(held)
+                raise
+            if os.fstat(self._fd).st_size == self._end + len(data):  # no one else wrote meanwhile
+                self._end += len(data)
+                self._tail = b""
 
     def write(self, source: str, line: int, raw: Any, reason: str) -> None:
         """Take one reject, unless the dead letter holds it already (thread-safe; written at :meth:`flush`)."""

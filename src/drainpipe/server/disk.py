@@ -43,10 +43,17 @@ class DiskLimits:
     refuse_bytes: int | None = None
 
     def warn(self, total: int) -> int:
-        return self.warn_bytes if self.warn_bytes is not None else min(_GIB, total // 10)
+        """Never under the refusal threshold: a volume refused on is low too (and gets the early purge)."""
+        default = min(_GIB, total // 10)
+        return max(self.warn_bytes if self.warn_bytes is not None else default, self.refuse(total))
 
     def refuse(self, total: int) -> int:
-        return self.refuse_bytes if self.refuse_bytes is not None else min(256 << 20, total // 50)
+        """A default never above an explicit warning threshold (``--disk-warn 100M`` alone refuses under 100M at
+        most, not under the default 256M while saying the disk is fine)."""
+        if self.refuse_bytes is not None:
+            return self.refuse_bytes
+        default = min(256 << 20, total // 50)
+        return default if self.warn_bytes is None else min(default, self.warn_bytes)
 
 
 @dataclass(frozen=True)
