@@ -72,6 +72,21 @@ def test_spark_equals_local_engine(
         assert summary["placement"]["salted"], "the hot service should have been split"
 
 
+def test_metric_states_streamed_to_the_driver_equal_the_local_engine(
+    spark, inputs, reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large input's merged states reach the driver one partition at a time (when its tasks emitted more state
+    rows than STREAM_METRICS_ABOVE_ROWS); forced here on the small input, the store is the local engine's."""
+    from drainpipe.spark import engine
+
+    monkeypatch.setattr(engine, "STREAM_METRICS_ABOVE_BYTES", 0)
+    monkeypatch.setattr(engine, "STREAM_METRICS_ABOVE_ROWS", 0)
+    url = f"duckdb:///{tmp_path}/spark.duckdb"
+    summary = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+    assert "metric merge" not in summary["stage_s"]  # (the collected merge's stage: not taken)
+    assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
+
+
 def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path: Path) -> None:
     url = f"duckdb:///{tmp_path}/spark.duckdb"
     first = run_batch(inputs[:1], store_url=url, spark=spark, dead_letter=str(tmp_path / "a.jsonl"))

@@ -403,6 +403,9 @@ def _merge_states(
         collected = _collect(rest)
         meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
         guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
+        # streamed only when the merged states may be too many to collect at once (the tasks' state rows bound
+        # them): a stream's partitions cost a job each, seconds for a few hundred thousand rows
+        stream = stream and _state_rows(meta) > STREAM_METRICS_ABOVE_ROWS
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
@@ -436,6 +439,11 @@ def _merge_states(
     return result
 
 
+def _state_rows(meta: pa.Table) -> int:
+    """The metric state rows the aggregating tasks emitted: no more are merged."""
+    return sum(json.loads(info).get("rows", 0) for info in select_rows(meta, TASK).column("info").to_pylist())
+
+
 def _entity_bound(meta: pa.Table) -> dict[str, int]:
     """Per metric scope, the sum over the aggregating tasks of the most distinct entities one bucket of theirs
     holds: no bucket of the merged states holds more. A bucket can exceed ``max_entities`` only where this does."""
@@ -447,8 +455,11 @@ def _entity_bound(meta: pa.Table) -> dict[str, int]:
 
 #: the streamed metric states are cut into at least this many chunks (each holds all the rows of its entities)
 _STREAM_PARTITIONS = 64
-#: an input group of more bytes than this streams its merged metric states to the driver (``stream_metrics``)
+#: an input group of more bytes than this may stream its merged metric states to the driver (``stream_metrics``) ...
 STREAM_METRICS_ABOVE_BYTES = 256 << 20
+#: ... and does when its tasks emitted more metric state rows than this (a bound on the merged ones: collected at
+#: once, these take a few hundred MB of the driver's memory at most)
+STREAM_METRICS_ABOVE_ROWS = 2_000_000
 
 
 def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter[str]) -> Iterator[Partial]:

@@ -117,6 +117,7 @@ class _Aggregator:
         self.accumulators = [MetricAccumulator(d) for d in definitions.all]
         self.events = 0
         self.entities: dict[str, int] = {}
+        self.state_rows = 0  # metric state rows emitted (the driver sums them: a bound on the merged states)
 
     def add(self, batch: EventBatch | pa.RecordBatch | pa.Table) -> None:
         if batch.num_rows:
@@ -125,7 +126,7 @@ class _Aggregator:
                 accumulator.add(partial)
 
     def report(self) -> dict[str, Any]:
-        return {"events": self.events, "entities": self.entities}
+        return {"events": self.events, "entities": self.entities, "rows": self.state_rows}
 
     def rows(self) -> Iterator[pa.RecordBatch]:
         """The task's states; afterwards :attr:`entities` holds, per metric scope, the most distinct entities of
@@ -137,6 +138,7 @@ class _Aggregator:
             if merged is not None and merged.table.num_rows:
                 if isinstance(merged, MetricPartial):
                     keys.setdefault(merged.definition.scope, []).append(merged.table.select(["bucket", "entity"]))
+                    self.state_rows += merged.table.num_rows
                 yield partial_rows(index, merged)
         for scope, tables in keys.items():
             per_bucket = pa.concat_tables(tables).group_by("bucket").aggregate([("entity", "count_distinct")])
