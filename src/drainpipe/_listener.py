@@ -158,7 +158,10 @@ class Teller:
         calls = self._calls(events)
         if not calls or self._listener is None:
             return None
-        self._mail.extend(calls)
+        with self._lock:
+            if self._closed:  # farewell tells what the ledger holds
+                return None
+            self._mail.extend(calls)
         if self._head is None and not self._initial:
             self._advance()
         last = calls[-1]
