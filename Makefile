@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml setup.py src/drainpipe/_fastpath.c $(wildcard src/drain
 	$(PY) -m pip install --quiet -e '.[dev,spark,grpc,kafka]'
 	touch $(STAMP)
 
+# The install also builds Spark's JVM class-data archive (drainpipe/spark/jvm_archive.py) once per machine, Java and
+# pyspark version (about 20 s): a local Spark session starts in about half the time. Speed only: without Java it says
+# so and goes on.
 install: $(STAMP)
+	-@$(PY) -c 'from drainpipe.spark.jvm_archive import main; main()' > /dev/null
 
 demo: install
 	$(VENV)/bin/drainpipe demo
@@ -72,9 +76,9 @@ nginx:
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light wrk; fi
 
-# A class-data-sharing archive of Spark's JVM classes in .jvm/ (tests/jvm_archive.py), built once per machine
-# (about 20 s): the many Spark JVMs the tests start (drivers, a standalone cluster, a Connect server) start in
-# half the time. Speed only: without it the tests run the same, slower.
+# The class-data-sharing archive of Spark's JVM classes (drainpipe/spark/jvm_archive.py; the install builds it too),
+# built once per machine (about 20 s): the many Spark JVMs the tests start (drivers, a standalone cluster, a
+# Connect server) start in half the time. Speed only: without it the tests run the same, slower.
 jvm-archive: install
 	$(PY) tests/jvm_archive.py
 
@@ -82,4 +86,4 @@ bench: install
 	$(PY) benchmarks/queue_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info .jvm
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -70,6 +70,7 @@ class RunSummary:
     overflow: dict[str, int] = field(default_factory=dict)  # per scope: state rows folded into __overflow__
     engine: str = ""  # shown after the store when not the local engine ("spark")
     executors: str = ""  # Spark: which tier the executors' tasks ran (the C extensions, or the fallback and why)
+    start_s: float = 0.0  # Spark: seconds of the run spent starting the session (its share, reported apart)
 
     @property
     def events_per_s(self) -> float:
@@ -104,7 +105,8 @@ class RunSummary:
             folded = ", ".join(f"{scope} {n:,}" for scope, n in sorted(self.overflow.items()))
             out.append(f"too many entities (max_entities): state rows folded into __overflow__: {folded}")
         if self.executors:
-            out.append(f"Spark executors ran {self.executors}")
+            start = f"Spark started in {self.start_s:.2f} s; " if self.start_s >= 0.005 else ""
+            out.append(f"{start}Spark executors ran {self.executors}")
         return out
 
     @classmethod
@@ -130,6 +132,7 @@ class RunSummary:
             overflow=dict(totals.get("overflow") or {}),
             engine=engine,
             executors=str(totals.get("executors") or ""),
+            start_s=float(totals.get("start_s") or 0.0),
         )
         summary.stored = summary.accepted
         return summary

@@ -80,7 +80,8 @@ def run_batch(
 
     Returns ``read accepted rejected dropped`` (``dropped`` is always 0 for files), ``metrics_rows`` (metric
     value rows updated, all granularities), ``topn_rows``, ``elapsed_s``, ``events_per_s`` and details:
-    ``files unchanged_files splits pending reasons stage_s spread dead_letter``.
+    ``files unchanged_files splits pending reasons stage_s spread dead_letter``, ``start_s`` (seconds before the
+    job could start: the session's start, unless one was handed in) and ``executors`` (which tier their tasks ran).
     """
     t0 = time.perf_counter()
     # absolute, resolved here on the driver: executors run in their own working directories
@@ -89,11 +90,12 @@ def run_batch(
         detect_format(path)
     target = dead_letter or default_dead_letter(store_url)
     with job(store_url, master, conf, spark, quiet, remote) as (store, session), DeadLetter(target) as dl:
+        start_s = time.perf_counter() - t0  # the session's start (none when one was handed in), the store's open
         job_options = replace(options or JobOptions(), service=service or (options.service if options else ""))
         if log_format is not None:
             job_options = replace(job_options, log_format=log_format)
         summary = ingest_files(session, paths, definitions, store, dl, job_options, progress)
-    summary.update(dead_letter=target)
+    summary.update(dead_letter=target, start_s=start_s)
     return add_rate(summary, t0)
 
 
