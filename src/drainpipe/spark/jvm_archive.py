@@ -104,7 +104,11 @@ def build() -> Path:
 
 
 def main() -> None:
-    """Build the archive and print its path; on failure say why in one line and exit 1 (Spark starts without it)."""
+    """Build the archive and print its path; on failure say why in one line and exit 1 (Spark starts without it).
+    Without Java (it is needed only for Spark) there is nothing to build: it says so and exits 0."""
+    if java_binary() is None:
+        print("drainpipe: no Java: no JVM class archive to build (Spark needs Java 17+)", file=sys.stderr)
+        return
     try:
         print(build())
     except (RuntimeError, ImportError, OSError, subprocess.TimeoutExpired) as exc:
