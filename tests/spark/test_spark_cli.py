@@ -46,7 +46,8 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[list[str], str]:
 
 
 def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(tmp_path: Path) -> None:
-    """``run --engine spark -q`` and ``stream`` (run side by side: each is mostly a JVM starting)."""
+    """``run --engine spark -q`` and ``stream``, and a run shipped without the C extensions (side by side: each is
+    mostly a JVM starting)."""
     (tmp_path / "run").mkdir()
     events = tmp_path / "run" / "e.jsonl"
     _events(events, 1500)
@@ -58,6 +59,11 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
                      str(events), "--store", f"duckdb:///{tmp_path}/run/s.duckdb", "--metrics", "m.toml")  # fmt: skip
     stream = _drainpipe(tmp_path, "stream", "--input", str(incoming), "--checkpoint", str(tmp_path / "ck"),
                         "--store", f"duckdb:///{tmp_path}/s.duckdb", "--trigger-once", "--spark-master", "local[1]")  # fmt: skip
+    fallback = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark",
+                                 "--spark-master", "local[1]", "--input", str(events), "--store",
+                                 f"duckdb:///{tmp_path}/run/f.duckdb", "--metrics", "m.toml"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path / "run",
+                                env={**os.environ, "DRAINPIPE_SPARK_NATIVE": "0"})  # fmt: skip
 
     lines, err = _finish(run)
     assert err == "", err
@@ -77,24 +83,15 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     assert_same_results(f"duckdb:///{tmp_path}/run/l.duckdb", f"duckdb:///{tmp_path}/run/s.duckdb", definitions)
     assert len(stored(f"duckdb:///{tmp_path}/run/s.duckdb", definitions)[1]["exemplars"]) > 0
 
+    # shipped without its C extensions: the Python paths, said once, the same store
+    lines, err = _finish(fallback)
+    assert "Spark executors ran the Python fallback where a C extension was missing (the shipped code has no " \
+        "extensions built for this Python" in lines[-1], lines  # fmt: skip
+    assert err.count("Spark tasks ran the Python fallback") == 1, err  # logged once
+    assert_same_results(f"duckdb:///{tmp_path}/run/l.duckdb", f"duckdb:///{tmp_path}/run/f.duckdb", definitions)
+
     lines = [x for x in _finish(stream)[0] if x.strip()]
     assert lines[0] == "micro-batch 0: read 2,001 = accepted 2,000 + rejected 1, 1 new files", lines
     assert lines[-3] == "read 2,001 = accepted 2,000 + rejected 1   dropped 0   handler errors 0"
     assert lines[-2].endswith("(spark streaming)") and " events/s over " in lines[-2]
     assert lines[-1] == f"rejects appended to {tmp_path}/s.rejected.jsonl: invalid JSON (1)"
-
-
-def test_a_job_shipped_without_its_c_extensions_runs_the_python_paths_and_says_so(tmp_path: Path) -> None:
-    events = tmp_path / "e.jsonl"
-    _events(events, 1500)
-    env = {**os.environ, "DRAINPIPE_SPARK_NATIVE": "0"}
-    run = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark", "--spark-master",
-                            "local[1]", "--input", str(events), "--store", f"duckdb:///{tmp_path}/s.duckdb"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)  # fmt: skip
-    local = _drainpipe(tmp_path, "run", "-q", "--input", str(events), "--store", f"duckdb:///{tmp_path}/l.duckdb")
-    lines, err = _finish(run)
-    _finish(local)
-    assert "Spark executors ran the Python fallback where a C extension was missing (the shipped code has no " \
-        "extensions built for this Python" in lines[-1], lines  # fmt: skip
-    assert err.count("Spark tasks ran the Python fallback") == 1, err  # logged once
-    assert_same_results(f"duckdb:///{tmp_path}/l.duckdb", f"duckdb:///{tmp_path}/s.duckdb", DEFAULT_DEFINITIONS)
