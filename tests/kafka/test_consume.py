@@ -229,17 +229,19 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
 def test_a_broker_restart_under_four_members_loses_and_doubles_nothing(
     servers: str, pg_url: str, tmp_path: Path
 ) -> None:
-    """The broker (the group's coordinator, every partition's leader) restarts while the topic grows and four
-    members on one PostgreSQL store read it, each holding events not committed: their sessions expire meanwhile (the
+    """The broker (the group's coordinator, every partition's leader) restarts while four members on one PostgreSQL
+    store read a topic, each holding events not committed: their sessions expire meanwhile (the
     partitions are lost: the group may give them to another member), so each drops what it had not committed and
     reads on from the store's offsets once the broker is back; every event is stored once. (Without that rewind,
     the events held at the restart are counted twice.)"""
     topic = new_topic(servers, 4)
     dead, group = tmp_path / "dead.jsonl", f"g-{topic}"
-    # the topic grows until the broker is back: with a fixed number of waves, the traffic could end before the group
-    # had settled, and a member given a partition already read and committed (at a revoke) had nothing to hold
-    restarted = threading.Event()
-    traffic = LiveTraffic(servers, topic, waves=300, poison_wave=3, pause_s=0.2, events=5_000, until=restarted)
+    # the topic grows until every member holds events: with a fixed number of waves, the traffic could end before the
+    # group had settled, and a member given a partition already read and committed (at a revoke) had nothing to hold.
+    # It ends before the restart: a producer cut off by it for longer than its flush would count events it never
+    # delivered
+    holding = threading.Event()
+    traffic = LiveTraffic(servers, topic, waves=300, poison_wave=3, pause_s=0.2, events=5_000, until=holding)
     # no checkpoint before they leave: each member holds everything it read when the broker goes away
     members = [consume(servers, topic, group, pg_url, dead, "--port", "0", "--kafka-config", f"client.id=m{i}",
                        checkpoint_s=60.0) for i in range(4)]  # fmt: skip
@@ -247,10 +249,10 @@ def test_a_broker_restart_under_four_members_loses_and_doubles_nothing(
     wait_for_group(servers, group, members=4, partitions=4)
     for member, url in zip(members, urls):
         wait_for_member(member, url, "events read", holds_uncommitted)  # assigned, reading, holding
-    restart = subprocess.run(["bash", str(KAFKA_SH), "restart"], capture_output=True, text=True, timeout=120)
-    restarted.set()
-    assert restart.returncode == 0, restart.stderr
+    holding.set()
     traffic.join()
+    restart = subprocess.run(["bash", str(KAFKA_SH), "restart"], capture_output=True, text=True, timeout=120)
+    assert restart.returncode == 0, restart.stderr
 
     def lost(_: str) -> float:
         return sum(sum(scraped(u, "drainpipe_kafka_rebalances_total", kind="lost")) for u in urls)
