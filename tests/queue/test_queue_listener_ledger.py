@@ -13,6 +13,7 @@ import itertools
 import re
 import threading
 import time
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -128,6 +129,17 @@ def run_and_check(ops: list[tuple], picture: Picture | None = None) -> Picture:
     return picture
 
 
+def _one_type_a_partition(name: str, threads: int, n: int, **config: Any) -> tuple[Any, dict, list]:
+    """A queue of ``n`` fixed partitions, one recorded type on each; the types on task 0's partitions."""
+    q = new_queue(name, threads=ThreadPolicy.fixed(threads), partitions=PartitionPolicy.fixed(n), **config)
+    types = make_types(n, prefix=f"P{name}")
+    recs = {t: Recorder(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    owners = q.partition_owners()
+    return q, recs, [t for t in types if owners[q.partitions_of(t)[0]] == 0]
+
+
 def _check_sequences(picture: Picture, name: str) -> None:
     per: dict[int, list[tuple[str, int]]] = {}
     drain_thread = re.compile(rf"^drainpipe-{re.escape(name)}-(\d+)$")
@@ -214,14 +226,8 @@ def test_a_fence_past_the_deadline_is_rolled_back() -> None:
     partitions: at handoff_timeout_ms the partitions go back to it, unowned for no longer than that, and the
     rebalance says why it did not happen; the items wait for their owner and none is lost or doubled."""
     name = f"ledger{next(_names)}"
-    q = new_queue(name, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(8),
-                  handoff_timeout_ms=300, rebalance_listener=Picture())  # fmt: skip
-    types = make_types(8, prefix=f"R{name}")
-    recs = {t: Recorder(t.__name__) for t in types}
-    for t in types:
-        q.add_handler(t, recs[t])
+    q, recs, on_zero = _one_type_a_partition(name, 2, 8, handoff_timeout_ms=300, rebalance_listener=Picture())
     owners = q.partition_owners()
-    on_zero = [t for t in types if owners[q.partitions_of(t)[0]] == 0]
     gate = make_gate()
     held = recs[on_zero[0]]
     held.gate = gate
@@ -313,14 +319,8 @@ def test_a_fence_that_times_out_after_a_failover_took_its_partitions_leaves_them
     name = f"ledger{next(_names)}"
     # the rebalance comes first (at once), the failover at ~0.4-0.5 s, the fence's deadline at ~0.7 s while the
     # failover's on_lost still sleeps (until ~0.8 s)
-    q = new_queue(name, threads=ThreadPolicy.fixed(3), partitions=PartitionPolicy.fixed(9), slow_handler_ms=400,
-                  handoff_timeout_ms=700, rebalance_listener=picture)  # fmt: skip
-    types = make_types(9, prefix=f"RF{name}")
-    recs = {t: Recorder(t.__name__) for t in types}
-    for t in types:
-        q.add_handler(t, recs[t])
-    owners = q.partition_owners()
-    on_zero = [t for t in types if owners[q.partitions_of(t)[0]] == 0]
+    q, recs, on_zero = _one_type_a_partition(name, 3, 9, slow_handler_ms=400, handoff_timeout_ms=700,
+                                             rebalance_listener=picture)  # fmt: skip
     gate = make_gate()
     recs[on_zero[0]].gate = gate
     q.produce(on_zero[0](-1))
