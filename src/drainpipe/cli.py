@@ -135,7 +135,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     if kafka:
         from .spark import KafkaTopics
 
-        source = KafkaTopics.at(args.bootstrap_servers, args.topic, args.encoding)
+        bound = {} if args.max_messages is None else {"max_messages": args.max_messages or None}
+        source = KafkaTopics.at(args.bootstrap_servers, args.topic, args.encoding, **bound)
     result = run_stream(
         source,
         definitions=definitions,
@@ -441,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--encoding", default="json", choices=("json", "otlp_proto", "otlp_json"),
                     help="Kafka message values: json (one event, or NDJSON lines), otlp_proto or otlp_json (an OTLP "
                          "trace export each) (default: %(default)s)")  # fmt: skip
+    st.add_argument("--max-messages", type=int, metavar="N",
+                    help="Kafka: messages a micro-batch reads at most (Spark's maxOffsetsPerTrigger; 0: no bound; "
+                         "default: a million)")  # fmt: skip
     st.add_argument("--engine", choices=("spark",), default="spark", help="streaming runs on spark")
     st.add_argument("--checkpoint", required=True, metavar="DIR", help="Spark checkpoint location")
     _metrics_option(st)

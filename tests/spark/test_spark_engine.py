@@ -179,6 +179,12 @@ def test_spark_guard_keeps_the_first_entities_by_name_and_folds_the_rest(spark, 
     cpm = next(p for p in collected.partials if p.name == "endpoint_cpm")
     assert cpm.table.num_rows == 3 * (limit + 1)
     assert collected.overflow == summary["overflow"]
+    # merged on the driver (a stream's small micro-batches): the same guard, by name, the same partials
+    on_driver = aggregate_splits(spark, plan_splits(parts), definitions, JobOptions(driver_merge=True))
+    assert on_driver.overflow == collected.overflow
+    for mine, theirs in zip(on_driver.partials, collected.partials, strict=True):
+        keys = [(k, "ascending") for k in mine.key_columns]
+        assert mine.table.sort_by(keys).equals(theirs.table.select(mine.table.column_names).sort_by(keys)), mine.name
 
 
 def _iso(ms: int) -> str:

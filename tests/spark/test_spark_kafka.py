@@ -13,27 +13,32 @@ from spark_testlib import SPARK, assert_same_results
 
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.spark import KafkaTopics, run_stream
+from drainpipe.spark.kafka import MAX_MESSAGES
 from kafka_testlib import consume, finish, new_topic, produce, produce_otlp, rejected, stored_calls
 
 pytestmark = [*SPARK, pytest.mark.kafka, pytest.mark.usefixtures("no_member_left")]
 
 
-def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding: str = "json") -> dict:
-    return run_stream(KafkaTopics.at(servers, [topic], encoding), spark=session,
+def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding: str = "json",
+            max_messages: int | None = None) -> dict:  # fmt: skip
+    return run_stream(KafkaTopics.at(servers, [topic], encoding, max_messages or MAX_MESSAGES), spark=session,
                       store_url=f"duckdb:///{tmp_path / 'stream.duckdb'}", checkpoint=str(tmp_path / "ck"),
                       dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
 
 
 def test_a_stream_from_kafka_stores_what_consume_stores(spark, servers: str, tmp_path: Path) -> None:
+    """In micro-batches of at most 40 messages (of about 40 events): the first merges its states in Spark, the later
+    ones (few state rows) on the driver; the store is the same."""
     topic = new_topic(servers, 3)
     calls = produce(servers, topic, 6_000, seed=3)  # with the poison messages
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     # the reference member reads the topic while the stream does (each its own offsets): the test waits for one
     member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end")
-    summary = _stream(spark, servers, topic, tmp_path)
+    summary = _stream(spark, servers, topic, tmp_path, max_messages=40)
     finish(member)
     assert stored_calls(reference) == calls
     assert (summary["accepted"], summary["rejected"]) == (sum(calls.values()), 4), summary
+    assert summary["batches"] >= 3, summary
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     # topic/partition, offset and reason of each poison message, once
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")
@@ -86,3 +91,32 @@ def test_a_definition_added_between_streams_reads_the_topic_from_its_start(spark
     assert stored_calls(store) == calls
     finish(member)
     assert_same_results(reference, store, more)
+
+
+def test_a_micro_batch_reads_its_records_in_one_job(spark, tmp_path: Path) -> None:
+    """A micro-batch (here a frame of messages as Spark's Kafka source gives them) is one Spark job when its states
+    merge on the driver: the records are read once, with no job for the batch's offset ranges before it. Run again,
+    it finds its messages applied; a partition the store has never seen is read from its first message."""
+    import json
+
+    from drainpipe.pipeline import DEFAULT_DEFINITIONS, open_store
+    from drainpipe.spark.engine import JobOptions
+    from drainpipe.spark.kafka import ingest_messages
+
+    base = 1_790_000_000_000
+    rows = [("t", p, 40 + o, json.dumps({"ts": base + o, "service": "api", "endpoint": "/x", "latency_ms": 1.0,
+                                         "status": True}).encode()) for p in range(2) for o in range(50)]  # fmt: skip
+    frame = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
+    tracker = spark.sparkContext.statusTracker()
+    store = open_store(f"duckdb:///{tmp_path / 's.duckdb'}")
+    try:
+        for accepted in (100, 0):
+            before = set(tracker.getJobIdsForGroup())
+            summary = ingest_messages(spark, frame, KafkaTopics("-", ("t",), "c"), DEFAULT_DEFINITIONS, store, None,
+                                      JobOptions(driver_merge=True))  # fmt: skip
+            assert len(set(tracker.getJobIdsForGroup()) - before) == 1
+            assert summary["accepted"] == accepted, summary
+        ends = {(r.part, r.end) for r in store.progress("kafka")}
+    finally:
+        store.close()
+    assert ends == {("c/t/0", 90), ("c/t/1", 90)}

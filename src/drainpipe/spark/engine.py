@@ -37,11 +37,12 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -63,6 +64,7 @@ from drainpipe.pipeline import (
     Partial,
     Store,
     TopNDef,
+    fold_entities,
     normalize,
     resolve,
 )
@@ -102,6 +104,8 @@ __all__ = [
     "JobResult",
     "aggregate_splits",
     "per_type_stage",
+    "merge_states",
+    "DRIVER_MERGE_ROWS",
     "ingest_files",
     "Progress",
 ]
@@ -129,6 +133,9 @@ class JobOptions:
     # hand the merged metric states out in chunks (JobResult.metric_chunks) instead of collecting them: the
     # driver then holds one chunk at a time (``ingest_files`` writes them to the store as they come)
     stream_metrics: bool = False
+    # collect the tasks' states in one action and merge them on the driver (nothing persisted, no shuffle): for a
+    # job known to make few state rows, such as a micro-batch after one that made at most DRIVER_MERGE_ROWS
+    driver_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.per_type not in PER_TYPE_MODES:
@@ -157,6 +164,7 @@ class JobResult:
     overflow: Counter[str] = field(default_factory=Counter)
     # tasks per (C extensions their Python ran, why any was missing): which tier the executors ran
     tiers: Counter[tuple[str, str]] = field(default_factory=Counter)
+    state_rows: int = 0  # the metric state rows the tasks made (what a driver merge would collect)
 
     def all_partials(self) -> Iterator[Partial]:
         """The partials, then the streamed metric chunks if any (once: chunks are consumed as they come)."""
@@ -310,7 +318,7 @@ def aggregate_splits(
     frame = _splits_frame(spark, len(ordered))
     if options.per_type == "map":
         states = frame.mapInArrow(scan_states(definitions, ordered, accumulators), spark_schema(STATE_ROWS))
-        return _merge_states(spark, states, len(ordered), definitions, options, splits, stage_s, None)
+        return merge_states(spark, states, len(ordered), definitions, options, splits, stage_s)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
         weights = options.weights if options.weights is not None else _sample_weights(frame, ordered, options)
@@ -328,7 +336,7 @@ def per_type_stage(
     definitions: Definitions,
     placement: skew.Placement,
     options: JobOptions = JobOptions(),
-    splits: Sequence[Split] = (),
+    splits: Sequence[Split] | Mapping[int, Split] = (),
     stage_s: dict[str, float] | None = None,
 ) -> JobResult:
     """Aggregate an events DataFrame (the canonical event columns; with ``kind``, EVENT rows are requests, EXIT rows
@@ -357,7 +365,7 @@ def per_type_stage(
     states = skew.place(events, placement, options.type_key).mapInArrow(
         aggregate_events(definitions), spark_schema(STATE_ROWS)
     )
-    return _merge_states(
+    return merge_states(
         spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}), placement
     )
 
@@ -367,17 +375,19 @@ def per_type_stage(
 DRIVER_TOPN_MERGE_TASKS = 64
 
 
-def _merge_states(
+def merge_states(
     spark: SparkSession,
     states: DataFrame,
     tasks: int,
     definitions: Definitions,
-    options: JobOptions,
-    splits: Sequence[Split],
-    stage_s: dict[str, float],
-    placement: skew.Placement | None,
+    options: JobOptions = JobOptions(),
+    splits: Sequence[Split] | Mapping[int, Split] = (),
+    stage_s: dict[str, float] | None = None,
+    placement: skew.Placement | None = None,
 ) -> JobResult:
-    """Merge the STATE_ROWS of ``tasks`` tasks across tasks and collect them with the bookkeeping rows.
+    """Merge the STATE_ROWS of about ``tasks`` tasks (:func:`~drainpipe.spark.tasks.read_states`) across tasks and
+    collect them with the bookkeeping rows; ``splits`` (or a mapping from their indexes) name the sources of the
+    rejects.
 
     With metrics, two actions over the persisted states: the top-N and bookkeeping rows (which materialises them;
     the tasks' reports say whether the cardinality guard can fold anything, :func:`_entity_bound`), then the metric
@@ -387,6 +397,9 @@ def _merge_states(
     from pyspark.sql import functions as F
 
     clock = time.perf_counter()
+    stage_s = {} if stage_s is None else stage_s
+    if options.driver_merge:
+        return _merge_on_driver(states, definitions, splits, stage_s, placement)
     if definitions.metrics:
         states = states.persist(StorageLevel.MEMORY_AND_DISK)
     stream = options.stream_metrics and bool(definitions.metrics)
@@ -418,15 +431,14 @@ def _merge_states(
     if definitions.metrics and not stream:
         states.unpersist()
     overflow: Counter[str] = Counter()
+    metrics: dict[int, MetricPartial] = {}
     if merged is not None:
         _folded(merged, definitions, overflow)
-    partials = _partials(definitions, merged, collected if definitions.topns else None, overflow)
-    stats, rejects, ends = _read_report(splits, meta)
-    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends, overflow=overflow,
-                       tiers=_task_tiers(meta))  # fmt: skip
-    _say_tiers(result.tiers)
+        metrics = {i: metric_partial(d, merged.filter(pc.equal(merged.column("d"), i)))
+                   for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+    result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
     if stream:
-        result.partials = [p for p in partials if not isinstance(p, MetricPartial)]
+        result.partials = [p for p in result.partials if not isinstance(p, MetricPartial)]
         frame = _metric_merge(states, definitions, guard).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
             spark, options)), "entity")  # fmt: skip
         result.metric_chunks = lambda: _metric_chunks(frame, definitions, overflow)
@@ -437,6 +449,81 @@ def _merge_states(
 
         result.release = release
     return result
+
+
+def _result(
+    definitions: Definitions, metrics: Mapping[int, MetricPartial], collected: pa.Table, meta: pa.Table,
+    splits: Sequence[Split] | Mapping[int, Split], stage_s: dict[str, float], placement: skew.Placement | None,
+    overflow: Counter[str],
+) -> JobResult:  # fmt: skip
+    """The job's result from its merged metric partials, its collected TOPN rows and its bookkeeping rows."""
+    partials = _partials(definitions, metrics, collected if definitions.topns else None, overflow)
+    stats, rejects, ends = _read_report(splits, meta)
+    result = JobResult(partials, stats, rejects, _task_times(meta), stage_s, placement, ends, overflow=overflow,
+                       tiers=_task_tiers(meta), state_rows=_state_rows(meta))  # fmt: skip
+    _say_tiers(result.tiers)
+    return result
+
+
+#: a stream merges a micro-batch's states on the driver (``driver_merge``) when the one before made at most this
+#: many metric state rows: collected at once, a few hundred MB of the driver's memory at most
+DRIVER_MERGE_ROWS = 2_000_000
+
+
+def _merge_on_driver(
+    states: DataFrame, definitions: Definitions, splits: Sequence[Split] | Mapping[int, Split],
+    stage_s: dict[str, float], placement: skew.Placement | None,
+) -> JobResult:  # fmt: skip
+    """``merge_states`` with ``driver_merge``: every row collected in one action, the metric states merged with the
+    shared merge (:func:`~drainpipe.pipeline.normalize`) and held to the cardinality guard by entity name, as the
+    Spark merge does (:func:`_guard_by_name`)."""
+    clock = time.perf_counter()
+    collected = _collect(states)
+    stage_s["aggregate+collect"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
+    metrics = {i: normalize(metric_partial(d, select_rows(collected, METRIC, i)))
+               for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+    overflow: Counter[str] = Counter()
+    if any(n > definitions.max_entities for n in _entity_bound(meta).values()):
+        _guard_by_name(metrics, definitions, overflow)
+    result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
+    stage_s["metric merge"] = time.perf_counter() - clock
+    return result
+
+
+def _guard_by_name(metrics: dict[int, MetricPartial], definitions: Definitions, overflow: Counter[str]) -> None:
+    """The cardinality guard of :func:`_guard_entities` on merged partials: per scope and minute, the first
+    ``max_entities`` entities by name over the scope's definitions are kept, the others folded into
+    ``__overflow__`` (:func:`~drainpipe.pipeline.fold_entities`); the folded rows are counted in ``overflow``."""
+    scopes: dict[str, list[int]] = {}
+    for index in metrics:
+        scopes.setdefault(definitions.all[index].scope, []).append(index)
+    for scope, indexes in scopes.items():
+        pairs = pa.concat_tables(metrics[i].table.select(["bucket", "entity"]) for i in indexes)
+        pairs = pairs.filter(pc.not_equal(pairs.column("entity"), OVERFLOW))
+        pairs = (
+            pairs.group_by(["bucket", "entity"])
+            .aggregate([])
+            .sort_by([("bucket", "ascending"), ("entity", "ascending")])
+        )
+        buckets = pairs.column("bucket").to_numpy()
+        starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+        rank = np.arange(len(buckets)) - np.repeat(starts, np.diff(np.r_[starts, len(buckets)]))
+        kept = pairs.filter(pa.array(rank < definitions.max_entities))
+        kept_keys = _pair_keys(kept)
+        for index in indexes:
+            table = metrics[index].table
+            fold = pc.and_(pc.invert(pc.is_in(_pair_keys(table), value_set=kept_keys)),
+                           pc.not_equal(table.column("entity"), OVERFLOW)).to_numpy(zero_copy_only=False)  # fmt: skip
+            if fold.any():
+                overflow[scope] += int(fold.sum())
+                metrics[index] = fold_entities(metrics[index], fold, OVERFLOW)
+
+
+def _pair_keys(table: pa.Table) -> pa.Array:
+    """One string per (bucket, entity) row."""
+    return pc.binary_join_element_wise(table.column("bucket").cast(pa.string()), table.column("entity"), "\x1f")
 
 
 def _state_rows(meta: pa.Table) -> int:
@@ -506,18 +593,16 @@ def _chunk_partials(definitions: Definitions, blobs: list[bytes], overflow: Coun
 
 
 def _partials(
-    definitions: Definitions, merged: pa.Table | None, topn: pa.Table | None, overflow: Counter[str]
+    definitions: Definitions, metrics: Mapping[int, MetricPartial], topn: pa.Table | None, overflow: Counter[str]
 ) -> list[Partial]:
-    """One partial per definition from the merged rows (top-N merged once more: across merge tasks, then held to
-    the cardinality guard; its folds are added to ``overflow``)."""
+    """One partial per definition: the merged metric partials, the top-N rows merged once more (across merge
+    tasks, then held to the cardinality guard; its folds are added to ``overflow``)."""
     guard = EntityGuard(definitions.max_entities)  # top-N rows come sorted by entity: the first by name are kept
     out: list[Partial] = []
     for index, definition in enumerate(definitions.all):
         if isinstance(definition, MetricDef):
-            rows = merged.filter(pc.equal(merged.column("d"), index)) if merged is not None else None
-            out.append(
-                metric_partial(definition, rows) if rows is not None and rows.num_rows else empty_like(definition)
-            )
+            partial = metrics.get(index)
+            out.append(partial if partial is not None and partial.table.num_rows else empty_like(definition))
         else:
             assert isinstance(definition, TopNDef)
             rows = select_rows(topn, TOPN, index) if topn is not None else None
@@ -531,12 +616,12 @@ def _partials(
 
 
 def _read_report(
-    splits: Sequence[Split], meta: pa.Table
+    splits: Sequence[Split] | Mapping[int, Split], meta: pa.Table
 ) -> tuple[ReadStats, list[tuple[str, int, Any, str]], dict[int, tuple[int, int] | None]]:
     """Counts summed over the SPLIT rows; rejects (file line numbers) in file then line order; per split, where a
-    whole text file's read stopped."""
+    whole text file's read stopped (the furthest, when several tasks read parts of one split)."""
     stats = ReadStats()
-    by_index = {s.index: s for s in splits}
+    by_index = splits if isinstance(splits, Mapping) else {s.index: s for s in splits}
     ends: dict[int, tuple[int, int] | None] = {}
     for d, info in zip(*(select_rows(meta, SPLIT).column(c).to_pylist() for c in ("d", "info"))):
         report = json.loads(info)
@@ -544,12 +629,15 @@ def _read_report(
                          Counter(report.get("warnings") or {}))  # fmt: skip
         stats.merge(part)
         end = report["end"]
-        ends[d] = (int(end[0]), int(end[1])) if end is not None else None
-    order = {path: i for i, path in enumerate(dict.fromkeys(s.path for s in splits))}
+        if end is None:
+            ends.setdefault(d, None)
+        elif (seen := ends.get(d)) is None or seen < (int(end[0]), int(end[1])):
+            ends[d] = (int(end[0]), int(end[1]))
     rejected = select_rows(meta, REJECT)
     rejects = []
     for d, line, raw, reason in zip(*(rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason"))):
         rejects.append((by_index[d].path, line, json.loads(raw), reason))
+    order = {path: i for i, path in enumerate(dict.fromkeys(by_index[d].path for d in sorted(by_index)))}
     rejects.sort(key=lambda r: (order[r[0]], r[1]))
     return stats, rejects, ends
 
@@ -705,6 +793,7 @@ def ingest_files(
         "stage_s": {},
         "spread": {},
         "tiers": Counter(),  # tasks per (C extensions their Python ran, why any was missing)
+        "state_rows": 0,  # the most metric state rows one job's tasks made
     }
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
@@ -752,6 +841,7 @@ def ingest_files(
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())
             summary["tiers"].update(result.tiers)
+            summary["state_rows"] = max(summary["state_rows"], result.state_rows)
             if result.placement is not None:
                 summary["placement"] = {
                     "partitions": result.placement.partitions,

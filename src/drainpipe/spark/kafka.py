@@ -2,25 +2,38 @@
 
 ::
 
-    readStream.format("kafka") --micro-batch (topic, partition, offset, value)--> foreachBatch(ingest_messages):
-        offset ranges per partition (a small job) -> the store's offsets (the ``kafka`` parts, as ``consume``'s)
-        --mapInArrow(decode_messages: messages past the store's offset, JSON values as one block per Arrow batch)
-        --> events + REJECT/SPLIT rows --> per_type_stage (the batch engine's) --> the store, with each
-        partition's next offset in the same transaction
+    readStream.format("kafka") (at most max_messages a micro-batch)
+      --micro-batch (topic, partition, offset, value)--> foreachBatch(ingest_messages):
+        the store's offsets of the topics' partitions (the ``kafka`` parts, as ``consume``'s), one query
+        --mapInArrow(read_states(message_reader): per task, its messages past the store's offset decoded and
+          aggregated; per partition seen, a SPLIT row with its counts and where the batch ends)
+        --> merge_states (the batch engine's) --> the store, with each partition's next offset in the same
+        transaction
+
+Each record is read once: the job does not need the micro-batch's offset ranges before it runs. A partition the
+store knows is read from its offset; one it has never seen, from the batch's start; the tasks report where each
+partition's messages in the batch end, and the books advance to there. (Spark's micro-batch holds offset ranges
+the driver cannot see through PySpark without a job; such a job read every record a second time.)
 
 Exactly once: Spark's checkpoint pins each micro-batch's offset ranges and runs a batch again after a crash until
 its commit log has it; the store holds each partition's next offset in the transaction of the states (as a
 ``consume`` member's commits do, under the same part names ``<cluster id>/<topic>/<partition>``), so a batch run
 again finds its messages applied and skips them. Consumer-group options do not apply: Spark tracks its offsets in
-the checkpoint, not in a group.
+the checkpoint, not in a group. A definition added since the store last saw a partition reads it from its own
+offset while the others skip what they have (the driver's policy): then the batch takes one job per set of
+definitions, the fewest first, each reading the batch's records again.
+
+A micro-batch reads at most :data:`MAX_MESSAGES` messages by default (Spark's ``maxOffsetsPerTrigger``), so a
+first start over a large topic does not make one huge batch: a task holds one Arrow batch of messages at a time
+and the states of what it has read, and a crash repeats at most one micro-batch.
 
 The connector is Spark's ``spark-sql-kafka-0-10`` of the installed PySpark's version, which Spark fetches from
 Maven Central itself (``spark.jars.packages``, :func:`connector_package`), driver and executors alike.
 
 Messages are decoded by :func:`drainpipe.inputs.messages.decode_values`, as ``consume`` decodes them (``--encoding
-json``: one event or NDJSON lines per message; ``otlp_proto``/``otlp_json``: an OTLP export per message, which needs
-opentelemetry-proto and ptars on the executors, as OTLP files do); a tombstone or a record that does not validate
-goes to the dead letter as ``{"source": "kafka:<topic>/<partition>", "line": <offset>, ...}``.
+json``: one event or NDJSON lines per message; ``otlp_proto``/``otlp_json``: an OTLP export per message); a
+tombstone or a record that does not validate goes to the dead letter as
+``{"source": "kafka:<topic>/<partition>", "line": <offset>, ...}``.
 """
 
 from __future__ import annotations
@@ -30,30 +43,32 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from drainpipe.errors import UsageError
-from drainpipe.inputs import DeadLetter, Part, Position, ReadStats, jsonable
+from drainpipe.inputs import DeadLetter, EventBatch, Part, Position, ReadStats, jsonable
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, partition_part
 from drainpipe.inputs.spans import SpanMapping
-from drainpipe.pipeline import Definitions, Driver, PartBooks, open_books
+from drainpipe.pipeline import Definitions, Driver, PartBooks, Store
 
 from . import skew
 from .commits import JobCommit
-from .engine import JobOptions, JobResult, per_type_stage
-from .rows import EVENT_ROWS, REJECT, SPLIT, events_rows, info_row, meta_rows, spark_schema
+from .engine import JobOptions, JobResult, merge_states, per_type_stage
+from .rows import EVENT_ROWS, REJECT, SPLIT, STATE_ROWS, info_row, meta_rows, spark_schema
 from .splits import Split
+from .tasks import EventReader, read_events, read_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
 
-__all__ = ["KafkaTopics", "connector_package", "decode_messages", "ingest_messages"]
+__all__ = ["KafkaTopics", "MessagePlan", "MAX_MESSAGES", "connector_package", "message_reader", "ingest_messages"]
 
-#: a micro-batch of more messages than this hands its merged metric states to the driver one partition at a time
-#: (as a batch run does); a smaller one collects them at once: the 64 partitions' jobs took half of a small batch
-STREAM_METRICS_ABOVE = 1_000_000
+#: the messages a micro-batch reads at most, unless the stream says otherwise (Spark's ``maxOffsetsPerTrigger``)
+MAX_MESSAGES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -64,11 +79,11 @@ class KafkaTopics:
     topics: tuple[str, ...]
     cluster: str
     encoding: str = "json"
-    max_messages: int | None = None  # per micro-batch (Spark's maxOffsetsPerTrigger); None: all there are
+    max_messages: int | None = MAX_MESSAGES  # per micro-batch (Spark's maxOffsetsPerTrigger); None: all there are
 
     @classmethod
     def at(cls, bootstrap_servers: str, topics: Sequence[str], encoding: str = "json",
-           max_messages: int | None = None) -> KafkaTopics:  # fmt: skip
+           max_messages: int | None = MAX_MESSAGES) -> KafkaTopics:  # fmt: skip
         """The topics, with the cluster's id asked of the brokers (confluent-kafka; a :class:`UsageError` in one
         line when it is not installed, the brokers cannot be reached or the encoding is not read here)."""
         check_encoding(encoding)
@@ -102,59 +117,129 @@ def connector_package() -> str:
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
 
 
-def _topic_split(index: int, topic: str, partition: int) -> Split:
-    """A split standing for one topic partition of a micro-batch: its path is the dead letter's source."""
-    return Split(index, Part(message_source(topic, partition), "kafka", False, 0), 1)
+#: a partition's split index (its rejects' ``d``): its topic's place in the stream's list, shifted, or its number
+_PARTITION_BITS = 20
 
 
-def decode_messages(
-    ranges: Mapping[tuple[str, int], tuple[int, int, int]], encoding: str, spans: SpanMapping,
-    endpoints: EndpointRules,
-) -> Any:  # fmt: skip
-    """The ``mapInArrow`` function over a micro-batch's messages (``topic, partition, offset, value``): for each
-    partition in ``ranges`` (``(split index, first offset, end offset)``: the offsets to read, not yet in the store
-    for the definitions this job aggregates), its messages in that range decoded (``encoding``) into events (EVENT
-    rows), their rejects (REJECT rows, ``line`` the offset) and counts (SPLIT rows). Plain data only: it runs in the
-    executors."""
+@dataclass(frozen=True)
+class MessagePlan:
+    """What one job reads of a micro-batch (plain data: it goes to the tasks). ``ranges``: per topic partition the
+    store has books for and this job reads, the offsets ``[lo, hi)`` (``hi`` None: to the batch's end); a partition
+    the store has books for but not in ``ranges`` is not read; one it has none for is read whole if ``unknown``."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        stats, first = ReadStats(), None  # the task's counts, on one SPLIT row (the report sums them)
+    topics: tuple[str, ...]
+    ranges: Mapping[tuple[str, int], tuple[int, int | None]]
+    known: frozenset[tuple[str, int]]
+    unknown: bool
+
+    def reading(self, key: tuple[str, int]) -> tuple[int, int | None] | None:
+        """The offsets of partition ``key`` this job reads, or None."""
+        if key in self.ranges:
+            return self.ranges[key]
+        return (0, None) if self.unknown and key not in self.known else None
+
+    def split_index(self, topic: str, partition: int) -> int:
+        return self.topics.index(topic) << _PARTITION_BITS | partition
+
+
+class _PartitionSplits(dict[int, Split]):
+    """Every partition of the topics as a split, made when its index is first looked up (the tasks compute the
+    index, :meth:`MessagePlan.split_index`, so a partition no one listed still names its rejects' source)."""
+
+    def __init__(self, topics: tuple[str, ...]) -> None:
+        super().__init__()
+        self.topics = topics
+
+    def key(self, index: int) -> tuple[str, int]:
+        return self.topics[index >> _PARTITION_BITS], index & ((1 << _PARTITION_BITS) - 1)
+
+    def __missing__(self, index: int) -> Split:
+        split = self[index] = Split(index, Part(message_source(*self.key(index)), "kafka", False, 0), 1)
+        return split
+
+
+def _partitions(column: pa.Array, partitions: np.ndarray) -> Iterator[tuple[tuple[str, int], np.ndarray]]:
+    """The rows of an Arrow batch of messages per topic partition (a task's batch is mostly one partition)."""
+    topics = pc.unique(column).to_pylist()
+    first, last = int(partitions.min()), int(partitions.max())
+    if len(topics) == 1 and first == last:
+        yield (topics[0], first), np.arange(len(partitions))
+        return
+    names = np.asarray(column.to_pylist(), dtype=object)
+    for topic in topics:
+        in_topic = names == topic
+        for partition in np.unique(partitions[in_topic]).tolist():
+            yield (topic, partition), np.flatnonzero(in_topic & (partitions == partition))
+
+
+def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoints: EndpointRules) -> EventReader:
+    """The :data:`~drainpipe.spark.tasks.EventReader` of a micro-batch's messages (``topic, partition, offset,
+    value``): each partition's messages in the offsets ``plan`` reads decoded (``encoding``) into events, with
+    their rejects (``line`` the offset) and, per partition seen, a SPLIT row of its counts whose ``end`` is the
+    offset after its last message in the task. Plain data only: it runs in the executors."""
+
+    def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
+        stats: dict[int, ReadStats] = {}
+        ends: dict[int, int] = {}
         for batch in batches:
-            topics = batch.column("topic").to_pylist()
-            partitions = batch.column("partition").to_pylist()
-            offsets = batch.column("offset").to_pylist()
-            values = batch.column("value").to_pylist()
-            keep = []
-            for i, key in enumerate(zip(topics, partitions)):
-                read = ranges.get(key)
-                if read is not None and read[1] <= offsets[i] < read[2]:
-                    keep.append(i)
-            if not keep:
+            if not batch.num_rows:
                 continue
-            first = ranges[(topics[keep[0]], partitions[keep[0]])][0] if first is None else first
-            decoded, rejects = decode_values([values[i] for i in keep], encoding, spans, endpoints)
-            events = decoded.rows
-            stats.add_accepted(events.num_rows)
-            for reason, n in decoded.warnings:
-                stats.add_warning(reason, n)
-            if rejects:
-                for _, _, reason in rejects:
-                    stats.add_rejected(reason)
-                kept = [keep[k] for k, _, _ in rejects]
-                yield meta_rows(
-                    EVENT_ROWS, REJECT, [ranges[(topics[i], partitions[i])][0] for i in kept],
-                    line=[offsets[i] for i in kept],
-                    raw=[json.dumps(jsonable(raw), ensure_ascii=False) for _, raw, _ in rejects],
-                    reason=[reason for _, _, reason in rejects],
-                )  # fmt: skip
-            if events.num_rows:
-                yield events_rows(decoded)
-        if first is not None:
-            yield info_row(EVENT_ROWS, SPLIT, first, {"read": stats.read, "accepted": stats.accepted, "rejected":
-                           stats.rejected, "reasons": dict(stats.reasons), "warnings": dict(stats.warnings),
-                           "end": None, "nbytes": 0})  # fmt: skip
+            offsets = batch.column("offset").to_numpy(zero_copy_only=False)
+            values = batch.column("value")
+            for key, rows in _partitions(batch.column("topic"), batch.column("partition").to_numpy(False)):
+                d = plan.split_index(*key)
+                seen = offsets[rows]
+                ends[d] = max(ends.get(d, 0), int(seen.max()) + 1)
+                span = plan.reading(key)
+                if span is None:
+                    continue
+                lo, hi = span
+                wanted = seen >= lo if hi is None else (seen >= lo) & (seen < hi)
+                keep = rows[wanted]
+                if not len(keep):
+                    continue
+                counts = stats.setdefault(d, ReadStats())
+                decoded, rejects = decode_values(values.take(keep).to_pylist(), encoding, spans, endpoints)
+                counts.add_accepted(decoded.rows.num_rows)
+                for reason, n in decoded.warnings:
+                    counts.add_warning(reason, n)
+                if rejects:
+                    for _, _, reason in rejects:
+                        counts.add_rejected(reason)
+                    yield meta_rows(
+                        schema, REJECT, [d] * len(rejects), line=[int(offsets[keep[k]]) for k, _, _ in rejects],
+                        raw=[json.dumps(jsonable(raw), ensure_ascii=False) for _, raw, _ in rejects],
+                        reason=[reason for _, _, reason in rejects],
+                    )  # fmt: skip
+                if decoded.rows.num_rows:
+                    yield decoded
+        for d, end in ends.items():
+            counts = stats.get(d, ReadStats())
+            yield info_row(schema, SPLIT, d, {"read": counts.read, "accepted": counts.accepted, "rejected":
+                           counts.rejected, "reasons": dict(counts.reasons), "warnings": dict(counts.warnings),
+                           "end": [end, 0], "nbytes": 0})  # fmt: skip
 
-    return run
+    return read
+
+
+def _books(store: Store, source: KafkaTopics, names: Sequence[str]) -> dict[tuple[str, int], PartBooks]:
+    """The books the store has for the topics' partitions (one query), per ``(topic, partition)``."""
+    parts = {partition_part(source.cluster, topic, 0).removesuffix("/0"): topic for topic in source.topics}
+    found: dict[tuple[str, int], dict[str, Position]] = {}
+    for row in store.progress(KAFKA_SOURCE):
+        prefix, _, number = row.part.rpartition("/")
+        if (topic := parts.get(prefix)) is not None and row.name in names:
+            found.setdefault((topic, int(number)), {})[row.name] = Position(row.end, row.lines)
+    return {key: _new_books(source, key, names, applied) for key, applied in found.items()}
+
+
+def _new_books(
+    source: KafkaTopics, key: tuple[str, int], names: Sequence[str], applied: Mapping[str, Position] | None = None
+) -> PartBooks:
+    """A partition's books: ``applied`` as the store has it, every other definition at its start."""
+    return PartBooks(
+        KAFKA_SOURCE, partition_part(source.cluster, *key), dict.fromkeys(names, Position()) | dict(applied or {})
+    )
 
 
 def ingest_messages(
@@ -171,41 +256,39 @@ def ingest_messages(
     On the exactly-once driver (:class:`~drainpipe.pipeline.Driver`), as every source: each partition's messages
     not yet applied are cut where the definitions that need them change (a definition added since reads what the
     others have), and each set of definitions is one job and one transaction, the fewest first."""
-    from pyspark.sql import functions as F
-
     store.register(definitions.all)
     commits = JobCommit(store)
     driver = Driver(definitions, commits, dead_letter=dead_letter)
-    ranges = frame.groupBy("topic", "partition").agg(F.max("offset").alias("last"), F.count("*").alias("n")).collect()
-    groups: dict[frozenset[str], list[tuple[str, int, PartBooks, int, int]]] = {}
-    for row in sorted(ranges, key=lambda r: (r.topic, r.partition)):
-        held = open_books(store, KAFKA_SOURCE, partition_part(source.cluster, row.topic, row.partition),
-                          definitions.names)  # fmt: skip
-        start, end = held.start.offset, row.last + 1
-        if start >= end:
-            continue  # this micro-batch was applied before a crash: Spark runs it again
-        driver.hold((row.topic, row.partition), held)
-        cuts = sorted({start, end} | {p.offset for p in held.applied.values() if start < p.offset < end})
-        for lo, hi in zip(cuts, cuts[1:]):
+    known = _books(store, source, definitions.names)
+    groups: dict[frozenset[str], dict[tuple[str, int], tuple[int, int | None]]] = {}
+    for key, held in sorted(known.items()):
+        start = held.start.offset
+        cuts = sorted({start} | {p.offset for p in held.applied.values() if p.offset > start})
+        for lo, hi in zip(cuts, [*cuts[1:], None]):
             if names := driver.wanted(held, lo):
-                groups.setdefault(names, []).append((row.topic, row.partition, held, lo, hi))
-    summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "warnings": {}, "applied": 0}
+                groups.setdefault(names, {})[key] = (lo, hi)
+    groups.setdefault(driver.names, {})  # and the partitions the store has no books for: every definition
+    splits = _PartitionSplits(source.topics)
+    summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "warnings": {}, "applied": 0,
+                               "state_rows": 0}  # fmt: skip
     stats = ReadStats()
-    messages = sum(row.n for row in ranges)
-    partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
-    job = replace(options, stream_metrics=messages > STREAM_METRICS_ABOVE)
-    for names, items in driver.in_order(groups):
+    for names, ranges in driver.in_order(groups):
+        plan = MessagePlan(source.topics, ranges, frozenset(known), names == driver.names)
         selected = definitions.select(sorted(names))
-        splits = [_topic_split(i, topic, partition) for i, (topic, partition, _, _, _) in enumerate(items)]
-        read = {(topic, partition): (i, lo, hi) for i, (topic, partition, _, lo, hi) in enumerate(items)}
-        decode = decode_messages(read, source.encoding, definitions.spans, definitions.endpoints)
-        events = frame.select("topic", "partition", "offset", "value").mapInArrow(decode, spark_schema(EVENT_ROWS))
-        result: JobResult = per_type_stage(spark, events, selected, skew.hash_placement(partitions), job, splits)
+        result = _job(spark, frame, plan, source.encoding, selected, options, splits, max(1, len(known)))
         if dead_letter is not None:
             for path, offset, raw, reason in result.rejects:
                 dead_letter.write(path, offset, raw, reason)
-        for _, _, held, _, hi in items:
-            held.advance(names, Position(hi))
+        for d, end in result.ends.items():
+            key = splits.key(d)
+            if end is None or (span := plan.reading(key)) is None:
+                continue
+            lo, hi = span
+            stop = end[0] if hi is None else min(hi, end[0])
+            if stop > lo:
+                held = known.setdefault(key, _new_books(source, key, definitions.names))
+                driver.hold(key, held)
+                held.advance(names, Position(stop))
         try:
             commits.stage(selected.all, result.all_partials())
             driver.fed(result.stats.accepted)
@@ -215,6 +298,25 @@ def ingest_messages(
                 result.release()
         stats.merge(result.stats)
         summary["applied"] += commits.report.applied
+        summary["state_rows"] = max(summary["state_rows"], result.state_rows)
     summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, reasons=dict(stats.reasons),
                    warnings=dict(stats.warnings))  # fmt: skip
     return summary
+
+
+def _job(
+    spark: SparkSession, frame: DataFrame, plan: MessagePlan, encoding: str, definitions: Definitions,
+    options: JobOptions, splits: Mapping[int, Split], tasks: int,
+) -> JobResult:  # fmt: skip
+    """One job over the micro-batch's records: each task decodes and aggregates its messages (``per_type="map"``,
+    the default), or decodes them for the per-type stage. Merged states are handed out in chunks only when the
+    tasks' state rows are many (:func:`~drainpipe.spark.engine.merge_states`)."""
+    reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints)
+    messages = frame.select("topic", "partition", "offset", "value")
+    job = replace(options, stream_metrics=True)
+    if options.per_type == "map":
+        states = messages.mapInArrow(read_states(definitions, reader, "decode+aggregate"), spark_schema(STATE_ROWS))
+        return merge_states(spark, states, tasks, definitions, job, splits)
+    partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
+    events = messages.mapInArrow(read_events(reader, "decode"), spark_schema(EVENT_ROWS))
+    return per_type_stage(spark, events, definitions, skew.hash_placement(partitions), job, splits)

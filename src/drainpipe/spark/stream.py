@@ -36,13 +36,14 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from drainpipe.errors import InputError, first_line
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
 from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
-from .engine import JobOptions, ingest_files
+from .engine import DRIVER_MERGE_ROWS, JobOptions, ingest_files
 from .kafka import KafkaTopics, connector_package, ingest_messages
 from .session import add_rate, is_connect, job, job_session
 
@@ -158,6 +159,7 @@ class _MicroBatches:
         c = self._context
         summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
                                          c["options"], c["kafka"])  # fmt: skip
+        c["options"] = _next_options(c["options"], summary)
         with self._lock:
             _add(self.totals, summary, ignored)
         if c["on_batch"] is not None:
@@ -188,6 +190,14 @@ def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
     totals["overflow"].update(summary.get("overflow") or {})
     totals["batches"] += 1
     totals["ignored_files"] += ignored
+
+
+def _next_options(options: JobOptions, summary: dict[str, Any]) -> JobOptions:
+    """The next micro-batch's job options: its states merged on the driver if this one's tasks made few
+    (:data:`~drainpipe.spark.engine.DRIVER_MERGE_ROWS`: a stream's batches are alike; a first batch, or one after
+    a large one, merges in Spark)."""
+    rows = summary.get("state_rows")
+    return replace(options, driver_merge=rows is not None and rows <= DRIVER_MERGE_ROWS)
 
 
 def _ingest_batch(
@@ -244,6 +254,7 @@ class _ConnectBatches:
                                                  self.kafka)  # fmt: skip
         finally:
             store.close()
+        self.options = _next_options(self.options, summary)
         _add(self.totals, summary, ignored)
         row = json.dumps(_plain(self.totals))
         session.createDataFrame([(row,)], "totals string").createOrReplaceGlobalTempView(self.view)

@@ -62,6 +62,10 @@ from .splits import Split, SplitResult, read_split
 
 __all__ = [
     "ArrowMapFn",
+    "EventReader",
+    "read_states",
+    "read_events",
+    "split_reader",
     "scan_states",
     "scan_events",
     "aggregate_events",
@@ -163,46 +167,75 @@ def native_tiers() -> str:
     return ",".join(t.name for t in native.tiers() if t.native and t.enabled and t.name != "fastpath")
 
 
-def scan_states(
-    definitions: Definitions, splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None
-) -> ArrowMapFn:
-    """Read, validate and partially aggregate the partition's splits (``per_type="map"``)."""
+#: what a task reads its events with: given the task's input batches and the schema of its bookkeeping rows
+#: (STATE_ROWS or EVENT_ROWS), it yields event batches and, in that schema, REJECT and SPLIT rows
+EventReader = Callable[[Iterator[pa.RecordBatch], pa.Schema], Iterator[EventBatch | pa.RecordBatch]]
+
+
+def read_states(definitions: Definitions, read: EventReader, stage: str) -> ArrowMapFn:
+    """Read the task's events with ``read`` and partially aggregate every definition over them in the task
+    (``per_type="map"``): STATE_ROWS, with ``read``'s bookkeeping rows and the task's TASK row."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         aggregator = _Aggregator(definitions)
 
         def body() -> Iterator[pa.RecordBatch]:
-            for split in _splits(batches, splits):
-                reader, result = read_split(split)
-                for events in reader:
-                    aggregator.add(events)
-                yield from _bookkeeping(STATE_ROWS, split, result)
-                _count(accumulators, result.stats.read, split.nbytes)
+            for item in read(batches, STATE_ROWS):
+                if isinstance(item, pa.RecordBatch):
+                    yield item
+                else:
+                    aggregator.add(item)
             yield from aggregator.rows()
 
-        yield from _timed("scan+aggregate", STATE_ROWS, body, aggregator.report)
+        yield from _timed(stage, STATE_ROWS, body, aggregator.report)
 
     return run
 
 
-def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
-    """Read and validate the partition's splits, emitting the events (``per_type="placed"``/``"hash"``)."""
+def read_events(read: EventReader, stage: str) -> ArrowMapFn:
+    """Read the task's events with ``read`` and emit them as EVENT_ROWS for the per-type stage
+    (``per_type="placed"``/``"hash"``), with ``read``'s bookkeeping rows and the task's TASK row."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         count = [0]
 
         def body() -> Iterator[pa.RecordBatch]:
-            for split in _splits(batches, splits):
-                reader, result = read_split(split)
-                for events in reader:
-                    count[0] += events.num_rows
-                    yield events_rows(events)
-                yield from _bookkeeping(EVENT_ROWS, split, result)
-                _count(accumulators, result.stats.read, split.nbytes)
+            for item in read(batches, EVENT_ROWS):
+                if isinstance(item, pa.RecordBatch):
+                    yield item
+                else:
+                    count[0] += item.num_rows
+                    yield events_rows(item)
 
-        yield from _timed("scan", EVENT_ROWS, body, lambda: {"events": count[0]})
+        yield from _timed(stage, EVENT_ROWS, body, lambda: {"events": count[0]})
 
     return run
+
+
+def split_reader(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> EventReader:
+    """The :data:`EventReader` of a file job: the splits the task's ``spark.range`` ids name, each read and
+    validated (:func:`~drainpipe.spark.splits.read_split`), then its rejects and SPLIT row."""
+
+    def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
+        for split in _splits(batches, splits):
+            reader, result = read_split(split)
+            yield from reader
+            yield from _bookkeeping(schema, split, result)
+            _count(accumulators, result.stats.read, split.nbytes)
+
+    return read
+
+
+def scan_states(
+    definitions: Definitions, splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None
+) -> ArrowMapFn:
+    """Read, validate and partially aggregate the partition's splits (``per_type="map"``)."""
+    return read_states(definitions, split_reader(splits, accumulators), "scan+aggregate")
+
+
+def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+    """Read and validate the partition's splits, emitting the events (``per_type="placed"``/``"hash"``)."""
+    return read_events(split_reader(splits, accumulators), "scan")
 
 
 def _count(accumulators: tuple[Any, Any] | None, events: int, nbytes: int) -> None:
