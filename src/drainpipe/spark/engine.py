@@ -105,6 +105,7 @@ __all__ = [
     "aggregate_splits",
     "per_type_stage",
     "merge_states",
+    "parallelism",
     "DRIVER_MERGE_ROWS",
     "ingest_files",
     "Progress",
@@ -182,7 +183,8 @@ class JobResult:
 # ------------------------------------------------------------------------------------------ the job
 
 
-def _parallelism(spark: SparkSession) -> int:
+def parallelism(spark: SparkSession) -> int:
+    """The cores Spark runs tasks on (the default parallelism; under Spark Connect, the shuffle partitions)."""
     try:
         return max(1, spark.sparkContext.defaultParallelism)
     except Exception:  # Spark Connect has no SparkContext: the session's shuffle partitions say how wide it is
@@ -750,7 +752,7 @@ def ingest_files(
     task-time spread.
     """
     t0 = time.perf_counter()
-    parallelism = _parallelism(spark)
+    cores = parallelism(spark)
     names = frozenset(definitions.names)
     store.register(definitions.all)
     files = [resolve(path, store, names) for path in dict.fromkeys(paths)]
@@ -768,7 +770,7 @@ def ingest_files(
                 plan_parts(
                     file.path,
                     options.batch_rows,
-                    workers=parallelism,
+                    workers=cores,
                     start=file.start,
                     hasher=file.hasher,
                     options=InputOptions(

@@ -56,7 +56,7 @@ from drainpipe.pipeline import Definitions, Driver, PartBooks, Store
 
 from . import skew
 from .commits import JobCommit
-from .engine import JobOptions, JobResult, merge_states, per_type_stage
+from .engine import JobOptions, JobResult, merge_states, parallelism, per_type_stage
 from .rows import EVENT_ROWS, REJECT, SPLIT, STATE_ROWS, info_row, meta_rows, spark_schema
 from .splits import Split
 from .tasks import EventReader, read_events, read_states
@@ -105,6 +105,9 @@ class KafkaTopics:
             .option("kafka.bootstrap.servers", self.bootstrap_servers)
             .option("subscribe", ",".join(self.topics))
             .option("startingOffsets", "earliest")
+            # a task's consumer fetches ahead, and a fetch at a partition's end waits this long for more: the
+            # default 500 ms held up every micro-batch that read to the end (each of a live stream's)
+            .option("kafka.fetch.max.wait.ms", "10")
             .option("failOnDataLoss", "false")  # retention deleted messages no one read: counted by nobody (docs)
         )
         return reader.option("maxOffsetsPerTrigger", str(self.max_messages)) if self.max_messages else reader
@@ -275,7 +278,7 @@ def ingest_messages(
     for names, ranges in driver.in_order(groups):
         plan = MessagePlan(source.topics, ranges, frozenset(known), names == driver.names)
         selected = definitions.select(sorted(names))
-        result = _job(spark, frame, plan, source.encoding, selected, options, splits, max(1, len(known)))
+        result = _job(spark, frame, plan, source.encoding, selected, options, splits, parallelism(spark))
         if dead_letter is not None:
             for path, offset, raw, reason in result.rejects:
                 dead_letter.write(path, offset, raw, reason)
@@ -309,10 +312,12 @@ def _job(
     options: JobOptions, splits: Mapping[int, Split], tasks: int,
 ) -> JobResult:  # fmt: skip
     """One job over the micro-batch's records: each task decodes and aggregates its messages (``per_type="map"``,
-    the default), or decodes them for the per-type stage. Merged states are handed out in chunks only when the
-    tasks' state rows are many (:func:`~drainpipe.spark.engine.merge_states`)."""
+    the default), or decodes them for the per-type stage. The topic partitions' ranges are coalesced into a task
+    per core: a task's fixed costs are paid once a core, and one task's states cover several partitions' keys (half
+    the state rows on two cores). Merged states are handed out in chunks only when the tasks' state rows are many
+    (:func:`~drainpipe.spark.engine.merge_states`)."""
     reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints)
-    messages = frame.select("topic", "partition", "offset", "value")
+    messages = frame.select("topic", "partition", "offset", "value").coalesce(parallelism(spark))
     job = replace(options, stream_metrics=True)
     if options.per_type == "map":
         states = messages.mapInArrow(read_states(definitions, reader, "decode+aggregate"), spark_schema(STATE_ROWS))
