@@ -172,7 +172,11 @@ def spark_session(
     local = remote is None and master.startswith("local")
     if local:
         settings.update(_LOCAL_CONF)
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
+        # the JVM's optimising compiler (C2) stays off: a local JVM mostly moves bytes between Kafka or files and
+        # Python, and C2 spent more CPU compiling than it saved for a whole short job (a stream's first batches)
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile=file:{_quiet_log4j()} -XX:TieredStopAtLevel=1"
+        )
         _map_class_archive()
     settings.update(conf or {})
     if settings.get("spark.pyspark.python"):
