@@ -4,13 +4,14 @@ Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch
 (what :meth:`pyspark.sql.DataFrame.mapInArrow` calls once per partition). They hold nothing but plain data
 (definitions, the split plan, sizes), so they pickle to the executors; all the work is the shared pipeline code:
 
-* :func:`scan_states` (``per_type="map"``): read + validate the partition's splits
-  (:func:`~drainpipe.spark.splits.read_split`), partially aggregate every definition over the whole partition
-  (:func:`~drainpipe.pipeline.aggregate.aggregate_batch` per event batch, :class:`MetricAccumulator` across
-  batches) and emit the states as :data:`~drainpipe.spark.rows.STATE_ROWS`, with the rejects, per-split
-  counts and the task's own timing.
-* :func:`scan_events` (``per_type="placed"``/``"hash"``): read + validate only, emitting the events
-  (:data:`~drainpipe.spark.rows.EVENT_ROWS`) for the per-type stage.
+* :func:`read_states` (``per_type="map"``): read the task's events with an :data:`EventReader`, partially
+  aggregate every definition over the whole partition (:func:`~drainpipe.pipeline.aggregate.aggregate_batch` per
+  event batch, :class:`MetricAccumulator` across batches) and emit the states as
+  :data:`~drainpipe.spark.rows.STATE_ROWS`, with the reader's rejects and counts and the task's own timing;
+  :func:`read_events` (``per_type="placed"``/``"hash"``): read only, emitting the events
+  (:data:`~drainpipe.spark.rows.EVENT_ROWS`) for the per-type stage. The readers: :func:`split_reader` (a file
+  job's splits, :func:`~drainpipe.spark.splits.read_split`; :func:`scan_states` and :func:`scan_events`) and
+  :func:`drainpipe.spark.kafka.message_reader` (a micro-batch's messages).
 * :func:`aggregate_events`: the per-type stage: aggregate whatever events the (placed) partition holds, pass
   bookkeeping rows through.
 * :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.partials.merge`.
