@@ -175,16 +175,20 @@ def test_spark_guard_keeps_the_first_entities_by_name_and_folds_the_rest(spark, 
     assert len(set(statements) - {OVERFLOW}) == limit and statements[OVERFLOW] == 2
 
     parts = list(plan_parts(str(path), 4096, workers=2))
-    collected = aggregate_splits(spark, plan_splits(parts), definitions)  # the merge collected in one piece
+    # merged by Spark, collected in one piece
+    collected = aggregate_splits(spark, plan_splits(parts), definitions, JobOptions(driver_merge_rows=0))
     cpm = next(p for p in collected.partials if p.name == "endpoint_cpm")
     assert cpm.table.num_rows == 3 * (limit + 1)
     assert collected.overflow == summary["overflow"]
-    # merged on the driver (a stream's small micro-batches): the same guard, by name, the same partials
-    on_driver = aggregate_splits(spark, plan_splits(parts), definitions, JobOptions(driver_merge=True))
-    assert on_driver.overflow == collected.overflow
-    for mine, theirs in zip(on_driver.partials, collected.partials, strict=True):
-        keys = [(k, "ascending") for k in mine.key_columns]
-        assert mine.table.sort_by(keys).equals(theirs.table.select(mine.table.column_names).sort_by(keys)), mine.name
+    # merged on the driver (few state rows), after looking or in the job's one action (a stream's micro-batches):
+    # the same guard, by name, the same partials
+    for options in (JobOptions(), JobOptions(driver_merge=True)):
+        on_driver = aggregate_splits(spark, plan_splits(parts), definitions, options)
+        assert on_driver.overflow == collected.overflow
+        for mine, theirs in zip(on_driver.partials, collected.partials, strict=True):
+            keys = [(k, "ascending") for k in mine.key_columns]
+            theirs_table = theirs.table.select(mine.table.column_names).sort_by(keys)
+            assert mine.table.sort_by(keys).equals(theirs_table), (mine.name, options)
 
 
 def _iso(ms: int) -> str:

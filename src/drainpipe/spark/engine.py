@@ -106,7 +106,6 @@ __all__ = [
     "per_type_stage",
     "merge_states",
     "parallelism",
-    "DRIVER_MERGE_ROWS",
     "ingest_files",
     "Progress",
 ]
@@ -134,8 +133,11 @@ class JobOptions:
     # hand the merged metric states out in chunks (JobResult.metric_chunks) instead of collecting them: the
     # driver then holds one chunk at a time (``ingest_files`` writes them to the store as they come)
     stream_metrics: bool = False
+    # the tasks' metric state rows at most which the driver merges them (collected as they are, no shuffle); more
+    # are merged by Spark. 0: Spark always merges
+    driver_merge_rows: int = 2_000_000
     # collect the tasks' states in one action and merge them on the driver (nothing persisted, no shuffle): for a
-    # job known to make few state rows, such as a micro-batch after one that made at most DRIVER_MERGE_ROWS
+    # job known to make few state rows, such as a micro-batch after one that made at most driver_merge_rows
     driver_merge: bool = False
 
     def __post_init__(self) -> None:
@@ -392,9 +394,11 @@ def merge_states(
     rejects.
 
     With metrics, two actions over the persisted states: the top-N and bookkeeping rows (which materialises them;
-    the tasks' reports say whether the cardinality guard can fold anything, :func:`_entity_bound`), then the metric
-    merge (collected, or handed out in chunks with ``options.stream_metrics``). Without, one action and nothing
-    persisted."""
+    the tasks' reports say whether the cardinality guard can fold anything, :func:`_entity_bound`, and how many
+    state rows they made), then the metric merge: at most ``options.driver_merge_rows`` state rows are collected as
+    they are and merged on the driver; more are merged by Spark (and collected, or handed out in chunks with
+    ``options.stream_metrics``). Without metrics, one action and nothing persisted. ``options.driver_merge``: one
+    action, everything collected and merged on the driver, nothing persisted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -405,7 +409,7 @@ def merge_states(
     if definitions.metrics:
         states = states.persist(StorageLevel.MEMORY_AND_DISK)
     stream = options.stream_metrics and bool(definitions.metrics)
-    merged = None
+    merged = on_driver = None
     try:
         rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
         if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
@@ -424,7 +428,10 @@ def merge_states(
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
-            merged = _collect(_metric_merge(states, definitions, guard))
+            if _state_rows(meta) <= options.driver_merge_rows:  # few: collected as they are, merged here
+                on_driver = _collect(states.filter(F.col("kind") == METRIC))
+            else:
+                merged = _collect(_metric_merge(states, definitions, guard))
             stage_s["metric merge"] = time.perf_counter() - clock
     except BaseException:
         if definitions.metrics:
@@ -438,6 +445,10 @@ def merge_states(
         _folded(merged, definitions, overflow)
         metrics = {i: metric_partial(d, merged.filter(pc.equal(merged.column("d"), i)))
                    for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+    elif on_driver is not None:
+        clock = time.perf_counter()
+        metrics = _driver_merge(on_driver, definitions, guard, overflow)
+        stage_s["metric merge"] += time.perf_counter() - clock
     result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
     if stream:
         result.partials = [p for p in result.partials if not isinstance(p, MetricPartial)]
@@ -467,11 +478,6 @@ def _result(
     return result
 
 
-#: a stream merges a micro-batch's states on the driver (``driver_merge``) when the one before made at most this
-#: many metric state rows: collected at once, a few hundred MB of the driver's memory at most
-DRIVER_MERGE_ROWS = 2_000_000
-
-
 def _merge_on_driver(
     states: DataFrame, definitions: Definitions, splits: Sequence[Split] | Mapping[int, Split],
     stage_s: dict[str, float], placement: skew.Placement | None,
@@ -484,14 +490,24 @@ def _merge_on_driver(
     stage_s["aggregate+collect"] = time.perf_counter() - clock
     clock = time.perf_counter()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
-    metrics = {i: normalize(metric_partial(d, select_rows(collected, METRIC, i)))
-               for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
     overflow: Counter[str] = Counter()
-    if any(n > definitions.max_entities for n in _entity_bound(meta).values()):
-        _guard_by_name(metrics, definitions, overflow)
+    guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
+    metrics = _driver_merge(collected, definitions, guard, overflow)
     result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
     stage_s["metric merge"] = time.perf_counter() - clock
     return result
+
+
+def _driver_merge(
+    rows: pa.Table, definitions: Definitions, guard: bool, overflow: Counter[str]
+) -> dict[int, MetricPartial]:
+    """The tasks' METRIC rows merged here with the shared merge (:func:`~drainpipe.pipeline.normalize`), per metric
+    definition; held to the cardinality guard by name if ``guard`` (its folds added to ``overflow``)."""
+    metrics = {i: normalize(metric_partial(d, select_rows(rows, METRIC, i)))
+               for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+    if guard:
+        _guard_by_name(metrics, definitions, overflow)
+    return metrics
 
 
 def _guard_by_name(metrics: dict[int, MetricPartial], definitions: Definitions, overflow: Counter[str]) -> None:

@@ -43,7 +43,7 @@ from drainpipe.errors import InputError, first_line
 from drainpipe.inputs import DeadLetter, default_dead_letter, detect_format
 from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitions
 
-from .engine import DRIVER_MERGE_ROWS, JobOptions, ingest_files
+from .engine import JobOptions, ingest_files
 from .kafka import KafkaTopics, connector_package, ingest_messages
 from .session import add_rate, is_connect, job, job_session
 
@@ -193,11 +193,11 @@ def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
 
 
 def _next_options(options: JobOptions, summary: dict[str, Any]) -> JobOptions:
-    """The next micro-batch's job options: its states merged on the driver if this one's tasks made few
-    (:data:`~drainpipe.spark.engine.DRIVER_MERGE_ROWS`: a stream's batches are alike; a first batch, or one after
-    a large one, merges in Spark)."""
+    """The next micro-batch's job options: its states collected in one action and merged on the driver if this
+    one's tasks made at most ``driver_merge_rows`` (a stream's batches are alike; a first batch, or one after a
+    large one, persists its states and looks first)."""
     rows = summary.get("state_rows")
-    return replace(options, driver_merge=rows is not None and rows <= DRIVER_MERGE_ROWS)
+    return replace(options, driver_merge=rows is not None and rows <= options.driver_merge_rows)
 
 
 def _ingest_batch(
