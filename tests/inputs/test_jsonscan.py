@@ -185,8 +185,8 @@ def scan_batch(data: bytes, begin: int, count: int):
 
 
 def test_without_the_extension_pyarrow_reads_the_same():
-    """Spark executors import drainpipe's pure-Python modules only: without the scanner, pyarrow's reader takes
-    the same clean block, with the same result."""
+    """Without the scanner (a Spark executor unlike the build), pyarrow's reader takes the same clean block, with
+    the same result."""
     from drainpipe import native
 
     lines = [json.dumps({"ts": 1795255200000 + i, "service": "s", "latency_ms": i / 7, "status": i % 2 == 0})

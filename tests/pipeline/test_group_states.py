@@ -3,8 +3,8 @@ is off (``native.disabled("groupstates")``).
 
 Both must give the same partial states bit for bit: the same groups in the same order, the same counts, sums,
 extremes and histogram bins, for every function, scope, filter and weighting, with plain and dictionary-encoded
-strings. Spark executors run the numpy path (their zip has no C extensions) and the local engine the kernel, and the
-two engines are held to identical results elsewhere; this test is where a difference would show first."""
+strings. A Spark executor unlike the build runs the numpy path and the local engine the kernel, and the two engines
+are held to identical results elsewhere; this test is where a difference would show first."""
 
 from __future__ import annotations
 

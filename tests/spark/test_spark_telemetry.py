@@ -34,7 +34,7 @@ def test_spark_reads_access_logs_and_otlp_files_as_the_local_engine_does(spark, 
         summary.rejected,
     )
     # odd trace and span ids (test_telemetry_files.ODD_TRACE_IDS, telemetry_files.otlp_file) cost no event on the
-    # executors either (no C extensions there: pyarrow's JSON reader, the Python OTLP pass, the numpy span pass)
+    # executors either (their native tier, the same C passes as the local engine's)
     assert result["warnings"] == summary.warnings and summary.warnings["bad trace_id"] > 1
     assert_same_results(local, remote, DEFINITIONS)  # the exemplars top-N too (the spans' trace ids)
     assert (tmp_path / "spark.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()

@@ -1,7 +1,7 @@
 """The C extension ``drainpipe.native.spanmap``'s two functions in numpy, same arguments, same results
-(``native/_spanmap.c`` states the rules): for where the extension is not there or is off. Spark executors import
-drainpipe from a zip of its Python modules, which cannot hold an extension, and they read OTLP files too. The property
-test of the span mapping runs both.
+(``native/_spanmap.c`` states the rules): for where the extension is not there or is off (a Spark executor whose
+Python or platform differs from the build's: it reads OTLP files and messages too). The property test of the span
+mapping runs both.
 
 On the ingest benchmark's exports, map_spans takes 1.5 us per request span with it, 0.9 with the C pass: some forty
 numpy and pyarrow calls per export instead of one loop."""

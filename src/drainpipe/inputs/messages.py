@@ -3,8 +3,8 @@ as one NDJSON block, the rejects traced back to their messages.
 
 Both engines read topics through this module: ``drainpipe consume`` (:mod:`drainpipe.kafka`) and
 the Spark stream's tasks (:mod:`drainpipe.spark.kafka`), so a message is accepted or rejected, with the same reason,
-whichever reads it. Pure Python over :func:`~.formats.jsonl_format.validate_json_lines` (Spark's executors have
-no C extensions of ours: that function's columnar path then runs on pyarrow alone)."""
+whichever reads it. Pure Python over :func:`~.formats.jsonl_format.validate_json_lines` (its columnar path runs on
+the C scanner where it is built, else on pyarrow alone, as on a Spark executor unlike the build's)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ max and the top-Ns are of the rows themselves. Weighted counts are bincounts wit
 of integers below 2^53.
 
 Group ids and states take a pass over the rows each in the C kernel (``drainpipe.native.groupstates``); where it is
-not built (Spark executors) or is off, the numpy path below gives the same bits, slower."""
+not built (a Spark executor unlike the build) or is off, the numpy path below gives the same bits, slower."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ class _BatchView:
     def _numpy_ids(
         self, codes: list[np.ndarray], names: list[pa.Array], empty: int, width_ms: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_kernel_ids` in numpy (Spark executors): the same ids."""
+        """:meth:`_kernel_ids` in numpy (where the kernel is not built or is off): the same ids."""
         slots = self.numpy("ts") // width_ms
         rows = np.flatnonzero(codes[1] != empty) if len(codes) > 1 and empty >= 0 else None
         if rows is not None:

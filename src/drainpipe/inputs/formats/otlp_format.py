@@ -29,7 +29,7 @@ __all__ = ["OtlpJson", "decode_exports"]
 class OtlpJson(LineFormat):
     name = "otlp"
     suffixes = (".otlp.jsonl", ".otlp.json")
-    cost_per_byte = 4.0  # Spark executors (no C extensions) read it with the Python pass (span_json): slowest per byte
+    cost_per_byte = 4.0  # a Spark split's weight: the Python pass (span_json) where the C one is not, slowest per byte
     block_bytes = LINE_BLOCK_BYTES
 
     def decoder(self, options: InputOptions) -> LineDecoder:
