@@ -135,6 +135,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     if kafka:
         from .spark import KafkaTopics
 
+        if args.max_messages is not None and args.max_messages < 0:
+            raise UsageError("--max-messages must be 0 (no bound) or more")
         bound = {} if args.max_messages is None else {"max_messages": args.max_messages or None}
         source = KafkaTopics.at(args.bootstrap_servers, args.topic, args.encoding, **bound)
     result = run_stream(

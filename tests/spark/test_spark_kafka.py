@@ -20,10 +20,11 @@ pytestmark = [*SPARK, pytest.mark.kafka, pytest.mark.usefixtures("no_member_left
 
 
 def _stream(session: object, servers: str, topic: str, tmp_path: Path, encoding: str = "json",
-            max_messages: int | None = None) -> dict:  # fmt: skip
+            max_messages: int | None = None, batches: list | None = None) -> dict:  # fmt: skip
     return run_stream(KafkaTopics.at(servers, [topic], encoding, max_messages or MAX_MESSAGES), spark=session,
                       store_url=f"duckdb:///{tmp_path / 'stream.duckdb'}", checkpoint=str(tmp_path / "ck"),
-                      dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True)  # fmt: skip
+                      dead_letter=str(tmp_path / "stream.jsonl"), trigger_once=True,
+                      on_batch=None if batches is None else lambda _, summary: batches.append(summary))  # fmt: skip
 
 
 def test_a_stream_from_kafka_stores_what_consume_stores(spark, servers: str, tmp_path: Path) -> None:
@@ -34,11 +35,14 @@ def test_a_stream_from_kafka_stores_what_consume_stores(spark, servers: str, tmp
     reference = f"duckdb:///{tmp_path / 'consume.duckdb'}"
     # the reference member reads the topic while the stream does (each its own offsets): the test waits for one
     member = consume(servers, topic, f"g-{topic}", reference, tmp_path / "consume.jsonl", "--exit-at-end")
-    summary = _stream(spark, servers, topic, tmp_path, max_messages=40)
+    batches: list[dict] = []
+    summary = _stream(spark, servers, topic, tmp_path, max_messages=40, batches=batches)
     finish(member)
     assert stored_calls(reference) == calls
     assert (summary["accepted"], summary["rejected"]) == (sum(calls.values()), 4), summary
     assert summary["batches"] >= 3, summary
+    merged = ["aggregate+collect" in b["stage_s"] for b in batches if b["messages"]]  # in the job's one action
+    assert merged[0] is False and all(merged[1:]), batches
     assert_same_results(reference, f"duckdb:///{tmp_path / 'stream.duckdb'}", default_definitions())
     # topic/partition, offset and reason of each poison message, once
     assert rejected(tmp_path / "stream.jsonl") == rejected(tmp_path / "consume.jsonl")

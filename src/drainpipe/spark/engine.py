@@ -428,7 +428,7 @@ def merge_states(
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
-            if _state_rows(meta) <= options.driver_merge_rows:  # few: collected as they are, merged here
+            if 0 < _state_rows(meta) <= options.driver_merge_rows:  # few: collected as they are, merged here
                 on_driver = _collect(states.filter(F.col("kind") == METRIC))
             else:
                 merged = _collect(_metric_merge(states, definitions, guard))
@@ -652,10 +652,11 @@ def _read_report(
         elif (seen := ends.get(d)) is None or seen < (int(end[0]), int(end[1])):
             ends[d] = (int(end[0]), int(end[1]))
     rejected = select_rows(meta, REJECT)
-    rejects = []
-    for d, line, raw, reason in zip(*(rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason"))):
-        rejects.append((by_index[d].path, line, json.loads(raw), reason))
-    order = {path: i for i, path in enumerate(dict.fromkeys(by_index[d].path for d in sorted(by_index)))}
+    columns = [rejected.column(c).to_pylist() for c in ("d", "line", "raw", "reason")]
+    order: dict[str, int] = {}  # the paths in split order
+    for d in sorted(set(columns[0])):
+        order.setdefault(by_index[d].path, len(order))
+    rejects = [(by_index[d].path, line, json.loads(raw), reason) for d, line, raw, reason in zip(*columns)]
     rejects.sort(key=lambda r: (order[r[0]], r[1]))
     return stats, rejects, ends
 
@@ -822,7 +823,8 @@ def ingest_files(
             # a large input's merged metric states reach the driver one partition at a time; a small one's at once
             # (the streamed merge's 64 partitions' jobs cost seconds: half of a small stream's micro-batch)
             stream = sum(part.nbytes for _, part in items) > STREAM_METRICS_ABOVE_BYTES
-            result = aggregate_splits(spark, splits, selected, replace(options, stream_metrics=stream), accumulators)
+            job = replace(options, stream_metrics=stream, driver_merge=options.driver_merge and not stream)
+            result = aggregate_splits(spark, splits, selected, job, accumulators)
             for (file, part), split in zip(items, splits):
                 end = result.ends.get(split.index)
                 position = part.end_position

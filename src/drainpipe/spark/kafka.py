@@ -142,7 +142,11 @@ class MessagePlan:
         return (0, None) if self.unknown and key not in self.known else None
 
     def split_index(self, topic: str, partition: int) -> int:
-        return self.topics.index(topic) << _PARTITION_BITS | partition
+        """The split index of a partition (:class:`ValueError` past 2,048 topics or 2^20 partitions a topic)."""
+        place = self.topics.index(topic)
+        if partition >> _PARTITION_BITS or place >> (31 - _PARTITION_BITS):
+            raise ValueError(f"kafka:{topic}/{partition}: a stream reads at most 2,048 topics of 2^20 partitions")
+        return place << _PARTITION_BITS | partition
 
 
 class _PartitionSplits(dict[int, Split]):
@@ -179,11 +183,13 @@ def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoin
     """The :data:`~drainpipe.spark.tasks.EventReader` of a micro-batch's messages (``topic, partition, offset,
     value``): each partition's messages in the offsets ``plan`` reads decoded (``encoding``) into events, with
     their rejects (``line`` the offset) and, per partition seen, a SPLIT row of its counts whose ``end`` is the
-    offset after its last message in the task. Plain data only: it runs in the executors."""
+    offset after its last message in the task and the messages it saw there (a file's bytes and lines). Plain data
+    only: it runs in the executors."""
 
     def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
         stats: dict[int, ReadStats] = {}
         ends: dict[int, int] = {}
+        seen_messages: dict[int, int] = {}
         for batch in batches:
             if not batch.num_rows:
                 continue
@@ -193,6 +199,7 @@ def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoin
                 d = plan.split_index(*key)
                 seen = offsets[rows]
                 ends[d] = max(ends.get(d, 0), int(seen.max()) + 1)
+                seen_messages[d] = seen_messages.get(d, 0) + len(seen)
                 span = plan.reading(key)
                 if span is None:
                     continue
@@ -220,7 +227,7 @@ def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoin
             counts = stats.get(d, ReadStats())
             yield info_row(schema, SPLIT, d, {"read": counts.read, "accepted": counts.accepted, "rejected":
                            counts.rejected, "reasons": dict(counts.reasons), "warnings": dict(counts.warnings),
-                           "end": [end, 0], "nbytes": 0})  # fmt: skip
+                           "end": [end, seen_messages[d]], "nbytes": 0})  # fmt: skip
 
     return read
 
@@ -273,7 +280,7 @@ def ingest_messages(
     groups.setdefault(driver.names, {})  # and the partitions the store has no books for: every definition
     splits = _PartitionSplits(source.topics)
     summary: dict[str, Any] = {"read": 0, "accepted": 0, "rejected": 0, "reasons": {}, "warnings": {}, "applied": 0,
-                               "state_rows": 0}  # fmt: skip
+                               "state_rows": 0, "messages": 0, "stage_s": {}}  # fmt: skip
     stats = ReadStats()
     for names, ranges in driver.in_order(groups):
         plan = MessagePlan(source.topics, ranges, frozenset(known), names == driver.names)
@@ -302,6 +309,9 @@ def ingest_messages(
         stats.merge(result.stats)
         summary["applied"] += commits.report.applied
         summary["state_rows"] = max(summary["state_rows"], result.state_rows)
+        summary["messages"] = max(summary["messages"], sum(e[1] for e in result.ends.values() if e is not None))
+        for stage, seconds in result.stage_s.items():
+            summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
     summary.update(read=stats.read, accepted=stats.accepted, rejected=stats.rejected, reasons=dict(stats.reasons),
                    warnings=dict(stats.warnings))  # fmt: skip
     return summary

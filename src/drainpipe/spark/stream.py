@@ -159,7 +159,7 @@ class _MicroBatches:
         c = self._context
         summary, ignored = _ingest_batch(frame, c["session"], c["definitions"], c["store"], c["dead_letter"],
                                          c["options"], c["kafka"])  # fmt: skip
-        c["options"] = _next_options(c["options"], summary)
+        c["options"] = _next_options(c["options"], summary, c["kafka"])
         with self._lock:
             _add(self.totals, summary, ignored)
         if c["on_batch"] is not None:
@@ -192,12 +192,15 @@ def _add(totals: dict[str, Any], summary: dict[str, Any], ignored: int) -> None:
     totals["ignored_files"] += ignored
 
 
-def _next_options(options: JobOptions, summary: dict[str, Any]) -> JobOptions:
-    """The next micro-batch's job options: its states collected in one action and merged on the driver if this
-    one's tasks made at most ``driver_merge_rows`` (a stream's batches are alike; a first batch, or one after a
-    large one, persists its states and looks first)."""
-    rows = summary.get("state_rows")
-    return replace(options, driver_merge=rows is not None and rows <= options.driver_merge_rows)
+def _next_options(options: JobOptions, summary: dict[str, Any], kafka: KafkaTopics | None) -> JobOptions:
+    """The next micro-batch's job options. A Kafka stream's next batch reads at most ``max_messages``: its states
+    are collected in the job's one action and merged on the driver if this batch's state rows per message, times
+    that bound, come to at most ``driver_merge_rows``. Otherwise (a file stream, no bound, a batch that read
+    nothing) the job persists its states and looks first (:func:`~drainpipe.spark.engine.merge_states`)."""
+    rows, messages = summary.get("state_rows", 0), summary.get("messages", 0)
+    bound = kafka.max_messages if kafka is not None else None
+    few = bool(bound and rows and messages) and rows * bound / messages <= options.driver_merge_rows
+    return replace(options, driver_merge=few)
 
 
 def _ingest_batch(
@@ -254,7 +257,7 @@ class _ConnectBatches:
                                                  self.kafka)  # fmt: skip
         finally:
             store.close()
-        self.options = _next_options(self.options, summary)
+        self.options = _next_options(self.options, summary, self.kafka)
         _add(self.totals, summary, ignored)
         row = json.dumps(_plain(self.totals))
         session.createDataFrame([(row,)], "totals string").createOrReplaceGlobalTempView(self.view)

@@ -1,7 +1,8 @@
 """The Python side of the Spark job: the functions ``mapInArrow`` runs in the executors.
 
 Every function here is a factory returning ``fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]``
-(what :meth:`pyspark.sql.DataFrame.mapInArrow` calls once per partition). They hold nothing but plain data
+(what :meth:`pyspark.sql.DataFrame.mapInArrow` calls once per partition), except :func:`split_reader`, which
+returns an :data:`EventReader` for :func:`read_states` and :func:`read_events`. They hold nothing but plain data
 (definitions, the split plan, sizes), so they pickle to the executors; all the work is the shared pipeline code:
 
 * :func:`read_states` (``per_type="map"``): read the task's events with an :data:`EventReader`, partially
