@@ -335,3 +335,6 @@ def test_kafka_encodings_and_the_stream_input_are_checked_in_one_place_each(caps
                  ["--input", "d", "--topic", "t"], []):  # fmt: skip
         assert main(["stream", "--checkpoint", "ck", *argv]) == EXIT_USER
         assert "stream reads either --input DIR or --bootstrap-servers with --topic" in capsys.readouterr().err
+    assert main(["stream", "--checkpoint", "ck", "--bootstrap-servers", "h:1", "--topic", "t", "--max-messages", "-1"]
+                ) == EXIT_USER  # fmt: skip
+    assert "--max-messages must be 0 (no bound) or more" in capsys.readouterr().err

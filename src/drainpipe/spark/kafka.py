@@ -21,7 +21,9 @@ its commit log has it; the store holds each partition's next offset in the trans
 again finds its messages applied and skips them. Consumer-group options do not apply: Spark tracks its offsets in
 the checkpoint, not in a group. A definition added since the store last saw a partition reads it from its own
 offset while the others skip what they have (the driver's policy): then the batch takes one job per set of
-definitions, the fewest first, each reading the batch's records again.
+definitions, the fewest first, each reading the batch's records again. It reads only what the batch holds: with a
+reused checkpoint, the messages before its position are passed over as retention's are (a new checkpoint reads the
+topic from its start).
 
 A micro-batch reads at most :data:`MAX_MESSAGES` messages by default (Spark's ``maxOffsetsPerTrigger``), so a
 first start over a large topic does not make one huge batch: a task holds one Arrow batch of messages at a time
