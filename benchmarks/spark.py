@@ -369,7 +369,7 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
     from cluster import standalone_cluster
 
     out: dict[str, Any] = {"events": args.events, "runs": args.runs, "cores": os.cpu_count()}
-    spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": str(PARTITIONS), **FULL_JIT},
+    spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": str(PARTITIONS)},
                           app_name="drainpipe-bench")  # fmt: skip
     with tempfile.TemporaryDirectory(dir=data_dir) as work:
         out["local[2]"] = builtin_benchmark(spark, path, args.runs, Path(work))
@@ -466,11 +466,6 @@ def stream_comparison(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-#: the plain PySpark baseline aggregates in the JVM, which a local session's default (C1 only, no C2) slows 2.6x
-#: (13.9 s against 5.3 s at 5M events): both contenders get the JVM's full compiler here, as on a cluster's executors
-FULL_JIT = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=None, help="default 5M (1M with --stream)")
@@ -494,7 +489,7 @@ def main() -> int:
     path = dataset(args.events, data_dir)
     if args.cluster:
         return cluster_comparison(args, path, data_dir)
-    spark = spark_session(args.master, {"spark.sql.shuffle.partitions": str(PARTITIONS), **FULL_JIT},
+    spark = spark_session(args.master, {"spark.sql.shuffle.partitions": str(PARTITIONS)},
                           app_name="drainpipe-bench")  # fmt: skip
     with tempfile.TemporaryDirectory(dir=data_dir) as work:
         builtin = builtin_benchmark(spark, path, args.runs, Path(work))

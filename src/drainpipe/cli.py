@@ -69,8 +69,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     log_format = log_format_of(args.log_format)  # an unusable format is refused before anything starts
     if args.engine == "spark":
-        from .spark import run_batch
+        from .spark import run_batch, short_lived_jvm
 
+        if args.spark_master.startswith("local") and not (args.spark_remote or os.environ.get("SPARK_REMOTE")):
+            short_lived_jvm()  # one job, then the process exits
         conf = dict(_kv(c) for c in args.spark_conf)
         result = run_batch(
             args.input,

@@ -52,7 +52,9 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
     placed_plan = plan_placement(weights, PARTITIONS)
     assert placed_plan.salted.get("svc-00", 0) >= 3
     best: dict[str, dict] = {}
-    for _attempt in range(2):  # wall-clock task times: allow a noisy neighbour a retry
+    # task times, wall and CPU, of tasks of tens of milliseconds vary between runs on a shared machine (the CPU
+    # ratio once came out 2.16 in a full run of tests/spark): a run that misses gets a retry
+    for _attempt in range(3):
         hashed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, hash_placement(PARTITIONS), options)
         placed = per_type_stage(spark, events, DEFAULT_DEFINITIONS, placed_plan, options)
         best = {
@@ -60,7 +62,8 @@ def test_placement_evens_out_task_times(spark, events_path: str) -> None:
             for plan, result in (("hash", hashed), ("placed", placed))
             for measure in ("events", "cpu", "seconds")
         }
-        if best["placed_seconds"]["ratio"] <= 2.0 and best["placed_seconds"]["ratio"] < best["hash_seconds"]["ratio"]:
+        if (best["placed_seconds"]["ratio"] <= 2.0 and best["placed_seconds"]["ratio"] < best["hash_seconds"]["ratio"]
+                and best["placed_cpu"]["ratio"] <= 2.0):  # fmt: skip
             break
     print("per-type task spread (max/median):", {k: round(v["ratio"], 2) for k, v in best.items()})
     assert best["placed_events"]["tasks"] == best["hash_events"]["tasks"] == PARTITIONS

@@ -34,7 +34,7 @@ from drainpipe.pipeline import DEFAULT_DEFINITIONS, DEFAULT_STORE_URL, Definitio
 
 from .engine import PER_TYPE_MODES, JobOptions, ingest_files
 from .kafka import KafkaTopics
-from .session import add_rate, check_java, check_pyspark, job, spark_session
+from .session import add_rate, check_java, check_pyspark, job, short_lived_jvm, spark_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -46,6 +46,7 @@ __all__ = [
     "check_java",
     "check_pyspark",
     "spark_session",
+    "short_lived_jvm",
     "JobOptions",
     "PER_TYPE_MODES",
     "default_dead_letter",

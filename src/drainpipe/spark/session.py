@@ -51,6 +51,7 @@ __all__ = [
     "ship_code",
     "is_connect",
     "job_session",
+    "short_lived_jvm",
 ]
 
 MIN_JAVA = 17
@@ -177,11 +178,7 @@ def spark_session(
     local = remote is None and master.startswith("local")
     if local:
         settings.update(_LOCAL_CONF)
-        # the JVM's optimising compiler (C2) stays off: a local JVM mostly moves bytes between Kafka or files and
-        # Python, and C2 spent more CPU compiling than it saved for a whole short job (a stream's first batches)
-        settings["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile=file:{_quiet_log4j()} -XX:TieredStopAtLevel=1"
-        )
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_quiet_log4j()}"
         _map_class_archive()
     settings.update(conf or {})
     if settings.get("spark.pyspark.python"):
@@ -209,6 +206,17 @@ def _python_chosen(settings: Mapping[str, str]) -> bool:
     return bool(
         os.environ.get("PYSPARK_PYTHON") or settings.get("spark.pyspark.python") or settings.get("spark.archives")
     )
+
+
+def short_lived_jvm() -> None:
+    """For a process that starts a local session, runs one job and exits (``drainpipe run --engine spark``): its
+    JVM runs without the optimising compiler (C2, ``-XX:TieredStopAtLevel=1``, added to ``SPARK_SUBMIT_OPTS``, so
+    a ``spark.driver.extraJavaOptions`` of the user's still wins). The JVM there mostly moves bytes between the input
+    and Python, and C2 spent more CPU compiling than it saved in a job of seconds; a long-lived session (a stream,
+    an application's) keeps it: there it pays back (docs/pipeline.md). Call it before the session starts."""
+    submit = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if "TieredStopAtLevel" not in submit:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{submit} -XX:TieredStopAtLevel=1".strip()
 
 
 def _map_class_archive() -> None:
