@@ -12,12 +12,17 @@ Stages (``per_type="map"``, the default)::
     TOPN, REJECT, SPLIT, TASK rows -------------------------------------------------> driver   (action 1)
       (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are first merged in Spark:
        repartition(d, entity, bucket) --mapInArrow(merge_topn))
-    METRIC rows --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)
+    METRIC rows, at most driver_merge_rows (the tasks' reports say how many) -------> driver   (action 2)
+        merged there with the shared merge, the guard by name
+    METRIC rows, more --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)
         [--> the cardinality guard (a window per scope and minute), when the tasks' reports say it can fold]
         ------------------------------------------------------------------------------> driver   (action 2)
 
-The merge across tasks uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
-:data:`~drainpipe.pipeline.partials.STATE_COLUMNS` (the shared merge operations): exact for the integer
+    (``driver_merge``, a stream's micro-batch after a small one: every row in action 1, nothing persisted)
+
+The merge across tasks of many states uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
+:data:`~drainpipe.pipeline.partials.STATE_COLUMNS` (the shared merge operations; few states are merged on the
+driver with those operations themselves, :func:`~drainpipe.pipeline.partials.normalize`): exact for the integer
 states and min/max; float sums (``sum``, ``avg``) add in another order than the local engine, so they may
 differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.partials.merge` (on the
 driver, after a Spark stage of it when many tasks contribute).
