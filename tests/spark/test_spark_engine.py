@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC
 from pathlib import Path
 
@@ -224,3 +225,46 @@ def test_spark_guard_bounds_entities_that_no_single_task_exceeds(spark, tmp_path
         store.close()
     assert len(rows) == 151 and dict((e, v) for _m, e, _g, _b, _l, v in rows)[OVERFLOW] == 50
     assert summary["overflow"] == {"endpoint": 50}
+
+
+def test_a_micro_batch_reads_its_records_in_one_job(spark, tmp_path: Path) -> None:
+    """A micro-batch (here a frame of messages as Spark's Kafka source gives them) is one Spark job when its states
+    merge on the driver: the records are read once, with no job for the batch's offset ranges before it. Run again,
+    it finds its messages applied; a partition the store has never seen is read from its first message."""
+    import json
+
+    from drainpipe.pipeline import open_store
+    from drainpipe.spark import KafkaTopics
+    from drainpipe.spark.kafka import ingest_messages
+
+    base = 1_790_000_000_000
+    rows = [("t", p, 40 + o, json.dumps({"ts": base + o, "service": "api", "endpoint": "/x", "latency_ms": 1.0,
+                                         "status": True}).encode()) for p in range(2) for o in range(50)]  # fmt: skip
+    frame = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
+    tracker = spark.sparkContext.statusTracker()
+    store = open_store(f"duckdb:///{tmp_path / 's.duckdb'}")
+    try:
+        for accepted in (100, 0):
+            before = set(tracker.getJobIdsForGroup())
+            summary = ingest_messages(spark, frame, KafkaTopics("-", ("t",), "c"), DEFAULT_DEFINITIONS, store, None,
+                                      JobOptions(driver_merge=True))  # fmt: skip
+            assert len(set(tracker.getJobIdsForGroup()) - before) == 1
+            assert summary["accepted"] == accepted, summary
+        ends = {(r.part, r.end) for r in store.progress("kafka")}
+    finally:
+        store.close()
+    assert ends == {("c/t/0", 90), ("c/t/1", 90)}
+
+
+def test_a_one_job_process_runs_its_jvm_without_c2_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``short_lived_jvm`` adds ``-XX:TieredStopAtLevel=1`` to the launcher's options once; a level the user set
+    there stays."""
+    from drainpipe.spark import short_lived_jvm
+
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Xss4m")
+    short_lived_jvm()
+    short_lived_jvm()
+    assert os.environ["SPARK_SUBMIT_OPTS"] == "-Xss4m -XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=4")
+    short_lived_jvm()
+    assert os.environ["SPARK_SUBMIT_OPTS"] == "-XX:TieredStopAtLevel=4"

@@ -95,32 +95,3 @@ def test_a_definition_added_between_streams_reads_the_topic_from_its_start(spark
     assert stored_calls(store) == calls
     finish(member)
     assert_same_results(reference, store, more)
-
-
-def test_a_micro_batch_reads_its_records_in_one_job(spark, tmp_path: Path) -> None:
-    """A micro-batch (here a frame of messages as Spark's Kafka source gives them) is one Spark job when its states
-    merge on the driver: the records are read once, with no job for the batch's offset ranges before it. Run again,
-    it finds its messages applied; a partition the store has never seen is read from its first message."""
-    import json
-
-    from drainpipe.pipeline import DEFAULT_DEFINITIONS, open_store
-    from drainpipe.spark.engine import JobOptions
-    from drainpipe.spark.kafka import ingest_messages
-
-    base = 1_790_000_000_000
-    rows = [("t", p, 40 + o, json.dumps({"ts": base + o, "service": "api", "endpoint": "/x", "latency_ms": 1.0,
-                                         "status": True}).encode()) for p in range(2) for o in range(50)]  # fmt: skip
-    frame = spark.createDataFrame(rows, "topic string, partition int, offset long, value binary")
-    tracker = spark.sparkContext.statusTracker()
-    store = open_store(f"duckdb:///{tmp_path / 's.duckdb'}")
-    try:
-        for accepted in (100, 0):
-            before = set(tracker.getJobIdsForGroup())
-            summary = ingest_messages(spark, frame, KafkaTopics("-", ("t",), "c"), DEFAULT_DEFINITIONS, store, None,
-                                      JobOptions(driver_merge=True))  # fmt: skip
-            assert len(set(tracker.getJobIdsForGroup()) - before) == 1
-            assert summary["accepted"] == accepted, summary
-        ends = {(r.part, r.end) for r in store.progress("kafka")}
-    finally:
-        store.close()
-    assert ends == {("c/t/0", 90), ("c/t/1", 90)}

@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         rollup,
         split_partial,
     )
-    from .progress import InputFile, PartBooks, open_books, resolve
+    from .progress import InputFile, PartBooks, books_from, open_books, resolve
     from .remote_write import RemoteWriter, send_stored
     from .remote_write_flags import RemoteWriteOptions, add_remote_write_options, remote_write_options
     from .rendering import render
@@ -136,7 +136,7 @@ _HOMES = {
         ],
         "partials",
     ),
-    **dict.fromkeys(["InputFile", "PartBooks", "open_books", "resolve"], "progress"),
+    **dict.fromkeys(["InputFile", "PartBooks", "books_from", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["Commit", "Driver", "Sink"], "driver"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
@@ -232,6 +232,7 @@ __all__ = [
     "merge",
     "ms_from_bucket",
     "normalize",
+    "books_from",
     "open_books",
     "open_store",
     "parse_time",

@@ -27,7 +27,7 @@ at its first commit); for an immutable file, its content hash.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..inputs import FileSource, Position, detect_format, growable, head_of, node_of, prefix_hasher
 from .store import SourceProgress, Store
 
-__all__ = ["COMPLETE", "InputFile", "PartBooks", "open_books", "resolve"]
+__all__ = ["COMPLETE", "InputFile", "PartBooks", "books_from", "open_books", "resolve"]
 
 #: the whole of an immutable file is applied
 COMPLETE = Position(-1, -1)
@@ -102,7 +102,13 @@ class PartBooks:
 
 def open_books(store: Store, source: str, part: str, names: Collection[str]) -> PartBooks:
     """The books of ``part`` of ``source`` for the definitions ``names``, as the store has them."""
-    found = {r.name: Position(r.end, r.lines) for r in store.progress(source, part=part) if r.name in names}
+    return books_from(source, part, names, store.progress(source, part=part))
+
+
+def books_from(source: str, part: str, names: Collection[str], rows: Iterable[SourceProgress] = ()) -> PartBooks:
+    """The books of ``part`` from the store's progress ``rows`` of it (those of other definitions are ignored);
+    a definition without a row is at the part's start. For a reader that reads many parts' rows in one query."""
+    found = {r.name: Position(r.end, r.lines) for r in rows if r.name in names}
     return PartBooks(source, part, dict.fromkeys(names, Position()) | found)
 
 

@@ -433,7 +433,7 @@ def merge_states(
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
-            if 0 < _state_rows(meta) <= options.driver_merge_rows:  # few: collected as they are, merged here
+            if options.driver_merge_rows and _state_rows(meta) <= options.driver_merge_rows:  # few: merged here
                 on_driver = _collect(states.filter(F.col("kind") == METRIC))
             else:
                 merged = _collect(_metric_merge(states, definitions, guard))
@@ -817,7 +817,6 @@ def ingest_files(
         "stage_s": {},
         "spread": {},
         "tiers": Counter(),  # tasks per (C extensions their Python ran, why any was missing)
-        "state_rows": 0,  # the most metric state rows one job's tasks made
     }
     accumulators = _accumulators(spark) if progress is not None else None
     poller = _ProgressPoller(progress, accumulators, (0, 0))
@@ -866,7 +865,6 @@ def ingest_files(
                 summary["stage_s"][stage] = summary["stage_s"].get(stage, 0.0) + seconds
             summary["spread"].update(result.spread())
             summary["tiers"].update(result.tiers)
-            summary["state_rows"] = max(summary["state_rows"], result.state_rows)
             if result.placement is not None:
                 summary["placement"] = {
                     "partitions": result.placement.partitions,

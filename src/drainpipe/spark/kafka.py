@@ -54,7 +54,7 @@ from drainpipe.inputs import DeadLetter, EventBatch, Part, Position, ReadStats, 
 from drainpipe.inputs.endpoints import EndpointRules
 from drainpipe.inputs.messages import KAFKA_SOURCE, check_encoding, decode_values, message_source, partition_part
 from drainpipe.inputs.spans import SpanMapping
-from drainpipe.pipeline import Definitions, Driver, PartBooks, Store
+from drainpipe.pipeline import Definitions, Driver, PartBooks, SourceProgress, Store, books_from
 
 from . import skew
 from .commits import JobCommit
@@ -236,22 +236,13 @@ def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoin
 
 def _books(store: Store, source: KafkaTopics, names: Sequence[str]) -> dict[tuple[str, int], PartBooks]:
     """The books the store has for the topics' partitions (one query), per ``(topic, partition)``."""
-    parts = {partition_part(source.cluster, topic, 0).removesuffix("/0"): topic for topic in source.topics}
-    found: dict[tuple[str, int], dict[str, Position]] = {}
+    topics = {partition_part(source.cluster, topic, 0).removesuffix("/0"): topic for topic in source.topics}
+    rows: dict[tuple[str, int], list[SourceProgress]] = {}
     for row in store.progress(KAFKA_SOURCE):
         prefix, _, number = row.part.rpartition("/")
-        if (topic := parts.get(prefix)) is not None and row.name in names:
-            found.setdefault((topic, int(number)), {})[row.name] = Position(row.end, row.lines)
-    return {key: _new_books(source, key, names, applied) for key, applied in found.items()}
-
-
-def _new_books(
-    source: KafkaTopics, key: tuple[str, int], names: Sequence[str], applied: Mapping[str, Position] | None = None
-) -> PartBooks:
-    """A partition's books: ``applied`` as the store has it, every other definition at its start."""
-    return PartBooks(
-        KAFKA_SOURCE, partition_part(source.cluster, *key), dict.fromkeys(names, Position()) | dict(applied or {})
-    )
+        if (topic := topics.get(prefix)) is not None:
+            rows.setdefault((topic, int(number)), []).append(row)
+    return {key: books_from(KAFKA_SOURCE, found[0].part, names, found) for key, found in rows.items()}
 
 
 def ingest_messages(
@@ -287,7 +278,7 @@ def ingest_messages(
     for names, ranges in driver.in_order(groups):
         plan = MessagePlan(source.topics, ranges, frozenset(known), names == driver.names)
         selected = definitions.select(sorted(names))
-        result = _job(spark, frame, plan, source.encoding, selected, options, splits, parallelism(spark))
+        result = _job(spark, frame, plan, source.encoding, selected, options, splits)
         if dead_letter is not None:
             for path, offset, raw, reason in result.rejects:
                 dead_letter.write(path, offset, raw, reason)
@@ -298,7 +289,8 @@ def ingest_messages(
             lo, hi = span
             stop = end[0] if hi is None else min(hi, end[0])
             if stop > lo:
-                held = known.setdefault(key, _new_books(source, key, definitions.names))
+                held = known.setdefault(key, books_from(KAFKA_SOURCE, partition_part(source.cluster, *key),
+                                                        definitions.names))  # fmt: skip
                 driver.hold(key, held)
                 held.advance(names, Position(stop))
         try:
@@ -321,7 +313,7 @@ def ingest_messages(
 
 def _job(
     spark: SparkSession, frame: DataFrame, plan: MessagePlan, encoding: str, definitions: Definitions,
-    options: JobOptions, splits: Mapping[int, Split], tasks: int,
+    options: JobOptions, splits: Mapping[int, Split],
 ) -> JobResult:  # fmt: skip
     """One job over the micro-batch's records: each task decodes and aggregates its messages (``per_type="map"``,
     the default), or decodes them for the per-type stage. The topic partitions' ranges are coalesced into a task
@@ -329,7 +321,8 @@ def _job(
     the state rows on two cores). Merged states are handed out in chunks only when the tasks' state rows are many
     (:func:`~drainpipe.spark.engine.merge_states`)."""
     reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints)
-    messages = frame.select("topic", "partition", "offset", "value").coalesce(parallelism(spark))
+    tasks = parallelism(spark)
+    messages = frame.select("topic", "partition", "offset", "value").coalesce(tasks)
     job = replace(options, stream_metrics=True)
     if options.per_type == "map":
         states = messages.mapInArrow(read_states(definitions, reader, "decode+aggregate"), spark_schema(STATE_ROWS))

@@ -214,20 +214,23 @@ def short_lived_jvm() -> None:
     a ``spark.driver.extraJavaOptions`` of the user's still wins). The JVM there mostly moves bytes between the input
     and Python, and C2 spent more CPU compiling than it saved in a job of seconds; a long-lived session (a stream,
     an application's) keeps it: there it pays back (docs/pipeline.md). Call it before the session starts."""
-    submit = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    if "TieredStopAtLevel" not in submit:
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{submit} -XX:TieredStopAtLevel=1".strip()
+    _add_launcher_option("-XX:TieredStopAtLevel=1", unless=("TieredStopAtLevel",))
 
 
 def _map_class_archive() -> None:
     """Before a local master's JVM starts (it runs the executors too): map the class-data archive if this machine
     has one (:mod:`.jvm_archive`; about half the start), unless the launcher's options name one already."""
-    submit = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    if "SharedArchiveFile" in submit or "ArchiveClassesAtExit" in submit:
-        return
     options = java_options()
     if options is not None:
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{submit} {options}".strip()
+        _add_launcher_option(options, unless=("SharedArchiveFile", "ArchiveClassesAtExit"))
+
+
+def _add_launcher_option(option: str, unless: tuple[str, ...]) -> None:
+    """Add ``option`` to the JVM options Spark's launcher reads (``SPARK_SUBMIT_OPTS``), unless they name one of
+    ``unless`` already (the user's choice)."""
+    submit = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if not any(word in submit for word in unless):
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{submit} {option}".strip()
 
 
 def is_connect(session: Any) -> bool:
