@@ -4,6 +4,9 @@ keys that differ by case and by non-ASCII bytes, with and without latency classe
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -170,3 +173,86 @@ def test_a_store_written_with_a_row_per_bin_is_packed_when_opened(stores: tuple[
             con.execute("INSERT INTO metric_state (metric, entity, granularity, time_bucket, b, n) "
                         "SELECT metric, entity, granularity, time_bucket, 3, 1 FROM metric_state LIMIT 1")  # fmt: skip
         assert reopened.query() == duck.query()
+
+
+def _close_enough(a: list[tuple], b: list[tuple]) -> bool:
+    """Equal value rows, float sums (``s``, ``avg``) up to the last ulps: the fold adds a key's queued states
+    together before it adds them to the stored one, another order of the same additions."""
+    return len(a) == len(b) and all(
+        x[:5] == y[:5] and (x[5] == y[5] or (x[0] in ("s", "avg") and math.isclose(x[5], y[5], rel_tol=1e-9)))
+        for x, y in zip(a, b)
+    )
+
+
+@pytest.fixture
+def writers(pg_url: str) -> Iterator[tuple[list[Store], Store]]:
+    """Three writers of one PostgreSQL store and a DuckDB store to hold them to; a statement counter on the states'
+    upserts (a sequence: not rolled back)."""
+    pgs = [open_store(pg_url) for _ in range(3)]
+    con = pgs[0].backend  # type: ignore[attr-defined]
+    with con.session("x"):
+        con.execute("CREATE SEQUENCE upserts")
+        con.execute("CREATE FUNCTION count_upsert() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN PERFORM nextval('upserts'); RETURN NULL; END $$")  # fmt: skip
+        con.execute("CREATE TRIGGER count_upsert BEFORE INSERT ON metric_state FOR EACH STATEMENT "
+                    "EXECUTE FUNCTION count_upsert()")  # fmt: skip
+    duck = open_store("duckdb:///:memory:")
+    yield pgs, duck
+    for store in (*pgs, duck):
+        store.close()
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_EVENTS.filter(lambda rows: len(rows) >= 2), st.lists(st.floats(0, 1), min_size=1, max_size=2))
+@example(  # both writers bring states of the same minute, hour and day keys
+    [(0, "alpha", "i1", "/a", 50.0, True, "select 1"), (0, "alpha", "i1", "/a", 10.0, False, "select 2"),
+     (1, "alpha", "i1", "/a", 500.0, True, "select 1")],
+    [0.5],
+)  # fmt: skip
+def test_one_fold_merges_every_writers_queued_states(
+    writers: tuple[list[Store], Store], rows: list[tuple], fractions: list[float]
+) -> None:
+    """Writers that commit while another merge holds the merge lock queue their states; the first fold after it
+    merges all of them, a key's states added up first (one upsert statement per kind of state for every writer), and
+    the values equal the states merged one after the other in Python."""
+    pgs, duck = writers
+    _empty(*pgs, duck)
+    events = event_batch([(T0 + m * 60_000 + i, svc, inst, ep, lat, ok, st) for i, (m, svc, inst, ep, lat, ok, st)
+                          in enumerate(rows)])  # fmt: skip
+    bounds = sorted({0, len(rows), *(min(max(1, int(f * len(rows))), len(rows) - 1) for f in fractions)})
+    slices = [aggregate_batch(events.slice(lo, hi - lo), DEFINITIONS) for lo, hi in zip(bounds, bounds[1:])]
+    for partials in slices:
+        duck.merge(partials)
+    holder = pgs[0].backend  # type: ignore[attr-defined]
+    with holder.session("hold"):
+        before = holder.fetchall("SELECT last_value, is_called FROM upserts")[0]
+        done: list[BaseException | None] = []
+        with holder.transaction():
+            holder.lock_merges()  # as a long merge would
+
+            def write(store: Store, partials: list) -> None:
+                try:
+                    store.merge(partials)
+                    done.append(None)
+                except BaseException as exc:  # reported below
+                    done.append(exc)
+
+            threads = [threading.Thread(target=write, args=(pgs[1 + i % 2], p)) for i, p in enumerate(slices[:2])]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 10
+            while holder.fetchall("SELECT count(DISTINCT xmin::text) FROM merge_queue")[0][0] < len(threads):
+                assert time.monotonic() < deadline, "the writers never queued"
+                time.sleep(0.01)
+        for t in threads:
+            t.join(10)
+        assert done == [None] * len(threads)
+        after = holder.fetchall("SELECT last_value, is_called FROM upserts")[0]
+    for partials in slices[2:]:
+        pgs[0].merge(partials)
+    upserts = (after[0] if after[1] else 0) - (before[0] if before[1] else 0)
+    assert upserts == 2  # one fold: scalar states and histograms, once for both writers
+    assert holder.fetchall("SELECT count(*) FROM merge_queue")[0][0] == 0
+    assert _close_enough(pgs[0].query(), duck.query())
+    for topn in DEFINITIONS.topns:
+        assert pgs[0].query_topn(topn.name) == duck.query_topn(topn.name)

@@ -77,9 +77,10 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     assert got_topn == want_topn
 
 
-def _faults(pg_url: str, *codes: str) -> None:
-    """A trigger on ``metric_state`` that fails the first merges that write it, one per code (SQLSTATE), then never.
-    A sequence counts the calls: unlike a table, it is not rolled back with the failed transaction."""
+def _faults(pg_url: str, *codes: str, table: str = "merge_queue") -> None:
+    """A trigger on ``table`` that fails the first statements that insert into it, one per code (SQLSTATE), then
+    never: the queue is written by a merge's commit, ``metric_state`` by the fold after it. A sequence counts the
+    calls: unlike a table, it is not rolled back with the failed transaction."""
     cases = " ".join(
         f"IF n = {i} THEN RAISE EXCEPTION 'injected fault {code}' USING ERRCODE = '{code}'; END IF;"
         for i, code in enumerate(codes, 1)
@@ -91,7 +92,7 @@ def _faults(pg_url: str, *codes: str) -> None:
             f"n := nextval('fault_calls'); {cases} RETURN NULL; END $$"
         )
         con.execute(
-            "CREATE TRIGGER inject_fault BEFORE INSERT ON metric_state FOR EACH STATEMENT EXECUTE FUNCTION inject_fault()"
+            f"CREATE TRIGGER inject_fault BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION inject_fault()"
         )
 
 
@@ -109,6 +110,26 @@ def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
         got = store.query()
     with psycopg.connect(pg_url, autocommit=True) as con:
         assert con.execute("SELECT last_value FROM fault_calls").fetchone()[0] >= 3  # both faults fired
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def test_a_fold_that_fails_is_owed_not_retried(pg_url: str) -> None:
+    """A fold (the merge of the queued states) that fails after the merge's commit must not make the merge fail: a
+    retried merge would queue its states again. The merge succeeds, the states wait in the queue, and the next merge
+    or query folds them: the values equal a store that never failed, with no retry of the engine."""
+    batches = [store_events(500, seed=300 + i) for i in range(4)]
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        _faults(pg_url, "40001", "40P01", table="metric_state")
+        engine = LocalEngine(DEFAULT_DEFINITIONS, store, EngineOptions(store_retry_s=(0.01, 0.05)), name="pg-owed")
+        for batch in batches:
+            engine.ingest(batch)
+        engine.close()
+        assert engine.counters.store_retries == 0 and engine.counters.store_errors == 0
+        got = store.query()
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        assert con.execute("SELECT last_value FROM fault_calls").fetchone()[0] >= 3  # both faults fired
+        assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0
     want, _ = _reference(batches)
     assert same_values(got, want)
 

@@ -58,10 +58,16 @@ class Backend(Protocol):
         """One transaction: committed when the block ends, rolled back when it raises."""
         ...
 
-    def lock_writes(self) -> None:
-        """Called first in every writing transaction: a database other processes write too takes a lock held until
-        the transaction ends, so that merges (read stored states, merge, replace) never interleave. An embedded
-        file has one writer process already."""
+    def lock_books(self) -> None:
+        """Called first in every writing transaction: a database other processes write too takes a lock on the
+        books (progress, fences, the registry) held until the transaction ends, so that a fence and a commit of the
+        part it fences never interleave. An embedded file has one writer process already."""
+        ...
+
+    def lock_merges(self) -> None:
+        """Called (after :meth:`lock_books`, where both are taken) by every transaction that merges into the stored
+        states: a database other processes write too takes a lock held until the transaction ends, so that merges
+        (stored states merged with new ones, values computed from the result) never interleave."""
         ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...

@@ -37,7 +37,7 @@ inside the store's session and writing transaction; blocking; database errors pr
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..buckets import GRANULARITY_MS
-from ..definitions import MetricDef
+from ..definitions import Definition, MetricDef
 from ..grouping import table_groups
 from ..partials import MetricPartial, TopNPartial
 from ..state_table import STATE_TABLE_SCHEMA, to_state_table, to_topn_table, with_key
 from ..values import PERCENTILE_LABELS, PERCENTILES, bucket_column
 from .backend import Backend
 
-__all__ = ["PACKED", "STAGING_DDL", "STATE_KEY_INDEX", "VALUE_KEY_INDEX", "merge_staged", "pack_stored_bins", "stage"]
+__all__ = [
+    "PACKED",
+    "QUEUE_DDL",
+    "QUEUE_TABLES",
+    "STAGING_DDL",
+    "STATE_KEY_INDEX",
+    "VALUE_KEY_INDEX",
+    "begin_queue",
+    "define_queued",
+    "discard_queued",
+    "fold",
+    "merge_staged",
+    "pack_stored_bins",
+    "queue",
+    "queued_rows",
+    "stage",
+]
 
 log = logging.getLogger("drainpipe.store")
 
@@ -72,6 +88,19 @@ STAGING_DDL = (
         name VARCHAR NOT NULL, fn VARCHAR NOT NULL, precision_ms DOUBLE PRECISION, keep INTEGER,
         bounds DOUBLE PRECISION[])""",
 )
+#: the queue every writer appends its committed states to, and how each definition's states merge (shared tables)
+QUEUE_DDL = (
+    """CREATE TABLE IF NOT EXISTS merge_queue (
+        metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
+        time_bucket TIMESTAMPTZ NOT NULL, b BIGINT NOT NULL, n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT,
+        bins BIGINT[], counts BIGINT[], key VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS merge_defs (
+        name VARCHAR PRIMARY KEY, fn VARCHAR NOT NULL, precision_ms DOUBLE PRECISION, keep INTEGER,
+        bounds DOUBLE PRECISION[])""",
+)
+QUEUE_TABLES = ("merge_queue", "merge_defs")
+#: the ``granularity`` of a queued top-N row (its latency in ``v``, its key in ``key``)
+QUEUED_TOPN = "#topn"
 #: the state key, unique: what the states' upsert's ON CONFLICT names
 _STATE_KEY = "metric, granularity, entity, time_bucket, b"
 STATE_KEY_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS metric_state_unique ON metric_state ({_STATE_KEY})"
@@ -174,6 +203,43 @@ SELECT name, entity, time_bucket,
 FROM kept WHERE position <= keep"""
 
 
+# The queue taken whole (one DELETE: the rows one snapshot holds, so a commit is folded whole or not at all) and
+# added up per key into the session's staging tables, which the statements above then merge: scalar states by their
+# operation (sum, or LEAST / GREATEST for min / max), histograms bin by bin, top-N rows as they are (the top-N merge
+# ranks stored and new rows together).
+_FOLD = f"""
+WITH q AS (
+    DELETE FROM merge_queue RETURNING *
+), scalars AS (
+    INSERT INTO stage_state ({", ".join(_STATE_COLUMNS)})
+    SELECT q.metric, q.entity, q.granularity, q.time_bucket, q.b, sum(q.n)::bigint,
+        CASE min(d.fn) WHEN 'min' THEN min(q.v) WHEN 'max' THEN max(q.v) ELSE sum(q.v) END,
+        sum(q.ok)::bigint, sum(q.tol)::bigint, NULL, NULL
+    FROM q JOIN merge_defs d ON d.name = q.metric
+    WHERE q.bins IS NULL AND q.granularity <> '{QUEUED_TOPN}'
+    GROUP BY q.metric, q.entity, q.granularity, q.time_bucket, q.b
+    RETURNING 1
+), bins AS (
+    INSERT INTO stage_state ({", ".join(_STATE_COLUMNS)})
+    SELECT m.metric, m.entity, m.granularity, m.time_bucket, {PACKED}, sum(m.c)::bigint, NULL, NULL, NULL,
+        array_agg(m.bin ORDER BY m.bin), array_agg(m.c ORDER BY m.bin)
+    FROM (
+        SELECT q.metric, q.entity, q.granularity, q.time_bucket, u.bin, sum(u.c)::bigint AS c
+        FROM q CROSS JOIN LATERAL unnest(q.bins, q.counts) AS u (bin, c)
+        WHERE q.bins IS NOT NULL
+        GROUP BY q.metric, q.entity, q.granularity, q.time_bucket, u.bin
+    ) AS m
+    GROUP BY m.metric, m.entity, m.granularity, m.time_bucket
+    RETURNING 1
+), tops AS (
+    INSERT INTO stage_topn ({", ".join(_TOPN_COLUMNS)})
+    SELECT q.metric, q.entity, q.time_bucket, q.key, q.v FROM q WHERE q.granularity = '{QUEUED_TOPN}'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM scalars), (SELECT count(*) FROM bins),
+    (SELECT count(*) FROM tops)"""
+
+
 # The percentile states of a store written before they were packed (a row per bin) become a row per key; run once,
 # when the columns are added (the same transaction as the schema: an open cut halfway leaves the columns absent).
 # A percentile metric is one the registry signs as such, or one with a row that is not at b = PACKED (only bins
@@ -255,43 +321,148 @@ def _state_rows(partial: MetricPartial) -> pa.Table:
     return with_key(table, partial.name, partial.granularity)
 
 
-def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
-    """Make ``metrics`` (unique keys per partial, and one partial per definition and granularity) and ``topns`` the
-    session's staged rows, replacing what was staged before. Touches no shared table: may run before the lock."""
-    backend.execute("TRUNCATE stage_state, stage_topn, stage_defs")
+def _definition_rows(definitions: Iterable[Definition]) -> list[Any]:
+    """The (name, fn, precision_ms, keep, bounds) of each definition, flat, in name order: what the merge statements
+    join a state's metric against."""
     rows: list[Any] = []
-    for d in sorted({p.definition for p in (*metrics, *topns)}, key=lambda d: d.name):
+    for d in sorted(set(definitions), key=lambda d: d.name):
         if isinstance(d, MetricDef):
             rows += [d.name, d.function, d.precision_ms, None, None]
         else:
             rows += [d.name, "topn", None, d.n, [float(b) for b in d.latency_buckets_ms]]
+    return rows
+
+
+def _insert_definitions(backend: Backend, table: str, rows: list[Any], conflict: str = "") -> None:
     if rows:
         values = ", ".join(["(?, ?, ?::float8, ?::integer, ?::float8[])"] * (len(rows) // 5))
-        backend.execute(f"INSERT INTO stage_defs VALUES {values}", rows)
+        backend.execute(f"INSERT INTO {table} VALUES {values}{conflict}", rows)
+
+
+def _topn_rows(topns: Sequence[TopNPartial]) -> pa.Table | None:
+    tops = [to_topn_table(t) for t in topns if t.table.num_rows]
+    return pa.concat_tables(tops).select(list(_TOPN_COLUMNS)) if tops else None
+
+
+def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
+    """Make ``metrics`` (unique keys per partial, and one partial per definition and granularity) and ``topns`` the
+    session's staged rows, replacing what was staged before. Touches no shared table: may run before the lock."""
+    backend.execute("TRUNCATE stage_state, stage_topn, stage_defs")
+    _insert_definitions(backend, "stage_defs", _definition_rows(p.definition for p in (*metrics, *topns)))
     states = [_state_rows(p) for p in metrics if p.table.num_rows]
     if states:
-        table = pa.concat_tables(states)
-        backend.insert_arrow("stage_state", table.select(list(_STATE_COLUMNS)))
-    tops = [to_topn_table(t) for t in topns if t.table.num_rows]
-    if tops:
-        backend.insert_arrow("stage_topn", pa.concat_tables(tops).select(list(_TOPN_COLUMNS)))
+        backend.insert_arrow("stage_state", pa.concat_tables(states).select(list(_STATE_COLUMNS)))
+    tops = _topn_rows(topns)
+    if tops is not None:
+        backend.insert_arrow("stage_topn", tops)
 
 
 def merge_staged(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
     """Merge what :func:`stage` staged (``metrics`` and ``topns``, for the definitions' merge operations) into the
-    stored states, values and top-N rows. Under the write lock."""
+    stored states, values and top-N rows. Under the merge lock."""
+    _merge_stage(
+        backend,
+        _extremes(p.definition for p in metrics),
+        scalars=any(p.table.num_rows and p.definition.function != "percentile" for p in metrics),
+        bins=any(p.table.num_rows and p.definition.function == "percentile" for p in metrics),
+        tops=any(t.table.num_rows for t in topns),
+    )
+
+
+def _extremes(definitions: Iterable[Definition]) -> tuple[list[str], list[str]]:
+    """The names of the min and of the max metrics among ``definitions`` (their states merge by LEAST, GREATEST)."""
+    found: dict[str, set[str]] = {"min": set(), "max": set()}
+    for d in definitions:
+        if isinstance(d, MetricDef) and d.function in found:
+            found[d.function].add(d.name)
+    return sorted(found["min"]), sorted(found["max"])
+
+
+def _merge_stage(backend: Backend, extremes: tuple[list[str], list[str]], *, scalars: bool, bins: bool,
+                 tops: bool) -> None:  # fmt: skip
     # no JIT compilation (it cost more than these statements take: their estimates grow with a Spark job's batches);
     # the top-N rows' keys looked up by the index, as in a cached table (the planner's default is a spinning disk)
     backend.execute("SET LOCAL jit = off")
     backend.execute("SET LOCAL random_page_cost = 1.1")
-    if any(p.table.num_rows for p in metrics):
-        by_function: dict[str, list[str]] = {"min": [], "max": []}
-        for p in metrics:
-            if p.definition.function in by_function:
-                by_function[p.definition.function].append(p.name)
-        if any(p.definition.function != "percentile" for p in metrics):
-            backend.execute(_MERGE_STATES, (sorted(set(by_function["min"])), sorted(set(by_function["max"]))))
-        if any(p.definition.function == "percentile" for p in metrics):
-            backend.execute(_MERGE_BINS)
-    if any(t.table.num_rows for t in topns):
+    if scalars:
+        backend.execute(_MERGE_STATES, extremes)
+    if bins:
+        backend.execute(_MERGE_BINS)
+    if tops:
         backend.execute(_MERGE_TOPN)
+
+
+# ----------------------------------------------------------------------------- the queue: many writers, one merge
+
+
+def begin_queue(backend: Backend) -> None:
+    """Mark the writing transaction's start of queueing, so that :func:`discard_queued` can take it back."""
+    backend.execute("SAVEPOINT queued")
+
+
+def discard_queued(backend: Backend) -> None:
+    """Take back what this transaction queued since :func:`begin_queue` (a merge found already applied)."""
+    backend.execute("ROLLBACK TO SAVEPOINT queued")
+
+
+def queue(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
+    """Append ``metrics`` (unique keys per partial, one partial per definition and granularity) and ``topns`` to the
+    shared queue, where they wait for the next :func:`fold`. No lock: the rows are this transaction's until it
+    commits (with the writer's progress rows), and a fold takes only committed rows."""
+    states = [_state_rows(p) for p in metrics if p.table.num_rows]
+    if states:
+        backend.insert_arrow("merge_queue", pa.concat_tables(states).select(list(_STATE_COLUMNS)))
+    tops = _topn_rows(topns)
+    if tops is not None:
+        rows = tops.num_rows
+        backend.insert_arrow(
+            "merge_queue",
+            pa.table(
+                {
+                    "metric": tops.column("name"),
+                    "entity": tops.column("entity"),
+                    "granularity": pa.array([QUEUED_TOPN] * rows, pa.string()),
+                    "time_bucket": tops.column("time_bucket"),
+                    "b": pa.array(np.full(rows, PACKED, dtype=np.int64)),
+                    "v": tops.column("latency_ms"),
+                    "key": tops.column("key"),
+                }
+            ),
+        )
+
+
+def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
+    """Record how the queued states of ``definitions`` merge (for any writer's fold). Under the books lock, after
+    the registry checked them (a name's definition never changes while states of it are stored)."""
+    rows = _definition_rows(definitions)
+    _insert_definitions(
+        backend,
+        "merge_defs",
+        rows,
+        " ON CONFLICT (name) DO UPDATE SET fn = excluded.fn, precision_ms = excluded.precision_ms,"
+        " keep = excluded.keep, bounds = excluded.bounds",
+    )
+
+
+def fold(backend: Backend) -> int:
+    """Merge every committed row of the queue, whichever writer queued it, into the stored states, values and top-N
+    rows, and take the rows off the queue: one transaction, under the merge lock; the number of queued rows
+    folded. The rows of one key (one per writer that queued it since the last fold) are added up first, so a key
+    costs the server one upsert and one computation of its values per fold, however many writers brought it."""
+    backend.execute("TRUNCATE stage_state, stage_topn, stage_defs")
+    backend.execute("INSERT INTO stage_defs SELECT name, fn, precision_ms, keep, bounds FROM merge_defs")
+    queued, scalars, bins, tops = backend.fetchall(_FOLD)[0]
+    if queued:
+        extremes = backend.fetchall(
+            "SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = 'min'), '{}'),"
+            " coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = 'max'), '{}') FROM merge_defs"
+        )[0]
+        _merge_stage(backend, (list(extremes[0]), list(extremes[1])), scalars=bool(scalars), bins=bool(bins),
+                     tops=bool(tops))  # fmt: skip
+    return int(queued)
+
+
+def queued_rows(backend: Backend) -> bool:
+    """Whether the queue holds committed rows no fold has taken yet (a writer stopped between its commit and its
+    fold)."""
+    return bool(backend.fetchall("SELECT EXISTS (SELECT 1 FROM merge_queue)")[0][0])

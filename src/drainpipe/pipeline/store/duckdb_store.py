@@ -78,8 +78,11 @@ class DuckDBBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute)
 
-    def lock_writes(self) -> None:
+    def lock_books(self) -> None:
         pass  # one writing process per file; the store's lock serialises its threads
+
+    def lock_merges(self) -> None:
+        pass
 
     def stage(self, name: str, rows: pa.Table) -> None:
         self._staged[name] = rows

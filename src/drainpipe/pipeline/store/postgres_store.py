@@ -49,7 +49,7 @@ import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
-from .database_merge import STAGING_DDL, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
+from .database_merge import QUEUE_DDL, QUEUE_TABLES, STAGING_DDL, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
 from .sql import SqlStore
 
 __all__ = ["PostgresBackend", "PostgresStore"]
@@ -77,7 +77,8 @@ _STAGING = (
         time_bucket TIMESTAMPTZ NOT NULL)""",
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
-_WRITE_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_writes
+_BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
+_MERGE_LOCK = 0x666F6C64  # pg_advisory_xact_lock key ("fold"): every merge into the stored states, see lock_merges
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -108,7 +109,7 @@ def _redact(url: str) -> str:
 class PostgresBackend:
     """A PostgreSQL database as a :class:`~.backend.Backend`: one connection, opened again when lost."""
 
-    staging_ddl: tuple[str, ...] = _STAGING + STAGING_DDL
+    staging_ddl: tuple[str, ...] = QUEUE_DDL + _STAGING + STAGING_DDL
     #: the server merges staged states itself (:mod:`.database_merge`): a writer holds the write lock for the
     #: server's statements only, not for its own Python
     merges_in_database = True
@@ -210,15 +211,21 @@ class PostgresBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute, self._BEGIN)
 
-    def lock_writes(self) -> None:
+    def lock_books(self) -> None:
         """Several processes (servers, ``drainpipe run``, a Spark driver, ``consume`` members) may write one
-        database. A merge upserts its keys' states, then recomputes the keys' values from the merged states (a
-        percentile from its whole histogram); two interleaved merges of one key would each compute the values
-        without the other's states. So every writing transaction takes one transaction-scoped advisory lock before
-        it touches a shared table: merges into one database are serial, in commit order. What a writer does alone (its
-        partials merged and rolled up, its rows copied into its staging tables) comes before the lock, so the lock
-        is held for the server's statements only (:mod:`.database_merge`)."""
-        self.execute(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
+        database. A merge checks its parts' fences and records their progress; a new owner of a part issues a fence
+        and then reads the part's progress. So every writing transaction takes this transaction-scoped advisory lock
+        first: a commit lands wholly before a fence, or after it and is refused. (The key is the one every writing
+        transaction took before the queue, so a writer of an earlier version still serialises with these.)"""
+        self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
+
+    def lock_merges(self) -> None:
+        """A merge upserts its keys' states, then computes the keys' values from the merged states (a percentile
+        from its whole histogram); two interleaved merges of one key would each compute the values without the
+        other's states. So every merge into the stored states (a fold of the queue, :mod:`.database_merge`) takes
+        this lock: merges into one database are serial. Writers only queue their states, under the books lock, so
+        this lock is held for the server's statements only, once for every writer's queued states."""
+        self.execute(f"SELECT pg_advisory_xact_lock({_MERGE_LOCK})")
 
     # ----------------------------------------------------------------------------- planning the keyed statements
 
@@ -274,13 +281,13 @@ class PostgresBackend:
 
     def reclaim(self, tables: Sequence[str]) -> None:
         # VACUUM runs outside a transaction (the connection is in autocommit between the store's own BEGINs)
-        self.connection.execute(f"VACUUM {', '.join(tables)}")
+        self.connection.execute(f"VACUUM {', '.join((*tables, *QUEUE_TABLES))}")
 
     def size_bytes(self, tables: Sequence[str]) -> int:
         row = self.connection.execute(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND c.relname = ANY(%s)",
-            (list(tables),),
+            ([*tables, *QUEUE_TABLES],),
         ).fetchone()
         return int(row[0]) if row else 0
 

@@ -26,19 +26,23 @@ backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ...errors import StoreError
+from ...errors import StoreError, StoreUnavailable
 from ..clock import now_ms
 from ..definitions import Definition
 from ..partials import Partial
 from ..retention import Retention
-from . import books, merge, purge, queries, registry, schema
+from . import books, database_merge, merge, purge, queries, registry, schema
 from .backend import Backend
 from .protocol import MergeReport, PurgeReport, SourceProgress
+
+
+log = logging.getLogger("drainpipe.store")
 
 
 class SqlStore:
@@ -48,12 +52,18 @@ class SqlStore:
     def __init__(self, backend: Backend) -> None:
         self._lock = threading.RLock()
         self._closed = False
+        #: a fold failed with the database unavailable: queued states wait for the next (see :meth:`_fold`)
+        self._fold_owed = False
         #: the time (epoch ms) progress rows record and purges measure against: drainpipe's clock
         #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
         self.clock: Callable[[], int] = now_ms
         #: the database; public for tests and tools that look at the tables themselves
         self.backend = backend
         backend.open(self._prepare)
+        if backend.merges_in_database:  # states a writer queued and committed, but stopped before it folded them
+            with self._guard("merge queued states"):
+                self._fold_owed = database_merge.queued_rows(backend)
+                self._fold_owed_now()
 
     def _prepare(self, migrate: bool) -> None:
         schema.create(self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
@@ -72,8 +82,34 @@ class SqlStore:
     @contextmanager
     def _write_transaction(self) -> Iterator[None]:
         with self.backend.transaction():
-            self.backend.lock_writes()
+            self.backend.lock_books()
+            self.backend.lock_merges()
             yield
+
+    def _fold(self) -> None:
+        """Merge the queued states of every writer into the stored ones (a database that merges them itself:
+        :func:`~.database_merge.fold`), in a transaction of its own under the merge lock only. A fold that fails
+        because the database is unavailable is owed: the states are committed (queued), so the merge that queued
+        them has succeeded, and the next merge, query or close folds them (a retried merge would queue them again).
+        A permanent failure raises (still owed)."""
+        self._fold_owed = True
+        try:
+            with self.backend.session("merge queued states"), self.backend.transaction():
+                self.backend.lock_merges()
+                database_merge.fold(self.backend)
+        except StoreUnavailable as exc:
+            log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
+            return
+        self._fold_owed = False
+
+    def _fold_owed_now(self) -> None:
+        """The fold owed since one failed, if any, for a reader or a closing store: a failure is logged, not
+        raised (the next writer or open folds the states)."""
+        if self._fold_owed:
+            try:
+                self._fold()
+            except StoreError as exc:
+                log.warning("%r: queued states left for the next writer: %s", self, exc)
 
     # ----------------------------------------------------------------------------- writes
 
@@ -87,18 +123,26 @@ class SqlStore:
     ) -> MergeReport:
         parts = list(partials)
         merge.check_partials(parts, rollup)
-        with self._guard("merge"), self.backend.transaction():
-            writes = merge.Writes(self.backend, parts, rollup)  # (this process's share of the work: before the lock)
-            self.backend.lock_writes()
-            books.check_fences(self.backend, fences)
-            registry.check(self.backend, {p.definition for p in parts})
-            if progress and books.recorded(self.backend, progress):
-                return MergeReport(applied=0, skipped=len(parts))
-            writes.apply()
-            # the tokens are recorded again with the progress: their record time moves on with it, so a retention
-            # purge of the books never takes the token of a part that is still being written
-            self._record_progress([*progress, *books.fence_rows(fences)])
-        return MergeReport(applied=len(parts), skipped=0)
+        with self._guard("merge"):
+            with self.backend.transaction():
+                writes = merge.Writes(self.backend, parts, rollup)  # (this process's share of the work: before the lock)
+                self.backend.lock_books()
+                if not writes.queued:
+                    self.backend.lock_merges()
+                books.check_fences(self.backend, fences)
+                registry.check(self.backend, {p.definition for p in parts})
+                if progress and books.recorded(self.backend, progress):
+                    writes.discard()
+                    report = MergeReport(applied=0, skipped=len(parts))
+                else:
+                    writes.apply()
+                    # the tokens are recorded again with the progress: their record time moves on with it, so a
+                    # retention purge of the books never takes the token of a part that is still being written
+                    self._record_progress([*progress, *books.fence_rows(fences)])
+                    report = MergeReport(applied=len(parts), skipped=0)
+            if writes.queued:  # after a skip too: the fold of the merge this one retries may have failed
+                self._fold()
+        return report
 
     def merge_chunks(
         self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[SourceProgress] = ()
@@ -135,6 +179,8 @@ class SqlStore:
         clock), progress rows included (:mod:`.purge`). Blocks other writers meanwhile."""
         now = self.clock() if now_ms is None else now_ms
         with self._guard("purge"), self._write_transaction():
+            if self.backend.merges_in_database:
+                database_merge.fold(self.backend)  # (queued states are stored states: they are purged alike)
             deleted = purge.purge(self.backend, retention, now)
         return PurgeReport(now, deleted)
 
@@ -167,6 +213,7 @@ class SqlStore:
         entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, str, str, float]]:
         with self._guard("query"):
+            self._fold_owed_now()
             return queries.values(self.backend, metric, entity, granularity, start, end, entity_prefix)
 
     def query_topn(
@@ -174,6 +221,7 @@ class SqlStore:
         entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, int, str, float]]:  # fmt: skip
         with self._guard("query"):
+            self._fold_owed_now()
             return queries.topn(self.backend, name, entity, start, end, entity_prefix)
 
     def stored_names(self) -> dict[str, str]:
@@ -190,6 +238,7 @@ class SqlStore:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
+                self._fold_owed_now()
                 self._closed = True
                 self.backend.close()
 
