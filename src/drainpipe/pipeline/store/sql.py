@@ -54,6 +54,8 @@ class SqlStore:
         self._closed = False
         #: a fold failed with the database unavailable: queued states wait for the next (see :meth:`_fold`)
         self._fold_owed = False
+        #: queued rows this store folded since it last vacuumed the queue
+        self._folded = 0
         #: the time (epoch ms) progress rows record and purges measure against: drainpipe's clock
         #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
         self.clock: Callable[[], int] = now_ms
@@ -96,11 +98,18 @@ class SqlStore:
         try:
             with self.backend.session("merge queued states"), self.backend.transaction():
                 self.backend.lock_merges()
-                database_merge.fold(self.backend)
+                self._folded += database_merge.fold(self.backend)
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
         self._fold_owed = False
+        if self._folded >= database_merge.VACUUM_ROWS:
+            self._folded = 0
+            try:
+                with self.backend.session("vacuum the queue"):
+                    database_merge.vacuum_queue(self.backend)
+            except (StoreError, StoreUnavailable) as exc:  # (autovacuum does it later)
+                log.warning("%r: %s", self, exc)
 
     def _fold_owed_now(self) -> None:
         """The fold owed since one failed, if any, for a reader or a closing store: a failure is logged, not
