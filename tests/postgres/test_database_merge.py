@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.store import Store, open_store
+from drainpipe.pipeline.store.database_merge import QUEUED_TOPN, STRIPES
 from drainpipe.pipeline.store.schema import TABLES
 from testlib import T0, event_batch
 
@@ -228,7 +229,7 @@ def test_one_fold_merges_every_writers_queued_states(
         before = holder.fetchall("SELECT last_value, is_called FROM upserts")[0]
         done: list[BaseException | None] = []
         with holder.transaction():
-            holder.lock_merges()  # as a long merge would
+            holder.lock_merges(None)  # as a long merge would
 
             def write(store: Store, partials: list) -> None:
                 try:
@@ -244,6 +245,11 @@ def test_one_fold_merges_every_writers_queued_states(
             while holder.fetchall("SELECT count(DISTINCT xmin::text) FROM merge_queue")[0][0] < len(threads):
                 assert time.monotonic() < deadline, "the writers never queued"
                 time.sleep(0.01)
+            stripe = f"hashtext(entity) & {STRIPES - 1}"
+            folds = holder.fetchall(  # the stripes' upsert statements, if each stripe is folded once
+                f"SELECT count(DISTINCT {stripe}) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}')"
+                f" + count(DISTINCT {stripe}) FILTER (WHERE bins IS NOT NULL) FROM merge_queue"
+            )[0][0]
         for t in threads:
             t.join(10)
         assert done == [None] * len(threads)
@@ -251,7 +257,7 @@ def test_one_fold_merges_every_writers_queued_states(
     for partials in slices[2:]:
         pgs[0].merge(partials)
     upserts = (after[0] if after[1] else 0) - (before[0] if before[1] else 0)
-    assert upserts == 2  # one fold: scalar states and histograms, once for both writers
+    assert upserts == folds  # one fold per stripe: scalar states and histograms, once for both writers
     assert holder.fetchall("SELECT count(*) FROM merge_queue")[0][0] == 0
     assert _close_enough(pgs[0].query(), duck.query())
     for topn in DEFINITIONS.topns:

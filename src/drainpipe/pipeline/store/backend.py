@@ -64,10 +64,11 @@ class Backend(Protocol):
         part it fences never interleave. An embedded file has one writer process already."""
         ...
 
-    def lock_merges(self) -> None:
+    def lock_merges(self, stripe: int | None) -> None:
         """Called (after :meth:`lock_books`, where both are taken) by every transaction that merges into the stored
         states: a database other processes write too takes a lock held until the transaction ends, so that merges
-        (stored states merged with new ones, values computed from the result) never interleave."""
+        (stored states merged with new ones, values computed from the result) never interleave; the lock of one
+        stripe of the keys (:data:`~.database_merge.STRIPES`), or of all of them (None)."""
         ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...

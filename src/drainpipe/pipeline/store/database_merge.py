@@ -55,7 +55,10 @@ from .backend import Backend
 __all__ = [
     "PACKED",
     "QUEUE_DDL",
+    "QUEUED_TOPN",
     "QUEUE_TABLES",
+    "STRIPES",
+    "VACUUM_ROWS",
     "STAGING_DDL",
     "STATE_KEY_INDEX",
     "VALUE_KEY_INDEX",
@@ -106,6 +109,10 @@ QUEUE_DDL = (
 QUEUE_TABLES = ("merge_queue", "merge_defs")
 #: the memory a fold's sorts and hash tables may take (per operation), instead of the server's default
 FOLD_WORK_MEM = "64MB"
+#: the queue is folded in this many stripes (a power of two), each under a lock of its own, so that folds of two
+#: stripes run at once on two cores; a stripe is a set of entities (by a hash of the name), so every key of an
+#: entity (its minute, hour and day states, its top-N) is in one stripe, and a fold of it merges them all at once
+STRIPES = 4
 #: the queued rows a writer folds between two vacuums of the queue (:func:`vacuum_queue`)
 VACUUM_ROWS = 100_000
 #: the ``granularity`` of a queued top-N row (its latency in ``v``, its key in ``key``)
@@ -216,7 +223,10 @@ FROM kept WHERE position <= keep"""
 # The queue taken whole: one DELETE, the rows one snapshot holds, so a commit is folded whole or not at all, into the
 # session's fold_rows with the transaction that queued each row (its xmin).
 _TAKE = f"""
-WITH q AS (DELETE FROM merge_queue RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint)
+WITH q AS (
+    DELETE FROM merge_queue WHERE hashtext(entity) & {STRIPES - 1} = ?
+    RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint
+)
 INSERT INTO fold_rows SELECT * FROM q"""
 _TAKEN = f"""SELECT count(*), count(DISTINCT tx), count(*) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}'),
     count(*) FILTER (WHERE bins IS NOT NULL), count(*) FILTER (WHERE granularity = '{QUEUED_TOPN}') FROM fold_rows"""
@@ -469,13 +479,14 @@ def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
     )
 
 
-def fold(backend: Backend) -> int:
-    """Merge every committed row of the queue, whichever writer queued it, into the stored states, values and top-N
-    rows, and take the rows off the queue: one transaction, under the merge lock; the number of queued rows
-    folded. The rows of one key (one per writer that queued it since the last fold) are added up first, so a key
-    costs the server one upsert and one computation of its values per fold, however many writers brought it."""
+def fold(backend: Backend, stripe: int) -> int:
+    """Merge every committed row of the queue's ``stripe`` (of :data:`STRIPES`), whichever writer queued it, into the
+    stored states, values and top-N rows, and take the rows off the queue: in the caller's transaction, under the
+    stripe's merge lock; the number of queued rows folded. The rows of one key (one per writer that queued it since
+    the last fold) are added up first, so a key costs the server one upsert and one computation of its values per
+    fold, however many writers brought it."""
     backend.execute("TRUNCATE stage_state, stage_topn, stage_defs, fold_rows")
-    backend.execute(_TAKE)
+    backend.execute(_TAKE, (stripe,))
     queued, commits, scalars, bins, tops = backend.fetchall(_TAKEN)[0]
     if not queued:
         return 0
@@ -503,7 +514,7 @@ def vacuum_queue(backend: Backend) -> None:
     """Make the space of folded rows reusable (outside a transaction; skipped while another writer does it). Each
     fold deletes what it took; until a vacuum, the queue's pages keep growing and every fold scans them all, and the
     server's autovacuum comes round once a minute."""
-    backend.execute("VACUUM (SKIP_LOCKED) merge_queue")
+    backend.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) merge_queue")  # (truncating would lock out the writers)
 
 
 def queued_rows(backend: Backend) -> bool:

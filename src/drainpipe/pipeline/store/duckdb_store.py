@@ -81,7 +81,7 @@ class DuckDBBackend:
     def lock_books(self) -> None:
         pass  # one writing process per file; the store's lock serialises its threads
 
-    def lock_merges(self) -> None:
+    def lock_merges(self, stripe: int | None) -> None:
         pass
 
     def stage(self, name: str, rows: pa.Table) -> None:

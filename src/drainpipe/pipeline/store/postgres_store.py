@@ -49,7 +49,7 @@ import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
-from .database_merge import QUEUE_DDL, QUEUE_TABLES, STAGING_DDL, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
+from .database_merge import QUEUE_DDL, QUEUE_TABLES, STAGING_DDL, STRIPES, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
 from .sql import SqlStore
 
 __all__ = ["PostgresBackend", "PostgresStore"]
@@ -78,7 +78,7 @@ _STAGING = (
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
 _BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
-_MERGE_LOCK = 0x666F6C64  # pg_advisory_xact_lock key ("fold"): every merge into the stored states, see lock_merges
+_MERGE_LOCK = 0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -219,13 +219,15 @@ class PostgresBackend:
         transaction took before the queue, so a writer of an earlier version still serialises with these.)"""
         self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
 
-    def lock_merges(self) -> None:
+    def lock_merges(self, stripe: int | None) -> None:
         """A merge upserts its keys' states, then computes the keys' values from the merged states (a percentile
         from its whole histogram); two interleaved merges of one key would each compute the values without the
         other's states. So every merge into the stored states (a fold of the queue, :mod:`.database_merge`) takes
-        this lock: merges into one database are serial. Writers only queue their states, under the books lock, so
-        this lock is held for the server's statements only, once for every writer's queued states."""
-        self.execute(f"SELECT pg_advisory_xact_lock({_MERGE_LOCK})")
+        this lock: merges of a stripe of the keys are serial (all stripes' locks, in order, for ``None``). Writers
+        only queue their states, under the books lock, so these locks are held for the server's statements only,
+        once for every writer's queued states."""
+        stripes = range(STRIPES) if stripe is None else (stripe,)
+        self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({_MERGE_LOCK + s})' for s in stripes)}")
 
     # ----------------------------------------------------------------------------- planning the keyed statements
 

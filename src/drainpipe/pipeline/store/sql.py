@@ -85,7 +85,7 @@ class SqlStore:
     def _write_transaction(self) -> Iterator[None]:
         with self.backend.transaction():
             self.backend.lock_books()
-            self.backend.lock_merges()
+            self.backend.lock_merges(None)
             yield
 
     def _fold(self) -> None:
@@ -96,9 +96,11 @@ class SqlStore:
         A permanent failure raises (still owed)."""
         self._fold_owed = True
         try:
-            with self.backend.session("merge queued states"), self.backend.transaction():
-                self.backend.lock_merges()
-                self._folded += database_merge.fold(self.backend)
+            with self.backend.session("merge queued states"):
+                for stripe in range(database_merge.STRIPES):  # (each its own transaction: other writers fold the
+                    with self.backend.transaction():              # stripes this one is not folding)
+                        self.backend.lock_merges(stripe)
+                        self._folded += database_merge.fold(self.backend, stripe)
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
@@ -137,7 +139,7 @@ class SqlStore:
                 writes = merge.Writes(self.backend, parts, rollup)  # (this process's share of the work: before the lock)
                 self.backend.lock_books()
                 if not writes.queued:
-                    self.backend.lock_merges()
+                    self.backend.lock_merges(None)
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
@@ -188,8 +190,9 @@ class SqlStore:
         clock), progress rows included (:mod:`.purge`). Blocks other writers meanwhile."""
         now = self.clock() if now_ms is None else now_ms
         with self._guard("purge"), self._write_transaction():
-            if self.backend.merges_in_database:
-                database_merge.fold(self.backend)  # (queued states are stored states: they are purged alike)
+            if self.backend.merges_in_database:  # (queued states are stored states: they are purged alike)
+                for stripe in range(database_merge.STRIPES):
+                    database_merge.fold(self.backend, stripe)
             deleted = purge.purge(self.backend, retention, now)
         return PurgeReport(now, deleted)
 
