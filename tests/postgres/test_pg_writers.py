@@ -134,6 +134,29 @@ def test_a_fold_that_fails_is_owed_not_retried(pg_url: str) -> None:
     assert same_values(got, want)
 
 
+def test_states_left_in_the_queue_are_merged_when_the_store_is_opened(pg_url: str) -> None:
+    """A writer that stops between its commit and its fold (killed, or its folds failing until it closed) leaves its
+    states queued; they are committed, so the next process to open the store merges them, once."""
+    batches = [store_events(300, seed=400 + i) for i in range(3)]
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        _faults(pg_url, *["40001"] * 1000, table="metric_state")  # every fold fails, the close's too
+        engine = LocalEngine(DEFAULT_DEFINITIONS, store, EngineOptions(store_retry_s=(0.01, 0.05)), name="pg-left")
+        for batch in batches:
+            engine.ingest(batch)
+        engine.close()
+        assert engine.counters.store_errors == 0
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] > 0
+        assert con.execute("SELECT count(*) FROM metric_values").fetchone()[0] == 0
+        con.execute("DROP TRIGGER inject_fault ON metric_state")
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        got = store.query()
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        assert store.query() == got  # merged once
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
 def _post(base: str, body: bytes) -> int:
     req = urllib.request.Request(base + "/v1/events", data=body, headers={"Content-Type": "application/x-ndjson"})
     try:

@@ -1,21 +1,32 @@
-"""The upsert-merge done by the database server (PostgreSQL): the writer stages its new states, the server merges.
+"""The upsert-merge done by the database server (PostgreSQL): writers queue their new states, the server merges.
 
 Why: the merge of :mod:`.merge` reads the stored states of every key into the writer, merges them there and
-rewrites them, under the write lock that keeps two writers of one database from interleaving
-(:meth:`~.backend.Backend.lock_writes`). A writer with little CPU (a ``consume`` member on a machine of its own,
-capped at a fraction of a core) then holds the lock for as long as its Python takes, and every other writer waits:
-four such members did less than one. Here the writer's share is done before the lock, and the lock is held for the
-server's statements only::
+rewrites them, under a lock that keeps two writers of one database from interleaving. A writer with little CPU (a
+``consume`` member on a machine of its own, capped at a fraction of a core) then held the lock for as long as its
+Python took, and four such members did less than one. Then the writer staged its states and held the lock for the
+server's statements only; but with messages spread round robin every member brings every key, so the server merged
+each key once per member, one member at a time, and four members did 1.6 times one. Now a writer queues, and one
+fold merges what every writer queued::
 
-    writer, before the lock              the lock                                     (one transaction)
-    ───────────────────────              ──────────────────────────────────────────
-    partials merged, rolled up   ──>     states:  INSERT ... ON CONFLICT DO UPDATE (add counts and sums,
-    COPY into the session's              LEAST / GREATEST for min / max, histograms added bin by bin)
-    staging tables: new states           values:  computed from the merged states the upsert RETURNs (every
-    (a percentile key's bins             finalizer in SQL, percentiles by a running sum over the key's bins)
-    packed in one row), top-N            and upserted in the same statement
-    rows, and what each                  top-N:   stored and new rows of a key ranked together, the first n
-    definition is                                 kept (per latency class)
+    writer (its own work)          books lock (one transaction)        merge lock of a stripe (one transaction each)
+    ─────────────────────          ────────────────────────────        ─────────────────────────────────────────────
+    partials merged, rolled  ──>   fences checked, progress     ──>    fold: every committed row of the stripe taken
+    up; COPY into the shared       recorded, COMMIT: exactly           off the queue (any writer's), a key's rows
+    queue (merge_queue; a          once is this commit                 added up (a commit's rows as they are), then
+    percentile key's bins                                              states: INSERT ... ON CONFLICT DO UPDATE (add
+    packed in one row), top-N                                          counts and sums, LEAST / GREATEST for min /
+    rows                                                               max, histograms added bin by bin)
+                                                                       values: computed from the merged states the
+                                                                       upsert RETURNs (every finalizer in SQL,
+                                                                       percentiles by a running sum over the bins)
+                                                                       top-N: stored and new rows ranked together
+
+While one writer folds, the others commit and wait; the next fold takes all they queued, so a key costs the server
+one upsert and one computation of its values per fold, not per writer. The queue is folded in :data:`STRIPES`
+stripes of entities, each under a lock of its own (a key's values are computed from its merged state, so two merges
+of one key must not interleave; every key of an entity, minute, hour and day, is in its entity's stripe): two
+writers fold two stripes at once. A fold that fails after the commit is owed, not retried (:class:`~.sql.SqlStore`):
+the states are committed, and the next fold, by any writer, takes them.
 
 A percentile key's histogram is one row (``b`` = :data:`PACKED`, ``n`` its count, ``bins`` and ``counts`` arrays in
 b order), not a row per bin as in DuckDB: bins were 85% of the rows a merge wrote, and the per-row cost (an index
@@ -29,9 +40,10 @@ values are computed exactly as :func:`~drainpipe.pipeline.values.finalize_table`
 arithmetic for apdex and percentile ranks, the same float64 operations for the rest, strings ranked by their bytes
 (``COLLATE "C"``, as Arrow sorts). ``tests/postgres/test_database_merge.py`` holds the two merges equal.
 
-A backend that merges this way declares :attr:`~.backend.Backend.merges_in_database`, creates :data:`STAGING_DDL`
-with its session, and has the two unique indexes and the packed columns. Functions over such a backend, called
-inside the store's session and writing transaction; blocking; database errors propagate.
+A backend that merges this way declares :attr:`~.backend.Backend.merges_in_database`, creates :data:`QUEUE_DDL` and
+:data:`STAGING_DDL` with its session, and has the two unique indexes and the packed columns. Functions over such a
+backend, called inside the store's session (and, but for :func:`vacuum_queue`, a transaction under the lock each
+names); blocking; database errors propagate.
 """
 
 from __future__ import annotations
@@ -223,11 +235,10 @@ FROM kept WHERE position <= keep"""
 # The queue taken whole: one DELETE, the rows one snapshot holds, so a commit is folded whole or not at all, into the
 # session's fold_rows with the transaction that queued each row (its xmin).
 _TAKE = f"""
-WITH q AS (
-    DELETE FROM merge_queue WHERE hashtext(entity) & {STRIPES - 1} = ?
-    RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint
-)
+WITH q AS (DELETE FROM merge_queue {{}} RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint)
 INSERT INTO fold_rows SELECT * FROM q"""
+_TAKE_ALL = _TAKE.format("")
+_TAKE_STRIPE = _TAKE.format(f"WHERE hashtext(entity) & {STRIPES - 1} = ?")
 _TAKEN = f"""SELECT count(*), count(DISTINCT tx), count(*) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}'),
     count(*) FILTER (WHERE bins IS NOT NULL), count(*) FILTER (WHERE granularity = '{QUEUED_TOPN}') FROM fold_rows"""
 # The rows of one commit have a key each: staged as they are.
@@ -479,14 +490,17 @@ def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
     )
 
 
-def fold(backend: Backend, stripe: int) -> int:
-    """Merge every committed row of the queue's ``stripe`` (of :data:`STRIPES`), whichever writer queued it, into the
-    stored states, values and top-N rows, and take the rows off the queue: in the caller's transaction, under the
-    stripe's merge lock; the number of queued rows folded. The rows of one key (one per writer that queued it since
+def fold(backend: Backend, stripe: int | None) -> int:
+    """Merge every committed row of the queue's ``stripe`` (of :data:`STRIPES`; None: every stripe), whichever writer
+    queued it, into the stored states, values and top-N rows, and take the rows off the queue: in the caller's
+    transaction, under the stripe's merge lock (every stripe's for None); the number of queued rows folded. The rows of one key (one per writer that queued it since
     the last fold) are added up first, so a key costs the server one upsert and one computation of its values per
     fold, however many writers brought it."""
     backend.execute("TRUNCATE stage_state, stage_topn, stage_defs, fold_rows")
-    backend.execute(_TAKE, (stripe,))
+    if stripe is None:
+        backend.execute(_TAKE_ALL)
+    else:
+        backend.execute(_TAKE_STRIPE, (stripe,))
     queued, commits, scalars, bins, tops = backend.fetchall(_TAKEN)[0]
     if not queued:
         return 0

@@ -15,9 +15,9 @@ How, per call:
    keys, and the keys' value rows replaced; likewise the top-N rows. Two ways, by what the backend declares
    (:attr:`~.backend.Backend.merges_in_database`): here, the keys (name, granularity, entity, time_bucket) are
    staged, the stored states for them read, merged with the new ones by :func:`~drainpipe.pipeline.partials.merge`
-   and rewritten (DuckDB, an embedded file with one writer process); or by the database server itself, from staged
-   rows (:mod:`.database_merge`: PostgreSQL, which several writers share, so that none holds the write lock for
-   its own Python).
+   and rewritten (DuckDB, an embedded file with one writer process); or by the database server itself, from the
+   rows every writer queued (:mod:`.database_merge`: PostgreSQL, which several writers share, so that none holds a
+   lock for its own Python, and a key's rows from several writers are merged at once).
 
 Functions over a :class:`~.backend.Backend`, called inside the store's session and writing transaction (whose lock
 keeps two merges of one key from interleaving); blocking; database errors propagate; a partial of the wrong kind is

@@ -5,8 +5,8 @@ its books, registry, queries and purge); :class:`PostgresBackend` supplies the p
 ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come back as Arrow tables) plus what a server database that
 several writers share needs beyond an embedded file:
 
-* the merge done by the server (:mod:`.database_merge`): a writer stages its states, and holds the write lock only
-  for the server's statements that merge them;
+* the merge done by the server (:mod:`.database_merge`): a writer queues its states with its commit, and a fold
+  merges every writer's queued states, holding a stripe's merge lock for the server's statements only;
 * indexes on the key columns (metric|name, granularity, entity, time_bucket; unique on the state key and on the
   value key), as :mod:`.schema` says of a server store, and a percentile key's bins in one row;
 * schema creation under an advisory lock, so two processes opening one database at once do not race;
@@ -28,8 +28,10 @@ Failures are sorted into two kinds, because a server must never drop what it ack
   its write-ahead log until it is restarted with the cause fixed.
 
 Several processes may write one database at once (servers, ``drainpipe run``, a Spark driver, ``consume``
-members): every writing transaction runs at READ COMMITTED and takes one advisory lock before it touches a shared
-table (:meth:`PostgresBackend.lock_writes`), so merges are serial and each reads what the previous one committed;
+members): every writing transaction runs at READ COMMITTED and takes the books' advisory lock before it touches a
+shared table (:meth:`PostgresBackend.lock_books`); a writer's commit queues its states, and the folds after it
+merge every writer's queued states, a stripe of the keys at a time under the stripe's lock
+(:meth:`PostgresBackend.lock_merges`), so merges of a key are serial and each reads what the previous one committed;
 definitions are registered with ``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
 
 One connection per store, serialised by the store's lock (the engine writes from one persist thread).
@@ -228,6 +230,12 @@ class PostgresBackend:
         once for every writer's queued states."""
         stripes = range(STRIPES) if stripe is None else (stripe,)
         self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({_MERGE_LOCK + s})' for s in stripes)}")
+
+    def try_lock_merges(self) -> bool:
+        """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order)."""
+        return bool(self.fetchall(
+            f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({_MERGE_LOCK + s})' for s in range(STRIPES))}"
+        )[0][0])
 
     # ----------------------------------------------------------------------------- planning the keyed statements
 

@@ -76,6 +76,10 @@ class Store(Protocol):
 
         With ``rollup`` (the default) metric partials must be minute states, and they also update the hour
         and day buckets. With ``rollup=False`` each partial updates its own granularity only.
+
+        When it returns, queries see the states, with one exception: a store whose database merges queued states
+        (PostgreSQL) whose merge after the commit failed with the database unavailable; the merge has then
+        succeeded (its states are committed) and the next merge, query or close, or any writer, merges them.
         """
         ...
 

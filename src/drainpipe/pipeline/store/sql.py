@@ -12,13 +12,14 @@
 A merge (:meth:`SqlStore.merge`) is one transaction, so a failure leaves nothing half-written: the fences are
 checked, the definitions checked against the registry (states of a name computed differently are never merged), and
 when the books already hold every progress row the call brings (a retry of a transaction that committed), nothing is
-written; else the states are merged and the progress rows recorded with them. Exactly once is these rows: merging
-states is not idempotent by itself (merging a count twice doubles it), and a merge without progress rows is always
-applied.
+written; else the states are merged (or, where the database merges them, queued for the fold that follows the
+commit: :mod:`.database_merge`) and the progress rows recorded with them. Exactly once is these rows: merging states
+is not idempotent by itself (merging a count twice doubles it), and a merge without progress rows is always applied.
 
 Thread-safety: every method may be called from any thread; the store's lock serialises them (one connection per
-store). Writers in several processes (a PostgreSQL store) are serialised by the backend's write lock
-(:meth:`~.backend.Backend.lock_writes`), taken first in every writing transaction. Blocking: every method waits for
+store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock
+(:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and a stripe's merge lock
+(:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the stored states. Blocking: every method waits for
 the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a definition stored with
 another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth retrying: see the
 backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
@@ -82,10 +83,12 @@ class SqlStore:
                 yield
 
     @contextmanager
-    def _write_transaction(self) -> Iterator[None]:
+    def _write_transaction(self, *, merges: bool = True) -> Iterator[None]:
+        """A writing transaction under the books' lock, and with ``merges`` every stripe's merge lock."""
         with self.backend.transaction():
             self.backend.lock_books()
-            self.backend.lock_merges(None)
+            if merges:
+                self.backend.lock_merges(None)
             yield
 
     def _fold(self) -> None:
@@ -97,8 +100,14 @@ class SqlStore:
         self._fold_owed = True
         try:
             with self.backend.session("merge queued states"):
-                for stripe in range(database_merge.STRIPES):  # (each its own transaction: other writers fold the
-                    with self.backend.transaction():              # stripes this one is not folding)
+                # every stripe in one transaction when no other writer is folding (one set of statements); else
+                # stripe by stripe, each its own transaction, so that other writers fold the stripes this one is not
+                with self.backend.transaction():
+                    whole = self.backend.try_lock_merges()
+                    if whole:
+                        self._folded += database_merge.fold(self.backend, None)
+                for stripe in () if whole else range(database_merge.STRIPES):
+                    with self.backend.transaction():
                         self.backend.lock_merges(stripe)
                         self._folded += database_merge.fold(self.backend, stripe)
         except StoreUnavailable as exc:
@@ -176,13 +185,13 @@ class SqlStore:
         older one for it raises :class:`~drainpipe.errors.Fenced`. A new owner of a part takes one before it reads
         the part's progress: a commit of the old owner lands before that read, and is seen, or after it, and is
         refused (:mod:`.books`)."""
-        with self._guard("fence"), self._write_transaction():
+        with self._guard("fence"), self._write_transaction(merges=False):
             token = books.fence_of(self.backend, source, part) + 1
             self._record_progress([SourceProgress(source, part, books.FENCE, token)])
         return token
 
     def register(self, definitions: Iterable[Definition]) -> None:
-        with self._guard("register definitions"), self._write_transaction():
+        with self._guard("register definitions"), self._write_transaction(merges=False):
             registry.check(self.backend, set(definitions))
 
     def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
@@ -191,8 +200,7 @@ class SqlStore:
         now = self.clock() if now_ms is None else now_ms
         with self._guard("purge"), self._write_transaction():
             if self.backend.merges_in_database:  # (queued states are stored states: they are purged alike)
-                for stripe in range(database_merge.STRIPES):
-                    database_merge.fold(self.backend, stripe)
+                database_merge.fold(self.backend, None)
             deleted = purge.purge(self.backend, retention, now)
         return PurgeReport(now, deleted)
 
