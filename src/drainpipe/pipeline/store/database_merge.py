@@ -486,7 +486,9 @@ def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
         "merge_defs",
         rows,
         " ON CONFLICT (name) DO UPDATE SET fn = excluded.fn, precision_ms = excluded.precision_ms,"
-        " keep = excluded.keep, bounds = excluded.bounds",
+        " keep = excluded.keep, bounds = excluded.bounds WHERE (merge_defs.fn, merge_defs.precision_ms,"
+        " merge_defs.keep, merge_defs.bounds) IS DISTINCT FROM (excluded.fn, excluded.precision_ms, excluded.keep,"
+        " excluded.bounds)",  # (a row that did not change is not written again at every commit)
     )
 
 
