@@ -74,13 +74,11 @@ __all__ = [
     "STAGING_DDL",
     "STATE_KEY_INDEX",
     "VALUE_KEY_INDEX",
-    "begin_queue",
     "define_queued",
-    "discard_queued",
     "fold",
     "merge_staged",
     "pack_stored_bins",
-    "queue",
+    "queue_staged",
     "queued_rows",
     "stage",
     "vacuum_queue",
@@ -239,7 +237,8 @@ WITH q AS (DELETE FROM merge_queue {{}} RETURNING {", ".join(_QUEUE_COLUMNS)}, x
 INSERT INTO fold_rows SELECT * FROM q"""
 _TAKE_ALL = _TAKE.format("")
 _TAKE_STRIPE = _TAKE.format(f"WHERE hashtext(entity) & {STRIPES - 1} = ?")
-_TAKEN = f"""SELECT count(*), count(DISTINCT tx), count(*) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}'),
+_TAKEN = f"""SELECT count(*), count(DISTINCT tx),
+    count(*) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}'),
     count(*) FILTER (WHERE bins IS NOT NULL), count(*) FILTER (WHERE granularity = '{QUEUED_TOPN}') FROM fold_rows"""
 # The rows of one commit have a key each: staged as they are.
 _STAGE_ONE = (
@@ -441,40 +440,17 @@ def _merge_stage(backend: Backend, extremes: tuple[list[str], list[str]], *, sca
 # ----------------------------------------------------------------------------- the queue: many writers, one merge
 
 
-def begin_queue(backend: Backend) -> None:
-    """Mark the writing transaction's start of queueing, so that :func:`discard_queued` can take it back."""
-    backend.execute("SAVEPOINT queued")
-
-
-def discard_queued(backend: Backend) -> None:
-    """Take back what this transaction queued since :func:`begin_queue` (a merge found already applied)."""
-    backend.execute("ROLLBACK TO SAVEPOINT queued")
-
-
-def queue(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
-    """Append ``metrics`` (unique keys per partial, one partial per definition and granularity) and ``topns`` to the
-    shared queue, where they wait for the next :func:`fold`. No lock: the rows are this transaction's until it
-    commits (with the writer's progress rows), and a fold takes only committed rows."""
-    states = [_state_rows(p) for p in metrics if p.table.num_rows]
-    if states:
-        backend.insert_arrow("merge_queue", pa.concat_tables(states).select(list(_STATE_COLUMNS)))
-    tops = _topn_rows(topns)
-    if tops is not None:
-        rows = tops.num_rows
-        backend.insert_arrow(
-            "merge_queue",
-            pa.table(
-                {
-                    "metric": tops.column("name"),
-                    "entity": tops.column("entity"),
-                    "granularity": pa.array([QUEUED_TOPN] * rows, pa.string()),
-                    "time_bucket": tops.column("time_bucket"),
-                    "b": pa.array(np.full(rows, PACKED, dtype=np.int64)),
-                    "v": tops.column("latency_ms"),
-                    "key": tops.column("key"),
-                }
-            ),
-        )
+def queue_staged(backend: Backend) -> None:
+    """Append what :func:`stage` staged to the shared queue, where it waits for the next :func:`fold` (a copy inside
+    the server). Under the books lock: the rows are this transaction's until it commits (with the writer's progress
+    rows), and a fold takes only committed rows."""
+    backend.execute(
+        f"INSERT INTO merge_queue ({', '.join(_STATE_COLUMNS)}) SELECT {', '.join(_STATE_COLUMNS)} FROM stage_state"
+    )
+    backend.execute(
+        "INSERT INTO merge_queue (metric, entity, granularity, time_bucket, b, v, key) "
+        f"SELECT name, entity, '{QUEUED_TOPN}', time_bucket, {PACKED}, latency_ms, key FROM stage_topn"
+    )
 
 
 def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
@@ -495,9 +471,9 @@ def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
 def fold(backend: Backend, stripe: int | None) -> int:
     """Merge every committed row of the queue's ``stripe`` (of :data:`STRIPES`; None: every stripe), whichever writer
     queued it, into the stored states, values and top-N rows, and take the rows off the queue: in the caller's
-    transaction, under the stripe's merge lock (every stripe's for None); the number of queued rows folded. The rows of one key (one per writer that queued it since
-    the last fold) are added up first, so a key costs the server one upsert and one computation of its values per
-    fold, however many writers brought it."""
+    transaction, under the stripe's merge lock (every stripe's for None); the number of queued rows folded. The rows
+    of one key (one per writer that queued it since the last fold) are added up first, so a key costs the server one
+    upsert and one computation of its values per fold, however many writers brought it."""
     backend.execute("TRUNCATE stage_state, stage_topn, stage_defs, fold_rows")
     if stripe is None:
         backend.execute(_TAKE_ALL)

@@ -72,11 +72,12 @@ class Writes:
     """The writes of one merge: ``parts`` merged per (definition, granularity), rolled up with ``with_rollup``, in
     batches of about :data:`WRITE_ROWS` state rows (memory holds a batch, not every state of the transaction).
 
-    Made inside the store's writing transaction *before* its lock. Where the database merges
-    (:attr:`~.backend.Backend.merges_in_database`), the writes go to the shared queue
-    (:func:`~.database_merge.queue`; the first batch, a checkpoint's whole merge as a rule, now) and
-    :meth:`apply` only finishes queueing, under the books lock; the merge itself is the store's fold after the
-    commit. Else :meth:`apply` merges every batch into the stored states, under the write lock."""
+    Made inside the store's writing transaction *before* its locks: where the database merges
+    (:attr:`~.backend.Backend.merges_in_database`), the first batch (a checkpoint's whole merge, as a rule) is staged
+    now, so that no lock is held for this process's work. :meth:`apply` runs under the books' lock: with every merge
+    lock held too (``direct``) it merges every batch into the stored states; else (another writer is merging) it
+    moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the store's fold after the
+    commit."""
 
     def __init__(self, backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
         grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
@@ -86,29 +87,31 @@ class Writes:
         self._definitions = {definition for definition, _ in grouped}
         self._batches = _batches(grouped.values(), with_rollup)
         self._first = next(self._batches, None)
-        #: whether the writes are queued for a fold (the database merges) rather than merged here
-        self.queued = backend.merges_in_database
-        if self.queued:
-            database_merge.begin_queue(backend)
-            if self._first is not None:
-                database_merge.queue(backend, *self._first)
+        self._staged = False
+        #: whether :meth:`apply` queued the writes for a fold rather than merged them
+        self.queued = False
+        if self._first is not None and backend.merges_in_database:
+            database_merge.stage(backend, *self._first)
+            self._staged = True
 
-    def apply(self) -> None:
-        """Merge every batch into the stored states, or queue the rest of them for the fold."""
-        if self.queued:
+    def apply(self, direct: bool) -> None:
+        """Merge every batch into the stored states (``direct``: under every merge lock), or queue them."""
+        if not direct:
+            if self._staged:
+                database_merge.queue_staged(self._backend)
             for batch in self._batches:
-                database_merge.queue(self._backend, *batch)
+                database_merge.stage(self._backend, *batch)
+                database_merge.queue_staged(self._backend)
             database_merge.define_queued(self._backend, self._definitions)
+            self.queued = True
             return
         if self._first is not None:
-            _apply(self._backend, self._first)
+            if self._staged:
+                database_merge.merge_staged(self._backend, *self._first)
+            else:
+                _apply(self._backend, self._first)
         for batch in self._batches:
             _apply(self._backend, batch)
-
-    def discard(self) -> None:
-        """Write nothing after all (the merge was applied before): take back what was queued."""
-        if self.queued:
-            database_merge.discard_queued(self._backend)
 
 
 def write_chunks(backend: Backend, chunks: Iterable[Partial]) -> int:

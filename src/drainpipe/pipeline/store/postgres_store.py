@@ -51,7 +51,15 @@ import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
-from .database_merge import QUEUE_DDL, QUEUE_TABLES, STAGING_DDL, STRIPES, STATE_KEY_INDEX, VALUE_KEY_INDEX, pack_stored_bins
+from .database_merge import (
+    QUEUE_DDL,
+    QUEUE_TABLES,
+    STAGING_DDL,
+    STATE_KEY_INDEX,
+    STRIPES,
+    VALUE_KEY_INDEX,
+    pack_stored_bins,
+)
 from .sql import SqlStore
 
 __all__ = ["PostgresBackend", "PostgresStore"]
@@ -80,7 +88,9 @@ _STAGING = (
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
 _BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
-_MERGE_LOCK = 0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
+_MERGE_LOCK = (
+    0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
+)
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -233,9 +243,11 @@ class PostgresBackend:
 
     def try_lock_merges(self) -> bool:
         """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order)."""
-        return bool(self.fetchall(
-            f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({_MERGE_LOCK + s})' for s in range(STRIPES))}"
-        )[0][0])
+        return bool(
+            self.fetchall(
+                f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({_MERGE_LOCK + s})' for s in range(STRIPES))}"
+            )[0][0]
+        )
 
     # ----------------------------------------------------------------------------- planning the keyed statements
 

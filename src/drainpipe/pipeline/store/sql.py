@@ -19,10 +19,10 @@ is not idempotent by itself (merging a count twice doubles it), and a merge with
 Thread-safety: every method may be called from any thread; the store's lock serialises them (one connection per
 store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock
 (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and a stripe's merge lock
-(:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the stored states. Blocking: every method waits for
-the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a definition stored with
-another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth retrying: see the
-backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
+(:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the stored states. Blocking:
+every method waits for the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a
+definition stored with another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth
+retrying: see the backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from ..retention import Retention
 from . import books, database_merge, merge, purge, queries, registry, schema
 from .backend import Backend
 from .protocol import MergeReport, PurgeReport, SourceProgress
-
 
 log = logging.getLogger("drainpipe.store")
 
@@ -145,22 +144,24 @@ class SqlStore:
         merge.check_partials(parts, rollup)
         with self._guard("merge"):
             with self.backend.transaction():
-                writes = merge.Writes(self.backend, parts, rollup)  # (this process's share of the work: before the lock)
+                writes = merge.Writes(
+                    self.backend, parts, rollup
+                )  # (this process's share of the work: before the lock)
                 self.backend.lock_books()
-                if not writes.queued:
-                    self.backend.lock_merges(None)
+                # a writer alone merges its states itself, under every merge lock (no queue, no fold); while
+                # another is merging, it queues them for the fold after its commit, which merges every writer's
+                direct = self.backend.try_lock_merges()
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
-                    writes.discard()
                     report = MergeReport(applied=0, skipped=len(parts))
                 else:
-                    writes.apply()
+                    writes.apply(direct)
                     # the tokens are recorded again with the progress: their record time moves on with it, so a
                     # retention purge of the books never takes the token of a part that is still being written
                     self._record_progress([*progress, *books.fence_rows(fences)])
                     report = MergeReport(applied=len(parts), skipped=0)
-            if writes.queued:  # after a skip too: the fold of the merge this one retries may have failed
+            if writes.queued or self._fold_owed:
                 self._fold()
         return report
 
