@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import Definitions, MetricDef, TopNDef
 from drainpipe.pipeline.store import Store, open_store
-from drainpipe.pipeline.store.database_merge import QUEUED_TOPN, STRIPES
+from drainpipe.pipeline.store.database_merge import QUEUE_TABLES, QUEUED_TOPN, STRIPES
 from drainpipe.pipeline.store.schema import TABLES
 from testlib import T0, event_batch
 
@@ -67,7 +67,7 @@ def stores(pg_url: str) -> Iterator[tuple[Store, Store]]:
 
 def _empty(*stores: Store) -> None:
     for store in stores:
-        for table in TABLES:
+        for table in (*TABLES, *(QUEUE_TABLES if store.backend.merges_in_database else ())):
             store.backend.execute(f"DELETE FROM {table}")  # type: ignore[attr-defined]
 
 

@@ -59,9 +59,9 @@ class Backend(Protocol):
         ...
 
     def lock_books(self) -> None:
-        """Called first in every writing transaction: a database other processes write too takes a lock on the
-        books (progress, fences, the registry) held until the transaction ends, so that a fence and a commit of the
-        part it fences never interleave. An embedded file has one writer process already."""
+        """Called first in every transaction that writes the books: a database other processes write too takes a
+        lock on the books (progress, fences, the registry) held until the transaction ends, so that a fence and a
+        commit of the part it fences never interleave. An embedded file has one writer process already."""
         ...
 
     def lock_merges(self, stripe: int | None) -> None:

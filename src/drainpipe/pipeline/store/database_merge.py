@@ -230,7 +230,8 @@ SELECT name, entity, time_bucket,
 FROM kept WHERE position <= keep"""
 
 
-# The queue taken whole: one DELETE, the rows one snapshot holds, so a commit is folded whole or not at all, into the
+# A stripe of the queue taken whole: one DELETE, the rows one snapshot holds, so a commit's rows of the stripe are
+# folded together (a query may see one stripe of a commit before another), into the
 # session's fold_rows with the transaction that queued each row (its xmin).
 _TAKE = f"""
 WITH q AS (DELETE FROM merge_queue {{}} RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint)
@@ -472,7 +473,7 @@ def fold(backend: Backend, stripe: int | None) -> int:
     """Merge every committed row of the queue's ``stripe`` (of :data:`STRIPES`; None: every stripe), whichever writer
     queued it, into the stored states, values and top-N rows, and take the rows off the queue: in the caller's
     transaction, under the stripe's merge lock (every stripe's for None); the number of queued rows folded. The rows
-    of one key (one per writer that queued it since the last fold) are added up first, so a key costs the server one
+    of one key (one per commit that queued it since the last fold) are added up first, so a key costs the server one
     upsert and one computation of its values per fold, however many writers brought it."""
     backend.execute("TRUNCATE stage_state, stage_topn, stage_defs, fold_rows")
     if stripe is None:

@@ -74,10 +74,10 @@ class Writes:
 
     Made inside the store's writing transaction *before* its locks: where the database merges
     (:attr:`~.backend.Backend.merges_in_database`), the first batch (a checkpoint's whole merge, as a rule) is staged
-    now, so that no lock is held for this process's work. :meth:`apply` runs under the books' lock: with every merge
-    lock held too (``direct``) it merges every batch into the stored states; else (another writer is merging) it
-    moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the store's fold after the
-    commit."""
+    now, so that no lock is held for this process's work. :meth:`apply` runs under the books' lock: ``direct`` (a
+    database that does not merge queued states, or with every merge lock held) it merges every batch into the stored
+    states; else it moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the
+    store's fold after the commit."""
 
     def __init__(self, backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
         grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)

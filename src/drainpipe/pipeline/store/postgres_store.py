@@ -122,15 +122,15 @@ class PostgresBackend:
     """A PostgreSQL database as a :class:`~.backend.Backend`: one connection, opened again when lost."""
 
     staging_ddl: tuple[str, ...] = QUEUE_DDL + _STAGING + STAGING_DDL
-    #: the server merges staged states itself (:mod:`.database_merge`): a writer holds the write lock for the
-    #: server's statements only, not for its own Python
+    #: the server merges queued states itself (:mod:`.database_merge`): a fold holds a merge lock for the server's
+    #: statements only, never for a writer's Python
     merges_in_database = True
     #: the range probe has no index here (time_bucket is the last column of the key indexes): a probe that finds
     #: nothing would read every row of the metrics, so merges always look their keys up
     probe_ranges = False
 
     #: the merge's correctness rests on READ COMMITTED (each statement sees what committed before it started, so
-    #: the states read after the write lock is granted include the previous holder's); pinned here so that a
+    #: the states read after a merge lock is granted include the previous holder's); pinned here so that a
     #: server or role whose default_transaction_isolation is stricter does not take the snapshot before the lock
     _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
@@ -228,7 +228,8 @@ class PostgresBackend:
         database. A merge checks its parts' fences and records their progress; a new owner of a part issues a fence
         and then reads the part's progress. So every writing transaction takes this transaction-scoped advisory lock
         first: a commit lands wholly before a fence, or after it and is refused. (The key is the one every writing
-        transaction took before the queue, so a writer of an earlier version still serialises with these.)"""
+        transaction took before the queue: a writer of an earlier version serialises with commits and fences, but
+        not with folds, so it must not write the same database as this version.)"""
         self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
 
     def lock_merges(self, stripe: int | None) -> None:

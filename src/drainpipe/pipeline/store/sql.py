@@ -92,7 +92,8 @@ class SqlStore:
 
     def _fold(self) -> None:
         """Merge the queued states of every writer into the stored ones (a database that merges them itself:
-        :func:`~.database_merge.fold`), in a transaction of its own under the merge lock only. A fold that fails
+        :func:`~.database_merge.fold`), in transactions of its own under merge locks only (all the stripes in one
+        when no other writer folds, else one a stripe). A fold that fails
         because the database is unavailable is owed: the states are committed (queued), so the merge that queued
         them has succeeded, and the next merge, query or close folds them (a retried merge would queue them again).
         A permanent failure raises (still owed)."""
@@ -148,9 +149,14 @@ class SqlStore:
                     self.backend, parts, rollup
                 )  # (this process's share of the work: before the lock)
                 self.backend.lock_books()
-                # a writer alone merges its states itself, under every merge lock (no queue, no fold); while
-                # another is merging, it queues them for the fold after its commit, which merges every writer's
-                direct = self.backend.try_lock_merges()
+                # where the database merges, the states are queued, and the fold after the commit merges every
+                # writer's: a writer that merged under the books' lock would hold up every other writer's commit
+                # (they would wait for the books, not queue), and merges would be one writer's at a time again
+                direct = not self.backend.merges_in_database
+                if direct:
+                    self.backend.lock_merges(None)
+                else:  # (owed until folded: a commit whose acknowledgement is lost is retried, found applied)
+                    self._fold_owed = True
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
