@@ -79,7 +79,9 @@ class Store(Protocol):
 
         When it returns, queries see the states, with one exception: a store whose database merges queued states
         (PostgreSQL) whose merge after the commit failed with the database unavailable; the merge has then
-        succeeded (its states are committed) and the next merge, query or close, or any writer, merges them.
+        succeeded (its states are committed) and the next merge, query or close, or any writer, merges them. If
+        that merge fails otherwise (a permanent error), this raises though the commit landed: the progress rows
+        committed with the states keep a rerun from applying them twice.
         """
         ...
 
