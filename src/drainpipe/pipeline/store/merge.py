@@ -74,10 +74,9 @@ class Writes:
 
     Made inside the store's writing transaction *before* its locks: where the database merges
     (:attr:`~.backend.Backend.merges_in_database`), the first batch (a checkpoint's whole merge, as a rule) is staged
-    now, so that no lock is held for this process's work. :meth:`apply` runs under the books' lock: ``direct`` (a
-    database that does not merge queued states, or with every merge lock held) it merges every batch into the stored
-    states; else it moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the
-    store's fold after the commit."""
+    now, so that no lock is held for this process's work. :meth:`apply` runs under the store's locks: where the
+    database merges, it moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the
+    store's fold after the commit; else it merges every batch into the stored states."""
 
     def __init__(self, backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
         grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
@@ -87,29 +86,21 @@ class Writes:
         self._definitions = {definition for definition, _ in grouped}
         self._batches = _batches(grouped.values(), with_rollup)
         self._first = next(self._batches, None)
-        self._staged = False
-        #: whether :meth:`apply` queued the writes for a fold rather than merged them
-        self.queued = False
         if self._first is not None and backend.merges_in_database:
             database_merge.stage(backend, *self._first)
-            self._staged = True
 
-    def apply(self, direct: bool) -> None:
-        """Merge every batch into the stored states (``direct``: under every merge lock), or queue them."""
-        if not direct:
-            if self._staged:
+    def apply(self) -> None:
+        """Queue every batch for the fold (where the database merges), or merge it into the stored states."""
+        if self._backend.merges_in_database:
+            if self._first is not None:
                 database_merge.queue_staged(self._backend)
             for batch in self._batches:
                 database_merge.stage(self._backend, *batch)
                 database_merge.queue_staged(self._backend)
             database_merge.define_queued(self._backend, self._definitions)
-            self.queued = True
             return
         if self._first is not None:
-            if self._staged:
-                database_merge.merge_staged(self._backend, *self._first)
-            else:
-                _apply(self._backend, self._first)
+            _apply(self._backend, self._first)
         for batch in self._batches:
             _apply(self._backend, batch)
 

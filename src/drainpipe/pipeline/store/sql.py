@@ -145,29 +145,27 @@ class SqlStore:
         merge.check_partials(parts, rollup)
         with self._guard("merge"):
             with self.backend.transaction():
-                writes = merge.Writes(
-                    self.backend, parts, rollup
-                )  # (this process's share of the work: before the lock)
+                # (this process's share of the work: before the locks)
+                writes = merge.Writes(self.backend, parts, rollup)
                 self.backend.lock_books()
                 # where the database merges, the states are queued, and the fold after the commit merges every
                 # writer's: a writer that merged under the books' lock would hold up every other writer's commit
                 # (they would wait for the books, not queue), and merges would be one writer's at a time again
-                direct = not self.backend.merges_in_database
-                if direct:
+                if self.backend.merges_in_database:  # (owed until folded: a commit whose acknowledgement is lost
+                    self._fold_owed = True  # is retried, found applied, and must still be folded)
+                else:
                     self.backend.lock_merges(None)
-                else:  # (owed until folded: a commit whose acknowledgement is lost is retried, found applied)
-                    self._fold_owed = True
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
                     report = MergeReport(applied=0, skipped=len(parts))
                 else:
-                    writes.apply(direct)
+                    writes.apply()
                     # the tokens are recorded again with the progress: their record time moves on with it, so a
                     # retention purge of the books never takes the token of a part that is still being written
                     self._record_progress([*progress, *books.fence_rows(fences)])
                     report = MergeReport(applied=len(parts), skipped=0)
-            if writes.queued or self._fold_owed:
+            if self._fold_owed:
                 self._fold()
         return report
 
