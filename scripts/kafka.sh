@@ -151,7 +151,14 @@ start() {
     write_config "$port" "$cport"
     if [ ! -f "$DATA/meta.properties" ]; then
         local cluster
-        cluster="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+        # (an id that starts with "-" reads as an option to the tool: 1 in 64 of them failed the install; Kafka's own
+        # random ids avoid it the same way)
+        cluster="$(python3 -c 'import base64, uuid
+while True:
+    c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not c.startswith("-"):
+        print(c)
+        break')"
         mkdir -p "$DATA"
         java_cmd kafka.tools.StorageTool format -t "$cluster" -c "$CONF" >>"$LOG" 2>&1 \
             || { say "formatting the storage failed:"; tail -n 20 "$LOG" >&2; exit 1; }
