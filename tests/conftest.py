@@ -105,8 +105,22 @@ def servers() -> str:
 
 @pytest.fixture
 def no_member_left() -> Iterator[None]:
-    """After the test, kill every ``drainpipe consume`` member it started that still runs (kafka_testlib)."""
-    from kafka_testlib import kill_members
+    """After the test, end the traffic it started and kill every ``drainpipe consume`` member it started that still
+    runs (kafka_testlib)."""
+    from kafka_testlib import end_traffic, kill_members
 
     yield
+    end_traffic()
     kill_members()
+
+
+@pytest.fixture(autouse=True)
+def _a_live_broker(request: pytest.FixtureRequest) -> None:
+    """Before a test marked ``kafka``: the broker scripts/kafka.sh started for the run is up, or is started again, with
+    a warning that quotes the end of its log (a broker that died must cost the test it died in, not every test after
+    it, and the run's report must say why it died)."""
+    if request.node.get_closest_marker("kafka") is None or not os.environ.get(KAFKA_ENV):
+        return
+    from kafka_testlib import revive_broker
+
+    revive_broker()

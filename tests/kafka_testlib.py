@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 import uuid
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,23 @@ def warm_broker() -> str:
         consumer.poll(0.1)
     consumer.close()
     return servers
+
+
+def revive_broker() -> None:
+    """Start the run's broker (scripts/kafka.sh) again if it has died, with a warning that quotes the end of its log; a
+    broker the script did not start (another ``DRAINPIPE_TEST_KAFKA``) is left alone."""
+
+    def kafka_sh(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(KAFKA_SH), command], capture_output=True, text=True, timeout=120)
+
+    if kafka_sh("url").stdout.strip() != os.environ["DRAINPIPE_TEST_KAFKA"] or kafka_sh("status").returncode == 0:
+        return
+    log = Path(os.environ.get("KAFKA_BASE", KAFKA_SH.parents[1] / ".kafka")) / "kafka.log"
+    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else ["(no log)"]
+    started = kafka_sh("start")
+    again = "started again" if started.returncode == 0 else f"could not start it again: {started.stderr.strip()}"
+    warnings.warn("the Kafka broker had died before this test; " + again + ". The end of its log:\n" + "\n".join(tail),
+                  stacklevel=1)  # fmt: skip
 
 
 def new_topic(servers: str, partitions: int) -> str:
@@ -125,20 +143,25 @@ def produce_otlp(servers: str, topic: str) -> Counter[str]:
 class LiveTraffic(threading.Thread):
     """Waves of ``events`` events (the poison messages in wave ``poison_wave``), ``pause_s`` apart, from a thread;
     ``calls`` once joined. ``waves`` of them, or fewer once ``until`` is set (a test that needs the topic to grow
-    until it has reached some state, however long that takes under load)."""
+    until it has reached some state, however long that takes under load).
+
+    A daemon, ended by :func:`end_traffic` after its test: the traffic of a test that failed before setting ``until``
+    must not outlive it. (It once did, with the broker gone: 300 waves of 30 s flushes kept a CI run from exiting.)"""
 
     def __init__(self, servers: str, topic: str, waves: int, poison_wave: int, pause_s: float = 0.3,
                  events: int = 15_000, until: threading.Event | None = None) -> None:  # fmt: skip
-        super().__init__()
+        super().__init__(daemon=True)
         self.servers, self.topic, self.waves, self.poison_wave = servers, topic, waves, poison_wave
-        self.pause_s, self.events, self.until = pause_s, events, until
+        self.pause_s, self.events = pause_s, events
+        self.until = until if until is not None else threading.Event()
         self.calls: Counter[str] = Counter()
+        TRAFFIC.append(self)
         self.start()
 
     def run(self) -> None:
         to = producer(self.servers)
         for wave in range(self.waves):
-            if self.until is not None and self.until.is_set():
+            if self.until.is_set():
                 break
             self.calls.update(
                 produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave, to=to)
@@ -249,6 +272,17 @@ def consume(servers: str, topic: str, group: str, store: str, dead: Path, *extra
 
 #: every member a test started (killed after the test if still running: a failed test leaves none behind)
 STARTED: list[subprocess.Popen[str]] = []
+
+#: every traffic thread a test started (ended after the test)
+TRAFFIC: list[LiveTraffic] = []
+
+
+def end_traffic() -> None:
+    """End every traffic thread a test started: no wave after the one it is producing."""
+    while TRAFFIC:
+        traffic = TRAFFIC.pop()
+        traffic.until.set()
+        traffic.join(60)
 
 
 def kill_members() -> None:
