@@ -261,12 +261,10 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
             raise RuntimeError("disk on fire")
         original_insert(table_name, rows)
 
-    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge: the last write of its commit
-        calls["n"] += 1  # (the queue's second insert; a failure of the fold after the commit is tests/postgres')
-        if "INSERT INTO merge_queue" in sql:
-            calls["queued"] = calls.get("queued", 0) + 1
-            if calls["queued"] == 2:
-                raise RuntimeError("disk on fire")
+    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge at the commit: its last write,
+        calls["n"] += 1  # the top-N rows', after the states and values (a queue's are tests/postgres')
+        if "INSERT INTO topn_values" in sql:
+            raise RuntimeError("disk on fire")
         original_execute(sql, params)
 
     monkeypatch.setattr(backend, "insert_arrow", failing_insert)

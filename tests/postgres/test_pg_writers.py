@@ -102,7 +102,7 @@ def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
     engine retries them with backoff, nothing is dropped, and the values equal a store that never failed."""
     batches = [store_events(500, seed=200 + i) for i in range(6)]
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        _faults(pg_url, "40001", "40P01", table="merge_queue")  # (a merge's commit writes the queue)
+        _faults(pg_url, "40001", "40P01")  # (a lone writer's commit merges its states)
         engine = LocalEngine(DEFAULT_DEFINITIONS, store, EngineOptions(store_retry_s=(0.01, 0.05)), name="pg-retry")
         for batch in batches:
             engine.ingest(batch)
@@ -124,6 +124,9 @@ def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...
     result: list = []
     with con.session("hold"):
         with con.transaction():
+            # as a writer merging at its commit: its part's books and every merge lock (the writer, of no part, must
+            # commit meanwhile: it waits for the books of its own parts only)
+            con.lock_books({("holder", "p")})
             con.lock_merges(None)
             writer = threading.Thread(target=lambda: result.append(store.merge(partials)))
             writer.start()
@@ -171,6 +174,43 @@ def test_states_left_in_the_queue_are_merged_when_the_store_is_opened(pg_url: st
         got = store.query()
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert store.query() == got  # merged once
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def _count_inserts(pg_url: str, table: str) -> None:
+    """A statement trigger on ``table`` that counts the statements inserting into it (sequence ``inserts_<table>``)."""
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute(f"CREATE SEQUENCE inserts_{table}")
+        con.execute(f"CREATE FUNCTION count_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    f"PERFORM nextval('inserts_{table}'); RETURN NULL; END $$")  # fmt: skip
+        con.execute(f"CREATE TRIGGER count_{table} BEFORE INSERT ON {table} FOR EACH STATEMENT "
+                    f"EXECUTE FUNCTION count_{table}()")  # fmt: skip
+
+
+def _inserts(pg_url: str, table: str) -> tuple[int, int]:
+    """The statements counted on ``table``, and the rows in the queue."""
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        last, called = con.execute(f"SELECT last_value, is_called FROM inserts_{table}").fetchone()  # type: ignore[misc]
+        queued = con.execute("SELECT count(*) FROM merge_queue").fetchone()[0]  # type: ignore[index]
+    return int(last) if called else 0, int(queued)
+
+
+def test_a_writer_that_finds_no_merge_running_merges_at_its_commit_with_what_others_queued(pg_url: str) -> None:
+    """A lone writer's states never go through the queue (a copy in, a delete, a copy out); a writer that finds
+    states others queued (a writer whose fold failed) merges them with its own at its commit, in one pass, and leaves
+    the queue empty: the values equal one store's."""
+    batches = [store_events(400, seed=500 + i) for i in range(3)]
+    with open_store(pg_url) as alone, open_store(pg_url) as other:  # type: ignore[attr-defined]
+        _count_inserts(pg_url, "merge_queue")
+        alone.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+        assert _inserts(pg_url, "merge_queue") == (0, 0)  # merged at its commit
+        # the other writer queues while a merge runs, and its fold after the commit fails once: its states wait
+        _queued_merge(pg_url, other, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
+        assert _inserts(pg_url, "merge_queue")[1] > 0
+        alone.merge(aggregate_batch(batches[2], DEFAULT_DEFINITIONS))
+        assert _inserts(pg_url, "merge_queue")[1] == 0  # taken by the merge at the commit
+        got = alone.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
 

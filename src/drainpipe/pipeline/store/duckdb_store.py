@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -78,7 +78,7 @@ class DuckDBBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute)
 
-    def lock_books(self) -> None:
+    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> None:
         pass  # one writing process per file; the store's lock serialises its threads
 
     def lock_merges(self, stripe: int | None) -> None:

@@ -75,8 +75,9 @@ class Writes:
     Made inside the store's writing transaction *before* its locks: where the database merges
     (:attr:`~.backend.Backend.merges_in_database`), the first batch (a checkpoint's whole merge, as a rule) is staged
     now, so that no lock is held for this process's work. :meth:`apply` runs under the store's locks: where the
-    database merges, it moves the staged rows to the shared queue (:func:`~.database_merge.queue_staged`), for the
-    store's fold after the commit; else it merges every batch into the stored states."""
+    database merges, it merges the staged rows with the queue's (:func:`~.database_merge.merge_with_queue`), or moves
+    them to the shared queue (:func:`~.database_merge.queue_staged`) for the store's fold after the commit; else it
+    merges every batch into the stored states."""
 
     def __init__(self, backend: Backend, parts: Iterable[Partial], with_rollup: bool) -> None:
         grouped: dict[tuple[Definition, str], list[Partial]] = defaultdict(list)
@@ -89,20 +90,32 @@ class Writes:
         if self._first is not None and backend.merges_in_database:
             database_merge.stage(backend, *self._first)
 
-    def apply(self) -> None:
-        """Queue every batch for the fold (where the database merges), or merge it into the stored states."""
-        if self._backend.merges_in_database:
-            if self._first is not None:
-                database_merge.queue_staged(self._backend)
-            for batch in self._batches:
-                database_merge.stage(self._backend, *batch)
-                database_merge.queue_staged(self._backend)
-            database_merge.define_queued(self._backend, self._definitions)
-            return
+    def apply(self, *, queue: bool) -> int:
+        """Merge every batch into the stored states or, with ``queue`` (where the database merges), queue it for the
+        fold after the commit; the number of other writers' queued rows merged with them (where the database
+        merges, the first batch is merged in one pass with the queue: the transaction holds every merge lock)."""
+        backend = self._backend
+        if not backend.merges_in_database:
+            for batch in self._all():
+                _apply(backend, batch)
+            return 0
+        database_merge.define_queued(backend, self._definitions)
+        folded = 0
+        for i, batch in enumerate(self._all()):
+            if i:
+                database_merge.stage(backend, *batch)
+            if queue:
+                database_merge.queue_staged(backend)
+            elif i:
+                database_merge.merge_staged(backend, *batch)
+            else:
+                folded = database_merge.merge_with_queue(backend, *batch)
+        return folded
+
+    def _all(self) -> Iterator[_Batch]:
         if self._first is not None:
-            _apply(self._backend, self._first)
-        for batch in self._batches:
-            _apply(self._backend, batch)
+            yield self._first
+        yield from self._batches
 
 
 def write_chunks(backend: Backend, chunks: Iterable[Partial]) -> int:

@@ -5,8 +5,9 @@ its books, registry, queries and purge); :class:`PostgresBackend` supplies the p
 ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come back as Arrow tables) plus what a server database that
 several writers share needs beyond an embedded file:
 
-* the merge done by the server (:mod:`.database_merge`): a writer queues its states with its commit, and a fold
-  merges every writer's queued states, holding a stripe's merge lock for the server's statements only;
+* the merge done by the server (:mod:`.database_merge`): a writer merges its states at its commit, or, while
+  another merges, queues them with its commit, and a fold merges every writer's queued states, holding a stripe's
+  merge lock for the server's statements only;
 * indexes on the key columns (metric|name, granularity, entity, time_bucket; unique on the state key and on the
   value key), as :mod:`.schema` says of a server store, and a percentile key's bins in one row;
 * schema creation under an advisory lock, so two processes opening one database at once do not race;
@@ -28,11 +29,12 @@ Failures are sorted into two kinds, because a server must never drop what it ack
   its write-ahead log until it is restarted with the cause fixed.
 
 Several processes may write one database at once (servers, ``drainpipe run``, a Spark driver, ``consume``
-members): every writing transaction runs at READ COMMITTED and takes the books' advisory lock before it touches a
-shared table (:meth:`PostgresBackend.lock_books`); a writer's commit queues its states, and the folds after it
-merge every writer's queued states, a stripe of the keys at a time under the stripe's lock
-(:meth:`PostgresBackend.lock_merges`), so merges of a key are serial and each reads what the previous one committed;
-definitions are registered with ``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
+members): every writing transaction runs at READ COMMITTED and takes its parts' books' advisory locks before it
+touches a shared table (:meth:`PostgresBackend.lock_books`); a writer that finds no merge running merges its states
+at its commit, with every state queued before it; else its commit queues them, and the folds after it merge every
+writer's queued states, a stripe of the keys at a time under the stripe's lock (:meth:`PostgresBackend.lock_merges`),
+so merges of a key are serial and each reads what the previous one committed; definitions are registered with
+``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
 
 One connection per store, serialised by the store's lock (the engine writes from one persist thread).
 """
@@ -42,7 +44,8 @@ from __future__ import annotations
 import io
 import re
 import urllib.parse
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -88,6 +91,12 @@ _STAGING = (
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
 _BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
+_PART_LOCK = 0x626F6F6B  # the first key of a part's books' lock ("book"; the second, its slot), see lock_books
+#: the slots of the parts' books' locks: parts whose slots collide share a lock (a writer may wait for another part's)
+_PART_SLOTS = 1024
+#: a transaction of more parts' slots than this takes the whole books instead (each lock is an entry of the server's
+#: shared lock table, sized for 64 a transaction)
+_MAX_PART_LOCKS = 32
 _MERGE_LOCK = (
     0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
 )
@@ -223,22 +232,32 @@ class PostgresBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute, self._BEGIN)
 
-    def lock_books(self) -> None:
+    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> None:
         """Several processes (servers, ``drainpipe run``, a Spark driver, ``consume`` members) may write one
         database. A merge checks its parts' fences and records their progress; a new owner of a part issues a fence
-        and then reads the part's progress. So every writing transaction takes this transaction-scoped advisory lock
-        first: a commit lands wholly before a fence, or after it and is refused. (The key is the one every writing
-        transaction took before the queue: a writer of an earlier version serialises with commits and fences, but
-        not with folds, so it must not write the same database as this version.)"""
-        self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
+        and then reads the part's progress. So every writing transaction takes transaction-scoped advisory locks
+        first: a commit lands wholly before a fence of its part, or after it and is refused.
+
+        A part's lock is its slot's (of :data:`_PART_SLOTS`, by a hash of source and part), taken in slot order
+        (no two transactions wait for each other), with the whole books' lock shared; ``None`` takes the whole
+        books' lock exclusively, as do more than :data:`_MAX_PART_LOCKS` slots. So writers of different parts never
+        wait for each other's commits, and a writer may merge at its commit while the others queue (:mod:`.sql`).
+        (The whole books' key is the one every writing transaction took exclusively before the queue: a writer of an
+        earlier version serialises with commits and fences, but not with folds, so it must not write the same
+        database as this version.)"""
+        slots = sorted({zlib.crc32(f"{source}\0{part}".encode()) % _PART_SLOTS for source, part in parts or ()})
+        if parts is None or len(slots) > _MAX_PART_LOCKS:
+            self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
+            return
+        locks = [f"pg_advisory_xact_lock({_PART_LOCK}, {slot})" for slot in slots]
+        self.execute(f"SELECT {', '.join([f'pg_advisory_xact_lock_shared({_BOOKS_LOCK})', *locks])}")  # (in order)
 
     def lock_merges(self, stripe: int | None) -> None:
         """A merge upserts its keys' states, then computes the keys' values from the merged states (a percentile
         from its whole histogram); two interleaved merges of one key would each compute the values without the
         other's states. So every merge into the stored states (a fold of the queue, :mod:`.database_merge`) takes
-        this lock: merges of a stripe of the keys are serial (all stripes' locks, in order, for ``None``). Writers
-        only queue their states, under the books lock, so these locks are held for the server's statements only,
-        once for every writer's queued states."""
+        this lock: merges of a stripe of the keys are serial (all stripes' locks, in order, for ``None``). They are
+        held for the server's statements only, once for every writer's queued states."""
         stripes = range(STRIPES) if stripe is None else (stripe,)
         self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({_MERGE_LOCK + s})' for s in stripes)}")
 

@@ -12,14 +12,16 @@
 A merge (:meth:`SqlStore.merge`) is one transaction, so a failure leaves nothing half-written: the fences are
 checked, the definitions checked against the registry (states of a name computed differently are never merged), and
 when the books already hold every progress row the call brings (a retry of a transaction that committed), nothing is
-written; else the states are merged (or, where the database merges them, queued for the fold that follows the
-commit: :mod:`.database_merge`) and the progress rows recorded with them. Exactly once is these rows: merging states
+written; else the states are merged (where the database merges them, with every state queued before, or, while
+another writer merges, queued for the fold that follows the commit: :mod:`.database_merge`) and the progress rows
+recorded with them. Exactly once is these rows: merging states
 is not idempotent by itself (merging a count twice doubles it), and a merge without progress rows is always applied.
 
 Thread-safety: every method may be called from any thread; the store's lock serialises them (one connection per
-store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock
-(:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and a stripe's merge lock
-(:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the stored states. Blocking:
+store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of
+the parts a transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
+a stripe's merge lock (:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the
+stored states (a writer's merge at its commit takes them only if no other transaction holds one). Blocking:
 every method waits for the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a
 definition stored with another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth
 retrying: see the backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -82,10 +84,12 @@ class SqlStore:
                 yield
 
     @contextmanager
-    def _write_transaction(self, *, merges: bool = True) -> Iterator[None]:
-        """A writing transaction under the books' lock, and with ``merges`` every stripe's merge lock."""
+    def _write_transaction(self, parts: Collection[tuple[str, str]] | None = None, *, merges: bool = True
+                           ) -> Iterator[None]:  # fmt: skip
+        """A writing transaction under the books' lock of ``parts`` (None: the whole books), and with ``merges``
+        every stripe's merge lock."""
         with self.backend.transaction():
-            self.backend.lock_books()
+            self.backend.lock_books(parts)
             if merges:
                 self.backend.lock_merges(None)
             yield
@@ -102,18 +106,24 @@ class SqlStore:
             with self.backend.session("merge queued states"):
                 # every stripe in one transaction when no other writer is folding (one set of statements); else
                 # stripe by stripe, each its own transaction, so that other writers fold the stripes this one is not
+                folded = 0
                 with self.backend.transaction():
                     whole = self.backend.try_lock_merges()
                     if whole:
-                        self._folded += database_merge.fold(self.backend, None)
+                        folded += database_merge.fold(self.backend, None)
                 for stripe in () if whole else range(database_merge.STRIPES):
                     with self.backend.transaction():
                         self.backend.lock_merges(stripe)
-                        self._folded += database_merge.fold(self.backend, stripe)
+                        folded += database_merge.fold(self.backend, stripe)
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
         self._fold_owed = False
+        self._vacuum_when_due(folded)
+
+    def _vacuum_when_due(self, folded: int) -> None:
+        """Count ``folded`` queued rows, and vacuum the queue every :data:`~.database_merge.VACUUM_ROWS`."""
+        self._folded += folded
         if self._folded >= database_merge.VACUUM_ROWS:
             self._folded = 0
             try:
@@ -144,27 +154,40 @@ class SqlStore:
         parts = list(partials)
         merge.check_partials(parts, rollup)
         with self._guard("merge"):
+            merged_queue = None  # (the queued rows merged with this commit's states)
             with self.backend.transaction():
                 # (this process's share of the work: before the locks)
                 writes = merge.Writes(self.backend, parts, rollup)
-                self.backend.lock_books()
-                # where the database merges, the states are queued, and the fold after the commit merges every
-                # writer's: a writer that merged under the books' lock would hold up every other writer's commit
-                # (they would wait for the books, not queue), and merges would be one writer's at a time again
-                if self.backend.merges_in_database:  # (owed until folded: a commit whose acknowledgement is lost
-                    self._fold_owed = True  # is retried, found applied, and must still be folded)
-                else:
-                    self.backend.lock_merges(None)
+                # the books of this merge's parts only: writers of other parts commit meanwhile
+                self.backend.lock_books({(p.source, p.part) for p in (*progress, *fences)})
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
                     report = MergeReport(applied=0, skipped=len(parts))
+                    # (a commit whose acknowledgement was lost, retried: it may have queued its states)
+                    self._fold_owed = self.backend.merges_in_database
                 else:
-                    writes.apply()
+                    # Where the database merges: at once, with every state queued before, when no merge runs (a lone
+                    # writer, as a rule: its states never go through the queue); else queued, and the fold after
+                    # the commit merges every writer's (those that commit meanwhile queue theirs, and a key costs the
+                    # server one merge per fold, not one per writer).
+                    if not self.backend.merges_in_database:
+                        self.backend.lock_merges(None)
+                        queue = False
+                    else:
+                        queue = not self.backend.try_lock_merges()
+                        if queue:  # (owed from before the commit: a commit whose acknowledgement is lost is retried,
+                            self._fold_owed = True  # found applied, and must still be folded)
+                    folded = writes.apply(queue=queue)
+                    if self.backend.merges_in_database and not queue:
+                        merged_queue = folded
                     # the tokens are recorded again with the progress: their record time moves on with it, so a
                     # retention purge of the books never takes the token of a part that is still being written
                     self._record_progress([*progress, *books.fence_rows(fences)])
                     report = MergeReport(applied=len(parts), skipped=0)
+            if merged_queue is not None:  # (the whole queue merged with the commit: nothing is owed)
+                self._fold_owed = False
+                self._vacuum_when_due(merged_queue)
             if self._fold_owed:
                 self._fold()
         return report
@@ -190,13 +213,13 @@ class SqlStore:
         older one for it raises :class:`~drainpipe.errors.Fenced`. A new owner of a part takes one before it reads
         the part's progress: a commit of the old owner lands before that read, and is seen, or after it, and is
         refused (:mod:`.books`)."""
-        with self._guard("fence"), self._write_transaction(merges=False):
+        with self._guard("fence"), self._write_transaction({(source, part)}, merges=False):
             token = books.fence_of(self.backend, source, part) + 1
             self._record_progress([SourceProgress(source, part, books.FENCE, token)])
         return token
 
     def register(self, definitions: Iterable[Definition]) -> None:
-        with self._guard("register definitions"), self._write_transaction(merges=False):
+        with self._guard("register definitions"), self._write_transaction((), merges=False):
             registry.check(self.backend, set(definitions))
 
     def purge(self, retention: Retention, now_ms: int | None = None) -> PurgeReport:
