@@ -508,10 +508,10 @@ def merge_with_queue(backend: Backend, metrics: Sequence[MetricPartial], topns: 
     that commit while it merges queue theirs for the fold after."""
     backend.execute("TRUNCATE fold_rows")
     backend.execute(_TAKE_ALL)
-    if not backend.fetchall("SELECT EXISTS (SELECT 1 FROM fold_rows)")[0][0]:
+    queued = backend.fetchall("SELECT count(*) FROM fold_rows")[0][0]
+    if not queued:
         merge_staged(backend, metrics, topns)
         return 0
-    queued = backend.fetchall("SELECT count(*) FROM fold_rows")[0][0]
     # the staged rows join the queued ones as one more commit's (transaction 0: no writer's xmin)
     backend.execute(f"INSERT INTO fold_rows ({', '.join(_STATE_COLUMNS)}, tx) SELECT {', '.join(_STATE_COLUMNS)}, 0 "
                     "FROM stage_state")  # fmt: skip
