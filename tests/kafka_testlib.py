@@ -53,9 +53,18 @@ def revive_broker() -> None:
     if kafka_sh("url").stdout.strip() != os.environ["DRAINPIPE_TEST_KAFKA"] or kafka_sh("status").returncode == 0:
         return
     log = Path(os.environ.get("KAFKA_BASE", KAFKA_SH.parents[1] / ".kafka")) / "kafka.log"
-    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else ["(no log)"]
+    tail = ["(no log)"]
+    if log.exists():  # (the log grows across runs: its end only)
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 65536))
+            tail = f.read().decode(errors="replace").splitlines()[-40:]
     started = kafka_sh("start")
-    again = "started again" if started.returncode == 0 else f"could not start it again: {started.stderr.strip()}"
+    if started.returncode:
+        again = f"could not start it again: {started.stderr.strip()}"
+    elif kafka_sh("url").stdout.strip() != os.environ["DRAINPIPE_TEST_KAFKA"]:  # (its port was taken meanwhile)
+        again = f"started again, but elsewhere ({started.stderr.strip()}): the tests after this one cannot reach it"
+    else:
+        again = "started again"
     warnings.warn("the Kafka broker had died before this test; " + again + ". The end of its log:\n" + "\n".join(tail),
                   stacklevel=1)  # fmt: skip
 
@@ -166,7 +175,7 @@ class LiveTraffic(threading.Thread):
             self.calls.update(
                 produce(self.servers, self.topic, self.events, seed=wave, poison=wave == self.poison_wave, to=to)
             )
-            time.sleep(self.pause_s)
+            self.until.wait(self.pause_s)
 
 
 def endpoint_of(member: subprocess.Popen[str]) -> str:

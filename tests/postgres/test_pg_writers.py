@@ -22,12 +22,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from drainpipe.errors import StoreError
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
-from drainpipe.pipeline.store import open_store
+from drainpipe.pipeline.store import SourceProgress, open_store
 from serve_kill import PLACEHOLDER, body_template, start_serve
 from testlib import ingest, same_values, store_events
 
@@ -80,11 +81,13 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
 
 
 def _faults(pg_url: str, *codes: str, table: str = "metric_state") -> None:
-    """A trigger on ``table`` that fails the first statements that insert into it, one per code (SQLSTATE), then
-    never. A sequence counts the calls: unlike a table, it is not rolled back with the failed transaction."""
+    """A trigger on ``table`` that fails the first statements that insert into it, one per code (SQLSTATE; "" lets
+    that one through), then never. A sequence counts the calls: unlike a table, it is not rolled back with the failed
+    transaction."""
     cases = " ".join(
         f"IF n = {i} THEN RAISE EXCEPTION 'injected fault {code}' USING ERRCODE = '{code}'; END IF;"
         for i, code in enumerate(codes, 1)
+        if code
     )
     with psycopg.connect(pg_url, autocommit=True) as con:
         con.execute("CREATE SEQUENCE fault_calls")
@@ -211,6 +214,54 @@ def test_a_writer_that_finds_no_merge_running_merges_at_its_commit_with_what_oth
         alone.merge(aggregate_batch(batches[2], DEFAULT_DEFINITIONS))
         assert _inserts(pg_url, "merge_queue")[1] == 0  # taken by the merge at the commit
         got = alone.query()
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def test_an_owed_fold_is_not_forgotten_by_a_merge_with_nothing_to_merge(pg_url: str) -> None:
+    """A merge that brings only progress rows (remote-write's books) after a fold failed: it has nothing to merge at
+    its commit, so it leaves the fold owed and folds; the queued states are merged, not left for a later writer."""
+    batches = [store_events(300, seed=650 + i) for i in range(2)]
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+        _queued_merge(pg_url, store, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
+        store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
+        with psycopg.connect(pg_url, autocommit=True) as con:
+            assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        got = store.query()
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def test_a_writer_that_fails_as_it_queues_leaves_nothing_queued(pg_url: str) -> None:
+    """A writer that queues (a merge runs meanwhile) and fails before its commit (its second insert into the queue)
+    leaves no row queued, no progress and the stored values as they were; retried, it is applied once."""
+    batches = [store_events(300, seed=660 + i) for i in range(2)]
+    progress = [SourceProgress("file", "two", d.name, -1) for d in DEFAULT_DEFINITIONS.all]
+    with open_store(pg_url) as store, open_store(pg_url) as holder:  # type: ignore[attr-defined]
+        store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+        before = store.query()
+        _faults(pg_url, "", "P0001", table="merge_queue")  # (the first insert goes through: the states')
+        errors: list[BaseException] = []
+
+        def writer() -> None:
+            try:
+                store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS), progress=progress)
+            except BaseException as exc:
+                errors.append(exc)
+
+        con = holder.backend  # type: ignore[attr-defined]
+        with con.session("hold"), con.transaction():
+            con.lock_merges(None)  # (as a merge at another writer's commit: the writer queues)
+            thread = threading.Thread(target=writer)
+            thread.start()
+            thread.join(60)
+        assert len(errors) == 1 and isinstance(errors[0], StoreError) and "injected fault" in str(errors[0]), errors
+        with psycopg.connect(pg_url, autocommit=True) as con2:
+            assert con2.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        assert store.query() == before and store.progress("file", part="two") == []
+        assert store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS), progress=progress).applied
+        got = store.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
 

@@ -58,12 +58,13 @@ class Backend(Protocol):
         """One transaction: committed when the block ends, rolled back when it raises."""
         ...
 
-    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> None:
+    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> bool:
         """Called first in every transaction that writes the books: a database other processes write too takes locks
         held until the transaction ends, so that a fence and a commit of the part it fences never interleave. With
         ``parts`` ((source, part) pairs), the books of those parts: writers of other parts go on meanwhile (a
         registry of definitions shared by all of them takes no lock: it is written with ``ON CONFLICT`` and compared
-        after); with None, the whole books, alone (purge). An embedded file has one writer process already."""
+        after); with None, the whole books, alone (purge). Whether it locked the whole books (every other writer
+        waits for this transaction: keep it short). An embedded file has one writer process already."""
         ...
 
     def lock_merges(self, stripe: int | None) -> None:
@@ -75,7 +76,7 @@ class Backend(Protocol):
 
     def try_lock_merges(self) -> bool:
         """:meth:`lock_merges` of every stripe if none is held by another transaction now, without waiting: whether
-        they were taken (when not, some may be, until the transaction ends)."""
+        they were taken (when not, none is held)."""
         ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...

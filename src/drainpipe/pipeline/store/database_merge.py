@@ -1,4 +1,5 @@
-"""The upsert-merge done by the database server (PostgreSQL): writers queue their new states, the server merges.
+"""The upsert-merge done by the database server (PostgreSQL): a writer's states merged at its commit, or queued
+while another merge runs and folded after it; the server merges.
 
 Why: the merge of :mod:`.merge` reads the stored states of every key into the writer, merges them there and
 rewrites them, under a lock that keeps two writers of one database from interleaving. A writer with little CPU (a

@@ -78,8 +78,8 @@ class DuckDBBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute)
 
-    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> None:
-        pass  # one writing process per file; the store's lock serialises its threads
+    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> bool:
+        return False  # one writing process per file; the store's lock serialises its threads
 
     def lock_merges(self, stripe: int | None) -> None:
         pass

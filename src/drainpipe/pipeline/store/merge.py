@@ -16,8 +16,8 @@ How, per call:
    (:attr:`~.backend.Backend.merges_in_database`): here, the keys (name, granularity, entity, time_bucket) are
    staged, the stored states for them read, merged with the new ones by :func:`~drainpipe.pipeline.partials.merge`
    and rewritten (DuckDB, an embedded file with one writer process); or by the database server itself, from the
-   rows every writer queued (:mod:`.database_merge`: PostgreSQL, which several writers share, so that none holds a
-   lock for its own Python, and a key's rows from several writers are merged at once).
+   writer's staged rows and those other writers queued (:mod:`.database_merge`: PostgreSQL, which several writers
+   share, so that none holds a lock for its own Python, and a key's rows from several writers are merged at once).
 
 Functions over a :class:`~.backend.Backend`, called inside the store's session and writing transaction (whose lock
 keeps two merges of one key from interleaving); blocking; database errors propagate; a partial of the wrong kind is
@@ -89,6 +89,11 @@ class Writes:
         self._first = next(self._batches, None)
         if self._first is not None and backend.merges_in_database:
             database_merge.stage(backend, *self._first)
+
+    @property
+    def empty(self) -> bool:
+        """Whether there is nothing to write (no partial, or none with a row)."""
+        return self._first is None
 
     def apply(self, *, queue: bool) -> int:
         """Merge every batch into the stored states or, with ``queue`` (where the database merges), queue it for the

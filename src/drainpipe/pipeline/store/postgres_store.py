@@ -91,11 +91,9 @@ _STAGING = (
 )
 _SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
 _BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
-_PART_LOCK = 0x626F6F6B  # the first key of a part's books' lock ("book"; the second, its slot), see lock_books
-#: the slots of the parts' books' locks: parts whose slots collide share a lock (a writer may wait for another part's)
-_PART_SLOTS = 1024
-#: a transaction of more parts' slots than this takes the whole books instead (each lock is an entry of the server's
-#: shared lock table, sized for 64 a transaction)
+_PART_LOCK = 0x626F6F6B  # the first key of a part's books' lock ("book"; the second, a hash of it), see lock_books
+#: a transaction of more parts than this takes the whole books instead (each lock is an entry of the server's shared
+#: lock table, sized for 64 a transaction)
 _MAX_PART_LOCKS = 32
 _MERGE_LOCK = (
     0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
@@ -232,25 +230,27 @@ class PostgresBackend:
     def transaction(self) -> AbstractContextManager[None]:
         return sql_transaction(self.execute, self._BEGIN)
 
-    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> None:
+    def lock_books(self, parts: Collection[tuple[str, str]] | None = None) -> bool:
         """Several processes (servers, ``drainpipe run``, a Spark driver, ``consume`` members) may write one
         database. A merge checks its parts' fences and records their progress; a new owner of a part issues a fence
         and then reads the part's progress. So every writing transaction takes transaction-scoped advisory locks
         first: a commit lands wholly before a fence of its part, or after it and is refused.
 
-        A part's lock is its slot's (of :data:`_PART_SLOTS`, by a hash of source and part), taken in slot order
-        (no two transactions wait for each other), with the whole books' lock shared; ``None`` takes the whole
-        books' lock exclusively, as do more than :data:`_MAX_PART_LOCKS` slots. So writers of different parts never
-        wait for each other's commits, and a writer may merge at its commit while the others queue (:mod:`.sql`).
+        A part's lock is keyed by a 32-bit hash of source and part (two parts that collide share a lock: one in
+        four billion), taken in key order (no two transactions wait for each other in a cycle), with the whole
+        books' lock shared; ``None`` takes the whole books' lock exclusively, as do more than
+        :data:`_MAX_PART_LOCKS` parts. So writers of different parts do not wait for each other's commits, and a
+        writer may merge at its commit while the others queue (:mod:`.sql`; not one that holds the whole books).
         (The whole books' key is the one every writing transaction took exclusively before the queue: a writer of an
         earlier version serialises with commits and fences, but not with folds, so it must not write the same
         database as this version.)"""
-        slots = sorted({zlib.crc32(f"{source}\0{part}".encode()) % _PART_SLOTS for source, part in parts or ()})
-        if parts is None or len(slots) > _MAX_PART_LOCKS:
+        keys = sorted({zlib.crc32(f"{source}\0{part}".encode()) - (1 << 31) for source, part in parts or ()})
+        if parts is None or len(keys) > _MAX_PART_LOCKS:
             self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
-            return
-        locks = [f"pg_advisory_xact_lock({_PART_LOCK}, {slot})" for slot in slots]
+            return True
+        locks = [f"pg_advisory_xact_lock({_PART_LOCK}, {key})" for key in keys]
         self.execute(f"SELECT {', '.join([f'pg_advisory_xact_lock_shared({_BOOKS_LOCK})', *locks])}")  # (in order)
+        return False
 
     def lock_merges(self, stripe: int | None) -> None:
         """A merge upserts its keys' states, then computes the keys' values from the merged states (a percentile
@@ -262,12 +262,17 @@ class PostgresBackend:
         self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({_MERGE_LOCK + s})' for s in stripes)}")
 
     def try_lock_merges(self) -> bool:
-        """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order)."""
-        return bool(
+        """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order). In a
+        savepoint, rolled back when one is held: the stripes taken before it are let go (a writer that queues
+        because a merge runs would otherwise hold them until its commit, and every fold would wait for it)."""
+        self.execute("SAVEPOINT try_merges")
+        taken = bool(
             self.fetchall(
                 f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({_MERGE_LOCK + s})' for s in range(STRIPES))}"
             )[0][0]
         )
+        self.execute("RELEASE SAVEPOINT try_merges" if taken else "ROLLBACK TO SAVEPOINT try_merges")
+        return taken
 
     # ----------------------------------------------------------------------------- planning the keyed statements
 

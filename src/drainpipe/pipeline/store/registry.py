@@ -33,9 +33,10 @@ def check(backend: Backend, definitions: set[Definition]) -> None:
     stored = dict(backend.fetchall(f"SELECT name, signature FROM definitions WHERE name IN ({marks})", names))
     missing = [name for name in names if name not in stored]
     if missing:
-        # under the write lock no one else registers now; ON CONFLICT still makes a writer that does not take it (an
-        # older version) lose nothing: the row it wrote is compared below like any other. One statement: a fresh
-        # store registers every definition at once.
+        # writers may register at once (each holds the books of its own parts only): ON CONFLICT makes the later
+        # one lose nothing, and the row the other wrote is compared below like any other. One statement, in name
+        # order (two writers' inserts wait for each other, never in a cycle): a fresh store registers every
+        # definition at once.
         backend.execute(
             f"INSERT INTO definitions VALUES {', '.join(['(?, ?)'] * len(missing))} ON CONFLICT (name) DO NOTHING",
             [value for name in missing for value in (name, wanted[name])],

@@ -159,7 +159,7 @@ class SqlStore:
                 # (this process's share of the work: before the locks)
                 writes = merge.Writes(self.backend, parts, rollup)
                 # the books of this merge's parts only: writers of other parts commit meanwhile
-                self.backend.lock_books({(p.source, p.part) for p in (*progress, *fences)})
+                whole = self.backend.lock_books({(p.source, p.part) for p in (*progress, *fences)})
                 books.check_fences(self.backend, fences)
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
@@ -174,8 +174,8 @@ class SqlStore:
                     if not self.backend.merges_in_database:
                         self.backend.lock_merges(None)
                         queue = False
-                    else:
-                        queue = not self.backend.try_lock_merges()
+                    else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
+                        queue = writes.empty or whole or not self.backend.try_lock_merges()
                         if queue:  # (owed from before the commit: a commit whose acknowledgement is lost is retried,
                             self._fold_owed = True  # found applied, and must still be folded)
                     folded = writes.apply(queue=queue)
