@@ -59,6 +59,8 @@ class FakeConsumer:
         self.committed: dict[tuple[str, int], int] = {}  # offsets sent to "Kafka" (monitoring)
         self.fetched: dict[tuple[str, int], int] = {}  # messages handed out per partition
         self.calls = 0
+        self.asked: list[int] = []  # num_messages of each consume()
+        self.returned: list[tuple[int, int]] = []  # messages with a value, and their values' bytes, of each
         self.closed = False
         self.closed_with: list[tuple[str, int]] = []  # partitions still assigned when close() was called
         self._leaving = False
@@ -114,7 +116,10 @@ class FakeConsumer:
         return 0, len(self.log[tp.topic][tp.partition])
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        """At most ``fetch`` messages of each partition assigned and not paused, ``num_messages`` in all, and the end
+        of each partition read to its end."""
         self.calls += 1
+        self.asked.append(num_messages)
         if self._leaving:
             if self.positions:
                 self.revoke(*self.positions)
@@ -125,12 +130,14 @@ class FakeConsumer:
             if (topic, partition) in self.paused:
                 continue
             values = self.log[topic][partition]
-            end = min(len(values), at + self.fetch)
+            end = min(len(values), at + self.fetch, at + num_messages - len(out))
             out += [Message(topic, partition, o, values[o]) for o in range(at, end)]
             self.fetched[(topic, partition)] = self.fetched.get((topic, partition), 0) + end - at
             self.positions[(topic, partition)] = end
             if end == len(values):
                 out.append(Message(topic, partition, end, None, eof=True))
+        valued = [m._value for m in out if m._value is not None]
+        self.returned.append((len(valued), sum(map(len, valued))))
         return out
 
     def close(self) -> None:

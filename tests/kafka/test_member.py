@@ -257,3 +257,28 @@ def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is
         member = run_member(url, FakeConsumer(log, script), disk=watch)
         assert member.disk_pauses == 1 and seen["still paused at"] == seen["paused at"], seen
         assert stored_calls(url) == calls
+
+
+def test_a_poll_takes_about_poll_bytes_of_values_whatever_the_size_of_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages leave librdkafka's bounded queue as a poll collects them, so only the poll's own size bounds what a
+    batch holds: the member asks for as many messages as the last poll's mean value size fits in POLL_BYTES (50,000
+    messages of 100 events each once held 500 MB). Sabotage: asking for CONSUME_MESSAGES each time fails it."""
+    from drainpipe.kafka import member as member_module
+
+    monkeypatch.setattr(member_module, "POLL_BYTES", 16 << 10)
+    small, calls = topic_log(1, 400, seed=7)  # one event a message (~95 bytes)
+    big = [b"\n".join(small["t"][0][i : i + 50]) for i in range(0, 400, 10)]  # up to 50 events a message
+    consumer = FakeConsumer({"t": [small["t"][0], big]}, once(lambda c: c.assign(P0, P1)), fetch=20)
+    url = f"duckdb:///{tmp_path / 'p.duckdb'}"
+    run_member(url, consumer)
+    assert consumer.asked[0] == member_module.CONSUME_MESSAGES  # nothing seen yet
+    asks = 0
+    for (n, size), asked in zip(consumer.returned, consumer.asked[1:]):
+        if size:  # (a poll that brought no values leaves the ask as it was)
+            assert asked == min(member_module.CONSUME_MESSAGES, (16 << 10) * n // size), consumer.asked
+            asks += 1
+    assert asks >= 10 and min(consumer.asked) < 20 < max(consumer.asked[1:]), consumer.asked  # both ways
+    in_big = Counter(json.loads(line)["service"] for m in big for line in m.split(b"\n"))
+    assert stored_calls(url) == calls + in_big

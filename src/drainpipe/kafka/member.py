@@ -76,9 +76,13 @@ log = logging.getLogger("drainpipe.server")
 
 __all__ = ["GroupMember"]
 
-#: messages taken from the consumer per call (one-event messages: the batch's fixed costs, its validation and
-#: ingest, are spread over this many events; 20,000 gave 25% less, 100,000 no more)
+#: messages taken from the consumer per call, at most (one-event messages: the batch's fixed costs, its validation
+#: and ingest, are spread over this many events; 20,000 gave 25% less, 100,000 no more)
 CONSUME_MESSAGES = 50_000
+#: the bytes of values a call takes, about: it takes as many messages as the last call's mean value size allows
+#: (at most CONSUME_MESSAGES). Messages move out of librdkafka's bounded queue while a call collects them, so only
+#: this bounds the batch: 50,000 messages of 100 events held 500 MB
+POLL_BYTES = 4 << 20
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
 #: how long leaving the group may take before the consumer is closed anyway (see GroupMember._leave)
@@ -125,6 +129,7 @@ class GroupMember:
                              checkpoint_s=config.checkpoint_s, max_commits=config.max_commits,
                              on_commit=self._stored)  # fmt: skip
         self._consumer = consumer
+        self._poll = CONSUME_MESSAGES  # messages the next call takes (POLL_BYTES by the last call's values)
         self._paused = False
         self._stop = threading.Event()
         self._closed = False
@@ -179,7 +184,7 @@ class GroupMember:
                         shown = time.monotonic()
                     self._throttle()
                     with _collector_paused():
-                        self._feed(consumer.consume(CONSUME_MESSAGES, 0.1))
+                        self._feed(consumer.consume(self._poll, 0.1))
                 if self.failed:
                     break
                 self._checkpoint()
@@ -211,7 +216,7 @@ class GroupMember:
         try:
             self._consumer.unsubscribe()
             while True:  # (one poll at least: an assignment may be on its way with nothing assigned yet)
-                self._consumer.consume(CONSUME_MESSAGES, 0.1)
+                self._consumer.consume(self._poll, 0.1)
                 if not self._consumer.assignment() or time.monotonic() >= deadline:
                     break
         except (KafkaException, RuntimeError):  # (never subscribed, or the consumer is closed already)
@@ -274,23 +279,33 @@ class GroupMember:
             names = part.books.names_from(offset)  # the driver's policy (Driver.wanted), per message: one call
             if names:
                 groups.setdefault(names, []).append(m)
+        taken = size = 0
         for names, group in groups.items():
-            table = self._decode(group)
+            table, group_size = self._decode(group)
+            taken += len(group)
+            size += group_size
             if table.num_rows:
                 self.driver.feed(table, names)
+        if size:
+            self._poll = max(1, min(CONSUME_MESSAGES, POLL_BYTES * taken // size))
 
-    def _decode(self, messages: list[Any]) -> EventBatch:
-        """The valid events of ``messages``; every reject to the dead letter (:func:`~drainpipe.inputs.messages.
-        decode_values`: JSON values validated as one NDJSON block, OTLP values one export each)."""
+    def _decode(self, messages: list[Any]) -> tuple[EventBatch, int]:
+        """The valid events of ``messages`` and the bytes of their values; every reject to the dead letter
+        (:func:`~drainpipe.inputs.messages.decode_values`: JSON values validated as one NDJSON block, OTLP values
+        one export each)."""
         config = self.config
-        batch, rejects = decode_values([m.value() for m in messages], config.encoding, config.spans, config.endpoints)
+        values = [m.value() for m in messages]
+        batch, rejects = decode_values(values, config.encoding, config.spans, config.endpoints)
         self.stats.add_accepted(batch.num_rows)
         for reason, n in batch.warnings:
             self.stats.add_warning(reason, n)
         for k, raw, reason in rejects:
             m = messages[k]
             self._reject(message_source(m.topic(), m.partition()), m.offset(), raw, reason)
-        return batch
+        try:
+            return batch, sum(map(len, values))
+        except TypeError:  # (a message without a value: a reject)
+            return batch, sum(len(v) for v in values if v is not None)
 
     def _reject(self, source: str, offset: int, raw: Any, reason: str) -> None:
         self.stats.add_rejected(reason)
