@@ -11,7 +11,8 @@ from start to exit:
   skipped without one), timed until both have exited: their combined rate;
 * ``run``: ``drainpipe run`` on the JSON Lines file;
 * ``bare``: a confluent-kafka consumer in a Python process reading every message of the topic and nothing more
-  (no decoding; the member's fetch settings): the ceiling of reading the topic from Python.
+  (no decoding; the member's fetch and prefetch settings, :func:`member_fetching`): the ceiling of reading the topic
+  from Python.
 
 Before timing, the store of ``consume`` is checked to hold the same values as the store of ``run`` (the 100-event
 topic). The table gives medians of ``--runs`` runs, events/s and ratios against ``run``, and the peak memory of each
@@ -52,12 +53,11 @@ PARTITIONS = 6
 TARGETS = {"consume-100": 0.5, "consume-1": 0.25}
 
 BARE = r"""
-import sys, time
+import json, sys, time
 from confluent_kafka import Consumer
-servers, topic, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3])
+servers, topic, partitions, fetching = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 c = Consumer({"bootstrap.servers": servers, "group.id": "bare-" + str(time.time()), "auto.offset.reset": "earliest",
-              "enable.auto.commit": False, "enable.partition.eof": True, "queued.min.messages": 1_000_000,
-              "fetch.wait.max.ms": 50})
+              "enable.auto.commit": False, "enable.partition.eof": True, **fetching})
 c.subscribe([topic])
 messages = size = 0
 ended = set()
@@ -150,6 +150,14 @@ def timed(cmds: list[list[str]]) -> tuple[float, list[str], float]:
     return wall, outs, peak[0] / 1024
 
 
+def member_fetching() -> dict[str, Any]:
+    """The member's librdkafka settings for fetching and prefetching (what the bare reader reads with)."""
+    from drainpipe.kafka import ConsumeConfig
+
+    settings = ConsumeConfig("", [], "").consumer_settings()
+    return {k: v for k, v in settings.items() if k.startswith(("fetch.", "queued."))}
+
+
 def consume_cmd(servers: str, topic: str, group: str, store: str) -> list[str]:
     return [DRAINPIPE, "consume", "--bootstrap-servers", servers, "--topic", topic, "--group", group, "--store",
             store, "--exit-at-end"]  # fmt: skip
@@ -182,7 +190,8 @@ def run_once(
         wall, _, pss = timed([consume_cmd(args.servers, topic, f"bench-{uuid.uuid4().hex}", f"duckdb:///{db}")])
     else:
         topic = topics[int(kind.split("-")[1])]
-        wall, _, pss = timed([[sys.executable, "-c", BARE, args.servers, topic, str(PARTITIONS)]])
+        wall, _, pss = timed([[sys.executable, "-c", BARE, args.servers, topic, str(PARTITIONS),
+                               json.dumps(member_fetching())]])  # fmt: skip
     return wall, pss
 
 
