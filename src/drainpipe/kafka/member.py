@@ -81,8 +81,9 @@ __all__ = ["GroupMember"]
 CONSUME_MESSAGES = 50_000
 #: the bytes of values a call takes, about: it takes as many messages as the last call's mean value size allows
 #: (at most CONSUME_MESSAGES). Messages move out of librdkafka's bounded queue while a call collects them, so only
-#: this bounds the batch: 50,000 messages of 100 events held 500 MB
-POLL_BYTES = 4 << 20
+#: this bounds the batch: 50,000 messages of 100 events held 500 MB. (4 MB made a topic of 100-event messages
+#: 0.85x as fast, from a batch's fixed costs paid four times as often; 16 MB was as fast as before)
+POLL_BYTES = 16 << 20
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
 #: how long leaving the group may take before the consumer is closed anyway (see GroupMember._leave)
