@@ -21,6 +21,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -251,11 +253,25 @@ CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHIL
             "_otlpproto": PROTO_CHILD, "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
 
 
-def _compile(name: str, target: Path) -> None:
+def _compile(name: str, target: Path) -> Path:
     include = sysconfig.get_paths()["include"]
     cmd = ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
            "-fno-sanitize-recover=undefined", f"-I{include}", str(SOURCES / f"{name}.c"), "-o", str(target)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def builds(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future]]:
+    """The sanitized build of each scanner this run tests, compiled one after another in the background, in the
+    tests' order: a test waits for its own build only. A test's child keeps one core busy and the next builds take
+    the other (about 10 s of gcc in all, which added to the module's time when each test compiled its own)."""
+    names = sorted(item.callspec.params["name"] for item in request.session.items  # (those selected)
+                   if getattr(item, "module", None) is request.module and hasattr(item, "callspec"))  # fmt: skip
+    directory = tmp_path_factory.mktemp("sanitized")
+    pool = ThreadPoolExecutor(1)
+    yield {name: pool.submit(_compile, name, directory / f"{name}_sanitized.so") for name in names}
+    pool.shutdown(cancel_futures=True)
 
 
 def _runtime(name: str) -> str:
@@ -265,12 +281,11 @@ def _runtime(name: str) -> str:
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (the build of the C extensions needs it too)")
 @pytest.mark.parametrize("name", sorted(CHILDREN))
-def test_the_scanner_under_asan_and_ubsan(tmp_path: Path, name: str) -> None:
+def test_the_scanner_under_asan_and_ubsan(builds: dict[str, Future], name: str) -> None:
     asan, ubsan = _runtime("libasan.so"), _runtime("libubsan.so")
     if not asan or not ubsan:
         pytest.skip("gcc's sanitizer runtimes are not installed")
-    module = tmp_path / f"{name}_sanitized.so"
-    _compile(name, module)
+    module = builds[name].result()
     env = dict(os.environ, LD_PRELOAD=f"{asan}:{ubsan}", PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")  # fmt: skip
     child = subprocess.run([sys.executable, "-c", PRELUDE + CHILDREN[name], str(module), str(Path(__file__).parent),

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import SourceProgress, open_store
 from serve_kill import PLACEHOLDER, body_template, start_serve
-from testlib import ingest, same_values, store_events
+from testlib import ingest, same_values, store_events, wait_until
 
 #: the generated files' events are of 2026-11-21 (the generator's default start) and the servers purge at start: the
 #: clock stands on that day (the requests' events follow it)
@@ -289,10 +290,14 @@ def _load(
     per_server: int = 2,
     stop: threading.Event | None = None,
     services: tuple[bytes, ...] = SHARED_SERVICES,
+    until_refused: bool = False,
 ) -> tuple[int, dict[int, int]]:
     """Clients posting 200-event bodies of ``services`` to every server for ``seconds`` (or until ``stop``
-    is set): (acknowledged events, count of other answers by status)."""
+    is set, or ``until_refused``, until a server has refused one): (acknowledged events, count of other answers by
+    status)."""
     template = body_template(200)
+    if until_refused and stop is None:
+        stop = threading.Event()
     acked = [0]
     other: dict[int, int] = {}
     lock = threading.Lock()
@@ -309,6 +314,8 @@ def _load(
                 else:
                     other[status] = other.get(status, 0) + 1
             if status != 200:
+                if until_refused and stop is not None:
+                    stop.set()
                 time.sleep(0.05)
 
     threads = [threading.Thread(target=client, args=(b, c)) for b in bases for c in range(per_server)]
@@ -332,7 +339,10 @@ def test_servers_on_one_fresh_store_store_every_acknowledged_event(pg_url: str, 
     """Three ``drainpipe serve`` processes start on a fresh database at once and take clients posting events of the
     same three services (so their checkpoints merge the same keys). After a graceful stop the store holds exactly
     the events they acknowledged, in minute and in hour states, and no server saw a store error."""
-    started = [_serve(pg_url, tmp_path / f"wal{i}") for i in range(3)]
+    # at once: each waits for its "listening on" line in a thread of its own (one after the other, the three starts
+    # took 3.6 s, and the later ones met a store the first had set up)
+    with ThreadPoolExecutor(3) as pool:
+        started = list(pool.map(lambda i: _serve(pg_url, tmp_path / f"wal{i}"), range(3)))
     try:
         acked, other = _load([base for _, base in started], 4.0)
     finally:
@@ -363,11 +373,13 @@ def test_two_runs_into_one_fresh_store_merge_exactly(pg_url: str, tmp_path: Path
                                 text=True, cwd=tmp_path)  # fmt: skip
 
     runs = [run(path, pg_url) for path in inputs]
+    # the reference while they run: the local engine (what `drainpipe run` runs) in this process, one file after the
+    # other (two more processes, after the runs, took 2.4 s)
+    for path in inputs:
+        summary = run_local([str(path)], definitions=DEFAULT_DEFINITIONS, store_url=duck)
+        assert summary.complete, summary.error
     outputs = [p.communicate(timeout=300)[0] for p in runs]
     assert [p.returncode for p in runs] == [0, 0], outputs
-    for path in inputs:
-        done = run(path, duck)
-        assert done.wait(300) == 0, done.communicate()[0]
     with open_store(duck) as ref, open_store(pg_url) as pg:  # type: ignore[attr-defined]
         assert same_values(pg.query(), ref.query())
         assert pg.query_topn("top_slow_statements") == ref.query_topn("top_slow_statements")
@@ -383,11 +395,16 @@ def test_a_permanent_store_error_refuses_keeps_the_data_and_catches_up(pg_url: s
         assert acked and not other
         with psycopg.connect(pg_url, autocommit=True) as con:  # a constraint nobody can satisfy: a permanent error
             con.execute("ALTER TABLE metric_state ADD CONSTRAINT broken CHECK (n < 0) NOT VALID")
-        more, refused = _load([base], 3.0, per_server=1)
+        # until it refuses (it refuses everything after: 3 s more of load added nothing)
+        more, refused = _load([base], 60.0, per_server=1, until_refused=True)
         assert refused.get(503), refused  # it stopped accepting
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-        assert re.search(r"^drainpipe_store_failed 1(\.0)?$", metrics, re.M), metrics[-3000:]
+
+        def failed() -> str | None:
+            with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            return text if re.search(r"^drainpipe_store_failed 1(\.0)?$", text, re.M) else None
+
+        metrics = wait_until(failed, timeout=30, interval=0.05, what="the failure in /metrics")
         assert re.search(r'^drainpipe_store_failure_info\{reason=".*broken.*"\} 1', metrics, re.M), metrics[-3000:]
         try:
             urllib.request.urlopen(base + "/healthz", timeout=10)
