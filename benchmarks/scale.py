@@ -15,9 +15,10 @@ share x ``cpu.cfs_period_us``) and ``cpuacct`` group. The broker's and PostgreSQ
 ``cpuacct`` groups of their own (not capped: they get the rest of the machine), so that the CPU each party used is
 read from the kernel, exited PostgreSQL backends included.
 
-The rate is read in the steady part of the run, from the messages applied (the sum over partitions of the offsets
-the store's books hold for the topic, one cheap query twice a second): between the last commit that left at most 20%
-of the events stored and the first that brought 80% or more, both commit instants, so that the members' start-up
+The rate is read in the steady part of the run, from the events merged into the stored states (what a query sees:
+the count of the day states of ``service_cpm``, one cheap query twice a second; not the offsets the books hold, which
+also count states a writer queued and no fold has merged yet): between the last merge that left at most 20% of the
+events stored and the first that brought 80% or more, both merge instants, so that the members' start-up
 (Python's at the cap: the first commit comes tens of seconds in) and the tail stay out, and no commit is counted in
 part. A busy store gets few, large commits, so the run must be long enough for many: the default is 12M events,
 at 1,000 a second of event time as in the first measurement's 3.6M over an hour (a denser input would make fewer
@@ -146,18 +147,8 @@ def pids_of(match: str, comm: str) -> list[int]:
     return out
 
 
-def applied_messages(con: Any, topic: str) -> int:
-    """The messages of ``topic`` the store holds as applied: per partition, the least next offset over the
-    definitions (a partition is applied up to there for every one)."""
-    row = con.execute(
-        "SELECT coalesce(sum(m), 0) FROM (SELECT min(end_offset) AS m FROM source_progress "
-        "WHERE source = 'kafka' AND name <> '#fence' AND part LIKE %s GROUP BY part) p",
-        (f"%/{topic}/%",),
-    ).fetchone()
-    return int(row[0])
-
-
 def stored_events(con: Any) -> int:
+    """The events merged into the stored states (the day states of ``service_cpm`` count every event once)."""
     row = con.execute(
         "SELECT coalesce(sum(n), 0) FROM metric_state WHERE metric = 'service_cpm' AND granularity = 'day'"
     ).fetchone()
@@ -223,7 +214,7 @@ def member_run(
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [DRAINPIPE, "consume", "--bootstrap-servers", args.servers, "--topic", topic, "--group", group,
            "--store", url, "--exit-at-end", "--checkpoint-s", str(args.checkpoint_s)]  # fmt: skip
-    samples: list[tuple[float, int, float, float, float]] = []  # (t, applied, members' CPU, broker's, postgres')
+    samples: list[tuple[float, int, float, float, float]] = []  # (t, merged messages, CPU: members, broker, pg)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with psycopg.connect(url, autocommit=True) as con:
@@ -235,10 +226,10 @@ def member_run(
             while True:
                 done = all(p.poll() is not None for p in procs)
                 try:
-                    applied = applied_messages(con, topic)
+                    merged = stored_events(con) // PER_MESSAGE
                 except psycopg.errors.UndefinedTable:
-                    applied = 0  # (the first member has not made the tables yet)
-                samples.append((time.perf_counter() - t0, applied, sum(c.cpu_s() for c in caps),
+                    merged = 0  # (the first member has not made the tables yet)
+                samples.append((time.perf_counter() - t0, merged, sum(c.cpu_s() for c in caps),
                                 parties["broker"].cpu_s(), parties["postgres"].cpu_s()))  # fmt: skip
                 if done:
                     break

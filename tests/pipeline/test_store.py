@@ -253,7 +253,7 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
     before, before_topn = store.query(), store.query_topn("top_slow_statements")
     calls = {"n": 0}
     backend = store.backend  # type: ignore[attr-defined]
-    original_insert, original_execute = backend.insert_arrow, backend.execute
+    original_insert = backend.insert_arrow
 
     def failing_insert(table_name: str, rows: pa.Table) -> None:  # the merge in Python writes values by COPY
         calls["n"] += 1
@@ -261,18 +261,27 @@ def test_a_failed_merge_leaves_nothing_half_written(store: Store, monkeypatch: p
             raise RuntimeError("disk on fire")
         original_insert(table_name, rows)
 
-    def failing_execute(sql: str, params: Any = ()) -> None:  # the database's merge at the commit: its last write,
-        calls["n"] += 1  # the top-N rows', after the states and values (a queue's are tests/postgres')
-        if "INSERT INTO topn_values" in sql:
-            raise RuntimeError("disk on fire")
-        original_execute(sql, params)
-
-    monkeypatch.setattr(backend, "insert_arrow", failing_insert)
-    monkeypatch.setattr(backend, "execute", failing_execute)
-    with pytest.raises(RuntimeError, match="disk on fire"):
-        ingest(store, EVENTS.slice(1000), "two")
-    assert calls["n"] > 1  # states had been written when it failed
-    monkeypatch.undo()
+    if backend.merges_in_database:
+        # the database's merge at the commit runs in the server: its last write, the top-N rows' (after the states and
+        # the values), fails there (a queue's failures are tests/postgres')
+        with backend.session("arm a fault"):
+            backend.execute("CREATE SEQUENCE fault_calls")
+            backend.execute("CREATE FUNCTION disk_on_fire() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                            "PERFORM nextval('fault_calls'); RAISE EXCEPTION 'disk on fire'; END $$")  # fmt: skip
+            backend.execute("CREATE TRIGGER disk_on_fire BEFORE INSERT ON topn_values FOR EACH STATEMENT "
+                            "EXECUTE FUNCTION disk_on_fire()")  # fmt: skip
+        with pytest.raises(StoreError, match="disk on fire"):
+            ingest(store, EVENTS.slice(1000), "two")
+        with backend.session("disarm the fault"):
+            calls["n"] = backend.fetchall("SELECT last_value FROM fault_calls")[0][0]
+            backend.execute("DROP TRIGGER disk_on_fire ON topn_values")
+        assert calls["n"] == 1  # the top-N rows' write failed, after the states' and the values'
+    else:
+        monkeypatch.setattr(backend, "insert_arrow", failing_insert)
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            ingest(store, EVENTS.slice(1000), "two")
+        assert calls["n"] > 1  # states had been written when it failed
+        monkeypatch.undo()
     assert store.query() == before and store.query_topn("top_slow_statements") == before_topn
     assert store.progress("test", part="two") == []
     assert ingest(store, EVENTS.slice(1000), "two").applied == 17  # and it can be retried

@@ -213,9 +213,10 @@ def writers(pg_url: str) -> Iterator[tuple[list[Store], Store]]:
 def test_one_fold_merges_every_writers_queued_states(
     writers: tuple[list[Store], Store], rows: list[tuple], fractions: list[float]
 ) -> None:
-    """Writers that commit while another merge holds the merge lock queue their states; the first fold after it
-    merges all of them, a key's states added up first (one upsert statement per kind of state for every writer), and
-    the values equal the states merged one after the other in Python."""
+    """Writers that commit while another merge holds the merge locks queue their states and return without waiting
+    for it; the holder's look at the queue after its commit merges all of them, a key's states added up first (one
+    upsert statement per kind of state for every writer), and the values equal the states merged one after the
+    other in Python."""
     pgs, duck = writers
     _empty(*pgs, duck)
     events = event_batch([(T0 + m * 60_000 + i, svc, inst, ep, lat, ok, st) for i, (m, svc, inst, ep, lat, ok, st)
@@ -250,9 +251,10 @@ def test_one_fold_merges_every_writers_queued_states(
                 f"SELECT count(DISTINCT {stripe}) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}')"
                 f" + count(DISTINCT {stripe}) FILTER (WHERE bins IS NOT NULL) FROM merge_queue"
             )[0][0]
-        for t in threads:
-            t.join(10)
-        assert done == [None] * len(threads)
+            for t in threads:  # (the writers do not wait for the held lock: its holder folds what they queued)
+                t.join(10)
+            assert done == [None] * len(threads)
+        pgs[0].query()  # the holder's look at the queue after its commit
         after = holder.fetchall("SELECT last_value, is_called FROM upserts")[0]
     for partials in slices[2:]:
         pgs[0].merge(partials)

@@ -29,7 +29,8 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
-from drainpipe.pipeline.store import SourceProgress, open_store
+from drainpipe.pipeline.store import SourceProgress, database_merge, open_store
+from drainpipe.pipeline.store.postgres_store import PostgresBackend
 from serve_kill import PLACEHOLDER, body_template, start_serve
 from testlib import ingest, same_values, store_events, wait_until
 
@@ -81,6 +82,78 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     assert got_topn == want_topn
 
 
+def test_no_writer_waits_for_another_s_merge_and_none_leaves_rows_queued(pg_url: str) -> None:
+    """Four writers merge batches of the same keys at once. A writer that finds a merge running queues and never
+    waits for its lock (its fold skips a stripe another writer holds); every writer that held a merge lock looks at
+    the queue again after its commit. So once every merge call has returned, with no store closed or read yet,
+    nothing is left in the queue, and the values equal one store's. (Without the look after a merge at the commit,
+    rows queued meanwhile stay queued.)"""
+    batches = [store_events(150, seed=700 + i) for i in range(24)]
+    errors: list[BaseException] = []
+    start, merged, checked = threading.Barrier(5), threading.Barrier(5), threading.Event()
+
+    def writer(k: int) -> None:
+        try:
+            with open_store(pg_url) as store:  # type: ignore[attr-defined]
+                start.wait(30)
+                for i in range(k, len(batches), 4):
+                    ingest(store, batches[i], f"b{i}")
+                merged.wait(60)
+                assert checked.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+            merged.abort()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        start.wait(30)
+        merged.wait(120)
+        with psycopg.connect(pg_url, autocommit=True) as con:
+            left = con.execute("SELECT count(*) FROM merge_queue").fetchone()[0]  # type: ignore[index]
+    finally:
+        checked.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    assert left == 0
+    want, _ = _reference(batches)
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        assert same_values(store.query(), want)
+
+
+def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a writer merges at its commit (every merge lock held), another writer commits: it queues its states, its
+    fold finds every stripe held and leaves them, and it returns without waiting. The first writer looks at the queue
+    after its commit and folds them: when both merges have returned, nothing is queued."""
+    batches = [store_events(300, seed=800 + i) for i in range(4)]
+    with open_store(pg_url) as first, open_store(pg_url) as second:  # type: ignore[attr-defined]
+        ingest(first, batches[0], "b0")  # (both registered: a registration waits for another's uncommitted one)
+        ingest(second, batches[1], "b1")
+        merge_with_queue = database_merge.merge_with_queue
+        meanwhile: list[Any] = []
+
+        def merge_holding_the_locks(backend: Any) -> int:
+            folded = merge_with_queue(backend)  # (the queue taken: what the other writer queues now is left)
+            writer = threading.Thread(target=lambda: meanwhile.append(ingest(second, batches[3], "b3")))
+            writer.start()
+            writer.join(30)
+            assert meanwhile and meanwhile[0].applied, "the other writer waited for the merge locks"
+            return folded
+
+        monkeypatch.setattr(database_merge, "merge_with_queue", merge_holding_the_locks)
+        assert ingest(first, batches[2], "b2").applied
+        monkeypatch.undo()
+        with psycopg.connect(pg_url, autocommit=True) as con:
+            assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        got = first.query()
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
 def _faults(pg_url: str, *codes: str, table: str = "metric_state") -> None:
     """A trigger on ``table`` that fails the first statements that insert into it, one per code (SQLSTATE; "" lets
     that one through), then never. A sequence counts the calls: unlike a table, it is not rolled back with the failed
@@ -120,27 +193,42 @@ def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
 
 
 def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...]) -> Any:
-    """``store.merge(partials)`` while another transaction holds every merge lock (as another writer's merge would):
-    the writer queues its states and commits, then waits to fold them; the faults (``codes``) are armed before the
-    lock is let go, so the fold meets them. The merge's report."""
-    holder = open_store(pg_url)
-    con = holder.backend  # type: ignore[attr-defined]
+    """``store.merge(partials)`` while another connection holds every merge lock (as another writer's merge would):
+    the writer queues its states and commits; the faults (``codes``) are armed and the locks let go before the
+    writer looks at the queue after its commit (held back until then), so the writer's own fold meets them. The
+    merge's report. (The holder is a bare connection: a store would fold the queue when it closes.)"""
+    holder = PostgresBackend(pg_url)
+    holder.open(lambda migrate: None)
+    released = threading.Event()
     result: list = []
-    with con.session("hold"):
-        with con.transaction():
-            # as a writer merging at its commit: its part's books and every merge lock (the writer, of no part, must
-            # commit meanwhile: it waits for the books of its own parts only)
-            con.lock_books({("holder", "p")})
-            con.lock_merges(None)
-            writer = threading.Thread(target=lambda: result.append(store.merge(partials)))
-            writer.start()
-            deadline = time.monotonic() + 10
-            while not con.fetchall("SELECT count(*) FROM merge_queue")[0][0]:
-                assert time.monotonic() < deadline, "the writer never queued"
-                time.sleep(0.01)
-            _faults(pg_url, *codes)
-        writer.join(10)
-    holder.close()
+    look = database_merge.queued_stripes
+
+    def held_look(backend: Any) -> list[int]:
+        if threading.current_thread() is writer:
+            assert released.wait(10), "the holder never let go"
+        return look(backend)
+
+    writer = threading.Thread(target=lambda: result.append(store.merge(partials)))
+    database_merge.queued_stripes = held_look
+    try:
+        with holder.session("hold"):
+            with holder.transaction():
+                # as a writer merging at its commit: its part's books and every merge lock (the writer, of no part,
+                # must commit meanwhile: it waits for the books of its own parts only)
+                holder.lock_books({("holder", "p")})
+                holder.lock_merges(None)
+                writer.start()
+                deadline = time.monotonic() + 10
+                while not holder.fetchall("SELECT count(*) FROM merge_queue")[0][0]:
+                    assert time.monotonic() < deadline, "the writer never queued"
+                    time.sleep(0.01)
+                _faults(pg_url, *codes)
+            released.set()
+            writer.join(10)
+    finally:
+        database_merge.queued_stripes = look
+        released.set()
+        holder.close()
     assert result, "the merge raised"
     return result[0]
 

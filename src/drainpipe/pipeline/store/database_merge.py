@@ -9,14 +9,14 @@ server's statements only; but with messages spread round robin every member brin
 each key once per member, one member at a time, and four members did 1.6 times one. Now a writer that finds a merge
 running queues its states, and one fold merges what every writer queued::
 
-    writer (its own work)       its parts' books lock (one transaction)      merge lock of a stripe (one transaction)
-    ─────────────────────       ───────────────────────────────────────      ────────────────────────────────────────
-    partials merged, rolled ──> fences checked; then, when no merge runs ──> (a writer that queued) fold: every
-    up; COPY into the session's (every merge lock free): its staged          committed row of the stripe taken off
-    staging tables (a            states merged, with every row of the        the queue (any writer's) and merged
-    percentile key's bins        queue, in one pass (merge_with_queue);
-    packed in one row)           else they are queued (merge_queue);
-                                 progress recorded; COMMIT: exactly once
+    writer (its own work)       its parts' books lock (one transaction)      merge lock of a stripe (one statement)
+    ─────────────────────       ───────────────────────────────────────      ──────────────────────────────────────
+    partials merged, rolled ──> fences checked; then, when no merge runs ──> (any writer, after its commit) fold,
+    up; COPY into the session's (every merge lock free): its staged          when the stripe's lock is free: every
+    staging tables (a            states merged, with every row of the        committed row of the stripe taken off
+    percentile key's bins        queue, in one pass (merge_with_queue);      the queue (any writer's) and merged;
+    packed in one row)           else they are queued (merge_queue);         a held stripe is left to its holder,
+                                 progress recorded; COMMIT: exactly once     which looks again after its commit
                                  is this commit
 
     a merge: a key's rows added up (one commit's as they are), then states: INSERT ... ON CONFLICT DO UPDATE (add
@@ -24,14 +24,24 @@ running queues its states, and one fold merges what every writer queued::
     states the upsert RETURNs (every finalizer in SQL, percentiles by a running sum over the bins); top-N: stored
     and new rows ranked together
 
+The merge is a function of the server (:data:`MERGE_FUNCTION`, created with the schema): a writer calls it in one
+statement, and a fold (:func:`fold_now`) takes its stripe's lock, merges and commits inside that statement. A
+writer with little CPU (a ``consume`` member at a cap of 0.15 of a core is descheduled for tens of milliseconds at a
+time) therefore never holds a merge lock while it waits for its CPU: when the fold was some fifteen statements sent
+one after the other, four capped members held the locks mostly between statements, and PostgreSQL stayed at one
+core of the two (``docs/performance.md``, "Members and servers on one PostgreSQL store").
+
 A lone writer's states never go through the queue (a copy in, a delete, a copy out, each written to the log: a lone
 member did 26% less when every writer queued). While one writer merges, the others commit (their parts' books are
-not its) and wait; the next fold takes all they queued, so a key costs the server one upsert and one computation of
-its values per fold, not per writer. The queue is folded in :data:`STRIPES`
-stripes of entities, each under a lock of its own (a key's values are computed from its merged state, so two merges
-of one key must not interleave; every key of an entity, minute, hour and day, is in its entity's stripe): two
-writers fold two stripes at once. A fold that fails after the commit is owed, not retried (:class:`~.sql.SqlStore`):
-the states are committed, and the next fold, by any writer, takes them.
+not its) and go on: no writer waits for another's merge lock. A writer whose fold finds a stripe's lock held leaves
+the stripe to the holder, which looks at the queue again after its commit (:meth:`~.sql.SqlStore.merge`); so the
+next fold takes all that queued meanwhile, and a key costs the server one upsert and one computation of its values
+per fold, not per writer. The queue is folded in :data:`STRIPES` stripes of entities, each under a lock of its own (a
+key's values are computed from its merged state, so two merges of one key must not interleave; every key of an
+entity, minute, hour and day, is in its entity's stripe), one stripe a statement, each writer starting from a stripe
+of its own: writers fold different stripes at once, on as many of the server's cores. A fold that fails after the
+commit is not retried (:class:`~.sql.SqlStore`): the states are committed, and the next fold, by any writer, takes
+them.
 
 A percentile key's histogram is one row (``b`` = :data:`PACKED`, ``n`` its count, ``bins`` and ``counts`` arrays in
 b order), not a row per bin as in DuckDB: bins were 85% of the rows a merge wrote, and the per-row cost (an index
@@ -47,8 +57,8 @@ arithmetic for apdex and percentile ranks, the same float64 operations for the r
 
 A backend that merges this way declares :attr:`~.backend.Backend.merges_in_database`, creates :data:`QUEUE_DDL` and
 :data:`STAGING_DDL` with its session, and has the two unique indexes and the packed columns. Functions over such a
-backend, called inside the store's session (and, but for :func:`vacuum_queue`, a transaction under the lock each
-names); blocking; database errors propagate.
+backend, called inside the store's session (and, but for :func:`vacuum_queue`, :func:`fold_now` and
+:func:`queued_stripes`, a transaction under the lock each names); blocking; database errors propagate.
 """
 
 from __future__ import annotations
@@ -70,6 +80,9 @@ from ..values import PERCENTILE_LABELS, PERCENTILES, bucket_column
 from .backend import Backend
 
 __all__ = [
+    "MERGE_FUNCTION",
+    "MERGE_FUNCTION_DDL",
+    "MERGE_LOCK",
     "PACKED",
     "QUEUE_DDL",
     "QUEUED_TOPN",
@@ -79,13 +92,15 @@ __all__ = [
     "STAGING_DDL",
     "STATE_KEY_INDEX",
     "VALUE_KEY_INDEX",
+    "define_merge_function",
     "define_queued",
     "fold",
+    "fold_now",
     "merge_staged",
     "merge_with_queue",
     "pack_stored_bins",
     "queue_staged",
-    "queued_rows",
+    "queued_stripes",
     "stage",
     "vacuum_queue",
 ]
@@ -129,6 +144,9 @@ FOLD_WORK_MEM = "64MB"
 #: stripes run at once on two cores; a stripe is a set of entities (by a hash of the name), so every key of an
 #: entity (its minute, hour and day states, its top-N) is in one stripe, and a fold of it merges them all at once
 STRIPES = 4
+#: the first of the stripes' merge locks (pg_advisory_xact_lock keys "fold" + stripe), taken by every merge into the
+#: stored states (see :meth:`~.postgres_store.PostgresBackend.lock_merges`)
+MERGE_LOCK = 0x666F6C64
 #: the queued rows a writer folds between two vacuums of the queue (:func:`vacuum_queue`)
 VACUUM_ROWS = 100_000
 #: the ``granularity`` of a queued top-N row (its latency in ``v``, its key in ``key``)
@@ -292,6 +310,116 @@ _STAGE_TOPN = f"""INSERT INTO stage_topn ({", ".join(_TOPN_COLUMNS)})
     SELECT metric, entity, time_bucket, key, v FROM fold_rows WHERE granularity = '{QUEUED_TOPN}'"""
 
 
+# The merge as one function of the server: a writer calls it once (a statement), and everything under the merge lock
+# runs there, without a word from the writer in between. Each statement is EXECUTEd, so planned at every call as when
+# the client sent it (the staged tables' sizes vary by orders of magnitude between calls; a cached generic plan would
+# not follow them). Arguments: the stripe (NULL: every stripe), whether to take the queue's committed rows, whether
+# to merge the session's staged rows (stage_state, stage_topn, stage_defs, as :func:`stage` left them), whether to
+# take the stripe's merge lock first (when it is held: -1, nothing done). The number of queued rows merged.
+MERGE_FUNCTION = "drainpipe_merge"
+
+
+def _quoted(sql: str) -> str:
+    assert "$q$" not in sql
+    return f"$q${sql}$q$"
+
+
+def _statements(statements: Sequence[str]) -> str:
+    return " ".join(f"EXECUTE {_quoted(statement)};" for statement in statements)
+
+
+# the staged rows as one more commit's in the fold (transaction 0: no writer's xmin)
+_STAGED_INTO_FOLD = (
+    f"INSERT INTO fold_rows ({', '.join(_STATE_COLUMNS)}, tx) SELECT {', '.join(_STATE_COLUMNS)}, 0 FROM stage_state",
+    "INSERT INTO fold_rows (metric, entity, granularity, time_bucket, b, v, key, tx) SELECT name, entity,"
+    f" '{QUEUED_TOPN}', time_bucket, {PACKED}, latency_ms, key, 0 FROM stage_topn",
+)
+_TAKE_STRIPE_ARG = _TAKE_STRIPE.replace("?", "$1")
+_MERGE_STATES_ARGS = _MERGE_STATES.replace("ANY(?)", "ANY($1)", 1).replace("ANY(?)", "ANY($2)", 1)
+
+_MERGE_BODY = f"""
+DECLARE
+    queued bigint := 0; taken bigint; commits bigint; scalars bigint; bins bigint; tops bigint;
+    mins text[]; maxs text[];
+BEGIN
+    IF try_lock AND NOT pg_try_advisory_xact_lock({MERGE_LOCK} + stripe) THEN
+        RETURN -1;
+    END IF;
+    EXECUTE 'TRUNCATE fold_rows';
+    IF take_queue THEN
+        IF stripe IS NULL THEN
+            EXECUTE {_quoted(_TAKE_ALL)};
+        ELSE
+            EXECUTE {_quoted(_TAKE_STRIPE_ARG)} USING stripe;
+        END IF;
+        EXECUTE 'SELECT count(*) FROM fold_rows' INTO queued;
+    END IF;
+    IF NOT (merge_staged AND queued = 0) THEN
+        IF merge_staged THEN
+            {_statements(_STAGED_INTO_FOLD)}
+        END IF;
+        EXECUTE 'TRUNCATE stage_state, stage_topn, stage_defs';
+        EXECUTE {_quoted(_TAKEN)} INTO taken, commits, scalars, bins, tops;
+        IF taken = 0 THEN
+            RETURN queued;
+        END IF;
+        EXECUTE 'INSERT INTO stage_defs SELECT name, fn, precision_ms, keep, bounds FROM merge_defs';
+        -- room to add the rows up in memory, by hashing (at the default 4 MB a fold of four members' checkpoints
+        -- sorted on disk, and took twice as long; the planner, with no statistics of the temporary table, sorted
+        -- even so): the scalar states hashed, the histograms' arrays need sorts
+        PERFORM set_config('work_mem', '{FOLD_WORK_MEM}', true);
+        IF commits = 1 THEN
+            {_statements(_STAGE_ONE)}
+        ELSE
+            PERFORM set_config('enable_sort', 'off', true);
+            {_statements(_STAGE_MANY[:1])}
+            PERFORM set_config('enable_sort', 'on', true);
+            {_statements(_STAGE_MANY[1:])}
+        END IF;
+        IF tops > 0 THEN
+            EXECUTE {_quoted(_STAGE_TOPN)};
+        END IF;
+    END IF;
+    -- no JIT compilation (it cost more than these statements take: their estimates grow with a Spark job's
+    -- batches); the top-N rows' keys looked up by the index, as in a cached table (the planner's default is a
+    -- spinning disk)
+    PERFORM set_config('jit', 'off', true);
+    PERFORM set_config('random_page_cost', '1.1', true);
+    EXECUTE 'SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = ''min''), ''{{}}''),'
+        ' coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = ''max''), ''{{}}'') FROM stage_defs'
+        INTO mins, maxs;
+    EXECUTE 'SELECT count(*) FILTER (WHERE bins IS NULL), count(*) FILTER (WHERE bins IS NOT NULL) FROM stage_state'
+        INTO scalars, bins;
+    IF scalars > 0 THEN
+        EXECUTE {_quoted(_MERGE_STATES_ARGS)} USING mins, maxs;
+    END IF;
+    IF bins > 0 THEN
+        EXECUTE {_quoted(_MERGE_BINS)};
+    END IF;
+    EXECUTE 'SELECT count(*) FROM stage_topn' INTO tops;
+    IF tops > 0 THEN
+        EXECUTE {_quoted(_MERGE_TOPN)};
+    END IF;
+    RETURN queued;
+END"""
+#: the DDL of the merge function (created with the schema when missing or different: :func:`define_merge_function`)
+MERGE_FUNCTION_DDL = (
+    f"CREATE OR REPLACE FUNCTION {MERGE_FUNCTION}(stripe integer, take_queue boolean, merge_staged boolean,"
+    f" try_lock boolean) RETURNS bigint LANGUAGE plpgsql AS $fn${_MERGE_BODY}$fn$"
+)
+
+
+def define_merge_function(backend: Backend) -> None:
+    """Create (or replace) the merge function in the store's schema unless it is there as this version has it. In
+    the schema transaction."""
+    found = backend.fetchall(
+        "SELECT prosrc FROM pg_proc WHERE proname = ? AND pronamespace = current_schema()::regnamespace",
+        (MERGE_FUNCTION,),
+    )
+    if not found or found[0][0] != _MERGE_BODY:
+        backend.execute(MERGE_FUNCTION_DDL)
+
+
 # The percentile states of a store written before they were packed (a row per bin) become a row per key; run once,
 # when the columns are added (the same transaction as the schema: an open cut halfway leaves the columns absent).
 # A percentile metric is one the registry signs as such, or one with a row that is not at b = PACKED (only bins
@@ -409,39 +537,9 @@ def stage(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[To
         backend.insert_arrow("stage_topn", tops)
 
 
-def merge_staged(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> None:
-    """Merge what :func:`stage` staged (``metrics`` and ``topns``, for the definitions' merge operations) into the
-    stored states, values and top-N rows. Under the merge lock."""
-    _merge_stage(
-        backend,
-        _extremes(p.definition for p in metrics),
-        scalars=any(p.table.num_rows and p.definition.function != "percentile" for p in metrics),
-        bins=any(p.table.num_rows and p.definition.function == "percentile" for p in metrics),
-        tops=any(t.table.num_rows for t in topns),
-    )
-
-
-def _extremes(definitions: Iterable[Definition]) -> tuple[list[str], list[str]]:
-    """The names of the min and of the max metrics among ``definitions`` (their states merge by LEAST, GREATEST)."""
-    found: dict[str, set[str]] = {"min": set(), "max": set()}
-    for d in definitions:
-        if isinstance(d, MetricDef) and d.function in found:
-            found[d.function].add(d.name)
-    return sorted(found["min"]), sorted(found["max"])
-
-
-def _merge_stage(backend: Backend, extremes: tuple[list[str], list[str]], *, scalars: bool, bins: bool,
-                 tops: bool) -> None:  # fmt: skip
-    # no JIT compilation (it cost more than these statements take: their estimates grow with a Spark job's batches);
-    # the top-N rows' keys looked up by the index, as in a cached table (the planner's default is a spinning disk)
-    backend.execute("SET LOCAL jit = off")
-    backend.execute("SET LOCAL random_page_cost = 1.1")
-    if scalars:
-        backend.execute(_MERGE_STATES, extremes)
-    if bins:
-        backend.execute(_MERGE_BINS)
-    if tops:
-        backend.execute(_MERGE_TOPN)
+def merge_staged(backend: Backend) -> None:
+    """Merge what :func:`stage` staged into the stored states, values and top-N rows. Under the merge lock."""
+    _merge(backend, None, queue=False, staged=True)
 
 
 # ----------------------------------------------------------------------------- the queue: many writers, one merge
@@ -493,61 +591,31 @@ def fold(backend: Backend, stripe: int | None) -> int:
     transaction, under the stripe's merge lock (every stripe's for None); the number of queued rows folded. The rows
     of one key (one per commit that queued it since the last fold) are added up first, so a key costs the server one
     upsert and one computation of its values per fold, however many writers brought it."""
-    backend.execute("TRUNCATE fold_rows")
-    if stripe is None:
-        backend.execute(_TAKE_ALL)
-    else:
-        backend.execute(_TAKE_STRIPE, (stripe,))
-    return _fold_taken(backend)
+    return _merge(backend, stripe, queue=True, staged=False) or 0
 
 
-def merge_with_queue(backend: Backend, metrics: Sequence[MetricPartial], topns: Sequence[TopNPartial]) -> int:
-    """Merge what :func:`stage` staged (``metrics`` and ``topns``) and every committed row of the queue, in one pass,
-    into the stored states, values and top-N rows: in a writer's own transaction, under every merge lock, after
-    :func:`define_queued`; the number of queued rows folded. What a writer that finds no merge running does at its
-    commit instead of queueing its states: a lone writer never copies its states through the queue, and writers
-    that commit while it merges queue theirs for the fold after."""
-    backend.execute("TRUNCATE fold_rows")
-    backend.execute(_TAKE_ALL)
-    queued = backend.fetchall("SELECT count(*) FROM fold_rows")[0][0]
-    if not queued:
-        merge_staged(backend, metrics, topns)
-        return 0
-    # the staged rows join the queued ones as one more commit's (transaction 0: no writer's xmin)
-    backend.execute(f"INSERT INTO fold_rows ({', '.join(_STATE_COLUMNS)}, tx) SELECT {', '.join(_STATE_COLUMNS)}, 0 "
-                    "FROM stage_state")  # fmt: skip
-    backend.execute(
-        "INSERT INTO fold_rows (metric, entity, granularity, time_bucket, b, v, key, tx) "
-        f"SELECT name, entity, '{QUEUED_TOPN}', time_bucket, {PACKED}, latency_ms, key, 0 FROM stage_topn"
-    )
-    _fold_taken(backend)
-    return int(queued)
+def fold_now(backend: Backend, stripe: int) -> int | None:
+    """:func:`fold` of ``stripe`` in a transaction of its own (called outside any other), if no other transaction
+    holds the stripe's merge lock: the number of queued rows folded, or None (held: nothing done). One statement:
+    the server takes the lock, folds and commits with no word from this process in between, so a writer with little
+    CPU (a process at a cap, descheduled for tens of milliseconds at a time) never holds the lock while it waits
+    for its CPU."""
+    return _merge(backend, stripe, queue=True, staged=False, try_lock=True)
 
 
-def _fold_taken(backend: Backend) -> int:
-    """Merge the rows in ``fold_rows`` (see :func:`fold`); their number."""
-    backend.execute("TRUNCATE stage_state, stage_topn, stage_defs")
-    queued, commits, scalars, bins, tops = backend.fetchall(_TAKEN)[0]
-    if not queued:
-        return 0
-    backend.execute("INSERT INTO stage_defs SELECT name, fn, precision_ms, keep, bounds FROM merge_defs")
-    # room to add the rows up in memory, by hashing (at the default 4 MB a fold of four members' checkpoints sorted
-    # on disk, and took twice as long; the planner, with no statistics of the temporary table, sorted even so)
-    backend.execute(f"SET LOCAL work_mem = '{FOLD_WORK_MEM}'")
-    for statement in _STAGE_ONE if commits == 1 else _STAGE_MANY:
-        sort = statement is not _STAGE_MANY[0]  # (the scalar states: hashed; the histograms' arrays need sorts)
-        backend.execute(f"SET LOCAL enable_sort = {'on' if sort else 'off'}")
-        backend.execute(statement)
-    backend.execute("SET LOCAL enable_sort = on")
-    if tops:
-        backend.execute(_STAGE_TOPN)
-    extremes = backend.fetchall(
-        "SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = 'min'), '{}'),"
-        " coalesce(array_agg(name ORDER BY name) FILTER (WHERE fn = 'max'), '{}') FROM merge_defs"
-    )[0]
-    _merge_stage(backend, (list(extremes[0]), list(extremes[1])), scalars=bool(scalars), bins=bool(bins),
-                 tops=bool(tops))  # fmt: skip
-    return int(queued)
+def merge_with_queue(backend: Backend) -> int:
+    """Merge what :func:`stage` staged and every committed row of the queue, in one pass, into the stored states,
+    values and top-N rows: in a writer's own transaction, under every merge lock, after :func:`define_queued`; the
+    number of queued rows folded. What a writer that finds no merge running does at its commit instead of queueing
+    its states: a lone writer never copies its states through the queue, and writers that commit while it merges
+    queue theirs for the fold after."""
+    return _merge(backend, None, queue=True, staged=True) or 0
+
+
+def _merge(backend: Backend, stripe: int | None, *, queue: bool, staged: bool, try_lock: bool = False) -> int | None:
+    """One call of the server's merge function (:data:`MERGE_FUNCTION_DDL`)."""
+    folded = backend.fetchall(f"SELECT {MERGE_FUNCTION}(?::integer, ?, ?, ?)", (stripe, queue, staged, try_lock))
+    return None if folded[0][0] < 0 else int(folded[0][0])
 
 
 def vacuum_queue(backend: Backend) -> None:
@@ -557,7 +625,7 @@ def vacuum_queue(backend: Backend) -> None:
     backend.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) merge_queue")  # (truncating would lock out the writers)
 
 
-def queued_rows(backend: Backend) -> bool:
-    """Whether the queue holds committed rows no fold has taken yet (a writer stopped between its commit and its
-    fold)."""
-    return bool(backend.fetchall("SELECT EXISTS (SELECT 1 FROM merge_queue)")[0][0])
+def queued_stripes(backend: Backend) -> list[int]:
+    """The stripes (:data:`STRIPES`) whose queue holds committed rows no fold has taken yet, in order."""
+    rows = backend.fetchall(f"SELECT DISTINCT hashtext(entity) & {STRIPES - 1} AS s FROM merge_queue ORDER BY s")
+    return [int(row[0]) for row in rows]

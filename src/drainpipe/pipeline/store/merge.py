@@ -112,9 +112,9 @@ class Writes:
             if queue:
                 database_merge.queue_staged(backend)
             elif i:
-                database_merge.merge_staged(backend, *batch)
+                database_merge.merge_staged(backend)
             else:
-                folded = database_merge.merge_with_queue(backend, *batch)
+                folded = database_merge.merge_with_queue(backend)
         return folded
 
     def _all(self) -> Iterator[_Batch]:
@@ -179,7 +179,7 @@ def _apply(backend: Backend, batch: _Batch) -> None:
     metrics, topns = batch
     if backend.merges_in_database:
         database_merge.stage(backend, metrics, topns)
-        database_merge.merge_staged(backend, metrics, topns)
+        database_merge.merge_staged(backend)
         return
     if metrics:
         _merge_metrics(backend, metrics)

@@ -5,9 +5,9 @@ its books, registry, queries and purge); :class:`PostgresBackend` supplies the p
 ``%s``; Arrow rows go in with ``COPY ... FROM STDIN`` and come back as Arrow tables) plus what a server database that
 several writers share needs beyond an embedded file:
 
-* the merge done by the server (:mod:`.database_merge`): a writer merges its states at its commit, or, while
-  another merges, queues them with its commit, and a fold merges every writer's queued states, holding a stripe's
-  merge lock for the server's statements only;
+* the merge done by the server (:mod:`.database_merge`, a function of the server's): a writer merges its states at
+  its commit, or, while another merges, queues them with its commit, and a fold merges every writer's queued
+  states, holding a stripe's merge lock for one statement of the server's, never waiting for it;
 * indexes on the key columns (metric|name, granularity, entity, time_bucket; unique on the state key and on the
   value key), as :mod:`.schema` says of a server store, and a percentile key's bins in one row;
 * schema creation under an advisory lock, so two processes opening one database at once do not race;
@@ -32,8 +32,9 @@ Several processes may write one database at once (servers, ``drainpipe run``, a 
 members): every writing transaction runs at READ COMMITTED and takes its parts' books' advisory locks before it
 touches a shared table (:meth:`PostgresBackend.lock_books`); a writer that finds no merge running merges its states
 at its commit, with every state queued before it; else its commit queues them, and the folds after it merge every
-writer's queued states, a stripe of the keys at a time under the stripe's lock (:meth:`PostgresBackend.lock_merges`),
-so merges of a key are serial and each reads what the previous one committed; definitions are registered with
+writer's queued states, a stripe of the keys at a time under the stripe's lock (:meth:`PostgresBackend.lock_merges`;
+a stripe whose lock is held is left to its holder, which looks again after its commit), so merges of a key are
+serial and each reads what the previous one committed; definitions are registered with
 ``INSERT ... ON CONFLICT DO NOTHING`` and compared after.
 
 One connection per store, serialised by the store's lock (the engine writes from one persist thread).
@@ -55,12 +56,14 @@ import pyarrow.csv as pacsv
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
 from .database_merge import (
+    MERGE_LOCK,
     QUEUE_DDL,
     QUEUE_TABLES,
     STAGING_DDL,
     STATE_KEY_INDEX,
     STRIPES,
     VALUE_KEY_INDEX,
+    define_merge_function,
     pack_stored_bins,
 )
 from .sql import SqlStore
@@ -95,9 +98,6 @@ _PART_LOCK = 0x626F6F6B  # the first key of a part's books' lock ("book"; the se
 #: a transaction of more parts than this takes the whole books instead (each lock is an entry of the server's shared
 #: lock table, sized for 64 a transaction)
 _MAX_PART_LOCKS = 32
-_MERGE_LOCK = (
-    0x666F6C64  # pg_advisory_xact_lock keys ("fold" + stripe): every merge into the stored states, see lock_merges
-)
 
 # PostgreSQL type OIDs -> Arrow types for _fetch_arrow (anything else: inferred from the values)
 _ARROW_TYPES = {
@@ -189,6 +189,7 @@ class PostgresBackend:
             for statement in _INDEXES:
                 self.execute(statement)
             pack_stored_bins(self, self.display)
+            define_merge_function(self)
 
     def _drop(self) -> None:
         con, self.connection = self.connection, None
@@ -259,16 +260,19 @@ class PostgresBackend:
         this lock: merges of a stripe of the keys are serial (all stripes' locks, in order, for ``None``). They are
         held for the server's statements only, once for every writer's queued states."""
         stripes = range(STRIPES) if stripe is None else (stripe,)
-        self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({_MERGE_LOCK + s})' for s in stripes)}")
+        self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({MERGE_LOCK + s})' for s in stripes)}")
 
-    def try_lock_merges(self) -> bool:
-        """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order). In a
-        savepoint, rolled back when one is held: the stripes taken before it are let go (a writer that queues
-        because a merge runs would otherwise hold them until its commit, and every fold would wait for it)."""
+    def try_lock_merges(self, stripe: int | None) -> bool:
+        """The merge lock of ``stripe`` (None: of every stripe) if no other transaction holds it now
+        (pg_try_advisory_xact_lock, in order). For every stripe, in a savepoint, rolled back when one is held: the
+        stripes taken before it are let go (a writer that queues because a merge runs would otherwise hold them
+        until its commit, and every fold would skip them)."""
+        if stripe is not None:
+            return bool(self.fetchall(f"SELECT pg_try_advisory_xact_lock({MERGE_LOCK + stripe})")[0][0])
         self.execute("SAVEPOINT try_merges")
         taken = bool(
             self.fetchall(
-                f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({_MERGE_LOCK + s})' for s in range(STRIPES))}"
+                f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({MERGE_LOCK + s})' for s in range(STRIPES))}"
             )[0][0]
         )
         self.execute("RELEASE SAVEPOINT try_merges" if taken else "ROLLBACK TO SAVEPOINT try_merges")

@@ -21,7 +21,8 @@ Thread-safety: every method may be called from any thread; the store's lock seri
 store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of
 the parts a transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
 a stripe's merge lock (:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the
-stored states (a writer's merge at its commit takes them only if no other transaction holds one). Blocking:
+stored states (a writer's merge at its commit and its folds take them only if no other transaction holds one: no
+writer waits for another's merge). Blocking:
 every method waits for the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a
 definition stored with another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth
 retrying: see the backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
@@ -30,6 +31,7 @@ retrying: see the backend); :class:`~drainpipe.errors.Fenced` for a merge by a p
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,20 +56,18 @@ class SqlStore:
     def __init__(self, backend: Backend) -> None:
         self._lock = threading.RLock()
         self._closed = False
-        #: a fold failed with the database unavailable: queued states wait for the next (see :meth:`_fold`)
-        self._fold_owed = False
         #: queued rows this store folded since it last vacuumed the queue
         self._folded = 0
+        #: the stripe this store's folds start from (see :meth:`_fold`)
+        self._first_stripe = random.randrange(database_merge.STRIPES)
         #: the time (epoch ms) progress rows record and purges measure against: drainpipe's clock
         #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
         self.clock: Callable[[], int] = now_ms
         #: the database; public for tests and tools that look at the tables themselves
         self.backend = backend
         backend.open(self._prepare)
-        if backend.merges_in_database:  # states a writer queued and committed, but stopped before it folded them
-            with self._guard("merge queued states"):
-                self._fold_owed = database_merge.queued_rows(backend)
-                self._fold_owed_now()
+        with self._guard("merge queued states"):  # (states a writer queued and committed, but did not fold)
+            self._fold_queued()
 
     def _prepare(self, migrate: bool) -> None:
         schema.create(self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
@@ -93,32 +93,41 @@ class SqlStore:
             if merges:
                 self.backend.lock_merges(None)
             yield
+        if merges and self.backend.merges_in_database:  # (what writers queued while it held the merge locks)
+            self._fold()
 
     def _fold(self) -> None:
-        """Merge the queued states of every writer into the stored ones (a database that merges them itself:
-        :func:`~.database_merge.fold`), in transactions of its own under merge locks only (all the stripes in one
-        when no other writer folds, else one a stripe). A fold that fails
-        because the database is unavailable is owed: the states are committed (queued), so the merge that queued
-        them has succeeded, and the next merge, query or close folds them (a retried merge would queue them again).
-        A permanent failure raises (still owed)."""
-        self._fold_owed = True
+        """Merge the queued states of every writer into the stored ones (a database that merges them itself), never
+        waiting for a merge lock: each stripe whose queue holds committed rows is folded in a statement of its own
+        if its lock is free (:func:`~.database_merge.fold_now`), and left to the transaction that holds it
+        otherwise. Every transaction that holds a merge lock looks at the queue again after its commit (this method
+        looks again at the stripes it folded, as long as they hold rows; a merge at a writer's commit, a purge and
+        a merge of chunks call it after theirs), and the rows this writer left were committed before it found the
+        lock held, so that look finds them. So no writer waits for another's merge, and a fold merges every commit
+        queued meanwhile at once.
+
+        A fold that fails because the database is unavailable leaves the states committed (queued): the merge that
+        queued them has succeeded, and the next merge, query, open or close of any writer folds them (a retried
+        merge would queue them again). A permanent failure raises."""
+        folded = 0
         try:
             with self.backend.session("merge queued states"):
-                # every stripe in one transaction when no other writer is folding (one set of statements); else
-                # stripe by stripe, each its own transaction, so that other writers fold the stripes this one is not
-                folded = 0
-                with self.backend.transaction():
-                    whole = self.backend.try_lock_merges()
-                    if whole:
-                        folded += database_merge.fold(self.backend, None)
-                for stripe in () if whole else range(database_merge.STRIPES):
-                    with self.backend.transaction():
-                        self.backend.lock_merges(stripe)
-                        folded += database_merge.fold(self.backend, stripe)
+                stripes = database_merge.queued_stripes(self.backend)
+                while stripes:
+                    # from this store's own first stripe: writers that fold at once fold different stripes, on as
+                    # many of the server's cores
+                    first = self._first_stripe
+                    taken = []
+                    for stripe in sorted(stripes, key=lambda s: (s - first) % database_merge.STRIPES):
+                        done = database_merge.fold_now(self.backend, stripe)
+                        if done is not None:
+                            folded += done
+                            taken.append(stripe)
+                    # (what others queued while this one held a stripe; a held stripe's holder looks after its own)
+                    stripes = [s for s in database_merge.queued_stripes(self.backend) if s in taken] if taken else []
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
-        self._fold_owed = False
         self._vacuum_when_due(folded)
 
     def _vacuum_when_due(self, folded: int) -> None:
@@ -132,10 +141,11 @@ class SqlStore:
             except (StoreError, StoreUnavailable) as exc:  # (autovacuum does it later)
                 log.warning("%r: %s", self, exc)
 
-    def _fold_owed_now(self) -> None:
-        """The fold owed since one failed, if any, for a reader or a closing store: a failure is logged, not
-        raised (the next writer or open folds the states)."""
-        if self._fold_owed:
+    def _fold_queued(self) -> None:
+        """Where the database merges: a look at the queue, and a fold of what it holds (a store opening, a reader, a
+        store closing; a writer that queued and then failed, or whose fold's lock holder failed, leaves rows there).
+        A failure is logged, not raised: the next writer or open folds the states."""
+        if self.backend.merges_in_database:
             try:
                 self._fold()
             except StoreError as exc:
@@ -164,8 +174,6 @@ class SqlStore:
                 registry.check(self.backend, {p.definition for p in parts})
                 if progress and books.recorded(self.backend, progress):
                     report = MergeReport(applied=0, skipped=len(parts))
-                    # (a commit whose acknowledgement was lost, retried: it may have queued its states)
-                    self._fold_owed = self.backend.merges_in_database
                 else:
                     # Where the database merges: at once, with every state queued before, when no merge runs (a lone
                     # writer, as a rule: its states never go through the queue); else queued, and the fold after
@@ -175,9 +183,7 @@ class SqlStore:
                         self.backend.lock_merges(None)
                         queue = False
                     else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
-                        queue = writes.empty or whole or not self.backend.try_lock_merges()
-                        if queue:  # (owed from before the commit: a commit whose acknowledgement is lost is retried,
-                            self._fold_owed = True  # found applied, and must still be folded)
+                        queue = writes.empty or whole or not self.backend.try_lock_merges(None)
                     folded = writes.apply(queue=queue)
                     if self.backend.merges_in_database and not queue:
                         merged_queue = folded
@@ -185,10 +191,11 @@ class SqlStore:
                     # retention purge of the books never takes the token of a part that is still being written
                     self._record_progress([*progress, *books.fence_rows(fences)])
                     report = MergeReport(applied=len(parts), skipped=0)
-            if merged_queue is not None:  # (the whole queue merged with the commit: nothing is owed)
-                self._fold_owed = False
+            if merged_queue is not None:
                 self._vacuum_when_due(merged_queue)
-            if self._fold_owed:
+            # what this commit queued, what others queued while it held the merge locks, what a commit whose
+            # acknowledgement was lost (retried, and found applied above) queued
+            if self.backend.merges_in_database:
                 self._fold()
         return report
 
@@ -261,7 +268,7 @@ class SqlStore:
         entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, str, str, float]]:
         with self._guard("query"):
-            self._fold_owed_now()
+            self._fold_queued()
             return queries.values(self.backend, metric, entity, granularity, start, end, entity_prefix)
 
     def query_topn(
@@ -269,7 +276,7 @@ class SqlStore:
         entity_prefix: str | None = None,
     ) -> list[tuple[str, str, str, int, str, float]]:  # fmt: skip
         with self._guard("query"):
-            self._fold_owed_now()
+            self._fold_queued()
             return queries.topn(self.backend, name, entity, start, end, entity_prefix)
 
     def stored_names(self) -> dict[str, str]:
@@ -286,7 +293,7 @@ class SqlStore:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._fold_owed_now()
+                self._fold_queued()
                 self._closed = True
                 self.backend.close()
 
