@@ -83,11 +83,10 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
 
 
 def test_no_writer_waits_for_another_s_merge_and_none_leaves_rows_queued(pg_url: str) -> None:
-    """Four writers merge batches of the same keys at once. A writer that finds a merge running queues and never
-    waits for its lock (its fold skips a stripe another writer holds); every writer that held a merge lock looks at
-    the queue again after its commit. So once every merge call has returned, with no store closed or read yet,
-    nothing is left in the queue, and the values equal one store's. (Without the look after a merge at the commit,
-    rows queued meanwhile stay queued.)"""
+    """Four writers merge batches of the same keys at once, a stress of the rule the test after this one checks
+    step by step: a writer that finds a merge running queues, its fold skips a stripe another writer holds, and
+    every writer that held a merge lock looks at the queue again after its commit. So once every merge call has
+    returned, with no store closed or read yet, nothing is left in the queue, and the values equal one store's."""
     batches = [store_events(150, seed=700 + i) for i in range(24)]
     errors: list[BaseException] = []
     start, merged, checked = threading.Barrier(5), threading.Barrier(5), threading.Event()
@@ -152,6 +151,22 @@ def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
         got = first.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
+
+
+def test_every_transaction_of_a_store_runs_at_read_committed_whatever_the_server_s_default(pg_url: str) -> None:
+    """A fold is one statement, its own transaction: it must take its snapshot after its merge lock is granted (READ
+    COMMITTED), or under a server whose default is stricter it would merge into states read before the previous
+    holder committed. The store pins the level for every transaction of its connection."""
+    strict = pg_url.replace("options=", "options=-cdefault_transaction_isolation%3Dserializable%20", 1)
+    assert strict != pg_url
+    with psycopg.connect(strict, autocommit=True) as con:  # (the URL does make the default stricter)
+        assert con.execute("SHOW transaction_isolation").fetchone()[0] == "serializable"  # type: ignore[index]
+    with open_store(strict) as store:  # type: ignore[attr-defined]
+        backend = store.backend  # type: ignore[attr-defined]
+        with backend.session("look"):
+            assert backend.fetchall("SHOW transaction_isolation")[0][0] == "read committed"
+        ingest(store, store_events(100, seed=900), "p")
+        assert store.query()
 
 
 def _faults(pg_url: str, *codes: str, table: str = "metric_state") -> None:
@@ -233,7 +248,7 @@ def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...
     return result[0]
 
 
-def test_a_fold_that_fails_is_owed_not_retried(pg_url: str) -> None:
+def test_a_fold_that_fails_is_not_retried_and_the_next_query_folds(pg_url: str) -> None:
     """A fold (the merge of the queued states) that fails after the merge's commit must not make the merge fail: a
     retried merge would queue its states again. The merge succeeds, the states wait in the queue, and the next query
     folds them: the values equal a store that never failed."""
@@ -307,9 +322,10 @@ def test_a_writer_that_finds_no_merge_running_merges_at_its_commit_with_what_oth
     assert same_values(got, want)
 
 
-def test_an_owed_fold_is_not_forgotten_by_a_merge_with_nothing_to_merge(pg_url: str) -> None:
+def test_a_merge_with_nothing_to_merge_folds_what_a_failed_fold_left(pg_url: str) -> None:
     """A merge that brings only progress rows (remote-write's books) after a fold failed: it has nothing to merge at
-    its commit, so it leaves the fold owed and folds; the queued states are merged, not left for a later writer."""
+    its commit, and it still looks at the queue after it; the queued states are merged, not left for a later
+    writer."""
     batches = [store_events(300, seed=650 + i) for i in range(2)]
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))

@@ -74,9 +74,9 @@ class Backend(Protocol):
         stripe of the keys (:data:`~.database_merge.STRIPES`), or of all of them (None)."""
         ...
 
-    def try_lock_merges(self, stripe: int | None) -> bool:
-        """:meth:`lock_merges` of ``stripe`` (None: of every stripe) if no other transaction holds it now, without
-        waiting: whether it was taken (when not, none is held)."""
+    def try_lock_merges(self) -> bool:
+        """:meth:`lock_merges` of every stripe if none is held by another transaction now, without waiting: whether
+        they were taken (when not, none is held)."""
         ...
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...

@@ -39,9 +39,9 @@ next fold takes all that queued meanwhile, and a key costs the server one upsert
 per fold, not per writer. The queue is folded in :data:`STRIPES` stripes of entities, each under a lock of its own (a
 key's values are computed from its merged state, so two merges of one key must not interleave; every key of an
 entity, minute, hour and day, is in its entity's stripe), one stripe a statement, each writer starting from a stripe
-of its own: writers fold different stripes at once, on as many of the server's cores. A fold that fails after the
-commit is not retried (:class:`~.sql.SqlStore`): the states are committed, and the next fold, by any writer, takes
-them.
+of its own (picked at random): writers mostly fold different stripes at once, on as many of the server's cores. A
+fold that fails after the commit is not retried (:class:`~.sql.SqlStore`): the states are committed, and the next
+fold, by any writer, takes them.
 
 A percentile key's histogram is one row (``b`` = :data:`PACKED`, ``n`` its count, ``bins`` and ``counts`` arrays in
 b order), not a row per bin as in DuckDB: bins were 85% of the rows a merge wrote, and the per-row cost (an index
@@ -342,8 +342,13 @@ DECLARE
     queued bigint := 0; taken bigint; commits bigint; scalars bigint; bins bigint; tops bigint;
     mins text[]; maxs text[];
 BEGIN
-    IF try_lock AND NOT pg_try_advisory_xact_lock({MERGE_LOCK} + stripe) THEN
-        RETURN -1;
+    IF try_lock THEN
+        IF stripe IS NULL THEN
+            RAISE EXCEPTION 'drainpipe_merge: try_lock takes a stripe';
+        END IF;
+        IF NOT pg_try_advisory_xact_lock({MERGE_LOCK} + stripe) THEN
+            RETURN -1;
+        END IF;
     END IF;
     EXECUTE 'TRUNCATE fold_rows';
     IF take_queue THEN
@@ -369,6 +374,7 @@ BEGIN
         -- even so): the scalar states hashed, the histograms' arrays need sorts
         PERFORM set_config('work_mem', '{FOLD_WORK_MEM}', true);
         IF commits = 1 THEN
+            PERFORM set_config('enable_sort', 'on', true);
             {_statements(_STAGE_ONE)}
         ELSE
             PERFORM set_config('enable_sort', 'off', true);

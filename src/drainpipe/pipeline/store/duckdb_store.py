@@ -84,7 +84,7 @@ class DuckDBBackend:
     def lock_merges(self, stripe: int | None) -> None:
         pass
 
-    def try_lock_merges(self, stripe: int | None) -> bool:
+    def try_lock_merges(self) -> bool:
         return True
 
     def stage(self, name: str, rows: pa.Table) -> None:

@@ -180,6 +180,9 @@ class PostgresBackend:
         except psycopg.OperationalError as exc:
             self.connection = None
             raise StoreUnavailable(f"server unreachable: {first_line(exc)}") from exc
+        # every transaction at READ COMMITTED, those of a single statement too (a fold, database_merge.fold_now: its
+        # snapshot must be taken after its lock is granted, not before, as REPEATABLE READ would)
+        self.connection.execute("SET default_transaction_isolation TO 'read committed'")
         # every connection: the schema (a server restored from an older dump is migrated too) and the session's
         # temporary staging table, under a lock so that processes opening one database at once do not race
         with self.transaction():
@@ -262,13 +265,10 @@ class PostgresBackend:
         stripes = range(STRIPES) if stripe is None else (stripe,)
         self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({MERGE_LOCK + s})' for s in stripes)}")
 
-    def try_lock_merges(self, stripe: int | None) -> bool:
-        """The merge lock of ``stripe`` (None: of every stripe) if no other transaction holds it now
-        (pg_try_advisory_xact_lock, in order). For every stripe, in a savepoint, rolled back when one is held: the
-        stripes taken before it are let go (a writer that queues because a merge runs would otherwise hold them
-        until its commit, and every fold would skip them)."""
-        if stripe is not None:
-            return bool(self.fetchall(f"SELECT pg_try_advisory_xact_lock({MERGE_LOCK + stripe})")[0][0])
+    def try_lock_merges(self) -> bool:
+        """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order). In a
+        savepoint, rolled back when one is held: the stripes taken before it are let go (a writer that queues
+        because a merge runs would otherwise hold them until its commit, and every fold would skip them)."""
         self.execute("SAVEPOINT try_merges")
         taken = bool(
             self.fetchall(

@@ -21,8 +21,8 @@ Thread-safety: every method may be called from any thread; the store's lock seri
 store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of
 the parts a transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
 a stripe's merge lock (:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the
-stored states (a writer's merge at its commit and its folds take them only if no other transaction holds one: no
-writer waits for another's merge). Blocking:
+stored states (a writer's merge at its commit and its folds take them only if no other transaction holds one: a
+writer waits for no other's merge, but for a merge of chunks or a purge, which wait for every stripe). Blocking:
 every method waits for the database. Errors: :class:`~drainpipe.errors.StoreError` (permanent: a closed store, a
 definition stored with another signature, a database error) or :class:`~drainpipe.errors.StoreUnavailable` (worth
 retrying: see the backend); :class:`~drainpipe.errors.Fenced` for a merge by a part's former owner.
@@ -88,11 +88,16 @@ class SqlStore:
                            ) -> Iterator[None]:  # fmt: skip
         """A writing transaction under the books' lock of ``parts`` (None: the whole books), and with ``merges``
         every stripe's merge lock."""
-        with self.backend.transaction():
-            self.backend.lock_books(parts)
+        try:
+            with self.backend.transaction():
+                self.backend.lock_books(parts)
+                if merges:
+                    self.backend.lock_merges(None)
+                yield
+        except StoreError:
             if merges:
-                self.backend.lock_merges(None)
-            yield
+                self._fold_queued()  # (it held the merge locks: what writers queued meanwhile is its to look at)
+            raise
         if merges and self.backend.merges_in_database:  # (what writers queued while it held the merge locks)
             self._fold()
 
@@ -165,32 +170,36 @@ class SqlStore:
         merge.check_partials(parts, rollup)
         with self._guard("merge"):
             merged_queue = None  # (the queued rows merged with this commit's states)
-            with self.backend.transaction():
-                # (this process's share of the work: before the locks)
-                writes = merge.Writes(self.backend, parts, rollup)
-                # the books of this merge's parts only: writers of other parts commit meanwhile
-                whole = self.backend.lock_books({(p.source, p.part) for p in (*progress, *fences)})
-                books.check_fences(self.backend, fences)
-                registry.check(self.backend, {p.definition for p in parts})
-                if progress and books.recorded(self.backend, progress):
-                    report = MergeReport(applied=0, skipped=len(parts))
-                else:
-                    # Where the database merges: at once, with every state queued before, when no merge runs (a lone
-                    # writer, as a rule: its states never go through the queue); else queued, and the fold after
-                    # the commit merges every writer's (those that commit meanwhile queue theirs, and a key costs the
-                    # server one merge per fold, not one per writer).
-                    if not self.backend.merges_in_database:
-                        self.backend.lock_merges(None)
-                        queue = False
-                    else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
-                        queue = writes.empty or whole or not self.backend.try_lock_merges(None)
-                    folded = writes.apply(queue=queue)
-                    if self.backend.merges_in_database and not queue:
-                        merged_queue = folded
-                    # the tokens are recorded again with the progress: their record time moves on with it, so a
-                    # retention purge of the books never takes the token of a part that is still being written
-                    self._record_progress([*progress, *books.fence_rows(fences)])
-                    report = MergeReport(applied=len(parts), skipped=0)
+            try:
+                with self.backend.transaction():
+                    # (this process's share of the work: before the locks)
+                    writes = merge.Writes(self.backend, parts, rollup)
+                    # the books of this merge's parts only: writers of other parts commit meanwhile
+                    whole = self.backend.lock_books({(p.source, p.part) for p in (*progress, *fences)})
+                    books.check_fences(self.backend, fences)
+                    registry.check(self.backend, {p.definition for p in parts})
+                    if progress and books.recorded(self.backend, progress):
+                        report = MergeReport(applied=0, skipped=len(parts))
+                    else:
+                        # Where the database merges: at once, with every state queued before, when no merge runs (a
+                        # lone writer, as a rule: its states never go through the queue); else queued, and the fold
+                        # after the commit merges every writer's (those that commit meanwhile queue theirs, and a key
+                        # costs the server one merge per fold, not one per writer).
+                        if not self.backend.merges_in_database:
+                            self.backend.lock_merges(None)
+                            queue = False
+                        else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
+                            queue = writes.empty or whole or not self.backend.try_lock_merges()
+                        folded = writes.apply(queue=queue)
+                        if self.backend.merges_in_database and not queue:
+                            merged_queue = folded
+                        # the tokens are recorded again with the progress: their record time moves on with it, so
+                        # a retention purge of the books never takes the token of a part that is still being written
+                        self._record_progress([*progress, *books.fence_rows(fences)])
+                        report = MergeReport(applied=len(parts), skipped=0)
+            except StoreError:  # (it may have held the merge locks: what writers queued meanwhile is its to look at)
+                self._fold_queued()
+                raise
             if merged_queue is not None:
                 self._vacuum_when_due(merged_queue)
             # what this commit queued, what others queued while it held the merge locks, what a commit whose
