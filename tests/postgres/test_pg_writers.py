@@ -51,6 +51,12 @@ def _reference(batches: list) -> tuple[list, list]:
         duck.close()
 
 
+def _queued(pg_url: str) -> int:
+    """The rows in the merge queue (committed, not folded), read on a connection of its own."""
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        return int(con.execute("SELECT count(*) FROM merge_queue").fetchone()[0])  # type: ignore[index]
+
+
 def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     """Three processes' worth of stores (one connection each) open a fresh schema at once and merge batches whose
     keys all collide (three services, the same hours and days). The result equals one store that merged every
@@ -82,7 +88,7 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     assert got_topn == want_topn
 
 
-def test_no_writer_waits_for_another_s_merge_and_none_leaves_rows_queued(pg_url: str) -> None:
+def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_event_once(pg_url: str) -> None:
     """Four writers merge batches of the same keys at once, a stress of the rule the test after this one checks
     step by step: a writer that finds a merge running queues, its fold skips a stripe another writer holds, and
     every writer that held a merge lock looks at the queue again after its commit. So once every merge call has
@@ -109,8 +115,7 @@ def test_no_writer_waits_for_another_s_merge_and_none_leaves_rows_queued(pg_url:
     try:
         start.wait(30)
         merged.wait(120)
-        with psycopg.connect(pg_url, autocommit=True) as con:
-            left = con.execute("SELECT count(*) FROM merge_queue").fetchone()[0]  # type: ignore[index]
+        left = _queued(pg_url)
     finally:
         checked.set()
         for t in threads:
@@ -146,8 +151,7 @@ def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
         monkeypatch.setattr(database_merge, "merge_with_queue", merge_holding_the_locks)
         assert ingest(first, batches[2], "b2").applied
         monkeypatch.undo()
-        with psycopg.connect(pg_url, autocommit=True) as con:
-            assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        assert _queued(pg_url) == 0
         got = first.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
@@ -259,10 +263,9 @@ def test_a_fold_that_fails_is_not_retried_and_the_next_query_folds(pg_url: str) 
         assert report.applied and not report.skipped
         with psycopg.connect(pg_url, autocommit=True) as con:
             assert con.execute("SELECT is_called FROM fault_calls").fetchone()[0]  # the fold failed
-            assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] > 0
+        assert _queued(pg_url) > 0
         got = store.query()
-    with psycopg.connect(pg_url, autocommit=True) as con:
-        assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0
+    assert _queued(pg_url) == 0
     want, _ = _reference(batches)
     assert same_values(got, want)
 
@@ -274,8 +277,8 @@ def test_states_left_in_the_queue_are_merged_when_the_store_is_opened(pg_url: st
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
         _queued_merge(pg_url, store, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",) * 100)
-    with psycopg.connect(pg_url, autocommit=True) as con:  # (its close tried the fold again, and failed)
-        assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] > 0
+    assert _queued(pg_url) > 0  # (its close tried the fold again, and failed)
+    with psycopg.connect(pg_url, autocommit=True) as con:
         con.execute("DROP TRIGGER inject_fault ON metric_state")
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         got = store.query()
@@ -299,8 +302,7 @@ def _inserts(pg_url: str, table: str) -> tuple[int, int]:
     """The statements counted on ``table``, and the rows in the queue."""
     with psycopg.connect(pg_url, autocommit=True) as con:
         last, called = con.execute(f"SELECT last_value, is_called FROM inserts_{table}").fetchone()  # type: ignore[misc]
-        queued = con.execute("SELECT count(*) FROM merge_queue").fetchone()[0]  # type: ignore[index]
-    return int(last) if called else 0, int(queued)
+    return int(last) if called else 0, _queued(pg_url)
 
 
 def test_a_writer_that_finds_no_merge_running_merges_at_its_commit_with_what_others_queued(pg_url: str) -> None:
@@ -331,8 +333,7 @@ def test_a_merge_with_nothing_to_merge_folds_what_a_failed_fold_left(pg_url: str
         store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
         _queued_merge(pg_url, store, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
         store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
-        with psycopg.connect(pg_url, autocommit=True) as con:
-            assert con.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        assert _queued(pg_url) == 0
         got = store.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
@@ -362,8 +363,7 @@ def test_a_writer_that_fails_as_it_queues_leaves_nothing_queued(pg_url: str) -> 
             thread.start()
             thread.join(60)
         assert len(errors) == 1 and isinstance(errors[0], StoreError) and "injected fault" in str(errors[0]), errors
-        with psycopg.connect(pg_url, autocommit=True) as con2:
-            assert con2.execute("SELECT count(*) FROM merge_queue").fetchone()[0] == 0  # type: ignore[index]
+        assert _queued(pg_url) == 0
         assert store.query() == before and store.progress("file", part="two") == []
         assert store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS), progress=progress).applied
         got = store.query()
