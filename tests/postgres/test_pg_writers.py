@@ -29,7 +29,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
-from drainpipe.pipeline.store import SourceProgress, database_merge, open_store
+from drainpipe.pipeline.store import SourceProgress, database_merge, open_store, sql
 from drainpipe.pipeline.store.postgres_store import PostgresBackend
 from serve_kill import PLACEHOLDER, body_template, start_serve
 from testlib import ingest, same_values, store_events, wait_until
@@ -153,6 +153,96 @@ def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
         monkeypatch.undo()
         assert _queued(pg_url) == 0
         got = first.query()
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def test_a_writer_whose_merge_fails_under_the_merge_locks_folds_what_another_queued_meanwhile(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer merging at its commit (every merge lock held) fails on a database error. Another writer committed
+    meanwhile: it queued its states and left them to the holder of the locks. The failed writer looks at the queue on
+    its way out, so nothing stays queued. (The error is the database's own, raised where the store's session has not
+    mapped it yet.)"""
+    batches = [store_events(300, seed=820 + i) for i in range(3)]
+    with open_store(pg_url) as first, open_store(pg_url) as second:  # type: ignore[attr-defined]
+        ingest(first, batches[0], "b0")
+        ingest(second, batches[1], "b1")
+        merge_with_queue = database_merge.merge_with_queue
+        meanwhile: list[Any] = []
+
+        def merge_then_fail(backend: Any) -> int:
+            merge_with_queue(backend)
+            writer = threading.Thread(target=lambda: meanwhile.append(ingest(second, batches[2], "b2")))
+            writer.start()
+            writer.join(30)
+            assert meanwhile and meanwhile[0].applied, "the other writer waited for the merge locks"
+            backend.execute("SELECT 1 / 0")  # (a statement that fails while the locks are held)
+            return 0
+
+        monkeypatch.setattr(database_merge, "merge_with_queue", merge_then_fail)
+        with pytest.raises(StoreError, match="division by zero"):
+            ingest(first, store_events(300, seed=829), "failed")
+        monkeypatch.undo()
+        assert _queued(pg_url) == 0
+        got = first.query()
+    want, _ = _reference(batches)
+    assert same_values(got, want)
+
+
+def test_a_fold_looks_again_a_bounded_number_of_times(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers that keep queueing into the stripes a writer folds would keep it folding for ever, and its commit
+    would never be done: it looks again at most ``FOLD_ROUNDS`` times. What it leaves was queued by writers still
+    committing (each commit folds after it; a store that closes folds waiting)."""
+    calls: list[int] = []
+
+    def fold_now(backend: Any, stripe: int) -> int | None:
+        calls.append(stripe)
+        return 1 if len(calls) < 50 else None  # (an unbounded look stops at 50: the lock found held)
+
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend: [0])  # (always more queued)
+        monkeypatch.setattr(database_merge, "fold_now", fold_now)
+        store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
+        monkeypatch.undo()
+    assert len(calls) == sql.FOLD_ROUNDS
+
+
+def test_a_store_that_closes_waits_for_the_merge_locks_and_folds_what_it_queued(pg_url: str) -> None:
+    """A writer queued its states while another transaction held the merge locks, and closes before the holder lets
+    go: its close waits for the locks and folds them, so a writer that stops never leaves its own rows queued (the
+    holder, a bare connection here, does not look)."""
+    batches = [store_events(300, seed=840 + i) for i in range(2)]
+    store = open_store(pg_url)
+    store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+    holder = PostgresBackend(pg_url)
+    holder.open(lambda migrate: None)
+    closed: list[BaseException | None] = []
+
+    def close() -> None:
+        try:
+            store.close()
+            closed.append(None)
+        except BaseException as exc:
+            closed.append(exc)
+
+    try:
+        with holder.session("hold"):
+            with holder.transaction():
+                holder.lock_merges(None)
+                store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))  # (queued: the locks are held)
+                assert _queued(pg_url) > 0
+                closing = threading.Thread(target=close)
+                closing.start()
+                wait_until(lambda: holder.fetchall("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                                   "AND NOT granted")[0][0] > 0, 10, what="the close waiting")  # fmt: skip
+            closing.join(30)
+    finally:
+        holder.close()
+    assert closed == [None]
+    assert _queued(pg_url) == 0
+    with open_store(pg_url) as reader:  # type: ignore[attr-defined]
+        got = reader.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
 

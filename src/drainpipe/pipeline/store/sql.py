@@ -48,6 +48,9 @@ from .protocol import MergeReport, PurgeReport, SourceProgress
 
 log = logging.getLogger("drainpipe.store")
 
+#: how many times a fold looks again at the stripes it folded, at most (:meth:`SqlStore._fold`)
+FOLD_ROUNDS = 4
+
 
 class SqlStore:
     """A store over ``backend``, which it opens (creating or migrating the schema) and owns; :class:`StoreError`
@@ -94,46 +97,69 @@ class SqlStore:
                 if merges:
                     self.backend.lock_merges(None)
                 yield
-        except StoreError:
+        except Exception:  # (a database error is raw here: the session outside maps it)
             if merges:
                 self._fold_queued()  # (it held the merge locks: what writers queued meanwhile is its to look at)
             raise
         if merges and self.backend.merges_in_database:  # (what writers queued while it held the merge locks)
             self._fold()
 
-    def _fold(self) -> None:
+    def _fold(self, *, wait: bool = False) -> None:
         """Merge the queued states of every writer into the stored ones (a database that merges them itself), never
         waiting for a merge lock: each stripe whose queue holds committed rows is folded in a statement of its own
         if its lock is free (:func:`~.database_merge.fold_now`), and left to the transaction that holds it
         otherwise. Every transaction that holds a merge lock looks at the queue again after its commit (this method
-        looks again at the stripes it folded, as long as they hold rows; a merge at a writer's commit, a purge and
-        a merge of chunks call it after theirs), and the rows this writer left were committed before it found the
-        lock held, so that look finds them. So no writer waits for another's merge, and a fold merges every commit
-        queued meanwhile at once.
+        looks again at the stripes it folded, as long as they hold rows, for at most :data:`FOLD_ROUNDS` rounds; a
+        merge at a writer's commit, a purge and a merge of chunks call it after theirs, failed or not), and the rows
+        this writer left were committed before it found the lock held, so that look finds them. So no writer waits
+        for another's merge, and a fold merges every commit queued meanwhile at once. ``wait`` (a store closing):
+        each stripe is folded under its lock, waited for, so a writer that stops leaves none of its rows queued.
+
+        The rounds are bounded because writers that keep committing would otherwise keep one of them folding for
+        ever (its commit never done). Rows left after the last round were queued by writers still committing: every
+        commit folds the queue after it, and a store that closes folds it waiting.
 
         A fold that fails because the database is unavailable leaves the states committed (queued): the merge that
         queued them has succeeded, and the next merge, query, open or close of any writer folds them (a retried
-        merge would queue them again). A permanent failure raises."""
+        merge would queue them again). A stripe whose fold fails for another reason does not stop the look at the
+        others; the first such error is raised after it."""
         folded = 0
+        failed: Exception | None = None
         try:
             with self.backend.session("merge queued states"):
                 stripes = database_merge.queued_stripes(self.backend)
-                while stripes:
+                for _ in range(1 if wait else FOLD_ROUNDS):
+                    if not stripes:
+                        break
                     # from this store's own first stripe: writers that fold at once fold different stripes, on as
                     # many of the server's cores
                     first = self._first_stripe
                     taken = []
                     for stripe in sorted(stripes, key=lambda s: (s - first) % database_merge.STRIPES):
-                        done = database_merge.fold_now(self.backend, stripe)
+                        try:
+                            done = self._fold_stripe(stripe, wait)
+                        except Exception as exc:  # (raw: the session maps it when it is raised below; a lost
+                            failed = failed or exc  # connection fails the next statement too, and that is raised)
+                            continue
                         if done is not None:
                             folded += done
                             taken.append(stripe)
                     # (what others queued while this one held a stripe; a held stripe's holder looks after its own)
                     stripes = [s for s in database_merge.queued_stripes(self.backend) if s in taken] if taken else []
+                if failed is not None:
+                    raise failed
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
         self._vacuum_when_due(folded)
+
+    def _fold_stripe(self, stripe: int, wait: bool) -> int | None:
+        """One stripe's fold: the rows folded, None when its lock is held (``wait``: waited for)."""
+        if not wait:
+            return database_merge.fold_now(self.backend, stripe)
+        with self.backend.transaction():
+            self.backend.lock_merges(stripe)
+            return database_merge.fold(self.backend, stripe)
 
     def _vacuum_when_due(self, folded: int) -> None:
         """Count ``folded`` queued rows, and vacuum the queue every :data:`~.database_merge.VACUUM_ROWS`."""
@@ -146,13 +172,13 @@ class SqlStore:
             except (StoreError, StoreUnavailable) as exc:  # (autovacuum does it later)
                 log.warning("%r: %s", self, exc)
 
-    def _fold_queued(self) -> None:
+    def _fold_queued(self, *, wait: bool = False) -> None:
         """Where the database merges: a look at the queue, and a fold of what it holds (a store opening, a reader, a
         store closing; a writer that queued and then failed, or whose fold's lock holder failed, leaves rows there).
         A failure is logged, not raised: the next writer or open folds the states."""
         if self.backend.merges_in_database:
             try:
-                self._fold()
+                self._fold(wait=wait)
             except StoreError as exc:
                 log.warning("%r: queued states left for the next writer: %s", self, exc)
 
@@ -197,8 +223,8 @@ class SqlStore:
                         # a retention purge of the books never takes the token of a part that is still being written
                         self._record_progress([*progress, *books.fence_rows(fences)])
                         report = MergeReport(applied=len(parts), skipped=0)
-            except StoreError:  # (it may have held the merge locks: what writers queued meanwhile is its to look at)
-                self._fold_queued()
+            except Exception:  # (it may have held the merge locks: what writers queued meanwhile is its to look at;
+                self._fold_queued()  # a database error is raw here, the session outside maps it)
                 raise
             if merged_queue is not None:
                 self._vacuum_when_due(merged_queue)
@@ -302,7 +328,7 @@ class SqlStore:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._fold_queued()
+                self._fold_queued(wait=True)  # (waiting: a writer that stops leaves none of its rows queued)
                 self._closed = True
                 self.backend.close()
 
