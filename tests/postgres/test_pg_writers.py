@@ -208,6 +208,29 @@ def test_a_fold_looks_again_a_bounded_number_of_times(pg_url: str, monkeypatch: 
     assert len(calls) == sql.FOLD_ROUNDS
 
 
+def test_a_stripe_whose_fold_fails_does_not_stop_the_fold_of_the_others(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first stripe's fold fails on a database error: the other stripes are folded all the same, and the error
+    is raised after them (the merge, committed, reports it)."""
+    calls: list[int] = []
+
+    def fold_now(backend: Any, stripe: int) -> int | None:
+        calls.append(stripe)
+        if len(calls) == 1:
+            raise psycopg.errors.DivisionByZero("injected")
+        return 1
+
+    looks = iter([[0, 1, 2, 3]])
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend: next(looks, []))
+        monkeypatch.setattr(database_merge, "fold_now", fold_now)
+        with pytest.raises(StoreError, match="injected"):
+            store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
+        monkeypatch.undo()
+    assert sorted(calls) == [0, 1, 2, 3]
+
+
 def test_a_store_that_closes_waits_for_the_merge_locks_and_folds_what_it_queued(pg_url: str) -> None:
     """A writer queued its states while another transaction held the merge locks, and closes before the holder lets
     go: its close waits for the locks and folds them, so a writer that stops never leaves its own rows queued (the
