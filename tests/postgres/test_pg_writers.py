@@ -41,6 +41,13 @@ pytestmark = [pytest.mark.postgres, pytest.mark.clock_at("2026-11-21T12:00:00Z")
 SHARED_SERVICES = (b"alpha", b"beta", b"gamma")
 
 
+@pytest.fixture(autouse=True)
+def _folds_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look's mechanics are held with folds at once after every commit (``fold_after_s`` 0); the tests of the
+    wait before a fold set it on their stores."""
+    monkeypatch.setattr(sql, "FOLD_AFTER_S", 0.0)
+
+
 def _reference(batches: list) -> tuple[list, list]:
     duck = open_store("duckdb:///:memory:")
     for i, batch in enumerate(batches):
@@ -88,11 +95,15 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
     assert got_topn == want_topn
 
 
-def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_event_once(pg_url: str) -> None:
+@pytest.mark.parametrize("fold_after_s", [0.0, 0.05])
+def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_event_once(
+    pg_url: str, fold_after_s: float
+) -> None:
     """Four writers merge batches of the same keys at once, a stress of the rule the test after this one checks
     step by step: a writer that finds a merge running queues, its fold skips a stripe another writer holds, and
     every writer that held a merge lock looks at the queue again after its commit. So once every merge call has
-    returned, with no store closed or read yet, nothing is left in the queue, and the values equal one store's."""
+    returned, with no store closed or read yet, nothing is left in the queue (folds at once; with a wait before
+    the fold, what is left has a mark: a later commit finds it), and the values equal one store's."""
     batches = [store_events(150, seed=700 + i) for i in range(24)]
     errors: list[BaseException] = []
     start, merged, checked = threading.Barrier(5), threading.Barrier(5), threading.Event()
@@ -100,6 +111,7 @@ def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_even
     def writer(k: int) -> None:
         try:
             with open_store(pg_url) as store:  # type: ignore[attr-defined]
+                store.fold_after_s = fold_after_s
                 start.wait(30)
                 for i in range(k, len(batches), 4):
                     ingest(store, batches[i], f"b{i}")
@@ -115,13 +127,14 @@ def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_even
     try:
         start.wait(30)
         merged.wait(120)
-        left = _queued(pg_url)
+        left, stripes, marks = _queued(pg_url), _queued_stripes(pg_url), _marks(pg_url)
     finally:
         checked.set()
         for t in threads:
             t.join(60)
     assert not errors, errors
-    assert left == 0
+    assert left == 0 if not fold_after_s else stripes <= marks
+    assert _queued(pg_url) == 0 and not _marks(pg_url)  # (the stores closed: each folded, waiting)
     want, _ = _reference(batches)
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert same_values(store.query(), want)
@@ -201,7 +214,8 @@ def test_a_fold_looks_again_a_bounded_number_of_times(pg_url: str, monkeypatch: 
         return 1 if len(calls) < 50 else None  # (an unbounded look stops at 50: the lock found held)
 
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend: [0])  # (always more queued)
+        # (always more queued)
+        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend, waited_s=None: [0])
         monkeypatch.setattr(database_merge, "fold_now", fold_now)
         store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
         monkeypatch.undo()
@@ -223,7 +237,7 @@ def test_a_stripe_whose_fold_fails_does_not_stop_the_fold_of_the_others(
 
     looks = iter([[0, 1, 2, 3]])
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend: next(looks, []))
+        monkeypatch.setattr(database_merge, "queued_stripes", lambda backend, waited_s=None: next(looks, []))
         monkeypatch.setattr(database_merge, "fold_now", fold_now)
         with pytest.raises(StoreError, match="injected"):
             store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
@@ -268,6 +282,59 @@ def test_a_store_that_closes_waits_for_the_merge_locks_and_folds_what_it_queued(
         got = reader.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
+
+
+def _marks(pg_url: str) -> set[int]:
+    """The stripes the queue's marks name (a commit's record of the stripes it queued rows for, and when)."""
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        return {int(row[0]) for row in con.execute("SELECT stripe FROM merge_marks").fetchall()}
+
+
+def _queued_stripes(pg_url: str) -> set[int]:
+    """The stripes of the rows in the queue."""
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        rows = con.execute(f"SELECT DISTINCT hashtext(entity) & {database_merge.STRIPES - 1} FROM merge_queue")
+        return {int(row[0]) for row in rows.fetchall()}
+
+
+def test_a_commit_folds_only_what_has_waited_and_a_query_sees_every_commit_meanwhile(pg_url: str) -> None:
+    """Queued states wait ``fold_after_s`` before a writer's commit folds them, so that one fold adds up the commits
+    of every writer meanwhile: a commit that finds younger rows queued queues its own too and folds nothing, a
+    query sees them all the same, and once they have waited (the marks aged, as the server's clock would age them)
+    the next commit folds every one, leaving no row and no mark."""
+    batches = [store_events(300, seed=870 + i) for i in range(4)]
+    holder = PostgresBackend(pg_url)
+    try:
+        with open_store(pg_url) as first, open_store(pg_url) as second:  # type: ignore[attr-defined]
+            holder.open(lambda migrate: None)  # (the schema made)
+            first.fold_after_s = second.fold_after_s = 3600.0
+            first.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+            assert _queued(pg_url) == 0  # (a lone writer: merged at its commit)
+            with holder.session("hold"), holder.transaction():  # (as a merge running meanwhile)
+                holder.lock_merges(None)
+                second.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
+            queued = _queued(pg_url)
+            assert queued > 0 and _marks(pg_url) == _queued_stripes(pg_url)
+            first.merge(aggregate_batch(batches[2], DEFAULT_DEFINITIONS))  # no merge runs: queued all the same
+            assert _queued(pg_url) > queued
+            assert same_values(second.query(), _reference(batches[:3])[0])  # (the query folds them)
+            assert _queued(pg_url) == 0 and not _marks(pg_url)
+
+            first.merge(aggregate_batch(batches[3], DEFAULT_DEFINITIONS))  # (merged at its commit: nothing queued)
+            with holder.session("hold"), holder.transaction():
+                holder.lock_merges(None)
+                second.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+                first.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
+            assert _queued(pg_url) > 0
+            with psycopg.connect(pg_url, autocommit=True) as con:
+                assert con.execute("SELECT count(DISTINCT xmin::text) FROM merge_queue").fetchone()[0] == 2
+                con.execute("UPDATE merge_marks SET queued_at = queued_at - interval '2 hours'")
+            second.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])  # (nothing of its own)
+            assert _queued(pg_url) == 0 and not _marks(pg_url)
+            got = first.query()
+    finally:
+        holder.close()
+    assert same_values(got, _reference([*batches, batches[0], batches[1]])[0])
 
 
 def test_every_transaction_of_a_store_runs_at_read_committed_whatever_the_server_s_default(pg_url: str) -> None:
@@ -335,10 +402,10 @@ def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...
     result: list = []
     look = database_merge.queued_stripes
 
-    def held_look(backend: Any) -> list[int]:
+    def held_look(backend: Any, waited_s: float | None = None) -> list[int]:
         if threading.current_thread() is writer:
             assert released.wait(10), "the holder never let go"
-        return look(backend)
+        return look(backend, waited_s)
 
     writer = threading.Thread(target=lambda: result.append(store.merge(partials)))
     database_merge.queued_stripes = held_look

@@ -100,6 +100,7 @@ __all__ = [
     "merge_with_queue",
     "pack_stored_bins",
     "queue_staged",
+    "queue_waited",
     "queued_stripes",
     "stage",
     "vacuum_queue",
@@ -133,11 +134,15 @@ QUEUE_DDL = (
         metric VARCHAR NOT NULL, entity VARCHAR NOT NULL, granularity VARCHAR NOT NULL,
         time_bucket TIMESTAMPTZ NOT NULL, b BIGINT NOT NULL, n BIGINT, v DOUBLE PRECISION, ok BIGINT, tol BIGINT,
         bins BIGINT[], counts BIGINT[], key VARCHAR)""",
+    # one row per stripe a commit queued rows for, with when: where a writer looks for what has waited long enough
+    # (a few rows a commit, not a scan of the queue's)
+    """CREATE TABLE IF NOT EXISTS merge_marks (
+        stripe INTEGER NOT NULL, queued_at TIMESTAMPTZ NOT NULL DEFAULT statement_timestamp())""",
     """CREATE TABLE IF NOT EXISTS merge_defs (
         name VARCHAR PRIMARY KEY, fn VARCHAR NOT NULL, precision_ms DOUBLE PRECISION, keep INTEGER,
         bounds DOUBLE PRECISION[])""",
 )
-QUEUE_TABLES = ("merge_queue", "merge_defs")
+QUEUE_TABLES = ("merge_queue", "merge_marks", "merge_defs")
 #: the memory a fold's sorts and hash tables may take (per operation), instead of the server's default
 FOLD_WORK_MEM = "64MB"
 #: the queue is folded in this many stripes (a power of two), each under a lock of its own, so that folds of two
@@ -256,12 +261,15 @@ FROM kept WHERE position <= keep"""
 
 # A stripe of the queue taken whole: one DELETE, the rows one snapshot holds, so a commit's rows of the stripe are
 # folded together (a query may see one stripe of a commit before another), into the
-# session's fold_rows with the transaction that queued each row (its xmin).
+# session's fold_rows with the transaction that queued each row (its xmin); the stripe's marks deleted in the same
+# statement, so with the same snapshot: the marks of exactly the commits taken.
+_STRIPE_OF = f"hashtext(entity) & {STRIPES - 1}"
 _TAKE = f"""
-WITH q AS (DELETE FROM merge_queue {{}} RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint)
+WITH q AS (DELETE FROM merge_queue {{}} RETURNING {", ".join(_QUEUE_COLUMNS)}, xmin::text::bigint),
+m AS (DELETE FROM merge_marks {{}})
 INSERT INTO fold_rows SELECT * FROM q"""
-_TAKE_ALL = _TAKE.format("")
-_TAKE_STRIPE = _TAKE.format(f"WHERE hashtext(entity) & {STRIPES - 1} = ?")
+_TAKE_ALL = _TAKE.format("", "")
+_TAKE_STRIPE = _TAKE.format(f"WHERE {_STRIPE_OF} = ?", "WHERE stripe = ?")
 _TAKEN = f"""SELECT count(*), count(DISTINCT tx),
     count(*) FILTER (WHERE bins IS NULL AND granularity <> '{QUEUED_TOPN}'),
     count(*) FILTER (WHERE bins IS NOT NULL), count(*) FILTER (WHERE granularity = '{QUEUED_TOPN}') FROM fold_rows"""
@@ -562,6 +570,10 @@ def queue_staged(backend: Backend) -> None:
         "INSERT INTO merge_queue (metric, entity, granularity, time_bucket, b, v, key) "
         f"SELECT name, entity, '{QUEUED_TOPN}', time_bucket, {PACKED}, latency_ms, key FROM stage_topn"
     )
+    backend.execute(
+        f"INSERT INTO merge_marks (stripe) SELECT {_STRIPE_OF} FROM stage_state UNION"
+        f" SELECT {_STRIPE_OF} FROM stage_topn"
+    )
 
 
 def define_queued(backend: Backend, definitions: Iterable[Definition]) -> None:
@@ -628,10 +640,31 @@ def vacuum_queue(backend: Backend) -> None:
     """Make the space of folded rows reusable (outside a transaction; skipped while another writer does it). Each
     fold deletes what it took; until a vacuum, the queue's pages keep growing and every fold scans them all, and the
     server's autovacuum comes round once a minute."""
-    backend.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) merge_queue")  # (truncating would lock out the writers)
+    # (truncating would lock out the writers)
+    backend.execute("VACUUM (SKIP_LOCKED, TRUNCATE false) merge_queue, merge_marks")
 
 
-def queued_stripes(backend: Backend) -> list[int]:
-    """The stripes (:data:`STRIPES`) whose queue holds committed rows no fold has taken yet, in order."""
-    rows = backend.fetchall(f"SELECT DISTINCT hashtext(entity) & {STRIPES - 1} AS s FROM merge_queue ORDER BY s")
+def queued_stripes(backend: Backend, waited_s: float | None = None) -> list[int]:
+    """The stripes (:data:`STRIPES`) whose queue holds committed rows no fold has taken yet, in order (a scan of
+    the queue); with ``waited_s``, those that a commit queued rows for at least that long ago, by the server's clock
+    (from the commits' marks: a look at a few rows)."""
+    if waited_s is None:
+        rows = backend.fetchall(f"SELECT DISTINCT {_STRIPE_OF} AS s FROM merge_queue ORDER BY s")
+    else:
+        rows = backend.fetchall(
+            "SELECT stripe FROM merge_marks GROUP BY stripe"
+            " HAVING min(queued_at) <= clock_timestamp() - make_interval(secs => ?::float8) ORDER BY stripe",
+            (waited_s,),
+        )
     return [int(row[0]) for row in rows]
+
+
+def queue_waited(backend: Backend, waited_s: float) -> bool:
+    """Whether no commit queued rows less than ``waited_s`` ago that no fold has taken yet, by the server's clock:
+    whether a writer may merge at its commit rather than queue (:meth:`~.sql.SqlStore.merge`)."""
+    rows = backend.fetchall(
+        "SELECT coalesce(min(queued_at) <= clock_timestamp() - make_interval(secs => ?::float8), true)"
+        " FROM merge_marks",
+        (waited_s,),
+    )
+    return bool(rows[0][0])

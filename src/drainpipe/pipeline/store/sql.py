@@ -50,6 +50,8 @@ log = logging.getLogger("drainpipe.store")
 
 #: how many times a fold looks again at the stripes it folded, at most (:meth:`SqlStore._fold`)
 FOLD_ROUNDS = 4
+#: how long (s) queued states wait before a writer's commit folds them (:attr:`SqlStore.fold_after_s`)
+FOLD_AFTER_S = 5.0
 
 
 class SqlStore:
@@ -63,6 +65,11 @@ class SqlStore:
         self._folded = 0
         #: the stripe this store's folds start from (see :meth:`_fold`)
         self._first_stripe = random.randrange(database_merge.STRIPES)
+        #: where the database merges, how long queued states wait before a writer's commit folds them, so that one
+        #: fold adds up the commits of every writer meanwhile and a key costs the server one upsert for all of
+        #: them; a writer that finds rows waiting less queues its states rather than merging them at its commit.
+        #: Reads, opens and closes fold at once: a query always sees every commit.
+        self.fold_after_s = FOLD_AFTER_S
         #: the time (epoch ms) progress rows record and purges measure against: drainpipe's clock
         #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
         self.clock: Callable[[], int] = now_ms
@@ -104,7 +111,7 @@ class SqlStore:
         if merges and self.backend.merges_in_database:  # (what writers queued while it held the merge locks)
             self._fold()
 
-    def _fold(self, *, wait: bool = False) -> None:
+    def _fold(self, *, wait: bool = False, waited: bool = False) -> None:
         """Merge the queued states of every writer into the stored ones (a database that merges them itself), never
         waiting for a merge lock: each stripe whose queue holds committed rows is folded in a statement of its own
         if its lock is free (:func:`~.database_merge.fold_now`), and left to the transaction that holds it
@@ -112,7 +119,8 @@ class SqlStore:
         looks again at the stripes it folded, as long as they hold rows, for at most :data:`FOLD_ROUNDS` rounds; a
         merge at a writer's commit, a purge and a merge of chunks call it after theirs, failed or not), and the rows
         this writer left were committed before it found the lock held, so that look finds them. So no writer waits
-        for another's merge, and a fold merges every commit queued meanwhile at once. ``wait`` (a store closing):
+        for another's merge, and a fold merges every commit queued meanwhile at once. ``waited`` (after a writer's
+        commit): only the stripes whose oldest row has waited :attr:`fold_after_s`. ``wait`` (a store closing):
         each stripe is folded under its lock, waited for, so a writer that stops leaves none of its rows queued.
 
         The rounds are bounded because writers that keep committing would otherwise keep one of them folding for
@@ -127,7 +135,8 @@ class SqlStore:
         failed: Exception | None = None
         try:
             with self.backend.session("merge queued states"):
-                stripes = database_merge.queued_stripes(self.backend)
+                after = self.fold_after_s if waited else None
+                stripes = database_merge.queued_stripes(self.backend, after)
                 for _ in range(1 if wait else FOLD_ROUNDS):
                     if not stripes:
                         break
@@ -145,7 +154,8 @@ class SqlStore:
                             folded += done
                             taken.append(stripe)
                     # (what others queued while this one held a stripe; a held stripe's holder looks after its own)
-                    stripes = [s for s in database_merge.queued_stripes(self.backend) if s in taken] if taken else []
+                    looked = database_merge.queued_stripes(self.backend, after) if taken else []
+                    stripes = [s for s in looked if s in taken]
                 if failed is not None:
                     raise failed
         except StoreUnavailable as exc:
@@ -215,7 +225,9 @@ class SqlStore:
                             self.backend.lock_merges(None)
                             queue = False
                         else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
-                            queue = writes.empty or whole or not self.backend.try_lock_merges()
+                            queue = (writes.empty or whole
+                                     or not database_merge.queue_waited(self.backend, self.fold_after_s)
+                                     or not self.backend.try_lock_merges())  # fmt: skip
                         folded = writes.apply(queue=queue)
                         if self.backend.merges_in_database and not queue:
                             merged_queue = folded
@@ -231,7 +243,7 @@ class SqlStore:
             # what this commit queued, what others queued while it held the merge locks, what a commit whose
             # acknowledgement was lost (retried, and found applied above) queued
             if self.backend.merges_in_database:
-                self._fold()
+                self._fold(waited=True)
         return report
 
     def merge_chunks(
