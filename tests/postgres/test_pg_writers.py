@@ -29,7 +29,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.generator import generate_events, write_events
 from drainpipe.pipeline.run import run_local
-from drainpipe.pipeline.store import SourceProgress, database_merge, open_store, sql
+from drainpipe.pipeline.store import SourceProgress, database_merge, folder, open_store, sql
 from drainpipe.pipeline.store.postgres_store import PostgresBackend
 from serve_kill import PLACEHOLDER, body_template, start_serve
 from testlib import ingest, same_values, store_events, wait_until
@@ -99,11 +99,11 @@ def test_concurrent_merges_of_the_same_keys_are_exact(pg_url: str) -> None:
 def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_event_once(
     pg_url: str, fold_after_s: float
 ) -> None:
-    """Four writers merge batches of the same keys at once, a stress of the rule the test after this one checks
-    step by step: a writer that finds a merge running queues, its fold skips a stripe another writer holds, and
-    every writer that held a merge lock looks at the queue again after its commit. So once every merge call has
-    returned, with no store closed or read yet, nothing is left in the queue (folds at once; with a wait before
-    the fold, what is left has a mark: a later commit finds it), and the values equal one store's."""
+    """Four writers merge batches of the same keys at once, a stress of the rules the tests after this one check
+    step by step: a writer that finds a merge running (or younger states queued) queues, and its folder folds in
+    the background, skipping a stripe another fold holds and looking again. So once every merge call has returned,
+    every queued stripe has a mark, and with no store closed or read, and no commit after, the folders fold
+    everything (at once, or once it has waited); the values equal one store's."""
     batches = [store_events(150, seed=700 + i) for i in range(24)]
     errors: list[BaseException] = []
     start, merged, checked = threading.Barrier(5), threading.Barrier(5), threading.Event()
@@ -127,25 +127,27 @@ def test_four_writers_of_the_same_keys_leave_nothing_queued_and_store_every_even
     try:
         start.wait(30)
         merged.wait(120)
-        left, stripes, marks = _queued(pg_url), _queued_stripes(pg_url), _marks(pg_url)
+        marks = _marks(pg_url)  # (marks first: a fold meanwhile takes a stripe's rows with its marks)
+        stripes = _queued_stripes(pg_url)
+        wait_until(lambda: _queued(pg_url) == 0 and not _marks(pg_url), 30, interval=0.02,
+                   what="the folders folding every commit")  # fmt: skip
     finally:
         checked.set()
         for t in threads:
             t.join(60)
     assert not errors, errors
-    assert left == 0 if not fold_after_s else stripes <= marks
-    assert _queued(pg_url) == 0 and not _marks(pg_url)  # (the stores closed: each folded, waiting)
+    assert stripes <= marks
     want, _ = _reference(batches)
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         assert same_values(store.query(), want)
 
 
-def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
+def test_a_writer_that_queues_while_another_merges_returns_at_once_and_its_folder_folds_after_the_holder(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While a writer merges at its commit (every merge lock held), another writer commits: it queues its states, its
-    fold finds every stripe held and leaves them, and it returns without waiting. The first writer looks at the queue
-    after its commit and folds them: when both merges have returned, nothing is queued."""
+    """While a writer merges at its commit (every merge lock held), another writer commits: it queues its states and
+    returns without waiting; its folder finds every stripe held, looks again shortly, and folds them once the holder
+    has committed: nothing stays queued."""
     batches = [store_events(300, seed=800 + i) for i in range(4)]
     with open_store(pg_url) as first, open_store(pg_url) as second:  # type: ignore[attr-defined]
         ingest(first, batches[0], "b0")  # (both registered: a registration waits for another's uncommitted one)
@@ -164,7 +166,7 @@ def test_a_merge_at_the_commit_folds_what_another_writer_queued_meanwhile(
         monkeypatch.setattr(database_merge, "merge_with_queue", merge_holding_the_locks)
         assert ingest(first, batches[2], "b2").applied
         monkeypatch.undo()
-        assert _queued(pg_url) == 0
+        wait_until(lambda: _queued(pg_url) == 0, 30, interval=0.02, what="the second writer's folder")
         got = first.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
@@ -174,8 +176,8 @@ def test_a_writer_whose_merge_fails_under_the_merge_locks_folds_what_another_que
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A writer merging at its commit (every merge lock held) fails on a database error. Another writer committed
-    meanwhile: it queued its states and left them to the holder of the locks. The failed writer looks at the queue on
-    its way out, so nothing stays queued. (The error is the database's own, raised where the store's session has not
+    meanwhile: it queued its states, and its folder found the stripes held. The failed writer looks at the queue on
+    its way out (and the other's folder looks again), so nothing stays queued. (The error is the database's own, raised where the store's session has not
     mapped it yet.)"""
     batches = [store_events(300, seed=820 + i) for i in range(3)]
     with open_store(pg_url) as first, open_store(pg_url) as second:  # type: ignore[attr-defined]
@@ -197,16 +199,16 @@ def test_a_writer_whose_merge_fails_under_the_merge_locks_folds_what_another_que
         with pytest.raises(StoreError, match="division by zero"):
             ingest(first, store_events(300, seed=829), "failed")
         monkeypatch.undo()
-        assert _queued(pg_url) == 0
+        wait_until(lambda: _queued(pg_url) == 0, 30, interval=0.02, what="nothing queued")
         got = first.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
 
 
 def test_a_fold_looks_again_a_bounded_number_of_times(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Writers that keep queueing into the stripes a writer folds would keep it folding for ever, and its commit
-    would never be done: it looks again at most ``FOLD_ROUNDS`` times. What it leaves was queued by writers still
-    committing (each commit folds after it; a store that closes folds waiting)."""
+    """Writers that keep queueing into the stripes a fold takes would keep it folding for ever (a folder that never
+    sleeps, a query or a close that never returns): a look takes each stripe again at most ``FOLD_ROUNDS`` times.
+    What it leaves was queued by writers still committing, whose folders fold it."""
     calls: list[int] = []
 
     def fold_now(backend: Any, stripe: int) -> int | None:
@@ -217,16 +219,16 @@ def test_a_fold_looks_again_a_bounded_number_of_times(pg_url: str, monkeypatch: 
         # (always more queued)
         monkeypatch.setattr(database_merge, "queued_stripes", lambda backend, waited_s=None: [0])
         monkeypatch.setattr(database_merge, "fold_now", fold_now)
-        store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
+        folder.fold_queue(store.backend, first=0)
         monkeypatch.undo()
-    assert len(calls) == sql.FOLD_ROUNDS
+    assert len(calls) == folder.FOLD_ROUNDS
 
 
 def test_a_stripe_whose_fold_fails_does_not_stop_the_fold_of_the_others(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first stripe's fold fails on a database error: the other stripes are folded all the same, and the error
-    is raised after them (the merge, committed, reports it)."""
+    is raised after them (a folder logs it and tries again; a query or a close logs it)."""
     calls: list[int] = []
 
     def fold_now(backend: Any, stripe: int) -> int | None:
@@ -240,7 +242,7 @@ def test_a_stripe_whose_fold_fails_does_not_stop_the_fold_of_the_others(
         monkeypatch.setattr(database_merge, "queued_stripes", lambda backend, waited_s=None: next(looks, []))
         monkeypatch.setattr(database_merge, "fold_now", fold_now)
         with pytest.raises(StoreError, match="injected"):
-            store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
+            folder.fold_queue(store.backend, first=0)
         monkeypatch.undo()
     assert sorted(calls) == [0, 1, 2, 3]
 
@@ -297,11 +299,12 @@ def _queued_stripes(pg_url: str) -> set[int]:
         return {int(row[0]) for row in rows.fetchall()}
 
 
-def test_a_commit_folds_only_what_has_waited_and_a_query_sees_every_commit_meanwhile(pg_url: str) -> None:
-    """Queued states wait ``fold_after_s`` before a writer's commit folds them, so that one fold adds up the commits
-    of every writer meanwhile: a commit that finds younger rows queued queues its own too and folds nothing, a
-    query sees them all the same, and once they have waited (the marks aged, as the server's clock would age them)
-    the next commit folds every one, leaving no row and no mark."""
+def test_queued_states_wait_before_a_fold_and_a_query_sees_every_commit_meanwhile(pg_url: str) -> None:
+    """Queued states wait ``fold_after_s`` before a fold in the background takes them, so that one fold adds up the
+    commits of every writer meanwhile: a commit that finds younger rows queued queues its own too, even with no
+    merge running, and nothing folds them; a query sees them all the same (it folds first). Then, with a short
+    wait, the writers' folders fold two commits queued together once they have waited, with no commit after,
+    leaving no row and no mark."""
     batches = [store_events(300, seed=870 + i) for i in range(4)]
     holder = PostgresBackend(pg_url)
     try:
@@ -320,18 +323,18 @@ def test_a_commit_folds_only_what_has_waited_and_a_query_sees_every_commit_meanw
             assert same_values(second.query(), _reference(batches[:3])[0])  # (the query folds them)
             assert _queued(pg_url) == 0 and not _marks(pg_url)
 
-            first.merge(aggregate_batch(batches[3], DEFAULT_DEFINITIONS))  # (merged at its commit: nothing queued)
+        with open_store(pg_url) as third, open_store(pg_url) as fourth:  # type: ignore[attr-defined]
+            third.fold_after_s = fourth.fold_after_s = 0.5
+            third.merge(aggregate_batch(batches[3], DEFAULT_DEFINITIONS))  # (merged at its commit: nothing queued)
             with holder.session("hold"), holder.transaction():
                 holder.lock_merges(None)
-                second.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
-                first.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
-            assert _queued(pg_url) > 0
-            with psycopg.connect(pg_url, autocommit=True) as con:
-                assert con.execute("SELECT count(DISTINCT xmin::text) FROM merge_queue").fetchone()[0] == 2
-                con.execute("UPDATE merge_marks SET queued_at = queued_at - interval '2 hours'")
-            second.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])  # (nothing of its own)
-            assert _queued(pg_url) == 0 and not _marks(pg_url)
-            got = first.query()
+                third.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+                fourth.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
+                with psycopg.connect(pg_url, autocommit=True) as con:  # (two commits queued, folded together)
+                    assert con.execute("SELECT count(DISTINCT xmin::text) FROM merge_queue").fetchone()[0] == 2
+            wait_until(lambda: _queued(pg_url) == 0 and not _marks(pg_url), 30, interval=0.02,
+                       what="the folders folding what has waited")  # fmt: skip
+            got = third.query()
     finally:
         holder.close()
     assert same_values(got, _reference([*batches, batches[0], batches[1]])[0])
@@ -394,8 +397,8 @@ def test_serialization_failure_and_deadlock_are_retried(pg_url: str) -> None:
 def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...]) -> Any:
     """``store.merge(partials)`` while another connection holds every merge lock (as another writer's merge would):
     the writer queues its states and commits; the faults (``codes``) are armed and the locks let go before the
-    writer looks at the queue after its commit (held back until then), so the writer's own fold meets them. The
-    merge's report. (The holder is a bare connection: a store would fold the queue when it closes.)"""
+    writer's folder looks at the queue (held back until then), so its fold meets them. The merge's report. (The
+    holder is a bare connection: a store would fold the queue when it closes.)"""
     holder = PostgresBackend(pg_url)
     holder.open(lambda migrate: None)
     released = threading.Event()
@@ -403,7 +406,7 @@ def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...
     look = database_merge.queued_stripes
 
     def held_look(backend: Any, waited_s: float | None = None) -> list[int]:
-        if threading.current_thread() is writer:
+        if threading.current_thread().name.startswith("drainpipe-fold"):  # (a folder's)
             assert released.wait(10), "the holder never let go"
         return look(backend, waited_s)
 
@@ -432,20 +435,23 @@ def _queued_merge(pg_url: str, store: Any, partials: list, codes: tuple[str, ...
     return result[0]
 
 
-def test_a_fold_that_fails_is_not_retried_and_the_next_query_folds(pg_url: str) -> None:
+def _fault_met(pg_url: str) -> bool:
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        return bool(con.execute("SELECT is_called FROM fault_calls").fetchone()[0])  # type: ignore[index]
+
+
+def test_a_fold_that_fails_leaves_the_merge_committed_and_the_folder_tries_again(pg_url: str) -> None:
     """A fold (the merge of the queued states) that fails after the merge's commit must not make the merge fail: a
-    retried merge would queue its states again. The merge succeeds, the states wait in the queue, and the next query
-    folds them: the values equal a store that never failed."""
+    retried merge would queue its states again. The merge succeeds, the states wait in the queue, and the writer's
+    folder tries again after a pause: the values equal a store that never failed."""
     batches = [store_events(500, seed=300 + i) for i in range(2)]
     with open_store(pg_url) as store:  # type: ignore[attr-defined]
         store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
         report = _queued_merge(pg_url, store, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
         assert report.applied and not report.skipped
-        with psycopg.connect(pg_url, autocommit=True) as con:
-            assert con.execute("SELECT is_called FROM fault_calls").fetchone()[0]  # the fold failed
-        assert _queued(pg_url) > 0
+        wait_until(lambda: _fault_met(pg_url), 30, interval=0.02, what="the folder's fold meeting the fault")
+        wait_until(lambda: _queued(pg_url) == 0, 30, interval=0.02, what="the folder trying again")
         got = store.query()
-    assert _queued(pg_url) == 0
     want, _ = _reference(batches)
     assert same_values(got, want)
 
@@ -487,34 +493,22 @@ def _inserts(pg_url: str, table: str) -> tuple[int, int]:
 
 def test_a_writer_that_finds_no_merge_running_merges_at_its_commit_with_what_others_queued(pg_url: str) -> None:
     """A lone writer's states never go through the queue (a copy in, a delete, a copy out); a writer that finds
-    states others queued (a writer whose fold failed) merges them with its own at its commit, in one pass, and leaves
-    the queue empty: the values equal one store's."""
+    states others queued (a writer that stopped with its folds failing) merges them with its own at its commit, in
+    one pass, and leaves the queue empty: the values equal one store's."""
     batches = [store_events(400, seed=500 + i) for i in range(3)]
-    with open_store(pg_url) as alone, open_store(pg_url) as other:  # type: ignore[attr-defined]
+    with open_store(pg_url) as alone:  # type: ignore[attr-defined]
         _count_inserts(pg_url, "merge_queue")
         alone.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
         assert _inserts(pg_url, "merge_queue") == (0, 0)  # merged at its commit
-        # the other writer queues while a merge runs, and its fold after the commit fails once: its states wait
-        _queued_merge(pg_url, other, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
+        # another writer queues while a merge runs, and stops with its folds failing: its states wait
+        with open_store(pg_url) as other:  # type: ignore[attr-defined]
+            _queued_merge(pg_url, other, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",) * 100)
         assert _inserts(pg_url, "merge_queue")[1] > 0
+        with psycopg.connect(pg_url, autocommit=True) as con:
+            con.execute("DROP TRIGGER inject_fault ON metric_state")
         alone.merge(aggregate_batch(batches[2], DEFAULT_DEFINITIONS))
         assert _inserts(pg_url, "merge_queue")[1] == 0  # taken by the merge at the commit
         got = alone.query()
-    want, _ = _reference(batches)
-    assert same_values(got, want)
-
-
-def test_a_merge_with_nothing_to_merge_folds_what_a_failed_fold_left(pg_url: str) -> None:
-    """A merge that brings only progress rows (remote-write's books) after a fold failed: it has nothing to merge at
-    its commit, and it still looks at the queue after it; the queued states are merged, not left for a later
-    writer."""
-    batches = [store_events(300, seed=650 + i) for i in range(2)]
-    with open_store(pg_url) as store:  # type: ignore[attr-defined]
-        store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
-        _queued_merge(pg_url, store, aggregate_batch(batches[1], DEFAULT_DEFINITIONS), ("40001",))
-        store.merge([], progress=[SourceProgress("remote-write", "url", "sent", 1)])
-        assert _queued(pg_url) == 0
-        got = store.query()
     want, _ = _reference(batches)
     assert same_values(got, want)
 

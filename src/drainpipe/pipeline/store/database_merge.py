@@ -103,6 +103,7 @@ __all__ = [
     "queue_waited",
     "queued_stripes",
     "stage",
+    "until_due",
     "vacuum_queue",
 ]
 
@@ -657,6 +658,17 @@ def queued_stripes(backend: Backend, waited_s: float | None = None) -> list[int]
             (waited_s,),
         )
     return [int(row[0]) for row in rows]
+
+
+def until_due(backend: Backend, waited_s: float) -> float | None:
+    """Seconds until the oldest queued commit no fold has taken yet has waited ``waited_s`` (by the server's clock;
+    at most 0 when one has), or None when the queue holds none."""
+    rows = backend.fetchall(
+        "SELECT extract(epoch FROM min(queued_at) + make_interval(secs => ?::float8) - clock_timestamp())::float8"
+        " FROM merge_marks",
+        (waited_s,),
+    )
+    return None if rows[0][0] is None else float(rows[0][0])
 
 
 def queue_waited(backend: Backend, waited_s: float) -> bool:

@@ -351,7 +351,8 @@ class PostgresStore(SqlStore):
 
     def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
         self._pg = PostgresBackend(conninfo, connect_timeout=connect_timeout, display=display)
-        super().__init__(self._pg)
+        super().__init__(self._pg, twin=lambda: PostgresBackend(conninfo, connect_timeout=connect_timeout,
+                                                                display=display))  # fmt: skip
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> PostgresStore:

@@ -18,7 +18,7 @@ recorded with them. Exactly once is these rows: merging states
 is not idempotent by itself (merging a count twice doubles it), and a merge without progress rows is always applied.
 
 Thread-safety: every method may be called from any thread; the store's lock serialises them (one connection per
-store). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of
+store; a writer that queues also has a folder, a thread with a connection of its own: :mod:`.folder`). Writers in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of
 the parts a transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
 a stripe's merge lock (:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the
 stored states (a writer's merge at its commit and its folds take them only if no other transaction holds one: a
@@ -44,13 +44,12 @@ from ..partials import Partial
 from ..retention import Retention
 from . import books, database_merge, merge, purge, queries, registry, schema
 from .backend import Backend
+from .folder import Folder, fold_queue
 from .protocol import MergeReport, PurgeReport, SourceProgress
 
 log = logging.getLogger("drainpipe.store")
 
-#: how many times a fold looks again at the stripes it folded, at most (:meth:`SqlStore._fold`)
-FOLD_ROUNDS = 4
-#: how long (s) queued states wait before a writer's commit folds them (:attr:`SqlStore.fold_after_s`)
+#: how long (s) queued states wait before a fold in the background takes them (:attr:`SqlStore.fold_after_s`)
 FOLD_AFTER_S = 5.0
 
 
@@ -58,18 +57,25 @@ class SqlStore:
     """A store over ``backend``, which it opens (creating or migrating the schema) and owns; :class:`StoreError`
     when the database cannot be opened or used."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, twin: Callable[[], Backend] | None = None) -> None:
+        """``twin``: where the database merges, another connection to it (not opened), for this writer's folds in
+        the background (:class:`~.folder.Folder`), made when it first queues."""
+        if backend.merges_in_database and twin is None:
+            raise StoreError(f"{backend!r} merges states itself: its store needs a second connection for its folds")
         self._lock = threading.RLock()
         self._closed = False
-        #: queued rows this store folded since it last vacuumed the queue
+        #: queued rows this store folded since it last vacuumed the queue (under _vacuum_lock: the folder's too)
         self._folded = 0
-        #: the stripe this store's folds start from (see :meth:`_fold`)
+        self._vacuum_lock = threading.Lock()
+        #: the stripe this store's folds start from (see :func:`~.folder.fold_queue`)
         self._first_stripe = random.randrange(database_merge.STRIPES)
-        #: where the database merges, how long queued states wait before a writer's commit folds them, so that one
-        #: fold adds up the commits of every writer meanwhile and a key costs the server one upsert for all of
-        #: them; a writer that finds rows waiting less queues its states rather than merging them at its commit.
-        #: Reads, opens and closes fold at once: a query always sees every commit.
+        #: where the database merges, how long queued states wait before a fold in the background takes them, so
+        #: that one fold adds up the commits of every writer meanwhile and a key costs the server one upsert for all
+        #: of them; a writer that finds rows waiting less queues its states rather than merging them at its commit.
+        #: Reads, opens and closes fold at once: a query always sees every commit. Set before the first merge.
         self.fold_after_s = FOLD_AFTER_S
+        self._twin = twin
+        self._folder: Folder | None = None  # (made under _lock, at the first merge that queues)
         #: the time (epoch ms) progress rows record and purges measure against: drainpipe's clock
         #: (:func:`~drainpipe.pipeline.clock.now_ms`) unless a caller hands in its own, as tests do
         self.clock: Callable[[], int] = now_ms
@@ -79,8 +85,9 @@ class SqlStore:
         with self._guard("merge queued states"):  # (states a writer queued and committed, but did not fold)
             self._fold_queued()
 
-    def _prepare(self, migrate: bool) -> None:
-        schema.create(self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
+    def _prepare(self, migrate: bool, backend: Backend | None = None) -> None:
+        """What every new connection runs (``backend``: the folder's; default the store's own)."""
+        schema.create(backend or self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
 
     def __repr__(self) -> str:
         return f"SqlStore({self.backend!r})"
@@ -111,74 +118,35 @@ class SqlStore:
         if merges and self.backend.merges_in_database:  # (what writers queued while it held the merge locks)
             self._fold()
 
-    def _fold(self, *, wait: bool = False, waited: bool = False) -> None:
-        """Merge the queued states of every writer into the stored ones (a database that merges them itself), never
-        waiting for a merge lock: each stripe whose queue holds committed rows is folded in a statement of its own
-        if its lock is free (:func:`~.database_merge.fold_now`), and left to the transaction that holds it
-        otherwise. Every transaction that holds a merge lock looks at the queue again after its commit (this method
-        looks again at the stripes it folded, as long as they hold rows, for at most :data:`FOLD_ROUNDS` rounds; a
-        merge at a writer's commit, a purge and a merge of chunks call it after theirs, failed or not), and the rows
-        this writer left were committed before it found the lock held, so that look finds them. So no writer waits
-        for another's merge, and a fold merges every commit queued meanwhile at once. ``waited`` (after a writer's
-        commit): only the stripes whose oldest row has waited :attr:`fold_after_s`. ``wait`` (a store closing):
-        each stripe is folded under its lock, waited for, so a writer that stops leaves none of its rows queued.
-
-        The rounds are bounded because writers that keep committing would otherwise keep one of them folding for
-        ever (its commit never done). Rows left after the last round were queued by writers still committing: every
-        commit folds the queue after it, and a store that closes folds it waiting.
+    def _fold(self, *, wait: bool = False) -> None:
+        """Merge the queued states of every writer into the stored ones at once (a database that merges them itself:
+        :func:`~.folder.fold_queue`), on the store's connection: what a store that opens, reads or closes does, and a
+        transaction that held every merge lock after its commit. ``wait`` (a store closing): each stripe folded under
+        its lock, waited for, so a writer that stops leaves none of its rows queued.
 
         A fold that fails because the database is unavailable leaves the states committed (queued): the merge that
-        queued them has succeeded, and the next merge, query, open or close of any writer folds them (a retried
-        merge would queue them again). A stripe whose fold fails for another reason does not stop the look at the
-        others; the first such error is raised after it."""
-        folded = 0
-        failed: Exception | None = None
+        queued them has succeeded, and the next fold of any writer takes them (a retried merge would queue them
+        again). A stripe whose fold fails for another reason does not stop the look at the others; the first such
+        error is raised after it."""
         try:
-            with self.backend.session("merge queued states"):
-                after = self.fold_after_s if waited else None
-                stripes = database_merge.queued_stripes(self.backend, after)
-                for _ in range(1 if wait else FOLD_ROUNDS):
-                    if not stripes:
-                        break
-                    # from this store's own first stripe: writers that fold at once fold different stripes, on as
-                    # many of the server's cores
-                    first = self._first_stripe
-                    taken = []
-                    for stripe in sorted(stripes, key=lambda s: (s - first) % database_merge.STRIPES):
-                        try:
-                            done = self._fold_stripe(stripe, wait)
-                        except Exception as exc:  # (raw: the session maps it when it is raised below; a lost
-                            failed = failed or exc  # connection fails the next statement too, and that is raised)
-                            continue
-                        if done is not None:
-                            folded += done
-                            taken.append(stripe)
-                    # (what others queued while this one held a stripe; a held stripe's holder looks after its own)
-                    looked = database_merge.queued_stripes(self.backend, after) if taken else []
-                    stripes = [s for s in looked if s in taken]
-                if failed is not None:
-                    raise failed
+            folded = fold_queue(self.backend, first=self._first_stripe, wait=wait)
         except StoreUnavailable as exc:
             log.warning("%r: merging the queued states failed (%s); they are committed and merged later", self, exc)
             return
-        self._vacuum_when_due(folded)
+        self._vacuum_when_due(self.backend, folded)
 
-    def _fold_stripe(self, stripe: int, wait: bool) -> int | None:
-        """One stripe's fold: the rows folded, None when its lock is held (``wait``: waited for)."""
-        if not wait:
-            return database_merge.fold_now(self.backend, stripe)
-        with self.backend.transaction():
-            self.backend.lock_merges(stripe)
-            return database_merge.fold(self.backend, stripe)
-
-    def _vacuum_when_due(self, folded: int) -> None:
-        """Count ``folded`` queued rows, and vacuum the queue every :data:`~.database_merge.VACUUM_ROWS`."""
-        self._folded += folded
-        if self._folded >= database_merge.VACUUM_ROWS:
-            self._folded = 0
+    def _vacuum_when_due(self, backend: Backend, folded: int) -> None:
+        """Count ``folded`` queued rows, and vacuum the queue every :data:`~.database_merge.VACUUM_ROWS` (on
+        ``backend``: the store's connection or its folder's)."""
+        with self._vacuum_lock:
+            self._folded += folded
+            due = self._folded >= database_merge.VACUUM_ROWS
+            if due:
+                self._folded = 0
+        if due:
             try:
-                with self.backend.session("vacuum the queue"):
-                    database_merge.vacuum_queue(self.backend)
+                with backend.session("vacuum the queue"):
+                    database_merge.vacuum_queue(backend)
             except (StoreError, StoreUnavailable) as exc:  # (autovacuum does it later)
                 log.warning("%r: %s", self, exc)
 
@@ -206,6 +174,7 @@ class SqlStore:
         merge.check_partials(parts, rollup)
         with self._guard("merge"):
             merged_queue = None  # (the queued rows merged with this commit's states)
+            fold_later = False  # (this commit queued states, or is a retry of one that may have)
             try:
                 with self.backend.transaction():
                     # (this process's share of the work: before the locks)
@@ -216,11 +185,12 @@ class SqlStore:
                     registry.check(self.backend, {p.definition for p in parts})
                     if progress and books.recorded(self.backend, progress):
                         report = MergeReport(applied=0, skipped=len(parts))
+                        fold_later = self.backend.merges_in_database and not writes.empty
                     else:
-                        # Where the database merges: at once, with every state queued before, when no merge runs (a
-                        # lone writer, as a rule: its states never go through the queue); else queued, and the fold
-                        # after the commit merges every writer's (those that commit meanwhile queue theirs, and a key
-                        # costs the server one merge per fold, not one per writer).
+                        # Where the database merges: at once, with every state queued before, when no merge runs and
+                        # nothing queued is younger than fold_after_s (a lone writer, as a rule: its states never go
+                        # through the queue); else queued, and a fold in the background merges every writer's once
+                        # they have waited (a key costs the server one merge per fold, not one per writer).
                         if not self.backend.merges_in_database:
                             self.backend.lock_merges(None)
                             queue = False
@@ -231,6 +201,7 @@ class SqlStore:
                         folded = writes.apply(queue=queue)
                         if self.backend.merges_in_database and not queue:
                             merged_queue = folded
+                        fold_later = self.backend.merges_in_database and queue and not writes.empty
                         # the tokens are recorded again with the progress: their record time moves on with it, so
                         # a retention purge of the books never takes the token of a part that is still being written
                         self._record_progress([*progress, *books.fence_rows(fences)])
@@ -239,12 +210,22 @@ class SqlStore:
                 self._fold_queued()  # a database error is raw here, the session outside maps it)
                 raise
             if merged_queue is not None:
-                self._vacuum_when_due(merged_queue)
-            # what this commit queued, what others queued while it held the merge locks, what a commit whose
-            # acknowledgement was lost (retried, and found applied above) queued
-            if self.backend.merges_in_database:
-                self._fold(waited=True)
+                self._vacuum_when_due(self.backend, merged_queue)
+            if fold_later:
+                # (folded in the background once it has waited, with every writer's commits meanwhile: no commit
+                # waits for a fold; what others queue has their folders, and a store that opens, reads or closes
+                # folds whatever is left)
+                self._folder_started().wake()
         return report
+
+    def _folder_started(self) -> Folder:
+        """This writer's folder (started at the first call). Under the store's lock."""
+        if self._folder is None or not self._folder.alive:
+            assert self._twin is not None  # (checked at init: a database that merges itself has a twin)
+            twin = self._twin()
+            self._folder = Folder(twin, lambda migrate: self._prepare(migrate, twin), after_s=self.fold_after_s,
+                                  first=self._first_stripe, vacuum=self._vacuum_when_due, label=repr(self))  # fmt: skip
+        return self._folder
 
     def merge_chunks(
         self, definitions: Iterable[Definition], chunks: Iterable[Partial], *, progress: Sequence[SourceProgress] = ()
@@ -340,6 +321,8 @@ class SqlStore:
     def close(self) -> None:
         with self._lock:
             if not self._closed:
+                if self._folder is not None:
+                    self._folder.close()
                 self._fold_queued(wait=True)  # (waiting: a writer that stops leaves none of its rows queued)
                 self._closed = True
                 self.backend.close()
