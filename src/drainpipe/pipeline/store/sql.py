@@ -19,7 +19,8 @@ is not idempotent by itself (merging a count twice doubles it), and a merge with
 
 Thread-safety: every method may be called from any thread; the store's lock serialises them (one connection per
 store; a writer that queues also has a folder, a thread with a connection of its own: :mod:`.folder`). Writers
-in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of the parts a transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
+in several processes (a PostgreSQL store) are serialised by the backend's locks: the books' lock of the parts a
+transaction writes (:meth:`~.backend.Backend.lock_books`), taken first in every writing transaction, and
 a stripe's merge lock (:meth:`~.backend.Backend.lock_merges`), taken by every transaction that merges into the
 stored states (a writer's merge at its commit and its folds take them only if no other transaction holds one: a
 writer waits for no other's merge, but for a merge of chunks or a purge, which wait for every stripe). Blocking:
