@@ -100,7 +100,6 @@ __all__ = [
     "merge_with_queue",
     "pack_stored_bins",
     "queue_staged",
-    "queue_waited",
     "queued_stripes",
     "stage",
     "until_due",
@@ -669,14 +668,3 @@ def until_due(backend: Backend, waited_s: float) -> float | None:
         (waited_s,),
     )
     return None if rows[0][0] is None else float(rows[0][0])
-
-
-def queue_waited(backend: Backend, waited_s: float) -> bool:
-    """Whether no commit queued rows less than ``waited_s`` ago that no fold has taken yet, by the server's clock:
-    whether a writer may merge at its commit rather than queue (:meth:`~.sql.SqlStore.merge`)."""
-    rows = backend.fetchall(
-        "SELECT coalesce(min(queued_at) <= clock_timestamp() - make_interval(secs => ?::float8), true)"
-        " FROM merge_marks",
-        (waited_s,),
-    )
-    return bool(rows[0][0])

@@ -196,9 +196,9 @@ class SqlStore:
                             self.backend.lock_merges(None)
                             queue = False
                         else:  # (nothing to merge, or the whole books held: other writers' commits would wait for it)
-                            queue = (writes.empty or whole
-                                     or not database_merge.queue_waited(self.backend, self.fold_after_s)
-                                     or not self.backend.try_lock_merges())  # fmt: skip
+                            due = database_merge.until_due(self.backend, self.fold_after_s)  # (None: none queued)
+                            queue = writes.empty or whole or (due is not None and due > 0)
+                            queue = queue or not self.backend.try_lock_merges()
                         folded = writes.apply(queue=queue)
                         if self.backend.merges_in_database and not queue:
                             merged_queue = folded
