@@ -44,9 +44,10 @@ class Backend(Protocol):
     #: has its staging tables, the state key a unique index); False: the store reads, merges and rewrites them
     merges_in_database: bool
 
-    def open(self, prepare: Prepare) -> None:
+    def open(self, prepare: Prepare | None) -> None:
         """Connect and run ``prepare`` (on this and every later connection); :class:`StoreError` when the database
-        cannot be opened or used."""
+        cannot be opened or used. ``prepare`` None: a further connection to a database a store has opened (a
+        folder's, :mod:`.folder`), which makes only its session's staging relations (:attr:`staging_ddl`)."""
         ...
 
     def session(self, action: str) -> AbstractContextManager[None]:

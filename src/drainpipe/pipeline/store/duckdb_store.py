@@ -53,7 +53,7 @@ class DuckDBBackend:
     def __repr__(self) -> str:
         return f"DuckDBBackend({self.path!r})"
 
-    def open(self, prepare: Prepare) -> None:
+    def open(self, prepare: Prepare | None) -> None:
         duckdb = self._duckdb
         fresh = self.path == ":memory:" or not os.path.exists(self.path)  # nothing to migrate in a new database
         try:
@@ -61,7 +61,11 @@ class DuckDBBackend:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {self.path!r}: {first_line(exc)}") from None
         try:
-            prepare(not fresh)
+            if prepare is not None:
+                prepare(not fresh)
+            else:
+                for statement in self.staging_ddl:
+                    self.execute(statement)
         except duckdb.Error as exc:
             self.connection.close()
             raise StoreError(f"cannot use duckdb store {self.path!r}: {first_line(exc)}") from None

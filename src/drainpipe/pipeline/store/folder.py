@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from ...errors import StoreError
 from . import database_merge
-from .backend import Backend, Prepare
+from .backend import Backend
 
 __all__ = ["FOLD_ROUNDS", "Folder", "fold_queue"]
 
@@ -89,22 +89,21 @@ def _fold_stripe(backend: Backend, stripe: int, wait: bool) -> int | None:
 
 class Folder:
     """A writer's background folds: a thread with ``backend`` (a connection of its own to the store's database,
-    opened with ``prepare`` on the thread), which folds every stripe whose oldest queued commit has waited
-    ``after_s`` (:func:`fold_queue`), when woken (:meth:`wake`, after the writer's commit queued) and when the
+    opened on the thread; the schema is the store's work), which folds every stripe whose oldest queued commit has
+    waited ``after_s`` (:func:`fold_queue`), when woken (:meth:`wake`, after the writer's commit queued) and when the
     oldest mark becomes due. ``vacuum(folded)``: told the rows each fold took (the store vacuums the queue now and
     then).
 
     Thread-safety: :meth:`wake` and :meth:`close` from any thread; the thread alone uses ``backend``. Errors never
     leave the thread: a failed fold is logged and tried again after a pause (the states are committed, queued)."""
 
-    def __init__(self, backend: Backend, prepare: Prepare, *, after_s: float, first: int,
+    def __init__(self, backend: Backend, *, after_s: float, first: int,
                  vacuum: Callable[[Backend, int], None], label: str) -> None:  # fmt: skip
         self.after_s = after_s
         #: rows this folder folded, and the folds that failed (read by tests and tools)
         self.folded = 0
         self.failures = 0
         self._backend = backend
-        self._prepare = prepare
         self._first = first
         self._vacuum = vacuum
         self._label = label
@@ -141,7 +140,7 @@ class Folder:
                     return
                 try:
                     if not opened:
-                        self._backend.open(self._prepare)
+                        self._backend.open(None)  # (its staging relations only: the writer's store made the schema)
                         opened = True
                     folded = fold_queue(self._backend, first=self._first, waited_s=self.after_s)
                     self.folded += folded

@@ -161,11 +161,12 @@ class PostgresBackend:
 
     # ----------------------------------------------------------------------------- connection
 
-    def open(self, prepare: Prepare) -> None:
+    def open(self, prepare: Prepare | None) -> None:
         self._prepare = prepare
         try:
             self._connect()
         except StoreUnavailable as exc:
+            self._drop()  # (connected, then lost in the schema transaction: no connection left open behind)
             raise StoreError(f"cannot open postgresql store {self.display}: {exc}") from None
         except self._psycopg.Error as exc:
             self._drop()
@@ -185,9 +186,12 @@ class PostgresBackend:
         self.connection.execute("SET default_transaction_isolation TO 'read committed'")
         # every connection: the schema (a server restored from an older dump is migrated too) and the session's
         # temporary staging table, under a lock so that processes opening one database at once do not race
+        if self._prepare is None:  # (a folder's connection: the store's own made the schema)
+            for statement in self.staging_ddl:
+                self.execute(statement)
+            return
         with self.transaction():
             self.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
-            assert self._prepare is not None
             self._prepare(True)
             for statement in _INDEXES:
                 self.execute(statement)

@@ -86,9 +86,9 @@ class SqlStore:
         with self._guard("merge queued states"):  # (states a writer queued and committed, but did not fold)
             self._fold_queued()
 
-    def _prepare(self, migrate: bool, backend: Backend | None = None) -> None:
-        """What every new connection runs (``backend``: the folder's; default the store's own)."""
-        schema.create(backend or self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
+    def _prepare(self, migrate: bool) -> None:
+        """What every new connection of the store's own runs."""
+        schema.create(self.backend, migrate=migrate, clock=lambda: self.clock(), label=repr(self))
 
     def __repr__(self) -> str:
         return f"SqlStore({self.backend!r})"
@@ -223,9 +223,8 @@ class SqlStore:
         """This writer's folder (started at the first call). Under the store's lock."""
         if self._folder is None or not self._folder.alive:
             assert self._twin is not None  # (checked at init: a database that merges itself has a twin)
-            twin = self._twin()
-            self._folder = Folder(twin, lambda migrate: self._prepare(migrate, twin), after_s=self.fold_after_s,
-                                  first=self._first_stripe, vacuum=self._vacuum_when_due, label=repr(self))  # fmt: skip
+            self._folder = Folder(self._twin(), after_s=self.fold_after_s, first=self._first_stripe,
+                                  vacuum=self._vacuum_when_due, label=repr(self))  # fmt: skip
         return self._folder
 
     def merge_chunks(
