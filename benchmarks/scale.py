@@ -218,6 +218,7 @@ def member_run(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with psycopg.connect(url, autocommit=True) as con:
+            xacts0 = transactions(con)
             t0 = time.perf_counter()
             procs = [
                 subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=cg.enter, env=env, cwd=work)
@@ -242,6 +243,9 @@ def member_run(
                     raise SystemExit(f"a member failed ({p.returncode}): see {work}")
             stored = stored_events(con)
             throttled = sum(c.throttled_s() for c in caps)
+            # (less the poller's own transactions: a count per sample, and the reads of the counter)
+            store = store_work(con, schema, transactions(con) - xacts0 - len(samples) - 4,
+                               samples[-1][4] - samples[0][4])  # fmt: skip
     finally:
         release(procs, logs, [*caps, *parties.values()])
     drop_pg_schema(args.pg, schema)
@@ -259,7 +263,30 @@ def member_run(
         "eps_whole": args.events / done[0], "seconds": done[0], "wall_s": wall, "stored": stored,
         "exact": stored == args.events, "members_cores": (hi[2] - lo[2]) / window, "throttled_s": throttled,
         "broker_cores": (hi[3] - lo[3]) / window, "postgres_cores": (hi[4] - lo[4]) / window,
-        "commits": [[round(t, 2), a] for t, a, *_ in commits],
+        "store": store, "commits": [[round(t, 2), a] for t, a, *_ in commits],
+    }  # fmt: skip
+
+
+def transactions(con: Any) -> int:
+    """The transactions the database committed so far (every session's, as PostgreSQL's statistics have them)."""
+    con.execute("SELECT pg_stat_clear_snapshot()")
+    return int(con.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0])
+
+
+def store_work(con: Any, schema: str, xacts: int, cpu_s: float) -> dict[str, Any]:
+    """What the store did over a whole run, from PostgreSQL's statistics of the run's schema: its transactions (the
+    members' commits and the folds), the stored states it wrote (rows of ``metric_state`` and ``metric_values``
+    inserted or updated: a key merged costs one of each), the rows queued for folds; its CPU per transaction and per
+    state written."""
+    con.execute("SELECT pg_stat_clear_snapshot()")
+    rows = {name: int(ins) + int(upd) for name, ins, upd in con.execute(
+        "SELECT relname, n_tup_ins, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = %s", (schema,))}  # fmt: skip
+    states = rows.get("metric_state", 0)
+    return {
+        "postgres_cpu_s": round(cpu_s, 2), "transactions": xacts, "states_written": states,
+        "values_written": rows.get("metric_values", 0), "queued_rows": rows.get("merge_queue", 0),
+        "ms_per_transaction": round(1e3 * cpu_s / xacts, 3) if xacts > 0 else None,
+        "us_per_state": round(1e6 * cpu_s / states, 2) if states else None,
     }  # fmt: skip
 
 
@@ -471,6 +498,19 @@ def main() -> None:
             print(f"| {src.parent.name} | {n} | {p} | {med['eps']:,.0f} | {scale:.2f} | "
                   f"{f'>= {target:.1f}' if target else '-'} | {med['members_cores']:.2f} | {med['broker_cores']:.2f} | "
                   f"{med['postgres_cores']:.2f} | {'yes' if exact else 'NO'} |")  # fmt: skip
+    print(
+        "\nThe store's work over whole runs (medians): its transactions (commits and folds), the states it wrote "
+        "and its CPU per each\n"
+    )
+    print("| code | members | transactions | states written | PostgreSQL CPU s | ms per transaction | us per state |")
+    print("|---|---|---|---|---|---|---|")
+    for row in table:
+        works = [r["store"] for r in row["runs"]]
+        med = {k: statistics.median(w[k] or 0 for w in works) for k in works[0]}
+        row["store"] = med
+        print(f"| {Path(row['src']).parent.name} | {row['members']} | {med['transactions']:,.0f} | "
+              f"{med['states_written']:,.0f} | {med['postgres_cpu_s']:.1f} | {med['ms_per_transaction']:.2f} | "
+              f"{med['us_per_state']:.1f} |")  # fmt: skip
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "keyed": args.keyed,
         "events": args.events, "share": args.share, "checkpoint_s": args.checkpoint_s, "rounds": args.rounds,
