@@ -100,9 +100,6 @@ class Folder:
     def __init__(self, backend: Backend, *, after_s: float, first: int,
                  vacuum: Callable[[Backend, int], None], label: str) -> None:  # fmt: skip
         self.after_s = after_s
-        #: rows this folder folded, and the folds that failed (read by tests and tools)
-        self.folded = 0
-        self.failures = 0
         self._backend = backend
         self._first = first
         self._vacuum = vacuum
@@ -142,13 +139,10 @@ class Folder:
                     if not opened:
                         self._backend.open(None)  # (its staging relations only: the writer's store made the schema)
                         opened = True
-                    folded = fold_queue(self._backend, first=self._first, waited_s=self.after_s)
-                    self.folded += folded
-                    self._vacuum(self._backend, folded)
+                    self._vacuum(self._backend, fold_queue(self._backend, first=self._first, waited_s=self.after_s))
                     pause = self._until_due()
                     failing = FAILED_PAUSE_S[0]
                 except Exception as exc:  # (never out of the thread: the states stay committed, queued)
-                    self.failures += 1
                     if isinstance(exc, StoreError):  # (StoreUnavailable is one)
                         log.warning("%s: a background fold failed (%s); the states stay queued, tried again in "
                                     "%.1f s", self._label, exc, failing)  # fmt: skip
