@@ -34,9 +34,15 @@ check: install
 # none may pass only on the day it was written (CONTRIBUTING.md, "Tests and the clock"). Those that must compare with
 # a real Prometheus (marked `wall_clock`) are listed there as skipped, with the reason.
 TEST_ENV = DRAINPIPE_TEST_PG=$(PG_URL) DRAINPIPE_TEST_KAFKA=$(KAFKA_URL)
+# The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time (its module fixtures: a
+# Spark cluster, a server): most tests wait on processes they start (JVMs, servers, members), so two workers on two
+# cores take about two thirds of the time of one. The tests marked `exclusive` stop a service every other test shares
+# (PostgreSQL, the broker), so they run alone, after.
+TEST_WORKERS ?= 2
 
 test: check pg kafka chromium prometheus nginx jvm-archive
-	$(TEST_ENV) $(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not exclusive"
+	$(TEST_ENV) $(PY) -m pytest -q -m exclusive -p no:cacheprovider
 	$(TEST_ENV) DRAINPIPE_CLOCK=+365d $(PY) -m pytest -q -m "clock or wall_clock" -p no:cacheprovider
 	$(TEST_ENV) DRAINPIPE_CLOCK=-365d $(PY) -m pytest -q -m "clock or wall_clock" -p no:cacheprovider
 

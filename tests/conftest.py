@@ -8,6 +8,10 @@ whole clock a year ahead and once a year behind (``DRAINPIPE_CLOCK=+365d``, ``-3
 runs (a ``clock_at`` test cannot: its clock stands where it says). The few that compare with a process whose clock
 cannot be moved (a real Prometheus) are marked ``wall_clock(reason)``, and listed as skipped in those runs.
 
+``make test`` runs the suite on two worker processes (pytest-xdist), a test file per worker at a time, then the tests
+marked ``exclusive`` alone: they stop or restart the broker or PostgreSQL, which every other test shares. Under
+several workers an ``exclusive`` test is skipped, with that reason.
+
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
 DRAINPIPE_TEST_KAFKA (the broker `make test` starts, scripts/kafka.sh) those marked ``kafka``.
@@ -40,6 +44,12 @@ KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        # a test that stops the broker or PostgreSQL would fail what the other workers run meanwhile
+        alone = pytest.mark.skip(reason="stops a service the other tests share: run it alone (make test does, after)")
+        for item in items:
+            if item.get_closest_marker("exclusive") is not None:
+                item.add_marker(alone)
     if clock_setting():
         # a run on a moved clock (make test's shifted runs): a test that must see the wall clock cannot follow it
         for item in items:

@@ -226,6 +226,7 @@ def test_a_store_outage_longer_than_max_poll_interval_pauses_the_partitions_and_
 
 
 @pytest.mark.postgres
+@pytest.mark.exclusive  # restarts the broker every Kafka test shares
 def test_a_broker_restart_under_four_members_loses_and_doubles_nothing(
     servers: str, pg_url: str, tmp_path: Path
 ) -> None:

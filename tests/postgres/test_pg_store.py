@@ -124,6 +124,7 @@ def test_lost_connection_is_store_unavailable_then_reconnects(pg_url: str) -> No
         assert store.reconnects == 1  # type: ignore[attr-defined]
 
 
+@pytest.mark.exclusive  # stops the PostgreSQL every test shares
 def test_server_restart_mid_run_loses_nothing(pg_url: str) -> None:
     """The engine writes to PostgreSQL; the server stops (fast) mid-run and starts again ~1.5 s later. Writes fail
     with StoreUnavailable, are retried with backoff while BLOCKING back-pressure holds the data, and the final
@@ -211,6 +212,7 @@ def test_serve_into_postgres_counts_every_accepted_event(pg_url: str) -> None:
         assert store.progress("log")
 
 
+@pytest.mark.exclusive  # stops the PostgreSQL every test shares
 def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg_url: str, tmp_path) -> None:
     """End to end over HTTP: clients keep posting while PostgreSQL is stopped and started again. While it is down
     the server keeps accepting into its write-ahead log, on disk, far beyond what the old in-memory cap (128 merged
