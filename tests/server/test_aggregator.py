@@ -33,12 +33,12 @@ def test_the_process_aggregates_like_this_one() -> None:
     try:
         for batch, defs in ((requests, definitions), (marked, definitions), (marked, subset)):
             here = aggregate_batch(batch, defs)
-            there = aggregator.start(batch, defs)()
+            there = aggregator.aggregate(batch, defs)
             assert [type(p) for p in there] == [type(p) for p in here]
             assert all(a.table.equals(b.table) for a, b in zip(there, here))
         # the exit rows crossed as exit rows: they feed the statement top-N and no metric
-        with_rows = aggregator.start(marked, definitions)()
-        without = aggregator.start(requests, definitions)()
+        with_rows = aggregator.aggregate(marked, definitions)
+        without = aggregator.aggregate(requests, definitions)
         assert with_rows[0].table.equals(without[0].table)
         assert not with_rows[-1].table.equals(without[-1].table)
         assert aggregator.restarts == 0
@@ -77,12 +77,12 @@ def test_a_failed_aggregator_is_replaced_and_the_batch_aggregated_here(fault: ty
     try:
         first = aggregator.pid
         t0 = time.monotonic()
-        partials = aggregator.start(batch, poisoned)()
+        partials = aggregator.aggregate(batch, poisoned)
         # a stuck one is killed once the second is over, not asked to stop and waited for (5 s)
         assert time.monotonic() - t0 < 4
         assert all(a.table.equals(b.table) for a, b in zip(partials, aggregate_batch(batch, definitions)))
         assert aggregator.restarts == 1 and not os.path.exists(f"/proc/{first}")  # gone and reaped
-        assert len(aggregator.start(batch, definitions)()) == len(partials)  # the new process serves
+        assert len(aggregator.aggregate(batch, definitions)) == len(partials)  # the new process serves
         assert aggregator.restarts == 1
     finally:
         aggregator.close()

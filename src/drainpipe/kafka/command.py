@@ -52,32 +52,26 @@ def consume(
     from ..inputs import DeadLetter, default_dead_letter
     from ..pipeline import LocalEngine, open_store
     from ..server import serve_engine_options
-    from ..server.aggregator import Aggregator
     from ..server.disk import DiskWatch, store_directory
     from ..server.instrumented import InstrumentedStore
     from ..server.purger import Purger
     from .config import kafka_consumer
     from .member import GroupMember
 
-    # L1 aggregation in a process of its own, as serve's (docs/architecture.md, "One live path"): started first, so
-    # that it is forked before the store's and the consumer's threads exist
-    aggregator = Aggregator()
     try:
         store = open_store(store_url)
     except StoreError as exc:
-        aggregator.close()
         if store_url.startswith("duckdb:") and "lock" in str(exc).lower():
             raise UsageError(f"{exc} (a DuckDB file has one writer: several members of a group need a PostgreSQL "
                              "store, postgresql://...)") from None  # fmt: skip
         raise
-    except BaseException:
-        aggregator.close()
-        raise
     try:
         store.register(definitions.all)  # a conflicting definition is refused before anything is read
         # (instrumented: the live view's store write latencies and availability)
+        # L1 aggregation on the engine's ingest threads, which overlap with the member's reading (docs/architecture.md,
+        # "One live path": with serve's aggregator process, consume-100 ran at 0.86x)
         options = serve_engine_options(l2_flush_s=config.checkpoint_s)
-        engine = LocalEngine(definitions, InstrumentedStore(store), options, aggregate=aggregator.start)
+        engine = LocalEngine(definitions, InstrumentedStore(store), options)
         try:
             path = dead_letter or default_dead_letter(store_url)
             with DeadLetter(path) as dl:
@@ -103,7 +97,6 @@ def consume(
             engine.close()  # (also when the member could not start: the engine's threads end)
     finally:
         store.close()
-        aggregator.close()
     stats = member.stats
     if member.failed:
         raise member.failure(member.failed)

@@ -160,20 +160,16 @@ class LocalEngine:
         options: EngineOptions | None = None,
         name: str = "pipeline",
         *,
-        aggregate: Callable[[EventBatch, Definitions], Callable[[], list[Partial]]] | None = None,
+        aggregate: Callable[[EventBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
         """``aggregate``: where a batch given to :meth:`ingest` becomes partials. None (the default): on the
         engine's ingest threads, by :func:`aggregate_batch`. A callable (the live commands': a helper process,
-        :meth:`drainpipe.server.aggregator.Aggregator.start`) that starts aggregating a batch elsewhere and returns
-        a function that waits for its partials: :meth:`ingest` starts each batch and returns, and takes the
-        partials of a batch (with the GIL released while it waits, in a helper's case) when the next one comes or
-        a checkpoint asks, so the caller reads on meanwhile; the ingest threads then idle, and :meth:`ingest` and
-        :meth:`checkpoint` must come from one thread. Measured (docs/architecture.md, "One live path"): a batch
-        handed to the ingest threads, which then waited for the helper, gave 0.85x the events/s of the caller
-        waiting itself."""
+        ``drainpipe.server.aggregator``): called by :meth:`ingest` on the caller's thread, which waits for it (with
+        the GIL released, in a helper's case), and its partials go on to L1; the ingest threads then idle. Measured
+        for ``serve`` (docs/architecture.md, "One live path"): a batch handed to the ingest threads, which then
+        waited for the helper, gave 0.85x the events/s of the caller waiting itself."""
         self.definitions = definitions
         self._aggregate_elsewhere = aggregate
-        self._started: tuple[Callable[[], list[Partial]], int] | None = None  # the ingesting thread's only
         self.store = store
         self.options = o = options or EngineOptions()
         self.counters = EngineCounters()
@@ -282,8 +278,7 @@ class LocalEngine:
         :meth:`ingest_partials`."""
         if self._aggregate_elsewhere is not None:
             rows = batch if isinstance(batch, EventBatch) else EventBatch.of(batch)
-            self._take_started()  # the batch before's: aggregated while the caller read this one
-            self._started = (self._aggregate_elsewhere(rows, definitions or self.definitions), rows.requests)
+            self._dispatch(self._aggregate_elsewhere(rows, definitions or self.definitions), rows.requests, 1)
             return True
         with self._count_lock:
             self._ingest_in += 1
@@ -298,13 +293,6 @@ class LocalEngine:
         events of ``batches`` input batches: metric partials go to L1 in chunks, top-N partials to topn. Blocks
         while L1 is full."""
         self._dispatch(list(partials), events, batches)
-
-    def _take_started(self) -> None:
-        """Wait for the partials of the batch started elsewhere last (if any) and send them on."""
-        if self._started is not None:
-            partials, events = self._started
-            self._started = None
-            self._dispatch(partials(), events, 1)
 
     def _aggregate(self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
@@ -430,7 +418,6 @@ class LocalEngine:
 
     def _quiesce(self) -> None:
         """Wait until ingest, L1, L2 and top-N have processed what they were given and flushed it downstream."""
-        self._take_started()
         dropped = lambda q: q.stats().dropped_full
         self._wait(lambda: self._ingest_done == self._ingest_in)
         self._wait(lambda: sum(h.consumed for h in self._l1_handlers) + dropped(self.l1) >= self.counters.partials)
@@ -456,7 +443,6 @@ class LocalEngine:
 
     def close(self) -> dict[str, Any]:
         """Flush every stage in order and shut the queues down; returns the queue statistics and drops."""
-        self._take_started()
         self.ingest_queue.shutdown()
         self.l1.shutdown()
         for h in self._l1_handlers:  # no L1 drain task runs any more: flushing here cannot race them

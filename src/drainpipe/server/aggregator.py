@@ -9,19 +9,13 @@ per request, spent ~7 ms of each request there. In a process of its own the batc
 over a :class:`~.channel.Channel` (the batch in shared memory, the partials back pickled), and the aggregation
 runs on the second core's spare time.
 
-The calls are pipelined: :meth:`Aggregator.start` sends a batch and returns at once, and its partials are taken
-when the next batch comes (or a checkpoint asks), so the caller reads its next batch (the log, a Kafka poll) while
-the process aggregates this one.
-
-:class:`Aggregator` is used by one thread (the engine's ingesting thread: the feeder, a member's). If its process
-dies (killed, out of memory) or takes longer than ``timeout_s`` for a batch (stuck: a batch takes milliseconds), it
-is killed and replaced, and the batch is aggregated in this process: a crash costs time, never a batch, and a stuck
-process does not stop the engine.
+:class:`Aggregator` is used by one thread (the feeder). If its process dies (killed, out of memory) or takes longer
+than ``timeout_s`` for a batch (stuck: a batch takes milliseconds), it is killed and replaced, and the batch is
+aggregated in this process: a crash costs time, never a batch, and a stuck process does not stop the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import ChannelClosed
@@ -62,22 +56,15 @@ class Aggregator:
     def restarts(self) -> int:
         return self._pool.restarts
 
-    def start(self, batch: EventBatch, definitions: Definitions) -> Callable[[], list[Partial]]:
-        """Send ``batch`` to the process and return at once: a function that waits for its partials (as
-        ``aggregate_batch(batch, definitions)``). Call that once, before the next :meth:`start` (the process serves
-        one batch at a time: a second start would wait for the first's answer to be taken, for ever)."""
-        call = self._pool.begin(definitions, batch.encode())
-
-        def partials() -> list[Partial]:
-            try:
-                answer, _ = call.answer()
-            except ChannelClosed:  # the process died or is stuck (it was replaced), or this aggregator was closed
-                return aggregate_batch(batch, definitions)
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
-        return partials
+    def aggregate(self, batch: EventBatch, definitions: Definitions) -> list[Partial]:
+        """As ``aggregate_batch(batch, definitions)``, computed in the process; blocks until done."""
+        try:
+            answer, _ = self._pool.call(definitions, batch.encode())
+        except ChannelClosed:  # the process died or is stuck (it was replaced), or this aggregator was closed
+            return aggregate_batch(batch, definitions)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def close(self) -> None:
         self._pool.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import ChannelClosed
 
-__all__ = ["BASE_BYTES", "Call", "Channel", "ChannelClosed", "Helper", "HelperPool"]
+__all__ = ["BASE_BYTES", "Channel", "ChannelClosed", "Helper"]
 
 Buffer = bytes | bytearray | memoryview  # a payload (an Arrow buffer as ``memoryview(buffer)``)
 
@@ -195,14 +195,10 @@ class Helper:
         self.channel.hand_over()
         self.channel.sock.settimeout(timeout_s)  # a wait past it raises ChannelClosed
 
-    def send(self, request: Any, payload: Buffer = b"") -> None:
-        """Send one request; returns at once (the process works on it meanwhile). Its answer must be taken with
-        :meth:`receive` before the next :meth:`send`. Raises :class:`ChannelClosed` if the process died."""
-        self.channel.send(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL), payload, shrink=True)
-
-    def receive(self) -> tuple[Any, bytes]:
-        """Wait for the answer to the request sent last: ``(answer, payload)``. Raises :class:`ChannelClosed` if the
+    def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
+        """Send one request, wait for the answer: ``(answer, payload)``. Raises :class:`ChannelClosed` if the
         process died or did not answer within the timeout."""
+        self.channel.send(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL), payload, shrink=True)
         header, out = self.channel.recv()
         return pickle.loads(header), out
 
@@ -224,27 +220,6 @@ class Helper:
 
 
 log = logging.getLogger("drainpipe.server")
-
-
-class Call:
-    """A request :meth:`HelperPool.begin` sent: :meth:`answer` once, from any one thread."""
-
-    def __init__(self, pool: HelperPool, helper: Helper, failed: bool = False) -> None:
-        self._pool, self._helper, self._failed = pool, helper, failed
-
-    def answer(self) -> tuple[Any, bytes]:
-        """Wait for the answer: ``(answer, payload)``. Raises :class:`ChannelClosed` if the helper died or was stuck
-        (it is replaced first), or the pool is closed."""
-        failed = self._failed
-        try:
-            if failed:
-                raise ChannelClosed("the helper was gone when the request was sent")
-            return self._helper.receive()
-        except ChannelClosed:
-            failed = True
-            raise
-        finally:
-            self._pool._answered(self._helper, failed)
 
 
 class HelperPool:
@@ -284,24 +259,13 @@ class HelperPool:
     def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
         """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if the helper died or
         was stuck (it is replaced first), or the pool is closed."""
-        return self.begin(request, payload).answer()
-
-    def begin(self, request: Any, payload: Buffer = b"") -> Call:
-        """Send one request to a free helper (blocking while all are busy) and return at once: the caller does other
-        work while the helper answers, then takes the answer with :meth:`Call.answer`, which frees the helper. A
-        begun call must be answered, or its helper is never free again."""
         helper = self._free.get()
         try:
-            helper.send(request, payload)
+            return helper.call(request, payload)
         except ChannelClosed:
-            return Call(self, helper, failed=True)
-        return Call(self, helper)
-
-    def _answered(self, helper: Helper, failed: bool) -> None:
-        """A call on ``helper`` ended (``failed``: it died or was stuck): replace it if so, and free it."""
-        try:
-            if failed and not self._closed:
+            if not self._closed:
                 helper = self._replace(helper)
+            raise
         finally:
             self._free.put(helper)
 

@@ -175,7 +175,7 @@ class IngestService:
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
         # L1 aggregation of what the feeder hands the engine: in the aggregator process where there is one
-        aggregate = {} if aggregator is None else {"aggregate": aggregator.start}
+        aggregate = {} if aggregator is None else {"aggregate": aggregator.aggregate}
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name, **aggregate)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
         self._aggregator = aggregator
