@@ -6,7 +6,9 @@ The tests start a JVM over and over: each ``drainpipe run --engine spark`` or ``
 cluster's master, worker and executors, the Connect server and its restarts. ``tests/conftest.py`` gives
 :func:`java_options` to every one, through Spark's launcher variables (``SPARK_SUBMIT_OPTS`` for drivers and the
 Connect server, ``SPARK_DAEMON_JAVA_OPTS`` for the master and worker) and ``spark.executor.defaultJavaOptions``.
-``make test`` builds the archive first (``python tests/jvm_archive.py``), as the install does."""
+``make test`` builds the archive first (``python tests/jvm_archive.py``), as the install does, and fetches the Kafka
+connector's jars into Ivy's cache (:func:`fetch_kafka_connector`): the tests run on two workers, and two JVMs
+resolving the same packages into an empty cache at once can trip over each other's downloads."""
 
 from __future__ import annotations
 
@@ -20,5 +22,22 @@ def java_options() -> str | None:
     return None if options is None else f"{options} -XX:TieredStopAtLevel=1"
 
 
+def fetch_kafka_connector() -> None:
+    """Resolve the Kafka connector (``spark.jars.packages``) once, as the tests' Spark JVMs will: a local session
+    that starts and stops (a few seconds once the jars are cached)."""
+    from pyspark.sql import SparkSession
+
+    from drainpipe.spark.kafka import connector_package
+
+    session = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.jars.packages", connector_package())
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    session.stop()
+
+
 if __name__ == "__main__":
     print(build())
+    fetch_kafka_connector()
