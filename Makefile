@@ -37,7 +37,8 @@ TEST_ENV = DRAINPIPE_TEST_PG=$(PG_URL) DRAINPIPE_TEST_KAFKA=$(KAFKA_URL)
 # The suite runs on TEST_WORKERS processes (pytest-xdist), a test file per worker at a time (its module fixtures: a
 # Spark cluster, a server): most tests wait on processes they start (JVMs, servers, members), so two workers on two
 # cores take about two thirds of the time of one. The tests marked `exclusive` stop a service every other test shares
-# (PostgreSQL, the broker), so they run alone, after.
+# (PostgreSQL, the broker) or bound latency in milliseconds, so they run alone, after. Each worker has a PostgreSQL
+# database of its own (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 test: check pg kafka chromium prometheus nginx jvm-archive

@@ -9,8 +9,9 @@ runs (a ``clock_at`` test cannot: its clock stands where it says). The few that 
 cannot be moved (a real Prometheus) are marked ``wall_clock(reason)``, and listed as skipped in those runs.
 
 ``make test`` runs the suite on two worker processes (pytest-xdist), a test file per worker at a time, then the tests
-marked ``exclusive`` alone: they stop or restart the broker or PostgreSQL, which every other test shares. Under
-several workers an ``exclusive`` test is skipped, with that reason.
+marked ``exclusive`` alone: they stop or restart the broker or PostgreSQL, which every other test shares, or hold
+tight bounds on latency. Under several workers an ``exclusive`` test is skipped, with that reason. Each worker has a
+PostgreSQL database of its own (``drainpipe_test_<worker>``): the store's locks are a database's.
 
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
@@ -43,10 +44,32 @@ if JVM_OPTIONS:
 KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get(PG_ENV):
+        # a database of its own per worker: the store's advisory locks (its merge and books locks) are the
+        # database's, not a schema's, so the tests of two workers in one database would wait on each other's locks
+        # (and a lone writer would find a merge running). Set before any test reads it, so the processes tests
+        # start inherit it too
+        os.environ[PG_ENV] = _worker_database(os.environ[PG_ENV], f"drainpipe_test_{worker}")
+
+
+def _worker_database(url: str, name: str) -> str:
+    """``url`` with its database ``name``, created if missing."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as con:
+        if con.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            con.execute(f'CREATE DATABASE "{name}"')
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path=f"/{name}"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         # a test that stops the broker or PostgreSQL would fail what the other workers run meanwhile
-        alone = pytest.mark.skip(reason="stops a service the other tests share: run it alone (make test does, after)")
+        alone = pytest.mark.skip(
+            reason="needs the machine or a shared service to itself: run it alone (make test does)"
+        )
         for item in items:
             if item.get_closest_marker("exclusive") is not None:
                 item.add_marker(alone)
@@ -74,6 +97,16 @@ def with_schema(url: str, schema: str) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL whose tables live in a fresh schema of the test server."""
+    yield from _fresh_schema()
+
+
+@pytest.fixture
+def other_pg_url() -> Iterator[str]:
+    """A URL of another fresh schema of the same database as :func:`pg_url`'s (another store beside it)."""
+    yield from _fresh_schema()
+
+
+def _fresh_schema() -> Iterator[str]:
     import psycopg
 
     base = os.environ[PG_ENV]

@@ -7,9 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from queue_testlib import new_queue
 
 from drainpipe import ThreadPolicy
+
+# milliseconds of latency: measured with the machine to itself (make test runs these after the parallel run)
+pytestmark = pytest.mark.exclusive
 
 
 class Ping:

@@ -99,6 +99,7 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=tmp_path,  # (the log it opens before the store refuses is beside the store: in the working directory)
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "unknown store scheme" in out.stderr
     out = subprocess.run(
