@@ -273,8 +273,11 @@ def test_a_store_that_closes_waits_for_the_merge_locks_and_folds_what_it_queued(
                 assert _queued(pg_url) > 0
                 closing = threading.Thread(target=close)
                 closing.start()
+                # (this database's locks only: pg_locks shows every database's)
                 wait_until(lambda: holder.fetchall("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                                   "AND NOT granted")[0][0] > 0, 10, what="the close waiting")  # fmt: skip
+                                                   "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                                                   "WHERE datname = current_database())")[0][0] > 0,
+                           10, what="the close waiting")  # fmt: skip
             closing.join(30)
     finally:
         holder.close()
@@ -297,6 +300,26 @@ def _queued_stripes(pg_url: str) -> set[int]:
     with psycopg.connect(pg_url, autocommit=True) as con:
         rows = con.execute(f"SELECT DISTINCT hashtext(entity) & {database_merge.STRIPES - 1} FROM merge_queue")
         return {int(row[0]) for row in rows.fetchall()}
+
+
+def test_a_store_in_another_schema_of_the_database_never_takes_this_stores_locks(
+    pg_url: str, other_pg_url: str
+) -> None:
+    """Advisory locks are a database's: a store's are keyed by its schema, so a merge running in another schema's
+    store (its every merge lock held) does not make this store's lone writer queue its states (for a fold only a
+    writer of this store would make)."""
+    batch = store_events(300, seed=860)
+    holder = PostgresBackend(other_pg_url)
+    try:
+        with open_store(pg_url) as store, open_store(other_pg_url):  # type: ignore[attr-defined]
+            holder.open(lambda migrate: None)
+            with holder.session("hold"), holder.transaction():  # (a merge running in the other store)
+                holder.lock_merges(None)
+                store.merge(aggregate_batch(batch, DEFAULT_DEFINITIONS))
+                assert _queued(pg_url) == 0  # merged at its commit: a lone writer of its own store
+            assert same_values(store.query(), _reference([batch])[0])
+    finally:
+        holder.close()
 
 
 def test_queued_states_wait_before_a_fold_and_a_query_sees_every_commit_meanwhile(pg_url: str) -> None:

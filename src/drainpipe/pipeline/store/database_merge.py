@@ -82,6 +82,7 @@ from .backend import Backend
 __all__ = [
     "MERGE_FUNCTION",
     "MERGE_FUNCTION_DDL",
+    "LOCK_SPACE",
     "MERGE_LOCK",
     "PACKED",
     "QUEUE_DDL",
@@ -149,8 +150,11 @@ FOLD_WORK_MEM = "64MB"
 #: stripes run at once on two cores; a stripe is a set of entities (by a hash of the name), so every key of an
 #: entity (its minute, hour and day states, its top-N) is in one stripe, and a fold of it merges them all at once
 STRIPES = 4
-#: the first of the stripes' merge locks (pg_advisory_xact_lock keys "fold" + stripe), taken by every merge into the
-#: stored states (see :meth:`~.postgres_store.PostgresBackend.lock_merges`)
+#: the first key of every advisory lock of a store: a hash of its schema's name, so that stores in two schemas of one
+#: database do not share locks (a server's advisory locks are a database's)
+LOCK_SPACE = "hashtext(coalesce(current_schema(), ''))"
+#: the second key of the first of the stripes' merge locks ("fold" + stripe), taken by every merge into the stored
+#: states (see :meth:`~.postgres_store.PostgresBackend.lock_merges`)
 MERGE_LOCK = 0x666F6C64
 #: the queued rows a writer folds between two vacuums of the queue (:func:`vacuum_queue`)
 VACUUM_ROWS = 100_000
@@ -354,7 +358,7 @@ BEGIN
         IF stripe IS NULL THEN
             RAISE EXCEPTION 'drainpipe_merge: try_lock takes a stripe';
         END IF;
-        IF NOT pg_try_advisory_xact_lock({MERGE_LOCK} + stripe) THEN
+        IF NOT pg_try_advisory_xact_lock({LOCK_SPACE}, {MERGE_LOCK} + stripe) THEN
             RETURN -1;
         END IF;
     END IF;

@@ -56,6 +56,7 @@ import pyarrow.csv as pacsv
 from ...errors import StoreError, StoreUnavailable, first_line
 from .backend import Prepare, sql_transaction
 from .database_merge import (
+    LOCK_SPACE,
     MERGE_LOCK,
     QUEUE_DDL,
     QUEUE_TABLES,
@@ -92,9 +93,10 @@ _STAGING = (
         name VARCHAR NOT NULL, granularity VARCHAR NOT NULL, entity VARCHAR NOT NULL,
         time_bucket TIMESTAMPTZ NOT NULL)""",
 )
-_SCHEMA_LOCK = 0x647261696E  # pg_advisory_xact_lock key ("drain")
-_BOOKS_LOCK = 0x6D65726765  # pg_advisory_xact_lock key ("merge"): every writing transaction, see lock_books
-_PART_LOCK = 0x626F6F6B  # the first key of a part's books' lock ("book"; the second, a hash of it), see lock_books
+# the advisory locks' second keys (the first: LOCK_SPACE, the schema's)
+_SCHEMA_LOCK = 0x64726169  # "drai": the schema's DDL
+_BOOKS_LOCK = 0x6D657267  # "merg": every writing transaction, see lock_books
+_PART_LOCK = 0x626F6F6B  # "book": a part's books' lock has LOCK_SPACE # this first, a hash of the part second
 #: a transaction of more parts than this takes the whole books instead (each lock is an entry of the server's shared
 #: lock table, sized for 64 a transaction)
 _MAX_PART_LOCKS = 32
@@ -191,7 +193,7 @@ class PostgresBackend:
                 self.execute(statement)
             return
         with self.transaction():
-            self.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            self.execute(f"SELECT pg_advisory_xact_lock({LOCK_SPACE}, {_SCHEMA_LOCK})")
             self._prepare(True)
             for statement in _INDEXES:
                 self.execute(statement)
@@ -249,15 +251,16 @@ class PostgresBackend:
         books' lock shared; ``None`` takes the whole books' lock exclusively, as do more than
         :data:`_MAX_PART_LOCKS` parts. So writers of different parts do not wait for each other's commits, and a
         writer may merge at its commit while the others queue (:mod:`.sql`; not one that holds the whole books).
-        (The whole books' key is the one every writing transaction took exclusively before the queue: a writer of an
-        earlier version serialises with commits and fences, but not with folds, so it must not write the same
-        database as this version.)"""
+        Every key is the store's: its first half is a hash of the schema's name (:data:`LOCK_SPACE`), so stores in
+        two schemas of one database never wait for each other. (A writer of a version whose keys were the
+        database's does not serialise with this one at all: it must not write the same store.)"""
         keys = sorted({zlib.crc32(f"{source}\0{part}".encode()) - (1 << 31) for source, part in parts or ()})
         if parts is None or len(keys) > _MAX_PART_LOCKS:
-            self.execute(f"SELECT pg_advisory_xact_lock({_BOOKS_LOCK})")
+            self.execute(f"SELECT pg_advisory_xact_lock({LOCK_SPACE}, {_BOOKS_LOCK})")
             return True
-        locks = [f"pg_advisory_xact_lock({_PART_LOCK}, {key})" for key in keys]
-        self.execute(f"SELECT {', '.join([f'pg_advisory_xact_lock_shared({_BOOKS_LOCK})', *locks])}")  # (in order)
+        locks = [f"pg_advisory_xact_lock({LOCK_SPACE} # {_PART_LOCK}, {key})" for key in keys]
+        books = f"pg_advisory_xact_lock_shared({LOCK_SPACE}, {_BOOKS_LOCK})"
+        self.execute(f"SELECT {', '.join([books, *locks])}")  # (in order)
         return False
 
     def lock_merges(self, stripe: int | None) -> None:
@@ -267,7 +270,7 @@ class PostgresBackend:
         this lock: merges of a stripe of the keys are serial (all stripes' locks, in order, for ``None``). They are
         held for the server's statements only, once for every writer's queued states."""
         stripes = range(STRIPES) if stripe is None else (stripe,)
-        self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({MERGE_LOCK + s})' for s in stripes)}")
+        self.execute(f"SELECT {', '.join(f'pg_advisory_xact_lock({LOCK_SPACE}, {MERGE_LOCK + s})' for s in stripes)}")
 
     def try_lock_merges(self) -> bool:
         """Every stripe's merge lock if no other transaction holds one (pg_try_advisory_xact_lock, in order). In a
@@ -276,7 +279,8 @@ class PostgresBackend:
         self.execute("SAVEPOINT try_merges")
         taken = bool(
             self.fetchall(
-                f"SELECT {' AND '.join(f'pg_try_advisory_xact_lock({MERGE_LOCK + s})' for s in range(STRIPES))}"
+                "SELECT "
+                + " AND ".join(f"pg_try_advisory_xact_lock({LOCK_SPACE}, {MERGE_LOCK + s})" for s in range(STRIPES))
             )[0][0]
         )
         self.execute("RELEASE SAVEPOINT try_merges" if taken else "ROLLBACK TO SAVEPOINT try_merges")
