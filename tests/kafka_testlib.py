@@ -4,6 +4,7 @@ left them running), what a store and a dead letter hold."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import urllib.request
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,16 @@ def revive_broker() -> None:
     def kafka_sh(command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", str(KAFKA_SH), command], capture_output=True, text=True, timeout=120)
 
-    if kafka_sh("url").stdout.strip() != os.environ["DRAINPIPE_TEST_KAFKA"] or kafka_sh("status").returncode == 0:
-        return
-    log = Path(os.environ.get("KAFKA_BASE", KAFKA_SH.parents[1] / ".kafka")) / "kafka.log"
+    base = Path(os.environ.get("KAFKA_BASE", KAFKA_SH.parents[1] / ".kafka"))
+    base.mkdir(exist_ok=True)
+    # one reviver at a time: the tests run on two workers, and two starts of one broker would share its directory
+    with (base / "revive.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if kafka_sh("url").stdout.strip() == os.environ["DRAINPIPE_TEST_KAFKA"] and kafka_sh("status").returncode:
+            _start_again(kafka_sh, base / "kafka.log")
+
+
+def _start_again(kafka_sh: Callable[[str], subprocess.CompletedProcess[str]], log: Path) -> None:
     tail = ["(no log)"]
     if log.exists():  # (the log grows across runs: its end only)
         with log.open("rb") as f:
