@@ -57,6 +57,7 @@ from otelcol import Collector
 from procs import children_of, cpu_s, memory_kb
 
 RESULTS = Path(__file__).parent / "results"
+#: the default contenders; ``drainpipe-pN`` (``--contenders``) is ``serve --parsers N``, to weigh its helper processes
 CONTENDERS = ("drainpipe", "collector")
 
 
@@ -76,10 +77,12 @@ class Contender:
         self.work.mkdir()
 
     def __enter__(self) -> Contender:
-        if self.name == "drainpipe":
+        if self.name.startswith("drainpipe"):
+            # "drainpipe-pN": serve with N parser processes (and the aggregator process only with N > 0)
+            parsers = ("--parsers", self.name.removeprefix("drainpipe-p")) if "-p" in self.name else ()
             self.proc, self.host, self.port = start_server(f"duckdb:///{self.work / 'serve.duckdb'}",
                                                            env={"PYTHONPATH": str(self.src)},
-                                                           extra=("--wal", str(self.work / "wal")))  # fmt: skip
+                                                           extra=("--wal", str(self.work / "wal"), *parsers))  # fmt: skip
             self._collector = None
         else:
             self._collector = Collector(self.work, list(DEFAULT_LATENCY_BUCKETS_MS)).__enter__()
