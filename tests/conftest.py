@@ -11,7 +11,8 @@ cannot be moved (a real Prometheus) are marked ``wall_clock(reason)``, and liste
 ``make test`` runs the suite on two worker processes (pytest-xdist), a test file per worker at a time, then the tests
 marked ``exclusive`` alone: they stop or restart the broker or PostgreSQL, which every other test shares, or hold
 tight bounds on latency. Under several workers an ``exclusive`` test is skipped, with that reason. Each worker has a
-PostgreSQL database of its own (``drainpipe_test_<worker>``): the store's locks are a database's.
+PostgreSQL database of its own (``drainpipe_test_<worker>``), so that one worker's open transactions never hold
+back the vacuum of the other's tables.
 
 Every test gets its own schema (dropped afterwards), selected through the URL's libpq ``options``, so tests never
 see each other's tables. Without DRAINPIPE_TEST_PG the tests marked ``postgres`` are skipped; without
@@ -47,10 +48,10 @@ KAFKA_ENV = "DRAINPIPE_TEST_KAFKA"
 def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and os.environ.get(PG_ENV):
-        # a database of its own per worker: the store's advisory locks (its merge and books locks) are the
-        # database's, not a schema's, so the tests of two workers in one database would wait on each other's locks
-        # (and a lone writer would find a merge running). Set before any test reads it, so the processes tests
-        # start inherit it too
+        # a database of its own per worker: a database's open transactions hold back the vacuum of its every table
+        # (the retention tests measure table sizes), and advisory locks are a database's (a store keys its own by
+        # its schema, but a hash of the name). Set before any test reads it, so the processes tests start inherit
+        # it too
         os.environ[PG_ENV] = _worker_database(os.environ[PG_ENV], f"drainpipe_test_{worker}")
 
 
