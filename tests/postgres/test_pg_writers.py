@@ -322,6 +322,32 @@ def test_a_store_in_another_schema_of_the_database_never_takes_this_stores_locks
         holder.close()
 
 
+def test_a_schema_created_ahead_on_the_search_path_does_not_move_a_store_that_reconnects(pg_url: str) -> None:
+    """A store's URL puts a schema that does not exist yet ahead of the store's; once it exists, a connection the
+    store opens again (after a lost one) still reads and writes the store's schema, under its locks' key."""
+    store_schema = re.search(r"search_path%3D(\w+)", pg_url).group(1)  # type: ignore[union-attr]
+    ahead = f"{store_schema}_ahead"
+    url = pg_url.replace(f"search_path%3D{store_schema}", f"search_path%3D{ahead}%2C{store_schema}")
+    batches = [store_events(300, seed=850 + i) for i in range(2)]
+    with open_store(url) as store:  # type: ignore[attr-defined]
+        store.merge(aggregate_batch(batches[0], DEFAULT_DEFINITIONS))
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {ahead}")
+            try:
+                admin.execute("SELECT pg_terminate_backend(%s)", [store._pg.connection.info.backend_pid])
+                with pytest.raises(StoreError):  # (lost: the next session opens the connection again)
+                    store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
+                store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
+                assert store._pg.reconnects == 1
+                made = admin.execute(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", [ahead]
+                ).fetchone()
+                assert made == (0,)  # nothing made in the schema ahead
+                assert same_values(store.query(), _reference(batches)[0])
+            finally:
+                admin.execute(f"DROP SCHEMA {ahead} CASCADE")
+
+
 def test_queued_states_wait_before_a_fold_and_a_query_sees_every_commit_meanwhile(pg_url: str) -> None:
     """Queued states wait ``fold_after_s`` before a fold in the background takes them, so that one fold adds up the
     commits of every writer meanwhile: a commit that finds younger rows queued queues its own too, even with no

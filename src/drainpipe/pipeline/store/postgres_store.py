@@ -143,9 +143,11 @@ class PostgresBackend:
     #: server or role whose default_transaction_isolation is stricter does not take the snapshot before the lock
     _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
-    def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
+    def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None,
+                 schema: str | None = None) -> None:  # fmt: skip
         """Connected by :meth:`open`. ``display``: the database in messages (default: ``conninfo`` without its
-        password)."""
+        password). ``schema``: the store's schema (another connection's :attr:`schema`); None: the one the first
+        connection finds first on its search path."""
         import psycopg
 
         self._psycopg = psycopg
@@ -157,6 +159,10 @@ class PostgresBackend:
         #: connections opened again after one was lost
         self.reconnects = 0
         self._prepare: Prepare | None = None
+        #: the store's schema, pinned as every connection's whole search path from the first connection on: the
+        #: tables, the merge function and the locks' key (LOCK_SPACE) never move to a schema created ahead of it
+        #: on the search path while the store is written
+        self.schema = schema
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.display!r})"
@@ -186,6 +192,10 @@ class PostgresBackend:
         # every transaction at READ COMMITTED, those of a single statement too (a fold, database_merge.fold_now: its
         # snapshot must be taken after its lock is granted, not before, as REPEATABLE READ would)
         self.connection.execute("SET default_transaction_isolation TO 'read committed'")
+        if self.schema is None:
+            self.schema = self.connection.execute("SELECT current_schema()").fetchone()[0]
+        if self.schema is not None:  # (None: no schema on the search path, and creating the tables says so)
+            self.connection.execute("SELECT set_config('search_path', quote_ident(%s), false)", [self.schema])
         # every connection: the schema (a server restored from an older dump is migrated too) and the session's
         # temporary staging table, under a lock so that processes opening one database at once do not race
         if self._prepare is None:  # (a folder's connection: the store's own made the schema)
@@ -360,7 +370,7 @@ class PostgresStore(SqlStore):
     def __init__(self, conninfo: str, *, connect_timeout: float = 5.0, display: str | None = None) -> None:
         self._pg = PostgresBackend(conninfo, connect_timeout=connect_timeout, display=display)
         super().__init__(self._pg, twin=lambda: PostgresBackend(conninfo, connect_timeout=connect_timeout,
-                                                                display=display))  # fmt: skip
+                                                                display=display, schema=self._pg.schema))  # fmt: skip
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> PostgresStore:
