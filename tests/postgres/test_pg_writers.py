@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from drainpipe.errors import StoreError
+from drainpipe.errors import StoreError, StoreUnavailable
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
@@ -334,11 +334,11 @@ def test_a_schema_created_ahead_on_the_search_path_does_not_move_a_store_that_re
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute(f"CREATE SCHEMA {ahead}")
             try:
-                admin.execute("SELECT pg_terminate_backend(%s)", [store._pg.connection.info.backend_pid])
-                with pytest.raises(StoreError):  # (lost: the next session opens the connection again)
+                admin.execute("SELECT pg_terminate_backend(%s)", [store.backend.connection.info.backend_pid])
+                with pytest.raises(StoreUnavailable):  # (lost: the next session opens the connection again)
                     store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
                 store.merge(aggregate_batch(batches[1], DEFAULT_DEFINITIONS))
-                assert store._pg.reconnects == 1
+                assert store.reconnects == 1
                 made = admin.execute(
                     "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", [ahead]
                 ).fetchone()
