@@ -61,8 +61,9 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import BadBody, IngestRefused
+from ..errors import BadBody, IngestRefused, RequestRefused
 from .http_face import ReadRoutes, check_bind
+from .http_headers import read_headers
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
@@ -88,6 +89,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "drainpipe"
     sys_version = ""
     default_request_version = "HTTP/1.0"  # an error before the version is parsed still gets a status line (no 0.9)
+    _date: tuple[int, str] = (0, "")  # the Date header's second and text (date_time_string)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -114,6 +116,66 @@ class Handler(BaseHTTPRequestHandler):
             super().handle_one_request()
         finally:
             deadlines.clear(self.connection)
+
+    def parse_request(self) -> bool:
+        """The standard library's request-line rules (the same answers to a bad line or version), with the header
+        section read by :func:`.http_headers.read_headers` instead of the email parser (see that module)."""
+        self.command = None  # type: ignore[assignment]  # set in case of an error in the request line
+        self.request_version = version = self.default_request_version
+        self.close_connection = True
+        raw: bytes = self.raw_requestline  # type: ignore[attr-defined]  # set by handle_one_request before this
+        self.requestline = requestline = str(raw, "iso-8859-1").rstrip("\r\n")
+        words = requestline.split()
+        if not words:
+            return False
+        if len(words) >= 3:  # enough to tell the protocol version
+            version = words[-1]
+            number = version[5:].split(".") if version.startswith("HTTP/") else []
+            if len(number) != 2 or not all(n.isdigit() and len(n) <= 10 for n in number):
+                self.send_error(400, f"Bad request version ({version!r})")
+                return False
+            major, minor = int(number[0]), int(number[1])
+            if (major, minor) >= (1, 1):
+                self.close_connection = False
+            if major >= 2:
+                self.send_error(505, f"Invalid HTTP version ({version[5:]})")
+                return False
+            self.request_version = version
+        if not 2 <= len(words) <= 3:
+            self.send_error(400, f"Bad request syntax ({requestline!r})")
+            return False
+        command, path = words[:2]
+        if len(words) == 2:
+            self.close_connection = True
+            if command != "GET":
+                self.send_error(400, f"Bad HTTP/0.9 request type ({command!r})")
+                return False
+        self.command, self.path = command, "/" + path.lstrip("/") if path.startswith("//") else path
+        try:
+            self.headers = read_headers(self.rfile)  # type: ignore[assignment]  # answers what the handler asks
+        except RequestRefused as exc:
+            self.send_error(exc.status, exc.message)
+            return False
+        connection = self.headers.get("Connection", "").lower()
+        if connection == "close":
+            self.close_connection = True
+        elif connection == "keep-alive":
+            self.close_connection = False
+        expect = self.headers.get("Expect", "")
+        if expect.lower() == "100-continue" and self.request_version >= "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header's value, formatted once a second (the standard library formats it per answer)."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        second, text = Handler._date
+        if second != now:
+            text = super().date_time_string(now)
+            Handler._date = (now, text)  # one tuple, rebound whole: the request threads share it without a lock
+        return text
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
