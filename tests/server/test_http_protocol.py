@@ -71,6 +71,14 @@ def test_the_same_content_length_twice_is_one_length(server) -> None:
         (b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n", 505),  # a protocol version it does not speak
         (b"GET / HTTP/1.1\r\n" + b"X-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431),  # a header line too long
         (b"this is not http\r\n\r\n", 400),
+        (b"GET / HTTP/\xb9.1\r\nHost: x\r\n\r\n", 400),  # a digit to str.isdigit, not to int()
+        (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),  # too many
+        # a blank before a colon ends the headers, as it always did: no framing header after it is read
+        (
+            b"POST /v1/events HTTP/1.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Transfer-Encoding : chunked\r\nContent-Length: 3\r\n\r\n[1]",
+            411,
+        ),  # fmt: skip
     ],
 )
 def test_errors_of_the_standard_library_server_are_json_too(server, request_bytes: bytes, status: int) -> None:

@@ -131,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
         if len(words) >= 3:  # enough to tell the protocol version
             version = words[-1]
             number = version[5:].split(".") if version.startswith("HTTP/") else []
-            if len(number) != 2 or not all(n.isdigit() and len(n) <= 10 for n in number):
+            if len(number) != 2 or not all(n.isascii() and n.isdigit() and len(n) <= 10 for n in number):
                 self.send_error(400, f"Bad request version ({version!r})")
                 return False
             major, minor = int(number[0]), int(number[1])

@@ -3,17 +3,20 @@
 The standard library reads headers through ``email.parser`` (a feed parser, a policy, a message object): about a
 fifth of a request thread's time holding the interpreter lock under an OTLP load, for the six or so headers a
 client sends. :func:`read_headers` reads the same lines under the same limits (:data:`MAX_LINE` bytes a line,
-:data:`MAX_HEADERS` lines) into :class:`Headers`, which answers what the handler asks of a header section: ``get``,
-``get_all`` and ``in``, names case-insensitive, values as the standard library gives them (leading blanks dropped,
-the line's end cut). An obsolete folded line (one that starts with a blank) continues the value before it, joined
-by a space (RFC 9112 5.2). A line without a colon, or whose name is empty or holds a blank, names no header and is
-skipped (the standard library stopped reading headers at such a line and dropped the ones after it).
+fewer than :data:`MAX_HEADERS` lines) and splits them as the email parser does, with its answers: lines end at
+CRLF, CR or LF; the section ends at an empty line or at the first line that is no header (a name of visible ASCII
+but the colon, then a colon), and what follows is ignored; a folded line continues the value before it as it was
+sent; a line that starts with its colon names no header; leading blanks of a value are dropped, its line end cut.
+:class:`Headers` answers what the handler asks of them: ``get``, ``get_all`` and ``in``, names case-insensitive.
+A property test holds it to ``http.client.parse_headers`` over arbitrary bytes, so that no header (a framing one
+above all) is read where the standard library read none, or the other way round.
 
 Not thread-safe, and need not be: a handler reads its own request's headers.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, TypeVar
 
 from ..errors import RequestRefused
@@ -22,7 +25,9 @@ __all__ = ["MAX_HEADERS", "MAX_LINE", "Headers", "read_headers"]
 
 MAX_LINE = 65536  # the standard library's limit (http.client._MAXLINE)
 MAX_HEADERS = 100  # likewise (http.client._MAXHEADERS)
-_BLANKS = b" \t"
+#: the start of a header line as the email parser knows one (its ``headerRE``); any other line ends the section
+_HEADER = re.compile(r"From |[\x21-\x39\x3b-\x7e]*:|[\t ]")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # a line ends at CRLF, CR or LF (the email parser's split)
 T = TypeVar("T")
 
 
@@ -62,33 +67,36 @@ class Headers:
 
 def read_headers(rfile: _Lines) -> Headers:
     """Read a header section up to and including its empty line (or the end of the stream). Raises
-    :class:`RequestRefused` 431 for a line longer than :data:`MAX_LINE` or more than :data:`MAX_HEADERS` lines, as
-    the standard library refuses them."""
-    headers = Headers()
-    name = value = ""
-    lines = 0
-    while True:
+    :class:`RequestRefused` 431 for a line longer than :data:`MAX_LINE` or :data:`MAX_HEADERS` lines or more
+    (the empty line counted), as the standard library refuses them."""
+    raw: list[bytes] = []
+    while True:  # the lines, as http.client reads them
         line = rfile.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             raise RequestRefused(431, "Line too long")
+        raw.append(line)
+        if len(raw) > MAX_HEADERS:
+            raise RequestRefused(431, "Too many headers")
         if line in (b"\r\n", b"\n", b""):
             break
-        lines += 1
-        if lines > MAX_HEADERS:
-            raise RequestRefused(431, "Too many headers")
-        text = line.decode("iso-8859-1").rstrip("\r\n")
-        if line[0] in _BLANKS:  # an obsolete fold: more of the value before
-            if name:
-                more = text.strip(" \t")
-                value = f"{value} {more}" if value else more
+    headers = Headers()
+    text = b"".join(raw).decode("iso-8859-1")
+    name, value = "", ""
+    for match in _LINE.finditer(text):
+        piece = match.group()
+        if not _HEADER.match(piece):  # an empty line, or one that is no header: the section ends (the rest ignored)
+            break
+        if piece[0] in " \t":  # an obsolete fold: more of the value before (none: ignored)
+            value += piece
             continue
         if name:
-            headers.add(name, value)
-        field, colon, rest = text.partition(":")
-        if not colon or not field or " " in field or "\t" in field:
-            name = ""  # names no header (see the module docstring)
+            headers.add(name, value.rstrip("\r\n"))
+            name = ""
+        if piece.startswith("From "):  # the email parser's envelope line: no header
             continue
-        name, value = field, rest.lstrip(" \t")
+        field, _, rest = piece.partition(":")
+        if field:  # (a line that starts with its colon names no header)
+            name, value = field, rest.lstrip(" \t")
     if name:
-        headers.add(name, value)
+        headers.add(name, value.rstrip("\r\n"))
     return headers
