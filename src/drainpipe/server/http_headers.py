@@ -1,15 +1,16 @@
 """A request's header section, read without the email parser: what ``serve``'s request threads do per request.
 
-The standard library reads headers through ``email.parser`` (a feed parser, a policy, a message object): 58 us
-for the six or so headers a client sends, against 16 us here (a fifth of a request thread's time holding the
-interpreter lock in a profile under an OTLP load; about 2% of the spans/s unprofiled). :func:`read_headers` reads the same lines under the same limits (:data:`MAX_LINE` bytes a line,
-fewer than :data:`MAX_HEADERS` lines) and splits them as the email parser does, with its answers: lines end at
-CRLF, CR or LF; the section ends at an empty line or at the first line that is no header (a name of visible ASCII
-but the colon, then a colon), and what follows is ignored; a folded line continues the value before it as it was
-sent; a line that starts with its colon names no header; leading blanks of a value are dropped, its line end cut.
-:class:`Headers` answers what the handler asks of them: ``get``, ``get_all`` and ``in``, names case-insensitive.
-A property test holds it to ``http.client.parse_headers`` over arbitrary bytes, so that no header (a framing one
-above all) is read where the standard library read none, or the other way round.
+The standard library reads headers through ``email.parser`` (a feed parser, a policy, a message object): 58 us for
+the six or so headers a client sends, against 16 us here (a fifth of a request thread's time holding the interpreter
+lock in a profile under an OTLP load; about 2% of the spans/s unprofiled). :func:`read_headers` reads the same lines
+under the same limits (:data:`MAX_LINE` bytes a line, fewer than :data:`MAX_HEADERS` lines) and splits them as the
+email parser does, with its answers: lines end at CRLF, CR or LF; the section ends at an empty line or at the first
+line that is no header (a name of visible ASCII but the colon, then a colon), and what follows is ignored; a folded
+line continues the value before it as it was sent; a line that starts with its colon names no header; leading blanks
+of a value are dropped, its line end cut. :class:`Headers` answers what the handler asks of them: ``get``,
+``get_all`` and ``in``, names case-insensitive. A property test holds it to ``http.client.parse_headers`` over
+arbitrary bytes, so that no header (a framing one above all) is read where the standard library read none, or the
+other way round.
 
 Not thread-safe, and need not be: a handler reads its own request's headers.
 """
