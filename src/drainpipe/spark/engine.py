@@ -35,6 +35,7 @@ each partition; the states then merge exactly as above. Results are identical in
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import re
@@ -70,6 +71,7 @@ from drainpipe.pipeline import (
     Store,
     TopNDef,
     fold_entities,
+    merge,
     normalize,
     resolve,
 )
@@ -94,6 +96,8 @@ from .rows import (
     spark_schema,
     topn_only_filter,
     topn_partial,
+    unpack_rows,
+    unpacked_partials,
 )
 from .splits import Split, plan_splits
 from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, pack_ipc, sample_types, scan_events, scan_states
@@ -144,6 +148,8 @@ class JobOptions:
     # collect the tasks' states in one action and merge them on the driver (nothing persisted, no shuffle): for a
     # job known to make few state rows, such as a micro-batch after one that made at most driver_merge_rows
     driver_merge: bool = False
+    # file splits are dealt to at most this many tasks per core (task_groups): a task's fixed cost is paid once
+    tasks_per_core: int = 2
 
     def __post_init__(self) -> None:
         if self.per_type not in PER_TYPE_MODES:
@@ -204,15 +210,27 @@ def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:
     return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
 
 
-def _split_order(splits: Sequence[Split]) -> list[Split]:
-    """The splits heaviest first: Spark schedules partition i before i + 1, so this is
-    longest-processing-time-first list scheduling over the executors' cores."""
-    return sorted(splits, key=lambda s: (-s.weight, s.index))
+def task_groups(splits: Sequence[Split], tasks: int) -> list[list[Split]]:
+    """The splits dealt to at most ``tasks`` tasks, longest-processing-time first (each split, heaviest first, to
+    the task with the least weight so far), heaviest task first: Spark schedules partition i before i + 1. Each
+    task reads its splits in plan order.
+
+    Fewer tasks than splits because a task has a fixed cost (its scheduling, the Python worker's round trips, its
+    own states to merge: 40-70 ms and a set of state rows each on two cores) that sixteen splits paid sixteen
+    times; two tasks a core keep a slow core from holding the job up by more than half its share."""
+    loads = [(0, t) for t in range(max(1, min(tasks, len(splits))))]
+    groups: list[list[Split]] = [[] for _ in loads]
+    for split in sorted(splits, key=lambda s: (-s.weight, s.index)):
+        load, t = heapq.heappop(loads)
+        groups[t].append(split)
+        heapq.heappush(loads, (load + split.weight, t))
+    weight = {id(g): sum(s.weight for s in g) for g in groups}
+    return [sorted(g, key=lambda s: s.index) for g in sorted(groups, key=lambda g: -weight[id(g)]) if g]
 
 
 def _splits_frame(spark: SparkSession, count: int) -> DataFrame:
-    """``id`` 0..count-1, one per partition: partition i reads the i-th split of :func:`_split_order`
-    (the split list travels with the task function; no shuffle)."""
+    """``id`` 0..count-1, one per partition: partition i reads the i-th group of :func:`task_groups`
+    (the groups travel with the task function; no shuffle)."""
     return spark.range(0, count, 1, numPartitions=max(1, count))
 
 
@@ -243,7 +261,8 @@ def _metric_merge(states: DataFrame, definitions: Definitions, guard: bool = Tru
     from pyspark.sql import functions as F
 
     aggregates = _merge_aggregates(definitions)
-    merged = states.filter(F.col("kind") == METRIC).groupBy(*_STATE_KEY).agg(*aggregates)
+    rows = states.filter(F.col("kind") == METRIC).mapInArrow(unpack_rows, spark_schema(STATE_ROWS))
+    merged = rows.groupBy(*_STATE_KEY).agg(*aggregates)
     if not guard:
         return merged.withColumn("folded", F.lit(0).cast("long"))
     return _guard_entities(merged, definitions, aggregates)
@@ -306,9 +325,9 @@ def _collect(frame: DataFrame) -> pa.Table:
         raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
 
 
-def _sample_weights(frame: DataFrame, splits: Sequence[Split], options: JobOptions) -> dict[str, float]:
+def _sample_weights(frame: DataFrame, groups: Sequence[Sequence[Split]], options: JobOptions) -> dict[str, float]:
     rows = _collect(
-        frame.mapInArrow(sample_types(splits, options.type_key, options.sample_rows), spark_schema(SAMPLE_SCHEMA))
+        frame.mapInArrow(sample_types(groups, options.type_key, options.sample_rows), spark_schema(SAMPLE_SCHEMA))
     )
     return skew.weights_from_counts(zip(rows.column("type").to_pylist(), rows.column("weight").to_pylist()))
 
@@ -323,19 +342,19 @@ def aggregate_splits(
     """Run the job over ``splits`` (see the module docstring); partials are returned without sources."""
     stage_s: dict[str, float] = {}
     clock = time.perf_counter()
-    ordered = _split_order(splits)
-    frame = _splits_frame(spark, len(ordered))
+    groups = task_groups(splits, options.tasks_per_core * parallelism(spark))
+    frame = _splits_frame(spark, len(groups))
     if options.per_type == "map":
-        states = frame.mapInArrow(scan_states(definitions, ordered, accumulators), spark_schema(STATE_ROWS))
-        return merge_states(spark, states, len(ordered), definitions, options, splits, stage_s)
+        states = frame.mapInArrow(scan_states(definitions, groups, accumulators), spark_schema(STATE_ROWS))
+        return merge_states(spark, states, len(groups), definitions, options, splits, stage_s)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
-        weights = options.weights if options.weights is not None else _sample_weights(frame, ordered, options)
+        weights = options.weights if options.weights is not None else _sample_weights(frame, groups, options)
         placement = skew.plan_placement(weights, partitions)
         stage_s["sample"] = time.perf_counter() - clock
     else:
         placement = skew.hash_placement(partitions)
-    events = frame.mapInArrow(scan_events(ordered, accumulators), spark_schema(EVENT_ROWS))
+    events = frame.mapInArrow(scan_events(groups, accumulators), spark_schema(EVENT_ROWS))
     return per_type_stage(spark, events, definitions, placement, options, splits, stage_s)
 
 
@@ -506,10 +525,9 @@ def _merge_on_driver(
 def _driver_merge(
     rows: pa.Table, definitions: Definitions, guard: bool, overflow: Counter[str]
 ) -> dict[int, MetricPartial]:
-    """The tasks' METRIC rows merged here with the shared merge (:func:`~drainpipe.pipeline.normalize`), per metric
+    """The tasks' packed METRIC rows merged here with the shared merge (:func:`~drainpipe.pipeline.merge`), per metric
     definition; held to the cardinality guard by name if ``guard`` (its folds added to ``overflow``)."""
-    metrics = {i: normalize(metric_partial(d, select_rows(rows, METRIC, i)))
-               for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+    metrics = {i: merge(partials) for i, partials in unpacked_partials(rows, definitions).items()}
     if guard:
         _guard_by_name(metrics, definitions, overflow)
     return metrics

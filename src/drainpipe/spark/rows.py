@@ -6,9 +6,11 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   bookkeeping, told apart by ``kind``:
 
   ========== ===================================================================================
-  METRIC     ``d`` (index into ``Definitions.all``), ``entity``, ``bucket`` (minute start, epoch ms), ``b``
-             (percentile bin, else -1) and the definition's state columns (``n v ok tol``,
-             :data:`~drainpipe.pipeline.partials.STATE_COLUMNS`)
+  METRIC     ``d`` (index into ``Definitions.all``) and ``ipc``: up to :data:`PACK_ROWS` of the definition's
+             minute states (the partial's own table: ``entity``, ``bucket``, ``b`` for a percentile, the state
+             columns :data:`~drainpipe.pipeline.partials.STATE_COLUMNS`) as one Arrow IPC stream
+             (:func:`packed_rows`); :func:`unpack_rows` lays them out as rows for a Spark merge: ``entity``,
+             ``bucket`` (minute start, epoch ms), ``b`` (percentile bin, else -1) and ``n v ok tol``
   TOPN       ``d``, ``entity``, ``bucket`` (start of the top-N's bucket), ``latency_ms``, ``key``
   REJECT     ``d`` = split index, ``line`` (within the split), ``raw`` (JSON text), ``reason``
   SPLIT      ``d`` = split index, ``info`` = JSON ``{"read", "accepted", "rejected", "reasons", "lines"}``
@@ -20,6 +22,11 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   :data:`~drainpipe.inputs.EVENT_SCHEMA` columns, ``weight``, null where the batch had none: 1, and ``trace_id``)
   and the same bookkeeping rows.
 
+Metric states travel packed because the JVM then handles a row per blob, not a row per state: converting every
+state from Arrow to Spark's rows, caching them column by column and converting them back to Arrow for the
+driver took more time than the tasks' aggregation itself (issue 57; ``docs/performance.md``). Only a merge in
+Spark (many states) unpacks them into rows.
+
 State rows become partials again with :func:`metric_partial` / :func:`topn_partial`, whose tables are exactly
 the layouts :func:`~drainpipe.pipeline.aggregate.aggregate_batch` produces.
 """
@@ -27,7 +34,7 @@ the layouts :func:`~drainpipe.pipeline.aggregate.aggregate_batch` produces.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,6 +66,10 @@ __all__ = [
     "META_COLUMNS",
     "spark_schema",
     "partial_rows",
+    "packed_rows",
+    "unpack_rows",
+    "unpacked_partials",
+    "PACK_ROWS",
     "meta_rows",
     "info_row",
     "events_rows",
@@ -95,6 +106,7 @@ STATE_ROWS = pa.schema(
         pa.field("latency_ms", pa.float64()),
         pa.field("key", pa.string()),
         *_META,
+        pa.field("ipc", pa.binary()),
     ]
 )
 
@@ -145,16 +157,69 @@ def _batch(schema: pa.Schema, rows: int, columns: Mapping[str, Any]) -> pa.Recor
 
 
 def partial_rows(index: int, partial: Partial) -> pa.RecordBatch:
-    """The states of ``partial`` (definition number ``index``) as :data:`STATE_ROWS`."""
+    """The states of ``partial`` (definition number ``index``) as :data:`STATE_ROWS`: TOPN rows, or packed METRIC
+    rows (:func:`packed_rows`)."""
+    if isinstance(partial, MetricPartial):
+        return packed_rows(index, partial)
     table = partial.table
     columns: dict[str, Any] = {name: table.column(name) for name in table.column_names}
-    columns["d"] = index
-    if isinstance(partial, MetricPartial):
-        columns["kind"] = METRIC
-        columns.setdefault("b", -1)
-    else:
-        columns["kind"] = TOPN
+    columns.update(kind=TOPN, d=index)
     return _batch(STATE_ROWS, table.num_rows, columns)
+
+
+#: metric states per packed METRIC row (a few MB of Arrow: far below a Spark row's 2 GB limit)
+PACK_ROWS = 1 << 17
+
+
+def packed_rows(index: int, partial: MetricPartial) -> pa.RecordBatch:
+    """The states of the metric ``partial`` (definition number ``index``) as packed METRIC rows of
+    :data:`STATE_ROWS`: its table in slices of :data:`PACK_ROWS`, each an Arrow IPC stream."""
+    table = partial.table
+    sink = pa.BufferOutputStream()  # the blobs one after the other: the array's data buffer, not copied again
+    offsets = [0]
+    for start in range(0, table.num_rows, PACK_ROWS):
+        piece = table.slice(start, PACK_ROWS)
+        with pa.ipc.new_stream(sink, piece.schema) as writer:
+            writer.write_table(piece)
+        offsets.append(sink.tell())
+    blobs = pa.Array.from_buffers(
+        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(np.array(offsets, np.int32)), sink.getvalue()]
+    )
+    return _batch(STATE_ROWS, len(blobs), {"kind": METRIC, "d": index, "ipc": blobs})
+
+
+def _unpacked(rows: pa.Table | pa.RecordBatch) -> Iterator[tuple[int, pa.Table]]:
+    """``(d, states)`` of each packed METRIC row of ``rows`` (zero-copy over the blobs)."""
+    for d, blob in zip(rows.column("d").to_pylist(), rows.column("ipc")):
+        yield d, pa.ipc.open_stream(blob.as_buffer()).read_all()
+
+
+def unpacked_partials(rows: pa.Table, definitions: Definitions) -> dict[int, list[MetricPartial]]:
+    """The metric partials of the packed METRIC rows of ``rows`` (other kinds are skipped), per definition number:
+    the states as the tasks' aggregation made them."""
+    out: dict[int, list[MetricPartial]] = {}
+    for d, table in _unpacked(select_rows(rows, METRIC)):
+        definition = definitions.all[d]
+        assert isinstance(definition, MetricDef)
+        partial = partial_type(definition)(table, "minute")  # type: ignore[call-arg]
+        assert isinstance(partial, MetricPartial)
+        out.setdefault(d, []).append(partial)
+    return out
+
+
+def unpack_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The packed METRIC rows of ``batches`` laid out as one :data:`STATE_ROWS` row per state (an
+    ``mapInArrow`` function, for a merge in Spark); rows of other kinds pass through."""
+    for batch in batches:
+        metric = pc.equal(batch.column("kind"), METRIC)
+        other = batch.filter(pc.invert(metric))
+        if other.num_rows:
+            yield other
+        for d, table in _unpacked(batch.filter(metric)):
+            columns: dict[str, Any] = {name: table.column(name) for name in table.column_names}
+            columns.update(kind=METRIC, d=d)
+            columns.setdefault("b", -1)
+            yield _batch(STATE_ROWS, table.num_rows, columns)
 
 
 def meta_rows(schema: pa.Schema, kind: int, d: Iterable[int], **columns: Iterable[Any]) -> pa.RecordBatch:

@@ -79,11 +79,11 @@ __all__ = [
 ArrowMapFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
-def _splits(batches: Iterator[pa.RecordBatch], splits: Sequence[Split]) -> Iterator[Split]:
-    """The splits named by the ``id`` column of the input (``spark.range``: id i = the plan's i-th split)."""
+def _splits(batches: Iterator[pa.RecordBatch], groups: Sequence[Sequence[Split]]) -> Iterator[Split]:
+    """The splits of the groups named by the ``id`` column of the input (``spark.range``: id i = the i-th group)."""
     for batch in batches:
         for i in batch.column("id").to_pylist():
-            yield splits[i]
+            yield from groups[i]
 
 
 def _partition_id() -> int:
@@ -214,12 +214,12 @@ def read_events(read: EventReader, stage: str) -> ArrowMapFn:
     return run
 
 
-def split_reader(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> EventReader:
-    """The :data:`EventReader` of a file job: the splits the task's ``spark.range`` ids name, each read and
-    validated (:func:`~drainpipe.spark.splits.read_split`), then its rejects and SPLIT row."""
+def split_reader(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None) -> EventReader:
+    """The :data:`EventReader` of a file job: the splits of the groups the task's ``spark.range`` ids name, each
+    read and validated (:func:`~drainpipe.spark.splits.read_split`), then its rejects and SPLIT row."""
 
     def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
-        for split in _splits(batches, splits):
+        for split in _splits(batches, groups):
             reader, result = read_split(split)
             yield from reader
             yield from _bookkeeping(schema, split, result)
@@ -229,15 +229,15 @@ def split_reader(splits: Sequence[Split], accumulators: tuple[Any, Any] | None =
 
 
 def scan_states(
-    definitions: Definitions, splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None
+    definitions: Definitions, groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None
 ) -> ArrowMapFn:
-    """Read, validate and partially aggregate the partition's splits (``per_type="map"``)."""
-    return read_states(definitions, split_reader(splits, accumulators), "scan+aggregate")
+    """Read, validate and partially aggregate the splits of the partition's group (``per_type="map"``)."""
+    return read_states(definitions, split_reader(groups, accumulators), "scan+aggregate")
 
 
-def scan_events(splits: Sequence[Split], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
-    """Read and validate the partition's splits, emitting the events (``per_type="placed"``/``"hash"``)."""
-    return read_events(split_reader(splits, accumulators), "scan")
+def scan_events(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
+    """Read and validate the splits of the partition's group, emitting the events (``per_type="placed"``/``"hash"``)."""
+    return read_events(split_reader(groups, accumulators), "scan")
 
 
 def _count(accumulators: tuple[Any, Any] | None, events: int, nbytes: int) -> None:
@@ -318,12 +318,12 @@ def pack_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             )
 
 
-def sample_types(splits: Sequence[Split], type_key: str, sample_rows: int) -> ArrowMapFn:
+def sample_types(groups: Sequence[Sequence[Split]], type_key: str, sample_rows: int) -> ArrowMapFn:
     """Type weights from the head of each split: ``(type, weight)`` rows, the split's weight shared out in
     proportion to the types among its first ``sample_rows`` accepted events (validated like everything else)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for split in _splits(batches, splits):
+        for split in _splits(batches, groups):
             reader, _ = read_split(split)
             first = next(iter(reader), None)
             if first is None or first.num_rows == 0:

@@ -1,0 +1,128 @@
+"""The Spark job's units that need no JVM: how file splits are dealt to tasks, and how metric states travel packed
+(tasks -> JVM -> driver) and are laid out as rows again for a merge in Spark."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drainpipe.pipeline.aggregate import aggregate_batch
+from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, MetricDef
+from drainpipe.pipeline.generator import generate_events
+from drainpipe.pipeline.partials import MetricPartial
+from drainpipe.spark.daemon import installed_copies
+from drainpipe.spark.engine import task_groups
+from drainpipe.spark.rows import (
+    METRIC,
+    PACK_ROWS,
+    STATE_ROWS,
+    TOPN,
+    packed_rows,
+    partial_rows,
+    unpack_rows,
+    unpacked_partials,
+)
+from drainpipe.spark.splits import Split
+
+
+def _splits(weights: list[int]) -> list[Split]:
+    return [Split(i, part=None, weight=w) for i, w in enumerate(weights)]  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=60), st.integers(1, 12))
+def test_task_groups_deal_every_split_once_heaviest_task_first(weights: list[int], tasks: int) -> None:
+    splits = _splits(weights)
+    groups = task_groups(splits, tasks)
+    assert 1 <= len(groups) <= min(tasks, len(splits))
+    assert all(groups)
+    dealt = [s.index for g in groups for s in g]
+    assert sorted(dealt) == list(range(len(splits)))  # each split in exactly one task
+    for group in groups:  # a task reads its splits in plan order
+        assert [s.index for s in group] == sorted(s.index for s in group)
+    loads = [sum(s.weight for s in g) for g in groups]
+    assert loads == sorted(loads, reverse=True)  # Spark schedules partition 0 first
+    # longest processing time first: no task carries more than the lightest one plus its own last split
+    if len(groups) == min(tasks, len(splits)):
+        assert max(loads) - min(loads) <= max(weights)
+
+
+def test_task_groups_of_equal_splits_are_even() -> None:
+    groups = task_groups(_splits([100] * 16), 4)
+    assert [len(g) for g in groups] == [4, 4, 4, 4]
+    assert task_groups(_splits([5]), 8) == [[_splits([5])[0]]]
+
+
+@pytest.fixture(scope="module")
+def partials() -> list[tuple[int, MetricPartial]]:
+    batch = pa.Table.from_batches(list(generate_events(20_000, services=5, seed=7)))
+    out = []
+    for index, partial in enumerate(aggregate_batch(batch, DEFAULT_DEFINITIONS)):
+        if isinstance(partial, MetricPartial) and partial.table.num_rows:
+            out.append((index, partial))
+    return out
+
+
+def test_packed_metric_states_come_back_as_they_were(partials: list[tuple[int, MetricPartial]]) -> None:
+    rows = pa.Table.from_batches([packed_rows(i, p) for i, p in partials])
+    assert rows.schema == STATE_ROWS and pc.all(pc.equal(rows.column("kind"), METRIC)).as_py()
+    assert rows.num_rows == len(partials)  # one blob each: none of these reaches PACK_ROWS states
+    back = unpacked_partials(rows, DEFAULT_DEFINITIONS)
+    for index, partial in partials:
+        (only,) = back[index]
+        assert only.table.equals(partial.table) and type(only) is type(partial) and only.granularity == "minute"
+
+
+def test_unpacked_rows_are_one_state_row_each_and_other_rows_pass(partials: list[tuple[int, MetricPartial]]) -> None:
+    index, partial = max(partials, key=lambda p: p[1].table.num_rows)
+    topn = next(i for i, d in enumerate(DEFAULT_DEFINITIONS.all) if not isinstance(d, MetricDef))
+    other = pa.RecordBatch.from_pylist([{"kind": TOPN, "d": topn, "entity": "e", "key": "k"}], schema=STATE_ROWS)
+    out = pa.Table.from_batches(list(unpack_rows(iter([packed_rows(index, partial), other]))))
+    states = out.filter(pc.equal(out.column("kind"), METRIC))
+    assert states.num_rows == partial.table.num_rows and pc.all(pc.equal(states.column("d"), index)).as_py()
+    for name in partial.table.column_names:
+        assert states.column(name).equals(partial.table.column(name)), name
+    if "b" not in partial.table.column_names:
+        assert pc.all(pc.equal(states.column("b"), -1)).as_py()
+    assert out.filter(pc.equal(out.column("kind"), TOPN)).to_pylist()[0]["key"] == "k"
+
+
+def test_many_states_are_cut_into_blobs_of_pack_rows(partials: list[tuple[int, MetricPartial]]) -> None:
+    index, partial = partials[0]
+    repeats = PACK_ROWS // partial.table.num_rows + 2
+    big = type(partial)(pa.concat_tables([partial.table] * repeats), "minute")  # (keys repeat: a packing test)
+    rows = packed_rows(index, big)
+    assert rows.num_rows == -(-big.table.num_rows // PACK_ROWS) >= 2
+    (back,) = unpacked_partials(pa.Table.from_batches([rows]), DEFAULT_DEFINITIONS).values()
+    assert pa.concat_tables(p.table for p in back).equals(big.table)
+
+
+def test_partial_rows_pack_metrics_and_keep_top_n_rows(partials: list[tuple[int, MetricPartial]]) -> None:
+    index, partial = partials[0]
+    packed = partial_rows(index, partial)
+    assert packed.num_rows == 1 and packed.column("entity").null_count == 1 and packed.column("ipc").null_count == 0
+    batch = pa.Table.from_batches(list(generate_events(2_000, services=3, seed=1)))
+    topns = [
+        (i, p) for i, p in enumerate(aggregate_batch(batch, DEFAULT_DEFINITIONS)) if not isinstance(p, MetricPartial)
+    ]
+    i, topn = next((i, p) for i, p in topns if p.table.num_rows)
+    rows = partial_rows(i, topn)
+    assert rows.num_rows == topn.table.num_rows and rows.column("ipc").null_count == rows.num_rows
+    assert pc.all(pc.equal(rows.column("kind"), TOPN)).as_py()
+
+
+def test_the_local_daemon_drops_only_zips_of_an_installed_pyspark(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    site = tmp_path / "site"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    assert installed_copies([*zips, str(site)]) == zips[:1]  # py4j is not installed beside it
+    (site / "py4j").mkdir()
+    (site / "py4j" / "__init__.py").write_text("")
+    assert installed_copies([*zips, str(site)]) == zips
+    assert installed_copies(zips) == []  # the install is not on the path: the zips are all there is
+    assert installed_copies(["/opt/spark/python/lib/pyspark.zip", str(site)]) == []
