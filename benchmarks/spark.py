@@ -36,6 +36,7 @@ and the longest task, which is the stage's time on a cluster with a core per par
     .venv/bin/python benchmarks/spark.py [--events 5000000] [--runs 3] [--master local[*]]
     .venv/bin/python benchmarks/spark.py --cluster    # local[2] beside a standalone cluster (spark-cluster.json)
     .venv/bin/python benchmarks/spark.py --stream --servers HOST:PORT    # streaming: Kafka beside files
+    .venv/bin/python benchmarks/spark.py --engines    # the Spark engine beside the local engine, per format
 
 3. **Streaming** (``--stream``, its own run; default 1M events): ``drainpipe stream`` from a Kafka topic beside
    ``drainpipe stream`` over a directory of files, on the same events. The events (the skewed default workload,
@@ -46,6 +47,15 @@ and the longest task, which is the stage's time on a cluster with a core per par
    micro-batch) and ``kafka stream`` (``--bootstrap-servers ... --topic ...``: Spark's Kafka source, every message
    in one micro-batch). The two stores are checked to hold the same values first; medians of ``--runs``, events/s,
    and the Kafka stream's ratio to the file stream (no target yet): ``spark-stream.json``.
+
+4. **The Spark engine beside the local engine** (``--engines``, its own run; default 4M events, ``local[2]``): the
+   same ``drainpipe generate`` events as JSON Lines, CSV and Parquet. Per format and round, in turns: ``drainpipe
+   run -q`` (the local engine) and ``drainpipe run -q --engine spark --spark-master local[2]``, each a process timed
+   from start to exit (the Spark one's "Spark started in" is its JVM's start, reported apart), then ``run_batch``
+   in a session this benchmark started once (its first run per format is a warm-up). The ratios are events/s
+   against ``drainpipe run``'s own events/s (what it prints: its work without the interpreter's start) and, for
+   the CLI, wall against wall; issue 57's targets: ``run_batch`` >= 0.8x, the CLI >= 0.3x.
+   ``spark-engines.json``.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ import argparse
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -394,6 +406,92 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
     return 0
 
 
+_RATE = re.compile(r"([\d,]+) events/s over (\d+\.\d+) s")
+_STARTED = re.compile(r"Spark started in (\d+\.\d+) s")
+
+
+def _cli(args: list[str], work: Path) -> tuple[float, float, float | None]:
+    """``drainpipe run -q ARGS`` into a fresh store in ``work``: (wall seconds, the events/s it printed, the JVM's
+    start it printed or None)."""
+    for old in work.glob("cli.*"):
+        old.unlink() if old.is_file() else shutil.rmtree(old)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "drainpipe.cli", "run", "-q", *args, "--store",
+                           f"duckdb:///{work / 'cli.duckdb'}"], capture_output=True, text=True, cwd=work,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})  # fmt: skip
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"drainpipe run failed: {done.stderr.strip().splitlines()[-1:]}")
+    rate = _RATE.search(done.stdout)
+    started = _STARTED.search(done.stdout)
+    assert rate is not None, done.stdout
+    return wall, float(rate.group(1).replace(",", "")), float(started.group(1)) if started else None
+
+
+def engines_comparison(args: argparse.Namespace) -> int:
+    """Section 4: per format, the local engine's CLI, the Spark engine's CLI and ``run_batch`` in a started session,
+    in turns; ``spark-engines.json``."""
+    from drainpipe.pipeline.generator import write_events
+
+    events = args.events or 4_000_000
+    data_dir = Path(args.data_dir) / f"engines-{events}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for fmt in ("jsonl", "csv", "parquet"):
+        path = data_dir / f"events.{fmt}"
+        if not path.exists():
+            write_events(generate_events(events), path)
+        paths[fmt] = path
+    spark = spark_session("local[2]", app_name="drainpipe-bench-engines", quiet=True)
+    out: dict[str, Any] = {"events": events, "runs": args.runs, "cores": os.cpu_count(), "master": "local[2]",
+                           "load_avg_start": os.getloadavg()[0], "formats": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+        work = Path(tmp)
+
+        def in_session(path: Path) -> float:
+            for old in work.glob("rb.*"):
+                old.unlink()
+            t0 = time.perf_counter()
+            summary = run_batch([str(path)], store_url=f"duckdb:///{work / 'rb.duckdb'}", spark=spark)
+            assert summary["accepted"] == events, summary
+            return time.perf_counter() - t0
+
+        rows: dict[str, dict[str, list[float]]] = {}
+        for fmt, path in paths.items():
+            in_session(path)  # warm-up: the session's first job of this format
+            rows[fmt] = {"local_wall": [], "local_rate": [], "spark_wall": [], "spark_start": [], "run_batch": []}
+        for _ in range(args.runs):
+            for fmt, path in paths.items():
+                r = rows[fmt]
+                wall, rate, _ = _cli(["--input", str(path)], work)
+                r["local_wall"].append(wall)
+                r["local_rate"].append(rate)
+                wall, _, started = _cli(["--input", str(path), "--engine", "spark", "--spark-master", "local[2]"], work)
+                r["spark_wall"].append(wall)
+                r["spark_start"].append(started or 0.0)
+                r["run_batch"].append(in_session(path))
+    spark.stop()
+    print("| format | `drainpipe run` (CLI, wall) | its events/s | `--engine spark` (CLI, wall; JVM start) | CLI / CLI "
+          "| `run_batch`, session started | its events/s | x `drainpipe run` |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for fmt, r in rows.items():
+        m = {k: statistics.median(v) for k, v in r.items()}
+        rate = events / m["run_batch"]
+        out["formats"][fmt] = {**r, "medians": m, "cli_ratio": m["local_wall"] / m["spark_wall"],
+                               "run_batch_events_per_s": rate, "run_batch_ratio": rate / m["local_rate"]}  # fmt: skip
+        f = out["formats"][fmt]
+        print(f"| {fmt} | {m['local_wall']:.2f} s | {m['local_rate']:,.0f} | {m['spark_wall']:.2f} s "
+              f"({m['spark_start']:.2f} s) | **{f['cli_ratio']:.2f}x** | {m['run_batch']:.2f} s | {rate:,.0f} "
+              f"| **{f['run_batch_ratio']:.2f}x** |")  # fmt: skip
+    out["load_avg_end"] = os.getloadavg()[0]
+    out["targets"] = {"run_batch_0.8x": {f: v["run_batch_ratio"] >= 0.8 for f, v in out["formats"].items()},
+                      "cli_0.3x_jsonl": out["formats"]["jsonl"]["cli_ratio"] >= 0.3}  # fmt: skip
+    target = Path(args.out).with_name("spark-engines.json")
+    target.write_text(json.dumps(out, indent=2))
+    print(f"\nwritten {target}")
+    return 0
+
+
 def split_file(path: Path, directory: Path, files: int) -> Path:
     """``path``'s lines cut into ``files`` JSON Lines files in ``directory`` (written once)."""
     if not (directory / ".complete").exists():
@@ -479,9 +577,13 @@ def main() -> int:
     parser.add_argument("--servers", default=os.environ.get("DRAINPIPE_TEST_KAFKA", "127.0.0.1:9092"),
                         help="--stream: the Kafka broker (scripts/kafka.sh url)")  # fmt: skip
     parser.add_argument("--files", type=int, default=8, help="--stream: files of the file stream")
+    parser.add_argument("--engines", action="store_true",
+                        help="section 4: the Spark engine beside the local engine, per format (default 4M events)")  # fmt: skip
     args = parser.parse_args()
     if args.stream:
         return stream_comparison(args)
+    if args.engines:
+        return engines_comparison(args)
     args.events = args.events or 5_000_000
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from spark_testlib import SPARK
 
 from drainpipe.pipeline import DEFAULT_DEFINITIONS
 from drainpipe.pipeline.definitions import load_definitions
-from testlib import assert_same_results, stored
+from testlib import assert_same_results, stored, wait_until
 
 pytestmark = SPARK
 
@@ -34,9 +34,21 @@ def _events(path: Path, n: int) -> None:
 SETTINGS_ONLY = '[prometheus]\nexemplars = true\n[retention]\nminute = "30d"\n'
 
 
-def _drainpipe(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def _drainpipe(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "drainpipe.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)  # fmt: skip
+
+
+def _marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``DRAINPIPE_TEST_MARK=mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"DRAINPIPE_TEST_MARK={mark}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(int(pid))
+        except OSError:  # (gone, or not ours to read)
+            continue
+    return found
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[list[str], str]:
@@ -55,8 +67,10 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
     incoming.mkdir()
     _events(incoming / "a.jsonl", 2000)
     (tmp_path / "run" / "m.toml").write_text(SETTINGS_ONLY)
+    mark = f"{os.getpid()}-{tmp_path.name}"
     run = _drainpipe(tmp_path / "run", "run", "-q", "--engine", "spark", "--spark-master", "local[1]", "--input",
-                     str(events), "--store", f"duckdb:///{tmp_path}/run/s.duckdb", "--metrics", "m.toml")  # fmt: skip
+                     str(events), "--store", f"duckdb:///{tmp_path}/run/s.duckdb", "--metrics", "m.toml",
+                     env={**os.environ, "DRAINPIPE_TEST_MARK": mark})  # fmt: skip
     stream = _drainpipe(tmp_path, "stream", "--input", str(incoming), "--checkpoint", str(tmp_path / "ck"),
                         "--store", f"duckdb:///{tmp_path}/s.duckdb", "--trigger-once", "--spark-master", "local[1]")  # fmt: skip
     fallback = subprocess.Popen([sys.executable, "-m", "drainpipe.cli", "run", "-q", "--engine", "spark",
@@ -67,6 +81,8 @@ def test_spark_run_and_stream_print_the_local_engines_summary_and_no_jvm_output(
 
     lines, err = _finish(run)
     assert err == "", err
+    # the command leaves its session to end with it: the JVM and its Python workers stop on their own
+    wait_until(lambda: not _marked(mark), timeout=60, interval=0.1, what="the Spark JVM of a finished run to exit")
     assert lines[0] == "read 1,501 = accepted 1,500 + rejected 1   dropped 0   handler errors 0"
     assert re.fullmatch(r"[\d,]+ events/s over \d+\.\d\d s into duckdb:///.*/s\.duckdb \(spark\)", lines[1]), lines[1]
     assert lines[2] == f"rejects appended to {tmp_path}/run/s.rejected.jsonl: invalid JSON (1)"

@@ -7,7 +7,7 @@ from datetime import UTC
 from pathlib import Path
 
 import pytest
-from spark_testlib import SPARK, assert_same_results, local_reference, skewed_inputs
+from spark_testlib import SPARK, assert_same_partials, assert_same_results, local_reference, skewed_inputs
 
 from drainpipe.errors import SparkSetupError
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, MetricDef, TopNDef
@@ -86,6 +86,26 @@ def test_metric_states_streamed_to_the_driver_equal_the_local_engine(
     summary = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
     assert "metric merge" not in summary["stage_s"]  # (the collected merge's stage: not taken)
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
+
+
+def test_every_way_the_metric_states_reach_the_driver_gives_the_same_partials(spark, inputs) -> None:
+    """Tasks whose states are few send them with the first action; the others' are collected by a second one, or
+    merged by Spark when they are many; a stream's micro-batch after a small one collects all in one action."""
+    from drainpipe.inputs import plan_parts
+    from drainpipe.spark.engine import aggregate_splits
+    from drainpipe.spark.splits import plan_splits
+
+    splits = plan_splits([part for path in inputs for part in plan_parts(path, 2_000, workers=2)])
+    first = aggregate_splits(spark, splits, DEFAULT_DEFINITIONS)
+    assert first.metric_merge == "first action" and first.state_rows > 0
+    # a budget of the total: the task over the average holds its states back, the second action collects them
+    ways = {"collected": JobOptions(driver_merge_rows=first.state_rows), "spark": JobOptions(driver_merge_rows=0),
+            "one action": JobOptions(driver_merge=True)}  # fmt: skip
+    for how, options in ways.items():
+        other = aggregate_splits(spark, splits, DEFAULT_DEFINITIONS, options)
+        assert other.metric_merge == how
+        assert (other.stats.read, other.state_rows) == (first.stats.read, first.state_rows)
+        assert_same_partials(first.partials, other.partials)
 
 
 def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path: Path) -> None:

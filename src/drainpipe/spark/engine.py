@@ -7,14 +7,16 @@ Both batch (:func:`drainpipe.spark.run_batch`) and streaming (each micro-batch) 
 
 Stages (``per_type="map"``, the default)::
 
-    spark.range(splits, one per partition, heaviest split first) --mapInArrow(scan_states)-->
-        read + validate + aggregate_batch over the task's split             -> STATE_ROWS (persisted)
-    TOPN, REJECT, SPLIT, TASK rows -------------------------------------------------> driver   (action 1)
+    spark.range(task groups: consecutive splits, about equal weight, two tasks a core) --mapInArrow(scan_states)-->
+        read + validate + aggregate_batch over the task's splits  -> STATE_ROWS (persisted; metric states packed
+                                                                     as Arrow IPC, ``inline`` when the task's are
+                                                                     at most driver_merge_rows / tasks)
+    TOPN, REJECT, SPLIT, TASK rows and the inline METRIC rows ------------------------> driver   (action 1)
       (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are first merged in Spark:
        repartition(d, entity, bucket) --mapInArrow(merge_topn))
-    METRIC rows, at most driver_merge_rows (the tasks' reports say how many) -------> driver   (action 2)
-        merged there with the shared merge, the guard by name
-    METRIC rows, more --groupBy(d, entity, bucket, b).agg(sum | min | max per state column)
+    every task's came inline: merged on the driver with the shared merge, the guard by name (one action)
+    the others' METRIC rows, all tasks' together at most driver_merge_rows --------> driver   (action 2)
+    more: METRIC rows --unpack_rows--groupBy(d, entity, bucket, b).agg(sum | min | max per state column)
         [--> the cardinality guard (a window per scope and minute), when the tasks' reports say it can fold]
         ------------------------------------------------------------------------------> driver   (action 2)
 
@@ -35,7 +37,6 @@ each partition; the states then merge exactly as above. Results are identical in
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import re
@@ -116,6 +117,8 @@ __all__ = [
     "merge_states",
     "parallelism",
     "ingest_files",
+    "inline_rows",
+    "task_groups",
     "Progress",
 ]
 
@@ -179,6 +182,10 @@ class JobResult:
     # tasks per (C extensions their Python ran, why any was missing): which tier the executors ran
     tiers: Counter[tuple[str, str]] = field(default_factory=Counter)
     state_rows: int = 0  # the metric state rows the tasks made (what a driver merge would collect)
+    # how the metric states were merged: "first action" (every task's came with the bookkeeping), "collected"
+    # (the rest collected by a second action), "spark", "streamed" (by Spark, handed out in chunks), "one action"
+    # (JobOptions.driver_merge), "" (no metric states)
+    metric_merge: str = ""
 
     def all_partials(self) -> Iterator[Partial]:
         """The partials, then the streamed metric chunks if any (once: chunks are consumed as they come)."""
@@ -211,21 +218,25 @@ def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:
 
 
 def task_groups(splits: Sequence[Split], tasks: int) -> list[list[Split]]:
-    """The splits dealt to at most ``tasks`` tasks, longest-processing-time first (each split, heaviest first, to
-    the task with the least weight so far), heaviest task first: Spark schedules partition i before i + 1. Each
-    task reads its splits in plan order.
+    """The splits in plan order cut into at most ``tasks`` runs of about equal weight (a run ends once the runs so
+    far reach their share of the total: no run exceeds its share by more than one split), heaviest run first:
+    Spark schedules partition i before i + 1.
 
-    Fewer tasks than splits because a task has a fixed cost (its scheduling, the Python worker's round trips, its
-    own states to merge: 40-70 ms and a set of state rows each on two cores) that sixteen splits paid sixteen
-    times; two tasks a core keep a slow core from holding the job up by more than half its share."""
-    loads = [(0, t) for t in range(max(1, min(tasks, len(splits))))]
-    groups: list[list[Split]] = [[] for _ in loads]
-    for split in sorted(splits, key=lambda s: (-s.weight, s.index)):
-        load, t = heapq.heappop(loads)
-        groups[t].append(split)
-        heapq.heappush(loads, (load + split.weight, t))
-    weight = {id(g): sum(s.weight for s in g) for g in groups}
-    return [sorted(g, key=lambda s: s.index) for g in sorted(groups, key=lambda g: -weight[id(g)]) if g]
+    Fewer tasks than splits because a task has a fixed cost (its scheduling, the Python worker's round trips:
+    40-70 ms on two cores) and makes its own states to merge; two tasks a core keep a slow core from holding the
+    job up by more than half its share. Runs of consecutive parts because an input in time order then gives each
+    task its own minutes: fewer state rows than tasks that each see the whole span."""
+    count = max(1, min(tasks, len(splits)))
+    total = sum(s.weight for s in splits)
+    groups: list[list[Split]] = [[]]
+    done = 0
+    for position, split in enumerate(splits):
+        groups[-1].append(split)
+        done += split.weight
+        left = len(splits) - position - 1  # splits still to place, for count - len(groups) runs still to open
+        if len(groups) < count and left and (done * count >= total * len(groups) or left == count - len(groups)):
+            groups.append([])
+    return sorted(groups, key=lambda g: -sum(s.weight for s in g))
 
 
 def _splits_frame(spark: SparkSession, count: int) -> DataFrame:
@@ -345,7 +356,8 @@ def aggregate_splits(
     groups = task_groups(splits, options.tasks_per_core * parallelism(spark))
     frame = _splits_frame(spark, len(groups))
     if options.per_type == "map":
-        states = frame.mapInArrow(scan_states(definitions, groups, accumulators), spark_schema(STATE_ROWS))
+        inline = inline_rows(options, len(groups))
+        states = frame.mapInArrow(scan_states(definitions, groups, accumulators, inline), spark_schema(STATE_ROWS))
         return merge_states(spark, states, len(groups), definitions, options, splits, stage_s)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
@@ -391,11 +403,17 @@ def per_type_stage(
         has_key = reduce(lambda a, b: a | b, present) if present else F.lit(False)
         events = events.where(has_key | ~F.col("kind").isin(EVENT, EXIT) if bookkeeping else has_key)
     states = skew.place(events, placement, options.type_key).mapInArrow(
-        aggregate_events(definitions), spark_schema(STATE_ROWS)
+        aggregate_events(definitions, inline_rows=inline_rows(options, placement.partitions)), spark_schema(STATE_ROWS)
     )
     return merge_states(
         spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}), placement
     )
+
+
+def inline_rows(options: JobOptions, tasks: int) -> int:
+    """The metric state rows a task's may be for the job's first action to collect them (``inline``): the driver
+    then holds at most ``options.driver_merge_rows`` of them whatever the tasks made (0: Spark always merges)."""
+    return options.driver_merge_rows // max(1, tasks)
 
 
 #: up to this many state-producing tasks, the top-N rows (at most n per key and task) are merged on the driver;
@@ -417,12 +435,15 @@ def merge_states(
     collect them with the bookkeeping rows; ``splits`` (or a mapping from their indexes) name the sources of the
     rejects.
 
-    With metrics, two actions over the persisted states: the top-N and bookkeeping rows (which materialises them;
-    the tasks' reports say whether the cardinality guard can fold anything, :func:`_entity_bound`, and how many
-    state rows they made), then the metric merge: at most ``options.driver_merge_rows`` state rows are collected as
-    they are and merged on the driver; more are merged by Spark (and collected, or handed out in chunks with
-    ``options.stream_metrics``). Without metrics, one action and nothing persisted. ``options.driver_merge``: one
-    action, everything collected and merged on the driver, nothing persisted."""
+    With metrics, the states are persisted and the first action collects the top-N and bookkeeping rows with the
+    metric states of the tasks that marked theirs ``inline`` (each at most :func:`inline_rows`: the driver holds at
+    most ``options.driver_merge_rows`` of them). The tasks' reports say whether the cardinality guard can fold
+    anything (:func:`_entity_bound`) and how many state rows they made. When every task's came inline they are
+    merged on the driver: one action. Otherwise a second: the other tasks' states are collected when all are at
+    most ``options.driver_merge_rows``, or every task's are merged by Spark (and collected, or handed out in chunks
+    with ``options.stream_metrics``). :attr:`JobResult.metric_merge` says which. Without metrics, one action and
+    nothing persisted. ``options.driver_merge``: one action, everything collected and merged on the driver,
+    nothing persisted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -434,28 +455,35 @@ def merge_states(
         states = states.persist(StorageLevel.MEMORY_AND_DISK)
     stream = options.stream_metrics and bool(definitions.metrics)
     merged = on_driver = None
+    how = ""
     try:
-        rest = states.filter(F.col("kind") >= (TOPN if definitions.topns else REJECT))
+        # the first action: bookkeeping, the top-N rows and the metric states of the tasks that made few (inline)
+        inline = (F.col("kind") == METRIC) & F.col("inline")
+        rest = states.filter((F.col("kind") >= (TOPN if definitions.topns else REJECT)) | inline)
         if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
             topn_rows = states.filter(F.col("kind") == TOPN).repartition(
                 _shuffle_partitions(spark, options), "d", "entity", "bucket"
             )
             rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(
-                states.filter(F.col("kind") >= REJECT)
+                states.filter((F.col("kind") >= REJECT) | inline)
             )
         collected = _collect(rest)
         meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
         guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
+        rows, withheld = _state_rows(meta), _withheld_rows(meta)
         # streamed only when the merged states may be too many to collect at once (the tasks' state rows bound
         # them): a stream's partitions cost a job each, seconds for a few hundred thousand rows
-        stream = stream and _state_rows(meta) > STREAM_METRICS_ABOVE_ROWS
+        stream = stream and rows > STREAM_METRICS_ABOVE_ROWS
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
-            if options.driver_merge_rows and _state_rows(meta) <= options.driver_merge_rows:  # few: merged here
-                on_driver = _collect(states.filter(F.col("kind") == METRIC))
+            if not withheld:  # every task's states came with the first action
+                on_driver, how = collected, "first action"
+            elif options.driver_merge_rows and rows <= options.driver_merge_rows:  # few: merged here
+                rest_rows = _collect(states.filter((F.col("kind") == METRIC) & ~F.col("inline")))
+                on_driver, how = pa.concat_tables([collected, rest_rows]), "collected"
             else:
-                merged = _collect(_metric_merge(states, definitions, guard))
+                merged, how = _collect(_metric_merge(states, definitions, guard)), "spark"
             stage_s["metric merge"] = time.perf_counter() - clock
     except BaseException:
         if definitions.metrics:
@@ -474,6 +502,7 @@ def merge_states(
         metrics = _driver_merge(on_driver, definitions, guard, overflow)
         stage_s["metric merge"] += time.perf_counter() - clock
     result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
+    result.metric_merge = "streamed" if stream else how
     if stream:
         result.partials = [p for p in result.partials if not isinstance(p, MetricPartial)]
         frame = _metric_merge(states, definitions, guard).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
@@ -518,6 +547,7 @@ def _merge_on_driver(
     guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
     metrics = _driver_merge(collected, definitions, guard, overflow)
     result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
+    result.metric_merge = "one action" if definitions.metrics else ""
     stage_s["metric merge"] = time.perf_counter() - clock
     return result
 
@@ -570,6 +600,12 @@ def _pair_keys(table: pa.Table) -> pa.Array:
 def _state_rows(meta: pa.Table) -> int:
     """The metric state rows the aggregating tasks emitted: no more are merged."""
     return sum(json.loads(info).get("rows", 0) for info in select_rows(meta, TASK).column("info").to_pylist())
+
+
+def _withheld_rows(meta: pa.Table) -> int:
+    """The metric state rows of the tasks whose states were too many for the first action (not ``inline``)."""
+    reports = (json.loads(info) for info in select_rows(meta, TASK).column("info").to_pylist())
+    return sum(r.get("rows", 0) for r in reports if not r.get("inline"))
 
 
 def _entity_bound(meta: pa.Table) -> dict[str, int]:

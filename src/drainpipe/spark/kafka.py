@@ -58,7 +58,7 @@ from drainpipe.pipeline import Definitions, Driver, PartBooks, SourceProgress, S
 
 from . import skew
 from .commits import JobCommit
-from .engine import JobOptions, JobResult, merge_states, parallelism, per_type_stage
+from .engine import JobOptions, JobResult, inline_rows, merge_states, parallelism, per_type_stage
 from .rows import EVENT_ROWS, REJECT, SPLIT, STATE_ROWS, info_row, meta_rows, spark_schema
 from .splits import Split
 from .tasks import EventReader, read_events, read_states
@@ -325,7 +325,8 @@ def _job(
     messages = frame.select("topic", "partition", "offset", "value").coalesce(tasks)
     job = replace(options, stream_metrics=True)
     if options.per_type == "map":
-        states = messages.mapInArrow(read_states(definitions, reader, "decode+aggregate"), spark_schema(STATE_ROWS))
+        stage = read_states(definitions, reader, "decode+aggregate", inline_rows(job, tasks))
+        states = messages.mapInArrow(stage, spark_schema(STATE_ROWS))
         return merge_states(spark, states, tasks, definitions, job, splits)
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
     events = messages.mapInArrow(read_events(reader, "decode"), spark_schema(EVENT_ROWS))

@@ -6,7 +6,8 @@ Two Arrow schemas (Spark schemas are derived from them, :func:`spark_schema`):
   bookkeeping, told apart by ``kind``:
 
   ========== ===================================================================================
-  METRIC     ``d`` (index into ``Definitions.all``) and ``ipc``: up to :data:`PACK_ROWS` of the definition's
+  METRIC     ``d`` (index into ``Definitions.all``), ``inline`` (collected by the job's first action: the
+             task's states were few) and ``ipc``: up to :data:`PACK_ROWS` of the definition's
              minute states (the partial's own table: ``entity``, ``bucket``, ``b`` for a percentile, the state
              columns :data:`~drainpipe.pipeline.partials.STATE_COLUMNS`) as one Arrow IPC stream
              (:func:`packed_rows`); :func:`unpack_rows` lays them out as rows for a Spark merge: ``entity``,
@@ -107,6 +108,7 @@ STATE_ROWS = pa.schema(
         pa.field("key", pa.string()),
         *_META,
         pa.field("ipc", pa.binary()),
+        pa.field("inline", pa.bool_()),
     ]
 )
 
@@ -171,9 +173,10 @@ def partial_rows(index: int, partial: Partial) -> pa.RecordBatch:
 PACK_ROWS = 1 << 17
 
 
-def packed_rows(index: int, partial: MetricPartial) -> pa.RecordBatch:
+def packed_rows(index: int, partial: MetricPartial, inline: bool = False) -> pa.RecordBatch:
     """The states of the metric ``partial`` (definition number ``index``) as packed METRIC rows of
-    :data:`STATE_ROWS`: its table in slices of :data:`PACK_ROWS`, each an Arrow IPC stream."""
+    :data:`STATE_ROWS`: its table in slices of :data:`PACK_ROWS`, each an Arrow IPC stream; ``inline`` marks them
+    for the job's first action."""
     table = partial.table
     sink = pa.BufferOutputStream()  # the blobs one after the other: the array's data buffer, not copied again
     offsets = [0]
@@ -185,7 +188,7 @@ def packed_rows(index: int, partial: MetricPartial) -> pa.RecordBatch:
     blobs = pa.Array.from_buffers(
         pa.binary(), len(offsets) - 1, [None, pa.py_buffer(np.array(offsets, np.int32)), sink.getvalue()]
     )
-    return _batch(STATE_ROWS, len(blobs), {"kind": METRIC, "d": index, "ipc": blobs})
+    return _batch(STATE_ROWS, len(blobs), {"kind": METRIC, "d": index, "ipc": blobs, "inline": inline})
 
 
 def _unpacked(rows: pa.Table | pa.RecordBatch) -> Iterator[tuple[int, pa.Table]]:

@@ -56,6 +56,7 @@ from .rows import (
     fill_unused,
     info_row,
     meta_rows,
+    packed_rows,
     partial_rows,
     select_rows,
     topn_partial,
@@ -118,12 +119,14 @@ def _bookkeeping(schema: pa.Schema, split: Split, result: SplitResult) -> Iterat
 class _Aggregator:
     """Partial states of every definition over one task's events (the local engine's L1, in a task)."""
 
-    def __init__(self, definitions: Definitions) -> None:
+    def __init__(self, definitions: Definitions, inline_rows: int = 0) -> None:
         self.definitions = definitions
+        self.inline_rows = inline_rows
         self.accumulators = [MetricAccumulator(d) for d in definitions.all]
         self.events = 0
         self.entities: dict[str, int] = {}
         self.state_rows = 0  # metric state rows emitted (the driver sums them: a bound on the merged states)
+        self.inline = False  # whether they were marked for the job's first action (at most inline_rows of them)
 
     def add(self, batch: EventBatch | pa.RecordBatch | pa.Table) -> None:
         if batch.num_rows:
@@ -132,19 +135,23 @@ class _Aggregator:
                 accumulator.add(partial)
 
     def report(self) -> dict[str, Any]:
-        return {"events": self.events, "entities": self.entities, "rows": self.state_rows}
+        return {"events": self.events, "entities": self.entities, "rows": self.state_rows, "inline": self.inline}
 
     def rows(self) -> Iterator[pa.RecordBatch]:
-        """The task's states; afterwards :attr:`entities` holds, per metric scope, the most distinct entities of
-        one bucket among them (the driver sums these over tasks: a bound that tells it whether the cardinality
-        guard can have anything to fold)."""
+        """The task's states, its metric states marked ``inline`` when they are at most ``inline_rows`` (the job's
+        first action collects those: the driver then holds at most ``inline_rows`` a task); afterwards
+        :attr:`entities` holds, per metric scope, the most distinct entities of one bucket among them (the driver
+        sums these over tasks: a bound that tells it whether the cardinality guard can have anything to fold)."""
         keys: dict[str, list[pa.Table]] = {}
-        for index, accumulator in enumerate(self.accumulators):
-            merged = accumulator.drain()
-            if merged is not None and merged.table.num_rows:
-                if isinstance(merged, MetricPartial):
-                    keys.setdefault(merged.definition.scope, []).append(merged.table.select(["bucket", "entity"]))
-                    self.state_rows += merged.table.num_rows
+        drained = [(i, a.drain()) for i, a in enumerate(self.accumulators)]
+        states = [(i, p) for i, p in drained if p is not None and p.table.num_rows]
+        self.state_rows = sum(p.table.num_rows for _, p in states if isinstance(p, MetricPartial))
+        self.inline = 0 < self.state_rows <= self.inline_rows
+        for index, merged in states:
+            if isinstance(merged, MetricPartial):
+                keys.setdefault(merged.definition.scope, []).append(merged.table.select(["bucket", "entity"]))
+                yield packed_rows(index, merged, inline=self.inline)
+            else:
                 yield partial_rows(index, merged)
         for scope, tables in keys.items():
             per_bucket = pa.concat_tables(tables).group_by("bucket").aggregate([("entity", "count_distinct")])
@@ -174,12 +181,13 @@ def native_tiers() -> str:
 EventReader = Callable[[Iterator[pa.RecordBatch], pa.Schema], Iterator[EventBatch | pa.RecordBatch]]
 
 
-def read_states(definitions: Definitions, read: EventReader, stage: str) -> ArrowMapFn:
+def read_states(definitions: Definitions, read: EventReader, stage: str, inline_rows: int = 0) -> ArrowMapFn:
     """Read the task's events with ``read`` and partially aggregate every definition over them in the task
-    (``per_type="map"``): STATE_ROWS, with ``read``'s bookkeeping rows and the task's TASK row."""
+    (``per_type="map"``): STATE_ROWS, with ``read``'s bookkeeping rows and the task's TASK row; its metric states
+    marked ``inline`` when they are at most ``inline_rows``."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        aggregator = _Aggregator(definitions)
+        aggregator = _Aggregator(definitions, inline_rows)
 
         def body() -> Iterator[pa.RecordBatch]:
             for item in read(batches, STATE_ROWS):
@@ -229,10 +237,13 @@ def split_reader(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any
 
 
 def scan_states(
-    definitions: Definitions, groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None
+    definitions: Definitions,
+    groups: Sequence[Sequence[Split]],
+    accumulators: tuple[Any, Any] | None = None,
+    inline_rows: int = 0,
 ) -> ArrowMapFn:
     """Read, validate and partially aggregate the splits of the partition's group (``per_type="map"``)."""
-    return read_states(definitions, split_reader(groups, accumulators), "scan+aggregate")
+    return read_states(definitions, split_reader(groups, accumulators), "scan+aggregate", inline_rows)
 
 
 def scan_events(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
@@ -255,13 +266,13 @@ def _as_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=STATE_ROWS)
 
 
-def aggregate_events(definitions: Definitions, stage: str = "per-type") -> ArrowMapFn:
+def aggregate_events(definitions: Definitions, stage: str = "per-type", inline_rows: int = 0) -> ArrowMapFn:
     """The per-type stage: aggregate the events of the partition (any layout holding the event columns the
     definitions use, :func:`~drainpipe.spark.rows.columns_used`; with a ``kind`` column, EXIT rows feed only the
     top-Ns keyed on ``db_statement`` and other non-EVENT rows are bookkeeping that passes through)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        aggregator = _Aggregator(definitions)
+        aggregator = _Aggregator(definitions, inline_rows)
 
         def body() -> Iterator[pa.RecordBatch]:
             for batch in batches:
