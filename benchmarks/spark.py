@@ -54,7 +54,8 @@ and the longest task, which is the stage's time on a cluster with a core per par
    from start to exit (the Spark one's "Spark started in" is its JVM's start, reported apart), then ``run_batch``
    in a session this benchmark started once (its first run per format is a warm-up). The ratios are events/s
    against ``drainpipe run``'s own events/s (what it prints: its work without the interpreter's start) and, for
-   the CLI, wall against wall; issue 57's targets: ``run_batch`` >= 0.8x, the CLI >= 0.3x.
+   the CLI, wall against wall; issue 57's targets: ``run_batch`` >= 0.8x, the CLI >= 0.3x. With ``--cluster``,
+   ``run_batch`` on the standalone cluster of ``--cluster`` below, per format, against the same ``drainpipe run``.
    ``spark-engines.json``.
 """
 
@@ -388,7 +389,7 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
     spark.stop()
     with tempfile.TemporaryDirectory(dir=data_dir) as work, standalone_cluster(Path(work)) as cluster:
         conf = {"spark.sql.shuffle.partitions": str(PARTITIONS), "spark.pyspark.python": cluster.python,
-                "spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "2g",
+                "spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "1g",
                 "spark.driver.host": "127.0.0.1"}  # fmt: skip
         spark = spark_session(cluster.master, conf, app_name="drainpipe-bench-cluster")
         out["standalone, 2 executors x 1 core"] = builtin_benchmark(spark, path, args.runs, Path(work))
@@ -470,7 +471,9 @@ def engines_comparison(args: argparse.Namespace) -> int:
                 r["spark_wall"].append(wall)
                 r["spark_start"].append(started or 0.0)
                 r["run_batch"].append(in_session(path))
-    spark.stop()
+        spark.stop()
+        if args.cluster:
+            _engines_on_a_cluster(paths, events, args.runs, work, rows)
     print("| format | `drainpipe run` (CLI, wall) | its events/s | `--engine spark` (CLI, wall; JVM start) | CLI / CLI "
           "| `run_batch`, session started | its events/s | x `drainpipe run` |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
@@ -483,6 +486,14 @@ def engines_comparison(args: argparse.Namespace) -> int:
         print(f"| {fmt} | {m['local_wall']:.2f} s | {m['local_rate']:,.0f} | {m['spark_wall']:.2f} s "
               f"({m['spark_start']:.2f} s) | **{f['cli_ratio']:.2f}x** | {m['run_batch']:.2f} s | {rate:,.0f} "
               f"| **{f['run_batch_ratio']:.2f}x** |")  # fmt: skip
+    if args.cluster:
+        print("\n| format | `run_batch` on the standalone cluster (2 executors x 1 core), session started | its events/s "
+              "| x `drainpipe run` |\n|---|---|---|---|")  # fmt: skip
+        for fmt, r in rows.items():
+            f = out["formats"][fmt]
+            seconds = statistics.median(r["cluster_run_batch"])
+            f["cluster_run_batch_ratio"] = events / seconds / f["medians"]["local_rate"]
+            print(f"| {fmt} | {seconds:.2f} s | {events / seconds:,.0f} | **{f['cluster_run_batch_ratio']:.2f}x** |")
     out["load_avg_end"] = os.getloadavg()[0]
     out["targets"] = {"run_batch_0.8x": {f: v["run_batch_ratio"] >= 0.8 for f, v in out["formats"].items()},
                       "cli_0.3x_jsonl": out["formats"]["jsonl"]["cli_ratio"] >= 0.3}  # fmt: skip
@@ -490,6 +501,40 @@ def engines_comparison(args: argparse.Namespace) -> int:
     target.write_text(json.dumps(out, indent=2))
     print(f"\nwritten {target}")
     return 0
+
+
+def _engines_on_a_cluster(
+    paths: dict[str, Path], events: int, runs: int, work: Path, rows: dict[str, dict[str, list[float]]]
+) -> None:
+    """``run_batch`` per format on a standalone cluster (the setup of :func:`cluster_comparison`), in a session
+    started once, a warm-up per format, then ``runs`` rounds: into ``rows[fmt]["cluster_run_batch"]``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "spark"))
+    from cluster import standalone_cluster
+
+    # (executors of 1 GB: the worker has 2 GB, and executors of 2 GB made it one executor, not two)
+    with standalone_cluster(work) as cluster:
+        conf = {"spark.pyspark.python": cluster.python, "spark.executor.cores": "1", "spark.cores.max": "2",
+                "spark.executor.memory": "1g", "spark.driver.host": "127.0.0.1"}  # fmt: skip
+        spark = spark_session(cluster.master, conf, app_name="drainpipe-bench-engines-cluster", quiet=True)
+        try:
+
+            def once(path: Path) -> float:
+                for old in work.glob("cl.*"):
+                    old.unlink()
+                t0 = time.perf_counter()
+                summary = run_batch([str(path)], store_url=f"duckdb:///{work / 'cl.duckdb'}", spark=spark)
+                assert summary["accepted"] == events, summary
+                return time.perf_counter() - t0
+
+            for path in paths.values():
+                once(path)  # warm-up
+            for fmt in paths:
+                rows[fmt]["cluster_run_batch"] = []
+            for _ in range(runs):
+                for fmt, path in paths.items():
+                    rows[fmt]["cluster_run_batch"].append(once(path))
+        finally:
+            spark.stop()
 
 
 def split_file(path: Path, directory: Path, files: int) -> Path:
@@ -583,7 +628,7 @@ def main() -> int:
     if args.stream:
         return stream_comparison(args)
     if args.engines:
-        return engines_comparison(args)
+        return engines_comparison(args)  # (with --cluster: run_batch on a standalone cluster too)
     args.events = args.events or 5_000_000
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 __all__ = [
+    "SessionStart",
     "job",
     "add_rate",
     "MIN_JAVA",
@@ -375,6 +377,39 @@ def job_session(
     remote = remote or os.environ.get("SPARK_REMOTE") or None
     active = None if remote is not None else SparkSession.getActiveSession()
     return spark_session(master, conf, quiet=quiet, remote=remote), active is None
+
+
+class SessionStart:
+    """A session starting in a background thread, for a command that has other work before its job (imports, the
+    store): the JVM's start (about 2 s) overlaps it. :meth:`wait` blocks until the session is up and returns it
+    with the seconds its start took, or raises what the start raised. The session is this process's: the caller
+    stops it, or leaves it to end with the process (:func:`short_lived_jvm`). Its SparkContext is made outside the
+    main thread, so it does not install pyspark's SIGINT handler: Ctrl-C interrupts the command as any other."""
+
+    def __init__(self, master: str, conf: Mapping[str, str] | None = None, quiet: bool = False) -> None:
+        self._clock = time.perf_counter()
+        self._done = threading.Event()
+        self._session: SparkSession | None = None
+        self._error: BaseException | None = None
+        self._seconds = 0.0
+        threading.Thread(target=self._run, args=(master, conf, quiet), name="drainpipe-spark-start",
+                         daemon=True).start()  # fmt: skip
+
+    def _run(self, master: str, conf: Mapping[str, str] | None, quiet: bool) -> None:
+        try:
+            self._session = spark_session(master, conf, quiet=quiet)
+        except BaseException as exc:  # handed to wait(), in the caller's thread
+            self._error = exc
+        finally:
+            self._seconds = time.perf_counter() - self._clock
+            self._done.set()
+
+    def wait(self) -> tuple[SparkSession, float]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._session is not None
+        return self._session, self._seconds
 
 
 @contextlib.contextmanager
