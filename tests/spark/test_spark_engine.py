@@ -119,6 +119,23 @@ def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
 
 
+def test_a_session_started_in_the_background_hands_over_its_session_or_its_error(
+    spark, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pyspark.sql import SparkSession
+
+    from drainpipe.spark import SessionStart
+
+    session, seconds = SessionStart("local[2]").wait()  # (the tests' session is active: it is the one)
+    assert session is spark and seconds >= 0
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    starting = SessionStart("local[2]")
+    with pytest.raises(SparkSetupError, match="no Java found"):  # raised in the caller's thread
+        starting.wait()
+
+
 def test_check_java_reports_a_missing_java_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     monkeypatch.setenv("PATH", str(tmp_path))

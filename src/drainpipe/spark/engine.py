@@ -423,7 +423,7 @@ def per_type_stage(
 
 
 def inline_rows(options: JobOptions, tasks: int) -> int:
-    """The metric state rows a task's may be for the job's first action to collect them (``inline``): the driver
+    """The most metric state rows a task may make for the job's first action to collect them (``inline``): the driver
     then holds at most ``options.driver_merge_rows`` of them whatever the tasks made (0: Spark always merges)."""
     return options.driver_merge_rows // max(1, tasks)
 

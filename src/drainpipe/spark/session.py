@@ -241,18 +241,8 @@ def short_lived_jvm() -> None:
     JVM runs without the optimising compiler (C2, ``-XX:TieredStopAtLevel=1``, added to ``SPARK_SUBMIT_OPTS``, so
     a ``spark.driver.extraJavaOptions`` of the user's still wins). The JVM there mostly moves bytes between the input
     and Python, and C2 spent more CPU compiling than it saved in a job of seconds; a long-lived session (a stream,
-    an application's) keeps it: there it pays back (docs/pipeline.md). Call it before the session starts.
-
-    The session such a process's job starts is left to end with the process: its JVM stops itself when this
-    process exits (its standard input closes), running Spark's shutdown hook, which stops the context and removes
-    its files, as ``stop()`` would have (0.3-0.4 s the process no longer waits for)."""
-    global _EXITS_WITH_PROCESS
+    an application's) keeps it: there it pays back (docs/pipeline.md). Call it before the session starts."""
     _add_launcher_option("-XX:TieredStopAtLevel=1", unless=("TieredStopAtLevel",))
-    _EXITS_WITH_PROCESS = True
-
-
-#: set by :func:`short_lived_jvm`: a session a job starts is not stopped by the job (the process exit stops it)
-_EXITS_WITH_PROCESS = False
 
 
 def _map_class_archive() -> None:
@@ -380,11 +370,13 @@ def job_session(
 
 
 class SessionStart:
-    """A session starting in a background thread, for a command that has other work before its job (imports, the
-    store): the JVM's start (about 2 s) overlaps it. :meth:`wait` blocks until the session is up and returns it
-    with the seconds its start took, or raises what the start raised. The session is this process's: the caller
-    stops it, or leaves it to end with the process (:func:`short_lived_jvm`). Its SparkContext is made outside the
-    main thread, so it does not install pyspark's SIGINT handler: Ctrl-C interrupts the command as any other."""
+    """:func:`spark_session` in a background thread, for a command that has other work before its job (its
+    imports): the JVM's start (about 2 s) overlaps it. :meth:`wait` blocks until the session is up and returns it
+    with the seconds its start took, or raises what the start raised. The session is the caller's to stop, or to
+    leave to end with the process (``drainpipe run --engine spark``: its JVM stops itself when the process exits,
+    its standard input closing, and Spark's shutdown hook removes its files; 0.3-0.5 s ``stop()`` took). Its
+    SparkContext is made outside the main thread, so pyspark installs no SIGINT handler: Ctrl-C interrupts the
+    command as any other."""
 
     def __init__(self, master: str, conf: Mapping[str, str] | None = None, quiet: bool = False) -> None:
         self._clock = time.perf_counter()
@@ -428,7 +420,7 @@ def job(
         try:
             yield store, session
         finally:
-            if created and not _EXITS_WITH_PROCESS:
+            if created:
                 session.stop()
     finally:
         store.close()
