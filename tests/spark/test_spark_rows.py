@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, MetricDef
 from drainpipe.pipeline.generator import generate_events
-from drainpipe.pipeline.partials import MetricPartial
+from drainpipe.pipeline.partials import MetricPartial, TopNPartial
+from drainpipe.spark import rows as rows_module
 from drainpipe.spark.daemon import installed_copies
 from drainpipe.spark.engine import task_groups
 from drainpipe.spark.rows import (
@@ -63,7 +64,7 @@ def partials() -> list[tuple[int, MetricPartial]]:
 
 
 def test_packed_metric_states_come_back_as_they_were(partials: list[tuple[int, MetricPartial]]) -> None:
-    rows = pa.Table.from_batches([packed_rows(i, p) for i, p in partials])
+    rows = pa.Table.from_batches([b for i, p in partials for b in packed_rows(i, p)])
     assert rows.schema == STATE_ROWS and pc.all(pc.equal(rows.column("kind"), METRIC)).as_py()
     assert rows.num_rows == len(partials)  # one blob each: none of these reaches PACK_ROWS states
     back = unpacked_partials(rows, DEFAULT_DEFINITIONS)
@@ -76,7 +77,7 @@ def test_unpacked_rows_are_one_state_row_each_and_other_rows_pass(partials: list
     index, partial = max(partials, key=lambda p: p[1].table.num_rows)
     topn = next(i for i, d in enumerate(DEFAULT_DEFINITIONS.all) if not isinstance(d, MetricDef))
     other = pa.RecordBatch.from_pylist([{"kind": TOPN, "d": topn, "entity": "e", "key": "k"}], schema=STATE_ROWS)
-    out = pa.Table.from_batches(list(unpack_rows(iter([packed_rows(index, partial), other]))))
+    out = pa.Table.from_batches(list(unpack_rows(iter([*packed_rows(index, partial), other]))))
     states = out.filter(pc.equal(out.column("kind"), METRIC))
     assert states.num_rows == partial.table.num_rows and pc.all(pc.equal(states.column("d"), index)).as_py()
     for name in partial.table.column_names:
@@ -86,24 +87,28 @@ def test_unpacked_rows_are_one_state_row_each_and_other_rows_pass(partials: list
     assert out.filter(pc.equal(out.column("kind"), TOPN)).to_pylist()[0]["key"] == "k"
 
 
-def test_many_states_are_cut_into_blobs_of_pack_rows(partials: list[tuple[int, MetricPartial]]) -> None:
+def test_many_states_are_cut_into_blobs_of_pack_rows_and_batches_of_bounded_bytes(
+    partials: list[tuple[int, MetricPartial]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     index, partial = partials[0]
     repeats = PACK_ROWS // partial.table.num_rows + 2
     big = type(partial)(pa.concat_tables([partial.table] * repeats), "minute")  # (keys repeat: a packing test)
-    rows = packed_rows(index, big)
-    assert rows.num_rows == -(-big.table.num_rows // PACK_ROWS) >= 2
+    blobs = -(-big.table.num_rows // PACK_ROWS)
+    (rows,) = packed_rows(index, big)
+    assert rows.num_rows == blobs >= 2
     (back,) = unpacked_partials(pa.Table.from_batches([rows]), DEFAULT_DEFINITIONS).values()
+    assert pa.concat_tables(p.table for p in back).equals(big.table)
+    # a binary column's offsets are 32-bit: a batch ends once its blobs pass PACK_BATCH_BYTES (here: each blob)
+    monkeypatch.setattr(rows_module, "PACK_BATCH_BYTES", 1)
+    batches = list(packed_rows(index, big))
+    assert [b.num_rows for b in batches] == [1] * blobs
+    (back,) = unpacked_partials(pa.Table.from_batches(batches), DEFAULT_DEFINITIONS).values()
     assert pa.concat_tables(p.table for p in back).equals(big.table)
 
 
-def test_partial_rows_pack_metrics_and_keep_top_n_rows(partials: list[tuple[int, MetricPartial]]) -> None:
-    index, partial = partials[0]
-    packed = partial_rows(index, partial)
-    assert packed.num_rows == 1 and packed.column("entity").null_count == 1 and packed.column("ipc").null_count == 0
+def test_top_n_states_travel_as_rows() -> None:
     batch = pa.Table.from_batches(list(generate_events(2_000, services=3, seed=1)))
-    topns = [
-        (i, p) for i, p in enumerate(aggregate_batch(batch, DEFAULT_DEFINITIONS)) if not isinstance(p, MetricPartial)
-    ]
+    topns = [(i, p) for i, p in enumerate(aggregate_batch(batch, DEFAULT_DEFINITIONS)) if isinstance(p, TopNPartial)]
     i, topn = next((i, p) for i, p in topns if p.table.num_rows)
     rows = partial_rows(i, topn)
     assert rows.num_rows == topn.table.num_rows and rows.column("ipc").null_count == rows.num_rows

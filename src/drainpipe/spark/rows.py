@@ -71,6 +71,7 @@ __all__ = [
     "unpack_rows",
     "unpacked_partials",
     "PACK_ROWS",
+    "PACK_BATCH_BYTES",
     "meta_rows",
     "info_row",
     "events_rows",
@@ -158,11 +159,9 @@ def _batch(schema: pa.Schema, rows: int, columns: Mapping[str, Any]) -> pa.Recor
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def partial_rows(index: int, partial: Partial) -> pa.RecordBatch:
-    """The states of ``partial`` (definition number ``index``) as :data:`STATE_ROWS`: TOPN rows, or packed METRIC
-    rows (:func:`packed_rows`)."""
-    if isinstance(partial, MetricPartial):
-        return packed_rows(index, partial)
+def partial_rows(index: int, partial: TopNPartial) -> pa.RecordBatch:
+    """The states of the top-N ``partial`` (definition number ``index``) as TOPN rows of :data:`STATE_ROWS` (a
+    metric partial's travel packed: :func:`packed_rows`)."""
     table = partial.table
     columns: dict[str, Any] = {name: table.column(name) for name in table.column_names}
     columns.update(kind=TOPN, d=index)
@@ -171,22 +170,32 @@ def partial_rows(index: int, partial: Partial) -> pa.RecordBatch:
 
 #: metric states per packed METRIC row (a few MB of Arrow: far below a Spark row's 2 GB limit)
 PACK_ROWS = 1 << 17
+#: a batch of packed rows ends once its blobs pass this many bytes (a binary column's offsets are 32-bit)
+PACK_BATCH_BYTES = 1 << 30
 
 
-def packed_rows(index: int, partial: MetricPartial, inline: bool = False) -> pa.RecordBatch:
+def packed_rows(index: int, partial: MetricPartial, inline: bool = False) -> Iterator[pa.RecordBatch]:
     """The states of the metric ``partial`` (definition number ``index``) as packed METRIC rows of
-    :data:`STATE_ROWS`: its table in slices of :data:`PACK_ROWS`, each an Arrow IPC stream; ``inline`` marks them
-    for the job's first action."""
+    :data:`STATE_ROWS`: its table in slices of :data:`PACK_ROWS`, each an Arrow IPC stream, in batches of at most
+    :data:`PACK_BATCH_BYTES` of blobs; ``inline`` marks them for the job's first action."""
     table = partial.table
-    sink = pa.BufferOutputStream()  # the blobs one after the other: the array's data buffer, not copied again
+    sink = pa.BufferOutputStream()  # a batch's blobs one after the other: its data buffer, not copied again
     offsets = [0]
     for start in range(0, table.num_rows, PACK_ROWS):
         piece = table.slice(start, PACK_ROWS)
         with pa.ipc.new_stream(sink, piece.schema) as writer:
             writer.write_table(piece)
         offsets.append(sink.tell())
+        if offsets[-1] >= PACK_BATCH_BYTES and start + PACK_ROWS < table.num_rows:
+            yield _packed_batch(index, offsets, sink.getvalue(), inline)
+            sink, offsets = pa.BufferOutputStream(), [0]
+    if len(offsets) > 1:
+        yield _packed_batch(index, offsets, sink.getvalue(), inline)
+
+
+def _packed_batch(index: int, offsets: list[int], data: pa.Buffer, inline: bool) -> pa.RecordBatch:
     blobs = pa.Array.from_buffers(
-        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(np.array(offsets, np.int32)), sink.getvalue()]
+        pa.binary(), len(offsets) - 1, [None, pa.py_buffer(np.array(offsets, np.int32)), data]
     )
     return _batch(STATE_ROWS, len(blobs), {"kind": METRIC, "d": index, "ipc": blobs, "inline": inline})
 

@@ -40,7 +40,15 @@ import pyarrow.compute as pc
 
 from drainpipe import native
 from drainpipe.inputs import EventBatch
-from drainpipe.pipeline import Definitions, MetricAccumulator, MetricPartial, TopNDef, aggregate_batch, normalize
+from drainpipe.pipeline import (
+    Definitions,
+    MetricAccumulator,
+    MetricPartial,
+    TopNDef,
+    TopNPartial,
+    aggregate_batch,
+    normalize,
+)
 
 from .rows import (
     EVENT,
@@ -150,8 +158,9 @@ class _Aggregator:
         for index, merged in states:
             if isinstance(merged, MetricPartial):
                 keys.setdefault(merged.definition.scope, []).append(merged.table.select(["bucket", "entity"]))
-                yield packed_rows(index, merged, inline=self.inline)
+                yield from packed_rows(index, merged, inline=self.inline)
             else:
+                assert isinstance(merged, TopNPartial)
                 yield partial_rows(index, merged)
         for scope, tables in keys.items():
             per_bucket = pa.concat_tables(tables).group_by("bucket").aggregate([("entity", "count_distinct")])
