@@ -7,7 +7,7 @@ Both batch (:func:`drainpipe.spark.run_batch`) and streaming (each micro-batch) 
 
 Stages (``per_type="map"``, the default)::
 
-    spark.range(task groups: runs of splits, a task a core, two on a cluster) --mapInArrow(scan_states)-->
+    spark.range(task groups: runs of splits, a task a core) --mapInArrow(scan_states)-->
         read + validate + aggregate_batch over the task's splits  -> STATE_ROWS (persisted; metric states packed
                                                                      as Arrow IPC, ``inline`` when the task's are
                                                                      at most driver_merge_rows / tasks)
@@ -152,9 +152,9 @@ class JobOptions:
     # job known to make few state rows, such as a micro-batch after one that made at most driver_merge_rows
     driver_merge: bool = False
     # file splits are dealt to at most this many tasks per core (task_groups): a task's fixed cost is paid once.
-    # None: one on a local master (its cores are one machine's, shared by every task), two on a cluster (a slow
-    # executor then holds the job up by half its share at most)
-    tasks_per_core: int | None = None
+    # Two give a slow executor half a share to hold the job up by instead of a whole one, for 6% more time on an
+    # even cluster (local[2] and 2 executors x 1 core, 4M events)
+    tasks_per_core: int = 1
 
     def __post_init__(self) -> None:
         if self.per_type not in PER_TYPE_MODES:
@@ -213,16 +213,6 @@ def parallelism(spark: SparkSession) -> int:
         return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 2))
 
 
-def _tasks_per_core(spark: SparkSession) -> int:
-    """The default :attr:`JobOptions.tasks_per_core`: 1 on a local master, 2 elsewhere (a cluster, Spark Connect).
-    Measured on local[2], 4M events: one task a core 1.21 s, two 1.28 s (JSON Lines); 0.73 s, 0.79 s (Parquet)."""
-    try:
-        local = str(spark.sparkContext.master).startswith("local")
-    except Exception:  # Spark Connect has no SparkContext
-        local = False
-    return 1 if local else 2
-
-
 def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:
     if options.partitions:
         return options.partitions
@@ -235,9 +225,8 @@ def task_groups(splits: Sequence[Split], tasks: int) -> list[list[Split]]:
     Spark schedules partition i before i + 1.
 
     Fewer tasks than splits because a task has a fixed cost (its scheduling, the Python worker's round trips:
-    40-70 ms on two cores) and makes its own states to merge; on a cluster two tasks a core keep a slow one from
-    holding the job up by more than half its share. Runs of consecutive parts because an input in time order then
-    gives each task its own minutes: fewer state rows than tasks that each see the whole span."""
+    40-70 ms on two cores) and makes its own states to merge. Runs of consecutive parts because an input in time
+    order then gives each task its own minutes: fewer state rows than tasks that each see the whole span."""
     count = max(1, min(tasks, len(splits)))
     total = sum(s.weight for s in splits)
     groups: list[list[Split]] = [[]]
@@ -365,7 +354,7 @@ def aggregate_splits(
     """Run the job over ``splits`` (see the module docstring); partials are returned without sources."""
     stage_s: dict[str, float] = {}
     clock = time.perf_counter()
-    groups = task_groups(splits, (options.tasks_per_core or _tasks_per_core(spark)) * parallelism(spark))
+    groups = task_groups(splits, options.tasks_per_core * parallelism(spark))
     frame = _splits_frame(spark, len(groups))
     if options.per_type == "map":
         inline = inline_rows(options, len(groups))
