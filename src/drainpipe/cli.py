@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -62,7 +61,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .processes import tune_own_process
 
         tune_own_process()  # before numpy is imported, anything converts Python values to Arrow or starts a worker
-    t0 = time.perf_counter()
     from .pipeline import definitions_from, remote_write_options
 
     definitions = definitions_from(args.metrics)  # validated before any data is read
@@ -71,16 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     log_format = log_format_of(args.log_format)  # an unusable format is refused before anything starts
     if args.engine == "spark":
-        from .spark import SessionStart, short_lived_jvm
+        from .spark import run_batch, short_lived_jvm
 
-        conf = dict(_kv(c) for c in args.spark_conf)
-        starting = None
         if args.spark_master.startswith("local") and not (args.spark_remote or os.environ.get("SPARK_REMOTE")):
             short_lived_jvm()  # one job, then the process exits
-            starting = SessionStart(args.spark_master, conf, quiet=args.quiet)  # the JVM starts while we import
-        from .spark import run_batch
-
-        session, start_s = starting.wait() if starting is not None else (None, 0.0)
+        conf = dict(_kv(c) for c in args.spark_conf)
         result = run_batch(
             args.input,
             definitions=definitions,
@@ -92,11 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             quiet=args.quiet,
             service=args.service or "",
             log_format=log_format,
-            spark=session,
+            keep_session=args.own_process,  # the process exits next: its JVM stops with it
         )
-        if starting is not None:  # the run from the command's start, the session's start reported apart
-            elapsed = time.perf_counter() - t0
-            result.update(start_s=start_s, elapsed_s=elapsed, events_per_s=result["accepted"] / elapsed)
         from .pipeline import RunSummary
 
         for line in RunSummary.from_totals(result, store=args.store, dead_letter=result.get("dead_letter"),

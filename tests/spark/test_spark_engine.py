@@ -77,21 +77,26 @@ def test_metric_states_streamed_to_the_driver_equal_the_local_engine(
     spark, inputs, reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A large input's merged states reach the driver one partition at a time (when its tasks emitted more state
-    rows than STREAM_METRICS_ABOVE_ROWS); forced here on the small input, the store is the local engine's."""
+    rows than STREAM_METRICS_ABOVE_ROWS, too many to come with the first action); forced here on the small input,
+    the store is the local engine's."""
     from drainpipe.spark import engine
 
     monkeypatch.setattr(engine, "STREAM_METRICS_ABOVE_BYTES", 0)
     monkeypatch.setattr(engine, "STREAM_METRICS_ABOVE_ROWS", 0)
     url = f"duckdb:///{tmp_path}/spark.duckdb"
-    summary = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+    summary = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "d.jsonl"),
+                        options=JobOptions(driver_merge_rows=0))  # fmt: skip
     assert "metric merge" not in summary["stage_s"]  # (the collected merge's stage: not taken)
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
 
 
-def test_every_way_the_metric_states_reach_the_driver_gives_the_same_partials(spark, inputs) -> None:
+def test_every_way_the_metric_states_reach_the_driver_gives_the_same_partials(
+    spark, inputs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tasks whose states are few send them with the first action; the others' are collected by a second one, or
     merged by Spark when they are many; a stream's micro-batch after a small one collects all in one action."""
     from drainpipe.inputs import plan_parts
+    from drainpipe.spark import engine
     from drainpipe.spark.engine import aggregate_splits
     from drainpipe.spark.splits import plan_splits
 
@@ -106,6 +111,12 @@ def test_every_way_the_metric_states_reach_the_driver_gives_the_same_partials(sp
         assert other.metric_merge == how
         assert (other.stats.read, other.state_rows) == (first.stats.read, first.state_rows)
         assert_same_partials(first.partials, other.partials)
+    # the top-N rows of many tasks are merged by a Spark stage before the driver's merge
+    monkeypatch.setattr(engine, "DRIVER_TOPN_MERGE_TASKS", 0)
+    for options in (JobOptions(), JobOptions(driver_merge_rows=0)):
+        other = aggregate_splits(spark, splits, DEFAULT_DEFINITIONS, options)
+        assert (other.stats.read, other.state_rows) == (first.stats.read, first.state_rows)
+        assert_same_partials(first.partials, other.partials)
 
 
 def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path: Path) -> None:
@@ -117,23 +128,6 @@ def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path
     again = run_batch(inputs, store_url=url, spark=spark, dead_letter=str(tmp_path / "c.jsonl"))
     assert again["read"] == 0 and again["unchanged_files"] == len(inputs) and again["metrics_rows"] == 0
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
-
-
-def test_a_session_started_in_the_background_hands_over_its_session_or_its_error(
-    spark, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from pyspark.sql import SparkSession
-
-    from drainpipe.spark import SessionStart
-
-    session, seconds = SessionStart("local[2]").wait()  # (the tests' session is active: it is the one)
-    assert session is spark and seconds >= 0
-    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
-    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
-    monkeypatch.setenv("PATH", str(tmp_path))
-    starting = SessionStart("local[2]")
-    with pytest.raises(SparkSetupError, match="no Java found"):  # raised in the caller's thread
-        starting.wait()
 
 
 def test_check_java_reports_a_missing_java_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .batch import default_dead_letter, run_batch
     from .engine import PER_TYPE_MODES, JobOptions
     from .kafka import KafkaTopics
-    from .session import SessionStart, check_java, check_pyspark, short_lived_jvm, spark_session
+    from .session import check_java, check_pyspark, short_lived_jvm, spark_session
     from .stream import run_stream
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "check_pyspark",
     "spark_session",
     "short_lived_jvm",
-    "SessionStart",
     "JobOptions",
     "PER_TYPE_MODES",
     "default_dead_letter",
@@ -59,7 +58,6 @@ _HOMES = {
     "check_pyspark": "session",
     "spark_session": "session",
     "short_lived_jvm": "session",
-    "SessionStart": "session",
     "JobOptions": "engine",
     "PER_TYPE_MODES": "engine",
 }

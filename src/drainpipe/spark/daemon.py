@@ -12,6 +12,7 @@ modules (tasks import drainpipe from the zip the job ships, as every executor do
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -36,9 +37,22 @@ def installed_copies(path: list[str]) -> list[str]:
     return found
 
 
+def _found_beside(entry: str) -> bool:
+    """Whether the package ``entry`` (a zip of :func:`installed_copies`) holds is now imported from the install the
+    zip sits in, not from some other copy earlier on the path (which might not be the JVM's version)."""
+    name = "pyspark" if os.path.basename(entry) == "pyspark.zip" else "py4j"
+    site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(entry))))
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin == os.path.join(site, name, "__init__.py")
+
+
 def main() -> None:
-    for entry in installed_copies(sys.path):
+    copies = installed_copies(sys.path)
+    kept = list(sys.path)
+    for entry in copies:
         sys.path.remove(entry)
+    if not all(_found_beside(entry) for entry in copies):  # another copy comes first on the path: Spark's zips
+        sys.path[:] = kept
     import pyspark.worker  # noqa: F401  (before the fork: every worker has it)
 
     for name in [m for m in sys.modules if m == "drainpipe" or m.startswith("drainpipe.")]:

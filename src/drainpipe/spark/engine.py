@@ -24,7 +24,7 @@ Stages (``per_type="map"``, the default)::
 
 The merge across tasks of many states uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
 :data:`~drainpipe.pipeline.partials.STATE_COLUMNS` (the shared merge operations; few states are merged on the
-driver with those operations themselves, :func:`~drainpipe.pipeline.partials.normalize`): exact for the integer
+driver with those operations themselves, :func:`~drainpipe.pipeline.partials.merge`): exact for the integer
 states and min/max; float sums (``sum``, ``avg``) add in another order than the local engine, so they may
 differ in the last ulp. The top-N merges with the shared :func:`~drainpipe.pipeline.partials.merge` (on the
 driver, after a Spark stage of it when many tasks contribute).
@@ -186,7 +186,7 @@ class JobResult:
     state_rows: int = 0  # the metric state rows the tasks made (what a driver merge would collect)
     # how the metric states were merged: "first action" (every task's came with the bookkeeping), "collected"
     # (the rest collected by a second action), "spark", "streamed" (by Spark, handed out in chunks), "one action"
-    # (JobOptions.driver_merge), "" (no metric states)
+    # (JobOptions.driver_merge), "" (no metric definitions)
     metric_merge: str = ""
 
     def all_partials(self) -> Iterator[Partial]:
@@ -474,7 +474,7 @@ def merge_states(
         rows, withheld = _state_rows(meta), _withheld_rows(meta)
         # streamed only when the merged states may be too many to collect at once (the tasks' state rows bound
         # them): a stream's partitions cost a job each, seconds for a few hundred thousand rows
-        stream = stream and rows > STREAM_METRICS_ABOVE_ROWS
+        stream = stream and bool(withheld) and rows > STREAM_METRICS_ABOVE_ROWS
         stage_s["aggregate+bookkeeping"] = time.perf_counter() - clock
         if definitions.metrics and not stream:
             clock = time.perf_counter()
@@ -483,7 +483,8 @@ def merge_states(
             elif options.driver_merge_rows and rows <= options.driver_merge_rows:  # few: merged here
                 rest_rows = _collect(states.filter((F.col("kind") == METRIC) & ~F.col("inline")))
                 on_driver, how = pa.concat_tables([collected, rest_rows]), "collected"
-            else:
+            else:  # (the inline states collected are merged again by Spark: not held meanwhile)
+                collected = collected.filter(pc.not_equal(collected.column("kind"), METRIC))
                 merged, how = _collect(_metric_merge(states, definitions, guard)), "spark"
             stage_s["metric merge"] = time.perf_counter() - clock
     except BaseException:
@@ -537,7 +538,7 @@ def _merge_on_driver(
     stage_s: dict[str, float], placement: skew.Placement | None,
 ) -> JobResult:  # fmt: skip
     """``merge_states`` with ``driver_merge``: every row collected in one action, the metric states merged with the
-    shared merge (:func:`~drainpipe.pipeline.normalize`) and held to the cardinality guard by entity name, as the
+    shared merge (:func:`~drainpipe.pipeline.merge`) and held to the cardinality guard by entity name, as the
     Spark merge does (:func:`_guard_by_name`)."""
     clock = time.perf_counter()
     collected = _collect(states)

@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 import weakref
@@ -42,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "SessionStart",
     "job",
     "add_rate",
     "MIN_JAVA",
@@ -58,6 +56,10 @@ __all__ = [
 ]
 
 MIN_JAVA = 17
+
+# pyspark 4.x warns that it does not fully support pandas 3 when a session or an Arrow UDF is made: drainpipe
+# exchanges Arrow only
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 #: defaults applied under the user's ``conf``
 DEFAULT_CONF: Mapping[str, str] = {
@@ -201,8 +203,7 @@ def spark_session(
         if remote is not None and not key.startswith("spark.sql."):
             continue  # under Connect the server's static conf is set; only session (SQL) conf applies
         builder = builder.config(key, value)
-    with warnings.catch_warnings(), _jvm_output(quiet and remote is None):
-        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    with _jvm_output(quiet and remote is None):
         session = builder.getOrCreate()
     ship_code(session)
     return session
@@ -211,14 +212,19 @@ def spark_session(
 def _local_daemon(settings: dict[str, str], conf: Mapping[str, str]) -> None:
     """Local workers on this interpreter: their daemon is :mod:`drainpipe.spark.daemon` (pyspark imported from
     the install, not compiled from Spark's zips at every start: a cold session's first job 1.71 -> 1.04 s), with
-    the directory drainpipe is imported from on the workers' path, however this process found it. Not where the
-    user's conf names a daemon or the workers' path."""
+    the directory drainpipe is imported from on the workers' path when it is not a site directory (a checkout on
+    ``PYTHONPATH``, a path added at run time). Not where the conf given names a daemon or the workers' path."""
     if "spark.python.daemon.module" in conf or "spark.executorEnv.PYTHONPATH" in conf:
         return
+    import site
+
     import drainpipe
 
     settings["spark.python.daemon.module"] = "drainpipe.spark.daemon"
-    settings["spark.executorEnv.PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(drainpipe.__file__)))
+    home = os.path.dirname(os.path.dirname(os.path.abspath(drainpipe.__file__)))
+    sites = {os.path.abspath(d) for d in [*site.getsitepackages(), site.getusersitepackages()]}
+    if home not in sites:  # (a site directory is on the workers' path already, after the standard library)
+        settings["spark.executorEnv.PYTHONPATH"] = home
 
 
 def _this_interpreter(python: str | None) -> bool:
@@ -369,41 +375,6 @@ def job_session(
     return spark_session(master, conf, quiet=quiet, remote=remote), active is None
 
 
-class SessionStart:
-    """:func:`spark_session` in a background thread, for a command that has other work before its job (its
-    imports): the JVM's start (about 2 s) overlaps it. :meth:`wait` blocks until the session is up and returns it
-    with the seconds its start took, or raises what the start raised. The session is the caller's to stop, or to
-    leave to end with the process (``drainpipe run --engine spark``: its JVM stops itself when the process exits,
-    its standard input closing, and Spark's shutdown hook removes its files; 0.3-0.5 s ``stop()`` took). Its
-    SparkContext is made outside the main thread, so pyspark installs no SIGINT handler: Ctrl-C interrupts the
-    command as any other."""
-
-    def __init__(self, master: str, conf: Mapping[str, str] | None = None, quiet: bool = False) -> None:
-        self._clock = time.perf_counter()
-        self._done = threading.Event()
-        self._session: SparkSession | None = None
-        self._error: BaseException | None = None
-        self._seconds = 0.0
-        threading.Thread(target=self._run, args=(master, conf, quiet), name="drainpipe-spark-start",
-                         daemon=True).start()  # fmt: skip
-
-    def _run(self, master: str, conf: Mapping[str, str] | None, quiet: bool) -> None:
-        try:
-            self._session = spark_session(master, conf, quiet=quiet)
-        except BaseException as exc:  # handed to wait(), in the caller's thread
-            self._error = exc
-        finally:
-            self._seconds = time.perf_counter() - self._clock
-            self._done.set()
-
-    def wait(self) -> tuple[SparkSession, float]:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._session is not None
-        return self._session, self._seconds
-
-
 @contextlib.contextmanager
 def job(
     store_url: str,
@@ -412,15 +383,17 @@ def job(
     spark: SparkSession | None,
     quiet: bool = False,
     remote: str | None = None,
+    keep: bool = False,
 ) -> Iterator[tuple[Any, SparkSession]]:
-    """(store, session) for one job: the store is closed after it, the session stopped if this job started it."""
+    """(store, session) for one job: the store is closed after it, the session stopped if this job started it,
+    unless ``keep``."""
     store = open_store(store_url)
     try:
         session, created = job_session(master, conf, spark, quiet, remote)
         try:
             yield store, session
         finally:
-            if created:
+            if created and not keep:
                 session.stop()
     finally:
         store.close()
