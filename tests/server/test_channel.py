@@ -4,12 +4,14 @@ shared file grows for a large one and shrinks back, a long header arrives whole,
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 
 import pytest
 
 from drainpipe.errors import ChannelClosed
-from drainpipe.server.channel import BASE_BYTES, Channel
+from drainpipe.server.channel import BASE_BYTES, Channel, Helper
 
 
 def _pair() -> tuple[Channel, Channel]:
@@ -69,3 +71,30 @@ def test_a_peer_that_is_gone_is_channel_closed() -> None:
         for _ in range(100):  # the first write may still be buffered
             a.send(b"x" * 100_000)
     a.close()
+
+
+class _SlowToStart:
+    """A helper's handle whose unpickling, in a spawned process, takes longer than the helper's answer timeout: a
+    process that imports its modules for seconds on a loaded machine."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_slow_handle, ())
+
+    def __call__(self, request: object, payload: bytes) -> tuple[object, bytes]:
+        return ("echo", request), b""
+
+
+def _slow_handle() -> _SlowToStart:
+    time.sleep(1.5)
+    return _SlowToStart()
+
+
+def test_a_helper_slow_to_start_is_not_taken_for_a_stuck_one() -> None:
+    """The answer timeout runs from when the process is up (it says so), not from its start: a replacement
+    spawned under load was killed as stuck while it still imported its modules (a flaky test's race)."""
+    helper = Helper(multiprocessing.get_context("spawn"), _SlowToStart(), name="slow-helper", timeout_s=1.0)
+    try:
+        assert helper.call(7) == (("echo", 7), b"")
+        assert helper.call(8) == (("echo", 8), b"")
+    finally:
+        helper.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import ChannelClosed
 
-__all__ = ["BASE_BYTES", "Channel", "ChannelClosed", "Helper"]
+__all__ = ["BASE_BYTES", "START_TIMEOUT_S", "Channel", "ChannelClosed", "Helper"]
 
 Buffer = bytes | bytearray | memoryview  # a payload (an Arrow buffer as ``memoryview(buffer)``)
 
@@ -153,6 +153,12 @@ class Channel:
 # ------------------------------------------------------------------------------------------------ helper processes
 
 
+#: what a helper process sends once it is up, and how long its first call waits for that (a spawned process imports
+#: numpy, pyarrow and drainpipe: seconds on a loaded machine)
+_READY = b"up"
+START_TIMEOUT_S = 60.0
+
+
 def _serve(sock: socket.socket, parent: int, handle: Callable[[Any, bytes], tuple[Any, Buffer]]) -> None:
     """A helper process's loop: answer each request (``handle(request, payload) -> (answer, payload)``) until told
     to stop (None) or the channel closes."""
@@ -161,6 +167,7 @@ def _serve(sock: socket.socket, parent: int, handle: Callable[[Any, bytes], tupl
     die_with(parent)
     try:
         channel = Channel.accept(sock)
+        channel.send(_READY)  # (its modules, the handle's among them, are imported: it can answer in time)
     except (ChannelClosed, OSError):
         return
     while True:
@@ -183,8 +190,11 @@ class Helper:
     (answer, payload)`` runs in the process (a picklable callable: a module-level function or an instance of a
     module-level class), requests and answers are pickled, payloads go through the shared memory.
 
-    Not thread-safe: one :meth:`call` at a time. ``timeout_s``: longest wait for an answer (None: no limit).
-    Start helpers before the process runs other threads where possible (they are forked then)."""
+    Not thread-safe: one :meth:`call` at a time. ``timeout_s``: longest wait for an answer (None: no limit), from
+    when the process is up: the first call first waits for the process to say it is (at most
+    :data:`START_TIMEOUT_S`), so that a process spawned on a busy machine, importing its modules for seconds, is
+    not taken for a stuck one. Start helpers before the process runs other threads where possible (they are
+    forked then: up at once)."""
 
     def __init__(self, context: Any, handle: Callable[[Any, bytes], tuple[Any, Buffer]], *, name: str,
                  timeout_s: float | None = None) -> None:  # fmt: skip
@@ -193,11 +203,19 @@ class Helper:
         self.process.start()
         theirs.close()
         self.channel.hand_over()
-        self.channel.sock.settimeout(timeout_s)  # a wait past it raises ChannelClosed
+        self.timeout_s = timeout_s
+        self._up = False  # whether the process said it is up (read at the first call)
 
     def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
         """Send one request, wait for the answer: ``(answer, payload)``. Raises :class:`ChannelClosed` if the
-        process died or did not answer within the timeout."""
+        process died, did not come up within :data:`START_TIMEOUT_S` or did not answer within the timeout."""
+        if not self._up:
+            self.channel.sock.settimeout(START_TIMEOUT_S)
+            header, _ = self.channel.recv()
+            if header != _READY:
+                raise ChannelClosed(f"{self.process.name} process {self.process.pid} did not start as a helper")
+            self._up = True
+            self.channel.sock.settimeout(self.timeout_s)  # a wait past it raises ChannelClosed
         self.channel.send(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL), payload, shrink=True)
         header, out = self.channel.recv()
         return pickle.loads(header), out
