@@ -14,7 +14,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, MetricDef
 from drainpipe.pipeline.generator import generate_events
 from drainpipe.pipeline.partials import MetricPartial, TopNPartial
 from drainpipe.spark import rows as rows_module
-from drainpipe.spark.daemon import installed_copies
+from drainpipe.spark.daemon import installed_copies, without_installed_copies
 from drainpipe.spark.engine import task_groups
 from drainpipe.spark.rows import (
     METRIC,
@@ -127,3 +127,19 @@ def test_the_local_daemon_drops_only_zips_of_an_installed_pyspark(tmp_path) -> N
     assert installed_copies([*zips, str(site)]) == zips
     assert installed_copies(zips) == []  # the install is not on the path: the zips are all there is
     assert installed_copies(["/opt/spark/python/lib/pyspark.zip", str(site)]) == []
+
+
+def test_the_local_daemon_keeps_the_zips_when_another_pyspark_comes_first(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    site = tmp_path / "site"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    for package in ("pyspark", "py4j"):
+        (site / package).mkdir(exist_ok=True)
+        (site / package / "__init__.py").write_text("")
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    assert without_installed_copies([*zips, str(site)]) == [str(site)]
+    other = tmp_path / "other"
+    (other / "pyspark").mkdir(parents=True)
+    (other / "pyspark" / "__init__.py").write_text("")  # another pyspark, earlier on the path than the install
+    path = [*zips, str(other), str(site)]
+    assert without_installed_copies(path) == path

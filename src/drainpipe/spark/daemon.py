@@ -12,12 +12,12 @@ modules (tasks import drainpipe from the zip the job ships, as every executor do
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import os
 import runpy
 import sys
 
-__all__ = ["installed_copies", "main"]
+__all__ = ["installed_copies", "without_installed_copies", "main"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -37,22 +37,23 @@ def installed_copies(path: list[str]) -> list[str]:
     return found
 
 
-def _found_beside(entry: str) -> bool:
-    """Whether the package ``entry`` (a zip of :func:`installed_copies`) holds is now imported from the install the
-    zip sits in, not from some other copy earlier on the path (which might not be the JVM's version)."""
-    name = "pyspark" if os.path.basename(entry) == "pyspark.zip" else "py4j"
-    site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(entry))))
-    spec = importlib.util.find_spec(name)
-    return spec is not None and spec.origin == os.path.join(site, name, "__init__.py")
+def without_installed_copies(path: list[str]) -> list[str]:
+    """``path`` without the zips of :func:`installed_copies`, when each zip's package is then found in the install
+    the zip sits in; ``path`` as it is when another copy of pyspark or py4j would come first (it might not be the
+    JVM's version)."""
+    copies = installed_copies(path)
+    rest = [entry for entry in path if entry not in copies]
+    for entry in copies:
+        name = "pyspark" if os.path.basename(entry) == "pyspark.zip" else "py4j"
+        site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(entry))))
+        spec = importlib.machinery.PathFinder.find_spec(name, rest)  # (the path alone, not what is imported)
+        if spec is None or spec.origin != os.path.join(site, name, "__init__.py"):
+            return list(path)
+    return rest
 
 
 def main() -> None:
-    copies = installed_copies(sys.path)
-    kept = list(sys.path)
-    for entry in copies:
-        sys.path.remove(entry)
-    if not all(_found_beside(entry) for entry in copies):  # another copy comes first on the path: Spark's zips
-        sys.path[:] = kept
+    sys.path[:] = without_installed_copies(sys.path)
     import pyspark.worker  # noqa: F401  (before the fork: every worker has it)
 
     for name in [m for m in sys.modules if m == "drainpipe" or m.startswith("drainpipe.")]:
