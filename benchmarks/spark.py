@@ -388,9 +388,7 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
         out["local[2]"] = builtin_benchmark(spark, path, args.runs, Path(work))
     spark.stop()
     with tempfile.TemporaryDirectory(dir=data_dir) as work, standalone_cluster(Path(work)) as cluster:
-        conf = {"spark.sql.shuffle.partitions": str(PARTITIONS), "spark.pyspark.python": cluster.python,
-                "spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "1g",
-                "spark.driver.host": "127.0.0.1"}  # fmt: skip
+        conf = {"spark.sql.shuffle.partitions": str(PARTITIONS), **_cluster_conf(cluster.python)}
         spark = spark_session(cluster.master, conf, app_name="drainpipe-bench-cluster")
         out["standalone, 2 executors x 1 core"] = builtin_benchmark(spark, path, args.runs, Path(work))
         spark.stop()
@@ -405,6 +403,23 @@ def cluster_comparison(args: argparse.Namespace, path: str, data_dir: Path) -> i
     target.write_text(json.dumps(out, indent=2, default=lambda o: float(o) if isinstance(o, np.floating) else str(o)))
     print(f"\nwritten {target}")
     return 0
+
+
+def _cluster_conf(python: str) -> dict[str, str]:
+    """The benchmarks' standalone cluster: 2 executors of 1 core whose Python is ``python``. (Executors of 1 GB:
+    the worker has 2 GB, and executors of 2 GB made it one executor, not two.)"""
+    return {"spark.pyspark.python": python, "spark.executor.cores": "1", "spark.cores.max": "2",
+            "spark.executor.memory": "1g", "spark.driver.host": "127.0.0.1"}  # fmt: skip
+
+
+def _timed_run_batch(spark: Any, path: Path, store: Path, events: int) -> float:
+    """Seconds of ``run_batch`` of ``path`` in ``spark`` into a fresh DuckDB ``store``, every event accepted."""
+    for old in store.parent.glob(store.stem + ".*"):
+        old.unlink()
+    t0 = time.perf_counter()
+    summary = run_batch([str(path)], store_url=f"duckdb:///{store}", spark=spark)
+    assert summary["accepted"] == events, summary
+    return time.perf_counter() - t0
 
 
 _RATE = re.compile(r"([\d,]+) events/s over (\d+\.\d+) s")
@@ -449,17 +464,9 @@ def engines_comparison(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
         work = Path(tmp)
 
-        def in_session(path: Path) -> float:
-            for old in work.glob("rb.*"):
-                old.unlink()
-            t0 = time.perf_counter()
-            summary = run_batch([str(path)], store_url=f"duckdb:///{work / 'rb.duckdb'}", spark=spark)
-            assert summary["accepted"] == events, summary
-            return time.perf_counter() - t0
-
         rows: dict[str, dict[str, list[float]]] = {}
         for fmt, path in paths.items():
-            in_session(path)  # warm-up: the session's first job of this format
+            _timed_run_batch(spark, path, work / "rb.duckdb", events)  # warm-up: the session's first job of this format
             rows[fmt] = {"local_wall": [], "local_rate": [], "spark_wall": [], "spark_start": [], "run_batch": []}
         for _ in range(args.runs):
             for fmt, path in paths.items():
@@ -470,7 +477,7 @@ def engines_comparison(args: argparse.Namespace) -> int:
                 wall, _, started = _cli(["--input", str(path), "--engine", "spark", "--spark-master", "local[2]"], work)
                 r["spark_wall"].append(wall)
                 r["spark_start"].append(started or 0.0)
-                r["run_batch"].append(in_session(path))
+                r["run_batch"].append(_timed_run_batch(spark, path, work / "rb.duckdb", events))
         spark.stop()
         if args.cluster:
             _engines_on_a_cluster(paths, events, args.runs, work, rows)
@@ -511,28 +518,17 @@ def _engines_on_a_cluster(
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "spark"))
     from cluster import standalone_cluster
 
-    # (executors of 1 GB: the worker has 2 GB, and executors of 2 GB made it one executor, not two)
     with standalone_cluster(work) as cluster:
-        conf = {"spark.pyspark.python": cluster.python, "spark.executor.cores": "1", "spark.cores.max": "2",
-                "spark.executor.memory": "1g", "spark.driver.host": "127.0.0.1"}  # fmt: skip
-        spark = spark_session(cluster.master, conf, app_name="drainpipe-bench-engines-cluster", quiet=True)
+        spark = spark_session(cluster.master, _cluster_conf(cluster.python), app_name="drainpipe-bench-engines-cluster",
+                              quiet=True)  # fmt: skip
         try:
-
-            def once(path: Path) -> float:
-                for old in work.glob("cl.*"):
-                    old.unlink()
-                t0 = time.perf_counter()
-                summary = run_batch([str(path)], store_url=f"duckdb:///{work / 'cl.duckdb'}", spark=spark)
-                assert summary["accepted"] == events, summary
-                return time.perf_counter() - t0
-
             for path in paths.values():
-                once(path)  # warm-up
+                _timed_run_batch(spark, path, work / "cl.duckdb", events)  # warm-up
             for fmt in paths:
                 rows[fmt]["cluster_run_batch"] = []
             for _ in range(runs):
                 for fmt, path in paths.items():
-                    rows[fmt]["cluster_run_batch"].append(once(path))
+                    rows[fmt]["cluster_run_batch"].append(_timed_run_batch(spark, path, work / "cl.duckdb", events))
         finally:
             spark.stop()
 
