@@ -299,3 +299,23 @@ def test_a_one_job_process_runs_its_jvm_without_c2_unless_told_otherwise(monkeyp
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=4")
     short_lived_jvm()
     assert os.environ["SPARK_SUBMIT_OPTS"] == "-XX:TieredStopAtLevel=4"
+
+
+def test_local_workers_import_pyspark_installed_and_drainpipe_from_the_shipped_zip(spark) -> None:
+    """A local session on this interpreter starts drainpipe.spark.daemon: its workers import pyspark from the
+    install (with its bytecode), not from Spark's pyspark.zip, and drainpipe still from the zip the job ships."""
+
+    def files(batches):  # type: ignore[no-untyped-def]  (defined here: shipped by value, not by this module's name)
+        import pyarrow as pa
+        import pyspark.worker
+
+        import drainpipe.spark.tasks
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"files": [f"{pyspark.worker.__file__} {drainpipe.spark.tasks.__file__}"]})
+
+    rows = spark.range(0, 2, 1, numPartitions=2).mapInArrow(files, "files string").toArrow()
+    for worker, tasks in (line.split(" ") for line in rows.column("files").to_pylist()):
+        assert ".zip" not in worker and worker.endswith("pyspark/worker.py"), worker
+        assert "drainpipe-tasks-" in tasks and ".zip/" in tasks, tasks
