@@ -27,7 +27,7 @@ from ..inputs.endpoints import EndpointRules
 from ..inputs.spans import SpanMapping
 from .channel import HelperPool
 
-__all__ = ["FORMS", "INLINE_BYTES", "BadBody", "BodyDecoder", "decode_body"]
+__all__ = ["FORMS", "INLINE_BYTES", "NATIVE_FORMS", "BadBody", "BodyDecoder", "decode_body"]
 
 log = logging.getLogger("drainpipe.server")
 
@@ -85,6 +85,8 @@ def _json_records(body: bytes, max_events: int) -> list[Any]:
 
 #: what a body holds: NDJSON events, a JSON array of events, an OTLP trace export in protobuf or in OTLP JSON
 FORMS = ("ndjson", "array", "otlp-protobuf", "otlp-json")
+#: the forms a C pass decodes (the span mapping included): cheaper in the server process than a round trip
+NATIVE_FORMS = ("otlp-protobuf", "otlp-json")
 
 
 def decode_body(

@@ -1,0 +1,181 @@
+"""The group intake: requests' work run on one thread, their events logged a group at a time; a request's own error
+fails that request only, a log append that fails fails its whole group, and nothing is logged twice or lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from drainpipe.errors import BadBody, LogFull
+from drainpipe.inputs import EventBatch
+from drainpipe.server.intake import GroupIntake
+from testlib import event_batch, row
+
+
+def _batch(tag: int, rows: int) -> EventBatch:
+    """``rows`` requests of service ``s<tag>``."""
+    return EventBatch.of(event_batch([row(service=f"s{tag}", ts=1_700_000_000_000 + i) for i in range(rows)]))
+
+
+class _Log:
+    """An append that can be held (to let a group build up behind it) and made to fail."""
+
+    def __init__(self) -> None:
+        self.records: list[EventBatch] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail: BaseException | None = None
+
+    def append(self, batch: EventBatch) -> int:
+        self.entered.set()
+        self.gate.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        self.records.append(batch)
+        return len(self.records)
+
+
+def _services(batches: list[EventBatch]) -> list[str]:
+    return sorted(s for b in batches for s in b.rows.column("service").to_pylist())
+
+
+def _submit_all(intake: GroupIntake, works: list, results: dict) -> list[threading.Thread]:
+    def one(i: int) -> None:
+        try:
+            results[i] = intake.submit(works[i], 100)
+        except BaseException as exc:  # the test reads it
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(works))]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _wait_queued(intake: GroupIntake, n: int) -> None:
+    """Until ``n`` requests wait behind the append in progress (the queue's length, read without taking any)."""
+    deadline = time.monotonic() + 10
+    while intake._queue.qsize() < n:
+        assert time.monotonic() < deadline, "the requests did not queue"
+        time.sleep(0.001)
+
+
+def test_requests_waiting_behind_an_append_are_logged_as_one_record_each_getting_its_own_result() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        log.gate.clear()  # the first request's append holds; the next ten queue up behind it
+        first: dict = {}
+        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], first)
+        assert log.entered.wait(10)
+        results: dict = {}
+        works = [(lambda i=i: (_batch(i, i + 1), [(0, f"reason {i}")])) for i in range(10)]
+        threads = _submit_all(intake, works, results)
+        _wait_queued(intake, 10)
+        log.gate.set()
+        for t in t0 + threads:
+            t.join(10)
+        assert len(log.records) == 2  # the first alone, then the ten as one record
+        for i in range(10):
+            batch, rejects = results[i]
+            assert batch.num_rows == i + 1 and rejects == [(0, f"reason {i}")]
+        assert _services(log.records[1:]) == _services([_batch(i, i + 1) for i in range(10)])
+    finally:
+        intake.close()
+
+
+def test_a_bad_body_fails_its_own_request_and_the_rest_of_its_group_is_logged() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        log.gate.clear()
+        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
+        assert log.entered.wait(10)
+
+        def bad() -> tuple[EventBatch, list]:
+            raise BadBody(400, "malformed protobuf")
+
+        results: dict = {}
+        threads = _submit_all(intake, [lambda: (_batch(1, 2), []), bad, lambda: (_batch(3, 4), [])], results)
+        _wait_queued(intake, 3)
+        log.gate.set()
+        for t in t0 + threads:
+            t.join(10)
+        assert isinstance(results[1], BadBody) and results[1].status == 400
+        assert results[0][0].num_rows == 2 and results[2][0].num_rows == 4
+        assert _services(log.records[1:]) == ["s1"] * 2 + ["s3"] * 4
+    finally:
+        intake.close()
+
+
+def test_an_append_that_fails_fails_every_request_of_its_group_and_logs_none_of_it() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        log.gate.clear()
+        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
+        assert log.entered.wait(10)
+        log.fail = LogFull("write-ahead log full")
+        results: dict = {}
+        threads = _submit_all(intake, [(lambda i=i: (_batch(i, 1), [])) for i in range(5)], results)
+        _wait_queued(intake, 5)
+        log.gate.set()
+        for t in t0 + threads:
+            t.join(10)
+        assert log.records == []  # the first one failed too (it was appending when the log filled)
+        errors = [results[i] for i in range(5)]
+        assert all(isinstance(e, LogFull) for e in errors)
+        assert len({id(e) for e in errors}) == 5  # one instance each: raised in five threads
+        log.fail = None
+        batch, _ = intake.submit(lambda: (_batch(7, 3), []))  # the next group is logged
+        assert batch.num_rows == 3 and _services(log.records) == ["s7"] * 3
+    finally:
+        intake.close()
+
+
+def test_close_serves_what_was_queued_then_refuses() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    log.gate.clear()
+    results: dict = {}
+    works = [(lambda i=i: (_batch(i, 1), [])) for i in range(4)]
+    threads = _submit_all(intake, works[:1], results)
+    assert log.entered.wait(10)
+    more: dict = {}
+    threads += _submit_all(intake, works[1:], more)
+    _wait_queued(intake, 3)  # queued before the close
+    closer = threading.Thread(target=intake.close)
+    closer.start()
+    log.gate.set()
+    for t in [*threads, closer]:
+        t.join(10)
+    assert sorted(r[0].num_rows for r in [*results.values(), *more.values()]) == [1, 1, 1, 1]
+    assert len(_services(log.records)) == 4
+    with pytest.raises(LogFull):
+        intake.submit(lambda: (_batch(9, 1), []))
+
+
+def test_an_empty_batch_is_answered_without_a_log_record() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        batch, rejects = intake.submit(lambda: (EventBatch.of(_batch(1, 1).rows.slice(0, 0)), [(0, "bad span")]))
+        assert batch.num_rows == 0 and rejects == [(0, "bad span")] and log.records == []
+    finally:
+        intake.close()
+
+
+def test_the_batches_joined_keep_every_row() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        results: dict = {}
+        threads = _submit_all(intake, [(lambda i=i: (_batch(i % 3, 50), [])) for i in range(40)], results)
+        for t in threads:
+            t.join(10)
+        assert sum(b.num_rows for b in log.records) == 40 * 50
+    finally:
+        intake.close()
