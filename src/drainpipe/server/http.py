@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import BadBody, IngestRefused, RequestRefused
 from .http_face import ReadRoutes, check_bind
 from .http_headers import read_headers
+from .http_loop import PROTOBUF_TYPES, ConnectionLoop
 from .metrics import ServerMetrics
 from .otlp_answers import content_type, export_answer, status_answer
 from .service import IngestService
@@ -75,7 +76,6 @@ log = logging.getLogger("drainpipe.server")
 
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 JSON_TYPES = {"application/json"}
-PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 MAX_ERRORS = 20
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
@@ -95,6 +95,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        prefix = self.server.prefixes.pop(self.connection, b"")
+        if prefix:  # what the connection loop read before it handed the connection over
+            self.rfile = io.BufferedReader(_Prefixed(prefix, self.connection), io.DEFAULT_BUFFER_SIZE)
         seconds = self.server.service.options.answer_deadline_s
         whole = int(seconds)
         try:
@@ -414,6 +417,25 @@ class Handler(BaseHTTPRequestHandler):
         raise BadBody(400, "malformed chunked body: trailer section too long")
 
 
+class _Prefixed(io.RawIOBase):
+    """A connection's bytes that the connection loop read, then the socket's."""
+
+    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
+        self._prefix = memoryview(prefix)
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            n = min(len(buffer), len(self._prefix))
+            buffer[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return self._sock.recv_into(buffer)
+
+
 class _Deadlines:
     """One watchdog thread for every connection's deadline: a connection still reading its request line and headers,
     or its body, when its deadline passes is cut (its socket shut down), which ends the blocked read. Slow senders
@@ -477,6 +499,8 @@ class IngestServer(ThreadingHTTPServer):
         self.token = token or None
         self.shutdown_grace_s = shutdown_grace_s
         self.in_flight: set[socket.socket] = set()  # connections inside a POST (cut when the grace runs out)
+        self.prefixes: dict[socket.socket, bytes] = {}  # connections handed over by the loop: what it read of them
+        self.version = f"{Handler.server_version} {Handler.sys_version}"  # the Server header, as a Handler sends it
         self.deadlines = _Deadlines()
         self.metrics = ServerMetrics(service)
         self.routes = ReadRoutes(service.health, service.stats_view, self.metrics.render, service.store,
@@ -484,6 +508,7 @@ class IngestServer(ThreadingHTTPServer):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
         super().__init__((host, port), Handler)
+        self._loop = ConnectionLoop(self)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.grpc: OtlpGrpcServer | None = None  # OTLP/gRPC beside, when given a port (grpcio is imported then)
@@ -521,11 +546,21 @@ class IngestServer(ThreadingHTTPServer):
     def start(self) -> IngestServer:
         if self.grpc is not None:
             self.grpc.start()
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="drainpipe-http", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop.run, name="drainpipe-http", daemon=True)
         self._thread.start()
         return self
+
+    def hand_over(self, sock: socket.socket, address: Any, read: bytes) -> None:
+        """A connection the loop does not serve: to a request thread (``read``: its bytes the loop took)."""
+        if read:
+            self.prefixes[sock] = read
+        self.process_request(sock, address)
+
+    def shutdown(self) -> None:
+        """Stop accepting (the connection loop); the connections it served are closed, request threads finish."""
+        self._loop.stop()
+        if self._thread is not None:
+            self._loop.join(10.0)
 
     def shutdown_all(self) -> dict[str, Any]:
         """Stop accepting, finish the requests in flight, flush the pipeline, close the store. Idempotent."""

@@ -22,6 +22,7 @@ Thread-safety: :meth:`submit` from any thread; :meth:`close` once, after the las
 from __future__ import annotations
 
 import copy
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from ..errors import LogFull
 from ..inputs import EventBatch
 
 __all__ = ["GROUP_BYTES", "GroupIntake", "Work"]
+
+log = logging.getLogger("drainpipe.server")
 
 Rejects = list[tuple[int, str]]
 #: what a request hands the intake thread: a call that returns its valid events and its rejects, or raises
@@ -40,14 +43,15 @@ GROUP_BYTES = 16 << 20
 
 
 class _Slot:
-    __slots__ = ("work", "size", "done", "result", "error")
+    __slots__ = ("work", "size", "done", "result", "error", "then")
 
-    def __init__(self, work: Work, size: int) -> None:
+    def __init__(self, work: Work, size: int, then: Callable[[_Slot], None] | None = None) -> None:
         self.work = work
         self.size = size
         self.done = threading.Event()
         self.result: tuple[EventBatch, Rejects] | None = None
         self.error: BaseException | None = None
+        self.then = then  # called on the intake thread instead of waking a waiter (submit_then)
 
 
 class GroupIntake:
@@ -74,6 +78,16 @@ class GroupIntake:
             raise slot.error
         assert slot.result is not None
         return slot.result
+
+    def submit_then(
+        self, work: Work, size: int, then: Callable[[tuple[EventBatch, Rejects] | None, BaseException | None], None]
+    ) -> None:
+        """As :meth:`submit` without waiting: ``then(result, error)`` is called on the intake thread once the
+        events are durable (``result``) or failed (``error``). ``then`` must not block; what it raises is logged.
+        Raises :class:`LogFull` after :meth:`close` (``then`` is not called)."""
+        if self._closed:
+            raise LogFull("the log is closed")
+        self._queue.put(_Slot(work, size, lambda slot: then(slot.result, slot.error)))
 
     def close(self) -> None:
         """Stop the intake thread once the work queued before has been served."""
@@ -116,4 +130,10 @@ class GroupIntake:
                 for i, slot in enumerate(ok):  # (a copy each: one instance raised in many threads shares a traceback)
                     slot.error = exc if i == 0 else copy.copy(exc)
         for slot in group:
-            slot.done.set()
+            if slot.then is None:
+                slot.done.set()
+                continue
+            try:
+                slot.then(slot)
+            except Exception:  # a bug in the caller's answer: that request's connection, not the intake thread
+                log.exception("answering a request failed")

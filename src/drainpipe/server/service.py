@@ -280,28 +280,35 @@ class IngestService:
         503 when shutting down, when a store write failed for good, or when the log is at its byte budget; 429
         when the engine is merely behind."""
         deadline = time.monotonic() + self.options.admit_wait_s
-        retry = self.options.retry_after_s
-        while True:
-            if self._draining:
-                raise self._refuse(503, "shutting down", retry)
-            if self.feeder.failed:
-                raise self._refuse(503, f"store write failed; accepting nothing until restarted ({self.feeder.failed})",
-                                   10 * retry)  # fmt: skip
-            full = self.disk.check().full
-            if full:  # refused while the log and the store can still be written, not once a write failed
-                raise self._refuse(503, f"disk nearly full: {full[0].describe()}, refusing under {full[0].refuse:,}",
-                                   10 * retry)  # fmt: skip
-            if self.log.size >= self.log.max_bytes:
-                raise self._refuse(503, f"{'write-ahead log' if self.log.durable else 'in-memory buffer'} full "
-                                   f"({self.log.size:,} of {self.log.max_bytes:,} bytes wait for the store)",
-                                   2 * retry)  # fmt: skip
-            lag = self.feeder.lag
-            # half the budget at most: the other half is what a store outage can be ridden out with
-            if lag <= min(self.options.max_lag_bytes, self.log.max_bytes // 2) or not self.store.available:
-                return  # while the store is down the log takes the data, up to its budget
-            if time.monotonic() >= deadline:
-                raise self._refuse(429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry)
+        while (verdict := self._verdict()) is not None:
+            status, why, retry_after = verdict
+            if status != 429 or time.monotonic() >= deadline:
+                raise self._refuse(status, why, retry_after)
             time.sleep(0.005)
+
+    def admissible(self) -> bool:
+        """Whether :meth:`admit` would return at once (no wait, no refusal). Thread-safe; does not block."""
+        return self._verdict() is None
+
+    def _verdict(self) -> tuple[int, str, int] | None:
+        """Why a request would be refused now, ``(status, message, Retry-After)``: 429 is the engine behind (worth
+        waiting out); None: admitted."""
+        retry = self.options.retry_after_s
+        if self._draining:
+            return 503, "shutting down", retry
+        if self.feeder.failed:
+            return 503, f"store write failed; accepting nothing until restarted ({self.feeder.failed})", 10 * retry
+        full = self.disk.check().full
+        if full:  # refused while the log and the store can still be written, not once a write failed
+            return 503, f"disk nearly full: {full[0].describe()}, refusing under {full[0].refuse:,}", 10 * retry
+        if self.log.size >= self.log.max_bytes:
+            what = "write-ahead log" if self.log.durable else "in-memory buffer"
+            return 503, f"{what} full ({self.log.size:,} of {self.log.max_bytes:,} bytes wait for the store)", 2 * retry
+        lag = self.feeder.lag
+        # half the budget at most: the other half is what a store outage can be ridden out with
+        if lag <= min(self.options.max_lag_bytes, self.log.max_bytes // 2) or not self.store.available:
+            return None  # while the store is down the log takes the data, up to its budget
+        return 429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry
 
     def ingest(self, body: bytes, *, form: str, gzipped: bool) -> tuple[EventBatch, Rejects]:
         """One posted body, whatever the transport (HTTP, gRPC; the caller has called :meth:`enter`): wait for
@@ -313,17 +320,48 @@ class IngestService:
         trip to a process: the pass is ~0.2 us a span); a JSON body, whose decoding is per-event Python work, in a
         parser process when there are any, before it joins them."""
         self.admit()  # 429/503 before the parsing work, not after
+        batch, rejects = self._logged(self._work(body, form, gzipped), len(body))
+        self._count(batch, len(rejects), (reason for _, reason in rejects))
+        return batch, rejects
+
+    def ingest_then(
+        self,
+        body: bytes,
+        *,
+        form: str,
+        gzipped: bool,
+        then: Callable[[tuple[EventBatch, Rejects] | None, BaseException | None], None],
+    ) -> None:
+        """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
+        (:meth:`admissible`), without blocking: ``then((batch, rejects), None)`` once it is durable, or
+        ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`), on the intake thread; ``then``
+        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
+        if form not in NATIVE_FORMS:
+            raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
+        retry = 2 * self.options.retry_after_s
+
+        def done(result: tuple[EventBatch, Rejects] | None, error: BaseException | None) -> None:
+            if result is not None:
+                self._count(result[0], len(result[1]), (reason for _, reason in result[1]))
+            elif isinstance(error, LogFull):
+                error = self._refuse(503, str(error), retry)
+            then(result, error)
+
+        try:
+            self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
+        except LogFull as exc:
+            then(None, self._refuse(503, str(exc), retry))
+
+    def _work(self, body: bytes, form: str, gzipped: bool) -> Work:
+        """What the intake thread does with a body: an OTLP export decoded there (the native pass); a JSON body
+        decoded now, in a parser process when there are any (per-event Python work), only logged there."""
         opts, defs = self.options, self.definitions
         kwargs: dict[str, Any] = dict(form=form, gzipped=gzipped, max_decoded=opts.max_decoded_bytes,
                                       max_events=opts.max_events, spans=defs.spans,
                                       endpoints=defs.endpoints)  # fmt: skip
         if form in NATIVE_FORMS or not self.decoder.processes:
-            work: Work = functools.partial(decode_body, body, **kwargs)
-        else:
-            work = _ready(self.decoder.decode(body, **kwargs))  # decoded here, logged there
-        batch, rejects = self._logged(work, len(body))
-        self._count(batch, len(rejects), (reason for _, reason in rejects))
-        return batch, rejects
+            return functools.partial(decode_body, body, **kwargs)
+        return _ready(self.decoder.decode(body, **kwargs))
 
     def submit(self, batch: EventBatch, rejected: int, reasons: Iterable[str]) -> None:
         """Log one validated batch (already admitted) and count it; returns once it is durable (the request may be

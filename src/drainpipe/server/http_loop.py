@@ -1,0 +1,369 @@
+"""``serve``'s connections on one thread (:class:`ConnectionLoop`): OTLP exports in protobuf are read, handed to
+the intake and answered without a thread per connection; every other request goes to a request thread.
+
+A thread per connection made every socket call a hand-over of the GIL among a dozen threads: under a saturated
+OTLP load the server process spent about 40% of its CPU in the scheduler, 32 context switches a request, while the
+work itself (the HTTP framing, the native decode, the log) is a few hundred microseconds. Here one thread polls
+every connection (``selectors``); the exports of all the connections go to the intake thread (:mod:`.intake`),
+which logs them a group at a time and queues their answers; this thread writes them::
+
+    accept ─► ConnectionLoop: read the request line and the headers (http_headers.read_headers, as a request
+              │               thread reads them)
+              ├─ the fast path: POST /v1/traces, HTTP/1.1, application/x-protobuf, one Content-Length within the
+              │  limit, no Expect, the token, admitted at once:
+              │     read the body ─► IngestService.ingest_then ─► intake thread: decode, log (fsync), the answer
+              │     ◄──────────── the answer queued, this thread woken ◄─────────────────────────────┘
+              │     write it, read the connection's next request
+              └─ anything else (a GET, chunked or JSON bodies, a bad request, admission to wait for): the connection
+                 and the bytes read from it go to a request thread (http.Handler) for the rest of its life
+
+The fast path answers exactly what a request thread answers for those requests (the same ExportTraceServiceResponse,
+the same errors: a malformed export 400 with a google.rpc.Status, 429/503 with Retry-After); anything it is not sure
+of, it hands over. The deadlines are the request threads': an idle keep-alive connection is closed after
+``header_deadline_s``, a request line and headers must arrive within it, a body within ``body_deadline_s``, an
+answer must be taken within ``answer_deadline_s``.
+
+Thread-safety: the loop's state is its own thread's; the intake thread only appends to ``_answers`` and writes a
+byte to the wake socket.
+"""
+
+from __future__ import annotations
+
+import collections
+import email.utils
+import io
+import logging
+import selectors
+import socket
+import threading
+import time
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import IngestRefused, RequestRefused
+from .http_headers import read_headers
+from .otlp_answers import content_type, export_answer, status_answer
+
+if TYPE_CHECKING:
+    from ..inputs import EventBatch
+    from .metrics import ServerMetrics
+    from .service import IngestService
+
+__all__ = ["PROTOBUF_TYPES", "ConnectionLoop", "Server"]
+
+log = logging.getLogger("drainpipe.server")
+
+PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
+READ_BYTES = 256 << 10
+HEAD_BYTES = 64 << 10  # a header section longer than this goes to a request thread (which applies its limits)
+TICK_S = 0.1  # how often deadlines are checked at most
+
+
+Socket = socket.socket
+
+
+class Server(Protocol):
+    """What the loop needs of its HTTP server (:class:`.http.IngestServer`)."""
+
+    service: IngestService
+    metrics: ServerMetrics
+    socket: Socket  # the listening socket
+    version: str  # the Server header
+
+    def token_ok(self, headers: Any) -> bool: ...
+    def hand_over(self, sock: Socket, address: Any, read: bytes) -> None: ...
+
+
+class _Conn:
+    __slots__ = ("sock", "addr", "buf", "head_end", "length", "gzipped", "due", "what", "out", "busy", "closing")
+
+    def __init__(self, sock: socket.socket, addr: Any, idle_s: float) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.buf = bytearray()
+        self.head_end = -1  # where the body starts, once the head is read and taken for the fast path
+        self.length = 0
+        self.gzipped = False
+        self.due = time.monotonic() + idle_s  # the deadline of what it waits for (``what``), or 0
+        self.what = "idle"
+        self.out = bytearray()  # an answer not yet taken by the client
+        self.busy = False  # a request at the intake: the next one waits (answers go in order)
+        self.closing = False
+
+
+class ConnectionLoop:
+    """The connections of ``server`` (see the module docstring). :meth:`run` on one thread; :meth:`stop` once."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.service = server.service
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._answers: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
+        self._conns: set[_Conn] = set()
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._date = (0, "")
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        listener = self.server.socket
+        listener.setblocking(False)
+        self._sel.register(listener, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stop.is_set():
+                for key, mask in self._sel.select(TICK_S):
+                    if key.data is None:
+                        self._accept(listener)
+                    elif key.data == "wake":
+                        self._woken()
+                    else:
+                        conn: _Conn = key.data
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(conn)
+                        if mask & selectors.EVENT_READ and conn in self._conns:
+                            self._read(conn)
+                self._deadlines()
+        finally:
+            self._woken()  # answers queued before the stop still go out (their events are logged)
+            for conn in list(self._conns):
+                self._close(conn)
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """Stop polling and close the connections the loop holds (those handed to request threads are theirs)."""
+        self._stop.set()
+        self._wake()
+
+    def join(self, timeout: float) -> None:
+        self._stopped.wait(timeout)
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, a connection reset before accept: the next one
+                log.warning("accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, addr, self.service.options.header_deadline_s)
+            self._conns.add(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client closed (or reset) the connection
+            if conn.head_end >= 0 or (conn.buf and conn.what != "idle"):
+                log.info("client %s went away mid-request", conn.addr[0])
+            self._close(conn)
+            return
+        if conn.what == "idle":
+            conn.what, conn.due = "headers", time.monotonic() + self.service.options.header_deadline_s
+        conn.buf += data
+        self._advance(conn)
+
+    def _advance(self, conn: _Conn) -> None:
+        """Take the connection's next request as far as its bytes go."""
+        while not conn.busy and conn in self._conns:
+            if conn.head_end < 0:
+                end = conn.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(conn.buf) > HEAD_BYTES or (conn.buf and not conn.buf.startswith(b"POST ")):
+                        self._hand_over(conn)
+                    return
+                if not self._fast(conn, end + 4):
+                    self._hand_over(conn)
+                    return
+            if len(conn.buf) < conn.head_end + conn.length:
+                return
+            if not self._submit(conn):
+                return
+
+    def _fast(self, conn: _Conn, head_end: int) -> bool:
+        """Whether the request whose head ends at ``head_end`` takes the fast path (then its framing is set)."""
+        line_end = conn.buf.find(b"\r\n")
+        if bytes(conn.buf[:line_end]) != b"POST /v1/traces HTTP/1.1":
+            return False
+        try:
+            headers = read_headers(io.BytesIO(conn.buf[line_end + 2 : head_end]))
+        except RequestRefused:
+            return False
+        lengths = headers.get_all("Content-Length") or []
+        if "Transfer-Encoding" in headers or "Expect" in headers or len(lengths) != 1:
+            return False
+        text = lengths[0].strip()
+        ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
+        connection = headers.get("Connection", "").lower()
+        if (
+            not text.isdigit()
+            or not text.isascii()
+            or int(text) > self.service.options.max_body_bytes
+            or ctype not in PROTOBUF_TYPES
+            or encoding not in ("identity", "gzip", "x-gzip")
+            or connection not in ("", "keep-alive", "close")
+            or not self.server.token_ok(headers)
+            or not self.service.admissible()
+        ):
+            return False
+        conn.head_end, conn.length, conn.gzipped = head_end, int(text), encoding != "identity"
+        conn.closing = connection == "close"
+        conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s
+        return True
+
+    def _submit(self, conn: _Conn) -> bool:
+        """Hand the complete request to the intake. False if the connection was closed meanwhile."""
+        end = conn.head_end + conn.length
+        body = bytes(conn.buf[conn.head_end : end])
+        del conn.buf[:end]
+        conn.head_end, conn.busy, conn.due, conn.what = -1, True, 0.0, "intake"
+        t0 = time.perf_counter()
+        try:
+            self.service.enter()
+        except IngestRefused as r:
+            conn.closing = True
+            self._queue(conn, self._answer(r.status, status_answer(r.status, r.message, False),
+                                           {"Retry-After": str(r.retry_after)}, True), True)  # fmt: skip
+            self._woken()
+            return False
+        self.service.ingest_then(body, form="otlp-protobuf", gzipped=conn.gzipped,
+                                 then=lambda result, error: self._done(conn, t0, result, error))  # fmt: skip
+        return True
+
+    def _done(self, conn: _Conn, t0: float, result: tuple[EventBatch, list[tuple[int, str]]] | None,
+              error: BaseException | None) -> None:  # fmt: skip
+        """On the intake thread: the answer of ``conn``'s request."""
+        metrics = self.server.metrics
+        try:
+            headers: dict[str, str] = {}
+            if result is not None:
+                batch, rejects = result
+                status, body = 200, export_answer(rejects, False, batch.warnings)
+            elif isinstance(error, RequestRefused):
+                status, body = error.status, status_answer(error.status, error.message, False)
+                if isinstance(error, IngestRefused):
+                    headers["Retry-After"] = str(error.retry_after)
+            else:  # a bug: the connection is cut, as a request thread's would be
+                log.error("request from %s failed", conn.addr[0], exc_info=error)
+                self._queue(conn, b"", True)
+                return
+            self._queue(conn, self._answer(status, body, headers, conn.closing), conn.closing)
+            metrics.count_request("/v1/traces", status)
+        finally:
+            self.service.leave()
+            metrics.ingest_latency.observe(time.perf_counter() - t0)
+
+    def _queue(self, conn: _Conn, data: bytes, close: bool) -> None:
+        self._answers.append((conn, data, close))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):  # a wake-up is pending already (or the loop is gone)
+            pass
+
+    def _woken(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while self._answers:
+            conn, data, close = self._answers.popleft()
+            if conn not in self._conns:
+                continue
+            conn.busy = False
+            conn.closing = conn.closing or close
+            conn.out += data
+            conn.what, conn.due = "idle", time.monotonic() + self.service.options.header_deadline_s
+            self._flush(conn)
+            if conn in self._conns and not conn.closing:
+                self._advance(conn)  # a request sent behind it
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out) if conn.out else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(conn)
+            return
+        del conn.out[:sent]
+        if conn.out:  # the client is slow to take it: wait for room, within the answer deadline
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            if conn.what != "answer":
+                conn.what, conn.due = "answer", time.monotonic() + self.service.options.answer_deadline_s
+            return
+        if conn.closing and not conn.busy:
+            self._close(conn)
+            return
+        if conn.what == "answer":
+            conn.what, conn.due = "idle", time.monotonic() + self.service.options.header_deadline_s
+        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+
+    def _deadlines(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self._conns if c.due and c.due <= now and not c.busy]:
+            if conn.what == "idle":
+                log.debug("closed an idle keep-alive connection from %s", conn.addr[0])
+            elif conn.what == "answer":
+                log.info("cut a connection from %s: its answer was not taken", conn.addr[0])
+            else:
+                log.info("cut a connection from %s: its %s took too long", conn.addr[0], conn.what)
+            self._close(conn)
+
+    def _hand_over(self, conn: _Conn) -> None:
+        """The connection, and what was read of it, to a request thread for good."""
+        self._sel.unregister(conn.sock)
+        self._conns.discard(conn)
+        conn.sock.setblocking(True)
+        self.server.hand_over(conn.sock, conn.addr, bytes(conn.buf))
+
+    def _close(self, conn: _Conn) -> None:
+        if conn not in self._conns:
+            return
+        self._conns.discard(conn)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ answers
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str], close: bool) -> bytes:
+        """An answer as a request thread writes it (http.Handler._send)."""
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, email.utils.formatdate(now, usegmt=True))
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            f"Server: {self.server.version}",
+            f"Date: {self._date[1]}",
+            f"Content-Type: {content_type(False)}",
+            f"Content-Length: {len(body)}",
+            "Cache-Control: no-store",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        if close:
+            lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
