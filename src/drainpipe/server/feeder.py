@@ -165,8 +165,8 @@ class Feeder:
                         records += more
                         more_events, more_rows = _size(more)
                         events, rows = events + more_events, rows + more_rows
-                    else:
-                        part.wait(gather_until - time.monotonic())
+                    else:  # sleep out the window: waking at every group commit cost a thread switch each
+                        self._halt.wait(max(0.0, gather_until - time.monotonic()))
                 self._feed(records)
             if self._abort.is_set():
                 return
