@@ -40,8 +40,12 @@ were not acknowledged, so their clients send again), then apply the rest of the 
 What the store does not take within the grace stays in a durable log for the next start.
 
 A POST is answered 200 only once its events are in the service's event log (:mod:`.service`): fsynced, unless
-the log is a memory log (``--durability none``). Bodies are parsed by :class:`~.bodies.BodyDecoder` (parser
-processes in ``drainpipe serve``).
+the log is a memory log (``--durability none``). OTLP exports are decoded by the intake thread (:mod:`.intake`),
+JSON bodies by :class:`~.bodies.BodyDecoder` (parser processes in ``drainpipe serve``).
+
+Connections are read by one thread (:class:`~.http_loop.ConnectionLoop`): an OTLP/HTTP export in protobuf (one
+Content-Length, the token, admitted at once) is answered there, without a thread; any other request moves its
+connection, with the bytes already read, to a request thread (:class:`Handler`) for good. Both answer alike.
 """
 
 from __future__ import annotations
