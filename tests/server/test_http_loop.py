@@ -7,12 +7,30 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from server_testlib import running_server
 
 from drainpipe.server.service import ServiceOptions
 from serve_kill import otlp_export
+
+
+@contextmanager
+def _server(**kw) -> Iterator:
+    """A running server whose hand-overs to request threads are counted (``srv.handed``)."""
+    with running_server(**kw) as srv:
+        handed: list[bytes] = []
+        hand_over = srv.hand_over
+
+        def counted(sock, address, read: bytes) -> None:
+            handed.append(read)
+            hand_over(sock, address, read)
+
+        srv.hand_over = counted
+        srv.handed = handed
+        yield srv
 
 
 def _connect(srv) -> socket.socket:
@@ -53,10 +71,12 @@ def _answers(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str], byt
 
 def test_an_export_is_answered_as_a_request_thread_answers_it() -> None:
     good, bad = otlp_export("svc-a", 20), b"\x0a\x05trunc"  # (a resource_spans field cut short: malformed)
-    with running_server() as srv, _connect(srv) as sock:
+    with _server() as srv, _connect(srv) as sock:
         for body, status in ((good, 200), (bad, 400)):
             sock.sendall(_post(body))
             (fast,) = _answers(sock, 1)
+            assert srv.handed == []  # answered by the loop
+
             sock.sendall(_chunked(body))  # the same request through a request thread (this connection is theirs now)
             (thread,) = _answers(sock, 1)
             assert fast[0] == thread[0] == status and fast[2] == thread[2]
@@ -65,33 +85,73 @@ def test_an_export_is_answered_as_a_request_thread_answers_it() -> None:
             assert set(fast[1]) == set(thread[1])
             if status == 200:
                 assert ExportTraceServiceResponse.FromString(fast[2]) == ExportTraceServiceResponse()
+            assert len(srv.handed) == 1 and b"chunked" in srv.handed.pop()
             sock.close()
             sock = _connect(srv)
         sock.close()
 
 
 def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_too() -> None:
-    with running_server() as srv, _connect(srv) as sock:
+    with _server() as srv, _connect(srv) as sock:
         bodies = [otlp_export(f"svc-{i}", 5 + i) for i in range(3)]
         sock.sendall(b"".join(_post(b) for b in bodies) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         answers = _answers(sock, 4)
         assert [a[0] for a in answers] == [200, 200, 200, 200]
+        assert srv.handed == [b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]  # the exports were the loop's
     stats = srv.service.summary()
     assert stats["accepted"] == sum(5 + i for i in range(3))
 
 
 def test_an_export_with_connection_close_is_answered_then_closed() -> None:
-    with running_server() as srv, _connect(srv) as sock:
-        sock.sendall(_post(otlp_export("svc-a", 3), "Connection: close"))
+    with _server() as srv, _connect(srv) as sock:
+        request = _post(otlp_export("svc-a", 3), "Connection: close")
+        sock.sendall(request[:-10])  # the body's end comes later: the request is still read to its end
+        time.sleep(0.05)
+        sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)
-        assert status == 200 and headers["connection"] == "close"
+        assert status == 200 and headers["connection"] == "close" and srv.handed == []
         assert sock.recv(10) == b""
+
+
+def test_a_head_with_bare_line_feeds_is_read_as_a_request_thread_reads_it() -> None:
+    """A bare LF ends a header line (and an empty one the head) for the request threads' parser: such a head is
+    theirs, or the two would see different requests in the same bytes."""
+    with _server() as srv, _connect(srv) as sock:
+        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\n"
+                     b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # fmt: skip
+        assert [a[0] for a in _answers(sock, 2)] == [200, 200]
+        assert len(srv.handed) == 1
+
+
+def test_a_request_the_loop_cannot_parse_is_a_request_thread_s_and_the_loop_serves_on() -> None:
+    with _server() as srv:
+        with _connect(srv) as sock:
+            sock.sendall(_post(b"")[: -len(b"Content-Length: 0\r\n\r\n")] + b"Content-Length: " + b"9" * 5000
+                         + b"\r\n\r\n")  # fmt: skip
+            ((status, _, _),) = _answers(sock, 1)
+        assert status in (400, 411, 413)
+        with _connect(srv) as sock:
+            sock.sendall(_post(otlp_export("svc-a", 2)))
+            assert _answers(sock, 1)[0][0] == 200
+
+
+def test_admission_lost_while_the_body_came_is_answered_by_a_request_thread() -> None:
+    with _server() as srv, _connect(srv) as sock:
+        request = _post(otlp_export("svc-a", 4))
+        sock.sendall(request[:-10])
+        time.sleep(0.05)  # the head is read and admitted; then the service stops admitting
+        srv.service.drain(0.0)
+        sock.sendall(request[-10:])
+        ((status, headers, _),) = _answers(sock, 1)
+        assert status == 503 and "retry-after" in headers
+        assert len(srv.handed) == 1 and srv.handed[0] == request
+    assert srv.service.summary()["accepted"] == 0
 
 
 def test_a_trickling_export_body_is_cut_at_its_deadline(caplog) -> None:
     caplog.set_level(logging.INFO, logger="drainpipe")
     opts = ServiceOptions(header_deadline_s=1.0, body_deadline_s=1.0, sample_interval_s=0.25, top_refresh_s=0.5)
-    with running_server(options=opts) as srv, _connect(srv) as sock:
+    with _server(options=opts) as srv, _connect(srv) as sock:
         sock.sendall(
             b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
             b"Content-Length: 5000\r\n\r\n"
@@ -105,5 +165,6 @@ def test_a_trickling_export_body_is_cut_at_its_deadline(caplog) -> None:
                 closed = True
                 break
         took = time.monotonic() - t0
-    assert closed and took < 3, f"the body trickle was not cut ({took:.1f} s)"
+        assert srv.handed == []  # cut by the loop
+    assert closed and took < 4, f"the body trickle was not cut ({took:.1f} s)"
     assert any("its body took too long" in r.getMessage() for r in caplog.records)

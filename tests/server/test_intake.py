@@ -78,6 +78,7 @@ def test_requests_waiting_behind_an_append_are_logged_as_one_record_each_getting
         log.gate.set()
         for t in t0 + threads:
             t.join(10)
+            assert not t.is_alive()
         assert len(log.records) == 2  # the first alone, then the ten as one record
         for i in range(10):
             batch, rejects = results[i]
@@ -104,6 +105,7 @@ def test_a_bad_body_fails_its_own_request_and_the_rest_of_its_group_is_logged() 
         log.gate.set()
         for t in t0 + threads:
             t.join(10)
+            assert not t.is_alive()
         assert isinstance(results[1], BadBody) and results[1].status == 400
         assert results[0][0].num_rows == 2 and results[2][0].num_rows == 4
         assert _services(log.records[1:]) == ["s1"] * 2 + ["s3"] * 4
@@ -125,6 +127,7 @@ def test_an_append_that_fails_fails_every_request_of_its_group_and_logs_none_of_
         log.gate.set()
         for t in t0 + threads:
             t.join(10)
+            assert not t.is_alive()
         assert log.records == []  # the first one failed too (it was appending when the log filled)
         errors = [results[i] for i in range(5)]
         assert all(isinstance(e, LogFull) for e in errors)
@@ -152,6 +155,7 @@ def test_close_serves_what_was_queued_then_refuses() -> None:
     log.gate.set()
     for t in [*threads, closer]:
         t.join(10)
+        assert not t.is_alive()
     assert sorted(r[0].num_rows for r in [*results.values(), *more.values()]) == [1, 1, 1, 1]
     assert len(_services(log.records)) == 4
     with pytest.raises(LogFull):
@@ -177,5 +181,52 @@ def test_the_batches_joined_keep_every_row() -> None:
         for t in threads:
             t.join(10)
         assert sum(b.num_rows for b in log.records) == 40 * 50
+    finally:
+        intake.close()
+
+
+def test_submit_then_answers_once_with_the_append_s_error_and_no_result() -> None:
+    """The callback form: a failed append is an error with no result (the caller must not answer 200), and every
+    request is answered exactly once."""
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+        log.gate.clear()
+        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
+        assert log.entered.wait(10)
+        log.fail = LogFull("write-ahead log full")
+        answers: list = []
+        done = threading.Event()
+
+        def then(result, error) -> None:
+            answers.append((result, error))
+            if len(answers) == 3:
+                done.set()
+
+        for i in range(3):
+            intake.submit_then(lambda i=i: (_batch(i, 1), []), 100, then)
+        _wait_queued(intake, 3)
+        log.gate.set()
+        assert done.wait(10)
+        for t in t0:
+            t.join(10)
+            assert not t.is_alive()
+        assert len(answers) == 3 and all(r is None and isinstance(e, LogFull) for r, e in answers)
+        assert log.records == []
+    finally:
+        intake.close()
+
+
+def test_a_failing_answer_does_not_stop_the_intake() -> None:
+    log = _Log()
+    intake = GroupIntake(log.append)
+    try:
+
+        def broken(result, error) -> None:
+            raise RuntimeError("a bug in the caller's answer")
+
+        intake.submit_then(lambda: (_batch(1, 1), []), 1, broken)
+        batch, _ = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
+        assert batch.num_rows == 2 and sum(b.num_rows for b in log.records) == 3
     finally:
         intake.close()

@@ -161,12 +161,12 @@ class Feeder:
                     and time.monotonic() < gather_until
                 ):
                     more = _take(part, READ_RECORDS)
-                    if more:
-                        records += more
-                        more_events, more_rows = _size(more)
-                        events, rows = events + more_events, rows + more_rows
-                    else:  # sleep out the window: waking at every group commit cost a thread switch each
-                        self._halt.wait(max(0.0, gather_until - time.monotonic()))
+                    if not more:  # sleep out the window (waking at every group commit cost a thread switch each),
+                        self._halt.wait(max(0.0, gather_until - time.monotonic()))  # then take what came meanwhile
+                        more = _take(part, READ_RECORDS)
+                    records += more
+                    more_events, more_rows = _size(more)
+                    events, rows = events + more_events, rows + more_rows
                 self._feed(records)
             if self._abort.is_set():
                 return

@@ -558,7 +558,11 @@ class IngestServer(ThreadingHTTPServer):
         """A connection the loop does not serve: to a request thread (``read``: its bytes the loop took)."""
         if read:
             self.prefixes[sock] = read
-        self.process_request(sock, address)
+        try:
+            self.process_request(sock, address)
+        except BaseException:
+            self.prefixes.pop(sock, None)
+            raise
 
     def shutdown(self) -> None:
         """Stop accepting (the connection loop); the connections it served are closed, request threads finish."""

@@ -75,7 +75,8 @@ class Server(Protocol):
 
 
 class _Conn:
-    __slots__ = ("sock", "addr", "buf", "head_end", "length", "gzipped", "due", "what", "out", "busy", "closing")
+    __slots__ = ("sock", "addr", "buf", "head_end", "length", "gzipped", "due", "what", "out", "busy", "closing",
+                 "handoff", "events", "asked_close")  # fmt: skip
 
     def __init__(self, sock: socket.socket, addr: Any, idle_s: float) -> None:
         self.sock = sock
@@ -87,20 +88,25 @@ class _Conn:
         self.due = time.monotonic() + idle_s  # the deadline of what it waits for (``what``), or 0
         self.what = "idle"
         self.out = bytearray()  # an answer not yet taken by the client
-        self.busy = False  # a request at the intake: the next one waits (answers go in order)
-        self.closing = False
+        self.busy = False  # a request at the intake: nothing more is read until it is answered (answers in order)
+        self.closing = False  # close once the answers are out (the client asked, or closed its side)
+        self.handoff = False  # hand over to a request thread once the answers are out
+        self.events = 0  # what the selector watches for it
+        self.asked_close = False  # the request being read asked for Connection: close
 
 
 class ConnectionLoop:
-    """The connections of ``server`` (see the module docstring). :meth:`run` on one thread; :meth:`stop` once."""
+    """The connections of ``server`` (see the module docstring). :meth:`run` on one thread; :meth:`stop` once.
+
+    A connection is read only while it has no request at the intake and no answer waiting to be taken: one request
+    at a time, and a client that sends without reading is held back by TCP, not by this process's memory."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.service = server.service
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._sel: selectors.BaseSelector | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
         self._answers: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
         self._conns: set[_Conn] = set()
         self._stop = threading.Event()
@@ -110,6 +116,10 @@ class ConnectionLoop:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         listener = self.server.socket
         listener.setblocking(False)
         self._sel.register(listener, selectors.EVENT_READ, None)
@@ -122,11 +132,7 @@ class ConnectionLoop:
                     elif key.data == "wake":
                         self._woken()
                     else:
-                        conn: _Conn = key.data
-                        if mask & selectors.EVENT_WRITE:
-                            self._flush(conn)
-                        if mask & selectors.EVENT_READ and conn in self._conns:
-                            self._read(conn)
+                        self._event(key.data, mask)
                 self._deadlines()
         finally:
             self._woken()  # answers queued before the stop still go out (their events are logged)
@@ -145,6 +151,17 @@ class ConnectionLoop:
     def join(self, timeout: float) -> None:
         self._stopped.wait(timeout)
 
+    def _event(self, conn: _Conn, mask: int) -> None:
+        """One connection's readiness; whatever goes wrong with it closes that connection only."""
+        try:
+            if mask & selectors.EVENT_WRITE and conn in self._conns:
+                self._flush(conn)
+            if mask & selectors.EVENT_READ and conn in self._conns:
+                self._read(conn)
+        except Exception:
+            log.exception("connection from %s failed", conn.addr[0])
+            self._close(conn)
+
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(64):
             try:
@@ -154,11 +171,34 @@ class ConnectionLoop:
             except OSError as exc:  # out of descriptors, a connection reset before accept: the next one
                 log.warning("accept failed: %s", exc)
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # reset already
+                sock.close()
+                continue
             conn = _Conn(sock, addr, self.service.options.header_deadline_s)
             self._conns.add(conn)
-            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._watch(conn)
+
+    def _watch(self, conn: _Conn) -> None:
+        """Have the selector watch what ``conn`` waits for now: room for its answer, else its next request."""
+        assert self._sel is not None
+        want = 0
+        if conn in self._conns:
+            if conn.out:
+                want = selectors.EVENT_WRITE
+            elif not (conn.busy or conn.closing or conn.handoff):
+                want = selectors.EVENT_READ
+        if want == conn.events:
+            return
+        if not want:
+            self._sel.unregister(conn.sock)
+        elif not conn.events:
+            self._sel.register(conn.sock, want, conn)
+        else:
+            self._sel.modify(conn.sock, want, conn)
+        conn.events = want
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -167,7 +207,7 @@ class ConnectionLoop:
             return
         except OSError:
             data = b""
-        if not data:  # the client closed (or reset) the connection
+        if not data:  # the client closed (or reset) its side
             if conn.head_end >= 0 or (conn.buf and conn.what != "idle"):
                 log.info("client %s went away mid-request", conn.addr[0])
             self._close(conn)
@@ -179,11 +219,14 @@ class ConnectionLoop:
 
     def _advance(self, conn: _Conn) -> None:
         """Take the connection's next request as far as its bytes go."""
-        while not conn.busy and conn in self._conns:
+        while conn in self._conns and not (conn.busy or conn.closing or conn.handoff or conn.out):
             if conn.head_end < 0:
                 end = conn.buf.find(b"\r\n\r\n")
+                if not _plain(conn.buf[: end + 4] if end >= 0 else conn.buf):
+                    self._hand_over(conn)
+                    return
                 if end < 0:
-                    if len(conn.buf) > HEAD_BYTES or (conn.buf and not conn.buf.startswith(b"POST ")):
+                    if len(conn.buf) > HEAD_BYTES:
                         self._hand_over(conn)
                     return
                 if not self._fast(conn, end + 4):
@@ -191,8 +234,8 @@ class ConnectionLoop:
                     return
             if len(conn.buf) < conn.head_end + conn.length:
                 return
-            if not self._submit(conn):
-                return
+            self._submit(conn)
+        self._watch(conn)
 
     def _fast(self, conn: _Conn, head_end: int) -> bool:
         """Whether the request whose head ends at ``head_end`` takes the fast path (then its framing is set)."""
@@ -211,8 +254,8 @@ class ConnectionLoop:
         encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
         connection = headers.get("Connection", "").lower()
         if (
-            not text.isdigit()
-            or not text.isascii()
+            not 0 < len(text) <= 18
+            or not (text.isascii() and text.isdigit())
             or int(text) > self.service.options.max_body_bytes
             or ctype not in PROTOBUF_TYPES
             or encoding not in ("identity", "gzip", "x-gzip")
@@ -222,47 +265,52 @@ class ConnectionLoop:
         ):
             return False
         conn.head_end, conn.length, conn.gzipped = head_end, int(text), encoding != "identity"
-        conn.closing = connection == "close"
+        conn.asked_close = connection == "close"  # (answered, then closed)
         conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s
         return True
 
-    def _submit(self, conn: _Conn) -> bool:
-        """Hand the complete request to the intake. False if the connection was closed meanwhile."""
+    def _submit(self, conn: _Conn) -> None:
+        """Hand the complete request to the intake (admission checked again: the body took its time)."""
+        if not self.service.admissible():
+            conn.head_end, conn.asked_close = -1, False
+            self._hand_over(conn)  # (the bytes of the request still in the buffer: a request thread waits or refuses)
+            return
         end = conn.head_end + conn.length
         body = bytes(conn.buf[conn.head_end : end])
         del conn.buf[:end]
+        close, conn.asked_close = conn.asked_close, False
         conn.head_end, conn.busy, conn.due, conn.what = -1, True, 0.0, "intake"
         t0 = time.perf_counter()
         try:
             self.service.enter()
         except IngestRefused as r:
-            conn.closing = True
-            self._queue(conn, self._answer(r.status, status_answer(r.status, r.message, False),
-                                           {"Retry-After": str(r.retry_after)}, True), True)  # fmt: skip
-            self._woken()
-            return False
+            conn.busy, conn.closing = False, True
+            conn.out += self._answer(r.status, status_answer(r.status, r.message, False),
+                                     {"Retry-After": str(r.retry_after)}, True)  # fmt: skip
+            self.server.metrics.count_request("/v1/traces", r.status)
+            self._flush(conn)
+            return
         self.service.ingest_then(body, form="otlp-protobuf", gzipped=conn.gzipped,
-                                 then=lambda result, error: self._done(conn, t0, result, error))  # fmt: skip
-        return True
+                                 then=lambda result, error: self._done(conn, t0, close, result, error))  # fmt: skip
 
-    def _done(self, conn: _Conn, t0: float, result: tuple[EventBatch, list[tuple[int, str]]] | None,
+    def _done(self, conn: _Conn, t0: float, close: bool, result: tuple[EventBatch, list[tuple[int, str]]] | None,
               error: BaseException | None) -> None:  # fmt: skip
-        """On the intake thread: the answer of ``conn``'s request."""
+        """On the intake thread: the answer of ``conn``'s request (b"" and close: none, the connection is cut)."""
         metrics = self.server.metrics
         try:
             headers: dict[str, str] = {}
-            if result is not None:
-                batch, rejects = result
-                status, body = 200, export_answer(rejects, False, batch.warnings)
-            elif isinstance(error, RequestRefused):
+            if isinstance(error, RequestRefused):
                 status, body = error.status, status_answer(error.status, error.message, False)
                 if isinstance(error, IngestRefused):
                     headers["Retry-After"] = str(error.retry_after)
+            elif error is None and result is not None:
+                batch, rejects = result
+                status, body = 200, export_answer(rejects, False, batch.warnings)
             else:  # a bug: the connection is cut, as a request thread's would be
                 log.error("request from %s failed", conn.addr[0], exc_info=error)
                 self._queue(conn, b"", True)
                 return
-            self._queue(conn, self._answer(status, body, headers, conn.closing), conn.closing)
+            self._queue(conn, self._answer(status, body, headers, close), close)
             metrics.count_request("/v1/traces", status)
         finally:
             self.service.leave()
@@ -273,28 +321,37 @@ class ConnectionLoop:
         self._wake()
 
     def _wake(self) -> None:
+        if self._wake_w is None:
+            return
         try:
             self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):  # a wake-up is pending already (or the loop is gone)
+        except OSError:  # a wake-up is pending already (or the loop is gone)
             pass
 
     def _woken(self) -> None:
+        if self._wake_r is None:
+            return
         try:
             while self._wake_r.recv(4096):
                 pass
-        except (BlockingIOError, OSError):
+        except OSError:
             pass
         while self._answers:
             conn, data, close = self._answers.popleft()
-            if conn not in self._conns:
+            if conn not in self._conns:  # closed meanwhile (its deadline, a stop): the answer has nowhere to go
                 continue
-            conn.busy = False
-            conn.closing = conn.closing or close
-            conn.out += data
-            conn.what, conn.due = "idle", time.monotonic() + self.service.options.header_deadline_s
-            self._flush(conn)
-            if conn in self._conns and not conn.closing:
+            try:
+                conn.busy = False
+                if not data:  # no answer: cut
+                    self._close(conn)
+                    continue
+                conn.closing = conn.closing or close
+                conn.out += data
+                self._flush(conn)
                 self._advance(conn)  # a request sent behind it
+            except Exception:
+                log.exception("connection from %s failed", conn.addr[0])
+                self._close(conn)
 
     def _flush(self, conn: _Conn) -> None:
         try:
@@ -306,16 +363,21 @@ class ConnectionLoop:
             return
         del conn.out[:sent]
         if conn.out:  # the client is slow to take it: wait for room, within the answer deadline
-            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
             if conn.what != "answer":
                 conn.what, conn.due = "answer", time.monotonic() + self.service.options.answer_deadline_s
+            self._watch(conn)
             return
         if conn.closing and not conn.busy:
             self._close(conn)
             return
-        if conn.what == "answer":
-            conn.what, conn.due = "idle", time.monotonic() + self.service.options.header_deadline_s
-        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        if conn.handoff:
+            conn.handoff = False
+            self._hand_over(conn)
+            return
+        if conn.what in ("answer", "intake"):
+            conn.what = "headers" if conn.buf else "idle"
+            conn.due = time.monotonic() + self.service.options.header_deadline_s
+        self._watch(conn)
 
     def _deadlines(self) -> None:
         now = time.monotonic()
@@ -329,24 +391,30 @@ class ConnectionLoop:
             self._close(conn)
 
     def _hand_over(self, conn: _Conn) -> None:
-        """The connection, and what was read of it, to a request thread for good."""
-        self._sel.unregister(conn.sock)
+        """The connection, and what was read of it, to a request thread for good (once its answers are out)."""
+        if conn.out:
+            conn.handoff = True
+            self._watch(conn)
+            return
         self._conns.discard(conn)
-        conn.sock.setblocking(True)
-        self.server.hand_over(conn.sock, conn.addr, bytes(conn.buf))
+        self._watch(conn)  # (no longer ours: unwatched)
+        try:
+            conn.sock.setblocking(True)
+            self.server.hand_over(conn.sock, conn.addr, bytes(conn.buf))
+        except Exception:  # no thread to be had (the process is at its limit): this connection is cut
+            log.exception("could not hand the connection from %s to a request thread", conn.addr[0])
+            conn.sock.close()
 
     def _close(self, conn: _Conn) -> None:
         if conn not in self._conns:
             return
         self._conns.discard(conn)
+        self._watch(conn)
         try:
-            self._sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        try:
-            conn.sock.close()
+            conn.sock.shutdown(socket.SHUT_WR)  # as socketserver closes: what was sent is not cut by a reset
         except OSError:
             pass
+        conn.sock.close()
 
     # ------------------------------------------------------------------ answers
 
@@ -367,3 +435,14 @@ class ConnectionLoop:
         if close:
             lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _plain(head: bytes | bytearray) -> bool:
+    """Whether a request's head (so far) could be the fast path's: it begins ``POST `` and every line ends in CRLF.
+    A bare LF or CR ends lines for the header parser too; such a head goes to a request thread, which reads it by
+    the standard library's rules (read here, the head would end elsewhere than there)."""
+    start = bytes(head[:5])
+    if b"POST "[: len(start)] != start:
+        return False
+    crlf = head.count(b"\r\n")
+    return head.count(b"\n") == crlf and head.count(b"\r") - head.endswith(b"\r") == crlf

@@ -87,7 +87,7 @@ class GroupIntake:
         Raises :class:`LogFull` after :meth:`close` (``then`` is not called)."""
         if self._closed:
             raise LogFull("the log is closed")
-        self._queue.put(_Slot(work, size, lambda slot: then(slot.result, slot.error)))
+        self._queue.put(_Slot(work, size, lambda slot: then(None if slot.error else slot.result, slot.error)))
 
     def close(self) -> None:
         """Stop the intake thread once the work queued before has been served."""
@@ -98,8 +98,9 @@ class GroupIntake:
         self._thread.join()
 
     def _run(self) -> None:
-        while (first := self._queue.get()) is not None:
-            group, size, closing = [first], first.size, False
+        closing = False
+        while not closing and (first := self._queue.get()) is not None:
+            group, size = [first], first.size
             while size < GROUP_BYTES:
                 try:
                     slot = self._queue.get_nowait()
@@ -111,10 +112,26 @@ class GroupIntake:
                 group.append(slot)
                 size += slot.size
             self._serve(group)
-            if closing:
+        while True:  # a submit that raced the close: refused, never left waiting
+            try:
+                late = self._queue.get_nowait()
+            except queue.Empty:
                 return
+            if late is not None:
+                late.error = LogFull("the log is closed")
+                self._finish(late)
 
     def _serve(self, group: list[_Slot]) -> None:
+        try:
+            self._run_group(group)
+        except BaseException as exc:  # a bug here: the group's requests fail with it, the thread serves on
+            log.exception("the intake failed a group of %d requests", len(group))
+            for slot in group:
+                slot.result, slot.error = None, slot.error or exc
+        for slot in group:
+            self._finish(slot)
+
+    def _run_group(self, group: list[_Slot]) -> None:
         ok: list[_Slot] = []
         for slot in group:
             try:
@@ -128,12 +145,15 @@ class GroupIntake:
                 self._append(EventBatch.join(batches))
             except BaseException as exc:  # nothing of the group is in the log: each request gets the refusal
                 for i, slot in enumerate(ok):  # (a copy each: one instance raised in many threads shares a traceback)
-                    slot.error = exc if i == 0 else copy.copy(exc)
-        for slot in group:
-            if slot.then is None:
-                slot.done.set()
-                continue
-            try:
-                slot.then(slot)
-            except Exception:  # a bug in the caller's answer: that request's connection, not the intake thread
-                log.exception("answering a request failed")
+                    slot.result, slot.error = None, exc if i == 0 else copy.copy(exc)
+
+    @staticmethod
+    def _finish(slot: _Slot) -> None:
+        """Wake the request's thread, or answer it (``then``): exactly once per slot."""
+        if slot.then is None:
+            slot.done.set()
+            return
+        try:
+            slot.then(slot)
+        except Exception:  # a bug in the caller's answer: that request's connection, not the intake thread
+            log.exception("answering a request failed")

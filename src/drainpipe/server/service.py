@@ -341,11 +341,13 @@ class IngestService:
         retry = 2 * self.options.retry_after_s
 
         def done(result: tuple[EventBatch, Rejects] | None, error: BaseException | None) -> None:
-            if result is not None:
-                self._count(result[0], len(result[1]), (reason for _, reason in result[1]))
-            elif isinstance(error, LogFull):
-                error = self._refuse(503, str(error), retry)
-            then(result, error)
+            try:
+                if isinstance(error, LogFull):
+                    error = self._refuse(503, str(error), retry)
+                elif error is None and result is not None:
+                    self._count(result[0], len(result[1]), (reason for _, reason in result[1]))
+            finally:  # the answer is the caller's to give, whatever happened here
+                then(None if error is not None else result, error)
 
         try:
             self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
