@@ -41,7 +41,7 @@ class ServeConfig:
     durable: bool = True  # a write-ahead log on disk (False: in memory, lost with the process)
     wal_dir: str | None = None  # None: beside the store (default_wal_dir)
     wal_max_bytes: int = 4 << 30
-    parsers: int | None = None  # parser processes (0: parse in the request threads; None: default_parsers())
+    parsers: int | None = None  # JSON parser processes (0: parse in the server process; None: default_parsers())
     slow_handler_s: float = 5.0
     shutdown_grace_s: float = 30.0
     options: ServiceOptions = ServiceOptions()
