@@ -184,7 +184,7 @@ def _mid_replay(url: str, wal: Path, end: int, *extra: str) -> Any:
     # commits every 50 ms: with the default 2 s a fast run fed the whole replay before the first periodic commit,
     # and committed jumped from 0 to the end (nothing half done to stop). Each request has a service of its own, so
     # the guard must keep them all (a restarted process sees them anew: more than the default 10,000 if the log grew)
-    proc, base = start_serve(url, str(wal), "--checkpoint-s", "0.05", "--max-entities", "100000", *extra)
+    proc, base = start_serve(url, str(wal), "--checkpoint-s", "0.05", *extra)
     deadline = time.monotonic() + 60
     while True:
         with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
