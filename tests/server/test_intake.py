@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -63,80 +65,78 @@ def _wait_queued(intake: GroupIntake, n: int) -> None:
         time.sleep(0.001)
 
 
-def test_requests_waiting_behind_an_append_are_logged_as_one_record_each_getting_its_own_result() -> None:
+@pytest.fixture
+def served() -> Iterator[tuple[GroupIntake, _Log]]:
     log = _Log()
     intake = GroupIntake(log.append)
     try:
-        log.gate.clear()  # the first request's append holds; the next ten queue up behind it
-        first: dict = {}
-        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], first)
-        assert log.entered.wait(10)
-        results: dict = {}
-        works = [(lambda i=i: (_batch(i, i + 1), [(0, f"reason {i}")])) for i in range(10)]
+        yield intake, log
+    finally:
+        intake.close()
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive(), "a request still waits"
+
+
+def _behind_an_append(intake: GroupIntake, log: _Log, works: list, *, fail: BaseException | None = None,
+                      then: Any = None) -> dict:  # fmt: skip
+    """Submit ``works`` while a first request's append is held, so that they wait as one group; then let the append
+    go on (failing with ``fail``, the held one too). Each request's result or exception, by index (``then``: the
+    works go to ``submit_then`` with it instead)."""
+    results: dict = {}
+    log.gate.clear()
+    first = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
+    assert log.entered.wait(10)
+    if then is None:
         threads = _submit_all(intake, works, results)
-        _wait_queued(intake, 10)
-        log.gate.set()
-        for t in t0 + threads:
-            t.join(10)
-            assert not t.is_alive()
-        assert len(log.records) == 2  # the first alone, then the ten as one record
-        for i in range(10):
-            batch, rejects = results[i]
-            assert batch.num_rows == i + 1 and rejects == [(0, f"reason {i}")]
-        assert _services(log.records[1:]) == _services([_batch(i, i + 1) for i in range(10)])
-    finally:
-        intake.close()
+    else:
+        threads = []
+        for work in works:
+            intake.submit_then(work, 100, then)
+    _wait_queued(intake, len(works))
+    log.fail = fail
+    log.gate.set()
+    _join(first + threads)
+    return results
 
 
-def test_a_bad_body_fails_its_own_request_and_the_rest_of_its_group_is_logged() -> None:
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
-        log.gate.clear()
-        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
-        assert log.entered.wait(10)
-
-        def bad() -> tuple[EventBatch, list]:
-            raise BadBody(400, "malformed protobuf")
-
-        results: dict = {}
-        threads = _submit_all(intake, [lambda: (_batch(1, 2), []), bad, lambda: (_batch(3, 4), [])], results)
-        _wait_queued(intake, 3)
-        log.gate.set()
-        for t in t0 + threads:
-            t.join(10)
-            assert not t.is_alive()
-        assert isinstance(results[1], BadBody) and results[1].status == 400
-        assert results[0][0].num_rows == 2 and results[2][0].num_rows == 4
-        assert _services(log.records[1:]) == ["s1"] * 2 + ["s3"] * 4
-    finally:
-        intake.close()
+def test_requests_waiting_behind_an_append_are_logged_as_one_record_each_getting_its_own_result(served) -> None:
+    intake, log = served
+    works = [(lambda i=i: (_batch(i, i + 1), [(0, f"reason {i}")])) for i in range(10)]
+    results = _behind_an_append(intake, log, works)
+    assert len(log.records) == 2  # the first alone, then the ten as one record
+    for i in range(10):
+        batch, rejects = results[i]
+        assert batch.num_rows == i + 1 and rejects == [(0, f"reason {i}")]
+    assert _services(log.records[1:]) == _services([_batch(i, i + 1) for i in range(10)])
 
 
-def test_an_append_that_fails_fails_every_request_of_its_group_and_logs_none_of_it() -> None:
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
-        log.gate.clear()
-        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
-        assert log.entered.wait(10)
-        log.fail = LogFull("write-ahead log full")
-        results: dict = {}
-        threads = _submit_all(intake, [(lambda i=i: (_batch(i, 1), [])) for i in range(5)], results)
-        _wait_queued(intake, 5)
-        log.gate.set()
-        for t in t0 + threads:
-            t.join(10)
-            assert not t.is_alive()
-        assert log.records == []  # the first one failed too (it was appending when the log filled)
-        errors = [results[i] for i in range(5)]
-        assert all(isinstance(e, LogFull) for e in errors)
-        assert len({id(e) for e in errors}) == 5  # one instance each: raised in five threads
-        log.fail = None
-        batch, _ = intake.submit(lambda: (_batch(7, 3), []))  # the next group is logged
-        assert batch.num_rows == 3 and _services(log.records) == ["s7"] * 3
-    finally:
-        intake.close()
+def test_a_bad_body_fails_its_own_request_and_the_rest_of_its_group_is_logged(served) -> None:
+    intake, log = served
+
+    def bad() -> tuple[EventBatch, list]:
+        raise BadBody(400, "malformed protobuf")
+
+    results = _behind_an_append(intake, log, [lambda: (_batch(1, 2), []), bad, lambda: (_batch(3, 4), [])])
+    assert isinstance(results[1], BadBody) and results[1].status == 400
+    assert results[0][0].num_rows == 2 and results[2][0].num_rows == 4
+    assert _services(log.records[1:]) == ["s1"] * 2 + ["s3"] * 4
+
+
+def test_an_append_that_fails_fails_every_request_of_its_group_and_logs_none_of_it(served) -> None:
+    intake, log = served
+    works = [(lambda i=i: (_batch(i, 1), [])) for i in range(5)]
+    results = _behind_an_append(intake, log, works, fail=LogFull("write-ahead log full"))
+    assert log.records == []  # the first one failed too (it was appending when the log filled)
+    errors = [results[i] for i in range(5)]
+    assert all(isinstance(e, LogFull) for e in errors)
+    assert len({id(e) for e in errors}) == 5  # one instance each: raised in five threads
+    log.fail = None
+    batch, _ = intake.submit(lambda: (_batch(7, 3), []))  # the next group is logged
+    assert batch.num_rows == 3 and _services(log.records) == ["s7"] * 3
 
 
 def test_close_serves_what_was_queued_then_refuses() -> None:
@@ -153,80 +153,50 @@ def test_close_serves_what_was_queued_then_refuses() -> None:
     closer = threading.Thread(target=intake.close)
     closer.start()
     log.gate.set()
-    for t in [*threads, closer]:
-        t.join(10)
-        assert not t.is_alive()
+    _join([*threads, closer])
     assert sorted(r[0].num_rows for r in [*results.values(), *more.values()]) == [1, 1, 1, 1]
     assert len(_services(log.records)) == 4
     with pytest.raises(LogFull):
         intake.submit(lambda: (_batch(9, 1), []))
 
 
-def test_an_empty_batch_is_answered_without_a_log_record() -> None:
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
-        batch, rejects = intake.submit(lambda: (EventBatch.of(_batch(1, 1).rows.slice(0, 0)), [(0, "bad span")]))
-        assert batch.num_rows == 0 and rejects == [(0, "bad span")] and log.records == []
-    finally:
-        intake.close()
+def test_an_empty_batch_is_answered_without_a_log_record(served) -> None:
+    intake, log = served
+    batch, rejects = intake.submit(lambda: (EventBatch.of(_batch(1, 1).rows.slice(0, 0)), [(0, "bad span")]))
+    assert batch.num_rows == 0 and rejects == [(0, "bad span")] and log.records == []
 
 
-def test_the_batches_joined_keep_every_row() -> None:
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
-        results: dict = {}
-        threads = _submit_all(intake, [(lambda i=i: (_batch(i % 3, 50), [])) for i in range(40)], results)
-        for t in threads:
-            t.join(10)
-        assert sum(b.num_rows for b in log.records) == 40 * 50
-    finally:
-        intake.close()
+def test_the_batches_joined_keep_every_row(served) -> None:
+    intake, log = served
+    _join(_submit_all(intake, [(lambda i=i: (_batch(i % 3, 50), [])) for i in range(40)], {}))
+    assert sum(b.num_rows for b in log.records) == 40 * 50
 
 
-def test_submit_then_answers_once_with_the_append_s_error_and_no_result() -> None:
+def test_submit_then_answers_once_with_the_append_s_error_and_no_result(served) -> None:
     """The callback form: a failed append is an error with no result (the caller must not answer 200), and every
     request is answered exactly once."""
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
-        log.gate.clear()
-        t0 = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
-        assert log.entered.wait(10)
-        log.fail = LogFull("write-ahead log full")
-        answers: list = []
-        done = threading.Event()
+    intake, log = served
+    answers: list = []
+    done = threading.Event()
 
-        def then(result, error) -> None:
-            answers.append((result, error))
-            if len(answers) == 3:
-                done.set()
+    def then(result, error) -> None:
+        answers.append((result, error))
+        if len(answers) == 3:
+            done.set()
 
-        for i in range(3):
-            intake.submit_then(lambda i=i: (_batch(i, 1), []), 100, then)
-        _wait_queued(intake, 3)
-        log.gate.set()
-        assert done.wait(10)
-        for t in t0:
-            t.join(10)
-            assert not t.is_alive()
-        assert len(answers) == 3 and all(r is None and isinstance(e, LogFull) for r, e in answers)
-        assert log.records == []
-    finally:
-        intake.close()
+    works = [(lambda i=i: (_batch(i, 1), [])) for i in range(3)]
+    _behind_an_append(intake, log, works, fail=LogFull("write-ahead log full"), then=then)
+    assert done.wait(10)
+    assert len(answers) == 3 and all(r is None and isinstance(e, LogFull) for r, e in answers)
+    assert log.records == []
 
 
-def test_a_failing_answer_does_not_stop_the_intake() -> None:
-    log = _Log()
-    intake = GroupIntake(log.append)
-    try:
+def test_a_failing_answer_does_not_stop_the_intake(served) -> None:
+    intake, log = served
 
-        def broken(result, error) -> None:
-            raise RuntimeError("a bug in the caller's answer")
+    def broken(result, error) -> None:
+        raise RuntimeError("a bug in the caller's answer")
 
-        intake.submit_then(lambda: (_batch(1, 1), []), 1, broken)
-        batch, _ = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
-        assert batch.num_rows == 2 and sum(b.num_rows for b in log.records) == 3
-    finally:
-        intake.close()
+    intake.submit_then(lambda: (_batch(1, 1), []), 1, broken)
+    batch, _ = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
+    assert batch.num_rows == 2 and sum(b.num_rows for b in log.records) == 3
