@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,17 +20,24 @@ from serve_kill import otlp_export
 
 @contextmanager
 def _server(**kw) -> Iterator:
-    """A running server whose hand-overs to request threads are counted (``srv.handed``)."""
+    """A running server whose hand-overs to request threads are counted (``srv.handed``), and which says when the
+    loop has first asked for admission (``srv.head_taken``: a fast request's head is read and admitted)."""
     with running_server(**kw) as srv:
         handed: list[bytes] = []
-        hand_over = srv.hand_over
+        hand_over, admissible = srv.hand_over, srv.service.admissible
+        head_taken = threading.Event()
 
         def counted(sock, address, read: bytes) -> None:
             handed.append(read)
             hand_over(sock, address, read)
 
-        srv.hand_over = counted
-        srv.handed = handed
+        def admitted() -> bool:
+            answer = admissible()
+            head_taken.set()
+            return answer
+
+        srv.hand_over, srv.service.admissible = counted, admitted
+        srv.handed, srv.head_taken = handed, head_taken
         yield srv
 
 
@@ -106,7 +114,7 @@ def test_an_export_with_connection_close_is_answered_then_closed() -> None:
     with _server() as srv, _connect(srv) as sock:
         request = _post(otlp_export("svc-a", 3), "Connection: close")
         sock.sendall(request[:-10])  # the body's end comes later: the request is still read to its end
-        time.sleep(0.05)
+        assert srv.head_taken.wait(10)  # the head taken: the body's end comes in a later segment
         sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)
         assert status == 200 and headers["connection"] == "close" and srv.handed == []
@@ -139,7 +147,7 @@ def test_admission_lost_while_the_body_came_is_answered_by_a_request_thread() ->
     with _server() as srv, _connect(srv) as sock:
         request = _post(otlp_export("svc-a", 4))
         sock.sendall(request[:-10])
-        time.sleep(0.05)  # the head is read and admitted; then the service stops admitting
+        assert srv.head_taken.wait(10)  # the head is read and admitted; then the service stops admitting
         srv.service.drain(0.0)
         sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)

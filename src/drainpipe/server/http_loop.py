@@ -23,8 +23,8 @@ of, it hands over. The deadlines are the request threads': an idle keep-alive co
 ``header_deadline_s``, a request line and headers must arrive within it, a body within ``body_deadline_s``, an
 answer must be taken within ``answer_deadline_s``.
 
-Thread-safety: the loop's state is its own thread's; the intake thread only appends to ``_answers`` and writes a
-byte to the wake socket.
+Thread-safety: the loop's state is its own thread's. The intake thread builds an answer (``_answer``: the cached
+Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ class ConnectionLoop:
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._date = (0, "")
+        self._next_scan = 0.0  # when the deadlines are next looked at
 
     # ------------------------------------------------------------------ the loop
 
@@ -381,6 +382,9 @@ class ConnectionLoop:
 
     def _deadlines(self) -> None:
         now = time.monotonic()
+        if now < self._next_scan:  # (a scan is per connection: not per event under load)
+            return
+        self._next_scan = now + TICK_S
         for conn in [c for c in self._conns if c.due and c.due <= now and not c.busy]:
             if conn.what == "idle":
                 log.debug("closed an idle keep-alive connection from %s", conn.addr[0])

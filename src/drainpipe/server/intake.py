@@ -43,6 +43,8 @@ GROUP_BYTES = 16 << 20
 
 
 class _Slot:
+    """One request's work and its outcome: a result, or an error and no result (the intake keeps that so)."""
+
     __slots__ = ("work", "size", "done", "result", "error", "then")
 
     def __init__(self, work: Work, size: int, then: Callable[[_Slot], None] | None = None) -> None:
@@ -87,7 +89,7 @@ class GroupIntake:
         Raises :class:`LogFull` after :meth:`close` (``then`` is not called)."""
         if self._closed:
             raise LogFull("the log is closed")
-        self._queue.put(_Slot(work, size, lambda slot: then(None if slot.error else slot.result, slot.error)))
+        self._queue.put(_Slot(work, size, lambda slot: then(slot.result, slot.error)))
 
     def close(self) -> None:
         """Stop the intake thread once the work queued before has been served."""

@@ -338,21 +338,20 @@ class IngestService:
         must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
         if form not in NATIVE_FORMS:
             raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
-        retry = 2 * self.options.retry_after_s
 
         def done(result: tuple[EventBatch, Rejects] | None, error: BaseException | None) -> None:
             try:
                 if isinstance(error, LogFull):
-                    error = self._refuse(503, str(error), retry)
-                elif error is None and result is not None:
+                    error = self._log_refusal(error)
+                elif result is not None:
                     self._count(result[0], len(result[1]), (reason for _, reason in result[1]))
             finally:  # the answer is the caller's to give, whatever happened here
-                then(None if error is not None else result, error)
+                then(result, error)
 
         try:
             self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
         except LogFull as exc:
-            then(None, self._refuse(503, str(exc), retry))
+            then(None, self._log_refusal(exc))
 
     def _work(self, body: bytes, form: str, gzipped: bool) -> Work:
         """What the intake thread does with a body: an OTLP export decoded there (the native pass); a JSON body
@@ -376,7 +375,11 @@ class IngestService:
         try:
             return self._intake.submit(work, size)
         except LogFull as exc:
-            raise self._refuse(503, str(exc), 2 * self.options.retry_after_s) from None
+            raise self._log_refusal(exc) from None
+
+    def _log_refusal(self, exc: LogFull) -> IngestRefused:
+        """The 503 of a request the log could not take (nothing of it was logged)."""
+        return self._refuse(503, str(exc), 2 * self.options.retry_after_s)
 
     def _count(self, batch: EventBatch, rejected: int, reasons: Iterable[str]) -> None:
         n = batch.num_rows
