@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 import warnings
@@ -53,7 +52,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from drainpipe.errors import InputError, SparkJobError
 from drainpipe.inputs import EVENT_SCHEMA, TRACE_ID, WEIGHT, DeadLetter, Part, Position, ReadStats, plan_parts
 from drainpipe.inputs.log_formats import DEFAULT_LOG_FORMAT, LogFormat
 from drainpipe.inputs.options import InputOptions
@@ -77,7 +75,7 @@ from drainpipe.pipeline import (
     resolve,
 )
 
-from . import skew
+from . import actions, skew
 from .commits import JobCommit
 from .rows import (
     EVENT,
@@ -100,8 +98,19 @@ from .rows import (
     unpack_rows,
     unpacked_partials,
 )
+from .session import is_connect
 from .splits import Split, plan_splits
-from .tasks import SAMPLE_SCHEMA, aggregate_events, merge_topn, pack_ipc, sample_types, scan_events, scan_states
+from .states import FrameStates, OutputStates, TaskStates
+from .tasks import (
+    SAMPLE_SCHEMA,
+    Route,
+    aggregate_events,
+    merge_topn,
+    pack_ipc,
+    sample_types,
+    scan_events,
+    scan_states,
+)
 
 log = logging.getLogger("drainpipe.spark")
 
@@ -266,14 +275,14 @@ def _merge_aggregates(definitions: Definitions) -> list[Any]:
     return aggregates
 
 
-def _metric_merge(states: DataFrame, definitions: Definitions, guard: bool = True) -> DataFrame:
-    """Merge METRIC rows across tasks with Spark aggregates (:func:`_merge_aggregates`), then hold them to the
-    cardinality guard (:func:`_guard_entities`) if ``guard`` (False when no bucket can exceed ``max_entities``:
-    the guard's window costs a shuffle of every merged row)."""
+def _metric_merge(packed: DataFrame, definitions: Definitions, guard: bool = True) -> DataFrame:
+    """Merge the packed METRIC rows of every task with Spark aggregates (:func:`_merge_aggregates`), then hold them
+    to the cardinality guard (:func:`_guard_entities`) if ``guard`` (False when no bucket can exceed
+    ``max_entities``: the guard's window costs a shuffle of every merged row)."""
     from pyspark.sql import functions as F
 
     aggregates = _merge_aggregates(definitions)
-    rows = states.filter(F.col("kind") == METRIC).mapInArrow(unpack_rows, spark_schema(STATE_ROWS))
+    rows = packed.mapInArrow(unpack_rows, spark_schema(STATE_ROWS))
     merged = rows.groupBy(*_STATE_KEY).agg(*aggregates)
     if not guard:
         return merged.withColumn("folded", F.lit(0).cast("long"))
@@ -317,28 +326,8 @@ def _folded(table: pa.Table, definitions: Definitions, into: Counter[str]) -> No
         into[definition.scope] += n
 
 
-_INPUT_ERROR = re.compile(r"(?:drainpipe\.errors\.)?InputError: (.+)")
-
-
-def _collect(frame: DataFrame) -> pa.Table:
-    """``frame.toArrow()``; a failed job becomes a one-line error: the task's :class:`InputError` (a corrupt
-    input file) as such, anything else as :class:`SparkJobError`."""
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        return frame.toArrow()
-    except (PySparkException, Py4JError) as exc:
-        text = str(exc)
-        found = _INPUT_ERROR.findall(text)
-        if found:
-            raise InputError(found[-1].strip()) from exc
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
-
-
 def _sample_weights(frame: DataFrame, groups: Sequence[Sequence[Split]], options: JobOptions) -> dict[str, float]:
-    rows = _collect(
+    rows = actions.collect(
         frame.mapInArrow(sample_types(groups, options.type_key, options.sample_rows), spark_schema(SAMPLE_SCHEMA))
     )
     return skew.weights_from_counts(zip(rows.column("type").to_pylist(), rows.column("weight").to_pylist()))
@@ -357,8 +346,13 @@ def aggregate_splits(
     groups = task_groups(splits, options.tasks_per_core * parallelism(spark))
     frame = _splits_frame(spark, len(groups))
     if options.per_type == "map":
-        inline = inline_rows(options, len(groups))
-        states = frame.mapInArrow(scan_states(definitions, groups, accumulators, inline), spark_schema(STATE_ROWS))
+        scan = scan_states(definitions, groups, accumulators, inline_rows(options, len(groups)))
+        route = job_route(definitions, options, len(groups))
+        states: TaskStates = (
+            FrameStates(frame.mapInArrow(scan, spark_schema(STATE_ROWS)), route)
+            if is_connect(spark)  # (no RDDs under Spark Connect)
+            else OutputStates(spark, scan, len(groups), route)
+        )
         return merge_states(spark, states, len(groups), definitions, options, splits, stage_s)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
@@ -406,8 +400,21 @@ def per_type_stage(
     states = skew.place(events, placement, options.type_key).mapInArrow(
         aggregate_events(definitions, inline_rows=inline_rows(options, placement.partitions)), spark_schema(STATE_ROWS)
     )
+    route = job_route(definitions, options, placement.partitions)
     return merge_states(
-        spark, states, placement.partitions, definitions, options, splits, dict(stage_s or {}), placement
+        spark, FrameStates(states, route), placement.partitions, definitions, options, splits, dict(stage_s or {}),
+        placement,
+    )  # fmt: skip
+
+
+def job_route(definitions: Definitions, options: JobOptions, tasks: int) -> Route:
+    """Which of the STATE_ROWS of a job of about ``tasks`` state-making tasks its first action takes
+    (:class:`~drainpipe.spark.tasks.Route`): everything with ``options.driver_merge``; the TOPN rows stay for a
+    merge in Spark over :data:`DRIVER_TOPN_MERGE_TASKS` tasks."""
+    return Route(
+        everything=options.driver_merge,
+        topn_kept=bool(definitions.topns) and tasks > DRIVER_TOPN_MERGE_TASKS,
+        metrics=bool(definitions.metrics),
     )
 
 
@@ -424,7 +431,7 @@ DRIVER_TOPN_MERGE_TASKS = 64
 
 def merge_states(
     spark: SparkSession,
-    states: DataFrame,
+    states: TaskStates,
     tasks: int,
     definitions: Definitions,
     options: JobOptions = JobOptions(),
@@ -432,43 +439,32 @@ def merge_states(
     stage_s: dict[str, float] | None = None,
     placement: skew.Placement | None = None,
 ) -> JobResult:
-    """Merge the STATE_ROWS of about ``tasks`` tasks (:func:`~drainpipe.spark.tasks.read_states`) across tasks and
-    collect them with the bookkeeping rows; ``splits`` (or a mapping from their indexes) name the sources of the
-    rejects.
+    """Merge the STATE_ROWS of about ``tasks`` tasks across tasks (:mod:`~drainpipe.spark.states` keeps them between
+    actions; their :class:`~drainpipe.spark.tasks.Route` is :func:`job_route`'s) and collect them with the
+    bookkeeping rows; ``splits`` (or a mapping from their indexes) name the sources of the rejects.
 
-    With metrics, the states are persisted and the first action collects the top-N and bookkeeping rows with the
-    metric states of the tasks that marked theirs ``inline`` (each at most :func:`inline_rows`: the driver holds at
-    most ``options.driver_merge_rows`` of them). The tasks' reports say whether the cardinality guard can fold
-    anything (:func:`_entity_bound`) and how many state rows they made. When every task's came inline they are
-    merged on the driver: one action. Otherwise a second: the other tasks' states are collected when all are at
-    most ``options.driver_merge_rows``, or every task's are merged by Spark (and collected, or handed out in chunks
-    with ``options.stream_metrics``). :attr:`JobResult.metric_merge` says which. Without metrics, one action and
-    nothing persisted. ``options.driver_merge``: one action, everything collected and merged on the driver,
-    nothing persisted."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
+    The first action collects the top-N and bookkeeping rows with the metric states of the tasks that marked theirs
+    ``inline`` (each at most :func:`inline_rows`: the driver holds at most ``options.driver_merge_rows`` of them);
+    over :data:`DRIVER_TOPN_MERGE_TASKS` tasks the top-N rows are merged in Spark first. The tasks' reports say
+    whether the cardinality guard can fold anything (:func:`_entity_bound`) and how many state rows they made. When
+    every task's came inline they are merged on the driver: one action. Otherwise a second: the other tasks' states
+    are collected when all are at most ``options.driver_merge_rows``, or every task's are merged by Spark (and
+    collected, or handed out in chunks with ``options.stream_metrics``). :attr:`JobResult.metric_merge` says which.
+    ``options.driver_merge``: one action, everything collected and merged on the driver, nothing kept."""
     clock = time.perf_counter()
     stage_s = {} if stage_s is None else stage_s
-    if options.driver_merge:
+    if states.route.everything:
         return _merge_on_driver(states, definitions, splits, stage_s, placement)
-    if definitions.metrics:
-        states = states.persist(StorageLevel.MEMORY_AND_DISK)
     stream = options.stream_metrics and bool(definitions.metrics)
     merged = on_driver = None
     how = ""
     try:
         # the first action: bookkeeping, the top-N rows and the metric states of the tasks that made few (inline)
-        inline = (F.col("kind") == METRIC) & F.col("inline")
-        rest = states.filter((F.col("kind") >= (TOPN if definitions.topns else REJECT)) | inline)
-        if definitions.topns and tasks > DRIVER_TOPN_MERGE_TASKS:
-            topn_rows = states.filter(F.col("kind") == TOPN).repartition(
-                _shuffle_partitions(spark, options), "d", "entity", "bucket"
-            )
-            rest = topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)).unionByName(
-                states.filter((F.col("kind") >= REJECT) | inline)
-            )
-        collected = _collect(rest)
+        collected = states.first()
+        if states.route.topn_kept:
+            topn_rows = states.rows(TOPN).repartition(_shuffle_partitions(spark, options), "d", "entity", "bucket")
+            topn = actions.collect(topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)))
+            collected = pa.concat_tables([collected, topn])
         meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
         guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
         rows, withheld = _state_rows(meta), _withheld_rows(meta)
@@ -481,18 +477,16 @@ def merge_states(
             if not withheld:  # every task's states came with the first action
                 on_driver, how = collected, "first action"
             elif options.driver_merge_rows and rows <= options.driver_merge_rows:  # few: merged here
-                rest_rows = _collect(states.filter((F.col("kind") == METRIC) & ~F.col("inline")))
-                on_driver, how = pa.concat_tables([collected, rest_rows]), "collected"
+                on_driver, how = pa.concat_tables([collected, states.withheld()]), "collected"
             else:  # (the inline states collected are merged again by Spark: not held meanwhile)
                 collected = collected.filter(pc.not_equal(collected.column("kind"), METRIC))
-                merged, how = _collect(_metric_merge(states, definitions, guard)), "spark"
+                merged, how = actions.collect(_metric_merge(states.rows(METRIC), definitions, guard)), "spark"
             stage_s["metric merge"] = time.perf_counter() - clock
     except BaseException:
-        if definitions.metrics:
-            states.unpersist()
+        states.release()
         raise
-    if definitions.metrics and not stream:
-        states.unpersist()
+    if not stream:
+        states.release()
     overflow: Counter[str] = Counter()
     metrics: dict[int, MetricPartial] = {}
     if merged is not None:
@@ -507,15 +501,10 @@ def merge_states(
     result.metric_merge = "streamed" if stream else how
     if stream:
         result.partials = [p for p in result.partials if not isinstance(p, MetricPartial)]
-        frame = _metric_merge(states, definitions, guard).repartition(max(_STREAM_PARTITIONS, _shuffle_partitions(
-            spark, options)), "entity")  # fmt: skip
+        frame = _metric_merge(states.rows(METRIC), definitions, guard).repartition(max(_STREAM_PARTITIONS,
+            _shuffle_partitions(spark, options)), "entity")  # fmt: skip
         result.metric_chunks = lambda: _metric_chunks(frame, definitions, overflow)
-        persisted = states
-
-        def release() -> None:
-            persisted.unpersist()
-
-        result.release = release
+        result.release = states.release
     return result
 
 
@@ -534,14 +523,14 @@ def _result(
 
 
 def _merge_on_driver(
-    states: DataFrame, definitions: Definitions, splits: Sequence[Split] | Mapping[int, Split],
+    states: TaskStates, definitions: Definitions, splits: Sequence[Split] | Mapping[int, Split],
     stage_s: dict[str, float], placement: skew.Placement | None,
 ) -> JobResult:  # fmt: skip
     """``merge_states`` with ``driver_merge``: every row collected in one action, the metric states merged with the
     shared merge (:func:`~drainpipe.pipeline.merge`) and held to the cardinality guard by entity name, as the
     Spark merge does (:func:`_guard_by_name`)."""
     clock = time.perf_counter()
-    collected = _collect(states)
+    collected = states.first()
     stage_s["aggregate+collect"] = time.perf_counter() - clock
     clock = time.perf_counter()
     meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
@@ -639,7 +628,7 @@ def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter
     packed = frame.mapInArrow(pack_ipc, schema)
     current: int | None = None
     blobs: list[bytes] = []
-    for row in _local_iterator(packed):
+    for row in actions.local_iterator(packed):
         if row.part != current and blobs:
             yield from _chunk_partials(definitions, blobs, overflow)
             blobs = []
@@ -647,18 +636,6 @@ def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter
         blobs.append(row.ipc)
     if blobs:
         yield from _chunk_partials(definitions, blobs, overflow)
-
-
-def _local_iterator(frame: DataFrame) -> Iterator[Any]:
-    """``frame.toLocalIterator()``, failures as one line (as :func:`_collect`)."""
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        yield from frame.toLocalIterator(prefetchPartitions=False)
-    except (PySparkException, Py4JError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        raise SparkJobError(f"spark job failed: {lines[-1] if lines else type(exc).__name__}") from exc
 
 
 def _chunk_partials(definitions: Definitions, blobs: list[bytes], overflow: Counter[str]) -> Iterator[Partial]:

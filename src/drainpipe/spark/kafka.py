@@ -58,9 +58,10 @@ from drainpipe.pipeline import Definitions, Driver, PartBooks, SourceProgress, S
 
 from . import skew
 from .commits import JobCommit
-from .engine import JobOptions, JobResult, inline_rows, merge_states, parallelism, per_type_stage
+from .engine import JobOptions, JobResult, inline_rows, job_route, merge_states, parallelism, per_type_stage
 from .rows import EVENT_ROWS, REJECT, SPLIT, STATE_ROWS, info_row, meta_rows, spark_schema
 from .splits import Split
+from .states import FrameStates
 from .tasks import EventReader, read_events, read_states
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -326,7 +327,7 @@ def _job(
     job = replace(options, stream_metrics=True)
     if options.per_type == "map":
         stage = read_states(definitions, reader, "decode+aggregate", inline_rows(job, tasks))
-        states = messages.mapInArrow(stage, spark_schema(STATE_ROWS))
+        states = FrameStates(messages.mapInArrow(stage, spark_schema(STATE_ROWS)), job_route(definitions, job, tasks))
         return merge_states(spark, states, tasks, definitions, job, splits)
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
     events = messages.mapInArrow(read_events(reader, "decode"), spark_schema(EVENT_ROWS))
