@@ -7,12 +7,15 @@ Both batch (:func:`drainpipe.spark.run_batch`) and streaming (each micro-batch) 
 
 Stages (``per_type="map"``, the default)::
 
-    spark.range(task groups: runs of splits, a task a core) --mapInArrow(scan_states)-->
-        read + validate + aggregate_batch over the task's splits  -> STATE_ROWS (persisted; metric states packed
-                                                                     as Arrow IPC, ``inline`` when the task's are
-                                                                     at most driver_merge_rows / tasks)
+    the task groups (runs of splits, a task a core) --scan_states-->
+        read + validate + aggregate_batch over the task's splits  -> STATE_ROWS (metric states packed as
+                                                                     LZ4-compressed Arrow IPC, ``inline`` when the
+                                                                     task's are at most driver_merge_rows / tasks)
+        a classic session: an RDD job (states.OutputStates): the first action's rows come back with each task's
+          result (an accumulator), the rows kept for later actions are cached as bytes
+        Spark Connect: spark.range(groups).mapInArrow (states.FrameStates): the rows persisted, filtered by actions
     TOPN, REJECT, SPLIT, TASK rows and the inline METRIC rows ------------------------> driver   (action 1)
-      (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are first merged in Spark:
+      (over DRIVER_TOPN_MERGE_TASKS tasks, the TOPN rows are kept and merged in Spark by an action of their own:
        repartition(d, entity, bucket) --mapInArrow(merge_topn))
     every task's came inline: merged on the driver with the shared merge, the guard by name (one action)
     the others' METRIC rows, all tasks' together at most driver_merge_rows --------> driver   (action 2)
@@ -20,7 +23,7 @@ Stages (``per_type="map"``, the default)::
         [--> the cardinality guard (a window per scope and minute), when the tasks' reports say it can fold]
         ------------------------------------------------------------------------------> driver   (action 2)
 
-    (``driver_merge``, a stream's micro-batch after a small one: every row in action 1, nothing persisted)
+    (``driver_merge``, a stream's micro-batch after a small one: every row in action 1, nothing kept)
 
 The merge across tasks of many states uses Spark's built-in ``sum``/``min``/``max``, chosen per state column from
 :data:`~drainpipe.pipeline.partials.STATE_COLUMNS` (the shared merge operations; few states are merged on the
@@ -90,9 +93,11 @@ from .rows import (
     TOPN,
     columns_used,
     empty_like,
+    from_ipc,
     metric_partial,
     select_rows,
     spark_schema,
+    state_table,
     topn_only_filter,
     topn_partial,
     unpack_rows,
@@ -100,10 +105,9 @@ from .rows import (
 )
 from .session import is_connect
 from .splits import Split, plan_splits
-from .states import FrameStates, OutputStates, TaskStates
+from .states import FrameStates, OutputStates, Route, TaskStates
 from .tasks import (
     SAMPLE_SCHEMA,
-    Route,
     aggregate_events,
     merge_topn,
     pack_ipc,
@@ -215,11 +219,11 @@ class JobResult:
 
 
 def parallelism(spark: SparkSession) -> int:
-    """The cores Spark runs tasks on (the default parallelism; under Spark Connect, the shuffle partitions)."""
-    try:
-        return max(1, spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext: the session's shuffle partitions say how wide it is
+    """The cores Spark runs tasks on (the default parallelism; under Spark Connect, which has no SparkContext, the
+    session's shuffle partitions say how wide it is)."""
+    if is_connect(spark):
         return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 2))
+    return max(1, spark.sparkContext.defaultParallelism)
 
 
 def _shuffle_partitions(spark: SparkSession, options: JobOptions) -> int:
@@ -353,7 +357,7 @@ def aggregate_splits(
             if is_connect(spark)  # (no RDDs under Spark Connect)
             else OutputStates(spark, scan, len(groups), route)
         )
-        return merge_states(spark, states, len(groups), definitions, options, splits, stage_s)
+        return merge_states(spark, states, definitions, options, splits, stage_s)
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
         weights = options.weights if options.weights is not None else _sample_weights(frame, groups, options)
@@ -401,15 +405,12 @@ def per_type_stage(
         aggregate_events(definitions, inline_rows=inline_rows(options, placement.partitions)), spark_schema(STATE_ROWS)
     )
     route = job_route(definitions, options, placement.partitions)
-    return merge_states(
-        spark, FrameStates(states, route), placement.partitions, definitions, options, splits, dict(stage_s or {}),
-        placement,
-    )  # fmt: skip
+    return merge_states(spark, FrameStates(states, route), definitions, options, splits, dict(stage_s or {}), placement)
 
 
 def job_route(definitions: Definitions, options: JobOptions, tasks: int) -> Route:
     """Which of the STATE_ROWS of a job of about ``tasks`` state-making tasks its first action takes
-    (:class:`~drainpipe.spark.tasks.Route`): everything with ``options.driver_merge``; the TOPN rows stay for a
+    (:class:`~drainpipe.spark.states.Route`): everything with ``options.driver_merge``; the TOPN rows stay for a
     merge in Spark over :data:`DRIVER_TOPN_MERGE_TASKS` tasks."""
     return Route(
         everything=options.driver_merge,
@@ -432,20 +433,20 @@ DRIVER_TOPN_MERGE_TASKS = 64
 def merge_states(
     spark: SparkSession,
     states: TaskStates,
-    tasks: int,
     definitions: Definitions,
     options: JobOptions = JobOptions(),
     splits: Sequence[Split] | Mapping[int, Split] = (),
     stage_s: dict[str, float] | None = None,
     placement: skew.Placement | None = None,
 ) -> JobResult:
-    """Merge the STATE_ROWS of about ``tasks`` tasks across tasks (:mod:`~drainpipe.spark.states` keeps them between
-    actions; their :class:`~drainpipe.spark.tasks.Route` is :func:`job_route`'s) and collect them with the
-    bookkeeping rows; ``splits`` (or a mapping from their indexes) name the sources of the rejects.
+    """Merge a job's STATE_ROWS across its tasks (``states`` keeps them between actions, :mod:`.states`; their
+    :class:`~drainpipe.spark.states.Route` is :func:`job_route`'s) and collect them with the bookkeeping rows;
+    ``splits`` (or a mapping from their indexes) name the sources of the rejects.
 
     The first action collects the top-N and bookkeeping rows with the metric states of the tasks that marked theirs
     ``inline`` (each at most :func:`inline_rows`: the driver holds at most ``options.driver_merge_rows`` of them);
-    over :data:`DRIVER_TOPN_MERGE_TASKS` tasks the top-N rows are merged in Spark first. The tasks' reports say
+    over :data:`DRIVER_TOPN_MERGE_TASKS` tasks the top-N rows are left out of it and merged in Spark by an action of
+    their own (as are the metric states, they are kept for it: persisted or cached). The tasks' reports say
     whether the cardinality guard can fold anything (:func:`_entity_bound`) and how many state rows they made. When
     every task's came inline they are merged on the driver: one action. Otherwise a second: the other tasks' states
     are collected when all are at most ``options.driver_merge_rows``, or every task's are merged by Spark (and
@@ -464,7 +465,7 @@ def merge_states(
         if states.route.topn_kept:
             topn_rows = states.rows(TOPN).repartition(_shuffle_partitions(spark, options), "d", "entity", "bucket")
             topn = actions.collect(topn_rows.mapInArrow(merge_topn(definitions), spark_schema(STATE_ROWS)))
-            collected = pa.concat_tables([collected, topn])
+            collected = pa.concat_tables([collected, state_table(topn)])
         meta = collected.filter(pc.greater_equal(collected.column("kind"), REJECT))
         guard = any(n > definitions.max_entities for n in _entity_bound(meta).values())
         rows, withheld = _state_rows(meta), _withheld_rows(meta)
@@ -482,6 +483,9 @@ def merge_states(
                 collected = collected.filter(pc.not_equal(collected.column("kind"), METRIC))
                 merged, how = actions.collect(_metric_merge(states.rows(METRIC), definitions, guard)), "spark"
             stage_s["metric merge"] = time.perf_counter() - clock
+        if stream:  # (built here: it may fail, and then the kept states are released)
+            frame = _metric_merge(states.rows(METRIC), definitions, guard).repartition(max(_STREAM_PARTITIONS,
+                _shuffle_partitions(spark, options)), "entity")  # fmt: skip
     except BaseException:
         states.release()
         raise
@@ -489,20 +493,22 @@ def merge_states(
         states.release()
     overflow: Counter[str] = Counter()
     metrics: dict[int, MetricPartial] = {}
-    if merged is not None:
-        _folded(merged, definitions, overflow)
-        metrics = {i: metric_partial(d, merged.filter(pc.equal(merged.column("d"), i)))
-                   for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
-    elif on_driver is not None:
-        clock = time.perf_counter()
-        metrics = _driver_merge(on_driver, definitions, guard, overflow)
-        stage_s["metric merge"] += time.perf_counter() - clock
-    result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
+    try:
+        if merged is not None:
+            _folded(merged, definitions, overflow)
+            metrics = {i: metric_partial(d, merged.filter(pc.equal(merged.column("d"), i)))
+                       for i, d in enumerate(definitions.all) if isinstance(d, MetricDef)}  # fmt: skip
+        elif on_driver is not None:
+            clock = time.perf_counter()
+            metrics = _driver_merge(on_driver, definitions, guard, overflow)
+            stage_s["metric merge"] += time.perf_counter() - clock
+        result = _result(definitions, metrics, collected, meta, splits, stage_s, placement, overflow)
+    except BaseException:
+        states.release()  # (what a streamed merge still keeps; releasing twice is nothing)
+        raise
     result.metric_merge = "streamed" if stream else how
     if stream:
         result.partials = [p for p in result.partials if not isinstance(p, MetricPartial)]
-        frame = _metric_merge(states.rows(METRIC), definitions, guard).repartition(max(_STREAM_PARTITIONS,
-            _shuffle_partitions(spark, options)), "entity")  # fmt: skip
         result.metric_chunks = lambda: _metric_chunks(frame, definitions, overflow)
         result.release = states.release
     return result
@@ -639,7 +645,7 @@ def _metric_chunks(frame: DataFrame, definitions: Definitions, overflow: Counter
 
 
 def _chunk_partials(definitions: Definitions, blobs: list[bytes], overflow: Counter[str]) -> Iterator[Partial]:
-    table = pa.concat_tables(pa.ipc.open_stream(pa.py_buffer(b)).read_all() for b in blobs)
+    table = pa.concat_tables(from_ipc(b) for b in blobs)
     _folded(table, definitions, overflow)
     for index, definition in enumerate(definitions.all):
         if isinstance(definition, MetricDef):
@@ -748,11 +754,11 @@ def _task_times(meta: pa.Table) -> dict[str, list[tuple[float, int, float]]]:
 
 
 def _accumulators(spark: SparkSession) -> tuple[Any, Any] | None:
-    try:
-        context = spark.sparkContext
-        return context.accumulator(0), context.accumulator(0)
-    except Exception:  # Spark Connect: no accumulators, no progress
+    """The progress counters (events, bytes) tasks add to; None under Spark Connect (no accumulators, no progress)."""
+    if is_connect(spark):
         return None
+    context = spark.sparkContext
+    return context.accumulator(0), context.accumulator(0)
 
 
 class _ProgressPoller:

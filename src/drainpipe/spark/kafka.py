@@ -328,7 +328,7 @@ def _job(
     if options.per_type == "map":
         stage = read_states(definitions, reader, "decode+aggregate", inline_rows(job, tasks))
         states = FrameStates(messages.mapInArrow(stage, spark_schema(STATE_ROWS)), job_route(definitions, job, tasks))
-        return merge_states(spark, states, tasks, definitions, job, splits)
+        return merge_states(spark, states, definitions, job, splits)
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
     events = messages.mapInArrow(read_events(reader, "decode"), spark_schema(EVENT_ROWS))
     return per_type_stage(spark, events, definitions, skew.hash_placement(partitions), job, splits)

@@ -72,6 +72,10 @@ __all__ = [
     "unpacked_partials",
     "PACK_ROWS",
     "PACK_BATCH_BYTES",
+    "PACK_OPTIONS",
+    "to_ipc",
+    "from_ipc",
+    "state_table",
     "meta_rows",
     "info_row",
     "events_rows",
@@ -172,9 +176,10 @@ def partial_rows(index: int, partial: TopNPartial) -> pa.RecordBatch:
 PACK_ROWS = 1 << 17
 #: a batch of packed rows ends once its blobs pass this many bytes (a binary column's offsets are 32-bit)
 PACK_BATCH_BYTES = 1 << 30
-#: packed states are LZ4-compressed Arrow IPC (where this pyarrow has the codec; a reader needs nothing to know):
-#: a task's states shrink about 5x for 8 ms a 13 MB, and moving a MB through Spark to the driver costs ~7 ms
-#: (Python -> JVM -> the task's result -> the driver -> Python; docs/performance.md)
+#: packed states are LZ4-compressed Arrow IPC where the writer's pyarrow has the codec (its wheels do; a reader needs
+#: it too, and nothing else: the stream says how it is compressed): a task's states shrink about 5x for 8 ms a
+#: 13 MB, and moving a MB through Spark to the driver costs ~7 ms (Python -> JVM -> the task's result -> the driver
+#: -> Python; docs/performance.md)
 PACK_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
 
 
@@ -205,9 +210,28 @@ def _packed_batch(index: int, offsets: list[int], data: pa.Buffer, inline: bool)
 
 
 def _unpacked(rows: pa.Table | pa.RecordBatch) -> Iterator[tuple[int, pa.Table]]:
-    """``(d, states)`` of each packed METRIC row of ``rows`` (zero-copy over the blobs)."""
+    """``(d, states)`` of each packed METRIC row of ``rows``."""
     for d, blob in zip(rows.column("d").to_pylist(), rows.column("ipc")):
-        yield d, pa.ipc.open_stream(blob.as_buffer()).read_all()
+        yield d, from_ipc(blob.as_buffer())
+
+
+def to_ipc(rows: pa.RecordBatch | pa.Table, compress: bool = False) -> bytes:
+    """``rows`` as one Arrow IPC stream, ``compress``-ed as packed states are (:data:`PACK_OPTIONS`)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema, options=PACK_OPTIONS if compress else None) as writer:
+        writer.write(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(blob: bytes | pa.Buffer) -> pa.Table:
+    """The rows of one Arrow IPC stream (compressed or not)."""
+    return pa.ipc.open_stream(pa.py_buffer(blob) if isinstance(blob, bytes) else blob).read_all()
+
+
+def state_table(table: pa.Table) -> pa.Table:
+    """``table`` (STATE_ROWS from IPC, or from Spark's ``toArrow``, which may give large string and binary types)
+    as :data:`STATE_ROWS` exactly, so that tables from both concatenate."""
+    return table if table.schema.equals(STATE_ROWS) else table.cast(STATE_ROWS)
 
 
 def unpacked_partials(rows: pa.Table, definitions: Definitions) -> dict[int, list[MetricPartial]]:

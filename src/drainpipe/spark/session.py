@@ -68,6 +68,7 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
     "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    "spark.python.worker.faulthandler.enabled": "true",  # (the RDD job's workers: a crash in C shows its trace)
     # a job's task states are persisted for its two actions, seconds at most: compressing the cached columns cost
     # more CPU than it saved (run_batch of 4M events: 4.7 -> 4.2 s). It holds for every DataFrame cached in the
     # session drainpipe builds; a session handed in keeps its own

@@ -17,9 +17,6 @@ returns an :data:`EventReader` for :func:`read_states` and :func:`read_events`. 
   bookkeeping rows through.
 * :func:`merge_topn`: the top-N merge across tasks with :func:`~drainpipe.pipeline.partials.merge`.
 * :func:`sample_types`: type weights for the per-type placement, from the head of every split.
-* :func:`task_output`: a state-making function as the task of an RDD job (a classic session's file job,
-  :class:`~drainpipe.spark.states.OutputStates`): the rows of the job's first action (:class:`Route`) go to the
-  driver with the task's result (the :class:`FirstRows` accumulator), the others stay as the task's output.
 
 Timing: each task emits one TASK row with the seconds between its first input batch being requested and its
 last output being produced (Python work plus waiting for input), the CPU seconds of its Python worker over the
@@ -34,14 +31,12 @@ bound that spares the driver the cardinality guard's Spark stage when nothing ca
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.accumulators import AccumulatorParam
 
 from drainpipe import native
 from drainpipe.inputs import EventBatch
@@ -60,7 +55,6 @@ from .rows import (
     EVENT_ROWS,
     EXIT,
     META_COLUMNS,
-    METRIC,
     REJECT,
     SPLIT,
     STATE_ROWS,
@@ -73,17 +67,13 @@ from .rows import (
     packed_rows,
     partial_rows,
     select_rows,
+    to_ipc,
     topn_partial,
 )
 from .splits import Split, SplitResult, read_split
 
 __all__ = [
     "ArrowMapFn",
-    "FirstRows",
-    "Route",
-    "ipc_stream",
-    "task_output",
-    "unpack_ipc",
     "EventReader",
     "read_states",
     "read_events",
@@ -342,7 +332,7 @@ def pack_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         if batch.num_rows:
             yield pa.RecordBatch.from_pydict(
-                {"part": pa.array([part], pa.int32()), "ipc": pa.array([ipc_stream(batch)], pa.binary())}
+                {"part": pa.array([part], pa.int32()), "ipc": pa.array([to_ipc(batch)], pa.binary())}
             )
 
 
@@ -368,80 +358,3 @@ def sample_types(groups: Sequence[Sequence[Split]], type_key: str, sample_rows: 
 
 
 SAMPLE_SCHEMA = pa.schema([("type", pa.string()), ("weight", pa.float64())])
-
-
-@dataclass(frozen=True)
-class Route:
-    """Which of a job's STATE_ROWS its first action takes (the others are kept on the executors for a later one):
-    every row (``everything``: a job merged on the driver in one action); otherwise the bookkeeping, the metric
-    states marked ``inline`` and, unless ``topn_kept`` (many tasks: merged by Spark first), the TOPN rows.
-    ``metrics``: whether the job has metric definitions (whose states a task may make too many of)."""
-
-    everything: bool = False
-    topn_kept: bool = False
-    metrics: bool = True
-
-    @property
-    def keeps(self) -> bool:
-        """Whether a second action may need rows the first leaves (so they are kept: persisted, cached)."""
-        return not self.everything and (self.metrics or self.topn_kept)
-
-    def kept(self, kind: np.ndarray, inline: np.ndarray) -> np.ndarray | None:
-        """Per row, whether it is kept (None: none is)."""
-        if self.everything:
-            return None
-        kept = (kind == METRIC) & ~inline
-        if self.topn_kept:
-            kept |= kind == TOPN
-        return kept if kept.any() else None
-
-
-class FirstRows(AccumulatorParam[list[tuple[int, bytes]]]):
-    """The accumulator parameter of the rows a job's first action takes from an RDD job's tasks: a list of
-    ``(partition, Arrow IPC stream)``, one per task (and per attempt: the driver keeps one a partition)."""
-
-    def zero(self, value: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
-        return []
-
-    def addInPlace(self, into: list[tuple[int, bytes]], more: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
-        into.extend(more)
-        return into
-
-
-def task_output(fn: ArrowMapFn, route: Route, first: Any) -> Callable[[int, Iterable[int]], Iterator[bytes]]:
-    """``fn`` (a STATE_ROWS function over the group numbers of a ``spark.range``) as the function of an RDD job
-    (``mapPartitionsWithIndex`` over the group numbers): the rows ``route`` gives the first action are added to the
-    ``first`` accumulator (:class:`FirstRows`) as one Arrow IPC stream; the task's output is the other rows, an IPC
-    stream per batch. The accumulator travels with the task's result: the JVM neither converts nor stores those
-    rows."""
-
-    def run(partition: int, groups: Iterable[int]) -> Iterator[bytes]:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, STATE_ROWS) as writer:
-            for batch in fn(iter([pa.record_batch({"id": pa.array(list(groups), pa.int64())})])):
-                kind = batch.column("kind").to_numpy(zero_copy_only=False)
-                inline = batch.column("inline").fill_null(False).to_numpy(zero_copy_only=False)
-                kept = route.kept(kind, inline)
-                if kept is not None:
-                    yield ipc_stream(batch.filter(pa.array(kept)))
-                    batch = batch.filter(pa.array(~kept))
-                if batch.num_rows:
-                    writer.write_batch(batch)
-        first.add([(partition, sink.getvalue().to_pybytes())])
-
-    return run
-
-
-def unpack_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The rows of the Arrow IPC streams in the ``ipc`` column (:func:`task_output`'s kept rows, in Spark)."""
-    for batch in batches:
-        for blob in batch.column("ipc"):
-            yield from pa.ipc.open_stream(blob.as_buffer()).read_all().to_batches()
-
-
-def ipc_stream(batch: pa.RecordBatch) -> bytes:
-    """``batch`` as an Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
