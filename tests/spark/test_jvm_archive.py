@@ -21,3 +21,15 @@ def test_the_options_name_the_archive_once_it_is_built(tmp_path: Path, monkeypat
     path.write_bytes(b"")
     options = jvm_archive.java_options()
     assert options is not None and f"-XX:SharedArchiveFile={path}" in options and "-Xlog:cds=off" in options
+
+
+def test_each_pyspark_install_names_its_own_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JVM maps an archive only on the class path it was dumped with: a second virtual environment on the machine
+    (its own pyspark, its own jars) must build its own, not find the first one's and start without it."""
+    import pyspark
+
+    monkeypatch.setenv(jvm_archive.ARCHIVE_DIR_ENV, str(tmp_path))
+    here = jvm_archive.archive_path()
+    monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other-venv" / "pyspark" / "__init__.py"))
+    other = jvm_archive.archive_path()
+    assert other != here and other.parent == here.parent

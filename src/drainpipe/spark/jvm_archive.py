@@ -4,8 +4,10 @@ dumps the classes a run loaded into an archive (``-XX:ArchiveClassesAtExit``) an
 class path (``-XX:SharedArchiveFile``).
 
 * :func:`build` (:func:`main`; ``make install`` runs it) runs a small batch job and a
-  trigger-once stream in one JVM and keeps what it loaded: once per machine, Java and pyspark version (the file's
-  name carries the pyspark version and a digest of ``java -version``, so an upgrade builds a new one). About 20 s.
+  trigger-once stream in one JVM and keeps what it loaded: once per machine, Java and pyspark install (the file's
+  name carries the pyspark version and a digest of ``java -version`` and of where pyspark is installed, so an
+  upgrade, or a second virtual environment on the machine, builds its own: a JVM maps an archive only on the class
+  path it was dumped with). About 20 s.
 * :func:`java_options` gives the options that map it, or None when it is not built; :func:`spark_session
   <drainpipe.spark.session.spark_session>` adds them to the driver JVM of a local master (whose executors run in it).
 
@@ -43,11 +45,13 @@ def java_binary() -> str | None:
 
 
 def archive_path() -> Path:
-    """Where this machine's archive is (or would be): ``spark-<pyspark>-<java digest>.jsa`` in its directory."""
+    """Where the archive of this Java and pyspark install is (or would be): ``spark-<pyspark>-<digest>.jsa`` in its
+    directory, the digest over ``java -version`` and the directory pyspark (and so its jars, the class path) is in."""
     import pyspark
 
     java = subprocess.run([java_binary() or "java", "-version"], capture_output=True, text=True).stderr
-    digest = hashlib.sha256(java.encode()).hexdigest()[:12]
+    where = os.path.dirname(os.path.abspath(pyspark.__file__))
+    digest = hashlib.sha256(f"{java}\0{where}".encode()).hexdigest()[:12]
     base = os.environ.get(ARCHIVE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "drainpipe", "jvm"
     )
