@@ -138,6 +138,24 @@ def test_rerun_is_idempotent_and_parts_add_up(spark, inputs, reference, tmp_path
     assert_same_results(reference["default"][0], url, DEFAULT_DEFINITIONS)
 
 
+def test_the_value_rows_a_run_reports_are_the_rows_it_stores(spark, tmp_path: Path) -> None:
+    """``metrics_rows`` counts the metric value rows a run updates over minute, hour and day buckets (each label of
+    a percentile): into a fresh store, the rows it then holds. Three days of events: every granularity has several
+    buckets an entity's rows fall in."""
+    import duckdb
+
+    from drainpipe.pipeline.generator import generate_events, write_events
+
+    path = tmp_path / "days.jsonl"
+    write_events(generate_events(6_000, seed=3, services=4, duration_s=3 * 86_400), path)
+    store = tmp_path / "days.duckdb"
+    summary = run_batch([str(path)], store_url=f"duckdb:///{store}", spark=spark, dead_letter=str(tmp_path / "d.jsonl"))
+    with duckdb.connect(str(store), read_only=True) as db:
+        stored, days = db.execute("SELECT count(*), count(DISTINCT time_bucket) FILTER (WHERE granularity = 'day') "
+                                  "FROM metric_values").fetchone()  # fmt: skip
+    assert days >= 3 and summary["metrics_rows"] == stored, (summary["metrics_rows"], stored)
+
+
 def test_check_java_reports_a_missing_java_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -940,8 +940,19 @@ def _value_rows(partials: Sequence[Partial], *, metrics: bool) -> int:
             continue
         assert isinstance(partial.definition, MetricDef)
         labels = len(PERCENTILE_LABELS) if partial.definition.function == "percentile" else 1
-        bucket = table.column("bucket").to_numpy()
-        for width in GRANULARITY_MS.values():
-            keys = pa.table({"entity": table.column("entity"), "slot": pa.array(bucket // width)})
-            total += keys.group_by(["entity", "slot"], use_threads=False).aggregate([]).num_rows * labels
+        # a partial's key columns are unique (Partial's contract): (entity, bucket) holds a minute's value rows
+        # once a percentile's bins are folded; each coarser granularity's are counted over the finer one's keys
+        keys = table.select(["entity", "bucket"])
+        if not partial.one_row_per_key:
+            keys = _distinct(keys)
+        total += keys.num_rows * labels
+        for width in sorted(w for w in GRANULARITY_MS.values() if w != GRANULARITY_MS["minute"]):
+            slots = pa.array(keys.column("bucket").to_numpy() // width * width)
+            keys = _distinct(pa.table({"entity": keys.column("entity"), "bucket": slots}))
+            total += keys.num_rows * labels
     return total
+
+
+def _distinct(keys: pa.Table) -> pa.Table:
+    """The distinct ``(entity, bucket)`` rows of ``keys``."""
+    return keys.group_by(["entity", "bucket"], use_threads=False).aggregate([])
