@@ -257,7 +257,9 @@ def test_a_kill_inside_the_commit_transaction_then_a_restart_stores_each_acknowl
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Deterministic, where the random kills are not: SIGKILL while a checkpoint's store transaction is open (its
-    states and log position written, COMMIT not yet sent), twice, under load."""
+    states and log position written, COMMIT not yet sent), twice, under load. The clients pause 20 ms between
+    requests: every request is a service of its own (the books' way to tell them apart), and at full speed the
+    rounds made 11,000 of them, whose replay into PostgreSQL took 32 s of the test's 50."""
     url = f"duckdb:///{tmp_path / 'serve.duckdb'}" if backend == "duckdb" else request.getfixturevalue("pg_url")
     books = Books(size=SIZE)
     template = body_template(SIZE)
@@ -266,12 +268,16 @@ def test_a_kill_inside_the_commit_transaction_then_a_restart_stores_each_acknowl
             url, str(tmp_path / "wal"), "--checkpoint-s", "0.3", program=(str(HERE / "serve_child.py"),)
         )
         stop = threading.Event()
-        threads = post_until(base, books, template, f"t{r}", 4, stop)
+        threads = post_until(base, books, template, f"t{r}", 4, stop, pause_s=0.02)
         try:
             deadline = time.monotonic() + 60
             while not any(line.startswith("in-txn 2") for line in list(proc.output)):
                 assert time.monotonic() < deadline and proc.poll() is None, "".join(proc.output)
                 time.sleep(0.005)
+            # a client inside a request, so that the kill cuts one (the pauses leave moments with none); within the
+            # 0.3 s the transaction stays open (best effort: the kill comes anyway)
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: books.in_flight, timeout=0.15, interval=0.0002)
         finally:
             proc.send_signal(signal.SIGKILL)  # inside the transaction: it sleeps 0.3 s before COMMIT
             proc.wait()
