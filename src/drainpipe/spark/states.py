@@ -97,7 +97,8 @@ class TaskStates(abc.ABC):
 
     @abc.abstractmethod
     def rows(self, kind: int) -> DataFrame:
-        """Every row of ``kind`` (METRIC or TOPN) the tasks made, in Spark, for a merge there."""
+        """Every row of ``kind`` (METRIC or TOPN) the tasks made, in Spark, for a merge there (once a kind: the
+        METRIC rows the first action brought are handed over to that DataFrame)."""
 
     @abc.abstractmethod
     def release(self) -> None:
@@ -252,6 +253,7 @@ class OutputStates(TaskStates):
 
     def release(self) -> None:
         self._inline = None
+        self._first.value = []  # (what tasks recomputed after the first action added: an evicted cached partition)
         if self.route.keeps:
             self._output.unpersist()
 
