@@ -78,7 +78,7 @@ class Contender:
 
     def __enter__(self) -> Contender:
         if self.name.startswith("drainpipe"):
-            # "drainpipe-pN": serve with N parser processes (and the aggregator process only with N > 0)
+            # "drainpipe-pN": serve with N parser processes
             parsers = ("--parsers", self.name.removeprefix("drainpipe-p")) if "-p" in self.name else ()
             self.proc, self.host, self.port = start_server(f"duckdb:///{self.work / 'serve.duckdb'}",
                                                            env={"PYTHONPATH": str(self.src)},

@@ -21,7 +21,6 @@ from typing import Any
 from drainpipe.pipeline import clock
 from drainpipe.pipeline.definitions import Definitions, default_definitions
 from drainpipe.pipeline.store import open_store
-from drainpipe.server.aggregator import Aggregator
 from drainpipe.server.bodies import BodyDecoder
 from drainpipe.server.http import IngestServer
 from drainpipe.server.service import IngestService, ServiceOptions, serve_engine_options
@@ -40,7 +39,6 @@ def running_server(
     decoder: BodyDecoder | None = None,
     definitions: Definitions | None = None,
     clock: Callable[[], int] | None = None,
-    aggregator: Aggregator | None = None,
     grpc_port: int | None = None,
     **engine: Any,
 ) -> Iterator[IngestServer]:
@@ -59,7 +57,6 @@ def running_server(
         engine_options=serve_engine_options(**({"rebalance_interval_ms": 200} | engine)),
         name=f"t{next(_names)}",
         decoder=decoder,
-        aggregator=aggregator,
     )
     server = IngestServer(service, "127.0.0.1", 0, token, shutdown_grace_s, grpc_port).start()
     try:

@@ -2,7 +2,7 @@
 
 Every reader gives :class:`EventBatch` values and every consumer takes them: the engine's front door
 (``LocalEngine.ingest``), the aggregation (``aggregate_batch``), the serve write-ahead log, and the channels to the
-parser and aggregator processes, which all ship a batch in one encoding (:meth:`EventBatch.encode`,
+parser processes, which all ship a batch in one encoding (:meth:`EventBatch.encode`,
 :meth:`EventBatch.decode`).
 
 The first :attr:`EventBatch.requests` rows are requests; the others are *exit rows*: calls a service made (a

@@ -68,8 +68,8 @@ def consume(
     try:
         store.register(definitions.all)  # a conflicting definition is refused before anything is read
         # (instrumented: the live view's store write latencies and availability)
-        # L1 aggregation on the engine's ingest threads, which overlap with the member's reading (docs/architecture.md,
-        # "One live path": with serve's aggregator process, consume-100 ran at 0.86x)
+        # L1 aggregation on the engine's ingest threads, which overlap with the member's reading, as for serve
+        # (docs/architecture.md, "One live path")
         options = serve_engine_options(l2_flush_s=config.checkpoint_s)
         engine = LocalEngine(definitions, InstrumentedStore(store), options)
         try:

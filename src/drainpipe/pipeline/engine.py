@@ -159,17 +159,8 @@ class LocalEngine:
         store: Any,
         options: EngineOptions | None = None,
         name: str = "pipeline",
-        *,
-        aggregate: Callable[[EventBatch, Definitions], list[Partial]] | None = None,
     ) -> None:
-        """``aggregate``: where a batch given to :meth:`ingest` becomes partials. None (the default): on the
-        engine's ingest threads, by :func:`aggregate_batch`. A callable (the live commands': a helper process,
-        ``drainpipe.server.aggregator``): called by :meth:`ingest` on the caller's thread, which waits for it (with
-        the GIL released, in a helper's case), and its partials go on to L1; the ingest threads then idle. Measured
-        for ``serve`` (docs/architecture.md, "One live path"): a batch handed to the ingest threads, which then
-        waited for the helper, gave 0.85x the events/s of the caller waiting itself."""
         self.definitions = definitions
-        self._aggregate_elsewhere = aggregate
         self.store = store
         self.options = o = options or EngineOptions()
         self.counters = EngineCounters()
@@ -276,10 +267,6 @@ class LocalEngine:
         only; ``definitions``: a subset to aggregate it for, default all). Blocks when the pipeline is full; False if
         the engine is closed. Events aggregated elsewhere (``run``'s worker processes) come in as partials, through
         :meth:`ingest_partials`."""
-        if self._aggregate_elsewhere is not None:
-            rows = batch if isinstance(batch, EventBatch) else EventBatch.of(batch)
-            self._dispatch(self._aggregate_elsewhere(rows, definitions or self.definitions), rows.requests, 1)
-            return True
         with self._count_lock:
             self._ingest_in += 1
         if self.ingest_queue.produce((batch, definitions)):

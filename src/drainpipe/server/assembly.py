@@ -1,7 +1,7 @@
 """``drainpipe serve`` assembled in one place: :class:`ServeConfig` says everything a server is, and
 :func:`build_service` builds the whole service from it; :func:`serve` runs it until a signal.
 
-The order matters, and is kept here only: the helper processes (the aggregator, then the parsers) are started
+The order matters, and is kept here only: the helper processes (the parsers) are started
 first, forked while this process runs no other thread (cheap, and safe: neither the engine's threads nor DuckDB's
 exist yet); then the event log and the store; then the service, which owns all of them from there on and closes
 them in :meth:`~.service.IngestService.close`.
@@ -17,7 +17,6 @@ from typing import Any
 from ..errors import UsageError
 from ..pipeline import DEFAULT_STORE_URL, Definitions, default_definitions, duckdb_path, open_store
 from ..processes import usable_cpus
-from .aggregator import Aggregator
 from .bodies import BodyDecoder
 from .service import IngestService, ServiceOptions, serve_engine_options
 from .wal import EventLog, MemoryLog, WriteAheadLog
@@ -51,20 +50,16 @@ def build_service(config: ServeConfig) -> IngestService:
     """The service ``config`` describes, running (its engine replays what the store lacks of the log). Raises
     :class:`~drainpipe.errors.StoreError` for an unusable store, :class:`UsageError` for a log that cannot be."""
     parsers = default_parsers() if config.parsers is None else config.parsers
-    aggregator = Aggregator() if parsers else None  # before the parsers' pool, which may start a thread later
     decoder = BodyDecoder(parsers)
     try:
         event_log = _open_log(config)
         store = open_store(config.store_url)
     except BaseException:
         decoder.close()
-        if aggregator is not None:
-            aggregator.close()
         raise
     engine = serve_engine_options(slow_handler_ms=max(1, round(config.slow_handler_s * 1000)))
     return IngestService(config.definitions, store, log=event_log, store_url=_display_url(config.store_url),
-                         options=config.options, engine_options=engine, decoder=decoder,
-                         aggregator=aggregator)  # fmt: skip
+                         options=config.options, engine_options=engine, decoder=decoder)  # fmt: skip
 
 
 def serve(config: ServeConfig, announce: Callable[[str], Any] = print) -> dict[str, Any]:

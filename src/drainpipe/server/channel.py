@@ -1,4 +1,4 @@
-"""The server's helper processes (the parsers, the aggregator) and the request/reply channel to each: small messages
+"""The server's helper processes (the parsers) and the request/reply channel to each: small messages
 on a socket, payloads in a shared memory file.
 
 Why not a ``multiprocessing`` pipe: a request's body and the parsed batch are 100 KB or more each way, which a pipe
@@ -15,8 +15,7 @@ side, and the frame says the file's size so that the other end maps it again; th
 the map can be resized. Not thread-safe: one request at a time per channel.
 
 :class:`Helper` is a process serving requests over a channel, one at a time; :class:`HelperPool` keeps a number of
-them and replaces one that dies or gets stuck. The parsers and the aggregator are helper pools that differ only in
-what their processes do with a request (and how many there are).
+them and replaces one that dies or gets stuck. A pool is told what its processes do with a request.
 """
 
 from __future__ import annotations

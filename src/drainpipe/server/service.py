@@ -16,9 +16,7 @@ Data flow across the processes::
       ─► WriteAheadLog.append (one record, group commit, fsync) ──► 200 to each client
       ┊ (the log on disk: EventBatch.encode() records)
     Feeder thread: read the log in order, join up to 32k requests ─► Driver.feed ─► LocalEngine.ingest
-      │ (waits, GIL released)                         aggregator process (Aggregator: a HelperPool of one)
-      ├──────────── EventBatch.encode() ─────────────► aggregate_batch ──► partials
-      ▼ ◄──────────────── partials (pickled) ─────────────────┘
+      ▼ the engine's ingest threads: aggregate_batch ─► partials (as for `consume`: one placement)
     L1 ─► L2 ─► persist: one store transaction with the states and "log <id> applied to <position>"
       ┊ every checkpoint_s                             ─► WriteAheadLog.release(position)
     Sampler thread (live.py): the view of /v1/stats, /metrics, the dashboard
@@ -58,7 +56,6 @@ import pyarrow.compute as pc
 from ..errors import IngestRefused, LogFull, UsageError
 from ..inputs import EventBatch
 from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptions, RemoteWriter
-from .aggregator import Aggregator
 from .alerting import Alerter, WebhookNotifier
 from .bodies import NATIVE_FORMS, BodyDecoder, Rejects, decode_body
 from .disk import DiskLimits, DiskWatch, store_directory
@@ -164,7 +161,6 @@ class IngestService:
         options: ServiceOptions | None = None,
         name: str = "serve",
         decoder: BodyDecoder | None = None,
-        aggregator: Aggregator | None = None,
     ) -> None:
         self.definitions = definitions
         self.options = options or ServiceOptions()
@@ -182,12 +178,11 @@ class IngestService:
                              early_gap_s=self.options.disk_purge_gap_s)  # fmt: skip
         if self.options.purge_every_s > 0:
             self.purger.purge()  # at start, before anything is fed: a restart catches up, and no purge races new data
-        # L1 aggregation of what the feeder hands the engine: in the aggregator process where there is one
-        aggregate = {} if aggregator is None else {"aggregate": aggregator.aggregate}
-        self.engine = LocalEngine(definitions, self.store, engine_options, name=name, **aggregate)
+        # L1 aggregation of what the feeder hands the engine on the engine's ingest threads, as for consume
+        # (docs/architecture.md, "One live path")
+        self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
         self._intake = GroupIntake(self.log.append)
-        self._aggregator = aggregator
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
         rw = self.options.remote_write
         self.remote_writer = RemoteWriter(self.store, definitions, rw, barrier=self._stored) if rw is not None else None
@@ -430,8 +425,6 @@ class IngestService:
             if pending:
                 log.warning("%d alert notifications were not delivered before shutdown", pending)
         self.all_stored = self.feeder.stop(timeout_s)
-        if self._aggregator is not None and not self.feeder.running:  # else the process dies with this one
-            self._aggregator.close()
         if self.all_stored:
             self._close_engine()
         else:
