@@ -164,13 +164,17 @@ class BodyDecoder:
 
     Each parser serves one request at a time over its own channel: a request thread takes a free parser, puts the
     body in the channel's shared memory, and waits for the answer (without the GIL); no executor threads, no
-    pickling of bodies or batches. A parser that dies is replaced, and that body is parsed in the calling thread."""
+    pickling of bodies or batches. The parsers start with the first body that needs one (a JSON body; OTLP exports
+    are decoded natively on the intake thread, so a server of OTLP traffic runs none); until one is up, and when a
+    parser dies (it is replaced), a body is parsed in the calling thread."""
 
     def __init__(self, processes: int = 0) -> None:
-        from ..processes import mp_context
-
         self.processes = processes
-        self._pool = HelperPool(mp_context(), _Parse(), processes, name="drainpipe-parser") if processes else None
+        self._pool = HelperPool(_Parse(), processes, name="drainpipe-parser") if processes else None
+
+    def wait_up(self, timeout_s: float = 60.0) -> bool:
+        """Start the parsers now and wait until every one is up; False if that took longer than ``timeout_s``."""
+        return self._pool is None or self._pool.wait_up(timeout_s)
 
     @property
     def restarts(self) -> int:
@@ -178,7 +182,7 @@ class BodyDecoder:
 
     @property
     def parser_processes(self) -> list[Any]:
-        """The parsers' processes now (``multiprocessing.Process``)."""
+        """The processes of the parsers that are up now (``multiprocessing.Process``)."""
         return self._pool.processes if self._pool is not None else []
 
     def decode(self, body: bytes, **kwargs: Any) -> tuple[EventBatch, Rejects]:
@@ -187,7 +191,7 @@ class BodyDecoder:
             return decode_body(body, **kwargs)
         try:
             (status, second), payload = self._pool.call(kwargs, body)
-        except ChannelClosed:  # the parser died (killed, out of memory) and was replaced: parse this one here
+        except ChannelClosed:  # none is up yet, or it died (and was replaced): parse this one here
             return decode_body(body, **kwargs)
         if status:
             raise BadBody(status, str(second))

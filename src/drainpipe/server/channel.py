@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import multiprocessing
 import os
 import pickle
 import queue
@@ -29,6 +30,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -205,16 +207,22 @@ class Helper:
         self.timeout_s = timeout_s
         self._up = False  # whether the process said it is up (read at the first call)
 
+    def wait_up(self) -> None:
+        """Wait (at most :data:`START_TIMEOUT_S`) for the process to say it is up, if it has not yet. Raises
+        :class:`ChannelClosed` if it died or did not."""
+        if self._up:
+            return
+        self.channel.sock.settimeout(START_TIMEOUT_S)
+        header, _ = self.channel.recv()
+        if header != _READY:
+            raise ChannelClosed(f"{self.process.name} process {self.process.pid} did not start as a helper")
+        self._up = True
+        self.channel.sock.settimeout(self.timeout_s)  # a wait past it raises ChannelClosed
+
     def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
         """Send one request, wait for the answer: ``(answer, payload)``. Raises :class:`ChannelClosed` if the
         process died, did not come up within :data:`START_TIMEOUT_S` or did not answer within the timeout."""
-        if not self._up:
-            self.channel.sock.settimeout(START_TIMEOUT_S)
-            header, _ = self.channel.recv()
-            if header != _READY:
-                raise ChannelClosed(f"{self.process.name} process {self.process.pid} did not start as a helper")
-            self._up = True
-            self.channel.sock.settimeout(self.timeout_s)  # a wait past it raises ChannelClosed
+        self.wait_up()
         self.channel.send(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL), payload, shrink=True)
         header, out = self.channel.recv()
         return pickle.loads(header), out
@@ -240,42 +248,70 @@ log = logging.getLogger("drainpipe.server")
 
 
 class HelperPool:
-    """``size`` helper processes that run ``handle``, each serving one request at a time (:class:`Helper`).
+    """``size`` helper processes that run ``handle``, each serving one request at a time (:class:`Helper`), started
+    when first needed: a server whose traffic never needs them (OTLP protobuf, decoded on the intake thread) never
+    pays their memory.
 
-    Thread-safe: :meth:`call` takes a free helper, blocking while all are busy. A helper that dies (killed, out of
-    memory) or does not answer within ``timeout_s`` (stuck: it is killed) is replaced before the call raises
-    :class:`ChannelClosed`, so the caller does that request's work itself: a crash costs time, never a request.
+    Thread-safe. :meth:`call` takes a free helper, blocking while all are busy. Until the first helper is up (the
+    first call, or :meth:`start`, starts them, in the background: a spawned process imports its modules for a second
+    or more), a call raises :class:`ChannelClosed` at once, and the caller does the work itself. A helper that dies
+    (killed, out of memory) or does not answer within ``timeout_s`` (stuck: it is killed) is replaced before the call
+    raises :class:`ChannelClosed`, so again the caller does that request's work: a crash costs time, never a request.
     :attr:`restarts` counts replacements, each once the new process is in place.
 
-    The processes are started with ``context`` (:func:`drainpipe.processes.mp_context`): create pools before the
-    process runs other threads, so that they are forked. Replacements are started by one long-lived thread of the
-    pool, started at the first replacement: the kernel kills a child whose parent *thread* exits
+    The processes are spawned (the process runs other threads by then: forking one would copy locks some other
+    thread holds) by one long-lived thread of the pool: the kernel kills a child whose parent *thread* exits
     (``PR_SET_PDEATHSIG``), and a caller's thread (a request's) may end at any time. ``close`` once."""
 
-    def __init__(self, context: Any, handle: Callable[[Any, bytes], tuple[Any, Buffer]], size: int, *, name: str,
+    def __init__(self, handle: Callable[[Any, bytes], tuple[Any, Buffer]], size: int, *, name: str,
                  timeout_s: float | None = None) -> None:  # fmt: skip
-        self._start = lambda: Helper(context, handle, name=name, timeout_s=timeout_s)
+        context = multiprocessing.get_context("spawn")
+        self._new = lambda: Helper(context, handle, name=name, timeout_s=timeout_s)
         self.name = name
+        self.size = size
         self.timeout_s = timeout_s
         self.restarts = 0
-        self.helpers = [self._start() for _ in range(size)]  # guarded by _lock where replaced
+        self.helpers: list[Helper] = []  # guarded by _lock; each one up (it said so)
         self._lock = threading.Lock()
+        self._started = False  # guarded by _lock
+        self._up = threading.Event()  # a helper is in ``_free`` (or will be again once a call returns it)
         self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()
-        for helper in self.helpers:
-            self._free.put(helper)
-        self._spawns: queue.SimpleQueue[Future[Helper] | None] = queue.SimpleQueue()
-        self._spawner: threading.Thread | None = None
+        self._spawns: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._spawner = threading.Thread(target=self._spawn_loop, name=f"{name}-spawner", daemon=True)
         self._closed = False
 
     @property
     def processes(self) -> list[Any]:
-        """The helpers' processes now (``multiprocessing.Process``)."""
+        """The processes of the helpers that are up now (``multiprocessing.Process``)."""
         with self._lock:
             return [h.process for h in self.helpers]
 
+    def start(self) -> None:
+        """Start the helpers in the background (once; later calls do nothing)."""
+        with self._lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+            self._spawner.start()
+        for _ in range(self.size):
+            self._spawns.put(self._add)
+
+    def wait_up(self, timeout_s: float) -> bool:
+        """Start the helpers and wait until every one is up (tests, benchmarks); False if that took too long."""
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        while len(self.processes) < self.size:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
-        """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if the helper died or
-        was stuck (it is replaced first), or the pool is closed."""
+        """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if no helper is up yet
+        (they are starting), if the helper died or was stuck (it is replaced first), or the pool is closed."""
+        if not self._up.is_set():
+            self.start()
+            raise ChannelClosed(f"no {self.name} process is up yet")
         helper = self._free.get()
         try:
             return helper.call(request, payload)
@@ -286,6 +322,32 @@ class HelperPool:
         finally:
             self._free.put(helper)
 
+    def _add(self) -> None:
+        """On the spawner thread: one more helper, in the pool once it is up."""
+        try:
+            helper = self._started_helper()
+        except ChannelClosed as exc:  # it did not come up: the pool serves with fewer (the callers do their work)
+            log.error("%s", exc)
+            return
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.helpers.append(helper)
+        if closed:
+            helper.close(kill=True)
+            return
+        self._free.put(helper)
+        self._up.set()
+
+    def _started_helper(self) -> Helper:
+        helper = self._new()
+        try:
+            helper.wait_up()
+        except ChannelClosed:
+            helper.close(kill=True)
+            raise
+        return helper
+
     def _replace(self, dead: Helper) -> Helper:
         stuck = dead.process.is_alive()
         if stuck:
@@ -294,11 +356,14 @@ class HelperPool:
         dead.close(kill=stuck)
         log.error("%s process %d died (exit %s); starting another", self.name, dead.process.pid, dead.process.exitcode)
         future: Future[Helper] = Future()
-        with self._lock:
-            if self._spawner is None:
-                self._spawner = threading.Thread(target=self._spawn_loop, name=f"{self.name}-spawner", daemon=True)
-                self._spawner.start()
-        self._spawns.put(future)
+
+        def spawn() -> None:
+            try:
+                future.set_result(self._started_helper())
+            except BaseException as exc:  # e.g. out of processes: the caller's error says so
+                future.set_exception(exc)
+
+        self._spawns.put(spawn)
         fresh = future.result()
         with self._lock:
             self.helpers[self.helpers.index(dead)] = fresh
@@ -306,19 +371,17 @@ class HelperPool:
         return fresh
 
     def _spawn_loop(self) -> None:
-        while (future := self._spawns.get()) is not None:
-            try:
-                future.set_result(self._start())
-            except BaseException as exc:  # e.g. out of processes: the caller's error says so
-                future.set_exception(exc)
+        while (work := self._spawns.get()) is not None:
+            work()
 
     def close(self) -> None:
-        """Stop every helper (each told to, given 5 s, then killed) and the spawner."""
+        """Stop every helper (each told to, given 5 s, then killed), then the spawner: the helpers are its children,
+        which the kernel kills when it ends (``PR_SET_PDEATHSIG``), so they are stopped first."""
         if self._closed:
             return
-        self._closed = True
-        self._spawns.put(None)
-        with self._lock:
+        with self._lock:  # (a helper coming up from now on is closed by the spawner)
+            self._closed = True
             helpers = list(self.helpers)
         for helper in helpers:
             helper.close()
+        self._spawns.put(None)
