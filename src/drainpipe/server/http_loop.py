@@ -24,7 +24,8 @@ of, it hands over. The deadlines are the request threads': an idle keep-alive co
 answer must be taken within ``answer_deadline_s``.
 
 Thread-safety: the loop's state is its own thread's. The intake thread builds an answer (``_answer``: the cached
-Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket.
+Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket unless one
+is on its way (``_wake_sent``, cleared by the loop before it takes the answers).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class ConnectionLoop:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._answers: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
+        self._wake_sent = False  # a byte is on its way to the wake socket for the answers (set by the intake thread)
         self._conns: set[_Conn] = set()
         self._stop = threading.Event()
         self._stopped = threading.Event()
@@ -319,7 +321,9 @@ class ConnectionLoop:
 
     def _queue(self, conn: _Conn, data: bytes, close: bool) -> None:
         self._answers.append((conn, data, close))
-        self._wake()
+        if not self._wake_sent:  # one byte a turn of the loop, not one an answer (a group's answers come together)
+            self._wake_sent = True
+            self._wake()
 
     def _wake(self) -> None:
         if self._wake_w is None:
@@ -332,6 +336,9 @@ class ConnectionLoop:
     def _woken(self) -> None:
         if self._wake_r is None:
             return
+        # cleared before the answers are taken: an answer queued after this line sends a byte again, one queued
+        # before it is taken below (the intake appends before it reads the flag)
+        self._wake_sent = False
         try:
             while self._wake_r.recv(4096):
                 pass
