@@ -110,6 +110,36 @@ def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_to
     assert stats["accepted"] == sum(5 + i for i in range(3))
 
 
+
+def test_many_connections_posting_at_once_are_each_answered_without_a_lost_wake_up() -> None:
+    """The intake wakes the loop once for the answers queued together (a flag says a byte is on its way). Eight
+    connections posting back to back race the intake's answers against the loop's reading of the wake socket: a
+    byte read with the flag left set would leave every later answer waiting for good (seen: a hang within some
+    hundreds of exports)."""
+    body, rounds, connections = otlp_export("svc-race", 50), 150, 8
+    with _server() as srv:
+        failures: list[str] = []
+
+        def client() -> None:
+            try:
+                with _connect(srv) as sock:
+                    sock.settimeout(10)
+                    for _ in range(rounds):
+                        sock.sendall(_post(body))
+                        ((status, _, _),) = _answers(sock, 1)
+                        assert status == 200, status
+            except Exception as exc:  # a timeout: an answer never came
+                failures.append(repr(exc))
+
+        threads = [threading.Thread(target=client) for _ in range(connections)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == [] and srv.handed == []
+    assert srv.service.summary()["accepted"] == rounds * connections * 50
+
+
 def test_an_export_with_connection_close_is_answered_then_closed() -> None:
     with _server() as srv, _connect(srv) as sock:
         request = _post(otlp_export("svc-a", 3), "Connection: close")

@@ -25,7 +25,7 @@ answer must be taken within ``answer_deadline_s``.
 
 Thread-safety: the loop's state is its own thread's. The intake thread builds an answer (``_answer``: the cached
 Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket unless one
-is on its way (``_wake_sent``, cleared by the loop before it takes the answers).
+is on its way (``_wake_sent``, cleared by the loop after it reads the bytes and before it takes the answers).
 """
 
 from __future__ import annotations
@@ -336,14 +336,15 @@ class ConnectionLoop:
     def _woken(self) -> None:
         if self._wake_r is None:
             return
-        # cleared before the answers are taken: an answer queued after this line sends a byte again, one queued
-        # before it is taken below (the intake appends before it reads the flag)
-        self._wake_sent = False
         try:
             while self._wake_r.recv(4096):
                 pass
         except OSError:
             pass
+        # cleared after the bytes are read and before the answers are taken: an answer queued after this line sends
+        # a byte again, one queued before it is taken below (the intake appends before it reads the flag). Cleared
+        # before the read, a byte sent between the two was read with the flag left set: no byte ever again
+        self._wake_sent = False
         while self._answers:
             conn, data, close = self._answers.popleft()
             if conn not in self._conns:  # closed meanwhile (its deadline, a stop): the answer has nowhere to go
