@@ -110,7 +110,6 @@ def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_to
     assert stats["accepted"] == sum(5 + i for i in range(3))
 
 
-
 def test_many_connections_posting_at_once_are_each_answered_without_a_lost_wake_up() -> None:
     """The intake wakes the loop once for the answers queued together (a flag says a byte is on its way). Eight
     connections posting back to back race the intake's answers against the loop's reading of the wake socket: a

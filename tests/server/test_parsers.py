@@ -108,7 +108,6 @@ def test_an_otlp_export_keeps_its_exit_rows_through_a_parser_process() -> None:
     assert there == here
 
 
-
 def _server_spans(n: int, seed: int) -> bytes:
     """An OTLP protobuf export of ``n`` SERVER spans ending now."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
