@@ -11,7 +11,7 @@ import time
 import pytest
 
 from drainpipe.errors import ChannelClosed
-from drainpipe.server.channel import BASE_BYTES, Channel, Helper
+from drainpipe.server.channel import BASE_BYTES, Channel, Helper, HelperPool
 
 
 def _pair() -> tuple[Channel, Channel]:
@@ -98,3 +98,28 @@ def test_a_helper_slow_to_start_is_not_taken_for_a_stuck_one() -> None:
         assert helper.call(8) == (("echo", 8), b"")
     finally:
         helper.close()
+
+
+def _echo(request: object, payload: bytes) -> tuple[object, bytes]:
+    return request, payload
+
+
+def test_a_pool_whose_processes_cannot_start_answers_every_call_at_once_and_never_hangs(caplog) -> None:
+    """Out of processes or descriptors, a helper cannot be started: it is logged, the pool's thread lives on, and a
+    call raises ChannelClosed at once (the caller does its work itself), before and after the failure."""
+    pool = HelperPool(_echo, 2, name="doomed")
+
+    def fail() -> Helper:
+        raise OSError(24, "Too many open files")
+
+    pool._new = fail  # (the one way to make a spawn fail here)
+    try:
+        with pytest.raises(ChannelClosed):
+            pool.call("x")  # starts them
+        assert not pool.wait_up(0.5) and pool.processes == []
+        for _ in range(3):
+            with pytest.raises(ChannelClosed):
+                pool.call("x")
+        assert "could not be started" in caplog.text
+    finally:
+        pool.close()

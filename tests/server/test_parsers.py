@@ -60,9 +60,9 @@ def test_a_killed_parser_is_replaced_and_no_request_fails(tmp_path) -> None:
 
 
 def test_closing_the_parsers_stops_each_at_once() -> None:
-    """Parsers are forked one after another, so a later one holds a copy of an earlier one's pipe end: closing the
-    parent's end is no EOF for it. Each is told to stop; a shutdown of `drainpipe serve` had waited 5 s per parser
-    (15 s with the default three) before killing them."""
+    """Each parser is told to stop and returns (a shutdown of `drainpipe serve` had waited 5 s per parser, when
+    forked parsers held copies of each other's sockets); and the pool's spawner thread, whose children they are
+    (they die with it), ends only after them: none is killed."""
     import time
 
     decoder = BodyDecoder(3)

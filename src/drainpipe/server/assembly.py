@@ -1,10 +1,9 @@
 """``drainpipe serve`` assembled in one place: :class:`ServeConfig` says everything a server is, and
 :func:`build_service` builds the whole service from it; :func:`serve` runs it until a signal.
 
-The order matters, and is kept here only: the helper processes (the parsers) are started
-first, forked while this process runs no other thread (cheap, and safe: neither the engine's threads nor DuckDB's
-exist yet); then the event log and the store; then the service, which owns all of them from there on and closes
-them in :meth:`~.service.IngestService.close`.
+The order is kept here only: the parser pool (its processes start with the first JSON body), then the event log
+and the store; then the service, which owns all of them from there on and closes them in
+:meth:`~.service.IngestService.close`.
 """
 
 from __future__ import annotations

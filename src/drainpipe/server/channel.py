@@ -194,8 +194,7 @@ class Helper:
     Not thread-safe: one :meth:`call` at a time. ``timeout_s``: longest wait for an answer (None: no limit), from
     when the process is up: the first call first waits for the process to say it is (at most
     :data:`START_TIMEOUT_S`), so that a process spawned on a busy machine, importing its modules for seconds, is
-    not taken for a stuck one. Start helpers before the process runs other threads where possible (they are
-    forked then: up at once)."""
+    not taken for a stuck one. ``context``: how the process starts (a pool spawns them, :class:`HelperPool`)."""
 
     def __init__(self, context: Any, handle: Callable[[Any, bytes], tuple[Any, Buffer]], *, name: str,
                  timeout_s: float | None = None) -> None:  # fmt: skip
@@ -228,8 +227,8 @@ class Helper:
         return pickle.loads(header), out
 
     def close(self, kill: bool = False) -> None:
-        """Stop the process: told to (a helper forked after this one holds a copy of this channel's socket, so
-        closing ours is no end of file for it), given 5 s, then killed; ``kill``: at once (it is stuck)."""
+        """Stop the process: told to (a forked helper holds copies of the sockets of the helpers forked before it,
+        so closing ours need be no end of file for it), given 5 s, then killed; ``kill``: at once (it is stuck)."""
         if kill:
             self.process.kill()
         else:
@@ -255,30 +254,30 @@ class HelperPool:
     Thread-safe. :meth:`call` takes a free helper, blocking while all are busy. Until the first helper is up (the
     first call, or :meth:`start`, starts them, in the background: a spawned process imports its modules for a second
     or more), a call raises :class:`ChannelClosed` at once, and the caller does the work itself. A helper that dies
-    (killed, out of memory) or does not answer within ``timeout_s`` (stuck: it is killed) is replaced before the call
-    raises :class:`ChannelClosed`, so again the caller does that request's work: a crash costs time, never a request.
-    :attr:`restarts` counts replacements, each once the new process is in place.
+    (killed, out of memory) is replaced before the call raises :class:`ChannelClosed`, so again the caller does that
+    request's work: a crash costs time, never a request. :attr:`restarts` counts replacements, each once the new
+    process is in place. A helper that cannot be started (out of processes or descriptors) is logged and left out;
+    with none left, every call raises :class:`ChannelClosed` at once.
 
     The processes are spawned (the process runs other threads by then: forking one would copy locks some other
     thread holds) by one long-lived thread of the pool: the kernel kills a child whose parent *thread* exits
     (``PR_SET_PDEATHSIG``), and a caller's thread (a request's) may end at any time. ``close`` once."""
 
-    def __init__(self, handle: Callable[[Any, bytes], tuple[Any, Buffer]], size: int, *, name: str,
-                 timeout_s: float | None = None) -> None:  # fmt: skip
+    def __init__(self, handle: Callable[[Any, bytes], tuple[Any, Buffer]], size: int, *, name: str) -> None:
         context = multiprocessing.get_context("spawn")
-        self._new = lambda: Helper(context, handle, name=name, timeout_s=timeout_s)
+        self._new = lambda: Helper(context, handle, name=name)
         self.name = name
         self.size = size
-        self.timeout_s = timeout_s
         self.restarts = 0
         self.helpers: list[Helper] = []  # guarded by _lock; each one up (it said so)
         self._lock = threading.Lock()
         self._started = False  # guarded by _lock
-        self._up = threading.Event()  # a helper is in ``_free`` (or will be again once a call returns it)
-        self._free: queue.SimpleQueue[Helper] = queue.SimpleQueue()
+        self._up = threading.Event()  # a helper came up: ``_free`` holds helpers, or None once none is left
+        # the free helpers; None once every helper is gone: a caller that takes it puts it back and does its work
+        self._free: queue.SimpleQueue[Helper | None] = queue.SimpleQueue()
         self._spawns: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._spawner = threading.Thread(target=self._spawn_loop, name=f"{name}-spawner", daemon=True)
-        self._closed = False
+        self._closed = False  # guarded by _lock
 
     @property
     def processes(self) -> list[Any]:
@@ -287,14 +286,14 @@ class HelperPool:
             return [h.process for h in self.helpers]
 
     def start(self) -> None:
-        """Start the helpers in the background (once; later calls do nothing)."""
+        """Start the helpers in the background (once; later calls, and calls after :meth:`close`, do nothing)."""
         with self._lock:
             if self._started or self._closed:
                 return
             self._started = True
             self._spawner.start()
-        for _ in range(self.size):
-            self._spawns.put(self._add)
+            for _ in range(self.size):
+                self._spawns.put(self._add)
 
     def wait_up(self, timeout_s: float) -> bool:
         """Start the helpers and wait until every one is up (tests, benchmarks); False if that took too long."""
@@ -307,27 +306,37 @@ class HelperPool:
         return True
 
     def call(self, request: Any, payload: Buffer = b"") -> tuple[Any, bytes]:
-        """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if no helper is up yet
-        (they are starting), if the helper died or was stuck (it is replaced first), or the pool is closed."""
+        """One request to a free helper: ``(answer, payload)``. Raises :class:`ChannelClosed` if no helper is up
+        (they are starting, or none could be), if the helper died or was stuck (it is replaced first), or the pool
+        is closed."""
         if not self._up.is_set():
             self.start()
             raise ChannelClosed(f"no {self.name} process is up yet")
         helper = self._free.get()
+        if helper is None:  # no helper is left
+            self._free.put(None)
+            raise ChannelClosed(f"no {self.name} process could be started")
         try:
-            return helper.call(request, payload)
+            answer = helper.call(request, payload)
         except ChannelClosed:
-            if not self._closed:
-                helper = self._replace(helper)
+            back = helper if self._closed else self._replace(helper)
+            if back is not None:
+                self._free.put(back)
             raise
-        finally:
+        except BaseException:
             self._free.put(helper)
+            raise
+        self._free.put(helper)
+        return answer
 
     def _add(self) -> None:
         """On the spawner thread: one more helper, in the pool once it is up."""
+        if self._closed:
+            return
         try:
             helper = self._started_helper()
-        except ChannelClosed as exc:  # it did not come up: the pool serves with fewer (the callers do their work)
-            log.error("%s", exc)
+        except Exception as exc:  # it did not come up: the pool serves with fewer (the callers do their work)
+            log.error("a %s process could not be started: %s", self.name, exc)
             return
         with self._lock:
             closed = self._closed
@@ -343,16 +352,17 @@ class HelperPool:
         helper = self._new()
         try:
             helper.wait_up()
-        except ChannelClosed:
+        except BaseException:
             helper.close(kill=True)
             raise
         return helper
 
-    def _replace(self, dead: Helper) -> Helper:
+    def _replace(self, dead: Helper) -> Helper | None:
+        """A new helper in ``dead``'s place, or None when none could be started (``dead`` is dropped then: with
+        no helper left, the pool hands out None, and every call does its work itself)."""
         stuck = dead.process.is_alive()
         if stuck:
-            log.error("%s process %d did not answer within %.0f s; killing it", self.name, dead.process.pid,
-                      self.timeout_s or 0)  # fmt: skip
+            log.error("%s process %d did not answer; killing it", self.name, dead.process.pid)
         dead.close(kill=stuck)
         log.error("%s process %d died (exit %s); starting another", self.name, dead.process.pid, dead.process.exitcode)
         future: Future[Helper] = Future()
@@ -363,8 +373,21 @@ class HelperPool:
             except BaseException as exc:  # e.g. out of processes: the caller's error says so
                 future.set_exception(exc)
 
-        self._spawns.put(spawn)
-        fresh = future.result()
+        with self._lock:  # (after close the spawner stops: nothing would run the spawn)
+            if not self._closed:
+                self._spawns.put(spawn)
+            else:
+                future.set_exception(ChannelClosed("the pool is closed"))
+        try:
+            fresh = future.result()
+        except Exception as exc:
+            log.error("no %s process took the place of process %d: %s", self.name, dead.process.pid, exc)
+            with self._lock:
+                self.helpers.remove(dead)
+                none_left = not self.helpers
+            if none_left:  # the callers waiting for a helper, and all later ones, get None: they do their work
+                self._free.put(None)
+            return None
         with self._lock:
             self.helpers[self.helpers.index(dead)] = fresh
             self.restarts += 1
@@ -372,7 +395,10 @@ class HelperPool:
 
     def _spawn_loop(self) -> None:
         while (work := self._spawns.get()) is not None:
-            work()
+            try:
+                work()
+            except BaseException:  # (each work reports its own failure; this thread must live: see the docstring)
+                log.exception("%s: starting a process failed", self.name)
 
     def close(self) -> None:
         """Stop every helper (each told to, given 5 s, then killed), then the spawner: the helpers are its children,

@@ -177,9 +177,9 @@ def add_commands(
                    "shown in /metrics (drainpipe_queue_slow_handler_seconds) and on the dashboard "
                    "(default: %(default)s)")  # fmt: skip
     s.add_argument("--parsers", type=int, default=None, metavar="N",
-                   help="processes that parse and validate JSON request bodies (default: one per core), "
-                   "beside one that aggregates; 0: parse and aggregate in the server process (OTLP exports are "
-                   "decoded in the server process either way)",
+                   help="processes that parse and validate JSON request bodies (default: one per core), started "
+                   "with the first JSON body; 0: parse them in the server process (OTLP exports are decoded in the "
+                   "server process either way)",
                    )  # fmt: skip
     s.add_argument(
         "--durability",
