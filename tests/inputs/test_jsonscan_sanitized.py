@@ -177,8 +177,8 @@ print("checked", count)
 
 PROTO_CHILD = r"""
 from drainpipe.native._otlpproto import scan as normal
-sys.path.insert(0, sys.argv[2])
-from test_otlp_proto_scan import _export  # the differential test's exports: every field, odd fields, mutations
+sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[2]).parent))  # (tests/: the shared helpers)
+from otlp_exports import fuzzed_export as _export  # the differential test's exports: every field, odd fields, mutations
 
 from drainpipe.native._otlpproto import events as normal_events
 

@@ -1,5 +1,6 @@
-"""The group intake: requests' work run on one thread, their events logged a group at a time; a request's own error
-fails that request only, a log append that fails fails its whole group, and nothing is logged twice or lost."""
+"""The group intake: requests' work run on one thread, the group's bodies decoded in one pass, their events logged a
+group at a time; a request's own error fails that request only, a log append that fails fails its whole group, and
+nothing is logged twice or lost."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from drainpipe.errors import BadBody, LogFull
 from drainpipe.inputs import EventBatch
-from drainpipe.server.intake import GroupIntake
+from drainpipe.server.bodies import Decoded
+from drainpipe.server.intake import Body, GroupIntake
 from testlib import event_batch, row
 
 
@@ -109,8 +111,7 @@ def test_requests_waiting_behind_an_append_are_logged_as_one_record_each_getting
     results = _behind_an_append(intake, log, works)
     assert len(log.records) == 2  # the first alone, then the ten as one record
     for i in range(10):
-        batch, rejects = results[i]
-        assert batch.num_rows == i + 1 and rejects == [(0, f"reason {i}")]
+        assert results[i] == (i + 1, [(0, f"reason {i}")], ())  # (accepted, rejects, warnings)
     assert _services(log.records[1:]) == _services([_batch(i, i + 1) for i in range(10)])
 
 
@@ -122,7 +123,7 @@ def test_a_bad_body_fails_its_own_request_and_the_rest_of_its_group_is_logged(se
 
     results = _behind_an_append(intake, log, [lambda: (_batch(1, 2), []), bad, lambda: (_batch(3, 4), [])])
     assert isinstance(results[1], BadBody) and results[1].status == 400
-    assert results[0][0].num_rows == 2 and results[2][0].num_rows == 4
+    assert results[0].accepted == 2 and results[2].accepted == 4
     assert _services(log.records[1:]) == ["s1"] * 2 + ["s3"] * 4
 
 
@@ -135,8 +136,8 @@ def test_an_append_that_fails_fails_every_request_of_its_group_and_logs_none_of_
     assert all(isinstance(e, LogFull) for e in errors)
     assert len({id(e) for e in errors}) == 5  # one instance each: raised in five threads
     log.fail = None
-    batch, _ = intake.submit(lambda: (_batch(7, 3), []))  # the next group is logged
-    assert batch.num_rows == 3 and _services(log.records) == ["s7"] * 3
+    decoded = intake.submit(lambda: (_batch(7, 3), []))  # the next group is logged
+    assert decoded.accepted == 3 and _services(log.records) == ["s7"] * 3
 
 
 def test_close_serves_what_was_queued_then_refuses() -> None:
@@ -154,7 +155,7 @@ def test_close_serves_what_was_queued_then_refuses() -> None:
     closer.start()
     log.gate.set()
     _join([*threads, closer])
-    assert sorted(r[0].num_rows for r in [*results.values(), *more.values()]) == [1, 1, 1, 1]
+    assert sorted(r.accepted for r in [*results.values(), *more.values()]) == [1, 1, 1, 1]
     assert len(_services(log.records)) == 4
     with pytest.raises(LogFull):
         intake.submit(lambda: (_batch(9, 1), []))
@@ -162,8 +163,8 @@ def test_close_serves_what_was_queued_then_refuses() -> None:
 
 def test_an_empty_batch_is_answered_without_a_log_record(served) -> None:
     intake, log = served
-    batch, rejects = intake.submit(lambda: (EventBatch.of(_batch(1, 1).rows.slice(0, 0)), [(0, "bad span")]))
-    assert batch.num_rows == 0 and rejects == [(0, "bad span")] and log.records == []
+    decoded = intake.submit(lambda: (EventBatch.of(_batch(1, 1).rows.slice(0, 0)), [(0, "bad span")]))
+    assert decoded == (0, [(0, "bad span")], ()) and log.records == []
 
 
 def test_the_batches_joined_keep_every_row(served) -> None:
@@ -198,5 +199,27 @@ def test_a_failing_answer_does_not_stop_the_intake(served) -> None:
         raise RuntimeError("a bug in the caller's answer")
 
     intake.submit_then(lambda: (_batch(1, 1), []), 1, broken)
-    batch, _ = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
-    assert batch.num_rows == 2 and sum(b.num_rows for b in log.records) == 3
+    decoded = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
+    assert decoded.accepted == 2 and sum(b.num_rows for b in log.records) == 3
+
+
+def test_the_bodies_of_a_group_are_decoded_in_one_call_beside_the_other_work_and_each_gets_its_own_outcome() -> None:
+    """Bodies go to ``decode_group`` together, once a group; a body it answers with an error fails that request
+    only; the other work of the group runs as before; one record holds the events of both."""
+    log, calls = _Log(), []
+
+    def decode_group(bodies: list[Body]) -> tuple[EventBatch, list]:
+        calls.append([b.data for b in bodies])
+        outcomes: list = [BadBody(400, "bad") if b.data == b"bad" else Decoded(int(b.data), [], ()) for b in bodies]
+        return _batch(5, sum(o.accepted for o in outcomes if isinstance(o, Decoded))), outcomes
+
+    intake = GroupIntake(log.append, decode_group=decode_group)
+    try:
+        works = [Body(b"2", False), lambda: (_batch(1, 3), []), Body(b"bad", False), Body(b"4", False)]
+        results = _behind_an_append(intake, log, works)
+    finally:
+        intake.close()
+    assert calls == [[b"2", b"bad", b"4"]]  # one call for the three bodies
+    assert results[0] == (2, [], ()) and results[1] == (3, [], ()) and results[3] == (4, [], ())
+    assert isinstance(results[2], BadBody) and results[2].status == 400
+    assert len(log.records) == 2 and _services(log.records[1:]) == ["s1"] * 3 + ["s5"] * 6

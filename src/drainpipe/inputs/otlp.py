@@ -97,7 +97,7 @@ def decode_proto_exports(
     bad: list[tuple[int, Any, str]] = []
     declined: Sequence[int] = range(len(exports))
     if mapped is not None:
-        events, span_rejects, declined = mapped
+        events, span_rejects, declined, _ = mapped
         if events.num_rows:
             batches.append(events)
         bad += span_rejects

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -119,9 +119,16 @@ def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointR
 _REASONS = {-3: "bad value: end before start", -4: "out of range: latency_ms"}
 
 
-#: what a C pass's mapping gives: the events, ``(export, {"span": its index in the export}, reason)`` per rejected
-#: span, and the exports it declined (for the reference)
-Mapped = tuple[EventBatch, list[tuple[int, dict[str, int], str]], list[int]]
+class Mapped(NamedTuple):
+    """What a pass's mapping gives."""
+
+    events: EventBatch
+    #: ``(export, {"span": its index in the export}, reason)`` per rejected span
+    rejects: list[tuple[int, dict[str, int], str]]
+    #: the exports it declined (for the reference)
+    declined: list[int]
+    #: per export, its events (requests and exit rows; the C passes: for a caller that answers per export)
+    per_export: np.ndarray | None = None
 
 
 def map_proto_exports(
@@ -162,7 +169,8 @@ def _mapping_args(mapping: SpanMapping) -> tuple[Any, ...]:
 def _mapped(out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules) -> Mapped:
     """A C pass's events tuple (``_otlpproto.pyi``) as an :class:`EventBatch`, rejects and declined exports."""
     (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, ep_off, ep, st_off, st, st_valid,
-     rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata) = out  # fmt: skip
+     rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata,
+     first) = out  # fmt: skip
     m = len(rows) // 8
     # endpoint: the chosen attribute or the span's name, normalized once per distinct value; "" for exit rows
     distinct = _strings(requests, ep_off, ep).dictionary_encode()
@@ -199,7 +207,10 @@ def _mapped(out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules
     rejects = [(int(k), {"span": int(j)}, _REASONS[c]) for k, j, c in
                zip(np.frombuffer(rej_export, np.int32), np.frombuffer(rej_index, np.int32),
                    np.frombuffer(rej_cat, np.int8))]  # fmt: skip
-    return events, rejects, declined
+    # an export's events: its spans' (an export the pass declined has none: the next one starts where it did)
+    starts = np.frombuffer(first, np.int64)
+    per_export = np.bincount(np.searchsorted(starts, index, side="right") - 1, minlength=len(starts))
+    return Mapped(events, rejects, declined, per_export)
 
 
 def _roles(fields: tuple[tuple[str, ...], ...]) -> list[tuple[bytes, int, int]]:

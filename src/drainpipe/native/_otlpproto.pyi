@@ -17,5 +17,6 @@ def events(exports: Sequence[bytes | memoryview], span_roles: list[tuple[bytes, 
     offsets, data, endpoint offsets, data (requests only, not normalized), statement offsets, data, validity,
     rejected spans' export indexes (int32), their indexes in the export (int32), their categories (int8), spans
     mapped with a trace id that cannot be used, with a span id that cannot be used, trace id offsets, data, span id
-    offsets, data, trace state offsets, data)``. ``span_roles``: fields endpoint 0, statement 1, HTTP status 2;
-    ``resource_roles``: service 0, instance 1 (``(key, field, rank)``, lower rank first)."""
+    offsets, data, trace state offsets, data, each export's first span index (int64 per export))``.
+    ``span_roles``: fields endpoint 0, statement 1, HTTP status 2; ``resource_roles``: service 0, instance 1
+    (``(key, field, rank)``, lower rank first)."""

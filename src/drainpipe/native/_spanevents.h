@@ -100,7 +100,7 @@ mapping_release(Mapping *m)
 }
 
 /* The events of the spans in `c` (export `first[k]` is export k's first span), as the tuple of _otlpproto.pyi's
- * events, `declined` first. NULL with an exception set. */
+ * events, `declined` first, `first` last. NULL with an exception set. */
 static PyObject *
 cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *declined)
 {
@@ -173,13 +173,14 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
                            put_i32(&e[E_REJ_INDEX], (int32_t)(i - first[line[i]])) < 0 ||
                            put_u8(&e[E_REJ_CAT], (uint8_t)cat[i]) < 0))
             goto done;
-    result = Py_BuildValue("(OnnNNNNNNNNNNNNNNNNnnNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
+    result = Py_BuildValue("(OnnNNNNNNNNNNNNNNNNnnNNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
                            bytes_of(&e[E_TS]), bytes_of(&e[E_LAT]), bits_of(&e[E_OK]), bytes_of(&e[E_SVC_OFF]),
                            bytes_of(&e[E_SVC]), bytes_of(&e[E_INST_OFF]), bytes_of(&e[E_INST]),
                            bytes_of(&e[E_EP_OFF]), bytes_of(&e[E_EP]), bytes_of(&e[E_ST_OFF]), bytes_of(&e[E_ST]),
                            bitmap_of(&e[E_ST_VALID]), bytes_of(&e[E_REJ_EXPORT]), bytes_of(&e[E_REJ_INDEX]),
                            bytes_of(&e[E_REJ_CAT]), bad_trace, bad_span, bytes_of(&o[S_TOFF]), bytes_of(&o[S_TDATA]),
-                           bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]), bytes_of(&o[S_XOFF]), bytes_of(&o[S_XDATA]));
+                           bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]), bytes_of(&o[S_XOFF]), bytes_of(&o[S_XDATA]),
+                           bytes_of(first_spans));
 done:
     PyMem_Free(res_pair);
     PyMem_Free(span_pair);

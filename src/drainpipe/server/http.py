@@ -330,7 +330,7 @@ class Handler(BaseHTTPRequestHandler):
             log.info("client %s went away mid-body", self.client_address[0])
             return
         try:
-            batch, rejects = svc.ingest(body, form=form, gzipped=encoding != "identity")
+            decoded = svc.ingest(body, form=form, gzipped=encoding != "identity")
         except BadBody as exc:
             self._error(exc.status, exc.message)
             return
@@ -338,9 +338,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(r.status, r.message, {"Retry-After": str(r.retry_after)})
             return
         if otlp:
-            answer = export_answer(rejects, bool(self.otlp_json), batch.warnings)
+            answer = export_answer(decoded.rejects, bool(self.otlp_json), decoded.warnings)
             self._send(200, answer, content_type(bool(self.otlp_json)))
             return
+        rejects = decoded.rejects
         reasons: dict[str, int] = {}
         for _, reason in rejects:
             reasons[reason] = reasons.get(reason, 0) + 1
@@ -348,11 +349,11 @@ class Handler(BaseHTTPRequestHandler):
         self._json(
             200,
             {
-                "accepted": batch.num_rows,
+                "accepted": decoded.accepted,
                 "rejected": len(rejects),
                 "reasons": reasons,
                 "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]],
-                "warnings": dict(batch.warnings),  # accepted events whose odd optional field was dropped, by reason
+                "warnings": dict(decoded.warnings),  # accepted events whose odd optional field was dropped, by reason
             },
         )
 

@@ -46,7 +46,7 @@ from .http_headers import read_headers
 from .otlp_answers import content_type, export_answer, status_answer
 
 if TYPE_CHECKING:
-    from ..inputs import EventBatch
+    from .bodies import Decoded
     from .metrics import ServerMetrics
     from .service import IngestService
 
@@ -296,8 +296,7 @@ class ConnectionLoop:
         self.service.ingest_then(body, form="otlp-protobuf", gzipped=conn.gzipped,
                                  then=lambda result, error: self._done(conn, t0, close, result, error))  # fmt: skip
 
-    def _done(self, conn: _Conn, t0: float, close: bool, result: tuple[EventBatch, list[tuple[int, str]]] | None,
-              error: BaseException | None) -> None:  # fmt: skip
+    def _done(self, conn: _Conn, t0: float, close: bool, result: Decoded | None, error: BaseException | None) -> None:
         """On the intake thread: the answer of ``conn``'s request (b"" and close: none, the connection is cut)."""
         metrics = self.server.metrics
         try:
@@ -307,8 +306,7 @@ class ConnectionLoop:
                 if isinstance(error, IngestRefused):
                     headers["Retry-After"] = str(error.retry_after)
             elif error is None and result is not None:
-                batch, rejects = result
-                status, body = 200, export_answer(rejects, False, batch.warnings)
+                status, body = 200, export_answer(result.rejects, False, result.warnings)
             else:  # a bug: the connection is cut, as a request thread's would be
                 log.error("request from %s failed", conn.addr[0], exc_info=error)
                 self._queue(conn, b"", True)

@@ -5,16 +5,19 @@ it to the log itself: per request a round trip to another process, a log record,
 every blocking call a hand-off of the GIL among two dozen threads. Under saturated OTLP load the server process
 spent about 40% of its CPU switching threads (``perf``: futex waits and wake-ups, 32 context switches a request).
 Here a request thread hands its work to the intake thread and waits once. The intake thread takes every request
-waiting, runs each one's work (the native OTLP pass, in this process; a JSON body arrives decoded by a parser
-process), appends the group's events to the log as one record, and wakes them all once that record is durable::
+waiting, decodes the group's OTLP protobuf bodies in one native pass (``decode_group``: the Python around the pass
+once a group, not once a body), runs each other request's work (a JSON body arrives decoded by a parser process),
+appends the group's events to the log as one record, and wakes them all once that record is durable::
 
-    request threads ── (work, a slot) ──► queue ──► intake thread: each work ─► join ─► log.append (fsync)
-          ▲                                                                                    │
-          └──────────────── slot: (batch, rejects), or the request's own error ◄──────────────┘
+    request threads ── (a Body or work, a slot) ──► queue ──► intake thread: the bodies' one pass, each work
+          ▲                                                             ─► join ─► log.append (fsync)
+          │                                                                               │
+          └──────────── slot: Decoded (accepted, rejects, warnings), or its own error ◄───┘
 
-A request's work that raises (a bad body) fails that request only. A log append that raises fails every request of
-the group with that error: none of their events is in the log. The group is what waited while the last one was
-being logged, so it grows with the load and a request waits at most one group's decoding and one fsync more.
+A request's work that raises, or a body decoded to a :class:`BadBody`, fails that request only. A log append that
+raises fails every request of the group with that error: none of their events is in the log. The group is what
+waited while the last one was being logged, so it grows with the load and a request waits at most one group's
+decoding and one fsync more.
 
 Thread-safety: :meth:`submit` from any thread; :meth:`close` once, after the last submit has returned.
 """
@@ -25,18 +28,31 @@ import copy
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..errors import LogFull
 from ..inputs import EventBatch
+from .bodies import Decoded, Rejects
 
-__all__ = ["GROUP_BYTES", "GroupIntake", "Work"]
+__all__ = ["GROUP_BYTES", "Body", "DecodeGroup", "GroupIntake", "Work"]
 
 log = logging.getLogger("drainpipe.server")
 
-Rejects = list[tuple[int, str]]
 #: what a request hands the intake thread: a call that returns its valid events and its rejects, or raises
 Work = Callable[[], tuple[EventBatch, Rejects]]
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request's body as sent, decoded on the intake thread with the other bodies of its group."""
+
+    data: bytes
+    gzipped: bool
+
+
+#: the bodies of a group -> their events in one batch, and per body its outcome or its error
+DecodeGroup = Callable[[list[Body]], tuple[EventBatch, Sequence["Decoded | BaseException"]]]
 
 #: bodies (bytes as posted) gathered into one group at most, unless a single body is larger
 GROUP_BYTES = 16 << 20
@@ -47,30 +63,39 @@ class _Slot:
 
     __slots__ = ("work", "size", "done", "result", "error", "then")
 
-    def __init__(self, work: Work, size: int, then: Callable[[_Slot], None] | None = None) -> None:
+    def __init__(self, work: Work | Body, size: int, then: Callable[[_Slot], None] | None = None) -> None:
         self.work = work
         self.size = size
         self.done = threading.Event()
-        self.result: tuple[EventBatch, Rejects] | None = None
+        self.result: Decoded | None = None
         self.error: BaseException | None = None
         self.then = then  # called on the intake thread instead of waking a waiter (submit_then)
 
 
 class GroupIntake:
     """Runs requests' work and logs their events a group at a time (see the module docstring). ``append(batch)``
-    writes one batch to the log and returns once it is durable, or raises (a refusal the requests get)."""
+    writes one batch to the log and returns once it is durable, or raises (a refusal the requests get);
+    ``decode_group`` decodes the :class:`Body` values of a group (the pass that a :class:`Body` submitted needs)."""
 
-    def __init__(self, append: Callable[[EventBatch], object], *, name: str = "drainpipe-intake") -> None:
+    def __init__(
+        self,
+        append: Callable[[EventBatch], object],
+        *,
+        decode_group: DecodeGroup | None = None,
+        name: str = "drainpipe-intake",
+    ) -> None:
         self._append = append
+        self._decode_group = decode_group
         self._queue: queue.SimpleQueue[_Slot | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, work: Work, size: int = 0) -> tuple[EventBatch, Rejects]:
-        """Run ``work`` on the intake thread and log its events; blocks until they are durable. Returns what
-        ``work`` returned; raises what it raised, or what the log append raised (nothing of it was logged), or
-        :class:`LogFull` after :meth:`close`. ``size``: the body's bytes (the group's bound)."""
+    def submit(self, work: Work | Body, size: int = 0) -> Decoded:
+        """Decode ``work`` (a :class:`Body`) or run it, on the intake thread, and log its events; blocks until they
+        are durable. Returns what the request's answer says; raises the request's own error (a bad body), or what
+        the log append raised (nothing of it was logged), or :class:`LogFull` after :meth:`close`. ``size``: the
+        body's bytes (the group's bound)."""
         if self._closed:
             raise LogFull("the log is closed")
         slot = _Slot(work, size)
@@ -82,7 +107,7 @@ class GroupIntake:
         return slot.result
 
     def submit_then(
-        self, work: Work, size: int, then: Callable[[tuple[EventBatch, Rejects] | None, BaseException | None], None]
+        self, work: Work | Body, size: int, then: Callable[[Decoded | None, BaseException | None], None]
     ) -> None:
         """As :meth:`submit` without waiting: ``then(result, error)`` is called on the intake thread once the
         events are durable (``result``) or failed (``error``). ``then`` must not block; what it raises is logged.
@@ -134,18 +159,34 @@ class GroupIntake:
             self._finish(slot)
 
     def _run_group(self, group: list[_Slot]) -> None:
-        ok: list[_Slot] = []
+        batches: list[EventBatch] = []
+        bodies = [slot for slot in group if isinstance(slot.work, Body)]
+        if bodies:
+            if self._decode_group is None:
+                raise TypeError("a Body was submitted to an intake without decode_group")
+            events, outcomes = self._decode_group([slot.work for slot in bodies])  # type: ignore[misc]
+            for slot, outcome in zip(bodies, outcomes, strict=True):
+                if isinstance(outcome, BaseException):  # the request's own error (a bad body)
+                    slot.error = outcome
+                else:
+                    slot.result = outcome
+            batches.append(events)
         for slot in group:
+            if isinstance(slot.work, Body):
+                continue
             try:
-                slot.result = slot.work()
-                ok.append(slot)
+                batch, rejects = slot.work()
             except BaseException as exc:  # the request's own error (a bad body): that request fails, not the group
                 slot.error = exc
-        batches = [s.result[0] for s in ok if s.result is not None and s.result[0].num_rows]
+                continue
+            slot.result = Decoded.of(batch, rejects)
+            batches.append(batch)
+        batches = [b for b in batches if b.num_rows]
         if batches:
             try:
                 self._append(EventBatch.join(batches))
             except BaseException as exc:  # nothing of the group is in the log: each request gets the refusal
+                ok = [slot for slot in group if slot.error is None]
                 for i, slot in enumerate(ok):  # (a copy each: one instance raised in many threads shares a traceback)
                     slot.result, slot.error = None, exc if i == 0 else copy.copy(exc)
 

@@ -100,7 +100,7 @@ class OtlpGrpcServer:
                 status = r.status
                 _abort(context, status, r.message, r.retry_after)
             try:
-                batch, rejects = svc.ingest(body, form="otlp-protobuf", gzipped=False)
+                decoded = svc.ingest(body, form="otlp-protobuf", gzipped=False)
             except BadBody as exc:
                 status = exc.status
                 _abort(context, status, exc.message)
@@ -110,7 +110,7 @@ class OtlpGrpcServer:
             finally:
                 svc.leave()
                 self._metrics.ingest_latency.observe(time.perf_counter() - t0)
-            return export_answer(rejects, False, batch.warnings)
+            return export_answer(decoded.rejects, False, decoded.warnings)
         finally:
             self._metrics.count_request(GRPC_EXPORT_PATH, status)
 

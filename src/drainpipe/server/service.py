@@ -57,11 +57,11 @@ from ..errors import IngestRefused, LogFull, UsageError
 from ..inputs import EventBatch
 from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptions, RemoteWriter
 from .alerting import Alerter, WebhookNotifier
-from .bodies import NATIVE_FORMS, BodyDecoder, Rejects, decode_body
+from .bodies import NATIVE_FORMS, BadBody, BodyDecoder, Decoded, Rejects, decode_body, decode_proto_bodies
 from .disk import DiskLimits, DiskWatch, store_directory
 from .feeder import Feeder
 from .instrumented import InstrumentedStore
-from .intake import GroupIntake, Work
+from .intake import Body, GroupIntake, Work
 from .live import Intake, LiveOptions, Sampler
 from .purger import Purger
 from .red import RedMetrics
@@ -182,7 +182,7 @@ class IngestService:
         # (docs/architecture.md, "One live path")
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
-        self._intake = GroupIntake(self.log.append)
+        self._intake = GroupIntake(self.log.append, decode_group=self._decode_group)
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
         rw = self.options.remote_write
         self.remote_writer = RemoteWriter(self.store, definitions, rw, barrier=self._stored) if rw is not None else None
@@ -311,7 +311,7 @@ class IngestService:
             return None  # while the store is down the log takes the data, up to its budget
         return 429, f"pipeline busy ({lag:,} bytes of the log wait for the engine)", retry
 
-    def ingest(self, body: bytes, *, form: str, gzipped: bool) -> tuple[EventBatch, Rejects]:
+    def ingest(self, body: bytes, *, form: str, gzipped: bool) -> Decoded:
         """One posted body, whatever the transport (HTTP, gRPC; the caller has called :meth:`enter`): wait for
         admission, decode it under the service's limits and definitions (``form``: one of
         :data:`~.bodies.FORMS`), and log it; returns the batch and the rejects once it is durable. Raises
@@ -321,9 +321,9 @@ class IngestService:
         trip to a process: the pass is ~0.2 us a span); a JSON body, whose decoding is per-event Python work, in a
         parser process when there are any, before it joins them."""
         self.admit()  # 429/503 before the parsing work, not after
-        batch, rejects = self._logged(self._work(body, form, gzipped), len(body))
-        self._count(batch, len(rejects), (reason for _, reason in rejects))
-        return batch, rejects
+        decoded = self._logged(self._work(body, form, gzipped), len(body))
+        self._count(decoded)
+        return decoded
 
     def ingest_then(
         self,
@@ -331,7 +331,7 @@ class IngestService:
         *,
         form: str,
         gzipped: bool,
-        then: Callable[[tuple[EventBatch, Rejects] | None, BaseException | None], None],
+        then: Callable[[Decoded | None, BaseException | None], None],
     ) -> None:
         """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
         (:meth:`admissible`), without blocking: ``then((batch, rejects), None)`` once it is durable, or
@@ -340,12 +340,12 @@ class IngestService:
         if form not in NATIVE_FORMS:
             raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
 
-        def done(result: tuple[EventBatch, Rejects] | None, error: BaseException | None) -> None:
+        def done(result: Decoded | None, error: BaseException | None) -> None:
             try:
                 if isinstance(error, LogFull):
                     error = self._log_refusal(error)
                 elif result is not None:
-                    self._count(result[0], len(result[1]), (reason for _, reason in result[1]))
+                    self._count(result)
             finally:  # the answer is the caller's to give, whatever happened here
                 then(result, error)
 
@@ -354,9 +354,12 @@ class IngestService:
         except LogFull as exc:
             then(None, self._log_refusal(exc))
 
-    def _work(self, body: bytes, form: str, gzipped: bool) -> Work:
-        """What the intake thread does with a body: an OTLP export decoded there (the native pass); a JSON body
-        decoded now, in a parser process when there are any (per-event Python work), only logged there."""
+    def _work(self, body: bytes, form: str, gzipped: bool) -> Work | Body:
+        """What the intake thread does with a body: OTLP protobuf exports decoded there with the others of the
+        group (one native pass), an OTLP JSON export there too (its own pass); a JSON body decoded now, in a parser
+        process when there are any (per-event Python work), only logged there."""
+        if form == "otlp-protobuf":
+            return Body(body, gzipped)
         opts, defs = self.options, self.definitions
         kwargs: dict[str, Any] = dict(form=form, gzipped=gzipped, max_decoded=opts.max_decoded_bytes,
                                       max_events=opts.max_events, spans=defs.spans,
@@ -365,13 +368,19 @@ class IngestService:
             return functools.partial(decode_body, body, **kwargs)
         return _ready(self.decoder.decode(body, **kwargs))
 
+    def _decode_group(self, bodies: list[Body]) -> tuple[EventBatch, list[Decoded | BadBody]]:
+        """The intake's pass over a group's OTLP protobuf bodies, under the service's limits and definitions."""
+        opts, defs = self.options, self.definitions
+        return decode_proto_bodies([(b.data, b.gzipped) for b in bodies], max_decoded=opts.max_decoded_bytes,
+                                   max_events=opts.max_events, spans=defs.spans, endpoints=defs.endpoints)  # fmt: skip
+
     def submit(self, batch: EventBatch, rejected: int, reasons: Iterable[str]) -> None:
         """Log one validated batch (already admitted) and count it; returns once it is durable (the request may be
         answered 200 then). Raises :class:`IngestRefused` (503) if the log cannot take it: nothing was accepted."""
         self._logged(_ready((batch, [])))
-        self._count(batch, rejected, reasons)
+        self._count(Decoded.of(batch, []), rejected, reasons)
 
-    def _logged(self, work: Work, size: int = 0) -> tuple[EventBatch, Rejects]:
+    def _logged(self, work: Work | Body, size: int = 0) -> Decoded:
         """``work``'s events in the log (the intake thread's group), durable on return."""
         try:
             return self._intake.submit(work, size)
@@ -382,16 +391,19 @@ class IngestService:
         """The 503 of a request the log could not take (nothing of it was logged)."""
         return self._refuse(503, str(exc), 2 * self.options.retry_after_s)
 
-    def _count(self, batch: EventBatch, rejected: int, reasons: Iterable[str]) -> None:
-        n = batch.num_rows
+    def _count(self, decoded: Decoded, rejected: int | None = None, reasons: Iterable[str] | None = None) -> None:
+        """Count a request's outcome (``rejected``, ``reasons``: instead of its rejects')."""
+        n = decoded.accepted
+        if reasons is None:
+            rejected, reasons = len(decoded.rejects), (reason for _, reason in decoded.rejects)
         with self._lock:
             if n:
                 self.counters.accepted += n
                 self.counters.batches += 1
-            self.counters.rejected += rejected
+            self.counters.rejected += rejected or 0
             for reason in reasons:
                 self.counters.reasons[reason] = self.counters.reasons.get(reason, 0) + 1
-            for reason, k in batch.warnings:
+            for reason, k in decoded.warnings:
                 self.counters.warnings[reason] = self.counters.warnings.get(reason, 0) + k
 
     # ------------------------------------------------------------------ shutdown

@@ -19,7 +19,7 @@ from ... import native
 from ...errors import InputError, OtlpError
 from ..batches import EventBatch
 from ..options import InputOptions
-from ..span_events import map_columns, map_json_block
+from ..span_events import Mapped, map_columns, map_json_block
 from ..span_json import python_json_spans
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
@@ -55,8 +55,8 @@ def decode_block(
     if mapped is None:  # no C pass (Spark executors, or off): the same columns by json and pyarrow, then mapped
         scanned = python_json_spans(bytes(data), count)
         result = map_columns(scanned.columns, options.spans, options.endpoints)
-        mapped = result.batch, scanned.span_rejects(result.rejects), scanned.declined
-    events, span_rejects, declined = mapped
+        mapped = Mapped(result.batch, scanned.span_rejects(result.rejects), scanned.declined)
+    events, span_rejects, declined, _ = mapped
     batches = [events] if events.num_rows else []
     bad: list[tuple[int, Any, str]] = [(first_line + 1 + k, raw, why) for k, raw, why in span_rejects]
     if declined:

@@ -1,0 +1,92 @@
+"""A group of OTLP protobuf bodies decoded in one native pass (``decode_proto_bodies``, the intake's) gives each body
+exactly what decoding it alone gives (``decode_body``): the same events, accepted count, rejects with their
+reasons, warnings, and the same 400/413 for a bad or oversized body, over fuzzed exports (see ``otlp_exports``),
+gzipped bodies, corrupt gzip and bodies over the limits. Groups the pass takes whole are most of them, and those
+where it cannot attribute something per body (a declined export, a warning, a body over ``max_events``) are decoded
+a body at a time: both kinds are checked."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from typing import Any
+
+import pyarrow as pa
+
+from drainpipe.errors import BadBody
+from drainpipe.inputs import EventBatch
+from drainpipe.inputs.span_events import map_proto_exports
+from drainpipe.inputs.spans import SpanMapping
+from drainpipe.server.bodies import Decoded, decode_body, decode_proto_bodies
+from otlp_exports import fuzzed_export
+
+MAX_DECODED = 4_000
+
+
+def _rows(batch: EventBatch) -> tuple[list, int]:
+    """The rows, sorted, a missing weight as 1 and a missing trace id as None (a group's batch has those columns
+    where any body has them); and how many are requests."""
+    rows = []
+    for i, r in enumerate(pa.Table.from_batches([batch.rows]).to_pylist()):
+        kind = "request" if i < batch.requests else "exit"
+        rows.append((kind, *(r[c] for c in batch.rows.schema.names[:7]), r.get("weight") or 1, r.get("trace_id")))
+    return sorted(rows, key=repr), batch.requests
+
+
+def _alone(bodies: list[tuple[bytes, bool]], max_events: int, spans: SpanMapping) -> tuple[EventBatch, list[Any]]:
+    batches, out = [], []
+    for body, gzipped in bodies:
+        try:
+            batch, rejects = decode_body(body, form="otlp-protobuf", gzipped=gzipped, max_decoded=MAX_DECODED,
+                                         max_events=max_events, spans=spans)  # fmt: skip
+        except BadBody as exc:
+            out.append((exc.status, exc.message))
+            continue
+        out.append(Decoded.of(batch, rejects))
+        batches.append(batch)
+    return EventBatch.join(batches), out
+
+
+def _body(rng: random.Random, clean: list[bytes]) -> tuple[bytes, bool]:
+    export = rng.choice(clean) if clean and rng.random() < 0.8 else fuzzed_export(rng)
+    roll = rng.random()
+    if roll < 0.15:
+        return gzip.compress(export), True
+    if roll < 0.18:
+        return gzip.compress(export)[:-5], True  # truncated gzip: 400
+    if roll < 0.2:
+        return export + b"\x00" * MAX_DECODED, False  # over the limit: 413
+    return export, False
+
+
+def test_a_group_gives_each_body_what_it_gets_alone() -> None:
+    rng = random.Random(57)
+    # exports the pass takes alone without a warning: groups of these go through the one pass
+    clean = []
+    while len(clean) < 60:
+        export = fuzzed_export(rng)
+        mapped = map_proto_exports([export], SpanMapping(), _endpoints())
+        if mapped is not None and not mapped.declined and not mapped.events.warnings and mapped.events.num_rows:
+            clean.append(export)
+    whole = 0
+    for n in range(300):
+        spans = SpanMapping(trace_ids=n % 3 == 0)
+        bodies = [_body(rng, clean) for _ in range(rng.randrange(1, 9))]
+        max_events = rng.choice([1, 2, 10_000, 10_000])  # (the exports the pass takes hold 1-3 events)
+        batch, outcomes = decode_proto_bodies(bodies, max_decoded=MAX_DECODED, max_events=max_events, spans=spans)
+        ref_batch, ref = _alone(bodies, max_events, spans)
+        got = [(o.status, o.message) if isinstance(o, BadBody) else o for o in outcomes]
+        assert got == ref, bodies
+        assert _rows(batch) == _rows(ref_batch), bodies
+        assert dict(batch.warnings) == dict(ref_batch.warnings)
+        exports = [b for b, z in bodies if not z and len(b) <= MAX_DECODED]
+        mapped = map_proto_exports(exports, spans, _endpoints()) if len(exports) == len(bodies) > 1 else None
+        whole += mapped is not None and not mapped.declined and not mapped.events.warnings
+    print("whole", whole)
+    assert whole > 50, whole  # the one pass was taken (and held to the bodies alone) that often
+
+
+def _endpoints() -> Any:
+    from drainpipe.inputs.endpoints import EndpointRules
+
+    return EndpointRules()
