@@ -246,6 +246,13 @@ for _ in range(3000):  # random codes, times, ids, weights; every function; size
     for precision in (0.001, 10.0, 1e6):
         assert sanitized.histogram(gid, size, values, weights, precision) == normal.histogram(gid, size, values, weights, precision)
     count += 1
+for _ in range(20):  # many groups over many bins: counted group by group (beyond the dense table)
+    n = 3000
+    gid = rng.integers(-1, 1000, n).astype(np.int64)
+    values = rng.uniform(0, 5000, n)
+    weights = None if rng.random() < 0.5 else rng.integers(0, 5, n).astype(np.float64)
+    assert sanitized.histogram(gid, 1000, values, weights, 1.0) == normal.histogram(gid, 1000, values, weights, 1.0)
+    count += 1
 print("checked", count)
 """
 

@@ -27,8 +27,9 @@
  *
  * histogram(gid, size, values, weights, precision) -> (group, bin, n) | None
  *   The rows as above counted per (group, bin), bin = floor(value / precision) (at most 2^53), for the pairs that
- *   occur, in (group, bin) order; n int64 as in states. None when groups x bins spans more than a dense table of
- *   max(2^16, 4 x rows) cells would hold, or a value is NaN (the caller's numpy path answers then).
+ *   occur, in (group, bin) order; n int64 as in states. By a dense table of groups x bins cells where that is at
+ *   most max(2^16, 4 x rows) cells, else group by group (a row of bin counters reused). None when a value is NaN,
+ *   or the bins alone span more than that many (the caller's numpy path answers then).
  *
  * Errors: TypeError for the wrong number of arguments, ValueError for arrays of the wrong size, a negative code or an
  * id at or above size, MemoryError. Each call holds the GIL throughout and keeps no state between calls.
@@ -585,6 +586,109 @@ bin_of(double value, double precision)
     return (int64_t)(b < BIN_MAX ? b : BIN_MAX);
 }
 
+/* histogram's (group, bin, n) where the dense table of groups x bins would be too large (many groups, latencies
+ * spread over many bins), group by group: the rows are put in group order (a counting sort on the group id, stable),
+ * then each group's rows are counted in a table of one row of bins (`bins` counters: kilobytes, in cache), its bins
+ * that occur sorted and emitted, and only those counters cleared. Counts accumulate in row order, as the dense table
+ * and numpy's bincount accumulate them. NULL with an exception set. */
+static PyObject *
+grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, Py_ssize_t n, Py_ssize_t size,
+                  int64_t low, Py_ssize_t bins)
+{
+    PyObject *result = NULL, *outs[3] = {NULL, NULL, NULL};
+    Py_ssize_t *start = PyMem_Calloc((size_t)size + 1, sizeof *start), *rows = PyMem_Malloc(((size_t)n + 1) *
+                                                                                             sizeof *rows);
+    int64_t *whole = w ? NULL : PyMem_Calloc((size_t)bins, sizeof *whole);
+    double *weighted = w ? PyMem_Calloc((size_t)bins, sizeof *weighted) : NULL;
+    uint8_t *seen = PyMem_Calloc((size_t)bins, 1);
+    int64_t *found = PyMem_Malloc((size_t)bins * sizeof *found); /* one group's bins that occur */
+    int64_t *group = NULL, *bin = NULL, *count = NULL;
+    if (!start || !rows || !seen || !found || (!whole && !weighted))
+        goto nomem;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (gid[i] >= 0)
+            start[gid[i] + 1]++;
+    for (Py_ssize_t g = 0; g < size; g++)
+        start[g + 1] += start[g];
+    Py_ssize_t counted = start[size];
+    {
+        Py_ssize_t *next = PyMem_Malloc(((size_t)size + 1) * sizeof *next);
+        if (!next)
+            goto nomem;
+        memcpy(next, start, ((size_t)size + 1) * sizeof *next);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (gid[i] >= 0)
+                rows[next[gid[i]]++] = i;
+        PyMem_Free(next);
+    }
+    /* at most one pair per counted row: the output, trimmed after */
+    Py_ssize_t pairs = 0;
+    group = PyMem_Malloc(((size_t)counted + 1) * sizeof *group);
+    bin = PyMem_Malloc(((size_t)counted + 1) * sizeof *bin);
+    count = PyMem_Malloc(((size_t)counted + 1) * sizeof *count);
+    if (!group || !bin || !count)
+        goto nomem;
+    for (Py_ssize_t g = 0; g < size; g++) {
+        Py_ssize_t k = 0;
+        for (Py_ssize_t r = start[g]; r < start[g + 1]; r++) {
+            Py_ssize_t i = rows[r], b = (Py_ssize_t)(bins_of[i] - low);
+            if (!seen[b]) {
+                seen[b] = 1;
+                found[k++] = b;
+            }
+            if (w)
+                weighted[b] += w[i];
+            else
+                whole[b]++;
+        }
+        for (Py_ssize_t x = 1; x < k; x++) { /* insertion sort: a group's bins are few, and often nearly in order */
+            int64_t v = found[x];
+            Py_ssize_t y = x;
+            for (; y > 0 && found[y - 1] > v; y--)
+                found[y] = found[y - 1];
+            found[y] = v;
+        }
+        for (Py_ssize_t x = 0; x < k; x++) {
+            Py_ssize_t b = (Py_ssize_t)found[x];
+            group[pairs] = g;
+            bin[pairs] = low + b;
+            if (w) {
+                count[pairs] = (int64_t)weighted[b];
+                weighted[b] = 0.0;
+            } else {
+                count[pairs] = whole[b];
+                whole[b] = 0;
+            }
+            seen[b] = 0;
+            pairs++;
+        }
+    }
+    int64_t *o[3];
+    if (!(outs[0] = new_array(pairs * 8, (void **)&o[0])) || !(outs[1] = new_array(pairs * 8, (void **)&o[1])) ||
+        !(outs[2] = new_array(pairs * 8, (void **)&o[2])))
+        goto done;
+    memcpy(o[0], group, (size_t)pairs * 8);
+    memcpy(o[1], bin, (size_t)pairs * 8);
+    memcpy(o[2], count, (size_t)pairs * 8);
+    result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    for (int j = 0; j < 3; j++)
+        Py_XDECREF(outs[j]);
+    PyMem_Free(start);
+    PyMem_Free(rows);
+    PyMem_Free(whole);
+    PyMem_Free(weighted);
+    PyMem_Free(seen);
+    PyMem_Free(found);
+    PyMem_Free(group);
+    PyMem_Free(bin);
+    PyMem_Free(count);
+    return result;
+}
+
 static PyObject *
 histogram(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -627,10 +731,15 @@ histogram(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (low > high)
         low = high = 0; /* no row counted */
-    /* the dense table: groups x bins cells, as many as numpy's dense limit allows */
+    /* the dense table: groups x bins cells, as many as numpy's dense limit allows; else the pairs by hashing */
     double limit = (double)(4 * in.n > 65536 ? 4 * in.n : 65536);
-    if (((double)high - (double)low + 1) * (double)(in.size ? in.size : 1) > limit)
-        goto decline;
+    double span = ((double)high - (double)low + 1) * (double)(in.size ? in.size : 1);
+    if (span > limit) {
+        if ((double)high - (double)low + 1 > limit) /* (a row of counters as long as the dense table: numpy's) */
+            goto decline;
+        result = grouped_histogram(gid, bins_of, w, in.n, in.size, low, (Py_ssize_t)(high - low + 1));
+        goto done;
+    }
     Py_ssize_t bins = (Py_ssize_t)(high - low + 1), cells = bins * in.size;
     seen = PyMem_Calloc((size_t)(cells ? cells : 1), 1);
     if (w)

@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from .partials import MetricPartial, Partial, fold_entities
@@ -49,19 +50,40 @@ class EntityGuard:
         self._logged: set[str] = set()
 
     def apply(self, partials: list[Partial]) -> list[Partial]:
-        """The partials with every entity beyond the limit folded (the same objects where nothing folds)."""
-        return [self._apply(p) for p in partials]
+        """The partials with every entity beyond the limit folded (the same objects where nothing folds).
 
-    def _apply(self, partial: Partial) -> Partial:
-        table = partial.table
-        if table.num_rows == 0:
-            return partial
+        The metrics of one scope over one batch share its (entity, bucket) columns (one array each, computed once by
+        the aggregation): once a partial over those arrays folded nothing, every later one over the same arrays
+        folds nothing either (its pairs are admitted now), so it is not looked at again: the guard took as long as
+        the aggregation itself when each of a scope's five metrics was checked."""
+        passed: set[tuple[str, tuple[int, ...]]] = set()  # (scope, the columns' buffers) that folded nothing
+        out = []
+        for partial in partials:
+            scope = self._scope(partial)
+            if scope is None:
+                out.append(partial)
+                continue
+            key = (scope, _buffers(partial.table))
+            if key in passed:
+                out.append(partial)
+                continue
+            kept = self._apply(partial, scope)
+            if kept is partial:  # (the buffers stay alive with ``partials``: no address is reused meanwhile)
+                passed.add(key)
+            out.append(kept)
+        return out
+
+    @staticmethod
+    def _scope(partial: Partial) -> str | None:
+        """The guard's scope key of ``partial``, or None when it is not guarded (empty, or not minute states)."""
+        if partial.table.num_rows == 0:
+            return None
         if isinstance(partial, MetricPartial):
-            if partial.granularity != "minute":
-                return partial
-            scope = partial.definition.scope
-        else:
-            scope = "topn:" + partial.definition.scope
+            return partial.definition.scope if partial.granularity == "minute" else None
+        return "topn:" + partial.definition.scope
+
+    def _apply(self, partial: Partial, scope: str) -> Partial:
+        table = partial.table
         encoded = pc.dictionary_encode(table.column("entity")).combine_chunks()
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         names = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
@@ -105,3 +127,12 @@ class EntityGuard:
                         "in the metrics TOML if they are real)", partial.name, self.max_entities, scope,
                         OVERFLOW)  # fmt: skip
         return fold_entities(partial, fold, OVERFLOW)
+
+
+def _buffers(table: pa.Table) -> tuple[int, ...]:
+    """Where a state table's entity and bucket columns live: (address, offset, length) of each chunk's buffers."""
+    out: list[int] = []
+    for name in ("entity", "bucket"):
+        for chunk in table.column(name).chunks:
+            out += (chunk.offset, len(chunk), *(b.address if b is not None else 0 for b in chunk.buffers()))
+    return tuple(out)
