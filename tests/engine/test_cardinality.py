@@ -90,3 +90,42 @@ def test_the_guard_bounds_entities_and_keeps_totals(batches, limit) -> None:
     assert sum(v for k, v in total.items() if not isinstance(k, tuple)) == sum(
         v for k, v in total.items() if isinstance(k, tuple)
     )  # every event counted once, kept or folded
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(events, min_size=1, max_size=4), limit=st.integers(1, 6), horizon=st.integers(1, 40))
+def test_the_guard_folds_a_batchs_partials_as_it_folds_each_alone(batches, limit, horizon) -> None:
+    """apply() looks once at the columns a scope's metrics share: it must fold exactly what looking at every partial
+    on its own folds (a guard given them one call each), buckets forgotten past the horizon included."""
+    definitions = default_definitions()
+    together, alone = EntityGuard(limit, horizon), EntityGuard(limit, horizon)
+    for batch in batches:
+        table = pa.RecordBatch.from_pylist(
+            [{"ts": BASE_MS + m * 60_000, "service": f"s{e % 3}", "instance": f"i{e % 5}", "endpoint": f"e{e}",
+              "latency_ms": lat, "status": e % 2 == 0, "db_statement": None} for m, e, lat in batch])  # fmt: skip
+        partials = aggregate_batch(table, definitions)
+        got = together.apply(partials)
+        want = [alone.apply([p])[0] for p in partials]
+        for g, w in zip(got, want):
+            assert g.table.equals(w.table), g.name
+    assert together.folded == alone.folded
+
+
+def test_a_partial_sharing_columns_with_one_that_folded_nothing_is_looked_at_again_after_a_bucket_is_forgotten():
+    """P and Q share their columns (two metrics of one batch), R between them is another batch's: P forgets its
+    first bucket past the horizon, R admits another entity there, so Q must fold what it brings to that bucket, as
+    looking at Q alone does."""
+    definitions = default_definitions()
+
+    def partials(endpoint: str, minutes: range) -> list:
+        table = pa.RecordBatch.from_pylist(
+            [{"ts": BASE_MS + m * 60_000, "service": "s", "instance": "", "endpoint": endpoint, "latency_ms": 5.0,
+              "status": True, "db_statement": None} for m in minutes])  # fmt: skip
+        return [p for p in aggregate_batch(table, definitions) if p.name in ("endpoint_cpm", "endpoint_sla")]
+
+    p, q = partials("/a", range(3))
+    (r, _) = partials("/b", range(1))
+    together, alone = EntityGuard(1, horizon=2), EntityGuard(1, horizon=2)
+    got = together.apply([p, r, q])
+    want = [alone.apply([x])[0] for x in (p, r, q)]
+    assert got[2].table.equals(want[2].table) and OVERFLOW in got[2].table.column("entity").to_pylist()

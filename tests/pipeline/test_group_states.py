@@ -123,24 +123,28 @@ def test_a_batch_in_time_order_takes_the_dense_table_and_one_spread_over_centuri
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_many_groups_over_many_bins_are_counted_group_by_group_as_numpy_counts_them(weighted: bool) -> None:
-    """Groups x bins beyond the dense table (here ~3,000 endpoint minutes x 600 bins): the kernel counts group by
-    group, and gives numpy's (group, bin, n) exactly, in order."""
+@pytest.mark.parametrize(("groups", "precision"), [(3000, 10.0), (20, 0.1)])
+def test_many_groups_over_many_bins_are_counted_group_by_group_as_numpy_counts_them(
+    weighted: bool, groups: int, precision: float
+) -> None:
+    """Groups x bins beyond the dense table (~3,000 endpoint minutes x 600 bins, a few bins each; 20 groups x
+    60,000 bins, hundreds each, in any order): the kernel counts group by group, and gives numpy's (group, bin, n)
+    exactly, in order."""
     rng = np.random.default_rng(11)
     n = 8000
-    gid = rng.integers(-1, 3000, n).astype(np.int64)  # (-1: a row the metric does not count)
+    gid = rng.integers(-1, groups, n).astype(np.int64)  # (-1: a row the metric does not count)
     latency = rng.gamma(2.0, 400.0, n).clip(0, 5990)
     weights = rng.integers(1, 1 << 20, n).astype(np.float64) if weighted else None
-    precision = 10.0
-    assert 3000 * (latency.max() // precision + 1) > max(65536, 4 * n)  # beyond the dense table
-    got = _groupstates.histogram(gid, 3000, latency, weights, precision)
+    bins = latency.max() // precision + 1
+    assert groups * bins > max(65536, 4 * n) >= bins  # beyond the dense table, within a row of counters
+    got = _groupstates.histogram(gid, groups, latency, weights, precision)
     assert got is not None
     group, b, count = (np.frombuffer(a, np.int64) for a in got)
     rows = gid >= 0
-    keys = gid[rows] * 1000 + np.floor(latency[rows] / precision).astype(np.int64)
+    keys = gid[rows] * 100_000 + np.floor(latency[rows] / precision).astype(np.int64)
     distinct, inverse = np.unique(keys, return_inverse=True)
     want = np.bincount(inverse, weights=None if weights is None else weights[rows]).astype(np.int64)
-    assert group.tolist() == (distinct // 1000).tolist() and b.tolist() == (distinct % 1000).tolist()
+    assert group.tolist() == (distinct // 100_000).tolist() and b.tolist() == (distinct % 100_000).tolist()
     assert count.tolist() == want.tolist()
 
 

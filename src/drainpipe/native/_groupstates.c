@@ -586,11 +586,19 @@ bin_of(double value, double precision)
     return (int64_t)(b < BIN_MAX ? b : BIN_MAX);
 }
 
+static int
+bin_order(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* histogram's (group, bin, n) where the dense table of groups x bins would be too large (many groups, latencies
  * spread over many bins), group by group: the rows are put in group order (a counting sort on the group id, stable),
- * then each group's rows are counted in a table of one row of bins (`bins` counters: kilobytes, in cache), its bins
- * that occur sorted and emitted, and only those counters cleared. Counts accumulate in row order, as the dense table
- * and numpy's bincount accumulate them. NULL with an exception set. */
+ * then each group's rows are counted in one row of `bins` counters (at most the dense table's limit; a few
+ * kilobytes for latencies, in cache), its bins that occur sorted and emitted, and only those counters cleared.
+ * Counts accumulate in row order, as the dense table and numpy's bincount accumulate them. NULL with an exception
+ * set. */
 static PyObject *
 grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, Py_ssize_t n, Py_ssize_t size,
                   int64_t low, Py_ssize_t bins)
@@ -641,13 +649,16 @@ grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, P
             else
                 whole[b]++;
         }
-        for (Py_ssize_t x = 1; x < k; x++) { /* insertion sort: a group's bins are few, and often nearly in order */
-            int64_t v = found[x];
-            Py_ssize_t y = x;
-            for (; y > 0 && found[y - 1] > v; y--)
-                found[y] = found[y - 1];
-            found[y] = v;
-        }
+        if (k > 32) /* (latencies come in any order: insertion sort only for a few bins) */
+            qsort(found, (size_t)k, sizeof *found, bin_order);
+        else
+            for (Py_ssize_t x = 1; x < k; x++) {
+                int64_t v = found[x];
+                Py_ssize_t y = x;
+                for (; y > 0 && found[y - 1] > v; y--)
+                    found[y] = found[y - 1];
+                found[y] = v;
+            }
         for (Py_ssize_t x = 0; x < k; x++) {
             Py_ssize_t b = (Py_ssize_t)found[x];
             group[pairs] = g;
@@ -731,7 +742,7 @@ histogram(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (low > high)
         low = high = 0; /* no row counted */
-    /* the dense table: groups x bins cells, as many as numpy's dense limit allows; else the pairs by hashing */
+    /* the dense table: groups x bins cells, as many as numpy's dense limit allows; else group by group */
     double limit = (double)(4 * in.n > 65536 ? 4 * in.n : 65536);
     double span = ((double)high - (double)low + 1) * (double)(in.size ? in.size : 1);
     if (span > limit) {

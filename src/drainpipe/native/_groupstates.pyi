@@ -22,5 +22,5 @@ def states(
 def histogram(
     gid: Any, size: int, values: Any, weights: Any, precision: float, /
 ) -> tuple[bytearray, bytearray, bytearray] | None:
-    """``(group, bin, n)`` per (group, bin) pair that occurs, in that order; None when a dense table would be too
-    large."""
+    """``(group, bin, n)`` per (group, bin) pair that occurs, in that order; None for a NaN value, or bins spanning
+    more than the dense table's limit."""

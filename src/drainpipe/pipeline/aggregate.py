@@ -388,7 +388,8 @@ def _present_states(groups: _Groups, n: np.ndarray, states: StateArrays, layout:
 
 
 def _kernel_histogram(view: _BatchView, metric: MetricDef, groups: _Groups) -> pa.Table | None:
-    """A percentile metric's state table by the C kernel, or None where its dense table would be too large."""
+    """A percentile metric's state table by the C kernel, or None where the kernel declines (a NaN latency, bins
+    spanning more than its dense table's limit)."""
     assert metric.precision_ms is not None
     kernel = native.groupstates
     assert kernel is not None

@@ -48,6 +48,7 @@ class EntityGuard:
         self._admitted: dict[str, OrderedDict[int, set[str]]] = {}
         self.folded: dict[str, int] = {}  # per scope key: state rows folded into __overflow__
         self._logged: set[str] = set()
+        self._forgotten = 0  # buckets dropped past the horizon (under _lock; apply reads it between partials)
 
     def apply(self, partials: list[Partial]) -> list[Partial]:
         """The partials with every entity beyond the limit folded (the same objects where nothing folds).
@@ -55,10 +56,15 @@ class EntityGuard:
         The metrics of one scope over one batch share its (entity, bucket) columns (one array each, computed once by
         the aggregation): once a partial over those arrays folded nothing, every later one over the same arrays
         folds nothing either (its pairs are admitted now), so it is not looked at again: the guard took as long as
-        the aggregation itself when each of a scope's five metrics was checked."""
+        the aggregation itself when each of a scope's five metrics was checked. (Unless a bucket was forgotten
+        meanwhile, past the horizon: then every partial is looked at again.)"""
         passed: set[tuple[str, tuple[int, ...]]] = set()  # (scope, the columns' buffers) that folded nothing
         out = []
+        forgotten = self._forgotten
         for partial in partials:
+            if self._forgotten != forgotten:  # a bucket left the horizon: what was admitted may be admitted anew
+                passed.clear()
+                forgotten = self._forgotten
             scope = self._scope(partial)
             if scope is None:
                 out.append(partial)
@@ -101,6 +107,7 @@ class EntityGuard:
                     admitted = sets[bucket] = set()
                     while len(sets) > self.horizon:
                         sets.popitem(last=False)  # the bucket first seen longest ago
+                        self._forgotten += 1
                 in_bucket = pair_codes[pair_buckets == bucket]
                 new = set(names[in_bucket].tolist()) - admitted
                 new.discard(OVERFLOW)

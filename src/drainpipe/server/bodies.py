@@ -104,6 +104,11 @@ FORMS = ("ndjson", "array", "otlp-protobuf", "otlp-json")
 NATIVE_FORMS = ("otlp-protobuf", "otlp-json")
 
 
+#: decoded bytes one native pass over a group's bodies takes at most: a group is bounded by the bytes posted, and
+#: gzip bodies may each decode to ``max_decoded`` (the pass keeps every export and its columns at once)
+PASS_BYTES = 64 << 20
+
+
 def decode_proto_bodies(
     bodies: Sequence[tuple[bytes, bool]],
     *,
@@ -114,39 +119,64 @@ def decode_proto_bodies(
 ) -> tuple[EventBatch, list[Decoded | BadBody]]:
     """OTLP protobuf bodies as sent (``(body, gzipped)`` each) -> the events of those accepted, in one batch, and per
     body what :func:`decode_body` gives it (as :class:`Decoded`) or raises: the same answers, from one native pass
-    over them all, so that the Python around the pass runs once a group, not once a body.
+    over up to :data:`PASS_BYTES` of them at a time, so that the Python around the pass runs once a group, not once
+    a body.
 
-    A group in which the pass declines an export, a body holds more than ``max_events`` spans, or an event is
-    accepted with a warning (which the pass counts for the group, not per export) is decoded a body at a time."""
+    A run of bodies in which the pass declines an export, a body holds more than ``max_events`` spans, or an event
+    is accepted with a warning (which the pass counts for the run, not per export) is decoded a body at a time."""
     out: list[Decoded | BadBody | None] = [None] * len(bodies)
-    exports: list[bytes] = []
+    batches: list[EventBatch] = []
+    run: list[tuple[int, bytes]] = []  # (body index, its export) for the next pass
+    run_bytes = 0
     for i, (body, gzipped) in enumerate(bodies):
         try:
-            exports.append(_sized(body, gzipped, max_decoded))
+            export = _sized(body, gzipped, max_decoded)
         except BadBody as exc:
             out[i] = exc
-    options = InputOptions(spans=spans or SpanMapping(), endpoints=endpoints or EndpointRules())
-    mapped = map_proto_exports(exports, options.spans, options.endpoints) if len(exports) > 1 else None
+            continue
+        if run and run_bytes + len(export) > PASS_BYTES:
+            batches += _decode_run(run, bodies, out, max_decoded, max_events, spans, endpoints)
+            run, run_bytes = [], 0
+        run.append((i, export))
+        run_bytes += len(export)
+    if run:
+        batches += _decode_run(run, bodies, out, max_decoded, max_events, spans, endpoints)
+    return EventBatch.join(batches), [o for o in out if o is not None]
+
+
+def _decode_run(
+    run: list[tuple[int, bytes]],
+    bodies: Sequence[tuple[bytes, bool]],
+    out: list[Decoded | BadBody | None],
+    max_decoded: int,
+    max_events: int,
+    spans: SpanMapping | None,
+    endpoints: EndpointRules | None,
+) -> list[EventBatch]:
+    """One native pass over ``run``'s exports, each body's outcome in ``out``; the events' batches."""
+    exports = [export for _, export in run]
+    mapped = map_proto_exports(exports, spans or SpanMapping(), endpoints or EndpointRules()) if len(run) > 1 else None
     if mapped is not None and not (mapped.declined or mapped.events.warnings):
         assert mapped.per_export is not None  # (the C pass counts them)
         rejects: list[Rejects] = [[] for _ in exports]
         for k, raw, reason in mapped.rejects:
             rejects[k].append((raw["span"], reason))
         if all(mapped.per_export[k] + len(rejects[k]) <= max_events for k in range(len(exports))):
-            each = iter(Decoded(int(n), r, ()) for n, r in zip(mapped.per_export, rejects))
-            return mapped.events, [o if o is not None else next(each) for o in out]
-    batches: list[EventBatch] = []
-    for i, (body, gzipped) in enumerate(bodies):
-        if out[i] is None:
-            try:
-                batch, found = decode_body(body, form="otlp-protobuf", gzipped=gzipped, max_decoded=max_decoded,
-                                           max_events=max_events, spans=spans, endpoints=endpoints)  # fmt: skip
-            except BadBody as exc:
-                out[i] = exc
-                continue
-            out[i] = Decoded.of(batch, found)
-            batches.append(batch)
-    return EventBatch.join(batches), [o for o in out if o is not None]
+            for (i, _), n, r in zip(run, mapped.per_export, rejects):
+                out[i] = Decoded(int(n), r, ())
+            return [mapped.events]
+    batches = []
+    for i, _ in run:  # a body at a time, as decode_body answers it
+        body, gzipped = bodies[i]
+        try:
+            batch, found = decode_body(body, form="otlp-protobuf", gzipped=gzipped, max_decoded=max_decoded,
+                                       max_events=max_events, spans=spans, endpoints=endpoints)  # fmt: skip
+        except BadBody as exc:
+            out[i] = exc
+            continue
+        out[i] = Decoded.of(batch, found)
+        batches.append(batch)
+    return batches
 
 
 def _sized(body: bytes, gzipped: bool, max_decoded: int) -> bytes:

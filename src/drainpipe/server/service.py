@@ -314,8 +314,9 @@ class IngestService:
     def ingest(self, body: bytes, *, form: str, gzipped: bool) -> Decoded:
         """One posted body, whatever the transport (HTTP, gRPC; the caller has called :meth:`enter`): wait for
         admission, decode it under the service's limits and definitions (``form``: one of
-        :data:`~.bodies.FORMS`), and log it; returns the batch and the rejects once it is durable. Raises
-        :class:`IngestRefused` (429/503: nothing was accepted) or :class:`~.bodies.BadBody` (400/413).
+        :data:`~.bodies.FORMS`), and log it; returns what the answer says (accepted, rejects, warnings) once it is
+        durable. Raises :class:`IngestRefused` (429/503: nothing was accepted) or :class:`~.bodies.BadBody`
+        (400/413).
 
         An OTLP export is decoded on the intake thread by the native pass, with the others waiting then (no round
         trip to a process: the pass is ~0.2 us a span); a JSON body, whose decoding is per-event Python work, in a
@@ -334,7 +335,7 @@ class IngestService:
         then: Callable[[Decoded | None, BaseException | None], None],
     ) -> None:
         """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
-        (:meth:`admissible`), without blocking: ``then((batch, rejects), None)`` once it is durable, or
+        (:meth:`admissible`), without blocking: ``then(decoded, None)`` once it is durable, or
         ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`), on the intake thread; ``then``
         must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
         if form not in NATIVE_FORMS:
