@@ -223,3 +223,22 @@ def test_the_bodies_of_a_group_are_decoded_in_one_call_beside_the_other_work_and
     assert results[0] == (2, [], ()) and results[1] == (3, [], ()) and results[3] == (4, [], ())
     assert isinstance(results[2], BadBody) and results[2].status == 400
     assert len(log.records) == 2 and _services(log.records[1:]) == ["s1"] * 3 + ["s5"] * 6
+
+
+def test_a_pass_that_fails_fails_its_bodies_requests_only_and_the_rest_of_the_group_is_logged() -> None:
+    """decode_group raising (a bug, out of memory) is the bodies' error: the group's other work still runs and is
+    logged, and the intake serves on."""
+    log = _Log()
+
+    def broken(bodies: list[Body]) -> tuple[EventBatch, list]:
+        raise MemoryError("the pass")
+
+    intake = GroupIntake(log.append, decode_group=broken)
+    try:
+        results = _behind_an_append(intake, log, [Body(b"x", False), lambda: (_batch(1, 3), []), Body(b"y", False)])
+        assert isinstance(results[0], MemoryError) and isinstance(results[2], MemoryError)
+        assert results[0] is not results[2] and results[1] == (3, [], ())
+        assert _services(log.records[1:]) == ["s1"] * 3
+        assert intake.submit(lambda: (_batch(2, 1), [])).accepted == 1  # it serves on
+    finally:
+        intake.close()

@@ -164,13 +164,19 @@ class GroupIntake:
         if bodies:
             if self._decode_group is None:
                 raise TypeError("a Body was submitted to an intake without decode_group")
-            events, outcomes = self._decode_group([slot.work for slot in bodies])  # type: ignore[misc]
+            try:
+                events, outcomes = self._decode_group([slot.work for slot in bodies])  # type: ignore[misc]
+            except Exception as exc:  # a bug in the pass (or out of memory): the bodies' requests fail with it
+                log.exception("decoding a group of %d bodies failed", len(bodies))
+                outcomes = [exc if i == 0 else copy.copy(exc) for i in range(len(bodies))]
+                events = None
             for slot, outcome in zip(bodies, outcomes, strict=True):
                 if isinstance(outcome, BaseException):  # the request's own error (a bad body)
                     slot.error = outcome
                 else:
                     slot.result = outcome
-            batches.append(events)
+            if events is not None:
+                batches.append(events)
         for slot in group:
             if isinstance(slot.work, Body):
                 continue
