@@ -610,7 +610,7 @@ grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, P
     double *weighted = w ? PyMem_Calloc((size_t)bins, sizeof *weighted) : NULL;
     uint8_t *seen = PyMem_Calloc((size_t)bins, 1);
     int64_t *found = PyMem_Malloc((size_t)bins * sizeof *found); /* one group's bins that occur */
-    int64_t *group = NULL, *bin = NULL, *count = NULL;
+    int64_t *group, *bin, *count;
     if (!start || !rows || !seen || !found || (!whole && !weighted))
         goto nomem;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -629,13 +629,11 @@ grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, P
                 rows[next[gid[i]]++] = i;
         PyMem_Free(next);
     }
-    /* at most one pair per counted row: the output, trimmed after */
+    /* at most one pair per counted row: the output arrays, trimmed to the pairs after */
     Py_ssize_t pairs = 0;
-    group = PyMem_Malloc(((size_t)counted + 1) * sizeof *group);
-    bin = PyMem_Malloc(((size_t)counted + 1) * sizeof *bin);
-    count = PyMem_Malloc(((size_t)counted + 1) * sizeof *count);
-    if (!group || !bin || !count)
-        goto nomem;
+    if (!(outs[0] = new_array(counted * 8, (void **)&group)) || !(outs[1] = new_array(counted * 8, (void **)&bin)) ||
+        !(outs[2] = new_array(counted * 8, (void **)&count)))
+        goto done;
     for (Py_ssize_t g = 0; g < size; g++) {
         Py_ssize_t k = 0;
         for (Py_ssize_t r = start[g]; r < start[g + 1]; r++) {
@@ -674,13 +672,9 @@ grouped_histogram(const int64_t *gid, const int64_t *bins_of, const double *w, P
             pairs++;
         }
     }
-    int64_t *o[3];
-    if (!(outs[0] = new_array(pairs * 8, (void **)&o[0])) || !(outs[1] = new_array(pairs * 8, (void **)&o[1])) ||
-        !(outs[2] = new_array(pairs * 8, (void **)&o[2])))
-        goto done;
-    memcpy(o[0], group, (size_t)pairs * 8);
-    memcpy(o[1], bin, (size_t)pairs * 8);
-    memcpy(o[2], count, (size_t)pairs * 8);
+    for (int j = 0; j < 3; j++)
+        if (PyByteArray_Resize(outs[j], pairs * 8) < 0)
+            goto done;
     result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
     goto done;
 nomem:
@@ -694,9 +688,6 @@ done:
     PyMem_Free(weighted);
     PyMem_Free(seen);
     PyMem_Free(found);
-    PyMem_Free(group);
-    PyMem_Free(bin);
-    PyMem_Free(count);
     return result;
 }
 
