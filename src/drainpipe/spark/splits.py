@@ -60,15 +60,18 @@ class _JsonRejects(RejectList):
         self.rows.append((line, json.dumps(jsonable(raw), ensure_ascii=False, allow_nan=False), reason))
 
 
-def read_split(split: Split) -> tuple[Iterator[EventBatch], SplitResult]:
+def read_split(split: Split, *, dictionaries: bool = False) -> tuple[Iterator[EventBatch], SplitResult]:
     """Canonical event batches of ``split`` (lazily) and the :class:`SplitResult` they fill in as they go. An
-    unreadable file raises :class:`~drainpipe.errors.InputError` while iterating."""
+    unreadable file raises :class:`~drainpipe.errors.InputError` while iterating. ``dictionaries``: string columns
+    the reader gives dictionary-encoded may stay so (:func:`~drainpipe.inputs.read_part`'s flag), for a task that
+    only aggregates its batches, as the local engine's workers do; a task that hands its events to Spark wants
+    plain strings."""
     rejects = _JsonRejects()
     result = SplitResult(ReadStats(), rejects.rows)
     sink = Sink(split.path, result.stats, rejects)
 
     def batches() -> Iterator[EventBatch]:
-        reader = read_part(split.part, sink)
+        reader = read_part(split.part, sink, dictionaries=dictionaries)
         yield from reader
         end = reader.snapshot()
         result.end = (end.offset, end.lines)

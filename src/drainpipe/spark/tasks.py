@@ -232,13 +232,16 @@ def read_events(read: EventReader, stage: str) -> ArrowMapFn:
     return run
 
 
-def split_reader(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None) -> EventReader:
+def split_reader(
+    groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None, *, dictionaries: bool = False
+) -> EventReader:
     """The :data:`EventReader` of a file job: the splits of the groups the task's ``spark.range`` ids name, each
-    read and validated (:func:`~drainpipe.spark.splits.read_split`), then its rejects and SPLIT row."""
+    read and validated (:func:`~drainpipe.spark.splits.read_split`, ``dictionaries`` passed on), then its rejects
+    and SPLIT row."""
 
     def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
         for split in _splits(batches, groups):
-            reader, result = read_split(split)
+            reader, result = read_split(split, dictionaries=dictionaries)
             yield from reader
             yield from _bookkeeping(schema, split, result)
             _count(accumulators, result.stats.read, split.nbytes)
@@ -253,7 +256,10 @@ def scan_states(
     inline_rows: int = 0,
 ) -> ArrowMapFn:
     """Read, validate and partially aggregate the splits of the partition's group (``per_type="map"``)."""
-    return read_states(definitions, split_reader(groups, accumulators), "scan+aggregate", inline_rows)
+    # string columns stay dictionary-encoded where the reader gives them so: the aggregation takes their codes as
+    # they are instead of hashing every string again (a quarter of a Parquet task's time)
+    reader = split_reader(groups, accumulators, dictionaries=True)
+    return read_states(definitions, reader, "scan+aggregate", inline_rows)
 
 
 def scan_events(groups: Sequence[Sequence[Split]], accumulators: tuple[Any, Any] | None = None) -> ArrowMapFn:
