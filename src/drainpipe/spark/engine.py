@@ -348,16 +348,16 @@ def aggregate_splits(
     stage_s: dict[str, float] = {}
     clock = time.perf_counter()
     groups = task_groups(splits, options.tasks_per_core * parallelism(spark))
-    frame = _splits_frame(spark, len(groups))
     if options.per_type == "map":
         scan = scan_states(definitions, groups, accumulators, inline_rows(options, len(groups)))
         route = job_route(definitions, options, len(groups))
         states: TaskStates = (
-            FrameStates(frame.mapInArrow(scan, spark_schema(STATE_ROWS)), route)
+            FrameStates(_splits_frame(spark, len(groups)).mapInArrow(scan, spark_schema(STATE_ROWS)), route)
             if is_connect(spark)  # (no RDDs under Spark Connect)
             else OutputStates(spark, scan, len(groups), route)
         )
         return merge_states(spark, states, definitions, options, splits, stage_s)
+    frame = _splits_frame(spark, len(groups))
     partitions = _shuffle_partitions(spark, options)
     if options.per_type == "placed":
         weights = options.weights if options.weights is not None else _sample_weights(frame, groups, options)
