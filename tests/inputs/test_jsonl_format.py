@@ -538,3 +538,32 @@ def test_whole_file_reads_cut_blocks_as_lines_do(lines, batch_rows, read_bytes, 
     assert got == want
     assert rejects.rows == want_rejects.rows and stats == want_stats
     assert (consumed, count) == (sum(map(len, whole)), len(whole))
+
+
+@given(st.lists(st.sampled_from(["svc-a", "svc-b", "", None, 7]), min_size=1, max_size=40), st.integers(0, 3))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_messages_read_for_aggregation_keep_the_scanners_codes_and_the_same_values(services, bad) -> None:
+    """JSON message values read with ``dictionaries`` (what an aggregating Spark task asks for) give the same
+    events, rejects and warnings as a plain read, string columns dictionary-encoded where the scanner gave them so;
+    odd values (an empty or non-text service, a line that is not JSON) still reject or warn the same way."""
+    from drainpipe.inputs.messages import json_values
+    from drainpipe.pipeline.aggregate import aggregate_batch
+    from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS
+
+    values: list[bytes | None] = [
+        rec(service=s, endpoint=f"/e{i % 3}", ts=T0 + i * 1_000).encode() for i, s in enumerate(services)
+    ]
+    values[: bad] = [b"{not json"] * min(bad, len(values))
+    plain, plain_rejects = json_values(values)
+    coded, coded_rejects = json_values(values, dictionaries=True)
+    assert plain_rejects == coded_rejects
+    assert plain.warnings == coded.warnings
+    assert coded.rows.schema.names == plain.rows.schema.names
+    for column, plain_column in zip(coded.rows.columns, plain.rows.columns):
+        decoded = column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+        assert decoded.equals(plain_column)
+    if native.jsonscan is not None and plain.rows.num_rows == len(values):
+        assert any(pa.types.is_dictionary(c.type) for c in coded.rows.columns)
+    for a, b in zip(aggregate_batch(plain.rows, DEFAULT_DEFINITIONS), aggregate_batch(coded.rows, DEFAULT_DEFINITIONS)):
+        keys = [("entity", "ascending"), ("bucket", "ascending")]
+        assert a.table.sort_by(keys).equals(b.table.sort_by(keys)), a.definition.name

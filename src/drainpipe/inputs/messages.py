@@ -64,19 +64,21 @@ def message_text(value: bytes | None) -> str:
     return (value or b"")[:4096].decode("utf-8", "backslashreplace")
 
 
-def json_values(values: Sequence[bytes | None]) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+def json_values(
+    values: Sequence[bytes | None], *, dictionaries: bool = False
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """JSON message values (one event, or NDJSON lines, each) -> their valid events (with the warnings of those
     accepted with an odd optional field dropped) and ``(message index, raw, reason)`` per reject: a tombstone
     (``raw`` None) or a line that does not validate (``raw`` ``{"line": its line in the message, "value": the
     message's text}``). One validation call for all of them: a call per message would cost more than the events of
-    one-event messages."""
+    one-event messages. ``dictionaries``: :func:`~.formats.jsonl_format.validate_json_lines`'s flag."""
     kept = [i for i, v in enumerate(values) if v is not None]
     rejects: list[tuple[int, Any, str]] = [(i, None, TOMBSTONE) for i, v in enumerate(values) if v is None]
     if not kept:
         return EventBatch.empty(), rejects
     present = [v for v in values if v is not None]
     stats = ReadStats()
-    batch, bad = validate_json_lines(b"\n".join(present), stats)
+    batch, bad = validate_json_lines(b"\n".join(present), stats, dictionaries=dictionaries)
     if bad:  # the block's line numbers back to messages (each value is one line or more)
         starts = list(itertools.accumulate((v.count(b"\n") + 1 for v in present[:-1]), initial=1))
         for lineno, reason in bad:
@@ -118,11 +120,17 @@ def otlp_values(
 
 
 def decode_values(
-    values: Sequence[bytes | None], encoding: str, mapping: SpanMapping, endpoints: EndpointRules
+    values: Sequence[bytes | None],
+    encoding: str,
+    mapping: SpanMapping,
+    endpoints: EndpointRules,
+    *,
+    dictionaries: bool = False,
 ) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """Message values in ``encoding`` (:data:`ENCODINGS`) -> their events and rejects (:func:`json_values`,
-    :func:`otlp_values`). A :class:`UsageError` for an encoding not in the list."""
+    :func:`otlp_values`). A :class:`UsageError` for an encoding not in the list. ``dictionaries``: string columns
+    the JSON scanner gives dictionary-encoded may stay so, for a caller that only aggregates the events."""
     check_encoding(encoding)
     if encoding == "json":
-        return json_values(values)
+        return json_values(values, dictionaries=dictionaries)
     return otlp_values(values, json_body=encoding == "otlp_json", mapping=mapping, endpoints=endpoints)

@@ -182,12 +182,14 @@ def _partitions(column: pa.Array, partitions: np.ndarray) -> Iterator[tuple[tupl
             yield (topic, partition), np.flatnonzero(in_topic & (partitions == partition))
 
 
-def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoints: EndpointRules) -> EventReader:
+def message_reader(
+    plan: MessagePlan, encoding: str, spans: SpanMapping, endpoints: EndpointRules, *, dictionaries: bool = False
+) -> EventReader:
     """The :data:`~drainpipe.spark.tasks.EventReader` of a micro-batch's messages (``topic, partition, offset,
-    value``): each partition's messages in the offsets ``plan`` reads decoded (``encoding``) into events, with
-    their rejects (``line`` the offset) and, per partition seen, a SPLIT row of its counts whose ``end`` is the
-    offset after its last message in the task and the messages it saw there (a file's bytes and lines). Plain data
-    only: it runs in the executors."""
+    value``): each partition's messages in the offsets ``plan`` reads decoded (``encoding``; ``dictionaries``:
+    :func:`~drainpipe.inputs.messages.decode_values`'s flag) into events, with their rejects (``line`` the offset)
+    and, per partition seen, a SPLIT row of its counts whose ``end`` is the offset after its last message in the
+    task and the messages it saw there (a file's bytes and lines). Plain data only: it runs in the executors."""
 
     def read(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[EventBatch | pa.RecordBatch]:
         stats: dict[int, ReadStats] = {}
@@ -212,7 +214,9 @@ def message_reader(plan: MessagePlan, encoding: str, spans: SpanMapping, endpoin
                 if not len(keep):
                     continue
                 counts = stats.setdefault(d, ReadStats())
-                decoded, rejects = decode_values(values.take(keep).to_pylist(), encoding, spans, endpoints)
+                decoded, rejects = decode_values(
+                    values.take(keep).to_pylist(), encoding, spans, endpoints, dictionaries=dictionaries
+                )
                 counts.add_accepted(decoded.rows.num_rows)
                 for reason, n in decoded.warnings:
                     counts.add_warning(reason, n)
@@ -321,14 +325,16 @@ def _job(
     per core: a task's fixed costs are paid once a core, and one task's states cover several partitions' keys (half
     the state rows on two cores). Merged states are handed out in chunks only when the tasks' state rows are many
     (:func:`~drainpipe.spark.engine.merge_states`)."""
-    reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints)
     tasks = parallelism(spark)
     messages = frame.select("topic", "partition", "offset", "value").coalesce(tasks)
     job = replace(options, stream_metrics=True)
     if options.per_type == "map":
+        # the scanner's dictionary codes kept: the task only aggregates (as a file job's scan_states reads)
+        reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints, dictionaries=True)
         stage = read_states(definitions, reader, "decode+aggregate", inline_rows(job, tasks))
         states = FrameStates(messages.mapInArrow(stage, spark_schema(STATE_ROWS)), job_route(definitions, job, tasks))
         return merge_states(spark, states, definitions, job, splits)
     partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8))
+    reader = message_reader(plan, encoding, definitions.spans, definitions.endpoints)
     events = messages.mapInArrow(read_events(reader, "decode"), spark_schema(EVENT_ROWS))
     return per_type_stage(spark, events, definitions, skew.hash_placement(partitions), job, splits)

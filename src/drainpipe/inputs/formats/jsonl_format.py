@@ -185,7 +185,7 @@ class JsonlBlocks:
         if there are none; rejects go to ``sink``. ``scan=False``: the C scanner already declined these lines."""
         fast = None
         if not self.skip and native.enabled("columnar"):
-            fast = fast_jsonl_block(chunk, lineno, data, newlines, scan)
+            fast = fast_jsonl_block(chunk, lineno, data, newlines, scan, dictionaries=self.dictionaries)
             self._tried(fast is not None)
         elif self.skip:
             self.skip -= 1
@@ -297,6 +297,8 @@ def fast_jsonl_block(
     data: bytes | None = None,
     newlines: np.ndarray | None = None,
     scan: bool = True,
+    *,
+    dictionaries: bool = False,
 ) -> tuple[pa.RecordBatch, list[tuple[int, bytes, str]], Counter[str]] | None:
     """A block of raw JSON lines (the first is line ``lineno + 1``) -> ``(canonical batch of the accepted
     rows, (line, raw, reason) per rejected line, the accepted rows' warnings)`` via the C scanner
@@ -334,7 +336,7 @@ def fast_jsonl_block(
         batch = _arrow_parsed(data, n, newlines)
         if batch is None:
             return None
-    return _fast_result(batch, chunk, lineno)
+    return _fast_result(batch, chunk, lineno, dictionaries)
 
 
 def _fast_result(
@@ -456,14 +458,16 @@ def _one_object_per_line(
     return buf, starts, ends
 
 
-def validate_json_lines(data: bytes, stats: ReadStats | None = None) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
+def validate_json_lines(
+    data: bytes, stats: ReadStats | None = None, *, dictionaries: bool = False
+) -> tuple[pa.RecordBatch, list[tuple[int, str]]]:
     """A JSON Lines (NDJSON) body -> a canonical batch of its valid records and ``(line number, reason)`` per
     rejected line (1-based; blank lines are skipped and not counted), parsed strictly as in files, through the
     same columnar fast path where it provably gives the same result. ``stats`` (optional) counts them as a read
-    would, warnings too."""
+    would, warnings too. ``dictionaries``: :class:`JsonlBlocks`'s flag, for a caller that only aggregates."""
     if data and native.enabled("columnar"):
         n = data.count(b"\n") + (not data.endswith(b"\n"))
-        fast = fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data)
+        fast = fast_jsonl_block(_LazyLines(data, 0, len(data), n), 0, data, dictionaries=dictionaries)
         if fast is not None:
             batch, rejected, noted = fast
             return counted_batch(batch, [(line, reason) for line, _, reason in rejected], stats, noted)
