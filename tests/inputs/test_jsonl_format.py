@@ -553,7 +553,7 @@ def test_messages_read_for_aggregation_keep_the_scanners_codes_and_the_same_valu
     values: list[bytes | None] = [
         rec(service=s, endpoint=f"/e{i % 3}", ts=T0 + i * 1_000).encode() for i, s in enumerate(services)
     ]
-    values[: bad] = [b"{not json"] * min(bad, len(values))
+    values[:bad] = [b"{not json"] * min(bad, len(values))
     plain, plain_rejects = json_values(values)
     coded, coded_rejects = json_values(values, dictionaries=True)
     assert plain_rejects == coded_rejects

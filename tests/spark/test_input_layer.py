@@ -172,29 +172,3 @@ def test_a_truncated_gzip_commits_nothing_in_either_engine(spark, tmp_path) -> N
             assert store.query() == [], engine  # nothing of the file was committed
         finally:
             store.close()
-
-
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_an_aggregating_task_reads_the_codes_the_reader_gives_and_the_same_values(files, fmt) -> None:
-    """A split read with ``dictionaries`` (what an aggregating task asks for, as the local engine's workers do)
-    keeps string columns the reader gives dictionary-encoded as they are, with the same values, rejects and counts
-    as a plain read; its aggregation is the same."""
-    from drainpipe.pipeline.aggregate import aggregate_batch
-    from drainpipe.spark.splits import plan_splits, read_split
-
-    split = plan_splits(list(plan_parts(str(files[fmt]), BLOCK, workers=2)))[0]
-    plain_reader, plain_result = read_split(split)
-    coded_reader, coded_result = read_split(split, dictionaries=True)
-    plain, coded = [b.rows for b in plain_reader], [b.rows for b in coded_reader]
-    assert plain_result.stats.accepted == coded_result.stats.accepted > 0
-    assert plain_result.rejects == coded_result.rejects
-    assert any(pa.types.is_dictionary(column.type) for batch in coded for column in batch.columns)
-    for a, b in zip(plain, coded, strict=True):
-        assert b.schema.names == a.schema.names
-        for plain_column, column in zip(a.columns, b.columns):
-            decoded = column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
-            assert decoded.equals(plain_column)
-        for x, y in zip(aggregate_batch(a, DEFAULT_DEFINITIONS), aggregate_batch(b, DEFAULT_DEFINITIONS), strict=True):
-            assert x.table.sort_by([(n, "ascending") for n in ("entity", "bucket")]).equals(
-                y.table.sort_by([(n, "ascending") for n in ("entity", "bucket")])
-            ), x.definition.name

@@ -149,7 +149,9 @@ def read_part(part: Part, sink: Sink, *, dictionaries: bool = False) -> PartRead
     counts and rejects to ``sink``, and where it read to (:meth:`PartReader.snapshot`: after its last complete
     line, for a whole growable file). A file that cannot be read raises :class:`InputError` while iterating.
 
-    ``dictionaries``: Parquet string columns stored with a dictionary may stay dictionary-encoded in the batches
-    (:func:`~drainpipe.inputs.formats.parquet_format.parquet_batch`'s ``keep_dictionaries``), for a reader that only
-    aggregates them; the rows are the same."""
+    ``dictionaries``: string columns the reader gives dictionary-encoded (Parquet columns stored with a
+    dictionary, the JSON and CSV scanners' service, instance and endpoint) may stay so in the batches, where
+    validation changes none of their values (``keep_dictionaries`` of
+    :func:`~drainpipe.inputs.validation.validate_columns`), for a reader that only aggregates them; the rows are
+    the same."""
     return PartReader(part, format_named(part.fmt).read(part, sink, dictionaries))
