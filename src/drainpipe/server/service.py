@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,12 @@ class IngestService:
         # (docs/architecture.md, "One live path")
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
+        # the threads that call the parsers for ingest_then (none without parsers: the intake thread decodes)
+        self._parse_calls = (
+            ThreadPoolExecutor(self.decoder.processes, thread_name_prefix="drainpipe-parse-call")
+            if self.decoder.processes
+            else None
+        )
         self._intake = GroupIntake(self.log.append, decode_group=self._decode_group)
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
         rw = self.options.remote_write
@@ -334,12 +341,13 @@ class IngestService:
         gzipped: bool,
         then: Callable[[Decoded | None, BaseException | None], None],
     ) -> None:
-        """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
-        (:meth:`admissible`), without blocking: ``then(decoded, None)`` once it is durable, or
-        ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`), on the intake thread; ``then``
-        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
-        if form not in NATIVE_FORMS:
-            raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
+        """:meth:`ingest` of a body already admitted (:meth:`admissible`), without blocking: ``then(decoded,
+        None)`` once it is durable, or ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`),
+        on the intake thread (or, for a JSON body a parser refused, the thread that called the parser); ``then``
+        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``.
+
+        A JSON body that goes to a parser process is handed to it by one of :attr:`_parse_calls`' threads, one a
+        parser (a parser serves one body at a time): the caller's thread (the connection loop) never waits."""
 
         def done(result: Decoded | None, error: BaseException | None) -> None:
             try:
@@ -350,10 +358,25 @@ class IngestService:
             finally:  # the answer is the caller's to give, whatever happened here
                 then(result, error)
 
-        try:
-            self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
-        except LogFull as exc:
-            then(None, self._log_refusal(exc))
+        def submit(work: Work | Body) -> None:
+            try:
+                self._intake.submit_then(work, len(body), done)
+            except LogFull as exc:
+                then(None, self._log_refusal(exc))
+
+        if self._parse_calls is None or form in NATIVE_FORMS:
+            submit(self._work(body, form, gzipped))  # (decoded on the intake thread)
+            return
+
+        def parse() -> None:
+            try:
+                work = self._work(body, form, gzipped)  # (the parser's answer: the caller blocks)
+            except BaseException as exc:  # a 400/413 (BadBody), or a bug: the request's own answer
+                then(None, exc)
+                return
+            submit(work)
+
+        self._parse_calls.submit(parse)
 
     def _work(self, body: bytes, form: str, gzipped: bool) -> Work | Body:
         """What the intake thread does with a body: OTLP protobuf exports decoded there with the others of the
@@ -430,6 +453,8 @@ class IngestService:
             if self._closed:
                 return self.summary()
             self._closed = True
+        if self._parse_calls is not None:
+            self._parse_calls.shutdown(wait=True)  # drained: none is queued (each request left after its answer)
         self.decoder.close()  # drained: no request decodes any more
         self._intake.close()
         self.sampler.stop()
