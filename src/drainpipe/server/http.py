@@ -43,9 +43,10 @@ A POST is answered 200 only once its events are in the service's event log (:mod
 the log is a memory log (``--durability none``). OTLP exports are decoded by the intake thread (:mod:`.intake`),
 JSON bodies by :class:`~.bodies.BodyDecoder` (parser processes in ``drainpipe serve``).
 
-Connections are read by one thread (:class:`~.http_loop.ConnectionLoop`): an OTLP/HTTP export in protobuf (one
-Content-Length, the token, admitted at once) is answered there, without a thread; any other request moves its
-connection, with the bytes already read, to a request thread (:class:`Handler`) for good. Both answer alike.
+Connections are read by one thread (:class:`~.http_loop.ConnectionLoop`): an OTLP/HTTP export in protobuf or an
+events body in NDJSON or a JSON array (one Content-Length, the token, admitted at once) is answered there, without
+a thread; any other request moves its connection, with the bytes already read, to a request thread
+(:class:`Handler`) for good. Both answer alike (the events answers are :mod:`.event_answers`').
 """
 
 from __future__ import annotations
