@@ -306,3 +306,46 @@ def test_a_shutdown_waits_for_an_events_body_the_loop_is_reading(caplog) -> None
         assert status == 503 and "retry-after" in headers
     assert srv.service.summary()["accepted"] == 0
     assert not [r for r in caplog.records if "cut" in r.getMessage()]
+
+
+def test_requests_to_both_routes_pipelined_on_one_connection_are_answered_in_order_in_their_own_forms() -> None:
+    """An events body, an export and an events array back to back on one connection: three answers in order, each
+    in its route's form, each counted under its own route (an answer is built from its own request, not from the
+    connection, which may be reading the next one by then)."""
+    events_route = ("/v1/events", "application/x-ndjson")
+    with _server() as srv, _connect(srv) as sock:
+        counted = srv.metrics.count_request
+        seen: list[tuple[str, int]] = []
+
+        def counting(path: str, status: int) -> None:
+            seen.append((path, status))
+            counted(path, status)
+
+        srv.metrics.count_request = counting
+        sock.sendall(
+            _post(ndjson(events(5, seed=1)), route=events_route)
+            + _post(otlp_export("svc-p", 3))
+            + _post(json.dumps(events(4, seed=2)).encode(), route=("/v1/events", "application/json"))
+        )
+        answers = _answers(sock, 3)
+        assert [a[0] for a in answers] == [200, 200, 200]
+        assert [a[1]["content-type"] for a in answers] == ["application/json", "application/x-protobuf",
+                                                           "application/json"]  # fmt: skip
+        assert [json.loads(answers[i][2])["accepted"] for i in (0, 2)] == [5, 4]
+        assert srv.handed == []
+        assert sorted(seen) == sorted([("/v1/events", 200), ("/v1/traces", 200), ("/v1/events", 200)])
+
+
+def test_a_json_body_handed_in_after_the_service_closed_is_refused_not_raised() -> None:
+    """``ingest_then`` never raises: a JSON body that comes after the parsers' callers are gone (a shutdown whose
+    drain ran out of time) gets its answer, a 503, through ``then``."""
+    from drainpipe.errors import IngestRefused
+    from drainpipe.server.bodies import BodyDecoder
+
+    with _server(decoder=BodyDecoder(1)) as srv:
+        srv.service.close(5)
+        got: list[tuple[object, BaseException | None]] = []
+        body = ndjson(events(3, seed=4))
+        srv.service.ingest_then(body, form="ndjson", gzipped=False, then=lambda r, e: got.append((r, e)))
+        assert len(got) == 1 and got[0][0] is None
+        assert isinstance(got[0][1], IngestRefused) and got[0][1].status == 503

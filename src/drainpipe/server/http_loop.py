@@ -43,7 +43,7 @@ import socket
 import threading
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..errors import IngestRefused, RequestRefused
 from .event_answers import EVENTS_TYPE, error_answer, event_form, events_answer
@@ -106,6 +106,16 @@ class _Conn:
         # its body is being read (entered into the service, in the server's in_flight): the loop leaves it if the
         # connection goes before the body is whole; once submitted, the answer (``_done``) leaves it
         self.entered = False
+
+
+class _Asked(NamedTuple):
+    """A request at the intake: what its answer needs (the connection may be reading its next one by then)."""
+
+    conn: _Conn
+    path: str
+    form: str
+    close: bool  # answer with Connection: close, then close
+    t0: float  # when it was submitted (perf_counter)
 
 
 class ConnectionLoop:
@@ -292,7 +302,7 @@ class ConnectionLoop:
             self.service.enter()  # the POST begins, as a request thread's does: a shutdown waits for its body
         except IngestRefused as r:  # refused before its body is read: answered, and the connection closed
             conn.head_end, conn.closing = -1, True
-            conn.out += self._refusal(conn, r, True)
+            conn.out += self._refusal(path, r, True)
             self.server.metrics.count_request(path, r.status)
             self._flush(conn)
             return True
@@ -314,34 +324,37 @@ class ConnectionLoop:
         close, conn.asked_close = conn.asked_close, False
         conn.head_end, conn.busy, conn.due, conn.what = -1, True, 0.0, "intake"
         conn.entered = False  # (the answer leaves: _done)
-        t0 = time.perf_counter()
+        asked = _Asked(conn, conn.path, conn.form, close, time.perf_counter())
         self.service.ingest_then(body, form=conn.form, gzipped=conn.gzipped,
-                                 then=lambda result, error: self._done(conn, t0, close, result, error))  # fmt: skip
+                                 then=lambda result, error: self._done(asked, result, error))  # fmt: skip
 
-    def _done(self, conn: _Conn, t0: float, close: bool, result: Decoded | None, error: BaseException | None) -> None:
-        """On the intake thread (or a parser's caller): the answer of ``conn``'s request (b"" and close: none, the
-        connection is cut). ``conn.path`` and ``conn.form`` are the request's: the connection reads nothing more
-        until this answer is taken."""
-        metrics = self.server.metrics
+    def _done(self, asked: _Asked, result: Decoded | None, error: BaseException | None) -> None:
+        """On the intake thread (or a parser's caller): the answer of the request ``asked`` (b"": none, the
+        connection is cut). What it needs of the request is in ``asked``: once the answer is queued, the loop may
+        take the connection's next request."""
+        conn, metrics = asked.conn, self.server.metrics
+        status, answer = 0, b""
         try:
             if isinstance(error, RequestRefused):
-                status, answer = error.status, self._refusal(conn, error, close)
+                status, answer = error.status, self._refusal(asked.path, error, asked.close)
             elif error is None and result is not None:
-                status = 200
-                if conn.path == "/v1/events":
-                    answer = self._answer(200, events_answer(result, array=conn.form == "array"), {}, close, True)
-                else:
-                    answer = self._answer(200, export_answer(result.rejects, False, result.warnings), {}, close)
+                events = asked.path == "/v1/events"
+                body = (events_answer(result, array=asked.form == "array") if events
+                        else export_answer(result.rejects, False, result.warnings))  # fmt: skip
+                status, answer = 200, self._answer(200, body, {}, asked.close, events)
             else:  # a bug: the connection is cut, as a request thread's would be
                 log.error("request from %s failed", conn.addr[0], exc_info=error)
-                self._queue(conn, b"", True)
-                return
-            self._queue(conn, answer, close)
-            metrics.count_request(conn.path, status)
-        finally:
-            self.server.in_flight.discard(conn.sock)
+        except Exception:  # building the answer failed (a bug): cut, never left busy
+            log.exception("request from %s failed", conn.addr[0])
+            status, answer = 0, b""
+        self.server.in_flight.discard(conn.sock)
+        if answer:
+            metrics.count_request(asked.path, status)
+        try:
+            self._queue(conn, answer, asked.close or not answer)
+        finally:  # after the answer is queued: a drain ends with every answer on its way
             self.service.leave()
-            metrics.ingest_latency.observe(time.perf_counter() - t0)
+            metrics.ingest_latency.observe(time.perf_counter() - asked.t0)
 
     def _queue(self, conn: _Conn, data: bytes, close: bool) -> None:
         self._answers.append((conn, data, close))
@@ -462,10 +475,10 @@ class ConnectionLoop:
 
     # ------------------------------------------------------------------ answers
 
-    def _refusal(self, conn: _Conn, error: RequestRefused, close: bool) -> bytes:
-        """The answer of a refused request (400/413, or 429/503 with Retry-After), in its route's form."""
+    def _refusal(self, path: str, error: RequestRefused, close: bool) -> bytes:
+        """The answer of a refused request to ``path`` (400/413, or 429/503 with Retry-After), in its route's form."""
         headers = {"Retry-After": str(error.retry_after)} if isinstance(error, IngestRefused) else {}
-        if conn.path == "/v1/events":
+        if path == "/v1/events":
             return self._answer(error.status, error_answer(error.status, error.message), headers, close, True)
         return self._answer(error.status, status_answer(error.status, error.message, False), headers, close)
 

@@ -6,11 +6,12 @@ Data flow across the processes::
 
     server process                                   parser processes (BodyDecoder: a HelperPool)
     ───────────────────────────────────────────      ──────────────────────────────────────────────
-    HTTP thread / gRPC call                           decode_body of a JSON body: gunzip, JSON/NDJSON,
-      │ token, limits (http.py, otlp_grpc.py)          validation  ──► EventBatch
-      ▼                                                      ▲   │ body in / EventBatch.encode() out
-    IngestService.ingest ── admit (429/503) ── a JSON body ───┘   │  (channel: shared memory + one frame)
-      │ ◄─────────────────────────────────────────────────────────┘
+    HTTP connection loop, request thread, gRPC call   decode_body of a JSON body: gunzip, JSON/NDJSON,
+      │ token, limits (http_loop.py, http.py,           validation  ──► EventBatch
+      │ otlp_grpc.py)                                          ▲   │ body in / EventBatch.encode() out
+      ▼                                                        │   │  (channel: shared memory + one frame)
+    IngestService.ingest(_then) ── admit ── a JSON body ───────┘   │  (ingest_then: by a parser caller thread)
+      │ ◄──────────────────────────────────────────────────────────┘
       ▼ (the work: an OTLP export's native decode, or the decoded JSON body)
     GroupIntake thread (intake.py): every request waiting, decoded, joined
       ─► WriteAheadLog.append (one record, group commit, fsync) ──► 200 to each client
@@ -343,8 +344,9 @@ class IngestService:
     ) -> None:
         """:meth:`ingest` of a body already admitted (:meth:`admissible`), without blocking: ``then(decoded,
         None)`` once it is durable, or ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`),
-        on the intake thread (or, for a JSON body a parser refused, the thread that called the parser); ``then``
-        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``.
+        on the intake thread (or, for a JSON body a parser refused, the thread that called the parser): exactly
+        once, and this never raises. ``then`` must not block or raise. The caller has called :meth:`enter` and
+        calls :meth:`leave` in ``then``.
 
         A JSON body that goes to a parser process is handed to it by one of :attr:`_parse_calls`' threads, one a
         parser (a parser serves one body at a time): the caller's thread (the connection loop) never waits."""
@@ -370,13 +372,19 @@ class IngestService:
 
         def parse() -> None:
             try:
-                work = self._work(body, form, gzipped)  # (the parser's answer: the caller blocks)
-            except BaseException as exc:  # a 400/413 (BadBody), or a bug: the request's own answer
-                then(None, exc)
-                return
-            submit(work)
+                try:
+                    work = self._work(body, form, gzipped)  # (the parser's answer: the caller blocks)
+                except BaseException as exc:  # a 400/413 (BadBody), or a bug: the request's own answer
+                    then(None, exc)
+                    return
+                submit(work)
+            except Exception:  # (``then`` must not raise; a future would keep this to itself)
+                log.exception("a JSON body's parse call failed")
 
-        self._parse_calls.submit(parse)
+        try:
+            self._parse_calls.submit(parse)
+        except RuntimeError:  # the pool is shut down: the service is closing (a drain that ran out of time)
+            then(None, self._refuse(503, "shutting down", self.options.retry_after_s))
 
     def _work(self, body: bytes, form: str, gzipped: bool) -> Work | Body:
         """What the intake thread does with a body: OTLP protobuf exports decoded there with the others of the
@@ -453,9 +461,11 @@ class IngestService:
             if self._closed:
                 return self.summary()
             self._closed = True
+        # the parsers first: a call still waiting on one (a drain that ran out of time, a parser stuck) then gets
+        # ChannelClosed and parses its body in its thread, while the intake still takes it
+        self.decoder.close()
         if self._parse_calls is not None:
-            self._parse_calls.shutdown(wait=True)  # drained: none is queued (each request left after its answer)
-        self.decoder.close()  # drained: no request decodes any more
+            self._parse_calls.shutdown(wait=True)
         self._intake.close()
         self.sampler.stop()
         self.purger.stop()
