@@ -4,8 +4,6 @@ read, and the deadlines of the request threads kept (a trickling body cut)."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import socket
 import threading
@@ -14,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from server_testlib import events, ndjson, running_server
+from server_testlib import running_server
 
 from drainpipe.server.service import ServiceOptions
 from serve_kill import otlp_export
@@ -48,19 +46,15 @@ def _connect(srv) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=10)
 
 
-OTLP = ("/v1/traces", "application/x-protobuf")
-
-
-def _post(body: bytes, *extra: str, route: tuple[str, str] = OTLP) -> bytes:
-    head = [f"POST {route[0]} HTTP/1.1", "Host: x", f"Content-Type: {route[1]}", f"Content-Length: {len(body)}",
-            *extra]  # fmt: skip
+def _post(body: bytes, *extra: str) -> bytes:
+    head = ["POST /v1/traces HTTP/1.1", "Host: x", "Content-Type: application/x-protobuf",
+            f"Content-Length: {len(body)}", *extra]  # fmt: skip
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def _chunked(body: bytes, *extra: str, route: tuple[str, str] = OTLP) -> bytes:
-    """The same request with chunked framing: a request the loop hands to a request thread."""
-    head = "\r\n".join([f"POST {route[0]} HTTP/1.1", "Host: x", f"Content-Type: {route[1]}", *extra,
-                         "Transfer-Encoding: chunked"])  # fmt: skip
+def _chunked(body: bytes) -> bytes:
+    """The same export with chunked framing: a request the loop hands to a request thread."""
+    head = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nTransfer-Encoding: chunked"
     return f"{head}\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
 
 
@@ -211,141 +205,3 @@ def test_a_trickling_export_body_is_cut_at_its_deadline(caplog) -> None:
         assert srv.handed == []  # cut by the loop
     assert closed and took < 4, f"the body trickle was not cut ({took:.1f} s)"
     assert any("its body took too long" in r.getMessage() for r in caplog.records)
-
-
-def _event_bodies() -> list[tuple[str, tuple[str, str], bytes, tuple[str, ...], int]]:
-    """(what, route, body, extra headers, status) of /v1/events requests: each form, rejects, gzip, and errors."""
-    good = events(30, seed=5)
-    mixed = [*good[:10], {"service": "svc-x"}, "not an object", *good[10:20]]
-    lines = ndjson(good[:10]) + b"{broken\n" + ndjson(good[10:20])
-    array, nd = ("/v1/events", "application/json"), ("/v1/events", "application/x-ndjson")
-    zipped = ("Content-Encoding: gzip",)
-    return [
-        ("an array", array, json.dumps(good).encode(), (), 200),
-        ("an array with rejects", array, json.dumps(mixed).encode(), (), 200),
-        ("NDJSON with a bad line", nd, lines, (), 200),
-        ("gzipped NDJSON", nd, gzip.compress(ndjson(good)), zipped, 200),
-        ("a gzip body that is not gzip", nd, b"not gzip at all", zipped, 400),
-        ("a body that is not JSON", array, b"[{,]", (), 400),
-    ]
-
-
-def test_an_events_body_is_answered_as_a_request_thread_answers_it() -> None:
-    """Each /v1/events request the loop serves gets the answer a request thread gives the same request (status,
-    headers, body byte for byte); the accepted events are counted once each."""
-    accepted = 0
-    with _server() as srv:
-        for what, route, body, extra, status in _event_bodies():
-            with _connect(srv) as sock:
-                sock.sendall(_post(body, *extra, route=route))
-                (fast,) = _answers(sock, 1)
-                assert srv.handed == [], f"{what}: handed over"
-                sock.sendall(_chunked(body, *extra, route=route))
-                (thread,) = _answers(sock, 1)
-                assert len(srv.handed) == 1 and b"chunked" in srv.handed.pop()
-            assert fast[0] == thread[0] == status, what
-            assert fast[2] == thread[2], what
-            assert fast[1]["content-type"] == thread[1]["content-type"] == "application/json", what
-            assert set(fast[1]) == set(thread[1]), what
-            if status == 200:
-                accepted += 2 * json.loads(fast[2])["accepted"]
-        assert srv.service.drain(10)
-    assert srv.service.summary()["accepted"] == accepted
-
-
-def test_events_posted_at_once_through_parser_processes_are_each_counted_once() -> None:
-    """With parser processes, the loop hands JSON bodies to them through the parsers' callers and never waits:
-    many connections posting at once are each answered, every event counted once, and gets and exports on other
-    connections are served meanwhile."""
-    from drainpipe.server.bodies import INLINE_BYTES, BodyDecoder
-
-    decoder = BodyDecoder(2)
-    assert decoder.wait_up(60)
-    batches = [events(400, seed=i) for i in range(24)]
-    bodies = [ndjson(b) for b in batches]
-    assert all(len(b) >= INLINE_BYTES for b in bodies)  # (each goes to a parser)
-    with _server(decoder=decoder) as srv:
-        socks = [_connect(srv) for _ in bodies]
-        try:
-            for sock, body in zip(socks, bodies):
-                sock.sendall(_post(body, route=("/v1/events", "application/x-ndjson")) * 2)
-            with _connect(srv) as other:
-                other.sendall(_post(otlp_export("svc-o", 7)))
-                assert _answers(other, 1)[0][0] == 200
-            for sock in socks:
-                answers = _answers(sock, 2)
-                assert [a[0] for a in answers] == [200, 200]
-                assert [json.loads(a[2])["accepted"] for a in answers] == [400, 400]
-        finally:
-            for sock in socks:
-                sock.close()
-        assert srv.handed == []
-        assert srv.service.drain(10)
-    assert srv.service.summary()["accepted"] == 2 * 400 * len(bodies) + 7
-
-
-def test_a_shutdown_waits_for_an_events_body_the_loop_is_reading(caplog) -> None:
-    """A body still arriving when the server shuts down is a request in flight, as a request thread's is: the
-    shutdown waits for it (within its grace) and it is answered, 503 with Retry-After (nothing was accepted: the
-    client sends it again), not cut."""
-    from testlib import wait_until
-
-    caplog.set_level(logging.WARNING, logger="drainpipe")
-    request = _post(ndjson(events(50, seed=9)), route=("/v1/events", "application/x-ndjson"))
-    with _server(shutdown_grace_s=20.0) as srv, _connect(srv) as sock:
-        sock.sendall(request[:-20])
-        assert srv.head_taken.wait(10)
-        closing = threading.Thread(target=srv.shutdown_all)
-        closing.start()
-        wait_until(lambda: srv.service.draining, what="the shutdown draining")
-        assert closing.is_alive()  # waiting for the body in flight
-        sock.sendall(request[-20:])
-        ((status, headers, _),) = _answers(sock, 1)
-        closing.join(30)
-        assert not closing.is_alive()
-        assert status == 503 and "retry-after" in headers
-    assert srv.service.summary()["accepted"] == 0
-    assert not [r for r in caplog.records if "cut" in r.getMessage()]
-
-
-def test_requests_to_both_routes_pipelined_on_one_connection_are_answered_in_order_in_their_own_forms() -> None:
-    """An events body, an export and an events array back to back on one connection: three answers in order, each
-    in its route's form, each counted under its own route (an answer is built from its own request, not from the
-    connection, which may be reading the next one by then)."""
-    events_route = ("/v1/events", "application/x-ndjson")
-    with _server() as srv, _connect(srv) as sock:
-        counted = srv.metrics.count_request
-        seen: list[tuple[str, int]] = []
-
-        def counting(path: str, status: int) -> None:
-            seen.append((path, status))
-            counted(path, status)
-
-        srv.metrics.count_request = counting
-        sock.sendall(
-            _post(ndjson(events(5, seed=1)), route=events_route)
-            + _post(otlp_export("svc-p", 3))
-            + _post(json.dumps(events(4, seed=2)).encode(), route=("/v1/events", "application/json"))
-        )
-        answers = _answers(sock, 3)
-        assert [a[0] for a in answers] == [200, 200, 200]
-        assert [a[1]["content-type"] for a in answers] == ["application/json", "application/x-protobuf",
-                                                           "application/json"]  # fmt: skip
-        assert [json.loads(answers[i][2])["accepted"] for i in (0, 2)] == [5, 4]
-        assert srv.handed == []
-        assert sorted(seen) == sorted([("/v1/events", 200), ("/v1/traces", 200), ("/v1/events", 200)])
-
-
-def test_a_json_body_handed_in_after_the_service_closed_is_refused_not_raised() -> None:
-    """``ingest_then`` never raises: a JSON body that comes after the parsers' callers are gone (a shutdown whose
-    drain ran out of time) gets its answer, a 503, through ``then``."""
-    from drainpipe.errors import IngestRefused
-    from drainpipe.server.bodies import BodyDecoder
-
-    with _server(decoder=BodyDecoder(1)) as srv:
-        srv.service.close(5)
-        got: list[tuple[object, BaseException | None]] = []
-        body = ndjson(events(3, seed=4))
-        srv.service.ingest_then(body, form="ndjson", gzipped=False, then=lambda r, e: got.append((r, e)))
-        assert len(got) == 1 and got[0][0] is None
-        assert isinstance(got[0][1], IngestRefused) and got[0][1].status == 503

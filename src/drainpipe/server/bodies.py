@@ -4,15 +4,13 @@ this process or in parser processes (the server's second core).
 Parsing and validating are the per-event Python work of ingest; under one GIL they would share a core with HTTP,
 the log and the whole engine. :class:`BodyDecoder` with ``processes > 0`` hands each body to one of its parser
 processes over a :class:`~.channel.Channel` (the body, then the validated batch as an Arrow IPC message, in
-shared memory; the rejects in the answer's header); the thread that asked (a request thread, or for the
-connection loop's JSON bodies one of :class:`~.service.IngestService`'s parser callers, one a parser) waits without
-holding the GIL.
+shared memory; the rejects in the answer's header); the request thread waits without holding the GIL.
 (``concurrent.futures.ProcessPoolExecutor`` was measured first: its feeder and manager threads and pickling took a
 third of the server's GIL time.) A parser that dies (killed, out of memory) is replaced, and the request it was
 serving is parsed in process: a crashed parser costs time, never a request.
 Bodies under ``INLINE_BYTES`` are parsed in process: the round trip would cost more than the parse.
 
-Errors are :class:`BadBody` (an HTTP status and a one-line message), raised in the thread that asked either way.
+Errors are :class:`BadBody` (an HTTP status and a one-line message), raised in the request thread either way.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ __all__ = ["FORMS", "INLINE_BYTES", "NATIVE_FORMS", "BadBody", "BodyDecoder", "D
 
 log = logging.getLogger("drainpipe.server")
 
-INLINE_BYTES = 16 << 10  # bodies smaller than this are parsed in the thread that asks
+INLINE_BYTES = 16 << 10  # bodies smaller than this are parsed in the request thread
 
 Rejects = list[tuple[int, str]]
 
@@ -260,11 +258,11 @@ class BodyDecoder:
     """Decodes bodies in ``processes`` parser processes (0: in the calling thread), a :class:`~.channel.HelperPool`.
     Thread-safe; ``close`` once.
 
-    Each parser serves one request at a time over its own channel: the thread that asks (a request thread, or a
-    parser caller of the service's) takes a free parser, puts the body in the channel's shared memory, and waits
-    for the answer (without the GIL); no pickling of bodies or batches. The parsers start with the first body that
-    needs one (a JSON body; OTLP exports are decoded natively on the intake thread, so a server of OTLP traffic runs
-    none); until one is up, and when a parser dies (it is replaced), a body is parsed in the calling thread."""
+    Each parser serves one request at a time over its own channel: a request thread takes a free parser, puts the
+    body in the channel's shared memory, and waits for the answer (without the GIL); no executor threads, no
+    pickling of bodies or batches. The parsers start with the first body that needs one (a JSON body; OTLP exports
+    are decoded natively on the intake thread, so a server of OTLP traffic runs none); until one is up, and when a
+    parser dies (it is replaced), a body is parsed in the calling thread."""
 
     def __init__(self, processes: int = 0) -> None:
         self.processes = processes

@@ -43,15 +43,15 @@ A POST is answered 200 only once its events are in the service's event log (:mod
 the log is a memory log (``--durability none``). OTLP exports are decoded by the intake thread (:mod:`.intake`),
 JSON bodies by :class:`~.bodies.BodyDecoder` (parser processes in ``drainpipe serve``).
 
-Connections are read by one thread (:class:`~.http_loop.ConnectionLoop`): an OTLP/HTTP export in protobuf or an
-events body in NDJSON or a JSON array (one Content-Length, the token, admitted at once) is answered there, without
-a thread; any other request moves its connection, with the bytes already read, to a request thread
-(:class:`Handler`) for good. Both answer alike (the events answers are :mod:`.event_answers`').
+Connections are read by one thread (:class:`~.http_loop.ConnectionLoop`): an OTLP/HTTP export in protobuf (one
+Content-Length, the token, admitted at once) is answered there, without a thread; any other request moves its
+connection, with the bytes already read, to a request thread (:class:`Handler`) for good. Both answer alike.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import signal
@@ -66,7 +66,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import BadBody, IngestRefused, RequestRefused
-from .event_answers import EVENTS_TYPE, JSON_TYPES, error_answer, event_form, events_answer
 from .http_face import ReadRoutes, check_bind
 from .http_headers import read_headers
 from .http_loop import PROTOBUF_TYPES, ConnectionLoop
@@ -79,6 +78,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("drainpipe.server")
 
+NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
+JSON_TYPES = {"application/json"}
+MAX_ERRORS = 20
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
 MAX_TRAILERS = 32
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
@@ -199,12 +201,17 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self.server.metrics.count_request(getattr(self, "path", "").split("?", 1)[0], status)
 
+    def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(
+            status, json.dumps(obj, allow_nan=False, separators=(",", ":")).encode(), "application/json", headers
+        )
+
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         otlp = getattr(self, "otlp_json", None)
         if otlp is not None:  # OTLP/HTTP: a google.rpc.Status in the request's encoding
             self._send(status, status_answer(status, message, otlp), content_type(otlp), headers)
             return
-        self._send(status, error_answer(status, message), EVENTS_TYPE, headers)
+        self._json(status, {"error": message, "status": status}, headers)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The standard library's own errors (a malformed request line, headers too long, an unknown method) as
@@ -298,7 +305,7 @@ class Handler(BaseHTTPRequestHandler):
             form = "otlp-json" if ctype in JSON_TYPES else "otlp-protobuf" if ctype in PROTOBUF_TYPES else ""
             wanted = "application/x-protobuf or application/json"
         else:
-            form = event_form(ctype)
+            form = "array" if ctype in JSON_TYPES else "ndjson" if ctype in NDJSON_TYPES else ""
             wanted = "application/x-ndjson or application/json"
         if not form:
             self._discard_body()
@@ -334,7 +341,21 @@ class Handler(BaseHTTPRequestHandler):
             answer = export_answer(decoded.rejects, bool(self.otlp_json), decoded.warnings)
             self._send(200, answer, content_type(bool(self.otlp_json)))
             return
-        self._send(200, events_answer(decoded, array=form == "array"), EVENTS_TYPE)
+        rejects = decoded.rejects
+        reasons: dict[str, int] = {}
+        for _, reason in rejects:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        key = "index" if ctype in JSON_TYPES else "line"
+        self._json(
+            200,
+            {
+                "accepted": decoded.accepted,
+                "rejected": len(rejects),
+                "reasons": reasons,
+                "errors": [{key: i, "reason": reason} for i, reason in rejects[:MAX_ERRORS]],
+                "warnings": dict(decoded.warnings),  # accepted events whose odd optional field was dropped, by reason
+            },
+        )
 
     def _read_body(self, limit: int) -> bytes | None:
         """The request body, by Content-Length or chunked; at most ``limit`` bytes are ever read into memory.

@@ -1,35 +1,31 @@
-"""``serve``'s connections on one thread (:class:`ConnectionLoop`): posted bodies (OTLP exports in protobuf, events
-in NDJSON or a JSON array) are read, handed to the intake and answered without a thread per connection; every other
-request goes to a request thread.
+"""``serve``'s connections on one thread (:class:`ConnectionLoop`): OTLP exports in protobuf are read, handed to
+the intake and answered without a thread per connection; every other request goes to a request thread.
 
 A thread per connection made every socket call a hand-over of the GIL among a dozen threads: under a saturated
 OTLP load the server process spent about 40% of its CPU in the scheduler, 32 context switches a request, while the
 work itself (the HTTP framing, the native decode, the log) is a few hundred microseconds. Here one thread polls
-every connection (``selectors``); the bodies of all the connections go to the intake thread (:mod:`.intake`),
+every connection (``selectors``); the exports of all the connections go to the intake thread (:mod:`.intake`),
 which logs them a group at a time and queues their answers; this thread writes them::
 
     accept ─► ConnectionLoop: read the request line and the headers (http_headers.read_headers, as a request
               │               thread reads them)
-              ├─ the fast path: POST /v1/traces (application/x-protobuf) or POST /v1/events (NDJSON, a JSON
-              │  array), HTTP/1.1, one Content-Length within the limit, no Expect, the token, admitted at once:
-              │     read the body ─► IngestService.ingest_then ─► intake thread: decode (an export), log (fsync),
-              │     │                  │                          the answer
-              │     │                  └─ a JSON body: a parser's caller thread, the parser process, then the intake
+              ├─ the fast path: POST /v1/traces, HTTP/1.1, application/x-protobuf, one Content-Length within the
+              │  limit, no Expect, the token, admitted at once:
+              │     read the body ─► IngestService.ingest_then ─► intake thread: decode, log (fsync), the answer
               │     ◄──────────── the answer queued, this thread woken ◄─────────────────────────────┘
               │     write it, read the connection's next request
-              └─ anything else (a GET, chunked bodies, OTLP JSON, a bad request, admission to wait for): the
-                 connection and the bytes read from it go to a request thread (http.Handler) for the rest of its life
+              └─ anything else (a GET, chunked or JSON bodies, a bad request, admission to wait for): the connection
+                 and the bytes read from it go to a request thread (http.Handler) for the rest of its life
 
-The fast path answers exactly what a request thread answers for those requests (the same ExportTraceServiceResponse
-or events answer (:mod:`.event_answers`), the same errors: a malformed body 400 with a google.rpc.Status or a JSON
-error, 429/503 with Retry-After); anything it is not sure of, it hands over. The deadlines are the request threads':
-an idle keep-alive connection is closed after ``header_deadline_s``, a request line and headers must arrive within
-it, a body within ``body_deadline_s``, an answer must be taken within ``answer_deadline_s``.
+The fast path answers exactly what a request thread answers for those requests (the same ExportTraceServiceResponse,
+the same errors: a malformed export 400 with a google.rpc.Status, 429/503 with Retry-After); anything it is not sure
+of, it hands over. The deadlines are the request threads': an idle keep-alive connection is closed after
+``header_deadline_s``, a request line and headers must arrive within it, a body within ``body_deadline_s``, an
+answer must be taken within ``answer_deadline_s``.
 
-Thread-safety: the loop's state is its own thread's. The intake thread (or a parser's caller) builds an answer
-(``_answer``: the cached Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to
-the wake socket unless one is on its way (``_wake_sent``, cleared by the loop after it reads the bytes and before it
-takes the answers; two threads that both see it clear both write one: a spare wake-up, never a lost one).
+Thread-safety: the loop's state is its own thread's. The intake thread builds an answer (``_answer``: the cached
+Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket unless one
+is on its way (``_wake_sent``, cleared by the loop after it reads the bytes and before it takes the answers).
 """
 
 from __future__ import annotations
@@ -43,10 +39,9 @@ import socket
 import threading
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import IngestRefused, RequestRefused
-from .event_answers import EVENTS_TYPE, error_answer, event_form, events_answer
 from .http_headers import read_headers
 from .otlp_answers import content_type, export_answer, status_answer
 
@@ -60,7 +55,6 @@ __all__ = ["PROTOBUF_TYPES", "ConnectionLoop", "Server"]
 log = logging.getLogger("drainpipe.server")
 
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
-_FAST_LINES = {b"POST /v1/traces HTTP/1.1": "/v1/traces", b"POST /v1/events HTTP/1.1": "/v1/events"}
 READ_BYTES = 256 << 10
 HEAD_BYTES = 64 << 10  # a header section longer than this goes to a request thread (which applies its limits)
 TICK_S = 0.1  # how often deadlines are checked at most
@@ -75,7 +69,6 @@ class Server(Protocol):
     service: IngestService
     metrics: ServerMetrics
     socket: Socket  # the listening socket
-    in_flight: set[Socket]  # connections inside a POST: shutdown waits for them, then cuts them
     version: str  # the Server header
 
     def token_ok(self, headers: Any) -> bool: ...
@@ -84,7 +77,7 @@ class Server(Protocol):
 
 class _Conn:
     __slots__ = ("sock", "addr", "buf", "head_end", "length", "gzipped", "due", "what", "out", "busy", "closing",
-                 "handoff", "events", "asked_close", "path", "form", "entered")  # fmt: skip
+                 "handoff", "events", "asked_close")  # fmt: skip
 
     def __init__(self, sock: socket.socket, addr: Any, idle_s: float) -> None:
         self.sock = sock
@@ -101,21 +94,6 @@ class _Conn:
         self.handoff = False  # hand over to a request thread once the answers are out
         self.events = 0  # what the selector watches for it
         self.asked_close = False  # the request being read asked for Connection: close
-        self.path = ""  # the request being read: its route (/v1/traces, /v1/events) and body form (bodies.FORMS)
-        self.form = ""
-        # its body is being read (entered into the service, in the server's in_flight): the loop leaves it if the
-        # connection goes before the body is whole; once submitted, the answer (``_done``) leaves it
-        self.entered = False
-
-
-class _Asked(NamedTuple):
-    """A request at the intake: what its answer needs (the connection may be reading its next one by then)."""
-
-    conn: _Conn
-    path: str
-    form: str
-    close: bool  # answer with Connection: close, then close
-    t0: float  # when it was submitted (perf_counter)
 
 
 class ConnectionLoop:
@@ -230,11 +208,9 @@ class ConnectionLoop:
             data = conn.sock.recv(READ_BYTES)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:  # reset: one line, as a request thread logs it (http.IngestServer.handle_error)
-            log.info("client %s went away: %s", conn.addr[0], type(exc).__name__)
-            self._close(conn)
-            return
-        if not data:  # the client closed its side
+        except OSError:
+            data = b""
+        if not data:  # the client closed (or reset) its side
             if conn.head_end >= 0 or (conn.buf and conn.what != "idle"):
                 log.info("client %s went away mid-request", conn.addr[0])
             self._close(conn)
@@ -259,8 +235,6 @@ class ConnectionLoop:
                 if not self._fast(conn, end + 4):
                     self._hand_over(conn)
                     return
-                if conn.head_end < 0:  # refused at its head (answered, to be closed)
-                    break
             if len(conn.buf) < conn.head_end + conn.length:
                 return
             self._submit(conn)
@@ -269,8 +243,7 @@ class ConnectionLoop:
     def _fast(self, conn: _Conn, head_end: int) -> bool:
         """Whether the request whose head ends at ``head_end`` takes the fast path (then its framing is set)."""
         line_end = conn.buf.find(b"\r\n")
-        path = _FAST_LINES.get(bytes(conn.buf[:line_end]))
-        if path is None:
+        if bytes(conn.buf[:line_end]) != b"POST /v1/traces HTTP/1.1":
             return False
         try:
             headers = read_headers(io.BytesIO(conn.buf[line_end + 2 : head_end]))
@@ -281,14 +254,13 @@ class ConnectionLoop:
             return False
         text = lengths[0].strip()
         ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        form = event_form(ctype) if path == "/v1/events" else "otlp-protobuf" if ctype in PROTOBUF_TYPES else ""
         encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
         connection = headers.get("Connection", "").lower()
         if (
             not 0 < len(text) <= 18
             or not (text.isascii() and text.isdigit())
             or int(text) > self.service.options.max_body_bytes
-            or not form
+            or ctype not in PROTOBUF_TYPES
             or encoding not in ("identity", "gzip", "x-gzip")
             or connection not in ("", "keep-alive", "close")
             or not self.server.token_ok(headers)
@@ -296,25 +268,13 @@ class ConnectionLoop:
         ):
             return False
         conn.head_end, conn.length, conn.gzipped = head_end, int(text), encoding != "identity"
-        conn.path, conn.form = path, form
         conn.asked_close = connection == "close"  # (answered, then closed)
-        try:
-            self.service.enter()  # the POST begins, as a request thread's does: a shutdown waits for its body
-        except IngestRefused as r:  # refused before its body is read: answered, and the connection closed
-            conn.head_end, conn.closing = -1, True
-            conn.out += self._refusal(path, r, True)
-            self.server.metrics.count_request(path, r.status)
-            self._flush(conn)
-            return True
-        conn.entered = True
-        self.server.in_flight.add(conn.sock)
         conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s
         return True
 
     def _submit(self, conn: _Conn) -> None:
         """Hand the complete request to the intake (admission checked again: the body took its time)."""
         if not self.service.admissible():
-            self._leave(conn)  # (the request thread enters again)
             conn.head_end, conn.asked_close = -1, False
             self._hand_over(conn)  # (the bytes of the request still in the buffer: a request thread waits or refuses)
             return
@@ -323,38 +283,39 @@ class ConnectionLoop:
         del conn.buf[:end]
         close, conn.asked_close = conn.asked_close, False
         conn.head_end, conn.busy, conn.due, conn.what = -1, True, 0.0, "intake"
-        conn.entered = False  # (the answer leaves: _done)
-        asked = _Asked(conn, conn.path, conn.form, close, time.perf_counter())
-        self.service.ingest_then(body, form=conn.form, gzipped=conn.gzipped,
-                                 then=lambda result, error: self._done(asked, result, error))  # fmt: skip
-
-    def _done(self, asked: _Asked, result: Decoded | None, error: BaseException | None) -> None:
-        """On the intake thread (or a parser's caller): the answer of the request ``asked`` (b"": none, the
-        connection is cut). What it needs of the request is in ``asked``: once the answer is queued, the loop may
-        take the connection's next request."""
-        conn, metrics = asked.conn, self.server.metrics
-        status, answer = 0, b""
+        t0 = time.perf_counter()
         try:
+            self.service.enter()
+        except IngestRefused as r:
+            conn.busy, conn.closing = False, True
+            conn.out += self._answer(r.status, status_answer(r.status, r.message, False),
+                                     {"Retry-After": str(r.retry_after)}, True)  # fmt: skip
+            self.server.metrics.count_request("/v1/traces", r.status)
+            self._flush(conn)
+            return
+        self.service.ingest_then(body, form="otlp-protobuf", gzipped=conn.gzipped,
+                                 then=lambda result, error: self._done(conn, t0, close, result, error))  # fmt: skip
+
+    def _done(self, conn: _Conn, t0: float, close: bool, result: Decoded | None, error: BaseException | None) -> None:
+        """On the intake thread: the answer of ``conn``'s request (b"" and close: none, the connection is cut)."""
+        metrics = self.server.metrics
+        try:
+            headers: dict[str, str] = {}
             if isinstance(error, RequestRefused):
-                status, answer = error.status, self._refusal(asked.path, error, asked.close)
+                status, body = error.status, status_answer(error.status, error.message, False)
+                if isinstance(error, IngestRefused):
+                    headers["Retry-After"] = str(error.retry_after)
             elif error is None and result is not None:
-                events = asked.path == "/v1/events"
-                body = (events_answer(result, array=asked.form == "array") if events
-                        else export_answer(result.rejects, False, result.warnings))  # fmt: skip
-                status, answer = 200, self._answer(200, body, {}, asked.close, events)
+                status, body = 200, export_answer(result.rejects, False, result.warnings)
             else:  # a bug: the connection is cut, as a request thread's would be
                 log.error("request from %s failed", conn.addr[0], exc_info=error)
-        except Exception:  # building the answer failed (a bug): cut, never left busy
-            log.exception("request from %s failed", conn.addr[0])
-            status, answer = 0, b""
-        self.server.in_flight.discard(conn.sock)
-        if answer:
-            metrics.count_request(asked.path, status)
-        try:
-            self._queue(conn, answer, asked.close or not answer)
-        finally:  # after the answer is queued: a drain ends with every answer on its way
+                self._queue(conn, b"", True)
+                return
+            self._queue(conn, self._answer(status, body, headers, close), close)
+            metrics.count_request("/v1/traces", status)
+        finally:
             self.service.leave()
-            metrics.ingest_latency.observe(time.perf_counter() - asked.t0)
+            metrics.ingest_latency.observe(time.perf_counter() - t0)
 
     def _queue(self, conn: _Conn, data: bytes, close: bool) -> None:
         self._answers.append((conn, data, close))
@@ -454,15 +415,7 @@ class ConnectionLoop:
             log.exception("could not hand the connection from %s to a request thread", conn.addr[0])
             conn.sock.close()
 
-    def _leave(self, conn: _Conn) -> None:
-        """The service left by a request whose body never reached the intake."""
-        if conn.entered:
-            conn.entered = False
-            self.server.in_flight.discard(conn.sock)
-            self.service.leave()
-
     def _close(self, conn: _Conn) -> None:
-        self._leave(conn)
         if conn not in self._conns:
             return
         self._conns.discard(conn)
@@ -475,16 +428,8 @@ class ConnectionLoop:
 
     # ------------------------------------------------------------------ answers
 
-    def _refusal(self, path: str, error: RequestRefused, close: bool) -> bytes:
-        """The answer of a refused request to ``path`` (400/413, or 429/503 with Retry-After), in its route's form."""
-        headers = {"Retry-After": str(error.retry_after)} if isinstance(error, IngestRefused) else {}
-        if path == "/v1/events":
-            return self._answer(error.status, error_answer(error.status, error.message), headers, close, True)
-        return self._answer(error.status, status_answer(error.status, error.message, False), headers, close)
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str], close: bool, events: bool = False) -> bytes:
-        """An answer as a request thread writes it (http.Handler._send); ``events``: a /v1/events answer (JSON),
-        else an OTLP one (protobuf)."""
+    def _answer(self, status: int, body: bytes, headers: dict[str, str], close: bool) -> bytes:
+        """An answer as a request thread writes it (http.Handler._send)."""
         now = int(time.time())
         if self._date[0] != now:
             self._date = (now, email.utils.formatdate(now, usegmt=True))
@@ -492,7 +437,7 @@ class ConnectionLoop:
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
             f"Server: {self.server.version}",
             f"Date: {self._date[1]}",
-            f"Content-Type: {EVENTS_TYPE if events else content_type(False)}",
+            f"Content-Type: {content_type(False)}",
             f"Content-Length: {len(body)}",
             "Cache-Control: no-store",
             *(f"{k}: {v}" for k, v in headers.items()),

@@ -4,13 +4,12 @@ Each request thread used to decode its body itself (an OTLP export in a parser p
 it to the log itself: per request a round trip to another process, a log record, a turn at the log's locks, and
 every blocking call a hand-off of the GIL among two dozen threads. Under saturated OTLP load the server process
 spent about 40% of its CPU switching threads (``perf``: futex waits and wake-ups, 32 context switches a request).
-Here a request thread (or the connection loop, which does not wait: :meth:`GroupIntake.submit_then`) hands its
-work to the intake thread and waits once. The intake thread takes every request
+Here a request thread hands its work to the intake thread and waits once. The intake thread takes every request
 waiting, decodes the group's OTLP protobuf bodies in one native pass (``decode_group``: the Python around the pass
 once a group, not once a body), runs each other request's work (a JSON body arrives decoded by a parser process),
 appends the group's events to the log as one record, and wakes them all once that record is durable::
 
-    requests        ── (a Body or work, a slot) ──► queue ──► intake thread: the bodies' one pass, each work
+    request threads ── (a Body or work, a slot) ──► queue ──► intake thread: the bodies' one pass, each work
           ▲                                                             ─► join ─► log.append (fsync)
           │                                                                               │
           └──────────── slot: Decoded (accepted, rejects, warnings), or its own error ◄───┘

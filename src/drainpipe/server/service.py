@@ -6,12 +6,11 @@ Data flow across the processes::
 
     server process                                   parser processes (BodyDecoder: a HelperPool)
     ───────────────────────────────────────────      ──────────────────────────────────────────────
-    HTTP connection loop, request thread, gRPC call   decode_body of a JSON body: gunzip, JSON/NDJSON,
-      │ token, limits (http_loop.py, http.py,           validation  ──► EventBatch
-      │ otlp_grpc.py)                                          ▲   │ body in / EventBatch.encode() out
-      ▼                                                        │   │  (channel: shared memory + one frame)
-    IngestService.ingest(_then) ── admit ── a JSON body ───────┘   │  (ingest_then: by a parser caller thread)
-      │ ◄──────────────────────────────────────────────────────────┘
+    HTTP thread / gRPC call                           decode_body of a JSON body: gunzip, JSON/NDJSON,
+      │ token, limits (http.py, otlp_grpc.py)          validation  ──► EventBatch
+      ▼                                                      ▲   │ body in / EventBatch.encode() out
+    IngestService.ingest ── admit (429/503) ── a JSON body ───┘   │  (channel: shared memory + one frame)
+      │ ◄─────────────────────────────────────────────────────────┘
       ▼ (the work: an OTLP export's native decode, or the decoded JSON body)
     GroupIntake thread (intake.py): every request waiting, decoded, joined
       ─► WriteAheadLog.append (one record, group commit, fsync) ──► 200 to each client
@@ -49,7 +48,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,12 +182,6 @@ class IngestService:
         # (docs/architecture.md, "One live path")
         self.engine = LocalEngine(definitions, self.store, engine_options, name=name)
         self.decoder = decoder if decoder is not None else BodyDecoder()  # in this process unless given parsers
-        # the threads that call the parsers for ingest_then (none without parsers: the intake thread decodes)
-        self._parse_calls = (
-            ThreadPoolExecutor(self.decoder.processes, thread_name_prefix="drainpipe-parse-call")
-            if self.decoder.processes
-            else None
-        )
         self._intake = GroupIntake(self.log.append, decode_group=self._decode_group)
         self.red = RedMetrics(definitions.latency_buckets_ms, definitions.max_entities)
         rw = self.options.remote_write
@@ -342,14 +334,12 @@ class IngestService:
         gzipped: bool,
         then: Callable[[Decoded | None, BaseException | None], None],
     ) -> None:
-        """:meth:`ingest` of a body already admitted (:meth:`admissible`), without blocking: ``then(decoded,
-        None)`` once it is durable, or ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`),
-        on the intake thread (or, for a JSON body a parser refused, the thread that called the parser): exactly
-        once, and this never raises. ``then`` must not block or raise. The caller has called :meth:`enter` and
-        calls :meth:`leave` in ``then``.
-
-        A JSON body that goes to a parser process is handed to it by one of :attr:`_parse_calls`' threads, one a
-        parser (a parser serves one body at a time): the caller's thread (the connection loop) never waits."""
+        """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
+        (:meth:`admissible`), without blocking: ``then(decoded, None)`` once it is durable, or
+        ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`), on the intake thread; ``then``
+        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
+        if form not in NATIVE_FORMS:
+            raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
 
         def done(result: Decoded | None, error: BaseException | None) -> None:
             try:
@@ -360,31 +350,10 @@ class IngestService:
             finally:  # the answer is the caller's to give, whatever happened here
                 then(result, error)
 
-        def submit(work: Work | Body) -> None:
-            try:
-                self._intake.submit_then(work, len(body), done)
-            except LogFull as exc:
-                then(None, self._log_refusal(exc))
-
-        if self._parse_calls is None or form in NATIVE_FORMS:
-            submit(self._work(body, form, gzipped))  # (decoded on the intake thread)
-            return
-
-        def parse() -> None:
-            try:
-                try:
-                    work = self._work(body, form, gzipped)  # (the parser's answer: the caller blocks)
-                except BaseException as exc:  # a 400/413 (BadBody), or a bug: the request's own answer
-                    then(None, exc)
-                    return
-                submit(work)
-            except Exception:  # (``then`` must not raise; a future would keep this to itself)
-                log.exception("a JSON body's parse call failed")
-
         try:
-            self._parse_calls.submit(parse)
-        except RuntimeError:  # the pool is shut down: the service is closing (a drain that ran out of time)
-            then(None, self._refuse(503, "shutting down", self.options.retry_after_s))
+            self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
+        except LogFull as exc:
+            then(None, self._log_refusal(exc))
 
     def _work(self, body: bytes, form: str, gzipped: bool) -> Work | Body:
         """What the intake thread does with a body: OTLP protobuf exports decoded there with the others of the
@@ -461,11 +430,7 @@ class IngestService:
             if self._closed:
                 return self.summary()
             self._closed = True
-        # the parsers first: a call still waiting on one (a drain that ran out of time, a parser stuck) then gets
-        # ChannelClosed and parses its body in its thread, while the intake still takes it
-        self.decoder.close()
-        if self._parse_calls is not None:
-            self._parse_calls.shutdown(wait=True)
+        self.decoder.close()  # drained: no request decodes any more
         self._intake.close()
         self.sampler.stop()
         self.purger.stop()
