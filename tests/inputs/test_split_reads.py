@@ -3,6 +3,7 @@ reads the codes the reader gives, as the local engine's workers do, with the sam
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +26,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for fmt in ("jsonl", "csv", "parquet"):
         out[fmt] = d / f"events.{fmt}"
         write_events(generate_events(5_000, services=5, seed=7), out[fmt])
+    # text that is not ASCII: the C scanner declines such a part's range; its blocks are read line by line first
+    rows = pa.Table.from_batches(list(generate_events(5_000, services=5, seed=8))).to_pylist()
+    out["jsonl-unicode"] = d / "unicode.jsonl"
+    out["jsonl-unicode"].write_text("".join(json.dumps({**r, "service": r["service"] + "-é"}, ensure_ascii=False)
+                                            + "\n" for r in rows), encoding="utf-8")  # fmt: skip
     return out
 
 
@@ -32,7 +38,7 @@ def _first_split(path: Path) -> Split:
     return plan_splits(list(plan_parts(str(path), BLOCK, workers=2)))[0]
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet", "jsonl-unicode"])
 def test_a_split_read_with_the_readers_codes_has_the_same_values_rejects_and_states(files, fmt) -> None:
     """``read_split(dictionaries=True)`` keeps the string columns the reader gives dictionary-encoded, with the
     same values, counts and rejects as a plain read, and the same aggregation."""
@@ -72,3 +78,35 @@ def test_an_aggregating_task_asks_for_the_codes_and_a_task_that_hands_events_to_
     asked.clear()
     assert list(tasks.scan_events(groups)(iter([ids])))
     assert asked == [False]
+
+
+def test_a_micro_batch_reader_keeps_the_scanners_codes_only_when_asked() -> None:
+    """The Kafka stream's reader (``message_reader``) passes ``dictionaries`` down to the JSON scanner: with it the
+    events' service column comes dictionary-encoded, without it plain, with the same values and counts."""
+    from drainpipe.inputs.endpoints import EndpointRules
+    from drainpipe.inputs.spans import SpanMapping
+    from drainpipe.spark.kafka import MessagePlan, message_reader
+    from drainpipe.spark.rows import STATE_ROWS
+
+    batch = next(generate_events(200, services=3, seed=11))
+    lines = [json.dumps(row).encode() for row in batch.to_pylist()]
+    messages = pa.record_batch(
+        {
+            "topic": pa.array(["t"] * len(lines)),
+            "partition": pa.array([0] * len(lines), pa.int32()),
+            "offset": pa.array(range(len(lines)), pa.int64()),
+            "value": pa.array(lines, pa.binary()),
+        }
+    )
+    plan = MessagePlan(("t",), {}, frozenset(), True)
+
+    def events(dictionaries: bool) -> pa.Table:
+        read = message_reader(plan, "json", SpanMapping(), EndpointRules(), dictionaries=dictionaries)
+        out = [item.rows for item in read(iter([messages]), STATE_ROWS) if not isinstance(item, pa.RecordBatch)]
+        return pa.Table.from_batches(out)
+
+    plain, coded = events(False), events(True)
+    assert plain.num_rows == coded.num_rows == len(lines)
+    assert not pa.types.is_dictionary(plain.schema.field("service").type)
+    assert pa.types.is_dictionary(coded.schema.field("service").type)
+    assert coded.column("service").cast(pa.string()).equals(plain.column("service"))
