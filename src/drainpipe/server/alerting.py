@@ -23,6 +23,7 @@ first breaching period of a firing alert.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -91,9 +92,8 @@ class WebhookNotifier:
                     return
                 queued_at, notification = self._pending[0]
             delay = self.retry_initial_s
-            while not self._post(notification):
+            while not (delivered := self._post(notification)):
                 if time.monotonic() - queued_at > self.give_up_s:
-                    self.given_up += 1
                     log.error(
                         "alert webhook: gave up on a %s notification of %r after %.0f s: %s",
                         notification["status"],
@@ -106,8 +106,16 @@ class WebhookNotifier:
                     if self._cond.wait_for(lambda: self._stopping, delay):
                         return
                 delay = min(self.retry_max_s, delay * 2)
+            # The books change together, under the lock :meth:`view` takes, and the note's flag last: a view that
+            # shows the note delivered (the alerter's, read before this one's) also counts it and has it off the queue.
             with self._cond:
                 self._pending.popleft()
+                if delivered:
+                    self.delivered += 1
+                else:
+                    self.given_up += 1
+            if delivered:
+                notification["delivered"] = True
 
     def _post(self, notification: dict[str, Any]) -> bool:
         self.attempts += 1
@@ -119,8 +127,6 @@ class WebhookNotifier:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
                 answer.read()
-            self.delivered += 1
-            notification["delivered"] = True
             return True
         except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError (non-2xx) is a URLError
             self.failed_attempts += 1
@@ -137,9 +143,11 @@ class WebhookNotifier:
             self._thread.join(timeout_s)
 
     def view(self) -> dict[str, Any]:
-        return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts,
-                "failed_attempts": self.failed_attempts, "pending": self.pending, "given_up": self.given_up,
-                "dropped": self.dropped, "last_error": self.last_error}  # fmt: skip
+        """The notifier's books, one consistent snapshot (the dashboard's sampler keeps it for a while)."""
+        with self._cond:
+            return {"url": self.url, "delivered": self.delivered, "attempts": self.attempts,
+                    "failed_attempts": self.failed_attempts, "pending": len(self._pending), "given_up": self.given_up,
+                    "dropped": self.dropped, "last_error": self.last_error}  # fmt: skip
 
 
 class Alerter:
@@ -235,8 +243,11 @@ class Alerter:
                 "at": parse_time(now), "rule": rule_fields(rule), "attempt": 0, "delivered": False}  # fmt: skip
 
     def view(self) -> dict[str, Any]:
+        # Copies, not the notes themselves: the sampler keeps this view while the notifier's thread goes on marking
+        # notes delivered, and a kept view must not show a note delivered that its webhook books do not count.
         with self._lock:
-            firing = sorted(self.firing.values(), key=lambda n: (n["alert"], n["entity"]))
+            firing = sorted((dict(n) for n in self.firing.values()), key=lambda n: (n["alert"], n["entity"]))
+            recent = [dict(n) for n in itertools.islice(self.recent, 50)]
         return {"rules": [rule_fields(r) | {"describe": r.describe()} for r in self.rules],
-                "firing": firing, "recent": list(self.recent)[:50], "evaluations": self.evaluations,
+                "firing": firing, "recent": recent, "evaluations": self.evaluations,
                 "error": self.last_error}  # fmt: skip
