@@ -147,3 +147,40 @@ def test_commits_are_reaped_in_order_a_fenced_one_stops_and_a_failed_one_stops_t
     sink.commits[-1].error = "disk full"
     sink.commits[-1].done.set()
     assert not driver.drain() and driver.failed == "disk full" and stored == ["one", "two", "after"]
+
+
+def test_checkpoints_are_paced_by_what_the_last_commit_took() -> None:
+    """A commit that takes long (many entities and periods rewritten) spaces the next checkpoint to PACE times its
+    duration, up to max_checkpoint_s; a cheap one brings back checkpoint_s. On a clock the test turns."""
+    now = [100.0]
+    sink = _Sink()
+    driver = Driver(default_definitions(), sink, ingest=lambda *a, **k: None, checkpoint_s=2.0,
+                    clock=lambda: now[0])  # fmt: skip
+    driver.hold("a", books(dict.fromkeys(NAMES, 0)))
+
+    def commit_taking(seconds: float) -> None:
+        driver.fed(1)
+        driver.checkpoint()
+        now[0] += seconds
+        sink.commits[-1].done.set()
+        assert not driver.reap()
+
+    assert driver.interval == 2.0 and not driver.due
+    now[0] += 2.0
+    assert driver.due
+    commit_taking(0.1)  # cheap: the interval stays checkpoint_s
+    assert driver.interval == 2.0
+    now[0] += 1.9
+    assert driver.due
+    commit_taking(0.5)  # a commit of half a second: the next comes 5 s after this one began
+    assert driver.interval == 10 * 0.5
+    now[0] += 4.0  # 4.5 s since the checkpoint
+    assert not driver.due
+    now[0] += 0.5
+    assert driver.due
+    commit_taking(3.0)  # a commit of 3 s: capped at five intervals (max_checkpoint_s)
+    assert driver.interval == driver.max_checkpoint_s == 10.0
+    now[0] += 6.9
+    assert not driver.due
+    now[0] += 0.1
+    assert driver.due

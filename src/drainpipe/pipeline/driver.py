@@ -21,11 +21,14 @@ messages, Spark tasks) and hands what it read here. What is the same for all liv
   the dead letter first, and the held parts' fencing tokens, go to the sink, which commits them in the same
   transaction as the states (:meth:`checkpoint`);
 * **pending commits**: a checkpoint is due every ``checkpoint_s``, but not while the one before waits for the store
-  (up to ``max_checkpoint_s``): a store slower than the checkpoints gets fewer, larger commits, not a queue of small
-  ones. That is how writers sharing one store scale: a commit's cost is mostly fixed (the hour and day states of
-  every entity it touches are rewritten, whatever the events it brings), so as the store gets busier each writer
-  pays it less often. At most ``max_commits`` are queued (:attr:`behind`: the reader stops reading, so what waits
-  for the store waits in the source, not in memory), reaped in order (:meth:`reap`); a commit that fails for good
+  (up to ``max_checkpoint_s``), and not sooner than :data:`PACE` times as long as the last commit took (up to
+  ``max_checkpoint_s`` too): a store slower than the checkpoints gets fewer, larger commits, not a queue of small
+  ones, and a commit that grows costly (many entities, many periods touched) takes a bounded share of the time
+  instead of a growing one. That is how writers sharing one store scale, and how one writer under a heavy load
+  keeps its cores for the events: a commit's cost is mostly fixed (the minute, hour and day states of every entity
+  it touches are rewritten, whatever the events it brings), so as it grows it is paid less often. At most
+  ``max_commits`` are queued (:attr:`behind`: the reader stops reading, so what waits for the store waits in the
+  source, not in memory), reaped in order (:meth:`reap`); a commit that fails for good
   stops the driver (:attr:`failed`), a fenced one (another owner holds a part now) is reported to the source;
 * **rollback**: when a part is lost (a file that cannot be read, a partition taken away), everything not committed
   is dropped and the part is read again from the store's position (:meth:`rollback`).
@@ -84,6 +87,13 @@ class Sink(Protocol):
 #: how many checkpoint intervals a checkpoint waits for the commit before it, at most (``max_checkpoint_s``)
 STRETCH = 5
 
+#: a checkpoint comes no sooner than this many times as long as the last commit took (from its checkpoint until the
+#: store had it), up to ``max_checkpoint_s``: the commits' share of the time stays about 1/PACE. Measured on
+#: ``serve`` under a saturated OTLP load whose exports touch 17 minutes each: a commit (~120k state rows, the
+#: minutes, hours and days of every entity) took 0.6-1.3 s, so checkpoints every 2 s gave the store a fifth to a
+#: third of the process's CPU (docs/performance.md, "Checkpoints paced by their cost").
+PACE = 10
+
 
 class Driver:
     """The books of the parts one reader holds, and the commits that carry them; see the module docstring.
@@ -107,6 +117,7 @@ class Driver:
         max_commits: int = 2,
         on_commit: Callable[[Any], None] | None = None,
         observe: Callable[[Any], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.definitions = definitions
         self.sink = sink
@@ -126,8 +137,10 @@ class Driver:
         self.stored_events = 0  # events of the commits the store has (reaped)
         self.fenced_commits = 0
         self.uncommitted = 0  # events fed since the last checkpoint
-        self._queued: deque[tuple[Commit, Any]] = deque()
-        self._last = time.monotonic()
+        self.last_commit_s = 0.0  # how long the last commit reaped took, from its checkpoint until the store had it
+        self._clock = clock
+        self._queued: deque[tuple[Commit, Any, float]] = deque()
+        self._last = clock()
         self._subsets: dict[frozenset[str], Definitions | None] = {self.names: None}
 
     # ------------------------------------------------------------------ parts
@@ -189,12 +202,18 @@ class Driver:
 
     @property
     def due(self) -> bool:
-        """``checkpoint_s`` has passed since the last checkpoint and the store has it; or, while the store still
+        """:attr:`interval` has passed since the last checkpoint and the store has it; or, while the store still
         works on it, ``max_checkpoint_s`` has passed."""
-        elapsed = time.monotonic() - self._last
-        if elapsed < self.checkpoint_s:
+        elapsed = self._clock() - self._last
+        if elapsed < self.interval:
             return False
         return elapsed >= self.max_checkpoint_s or not self._queued or self._queued[-1][0].done.is_set()
+
+    @property
+    def interval(self) -> float:
+        """The time between checkpoints now: ``checkpoint_s``, or :data:`PACE` times the last commit's duration when
+        that is longer, at most ``max_checkpoint_s``."""
+        return min(self.max_checkpoint_s, max(self.checkpoint_s, PACE * self.last_commit_s))
 
     @property
     def behind(self) -> bool:
@@ -210,7 +229,7 @@ class Driver:
         """Commit everything fed so far with every held part's advanced books (not waiting for the store unless
         ``wait``); None when there is nothing to commit. The dead letter is flushed first: the rejects of what a
         commit covers are on disk before it (at least once; the store is exactly once)."""
-        self._last = time.monotonic()
+        self._last = self._clock()
         rows = [row for books, _ in self.parts.values() for row in books.rows()]
         if not rows and not self.uncommitted:
             return None
@@ -218,7 +237,7 @@ class Driver:
             self.dead_letter.flush()
         fences = [SourceProgress(b.source, b.part, "fence", t) for b, t in self.parts.values() if t is not None]
         commit = self.sink.checkpoint(rows, self.uncommitted, wait=wait, fences=fences)
-        self._queued.append((commit, marker))
+        self._queued.append((commit, marker, self._last))
         self.uncommitted = 0
         if wait:
             self.reap()
@@ -229,7 +248,8 @@ class Driver:
         failed for good (:attr:`failed` says why) or was fenced; returns True for a fenced one (another owner
         holds one of the parts now: the source rolls back and drops the parts whose token moved on)."""
         while self._queued and self._queued[0][0].done.is_set():
-            commit, marker = self._queued.popleft()
+            commit, marker, started = self._queued.popleft()
+            self.last_commit_s = self._clock() - started
             if commit.fenced:
                 self.fenced_commits += 1
                 return True
@@ -260,7 +280,7 @@ class Driver:
         while self._queued:
             self.wait_for_store(0.1)
             if self._queued[0][0].done.is_set():
-                commit, marker = self._queued.popleft()
+                commit, marker, _ = self._queued.popleft()
                 if commit.fenced:
                     self.fenced_commits += 1
                 elif commit.error:

@@ -103,7 +103,9 @@ class ServiceOptions:
     purge_every_s: float = 3600.0  # how often the store is purged by the definitions' retention (0: never)
     alert_webhook: str = ""  # where firing / resolved alert notifications are posted (none: dashboard only)
     alert_every_s: float = 30.0  # how often the definitions' [[alert]] rules are evaluated on the store
-    alert_settle_s: float = 10.0  # a period is evaluated once it ended this long ago (its last events merged)
+    # a period is evaluated once it ended this long ago (its last events merged: longer than the longest time
+    # between checkpoints, 5 x checkpoint_s when commits are slow, and a commit)
+    alert_settle_s: float = 15.0
     alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
     remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
     disk: DiskLimits = DiskLimits()  # free space under which /healthz is degraded, and POSTs are refused (503)
