@@ -423,8 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         metavar="SECONDS",
-        help="local engine: seconds of work between two commits to the store; a killed run resumes from "
-        "the last one (default: %(default)s)",
+        help="local engine: seconds of work between two commits to the store (a commit that takes long "
+        "spaces the next to ten times its duration, at most five of these); a killed run resumes from the last one "
+        "(default: %(default)s)",
     )
     _spark_options(r)
     from .pipeline import add_remote_write_options

@@ -184,3 +184,19 @@ def test_checkpoints_are_paced_by_what_the_last_commit_took() -> None:
     assert not driver.due
     now[0] += 0.1
     assert driver.due
+    driver.fed(1)
+    driver.checkpoint()  # done 0.1 s later (the commit's own stamp), reaped 30 s later by an idle reader
+    sink.commits[-1].finished = now[0] + 0.1
+    sink.commits[-1].done.set()
+    now[0] += 30
+    assert not driver.reap() and driver.interval == 2.0
+    # two commits queued: the second waits 3 s behind the first, then takes 0.3 s of its own
+    for _ in range(2):
+        driver.fed(1)
+        driver.checkpoint()
+    first, second = sink.commits[-2:]
+    first.finished, second.finished = now[0] + 3.0, now[0] + 3.3
+    first.done.set()
+    second.done.set()
+    now[0] += 4
+    assert not driver.reap() and abs(driver.last_commit_s - 0.3) < 1e-9 and abs(driver.interval - 3.0) < 1e-9

@@ -208,12 +208,15 @@ def test_a_kept_view_never_shows_a_note_delivered_that_the_webhook_books_do_not_
         assert len(alerter.evaluate()) == len(entities)
         kept = alerter.view() | {"webhook": notifier.view()}
         notifier.start()
+        deadline = time.monotonic() + 60
         while True:
             view = alerter.view() | {"webhook": notifier.view()}
             hook, shown = view["webhook"], sum(n["delivered"] for n in view["recent"])
             assert shown <= hook["delivered"] and hook["delivered"] + hook["pending"] == len(entities), hook
             if shown == len(entities):
                 break
+            assert time.monotonic() < deadline, f"not all delivered in 60 s: {hook}"
+            time.sleep(0.0005)  # (the views read between the notifier's steps: no state to wait for but the end)
         assert hook["pending"] == 0 and hook["given_up"] == 0
         assert not any(n["delivered"] for n in kept["recent"]) and kept["webhook"]["delivered"] == 0
         assert len(receiver.posts) == len(entities)

@@ -266,7 +266,8 @@ def add_consume_command(sub: Any, store_option: Any, metrics_option: Any, retent
         type=float,
         default=2.0,
         metavar="SECONDS",
-        help="seconds between two commits to the store (default: %(default)s)",
+        help="seconds between two commits to the store (a commit that takes long spaces the next to ten times "
+        "its duration, at most five of these; default: %(default)s)",
     )
     c.add_argument(
         "--kafka-config",

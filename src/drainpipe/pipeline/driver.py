@@ -74,6 +74,14 @@ class Commit:
     done: threading.Event = field(default_factory=threading.Event)
     error: str = ""
     fenced: bool = False  # refused for a stale fencing token: its states are discarded, later commits go on
+    # when it was done (``time.monotonic()``, the clock a driver reads unless a test hands it another): what the next
+    # checkpoint's pace is measured by
+    finished: float = 0.0
+
+    def finish(self) -> None:
+        """Done (stored, fenced or failed, as ``error`` and ``fenced`` say): called once, by the committing thread."""
+        self.finished = time.monotonic()
+        self.done.set()
 
 
 class Sink(Protocol):
@@ -138,6 +146,7 @@ class Driver:
         self.fenced_commits = 0
         self.uncommitted = 0  # events fed since the last checkpoint
         self.last_commit_s = 0.0  # how long the last commit reaped took, from its checkpoint until the store had it
+        self._previous_finished = 0.0  # when the commit reaped before it was done
         self._clock = clock
         self._queued: deque[tuple[Commit, Any, float]] = deque()
         self._last = clock()
@@ -249,7 +258,11 @@ class Driver:
         holds one of the parts now: the source rolls back and drops the parts whose token moved on)."""
         while self._queued and self._queued[0][0].done.is_set():
             commit, marker, started = self._queued.popleft()
-            self.last_commit_s = self._clock() - started
+            # From the commit's own stamp (a reader that reaps late, idle or busy with a long part, must not stretch
+            # it), and from when the commit before it was done if it was queued behind that one: its own work only.
+            finished = commit.finished or self._clock()
+            self.last_commit_s = max(0.0, finished - max(started, self._previous_finished))
+            self._previous_finished = finished
             if commit.fenced:
                 self.fenced_commits += 1
                 return True

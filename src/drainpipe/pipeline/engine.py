@@ -358,7 +358,7 @@ class LocalEngine:
                     self.counters.events_not_stored += item.events
                     self.counters.store_error = self.counters.store_error or item.error
                     log.error("checkpoint not stored: %s", item.error)
-            item.done.set()
+            item.finish()
 
     def _write(
         self, partials: Sequence[Partial], progress: Sequence[SourceProgress], fences: Sequence[SourceProgress] = ()

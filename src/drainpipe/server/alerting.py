@@ -23,6 +23,7 @@ first breaching period of a firing alert.
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import logging
@@ -72,8 +73,9 @@ class WebhookNotifier:
 
     def send(self, notification: dict[str, Any]) -> None:
         with self._cond:
-            if len(self._pending) >= self._max_pending:  # a receiver gone for long: keep the newest
-                self._pending.popleft()
+            if len(self._pending) >= self._max_pending:  # a receiver gone for long: keep the newest, and the one
+                # being posted (the head: its thread books it when the post ends)
+                del self._pending[1 if len(self._pending) > 1 else 0]
                 self.dropped += 1
             self._pending.append((time.monotonic(), notification))
             self._cond.notify()
@@ -109,7 +111,8 @@ class WebhookNotifier:
             # The books change together, under the lock :meth:`view` takes, and the note's flag last: a view that
             # shows the note delivered (the alerter's, read before this one's) also counts it and has it off the queue.
             with self._cond:
-                self._pending.popleft()
+                if self._pending and self._pending[0][1] is notification:
+                    self._pending.popleft()
                 if delivered:
                     self.delivered += 1
                 else:
@@ -128,7 +131,8 @@ class WebhookNotifier:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
                 answer.read()
             return True
-        except (urllib.error.URLError, OSError, ValueError) as exc:  # HTTPError (non-2xx) is a URLError
+        # HTTPError (non-2xx) is a URLError; a broken answer (IncompleteRead, BadStatusLine) an HTTPException
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             self.failed_attempts += 1
             self.last_error = str(getattr(exc, "reason", exc) or exc)[:300]
             if self.failed_attempts == 1 or notification["attempt"] == 1:

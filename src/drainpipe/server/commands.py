@@ -156,7 +156,8 @@ def add_commands(
     s.add_argument("--checkpoint-s", type=float, default=2.0, metavar="SECONDS",
                    help="how often the states are committed to the store with the log position: how fresh the "
                    "store is, and about what a restart replays. Each commit costs a store merge of every touched "
-                   "state; shorter periods cost ingest throughput (default: %(default)s)")  # fmt: skip
+                   "state; shorter periods cost ingest throughput. A commit that takes long spaces the next to ten "
+                   "times its duration, at most five periods (default: %(default)s)")  # fmt: skip
     retention_option(s)
     s.add_argument("--purge-every-s", type=float, default=3600.0, metavar="S",
                    help="purge the store by the retention this often, first at start (0: never; default: "

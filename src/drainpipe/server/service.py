@@ -103,9 +103,9 @@ class ServiceOptions:
     purge_every_s: float = 3600.0  # how often the store is purged by the definitions' retention (0: never)
     alert_webhook: str = ""  # where firing / resolved alert notifications are posted (none: dashboard only)
     alert_every_s: float = 30.0  # how often the definitions' [[alert]] rules are evaluated on the store
-    # a period is evaluated once it ended this long ago (its last events merged: longer than the longest time
-    # between checkpoints, 5 x checkpoint_s when commits are slow, and a commit)
-    alert_settle_s: float = 15.0
+    # a period is evaluated once it ended this long ago (its last events merged); None: the longest time between
+    # checkpoints (five intervals, when commits are slow or costly) and 5 s more, 15 s at the default checkpoint_s
+    alert_settle_s: float | None = None
     alert_retry_s: float = 0.5  # the webhook's first retry delay (doubling up to 30 s, giving up after an hour)
     remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
     disk: DiskLimits = DiskLimits()  # free space under which /healthz is degraded, and POSTs are refused (503)
@@ -214,7 +214,11 @@ class IngestService:
             definitions.alerts,
             self.store,
             every_s=self.options.alert_every_s,
-            settle_s=self.options.alert_settle_s,
+            settle_s=(
+                self.feeder.driver.max_checkpoint_s + 5.0
+                if self.options.alert_settle_s is None
+                else self.options.alert_settle_s
+            ),  # fmt: skip
             notify=self.notifier.send if self.notifier else None,
         )
         o = self.options

@@ -42,5 +42,5 @@ class JobCommit:
         self._staged = None
         self.report = self.store.merge_chunks(definitions, partials, progress=progress)
         commit = Commit(list(progress), events)
-        commit.done.set()
+        commit.finish()
         return commit
