@@ -38,14 +38,14 @@ TEST_ENV = DRAINPIPE_TEST_PG=$(PG_URL) DRAINPIPE_TEST_KAFKA=$(KAFKA_URL)
 # Spark cluster, a server): most tests wait on processes they start (JVMs, servers, members), so two workers on two
 # cores take about two thirds of the time of one. The tests marked `exclusive` stop a service every other test shares
 # (PostgreSQL, the broker) or bound latency in milliseconds, so they run alone, after. Each worker has a PostgreSQL
-# database of its own (tests/conftest.py).
+# database of its own (tests/conftest.py). The clock runs are a few long kill tests of one file: spread test by test.
 TEST_WORKERS ?= 2
 
 test: check pg kafka chromium prometheus nginx jvm-archive
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not exclusive"
 	$(TEST_ENV) $(PY) -m pytest -q -m exclusive -p no:cacheprovider
-	$(TEST_ENV) DRAINPIPE_CLOCK=+365d $(PY) -m pytest -q -m "clock or wall_clock" -p no:cacheprovider
-	$(TEST_ENV) DRAINPIPE_CLOCK=-365d $(PY) -m pytest -q -m "clock or wall_clock" -p no:cacheprovider
+	$(TEST_ENV) DRAINPIPE_CLOCK=+365d $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load -m "clock or wall_clock" -p no:cacheprovider
+	$(TEST_ENV) DRAINPIPE_CLOCK=-365d $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load -m "clock or wall_clock" -p no:cacheprovider
 
 # A private PostgreSQL (Debian's package, installed if missing) on 127.0.0.1:55432 (or a free port when that one is
 # taken), data in .pg/ (tests/postgres).
