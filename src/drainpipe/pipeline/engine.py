@@ -14,7 +14,7 @@ Four BatchQueues, as in the seed's "Usage in the Codebase":
   when its load falls back.
 * ``L2`` (handler map, ``split="auto"`` too; defaults cpu_cores_with_base(1, 0.25), adaptive, BLOCKING): merges
   again and every ``l2_flush_s`` sends its minute states to the persist queue (the store rolls them up to hour and
-  day).
+  day); with checkpoints, only when a checkpoint asks.
 * ``topn`` (fixed(1) thread, one handler per top-N definition), like the seed's TopN worker.
 * ``persist`` (one thread, one partition, BLOCKING): one store transaction per drained batch of partials.
   A store that is down (:class:`StoreUnavailable`) is retried with backoff while BLOCKING back-pressure holds the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -248,7 +249,7 @@ class LocalEngine:
             ),
         )
         for topn in definitions.topns:
-            h = _L2Handler(topn, self.persist.produce, o.l2_flush_s, self._request)
+            h = _L2Handler(topn, self.persist.produce, self._l2_period(), self._request)
             self._topn_handlers.append(h)
             self.topn.add_handler(partial_type(topn), h)
         for metric in definitions.metrics:  # split="auto": a metric that turns hot spreads over more threads
@@ -313,9 +314,15 @@ class LocalEngine:
 
         return make
 
+    def _l2_period(self) -> float:
+        """How often L2 hands its states to persistence unasked: every ``l2_flush_s``; never with checkpoints, where
+        each checkpoint asks for them and the persist stage holds them until it commits. A flush on a period there
+        would only hold the same keys twice: the paced checkpoints come up to five periods apart."""
+        return math.inf if self.options.checkpoints else self.options.l2_flush_s
+
     def _l2_factory(self, definition: Any) -> Callable[[], _L2Handler]:
         def make() -> _L2Handler:
-            h = _L2Handler(definition, self.persist.produce, self.options.l2_flush_s, self._request)
+            h = _L2Handler(definition, self.persist.produce, self._l2_period(), self._request)
             self._l2_handlers.append(h)
             return h
 
