@@ -335,8 +335,8 @@ def test_serve_rides_out_a_postgres_outage_in_the_log_then_catches_up_exactly(pg
     # few thousand events at this rate), up to the budget
     assert accepted["outage"] >= 20_000 and log_at_budget >= budget - (256 << 10), (accepted, log_at_budget)
     # and not in memory, whatever the outage's length: the feeder stops at two outstanding checkpoints, the second
-    # at most STRETCH checkpoint intervals after the first (one L2 flush per definition each, l2_flush_s =
-    # checkpoint_s), and the stages hand on at most three flushes per definition around each checkpoint
+    # at most STRETCH checkpoint intervals after the first (one L2 flush per definition each: with checkpoints L2
+    # flushes only when one asks), and the stages hand on at most three flushes per definition around each one
     from drainpipe.pipeline.driver import STRETCH
 
     bound = (STRETCH + 3) * n_defs

@@ -111,7 +111,8 @@ class Driver:
     checkpoint is, and ``max_checkpoint_s`` how long it may wait for the commit before it (default :data:`STRETCH`
     intervals); ``max_commits``: commits queued before :attr:`behind`; ``on_commit(marker)``: called (on the
     reader's thread, from :meth:`reap`) for each commit the store has, in order; ``observe(batch)``: sees every
-    batch fed (the live RED metrics), and its errors are logged, never raised."""
+    batch fed (the live RED metrics), and its errors are logged, never raised; ``clock``: ``time.monotonic``, which
+    :meth:`Commit.finish` stamps with too (a test that hands in its own sets the commits' ``finished`` by it)."""
 
     def __init__(
         self,

@@ -144,7 +144,7 @@ class _L1Handler:
 class _L2Handler(_L1Handler):
     """One metric's minute states (or one top-N's) on L2: merges what arrives and sends it to persistence on its
     period, idle or not (the store derives hour and day states by merging, in the same transaction), and at once
-    when a checkpoint asks."""
+    when a checkpoint asks; with checkpoints, only then (its period is infinite: :meth:`LocalEngine._l2_period`)."""
 
     def on_idle(self) -> None:
         if self.held and (self.request.active or time.monotonic() - self.last >= self.flush_s):

@@ -61,6 +61,8 @@ class WebhookNotifier:
         self.timeout_s, self.retry_initial_s, self.retry_max_s, self.give_up_s = (
             timeout_s, retry_initial_s, retry_max_s, give_up_s)  # fmt: skip
         self._pending: deque[tuple[float, dict[str, Any]]] = deque()
+        if max_pending < 2:  # the head is the note being posted: a full queue drops the oldest one waiting
+            raise ValueError(f"max_pending must be at least 2, got {max_pending}")
         self._max_pending = max_pending
         self._cond = threading.Condition()
         self._stopping = False
