@@ -77,7 +77,7 @@ class WebhookNotifier:
         with self._cond:
             if len(self._pending) >= self._max_pending:  # a receiver gone for long: keep the newest, and the one
                 # being posted (the head: its thread books it when the post ends)
-                del self._pending[1 if len(self._pending) > 1 else 0]
+                del self._pending[1]  # (max_pending >= 2)
                 self.dropped += 1
             self._pending.append((time.monotonic(), notification))
             self._cond.notify()
@@ -113,8 +113,7 @@ class WebhookNotifier:
             # The books change together, under the lock :meth:`view` takes, and the note's flag last: a view that
             # shows the note delivered (the alerter's, read before this one's) also counts it and has it off the queue.
             with self._cond:
-                if self._pending and self._pending[0][1] is notification:
-                    self._pending.popleft()
+                self._pending.popleft()  # the head is this note: send() drops only notes behind it
                 if delivered:
                     self.delivered += 1
                 else:
