@@ -4,6 +4,7 @@ sink whose commits the test completes by hand."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,10 @@ def test_names_from_is_the_definitions_applied_no_further_before_and_after_advan
             b.advance([name], Position(to))
         for offset in offsets:
             assert b.names_from(offset) == direct_names_from(b, offset)
+            names, until = b.names_until(offset)  # the same answer for every offset up to until
+            assert names == direct_names_from(b, offset)
+            assert all(direct_names_from(b, o) == names for o in range(offset, int(min(until, 80))))
+            assert until == math.inf or direct_names_from(b, int(until)) != names
 
 
 @settings(max_examples=200, deadline=None)

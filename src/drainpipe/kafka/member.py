@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -257,29 +258,38 @@ class GroupMember:
 
     def _feed(self, messages: list[Any]) -> None:
         """Split messages by partition (positions, and the definitions that still need each: the driver's
-        policy), then decode and ingest each group of messages for the same definitions at once."""
+        policy), then decode and ingest each group of messages for the same definitions at once. A poll's messages
+        come in runs of one partition: the partition and its definitions are looked up once a run (the policy's
+        answer holds until :meth:`~drainpipe.pipeline.PartBooks.names_until`'s offset)."""
         from confluent_kafka import KafkaError
 
         groups: dict[frozenset[str], list[Any]] = {}
         partitions = self.partitions
+        topic, partition, part = None, None, None
+        group: list[Any] | None = None  # the run's group (None: no definition needs its messages)
+        until = -math.inf  # the offset from which the run's definitions are looked up again
         for m in messages:
-            key = (m.topic(), m.partition())
-            part = partitions.get(key)
             error = m.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     kafka_log.warning("kafka: %s", error)
-                elif part is not None and m.offset() >= part.next:
-                    part.at_end = True
+                elif (ended := partitions.get((m.topic(), m.partition()))) is not None and m.offset() >= ended.next:
+                    ended.at_end = True
                 continue
+            if m.partition() != partition or m.topic() != topic:  # a run of another partition begins
+                topic, partition = m.topic(), m.partition()
+                part = partitions.get((topic, partition))
+                until = -math.inf
             offset = m.offset()
             if part is None or offset < part.next:  # not ours (any more), or read before a rewind
                 continue
             part.at_end = False
             part.next = offset + 1
-            names = part.books.names_from(offset)  # the driver's policy (Driver.wanted), per message: one call
-            if names:
-                groups.setdefault(names, []).append(m)
+            if offset >= until:  # the driver's policy (Driver.wanted), once a run
+                names, until = part.books.names_until(offset)
+                group = groups.setdefault(names, []) if names else None
+            if group is not None:
+                group.append(m)
         taken = size = 0
         for names, group in groups.items():
             table, group_size = self._decode(group)

@@ -26,6 +26,7 @@ at its first commit); for an immutable file, its content hash.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -75,6 +76,13 @@ class PartBooks:
         if offset >= self._every[0]:
             return self._every[1]
         return frozenset(n for n, p in self.applied.items() if p != COMPLETE and p.offset <= offset)
+
+    def names_until(self, offset: int) -> tuple[frozenset[str], float]:
+        """:meth:`names_from` ``offset``, and the first offset past it where the answer may differ (``math.inf``:
+        none): until the books advance, every offset from ``offset`` up to there has the same definitions. For a
+        reader of many small records (Kafka messages), which asks once per run of them."""
+        later = [p.offset for p in self.applied.values() if p != COMPLETE and p.offset > offset]
+        return self.names_from(offset), min(later, default=math.inf)
 
     def advance(self, names: Collection[str], end: Position | None) -> None:
         """``names`` now have the part applied up to ``end`` (None: the whole of an immutable file). A definition
