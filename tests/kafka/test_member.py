@@ -262,10 +262,10 @@ def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is
 def test_a_definition_the_store_has_not_applied_reads_a_partition_from_its_start_while_the_others_read_on(
     tmp_path: Path,
 ) -> None:
-    """The driver's policy per message: on P0 every definition but ``service_cpm`` is applied up to offset 240 (the
+    """The driver's policy per message: on P0 every definition but ``service_cpm`` is applied up to offset 241 (the
     books say so), so the messages before it are aggregated for ``service_cpm`` alone and those after for all; P1,
-    with no books, for all. A poll's runs of one partition look the policy up once: a run that crosses 240 must
-    change its definitions there."""
+    with no books, for all. A poll's runs of one partition look the policy up once: the run of offsets 200-299 (100
+    messages a partition a poll) crosses 241 and must change its definitions there."""
     from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
     from drainpipe.pipeline import SourceProgress
 
@@ -275,16 +275,16 @@ def test_a_definition_the_store_has_not_applied_reads_a_partition_from_its_start
     store = open_store(url)
     store.register(default_definitions().all)
     part = partition_part("fake-cluster", *P0)
-    store.merge([], progress=[SourceProgress(KAFKA_SOURCE, part, n, 240) for n in names if n != "service_cpm"])
+    store.merge([], progress=[SourceProgress(KAFKA_SOURCE, part, n, 241) for n in names if n != "service_cpm"])
     store.close()
-    run_member(url, FakeConsumer(log, once(lambda c: c.assign(P0, P1))))
+    run_member(url, FakeConsumer(log, once(lambda c: c.assign(P0, P1)), fetch=100))
     assert stored_calls(url) == calls  # service_cpm: every message
     store = open_store(url)
     try:
         endpoint_calls = sum(round(r[5]) for r in store.query(metric="endpoint_cpm", granularity="minute"))
     finally:
         store.close()
-    assert endpoint_calls == 600 + 600 - 240  # the others: P1 whole, P0 from offset 240
+    assert endpoint_calls == 600 + 600 - 241  # the others: P1 whole, P0 from offset 241
 
 
 def test_a_poll_takes_about_poll_bytes_of_values_whatever_the_size_of_a_message(

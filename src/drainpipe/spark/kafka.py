@@ -111,11 +111,6 @@ class KafkaTopics:
             # a task's consumer fetches ahead, and a fetch at a partition's end waits this long for more: the
             # default 500 ms held up every micro-batch that read to the end (each of a live stream's)
             .option("kafka.fetch.max.wait.ms", "10")
-            # a task reads its partitions' messages in fetches of up to 16 MB each (the consumer's default is 1 MB
-            # a partition) through the system's socket buffer (its default is 64 KB): 0.8x the read's time
-            .option("kafka.max.partition.fetch.bytes", str(16 << 20))
-            .option("kafka.fetch.max.bytes", str(64 << 20))
-            .option("kafka.receive.buffer.bytes", "-1")
             .option("failOnDataLoss", "false")  # retention deleted messages no one read: counted by nobody (docs)
         )
         return reader.option("maxOffsetsPerTrigger", str(self.max_messages)) if self.max_messages else reader
