@@ -62,7 +62,12 @@ def tune_live_process() -> None:
     buffers per request and per merge and frees them moments later, and the pool's pages stayed resident: under a
     saturated OTLP load, ``serve``'s process tree held 560 MB of PSS with mimalloc and 401-419 MB with the system
     allocator, at the same spans per CPU second (`docs/performance.md`, "Memory of the live path"). ``drainpipe run``
-    keeps the default: a run ends, and its peak is its batches'."""
+    keeps the default: a run ends, and its peak is its batches'.
+
+    And :func:`hide_pandas`, as for ``drainpipe run``: pyarrow's first conversion of a Python value imported pandas
+    into ``serve`` and ``consume`` (48 MB of PSS a process, each helper too: :mod:`drainpipe.server.channel`'s
+    processes hide it themselves)."""
+    hide_pandas()
     if os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system") != "system":
         return
     if "pyarrow" in sys.modules:  # imported already, its default pool chosen: set it (C++ allocations follow)
@@ -76,13 +81,14 @@ class _PandasHidden(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
         if fullname == "pandas" or fullname.startswith("pandas."):
-            raise ImportError(f"{fullname} is hidden in drainpipe's local engine processes (see hide_pandas)")
+            raise ImportError(f"{fullname} is hidden in drainpipe's own processes (see hide_pandas)")
         return None
 
 
 def hide_pandas() -> None:
-    """Make pandas unimportable in this process, for the local engine's processes that drainpipe owns from start to
-    exit (the ``drainpipe run`` command and its workers), never for a program that imports drainpipe.
+    """Make pandas unimportable in this process, for the processes that drainpipe owns from start to exit (the
+    ``drainpipe run``, ``serve`` and ``consume`` commands, their workers and helpers), never for a program that
+    imports drainpipe.
 
     pyarrow imports pandas the first time it converts Python values to Arrow (and at every conversion until that
     import succeeds), only to ask whether a value is a pandas object, and so may DuckDB; the local engine never hands

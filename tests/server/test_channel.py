@@ -123,3 +123,22 @@ def test_a_pool_whose_processes_cannot_start_answers_every_call_at_once_and_neve
         assert "could not be started" in caplog.text
     finally:
         pool.close()
+
+
+def _converts(request: object, payload: bytes) -> tuple[object, bytes]:
+    import sys
+
+    import pyarrow as pa
+
+    pa.scalar(0, pa.int64())  # (pyarrow's first conversion of a Python value imports pandas where it can)
+    return "pandas" in sys.modules, b""
+
+
+def test_a_helper_process_hides_pandas() -> None:
+    """A helper is drainpipe's own process: pyarrow's first conversion of a Python value would import pandas there
+    (48 MB of PSS a helper) only to ask whether the value is a pandas object."""
+    helper = Helper(multiprocessing.get_context("spawn"), _converts, name="converting-helper", timeout_s=30.0)
+    try:
+        assert helper.call(1) == (False, b"")
+    finally:
+        helper.close()

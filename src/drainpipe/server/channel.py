@@ -163,9 +163,10 @@ START_TIMEOUT_S = 60.0
 def _serve(sock: socket.socket, parent: int, handle: Callable[[Any, bytes], tuple[Any, Buffer]]) -> None:
     """A helper process's loop: answer each request (``handle(request, payload) -> (answer, payload)``) until told
     to stop (None) or the channel closes."""
-    from ..processes import die_with
+    from ..processes import die_with, hide_pandas
 
     die_with(parent)
+    hide_pandas()  # (a helper is drainpipe's own process: pyarrow would import pandas at its first conversion)
     try:
         channel = Channel.accept(sock)
         channel.send(_READY)  # (its modules, the handle's among them, are imported: it can answer in time)
