@@ -87,8 +87,8 @@ class _PandasHidden(importlib.abc.MetaPathFinder):
 
 def hide_pandas() -> None:
     """Make pandas unimportable in this process, for the processes that drainpipe owns from start to exit (the
-    ``drainpipe run``, ``serve`` and ``consume`` commands, their workers and helpers), never for a program that
-    imports drainpipe.
+    ``drainpipe run``, ``serve`` and ``consume`` commands, their workers and helpers, and the helper processes an
+    embedded server spawns, which run only drainpipe's parsing), never for a program that imports drainpipe.
 
     pyarrow imports pandas the first time it converts Python values to Arrow (and at every conversion until that
     import succeeds), only to ask whether a value is a pandas object, and so may DuckDB; the local engine never hands
