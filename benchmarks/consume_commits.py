@@ -6,7 +6,8 @@ run, 1M events, ``run`` beside it) moved by a fifth between pairs of the same co
 (its name kept in ``--data-dir``, so later runs on the same broker reuse it), and each commit's ``drainpipe
 consume --exit-at-end`` reads it whole into a fresh DuckDB store as one member of a fresh group, the commits taking
 turns round after round (the order alternating). Each commit runs from a clean worktree with its extensions built,
-as ``compare_commits.py`` makes them. CPU is the member process's user and system time; wall is start to exit.
+as ``compare_commits.py`` makes them (under ``--work``; by default a temp dir, the worktrees removed after). CPU is
+the member process's user and system time; wall is start to exit.
 
     scripts/kafka.sh start
     .venv/bin/python benchmarks/consume_commits.py dfc1f5c HEAD --events 5000000 --rounds 4 --servers "$(scripts/kafka.sh url)"
@@ -88,11 +89,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--servers", default=os.environ.get("DRAINPIPE_TEST_KAFKA", "127.0.0.1:9092"))
     ap.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "drainpipe-bench" / "kafka")
-    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "drainpipe-compare"))
+    ap.add_argument("--work", default=None, help="where the worktrees go (default: a temp dir, removed after)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "consume-commits.json")
     args = ap.parse_args()
     servers = args.servers.removeprefix("kafka://")
-    trees = {c: worktree(c, Path(args.work)) for c in args.commits}
+    work = Path(args.work or tempfile.mkdtemp(prefix="drainpipe-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    trees = {c: worktree(c, work) for c in args.commits}
     topic = topic_of(args, servers)
     runs: dict[str, dict[str, list[float]]] = {c: {"wall": [], "cpu": []} for c in args.commits}
     with tempfile.TemporaryDirectory(prefix="drainpipe-consume-") as tmp:
@@ -119,6 +122,10 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"events": args.events, "per_message": args.per_message, "rounds": args.rounds,
                                      "commits": {c: trees[c].name for c in args.commits}, "table": table}, indent=1))  # fmt: skip
+    if not args.work:
+        for tree in set(trees.values()):
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=HERE.parent, check=True,
+                           capture_output=True)  # fmt: skip
 
 
 if __name__ == "__main__":
