@@ -4,12 +4,14 @@ markers on stdout at the moments a test kills it.
     python run_child.py STORE_URL FLUSH_S WORKERS [--slow-commit] INPUT...
 
 Markers (one line each, flushed): ``start``, ``in-txn N`` (inside checkpoint N's store transaction, before its
-COMMIT; with --slow-commit the transaction then sleeps 0.5 s so a kill lands inside it), ``committed N``,
-``done``.
+COMMIT; with --slow-commit the transaction then sleeps 0.5 s so a kill lands inside it), ``in-txn final`` (after
+the ``in-txn N`` of the transaction that brings the last input, in name order, to its end: the run's last
+checkpoint, whatever its number), ``committed N``, ``done``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import txn_markers
@@ -25,7 +27,10 @@ def main() -> None:
     slow = "--slow-commit" in sys.argv
     inputs = [a for a in sys.argv[4:] if not a.startswith("--")]
     merge = SqlStore.merge
-    txn_markers.install(0.5 if slow else 0.0)
+    last = os.path.abspath(max(inputs, key=os.path.basename))  # inputs run in name order
+    size = os.path.getsize(last)  # a text file's progress ends at its size once read whole
+    txn_markers.install(0.5 if slow else 0.0,
+                        lambda progress: any(p.path == last and p.end in (size, -1) for p in progress))  # fmt: skip
 
     def traced_merge(self: SqlStore, *args: object, **kwargs: object) -> object:
         report = merge(self, *args, **kwargs)  # type: ignore[arg-type]

@@ -122,7 +122,8 @@ def test_kill_inside_a_checkpoint_transaction(inputs, reference, tmp_path) -> No
 
 def test_kill_during_the_final_commit(inputs, reference, tmp_path) -> None:
     url = f"duckdb:///{tmp_path}/s.duckdb"
-    kill_at(url, inputs, 2, f"in-txn {reference[1]}", 0.0, "--slow-commit")
+    # by what it records, not by number: a slowed run may checkpoint fewer times than the reference did
+    kill_at(url, inputs, 2, "in-txn final", 0.0, "--slow-commit")
     _rerun_equals_reference(url, inputs, reference, 2)
 
 
