@@ -2,16 +2,17 @@
 
 The peer of ``drainpipe serve`` for RED metrics from spans is the Collector with the spanmetrics connector. It is
 built by the OpenTelemetry Collector builder (``go.opentelemetry.io/collector/cmd/builder``, installed with ``go
-install``) from the manifest below: the OTLP receiver, the spanmetrics connector, the Prometheus and Kafka
-exporters and the batch processor, one release (core v0.165.0, contrib v0.165.1). The binary goes to
-``~/.cache/drainpipe-bench/otelcol-<release>/`` and is reused; nothing of it is committed, and ``make test`` never
-builds it (it takes a few minutes and the Go module proxy).
+install``) from the manifest below: the OTLP and Kafka receivers, the spanmetrics connector, the Prometheus and
+Kafka exporters and the batch processor, one release (core v0.165.0, contrib v0.165.1). The binary goes to
+``~/.cache/drainpipe-bench/otelcol-<release>-<digest of the manifest>/`` and is reused; nothing of it is
+committed, and ``make test`` never builds it (it takes a few minutes and the Go module proxy).
 
     .venv/bin/python benchmarks/otelcol.py      # build (or find) the binary and print its path
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -24,16 +25,10 @@ from typing import Any
 
 CORE = "v0.165.0"
 CONTRIB = "v0.165.1"
-HOME = Path.home() / ".cache" / "drainpipe-bench" / f"otelcol-{CONTRIB}"
-BINARY = HOME / "dist" / "otelcol-drainpipe"
-
-MANIFEST = f"""\
-dist:
-  name: otelcol-drainpipe
-  description: OpenTelemetry Collector for drainpipe's side-by-side benchmarks
-  output_path: {HOME / "dist"}
+COMPONENTS = f"""\
 receivers:
   - gomod: go.opentelemetry.io/collector/receiver/otlpreceiver {CORE}
+  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/receiver/kafkareceiver {CONTRIB}
 processors:
   - gomod: go.opentelemetry.io/collector/processor/batchprocessor {CORE}
 connectors:
@@ -42,6 +37,16 @@ exporters:
   - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter {CONTRIB}
   - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter {CONTRIB}
 """
+# a build per set of components: a binary built before a component was added is not reused
+HOME = (Path.home() / ".cache" / "drainpipe-bench"
+        / f"otelcol-{CONTRIB}-{hashlib.sha256(COMPONENTS.encode()).hexdigest()[:8]}")  # fmt: skip
+BINARY = HOME / "dist" / "otelcol-drainpipe"
+MANIFEST = f"""\
+dist:
+  name: otelcol-drainpipe
+  description: OpenTelemetry Collector for drainpipe's side-by-side benchmarks
+  output_path: {HOME / "dist"}
+{COMPONENTS}"""
 
 
 def build() -> Path:
@@ -67,25 +72,36 @@ def free_port() -> int:
 
 
 def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[float],
-           kafka: tuple[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+           kafka: tuple[str, str] | None = None,
+           kafka_in: tuple[str, str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The Collector's configuration (YAML is a superset of JSON): OTLP in, spanmetrics with ``buckets_ms`` as its
     explicit histogram (milliseconds, cumulative, flushed every second, ``http.route`` as a dimension), the
-    Prometheus exporter out; with ``kafka`` (servers, topic), the spans also to that topic as OTLP protobuf."""
+    Prometheus exporter out; with ``kafka`` (servers, topic), the spans also to that topic as OTLP protobuf; with
+    ``kafka_in`` (servers, topic, group), the spans of that topic (OTLP protobuf, from its first offset, as a
+    member of ``group``) into spanmetrics as well."""
     trace_exporters = ["spanmetrics"]
     exporters: dict[str, Any] = {"prometheus": {"endpoint": f"127.0.0.1:{prom_port}"}}
+    receivers: dict[str, Any] = {
+        "otlp": {
+            "protocols": {
+                "grpc": {"endpoint": f"127.0.0.1:{grpc_port}"},
+                "http": {"endpoint": f"127.0.0.1:{http_port}"},
+            }
+        }
+    }  # fmt: skip
+    if kafka_in is not None:
+        servers, topic, group = kafka_in
+        receivers["kafka"] = {"brokers": servers.split(","), "group_id": group, "initial_offset": "earliest",
+                              "traces": {"topics": [topic], "encoding": "otlp_proto"}}  # fmt: skip
+        # each resource's series apart (host.name as a label): without it the exporter keeps one of the series
+        # that differ only by resource, and the calls summed over its series fall short of the spans it counted
+        exporters["prometheus"]["resource_to_telemetry_conversion"] = {"enabled": True}
     if kafka is not None:
         servers, topic = kafka
         exporters["kafka"] = {"brokers": servers.split(","), "traces": {"topic": topic, "encoding": "otlp_proto"}}
         trace_exporters.append("kafka")
     return {
-        "receivers": {
-            "otlp": {
-                "protocols": {
-                    "grpc": {"endpoint": f"127.0.0.1:{grpc_port}"},
-                    "http": {"endpoint": f"127.0.0.1:{http_port}"},
-                }
-            }
-        },  # fmt: skip
+        "receivers": receivers,
         "processors": {"batch": {}},
         "connectors": {
             "spanmetrics": {
@@ -99,7 +115,7 @@ def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[floa
         "service": {
             "telemetry": {"logs": {"level": "warn"}, "metrics": {"level": "none"}},
             "pipelines": {
-                "traces": {"receivers": ["otlp"], "processors": ["batch"], "exporters": trace_exporters},
+                "traces": {"receivers": list(receivers), "processors": ["batch"], "exporters": trace_exporters},
                 "metrics": {"receivers": ["spanmetrics"], "exporters": ["prometheus"]},
             },
         },
@@ -108,12 +124,14 @@ def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[floa
 
 class Collector:
     """A running Collector (``with Collector(...) as c``): ``c.grpc`` / ``c.http`` the OTLP endpoints, ``c.metrics``
-    its Prometheus exporter's URL, ``c.proc`` the process."""
+    its Prometheus exporter's URL, ``c.proc`` the process. ``kafka``, ``kafka_in``: :func:`config`'s."""
 
-    def __init__(self, work: Path, buckets_ms: list[float], kafka: tuple[str, str] | None = None) -> None:
+    def __init__(self, work: Path, buckets_ms: list[float], kafka: tuple[str, str] | None = None,
+                 kafka_in: tuple[str, str, str] | None = None) -> None:  # fmt: skip
         self.grpc_port, self.http_port, self.prom_port = free_port(), free_port(), free_port()
         self.path = work / "otelcol.yaml"
-        self.path.write_text(json.dumps(config(self.grpc_port, self.http_port, self.prom_port, buckets_ms, kafka)))
+        self.path.write_text(json.dumps(config(self.grpc_port, self.http_port, self.prom_port, buckets_ms, kafka,
+                                               kafka_in)))  # fmt: skip
         self.log = work / "otelcol.log"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.http = f"http://127.0.0.1:{self.http_port}"

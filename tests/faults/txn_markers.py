@@ -9,10 +9,9 @@ last one names it by what it records, not by its number."""
 from __future__ import annotations
 
 import time
-
 from collections.abc import Callable, Sequence
 
-from drainpipe.pipeline.store import SqlStore, SourceProgress
+from drainpipe.pipeline.store import SourceProgress, SqlStore
 
 count = [0]
 
