@@ -19,7 +19,7 @@ from drainpipe.pipeline.definitions import DEFAULT_DEFINITIONS, Definitions, Met
 from drainpipe.pipeline.partials import rollup, split_partial
 from drainpipe.pipeline.store import DuckDBStore, MergeReport, SourceProgress, Store, open_store
 from drainpipe.pipeline.times import parse_time
-from testlib import T0, ingest, same_values, store_events
+from testlib import T0, ingest, metric_chunks, same_values, store_events
 
 DAY = 86_400_000
 
@@ -69,6 +69,18 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         assert tuned.backend.fetchall("SELECT current_setting('preserve_insertion_order')") == [(False,)]
     with open_store("duckdb:///opts.duckdb?preserve_insertion_order=true") as ordered:  # the URL overrides a default
         assert ordered.backend.fetchall("SELECT current_setting('preserve_insertion_order')") == [(True,)]
+
+
+def test_a_merge_out_of_memory_under_the_urls_limit_says_so(tmp_path: Path) -> None:
+    """DuckDB's out-of-memory inside a merge (the store URL's ``memory_limit`` too small for it) reaches the caller
+    as DuckDB says it. The merge's key lookups read the staged keys; run as a query over an Arrow relation, such a
+    statement reported the failure as "Current transaction is aborted", naming no cause."""
+    url = f"duckdb:///{tmp_path / 's.duckdb'}"
+    with open_store(url) as store:
+        store.merge(metric_chunks(0, 20_000, 5))
+    with open_store(url + "?memory_limit=16MB&threads=1") as store:  # the same keys again: looked up, merged
+        with pytest.raises(StoreError, match="Out of Memory Error"):
+            store.merge(metric_chunks(0, 20_000, 5))
 
 
 def test_is_new_store_only_for_an_embedded_file_not_there_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

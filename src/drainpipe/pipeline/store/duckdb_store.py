@@ -23,17 +23,35 @@ from .sql import SqlStore
 #: read sorts), and without it DuckDB inserts a merge's rows in parallel and writes them to the file at commit
 #: instead of through the log: a 622k-row merge and close took 0.56 s instead of 0.86 s.
 _DUCKDB_DEFAULTS = {"preserve_insertion_order": "false"}
+#: DuckDB options a store needs whatever its URL says: its merges read staged Arrow tables by replacement scans
+_DUCKDB_REQUIRED = {"python_enable_replacements": "true"}
+
+
+#: the name a statement over a staged relation reads it by (:func:`_over`)
+_STAGED_NAME = "_drainpipe_staged"
+
+
+def _over(connection: Any, sql: str, _drainpipe_staged: pa.Table, fetch: str = "") -> Any:
+    """Run ``sql``, which reads ``_drainpipe_staged``, and fetch its result (``fetch``: "" nothing, "rows", "arrow").
+    DuckDB's replacement scan binds that name to this frame's argument of that name, for this statement only: no
+    catalog entry, so nothing of it is kept until the transaction commits. (Unlike a query over a relation,
+    ``DuckDBPyRelation.query``, whose failure inside a transaction reaches the caller as "Current transaction is
+    aborted", an error here is DuckDB's own: an out-of-memory under the store's ``memory_limit`` says so.)"""
+    if fetch == "arrow":
+        return connection.sql(sql).to_arrow_table()
+    result = connection.execute(sql)
+    return result.fetchall() if fetch == "rows" else None
 
 
 class DuckDBBackend:
     """A DuckDB database file (or ``:memory:``) as a :class:`~.backend.Backend`."""
 
-    # Arrow tables reach DuckDB through relations (from_arrow), never through register(): a registered view is a
-    # catalog entry, and DuckDB keeps a dropped entry, with the Arrow table it holds, until the transaction commits.
-    # So a long merge (a Spark job's whole output in one transaction) kept every batch it had inserted or staged:
-    # 9.3 GB for 5M minute state rows. Staging into a temporary table is no better: DuckDB also keeps every row
-    # version a transaction deletes until it commits. A statement that reads a staged relation runs as a query
-    # over it instead (DuckDBPyRelation.query binds the name for that one statement).
+    # Arrow tables reach DuckDB through relations (from_arrow) and replacement scans, never through register(): a
+    # registered view is a catalog entry, and DuckDB keeps a dropped entry, with the Arrow table it holds, until the
+    # transaction commits. So a long merge (a Spark job's whole output in one transaction) kept every batch it had
+    # inserted or staged: 9.3 GB for 5M minute state rows. Staging into a temporary table is no better: DuckDB also
+    # keeps every row version a transaction deletes until it commits. A statement that reads a staged relation runs
+    # with the relation bound for that one statement (:func:`_over`).
     staging_ddl: tuple[str, ...] = ()
     probe_ranges = True
     merges_in_database = False
@@ -45,7 +63,7 @@ class DuckDBBackend:
 
         self.path = path
         self._duckdb = duckdb
-        self._config = {**_DUCKDB_DEFAULTS, **(config or {})}
+        self._config = {**_DUCKDB_DEFAULTS, **(config or {}), **_DUCKDB_REQUIRED}
         self._staged: dict[str, pa.Table] = {}
         #: the DuckDB connection (None until opened); for tests and tools that look at the database themselves
         self.connection: Any = None
@@ -94,27 +112,34 @@ class DuckDBBackend:
     def stage(self, name: str, rows: pa.Table) -> None:
         self._staged[name] = rows
 
-    def _over_staged(self, sql: str, params: Sequence[Any]) -> Any:
-        """``sql`` run as a query over the staged relation it reads (a DELETE runs at once; a SELECT gives a relation
-        to fetch), or None when it reads none."""
+    def _staged_in(self, sql: str, params: Sequence[Any]) -> tuple[str, pa.Table] | None:
+        """``sql`` naming the staged relation it reads as :func:`_over` binds it, and that relation; None when it
+        reads none."""
         for name, rows in self._staged.items():
             if re.search(rf"\b{name}\b", sql):
                 if params:
                     raise ValueError("a statement over a staged relation takes no parameters")
-                return self.connection.from_arrow(rows).query(name, sql)
+                return re.sub(rf"\b{name}\b", _STAGED_NAME, sql), rows
         return None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        if self._over_staged(sql, params) is None:
+        staged = self._staged_in(sql, params)
+        if staged is not None:
+            _over(self.connection, *staged)
+        else:
             self.connection.execute(sql, list(params))
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        staged = self._over_staged(sql, params)
-        return staged.fetchall() if staged is not None else self.connection.execute(sql, list(params)).fetchall()
+        staged = self._staged_in(sql, params)
+        if staged is not None:
+            return _over(self.connection, *staged, "rows")
+        return self.connection.execute(sql, list(params)).fetchall()
 
     def fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        staged = self._over_staged(sql, params)
-        return (staged if staged is not None else self.connection.sql(sql, params=list(params))).to_arrow_table()
+        staged = self._staged_in(sql, params)
+        if staged is not None:
+            return _over(self.connection, *staged, "arrow")
+        return self.connection.sql(sql, params=list(params)).to_arrow_table()
 
     def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows:
