@@ -65,6 +65,7 @@ class DuckDBBackend:
         self._duckdb = duckdb
         self._config = {**_DUCKDB_DEFAULTS, **(config or {}), **_DUCKDB_REQUIRED}
         self._staged: dict[str, pa.Table] = {}
+        self._replacement_scans = True  # (read at open: off with the URL's enable_external_access=false)
         #: the DuckDB connection (None until opened); for tests and tools that look at the database themselves
         self.connection: Any = None
 
@@ -79,6 +80,8 @@ class DuckDBBackend:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {self.path!r}: {first_line(exc)}") from None
         try:
+            row = self.connection.execute("SELECT current_setting('enable_external_access')").fetchone()
+            self._replacement_scans = bool(row[0]) if row else True
             if prepare is not None:
                 prepare(not fresh)
             else:
@@ -112,34 +115,34 @@ class DuckDBBackend:
     def stage(self, name: str, rows: pa.Table) -> None:
         self._staged[name] = rows
 
-    def _staged_in(self, sql: str, params: Sequence[Any]) -> tuple[str, pa.Table] | None:
-        """``sql`` naming the staged relation it reads as :func:`_over` binds it, and that relation; None when it
-        reads none."""
+    def _over_staged(self, sql: str, params: Sequence[Any], fetch: str) -> tuple[bool, Any]:
+        """``(True, its result)`` for ``sql`` run over the staged relation it reads (``fetch``: :func:`_over`'s);
+        ``(False, None)`` when it reads none."""
         for name, rows in self._staged.items():
-            if re.search(rf"\b{name}\b", sql):
+            if re.search(rf"\b{re.escape(name)}\b", sql):
                 if params:
                     raise ValueError("a statement over a staged relation takes no parameters")
-                return re.sub(rf"\b{name}\b", _STAGED_NAME, sql), rows
-        return None
+                if self._replacement_scans:
+                    return True, _over(
+                        self.connection, re.sub(rf"\b{re.escape(name)}\b", _STAGED_NAME, sql), rows, fetch
+                    )
+                # with external access off DuckDB binds no Python object by name: a query over the relation instead
+                # (its failure inside a transaction reads "Current transaction is aborted", whatever the cause)
+                relation = self.connection.from_arrow(rows).query(name, sql)
+                return True, relation.to_arrow_table() if fetch == "arrow" else relation.fetchall() if fetch else None
+        return False, None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        staged = self._staged_in(sql, params)
-        if staged is not None:
-            _over(self.connection, *staged)
-        else:
+        if not self._over_staged(sql, params, "")[0]:
             self.connection.execute(sql, list(params))
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        staged = self._staged_in(sql, params)
-        if staged is not None:
-            return _over(self.connection, *staged, "rows")
-        return self.connection.execute(sql, list(params)).fetchall()
+        staged, rows = self._over_staged(sql, params, "rows")
+        return rows if staged else self.connection.execute(sql, list(params)).fetchall()
 
     def fetch_arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        staged = self._staged_in(sql, params)
-        if staged is not None:
-            return _over(self.connection, *staged, "arrow")
-        return self.connection.sql(sql, params=list(params)).to_arrow_table()
+        staged, table = self._over_staged(sql, params, "arrow")
+        return table if staged else self.connection.sql(sql, params=list(params)).to_arrow_table()
 
     def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows:
