@@ -73,12 +73,14 @@ def free_port() -> int:
 
 def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[float],
            kafka: tuple[str, str] | None = None,
-           kafka_in: tuple[str, str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+           kafka_in: tuple[str, str, str] | None = None, telemetry_port: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The Collector's configuration (YAML is a superset of JSON): OTLP in, spanmetrics with ``buckets_ms`` as its
     explicit histogram (milliseconds, cumulative, flushed every second, ``http.route`` as a dimension), the
     Prometheus exporter out; with ``kafka`` (servers, topic), the spans also to that topic as OTLP protobuf; with
     ``kafka_in`` (servers, topic, group), the spans of that topic (OTLP protobuf, from its first offset, as a
-    member of ``group``) into spanmetrics as well."""
+    member of ``group``) into spanmetrics as well; with ``telemetry_port``, the Collector's own metrics (level
+    basic: ``otelcol_receiver_accepted_spans_total`` and the like) on that port, a cheap scrape beside the
+    exporter's."""
     trace_exporters = ["spanmetrics"]
     exporters: dict[str, Any] = {"prometheus": {"endpoint": f"127.0.0.1:{prom_port}"}}
     receivers: dict[str, Any] = {
@@ -100,6 +102,10 @@ def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[floa
         servers, topic = kafka
         exporters["kafka"] = {"brokers": servers.split(","), "traces": {"topic": topic, "encoding": "otlp_proto"}}
         trace_exporters.append("kafka")
+    telemetry: dict[str, Any] = {"level": "none"}
+    if telemetry_port is not None:
+        prometheus = {"host": "127.0.0.1", "port": telemetry_port}
+        telemetry = {"level": "basic", "readers": [{"pull": {"exporter": {"prometheus": prometheus}}}]}
     return {
         "receivers": receivers,
         "processors": {"batch": {}},
@@ -113,7 +119,7 @@ def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[floa
         },
         "exporters": exporters,
         "service": {
-            "telemetry": {"logs": {"level": "warn"}, "metrics": {"level": "none"}},
+            "telemetry": {"logs": {"level": "warn"}, "metrics": telemetry},
             "pipelines": {
                 "traces": {"receivers": list(receivers), "processors": ["batch"], "exporters": trace_exporters},
                 "metrics": {"receivers": ["spanmetrics"], "exporters": ["prometheus"]},
@@ -124,14 +130,17 @@ def config(grpc_port: int, http_port: int, prom_port: int, buckets_ms: list[floa
 
 class Collector:
     """A running Collector (``with Collector(...) as c``): ``c.grpc`` / ``c.http`` the OTLP endpoints, ``c.metrics``
-    its Prometheus exporter's URL, ``c.proc`` the process. ``kafka``, ``kafka_in``: :func:`config`'s."""
+    its Prometheus exporter's URL, ``c.telemetry`` its own metrics' URL (with ``kafka_in``), ``c.proc`` the
+    process. ``kafka``, ``kafka_in``: :func:`config`'s."""
 
     def __init__(self, work: Path, buckets_ms: list[float], kafka: tuple[str, str] | None = None,
                  kafka_in: tuple[str, str, str] | None = None) -> None:  # fmt: skip
         self.grpc_port, self.http_port, self.prom_port = free_port(), free_port(), free_port()
+        telemetry_port = free_port() if kafka_in is not None else None
+        self.telemetry = None if telemetry_port is None else f"http://127.0.0.1:{telemetry_port}/metrics"
         self.path = work / "otelcol.yaml"
         self.path.write_text(json.dumps(config(self.grpc_port, self.http_port, self.prom_port, buckets_ms, kafka,
-                                               kafka_in)))  # fmt: skip
+                                               kafka_in, telemetry_port)))  # fmt: skip
         self.log = work / "otelcol.log"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.http = f"http://127.0.0.1:{self.http_port}"
