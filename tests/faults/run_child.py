@@ -16,6 +16,7 @@ import sys
 
 import txn_markers
 
+from drainpipe.inputs import expand_inputs
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import EngineOptions
 from drainpipe.pipeline.run import run_local
@@ -27,7 +28,7 @@ def main() -> None:
     slow = "--slow-commit" in sys.argv
     inputs = [a for a in sys.argv[4:] if not a.startswith("--")]
     merge = SqlStore.merge
-    last = os.path.abspath(max(inputs, key=os.path.basename))  # inputs run in name order
+    last = os.path.abspath(expand_inputs(inputs)[-1])  # the input the run reads last (its order)
     size = os.path.getsize(last)  # a text file's progress ends at its size once read whole
     txn_markers.install(0.5 if slow else 0.0,
                         lambda progress: any(p.path == last and p.end in (size, -1) for p in progress))  # fmt: skip
