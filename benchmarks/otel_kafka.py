@@ -103,9 +103,13 @@ def fill_topic(servers: str, topic: str, partitions: int, bodies: list[bytes], s
                         break
                     i = turn[0] % len(bodies)
                     turn[0] += 1
-                conn.request("POST", "/v1/traces", bodies[i], {"Content-Type": "application/x-protobuf"})
-                response = conn.getresponse()
-                response.read()
+                try:
+                    conn.request("POST", "/v1/traces", bodies[i], {"Content-Type": "application/x-protobuf"})
+                    response = conn.getresponse()
+                    response.read()
+                except OSError as exc:  # (a request the Collector may have taken: the counts below catch it)
+                    errors.append(f"posting to the writing Collector failed: {exc}")
+                    break
                 if response.status != 200:
                     errors.append(f"the writing Collector answered {response.status}")
                     break
@@ -147,7 +151,8 @@ def scraped_sum(url: str, name: str) -> int:
     with urllib.request.urlopen(url, timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line and not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] in (name, name + "_total"):
-                total += float(line.rsplit(" ", 1)[1])
+                # the value: the first token after the name and its labels (a timestamp may follow)
+                total += float((line.rsplit("}", 1)[1] if "}" in line else line.split(None, 1)[1]).split()[0])
     return int(total)
 
 

@@ -23,8 +23,6 @@ from .sql import SqlStore
 #: read sorts), and without it DuckDB inserts a merge's rows in parallel and writes them to the file at commit
 #: instead of through the log: a 622k-row merge and close took 0.56 s instead of 0.86 s.
 _DUCKDB_DEFAULTS = {"preserve_insertion_order": "false"}
-#: DuckDB options a store needs whatever its URL says: its merges read staged Arrow tables by replacement scans
-_DUCKDB_REQUIRED = {"python_enable_replacements": "true"}
 
 
 #: the name a statement over a staged relation reads it by (:func:`_over`)
@@ -63,9 +61,9 @@ class DuckDBBackend:
 
         self.path = path
         self._duckdb = duckdb
-        self._config = {**_DUCKDB_DEFAULTS, **(config or {}), **_DUCKDB_REQUIRED}
+        self._config = {**_DUCKDB_DEFAULTS, **(config or {})}
         self._staged: dict[str, pa.Table] = {}
-        self._replacement_scans = True  # (read at open: off with the URL's enable_external_access=false)
+        self._replacement_scans = True  # (read at open: see _binds_by_name)
         #: the DuckDB connection (None until opened); for tests and tools that look at the database themselves
         self.connection: Any = None
 
@@ -80,8 +78,7 @@ class DuckDBBackend:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open duckdb store {self.path!r}: {first_line(exc)}") from None
         try:
-            row = self.connection.execute("SELECT current_setting('enable_external_access')").fetchone()
-            self._replacement_scans = bool(row[0]) if row else True
+            self._replacement_scans = self._binds_by_name()
             if prepare is not None:
                 prepare(not fresh)
             else:
@@ -90,6 +87,19 @@ class DuckDBBackend:
         except duckdb.Error as exc:
             self.connection.close()
             raise StoreError(f"cannot use duckdb store {self.path!r}: {first_line(exc)}") from None
+
+    def _binds_by_name(self) -> bool:
+        """Whether DuckDB binds a Python object by its name here (its replacement scan): on unless the URL turned
+        ``enable_external_access`` or ``python_enable_replacements`` off (the latter a setting since DuckDB 1.1;
+        before, always on)."""
+        for name in ("enable_external_access", "python_enable_replacements"):
+            try:
+                row = self.connection.execute("SELECT current_setting(?)", [name]).fetchone()
+            except self._duckdb.Error:  # (not a setting of this DuckDB: on)
+                continue
+            if row and not row[0]:
+                return False
+        return True
 
     @contextmanager
     def session(self, action: str) -> Iterator[None]:
@@ -126,8 +136,8 @@ class DuckDBBackend:
                     return True, _over(
                         self.connection, re.sub(rf"\b{re.escape(name)}\b", _STAGED_NAME, sql), rows, fetch
                     )
-                # with external access off DuckDB binds no Python object by name: a query over the relation instead
-                # (its failure inside a transaction reads "Current transaction is aborted", whatever the cause)
+                # DuckDB binds no Python object by name here (the URL's options): a query over the relation instead
+                # (a delete's failure inside a transaction may then read "Current transaction is aborted")
                 relation = self.connection.from_arrow(rows).query(name, sql)
                 return True, relation.to_arrow_table() if fetch == "arrow" else relation.fetchall() if fetch else None
         return False, None
