@@ -139,7 +139,9 @@ class DuckDBBackend:
                 # DuckDB binds no Python object by name here (the URL's options): a query over the relation instead
                 # (a delete's failure inside a transaction may then read "Current transaction is aborted")
                 relation = self.connection.from_arrow(rows).query(name, sql)
-                return True, relation.to_arrow_table() if fetch == "arrow" else relation.fetchall() if fetch else None
+                if fetch == "arrow":
+                    return True, relation.to_arrow_table()
+                return True, relation.fetchall() if fetch == "rows" else None
         return False, None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
