@@ -55,10 +55,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from drainpipe.pipeline.definitions import DEFAULT_LATENCY_BUCKETS_MS
-from ingest_load import build_bodies, otlp_bodies
-from otel_load import spans_in
+from otel_load import recorded_exports, spans_in, wait_rusage
 from otelcol import Collector
-from procs import cpu_s, memory_kb
+from pipeline import MemorySampler
+from procs import cpu_s
 
 RESULTS = Path(__file__).parent / "results"
 CONTENDERS = ("drainpipe", "collector")
@@ -127,24 +127,6 @@ def fill_topic(servers: str, topic: str, partitions: int, bodies: list[bytes], s
     return sent
 
 
-class Sampler:
-    """Peak PSS of one process, sampled on a thread until :meth:`stop`."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak_kb, self._done = pid, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.wait(0.25):
-            self.peak_kb = max(self.peak_kb, memory_kb(self.pid, "Pss", "smaps_rollup"))
-
-    def stop(self) -> int:
-        self._done.set()
-        self._thread.join()
-        return self.peak_kb
-
-
 def scraped_sum(url: str, name: str) -> int:
     """The samples of the metric ``name`` (its ``_total`` counter too) at ``url`` summed; 0 before it has one."""
     total = 0.0
@@ -161,35 +143,22 @@ def collector_spans(url: str) -> int:
     return scraped_sum(url, "traces_span_metrics_calls")
 
 
-def wait_rusage(proc: subprocess.Popen[Any]) -> float:
-    """Reap ``proc``; the CPU seconds (user + system) the kernel counted for it and the children it waited for."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_drainpipe(servers: str, topic: str, work: Path, spans: int) -> dict[str, Any]:
     store = work / f"consume-{uuid.uuid4().hex[:6]}.duckdb"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "drainpipe"), "consume", "--bootstrap-servers", servers, "--topic", topic,
-         "--group", f"bench-{uuid.uuid4().hex}", "--encoding", "otlp_proto", "--exit-at-end",
-         "--store", f"duckdb:///{store}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    sampler = Sampler(proc.pid)
-    # both pipes read at once (a full stderr pipe would stall the member); the child reaped below, by wait4
-    out_err: list[str] = ["", ""]
-    readers = [threading.Thread(target=lambda k=k, f=f: out_err.__setitem__(k, f.read()))
-               for k, f in enumerate((proc.stdout, proc.stderr))]  # fmt: skip
-    for r in readers:
-        r.start()
-    cpu = wait_rusage(proc)
-    wall = time.perf_counter() - t0
-    for r in readers:
-        r.join()
-    peak = sampler.stop()
-    out, err = out_err
+    with open(work / "consume.out", "w+") as out_file, open(work / "consume.err", "w+") as err_file:
+        proc = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "drainpipe"), "consume", "--bootstrap-servers", servers, "--topic", topic,
+             "--group", f"bench-{uuid.uuid4().hex}", "--encoding", "otlp_proto", "--exit-at-end",
+             "--store", f"duckdb:///{store}"],
+            stdout=out_file, stderr=err_file, text=True,
+        )  # fmt: skip
+        with MemorySampler(root=proc.pid) as memory:
+            cpu = wait_rusage(proc)  # (the kernel's count: wait4, not communicate)
+            wall = time.perf_counter() - t0
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
     if proc.returncode:
         raise SystemExit(f"consume failed ({proc.returncode}): {err[-2000:]}")
     summary = [line for line in out.splitlines() if line.startswith("read ")][-1]
@@ -197,14 +166,16 @@ def run_drainpipe(servers: str, topic: str, work: Path, spans: int) -> dict[str,
         raise SystemExit(f"consume did not accept the topic's {spans:,} spans: {summary}")
     for path in work.glob(store.name + "*"):
         path.unlink()
-    return {"wall_s": wall, "cpu_s": cpu, "pss_mb": peak / 1024, "summary": summary}
+    return {"wall_s": wall, "cpu_s": cpu, "pss_mb": memory.peak_mb, "summary": summary}
 
 
 def run_collector(servers: str, topic: str, work: Path, spans: int) -> dict[str, Any]:
     group = f"bench-{uuid.uuid4().hex}"
     t0 = time.perf_counter()
-    with Collector(work, list(DEFAULT_LATENCY_BUCKETS_MS), kafka_in=(servers, topic, group)) as reader:
-        sampler = Sampler(reader.proc.pid)
+    with (
+        Collector(work, list(DEFAULT_LATENCY_BUCKETS_MS), kafka_in=(servers, topic, group)) as reader,
+        MemorySampler(root=reader.proc.pid) as memory,
+    ):
         assert reader.telemetry is not None
         accepted = counted = 0
         deadline = time.monotonic() + 600
@@ -231,8 +202,7 @@ def run_collector(servers: str, topic: str, work: Path, spans: int) -> dict[str,
         after = cpu_s(reader.proc.pid)
         time.sleep(SETTLE_S)
         idle, quiet = (after - cpu) / SETTLE_S, (cpu_s(reader.proc.pid) - after) / SETTLE_S
-        peak = sampler.stop()
-    return {"wall_s": wall, "cpu_s": cpu, "pss_mb": peak / 1024, "idle_cpu_per_s": idle, "quiet_cpu_per_s": quiet,
+    return {"wall_s": wall, "cpu_s": cpu, "pss_mb": memory.peak_mb, "idle_cpu_per_s": idle, "quiet_cpu_per_s": quiet,
             "summary": f"spanmetrics counted {counted:,} spans; idle {idle:.3f} CPU-s a second with the scrapes, {quiet:.3f} without"}  # fmt: skip
 
 
@@ -260,7 +230,7 @@ def main() -> int:
             topic, spans = args.topic, args.spans
         else:
             topic = f"otel-kafka-{uuid.uuid4().hex[:8]}"
-            bodies = otlp_bodies(build_bodies(400, args.spans_per_export, False, seed=3, ahead_s=900))
+            bodies = recorded_exports(args.spans_per_export)
             print(f"filling {topic} with {args.spans:,} spans through the Collector's Kafka exporter ...",
                   file=sys.stderr, flush=True)  # fmt: skip
             t0 = time.perf_counter()

@@ -61,6 +61,19 @@ RESULTS = Path(__file__).parent / "results"
 CONTENDERS = ("drainpipe", "collector")
 
 
+def recorded_exports(spans_per_export: int) -> list[bytes]:
+    """The recorded OTLP/HTTP protobuf exports both contenders get: 400 of ``spans_per_export`` events each (with
+    the CLIENT spans about 1.3 times as many spans), from ``ingest_load``'s generator."""
+    return otlp_bodies(build_bodies(400, spans_per_export, False, seed=3, ahead_s=900))
+
+
+def wait_rusage(proc: subprocess.Popen[Any]) -> float:
+    """Reap ``proc``; the CPU seconds (user + system) the kernel counted for it and the children it waited for."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
 def spans_in(body: bytes) -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -153,12 +166,11 @@ class Wrk:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         out = proc.stdout.read().decode() if proc.stdout else ""
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        cpu = wait_rusage(proc)
         line = next((ln for ln in out.splitlines() if ln.startswith("WRK ")), None)
         if line is None:
             raise RuntimeError(f"wrk gave no summary: {out[-500:]}")
-        return json.loads(line[4:]), usage.ru_utime + usage.ru_stime
+        return json.loads(line[4:]), cpu
 
 
 def saturated(name: str, work: Path, bodies: list[bytes], spans: float, args: argparse.Namespace,
@@ -289,7 +301,7 @@ def main() -> int:
     args = ap.parse_args()
     clients = [c for c in args.client.split(",") if c]
     contenders = [c for c in args.contenders.split(",") if c]
-    bodies = otlp_bodies(build_bodies(400, args.spans_per_export, False, seed=3, ahead_s=900))
+    bodies = recorded_exports(args.spans_per_export)
     spans = statistics.fmean(spans_in(b) for b in bodies)
     print(f"{len(bodies)} exports of {spans:.0f} spans on average (SERVER and CLIENT)", flush=True)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {cl: {name: [] for name in contenders} for cl in clients}
