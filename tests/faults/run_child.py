@@ -5,7 +5,7 @@ markers on stdout at the moments a test kills it.
 
 Markers (one line each, flushed): ``start``, ``in-txn N`` (inside checkpoint N's store transaction, before its
 COMMIT; with --slow-commit the transaction then sleeps 0.5 s so a kill lands inside it), ``in-txn final`` (after
-the ``in-txn N`` of the transaction that brings the last input, in name order, to its end: the run's last
+the ``in-txn N`` of the transaction that brings the last input, in the run's own order, to its end: the run's last
 checkpoint, whatever its number), ``committed N``, ``done``.
 """
 
