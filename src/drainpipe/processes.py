@@ -1,7 +1,8 @@
 """Process plumbing shared by the engine's worker processes and the server's helper processes: how many CPUs this
 process may use (:func:`usable_cpus`), how to start them (:func:`mp_context`, :func:`process_pool`), how a child
 dies with its parent (:func:`die_with`), and how a process drainpipe owns from start to exit is tuned
-(:func:`tune_own_process`, :func:`tune_live_process`, :func:`hide_pandas`).
+(:func:`tune_own_process`, :func:`tune_live_process`, :func:`hide_pandas`), and how it gives freed memory back
+(:func:`release_free_memory`).
 
 A leaf module: it imports nothing of drainpipe."""
 
@@ -24,6 +25,7 @@ __all__ = [
     "hide_pandas",
     "mp_context",
     "process_pool",
+    "release_free_memory",
     "tune_live_process",
     "tune_own_process",
     "usable_cpus",
@@ -74,6 +76,34 @@ def tune_live_process() -> None:
         import pyarrow
 
         pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+
+
+def release_free_memory() -> bool:
+    """Give the pages of the heap memory this process has freed back to the system (glibc's ``malloc_trim(0)``):
+    True if some were. A no-op returning False where the C library has no such call. Thread-safe (glibc locks each
+    of its heaps in turn); it blocks for about 10 ms per hundred megabytes given back.
+
+    glibc keeps freed memory for the next allocations: it returns only the free top of a heap, and a process that
+    allocates and frees large buffers on many threads (a batch's columns, a merge's tables) keeps a few hundred
+    megabytes free but resident in its heaps, which its next peak adds to. A page given back costs a page fault
+    when it is used again, so this is for before a peak, not for a loop: ``drainpipe consume`` calls it before
+    each checkpoint (`docs/performance.md`, "`consume`'s peak taken apart")."""
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
+
+
+_trim: list[Any] = []  # the C library's malloc_trim once looked up ([None] where there is none)
+
+
+def _malloc_trim() -> Any:
+    if not _trim:
+        try:
+            import ctypes
+
+            _trim.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+            _trim.append(None)
+    return _trim[0]
 
 
 class _PandasHidden(importlib.abc.MetaPathFinder):

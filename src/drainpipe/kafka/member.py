@@ -70,6 +70,7 @@ from ..errors import DrainpipeError, InputError, StoreError, UsageError, first_l
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
+from ..processes import release_free_memory
 from ..server.disk import DiskWatch
 from .config import ConsumeConfig, kafka_log
 
@@ -327,6 +328,11 @@ class GroupMember:
 
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
+        # A commit is the member's peak (every state row it holds is merged and written at once), and by now the
+        # batches read since the last one have left a few hundred MB free but resident in glibc's heaps: give those
+        # back first, or the commit's peak adds to them. 5M one-event messages: 480-526 MB of PSS at the peak
+        # against 571-632 MB, at the same speed (docs/performance.md, "`consume`'s peak taken apart").
+        release_free_memory()
         self._refresh_positions()
         for part in self.partitions.values():
             part.books.advance(self.definitions.names, Position(part.next))
