@@ -78,32 +78,51 @@ def tune_live_process() -> None:
         pyarrow.set_memory_pool(pyarrow.system_memory_pool())
 
 
-def release_free_memory() -> bool:
-    """Give the pages of the heap memory this process has freed back to the system (glibc's ``malloc_trim(0)``):
-    True if some were. A no-op returning False where the C library has no such call. Thread-safe (glibc locks each
-    of its heaps in turn); it blocks for about 10 ms per hundred megabytes given back.
+def release_free_memory(min_free: int = 0) -> bool:
+    """Give the pages of the heap memory this process has freed back to the system (glibc's ``malloc_trim(0)``),
+    when its heaps hold at least ``min_free`` bytes free, given back before or not (glibc's ``mallinfo2`` does not
+    tell them apart; where it is missing, always):
+    True if some were given back. A no-op returning False where the C library has no ``malloc_trim``. Thread-safe
+    (glibc locks each of its heaps in turn); it blocks for about 10 ms per hundred megabytes given back.
 
     glibc keeps freed memory for the next allocations: it returns only the free top of a heap, and a process that
     allocates and frees large buffers on many threads (a batch's columns, a merge's tables) keeps a few hundred
     megabytes free but resident in its heaps, which its next peak adds to. A page given back costs a page fault
     when it is used again, so this is for before a peak, not for a loop: ``drainpipe consume`` calls it before
-    each checkpoint (`docs/performance.md`, "`consume`'s peak taken apart")."""
-    trim = _malloc_trim()
-    return bool(trim(0)) if trim is not None else False
+    each checkpoint (`docs/performance.md`, "`consume`'s peak taken apart"). It acts on the whole process: only
+    for processes drainpipe owns."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    trim, info = libc
+    if min_free and info is not None and info().fordblks < min_free:
+        return False
+    return bool(trim(0))
 
 
-_trim: list[Any] = []  # the C library's malloc_trim once looked up ([None] where there is none)
+_libc: list[Any] = []  # glibc's (malloc_trim, mallinfo2 or None) once looked up ([None] where there is none)
 
 
-def _malloc_trim() -> Any:
-    if not _trim:
+def _glibc() -> Any:
+    if not _libc:
         try:
             import ctypes
 
-            _trim.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
-            _trim.append(None)
-    return _trim[0]
+            libc = ctypes.CDLL(None)
+            trim = libc.malloc_trim
+            trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+            info = getattr(libc, "mallinfo2", None)  # glibc >= 2.33
+            if info is not None:
+
+                class _Mallinfo2(ctypes.Structure):
+                    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+                info.argtypes, info.restype = [], _Mallinfo2
+            _libc.append((trim, info))
+        except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS; Windows refuses CDLL(None))
+            _libc.append(None)
+    return _libc[0]
 
 
 class _PandasHidden(importlib.abc.MetaPathFinder):

@@ -25,6 +25,7 @@ from drainpipe.errors import InputError
 from drainpipe.inputs import DeadLetter
 from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
 from drainpipe.kafka import ConsumeConfig, GroupMember
+from drainpipe.kafka import member as member_module
 from drainpipe.pipeline import LocalEngine, default_definitions, open_store
 from drainpipe.server import serve_engine_options
 from drainpipe.server.disk import DiskLimits, DiskWatch
@@ -57,7 +58,8 @@ def topic_log(
 
 def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
                script_member: list[GroupMember] | None = None, max_commits: int = 2,
-               disk: DiskWatch | None = None, dead_letter: DeadLetter | None = None) -> GroupMember:  # fmt: skip
+               disk: DiskWatch | None = None, dead_letter: DeadLetter | None = None,
+               release_memory: bool = False) -> GroupMember:  # fmt: skip
     """Run one member on ``consumer`` into the store at ``url`` until it holds only partitions read to their end
     (``exit_at_end``); the store and engine closed after. ``script_member`` receives the member first (for a script
     that looks at it)."""
@@ -66,7 +68,7 @@ def run_member(url: str, consumer: FakeConsumer, checkpoint_s: float = 60.0,
     store.register(definitions.all)
     engine = LocalEngine(definitions, store, serve_engine_options(l2_flush_s=checkpoint_s))
     config = ConsumeConfig("fake:9092", ["t"], "g", checkpoint_s=checkpoint_s, max_commits=max_commits,
-                           exit_at_end=True)  # fmt: skip
+                           exit_at_end=True, release_memory=release_memory)  # fmt: skip
     member = GroupMember(config, engine, definitions, consumer, dead_letter, disk)
     if script_member is not None:
         script_member.append(member)
@@ -229,6 +231,36 @@ def test_a_store_behind_pauses_the_partitions_and_resumes_them(tmp_path: Path) -
     member = run_member(url, FakeConsumer(log, script, fetch=10), checkpoint_s=0.0, max_commits=1)
     assert member.pauses >= 1 and paused_calls
     assert stored_calls(url) == calls
+
+
+def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_process_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``release_memory`` (``drainpipe consume``), the heap's trim runs before every checkpoint that commits
+    events, asking for the member's threshold; without it (a program that embeds a member), never."""
+    asked: list[tuple[int, int]] = []
+    members: list[GroupMember] = []
+    monkeypatch.setattr(
+        member_module,
+        "release_free_memory",
+        lambda min_free=0: asked.append((min_free, members[-1].driver.uncommitted)),
+    )
+    log, calls = topic_log(2, 300, seed=11)
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0, P1)
+
+    owned = f"duckdb:///{tmp_path / 'owned.duckdb'}"
+    run_member(owned, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members,
+               release_memory=True)  # fmt: skip
+    assert stored_calls(owned) == calls
+    assert len(asked) >= 2  # a checkpoint every round: 600 messages, 50 a fetch
+    assert all(min_free == member_module.RELEASE_FREE_BYTES and uncommitted > 0 for min_free, uncommitted in asked)
+    asked.clear()
+    embedded = f"duckdb:///{tmp_path / 'embedded.duckdb'}"
+    run_member(embedded, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members)
+    assert stored_calls(embedded) == calls and asked == []
 
 
 def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is_freed(tmp_path: Path) -> None:

@@ -208,7 +208,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
                            encoding=args.encoding, session_timeout_s=args.session_timeout_s,
                            max_poll_interval_s=args.max_poll_interval_s, checkpoint_s=args.checkpoint_s,
                            exit_at_end=args.exit_at_end, client=client, spans=definitions.spans,
-                           endpoints=definitions.endpoints, remote_write=remote_write_options(args))  # fmt: skip
+                           endpoints=definitions.endpoints, remote_write=remote_write_options(args),
+                           release_memory=args.own_process)  # fmt: skip
     config.consumer_settings()  # refuses a bad encoding before anything starts
     result = consume(config, store_url=args.store, definitions=definitions, dead_letter=args.dead_letter,
                      announce=lambda line: print(line, flush=True), host=args.host, port=args.port,

@@ -86,6 +86,8 @@ CONSUME_MESSAGES = 50_000
 #: this bounds the batch: 50,000 messages of 100 events held 500 MB. (4 MB made a topic of 100-event messages
 #: 0.85x as fast, from a batch's fixed costs paid four times as often; 16 MB was as fast as before)
 POLL_BYTES = 16 << 20
+#: the free heap memory (bytes) worth giving back before a checkpoint (``ConsumeConfig.release_memory``)
+RELEASE_FREE_BYTES = 64 << 20
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
 #: how long leaving the group may take before the consumer is closed anyway (see GroupMember._leave)
@@ -327,12 +329,15 @@ class GroupMember:
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint(self) -> None:
-        """Commit everything fed so far with each partition's next offset (not waiting for the store)."""
-        # A commit is the member's peak (every state row it holds is merged and written at once), and by now the
-        # batches read since the last one have left a few hundred MB free but resident in glibc's heaps: give those
-        # back first, or the commit's peak adds to them. 5M one-event messages: 480-526 MB of PSS at the peak
-        # against 571-632 MB, at the same speed (docs/performance.md, "`consume`'s peak taken apart").
-        release_free_memory()
+        """Commit everything fed so far with each partition's next offset (not waiting for the store; with
+        ``release_memory``, it first blocks for the heap's trim, about 10 ms per 100 MB given back)."""
+        if self.config.release_memory and self.driver.uncommitted:
+            # A commit is the member's peak (every state row it holds is merged and written at once), and by now
+            # the batches read since the last one have left a few hundred MB free but resident in glibc's heaps:
+            # give those back first, or the commit's peak adds to them. 5M one-event messages: 480-526 MB of PSS at
+            # the peak against 571-632 MB, at the same speed (docs/performance.md, "`consume`'s peak taken apart").
+            # Only when that much is free: a page given back faults in again when it is reused.
+            release_free_memory(RELEASE_FREE_BYTES)
         self._refresh_positions()
         for part in self.partitions.values():
             part.books.advance(self.definitions.names, Position(part.next))
