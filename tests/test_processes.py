@@ -7,8 +7,11 @@ import platform
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+
+from drainpipe.processes import HeapWatch, resident_bytes
 
 #: a fresh process whose heap holds ~200 MB freed but resident: 400 blocks of 512 KB allocated with glibc's mmap
 #: threshold at 1 MB (so they come from the heap, not from mmap), all freed but the last, which pins the heap's top
@@ -43,3 +46,61 @@ def test_freed_heap_memory_goes_back_to_the_system_when_enough_is_free() -> None
     before, held, after_held, released, after = out.stdout.split()
     assert held == "False" and int(before) - int(after_held) < 50, out.stdout  # less free than asked: kept
     assert released == "True" and int(before) - int(after) >= 150, out.stdout  # ~200 MB was free but resident
+
+
+class FakeProcess:
+    """A resident set the test sets, and trims that give back what it says is free."""
+
+    def __init__(self) -> None:
+        self.rss, self.free, self.trims = 100 << 20, 0, 0
+        self.trimmed = threading.Event()
+
+    def resident(self) -> int:
+        return self.rss
+
+    def release(self) -> bool:
+        self.trims += 1
+        self.rss -= self.free
+        given, self.free = self.free > 0, 0
+        self.trimmed.set()
+        return given
+
+
+def test_the_heap_watch_trims_once_per_step_of_growth_measured_from_the_last_trim_or_the_lowest_point() -> None:
+    proc = FakeProcess()
+    heap = HeapWatch(32 << 20, resident=proc.resident, release=proc.release)
+    proc.rss += 31 << 20
+    assert not heap.check() and proc.trims == 0  # less than a step: nothing
+    proc.rss, proc.free = proc.rss + (1 << 20), 20 << 20
+    assert heap.check() and proc.trims == 1 and heap.trims == 1  # a step: trimmed, 20 MB back
+    assert not heap.check() and proc.trims == 1  # the growth is measured from after the trim
+    proc.rss += 31 << 20
+    assert not heap.check() and proc.trims == 1
+    proc.rss -= 40 << 20  # freed at a heap's top: the next step is measured from the lowest point
+    assert not heap.check()
+    proc.rss += 32 << 20
+    assert not heap.check() and proc.trims == 2 and heap.trims == 1  # a trim that gave nothing back
+    assert not heap.release() and proc.trims == 3  # before a peak: whatever the growth
+
+
+def test_the_heap_watch_thread_checks_until_stopped() -> None:
+    proc = FakeProcess()
+    heap = HeapWatch(1 << 20, resident=proc.resident, release=proc.release)
+    heap.start(0.001)
+    proc.free, proc.rss = 4 << 20, proc.rss + (8 << 20)
+    assert proc.trimmed.wait(30)
+    heap.stop()
+    trims = proc.trims
+    proc.rss += 8 << 20  # (stop joined the thread: nothing checks any more)
+    assert proc.trims == trims and heap.trims == 1
+    heap.stop()  # idempotent
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/statm")
+def test_the_resident_set_is_read_from_the_kernel() -> None:
+    before = resident_bytes()
+    block = bytearray(64 << 20)  # (a page of it written in each: resident whatever the allocator gave)
+    block[:: os.sysconf("SC_PAGE_SIZE")] = b"x" * len(range(0, len(block), os.sysconf("SC_PAGE_SIZE")))
+    after = resident_bytes()
+    assert before is not None and after is not None and after - before >= 60 << 20
+    del block

@@ -341,3 +341,18 @@ def test_kafka_encodings_and_the_stream_input_are_checked_in_one_place_each(caps
     assert main(["stream", "--checkpoint", "ck", "--bootstrap-servers", "h:1", "--topic", "t", "--max-messages", "-1"]
                 ) == EXIT_USER  # fmt: skip
     assert "--max-messages must be 0 (no bound) or more" in capsys.readouterr().err
+
+
+def test_the_live_commands_load_no_parquet_reader_and_no_snappy() -> None:
+    """``serve`` and ``consume`` never read Parquet, and write snappy only for ``--remote-write``: the libraries load
+    at their first use, not with the commands (10 MB and 3 MB of each process's PSS, against the live path's memory
+    budgets); a Parquet file is still read where one is given."""
+    code = (
+        "import sys\n"
+        "import drainpipe.cli, drainpipe.kafka.command, drainpipe.server.commands, drainpipe.server\n"
+        "print(sorted(m for m in ('pyarrow.parquet', 'pyarrow.fs', 'cramjam') if m in sys.modules))\n"
+        "from drainpipe.inputs.formats import format_of\n"
+        "print(format_of('x.parquet')[0].name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "parquet"], done.stdout + done.stderr

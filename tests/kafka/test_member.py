@@ -236,15 +236,29 @@ def test_a_store_behind_pauses_the_partitions_and_resumes_them(tmp_path: Path) -
 def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_process_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With ``release_memory`` (``drainpipe consume``), the heap's trim runs before every checkpoint that commits
-    events, asking for the member's threshold; without it (a program that embeds a member), never."""
-    asked: list[tuple[int, int]] = []
+    """With ``release_memory`` (``drainpipe consume``), the member watches its heap from the start of its run to
+    its close (a thread that trims as the resident set grows) and trims before every checkpoint that commits
+    events; without it (a program that embeds a member), neither."""
+    watches: list[FakeHeap] = []
     members: list[GroupMember] = []
-    monkeypatch.setattr(
-        member_module,
-        "release_free_memory",
-        lambda min_free=0: asked.append((min_free, members[-1].driver.uncommitted)),
-    )
+
+    class FakeHeap:
+        def __init__(self, step: int) -> None:
+            self.step, self.every_s, self.stopped, self.released = step, 0.0, False, []
+            watches.append(self)
+
+        def start(self, every_s: float) -> None:
+            self.every_s = every_s
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def release(self) -> bool:
+            assert self.every_s and not self.stopped  # (watched while it reads)
+            self.released.append(members[-1].driver.uncommitted)
+            return True
+
+    monkeypatch.setattr(member_module, "HeapWatch", FakeHeap)
     log, calls = topic_log(2, 300, seed=11)
 
     def script(c: FakeConsumer) -> None:
@@ -255,12 +269,14 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     run_member(owned, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members,
                release_memory=True)  # fmt: skip
     assert stored_calls(owned) == calls
-    assert len(asked) >= 2  # a checkpoint every round: 600 messages, 50 a fetch
-    assert all(min_free == member_module.RELEASE_FREE_BYTES and uncommitted > 0 for min_free, uncommitted in asked)
-    asked.clear()
+    [heap] = watches
+    assert heap.step == member_module.HEAP_STEP_BYTES and heap.every_s == member_module.HEAP_EVERY_S
+    assert heap.stopped  # (its thread ends with the member)
+    assert len(heap.released) >= 2 and all(n > 0 for n in heap.released)  # a checkpoint every round of 50 a fetch
+    watches.clear()
     embedded = f"duckdb:///{tmp_path / 'embedded.duckdb'}"
     run_member(embedded, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members)
-    assert stored_calls(embedded) == calls and asked == []
+    assert stored_calls(embedded) == calls and watches == []
 
 
 def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is_freed(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ from ..errors import DrainpipeError, InputError, StoreError, UsageError, first_l
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
-from ..processes import release_free_memory
+from ..processes import HeapWatch
 from ..server.disk import DiskWatch
 from .config import ConsumeConfig, kafka_log
 
@@ -86,8 +86,11 @@ CONSUME_MESSAGES = 50_000
 #: this bounds the batch: 50,000 messages of 100 events held 500 MB. (4 MB made a topic of 100-event messages
 #: 0.85x as fast, from a batch's fixed costs paid four times as often; 16 MB was as fast as before)
 POLL_BYTES = 16 << 20
-#: the free heap memory (bytes) worth giving back before a checkpoint (``ConsumeConfig.release_memory``)
-RELEASE_FREE_BYTES = 64 << 20
+#: with ``ConsumeConfig.release_memory``, the heap's freed memory is given back before each checkpoint and whenever
+#: the resident set has grown by HEAP_STEP_BYTES since the last time, looked at every HEAP_EVERY_S seconds
+#: (:class:`~drainpipe.processes.HeapWatch`; docs/performance.md, "`consume`'s peak taken apart")
+HEAP_STEP_BYTES = 32 << 20
+HEAP_EVERY_S = 0.05
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
 #: how long leaving the group may take before the consumer is closed anyway (see GroupMember._leave)
@@ -130,6 +133,8 @@ class GroupMember:
         self.assignments = self.revocations = self.losses = self.rewinds = 0
         self.pauses = 0  # times the partitions were paused because the store was behind (or its disk full)
         self.disk_pauses = 0  # of those, times a volume under the refusal threshold paused them
+        #: gives the heap's freed memory back (``release_memory``: the command's own process), else None
+        self.heap = HeapWatch(HEAP_STEP_BYTES) if config.release_memory else None
         self.driver = Driver(definitions, engine, ingest=engine.ingest, dead_letter=dead_letter,
                              checkpoint_s=config.checkpoint_s, max_commits=config.max_commits,
                              on_commit=self._stored)  # fmt: skip
@@ -177,6 +182,8 @@ class GroupMember:
         consumer.subscribe(self.config.topics, on_assign=self._assigned, on_revoke=self._revoked,
                            on_lost=self._lost)  # fmt: skip
         shown = time.monotonic()
+        if self.heap is not None:
+            self.heap.start(HEAP_EVERY_S)
         try:
             while True:
                 while not self._stop.is_set() and not self.failed and not self._at_end():
@@ -207,6 +214,8 @@ class GroupMember:
                 self._leave()
             finally:
                 self._consumer.close()
+                if self.heap is not None:
+                    self.heap.stop()
 
     def _leave(self) -> None:
         """Unsubscribe, and serve the rebalance that follows here, by polling, until nothing is assigned (at most
@@ -331,13 +340,11 @@ class GroupMember:
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store; with
         ``release_memory``, it first blocks for the heap's trim, about 10 ms per 100 MB given back)."""
-        if self.config.release_memory and self.driver.uncommitted:
+        if self.heap is not None and self.driver.uncommitted:
             # A commit is the member's peak (every state row it holds is merged and written at once), and by now
-            # the batches read since the last one have left a few hundred MB free but resident in glibc's heaps:
-            # give those back first, or the commit's peak adds to them. 5M one-event messages: 480-526 MB of PSS at
-            # the peak against 571-632 MB, at the same speed (docs/performance.md, "`consume`'s peak taken apart").
-            # Only when that much is free: a page given back faults in again when it is reused.
-            release_free_memory(RELEASE_FREE_BYTES)
+            # the batches read since the last one have left free memory resident in glibc's heaps: give it back
+            # first, or the commit's peak adds to it (docs/performance.md, "`consume`'s peak taken apart").
+            self.heap.release()
         self._refresh_positions()
         for part in self.partitions.values():
             part.books.advance(self.definitions.names, Position(part.next))

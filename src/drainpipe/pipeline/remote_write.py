@@ -48,7 +48,6 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import cramjam
 import numpy as np
 
 from ..errors import RemoteWriteError
@@ -241,6 +240,8 @@ class RemoteWriter:
                     exemplar = series_of(metric, entity, label).exemplars.add(value=latency, timestamp=minute)
                     exemplar.labels.add(name="trace_id", value=trace)
                     exemplars += 1
+        import cramjam  # (here, not at the top: a process that never writes remotely saves its 3 MB)
+
         body = cramjam.snappy.compress_raw(request.SerializeToString())
         status = self._deliver(bytes(body))
         with self._lock:

@@ -5,11 +5,10 @@ same blocks of ``batch_rows`` rows."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ...errors import InputError
 from ..batches import EventBatch
@@ -21,11 +20,22 @@ from ..schema import EVENT_SCHEMA, FIELDS, TRACE_ID
 from ..validation import validate_columns, warning_counts
 from .base import Format
 
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
 __all__ = ["Parquet", "parquet_batch", "parquet_columns", "open_parquet"]
 
 #: most blocks per part (a row group with more is cut into near-equal parts)
 PARQUET_PART_BLOCKS = 16
 _ROW_GROUP_ROWS = 1 << 20
+
+
+def _parquet() -> Any:
+    """``pyarrow.parquet``, imported at its first use: the live commands, which never read Parquet, would each hold
+    10 MB more of PSS for it (its library's pages), against their memory budgets (docs/performance.md)."""
+    import pyarrow.parquet
+
+    return pyarrow.parquet
 
 
 class Parquet(Format):
@@ -52,7 +62,7 @@ class Parquet(Format):
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
         rows, pending, buffered = 0, [], 0
-        with pq.ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
+        with _parquet().ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
             for batch in batches:
                 pending.append(batch)
                 buffered += batch.num_rows
@@ -105,7 +115,7 @@ def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], of
 
 def _parquet_parts(path: str, batch_rows: int, start_row: int, workers: int, nbytes: int) -> list[Part]:
     try:
-        md = pq.ParquetFile(path).metadata
+        md = _parquet().ParquetFile(path).metadata
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"cannot read {path!r}: {e}") from e
     sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
@@ -167,7 +177,7 @@ def open_parquet(path: str) -> pq.ParquetFile:
     from the dictionary costs less than building every string from the pages (reading and decoding 5M events:
     0.118 -> 0.087 us/event of CPU). The rows are the same; the reader then ends a batch at every row group (the
     dictionary changes), which :func:`_parquet_blocks` re-cuts anyway."""
-    pf = pq.ParquetFile(path)
+    pf = _parquet().ParquetFile(path)
     md = pf.metadata
     if md.num_row_groups == 0:
         return pf
@@ -181,7 +191,7 @@ def open_parquet(path: str) -> pq.ParquetFile:
         and schema.get_field_index(name) >= 0
         and pa.types.is_string(schema.field(name).type)
     ]
-    return pq.ParquetFile(path, read_dictionary=wanted, metadata=md) if wanted else pf
+    return _parquet().ParquetFile(path, read_dictionary=wanted, metadata=md) if wanted else pf
 
 
 _TEXT_COLUMNS = tuple(f.name for f in EVENT_SCHEMA if pa.types.is_string(f.type))
