@@ -66,21 +66,32 @@ class FakeProcess:
         return given
 
 
-def test_the_heap_watch_trims_once_per_step_of_growth_measured_from_the_last_trim_or_the_lowest_point() -> None:
+def test_the_heap_watch_trims_once_per_step_of_growth_over_the_highest_level_a_trim_left() -> None:
     proc = FakeProcess()
     heap = HeapWatch(32 << 20, resident=proc.resident, release=proc.release)
     proc.rss += 31 << 20
     assert not heap.check() and proc.trims == 0  # less than a step: nothing
     proc.rss, proc.free = proc.rss + (1 << 20), 20 << 20
     assert heap.check() and proc.trims == 1 and heap.trims == 1  # a step: trimmed, 20 MB back
-    assert not heap.check() and proc.trims == 1  # the growth is measured from after the trim
-    proc.rss += 31 << 20
-    assert not heap.check() and proc.trims == 1
-    proc.rss -= 40 << 20  # freed at a heap's top: the next step is measured from the lowest point
-    assert not heap.check()
-    proc.rss += 32 << 20
+    assert not heap.check() and proc.trims == 1  # (the level it left: 112 MB)
+    proc.rss -= 40 << 20  # freed at a heap's top: the level stays where the trim left it
+    proc.rss += 71 << 20
+    assert not heap.check() and proc.trims == 1  # 143 MB: less than a step over 112
+    proc.rss += 1 << 20
     assert not heap.check() and proc.trims == 2 and heap.trims == 1  # a trim that gave nothing back
+    proc.rss += 31 << 20
+    assert not heap.check() and proc.trims == 2  # its level is the new one (144 MB)
     assert not heap.release() and proc.trims == 3  # before a peak: whatever the growth
+
+
+def test_the_heap_watch_trims_only_while_told_a_peak_is_under_way() -> None:
+    proc, peak = FakeProcess(), [False]
+    heap = HeapWatch(32 << 20, lambda: peak[0], resident=proc.resident, release=proc.release)
+    proc.rss, proc.free = proc.rss + (64 << 20), 48 << 20
+    assert not heap.check() and proc.trims == 0  # grown, but no peak
+    peak[0] = True
+    assert heap.check() and proc.trims == 1
+    assert heap.release() is False and proc.trims == 2  # (release asks no one)
 
 
 def test_the_heap_watch_thread_checks_until_stopped() -> None:

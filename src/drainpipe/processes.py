@@ -116,26 +116,31 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class HeapWatch:
-    """Gives the heap's freed memory back (:func:`release_free_memory`) before a peak (:meth:`release`) and whenever
-    the resident set has grown by ``step`` bytes since the last time (:meth:`check`; :meth:`start` runs it on a
-    thread of its own every ``every_s`` seconds until :meth:`stop`).
+    """Gives the heap's freed memory back (:func:`release_free_memory`) before a peak (:meth:`release`) and, while
+    ``when()`` says a peak is under way (always, without ``when``), each time the resident set has grown by ``step``
+    bytes since the last trim (:meth:`check`; :meth:`start` runs it on a thread of its own every ``every_s`` seconds
+    until :meth:`stop`).
 
-    Why growth and not a period: a process that reads batches and merges states frees buffers of every size on
-    several threads, and glibc keeps them in the heaps they came from, so the resident set climbs by the free memory
-    it holds as well as by what is in use. A trim on a period gives back pages that the next batch faults in again;
-    one per ``step`` of growth costs a trim per ``step`` of new memory at most. Why a thread: the peak is a commit's
-    merge on the persist thread, which allocates and frees its tables while the caller waits for it; only a watcher
-    beside it sees the growth in time. For processes drainpipe owns (the trim acts on the whole process).
-    Thread-safe; :meth:`release` and :meth:`check` block for the trim (about 10 ms per 100 MB given back)."""
+    Why: a process that reads batches and merges states frees buffers of every size on several threads, and glibc
+    keeps them in the heaps they came from, so a peak's resident set holds the free memory besides what is in use.
+    Why only during a peak, in steps of growth: a page given back costs a page fault when it is used again, and a
+    process that reads batches reuses most of its free memory at once (trimming all along cost ``consume`` a sixth
+    of its CPU on messages of 100 events). Why a thread: ``consume``'s peak is a commit's merge on the persist
+    thread, which allocates and frees its tables while the member reads on; only a watcher beside it sees the growth
+    in time. For processes drainpipe owns (the trim acts on the whole process). Thread-safe (``when`` is called on
+    the watching thread); :meth:`release` and :meth:`check` block for the trim (about 10 ms per 100 MB given
+    back)."""
 
-    def __init__(self, step: int, *, resident: Callable[[], int | None] = resident_bytes,
+    def __init__(self, step: int, when: Callable[[], bool] | None = None, *,
+                 resident: Callable[[], int | None] = resident_bytes,
                  release: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self.step = step
         self.trims = 0  # calls that gave memory back
+        self._when = when
         self._resident = resident
         self._release = release if release is not None else release_free_memory
         self._lock = threading.Lock()  # guards _base, trims and the trim itself (one at a time)
-        self._base = resident() or 0
+        self._base = resident() or 0  # the highest resident set a trim left: growth is measured from it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,10 +151,7 @@ class HeapWatch:
         if now is None:
             return False
         with self._lock:
-            if now < self._base:  # (freed at a heap's top): measure the growth from here
-                self._base = now
-                return False
-            if now - self._base < self.step:
+            if now - self._base < self.step or (self._when is not None and not self._when()):
                 return False
             return self._release_locked()
 
@@ -161,7 +163,7 @@ class HeapWatch:
     def _release_locked(self) -> bool:
         released = self._release()
         self.trims += released
-        self._base = self._resident() or 0
+        self._base = max(self._base, self._resident() or 0)
         return released
 
     def start(self, every_s: float) -> None:

@@ -237,14 +237,14 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``release_memory`` (``drainpipe consume``), the member watches its heap from the start of its run to
-    its close (a thread that trims as the resident set grows) and trims before every checkpoint that commits
-    events; without it (a program that embeds a member), neither."""
+    its close (a thread that trims as the resident set grows while a commit is in flight) and trims before every
+    checkpoint that commits events; without it (a program that embeds a member), neither."""
     watches: list[FakeHeap] = []
     members: list[GroupMember] = []
 
     class FakeHeap:
-        def __init__(self, step: int) -> None:
-            self.step, self.every_s, self.stopped, self.released = step, 0.0, False, []
+        def __init__(self, step: int, when: Callable[[], bool]) -> None:
+            self.step, self.when, self.every_s, self.stopped, self.released = step, when, 0.0, False, []
             watches.append(self)
 
         def start(self, every_s: float) -> None:
@@ -261,9 +261,13 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     monkeypatch.setattr(member_module, "HeapWatch", FakeHeap)
     log, calls = topic_log(2, 300, seed=11)
 
+    looks: list[tuple[bool, int]] = []  # (whether the watch would trim, the commits in flight) at each fetch
+
     def script(c: FakeConsumer) -> None:
         if c.calls == 1:
             c.assign(P0, P1)
+        if watches and members:
+            looks.append((watches[-1].when(), members[-1].driver.queued))
 
     owned = f"duckdb:///{tmp_path / 'owned.duckdb'}"
     run_member(owned, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members,
@@ -273,6 +277,7 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     assert heap.step == member_module.HEAP_STEP_BYTES and heap.every_s == member_module.HEAP_EVERY_S
     assert heap.stopped  # (its thread ends with the member)
     assert len(heap.released) >= 2 and all(n > 0 for n in heap.released)  # a checkpoint every round of 50 a fetch
+    assert looks and all(when == (queued > 0) for when, queued in looks), looks  # trims while a commit is in flight
     watches.clear()
     embedded = f"duckdb:///{tmp_path / 'embedded.duckdb'}"
     run_member(embedded, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members)

@@ -86,9 +86,10 @@ CONSUME_MESSAGES = 50_000
 #: this bounds the batch: 50,000 messages of 100 events held 500 MB. (4 MB made a topic of 100-event messages
 #: 0.85x as fast, from a batch's fixed costs paid four times as often; 16 MB was as fast as before)
 POLL_BYTES = 16 << 20
-#: with ``ConsumeConfig.release_memory``, the heap's freed memory is given back before each checkpoint and whenever
-#: the resident set has grown by HEAP_STEP_BYTES since the last time, looked at every HEAP_EVERY_S seconds
-#: (:class:`~drainpipe.processes.HeapWatch`; docs/performance.md, "`consume`'s peak taken apart")
+#: with ``ConsumeConfig.release_memory``, the heap's freed memory is given back before each checkpoint and, while a
+#: commit is in flight, whenever the resident set has grown by HEAP_STEP_BYTES since the last trim, looked at every
+#: HEAP_EVERY_S seconds (:class:`~drainpipe.processes.HeapWatch`; docs/performance.md, "`consume`'s peak taken
+#: apart")
 HEAP_STEP_BYTES = 32 << 20
 HEAP_EVERY_S = 0.05
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
@@ -134,7 +135,9 @@ class GroupMember:
         self.pauses = 0  # times the partitions were paused because the store was behind (or its disk full)
         self.disk_pauses = 0  # of those, times a volume under the refusal threshold paused them
         #: gives the heap's freed memory back (``release_memory``: the command's own process), else None
-        self.heap = HeapWatch(HEAP_STEP_BYTES) if config.release_memory else None
+        # (a commit in flight is the peak: the watcher trims then; it reads the driver's queue without a lock, and a
+        # stale answer only moves a trim by one look)
+        self.heap = HeapWatch(HEAP_STEP_BYTES, self._committing) if config.release_memory else None
         self.driver = Driver(definitions, engine, ingest=engine.ingest, dead_letter=dead_letter,
                              checkpoint_s=config.checkpoint_s, max_commits=config.max_commits,
                              on_commit=self._stored)  # fmt: skip
@@ -336,6 +339,9 @@ class GroupMember:
             self.dead_letter.write(source, offset, message_text(raw) if isinstance(raw, bytes) else raw, reason)
 
     # ------------------------------------------------------------------ checkpoints
+
+    def _committing(self) -> bool:
+        return self.driver.queued > 0
 
     def _checkpoint(self) -> None:
         """Commit everything fed so far with each partition's next offset (not waiting for the store; with
