@@ -126,10 +126,10 @@ class HeapWatch:
     Why only during a peak, in steps of growth: a page given back costs a page fault when it is used again, and a
     process that reads batches reuses most of its free memory at once (trimming all along cost ``consume`` a sixth
     of its CPU on messages of 100 events). Why a thread: ``consume``'s peak is a commit's merge on the persist
-    thread, which allocates and frees its tables while the member reads on; only a watcher beside it sees the growth
-    in time. For processes drainpipe owns (the trim acts on the whole process). Thread-safe (``when`` is called on
-    the watching thread); :meth:`release` and :meth:`check` block for the trim (about 10 ms per 100 MB given
-    back)."""
+    thread, which allocates and frees its tables while the member waits for it; only a watcher beside it sees the
+    growth in time. For processes drainpipe owns (the trim acts on the whole process). Thread-safe (``when`` is
+    called on the watching thread); :meth:`release` and :meth:`check` block for the trim (about 10 ms per 100 MB
+    given back)."""
 
     def __init__(self, step: int, when: Callable[[], bool] | None = None, *,
                  resident: Callable[[], int | None] = resident_bytes,

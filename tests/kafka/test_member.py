@@ -237,8 +237,8 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``release_memory`` (``drainpipe consume``), the member watches its heap from the start of its run to
-    its close (a thread that trims as the resident set grows while a commit is in flight) and trims before every
-    checkpoint that commits events; without it (a program that embeds a member), neither."""
+    its close (a thread that trims as the resident set grows while a commit is in flight and nothing is read) and
+    trims before every checkpoint that commits events; without it (a program that embeds a member), neither."""
     watches: list[FakeHeap] = []
     members: list[GroupMember] = []
 
@@ -261,13 +261,13 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     monkeypatch.setattr(member_module, "HeapWatch", FakeHeap)
     log, calls = topic_log(2, 300, seed=11)
 
-    looks: list[tuple[bool, int]] = []  # (whether the watch would trim, the commits in flight) at each fetch
+    looks: list[tuple[bool, int, int]] = []  # at each fetch: the watch would trim, commits in flight, last poll's
 
     def script(c: FakeConsumer) -> None:
         if c.calls == 1:
             c.assign(P0, P1)
-        if watches and members:
-            looks.append((watches[-1].when(), members[-1].driver.queued))
+        if watches and members and c.returned:
+            looks.append((watches[-1].when(), members[-1].driver.queued, c.returned[-1][0]))
 
     owned = f"duckdb:///{tmp_path / 'owned.duckdb'}"
     run_member(owned, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members,
@@ -277,7 +277,10 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     assert heap.step == member_module.HEAP_STEP_BYTES and heap.every_s == member_module.HEAP_EVERY_S
     assert heap.stopped  # (its thread ends with the member)
     assert len(heap.released) >= 2 and all(n > 0 for n in heap.released)  # a checkpoint every round of 50 a fetch
-    assert looks and all(when == (queued > 0) for when, queued in looks), looks  # trims while a commit is in flight
+    # the watcher trims only while a commit is in flight and nothing is read: never while polls bring messages
+    assert any(queued and polled for _, queued, polled in looks), looks  # (commits in flight while reading)
+    assert not any(when for when, queued, polled in looks if polled or not queued), looks
+    assert not heap.when()  # (nothing in flight at the end)
     watches.clear()
     embedded = f"duckdb:///{tmp_path / 'embedded.duckdb'}"
     run_member(embedded, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members)
