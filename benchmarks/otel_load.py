@@ -337,7 +337,7 @@ def main() -> int:
         for name in contenders:
             m = medians[client][name]
             print(f"| {client} | {name} | {m['spans_per_s']:,.0f} | {m['cpu_cores']:.2f} | {m['spans_per_cpu_s']:,.0f} | "
-                  f"{m['peak_pss_mb']:.0f} | {m['peak_rss_mb']:.0f} | {m['p50_ms']} | {m['p99_ms']} | "
+                  f"{m['peak_pss_mb']:.0f} | {m['peak_rss_mb']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
                   f"{m['client_cpu_cores']:.2f} |")  # fmt: skip
         if set(CONTENDERS) <= set(contenders):
             ratios[client] = (

@@ -80,26 +80,22 @@ def tune_live_process() -> None:
         pyarrow.set_memory_pool(pyarrow.system_memory_pool())
 
 
-def release_free_memory(min_free: int = 0) -> bool:
-    """Give the pages of the heap memory this process has freed back to the system (glibc's ``malloc_trim(0)``),
-    when its heaps hold at least ``min_free`` bytes free, given back before or not (glibc's ``mallinfo2`` does not
-    tell them apart; where it is missing, always):
+def release_free_memory() -> bool:
+    """Give the pages of the heap memory this process has freed back to the system (glibc's ``malloc_trim(0)``):
     True if some were given back. A no-op returning False where the C library has no ``malloc_trim``. Thread-safe
     (glibc locks each of its heaps in turn); it blocks for about 10 ms per hundred megabytes given back.
 
     glibc keeps freed memory for the next allocations: it returns only the free top of a heap, and a process that
     allocates and frees large buffers on many threads (a batch's columns, a merge's tables) keeps a few hundred
     megabytes free but resident in its heaps, which its next peak adds to. A page given back costs a page fault
-    when it is used again, so this is for before a peak and for when the resident set has grown, not for every turn
-    of a loop (:class:`HeapWatch`: ``drainpipe consume``, `docs/performance.md`, "`consume`'s peak taken apart").
-    It acts on the whole process: only for processes drainpipe owns."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    trim, info = libc
-    if min_free and info is not None and info().fordblks < min_free:
-        return False
-    return bool(trim(0))
+    when it is used again, so this is for before a peak and during one, not for every turn of a loop
+    (:class:`HeapWatch`: ``drainpipe consume``, `docs/performance.md`, "`consume`'s peak taken apart"). It acts on
+    the whole process: only for processes drainpipe owns."""
+    trim = _malloc_trim()
+    return False if trim is None else bool(trim(0))
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def resident_bytes() -> int | None:
@@ -112,24 +108,25 @@ def resident_bytes() -> int | None:
         return None
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 class HeapWatch:
     """Gives the heap's freed memory back (:func:`release_free_memory`) before a peak (:meth:`release`) and, while
     ``when()`` says a peak is under way (always, without ``when``), each time the resident set has grown by ``step``
-    bytes since the last trim (:meth:`check`; :meth:`start` runs it on a thread of its own every ``every_s`` seconds
-    until :meth:`stop`).
+    bytes over the highest level a trim left (:meth:`check`; :meth:`start` runs it on a thread of its own every
+    ``every_s`` seconds until :meth:`stop`).
 
     Why: a process that reads batches and merges states frees buffers of every size on several threads, and glibc
     keeps them in the heaps they came from, so a peak's resident set holds the free memory besides what is in use.
     Why only during a peak, in steps of growth: a page given back costs a page fault when it is used again, and a
     process that reads batches reuses most of its free memory at once (trimming all along cost ``consume`` a sixth
-    of its CPU on messages of 100 events). Why a thread: ``consume``'s peak is a commit's merge on the persist
-    thread, which allocates and frees its tables while the member waits for it; only a watcher beside it sees the
-    growth in time. For processes drainpipe owns (the trim acts on the whole process). Thread-safe (``when`` is
-    called on the watching thread); :meth:`release` and :meth:`check` block for the trim (about 10 ms per 100 MB
-    given back)."""
+    of its CPU on messages of 100 events). Why over the highest level, not the last: growth back up to a level a
+    trim left is mostly the reuse of what it gave back, and trimming that again pays the faults again; the peak is
+    bounded all the same, at that level plus ``step``. Why a thread: ``consume``'s peak is a commit's merge on the
+    persist thread, which allocates and frees its tables while the member waits for it; only a watcher beside it
+    sees the growth in time. For processes drainpipe owns (the trim acts on the whole process).
+
+    Thread-safety: :meth:`check` and :meth:`release` from any thread (``when`` is called on the thread that checks);
+    :meth:`start` once, then :meth:`stop` from one thread. :meth:`release` and :meth:`check` block for the trim
+    (about 10 ms per 100 MB given back)."""
 
     def __init__(self, step: int, when: Callable[[], bool] | None = None, *,
                  resident: Callable[[], int | None] = resident_bytes,
@@ -140,18 +137,18 @@ class HeapWatch:
         self._resident = resident
         self._release = release if release is not None else release_free_memory
         self._lock = threading.Lock()  # guards _base, trims and the trim itself (one at a time)
-        self._base = resident() or 0  # the highest resident set a trim left: growth is measured from it
+        self._base = resident() or 0  # the highest resident set a trim left (at first, the start's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def check(self) -> bool:
-        """Give freed memory back if the resident set has grown by :attr:`step` since the last :meth:`release` (or
-        since it last shrank); True if some was given back."""
-        now = self._resident()
-        if now is None:
+        """Give freed memory back if ``when()`` says so and the resident set has grown by :attr:`step` over the
+        highest level a trim left (at first, the level at the start); True if some was given back."""
+        if self._when is not None and not self._when():
             return False
-        with self._lock:
-            if now - self._base < self.step or (self._when is not None and not self._when()):
+        with self._lock:  # (read under the lock: a trim just made by release() moved the level)
+            now = self._resident()
+            if now is None or now - self._base < self.step:
                 return False
             return self._release_locked()
 
@@ -167,7 +164,8 @@ class HeapWatch:
         return released
 
     def start(self, every_s: float) -> None:
-        """:meth:`check` every ``every_s`` seconds on a daemon thread, until :meth:`stop`."""
+        """:meth:`check` every ``every_s`` seconds on a daemon thread, until :meth:`stop` (a watch starts once: after
+        :meth:`stop`, it does nothing)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, args=(every_s,), name="drainpipe-heap", daemon=True)
             self._thread.start()
@@ -183,29 +181,20 @@ class HeapWatch:
             self.check()
 
 
-_libc: list[Any] = []  # glibc's (malloc_trim, mallinfo2 or None) once looked up ([None] where there is none)
+_trim: list[Any] = []  # glibc's malloc_trim once looked up ([None] where there is none)
 
 
-def _glibc() -> Any:
-    if not _libc:
+def _malloc_trim() -> Any:
+    if not _trim:
         try:
             import ctypes
 
-            libc = ctypes.CDLL(None)
-            trim = libc.malloc_trim
+            trim = ctypes.CDLL(None).malloc_trim
             trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-            info = getattr(libc, "mallinfo2", None)  # glibc >= 2.33
-            if info is not None:
-
-                class _Mallinfo2(ctypes.Structure):
-                    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
-                                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
-
-                info.argtypes, info.restype = [], _Mallinfo2
-            _libc.append((trim, info))
+            _trim.append(trim)
         except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS; Windows refuses CDLL(None))
-            _libc.append(None)
-    return _libc[0]
+            _trim.append(None)
+    return _trim[0]
 
 
 class _PandasHidden(importlib.abc.MetaPathFinder):

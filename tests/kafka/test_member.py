@@ -27,6 +27,7 @@ from drainpipe.inputs.messages import KAFKA_SOURCE, partition_part
 from drainpipe.kafka import ConsumeConfig, GroupMember
 from drainpipe.kafka import member as member_module
 from drainpipe.pipeline import LocalEngine, default_definitions, open_store
+from drainpipe.pipeline import driver as driver_module
 from drainpipe.server import serve_engine_options
 from drainpipe.server.disk import DiskLimits, DiskWatch
 from kafka_testlib import BASE_MS, stored_calls
@@ -245,6 +246,7 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     class FakeHeap:
         def __init__(self, step: int, when: Callable[[], bool]) -> None:
             self.step, self.when, self.every_s, self.stopped, self.released = step, when, 0.0, False, []
+            self.would_trim: list[bool] = []  # at each checkpoint's release: what the watcher's when() said
             watches.append(self)
 
         def start(self, every_s: float) -> None:
@@ -256,9 +258,13 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
         def release(self) -> bool:
             assert self.every_s and not self.stopped  # (watched while it reads)
             self.released.append(members[-1].driver.uncommitted)
+            self.would_trim.append(self.when())
             return True
 
     monkeypatch.setattr(member_module, "HeapWatch", FakeHeap)
+    # checkpoints unpaced: each round commits, or its last commit is still in flight (not reaped), so the final
+    # checkpoint, after the reading, finds a commit in flight
+    monkeypatch.setattr(driver_module, "PACE", 0)
     log, calls = topic_log(2, 300, seed=11)
 
     looks: list[tuple[bool, int, int]] = []  # at each fetch: the watch would trim, commits in flight, last poll's
@@ -281,6 +287,7 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     assert any(queued and polled for _, queued, polled in looks), looks  # (commits in flight while reading)
     assert not any(when for when, queued, polled in looks if polled or not queued), looks
     assert not heap.when()  # (nothing in flight at the end)
+    assert heap.would_trim[-1]  # the last checkpoint, after the reading: the watcher trims the commit in flight
     watches.clear()
     embedded = f"duckdb:///{tmp_path / 'embedded.duckdb'}"
     run_member(embedded, FakeConsumer(log, script, fetch=50), checkpoint_s=0.0, script_member=members)

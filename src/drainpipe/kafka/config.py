@@ -69,9 +69,9 @@ class ConsumeConfig:
     endpoints: EndpointRules = field(default_factory=EndpointRules)
     client: dict[str, Any] = field(default_factory=dict)  # more librdkafka settings
     remote_write: RemoteWriteOptions | None = None  # send the stored minutes to Prometheus (None: off)
-    #: give the heap's freed memory back to the system before a checkpoint and as the resident set grows
-    #: (``drainpipe consume`` in a process of its own; never in a program that embeds a member: it acts on the whole
-    #: process)
+    #: give the heap's freed memory back to the system before a checkpoint, and as the resident set grows while a
+    #: commit is in flight and nothing is read (``drainpipe consume`` in a process of its own; never in a program
+    #: that embeds a member: it acts on the whole process)
     release_memory: bool = False
 
     def consumer_settings(self) -> dict[str, Any]:

@@ -88,7 +88,7 @@ CONSUME_MESSAGES = 50_000
 POLL_BYTES = 16 << 20
 #: with ``ConsumeConfig.release_memory``, the heap's freed memory is given back before each checkpoint and, while a
 #: commit is in flight and nothing is being read (GroupMember._committing_idle), whenever the resident set has grown
-#: by HEAP_STEP_BYTES since the last trim, looked at every HEAP_EVERY_S seconds
+#: by HEAP_STEP_BYTES over the highest level a trim left, looked at every HEAP_EVERY_S seconds
 #: (:class:`~drainpipe.processes.HeapWatch`; docs/performance.md, "`consume`'s peak taken apart")
 HEAP_STEP_BYTES = 32 << 20
 HEAP_EVERY_S = 0.05
@@ -184,9 +184,9 @@ class GroupMember:
         consumer.subscribe(self.config.topics, on_assign=self._assigned, on_revoke=self._revoked,
                            on_lost=self._lost)  # fmt: skip
         shown = time.monotonic()
-        if self.heap is not None:
-            self.heap.start(HEAP_EVERY_S)
         try:
+            if self.heap is not None:
+                self.heap.start(HEAP_EVERY_S)
             while True:
                 while not self._stop.is_set() and not self.failed and not self._at_end():
                     self._reap()
@@ -216,9 +216,11 @@ class GroupMember:
         if not self._closed:
             self._closed = True
             try:
-                self._leave()
-            finally:
-                self._consumer.close()
+                try:
+                    self._leave()
+                finally:
+                    self._consumer.close()
+            finally:  # (the watcher's thread ends with the member, whatever the consumer's close raised)
                 if self.heap is not None:
                     self.heap.stop()
 
@@ -346,8 +348,10 @@ class GroupMember:
         """A commit is in flight and the member is not reading (the last poll was empty, or the reading ended): the
         heap watcher trims then. While messages come, the next poll reuses the free memory at once, and trimming
         during commits cost messages of 100 events 7% of their speed in faults; a commit after the reading (a
-        backlog's last, or any once caught up) is the peak, and trimming it costs nothing. Read on the watcher's
-        thread without a lock: a stale answer moves a trim by one look."""
+        backlog's last, or any once caught up) is the peak, and trimming it costs nothing. A commit done but not yet
+        reaped counts as in flight (until the next poll, 0.1 s at most), and a poll of end-of-partition events only
+        as reading: either moves a trim by a look. Read on the watcher's thread without a lock, for the same
+        reason."""
         return not self._reading and self.driver.queued > 0
 
     def _checkpoint(self) -> None:

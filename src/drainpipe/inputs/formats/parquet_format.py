@@ -30,14 +30,6 @@ PARQUET_PART_BLOCKS = 16
 _ROW_GROUP_ROWS = 1 << 20
 
 
-def _parquet() -> Any:
-    """``pyarrow.parquet``, imported at its first use: the live commands, which never read Parquet, would each hold
-    10 MB more of PSS for it (its library's pages), against their memory budgets (docs/performance.md)."""
-    import pyarrow.parquet
-
-    return pyarrow.parquet
-
-
 class Parquet(Format):
     name = "parquet"
     suffixes = (".parquet",)
@@ -61,8 +53,10 @@ class Parquet(Format):
         return _parquet_blocks(part, sink, dictionaries)
 
     def write(self, batches: Iterable[pa.RecordBatch], path: str, gzipped: bool) -> int:
+        import pyarrow.parquet as pq  # (at its first use: see open_parquet)
+
         rows, pending, buffered = 0, [], 0
-        with _parquet().ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
+        with pq.ParquetWriter(path, EVENT_SCHEMA, compression="zstd") as writer:
             for batch in batches:
                 pending.append(batch)
                 buffered += batch.num_rows
@@ -114,8 +108,10 @@ def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], of
 
 
 def _parquet_parts(path: str, batch_rows: int, start_row: int, workers: int, nbytes: int) -> list[Part]:
+    import pyarrow.parquet as pq  # (at its first use: see open_parquet)
+
     try:
-        md = _parquet().ParquetFile(path).metadata
+        md = pq.ParquetFile(path).metadata
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"cannot read {path!r}: {e}") from e
     sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
@@ -176,8 +172,13 @@ def open_parquet(path: str) -> pq.ParquetFile:
     as dictionary arrays (validation decodes them): decoding the pages to indices and taking each batch's strings
     from the dictionary costs less than building every string from the pages (reading and decoding 5M events:
     0.118 -> 0.087 us/event of CPU). The rows are the same; the reader then ends a batch at every row group (the
-    dictionary changes), which :func:`_parquet_blocks` re-cuts anyway."""
-    pf = _parquet().ParquetFile(path)
+    dictionary changes), which :func:`_parquet_blocks` re-cuts anyway.
+
+    ``pyarrow.parquet`` is imported here and in the planner and writer, not with the module: the live commands,
+    which read no Parquet, would each hold 10 MB more of PSS for its library's pages (docs/performance.md)."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
     md = pf.metadata
     if md.num_row_groups == 0:
         return pf
@@ -191,7 +192,7 @@ def open_parquet(path: str) -> pq.ParquetFile:
         and schema.get_field_index(name) >= 0
         and pa.types.is_string(schema.field(name).type)
     ]
-    return _parquet().ParquetFile(path, read_dictionary=wanted, metadata=md) if wanted else pf
+    return pq.ParquetFile(path, read_dictionary=wanted, metadata=md) if wanted else pf
 
 
 _TEXT_COLUMNS = tuple(f.name for f in EVENT_SCHEMA if pa.types.is_string(f.type))
