@@ -16,7 +16,7 @@ from start to exit:
 
 Before timing, the store of ``consume`` is checked to hold the same values as the store of ``run`` (the 100-event
 topic). The table gives medians of ``--runs`` runs, events/s and ratios against ``run``, and the peak memory of each
-contender: the proportional set size (PSS) summed over its processes, sampled every 0.5 s (shared libraries count
+contender: the proportional set size (PSS) summed over its processes, sampled every 0.1 s (SAMPLE_S; shared libraries count
 once). Targets: consume >= 0.5x of run with NDJSON messages of 100 events, >= 0.25x with one event per message;
 consume's peak PSS at most 400 MB.
 
@@ -51,6 +51,9 @@ RESULTS = Path(__file__).parent / "results"
 DRAINPIPE = str(Path(sys.executable).with_name("drainpipe"))
 PARTITIONS = 6
 TARGETS = {"consume-100": 0.5, "consume-1": 0.25}
+#: how often the peak memory is sampled: a commit's spike lasts a few tenths of a second, which a sampler every 0.5 s
+#: (this benchmark's until the fifty-third session) saw or missed by chance, 30-80 MB lower than it was
+SAMPLE_S = 0.1
 
 BARE = r"""
 import json, sys, time
@@ -134,7 +137,7 @@ def timed(cmds: list[list[str]]) -> tuple[float, list[str], float]:
     done = threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.5):
+        while not done.wait(SAMPLE_S):
             pids = [q for p in procs for q in (p.pid, *children_of(p.pid))]
             peak[0] = max(peak[0], sum(memory_kb(pid, "Pss", "smaps_rollup") for pid in pids))
 
