@@ -90,7 +90,7 @@ POLL_BYTES = 16 << 20
 #: commit is in flight and nothing is being read (GroupMember._committing_idle), whenever the resident set has grown
 #: by HEAP_STEP_BYTES over the highest level a trim left, looked at every HEAP_EVERY_S seconds
 #: (:class:`~drainpipe.processes.HeapWatch`; docs/performance.md, "`consume`'s peak taken apart")
-HEAP_STEP_BYTES = 32 << 20
+HEAP_STEP_BYTES = 8 << 20
 HEAP_EVERY_S = 0.05
 #: how often (s) the positions that /metrics and the dashboard show are refreshed between checkpoints
 POSITIONS_S = 0.5
