@@ -294,6 +294,41 @@ def test_the_member_gives_freed_memory_back_before_its_checkpoints_only_in_a_pro
     assert stored_calls(embedded) == calls and watches == []
 
 
+def test_the_heap_watch_stops_with_the_member_even_when_the_consumers_close_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's thread holds the member and trims the whole process: a close whose consumer fails to close still
+    stops it (the error is the caller's; a second close does nothing)."""
+    stopped: list[bool] = []
+
+    class FakeHeap:
+        def __init__(self, step: int, when: Callable[[], bool]) -> None:
+            pass
+
+        def stop(self) -> None:
+            stopped.append(True)
+
+    class FailingClose(FakeConsumer):
+        def close(self) -> None:
+            raise RuntimeError("close failed")
+
+    monkeypatch.setattr(member_module, "HeapWatch", FakeHeap)
+    definitions = default_definitions()
+    store = open_store(f"duckdb:///{tmp_path / 'd.duckdb'}")
+    engine = LocalEngine(definitions, store, serve_engine_options())
+    try:
+        config = ConsumeConfig("fake:9092", ["t"], "g", release_memory=True)
+        member = GroupMember(config, engine, definitions, FailingClose(topic_log(1, 1, seed=1)[0], lambda c: None))
+        with pytest.raises(RuntimeError, match="close failed"):
+            member.close()
+        assert stopped == [True]
+        member.close()  # (closed once)
+        assert stopped == [True]
+    finally:
+        engine.close()
+        store.close()
+
+
 def test_a_disk_under_the_refusal_threshold_pauses_the_partitions_until_space_is_freed(tmp_path: Path) -> None:
     """consume cannot answer 503: it pauses its partitions (keeping them and its membership) while the store's
     volume is under the refusal threshold, and reads on once space is freed; every event once."""
