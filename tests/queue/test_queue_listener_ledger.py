@@ -192,11 +192,17 @@ def test_a_hung_on_assigned_delays_a_handoff_by_the_deadline_only() -> None:
     hang_next = threading.Event()
 
     class Hanging(Picture):
+        returned = 0  # on_assigned calls that came back
+        hung: tuple[int, ...] = ()  # the partitions of the call that hung
+
         def on_assigned(self, task, partitions, types):
             super().on_assigned(task, partitions, types)
             if hang_next.is_set():
                 hang_next.clear()
+                self.hung = partitions
                 release.wait(30)
+            with self.lock:
+                self.returned += 1
 
     picture = Hanging()
     name = f"ledger{next(_names)}"
@@ -210,6 +216,9 @@ def test_a_hung_on_assigned_delays_a_handoff_by_the_deadline_only() -> None:
     owners = q.partition_owners()
     on_zero = [t for t in types if owners[q.partitions_of(t)[0]] == 0]
     recs[types.index(on_zero[0])].gate = gate  # task 0 hangs in this handler: its other partitions fail over
+    # The tasks are told their first partitions on their own threads: wait until both calls came back, or the hang
+    # meant for the failover's new owner catches a first assignment instead (seen in CI: a timeout, no failover).
+    assert wait_until(lambda: picture.returned == 2 and len(picture.owners()) == 4, what="the first assignments")
     hang_next.set()  # ... and the new owner's on_assigned hangs
     lies: list[tuple] = []
     q.produce(on_zero[0](0))
@@ -225,6 +234,8 @@ def test_a_hung_on_assigned_delays_a_handoff_by_the_deadline_only() -> None:
     gate.set()
     s = q.stats()
     assert s.failovers == 1 and s.handoff_timeouts >= 1, s
+    lost = {p for kind, _, partitions, _ in picture.events if kind == "lost" for p in partitions}
+    assert picture.hung and set(picture.hung) <= lost, (picture.hung, picture.events)  # the failover's call hung
     assert -1 not in q.partition_owners()
     assert lies == []
 
