@@ -44,7 +44,11 @@ READ_RECORDS = 64  # records taken from the log at a time
 #: fewer requests, with the engine's cost per batch spread over fewer requests. All rows stay within twice that.
 COALESCE_EVENTS = 32_768
 COALESCE_ROWS = 2 * COALESCE_EVENTS
-GATHER_S = 0.05  # how long live records are gathered into one batch
+#: how long live records are gathered into one batch. The engine's cost is per batch as much as per event: at a
+#: fixed 293 exports/s of 512 spans, 0.2 s (about 60 requests a batch) took the server's CPU a request from 2.59 ms to
+#: 2.03 ms against 0.05 s (medians of 4 runs in turns; the ingest thread's share halved), the answers unchanged (the
+#: requests are answered once logged) and the stored minutes 0.15 s later
+GATHER_S = 0.2
 ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
 
 
