@@ -83,21 +83,14 @@ def _join(threads: list[threading.Thread]) -> None:
         assert not t.is_alive(), "a request still waits"
 
 
-def _behind_an_append(intake: GroupIntake, log: _Log, works: list, *, fail: BaseException | None = None,
-                      then: Any = None) -> dict:  # fmt: skip
+def _behind_an_append(intake: GroupIntake, log: _Log, works: list, *, fail: BaseException | None = None) -> dict:
     """Submit ``works`` while a first request's append is held, so that they wait as one group; then let the append
-    go on (failing with ``fail``, the held one too). Each request's result or exception, by index (``then``: the
-    works go to ``submit_then`` with it instead)."""
+    go on (failing with ``fail``, the held one too). Each request's result or exception, by index."""
     results: dict = {}
     log.gate.clear()
     first = _submit_all(intake, [lambda: (_batch(99, 1), [])], {})
     assert log.entered.wait(10)
-    if then is None:
-        threads = _submit_all(intake, works, results)
-    else:
-        threads = []
-        for work in works:
-            intake.submit_then(work, 100, then)
+    threads = _submit_all(intake, works, results)
     _wait_queued(intake, len(works))
     log.fail = fail
     log.gate.set()
@@ -173,34 +166,64 @@ def test_the_batches_joined_keep_every_row(served) -> None:
     assert sum(b.num_rows for b in log.records) == 40 * 50
 
 
-def test_submit_then_answers_once_with_the_append_s_error_and_no_result(served) -> None:
-    """The callback form: a failed append is an error with no result (the caller must not answer 200), and every
-    request is answered exactly once."""
+def test_serve_now_answers_each_once_with_the_append_s_error_and_no_result(served) -> None:
+    """The caller's own group: a failed append is an error with no result (the caller must not answer 200), a work's
+    own error fails that one only, and every request is answered exactly once, before serve_now returns."""
     intake, log = served
-    answers: list = []
-    done = threading.Event()
+    answers: dict = {}
 
-    def then(result, error) -> None:
-        answers.append((result, error))
-        if len(answers) == 3:
-            done.set()
+    def bad() -> tuple[EventBatch, list]:
+        raise BadBody(400, "malformed protobuf")
 
-    works = [(lambda i=i: (_batch(i, 1), [])) for i in range(3)]
-    _behind_an_append(intake, log, works, fail=LogFull("write-ahead log full"), then=then)
-    assert done.wait(10)
-    assert len(answers) == 3 and all(r is None and isinstance(e, LogFull) for r, e in answers)
-    assert log.records == []
+    def then_of(i: int) -> Any:
+        return lambda result, error: answers.setdefault(i, []).append((result, error))
+
+    log.fail = LogFull("write-ahead log full")
+    intake.serve_now([(lambda: (_batch(0, 1), []), 1, then_of(0)), (bad, 1, then_of(1)),
+                      (lambda: (_batch(2, 1), []), 1, then_of(2))])  # fmt: skip
+    assert sorted(answers) == [0, 1, 2] and all(len(a) == 1 for a in answers.values())
+    assert [(r, type(e)) for i in (0, 2) for r, e in answers[i]] == [(None, LogFull)] * 2
+    assert isinstance(answers[1][0][1], BadBody) and log.records == []
+    log.fail = None
+    answers.clear()
+    intake.serve_now([(lambda: (_batch(3, 2), []), 1, then_of(3))])
+    assert answers[3] == [((2, [], ()), None)] and _services(log.records) == ["s3"] * 2
 
 
-def test_a_failing_answer_does_not_stop_the_intake(served) -> None:
+def test_serve_now_runs_on_the_calling_thread_beside_the_intake_thread_s_groups(served) -> None:
+    """A group served by its caller while the intake thread logs another: both logged, nothing twice or lost, and
+    each ``then`` called on the caller's thread."""
+    intake, log = served
+    log.gate.clear()
+    held: dict = {}
+    threads = _submit_all(intake, [lambda: (_batch(1, 3), [])], held)
+    assert log.entered.wait(10)  # the intake thread is inside its append
+    seen: list = []
+    caller = threading.Thread(
+        target=intake.serve_now,
+        args=([(lambda: (_batch(2, 4), []), 1, lambda r, e: seen.append((r, e, threading.current_thread().name)))],),
+        name="the-loop",
+    )
+    caller.start()
+    log.gate.set()
+    _join([*threads, caller])
+    assert held[0].accepted == 3 and seen == [((4, [], ()), None, "the-loop")]
+    assert _services(log.records) == ["s1"] * 3 + ["s2"] * 4
+
+
+def test_serve_now_after_close_refuses_each_and_a_failing_answer_is_logged(served, caplog) -> None:
     intake, log = served
 
     def broken(result, error) -> None:
         raise RuntimeError("a bug in the caller's answer")
 
-    intake.submit_then(lambda: (_batch(1, 1), []), 1, broken)
-    decoded = intake.submit(lambda: (_batch(2, 2), []))  # served after it: the thread lives
-    assert decoded.accepted == 2 and sum(b.num_rows for b in log.records) == 3
+    intake.serve_now([(lambda: (_batch(1, 1), []), 1, broken)])  # logged; the answer's bug is the caller's
+    assert sum(b.num_rows for b in log.records) == 1 and "answering a request failed" in caplog.text
+    intake.close()
+    answers: list = []
+    intake.serve_now([(lambda: (_batch(2, 1), []), 1, lambda r, e: answers.append((r, e)))])
+    assert len(answers) == 1 and answers[0][0] is None and isinstance(answers[0][1], LogFull)
+    assert sum(b.num_rows for b in log.records) == 1
 
 
 def test_the_bodies_of_a_group_are_decoded_in_one_call_beside_the_other_work_and_each_gets_its_own_outcome() -> None:

@@ -1,19 +1,21 @@
-"""``serve``'s connections on one thread (:class:`ConnectionLoop`): OTLP exports in protobuf are read, handed to
-the intake and answered without a thread per connection; every other request goes to a request thread.
+"""``serve``'s connections on one thread (:class:`ConnectionLoop`): OTLP exports in protobuf are read, decoded,
+logged and answered without a thread per connection; every other request goes to a request thread.
 
 A thread per connection made every socket call a hand-over of the GIL among a dozen threads: under a saturated
 OTLP load the server process spent about 40% of its CPU in the scheduler, 32 context switches a request, while the
 work itself (the HTTP framing, the native decode, the log) is a few hundred microseconds. Here one thread polls
-every connection (``selectors``); the exports of all the connections go to the intake thread (:mod:`.intake`),
-which logs them a group at a time and queues their answers; this thread writes them::
+every connection (``selectors``); the exports that a turn of the loop completed, from all the connections, are
+decoded and logged as one group on this thread (:meth:`IngestService.ingest_now`, the intake's group path), and
+their answers written. While a group is logged (its fsync) the next requests wait in their sockets, and the next
+turn takes them all: the group grows with the load. (They went to the intake thread before, and their answers came
+back through a wake-up socket: two hand-offs a turn, 14 against 9 context switches a request at a fixed rate)::
 
     accept ─► ConnectionLoop: read the request line and the headers (http_headers.read_headers, as a request
               │               thread reads them)
               ├─ the fast path: POST /v1/traces, HTTP/1.1, application/x-protobuf, one Content-Length within the
               │  limit, no Expect, the token, admitted at once:
-              │     read the body ─► IngestService.ingest_then ─► intake thread: decode, log (fsync), the answer
-              │     ◄──────────── the answer queued, this thread woken ◄─────────────────────────────┘
-              │     write it, read the connection's next request
+              │     read the body; at the end of the turn, every body read: IngestService.ingest_now: decode
+              │     (one pass), log (fsync), the answers; write them, read the connections' next requests
               └─ anything else (a GET, chunked or JSON bodies, a bad request, admission to wait for): the connection
                  and the bytes read from it go to a request thread (http.Handler) for the rest of its life
 
@@ -23,14 +25,12 @@ of, it hands over. The deadlines are the request threads': an idle keep-alive co
 ``header_deadline_s``, a request line and headers must arrive within it, a body within ``body_deadline_s``, an
 answer must be taken within ``answer_deadline_s``.
 
-Thread-safety: the loop's state is its own thread's. The intake thread builds an answer (``_answer``: the cached
-Date header is one tuple, rebound whole), appends it to ``_answers`` and writes a byte to the wake socket unless one
-is on its way (``_wake_sent``, cleared by the loop after it reads the bytes and before it takes the answers).
+Thread-safety: the loop's state is its own thread's; :meth:`ConnectionLoop.stop` from another thread sets the
+stop flag and writes a byte to the wake socket.
 """
 
 from __future__ import annotations
 
-import collections
 import email.utils
 import io
 import logging
@@ -48,7 +48,7 @@ from .otlp_answers import content_type, export_answer, status_answer
 if TYPE_CHECKING:
     from .bodies import Decoded
     from .metrics import ServerMetrics
-    from .service import IngestService
+    from .service import Answer, IngestService
 
 __all__ = ["PROTOBUF_TYPES", "ConnectionLoop", "Server"]
 
@@ -108,8 +108,8 @@ class ConnectionLoop:
         self._sel: selectors.BaseSelector | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
-        self._answers: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
-        self._wake_sent = False  # a byte is on its way to the wake socket for the answers (set by the intake thread)
+        self._bodies: list[tuple[bytes, bool, Answer]] = []  # the turn's exports, read whole: the next group
+        self._answers: list[tuple[_Conn, bytes, bool]] = []  # the group's answers, as its requests were read
         self._conns: set[_Conn] = set()
         self._stop = threading.Event()
         self._stopped = threading.Event()
@@ -136,9 +136,16 @@ class ConnectionLoop:
                         self._woken()
                     else:
                         self._event(key.data, mask)
+                while self._bodies:  # (answering reads on: a request sent behind an answer joins the next group)
+                    bodies, self._bodies = self._bodies, []
+                    self.service.ingest_now(bodies)
+                    self._write_answers()
                 self._deadlines()
         finally:
-            self._woken()  # answers queued before the stop still go out (their events are logged)
+            while self._bodies:  # the turn broke off (a bug): each still gets its answer, its leave() is in it
+                bodies, self._bodies = self._bodies, []
+                self.service.ingest_now(bodies)
+                self._write_answers()
             for conn in list(self._conns):
                 self._close(conn)
             self._sel.close()
@@ -293,11 +300,10 @@ class ConnectionLoop:
             self.server.metrics.count_request("/v1/traces", r.status)
             self._flush(conn)
             return
-        self.service.ingest_then(body, form="otlp-protobuf", gzipped=conn.gzipped,
-                                 then=lambda result, error: self._done(conn, t0, close, result, error))  # fmt: skip
+        self._bodies.append((body, conn.gzipped, lambda result, error: self._done(conn, t0, close, result, error)))
 
     def _done(self, conn: _Conn, t0: float, close: bool, result: Decoded | None, error: BaseException | None) -> None:
-        """On the intake thread: the answer of ``conn``'s request (b"" and close: none, the connection is cut)."""
+        """The answer of ``conn``'s request, once its group is logged (b"" and close: none, the connection is cut)."""
         metrics = self.server.metrics
         try:
             headers: dict[str, str] = {}
@@ -309,19 +315,13 @@ class ConnectionLoop:
                 status, body = 200, export_answer(result.rejects, False, result.warnings)
             else:  # a bug: the connection is cut, as a request thread's would be
                 log.error("request from %s failed", conn.addr[0], exc_info=error)
-                self._queue(conn, b"", True)
+                self._answers.append((conn, b"", True))
                 return
-            self._queue(conn, self._answer(status, body, headers, close), close)
+            self._answers.append((conn, self._answer(status, body, headers, close), close))
             metrics.count_request("/v1/traces", status)
         finally:
             self.service.leave()
             metrics.ingest_latency.observe(time.perf_counter() - t0)
-
-    def _queue(self, conn: _Conn, data: bytes, close: bool) -> None:
-        self._answers.append((conn, data, close))
-        if not self._wake_sent:  # one byte a turn of the loop, not one an answer (a group's answers come together)
-            self._wake_sent = True
-            self._wake()
 
     def _wake(self) -> None:
         if self._wake_w is None:
@@ -339,12 +339,11 @@ class ConnectionLoop:
                 pass
         except OSError:
             pass
-        # cleared after the bytes are read and before the answers are taken: an answer queued after this line sends
-        # a byte again, one queued before it is taken below (the intake appends before it reads the flag). Cleared
-        # before the read, a byte sent between the two was read with the flag left set: no byte ever again
-        self._wake_sent = False
-        while self._answers:
-            conn, data, close = self._answers.popleft()
+
+    def _write_answers(self) -> None:
+        """Write the group's answers, each connection's then read on (a request sent behind its answer)."""
+        answers, self._answers = self._answers, []
+        for conn, data, close in answers:
             if conn not in self._conns:  # closed meanwhile (its deadline, a stop): the answer has nowhere to go
                 continue
             try:

@@ -19,7 +19,13 @@ raises fails every request of the group with that error: none of their events is
 waited while the last one was being logged, so it grows with the load and a request waits at most one group's
 decoding and one fsync more.
 
-Thread-safety: :meth:`submit` from any thread; :meth:`close` once, after the last submit has returned.
+A caller that holds a group of its own runs it on its own thread instead (:meth:`serve_now`, the same decoding,
+logging and answers): the connection loop, whose exports are read a turn of the loop at a time. Handing them to the
+intake thread and taking the answers back cost two wake-ups a turn, and a hand-off of the GIL at each; the loop has
+nothing else to do while its group is logged (the next requests wait in their sockets and make the next group).
+
+Thread-safety: :meth:`submit` and :meth:`serve_now` from any thread; :meth:`close` once, after the last of them has
+returned.
 """
 
 from __future__ import annotations
@@ -69,7 +75,11 @@ class _Slot:
         self.done = threading.Event()
         self.result: Decoded | None = None
         self.error: BaseException | None = None
-        self.then = then  # called on the intake thread instead of waking a waiter (submit_then)
+        self.then = then  # called instead of waking a waiter (serve_now)
+
+
+def _answering(then: Callable[[Decoded | None, BaseException | None], None]) -> Callable[[_Slot], None]:
+    return lambda slot: then(slot.result, slot.error)
 
 
 class GroupIntake:
@@ -106,15 +116,22 @@ class GroupIntake:
         assert slot.result is not None
         return slot.result
 
-    def submit_then(
-        self, work: Work | Body, size: int, then: Callable[[Decoded | None, BaseException | None], None]
+    def serve_now(
+        self, items: Sequence[tuple[Work | Body, int, Callable[[Decoded | None, BaseException | None], None]]]
     ) -> None:
-        """As :meth:`submit` without waiting: ``then(result, error)`` is called on the intake thread once the
-        events are durable (``result``) or failed (``error``). ``then`` must not block; what it raises is logged.
-        Raises :class:`LogFull` after :meth:`close` (``then`` is not called)."""
+        """Decode or run each ``(work, size, then)`` of ``items`` and log their events as one group, on the calling
+        thread (beside the intake thread's groups: the log takes concurrent appends); returns once each
+        ``then(result, error)`` was called: ``result`` once its events are durable, or ``error`` (its own, what the
+        append raised, or :class:`LogFull` after :meth:`close`). What ``then`` raises is logged. For a caller that
+        has a group of its own and nothing else to do meanwhile: the connection loop (no hand-off to the intake
+        thread and back)."""
+        group = [_Slot(work, size, _answering(then)) for work, size, then in items]
         if self._closed:
-            raise LogFull("the log is closed")
-        self._queue.put(_Slot(work, size, lambda slot: then(slot.result, slot.error)))
+            for slot in group:
+                slot.error = LogFull("the log is closed")
+                self._finish(slot)
+            return
+        self._serve(group)
 
     def close(self) -> None:
         """Stop the intake thread once the work queued before has been served."""

@@ -6,6 +6,8 @@ Data flow across the processes::
 
     server process                                   parser processes (BodyDecoder: a HelperPool)
     ───────────────────────────────────────────      ──────────────────────────────────────────────
+    connection loop (http_loop.py): the OTLP/HTTP protobuf exports a turn read ─► IngestService.ingest_now
+      │ (on the loop's thread: GroupIntake.serve_now, the same group path as below) ──► 200 to each client
     HTTP thread / gRPC call                           decode_body of a JSON body: gunzip, JSON/NDJSON,
       │ token, limits (http.py, otlp_grpc.py)          validation  ──► EventBatch
       ▼                                                      ▲   │ body in / EventBatch.encode() out
@@ -47,7 +49,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +70,9 @@ from .red import RedMetrics
 from .wal import EventLog, MemoryLog
 
 log = logging.getLogger("drainpipe.server")
+
+#: how a request's outcome is handed back without waiting: ``then(decoded, None)`` or ``then(None, error)``
+Answer = Callable[[Decoded | None, BaseException | None], None]
 
 # store write latency buckets (seconds) for the histogram
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -332,20 +337,16 @@ class IngestService:
         self._count(decoded)
         return decoded
 
-    def ingest_then(
-        self,
-        body: bytes,
-        *,
-        form: str,
-        gzipped: bool,
-        then: Callable[[Decoded | None, BaseException | None], None],
-    ) -> None:
-        """:meth:`ingest` of an OTLP body (``form`` one of :data:`~.bodies.NATIVE_FORMS`) already admitted
-        (:meth:`admissible`), without blocking: ``then(decoded, None)`` once it is durable, or
-        ``then(None, error)`` (:class:`~.bodies.BadBody`, :class:`IngestRefused`), on the intake thread; ``then``
-        must not block. The caller has called :meth:`enter` and calls :meth:`leave` in ``then``."""
-        if form not in NATIVE_FORMS:
-            raise ValueError(f"ingest_then decodes OTLP bodies only, not {form!r}")
+    def ingest_now(self, bodies: Sequence[tuple[bytes, bool, Answer]]) -> None:
+        """OTLP protobuf bodies already admitted (:meth:`admissible`), each ``(body, gzipped, then)``, decoded and
+        logged as one group on the calling thread (:meth:`GroupIntake.serve_now`); returns once each ``then`` was
+        called: ``then(decoded, None)`` once its events are durable, or ``then(None, error)``
+        (:class:`~.bodies.BadBody`, :class:`IngestRefused`). ``then`` must not block; the caller has called
+        :meth:`enter` for each body and calls :meth:`leave` in its ``then``."""
+        self._intake.serve_now([(Body(body, gz), len(body), self._counted(then)) for body, gz, then in bodies])
+
+    def _counted(self, then: Answer) -> Answer:
+        """``then``, after the outcome is counted (a log refusal made the request's 503)."""
 
         def done(result: Decoded | None, error: BaseException | None) -> None:
             try:
@@ -356,10 +357,7 @@ class IngestService:
             finally:  # the answer is the caller's to give, whatever happened here
                 then(result, error)
 
-        try:
-            self._intake.submit_then(self._work(body, form, gzipped), len(body), done)
-        except LogFull as exc:
-            then(None, self._log_refusal(exc))
+        return done
 
     def _work(self, body: bytes, form: str, gzipped: bool) -> Work | Body:
         """What the intake thread does with a body: OTLP protobuf exports decoded there with the others of the
