@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +18,18 @@ from hypothesis import strategies as st
 from drainpipe.errors import DrainpipeError, LogFull
 from drainpipe.inputs import EventBatch
 from drainpipe.server import wal as wal_module
-from drainpipe.server.wal import MAGIC, SUFFIX, MemoryLog, WriteAheadLog
+from drainpipe.server.wal import (
+    HEADER,
+    HEADER2,
+    MAGIC,
+    SEGMENT2,
+    SPARE_SUFFIX,
+    SPARES,
+    SUFFIX,
+    MemoryLog,
+    Repair,
+    WriteAheadLog,
+)
 from testlib import event_batch
 
 
@@ -109,18 +122,24 @@ def test_a_torn_or_damaged_tail_is_cut_and_a_prefix_of_the_records_survives(
     log.close()
     (segment,) = d.glob("*" + SUFFIX)
     data = bytearray(segment.read_bytes())
-    at = len(MAGIC) + int(cut * (len(data) - len(MAGIC)))
-    if damage and at < len(data):
+    head = SEGMENT2.size
+    at = head + int(cut * (len(data) - head))
+    flipped = damage and at < len(data)
+    if flipped:
         data[at] ^= 0xFF
     else:
         del data[at:]
     segment.write_bytes(bytes(data))
     reopened = WriteAheadLog(d)
-    kept = [e for e in ends if e <= at - len(MAGIC)]
+    kept = [e for e in ends if e <= at - head]
     assert reopened.end == (kept[-1] if kept else 0)
     assert tags(read_all(reopened)) == [f"s{i}" for i in range(len(kept))]
-    assert reopened.repair.bytes == len(data) - len(MAGIC) - reopened.end
-    assert (reopened.repair.records > 0) == (reopened.repair.bytes > 0)
+    if flipped and 8 <= at - head - reopened.end < HEADER2.size:
+        # a record whose position is not where it stands reads as the end of a reused segment: cut, not counted
+        assert reopened.repair == Repair()
+    else:
+        assert reopened.repair.bytes == len(data) - head - reopened.end
+        assert (reopened.repair.records > 0) == (reopened.repair.bytes > 0)
     reopened.append(batch(2, 77))
     assert tags(read_all(reopened))[-1] == "s77"
     reopened.close()
@@ -158,24 +177,196 @@ def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(
 ) -> None:
     log = WriteAheadLog(tmp_path)
     log.append(batch(10, 1))
-    real_write = os.write
+    real_write = os.pwrite
     calls = [0]
 
-    def full(fd: int, data) -> int:
+    def full(fd: int, data, offset: int) -> int:
         calls[0] += 1
         if calls[0] == 1:
-            return real_write(fd, bytes(data[:100]))  # part of it went to disk, then the disk filled up
+            return real_write(fd, bytes(data[:100]), offset)  # part of it went to disk, then the disk filled up
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(wal_module.os, "write", full)
+    monkeypatch.setattr(wal_module.os, "pwrite", full)
     with pytest.raises(LogFull, match="No space left"):
         log.append(batch(10, 2))
-    monkeypatch.setattr(wal_module.os, "write", real_write)
+    monkeypatch.setattr(wal_module.os, "pwrite", real_write)
     log.append(batch(10, 3))  # room again: the log goes on, without the failed record
     assert tags(read_all(log)) == ["s1", "s3"]
     log.close()
     reopened = WriteAheadLog(tmp_path)
     assert reopened.repair.bytes == 0 and tags(read_all(reopened)) == ["s1", "s3"]
+    reopened.close()
+
+
+def test_a_group_that_failed_whole_leaves_no_record_that_a_later_one_could_uncover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group of two records written whole, then its fsync failed: the next record is written where the group
+    began. Had the group's bytes stayed, a next record as long as the group's first would end where the group's
+    second begins, and that one (its position the one expected there, its CRC good) would come back at the next
+    start though it was never acknowledged."""
+    log = WriteAheadLog(tmp_path)
+    log.append(batch(10, 1))
+    real_sync = os.fdatasync
+    monkeypatch.setattr(wal_module.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    errors: list[BaseException] = []
+
+    def append(tag: int) -> None:
+        try:
+            log.append(batch(10, tag))
+        except LogFull as exc:
+            errors.append(exc)
+
+    with log._flush_lock:  # both queue behind the lock: one group of two
+        threads = [threading.Thread(target=append, args=(tag,)) for tag in (2, 3)]
+        for t in threads:
+            t.start()
+        while len(log._queue) < 2:
+            time.sleep(0.001)
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2
+    monkeypatch.setattr(wal_module.os, "fdatasync", real_sync)
+    log.append(batch(10, 4))  # as long as the failed group's first record
+    log.close()
+    reopened = WriteAheadLog(tmp_path)
+    assert tags(read_all(reopened)) == ["s1", "s4"] and reopened.repair == Repair()
+    reopened.close()
+
+
+def test_released_segments_are_overwritten_and_a_restart_reads_only_the_new_records(tmp_path: Path) -> None:
+    """Segments the store has applied become spares (at most SPARES), the next segments overwrite them, and their
+    old records, still behind the new ones, are neither read nor taken for damage: a reopened log holds exactly
+    what was not released, and no spare outlives the process."""
+    log = WriteAheadLog(tmp_path, segment_bytes=8192)
+    ends: list[int] = []
+    names: dict[int, set[str]] = {}  # inode -> the names it had: a spare reused has had two segment names
+    live = log.reader(0)  # follows the log as it is written, as the feeder does
+    for i in range(120):
+        ends.append(log.append(batch(5 + i % 30, i)))
+        assert [(e, tags([(e, b)])[0]) for e, b in live.read(10)] == [(ends[-1], f"s{i}")]
+        for p in tmp_path.glob("*" + SUFFIX):
+            names.setdefault(p.stat().st_ino, set()).add(p.name)
+        if i % 10 == 9:
+            log.release(ends[i - 3])
+            assert len(list(tmp_path.glob("*" + SPARE_SUFFIX))) <= SPARES
+    assert sum(len(n) > 1 for n in names.values()) >= 3  # segments were written over spares
+    bases = sorted(int(p.stem) for p in tmp_path.glob("*" + SUFFIX))
+    old_tails = [b for b, nxt in zip(bases, [*bases[1:], log.end])
+                 if (tmp_path / f"{b:020d}{SUFFIX}").stat().st_size > SEGMENT2.size + nxt - b]  # fmt: skip
+    assert old_tails  # old records behind new ones: the reopen below must take them for the end
+    start = log.start
+    expected = [f"s{i}" for i, e in enumerate(ends) if e > start]
+    assert tags(read_all(log, start)) == expected
+    live.close()
+    log.close()
+    reopened = WriteAheadLog(tmp_path, segment_bytes=8192)
+    assert reopened.end == ends[-1] and reopened.start == start and reopened.repair == Repair()
+    assert tags(read_all(reopened, start)) == expected and not list(tmp_path.glob("*" + SPARE_SUFFIX))
+    reopened.append(batch(3, 999))
+    assert tags(read_all(reopened, start)) == [*expected, "s999"]
+    reopened.close()
+
+
+def test_a_renewed_log_reuses_no_segment_of_the_old_identity(tmp_path: Path) -> None:
+    """Positions start over under a new identity: a spare of the old one has records at the very positions the new
+    one expects, so it must not be written over (a restart would read the old records as new)."""
+    log = WriteAheadLog(tmp_path, segment_bytes=4096)
+    ends = [log.append(batch(20, 1)) for _ in range(12)]
+    log.release(ends[3])  # the first segment, from position 0: a spare
+    assert list(tmp_path.glob("*" + SPARE_SUFFIX))
+    log.renew()
+    log.append(batch(20, 2))
+    log.close()
+    reopened = WriteAheadLog(tmp_path, segment_bytes=4096)
+    assert tags(read_all(reopened)) == ["s2"]
+    reopened.close()
+
+
+_APPENDER = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from testlib import event_batch, row
+from drainpipe.inputs import EventBatch
+from drainpipe.server.wal import WriteAheadLog
+
+log = WriteAheadLog(sys.argv[1], segment_bytes=4096)
+ends, i = [], int(sys.argv[2])
+while True:
+    rows = [row(service=f"s{i}", ts=1_700_000_000_000 + k) for k in range(5 + i % 20)]
+    ends.append(log.append(EventBatch.of(event_batch(rows))))
+    print(f"ack {i} {ends[-1]}", flush=True)
+    if len(ends) % 7 == 0:  # the store has the records up to three ago
+        print(f"releasing {ends[-4]}", flush=True)
+        log.release(ends[-4])
+    i += 1
+"""
+
+
+def test_kill_9_while_segments_are_reused_loses_no_acknowledged_record_and_brings_back_no_old_one(
+    tmp_path: Path,
+) -> None:
+    """A process appends (small segments, released as it goes, so spares are overwritten) and is killed with
+    SIGKILL after a random number of acknowledged records, six times over the same log. Every record acknowledged
+    and not released is there, in order, once; nothing else is, but the one append a kill may have cut short."""
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(7)
+    acked: dict[int, int] = {}  # tag -> end position
+    released, in_flight, start = 0, set(), 0
+    for _ in range(6):
+        child = subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), str(start), str(Path(__file__).parents[1])],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert child.stdout is not None
+        want, seen = rng.randint(20, 120), 0
+        for line in child.stdout:
+            kind, *rest = line.split()
+            if kind == "ack":
+                acked[int(rest[0])] = int(rest[1])
+                seen += 1
+            else:
+                released = max(released, int(rest[0]))
+            if seen >= want:
+                child.kill()  # (what it printed before it died is read on)
+        child.wait()
+        in_flight.add(max(acked) + 1)
+        start = max(acked) + 2
+    log = WriteAheadLog(tmp_path, segment_bytes=4096)
+    present = [(end, int(b.rows.column("service")[0].as_py()[1:])) for end, b in read_all(log, 0)]
+    log.close()
+    assert log.repair.records <= 1  # the last kill's append at most: the reused segments' old records are no damage
+    got = [tag for _, tag in present]
+    assert got == sorted(set(got))  # in order, each once
+    assert set(got) <= set(acked) | in_flight
+    assert {t for t, end in acked.items() if end > released} <= set(got)
+    assert all(acked.get(tag, end) == end for end, tag in present)  # each where it was acknowledged
+
+
+def _format1_segment(directory: Path, batches: list[EventBatch]) -> list[int]:
+    """A segment as the release before format 2 wrote it; the records' end positions."""
+    data, ends = bytearray(MAGIC), []
+    for b in batches:
+        payload = bytes(b.encode())
+        data += HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        ends.append(len(data) - len(MAGIC))
+    (directory / f"{0:020d}{SUFFIX}").write_bytes(bytes(data))
+    return ends
+
+
+def test_a_log_of_format_1_is_read_and_goes_on_in_format_2(tmp_path: Path) -> None:
+    ends = _format1_segment(tmp_path, [batch(5, i) for i in range(3)])
+    log = WriteAheadLog(tmp_path)
+    assert log.end == ends[-1] and log.repair == Repair()
+    end = log.append(batch(4, 7))
+    assert tags(read_all(log)) == ["s0", "s1", "s2", "s7"] and [e for e, _ in read_all(log)] == [*ends, end]
+    assert tags(read_all(log, ends[1])) == ["s2", "s7"]
+    log.close()
+    segments = sorted(tmp_path.glob("*" + SUFFIX))
+    assert [p.read_bytes()[:8] for p in segments] == [MAGIC, SEGMENT2.pack(wal_module.MAGIC2, 0)[:8]]
+    reopened = WriteAheadLog(tmp_path)
+    assert tags(read_all(reopened)) == ["s0", "s1", "s2", "s7"] and reopened.repair == Repair()
     reopened.close()
 
 

@@ -7,16 +7,23 @@ checkpoint: input position and state committed atomically), so after any crash t
 
 Two kinds, one interface (``append``, ``reader``, ``wait``, ``release``):
 
-* :class:`WriteAheadLog`, on disk. Segment files ``<base position>.wal`` (20 digits) of about ``segment_bytes``;
-  each starts with an 8-byte magic and holds records ``<length u32><crc32 u32><payload>``, the payload an Arrow
-  IPC message of an :data:`~drainpipe.inputs.EVENT_SCHEMA` batch (one with exit rows is prefixed with ``DPX1``
-  and its request row count: an IPC message starts with 0xFFFFFFFF, so older records read as before). ``append``
-  returns once the record is written *and* fsynced; concurrent appends share one fsync (group commit: the first
-  caller to get the flush lock writes and syncs everything queued so far, the others find their record already
-  done). On open, every record's CRC is checked; a torn tail (a crash mid-write) or a damaged record is truncated
-  away, counted and logged, never fatal. A segment is deleted once the store has applied everything in it
-  (``release``). A write that fails (disk full) is truncated back, so the log never holds a partial record, and
-  raises :class:`LogFull`.
+* :class:`WriteAheadLog`, on disk. Segment files ``<base position>.wal`` (20 digits) of about ``segment_bytes``.
+  A segment of format 2 (written since the fifty-fourth session) starts with an 8-byte magic and its base position
+  (u64), and holds records ``<length u32><crc32 u32><position u64><payload>``, ``position`` where the record
+  starts; format 1 (read as before, never written) has the magic alone and records without the position. The
+  payload is an Arrow IPC message of an :data:`~drainpipe.inputs.EVENT_SCHEMA` batch (one with exit rows is
+  prefixed with ``DPX1`` and its request row count: an IPC message starts with 0xFFFFFFFF). ``append`` returns once
+  the record is written *and* fsynced; concurrent appends share one fsync (group commit: the first caller to get
+  the flush lock writes and syncs everything queued so far, the others find their record already done). On open,
+  every record's CRC is checked; a torn tail (a crash mid-write) or a damaged record is truncated away, counted
+  and logged, never fatal. A write that fails (disk full) is truncated back, so the log never holds a partial
+  record, and raises :class:`LogFull`.
+
+  A segment the store has applied everything of (``release``) is kept as a spare, up to :data:`SPARES` of them
+  (the rest are deleted), and the next segment is a spare overwritten, not a new file: an ``fdatasync`` of
+  blocks already written has no metadata to journal (a 150 KB record: 201 us and 75 us of system CPU against 623
+  us and 216 us appended to a growing file). Its old records are still there after the new ones; each names its
+  position, and the first whose position is not the one expected is the segment's end, not damage.
 * :class:`MemoryLog`, for ``--durability none``: the same positions and interface, batches kept in memory. Nothing
   survives the process.
 
@@ -49,10 +56,16 @@ __all__ = ["DEFAULT_MAX_BYTES", "EventLog", "LogFull", "LogReader", "MemoryLog",
 
 log = logging.getLogger("drainpipe.wal")
 
-MAGIC = b"DPWAL\x00\x00\x01"  # segment header: format version 1
-HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
+MAGIC = b"DPWAL\x00\x00\x01"  # segment header of format 1 (read, not written)
+HEADER = struct.Struct("<II")  # a format 1 record's header: payload length, CRC-32 of the payload
+MAGIC2 = b"DPWAL\x00\x00\x02"  # format 2: the magic, then the segment's base position
+SEGMENT2 = struct.Struct("<8sQ")
+HEADER2 = struct.Struct("<IIQ")  # a format 2 record's header: payload length, CRC-32 of the payload, its position
 MAX_RECORD = 1 << 30
 SUFFIX = ".wal"
+SPARE_SUFFIX = ".spare"  # a released segment kept to be overwritten as a later one
+#: released segments kept as spares (each about ``segment_bytes`` on disk)
+SPARES = 2
 ID_FILE = "log.id"
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: at about 60 bytes an event, some 70 million events (minutes at full load)
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -97,12 +110,18 @@ class EventLog(Protocol):
 
 
 class _Ticket:
-    __slots__ = ("data", "end", "error")
+    __slots__ = ("payload", "crc", "end", "error")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    def __init__(self, payload: bytes | memoryview) -> None:
+        self.payload = payload
+        self.crc = zlib.crc32(payload)
         self.end = 0
         self.error: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        """The bytes (and positions) the record takes in the log, its header included."""
+        return HEADER2.size + len(self.payload)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -143,16 +162,22 @@ class WriteAheadLog:
         self._queued = 0
         self._bases: list[int] = []  # each segment's first position
         self._ends: list[int] = []  # each segment's end position
+        self._v2: list[bool] = []  # each segment's format: 2, or 1 (read only)
+        self._spares: list[Path] = []  # released segments to overwrite (this process's: see _open_segments)
         self._fd = -1
         self._released = 0  # the store has everything up to here
         self._closed = False
         try:
             self.key = "wal:" + self._identity()
             self.repair = self._open_segments()
-            if not self._bases:
-                self._new_segment(0)
+            if self._bases and not self._v2[-1] and self._ends[-1] == self._bases[-1]:
+                self._path(self._bases.pop()).unlink()  # an empty segment of format 1: the next one takes its base
+                self._ends.pop()
+                self._v2.pop()
+            if not self._bases or not self._v2[-1]:  # records are written in format 2 only
+                self._new_segment(self._ends[-1] if self._ends else 0)
             else:
-                self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
+                self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY)
         except OSError as exc:
             os.close(self._lock_fd)
             raise DrainpipeError(
@@ -203,65 +228,106 @@ class WriteAheadLog:
             for base in self._bases:
                 self._path(base).unlink(missing_ok=True)
             (self.dir / ID_FILE).unlink(missing_ok=True)
+            for spare in self._spares:  # positions start over: an old record could stand where a new one is expected
+                spare.unlink(missing_ok=True)
+            self._spares.clear()
             self.key = "wal:" + self._identity()
             self._bases.clear()
             self._ends.clear()
+            self._v2.clear()
             self._new_segment(0)
 
     def _path(self, base: int) -> Path:
         return self.dir / f"{base:020d}{SUFFIX}"
 
     def _open_segments(self) -> Repair:
-        """Find the segments, check every record, cut damaged tails. Sets the segment list and positions."""
+        """Find the segments, check every record, cut damaged tails (and a reused segment's old records). Sets the
+        segment list and positions. Spares left by an earlier process are deleted: a spare is only reused by the
+        process that released it, under the log identity its records had."""
+        for spare in self.dir.glob("*" + SPARE_SUFFIX):
+            spare.unlink()
         bases = sorted(int(p.stem) for p in self.dir.glob("*" + SUFFIX) if p.stem.isdigit())
         records = cut = 0
         for base in bases:
             path = self._path(base)
-            good, total, bad = self._scan(path)
+            good, total, bad, head = self._scan(path, base)
             if good < total:
                 with open(path, "rb+") as f:
                     f.truncate(good)
                     os.fsync(f.fileno())
-                records += bad
-                cut += total - good
-                log.warning(
-                    "write-ahead log %s: cut %d damaged byte(s) at offset %d (%s); what was acknowledged before "
-                    "them is kept", path.name, total - good, good, "a torn last write" if base == bases[-1]
-                    else "a damaged record",
-                )  # fmt: skip
-            if good < len(MAGIC):  # not even a segment header: an empty segment from a crash at creation
+                if bad:
+                    records += bad
+                    cut += total - good
+                    log.warning(
+                        "write-ahead log %s: cut %d damaged byte(s) at offset %d (%s); what was acknowledged "
+                        "before them is kept", path.name, total - good, good, "a torn last write"
+                        if base == bases[-1] else "a damaged record",
+                    )  # fmt: skip
+            if good < head:  # not even a segment header: an empty segment from a crash at creation
                 path.unlink()
                 continue
             self._bases.append(base)
-            self._ends.append(base + good - len(MAGIC))
+            self._ends.append(base + good - head)
+            self._v2.append(head == SEGMENT2.size)
         return Repair(records, cut)
 
     @staticmethod
-    def _scan(path: Path) -> tuple[int, int, int]:
-        """(bytes of valid records incl. the header, file size, damaged records found) of one segment."""
+    def _scan(path: Path, base: int) -> tuple[int, int, int, int]:
+        """(bytes of valid records incl. the header, file size, damaged records found, the segment header's size)
+        of one segment. In format 2, a record whose position is not the one expected where it stands is the end
+        (a reused segment's old record), not damage."""
         data = path.read_bytes()
-        if data[: len(MAGIC)] != MAGIC:
-            return 0, len(data), 1 if data else 0
-        at = len(MAGIC)
+        if data[: len(MAGIC2)] == MAGIC2:
+            head, record = SEGMENT2.size, HEADER2.size
+            if len(data) < head or SEGMENT2.unpack_from(data)[1] != base:
+                return 0, len(data), 1, head
+        elif data[: len(MAGIC)] == MAGIC:
+            head, record = len(MAGIC), HEADER.size
+        else:
+            return 0, len(data), 1 if data else 0, len(MAGIC)
+        at = head
         while at < len(data):
-            if at + HEADER.size > len(data):
-                return at, len(data), 1
-            length, crc = HEADER.unpack_from(data, at)
-            end = at + HEADER.size + length
-            if length > MAX_RECORD or end > len(data) or zlib.crc32(data[at + HEADER.size : end]) != crc:
-                return at, len(data), 1
+            if at + record > len(data):
+                return at, len(data), 1, head
+            if record == HEADER2.size:
+                length, crc, position = HEADER2.unpack_from(data, at)
+                if position != base + at - head:
+                    return at, len(data), 0, head
+            else:
+                length, crc = HEADER.unpack_from(data, at)
+            end = at + record + length
+            if length > MAX_RECORD or end > len(data) or zlib.crc32(data[at + record : end]) != crc:
+                return at, len(data), 1, head
             at = end
-        return at, len(data), 0
+        return at, len(data), 0, head
 
     def _new_segment(self, base: int) -> None:
-        path = self._path(base)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.write(fd, MAGIC)
-        os.fsync(fd)
+        """Start the segment at ``base`` (format 2): a spare overwritten (its header first, synced, then renamed:
+        a crash leaves either the spare or the new segment), or a new file."""
+        path, header = self._path(base), SEGMENT2.pack(MAGIC2, base)
+        fd = -1
+        while fd < 0 and self._spares:
+            spare = self._spares.pop()
+            try:
+                fd = os.open(spare, os.O_WRONLY)
+                os.pwrite(fd, header, 0)
+                os.fdatasync(fd)
+                os.rename(spare, path)
+            except OSError as exc:
+                log.warning("write-ahead log: could not reuse %s (%s); a new segment instead", spare.name, exc)
+                if fd >= 0:
+                    os.close(fd)
+                    fd = -1
+                spare.unlink(missing_ok=True)
+        if fd < 0:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, header)
+            os.fsync(fd)
         _fsync_dir(self.dir)
         self._fd = fd
         self._bases.append(base)
         self._ends.append(base)
+        self._v2.append(True)
 
     # ------------------------------------------------------------------ positions
 
@@ -287,16 +353,14 @@ class WriteAheadLog:
         """Write one validated batch; returns its end position once it is on disk (fsynced). Blocks for one group
         commit (a few ms). Raises :class:`LogFull` over the budget or when the disk refuses the write (then the
         batch is not in the log)."""
-        payload = batch.encode()
-        data = HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-        ticket = _Ticket(data)
+        ticket = _Ticket(batch.encode())
         with self._lock:
             if self._closed:
                 raise LogFull("the log is closed")
-            if self.size + len(data) > self.max_bytes:
+            if self.size + ticket.size > self.max_bytes:
                 raise LogFull(f"write-ahead log full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
             self._queue.append(ticket)
-            self._queued += len(data)
+            self._queued += ticket.size
         with self._flush_lock:
             if not ticket.end and ticket.error is None:
                 self._flush()
@@ -308,22 +372,30 @@ class WriteAheadLog:
         """Write and sync every queued record (under the flush lock): one group commit."""
         with self._lock:
             group, self._queue = self._queue, []
-            self._queued -= sum(len(t.data) for t in group)
+            self._queued -= sum(t.size for t in group)
         at = self._ends[-1]
         if at - self._bases[-1] >= self.segment_bytes:  # roll over before, never inside, a group
             os.close(self._fd)
             with self._lock:
                 self._new_segment(at)
-        size_before = len(MAGIC) + at - self._bases[-1]
+        offset = SEGMENT2.size + at - self._bases[-1]  # (the segment written is always of format 2)
+        parts: list[bytes | memoryview] = []
+        position = at
+        for t in group:
+            parts += (HEADER2.pack(len(t.payload), t.crc, position), t.payload)
+            position += t.size
         try:
-            data = b"".join(t.data for t in group)
-            view = memoryview(data)
+            view, written = memoryview(b"".join(parts)), offset
             while view:
-                view = view[os.write(self._fd, view) :]
+                n = os.pwrite(self._fd, view, written)
+                view, written = view[n:], written + n
             os.fdatasync(self._fd)
         except OSError as exc:
-            try:  # never leave part of a record behind: the next start would cut it, but the next write follows it
-                os.ftruncate(self._fd, size_before)
+            # never leave part of a record behind, nor whole records of a group that failed: the next group is
+            # written at the same offset, and one as long as a failed record would make the record after it look
+            # like the next (a reused segment's tail goes too: its old records are below this segment's positions)
+            try:
+                os.ftruncate(self._fd, offset)
             except OSError:
                 log.exception("write-ahead log: could not cut a failed write back")
             if exc.errno == errno.ENOSPC:
@@ -332,7 +404,7 @@ class WriteAheadLog:
                 t.error = exc
             return
         for t in group:
-            at += len(t.data)
+            at += t.size
             t.end = at
         with self._lock:
             self._ends[-1] = at
@@ -351,13 +423,13 @@ class WriteAheadLog:
                 self._ends[-1] > position
             )
 
-    def _segment_of(self, position: int) -> tuple[int, int]:
-        """(base, end) of the segment holding ``position`` (or the next one after a gap)."""
+    def _segment_of(self, position: int) -> tuple[int, int, bool]:
+        """(base, end, format 2) of the segment holding ``position`` (or the next one after a gap)."""
         with self._lock:
             i = max(0, bisect.bisect_right(self._bases, position) - 1)
             if i < len(self._bases) - 1 and position >= self._ends[i]:
                 i += 1
-            return self._bases[i], self._ends[i]
+            return self._bases[i], self._ends[i], self._v2[i]
 
     # ------------------------------------------------------------------ releasing
 
@@ -372,7 +444,20 @@ class WriteAheadLog:
                     return
                 base = self._bases.pop(0)
                 self._ends.pop(0)
-            self._path(base).unlink(missing_ok=True)
+                self._v2.pop(0)
+                keep = len(self._spares) < SPARES
+            path = self._path(base)
+            if keep:
+                spare = path.with_suffix(SPARE_SUFFIX)
+                try:
+                    path.rename(spare)
+                except OSError:
+                    keep = False
+                else:
+                    with self._lock:
+                        self._spares.append(spare)
+            if not keep:
+                path.unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._flush_lock, self._lock:
@@ -393,6 +478,7 @@ class _DiskReader:
         self._file: BinaryIO | None = None
         self._base = -1
         self._seg_end = -1  # the end of the open segment, as last seen (the active one grows)
+        self._v2 = True  # the open segment's format
 
     def read(self, max_records: int) -> list[tuple[int, EventBatch]]:
         out: list[tuple[int, EventBatch]] = []
@@ -400,24 +486,30 @@ class _DiskReader:
             if self.position >= self._seg_end and not self._next_segment():
                 break
             assert self._file is not None
-            length, crc = HEADER.unpack(self._file.read(HEADER.size))
+            if self._v2:
+                length, crc, at = HEADER2.unpack(self._file.read(HEADER2.size))
+                header = HEADER2.size
+            else:
+                (length, crc), at, header = HEADER.unpack(self._file.read(HEADER.size)), self.position, HEADER.size
             payload = self._file.read(length)
-            if len(payload) != length or zlib.crc32(payload) != crc:  # checked at open, written whole: a bug
+            if at != self.position or len(payload) != length or zlib.crc32(payload) != crc:  # checked at open,
                 raise DrainpipeError(f"write-ahead log damaged at position {self.position} in {self._wal.dir}")
-            self.position += HEADER.size + length
+            self.position += header + length  # (written whole: a bug)
             out.append((self.position, EventBatch.decode(payload)))
         return out
 
     def _next_segment(self) -> bool:
         """Move on to what follows ``position`` (more of the active segment, or the next one); False if nothing."""
-        base, end = self._wal._segment_of(self.position)
+        base, end, v2 = self._wal._segment_of(self.position)
         if base != self._base:
             if self._file is not None:
                 self._file.close()
             self.position = max(self.position, base)  # after a gap (a damaged segment was cut)
-            self._file = open(self._wal._path(base), "rb")  # kept open across reads
-            self._file.seek(len(MAGIC) + self.position - base)
-            self._base = base
+            # kept open across reads; unbuffered: a buffer reads ahead, and past the end of a reused segment it
+            # would keep its old records where the next ones are written
+            self._file = open(self._wal._path(base), "rb", buffering=0)
+            self._file.seek((SEGMENT2.size if v2 else len(MAGIC)) + self.position - base)
+            self._base, self._v2 = base, v2
         self._seg_end = end
         return self.position < end
 
