@@ -344,6 +344,94 @@ def test_kill_9_while_segments_are_reused_loses_no_acknowledged_record_and_bring
     assert all(acked.get(tag, end) == end for end, tag in present)  # each where it was acknowledged
 
 
+def test_a_damaged_position_in_a_segment_before_the_last_is_damage_not_an_end(tmp_path: Path) -> None:
+    """A record whose position field is damaged reads as the end of the segment (as a reused file's old record
+    would): in a segment before the last one, that end falls short of the next segment, and the records lost are
+    counted and logged, not dropped quietly."""
+    log = WriteAheadLog(tmp_path, segment_bytes=4096)
+    ends = [log.append(batch(20, i)) for i in range(12)]
+    log.close()
+    first = min(tmp_path.glob("*" + SUFFIX))
+    data = bytearray(first.read_bytes())
+    second = SEGMENT2.size + ends[1]  # the third record's header, in the first segment
+    assert int(first.stem) == 0 and ends[2] < int(sorted(tmp_path.glob("*" + SUFFIX))[1].stem)
+    data[second + 8] ^= 0x01  # a bit of its position
+    first.write_bytes(bytes(data))
+    reopened = WriteAheadLog(tmp_path, segment_bytes=4096)
+    assert reopened.repair.records == 1 and reopened.repair.bytes > 0
+    assert tags(read_all(reopened))[:2] == ["s0", "s1"] and "s2" not in tags(read_all(reopened))
+    reopened.close()
+
+
+def test_an_empty_header_is_no_record(tmp_path: Path) -> None:
+    """Sixteen zero bytes at the start of a segment of base 0 (space a power loss left unwritten) are not a record
+    of length 0 at position 0: the log is empty, and says what it cut."""
+    log = WriteAheadLog(tmp_path)
+    log.close()
+    (segment,) = tmp_path.glob("*" + SUFFIX)
+    segment.write_bytes(segment.read_bytes() + bytes(HEADER2.size))
+    reopened = WriteAheadLog(tmp_path)
+    assert reopened.end == 0 and reopened.repair.bytes == HEADER2.size and read_all(reopened) == []
+    reopened.append(batch(2, 1))
+    assert tags(read_all(reopened)) == ["s1"]
+    reopened.close()
+
+
+def test_a_failed_roll_over_fails_its_group_and_the_next_write_rolls_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new segment cannot be made: every request of the group is refused (none is answered as written), and
+    once it can, the log goes on in a new segment."""
+    log = WriteAheadLog(tmp_path, segment_bytes=2048)
+    while log.end < 2048:
+        log.append(batch(20, 1))
+    real_fsync_dir = wal_module._fsync_dir
+    monkeypatch.setattr(wal_module, "_fsync_dir", lambda path: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    errors: list[BaseException] = []
+
+    def append(tag: int) -> None:
+        try:
+            log.append(batch(10, tag))
+        except LogFull as exc:
+            errors.append(exc)
+
+    with log._flush_lock:  # both queue behind the lock: one group of two
+        threads = [threading.Thread(target=append, args=(tag,)) for tag in (2, 3)]
+        for t in threads:
+            t.start()
+        while len(log._queue) < 2:
+            time.sleep(0.001)
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all("I/O error" in str(e) for e in errors)
+    monkeypatch.setattr(wal_module, "_fsync_dir", real_fsync_dir)
+    log.append(batch(10, 4))
+    assert tags(read_all(log))[-1] == "s4" and "s2" not in tags(read_all(log))
+    log.close()
+
+
+def test_a_failed_write_that_cannot_be_cut_back_stops_the_log_until_it_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's write failed and so did the cut: a later record written over it could uncover one of the
+    failed group's, so nothing more is written; the next start cuts the tail as damage."""
+    log = WriteAheadLog(tmp_path)
+    log.append(batch(10, 1))
+    real_sync, real_truncate = os.fdatasync, os.ftruncate
+    monkeypatch.setattr(wal_module.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    monkeypatch.setattr(wal_module.os, "ftruncate", lambda fd, n: (_ for _ in ()).throw(OSError(errno.EIO, "no")))
+    with pytest.raises(LogFull):
+        log.append(batch(10, 2))
+    monkeypatch.setattr(wal_module.os, "fdatasync", real_sync)
+    monkeypatch.setattr(wal_module.os, "ftruncate", real_truncate)
+    with pytest.raises(LogFull, match="restart"):
+        log.append(batch(10, 3))
+    log.close()
+    reopened = WriteAheadLog(tmp_path)
+    assert tags(read_all(reopened)) in (["s1"], ["s1", "s2"])  # s2's bytes may have reached the disk: unacknowledged
+    reopened.close()
+
+
 def _format1_segment(directory: Path, batches: list[EventBatch]) -> list[int]:
     """A segment as the release before format 2 wrote it; the records' end positions."""
     data, ends = bytearray(MAGIC), []
@@ -353,6 +441,16 @@ def _format1_segment(directory: Path, batches: list[EventBatch]) -> list[int]:
         ends.append(len(data) - len(MAGIC))
     (directory / f"{0:020d}{SUFFIX}").write_bytes(bytes(data))
     return ends
+
+
+def test_an_empty_format_1_segment_keeps_its_position(tmp_path: Path) -> None:
+    """An old log whose only segment holds its header alone (the rest released): the log goes on from that
+    segment's position, not from 0 (which a store that applied the log would take for another log)."""
+    (tmp_path / f"{5000:020d}{SUFFIX}").write_bytes(MAGIC)
+    log = WriteAheadLog(tmp_path)
+    assert (log.start, log.end) == (5000, 5000)
+    assert log.append(batch(2, 1)) > 5000 and tags(read_all(log, 5000)) == ["s1"]
+    log.close()
 
 
 def test_a_log_of_format_1_is_read_and_goes_on_in_format_2(tmp_path: Path) -> None:

@@ -164,18 +164,20 @@ class WriteAheadLog:
         self._ends: list[int] = []  # each segment's end position
         self._v2: list[bool] = []  # each segment's format: 2, or 1 (read only)
         self._spares: list[Path] = []  # released segments to overwrite (this process's: see _open_segments)
+        self._broken = ""  # why no write may be made any more (a failed write that could not be cut back)
         self._fd = -1
         self._released = 0  # the store has everything up to here
         self._closed = False
         try:
             self.key = "wal:" + self._identity()
             self.repair = self._open_segments()
+            end = self._ends[-1] if self._ends else 0
             if self._bases and not self._v2[-1] and self._ends[-1] == self._bases[-1]:
                 self._path(self._bases.pop()).unlink()  # an empty segment of format 1: the next one takes its base
                 self._ends.pop()
                 self._v2.pop()
             if not self._bases or not self._v2[-1]:  # records are written in format 2 only
-                self._new_segment(self._ends[-1] if self._ends else 0)
+                self._new_segment(end)
             else:
                 self._fd = os.open(self._path(self._bases[-1]), os.O_WRONLY)
         except OSError as exc:
@@ -248,7 +250,7 @@ class WriteAheadLog:
             spare.unlink()
         bases = sorted(int(p.stem) for p in self.dir.glob("*" + SUFFIX) if p.stem.isdigit())
         records = cut = 0
-        for base in bases:
+        for k, base in enumerate(bases):
             path = self._path(base)
             good, total, bad, head = self._scan(path, base)
             if good < total:
@@ -263,6 +265,15 @@ class WriteAheadLog:
                         "before them is kept", path.name, total - good, good, "a torn last write"
                         if base == bases[-1] else "a damaged record",
                     )  # fmt: skip
+            if not bad and k + 1 < len(bases) and base + good - head < bases[k + 1]:
+                # segments follow each other: one that ends short of the next lost records, though what ended it
+                # read as a reused segment's old record (its position damaged) or its file was cut
+                records += 1
+                cut += bases[k + 1] - (base + good - head)
+                log.warning(
+                    "write-ahead log %s: its records end at position %d, short of the next segment's %d (damage); "
+                    "what was acknowledged before is kept", path.name, base + good - head, bases[k + 1],
+                )  # fmt: skip
             if good < head:  # not even a segment header: an empty segment from a crash at creation
                 path.unlink()
                 continue
@@ -296,7 +307,7 @@ class WriteAheadLog:
             else:
                 length, crc = HEADER.unpack_from(data, at)
             end = at + record + length
-            if length > MAX_RECORD or end > len(data) or zlib.crc32(data[at + record : end]) != crc:
+            if not 0 < length <= MAX_RECORD or end > len(data) or zlib.crc32(data[at + record : end]) != crc:
                 return at, len(data), 1, head
             at = end
         return at, len(data), 0, head
@@ -364,6 +375,8 @@ class WriteAheadLog:
         with self._flush_lock:
             if not ticket.end and ticket.error is None:
                 self._flush()
+        if not ticket.end and ticket.error is None:  # (a bug: never acknowledge what was not written)
+            ticket.error = OSError(errno.EIO, "the record was not written")
         if ticket.error is not None:
             raise LogFull(f"write-ahead log write failed: {ticket.error}") from ticket.error
         return ticket.end
@@ -373,31 +386,30 @@ class WriteAheadLog:
         with self._lock:
             group, self._queue = self._queue, []
             self._queued -= sum(t.size for t in group)
-        at = self._ends[-1]
-        if at - self._bases[-1] >= self.segment_bytes:  # roll over before, never inside, a group
-            os.close(self._fd)
-            with self._lock:
-                self._new_segment(at)
-        offset = SEGMENT2.size + at - self._bases[-1]  # (the segment written is always of format 2)
-        parts: list[bytes | memoryview] = []
-        position = at
-        for t in group:
-            parts += (HEADER2.pack(len(t.payload), t.crc, position), t.payload)
-            position += t.size
+        at, offset = self._ends[-1], -1
         try:
+            if self._broken:
+                raise OSError(errno.EIO, self._broken)
+            if at - self._bases[-1] >= self.segment_bytes:  # roll over before, never inside, a group
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1  # (until the next segment is open: a failed roll-over is tried again)
+                with self._lock:
+                    self._new_segment(at)
+            offset = SEGMENT2.size + at - self._bases[-1]  # (the segment written is always of format 2)
+            parts: list[bytes | memoryview] = []
+            position = at
+            for t in group:
+                parts += (HEADER2.pack(len(t.payload), t.crc, position), t.payload)
+                position += t.size
             view, written = memoryview(b"".join(parts)), offset
             while view:
                 n = os.pwrite(self._fd, view, written)
                 view, written = view[n:], written + n
             os.fdatasync(self._fd)
         except OSError as exc:
-            # never leave part of a record behind, nor whole records of a group that failed: the next group is
-            # written at the same offset, and one as long as a failed record would make the record after it look
-            # like the next (a reused segment's tail goes too: its old records are below this segment's positions)
-            try:
-                os.ftruncate(self._fd, offset)
-            except OSError:
-                log.exception("write-ahead log: could not cut a failed write back")
+            if offset >= 0:
+                self._cut(offset)
             if exc.errno == errno.ENOSPC:
                 log.error("write-ahead log: disk full in %s; refusing writes until there is room", self.dir)
             for t in group:
@@ -409,6 +421,18 @@ class WriteAheadLog:
         with self._lock:
             self._ends[-1] = at
             self._grown.notify_all()
+
+    def _cut(self, offset: int) -> None:
+        """Cut a failed group's bytes off at ``offset``, durably: never leave part of a record behind, nor whole
+        records of a group that failed (the next group is written at the same offset, and one as long as a failed
+        record would make the record after it look like the next; a reused segment's old tail goes too). A cut
+        that fails leaves the log refusing writes until it is opened again (its repair then cuts the tail)."""
+        try:
+            os.ftruncate(self._fd, offset)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = f"a failed write could not be cut back ({exc}); restart the server"
+            log.exception("write-ahead log: could not cut a failed write back; refusing writes until restarted")
 
     # ------------------------------------------------------------------ reading
 
@@ -451,6 +475,7 @@ class WriteAheadLog:
                 spare = path.with_suffix(SPARE_SUFFIX)
                 try:
                     path.rename(spare)
+                    _fsync_dir(self.dir)  # (lost in a crash, the spare would come back as this segment, rewritten)
                 except OSError:
                     keep = False
                 else:
