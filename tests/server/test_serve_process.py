@@ -120,3 +120,35 @@ def test_serve_errors_are_one_line(tmp_path: Path) -> None:
             timeout=60,
         )  # fmt: skip
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "for OTLP/gRPC" in out.stderr, out.stderr
+
+
+def test_the_serve_command_watches_its_heap_and_an_embedded_service_does_not(monkeypatch) -> None:
+    """``drainpipe serve`` (release_memory, set for the command's own process) runs the heap watcher while it serves
+    and stops it after; a program that serves a ServeConfig of its own gets no trimming of its process's heap."""
+    import pytest
+
+    from drainpipe.errors import UsageError
+    from drainpipe.server import assembly, http
+
+    seen: list[set[str]] = []
+
+    def fake_run_server(service, *args, **kwargs) -> dict:
+        seen.append({t.name for t in threading.enumerate()})
+        service.close()
+        return {}
+
+    monkeypatch.setattr(http, "run_server", fake_run_server)
+    for release in (True, False):
+        assembly.serve(assembly.ServeConfig(store_url="duckdb:///:memory:", durable=False, parsers=0,
+                                            release_memory=release))  # fmt: skip
+    assert "drainpipe-heap" in seen[0] and "drainpipe-heap" not in seen[1]
+    assert "drainpipe-heap" not in {t.name for t in threading.enumerate()}  # stopped when serving ended
+
+    def cannot_bind(*args, **kwargs) -> dict:
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(http, "run_server", cannot_bind)
+    with pytest.raises(UsageError, match="cannot listen"):  # a failed start stops the watcher too
+        assembly.serve(assembly.ServeConfig(store_url="duckdb:///:memory:", durable=False, parsers=0,
+                                            release_memory=True))  # fmt: skip
+    assert "drainpipe-heap" not in {t.name for t in threading.enumerate()}

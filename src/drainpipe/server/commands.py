@@ -66,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          port=args.port, grpc_port=args.grpc_port, token=token, durable=args.durability != "none",
                          wal_dir=args.wal, wal_max_bytes=args.wal_max_bytes, parsers=args.parsers,
                          slow_handler_s=args.slow_handler_s, shutdown_grace_s=args.shutdown_grace_s,
-                         options=options)  # fmt: skip
+                         options=options, release_memory=args.own_process)  # fmt: skip
     serve(config, announce=lambda line: print(line, flush=True))
     return 0
 
