@@ -458,8 +458,10 @@ class WriteAheadLog:
     # ------------------------------------------------------------------ releasing
 
     def release(self, position: int) -> None:
-        """The store has applied everything up to ``position``: delete the segments that end at or before it
-        (never the one being written)."""
+        """The store has applied everything up to ``position``: the segments that end at or before it become spares
+        (up to :data:`SPARES`) or are deleted (never the one being written). Every reader must be past
+        ``position``: a spare is written over as a later segment, and a reader still inside it would read that (the
+        feeder's reader is always ahead of what the store has applied)."""
         with self._lock:
             self._released = max(self._released, position)
         while True:
