@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from drainpipe.server.wal import (
     Repair,
     WriteAheadLog,
 )
-from testlib import event_batch
+from testlib import event_batch, wait_until
 
 
 def rows(n: int, tag: int = 0) -> pa.RecordBatch:
@@ -198,6 +197,27 @@ def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(
     reopened.close()
 
 
+def _one_group(log: WriteAheadLog, tags: tuple[int, ...]) -> list[BaseException]:
+    """Appends of ``tags`` from threads of their own, queued behind the flush lock so that they are written as one
+    group; what each raised (nothing for those written)."""
+    errors: list[BaseException] = []
+
+    def append(tag: int) -> None:
+        try:
+            log.append(batch(10, tag))
+        except BaseException as exc:  # the test reads it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=append, args=(tag,)) for tag in tags]
+    with log._flush_lock:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(log._queue) == len(tags), what="the appends queued behind the flush lock")
+    for t in threads:
+        t.join(10)
+    return errors
+
+
 def test_a_group_that_failed_whole_leaves_no_record_that_a_later_one_could_uncover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,23 +229,8 @@ def test_a_group_that_failed_whole_leaves_no_record_that_a_later_one_could_uncov
     log.append(batch(10, 1))
     real_sync = os.fdatasync
     monkeypatch.setattr(wal_module.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
-    errors: list[BaseException] = []
-
-    def append(tag: int) -> None:
-        try:
-            log.append(batch(10, tag))
-        except LogFull as exc:
-            errors.append(exc)
-
-    with log._flush_lock:  # both queue behind the lock: one group of two
-        threads = [threading.Thread(target=append, args=(tag,)) for tag in (2, 3)]
-        for t in threads:
-            t.start()
-        while len(log._queue) < 2:
-            time.sleep(0.001)
-    for t in threads:
-        t.join(10)
-    assert len(errors) == 2
+    errors = _one_group(log, (2, 3))
+    assert len(errors) == 2 and all(isinstance(e, LogFull) for e in errors)
     monkeypatch.setattr(wal_module.os, "fdatasync", real_sync)
     log.append(batch(10, 4))  # as long as the failed group's first record
     log.close()
@@ -387,23 +392,8 @@ def test_a_failed_roll_over_fails_its_group_and_the_next_write_rolls_over(
         log.append(batch(20, 1))
     real_fsync_dir = wal_module._fsync_dir
     monkeypatch.setattr(wal_module, "_fsync_dir", lambda path: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
-    errors: list[BaseException] = []
-
-    def append(tag: int) -> None:
-        try:
-            log.append(batch(10, tag))
-        except LogFull as exc:
-            errors.append(exc)
-
-    with log._flush_lock:  # both queue behind the lock: one group of two
-        threads = [threading.Thread(target=append, args=(tag,)) for tag in (2, 3)]
-        for t in threads:
-            t.start()
-        while len(log._queue) < 2:
-            time.sleep(0.001)
-    for t in threads:
-        t.join(10)
-    assert len(errors) == 2 and all("I/O error" in str(e) for e in errors)
+    errors = _one_group(log, (2, 3))
+    assert len(errors) == 2 and all(isinstance(e, LogFull) and "I/O error" in str(e) for e in errors)
     monkeypatch.setattr(wal_module, "_fsync_dir", real_fsync_dir)
     log.append(batch(10, 4))
     assert tags(read_all(log))[-1] == "s4" and "s2" not in tags(read_all(log))
