@@ -136,16 +136,10 @@ class ConnectionLoop:
                         self._woken()
                     else:
                         self._event(key.data, mask)
-                while self._bodies:  # (answering reads on: a request sent behind an answer joins the next group)
-                    bodies, self._bodies = self._bodies, []
-                    self.service.ingest_now(bodies)
-                    self._write_answers()
+                self._serve_bodies()
                 self._deadlines()
         finally:
-            while self._bodies:  # the turn broke off (a bug): each still gets its answer, its leave() is in it
-                bodies, self._bodies = self._bodies, []
-                self.service.ingest_now(bodies)
-                self._write_answers()
+            self._serve_bodies()  # the turn broke off (a bug): each body still gets its answer, its leave() is in it
             for conn in list(self._conns):
                 self._close(conn)
             self._sel.close()
@@ -339,6 +333,14 @@ class ConnectionLoop:
                 pass
         except OSError:
             pass
+
+    def _serve_bodies(self) -> None:
+        """Decode and log the turn's exports as one group, and write their answers (answering reads on: a request
+        sent behind an answer joins the next group)."""
+        while self._bodies:
+            bodies, self._bodies = self._bodies, []
+            self.service.ingest_now(bodies)
+            self._write_answers()
 
     def _write_answers(self) -> None:
         """Write the group's answers, each connection's then read on (a request sent behind its answer)."""
