@@ -151,14 +151,17 @@ from drainpipe.native._otlpjson import scan as normal
 sys.path.insert(0, sys.argv[2])
 from test_otlp_json_scan import _line  # the differential test's exports: every field, good and bad spellings
 
-from drainpipe.native._otlpjson import events as normal_events
+from drainpipe.native._otlpjson import events as normal_events, gather as normal_gather
 
 rng = random.Random(11)
 def check(data):
     count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
     assert sanitized.scan(data, count) == normal(data, count), data
     args = (data, count, SPAN_ROLES, RESOURCE_ROLES, (1 << 2) | (1 << 5), 3, 2, 1e9)
-    assert sanitized.events(*args) == normal_events(*args), data
+    out = sanitized.events(*args)
+    assert out == normal_events(*args), data
+    if out is not None:  # the endpoint column gathered from the distinct values (an exit row's code: one past them)
+        assert sanitized.gather(out[12], out[11] + [""]) == normal_gather(out[12], out[11] + [""]), data
 
 count = 0
 for _ in range(40):  # every prefix of an export
@@ -180,13 +183,16 @@ from drainpipe.native._otlpproto import scan as normal
 sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[2]).parent))  # (tests/: the shared helpers)
 from otlp_exports import fuzzed_export as _export  # the differential test's exports: every field, odd fields, mutations
 
-from drainpipe.native._otlpproto import events as normal_events
+from drainpipe.native._otlpproto import events as normal_events, gather as normal_gather
 
 rng = random.Random(12)
 def check(exports):
     assert sanitized.scan(exports) == normal(exports), exports
     args = (exports, SPAN_ROLES, RESOURCE_ROLES, (1 << 2) | (1 << 5), 3, 2, 1e9)
-    assert sanitized.events(*args) == normal_events(*args), exports
+    out = sanitized.events(*args)
+    assert out == normal_events(*args), exports
+    # the endpoint column gathered from the distinct values (an exit row's code: one past them)
+    assert sanitized.gather(out[12], out[11] + [""]) == normal_gather(out[12], out[11] + [""]), exports
 
 count = 0
 for _ in range(40):  # every prefix of an export, each a bytes object of its own (ASan sees its end)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
@@ -118,3 +120,19 @@ def test_with_the_pass_off_every_export_goes_to_the_reference() -> None:
     with native.disabled("otlpproto"):
         assert span_columns.proto_span_columns([export]) is None
         assert native.otlpproto is None
+
+
+def test_the_endpoint_column_is_gathered_from_its_distinct_values_by_code() -> None:
+    for scanner in (native.otlpproto, native.otlpjson):
+        assert scanner is not None
+        codes = np.array([2, 0, 0, 1, 2], np.int32).tobytes()
+        offsets, data = scanner.gather(codes, ["/a", "é/b", ""])
+        column = pa.Array.from_buffers(pa.string(), 5, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        assert column.to_pylist() == ["", "/a", "/a", "é/b", ""]
+        assert scanner.gather(b"", []) == (np.zeros(1, np.int32).tobytes(), b"")
+        with pytest.raises(IndexError, match="out of range"):
+            scanner.gather(np.array([0, 3], np.int32).tobytes(), ["a", "b", "c"])
+        with pytest.raises(IndexError, match="out of range"):
+            scanner.gather(np.array([-1], np.int32).tobytes(), ["a"])
+        with pytest.raises(TypeError, match="must be str"):
+            scanner.gather(np.array([0], np.int32).tobytes(), [b"a"])

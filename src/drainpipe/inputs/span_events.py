@@ -140,7 +140,7 @@ def map_proto_exports(
     otlpproto = native.otlpproto
     if otlpproto is None:
         return None
-    return _mapped(otlpproto.events(exports, *_mapping_args(mapping)), mapping, endpoints)
+    return _mapped(otlpproto, otlpproto.events(exports, *_mapping_args(mapping)), mapping, endpoints)
 
 
 def map_json_block(
@@ -155,7 +155,7 @@ def map_json_block(
     out = otlpjson.events(data, count, *_mapping_args(mapping))
     if out is None:
         raise ValueError(f"an OTLP JSON block of {count} lines does not hold {count} lines")
-    return _mapped(out, mapping, endpoints)
+    return _mapped(otlpjson, out, mapping, endpoints)
 
 
 def _mapping_args(mapping: SpanMapping) -> tuple[Any, ...]:
@@ -166,26 +166,27 @@ def _mapping_args(mapping: SpanMapping) -> tuple[Any, ...]:
     return span_roles, resource_roles, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS)
 
 
-def _mapped(out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules) -> Mapped:
-    """A C pass's events tuple (``_otlpproto.pyi``) as an :class:`EventBatch`, rejects and declined exports."""
-    (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, ep_off, ep, st_off, st, st_valid,
-     rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata,
-     first) = out  # fmt: skip
+def _mapped(native_pass: Any, out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules) -> Mapped:
+    """A C pass's events tuple (``_otlpproto.pyi``) as an :class:`EventBatch`, rejects and declined exports.
+
+    No pyarrow compute and no numpy pass over the rows here: on the connection loop, each such call lets the GIL go,
+    and under load winning it back cost more than the work (the endpoints come dictionary-encoded from the pass, and
+    their column is gathered by ``native_pass.gather``)."""
+    (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, raw_endpoints, codes, st_off, st,
+     st_valid, rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata,
+     per_export) = out  # fmt: skip
     m = len(rows) // 8
     # endpoint: the chosen attribute or the span's name, normalized once per distinct value; "" for exit rows
-    distinct = _strings(requests, ep_off, ep).dictionary_encode()
     normalize = endpoints.normalize
-    templates = [normalize(e) for e in distinct.dictionary.to_pylist()]
-    codes = np.frombuffer(distinct.indices.buffers()[1], np.int32, requests)
-    if requests < m:
-        codes = np.concatenate([codes, np.full(m - requests, len(templates), np.int32)])
-        templates.append("")
+    templates = [normalize(e) for e in raw_endpoints]
+    templates.append("")
+    ep_off, ep = native_pass.gather(codes, templates)
     batch = pa.RecordBatch.from_arrays(
         [
             pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(ts)]),
             _strings(m, svc_off, svc),
             _strings(m, inst_off, inst),
-            pa.array(templates, pa.string()).take(codes),
+            _strings(m, ep_off, ep),
             pa.Array.from_buffers(pa.float64(), m, [None, pa.py_buffer(latency)]),
             pa.Array.from_buffers(pa.bool_(), m, [None, pa.py_buffer(ok)]),
             _strings(m, st_off, st, st_valid),  # null for requests
@@ -207,10 +208,7 @@ def _mapped(out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules
     rejects = [(int(k), {"span": int(j)}, _REASONS[c]) for k, j, c in
                zip(np.frombuffer(rej_export, np.int32), np.frombuffer(rej_index, np.int32),
                    np.frombuffer(rej_cat, np.int8))]  # fmt: skip
-    # an export's events: its spans' (an export the pass declined has none: the next one starts where it did)
-    starts = np.frombuffer(first, np.int64)
-    per_export = np.bincount(np.searchsorted(starts, index, side="right") - 1, minlength=len(starts))
-    return Mapped(events, rejects, declined, per_export)
+    return Mapped(events, rejects, declined, np.frombuffer(per_export, np.int64))
 
 
 def _roles(fields: tuple[tuple[str, ...], ...]) -> list[tuple[bytes, int, int]]:

@@ -817,6 +817,9 @@ static PyMethodDef methods[] = {
     {"events", events, METH_VARARGS,
      "events(data, count, span_roles, resource_roles, request_kinds, client, server, latency_max_ms) -> the events "
      "of a block of OTLP JSON lines, the span mapping done in the pass (see _spanevents.h)."},
+    {"gather", span_gather, METH_VARARGS,
+     "gather(codes, texts) -> (offsets, data): the string column of texts[code] per int32 code (see "
+     "_spanevents.h)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,3 +14,6 @@ def events(data: bytes | memoryview, count: int, span_roles: list[tuple[bytes, i
            latency_max_ms: float, /) -> tuple[Any, ...] | None:  # fmt: skip
     """The events of a block of ``count`` OTLP JSON lines, the span mapping done in the pass: the tuple of
     ``_otlpproto.events`` with a line for an export; None when ``data`` does not hold ``count`` lines."""
+
+def gather(codes: bytes, texts: list[str], /) -> tuple[bytes, bytes]:
+    """As ``_otlpproto.gather``."""

@@ -580,6 +580,9 @@ static PyMethodDef methods[] = {
     {"events", events, METH_VARARGS,
      "events(exports, span_roles, resource_roles, request_kinds, client, server, latency_max_ms) -> the event "
      "columns of OTLP protobuf trace exports, the span mapping done in the pass (see _otlpproto.c)."},
+    {"gather", span_gather, METH_VARARGS,
+     "gather(codes, texts) -> (offsets, data): the string column of texts[code] per int32 code (see "
+     "_spanevents.h)."},
     {NULL, NULL, 0, NULL},
 };
 

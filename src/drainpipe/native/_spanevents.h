@@ -49,9 +49,150 @@ put_text(Buf *off, Buf *data, const Buf *pool, int64_t i, const char *fallback, 
     return put_i32(off, (int32_t)data->len);
 }
 
+/* The requests' raw endpoints, dictionary-encoded as the events are assembled: the distinct values in the order
+ * they first appear (offsets and data), an open-addressing table over them (value index + 1 per slot, 0 empty), and
+ * each event's code (int32; an exit row gets the code past the last value, which Python maps to ""). Python then
+ * normalizes each distinct value once and gathers the templates by code (span_gather): no pass over the rows in
+ * pyarrow, whose compute calls each let the GIL go (under load another thread takes it, and winning it back cost
+ * the connection loop more than the pass itself). */
+typedef struct {
+    Buf off, data; /* the distinct values (offsets start at 0) */
+    int32_t *table;
+    size_t count, cap;
+} Distinct;
+
+static inline uint64_t
+text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull ^ n;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static inline int
+distinct_equal(const Distinct *d, int32_t k, const char *s, size_t n)
+{
+    const int32_t *off = (const int32_t *)d->off.data;
+    return (size_t)(off[k + 1] - off[k]) == n && (n == 0 || !memcmp(d->data.data + off[k], s, n));
+}
+
+/* The code of the n bytes at s (added if new): >= 0, or -1 with MemoryError set. */
+static int32_t
+distinct_code(Distinct *d, const char *s, size_t n)
+{
+    if (2 * (d->count + 1) > d->cap) { /* at most half full: grow (and rehash) first */
+        size_t cap = d->cap ? 2 * d->cap : 64;
+        int32_t *table = PyMem_Calloc(cap, sizeof *table);
+        if (table == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        const int32_t *off = (const int32_t *)d->off.data;
+        for (size_t k = 0; k < d->count; k++) {
+            size_t g = (size_t)text_hash(d->data.data + off[k], (size_t)(off[k + 1] - off[k])) & (cap - 1);
+            while (table[g])
+                g = (g + 1) & (cap - 1);
+            table[g] = (int32_t)k + 1;
+        }
+        PyMem_Free(d->table);
+        d->table = table, d->cap = cap;
+    }
+    size_t h = (size_t)text_hash(s, n) & (d->cap - 1);
+    for (int32_t at; (at = d->table[h]); h = (h + 1) & (d->cap - 1))
+        if (distinct_equal(d, at - 1, s, n))
+            return at - 1;
+    if (buf_put(&d->data, s, n) < 0 || put_i32(&d->off, (int32_t)d->data.len) < 0)
+        return -1;
+    d->table[h] = (int32_t)++d->count;
+    return (int32_t)d->count - 1;
+}
+
+/* The distinct values as a list of str (valid UTF-8 by construction: the scanners check every string), or NULL. */
+static PyObject *
+distinct_list(const Distinct *d)
+{
+    PyObject *list = PyList_New((Py_ssize_t)d->count);
+    if (list == NULL)
+        return NULL;
+    const int32_t *off = (const int32_t *)d->off.data;
+    for (size_t k = 0; k < d->count; k++) {
+        PyObject *text = off[k + 1] == off[k] ? PyUnicode_New(0, 0)
+                                              : PyUnicode_DecodeUTF8(d->data.data + off[k], off[k + 1] - off[k], "strict");
+        if (text == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)k, text);
+    }
+    return list;
+}
+
+/* gather(codes, texts) -> (offsets, data): the string column whose row i is texts[codes[i]] (codes: int32 bytes,
+ * each in range; texts: a list of str), as Arrow's int32 offsets and data. The endpoint column from its normalized
+ * distinct values, in one pass that holds the GIL. */
+static PyObject *
+span_gather(PyObject *self, PyObject *args)
+{
+    Py_buffer codes;
+    PyObject *texts;
+    if (!PyArg_ParseTuple(args, "y*O!", &codes, &PyList_Type, &texts))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t k = PyList_GET_SIZE(texts), rows = codes.len / 4;
+    const char **text = PyMem_Malloc(sizeof *text * (size_t)(k + 1));
+    Py_ssize_t *size = PyMem_Malloc(sizeof *size * (size_t)(k + 1));
+    Buf off = {NULL, 0, 0}, data = {NULL, 0, 0};
+    if (text == NULL || size == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *item = PyList_GET_ITEM(texts, j);
+        if (!PyUnicode_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "gather: texts must be str");
+            goto done;
+        }
+        if ((text[j] = PyUnicode_AsUTF8AndSize(item, &size[j])) == NULL)
+            goto done;
+    }
+    const int32_t *code = (const int32_t *)codes.buf;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (code[i] < 0 || code[i] >= k) {
+            PyErr_Format(PyExc_IndexError, "gather: code %d out of range", (int)code[i]);
+            goto done;
+        }
+        total += (size_t)size[code[i]];
+    }
+    if (total > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "gather: more than 2 GiB of text");
+        goto done;
+    }
+    if (buf_reserve(&off, 4 * (size_t)(rows + 1)) < 0 || buf_reserve(&data, total + 1) < 0)
+        goto done;
+    int32_t *o = (int32_t *)off.data;
+    o[0] = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (size[code[i]])
+            memcpy(data.data + data.len, text[code[i]], (size_t)size[code[i]]);
+        data.len += (size_t)size[code[i]];
+        o[i + 1] = (int32_t)data.len;
+    }
+    off.len = 4 * (size_t)(rows + 1);
+    result = Py_BuildValue("(NN)", bytes_of(&off), bytes_of(&data));
+done:
+    PyBuffer_Release(&codes);
+    PyMem_Free(text);
+    PyMem_Free(size);
+    PyMem_Free(off.data);
+    PyMem_Free(data.data);
+    return result;
+}
+
 /* The events' columns. */
-enum { E_ROWS, E_TS, E_LAT, E_OK, E_SVC_OFF, E_SVC, E_INST_OFF, E_INST, E_EP_OFF, E_EP, E_ST_OFF, E_ST, E_ST_VALID,
-       E_REJ_EXPORT, E_REJ_INDEX, E_REJ_CAT, E_PACK, E_NBUFS = E_PACK + 3 };
+enum { E_ROWS, E_TS, E_LAT, E_OK, E_SVC_OFF, E_SVC, E_INST_OFF, E_INST, E_EP_CODE, E_PER_EXPORT, E_ST_OFF, E_ST,
+       E_ST_VALID, E_REJ_EXPORT, E_REJ_INDEX, E_REJ_CAT, E_PACK, E_NBUFS = E_PACK + 3 };
 
 #define UNKNOWN_SERVICE "unknown_service"
 
@@ -100,7 +241,7 @@ mapping_release(Mapping *m)
 }
 
 /* The events of the spans in `c` (export `first[k]` is export k's first span), as the tuple of _otlpproto.pyi's
- * events, `declined` first, `first` last. NULL with an exception set. */
+ * events, `declined` first. NULL with an exception set. */
 static PyObject *
 cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *declined)
 {
@@ -110,8 +251,11 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
     int8_t *cat = NULL;
     uint8_t *ok = NULL;
     double *lat = NULL;
-    PyObject *result = NULL;
-    static const int OFFSETS[] = {E_SVC_OFF, E_INST_OFF, E_EP_OFF, E_ST_OFF}; /* each starts at 0 */
+    PyObject *result = NULL, *endpoints = NULL;
+    Distinct ep = {{NULL, 0, 0}, {NULL, 0, 0}, NULL, 0, 0};
+    static const int OFFSETS[] = {E_SVC_OFF, E_INST_OFF, E_ST_OFF}; /* each starts at 0 */
+    if (put_i32(&ep.off, 0) < 0)
+        goto done;
     for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
         if (put_i32(&e[OFFSETS[i]], 0) < 0)
             goto done;
@@ -147,6 +291,12 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
     const int64_t *resource = (const int64_t *)o[S_RESOURCE].data, *first = (const int64_t *)first_spans->data;
     const int32_t *line = (const int32_t *)o[S_LINE].data, *noff = (const int32_t *)o[S_NOFF].data;
     const uint64_t *end = v.end;
+    const Py_ssize_t exports = (Py_ssize_t)(first_spans->len / 8);
+    if (buf_reserve(&e[E_PER_EXPORT], 8 * (size_t)exports + 8) < 0)
+        goto done;
+    memset(e[E_PER_EXPORT].data, 0, 8 * (size_t)exports);
+    e[E_PER_EXPORT].len = 8 * (size_t)exports;
+    int64_t *per_export = (int64_t *)e[E_PER_EXPORT].data;
     Py_ssize_t requests = 0, rows = 0;
     for (int pass = 1; pass <= 2; pass++) { /* the requests, then the exit rows */
         for (Py_ssize_t i = 0; i < S; i++) {
@@ -161,9 +311,18 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
                 put_u8(&e[E_ST_VALID], pass == 2) < 0 ||
                 put_text(&e[E_ST_OFF], &e[E_ST], &o[SPAN_POOL], pass == 2 ? stmt[i] : -1, "", 0) < 0)
                 goto done;
-            if (pass == 1 && put_text(&e[E_EP_OFF], &e[E_EP], &o[SPAN_POOL], span_pair[i],
-                                      o[S_NDATA].data + noff[i], (size_t)(noff[i + 1] - noff[i])) < 0)
+            int32_t code = (int32_t)ep.count; /* an exit row: past the last value */
+            if (pass == 1) { /* the chosen attribute's text, else the span's name */
+                int64_t a = span_pair[i];
+                const int32_t *toff = (const int32_t *)o[SPAN_POOL + A_TOFF].data;
+                code = a >= 0 ? distinct_code(&ep, o[SPAN_POOL + A_TDATA].data + toff[a], (size_t)(toff[a + 1] - toff[a]))
+                              : distinct_code(&ep, o[S_NDATA].data + noff[i], (size_t)(noff[i + 1] - noff[i]));
+                if (code < 0)
+                    goto done;
+            }
+            if (put_i32(&e[E_EP_CODE], code) < 0)
                 goto done;
+            per_export[line[i]]++;
             rows++;
             requests += pass == 1;
         }
@@ -173,15 +332,21 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
                            put_i32(&e[E_REJ_INDEX], (int32_t)(i - first[line[i]])) < 0 ||
                            put_u8(&e[E_REJ_CAT], (uint8_t)cat[i]) < 0))
             goto done;
-    result = Py_BuildValue("(OnnNNNNNNNNNNNNNNNNnnNNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
+    if ((endpoints = distinct_list(&ep)) == NULL)
+        goto done;
+    result = Py_BuildValue("(OnnNNNNNNNNONNNNNNNnnNNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
                            bytes_of(&e[E_TS]), bytes_of(&e[E_LAT]), bits_of(&e[E_OK]), bytes_of(&e[E_SVC_OFF]),
-                           bytes_of(&e[E_SVC]), bytes_of(&e[E_INST_OFF]), bytes_of(&e[E_INST]),
-                           bytes_of(&e[E_EP_OFF]), bytes_of(&e[E_EP]), bytes_of(&e[E_ST_OFF]), bytes_of(&e[E_ST]),
+                           bytes_of(&e[E_SVC]), bytes_of(&e[E_INST_OFF]), bytes_of(&e[E_INST]), endpoints,
+                           bytes_of(&e[E_EP_CODE]), bytes_of(&e[E_ST_OFF]), bytes_of(&e[E_ST]),
                            bitmap_of(&e[E_ST_VALID]), bytes_of(&e[E_REJ_EXPORT]), bytes_of(&e[E_REJ_INDEX]),
                            bytes_of(&e[E_REJ_CAT]), bad_trace, bad_span, bytes_of(&o[S_TOFF]), bytes_of(&o[S_TDATA]),
                            bytes_of(&o[S_SOFF]), bytes_of(&o[S_SDATA]), bytes_of(&o[S_XOFF]), bytes_of(&o[S_XDATA]),
-                           bytes_of(first_spans));
+                           bytes_of(&e[E_PER_EXPORT]));
 done:
+    Py_XDECREF(endpoints);
+    PyMem_Free(ep.off.data);
+    PyMem_Free(ep.data.data);
+    PyMem_Free(ep.table);
     PyMem_Free(res_pair);
     PyMem_Free(span_pair);
     PyMem_Free(http);
