@@ -111,6 +111,7 @@ class ConnectionLoop:
         self._bodies: list[tuple[bytes, bool, Answer]] = []  # the turn's exports, read whole: the next group
         self._answers: list[tuple[_Conn, bytes, bool]] = []  # the group's answers, as its requests were read
         self._conns: set[_Conn] = set()
+        self._unsettled: set[_Conn] = set()  # connections whose watch may have changed this turn (see _settle)
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._date = (0, "")
@@ -137,6 +138,7 @@ class ConnectionLoop:
                     else:
                         self._event(key.data, mask)
                 self._serve_bodies()
+                self._settle()
                 self._deadlines()
         finally:
             self._serve_bodies()  # the turn broke off (a bug): each body still gets its answer, its leave() is in it
@@ -186,8 +188,26 @@ class ConnectionLoop:
             self._watch(conn)
 
     def _watch(self, conn: _Conn) -> None:
+        """Have the selector watch what ``conn`` waits for, as of the end of this turn (:meth:`_settle`)."""
+        self._unsettled.add(conn)
+
+    def _settle(self) -> None:
+        """Tell the selector what each connection touched this turn waits for now. Once a turn, not at each change:
+        a request read makes its connection busy and its answer, written in the same turn, idle again, and telling
+        the selector each time was two ``epoll_ctl`` calls a request, each letting the GIL go (under load another
+        thread takes it, and this one waits to win it back)."""
+        unsettled, self._unsettled = self._unsettled, set()
+        for conn in unsettled:
+            try:
+                self._watch_now(conn)
+            except Exception:  # (as in _event: what goes wrong with one connection closes that one only)
+                log.exception("connection from %s failed", conn.addr[0])
+                self._close(conn)
+
+    def _watch_now(self, conn: _Conn) -> None:
         """Have the selector watch what ``conn`` waits for now: room for its answer, else its next request."""
         assert self._sel is not None
+        self._unsettled.discard(conn)
         want = 0
         if conn in self._conns:
             if conn.out:
@@ -408,7 +428,7 @@ class ConnectionLoop:
             self._watch(conn)
             return
         self._conns.discard(conn)
-        self._watch(conn)  # (no longer ours: unwatched)
+        self._watch_now(conn)  # (no longer ours: unwatched before another thread has it)
         try:
             conn.sock.setblocking(True)
             self.server.hand_over(conn.sock, conn.addr, bytes(conn.buf))
@@ -420,7 +440,7 @@ class ConnectionLoop:
         if conn not in self._conns:
             return
         self._conns.discard(conn)
-        self._watch(conn)
+        self._watch_now(conn)  # (unwatched before its descriptor is closed)
         try:
             conn.sock.shutdown(socket.SHUT_WR)  # as socketserver closes: what was sent is not cut by a reset
         except OSError:
