@@ -6,13 +6,14 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drainpipe.inputs import EventBatch
-from drainpipe.server.red import RedMetrics
+from drainpipe.server.red import RedMetrics, _distinct
 from testlib import event_batch
 
 BOUNDS = (5.0, 10.0, 50.0, 100.0)
@@ -90,3 +91,15 @@ def test_series_stay_bounded_under_100k_distinct_endpoints() -> None:
     assert got[("drainpipe_calls_overflow_total", ())] == 99_000
     assert got[("drainpipe_calls_total", (("endpoint", OVER), ("service", OVER), ("status", "ok")))] == 99_000
     assert sum(v for (name, _), v in got.items() if name == "drainpipe_calls_total") == 100_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=200), st.sampled_from([301, 1 << 20]))
+def test_distinct_codes_are_numpys_unique(codes: list[int], space: int) -> None:
+    """Counted (a small code space) or sorted (a large one), the series of a batch are numpy's unique ones: the
+    distinct codes, each one's first row (which orders the admission of new series), each row's index."""
+    array = np.array(codes, np.int64)
+    got = _distinct(array, space)
+    want = np.unique(array, return_index=True, return_inverse=True)
+    for g, w in zip(got, want, strict=True):
+        assert g.tolist() == w.tolist()
