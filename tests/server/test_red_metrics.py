@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drainpipe.inputs import EventBatch
-from drainpipe.server.red import RedMetrics, _distinct
+from drainpipe.server.red import RedMetrics, distinct_codes
 from testlib import event_batch
 
 BOUNDS = (5.0, 10.0, 50.0, 100.0)
@@ -99,7 +99,7 @@ def test_distinct_codes_are_numpys_unique(codes: list[int], space: int) -> None:
     """Counted (a small code space) or sorted (a large one), the series of a batch are numpy's unique ones: the
     distinct codes, each one's first row (which orders the admission of new series), each row's index."""
     array = np.array(codes, np.int64)
-    got = _distinct(array, space)
+    got = distinct_codes(array, space)
     want = np.unique(array, return_index=True, return_inverse=True)
     for g, w in zip(got, want, strict=True):
         assert g.tolist() == w.tolist()

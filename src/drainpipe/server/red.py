@@ -87,7 +87,7 @@ class RedMetrics(Collector):
             services, endpoints = services.combine_chunks(), endpoints.combine_chunks()
         s_names, e_names = services.dictionary.to_pylist(), endpoints.dictionary.to_pylist()
         pair = services.indices.to_numpy().astype(np.int64) * len(e_names) + endpoints.indices.to_numpy()
-        pairs, first, local = _distinct(pair, len(s_names) * len(e_names))
+        pairs, first, local = distinct_codes(pair, len(s_names) * len(e_names))
         ok = np.asarray(pc.fill_null(batch.column("status"), True).to_numpy(zero_copy_only=False), dtype=bool)
         latency = np.asarray(batch.column("latency_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
         weights = events.weights()
@@ -207,7 +207,7 @@ class RedMetrics(Collector):
         )
 
 
-def _distinct(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def distinct_codes(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``np.unique(codes, return_index=True, return_inverse=True)`` for codes in ``[0, space)``: the distinct codes
     (increasing), the index of each one's first row, each row's index into them. Counted into a table of ``space``
     entries where that is small beside the rows (a pass over them, not a sort: a batch of 0.2 s of traffic is 100k+
