@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import selectors
 import socket
 import struct
 import termios
@@ -114,6 +115,37 @@ def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_to
         assert srv.handed == [b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"]  # the exports were the loop's
     stats = srv.service.summary()
     assert stats["accepted"] == sum(5 + i for i in range(3))
+
+
+class _CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The loop's selector, counting the changes of what it watches (each one an ``epoll_ctl``, letting the GIL go)."""
+
+    changes = 0
+
+    def register(self, fileobj, events, data=None):  # type: ignore[no-untyped-def]
+        _CountingSelector.changes += 1
+        return super().register(fileobj, events, data)
+
+    def modify(self, fileobj, events, data=None):  # type: ignore[no-untyped-def]
+        _CountingSelector.changes += 1
+        return super().modify(fileobj, events, data)
+
+    def unregister(self, fileobj):  # type: ignore[no-untyped-def]
+        _CountingSelector.changes += 1
+        return super().unregister(fileobj)
+
+
+def test_a_keep_alive_connection_s_exports_do_not_change_what_the_selector_watches(monkeypatch) -> None:
+    """A request read and answered in the same turn leaves its connection waiting for the next one, as before: the
+    selector is told once a turn what changed, not twice a request (busy, then idle again)."""
+    monkeypatch.setattr(selectors, "DefaultSelector", _CountingSelector)
+    _CountingSelector.changes = 0
+    with _server() as srv, _connect(srv) as sock:
+        for i in range(20):  # one at a time: each read, logged and answered in a turn of its own
+            sock.sendall(_post(otlp_export(f"svc-{i}", 2)))
+            assert _answers(sock, 1)[0][0] == 200
+        changes = _CountingSelector.changes
+    assert changes <= 4, changes  # the listener, the wake socket, the connection once (two a request: 40)
 
 
 def test_many_connections_posting_at_once_are_each_answered_and_each_export_counted_once() -> None:
