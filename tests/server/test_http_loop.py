@@ -117,20 +117,20 @@ def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_to
     assert stats["accepted"] == sum(5 + i for i in range(3))
 
 
-class _CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _CountingSelector(selectors.DefaultSelector):
     """The loop's selector, counting the changes of what it watches (each one an ``epoll_ctl``, letting the GIL go)."""
 
     changes = 0
 
-    def register(self, fileobj, events, data=None):  # type: ignore[no-untyped-def]
+    def register(self, fileobj, events, data=None):
         _CountingSelector.changes += 1
         return super().register(fileobj, events, data)
 
-    def modify(self, fileobj, events, data=None):  # type: ignore[no-untyped-def]
+    def modify(self, fileobj, events, data=None):
         _CountingSelector.changes += 1
         return super().modify(fileobj, events, data)
 
-    def unregister(self, fileobj):  # type: ignore[no-untyped-def]
+    def unregister(self, fileobj):
         _CountingSelector.changes += 1
         return super().unregister(fileobj)
 
