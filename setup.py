@@ -8,8 +8,10 @@ _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-fiel
           "-Wno-cast-function-type"]
 _NATIVE = "src/drainpipe/native"  # every optional extension: drainpipe.native is the one module importing them
 _NUMBERS = [f"{_NATIVE}/_numbers.h"]  # JSON numbers, for every scanner that reads them
-_COLUMNS = [f"{_NATIVE}/_columns.h", *_NUMBERS]  # the event columns the JSON and CSV scanners fill
-_SPANS = [f"{_NATIVE}/{h}" for h in ("_spancols.h", "_spanrules.h", "_spanevents.h")]  # the OTLP scanners' columns
+# the event columns the JSON and CSV scanners fill
+_COLUMNS = [f"{_NATIVE}/_columns.h", f"{_NATIVE}/_hash.h", *_NUMBERS]
+# the OTLP scanners' columns
+_SPANS = [f"{_NATIVE}/{h}" for h in ("_hash.h", "_spancols.h", "_spanrules.h", "_spanevents.h")]
 
 
 def _native(name: str, depends: list[str] | None = None) -> Extension:

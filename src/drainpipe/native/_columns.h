@@ -14,6 +14,7 @@
 #ifndef DRAINPIPE_COLUMNS_H
 #define DRAINPIPE_COLUMNS_H
 
+#include "_hash.h"
 #include "_numbers.h"
 
 enum { F_TS, F_SERVICE, F_INSTANCE, F_ENDPOINT, F_LATENCY, F_STATUS, F_DB, F_TRACE, NFIELDS };
@@ -61,24 +62,6 @@ typedef struct {
     size_t count, cap;
     int32_t last; /* the previous value's index, -1 before the first */
 } DictCol;
-
-static inline uint64_t
-bytes_hash(const unsigned char *s, size_t n)
-{
-    uint64_t h = (uint64_t)n * 0x9E3779B97F4A7C15ull, w;
-    for (; n >= 8; s += 8, n -= 8) {
-        memcpy(&w, s, 8);
-        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-        h ^= h >> 32;
-    }
-    if (n) {
-        w = 0;
-        memcpy(&w, s, n);
-        h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
-        h ^= h >> 32;
-    }
-    return h;
-}
 
 static inline int
 dict_equal(const DictCol *d, int32_t k, const unsigned char *s, size_t n)

@@ -7,6 +7,7 @@
 #ifndef DRAINPIPE_SPANEVENTS_H
 #define DRAINPIPE_SPANEVENTS_H
 
+#include "_hash.h"
 #include "_spancols.h"
 #include "_spanrules.h"
 
@@ -61,15 +62,6 @@ typedef struct {
     size_t count, cap;
 } Distinct;
 
-static inline uint64_t
-text_hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull ^ n;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h ^ (h >> 29);
-}
-
 static inline int
 distinct_equal(const Distinct *d, int32_t k, const char *s, size_t n)
 {
@@ -90,7 +82,8 @@ distinct_code(Distinct *d, const char *s, size_t n)
         }
         const int32_t *off = (const int32_t *)d->off.data;
         for (size_t k = 0; k < d->count; k++) {
-            size_t g = (size_t)text_hash(d->data.data + off[k], (size_t)(off[k + 1] - off[k])) & (cap - 1);
+            const unsigned char *value = (const unsigned char *)d->data.data + off[k];
+            size_t g = (size_t)bytes_hash(value, (size_t)(off[k + 1] - off[k])) & (cap - 1);
             while (table[g])
                 g = (g + 1) & (cap - 1);
             table[g] = (int32_t)k + 1;
@@ -98,7 +91,7 @@ distinct_code(Distinct *d, const char *s, size_t n)
         PyMem_Free(d->table);
         d->table = table, d->cap = cap;
     }
-    size_t h = (size_t)text_hash(s, n) & (d->cap - 1);
+    size_t h = (size_t)bytes_hash((const unsigned char *)s, n) & (d->cap - 1);
     for (int32_t at; (at = d->table[h]); h = (h + 1) & (d->cap - 1))
         if (distinct_equal(d, at - 1, s, n))
             return at - 1;
@@ -117,8 +110,8 @@ distinct_list(const Distinct *d)
         return NULL;
     const int32_t *off = (const int32_t *)d->off.data;
     for (size_t k = 0; k < d->count; k++) {
-        PyObject *text = off[k + 1] == off[k] ? PyUnicode_New(0, 0)
-                                              : PyUnicode_DecodeUTF8(d->data.data + off[k], off[k + 1] - off[k], "strict");
+        Py_ssize_t n = off[k + 1] - off[k];
+        PyObject *text = n == 0 ? PyUnicode_New(0, 0) : PyUnicode_DecodeUTF8(d->data.data + off[k], n, "strict");
         if (text == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -315,8 +308,9 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
             if (pass == 1) { /* the chosen attribute's text, else the span's name */
                 int64_t a = span_pair[i];
                 const int32_t *toff = (const int32_t *)o[SPAN_POOL + A_TOFF].data;
-                code = a >= 0 ? distinct_code(&ep, o[SPAN_POOL + A_TDATA].data + toff[a], (size_t)(toff[a + 1] - toff[a]))
-                              : distinct_code(&ep, o[S_NDATA].data + noff[i], (size_t)(noff[i + 1] - noff[i]));
+                const char *text = a >= 0 ? o[SPAN_POOL + A_TDATA].data + toff[a] : o[S_NDATA].data + noff[i];
+                size_t len = (size_t)(a >= 0 ? toff[a + 1] - toff[a] : noff[i + 1] - noff[i]);
+                code = distinct_code(&ep, text, len);
                 if (code < 0)
                     goto done;
             }
