@@ -20,7 +20,9 @@ database statement, ``--spans-per-export`` events each, 20 services), ``--client
    p99), and the client's own CPU.
 2. **Fixed rate**: exports sent on a schedule (open loop: an export's latency counts from when it was due) at
    ``--fixed-spans-per-s`` (default 150,000; 0: ``--rate-share`` of the slower contender's saturated rate), for
-   ``--measure`` seconds each, by the Python client; with the contender's CPU per span at that rate.
+   ``--warmup`` + ``--measure`` seconds each (the warm-up at the same rate, as the saturated runs have theirs), by the
+   Python client, ``--fixed-rounds`` rounds in turns (default ``--rounds``); over the measured window: the latency
+   of an export and the contender's CPU per span at that rate. ``--client ''`` runs the fixed rate only.
 
 Targets (issue 55): saturated, drainpipe at >= 1.5x the Collector's spans per CPU second (durable, into DuckDB);
 at the fixed rate, >= 1.0x, with a p99 of at most 20 ms; PSS of the tree at most 300 MB. Medians over the
@@ -234,12 +236,15 @@ def saturated(name: str, work: Path, bodies: list[bytes], spans: float, args: ar
 
 def fixed_rate(name: str, work: Path, bodies: list[bytes], spans: float, rate: float,
                args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
-    """Exports due every ``1 / rate`` s, spread over the clients; latency from when each was due (2.)."""
+    """Exports due every ``1 / rate`` s, spread over the clients, for ``--warmup`` + ``--measure`` seconds; latency
+    from when each was due (2.), and the contender's CPU, over the exports due in the measured window."""
     with Contender(name, work, args.server_src) as c:
         latencies: list[float] = []
         lock = threading.Lock()
         t0 = time.perf_counter() + 0.5
-        total = int(rate * args.measure)
+        start = t0 + args.warmup  # the measured window's first export is due then
+        total = int(rate * (args.warmup + args.measure))
+        marks: dict[str, float] = {}
 
         def client(k: int) -> None:
             conn = http.client.HTTPConnection(c.host, c.port, timeout=60)
@@ -252,17 +257,24 @@ def fixed_rate(name: str, work: Path, bodies: list[bytes], spans: float, rate: f
                 r = conn.getresponse()
                 r.read()
                 done = time.perf_counter()
-                with lock:
-                    latencies.append((done - due) * 1000 if r.status == 200 else float("inf"))
+                if due >= start:
+                    with lock:
+                        latencies.append((done - due) * 1000 if r.status == 200 else float("inf"))
             conn.close()
 
+        def mark() -> None:
+            time.sleep(max(0.0, start - time.perf_counter()))
+            marks["cpu"] = c.cpu()
+
         threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
-        cpu0 = c.cpu()
+        marker = threading.Thread(target=mark)
+        marker.start()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        cpu = c.cpu() - cpu0
+        marker.join()
+        cpu = c.cpu() - marks["cpu"]
     latencies.sort()
     served = sum(1 for x in latencies if x != float("inf"))
     return {"exports_per_s": rate, "p50_ms": round(_q(latencies, 0.5), 2), "p99_ms": round(_q(latencies, 0.99), 2),
@@ -290,6 +302,7 @@ def main() -> int:
         help="the fixed rate's spans/s (0: --rate-share of the slower contender's saturated rate)",
     )
     ap.add_argument("--rate-share", type=float, default=0.5, help="of the slower contender's saturated rate")
+    ap.add_argument("--fixed-rounds", type=int, default=None, help="fixed-rate rounds, in turns (default: --rounds)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument(
         "--server-src",
@@ -299,7 +312,11 @@ def main() -> int:
     )
     ap.add_argument("--json", type=Path, default=RESULTS / "otel_load.json")
     args = ap.parse_args()
-    clients = [c for c in args.client.split(",") if c]
+    clients = [c for c in args.client.split(",") if c]  # none: the fixed rate only
+    if args.fixed_rounds is None:
+        args.fixed_rounds = args.rounds
+    if not clients and not args.fixed_spans_per_s:
+        raise SystemExit("the fixed rate only (--client ''): give --fixed-spans-per-s")
     contenders = [c for c in args.contenders.split(",") if c]
     bodies = recorded_exports(args.spans_per_export)
     spans = statistics.fmean(spans_in(b) for b in bodies)
@@ -323,10 +340,15 @@ def main() -> int:
             rate = round(args.fixed_spans_per_s / spans, 1)
         else:
             rate = round(args.rate_share * min(m["spans_per_s"] for m in medians[clients[0]].values()) / spans, 1)
-        fixed = {name: fixed_rate(name, work, bodies, spans, rate, args) for name in contenders}
-        for name, row in fixed.items():
-            print(f"fixed rate {rate} exports/s: {name:9s} p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
-                  f"{row['spans_per_cpu_s']:,} spans per CPU s", flush=True)  # fmt: skip
+        fixed_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+        for r in range(args.fixed_rounds):
+            for name in contenders if r % 2 == 0 else list(reversed(contenders)):
+                row = fixed_rate(name, work, bodies, spans, rate, args)
+                fixed_runs[name].append(row)
+                print(f"round {r + 1}, fixed rate {rate} exports/s: {name:9s} p50 {row['p50_ms']} ms, "
+                      f"p99 {row['p99_ms']} ms, {row['spans_per_cpu_s']:,} spans per CPU s", flush=True)  # fmt: skip
+        fixed = {name: {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+                 for name, rows in fixed_runs.items()}  # fmt: skip
     print(f"\n{args.clients} connections, OTLP/HTTP protobuf, {spans:.0f} spans per export, medians of {args.rounds} "
           "rounds\n")  # fmt: skip
     print("| client | contender | spans/s | CPU cores | spans per CPU s | peak PSS MB | peak RSS MB | p50 ms | p99 ms |"
@@ -343,7 +365,8 @@ def main() -> int:
             ratios[client] = (
                 medians[client]["drainpipe"]["spans_per_cpu_s"] / medians[client]["collector"]["spans_per_cpu_s"]
             )
-    print(f"\nfixed rate {rate * spans:,.0f} spans/s ({rate} exports/s), Python client, open loop:\n")
+    print(f"\nfixed rate {rate * spans:,.0f} spans/s ({rate} exports/s), Python client, open loop, medians of "
+          f"{args.fixed_rounds} rounds:\n")  # fmt: skip
     print("| contender | p50 ms | p99 ms | max ms | spans per CPU s |")
     print("|---|---|---|---|---|")
     for name, row in fixed.items():
@@ -360,7 +383,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "spans_per_export": spans, "runs": runs, "medians": medians,
-        "fixed_rate": {"exports_per_s": rate, "spans_per_s": round(rate * spans), **fixed},
+        "fixed_rate": {"exports_per_s": rate, "spans_per_s": round(rate * spans), **fixed, "runs": fixed_runs},
         "spans_per_cpu_s_ratio": {k: round(v, 3) for k, v in ratios.items()},
         "fixed_rate_spans_per_cpu_s_ratio": None if fixed_ratio is None else round(fixed_ratio, 3),
     }  # fmt: skip
