@@ -77,6 +77,9 @@ class EngineOptions:
     chunk_rows: int = 4096
     store_retry_s: tuple[float, float] = (0.05, 2.0)  # backoff from .. to
     slow_handler_ms: int = 10_000  # a stage call running longer than this is reported (stats, /metrics, dashboard)
+    #: the longest idle backoff of every stage's drain threads (None: each stage's own, 50-100 ms). An idle drain
+    #: thread wakes at this period to call its handlers' ``on_idle``; data and checkpoints wake it at once anyway
+    max_idle_ms: int | None = None
     checkpoints: bool = False  # True: the store is written only at checkpoint(), one transaction each (file runs)
 
 
@@ -183,7 +186,7 @@ class LocalEngine:
                 buffer_size=1_000,
                 consumer=self._persist,
                 min_idle_ms=5,
-                max_idle_ms=100,
+                max_idle_ms=self._max_idle(5, 100),
                 shutdown_timeout_ms=60_000,
                 slow_handler_ms=o.slow_handler_ms,
             ),
@@ -196,7 +199,7 @@ class LocalEngine:
                 buffer_size=o.l2_buffer,
                 strategy=BufferStrategy.BLOCKING,
                 min_idle_ms=1,
-                max_idle_ms=50,
+                max_idle_ms=self._max_idle(1, 50),
                 balancer=balancer,
                 rebalance_interval_ms=o.rebalance_interval_ms,
                 shutdown_timeout_ms=60_000,
@@ -211,7 +214,7 @@ class LocalEngine:
                 buffer_size=1_000,
                 strategy=BufferStrategy.BLOCKING,
                 min_idle_ms=10,
-                max_idle_ms=100,
+                max_idle_ms=self._max_idle(10, 100),
                 shutdown_timeout_ms=60_000,
                 slow_handler_ms=o.slow_handler_ms,
             ),
@@ -224,7 +227,7 @@ class LocalEngine:
                 buffer_size=o.l1_buffer,
                 strategy=BufferStrategy.IF_POSSIBLE if o.live else BufferStrategy.BLOCKING,
                 min_idle_ms=o.l1_idle_ms[0],
-                max_idle_ms=o.l1_idle_ms[1],
+                max_idle_ms=self._max_idle(*o.l1_idle_ms),
                 balancer=balancer,
                 rebalance_interval_ms=o.rebalance_interval_ms,
                 shutdown_timeout_ms=60_000,
@@ -243,6 +246,7 @@ class LocalEngine:
                 # _aggregate is called from every ingest task at once already: a hung call fails over, so the
                 # round-robin producers blocked on its partition go on (intake never stops for one batch)
                 consumer_thread_safe=True,
+                max_idle_ms=self._max_idle(1, 50),  # (the queue's default backoff, 1 to 50 ms)
                 strategy=BufferStrategy.BLOCKING,
                 shutdown_timeout_ms=60_000,
                 slow_handler_ms=o.slow_handler_ms,
@@ -313,6 +317,12 @@ class LocalEngine:
             return h
 
         return make
+
+    def _max_idle(self, min_ms: int, max_ms: int) -> int:
+        """A stage's longest idle backoff: its own ``max_ms``, else ``EngineOptions.max_idle_ms`` (at least
+        ``min_ms``)."""
+        o = self.options.max_idle_ms
+        return max_ms if o is None else max(min_ms, o)
 
     def _l2_period(self) -> float:
         """How often L2 hands its states to persistence unasked: every ``l2_flush_s``; never with checkpoints, where
