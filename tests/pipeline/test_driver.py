@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from drainpipe.inputs import Position
 from drainpipe.pipeline import Commit, Driver, PartBooks, SourceProgress, default_definitions
+from drainpipe.pipeline.driver import PACE
 
 NAMES = default_definitions().names
 
@@ -177,11 +178,11 @@ def test_checkpoints_are_paced_by_what_the_last_commit_took() -> None:
     assert driver.interval == 2.0
     now[0] += 1.9
     assert driver.due
-    commit_taking(0.5)  # a commit of half a second: the next comes 5 s after this one began
-    assert driver.interval == 10 * 0.5
-    now[0] += 4.0  # 4.5 s since the checkpoint
+    commit_taking(5.0 / PACE)  # a commit of a PACE-th of 5 s: the next comes 5 s after this one began
+    assert abs(driver.interval - 5.0) < 1e-9
+    now[0] += 4.9 - 5.0 / PACE  # 4.9 s since the checkpoint
     assert not driver.due
-    now[0] += 0.5
+    now[0] += 0.1
     assert driver.due
     commit_taking(3.0)  # a commit of 3 s: capped at five intervals (max_checkpoint_s)
     assert driver.interval == driver.max_checkpoint_s == 10.0
@@ -195,13 +196,13 @@ def test_checkpoints_are_paced_by_what_the_last_commit_took() -> None:
     sink.commits[-1].done.set()
     now[0] += 30
     assert not driver.reap() and driver.interval == 2.0
-    # two commits queued: the second waits 3 s behind the first, then takes 0.3 s of its own
+    # two commits queued: the second waits 3 s behind the first, then takes 3 / PACE s of its own
     for _ in range(2):
         driver.fed(1)
         driver.checkpoint()
     first, second = sink.commits[-2:]
-    first.finished, second.finished = now[0] + 3.0, now[0] + 3.3
+    first.finished, second.finished = now[0] + 3.0, now[0] + 3.0 + 3.0 / PACE
     first.done.set()
     second.done.set()
     now[0] += 4
-    assert not driver.reap() and abs(driver.last_commit_s - 0.3) < 1e-9 and abs(driver.interval - 3.0) < 1e-9
+    assert not driver.reap() and abs(driver.last_commit_s - 3.0 / PACE) < 1e-9 and abs(driver.interval - 3.0) < 1e-9
