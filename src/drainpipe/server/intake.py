@@ -72,7 +72,9 @@ class _Slot:
     def __init__(self, work: Work | Body, size: int, then: Callable[[_Slot], None] | None = None) -> None:
         self.work = work
         self.size = size
-        self.done = threading.Event()
+        # what a waiting submitter waits on; none for a slot answered by ``then`` (an Event is a lock and a
+        # condition to build: a few microseconds of the connection loop's every request)
+        self.done = threading.Event() if then is None else None
         self.result: Decoded | None = None
         self.error: BaseException | None = None
         self.then = then  # called instead of waking a waiter (serve_now)
@@ -110,6 +112,7 @@ class GroupIntake:
             raise LogFull("the log is closed")
         slot = _Slot(work, size)
         self._queue.put(slot)
+        assert slot.done is not None
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
@@ -217,6 +220,7 @@ class GroupIntake:
     def _finish(slot: _Slot) -> None:
         """Wake the request's thread, or answer it (``then``): exactly once per slot."""
         if slot.then is None:
+            assert slot.done is not None
             slot.done.set()
             return
         try:
