@@ -100,9 +100,9 @@ STRETCH = 5
 #: ``serve`` under a saturated OTLP load whose exports touch 17 minutes each: a commit (~120k state rows, the
 #: minutes, hours and days of every entity) took 0.6-1.3 s, so checkpoints every 2 s gave the store a fifth to a
 #: third of the process's CPU (docs/performance.md, "Checkpoints paced by their cost"). At 20 rather than 10: at a
-#: steady 150k spans/s a commit (100-115k state rows, most of them the percentiles' histogram bins) took 0.25-0.3 s
+#: steady 150k spans/s a commit (100-115k state rows, most of them the percentiles' histogram bins) took 0.12-0.3 s
 #: of the persist thread's CPU, a seventh of the process's at every 3 s; every 6 s, the same bins are merged half
-#: as often ("Idle wake-ups and commits half as often", fifty-sixth session).
+#: as often (docs/performance.md, "Idle wake-ups, and commits half as often").
 PACE = 20
 
 

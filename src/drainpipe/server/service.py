@@ -138,7 +138,8 @@ def serve_engine_options(**overrides: Any) -> EngineOptions:
         # With checkpoints no stage hands states on by a timer (L1 when idle, L2 and top-N when a checkpoint asks,
         # and it wakes them), so an idle drain thread has nothing to do at its backoff's end: at 50 ms the eight of
         # them cost an idle ``serve`` 11 of its 21 ms of CPU a second, and at a steady 150k spans/s (feeder batches
-        # every 0.2 s) they woke between batches on the other CPU (docs/performance.md, "Idle wake-ups").
+        # every 0.2 s) they woke between batches on the other CPU (docs/performance.md, "Idle wake-ups, and
+        # commits half as often").
         max_idle_ms=500,
     )
     base.update(overrides)
