@@ -9,8 +9,9 @@ import pytest
 
 from drainpipe import processes
 from drainpipe.pipeline.definitions import default_definitions
-from drainpipe.pipeline.engine import LocalEngine
+from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.store import open_store
+from drainpipe.server.service import serve_engine_options
 
 
 @pytest.mark.parametrize(("cores", "expected"), [(2, 9), (8, 22), (64, 84)])
@@ -35,4 +36,27 @@ def test_engine_threads(monkeypatch: pytest.MonkeyPatch, cores: int, expected: i
         assert len(drain) + 1 == expected
     finally:
         engine.close()
+        store.close()
+
+
+def test_with_checkpoints_serve_s_stages_back_off_idle_up_to_half_a_second() -> None:
+    """``serve_engine_options`` (``serve``, ``consume``): no stage hands states on by a timer there (a checkpoint wakes
+    them), so every stage's idle drain threads sleep up to ``max_idle_ms`` = 500 ms; without it each stage keeps its
+    own backoff (50 ms, 100 ms for top-N and persist). An idle ``serve`` woke 300 times a second before."""
+    store = open_store("duckdb:///:memory:")
+    engines = {
+        "serve": LocalEngine(default_definitions(), store, serve_engine_options(), name="idle-serve"),
+        "default": LocalEngine(default_definitions(), store, EngineOptions(), name="idle-default"),
+    }
+    try:
+        for kind, engine in engines.items():
+            queues = {"ingest": engine.ingest_queue, "L1": engine.l1, "L2": engine.l2, "topn": engine.topn,
+                      "persist": engine.persist}  # fmt: skip
+            backoff = {name: q.config.max_idle_ms for name, q in queues.items()}
+            expected = dict.fromkeys(queues, 500) if kind == "serve" else {
+                "ingest": 50, "L1": 50, "L2": 50, "topn": 100, "persist": 100}  # fmt: skip
+            assert backoff == expected, kind
+    finally:
+        for engine in engines.values():
+            engine.close()
         store.close()
