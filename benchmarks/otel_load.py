@@ -315,6 +315,8 @@ def main() -> int:
     clients = [c for c in args.client.split(",") if c]  # none: the fixed rate only
     if args.fixed_rounds is None:
         args.fixed_rounds = args.rounds
+    if args.rounds < 1 or args.fixed_rounds < 1:
+        raise SystemExit("--rounds and --fixed-rounds need at least 1")
     if not clients and not args.fixed_spans_per_s:
         raise SystemExit("the fixed rate only (--client ''): give --fixed-spans-per-s")
     contenders = [c for c in args.contenders.split(",") if c]

@@ -174,9 +174,9 @@ def test_checkpoints_are_paced_by_what_the_last_commit_took() -> None:
     assert driver.interval == 2.0 and not driver.due
     now[0] += 2.0
     assert driver.due
-    commit_taking(0.1)  # cheap: the interval stays checkpoint_s
+    commit_taking(1.0 / PACE)  # cheap (PACE times it is under checkpoint_s): the interval stays checkpoint_s
     assert driver.interval == 2.0
-    now[0] += 1.9
+    now[0] += 2.0  # (2 s and the commit since the checkpoint)
     assert driver.due
     commit_taking(5.0 / PACE)  # a commit of a PACE-th of 5 s: the next comes 5 s after this one began
     assert abs(driver.interval - 5.0) < 1e-9

@@ -427,7 +427,7 @@ class LocalEngine:
         self._wait(lambda: sum(h.consumed for h in self._l1_handlers) + dropped(self.l1) >= self.counters.partials)
         self._request.active = True  # every handler holding state hands it on when idle
         for q in (self.l1, self.l2, self.topn):
-            q.wake_idle()  # now, not after their idle backoff (up to 100 ms)
+            q.wake_idle()  # now, not after their idle backoff (up to 100 ms; serve's, up to max_idle_ms = 500)
         try:
             self._wait(lambda: not any(h.held for h in self._l1_handlers))
             self._wait(lambda: sum(h.consumed for h in self._l2_handlers) >= sum(h.emitted for h in self._l1_handlers))
