@@ -246,7 +246,8 @@ class LocalEngine:
                 # _aggregate is called from every ingest task at once already: a hung call fails over, so the
                 # round-robin producers blocked on its partition go on (intake never stops for one batch)
                 consumer_thread_safe=True,
-                max_idle_ms=self._max_idle(1, 50),  # (the queue's default backoff, 1 to 50 ms)
+                # (the queue's default backoff)
+                max_idle_ms=self._max_idle(BatchQueueConfig.min_idle_ms, BatchQueueConfig.max_idle_ms),
                 strategy=BufferStrategy.BLOCKING,
                 shutdown_timeout_ms=60_000,
                 slow_handler_ms=o.slow_handler_ms,
