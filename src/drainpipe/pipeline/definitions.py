@@ -39,7 +39,6 @@ from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
 from ..inputs.schema import TRACE_ID
 from ..inputs.spans import SpanMapping, parse_span_mapping
 from .alerts import AlertRule, parse_alert_rules
-from .grouping import numpy_column
 from .retention import Retention, parse_retention
 
 __all__ = [
@@ -132,7 +131,9 @@ class Condition:
         result = getattr(pc, _OPS[self.op])(column, pa.scalar(self.value))
         if result.null_count:
             result = pc.fill_null(result, False)
-        return numpy_column(result)
+        if isinstance(result, pa.ChunkedArray):
+            result = result.combine_chunks()
+        return result.to_numpy(zero_copy_only=False)
 
 
 @dataclass(frozen=True)
