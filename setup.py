@@ -25,6 +25,6 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    _native("_logscan"),
                    _native("_csvscan", _COLUMNS),
                    _native("_lines"),
-                   _native("_groupstates"),
+                   _native("_groupstates", [f"{_NATIVE}/_strings.h", f"{_NATIVE}/_hash.h"]),
                    _native("_otlpjson", [*_SPANS, *_NUMBERS]),
                    _native("_otlpproto", _SPANS)])

@@ -12,7 +12,8 @@ program over cut and mutated lines, the request times' digits copied into a smal
 (``_csvscan.c``: 64-byte masks and a padded tail, from many start offsets, and its cell pass), the newline finder
 (``_lines.c``), the OTLP JSON and protobuf scanners (``_otlpjson.c``, ``_otlpproto.c``: every prefix of their
 differential tests' exports, and mutated blocks of them) and the aggregation kernel (``_groupstates.c``: random codes, times, weights and
-sizes from zero, its dense and hashed groupings) get the same treatment."""
+sizes from zero, its dense and hashed groupings; its string columns, ``_strings.h``: chunks sliced, with nulls and
+damaged offsets, rows out of range) get the same treatment."""
 
 from __future__ import annotations
 
@@ -258,6 +259,45 @@ for _ in range(20):  # many groups over many bins: counted group by group (beyon
     values = rng.uniform(0, 5000, n)
     weights = None if rng.random() < 0.5 else rng.integers(0, 5, n).astype(np.float64)
     assert sanitized.histogram(gid, 1000, values, weights, 1.0) == normal.histogram(gid, 1000, values, weights, 1.0)
+    count += 1
+
+def chunk():  # an Arrow string array's buffers as bytes of their own size (ASan sees their ends), sliced
+    values = [rng.choice([b"", b"a", b"svc-03", b"x" * 40, None]) for _ in range(int(rng.integers(0, 30)))]
+    offsets, data = [0], b""
+    for v in values:
+        data += v or b""
+        offsets.append(len(data))
+    if rng.random() < 0.1 and len(offsets) > 2:  # damaged: decreasing, or past the data
+        offsets[int(rng.integers(1, len(offsets)))] = int(rng.choice([-1, len(data) + 5, 0]))
+    validity = None
+    if any(v is None for v in values) or rng.random() < 0.2:
+        validity = bytes(sum(1 << j for j in range(8) if i + j < len(values) and values[i + j] is not None)
+                         for i in range(0, len(values), 8))
+    offset = int(rng.integers(0, len(values) + 1))
+    length = int(rng.integers(0, len(values) - offset + 1))
+    return (np.asarray(offsets, np.int32).tobytes(), data or None, offset, length, validity)
+
+def same(f):
+    try:
+        a = ("ok", f(sanitized))
+    except (ValueError, OverflowError) as exc:
+        a = ("error", type(exc))
+    try:
+        b = ("ok", f(normal))
+    except (ValueError, OverflowError) as exc:
+        b = ("error", type(exc))
+    assert a == b, (a, b)
+    return a
+
+for _ in range(3000):  # the string columns (_strings.h): codes, and values gathered by row, joined
+    chunks = [chunk() for _ in range(int(rng.integers(0, 4)))]
+    kind, got = same(lambda m: m.encode(chunks))
+    rows_total = sum(c[3] for c in chunks)
+    k = int(rng.integers(0, 20))
+    rows = rng.integers(-1 if rng.random() < 0.05 else 0, rows_total + (rng.random() < 0.05), k) if rows_total else np.zeros(k if rng.random() < 0.1 else 0, np.int64)
+    rows = rows.astype(np.int64)
+    same(lambda m: m.gather([(chunks, rows)], b""))
+    same(lambda m: m.gather([(chunks, rows), (chunks, rows[::-1].copy())], b"/"))
     count += 1
 print("checked", count)
 """

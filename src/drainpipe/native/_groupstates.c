@@ -791,6 +791,8 @@ done:
     return result;
 }
 
+#include "_strings.h"
+
 static PyMethodDef methods[] = {
     {"groups", (PyCFunction)(void (*)(void))groups, METH_FASTCALL,
      "groups(services, subs, excluded, ts, width_ms) -> (gid, first): dense group ids of the rows' (service, sub, "
@@ -801,6 +803,12 @@ static PyMethodDef methods[] = {
     {"histogram", (PyCFunction)(void (*)(void))histogram, METH_FASTCALL,
      "histogram(gid, size, values, weights, precision) -> (group, bin, n) | None: the rows counted per (group, "
      "bin) (see _groupstates.c)."},
+    {"encode", (PyCFunction)(void (*)(void))strings_encode, METH_FASTCALL,
+     "encode(chunks) -> (codes, first): a string column's codes, in the order its values first occur, and the row "
+     "of each code's first value (see _strings.h)."},
+    {"gather", (PyCFunction)(void (*)(void))strings_gather, METH_FASTCALL,
+     "gather(parts, separator) -> (offsets, data): string values taken by row, each part's joined by separator "
+     "(see _strings.h)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,3 +24,10 @@ def histogram(
 ) -> tuple[bytearray, bytearray, bytearray] | None:
     """``(group, bin, n)`` per (group, bin) pair that occurs, in that order; None for a NaN value, or bins spanning
     more than the dense table's limit."""
+
+def encode(chunks: Any, /) -> tuple[bytearray, bytearray]:
+    """A string column's int32 codes per row, in the order its values first occur, and each code's first row
+    (int64); chunks: ``(offsets, data, offset, length, validity)`` each (``_strings.h``)."""
+
+def gather(parts: Any, separator: bytes, /) -> tuple[bytearray, bytearray]:
+    """String values by row, each part's ``(chunks, rows)`` joined by ``separator``: int32 offsets and data."""

@@ -11,6 +11,7 @@ extensions, loads only the pure-Python modules it uses (never the engine and its
 ``clock``              drainpipe's one notion of "now" (the wall clock, or one a test or ``DRAINPIPE_CLOCK`` sets)
 ``partials``           the mergeable state types: merge, roll-up, pieces of a source
 ``grouping``           dense group ids and per-group reduction (numpy)
+``strings``            string columns' codes and gathers, by a kernel that keeps the GIL
 ``aggregate``          an event batch -> one partial per definition
 ``values``             states -> value rows (finalize)
 ``state_table``        the stores' encoding of states
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .driver import Commit, Driver, Sink
     from .engine import EngineOptions, LocalEngine
     from .generator import generate_events, write_events
+    from .grouping import numpy_column
     from .partials import (
         STATE_COLUMNS,
         MetricAccumulator,
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         is_new_store,
         open_store,
     )
+    from .strings import string_values
     from .times import iso_from_ms, ms_from_bucket, parse_time, parse_time_ms
     from .values import TOPN_COLUMNS, VALUE_COLUMNS, finalize, finalize_table
 
@@ -138,6 +141,8 @@ _HOMES = {
     ),
     **dict.fromkeys(["InputFile", "PartBooks", "books_from", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["Commit", "Driver", "Sink"], "driver"),
+    **dict.fromkeys(["string_values"], "strings"),
+    **dict.fromkeys(["numpy_column"], "grouping"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
     **dict.fromkeys(["RemoteWriter", "send_stored"], "remote_write"),
@@ -192,6 +197,8 @@ __all__ = [
     "MetricDef",
     "MetricPartial",
     "OVERFLOW",
+    "string_values",
+    "numpy_column",
     "PERCENTILES",
     "PERCENTILE_LABELS",
     "Partial",

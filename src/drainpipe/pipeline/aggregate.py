@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 
 from .. import native
 from ..inputs import WEIGHT, EventBatch
+from . import strings
 from .buckets import GRANULARITY_MS
 from .definitions import Definitions, MetricDef, TopNDef
-from .grouping import compact_codes, first_rows, group_ids, reduce_groups
+from .grouping import arrow_column, compact_codes, first_rows, group_ids, numpy_column, reduce_groups
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
 
 __all__ = ["aggregate_batch"]
@@ -77,31 +78,22 @@ class _BatchView:
         """A numeric/bool column as numpy (int64 for ts, bool for status, float64 otherwise)."""
 
         def compute() -> np.ndarray:
-            column = self.arrow(name).to_numpy(zero_copy_only=False)
+            column = numpy_column(self.arrow(name))
             if name == "status":
                 return column.astype(bool, copy=False)
             return column.astype(np.int64 if name == "ts" else np.float64, copy=False)
 
         return self._cached(("numpy", name), compute)
 
-    def encoded(self, name: str) -> tuple[np.ndarray, pa.Array]:
-        """A string column dictionary-encoded: (code per row, distinct values); nulls count as ""."""
+    def encoded(self, name: str) -> tuple[np.ndarray, pa.Array, int]:
+        """A string column dictionary-encoded: (code per row, distinct values, the code of "" or -1); nulls count as
+        "" (:func:`.strings.string_values`, which keeps the GIL)."""
 
-        def compute() -> tuple[np.ndarray, pa.Array]:
-            column = self.batch.column(name)
-            if isinstance(column, pa.ChunkedArray):
-                column = column.combine_chunks()
-            if pa.types.is_dictionary(column.type) and not column.null_count:
-                # the reader's codes, as they are: only the dictionary (small; its values may repeat) is encoded
-                values = pc.dictionary_encode(column.dictionary)
-                if len(values.dictionary) == len(column.dictionary):  # no value repeats: the codes are the ids
-                    return column.indices.to_numpy(), column.dictionary
-                return values.indices.to_numpy()[column.indices.to_numpy()], values.dictionary
-            column = self.arrow(name)
-            if column.null_count:
-                column = pc.fill_null(column, "")
-            encoded = pc.dictionary_encode(column)
-            return encoded.indices.to_numpy(), encoded.dictionary
+        def compute() -> tuple[np.ndarray, pa.Array, int]:
+            codes, values = strings.string_values(self.batch.column(name))
+            offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
+            empty = np.flatnonzero(offsets[1:] == offsets[:-1])
+            return codes, values, int(empty[0]) if len(empty) else -1
 
         return self._cached(("encoded", name), compute)
 
@@ -109,17 +101,15 @@ class _BatchView:
         return self._cached(("groups", scope, width_ms), lambda: self._groups(scope, width_ms))
 
     def _groups(self, scope: str, width_ms: int) -> _Groups:
-        services, service_names = self.encoded("service")
+        services, service_names, _ = self.encoded("service")
         codes, names, empty = [services], [service_names], -1
         if scope != "service":
-            subs, sub_names = self.encoded(scope)
-            empty = pc.index(sub_names, "").as_py()  # (rows without a value count for no group of the scope)
+            subs, sub_names, empty = self.encoded(scope)  # (rows without a value count for no group of the scope)
             codes.append(subs)
             names.append(sub_names)
         kernel = native.groupstates is not None
         gid, first = (self._kernel_ids if kernel else self._numpy_ids)(codes, names, empty, width_ms)
-        parts = [n.take(pa.array(c[first])) for c, n in zip(codes, names)]
-        entity = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "/")
+        entity = strings.join_strings(names, [c[first] for c in codes], "/")
         bucket = np.floor_divide(self.numpy("ts")[first], width_ms) * width_ms
         return _Groups(gid, entity, bucket, gid >= 0 if empty >= 0 else None)
 
@@ -162,7 +152,7 @@ class _BatchView:
         def compute() -> np.ndarray:
             gid = self.groups(metric.scope, GRANULARITY_MS["minute"]).gid
             mask = self.filter_mask(metric)
-            return gid if mask is None else np.where(mask, gid, -1)
+            return gid if mask is None else (gid + 1) * mask - 1  # (np.where takes ~100 us and lets the GIL go)
 
         return self._cached(("metric gid", metric.scope, metric.where), compute)
 
@@ -313,9 +303,9 @@ _AGGREGATORS: Mapping[str, _Aggregator] = MappingProxyType(
 def _state_table(
     entity: pa.Array, bucket: np.ndarray, states: StateArrays, layout: Sequence[StateColumn], **extra: np.ndarray
 ) -> pa.Table:
-    columns: dict[str, Any] = {"entity": entity, "bucket": pa.array(bucket, pa.int64())}
-    columns.update({k: pa.array(v, pa.int64()) for k, v in extra.items()})
-    columns.update({c.name: pa.array(states[c.name], c.type) for c in layout})
+    columns: dict[str, Any] = {"entity": entity, "bucket": arrow_column(bucket, pa.int64())}
+    columns.update({k: arrow_column(v, pa.int64()) for k, v in extra.items()})
+    columns.update({c.name: arrow_column(states[c.name], c.type) for c in layout})
     return pa.table(columns)
 
 
@@ -380,7 +370,7 @@ def _present_states(groups: _Groups, n: np.ndarray, states: StateArrays, layout:
         return _state_table(groups.entity, groups.bucket, states, layout)
     present = np.flatnonzero(n)
     return _state_table(
-        groups.entity.take(pa.array(present)),
+        strings.take_strings(groups.entity, present),
         groups.bucket[present],
         {k: v[present] for k, v in states.items()},
         layout,
@@ -398,7 +388,7 @@ def _kernel_histogram(view: _BatchView, metric: MetricDef, groups: _Groups) -> p
     if out is None:
         return None
     group, b, n = (np.frombuffer(a, np.int64) for a in out)
-    return _state_table(groups.entity.take(pa.array(group)), groups.bucket[group], {"n": n},
+    return _state_table(strings.take_strings(groups.entity, group), groups.bucket[group], {"n": n},
                         STATE_COLUMNS["percentile"], b=b)  # fmt: skip
 
 
@@ -410,7 +400,7 @@ def _aggregate_histogram(view: _BatchView, metric: MetricDef, groups: _Groups, g
     first = first_rows(ids, size)
     group = g[first]
     return _state_table(
-        groups.entity.take(pa.array(group)),
+        strings.take_strings(groups.entity, group),
         groups.bucket[group],
         {"n": _count(ids, view.row_weights(metric), size)},
         STATE_COLUMNS["percentile"],
@@ -445,9 +435,7 @@ def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
     if pa.types.is_null(keys.type) or keys.null_count == len(keys):  # no row has a key (or a table built so)
         return TOPN_STATE_SCHEMA.empty_table()
     groups = view.groups(topn.scope, topn.bucket_ms)
-    present = pc.binary_length(keys) if pa.types.is_binary(keys.type) else pc.utf8_length(keys)
-    has_key = pc.fill_null(pc.greater(present, 0), False).to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(has_key & (groups.gid >= 0))
+    rows = np.flatnonzero(_has_value(keys) & (groups.gid >= 0))
     g = groups.gid[rows]
     latency = view.numpy("latency_ms")[rows]
     if topn.latency_buckets_ms:  # n per latency bucket: candidates per (group, latency bucket)
@@ -456,17 +444,32 @@ def _aggregate_topn(view: _BatchView, topn: TopNDef) -> pa.Table:
     else:
         pick = _topn_candidates(g, latency, groups.size, topn.n)
     rows, g = rows[pick], g[pick]
-    picked = keys.take(pa.array(rows, pa.int64()))
+    picked = strings.take_strings(keys, rows) if keys.type == pa.string() else keys.take(pa.array(rows, pa.int64()))
     table = pa.table(
         {
-            "entity": groups.entity.take(pa.array(g, pa.int64())),
-            "bucket": pa.array(groups.bucket[g], pa.int64()),
-            "latency_ms": pa.array(latency[pick], pa.float64()),
+            "entity": strings.take_strings(groups.entity, g),
+            "bucket": arrow_column(groups.bucket[g], pa.int64()),
+            "latency_ms": arrow_column(latency[pick], pa.float64()),
             "key": _hex_strings(picked) if pa.types.is_binary(picked.type) else picked,
         },
         schema=TOPN_STATE_SCHEMA,
     )
     return keep_top(table, topn)
+
+
+def _has_value(values: pa.Array) -> np.ndarray:
+    """Per row: whether it holds a non-empty string or binary (from the buffers: pyarrow's compute lets the GIL
+    go)."""
+    if not (pa.types.is_string(values.type) or pa.types.is_binary(values.type)):
+        present = pc.binary_length(values) if pa.types.is_binary(values.type) else pc.utf8_length(values)
+        return pc.fill_null(pc.greater(present, 0), False).to_numpy(zero_copy_only=False)
+    validity, offsets, _ = values.buffers()
+    ends = np.frombuffer(offsets, np.int32, len(values) + 1, values.offset * 4)
+    has = ends[1:] > ends[:-1]
+    if values.null_count:
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        has &= bits[values.offset : values.offset + len(values)].view(np.bool_)
+    return has
 
 
 _HEX_DIGITS = np.frombuffer(b"".join(b"%02x" % i for i in range(256)), np.uint8).reshape(256, 2)

@@ -25,8 +25,8 @@ from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from . import strings
 from .partials import MetricPartial, Partial, fold_entities
 
 __all__ = ["OVERFLOW", "EntityGuard"]
@@ -90,9 +90,9 @@ class EntityGuard:
 
     def _apply(self, partial: Partial, scope: str) -> Partial:
         table = partial.table
-        encoded = pc.dictionary_encode(table.column("entity")).combine_chunks()
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        names = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
+        codes32, values = strings.string_values(table.column("entity"))
+        codes = codes32.astype(np.int64)
+        names = np.asarray(values.to_pylist(), dtype=object)
         buckets = table.column("bucket").to_numpy()
         # one int64 key per (bucket, entity): np.unique over a flat array is fast; the admission then works per
         # bucket on whole sets (C speed), and per entity only in a bucket that reaches the limit

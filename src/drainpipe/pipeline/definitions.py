@@ -39,6 +39,7 @@ from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
 from ..inputs.schema import TRACE_ID
 from ..inputs.spans import SpanMapping, parse_span_mapping
 from .alerts import AlertRule, parse_alert_rules
+from .grouping import numpy_column
 from .retention import Retention, parse_retention
 
 __all__ = [
@@ -131,9 +132,7 @@ class Condition:
         result = getattr(pc, _OPS[self.op])(column, pa.scalar(self.value))
         if result.null_count:
             result = pc.fill_null(result, False)
-        if isinstance(result, pa.ChunkedArray):
-            result = result.combine_chunks()
-        return result.to_numpy(zero_copy_only=False)
+        return numpy_column(result)
 
 
 @dataclass(frozen=True)

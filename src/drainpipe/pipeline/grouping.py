@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from . import strings
 
 __all__ = [
     "dense_limit",
@@ -19,6 +20,8 @@ __all__ = [
     "key_codes",
     "table_groups",
     "reduce_groups",
+    "arrow_column",
+    "numpy_column",
 ]
 
 _BUCKET_UNIT_MS = 60_000  # every bucket (minute, hour, day, 10 minutes) is a whole number of minutes
@@ -85,10 +88,9 @@ def first_rows(ids: np.ndarray, size: int) -> np.ndarray:
 
 
 def string_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    encoded = pc.dictionary_encode(column)
-    return encoded.indices.to_numpy(zero_copy_only=False), max(len(encoded.dictionary), 1)
+    """A string column's codes (nulls read as "") and how many there are (at least 1)."""
+    codes, values = strings.string_values(column)
+    return codes, max(len(values), 1)
 
 
 def key_codes(table: pa.Table, column: str) -> tuple[np.ndarray, int]:
@@ -116,3 +118,31 @@ def reduce_groups(ids: np.ndarray, size: int, values: np.ndarray, merge: str, ki
     out = np.full(size, start)
     ufunc.at(out, ids, values)
     return out
+
+
+def arrow_column(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """A numpy column as Arrow: its buffer wrapped where the types match (``pa.array`` converts, letting the GIL go;
+    see :mod:`.strings`), else converted."""
+    dtype = _DTYPES.get(kind)
+    if dtype is not None and values.dtype == dtype:
+        return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+    return pa.array(values, kind)
+
+
+_DTYPES = {pa.int64(): np.dtype(np.int64), pa.float64(): np.dtype(np.float64)}
+
+
+def numpy_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or bool column as numpy: without nulls, its buffer read in place (bools unpacked by numpy), as
+    ``to_numpy`` would give it without letting the GIL go (its bool conversion does: see :mod:`.strings`)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count == 0:
+        if column.type == pa.bool_():
+            if not len(column):
+                return np.zeros(0, np.bool_)
+            bits = np.unpackbits(np.frombuffer(column.buffers()[1], np.uint8), bitorder="little")
+            return bits[column.offset : column.offset + len(column)].view(np.bool_)
+        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+            return column.to_numpy()  # (zero-copy)
+    return column.to_numpy(zero_copy_only=False)

@@ -57,9 +57,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import strings
 from .buckets import GRANULARITIES, GRANULARITY_MS
 from .definitions import FUNCTIONS, Definition, MetricDef, TopNDef
-from .grouping import first_rows, reduce_groups, string_codes, table_groups
+from .grouping import arrow_column, first_rows, reduce_groups, string_codes, table_groups
 
 
 @dataclass(frozen=True)
@@ -272,11 +273,21 @@ def keep_top(table: pa.Table, definition: TopNDef) -> pa.Table:
 def _merge_states(table: pa.Table, metric: MetricDef, key_columns: Sequence[str]) -> pa.Table:
     """Combine rows with equal keys by each state column's merge operation (row order is not kept)."""
     ids, size = table_groups(table, key_columns)
-    first = pa.array(first_rows(ids, size))
-    columns: dict[str, Any] = {k: table.column(k).take(first) for k in key_columns}
+    first = first_rows(ids, size)
+    columns: dict[str, Any] = {k: _taken(table.column(k), first) for k in key_columns}
     for c in STATE_COLUMNS[metric.function]:
-        columns[c.name] = pa.array(reduce_groups(ids, size, table.column(c.name).to_numpy(), c.merge, c.type), c.type)
+        merged = reduce_groups(ids, size, table.column(c.name).to_numpy(), c.merge, c.type)
+        columns[c.name] = arrow_column(merged, c.type)
     return pa.table(columns)
+
+
+def _taken(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """A key column's values at ``rows``, by the kernels that keep the GIL (:mod:`.strings`) where they apply."""
+    if column.type == pa.string():
+        return strings.take_strings(column, rows)
+    if column.type == pa.int64() and column.null_count == 0:
+        return arrow_column(column.to_numpy()[rows], pa.int64())
+    return column.take(pa.array(rows))
 
 
 def fold_entities(partial: P, fold: np.ndarray, into: str) -> P:

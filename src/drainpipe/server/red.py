@@ -33,13 +33,12 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..inputs import EventBatch
-from ..pipeline import OVERFLOW
+from ..pipeline import OVERFLOW, numpy_column, string_values
 
 __all__ = ["RedMetrics"]
 
@@ -81,14 +80,15 @@ class RedMetrics(Collector):
         if events.requests == 0:
             return
         batch = events.request_rows()
-        services = pc.dictionary_encode(batch.column("service"))
-        endpoints = pc.dictionary_encode(batch.column("endpoint"))
-        if isinstance(services, pa.ChunkedArray):
-            services, endpoints = services.combine_chunks(), endpoints.combine_chunks()
-        s_names, e_names = services.dictionary.to_pylist(), endpoints.dictionary.to_pylist()
-        pair = services.indices.to_numpy().astype(np.int64) * len(e_names) + endpoints.indices.to_numpy()
+        services, s_values = string_values(batch.column("service"))
+        endpoints, e_values = string_values(batch.column("endpoint"))
+        s_names, e_names = s_values.to_pylist(), e_values.to_pylist()
+        pair = services.astype(np.int64) * len(e_names) + endpoints
         pairs, first, local = distinct_codes(pair, len(s_names) * len(e_names))
-        ok = np.asarray(pc.fill_null(batch.column("status"), True).to_numpy(zero_copy_only=False), dtype=bool)
+        status = batch.column("status")
+        if status.null_count:
+            status = pc.fill_null(status, True)
+        ok = numpy_column(status).astype(bool, copy=False)
         latency = np.asarray(batch.column("latency_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
         weights = events.weights()
         w = None if weights is None else weights[: events.requests].astype(np.float64)
