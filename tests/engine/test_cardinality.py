@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from drainpipe.pipeline.aggregate import aggregate_batch
 from drainpipe.pipeline.cardinality import OVERFLOW, EntityGuard
 from drainpipe.pipeline.definitions import DefinitionError, default_definitions, parse_definitions
+from drainpipe.pipeline.grouping import distinct_pairs
 from drainpipe.pipeline.run import run_local
 from drainpipe.pipeline.store import open_store
 from drainpipe.pipeline.values import finalize
@@ -129,3 +131,19 @@ def test_a_partial_sharing_columns_with_one_that_folded_nothing_is_looked_at_aga
     got = together.apply([p, r, q])
     want = [alone.apply([x])[0] for x in (p, r, q)]
     assert got[2].table.equals(want[2].table) and OVERFLOW in got[2].table.column("entity").to_pylist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 9)), max_size=60),
+    st.sampled_from([60_000, 600_000, 86_400_000 * 400, 1]),
+    st.integers(-(2**40), 2**40),
+)
+def test_the_guards_pairs_are_npuniques(rows: list[tuple[int, int]], unit: int, base: int) -> None:
+    """The distinct (bucket, entity code) pairs the guard admits, by its table of seen pairs or by np.unique (far
+    apart buckets, or buckets that are not whole minutes), are np.unique's: the same pairs in the same order."""
+    buckets = np.array([base * 60_000 + k * unit for k, _ in rows], np.int64)
+    codes = np.array([c for _, c in rows], np.int64)
+    got = distinct_pairs(buckets, codes, 10)
+    want = np.divmod(np.unique(buckets * 10 + codes), 10)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

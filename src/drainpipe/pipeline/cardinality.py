@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import strings
+from .grouping import distinct_pairs
 from .partials import MetricPartial, Partial, fold_entities
 
 __all__ = ["OVERFLOW", "EntityGuard"]
@@ -94,10 +95,9 @@ class EntityGuard:
         codes = codes32.astype(np.int64)
         names = np.asarray(values.to_pylist(), dtype=object)
         buckets = table.column("bucket").to_numpy()
-        # one int64 key per (bucket, entity): np.unique over a flat array is fast; the admission then works per
-        # bucket on whole sets (C speed), and per entity only in a bucket that reaches the limit
-        pairs = np.unique(buckets * len(names) + codes)
-        pair_buckets, pair_codes = np.divmod(pairs, len(names))
+        # the distinct (bucket, entity) pairs; the admission then works per bucket on whole sets (C speed), and per
+        # entity only in a bucket that reaches the limit
+        pair_buckets, pair_codes = distinct_pairs(buckets, codes, len(names))
         rejected: set[tuple[int, int]] = set()
         with self._lock:
             sets = self._admitted.setdefault(scope, OrderedDict())

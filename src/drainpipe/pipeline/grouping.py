@@ -22,6 +22,7 @@ __all__ = [
     "reduce_groups",
     "arrow_column",
     "numpy_column",
+    "distinct_pairs",
 ]
 
 _BUCKET_UNIT_MS = 60_000  # every bucket (minute, hour, day, 10 minutes) is a whole number of minutes
@@ -146,3 +147,22 @@ def numpy_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
             return column.to_numpy()  # (zero-copy)
     return column.to_numpy(zero_copy_only=False)
+
+
+def distinct_pairs(buckets: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (bucket, code) pairs of rows (buckets in ms, codes in [0, ``width``)), ordered by bucket then
+    code: ``np.divmod(np.unique(buckets * width + codes), width)``. By a table of seen pairs over the buckets'
+    minutes where that is small (np.unique sorts, letting the GIL go for the whole sort: the cardinality guard runs
+    on the engine's ingest threads, beside the process's other busy threads), else by np.unique."""
+    if len(buckets) == 0:
+        return buckets, codes
+    low = int(buckets.min())
+    slots = (buckets - low) // _BUCKET_UNIT_MS  # (every bucket is a whole number of minutes)
+    space = (int(slots.max()) + 1) * width
+    if space > dense_limit(len(buckets)) or ((buckets - low) % _BUCKET_UNIT_MS).any():
+        pairs = np.unique(buckets * width + codes)
+        return np.divmod(pairs, width)
+    seen = np.zeros(space, np.bool_)
+    seen[slots * width + codes] = True
+    pair_slots, pair_codes = np.divmod(np.flatnonzero(seen), width)
+    return pair_slots * _BUCKET_UNIT_MS + low, pair_codes
