@@ -57,10 +57,12 @@ def tune_own_process() -> None:
         pass
 
 
-def tune_live_process() -> None:
+def tune_live_process(switch_interval_s: float | None = None) -> None:
     """Tune a long-running live process that drainpipe owns (``drainpipe serve``, ``drainpipe consume``) and the
     helper processes it starts: Arrow's buffers come from the system allocator (``ARROW_DEFAULT_MEMORY_POOL=system``
-    unless the user set the variable; inherited by the helpers).
+    unless the user set the variable; inherited by the helpers); with ``switch_interval_s``, the interpreter's
+    switch interval (``sys.setswitchinterval``, 5 ms by default): how long a thread that wants the GIL waits before
+    the thread holding it is made to let it go, for a process whose answers wait for the GIL (``serve``).
 
     pyarrow's default pool (mimalloc) keeps the pages of freed buffers for reuse. A live process allocates a batch's
     buffers per request and per merge and frees them moments later, and the pool's pages stayed resident: under a
@@ -72,6 +74,8 @@ def tune_live_process() -> None:
     into ``serve`` and ``consume`` (48 MB of PSS a process, each helper too: :mod:`drainpipe.server.channel`'s
     processes hide it themselves)."""
     hide_pandas()
+    if switch_interval_s is not None:
+        sys.setswitchinterval(switch_interval_s)
     if os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system") != "system":
         return
     if "pyarrow" in sys.modules:  # imported already, its default pool chosen: set it (C++ allocations follow)

@@ -14,11 +14,20 @@ from ..errors import UsageError
 from ..processes import tune_live_process
 from .http_face import TOKEN_ENV, check_bind, token_of
 
+#: the interpreter's switch interval in ``serve``'s own process (the default is 5 ms). The connection loop answers
+#: requests, and each turn of it wants the GIL back after a read, a write or an fsync; while an engine thread runs
+#: a C kernel or Python that keeps the GIL, the loop waited up to the whole interval each time. At 1 ms, with the
+#: aggregation's string columns in a kernel that keeps the GIL (which had taken the p99 at 150k spans/s from 18 to
+#: 35 ms at 5 ms), the p99 and the CPU per span both came out better than before the kernel (docs/performance.md,
+#: "String columns that keep the GIL, and a shorter switch interval")
+SWITCH_INTERVAL_S = 0.001
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the options, then :func:`~.assembly.serve` the :class:`~.assembly.ServeConfig` they describe."""
     if args.own_process:
-        tune_live_process()  # before pyarrow is imported: its default pool is chosen then, here and in the helpers
+        # before pyarrow is imported: its default pool is chosen then, here and in the helpers
+        tune_live_process(SWITCH_INTERVAL_S)
     from ..pipeline import definitions_from, remote_write_options
     from .assembly import ServeConfig, serve
     from .service import ServiceOptions
