@@ -256,10 +256,12 @@ def test_the_run_command_tunes_its_own_process_and_leaves_a_calling_program_alon
 def test_the_live_commands_take_arrows_buffers_from_the_system_allocator(tmp_path, command) -> None:
     """``serve`` and ``consume``, in a process of their own, set Arrow's pool to the system allocator before their
     helpers start (they inherit the variable); a pool the user chose stays. They hide pandas, which pyarrow's first
-    conversion of a Python value would import (48 MB of PSS)."""
+    conversion of a Python value would import (48 MB of PSS). ``serve`` shortens the switch interval to 1 ms (its
+    connection loop waits for the GIL at most that long); ``consume`` keeps the interpreter's 5 ms."""
     program = (
         "import os, sys\nimport drainpipe.processes as p\nreal = p.tune_live_process\n"
-        "def tune():\n    print('pyarrow before:', 'pyarrow' in sys.modules)\n    real()\n    import pyarrow\n"
+        "def tune(*args):\n    print('pyarrow before:', 'pyarrow' in sys.modules)\n    real(*args)\n    import pyarrow\n"
+        "    print('switch interval:', sys.getswitchinterval())\n"
         "    print('pool:', pyarrow.default_memory_pool().backend_name,"
         " os.environ['ARROW_DEFAULT_MEMORY_POOL'])\n    pyarrow.scalar(0, pyarrow.int64())\n"
         "    print('pandas loaded:', 'pandas' in sys.modules)\n    sys.exit(7)\n"
@@ -275,6 +277,7 @@ def test_the_live_commands_take_arrows_buffers_from_the_system_allocator(tmp_pat
     assert done.returncode == 7, done.stderr
     assert "pyarrow before: False" in done.stdout and "pool: system system" in done.stdout
     assert "pandas loaded: False" in done.stdout
+    assert f"switch interval: {0.001 if command == 'serve' else 0.005}" in done.stdout
     done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120,
                           env={**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"})  # fmt: skip
     assert done.returncode == 7, done.stderr

@@ -86,3 +86,13 @@ def test_numpy_column_is_to_numpy(values: list[bool | None], start: int, floats:
         array = pa.array([None if v is None else float(v) for v in array.to_pylist()], pa.float64())
     got, want = numpy_column(array), array.to_numpy(zero_copy_only=False)
     assert got.dtype == want.dtype and got.tolist() == want.tolist() or (array.null_count and np.isnan(want).any())
+
+
+def test_damaged_offsets_are_an_error_not_a_read() -> None:
+    """An array whose offsets go negative in the middle (Arrow's cheap validation passes it): gathering that row
+    reads nothing outside the data."""
+    damaged = pa.Array.from_buffers(
+        pa.string(), 2, [None, pa.py_buffer(np.array([0, -8, 3], np.int32)), pa.py_buffer(b"abc")]
+    )
+    with pytest.raises(ValueError, match="out of order"):
+        take_strings(damaged, np.array([1], np.int64))

@@ -99,7 +99,8 @@ column_get(Column *c, PyObject *obj)
                 goto fail;
             ch->has_validity = 1;
         }
-        if (ch->offset < 0 || ch->length < 0 || (ch->offset + ch->length + 1) * 4 > ch->offsets.len ||
+        if (ch->offset < 0 || ch->length < 0 || ch->offset > PY_SSIZE_T_MAX / 8 - ch->length ||
+            (ch->offset + ch->length + 1) * 4 > ch->offsets.len ||
             (ch->has_validity && (ch->offset + ch->length + 7) / 8 > ch->validity.len)) {
             PyErr_SetString(PyExc_ValueError, "a chunk's slice is outside its buffers");
             goto fail;
@@ -132,7 +133,7 @@ chunk_value(const Chunk *ch, Py_ssize_t i, const unsigned char **s)
     }
     const int32_t *off = (const int32_t *)ch->offsets.buf;
     int32_t a = off[at], b = off[at + 1];
-    if (b < a || b > (ch->has_data ? ch->data.len : 0))
+    if (a < 0 || b < a || b > (ch->has_data ? ch->data.len : 0))
         return -1;
     *s = ch->has_data ? (const unsigned char *)ch->data.buf + a : (const unsigned char *)"";
     return b - a;

@@ -91,6 +91,8 @@ class _BatchView:
 
         def compute() -> tuple[np.ndarray, pa.Array, int]:
             codes, values = strings.string_values(self.batch.column(name))
+            if values.type != pa.string():  # (a large_string column, on pyarrow's path)
+                return codes, values, pc.index(values, "").as_py()
             offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
             empty = np.flatnonzero(offsets[1:] == offsets[:-1])
             return codes, values, int(empty[0]) if len(empty) else -1
