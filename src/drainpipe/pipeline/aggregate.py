@@ -26,7 +26,7 @@ from ..inputs import WEIGHT, EventBatch
 from . import strings
 from .buckets import GRANULARITY_MS
 from .definitions import Definitions, MetricDef, TopNDef
-from .grouping import arrow_column, compact_codes, first_rows, group_ids, numpy_column, reduce_groups
+from .grouping import arrow_column, compact_codes, first_rows, group_ids, numpy_column, reduce_groups, unpack_bits
 from .partials import STATE_COLUMNS, TOPN_STATE_SCHEMA, Partial, StateColumn, keep_top, partial_type
 
 __all__ = ["aggregate_batch"]
@@ -91,10 +91,7 @@ class _BatchView:
 
         def compute() -> tuple[np.ndarray, pa.Array, int]:
             codes, values = strings.string_values(self.batch.column(name))
-            if values.type != pa.string():  # (a large_string column, on pyarrow's path)
-                return codes, values, pc.index(values, "").as_py()
-            offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
-            empty = np.flatnonzero(offsets[1:] == offsets[:-1])
+            empty = np.flatnonzero(~_has_value(values))  # (the values are distinct and never null: one at most)
             return codes, values, int(empty[0]) if len(empty) else -1
 
         return self._cached(("encoded", name), compute)
@@ -469,8 +466,7 @@ def _has_value(values: pa.Array) -> np.ndarray:
     ends = np.frombuffer(offsets, np.int32, len(values) + 1, values.offset * 4)
     has = ends[1:] > ends[:-1]
     if values.null_count:
-        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
-        has &= bits[values.offset : values.offset + len(values)].view(np.bool_)
+        has &= unpack_bits(validity, values.offset, len(values))
     return has
 
 

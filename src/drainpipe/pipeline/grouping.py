@@ -23,6 +23,7 @@ __all__ = [
     "arrow_column",
     "numpy_column",
     "distinct_pairs",
+    "unpack_bits",
 ]
 
 _BUCKET_UNIT_MS = 60_000  # every bucket (minute, hour, day, 10 minutes) is a whole number of minutes
@@ -140,13 +141,21 @@ def numpy_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         column = column.combine_chunks()
     if column.null_count == 0:
         if column.type == pa.bool_():
-            if not len(column):
-                return np.zeros(0, np.bool_)
-            bits = np.unpackbits(np.frombuffer(column.buffers()[1], np.uint8), bitorder="little")
-            return bits[column.offset : column.offset + len(column)].view(np.bool_)
+            return unpack_bits(column.buffers()[1], column.offset, len(column))
         if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
             return column.to_numpy()  # (zero-copy)
     return column.to_numpy(zero_copy_only=False)
+
+
+def unpack_bits(buffer: pa.Buffer | None, offset: int, length: int) -> np.ndarray:
+    """An Arrow bitmap (a bool column's values, or a validity buffer) as ``length`` numpy bools from bit ``offset``,
+    unpacked by numpy (pyarrow's conversion lets the GIL go); no buffer (no validity bitmap) is every bit set."""
+    if buffer is None:
+        return np.ones(length, np.bool_)
+    if not length:
+        return np.zeros(0, np.bool_)
+    bits = np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")
+    return bits[offset : offset + length].view(np.bool_)
 
 
 def distinct_pairs(buckets: np.ndarray, codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

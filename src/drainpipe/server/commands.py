@@ -18,8 +18,8 @@ from .http_face import TOKEN_ENV, check_bind, token_of
 #: requests, and each turn of it wants the GIL back after a read, a write or an fsync; while an engine thread runs
 #: a C kernel or Python that keeps the GIL, the loop waited up to the whole interval each time. At 1 ms, with the
 #: aggregation's string columns in a kernel that keeps the GIL (which had taken the p99 at 150k spans/s from 18 to
-#: 35 ms at 5 ms), the p99 and the CPU per span both came out better than before the kernel (docs/performance.md,
-#: "String columns that keep the GIL, and a shorter switch interval")
+#: 35 ms at 5 ms), saturated 1.2x the spans per CPU second of the code before the kernel and the fixed rate within
+#: the noise of it (docs/performance.md, "String columns that keep the GIL, and a shorter switch interval")
 SWITCH_INTERVAL_S = 0.001
 
 
