@@ -10,6 +10,14 @@ three kinds of work, in this order on each turn of its loop:
   wait older than half a second (a stuck handler). A wait costs nothing to the steps behind it: this is what lets
   one queue's stuck handler hold up only the steps that wait for that very drain task.
 
+The steps wait in a :class:`queue.Queue`, not a ``queue.SimpleQueue``: CPython's ``SimpleQueue.get(timeout=...)``
+can block for ever. When it takes its lock without waiting (a ``put`` released it while nobody waited) and finds the
+queue still empty, it recomputes the time left; if the deadline passed meanwhile (the thread was preempted for
+longer than the timeout, easy with this loop's 50 us polls on a busy machine) the negative time left means "wait
+for ever", and only the next ``put`` wakes it. Every wait and timer of every queue then stood still: a queue's
+``remove_handler`` never returned, its control thread asleep with its timers 24 s overdue. ``Queue.get`` stops at
+its deadline (:func:`new_step_queue`; ``tests/queue/test_control_loop.py`` shows the difference).
+
 The thread is started by the first queue (:func:`acquire`) and stops when the last one has released it. A step that
 raises is logged and the loop goes on; steps own their Futures and must settle them.
 """
@@ -39,7 +47,7 @@ class ControlLoop:
     steps already running on this thread."""
 
     def __init__(self) -> None:
-        self._steps: _queue_mod.SimpleQueue[Step | None] = _queue_mod.SimpleQueue()
+        self._steps = new_step_queue()
         self._timers: list[tuple[float, int, Step]] = []
         self._waits: list[tuple[float, Callable[[], bool], Step]] = []  # (registered at, ready, then)
         self._seq = itertools.count()
@@ -123,6 +131,12 @@ class ControlLoop:
             step()
         except Exception:
             log.exception("control step failed")
+
+
+def new_step_queue() -> _queue_mod.Queue[Step | None]:
+    """The queue the control thread takes its steps from: one whose ``get(timeout=...)`` returns by its deadline
+    (the module docstring says why not a ``SimpleQueue``)."""
+    return _queue_mod.Queue()
 
 
 def _nothing() -> None:
