@@ -206,12 +206,13 @@ class Controller:
     # ------------------------------------------------------------------ rebalancing
 
     def _throughput(self) -> list[int]:
-        """Items produced per partition since the previous measurement (snapshot-and-reset)."""
+        """Items produced per partition since the previous measurement (snapshot-and-reset). Every slot a shrink
+        left is followed too, so a partition that comes back reports what it took since, not all it ever took."""
         produced = self._parts.buffers.produced
-        counts = [produced(p) for p in range(self._parts.count[0])]
+        counts = [produced(p) for p in range(len(self._parts.owner))]
         last = self._last_counts + [0] * (len(counts) - len(self._last_counts))
         self._last_counts = counts
-        return [c - b for c, b in zip(counts, last)]
+        return [c - b for c, b in zip(counts[: self._parts.count[0]], last)]
 
     def rebalance(self, periodic: bool = False) -> RebalanceResult | Future[RebalanceResult]:
         """Plan on the load and start the handoffs; the result (a Future when partitions move) is settled once every

@@ -42,7 +42,11 @@ class LoadEstimate:
         self.window: list[int] = []  # intervals in the window's mean
 
     def add(self, sample: Sequence[int]) -> None:
-        """Fold one interval's per-partition counts in."""
+        """Fold one interval's per-partition counts in. Partitions beyond the sample were dropped (a shrink): they
+        are forgotten, and one that comes back later starts at its sample like a new one."""
+        if len(sample) < len(self.share):
+            for series in (self.share, self.fast, self.var, self.window):
+                del series[len(sample) :]
         total = sum(sample)
         if total <= 0:
             return  # an idle interval says nothing about who carries what

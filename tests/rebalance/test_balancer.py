@@ -267,3 +267,27 @@ def test_a_changed_load_is_followed_within_two_intervals():
     # more than half way in two intervals (a 64-interval mean would still say ~1,100 and ~950)
     assert mean[0] > 1600 and mean[1] < 700, mean[:2]
     assert all(800 < m < 1200 for m in mean[2:])
+
+
+@given(st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=12), min_size=1, max_size=12))
+def test_the_estimate_covers_the_partitions_of_the_last_sample(samples):
+    """Partitions come and go (adaptive growth, a shrink): the estimate plans on those of the latest interval. It
+    once kept the shares of dropped partitions for good, and the periodic plan then covered partitions that no
+    longer existed (their owner -1: an invalid plan, a ghost load on the last task)."""
+    estimate = LoadEstimate()
+    for sample in samples:
+        estimate.add(sample)
+        n = len(estimate.rounded())
+        assert n <= len(sample) and len(estimate.spread()) == n
+        if sum(sample) > 0:
+            assert n == len(sample)
+
+
+def test_a_partition_that_comes_back_starts_at_its_own_load():
+    estimate = LoadEstimate()
+    for _ in range(10):
+        estimate.add([100, 100, 800])
+    estimate.add([100, 100])  # the third partition dropped
+    for _ in range(10):
+        estimate.add([100, 100, 0])  # and back, idle
+    assert estimate.rounded()[2] == 0
