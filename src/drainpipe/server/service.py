@@ -55,6 +55,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from .. import ThreadPolicy
 from ..errors import IngestRefused, LogFull, UsageError
 from ..inputs import EventBatch
 from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptions, RemoteWriter
@@ -124,10 +125,21 @@ class ServiceOptions:
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
     """The engine configuration for serving: checkpoints (states are committed with the log position), BLOCKING
-    stages (the feeder slows down instead of anything being dropped), one batch per ingest partition, shorter
-    flush periods so the dashboard moves, idle drain threads that sleep up to 0.5 s."""
+    stages (the feeder slows down instead of anything being dropped), one batch per ingest partition, one drain
+    thread per stage and partial chunks of up to 16,384 rows, shorter flush periods so the dashboard moves, idle
+    drain threads that sleep up to 0.5 s."""
     base: dict[str, Any] = dict(
         checkpoints=True,
+        # The stages share the server's GIL with each other and with the connection loop: a second thread per stage
+        # only adds hand-overs of it (futex waits and wake-ups were a fifth of the process's CPU under a saturated
+        # OTLP load), and every chunk of a partial is a queue item and a merge call that lets it go. One thread per
+        # stage and chunks of 16,384 rows (4,096): the engine replaying a log alone at 1.51x the events per CPU
+        # second, a saturated server at 1.08x-1.20x the spans (docs/performance.md, "Where the server's CPU goes in
+        # the kernel, and what fewer GIL hand-overs buy").
+        ingest_threads=ThreadPolicy.fixed(1),
+        l1_threads=ThreadPolicy.fixed(1),
+        l2_threads=ThreadPolicy.fixed(1),
+        chunk_rows=16_384,
         l1_buffer=2_000,
         l2_buffer=1_000,
         ingest_buffer=2,
