@@ -92,6 +92,12 @@ utf8_valid(const unsigned char *q, size_t n)
 {
     size_t i = 0;
     while (i < n) {
+        /* ASCII eight bytes at a time: names, keys and most values are all ASCII */
+        uint64_t w;
+        while (i + 8 <= n && (memcpy(&w, q + i, 8), !(w & 0x8080808080808080ull)))
+            i += 8;
+        if (i == n)
+            break;
         unsigned c = q[i];
         if (c < 0x80) {
             i++;
