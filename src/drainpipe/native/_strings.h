@@ -173,6 +173,11 @@ strings_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_ssize_t row = 0;
+    /* the previous row's value and code: rows come in runs (an OTLP export's spans share their resource's service
+     * and instance), and a run's next row costs a compare instead of a hash */
+    const unsigned char *run_s = (const unsigned char *)"";
+    Py_ssize_t run_len = -1;
+    int32_t run_code = 0;
     for (Py_ssize_t k = 0; k < col.count; k++) {
         const Chunk *ch = &col.chunks[k];
         for (Py_ssize_t i = 0; i < ch->length; i++, row++) {
@@ -181,6 +186,10 @@ strings_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (len < 0) {
                 PyErr_SetString(PyExc_ValueError, "encode: offsets out of order");
                 goto done;
+            }
+            if (len == run_len && (s == run_s || memcmp(s, run_s, (size_t)len) == 0)) {
+                codes[row] = run_code;
+                continue;
             }
             uint64_t h = bytes_hash(s, (size_t)len);
             Py_ssize_t mask = cap - 1, at = (Py_ssize_t)(h & (uint64_t)mask);
@@ -233,7 +242,9 @@ strings_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     cap = bigger;
                 }
             }
-            codes[row] = (int32_t)code;
+            codes[row] = run_code = (int32_t)code;
+            run_s = s;
+            run_len = len;
         }
     }
     int64_t *f;
