@@ -55,7 +55,8 @@ def test_exit_rows_do_not_count_toward_a_batchs_requests() -> None:
 
 
 def test_batches_of_exit_rows_only_stay_within_the_row_bound() -> None:
-    seen = fed([export(0, 5_000) for _ in range(3 * COALESCE_ROWS // 5_000)])
-    assert sum(b.num_rows for b in seen) == 3 * (COALESCE_ROWS // 5_000) * 5_000
+    exports = 3 * (COALESCE_ROWS // 5_000)
+    seen = fed([export(0, 5_000) for _ in range(exports)])
+    assert sum(b.num_rows for b in seen) == exports * 5_000
     assert all(b.num_rows <= COALESCE_ROWS for b in seen)
     assert max(b.num_rows for b in seen) > COALESCE_ROWS // 2  # still coalesced
