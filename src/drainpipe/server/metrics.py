@@ -10,6 +10,7 @@ the sampler and the instrumented store. HTTP request counts and ingest latency a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -210,6 +211,7 @@ class ServerMetrics:
             buckets=HANDOFF_BUCKETS,
             registry=self.registry,
         )
+        self._request_counts: dict[tuple[str, int], Any] = {}  # (path, status) -> its child of ``requests``
         self.requests = Counter(
             f"{PREFIX}_http_requests",
             "Requests by path and status (OTLP/gRPC calls under their path, with the HTTP status of the outcome)",
@@ -233,5 +235,10 @@ class ServerMetrics:
         return encoder(self.registry), content_type
 
     def count_request(self, path: str, status: int) -> None:
-        known = path if path in _PATHS else "other"
-        self.requests.labels(known, str(status)).inc()
+        """Count a request by path and status. Thread-safe (the children are kept: ``labels`` takes a lock and
+        checks its arguments, once a request on serve's connection loop otherwise)."""
+        child = self._request_counts.get((path, status))
+        if child is None:
+            known = path if path in _PATHS else "other"
+            child = self._request_counts[(path, status)] = self.requests.labels(known, str(status))
+        child.inc()
