@@ -301,7 +301,9 @@ class ConnectionLoop:
             self._hand_over(conn)  # (the bytes of the request still in the buffer: a request thread waits or refuses)
             return
         end = conn.head_end + conn.length
-        body = bytes(conn.buf[conn.head_end : end])
+        # one copy of the body (a slice of the buffer and then bytes() were two); the views go before the cut
+        with memoryview(conn.buf) as view, view[conn.head_end : end] as part:
+            body = bytes(part)
         del conn.buf[:end]
         close, conn.asked_close = conn.asked_close, False
         conn.head_end, conn.busy, conn.due, conn.what = -1, True, 0.0, "intake"
