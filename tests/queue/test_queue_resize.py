@@ -248,3 +248,29 @@ def _assert_once_in_order(recs: dict, sent: dict) -> None:
         seqs = [x.seq for x in recs[t].items]
         assert len(seqs) == n and seqs == sorted(seqs), t.__name__  # every item once, in produce order
         assert recs[t].overlaps == 0
+
+
+def test_a_partition_that_comes_back_after_a_shrink_reports_only_what_it_took_since(qname: str) -> None:
+    """The throughput a rebalance plans on counts each item once. A shrink leaves its slots allocated with their
+    produced counters; the measurement once followed only the partitions there were, so a slot that came back
+    reported everything it ever took as one interval's load (here 100 times what it took since)."""
+    policy = PartitionPolicy.adaptive()
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=policy, rebalance_interval_ms=1_000)
+    types = make_types(40, prefix="B")
+    recs = {t: Recorder(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    grown = q.partition_count
+    q.produce_many([t(i) for t in types for i in range(100)])
+    wait_until(lambda: all(len(recs[t].items) == 100 for t in types), timeout=30, what="the first items drained")
+    for t in types[2:]:
+        q.remove_handler(t)
+    wait_until(lambda: q.partition_count < grown, timeout=30, what="the shrink")
+    q.rebalance_now()  # a measurement over the partitions left
+    for t in types[2:]:
+        q.add_handler(t, recs[t])
+    assert q.partition_count == grown  # the slots the shrink left, back
+    q.produce_many([t(100) for t in types])
+    result = q.rebalance_now()
+    # a periodic measurement may fall in between and take some of the 40: never more than they are
+    assert sum(result.loads_before) <= len(types), result
