@@ -483,3 +483,17 @@ def test_malformed_chunked_framing_is_400(server: IngestServer) -> None:
     sock.close()
     assert status == 411
     assert server.service.counters.accepted == before
+
+
+def test_requests_to_made_up_paths_are_counted_as_other() -> None:
+    """A client's made-up paths add no series to /metrics (nor a kept counter each): they count under "other"."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with running_server() as srv:
+        for i in range(50):
+            assert request(f"{srv.url}/no-such-page-{i}")[0] == 404
+        text = request(srv.url + "/metrics")[2].decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "drainpipe_http_requests_total"]  # fmt: skip
+    assert not [s for s in samples if s.labels["path"].startswith("/no-such-page")]
+    assert sum(s.value for s in samples if s.labels == {"path": "other", "status": "404"}) == 50

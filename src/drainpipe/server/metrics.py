@@ -235,10 +235,11 @@ class ServerMetrics:
         return encoder(self.registry), content_type
 
     def count_request(self, path: str, status: int) -> None:
-        """Count a request by path and status. Thread-safe (the children are kept: ``labels`` takes a lock and
-        checks its arguments, once a request on serve's connection loop otherwise)."""
-        child = self._request_counts.get((path, status))
+        """Count a request by path and status. Thread-safe (the children are kept, by the path as counted, so a
+        client's made-up paths add none: ``labels`` takes a lock and checks its arguments, once a request on serve's
+        connection loop otherwise)."""
+        known = path if path in _PATHS else "other"
+        child = self._request_counts.get((known, status))
         if child is None:
-            known = path if path in _PATHS else "other"
-            child = self._request_counts[(path, status)] = self.requests.labels(known, str(status))
+            child = self._request_counts[(known, status)] = self.requests.labels(known, str(status))
         child.inc()
