@@ -43,8 +43,9 @@ READ_RECORDS = 64  # records taken from the log at a time
 #: counted: they feed one top-N only, and counting them handed OTLP traffic to the engine in batches of a quarter
 #: fewer requests, with the engine's cost per batch spread over fewer requests. All rows stay within twice that.
 #: 131,072 (with :data:`GATHER_S` 0.5 s and the engine's chunks as large): a saturated server's spans per CPU second
-#: 1.06x-1.33x those of 32,768 in 0.2 s (seven pairs of runs in turns), its memory the same; at a fixed 150k spans/s the
-#: CPU the same and the p99 of an export 17-19 ms against 15-16 ms (the engine's C kernels hold the GIL longer).
+#: 1.06x-1.33x those of 32,768 in 0.2 s (seven pairs of runs in turns), its PSS peaks the same once a batch's records
+#: go before it is fed (see _ingest); at a fixed 150k spans/s the CPU the same, the p99 of an export 1-3 ms longer in
+#: some runs (the engine's C kernels hold the GIL for a whole call over a batch).
 COALESCE_EVENTS = 131_072
 COALESCE_ROWS = 2 * COALESCE_EVENTS
 #: how long live records are gathered into one batch. The engine's cost is per batch as much as per event: at a

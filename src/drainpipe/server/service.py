@@ -62,7 +62,7 @@ from ..pipeline import Definitions, EngineOptions, LocalEngine, RemoteWriteOptio
 from .alerting import Alerter, WebhookNotifier
 from .bodies import NATIVE_FORMS, BadBody, BodyDecoder, Decoded, Rejects, decode_body, decode_proto_bodies
 from .disk import DiskLimits, DiskWatch, store_directory
-from .feeder import Feeder
+from .feeder import COALESCE_EVENTS, Feeder
 from .instrumented import InstrumentedStore
 from .intake import Body, GroupIntake, Work
 from .live import Intake, LiveOptions, Sampler
@@ -125,9 +125,9 @@ class ServiceOptions:
 
 def serve_engine_options(**overrides: Any) -> EngineOptions:
     """The engine configuration for serving: checkpoints (states are committed with the log position), BLOCKING
-    stages (the feeder slows down instead of anything being dropped), one batch per ingest partition, one drain
-    thread per stage and partial chunks of up to 131,072 rows, shorter flush periods so the dashboard moves, idle
-    drain threads that sleep up to 0.5 s."""
+    stages (the feeder slows down instead of anything being dropped), two batches waiting per ingest partition, one
+    drain thread per stage and partial chunks as large as the feeder's batches (131,072), shorter flush periods so
+    the dashboard moves, idle drain threads that sleep up to 0.5 s."""
     base: dict[str, Any] = dict(
         checkpoints=True,
         # The stages share the server's GIL with each other and with the connection loop: a second thread per stage
@@ -135,12 +135,12 @@ def serve_engine_options(**overrides: Any) -> EngineOptions:
         # OTLP load), and every chunk of a partial is a queue item and a merge call that lets it go. One thread per
         # stage and chunks of 16,384 rows (4,096): the engine replaying a log alone at 1.51x the events per CPU
         # second, a saturated server at 1.08x-1.20x the spans (docs/performance.md, "Where the server's CPU goes in
-        # the kernel, and what fewer GIL hand-overs buy"). Chunks as large as the feeder's batches (131,072 events,
-        # feeder.COALESCE_EVENTS): a batch's partial is one item, whatever its groups.
+        # the kernel, and what fewer GIL hand-overs buy"). Chunks as large as the feeder's batches: a batch's partial
+        # is one item, whatever its groups.
         ingest_threads=ThreadPolicy.fixed(1),
         l1_threads=ThreadPolicy.fixed(1),
         l2_threads=ThreadPolicy.fixed(1),
-        chunk_rows=131_072,
+        chunk_rows=COALESCE_EVENTS,
         l1_buffer=2_000,
         l2_buffer=1_000,
         ingest_buffer=2,
