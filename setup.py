@@ -1,6 +1,6 @@
 """Build the C extensions (the queue's per-item hot paths; and in ``drainpipe.native``, the optional ones: the JSON
 Lines scanner, the access-log scanner, the CSV record scanner, the line formats' newline finder, the OTLP JSON and protobuf
-scanners, the OTLP span mapping's per-span pass, the aggregation's group ids and states); everything else is in pyproject.toml.
+scanners, the OTLP span mapping's per-span pass, the aggregation's group ids and states, the log's CRC-32); everything else is in pyproject.toml.
 """
 from setuptools import Extension, setup
 
@@ -27,4 +27,5 @@ setup(ext_modules=[Extension("drainpipe._fastpath", ["src/drainpipe/_fastpath.c"
                    _native("_lines"),
                    _native("_groupstates", [f"{_NATIVE}/_strings.h", f"{_NATIVE}/_hash.h"]),
                    _native("_otlpjson", [*_SPANS, *_NUMBERS]),
-                   _native("_otlpproto", _SPANS)])
+                   _native("_otlpproto", _SPANS),
+                   _native("_crc32")])

@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from drainpipe import native
 from drainpipe.errors import UsageError
@@ -110,3 +113,13 @@ def test_each_tier_off_gives_the_same_events_and_states(files: list[tuple[Path, 
     assert len(got) == len(want)
     for have, expected in zip(got, want):
         assert have == expected, (tier, have[0])
+
+
+@given(st.integers(0, 3000), st.randoms(use_true_random=False), st.integers(0, 2**32 - 1), st.integers(0, 15))
+def test_the_crc32_tier_is_zlibs_crc(n: int, rng, value: int, skip: int) -> None:
+    """The log's CRC by carry-less multiplication gives zlib.crc32's value for every length (its folds of 64 bytes,
+    its blocks of 16, its tail of bytes), from any start (unaligned views too)."""
+    assert native.crc32 is not None
+    view = memoryview(rng.randbytes(n + skip))[skip:]
+    assert native.crc32.crc32(view, value) == zlib.crc32(view, value)
+    assert native.crc32.crc32(view) == zlib.crc32(view)

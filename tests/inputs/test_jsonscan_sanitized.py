@@ -13,7 +13,8 @@ program over cut and mutated lines, the request times' digits copied into a smal
 (``_lines.c``), the OTLP JSON and protobuf scanners (``_otlpjson.c``, ``_otlpproto.c``: every prefix of their
 differential tests' exports, and mutated blocks of them) and the aggregation kernel (``_groupstates.c``: random codes, times, weights and
 sizes from zero, its dense and hashed groupings; its string columns, ``_strings.h``: chunks sliced, with nulls and
-damaged offsets, rows out of range) get the same treatment."""
+damaged offsets, rows out of range) and the log's CRC-32 (``_crc32.c``: every length to 300 bytes, then longer ones,
+against zlib's) get the same treatment."""
 
 from __future__ import annotations
 
@@ -302,8 +303,21 @@ for _ in range(3000):  # the string columns (_strings.h): codes, and values gath
 print("checked", count)
 """
 
+CRC_CHILD = r"""
+import zlib
+
+rng = random.Random(19)
+count = 0
+for n in list(range(0, 300)) + [rng.randrange(300, 70000) for _ in range(300)]:  # every tail, fold and lane count
+    data = rng.randbytes(n)
+    value = rng.choice([0, 1, 0xFFFFFFFF, rng.getrandbits(32)])
+    assert sanitized.crc32(data, value) == zlib.crc32(data, value), (n, value)
+    count += 1
+print("checked", count)
+"""
+
 CHILDREN = {"_jsonscan": JSON_CHILD, "_logscan": LOG_CHILD, "_csvscan": CSV_CHILD, "_otlpjson": OTLP_CHILD,
-            "_otlpproto": PROTO_CHILD, "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD}  # fmt: skip
+            "_otlpproto": PROTO_CHILD, "_lines": LINES_CHILD, "_groupstates": GROUPS_CHILD, "_crc32": CRC_CHILD}  # fmt: skip
 
 
 def _compile(name: str, target: Path) -> Path:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drainpipe import native
 from drainpipe.errors import DrainpipeError, LogFull
 from drainpipe.inputs import EventBatch
 from drainpipe.server import wal as wal_module
@@ -492,3 +493,25 @@ def test_exit_rows_keep_their_mark_through_the_log(tmp_path: Path) -> None:
     reopened.close()
     assert plain.requests == plain.num_rows == 4
     assert back.requests == 5 and back == marked
+
+
+@pytest.mark.parametrize("written_native", [True, False])
+def test_a_log_written_with_either_crc_reads_with_the_other(tmp_path: Path, written_native: bool) -> None:
+    """The ``crc32`` native tier computes zlib's CRC-32 (the records' format is unchanged): a log written with one is
+    opened, checked and read with the other, and a damaged payload is still found."""
+    with native.disabled(*(() if written_native else ("crc32",))):
+        log = WriteAheadLog(tmp_path, segment_bytes=4096)
+        for k in range(6):
+            log.append(batch(40 + k, k))
+        log.close()
+    with native.disabled(*(("crc32",) if written_native else ())):
+        log = WriteAheadLog(tmp_path, segment_bytes=4096)
+        assert log.repair == Repair() and tags(read_all(log)) == [f"s{k}" for k in range(6)]
+        log.close()
+    last = max(tmp_path.glob("*" + SUFFIX))
+    data = bytearray(last.read_bytes())
+    data[-5] ^= 0x40  # a bit of the last record's payload
+    last.write_bytes(bytes(data))
+    log = WriteAheadLog(tmp_path, segment_bytes=4096)
+    assert log.repair.records == 1 and tags(read_all(log)) == [f"s{k}" for k in range(5)]
+    log.close()

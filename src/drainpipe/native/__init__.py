@@ -15,7 +15,8 @@ Tiers (:data:`TIERS`; :func:`tiers` lists them with what runs without each, ``py
 that list):
 
 * C extensions: ``fastpath`` (the queue's hot paths, ``drainpipe._fastpath``: required, reported only), ``lines``,
-  ``jsonscan``, ``csvscan``, ``logscan``, ``otlpjson``, ``otlpproto``, ``spanmap``, ``groupstates``;
+  ``jsonscan``, ``csvscan``, ``logscan``, ``otlpjson``, ``otlpproto``, ``spanmap``, ``groupstates``, ``crc32`` (only
+  on a CPU with carry-less multiplication: zlib's CRC is the faster one without);
 * Python paths that can be turned off: ``columnar`` (the text formats read in columns, by their C scanner or else by
   pyarrow; off, every block goes to the per-record reference reader) and ``threads`` (pyarrow's thread pool in the
   JSON Lines reader; worker and parser processes turn it off: the processes are the parallelism).
@@ -140,6 +141,11 @@ try:
 except ImportError as exc:
     groupstates = None  # type: ignore[assignment]
     _missing(exc)
+try:
+    from . import _crc32 as crc32
+except ImportError:  # (also on a CPU without carry-less multiplication: zlib's is the faster path there)
+    # not recorded in ``missing``: the log's CRC is no tier of a Spark task's, and its absence is no fallback of one
+    crc32 = None  # type: ignore[assignment]
 try:  # the queue core's (its modules import it themselves: it is required, and only reported here)
     from .. import _fastpath
 except ImportError:  # a Spark executor's zip: the queue is never loaded there
@@ -151,6 +157,7 @@ __all__ = [
     "TIERS",
     "Tier",
     "available",
+    "crc32",
     "csvscan",
     "disable",
     "disabled",
@@ -196,6 +203,7 @@ _SPECS: dict[str, tuple[bool, bool, str, str]] = {
     "otlpproto": (True, False, "OTLP protobuf exports into span columns", "protobuf, then ptars (inputs.span_columns)"),
     "spanmap": (True, False, "the OTLP span mapping's per-span pass", "numpy (inputs._spanmap_fallback)"),
     "groupstates": (True, False, "aggregation's group ids, states and histograms", "numpy (pipeline.aggregate)"),
+    "crc32": (True, False, "the write-ahead log's CRC-32 by carry-less multiplication", "zlib.crc32"),
     "columnar": (False, False, "text formats read in columns (a C scanner, else pyarrow)", "the per-record readers"),
     "threads": (False, False, "pyarrow's thread pool in the JSON Lines reader", "the calling thread only"),
 }
@@ -211,6 +219,7 @@ _BUILT: dict[str, ModuleType | None] = {
     "otlpproto": otlpproto,
     "spanmap": spanmap,
     "groupstates": groupstates,
+    "crc32": crc32,
 }
 _off: frozenset[str] = frozenset()
 #: the tiers in use here (built and not off): what :func:`enabled` asks, once per block of a reader

