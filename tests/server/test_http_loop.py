@@ -106,6 +106,41 @@ def test_an_export_is_answered_as_a_request_thread_answers_it() -> None:
         sock.close()
 
 
+def test_a_head_sent_again_is_framed_again_by_its_own_bytes() -> None:
+    """The loop keeps the framing of the heads it has read (clients repeat theirs): a head with the token is the
+    fast path each time, the same head with another token or another length is not taken for it (a wrong token is a
+    request thread's 401; another length is framed by that length)."""
+    short, long_ = otlp_export("svc-a", 5), otlp_export("svc-b", 40)
+    with _server(token="s3cret") as srv, _connect(srv) as sock:
+        for body in (short, short, long_, short, long_):
+            sock.sendall(_post(body, "Authorization: Bearer s3cret"))
+            ((status, _, answer),) = _answers(sock, 1)
+            assert status == 200 and ExportTraceServiceResponse.FromString(answer) == ExportTraceServiceResponse()
+        assert srv.handed == []
+        sock.sendall(_post(short, "Authorization: Bearer wrong"))
+        assert _answers(sock, 1)[0][0] == 401 and len(srv.handed) == 1
+        with _connect(srv) as again:  # the good head once more, after the refused one
+            again.sendall(_post(short, "Authorization: Bearer s3cret"))
+            assert _answers(again, 1)[0][0] == 200 and len(srv.handed) == 1
+    assert srv.service.summary()["accepted"] == 3 * 5 + 2 * 40 + 5
+
+
+def test_a_head_whose_length_is_not_read_from_its_content_length_digits_is_not_kept_by_its_shape() -> None:
+    """The loop keeps framings by the head without its ``Content-Length: <digits>`` line's digits, and only where the
+    header parser reads the length from those digits. Here the parser reads an earlier ``content-length`` (a line
+    without a colon ends the header section before the canonical line): each such head goes to a request thread,
+    never framed by the digits the parser does not read."""
+    body = otlp_export("svc-a", 3)
+    head = ("POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            f"content-length: {len(body)}\r\nno header here\r\nContent-Length: {{}}\r\n\r\n")  # fmt: skip
+    with _server() as srv:
+        for digits in (len(body), len(body) + 7):
+            with _connect(srv) as sock:
+                sock.sendall(head.format(digits).encode() + body)
+                assert _answers(sock, 1)[0][0] == 200
+        assert len(srv.handed) == 2
+
+
 def test_exports_sent_back_to_back_are_answered_in_order_and_a_get_after_them_too() -> None:
     with _server() as srv, _connect(srv) as sock:
         bodies = [otlp_export(f"svc-{i}", 5 + i) for i in range(3)]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import email.utils
 import io
 import logging
+import re
 import selectors
 import socket
 import threading
@@ -58,6 +59,11 @@ PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 READ_BYTES = 256 << 10
 HEAD_BYTES = 64 << 10  # a header section longer than this goes to a request thread (which applies its limits)
 TICK_S = 0.1  # how often deadlines are checked at most
+#: request heads whose framing the loop keeps, by shape (a head without its Content-Length digits: a client sends
+#: a few); all are dropped when there are more, so a client that varies its heads costs the parse, never memory
+SHAPES_KEPT = 256
+#: the length of a head as clients write it (a head written otherwise is read every time)
+_LENGTH = re.compile(rb"\r\nContent-Length: ([0-9]{1,18})\r\n")
 
 
 Socket = socket.socket
@@ -116,6 +122,7 @@ class ConnectionLoop:
         self._stopped = threading.Event()
         self._date = (0, "")
         self._ok_answers: tuple[int, dict[bool, bytes]] = (0, {})  # (the second, {close: the answer}), see _ok
+        self._shapes: dict[bytes, tuple[bool, bool]] = {}  # a head without its length -> its framing, see _fast
         self._next_scan = 0.0  # when the deadlines are next looked at
 
     # ------------------------------------------------------------------ the loop
@@ -247,11 +254,8 @@ class ConnectionLoop:
         while conn in self._conns and not (conn.busy or conn.closing or conn.handoff or conn.out):
             if conn.head_end < 0:
                 end = conn.buf.find(b"\r\n\r\n")
-                if not _plain(conn.buf[: end + 4] if end >= 0 else conn.buf):
-                    self._hand_over(conn)
-                    return
                 if end < 0:
-                    if len(conn.buf) > HEAD_BYTES:
+                    if not _plain(conn.buf) or len(conn.buf) > HEAD_BYTES:
                         self._hand_over(conn)
                     return
                 if not self._fast(conn, end + 4):
@@ -263,17 +267,59 @@ class ConnectionLoop:
         self._watch(conn)
 
     def _fast(self, conn: _Conn, head_end: int) -> bool:
-        """Whether the request whose head ends at ``head_end`` takes the fast path (then its framing is set)."""
-        line_end = conn.buf.find(b"\r\n")
-        if bytes(conn.buf[:line_end]) != b"POST /v1/traces HTTP/1.1":
+        """Whether the request whose head ends at ``head_end`` takes the fast path (then its framing is set).
+
+        Clients send the same head again and again but for its length (a client's exports differ in size), and
+        reading the headers was a tenth of the loop's time under saturated load: the framing of a head is kept by
+        its *shape*, the head with its ``Content-Length`` digits cut out, once :meth:`_shaped` has shown that the
+        length read from it is those digits whatever they are. Admission is asked every request."""
+        head = bytes(conn.buf[:head_end])
+        found = _LENGTH.search(head)
+        if found is None:  # (an unusual head: read every time)
+            framing = self._framing(head)
+        else:
+            shape = head[: found.start(1)] + head[found.end(1) :]
+            kept = self._shapes.get(shape)
+            if kept is None:
+                kept = self._shaped(head, found)
+                if kept is not None:
+                    if len(self._shapes) >= SHAPES_KEPT:
+                        self._shapes.clear()
+                    self._shapes[shape] = kept
+            length = int(found.group(1))
+            framing = None if kept is None or length > self.service.options.max_body_bytes else (length, *kept)
+        if framing is None or not self.service.admissible():
             return False
+        conn.head_end, (conn.length, conn.gzipped, conn.asked_close) = head_end, framing
+        conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s
+        return True
+
+    def _shaped(self, head: bytes, found: re.Match[bytes]) -> tuple[bool, bool] | None:
+        """``(gzipped, Connection: close)`` of every head of this one's shape (its length's digits any others), or
+        None if this head does not show it: not the fast path, or its length not read from the digits ``found``
+        (checked by reading the head again with other digits there: a length read from any other line would not
+        follow them)."""
+        framing = self._framing(head)
+        if framing is None or framing[0] != int(found.group(1)):
+            return None
+        other = b"2" if found.group(1) == b"1" else b"1"
+        again = self._framing(head[: found.start(1)] + other + head[found.end(1) :])
+        return framing[1:] if again == (int(other), *framing[1:]) else None
+
+    def _framing(self, head: bytes) -> tuple[int, bool, bool] | None:
+        """A request head's framing on the fast path, ``(Content-Length, gzipped, Connection: close)``, or None if
+        it does not take it. A function of the head's bytes alone (the body limit and the token are the process's),
+        which is what lets :meth:`_fast` keep it by shape."""
+        line_end = head.find(b"\r\n")
+        if not _plain(head) or head[:line_end] != b"POST /v1/traces HTTP/1.1":
+            return None
         try:
-            headers = read_headers(io.BytesIO(conn.buf[line_end + 2 : head_end]))
+            headers = read_headers(io.BytesIO(head[line_end + 2 :]))
         except RequestRefused:
-            return False
+            return None
         lengths = headers.get_all("Content-Length") or []
         if "Transfer-Encoding" in headers or "Expect" in headers or len(lengths) != 1:
-            return False
+            return None
         text = lengths[0].strip()
         ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
@@ -286,13 +332,9 @@ class ConnectionLoop:
             or encoding not in ("identity", "gzip", "x-gzip")
             or connection not in ("", "keep-alive", "close")
             or not self.server.token_ok(headers)
-            or not self.service.admissible()
         ):
-            return False
-        conn.head_end, conn.length, conn.gzipped = head_end, int(text), encoding != "identity"
-        conn.asked_close = connection == "close"  # (answered, then closed)
-        conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s
-        return True
+            return None
+        return int(text), encoding != "identity", connection == "close"
 
     def _submit(self, conn: _Conn) -> None:
         """Hand the complete request to the intake (admission checked again: the body took its time)."""
