@@ -8,10 +8,12 @@ import threading
 import pytest
 
 from drainpipe import processes
+from drainpipe.inputs import EventBatch
 from drainpipe.pipeline.definitions import default_definitions
 from drainpipe.pipeline.engine import EngineOptions, LocalEngine
 from drainpipe.pipeline.store import open_store
 from drainpipe.server.service import serve_engine_options
+from testlib import T0, event_batch
 
 
 @pytest.mark.parametrize(("cores", "expected"), [(2, 9), (8, 22), (64, 84)])
@@ -60,3 +62,26 @@ def test_with_checkpoints_serve_s_stages_back_off_idle_up_to_half_a_second() -> 
         for engine in engines.values():
             engine.close()
         store.close()
+
+
+def test_the_observer_sees_every_event_batch_once_aggregated_and_its_errors_stop_nothing(caplog) -> None:
+    """``observe`` gets each EventBatch with requests, and its request columns as the aggregation read them; an
+    observer that raises is logged and the batch is still aggregated and stored."""
+    seen: list[tuple[int, list[str]]] = []
+
+    def observe(batch: EventBatch, columns) -> None:
+        seen.append((columns.rows, columns.encoded("service")[1].to_pylist()))
+        if len(seen) == 2:
+            raise RuntimeError("observer down")
+
+    store = open_store("duckdb:///:memory:")
+    engine = LocalEngine(default_definitions(), store, name="observed", observe=observe)
+    rows = [{"ts": T0 + i, "service": f"s{i % 2}", "latency_ms": 1.0} for i in range(10)]
+    exits = [{"ts": T0, "service": "s0", "latency_ms": 1.0, "db_statement": "select 1"}] * 3
+    for _ in range(3):
+        assert engine.ingest(EventBatch(event_batch(rows + exits), len(rows)))
+    assert engine.ingest(EventBatch(event_batch(exits), 0))  # no requests: nothing to observe
+    engine.close()
+    assert seen == [(10, ["s0", "s1"])] * 3
+    assert "observing an ingested batch failed" in caplog.text
+    assert sum(r[5] for r in store.query(metric="service_cpm", granularity="minute")) == 30

@@ -23,11 +23,11 @@ def test_a_hung_aggregation_call_fails_over_and_intake_goes_on(monkeypatch: pyte
     gate, entered = threading.Event(), threading.Event()
     real = engine_module.aggregate_batch
 
-    def aggregate(batch, definitions):
+    def aggregate(batch, definitions, observe=None):
         if batch is hung:
             entered.set()
             gate.wait(30)
-        return real(batch, definitions)
+        return real(batch, definitions, observe)
 
     monkeypatch.setattr(engine_module, "aggregate_batch", aggregate)
     store = open_store("duckdb:///:memory:")

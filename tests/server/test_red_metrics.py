@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drainpipe.inputs import EventBatch
+from drainpipe.pipeline import aggregate_batch, default_definitions
 from drainpipe.server.red import RedMetrics, distinct_codes
 from testlib import event_batch
 
 BOUNDS = (5.0, 10.0, 50.0, 100.0)
+DEFINITIONS = default_definitions()
 OVER = "__overflow__"
 
 event = st.tuples(
@@ -45,8 +47,9 @@ def scrape(red: RedMetrics) -> dict[tuple, float]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(event, max_size=40), max_size=6), st.integers(1, 9))
-def test_counts_equal_a_per_event_reference(batches: list[list], max_series: int) -> None:
+@given(st.lists(st.lists(event, max_size=40), max_size=6), st.integers(1, 9), st.booleans())
+def test_counts_equal_a_per_event_reference(batches: list[list], max_series: int, aggregated: bool) -> None:
+    """Observed alone, or with the request columns an aggregation of the batch made (as the engine observes)."""
     red = RedMetrics(BOUNDS, max_series)
     kept: list[tuple[str, str]] = []
     calls: Counter = Counter()
@@ -54,7 +57,11 @@ def test_counts_equal_a_per_event_reference(batches: list[list], max_series: int
     sums: Counter = Counter()
     overflow = 0
     for events in batches:
-        red.observe(batch(events, exits=len(events) % 3))
+        b = batch(events, exits=len(events) % 3)
+        if aggregated:
+            aggregate_batch(b, DEFINITIONS, lambda columns, b=b: red.observe(b, columns))
+        else:
+            red.observe(b)
         for s, e, lat, ok in events:  # the reference, event by event: first come, first kept
             if (s, e) not in kept and len(kept) < max_series:
                 kept.append((s, e))

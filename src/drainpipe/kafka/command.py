@@ -143,6 +143,7 @@ def _run_member(
 
         view = MemberView(member, store_url, writer)
         member.observe = view.observe
+        member.engine.observe = view.red.observe  # (the RED series read the columns the aggregation made)
         try:
             endpoints = MemberEndpoints(view, host, port, token=token).start()
         except OSError as exc:

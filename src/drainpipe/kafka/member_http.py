@@ -60,8 +60,9 @@ class MemberView:
     """A group member as the live sampler watches it (:class:`~.live.Watched`): the intake is the member's read
     counts, ``max_ts`` the newest event handed to the engine, and its section the partitions held.
 
-    :meth:`observe` runs on the member thread (it sees every batch handed to the engine); the rest is read from the
-    sampler's and the HTTP threads."""
+    :meth:`observe` runs on the member thread (it sees every batch handed to the engine), ``red.observe`` on the
+    engine's ingest threads (the engine's observer: it reads the columns the aggregation made); the rest is read
+    from the sampler's and the HTTP threads."""
 
     def __init__(self, member: Any, store_url: str, writer: RemoteWriter | None = None) -> None:
         self.member = member
@@ -75,7 +76,6 @@ class MemberView:
         self._max_ts: int | None = None
 
     def observe(self, batch: EventBatch) -> None:
-        self.red.observe(batch)
         if self.writer is not None:
             self.writer.observe(batch)
         top = pc.max(batch.rows.column("ts")).as_py()

@@ -38,7 +38,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if imported eagerly
-    from .aggregate import aggregate_batch
+    from .aggregate import RequestColumns, aggregate_batch, request_columns
     from .alerts import AlertRule, complete_buckets, evaluate, rule_fields
     from .buckets import GRANULARITIES, GRANULARITY_MS, PERCENTILE_LABELS, PERCENTILES, TOPN_BUCKET_MS
     from .cardinality import OVERFLOW, EntityGuard
@@ -98,7 +98,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
 
 #: public name -> the module of this package that defines it
 _HOMES = {
-    **dict.fromkeys(["aggregate_batch"], "aggregate"),
+    **dict.fromkeys(["RequestColumns", "aggregate_batch", "request_columns"], "aggregate"),
     **dict.fromkeys(["AlertRule", "complete_buckets", "evaluate", "rule_fields"], "alerts"),
     **dict.fromkeys(
         ["GRANULARITIES", "GRANULARITY_MS", "PERCENTILE_LABELS", "PERCENTILES", "TOPN_BUCKET_MS"], "buckets"
@@ -221,6 +221,8 @@ __all__ = [
     "TopNPartial",
     "VALUE_COLUMNS",
     "aggregate_batch",
+    "request_columns",
+    "RequestColumns",
     "definitions_toml",
     "complete_buckets",
     "default_definitions",

@@ -27,6 +27,7 @@ Thread-safety: ``ingest`` may be called from several threads; ``close`` once, af
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -41,7 +42,7 @@ import pyarrow as pa
 from .. import BatchQueue, BatchQueueConfig, BufferStrategy, DrainBalancer, PartitionPolicy, ThreadPolicy
 from ..errors import Fenced, StoreUnavailable, first_line
 from ..inputs import EventBatch
-from .aggregate import aggregate_batch
+from .aggregate import RequestColumns, aggregate_batch
 from .cardinality import EntityGuard
 from .definitions import Definitions
 from .driver import Commit
@@ -163,7 +164,12 @@ class LocalEngine:
         store: Any,
         options: EngineOptions | None = None,
         name: str = "pipeline",
+        observe: Callable[[EventBatch, RequestColumns], None] | None = None,
     ) -> None:
+        """``observe(batch, columns)``: called on the ingest thread for every :class:`EventBatch` ingested, once it
+        is aggregated, with its request rows' columns as the aggregation read them (``serve``'s RED metrics count
+        them without encoding the strings again); an error there is logged, never raised."""
+        self.observe = observe
         self.definitions = definitions
         self.store = store
         self.options = o = options or EngineOptions()
@@ -290,10 +296,20 @@ class LocalEngine:
     def _aggregate(self, items: list[tuple[EventBatch | pa.RecordBatch | pa.Table, Definitions | None]]) -> None:
         """ingest consumer: columnar aggregation, then partial chunks into L1 and top-N partials into topn."""
         for batch, definitions in items:
-            partials = aggregate_batch(batch, definitions or self.definitions)
+            observe = None
+            if self.observe is not None and isinstance(batch, EventBatch) and batch.requests:
+                observe = functools.partial(self._observe, batch)
+            partials = aggregate_batch(batch, definitions or self.definitions, observe)
             self._dispatch(partials, batch.requests if isinstance(batch, EventBatch) else batch.num_rows, 1)
             with self._count_lock:
                 self._ingest_done += 1
+
+    def _observe(self, batch: EventBatch, columns: RequestColumns) -> None:
+        assert self.observe is not None
+        try:
+            self.observe(batch, columns)
+        except Exception:  # the traffic's metrics must not stop the aggregation
+            log.exception("observing an ingested batch failed")
 
     def _dispatch(self, partials: list[Partial], events: int, batches: int) -> None:
         partials = self.guard.apply(partials)  # entities beyond max_entities fold before any stage keeps them

@@ -6,9 +6,9 @@ endpoint, exposed on ``/metrics`` beside the runtime's own metrics.
 * ``drainpipe_call_duration_seconds{service, endpoint}``: a histogram of their latency, with the buckets of
   ``[prometheus] latency_buckets_ms`` in the metrics TOML (``le`` in seconds, as Prometheus names base units).
 
-They count what the feeder hands the engine (every request event of ``/v1/events``, ``/v1/traces`` and a replay of
-the write-ahead log after a restart; statement rows of CLIENT spans are not requests; a sampled span counts as its
-adjusted count, its ``weight``), since the process started:
+They count what the engine aggregates of what the feeder hands it (every request event of ``/v1/events``,
+``/v1/traces`` and a replay of the write-ahead log after a restart; statement rows of CLIENT spans are not requests;
+a sampled span counts as its adjusted count, its ``weight``), since the process started:
 ``rate()`` and ``increase()`` over them agree with the stored cpm of the same minutes, ``histogram_quantile`` with
 the stored percentiles to within a bucket.
 
@@ -22,8 +22,9 @@ time). They are exposed in the OpenMetrics format only (the classic text format 
 answers in it when the scraper asks (``Accept: application/openmetrics-text``, as Prometheus does), so a latency
 spike in Grafana links to traces behind it.
 
-Thread-safe: :meth:`RedMetrics.observe` (the feeder thread) does its per-event work in numpy outside the lock and
-takes it once per batch to add; :meth:`RedMetrics.collect` (a scrape) copies the arrays under it.
+Thread-safe: :meth:`RedMetrics.observe` (the engine's ingest thread, reading the string columns' codes its
+aggregation made) does its per-event work in numpy outside the lock and takes it once per batch to add;
+:meth:`RedMetrics.collect` (a scrape) copies the arrays under it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..inputs import EventBatch
-from ..pipeline import OVERFLOW, numpy_column, string_values
+from ..pipeline import OVERFLOW, RequestColumns, request_columns
 
 __all__ = ["RedMetrics"]
 
@@ -75,21 +75,20 @@ class RedMetrics(Collector):
 
     # ------------------------------------------------------------------ observing
 
-    def observe(self, events: EventBatch) -> None:
-        """Count the requests of an event batch. Thread-safe."""
+    def observe(self, events: EventBatch, columns: RequestColumns | None = None) -> None:
+        """Count the requests of an event batch; ``columns``: its request rows' columns as an aggregation read them
+        (the engine's observer, :class:`~drainpipe.pipeline.LocalEngine`), else they are read here. Thread-safe."""
         if events.requests == 0:
             return
-        batch = events.request_rows()
-        services, s_values = string_values(batch.column("service"))
-        endpoints, e_values = string_values(batch.column("endpoint"))
+        if columns is None:
+            columns = request_columns(events)
+        services, s_values, _ = columns.encoded("service")
+        endpoints, e_values, _ = columns.encoded("endpoint")
         s_names, e_names = s_values.to_pylist(), e_values.to_pylist()
         pair = services.astype(np.int64) * len(e_names) + endpoints
         pairs, first, local = distinct_codes(pair, len(s_names) * len(e_names))
-        status = batch.column("status")
-        if status.null_count:
-            status = pc.fill_null(status, True)
-        ok = numpy_column(status).astype(bool, copy=False)
-        latency = np.asarray(batch.column("latency_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
+        ok = columns.numpy("status")
+        latency = columns.numpy("latency_ms")
         weights = events.weights()
         w = None if weights is None else weights[: events.requests].astype(np.float64)
         width = len(self.bounds_ms) + 1
