@@ -49,6 +49,10 @@ enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
 static inline int
 varint(Msg *m, uint64_t *out)
 {
+    if (m->p < m->end && *m->p < 0x80) { /* one byte: every tag here, most lengths (a branch less per byte) */
+        *out = *m->p++;
+        return 0;
+    }
     uint64_t v = 0;
     for (int i = 0; i < 10; i++) {
         if (m->p >= m->end)
