@@ -60,3 +60,14 @@ def test_batches_of_exit_rows_only_stay_within_the_row_bound() -> None:
     assert sum(b.num_rows for b in seen) == exports * 5_000
     assert all(b.num_rows <= COALESCE_ROWS for b in seen)
     assert max(b.num_rows for b in seen) > COALESCE_ROWS // 2  # still coalesced
+
+
+def test_records_read_beyond_a_full_batch_start_the_next_one() -> None:
+    """The record that takes a batch past its bound starts the next batch, not fed as a small batch of its own
+    after the full one (an engine batch costs a pass of every definition whatever its size)."""
+    per = 1_000
+    exports = 3 * (COALESCE_EVENTS // per) + 5
+    seen = fed([export(per, 0) for _ in range(exports)])
+    requests = [b.requests for b in seen]
+    assert sum(requests) == per * exports
+    assert requests[:-1] == [(COALESCE_EVENTS // per) * per] * (len(requests) - 1)

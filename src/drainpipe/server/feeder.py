@@ -57,17 +57,36 @@ GATHER_S = 0.5
 ABORT_JOIN_S = 10.0  # after the grace: how long the feeder may take to hand over the batch it is feeding
 
 
-def _take(part: LogPart, n: int) -> list[tuple[int, EventBatch]]:
-    """Up to ``n`` (end position, batch) records available now."""
+def _take(part: LogPart, events: int, rows: int) -> list[tuple[int, EventBatch]]:
+    """Up to :data:`READ_RECORDS` (end position, batch) records available now for a batch that holds ``events``
+    requests and ``rows`` rows so far: none once it is full, and no more after the record that fills it (the
+    records after it stay in the part, not held here until the next batch)."""
     out: list[tuple[int, EventBatch]] = []
-    while len(out) < n and (batch := part.next_batch()) is not None:
+    while (
+        len(out) < READ_RECORDS
+        and events < COALESCE_EVENTS
+        and rows < COALESCE_ROWS
+        and (batch := part.next_batch()) is not None
+    ):
         out.append((part.snapshot().offset, batch))
+        events, rows = events + batch.requests, rows + batch.num_rows
     return out
 
 
 def _size(records: list[tuple[int, EventBatch]]) -> tuple[int, int]:
     """(requests, rows) of ``records``."""
     return sum(b.requests for _, b in records), sum(b.num_rows for _, b in records)
+
+
+def _one_batch(records: list[tuple[int, EventBatch]]) -> int:
+    """How many of ``records``, from the first, fit one engine batch (:data:`COALESCE_EVENTS` requests and
+    :data:`COALESCE_ROWS` rows; at least one record)."""
+    events = rows = 0
+    for i, (_, batch) in enumerate(records):
+        events, rows = events + batch.requests, rows + batch.num_rows
+        if i and (events > COALESCE_EVENTS or rows > COALESCE_ROWS):
+            return i
+    return len(records)
 
 
 class Feeder:
@@ -140,6 +159,10 @@ class Feeder:
     def _run(self) -> None:
         part = LogSource(self.log).build_part(self.log.key, Position(self.position))
         driver = self.driver
+        # the record taken beyond a full batch (records are taken until the batch is full, see _take), fed first
+        # next time: fed at once, the last records of a gather were a batch of their own, a fifth of the batches a
+        # few thousand events each (an engine batch costs a pass of every definition whatever its size)
+        pending: list[tuple[int, EventBatch]] = []
         try:
             while not self.failed and not self._abort.is_set():
                 self._reap()
@@ -153,7 +176,7 @@ class Feeder:
                         self._recovered()
                     elif not driver.queued:
                         self._checkpoint()  # the replay is fed: commit it now, not at the next period
-                records = _take(part, READ_RECORDS)
+                records, pending = pending + _take(part, *_size(pending)), []
                 if not records:
                     if self._halt.is_set():
                         break
@@ -164,19 +187,19 @@ class Feeder:
                 # a checkpoint period (checkpoints are looked at between batches, and a store outage is noticed at one)
                 gather_until = time.monotonic() + min(GATHER_S, driver.checkpoint_s)
                 events, rows = _size(records)
-                while (
-                    events < COALESCE_EVENTS
-                    and rows < COALESCE_ROWS
-                    and not self._halt.is_set()
-                    and time.monotonic() < gather_until
-                ):
-                    more = _take(part, READ_RECORDS)
+                while events < COALESCE_EVENTS and rows < COALESCE_ROWS and time.monotonic() < gather_until:
+                    more = _take(part, events, rows)
                     if not more:  # sleep out the window (waking at every group commit cost a thread switch each),
+                        if self._halt.is_set():  # (stopping: what the log has, without waiting for more)
+                            break
                         self._halt.wait(max(0.0, gather_until - time.monotonic()))  # then take what came meanwhile
-                        more = _take(part, READ_RECORDS)
+                        more = _take(part, events, rows)
                     records += more
                     more_events, more_rows = _size(more)
                     events, rows = events + more_events, rows + more_rows
+                full = _one_batch(records)
+                pending = records[full:]
+                del records[full:]
                 self._feed(records)
             if self._abort.is_set():
                 return
@@ -191,26 +214,21 @@ class Feeder:
             part.close()
 
     def _feed(self, records: list[tuple[int, EventBatch]]) -> None:
-        """Ingest records, consecutive ones coalesced into batches of up to ``COALESCE_EVENTS`` events: a request's
-        batch is small, and the engine's cost per batch (one partial per definition, L1 items) is what limits it.
-        A record goes to the definitions that have not applied it (all, unless some were applied further before a
-        restart: the driver's policy). ``records`` is emptied as they are fed."""
+        """Ingest records (one engine batch of them, see :func:`_one_batch`), cut where the definitions that have not
+        applied a record change (all, unless some were applied further before a restart: the driver's policy).
+        ``records`` is emptied as they are fed."""
         group: list[EventBatch] = []
-        events = rows = 0
         names: frozenset[str] = frozenset()
         records.reverse()
         while records:  # taken off the list: a batch fed is held by nothing here (see _ingest)
             end, batch = records.pop()
             now_names = self.driver.wanted(self.books, self.position)  # the record starts where the last ended
-            if group and (
-                now_names != names or events + batch.requests > COALESCE_EVENTS or rows + batch.num_rows > COALESCE_ROWS
-            ):
+            if group and now_names != names:
                 self._ingest(group, names)
-                group, events, rows = [], 0, 0
+                group = []
             names = now_names
             if names:
                 group.append(batch)
-                events, rows = events + batch.requests, rows + batch.num_rows
                 if end <= self.replay_end:
                     self.replayed_events += batch.requests
             self.position = end  # fed once ingested below: checkpoints run between _feed calls only
