@@ -196,10 +196,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         if self.close_connection:
             self.send_header("Connection", "close")
+        # counted before the answer leaves: a client that reads /metrics next must see its own request counted
+        self.server.metrics.count_request(getattr(self, "path", "").split("?", 1)[0], status)
         self.end_headers()
         if getattr(self, "command", None) != "HEAD":
             self.wfile.write(body)
-        self.server.metrics.count_request(getattr(self, "path", "").split("?", 1)[0], status)
 
     def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         self._send(
