@@ -87,7 +87,7 @@ def standalone_cluster(directory: Path, cores: int = 2) -> Iterator[Cluster]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
                     if json.loads(r.read()).get("aliveworkers", 0) >= 1:
                         break
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or an empty page while the master's UI starts
                 pass
             if time.monotonic() > deadline:
                 raise AssertionError(
