@@ -10,8 +10,8 @@ from server_testlib import events
 
 from drainpipe.inputs import EventBatch, validate_records
 from drainpipe.pipeline import LocalEngine
-from drainpipe.pipeline.store import open_store
 from drainpipe.pipeline.definitions import default_definitions
+from drainpipe.pipeline.store import open_store
 from drainpipe.server.instrumented import InstrumentedStore
 from drainpipe.server.live import Intake, LiveOptions, Sampler
 from testlib import wait_until
