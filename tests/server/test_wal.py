@@ -177,24 +177,45 @@ def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(
 ) -> None:
     log = WriteAheadLog(tmp_path)
     log.append(batch(10, 1))
-    real_write = os.pwrite
+    real_write = os.pwritev
     calls = [0]
 
-    def full(fd: int, data, offset: int) -> int:
+    def full(fd: int, buffers, offset: int) -> int:
         calls[0] += 1
         if calls[0] == 1:
-            return real_write(fd, bytes(data[:100]), offset)  # part of it went to disk, then the disk filled up
+            return os.pwrite(fd, bytes(b"".join(buffers)[:100]), offset)  # part went to disk, then the disk filled
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(wal_module.os, "pwrite", full)
+    monkeypatch.setattr(wal_module.os, "pwritev", full)
     with pytest.raises(LogFull, match="No space left"):
         log.append(batch(10, 2))
-    monkeypatch.setattr(wal_module.os, "pwrite", real_write)
+    assert calls[0] == 2
+    monkeypatch.setattr(wal_module.os, "pwritev", real_write)
     log.append(batch(10, 3))  # room again: the log goes on, without the failed record
     assert tags(read_all(log)) == ["s1", "s3"]
     log.close()
     reopened = WriteAheadLog(tmp_path)
     assert reopened.repair.bytes == 0 and tags(read_all(reopened)) == ["s1", "s3"]
+    reopened.close()
+
+
+def test_short_writes_are_written_on_from_where_they_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = WriteAheadLog(tmp_path)
+    real_write, taken = os.pwritev, []
+
+    def short(fd: int, buffers, offset: int) -> int:  # the kernel takes 7 bytes at a time, across buffers' ends
+        taken.append(len(buffers))
+        return real_write(fd, [bytes(b"".join(buffers)[:7])], offset)
+
+    monkeypatch.setattr(wal_module.os, "pwritev", short)
+    _one_group(log, (1, 2, 3))
+    monkeypatch.setattr(wal_module.os, "pwritev", real_write)
+    assert len(taken) > 10 and max(taken) == 6  # a header and a payload per record, gathered
+    log.append(batch(10, 4))
+    assert sorted(tags(read_all(log))) == ["s1", "s2", "s3", "s4"]
+    log.close()
+    reopened = WriteAheadLog(tmp_path)
+    assert reopened.repair.bytes == 0 and sorted(tags(read_all(reopened))) == ["s1", "s2", "s3", "s4"]
     reopened.close()
 
 
