@@ -9,11 +9,6 @@ The first :attr:`EventBatch.requests` rows are requests; the others are *exit ro
 CLIENT span's database statement), which feed only the top-Ns keyed on ``db_statement``. A batch from a format
 without exit rows (JSON Lines, CSV, Parquet, access logs) has ``requests == rows.num_rows``.
 
-The key columns (``service``, ``instance``, ``endpoint``) may be dictionary-encoded (:attr:`EventBatch.dictionary`:
-int32 codes into their distinct values), as ``serve``'s OTLP pass makes them: the same values, a third fewer bytes
-through the log, and an aggregation that encodes a dictionary's few values, not every row's. Every consumer reads
-both forms; :meth:`EventBatch.join` of both gives strings.
-
 After the seven columns a batch may have optional ones (:data:`~.schema.OPTIONAL_FIELDS`): ``weight``, how many
 requests each row stands for (sampled spans), and ``trace_id`` (spans, for exemplars). A batch has one only when
 its events carry it, so that other traffic pays nothing for it; :meth:`EventBatch.join` gives a mixed list the
@@ -34,13 +29,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .schema import EVENT_SCHEMA, KEY_FIELDS, OPTIONAL_FIELDS, TRACE_ID, WEIGHT, batch_schema
+from .schema import EVENT_SCHEMA, OPTIONAL_FIELDS, TRACE_ID, WEIGHT, batch_schema
 
 __all__ = ["EventBatch"]
 
 _EXITS = b"DPX1"  # an encoding that starts so holds a batch with exit rows: <N requests u64><IPC message>
 _OPTIONAL = b"DPO1"  # ... a batch with optional columns: <N requests u64><columns bitmask u64><IPC message>
-_DICTIONARY = b"DPD1"  # ... with dictionary columns: <N requests u64><IPC stream: schema, dictionaries, the batch>
 _REQUESTS = struct.Struct("<Q")
 _MASK = struct.Struct("<Q")
 _OPTIONAL_NAMES = tuple(f.name for f in OPTIONAL_FIELDS)
@@ -92,32 +86,13 @@ class EventBatch:
         optional = {name for b in batches for name in b.optional}
         if optional:
             batches = [b.with_optional(optional) for b in batches]
-        dictionary = all(b.dictionary for b in batches)  # (their dictionaries unified; mixed: strings)
-        if not dictionary:
-            batches = [b.plain() for b in batches]
         heads = [b.rows.slice(0, b.requests) for b in batches]
         tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
-        schema = batch_schema(optional, dictionary)
-        joined = pa.Table.from_batches(heads + tails, schema=schema).combine_chunks().to_batches()
+        joined = pa.Table.from_batches(heads + tails, schema=batch_schema(optional)).combine_chunks().to_batches()
         warnings: Counter[str] = Counter()
         for b in batches:
             warnings.update(dict(b.warnings))
         return cls(joined[0] if joined else _empty(), sum(b.requests for b in batches), tuple(warnings.items()))
-
-    @property
-    def dictionary(self) -> bool:
-        """Whether the key columns are dictionary-encoded (see the module docstring)."""
-        return pa.types.is_dictionary(self.rows.schema.field(KEY_FIELDS[0]).type)
-
-    def plain(self) -> EventBatch:
-        """This batch with its key columns as strings (itself when they are)."""
-        if not self.dictionary:
-            return self
-        rows = self.rows
-        arrays = [c.cast(pa.string()) if rows.schema.field(i).name in KEY_FIELDS else c
-                  for i, c in enumerate(rows.columns)]  # fmt: skip
-        plain = pa.RecordBatch.from_arrays(arrays, schema=batch_schema(self.optional))
-        return EventBatch(plain, self.requests, self.warnings)
 
     @property
     def optional(self) -> tuple[str, ...]:
@@ -128,7 +103,7 @@ class EventBatch:
         """This batch with ``values`` (one per row) as its optional column ``name``."""
         columns = {n: self.rows.column(n) for n in self.optional}
         columns[name] = values
-        schema = batch_schema(columns, self.dictionary)
+        schema = batch_schema(columns)
         extra = [columns[schema.field(i).name] for i in range(len(EVENT_SCHEMA), len(schema))]
         arrays = [*(self.rows.column(i) for i in range(len(EVENT_SCHEMA))), *extra]
         return EventBatch(pa.RecordBatch.from_arrays(arrays, schema=schema), self.requests, self.warnings)
@@ -176,18 +151,11 @@ class EventBatch:
     def encode(self) -> memoryview:
         """The batch as bytes another process or the log can :meth:`decode`: an Arrow IPC message (it starts with
         0xFFFFFFFF), prefixed with a mark and the request count when there are exit rows (``DPX1``), and with the
-        optional columns' bitmask too when there are any (``DPO1``); a batch with dictionary columns is an IPC stream
-        (its schema and dictionaries, then the batch) after ``DPD1`` and the request count. (The serve log's records
-        have been written in this encoding since exit rows existed: old logs decode as they are.) A batch from
-        :meth:`decode` gives back the bytes it was read from."""
+        optional columns' bitmask too when there are any (``DPO1``). (The serve log's records have been written in
+        this encoding since exit rows existed: old logs decode as they are.) A batch from :meth:`decode` gives back
+        the bytes it was read from."""
         if self.encoding is not None:
             return self.encoding
-        if self.dictionary:  # (a record batch message holds no dictionaries: a stream of its own)
-            sink = pa.BufferOutputStream()
-            sink.write(_DICTIONARY + _REQUESTS.pack(self.requests))
-            with pa.ipc.new_stream(sink, self.rows.schema) as writer:
-                writer.write_batch(self.rows)
-            return memoryview(sink.getvalue())
         message = self.rows.serialize()
         optional = self.optional
         if optional:
@@ -206,9 +174,6 @@ class EventBatch:
         if mark == _EXITS:
             (requests,) = _REQUESTS.unpack_from(view, 4)
             rows = pa.ipc.read_record_batch(pa.py_buffer(view[4 + _REQUESTS.size :]), EVENT_SCHEMA)
-        elif mark == _DICTIONARY:
-            (requests,) = _REQUESTS.unpack_from(view, 4)
-            rows = pa.ipc.open_stream(pa.py_buffer(view[4 + _REQUESTS.size :])).read_next_batch()
         elif mark == _OPTIONAL:
             (requests,) = _REQUESTS.unpack_from(view, 4)
             (mask,) = _MASK.unpack_from(view, 4 + _REQUESTS.size)

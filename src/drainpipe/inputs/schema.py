@@ -35,8 +35,6 @@ __all__ = [
     "WEIGHT",
     "TRACE_ID",
     "batch_schema",
-    "KEY_DICTIONARY",
-    "KEY_FIELDS",
     "FIELDS",
     "TS_MIN",
     "TS_MAX",
@@ -65,21 +63,13 @@ OPTIONAL_FIELDS: tuple[pa.Field, ...] = (
 )
 
 
-#: the string columns that may come dictionary-encoded (int32 codes into their distinct values: ``serve``'s OTLP
-#: batches, see ``EventBatch``), and their type then
-KEY_FIELDS: tuple[str, ...] = ("service", "instance", "endpoint")
-KEY_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
-
-
-def batch_schema(optional: Iterable[str] = (), dictionary: bool = False) -> pa.Schema:
-    """:data:`EVENT_SCHEMA` and the optional columns named (in :data:`OPTIONAL_FIELDS`' order); with ``dictionary``,
-    the :data:`KEY_FIELDS` of type :data:`KEY_DICTIONARY`."""
+def batch_schema(optional: Iterable[str] = ()) -> pa.Schema:
+    """:data:`EVENT_SCHEMA` and the optional columns named (in :data:`OPTIONAL_FIELDS`' order)."""
     names = set(optional)
     unknown = names - {f.name for f in OPTIONAL_FIELDS}
     if unknown:
         raise ValueError(f"not an optional event column: {sorted(unknown)[0]!r}")
-    fields = [f.with_type(KEY_DICTIONARY) if dictionary and f.name in KEY_FIELDS else f for f in EVENT_SCHEMA]
-    return pa.schema([*fields, *(f for f in OPTIONAL_FIELDS if f.name in names)])
+    return pa.schema([*EVENT_SCHEMA, *(f for f in OPTIONAL_FIELDS if f.name in names)])
 
 
 #: Smallest / largest accepted ``ts``: 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z, so every

@@ -18,7 +18,7 @@ from . import _spanmap_fallback
 from .batches import EventBatch
 from .endpoints import EndpointRules
 from .sampling import adjusted_counts
-from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID, batch_schema
+from .schema import EVENT_SCHEMA, LATENCY_MAX_MS, TRACE_ID
 from .span_columns import Attributes, SpanColumns
 from .spans import KINDS, SpanMapping
 from .trace_ids import BAD_TRACE_ID, trace_id_column
@@ -132,20 +132,15 @@ class Mapped(NamedTuple):
 
 
 def map_proto_exports(
-    exports: Sequence[bytes | memoryview], mapping: SpanMapping, endpoints: EndpointRules, *, dictionary: bool = False
+    exports: Sequence[bytes | memoryview], mapping: SpanMapping, endpoints: EndpointRules
 ) -> Mapped | None:
     """OTLP protobuf exports -> their events in one C pass from the wire bytes, the mapping of :func:`map_columns`
     done inside it (``native.otlpproto.events``). Python only normalizes the distinct endpoints and wraps the
-    columns. None where the pass is not built or is off.
-
-    With ``dictionary``, the service, instance and endpoint columns are Arrow dictionary arrays (int32 codes into the
-    pass's distinct values), as the pass makes them: the same values, in a third fewer bytes, and the aggregation
-    encodes a dictionary's few values instead of every row's (``serve``'s log and engine take them so); else plain
-    strings."""
+    columns. None where the pass is not built or is off."""
     otlpproto = native.otlpproto
     if otlpproto is None:
         return None
-    return _mapped(otlpproto, otlpproto.events(exports, *_mapping_args(mapping)), mapping, endpoints, dictionary)
+    return _mapped(otlpproto, otlpproto.events(exports, *_mapping_args(mapping)), mapping, endpoints)
 
 
 def map_json_block(
@@ -171,36 +166,32 @@ def _mapping_args(mapping: SpanMapping) -> tuple[Any, ...]:
     return span_roles, resource_roles, request_kinds, _CLIENT, _SERVER, float(LATENCY_MAX_MS)
 
 
-def _mapped(
-    native_pass: Any, out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules, dictionary: bool = False
-) -> Mapped:
+def _mapped(native_pass: Any, out: tuple[Any, ...], mapping: SpanMapping, endpoints: EndpointRules) -> Mapped:
     """A C pass's events tuple (``_otlpproto.pyi``) as an :class:`EventBatch`, rejects and declined exports.
 
     No pyarrow compute and no numpy pass over the rows here: on the connection loop, each such call lets the GIL go,
     and under load winning it back cost more than the work (the endpoints come dictionary-encoded from the pass, and
     their column is gathered by ``native_pass.gather``)."""
-    (declined, n, requests, rows, ts, latency, ok, services, svc_codes, instances, inst_codes, raw_endpoints, codes,
-     st_off, st, st_valid, rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff,
-     xdata, per_export) = out  # fmt: skip
+    (declined, n, requests, rows, ts, latency, ok, svc_off, svc, inst_off, inst, raw_endpoints, codes, st_off, st,
+     st_valid, rej_export, rej_index, rej_cat, bad_trace, bad_span, tid_off, tid, sid_off, sid, xoff, xdata,
+     per_export) = out  # fmt: skip
     m = len(rows) // 8
     # endpoint: the chosen attribute or the span's name, normalized once per distinct value; "" for exit rows
     normalize = endpoints.normalize
     templates = [normalize(e) for e in raw_endpoints]
     templates.append("")
-    if dictionary:
-        keys = [_codes(m, svc_codes, services), _codes(m, inst_codes, instances), _codes(m, codes, templates)]
-    else:  # (gathered without letting the GIL go, see above)
-        keys = [_strings(m, *native_pass.gather(c, values))
-                for c, values in ((svc_codes, services), (inst_codes, instances), (codes, templates))]  # fmt: skip
+    ep_off, ep = native_pass.gather(codes, templates)
     batch = pa.RecordBatch.from_arrays(
         [
             pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(ts)]),
-            *keys,
+            _strings(m, svc_off, svc),
+            _strings(m, inst_off, inst),
+            _strings(m, ep_off, ep),
             pa.Array.from_buffers(pa.float64(), m, [None, pa.py_buffer(latency)]),
             pa.Array.from_buffers(pa.bool_(), m, [None, pa.py_buffer(ok)]),
             _strings(m, st_off, st, st_valid),  # null for requests
         ],
-        schema=batch_schema(dictionary=dictionary),
+        schema=EVENT_SCHEMA,
     )
     index = np.frombuffer(rows, np.int64)
     weights, warnings = adjusted_counts(_strings(n, xoff, xdata), _binary(n, sid_off, sid), index[:requests])
@@ -228,12 +219,6 @@ def _roles(fields: tuple[tuple[str, ...], ...]) -> list[tuple[bytes, int, int]]:
 def _strings(n: int, offsets: bytes, data: bytes, valid: bytes | None = None) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid),
                                                   pa.py_buffer(offsets), pa.py_buffer(data)])  # fmt: skip
-
-
-def _codes(n: int, codes: bytes, values: list[str]) -> pa.DictionaryArray:
-    """A dictionary column: row i is ``values[codes[i]]`` (int32 codes, each in range)."""
-    indices = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(codes)])
-    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
 
 def _binary(n: int, offsets: bytes, data: bytes) -> pa.Array:

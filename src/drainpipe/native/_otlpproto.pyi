@@ -13,9 +13,8 @@ def events(exports: Sequence[bytes | memoryview], span_roles: list[tuple[bytes, 
            resource_roles: list[tuple[bytes, int, int]], request_kinds: int, client: int, server: int,
            latency_max_ms: float, /) -> tuple[Any, ...]:  # fmt: skip
     """The events of OTLP protobuf trace exports, the span mapping done in the pass: ``(declined export indexes,
-    spans, requests, rows (int64 span index per event), ts, latency, ok bits, the distinct services (list of str,
-    in the order they first appear), each event's service code (int32), the distinct instances, each event's
-    instance code, the requests' distinct raw endpoints (list of str, in the order they first appear), each
+    spans, requests, rows (int64 span index per event), ts, latency, ok bits, service offsets, data, instance
+    offsets, data, the requests' distinct raw endpoints (list of str, in the order they first appear), each
     event's endpoint code (int32; an exit row's is the number of distinct endpoints), statement offsets, data,
     validity, rejected spans' export indexes (int32), their indexes in the export (int32), their categories (int8),
     spans mapped with a trace id that cannot be used, with a span id that cannot be used, trace id offsets, data,

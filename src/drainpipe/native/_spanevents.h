@@ -101,16 +101,6 @@ distinct_code(Distinct *d, const char *s, size_t n)
     return (int32_t)d->count - 1;
 }
 
-/* The code of the text of pair `i` of `pool` (or of `fallback`): as distinct_code. */
-static int32_t
-pool_code(Distinct *d, const Buf *pool, int64_t i, const char *fallback, size_t fallback_len)
-{
-    if (i < 0)
-        return distinct_code(d, fallback, fallback_len);
-    const int32_t *toff = (const int32_t *)pool[A_TOFF].data;
-    return distinct_code(d, pool[A_TDATA].data + toff[i], (size_t)(toff[i + 1] - toff[i]));
-}
-
 /* The distinct values as a list of str (valid UTF-8 by construction: the scanners check every string), or NULL. */
 static PyObject *
 distinct_list(const Distinct *d)
@@ -194,8 +184,8 @@ done:
 }
 
 /* The events' columns. */
-enum { E_ROWS, E_TS, E_LAT, E_OK, E_SVC_CODE, E_INST_CODE, E_EP_CODE, E_PER_EXPORT, E_ST_OFF, E_ST, E_ST_VALID,
-       E_REJ_EXPORT, E_REJ_INDEX, E_REJ_CAT, E_PACK, E_NBUFS = E_PACK + 3 };
+enum { E_ROWS, E_TS, E_LAT, E_OK, E_SVC_OFF, E_SVC, E_INST_OFF, E_INST, E_EP_CODE, E_PER_EXPORT, E_ST_OFF, E_ST,
+       E_ST_VALID, E_REJ_EXPORT, E_REJ_INDEX, E_REJ_CAT, E_PACK, E_NBUFS = E_PACK + 3 };
 
 #define UNKNOWN_SERVICE "unknown_service"
 
@@ -254,14 +244,10 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
     int8_t *cat = NULL;
     uint8_t *ok = NULL;
     double *lat = NULL;
-    PyObject *result = NULL, *endpoints = NULL, *services = NULL, *instances = NULL;
-    /* the requests' raw endpoints, and every event's service and instance, dictionary-encoded (a resource's values
-     * are looked up once for its run of spans) */
-    Distinct ep = {{NULL, 0, 0}, {NULL, 0, 0}, NULL, 0, 0}, svc = ep, inst = ep;
-    int64_t last_resource = -1;
-    int32_t svc_code = -1, inst_code = -1;
-    static const int OFFSETS[] = {E_ST_OFF}; /* each starts at 0 */
-    if (put_i32(&ep.off, 0) < 0 || put_i32(&svc.off, 0) < 0 || put_i32(&inst.off, 0) < 0)
+    PyObject *result = NULL, *endpoints = NULL;
+    Distinct ep = {{NULL, 0, 0}, {NULL, 0, 0}, NULL, 0, 0};
+    static const int OFFSETS[] = {E_SVC_OFF, E_INST_OFF, E_ST_OFF}; /* each starts at 0 */
+    if (put_i32(&ep.off, 0) < 0)
         goto done;
     for (size_t i = 0; i < sizeof OFFSETS / sizeof *OFFSETS; i++)
         if (put_i32(&e[OFFSETS[i]], 0) < 0)
@@ -310,16 +296,11 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
             if (cat[i] != pass)
                 continue;
             int64_t r = resource[i];
-            if (r != last_resource) {
-                svc_code = pool_code(&svc, &o[RES_POOL], res_pair[r], UNKNOWN_SERVICE, sizeof UNKNOWN_SERVICE - 1);
-                inst_code = svc_code < 0 ? -1 : pool_code(&inst, &o[RES_POOL], res_pair[R + r], "", 0);
-                if (inst_code < 0)
-                    goto done;
-                last_resource = r;
-            }
             if (put_i64(&e[E_ROWS], i) < 0 || put_i64(&e[E_TS], (int64_t)(end[i] / 1000000u)) < 0 ||
                 buf_put(&e[E_LAT], &lat[i], 8) < 0 || put_u8(&e[E_OK], ok[i]) < 0 ||
-                put_i32(&e[E_SVC_CODE], svc_code) < 0 || put_i32(&e[E_INST_CODE], inst_code) < 0 ||
+                put_text(&e[E_SVC_OFF], &e[E_SVC], &o[RES_POOL], res_pair[r], UNKNOWN_SERVICE,
+                         sizeof UNKNOWN_SERVICE - 1) < 0 ||
+                put_text(&e[E_INST_OFF], &e[E_INST], &o[RES_POOL], res_pair[R + r], "", 0) < 0 ||
                 put_u8(&e[E_ST_VALID], pass == 2) < 0 ||
                 put_text(&e[E_ST_OFF], &e[E_ST], &o[SPAN_POOL], pass == 2 ? stmt[i] : -1, "", 0) < 0)
                 goto done;
@@ -345,12 +326,11 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
                            put_i32(&e[E_REJ_INDEX], (int32_t)(i - first[line[i]])) < 0 ||
                            put_u8(&e[E_REJ_CAT], (uint8_t)cat[i]) < 0))
             goto done;
-    if ((endpoints = distinct_list(&ep)) == NULL || (services = distinct_list(&svc)) == NULL ||
-        (instances = distinct_list(&inst)) == NULL)
+    if ((endpoints = distinct_list(&ep)) == NULL)
         goto done;
-    result = Py_BuildValue("(OnnNNNNONONONNNNNNNnnNNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
-                           bytes_of(&e[E_TS]), bytes_of(&e[E_LAT]), bits_of(&e[E_OK]), services,
-                           bytes_of(&e[E_SVC_CODE]), instances, bytes_of(&e[E_INST_CODE]), endpoints,
+    result = Py_BuildValue("(OnnNNNNNNNNONNNNNNNnnNNNNNNN)", declined, S, requests, bytes_of(&e[E_ROWS]),
+                           bytes_of(&e[E_TS]), bytes_of(&e[E_LAT]), bits_of(&e[E_OK]), bytes_of(&e[E_SVC_OFF]),
+                           bytes_of(&e[E_SVC]), bytes_of(&e[E_INST_OFF]), bytes_of(&e[E_INST]), endpoints,
                            bytes_of(&e[E_EP_CODE]), bytes_of(&e[E_ST_OFF]), bytes_of(&e[E_ST]),
                            bitmap_of(&e[E_ST_VALID]), bytes_of(&e[E_REJ_EXPORT]), bytes_of(&e[E_REJ_INDEX]),
                            bytes_of(&e[E_REJ_CAT]), bad_trace, bad_span, bytes_of(&o[S_TOFF]), bytes_of(&o[S_TDATA]),
@@ -358,14 +338,9 @@ cols_events(const Cols *c, const Buf *first_spans, const Mapping *m, PyObject *d
                            bytes_of(&e[E_PER_EXPORT]));
 done:
     Py_XDECREF(endpoints);
-    Py_XDECREF(services);
-    Py_XDECREF(instances);
-    const Distinct *each[] = {&ep, &svc, &inst};
-    for (int k = 0; k < 3; k++) {
-        PyMem_Free(each[k]->off.data);
-        PyMem_Free(each[k]->data.data);
-        PyMem_Free(each[k]->table);
-    }
+    PyMem_Free(ep.off.data);
+    PyMem_Free(ep.data.data);
+    PyMem_Free(ep.table);
     PyMem_Free(res_pair);
     PyMem_Free(span_pair);
     PyMem_Free(http);

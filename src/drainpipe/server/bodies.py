@@ -155,9 +155,7 @@ def _decode_run(
 ) -> list[EventBatch]:
     """One native pass over ``run``'s exports, each body's outcome in ``out``; the events' batches."""
     exports = [export for _, export in run]
-    # (dictionary columns: the log and the engine take them so, see EventBatch)
-    mapped = (map_proto_exports(exports, spans or SpanMapping(), endpoints or EndpointRules(), dictionary=True)
-              if len(run) > 1 else None)  # fmt: skip
+    mapped = map_proto_exports(exports, spans or SpanMapping(), endpoints or EndpointRules()) if len(run) > 1 else None
     if mapped is not None and not (mapped.declined or mapped.events.warnings):
         assert mapped.per_export is not None  # (the C pass counts them)
         rejects: list[Rejects] = [[] for _ in exports]
