@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .driver import Commit, Driver, Sink
     from .engine import EngineOptions, LocalEngine
     from .generator import generate_events, write_events
-    from .grouping import numpy_column
+    from .grouping import numpy_column, upper_classes
     from .partials import (
         STATE_COLUMNS,
         MetricAccumulator,
@@ -142,7 +142,7 @@ _HOMES = {
     **dict.fromkeys(["InputFile", "PartBooks", "books_from", "open_books", "resolve"], "progress"),
     **dict.fromkeys(["Commit", "Driver", "Sink"], "driver"),
     **dict.fromkeys(["string_values"], "strings"),
-    **dict.fromkeys(["numpy_column"], "grouping"),
+    **dict.fromkeys(["numpy_column", "upper_classes"], "grouping"),
     **dict.fromkeys(["render"], "rendering"),
     **dict.fromkeys(["Retention"], "retention"),
     **dict.fromkeys(["RemoteWriter", "send_stored"], "remote_write"),
@@ -199,6 +199,7 @@ __all__ = [
     "OVERFLOW",
     "string_values",
     "numpy_column",
+    "upper_classes",
     "PERCENTILES",
     "PERCENTILE_LABELS",
     "Partial",

@@ -39,7 +39,7 @@ from ..inputs.endpoints import EndpointRules, parse_endpoint_rules
 from ..inputs.schema import TRACE_ID
 from ..inputs.spans import SpanMapping, parse_span_mapping
 from .alerts import AlertRule, parse_alert_rules
-from .grouping import numpy_column
+from .grouping import numpy_column, upper_classes
 from .retention import Retention, parse_retention
 
 __all__ = [
@@ -369,7 +369,7 @@ class TopNDef:
     def latency_classes(self, latency: np.ndarray) -> np.ndarray:
         """Each latency's bucket of ``latency_buckets_ms`` (upper-inclusive, as Prometheus' ``le``: bound[i-1] <
         latency <= bound[i] is class i; above the last bound, len(bounds))."""
-        return np.searchsorted(np.asarray(self.latency_buckets_ms), latency, side="left")
+        return upper_classes(np.asarray(self.latency_buckets_ms, np.float64), latency)
 
 
 Definition = MetricDef | TopNDef

@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetri
 from prometheus_client.registry import Collector
 
 from ..inputs import EventBatch
-from ..pipeline import OVERFLOW, RequestColumns, request_columns
+from ..pipeline import OVERFLOW, RequestColumns, request_columns, upper_classes
 
 __all__ = ["RedMetrics"]
 
@@ -96,7 +96,7 @@ class RedMetrics(Collector):
         # per pair of this batch; le semantics: a latency equal to a bound falls in that bound's bucket
         oks = np.bincount(local, weights=ok if w is None else ok * w, minlength=k).astype(np.int64)
         calls = np.bincount(local, weights=w, minlength=k).astype(np.int64)
-        bucket = np.searchsorted(self.bounds_ms, latency, side="left")
+        bucket = upper_classes(self.bounds_ms, latency)
         hist = np.bincount(local * width + bucket, weights=w, minlength=k * width).astype(np.int64).reshape(k, width)
         sums = np.bincount(local, weights=latency if w is None else latency * w, minlength=k)
         exemplars = _slowest_traced(events, local * width + bucket, latency, k * width)
