@@ -154,16 +154,22 @@ class EventBatch:
         optional columns' bitmask too when there are any (``DPO1``). (The serve log's records have been written in
         this encoding since exit rows existed: old logs decode as they are.) A batch from :meth:`decode` gives back
         the bytes it was read from."""
+        parts = self.encode_parts()
+        return memoryview(parts[0]) if len(parts) == 1 else memoryview(b"".join(parts))
+
+    def encode_parts(self) -> tuple[bytes | memoryview, ...]:
+        """What :meth:`encode` gives, in parts whose concatenation it is: the prefix and the IPC message apart, for a
+        writer that gathers them (the serve log: joining them was a copy of every record more)."""
         if self.encoding is not None:
-            return self.encoding
-        message = self.rows.serialize()
+            return (self.encoding,)
+        message = memoryview(self.rows.serialize())
         optional = self.optional
         if optional:
             mask = sum(1 << _OPTIONAL_NAMES.index(name) for name in optional)
-            return memoryview(b"".join((_OPTIONAL, _REQUESTS.pack(self.requests), _MASK.pack(mask), message)))
+            return _OPTIONAL + _REQUESTS.pack(self.requests) + _MASK.pack(mask), message
         if self.exits == 0:
-            return memoryview(message)  # zero-copy
-        return memoryview(b"".join((_EXITS, _REQUESTS.pack(self.requests), message)))
+            return (message,)  # zero-copy
+        return _EXITS + _REQUESTS.pack(self.requests), message
 
     @classmethod
     def decode(cls, payload: bytes | memoryview, warnings: tuple[tuple[str, int], ...] = ()) -> EventBatch:
