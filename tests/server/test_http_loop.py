@@ -4,6 +4,7 @@ read, and the deadlines of the request threads kept (a trickling body cut)."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import selectors
@@ -28,22 +29,23 @@ from testlib import wait_until
 @contextmanager
 def _server(**kw) -> Iterator:
     """A running server whose hand-overs to request threads are counted (``srv.handed``), and which says when the
-    loop has first asked for admission (``srv.head_taken``: a fast request's head is read and admitted)."""
+    loop has first asked whether the service refuses everything (``srv.head_taken``: a fast request's head is
+    read, its body next)."""
     with running_server(**kw) as srv:
         handed: list[bytes] = []
-        hand_over, admissible = srv.hand_over, srv.service.admissible
+        hand_over, unavailable = srv.hand_over, srv.service.unavailable
         head_taken = threading.Event()
 
         def counted(sock, address, read: bytes) -> None:
             handed.append(read)
             hand_over(sock, address, read)
 
-        def admitted() -> bool:
-            answer = admissible()
+        def asked() -> bool:
+            answer = unavailable()
             head_taken.set()
             return answer
 
-        srv.hand_over, srv.service.admissible = counted, admitted
+        srv.hand_over, srv.service.unavailable = counted, asked
         srv.handed, srv.head_taken = handed, head_taken
         yield srv
 
@@ -288,17 +290,52 @@ def test_a_request_the_loop_cannot_parse_is_a_request_thread_s_and_the_loop_serv
             assert _answers(sock, 1)[0][0] == 200
 
 
-def test_admission_lost_while_the_body_came_is_answered_by_a_request_thread() -> None:
+def test_admission_lost_while_the_body_came_is_refused_by_the_loop_as_a_request_thread_refuses_it() -> None:
     with _server() as srv, _connect(srv) as sock:
         request = _post(otlp_export("svc-a", 4))
         sock.sendall(request[:-10])
-        assert srv.head_taken.wait(10)  # the head is read and admitted; then the service stops admitting
+        assert srv.head_taken.wait(10)  # the head is read; then the service stops admitting
         srv.service.drain(0.0)
         sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)
-        assert status == 503 and "retry-after" in headers
-        assert len(srv.handed) == 1 and srv.handed[0] == request
+        assert status == 503 and "retry-after" in headers and headers["connection"] == "close"
+        assert srv.handed == [] and sock.recv(10) == b""
     assert srv.service.summary()["accepted"] == 0
+
+
+def test_an_export_waits_in_the_loop_while_the_engine_is_behind_and_is_answered_once_it_catches_up() -> None:
+    """The engine behind (429's condition): an export read whole waits for admission in the loop, its connection
+    not handed to a request thread; admitted once the engine catches up within ``admit_wait_s``, refused 429 with
+    Retry-After after it (the connection kept: its body was read), and the next export on it is the loop's again."""
+    opts = ServiceOptions(admit_wait_s=0.3, sample_interval_s=0.25)
+    with _server(options=opts) as srv, _connect(srv) as sock:
+        svc = srv.service
+        keeping_up = svc.options
+        looked: list[float] = []
+        try_admit = svc.try_admit
+
+        def counted(since: float) -> bool:
+            looked.append(since)
+            return try_admit(since)
+
+        svc.try_admit = counted
+        svc.options = dataclasses.replace(keeping_up, max_lag_bytes=-1)  # every lag is too much: "behind"
+        sock.sendall(_post(otlp_export("svc-a", 3)))
+        ((status, headers, _),) = _answers(sock, 1)  # waited admit_wait_s, then refused
+        assert status == 429 and headers["retry-after"] == "1" and "connection" not in headers
+        assert len(looked) > 2 and len(set(looked)) == 1  # asked again and again for the same request
+
+        looked.clear()
+        sock.sendall(_post(otlp_export("svc-b", 5)))
+        wait_until(lambda: len(looked) > 2, 10)  # it waits ...
+        svc.options = keeping_up  # ... and the engine catches up
+        ((status, _, answer),) = _answers(sock, 1)
+        assert status == 200 and ExportTraceServiceResponse.FromString(answer) == ExportTraceServiceResponse()
+        sock.sendall(_post(otlp_export("svc-c", 2)))
+        assert _answers(sock, 1)[0][0] == 200
+        assert srv.handed == []
+    summary = svc.summary()
+    assert summary["accepted"] == 7 and summary["refused_429"] == 1
 
 
 def test_a_trickling_export_body_is_cut_at_its_deadline(caplog) -> None:

@@ -79,6 +79,7 @@ Answer = Callable[[Decoded | None, BaseException | None], None]
 WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: a shutdown whose grace ran out still waits this long for the store's last commits before the process goes on
 CLOSE_WAIT_S = 10.0
+ADMIT_POLL_S = 0.005  # how often a request waiting for admission looks again
 HANDOFF_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -310,17 +311,28 @@ class IngestService:
     def admit(self) -> None:
         """Wait (up to ``admit_wait_s``) until the engine has caught up enough; else raise :class:`IngestRefused`:
         503 when shutting down, when a store write failed for good, or when the log is at its byte budget; 429
-        when the engine is merely behind."""
-        deadline = time.monotonic() + self.options.admit_wait_s
-        while (verdict := self._verdict()) is not None:
-            status, why, retry_after = verdict
-            if status != 429 or time.monotonic() >= deadline:
-                raise self._refuse(status, why, retry_after)
-            time.sleep(0.005)
+        when the engine is merely behind. Blocks; thread-safe."""
+        since = time.monotonic()
+        while not self.try_admit(since):
+            time.sleep(ADMIT_POLL_S)
 
-    def admissible(self) -> bool:
-        """Whether :meth:`admit` would return at once (no wait, no refusal). Thread-safe; does not block."""
-        return self._verdict() is None
+    def try_admit(self, since: float) -> bool:
+        """One look at admission for a request waiting since ``since`` (``time.monotonic()``): True if admitted
+        now, False if it is worth waiting (the engine is behind and ``admit_wait_s`` has not passed: ask again in
+        :data:`ADMIT_POLL_S`); raises :class:`IngestRefused` as :meth:`admit` does. Does not block; thread-safe."""
+        verdict = self._verdict()
+        if verdict is None:
+            return True
+        status, why, retry_after = verdict
+        if status != 429 or time.monotonic() >= since + self.options.admit_wait_s:
+            raise self._refuse(status, why, retry_after)
+        return False
+
+    def unavailable(self) -> bool:
+        """Whether a request would be refused now whatever it waited (503: shutting down, a store write failed for
+        good, the disk or the log full). Thread-safe; does not block; counts nothing."""
+        verdict = self._verdict()
+        return verdict is not None and verdict[0] != 429
 
     def _verdict(self) -> tuple[int, str, int] | None:
         """Why a request would be refused now, ``(status, message, Retry-After)``: 429 is the engine behind (worth
@@ -358,7 +370,7 @@ class IngestService:
         return decoded
 
     def ingest_now(self, bodies: Sequence[tuple[bytes, bool, Answer]]) -> None:
-        """OTLP protobuf bodies already admitted (:meth:`admissible`), each ``(body, gzipped, then)``, decoded and
+        """OTLP protobuf bodies already admitted (:meth:`try_admit`), each ``(body, gzipped, then)``, decoded and
         logged as one group on the calling thread (:meth:`GroupIntake.serve_now`); returns once each ``then`` was
         called: ``then(decoded, None)`` once its events are durable, or ``then(None, error)``
         (:class:`~.bodies.BadBody`, :class:`IngestRefused`). ``then`` must not block; the caller has called
