@@ -28,24 +28,24 @@ from testlib import wait_until
 
 @contextmanager
 def _server(**kw) -> Iterator:
-    """A running server whose hand-overs to request threads are counted (``srv.handed``), and which says when the
-    loop has first asked whether the service refuses everything (``srv.head_taken``: a fast request's head is
-    read, its body next)."""
+    """A running server whose hand-overs to request threads are counted (``srv.handed``), and which says when a
+    request's token was first checked (``srv.head_taken``: the head of a fast request of a shape the loop has not
+    seen is read, its body next)."""
     with running_server(**kw) as srv:
         handed: list[bytes] = []
-        hand_over, unavailable = srv.hand_over, srv.service.unavailable
+        hand_over, token_ok = srv.hand_over, srv.token_ok
         head_taken = threading.Event()
 
         def counted(sock, address, read: bytes) -> None:
             handed.append(read)
             hand_over(sock, address, read)
 
-        def asked() -> bool:
-            answer = unavailable()
+        def asked(headers) -> bool:
+            answer = token_ok(headers)
             head_taken.set()
             return answer
 
-        srv.hand_over, srv.service.unavailable = counted, asked
+        srv.hand_over, srv.token_ok = counted, asked
         srv.handed, srv.head_taken = handed, head_taken
         yield srv
 
@@ -299,7 +299,7 @@ def test_admission_lost_while_the_body_came_is_refused_by_the_loop_as_a_request_
         sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)
         assert status == 503 and "retry-after" in headers and headers["connection"] == "close"
-        assert srv.handed == [] and sock.recv(10) == b""
+        assert srv.handed == [] and sock.recv(10) == b""  # (refused on entry, as a request thread refuses it)
     assert srv.service.summary()["accepted"] == 0
 
 
@@ -358,3 +358,21 @@ def test_a_trickling_export_body_is_cut_at_its_deadline(caplog) -> None:
         assert srv.handed == []  # cut by the loop
     assert closed and took < 4, f"the body trickle was not cut ({took:.1f} s)"
     assert any("its body took too long" in r.getMessage() for r in caplog.records)
+
+
+def test_a_refusal_for_good_is_the_loop_s_and_the_connection_serves_on_once_it_is_over() -> None:
+    """503 (here: a store write failed) is answered by the loop once the body is read, as a request thread answers
+    it (the connection kept), and the connection's next export, once the service admits again, is the loop's: a
+    refusal never moves a connection off the fast path."""
+    with _server() as srv, _connect(srv) as sock:
+        srv.service.feeder.failed = "the store refused a write"
+        sock.sendall(_post(otlp_export("svc-a", 3)))
+        ((status, headers, body),) = _answers(sock, 1)
+        assert status == 503 and "retry-after" in headers and "connection" not in headers
+        assert b"the store refused a write" in body
+        srv.service.feeder.failed = ""
+        sock.sendall(_post(otlp_export("svc-b", 4)))
+        assert _answers(sock, 1)[0][0] == 200
+        assert srv.handed == []
+    summary = srv.service.summary()
+    assert summary["accepted"] == 4 and summary["refused_503"] == 1

@@ -13,13 +13,13 @@ back through a wake-up socket: two hand-offs a turn, 14 against 9 context switch
     accept ─► ConnectionLoop: read the request line and the headers (http_headers.read_headers, as a request
               │               thread reads them)
               ├─ the fast path: POST /v1/traces, HTTP/1.1, application/x-protobuf, one Content-Length within the
-              │  limit, no Expect, the token, the service not refusing everything (503):
+              │  limit, no Expect, the token:
               │     read the body; admission (the engine behind: the request waits here, its connection unread,
-              │     and is asked again every ADMIT_POLL_S; 429 after admit_wait_s); at the end of the turn, every
-              │     body admitted: IngestService.ingest_now: decode (one pass), log (fsync), the answers; write
-              │     them, read the connections' next requests
-              └─ anything else (a GET, chunked or JSON bodies, a bad request, a 503 to give): the connection and
-                 the bytes read from it go to a request thread (http.Handler) for the rest of its life
+              │     and is asked again every ADMIT_POLL_S; 429 after admit_wait_s, 503 at once); at the end of the
+              │     turn, every body admitted: IngestService.ingest_now: decode (one pass), log (fsync), the
+              │     answers; write them, read the connections' next requests
+              └─ anything else (a GET, chunked or JSON bodies, a bad request): the connection and the bytes read
+                 from it go to a request thread (http.Handler) for the rest of its life
 
 The fast path answers exactly what a request thread answers for those requests (the same ExportTraceServiceResponse,
 the same errors: a malformed export 400 with a google.rpc.Status, 429/503 with Retry-After); anything it is not sure
@@ -27,8 +27,9 @@ of, it hands over. The deadlines are the request threads': an idle keep-alive co
 ``header_deadline_s``, a request line and headers must arrive within it, a body within ``body_deadline_s``, an
 answer must be taken within ``answer_deadline_s``.
 
-Waiting for admission is the loop's too, not a reason to hand a connection over: a saturated server's engine falls
-behind for moments (a checkpoint, a large batch), and a connection handed to a request thread is theirs for good;
+Admission is the loop's too, never a reason to hand a connection over: a saturated server's engine falls behind for
+moments (a checkpoint, a large batch), the log fills while the store is down, and a connection handed to a request
+thread is theirs for good;
 after a few seconds of saturation every export went through a request thread and the intake thread, with their
 hand-offs (1.35x the spans per CPU second once they wait here: medians of 3 rounds in turns, 20 s each).
 
@@ -291,8 +292,8 @@ class ConnectionLoop:
         Clients send the same head again and again but for its length (a client's exports differ in size), and
         reading the headers was a tenth of the loop's time under saturated load: the framing of a head is kept by
         its *shape*, the head with its ``Content-Length`` digits cut out, once :meth:`_shaped` has shown that the
-        length read from it is those digits whatever they are. Whether the service refuses everything (503) is asked
-        every request; waiting for the engine is :meth:`_submit`'s, once the body is read."""
+        length read from it is those digits whatever they are. Admission is :meth:`_submit`'s, once the body is read
+        (as a request thread reads it before it asks)."""
         head = bytes(conn.buf[:head_end])
         found = _LENGTH.search(head)
         if found is None:  # (an unusual head: read every time)
@@ -308,7 +309,7 @@ class ConnectionLoop:
                     self._shapes[shape] = kept
             length = int(found.group(1))
             framing = None if kept is None or length > self.service.options.max_body_bytes else (length, *kept)
-        if framing is None or self.service.unavailable():  # (a refusal for good: a request thread's, body and all)
+        if framing is None:
             return False
         conn.head_end, (conn.length, conn.gzipped, conn.asked_close) = head_end, framing
         conn.what, conn.due = "body", time.monotonic() + self.service.options.body_deadline_s

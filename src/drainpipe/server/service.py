@@ -328,12 +328,6 @@ class IngestService:
             raise self._refuse(status, why, retry_after)
         return False
 
-    def unavailable(self) -> bool:
-        """Whether a request would be refused now whatever it waited (503: shutting down, a store write failed for
-        good, the disk or the log full). Thread-safe; does not block; counts nothing."""
-        verdict = self._verdict()
-        return verdict is not None and verdict[0] != 429
-
     def _verdict(self) -> tuple[int, str, int] | None:
         """Why a request would be refused now, ``(status, message, Retry-After)``: 429 is the engine behind (worth
         waiting out); None: admitted."""
