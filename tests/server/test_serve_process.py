@@ -152,3 +152,27 @@ def test_the_serve_command_watches_its_heap_and_an_embedded_service_does_not(mon
         assembly.serve(assembly.ServeConfig(store_url="duckdb:///:memory:", durable=False, parsers=0,
                                             release_memory=True))  # fmt: skip
     assert "drainpipe-heap" not in {t.name for t in threading.enumerate()}
+
+
+def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_the_url_says_otherwise(
+    monkeypatch,
+) -> None:
+    """``serve``'s DuckDB store returns freed memory (LIVE_DUCKDB_OPTIONS, which DuckDB accepts: the store opens);
+    an option the URL sets is the URL's; a PostgreSQL URL is left as it is."""
+    from drainpipe.pipeline import duckdb_config
+    from drainpipe.server import assembly, http
+
+    opened: list[str] = []
+    real_open = assembly.open_store
+
+    def recording_open(url: str, **kw):
+        opened.append(url)
+        return real_open(url, **kw)
+
+    monkeypatch.setattr(assembly, "open_store", recording_open)
+    monkeypatch.setattr(http, "run_server", lambda service, *a, **k: service.close() or {})
+    for url in ("duckdb:///:memory:", "duckdb:///:memory:?allocator_flush_threshold=1GB&threads=1"):
+        assembly.serve(assembly.ServeConfig(store_url=url, durable=False, parsers=0, release_memory=False))
+    first, second = (duckdb_config(u) for u in opened)
+    assert first == assembly.LIVE_DUCKDB_OPTIONS
+    assert second == {"allocator_flush_threshold": "1GB", "threads": "1", "allocator_background_threads": "true"}

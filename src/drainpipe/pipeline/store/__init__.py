@@ -23,7 +23,7 @@ each:
 
 from __future__ import annotations
 
-from .duckdb_store import DuckDBStore, duckdb_path
+from .duckdb_store import DuckDBStore, duckdb_config, duckdb_path
 from .postgres_store import PostgresStore
 from .protocol import DEFAULT_STORE_URL, MergeReport, PurgeReport, SourceProgress, Store
 from .sql import SqlStore
@@ -38,6 +38,7 @@ __all__ = [
     "SqlStore",
     "DuckDBStore",
     "PostgresStore",
+    "duckdb_config",
     "duckdb_path",
     "is_new_store",
     "open_store",
