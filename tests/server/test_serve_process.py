@@ -159,6 +159,9 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
 ) -> None:
     """``serve``'s DuckDB store returns freed memory (LIVE_DUCKDB_OPTIONS, which DuckDB accepts: the store opens);
     an option the URL sets is the URL's; a PostgreSQL URL is left as it is."""
+    import pytest
+
+    from drainpipe.errors import StoreError
     from drainpipe.pipeline import duckdb_config
     from drainpipe.server import assembly, http
 
@@ -167,6 +170,8 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
 
     def recording_open(url: str, **kw):
         opened.append(url)
+        if url.startswith("postgresql:"):  # (no server here: what it was asked to open is the point)
+            raise StoreError("not opened")
         return real_open(url, **kw)
 
     monkeypatch.setattr(assembly, "open_store", recording_open)
@@ -176,3 +181,7 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
     first, second = (duckdb_config(u) for u in opened)
     assert first == assembly.LIVE_DUCKDB_OPTIONS
     assert second == {"allocator_flush_threshold": "1GB", "threads": "1", "allocator_background_threads": "true"}
+    postgres = "postgresql://drainpipe@localhost:1/metrics"
+    with pytest.raises(StoreError):
+        assembly.serve(assembly.ServeConfig(store_url=postgres, durable=False, parsers=0, release_memory=False))
+    assert opened[-1] == postgres

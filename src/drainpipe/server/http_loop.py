@@ -29,9 +29,9 @@ answer must be taken within ``answer_deadline_s``.
 
 Admission is the loop's too, never a reason to hand a connection over: a saturated server's engine falls behind for
 moments (a checkpoint, a large batch), the log fills while the store is down, and a connection handed to a request
-thread is theirs for good;
-after a few seconds of saturation every export went through a request thread and the intake thread, with their
-hand-offs (1.35x the spans per CPU second once they wait here: medians of 3 rounds in turns, 20 s each).
+thread is theirs for good. Handed over for that, after a few seconds of saturation every export went through a
+request thread and the intake thread, with their hand-offs (1.35x the spans per CPU second once they wait here:
+medians of 3 rounds in turns, 20 s each).
 
 Thread-safety: the loop's state is its own thread's; :meth:`ConnectionLoop.stop` from another thread sets the
 stop flag and writes a byte to the wake socket.
@@ -401,6 +401,8 @@ class ConnectionLoop:
 
     def _admit_waiting(self) -> None:
         """Ask again for the requests waiting for admission (in the order they came)."""
+        if not self._waiting:  # (every turn: nothing made for none)
+            return
         waiting, self._waiting = self._waiting, []
         for conn in waiting:
             if conn in self._conns:
