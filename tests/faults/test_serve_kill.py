@@ -202,12 +202,19 @@ def _replay_log(tmp_path: Path, source: tuple[Path, int]) -> tuple[str, Books, i
     return f"duckdb:///{tmp_path / 'serve.duckdb'}", books, end
 
 
+#: each engine batch of a replay is fed this late (serve_slow_feed_child.py): the log's ten batches take 5 s or more
+REPLAY_FEED_PAUSE_S = 0.5
+
+
 def _mid_replay(url: str, wal: Path, end: int, *extra: str) -> Any:
-    """A server started on the log, returned once its replay is part done (seen in /v1/stats)."""
+    """A server started on the log, returned once its replay is part done (seen in /v1/stats), with seconds of it
+    still to feed: each batch is fed REPLAY_FEED_PAUSE_S late (at full speed the replay took a second on CI's
+    machine, and a SIGTERM sent once it was seen half done arrived after it had ended)."""
     # commits every 50 ms: with the default 2 s a fast run fed the whole replay before the first periodic commit,
     # and committed jumped from 0 to the end (nothing half done to stop). Each request has a service of its own, so
     # the guard must keep them all (a restarted process sees them anew: more than the default 10,000 if the log grew)
-    proc, base = start_serve(url, str(wal), "--checkpoint-s", "0.05", *extra)
+    program = (str(HERE / "serve_slow_feed_child.py"), str(REPLAY_FEED_PAUSE_S))
+    proc, base = start_serve(url, str(wal), "--checkpoint-s", "0.05", *extra, program=program)
     deadline = time.monotonic() + 60
     while True:
         with urllib.request.urlopen(base + "/v1/stats", timeout=10) as r:
