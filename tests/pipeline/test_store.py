@@ -71,6 +71,23 @@ def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         assert ordered.backend.fetchall("SELECT current_setting('preserve_insertion_order')") == [(True,)]
 
 
+def test_a_live_store_url_adds_the_allocator_options_duckdb_takes_and_keeps_those_the_url_sets(
+    tmp_path: Path,
+) -> None:
+    """``live_store_url`` (serve and consume open their store through it): DuckDB takes its options (the store
+    opens, the settings read back), an option the URL sets stays the URL's, and other URLs are left as they are."""
+    from drainpipe.pipeline import LIVE_DUCKDB_OPTIONS, duckdb_config, live_store_url
+
+    url = live_store_url(f"duckdb:///{tmp_path / 'live.duckdb'}")
+    assert duckdb_config(url) == LIVE_DUCKDB_OPTIONS
+    with open_store(url) as live:
+        assert live.backend.fetchall("SELECT current_setting('allocator_background_threads')") == [(True,)]
+    given = live_store_url("duckdb:///x.duckdb?allocator_flush_threshold=1GB&threads=1")
+    assert duckdb_config(given) == {"allocator_flush_threshold": "1GB", "threads": "1",
+                                    "allocator_background_threads": "true"}  # fmt: skip
+    assert live_store_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
 def test_a_merge_out_of_memory_under_the_urls_limit_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DuckDB's out-of-memory inside a merge (the store URL's ``memory_limit`` too small for it) reaches the caller
     as DuckDB says it. The merge's deletes read the staged keys; run as a query over an Arrow relation, such a

@@ -162,7 +162,7 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
     import pytest
 
     from drainpipe.errors import StoreError
-    from drainpipe.pipeline import duckdb_config
+    from drainpipe.pipeline import LIVE_DUCKDB_OPTIONS, duckdb_config
     from drainpipe.server import assembly, http
 
     opened: list[str] = []
@@ -179,7 +179,7 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
     for url in ("duckdb:///:memory:", "duckdb:///:memory:?allocator_flush_threshold=1GB&threads=1"):
         assembly.serve(assembly.ServeConfig(store_url=url, durable=False, parsers=0, release_memory=False))
     first, second = (duckdb_config(u) for u in opened)
-    assert first == assembly.LIVE_DUCKDB_OPTIONS
+    assert first == LIVE_DUCKDB_OPTIONS
     assert second == {"allocator_flush_threshold": "1GB", "threads": "1", "allocator_background_threads": "true"}
     postgres = "postgresql://drainpipe@localhost:1/metrics"
     with pytest.raises(StoreError):

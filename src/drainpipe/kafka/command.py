@@ -50,7 +50,7 @@ def consume(
     :class:`~drainpipe.errors.InputError` when a partition could not be rewound (the member stopped: the others
     read its partitions from the store's offsets)."""
     from ..inputs import DeadLetter, default_dead_letter
-    from ..pipeline import LocalEngine, open_store
+    from ..pipeline import LocalEngine, live_store_url, open_store
     from ..server import serve_engine_options
     from ..server.disk import DiskWatch, store_directory
     from ..server.instrumented import InstrumentedStore
@@ -59,7 +59,7 @@ def consume(
     from .member import GroupMember
 
     try:
-        store = open_store(store_url)
+        store = open_store(live_store_url(store_url))  # DuckDB's allocator returning freed memory
     except StoreError as exc:
         if store_url.startswith("duckdb:") and "lock" in str(exc).lower():
             raise UsageError(f"{exc} (a DuckDB file has one writer: several members of a group need a PostgreSQL "

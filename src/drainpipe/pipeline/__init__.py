@@ -81,6 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
     from .state_table import STATE_TABLE_SCHEMA, from_state_table, from_topn_table, to_state_table, to_topn_table
     from .store import (
         DEFAULT_STORE_URL,
+        LIVE_DUCKDB_OPTIONS,
         DuckDBStore,
         MergeReport,
         PostgresStore,
@@ -91,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers: the names as if impor
         duckdb_config,
         duckdb_path,
         is_new_store,
+        live_store_url,
         open_store,
     )
     from .strings import string_values
@@ -155,6 +157,7 @@ _HOMES = {
     **dict.fromkeys(
         [
             "DEFAULT_STORE_URL",
+            "LIVE_DUCKDB_OPTIONS",
             "DuckDBStore",
             "SourceProgress",
             "MergeReport",
@@ -165,6 +168,7 @@ _HOMES = {
             "duckdb_config",
             "duckdb_path",
             "is_new_store",
+            "live_store_url",
             "open_store",
         ],
         "store",
@@ -242,6 +246,8 @@ __all__ = [
     "generate_events",
     "is_new_store",
     "iso_from_ms",
+    "live_store_url",
+    "LIVE_DUCKDB_OPTIONS",
     "merge",
     "ms_from_bucket",
     "normalize",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from ..pipeline import DEFAULT_STORE_URL, Definitions, default_definitions, duckdb_config, duckdb_path, open_store
+from ..pipeline import DEFAULT_STORE_URL, Definitions, default_definitions, duckdb_path, live_store_url, open_store
 from ..processes import HeapWatch, usable_cpus
 from .bodies import BodyDecoder
 from .service import IngestService, ServiceOptions, serve_engine_options
@@ -56,12 +56,6 @@ class ServeConfig:
 #: not 0.05: each look is a wake-up of its own (3.5 of an idle ``serve``'s 21 ms of CPU a second at 0.05)
 HEAP_STEP_BYTES = 16 << 20
 HEAP_EVERY_S = 0.1
-#: DuckDB's allocator in ``serve``'s process, unless the store URL sets these options itself: its background
-#: threads return freed memory to the system, and it keeps at most 4 MB freed before it does (128 MB by default).
-#: A memory profile of a saturated ``serve`` (memray, at its peak) found 61 MB in DuckDB's allocator and 15 MB in
-#: its Arrow results; with these, the peak PSS was 280-284 MB against 288-302 (3 rounds of 40 s in turns) at 0.99x
-#: the spans per CPU second (docs/performance.md, "The fast path kept under back-pressure, one receive buffer")
-LIVE_DUCKDB_OPTIONS = {"allocator_background_threads": "true", "allocator_flush_threshold": "4MB"}
 
 
 def build_service(config: ServeConfig) -> IngestService:
@@ -71,24 +65,13 @@ def build_service(config: ServeConfig) -> IngestService:
     decoder = BodyDecoder(parsers)
     try:
         event_log = _open_log(config)
-        store = open_store(_live_store_url(config.store_url))
+        store = open_store(live_store_url(config.store_url))
     except BaseException:
         decoder.close()
         raise
     engine = serve_engine_options(slow_handler_ms=max(1, round(config.slow_handler_s * 1000)))
     return IngestService(config.definitions, store, log=event_log, store_url=_display_url(config.store_url),
                          options=config.options, engine_options=engine, decoder=decoder)  # fmt: skip
-
-
-def _live_store_url(url: str) -> str:
-    """``url`` with :data:`LIVE_DUCKDB_OPTIONS` for a DuckDB store (those the URL does not set)."""
-    if not url.strip().lower().startswith("duckdb:"):
-        return url
-    given = duckdb_config(url)
-    extra = "&".join(f"{k}={v}" for k, v in LIVE_DUCKDB_OPTIONS.items() if k not in given)
-    if not extra:
-        return url
-    return f"{url}{'&' if '?' in url else '?'}{extra}"
 
 
 def serve(config: ServeConfig, announce: Callable[[str], Any] = print) -> dict[str, Any]:

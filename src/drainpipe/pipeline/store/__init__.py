@@ -23,7 +23,7 @@ each:
 
 from __future__ import annotations
 
-from .duckdb_store import DuckDBStore, duckdb_config, duckdb_path
+from .duckdb_store import LIVE_DUCKDB_OPTIONS, DuckDBStore, duckdb_config, duckdb_path, live_store_url
 from .postgres_store import PostgresStore
 from .protocol import DEFAULT_STORE_URL, MergeReport, PurgeReport, SourceProgress, Store
 from .sql import SqlStore
@@ -31,6 +31,7 @@ from .urls import is_new_store, open_store
 
 __all__ = [
     "DEFAULT_STORE_URL",
+    "LIVE_DUCKDB_OPTIONS",
     "MergeReport",
     "PurgeReport",
     "SourceProgress",
@@ -41,5 +42,6 @@ __all__ = [
     "duckdb_config",
     "duckdb_path",
     "is_new_store",
+    "live_store_url",
     "open_store",
 ]
