@@ -88,6 +88,20 @@ def test_a_live_store_url_adds_the_allocator_options_duckdb_takes_and_keeps_thos
     assert live_store_url("postgresql://u@h/db") == "postgresql://u@h/db"
 
 
+def test_a_live_store_url_leaves_out_an_option_the_installed_duckdb_does_not_know(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB 1.0 (which the project accepts) has no ``allocator_background_threads``: an option the installed DuckDB
+    does not know is left out, so the live commands still open their store (DuckDB refuses an unknown option)."""
+    from drainpipe.pipeline.store import duckdb_store
+
+    options = {**duckdb_store.LIVE_DUCKDB_OPTIONS, "no_such_option_of_duckdb": "1"}
+    monkeypatch.setattr(duckdb_store, "LIVE_DUCKDB_OPTIONS", options)
+    url = duckdb_store.live_store_url(f"duckdb:///{tmp_path / 'old.duckdb'}")
+    assert duckdb_store.duckdb_config(url) == {k: v for k, v in options.items() if k.startswith("allocator_")}
+    open_store(url).close()
+
+
 def test_a_merge_out_of_memory_under_the_urls_limit_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DuckDB's out-of-memory inside a merge (the store URL's ``memory_limit`` too small for it) reaches the caller
     as DuckDB says it. The merge's deletes read the staged keys; run as a query over an Arrow relation, such a

@@ -154,14 +154,9 @@ def test_the_serve_command_watches_its_heap_and_an_embedded_service_does_not(mon
     assert "drainpipe-heap" not in {t.name for t in threading.enumerate()}
 
 
-def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_the_url_says_otherwise(
-    monkeypatch,
-) -> None:
-    """``serve``'s DuckDB store returns freed memory (LIVE_DUCKDB_OPTIONS, which DuckDB accepts: the store opens);
-    an option the URL sets is the URL's; a PostgreSQL URL is left as it is."""
-    import pytest
-
-    from drainpipe.errors import StoreError
+def test_serve_opens_its_store_through_live_store_url(monkeypatch) -> None:
+    """``serve``'s DuckDB store returns freed memory: it is opened with LIVE_DUCKDB_OPTIONS, which DuckDB accepts
+    (the store opens). What ``live_store_url`` adds and keeps is its own test's (tests/pipeline/test_store.py)."""
     from drainpipe.pipeline import LIVE_DUCKDB_OPTIONS, duckdb_config
     from drainpipe.server import assembly, http
 
@@ -170,18 +165,9 @@ def test_serve_opens_a_duckdb_store_with_its_allocator_returning_memory_unless_t
 
     def recording_open(url: str, **kw):
         opened.append(url)
-        if url.startswith("postgresql:"):  # (no server here: what it was asked to open is the point)
-            raise StoreError("not opened")
         return real_open(url, **kw)
 
     monkeypatch.setattr(assembly, "open_store", recording_open)
     monkeypatch.setattr(http, "run_server", lambda service, *a, **k: service.close() or {})
-    for url in ("duckdb:///:memory:", "duckdb:///:memory:?allocator_flush_threshold=1GB&threads=1"):
-        assembly.serve(assembly.ServeConfig(store_url=url, durable=False, parsers=0, release_memory=False))
-    first, second = (duckdb_config(u) for u in opened)
-    assert first == LIVE_DUCKDB_OPTIONS
-    assert second == {"allocator_flush_threshold": "1GB", "threads": "1", "allocator_background_threads": "true"}
-    postgres = "postgresql://drainpipe@localhost:1/metrics"
-    with pytest.raises(StoreError):
-        assembly.serve(assembly.ServeConfig(store_url=postgres, durable=False, parsers=0, release_memory=False))
-    assert opened[-1] == postgres
+    assembly.serve(assembly.ServeConfig(store_url="duckdb:///:memory:", durable=False, parsers=0, release_memory=False))
+    assert [duckdb_config(u) for u in opened] == [LIVE_DUCKDB_OPTIONS]

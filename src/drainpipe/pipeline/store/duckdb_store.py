@@ -6,6 +6,7 @@ ever retried: every DuckDB error is :class:`~drainpipe.errors.StoreError`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.parse
@@ -232,13 +233,24 @@ def duckdb_config(url: str) -> dict[str, str]:
 LIVE_DUCKDB_OPTIONS = {"allocator_background_threads": "true", "allocator_flush_threshold": "4MB"}
 
 
+@functools.cache
+def _duckdb_settings() -> frozenset[str]:
+    """The configuration options the installed DuckDB knows (asked once a process, of an in-memory database)."""
+    import duckdb
+
+    with duckdb.connect(":memory:") as con:
+        return frozenset(name for (name,) in con.execute("SELECT name FROM duckdb_settings()").fetchall())
+
+
 def live_store_url(url: str) -> str:
-    """``url`` with :data:`LIVE_DUCKDB_OPTIONS` for a DuckDB store (those the URL does not set); any other store URL
-    as it is. Raises :class:`~drainpipe.errors.StoreError` for a DuckDB URL whose options do not parse."""
+    """``url`` with :data:`LIVE_DUCKDB_OPTIONS` for a DuckDB store (those the URL does not set, and only those the
+    installed DuckDB knows: ``allocator_background_threads`` came with DuckDB 1.1, and the project accepts 1.0, whose
+    open would refuse it); any other store URL as it is. Raises :class:`~drainpipe.errors.StoreError` for a DuckDB
+    URL whose options do not parse."""
     if not url.strip().lower().startswith("duckdb:"):
         return url
-    given = duckdb_config(url)
-    extra = "&".join(f"{k}={v}" for k, v in LIVE_DUCKDB_OPTIONS.items() if k not in given)
+    given, known = duckdb_config(url), _duckdb_settings()
+    extra = "&".join(f"{k}={v}" for k, v in LIVE_DUCKDB_OPTIONS.items() if k not in given and k in known)
     if not extra:
         return url
     return f"{url}{'&' if '?' in url else '?'}{extra}"
