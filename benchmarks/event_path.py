@@ -253,7 +253,9 @@ def main() -> None:
         from compare_commits import worktree
 
         trees = {"base": worktree(args.base, Path(args.work or tempfile.mkdtemp(prefix="drainpipe-path-"))), **trees}
-    result: dict[str, Any] = {"trees": {k: str(v) for k, v in trees.items()}, "sources": {}}
+    commits = {k: subprocess.run(["git", "-C", str(v), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip() for k, v in trees.items()}  # fmt: skip
+    result: dict[str, Any] = {"trees": {k: str(v) for k, v in trees.items()}, "commits": commits, "sources": {}}
     for source in args.sources.split(","):
         result["sources"][source] = {side: measure(tree, source) for side, tree in trees.items()}
     print(f"{'source':<10} " + " ".join(f"{side + ' modules':>14} {side + ' fns':>9}" for side in trees))
