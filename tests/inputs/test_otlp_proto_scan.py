@@ -136,3 +136,79 @@ def test_the_endpoint_column_is_gathered_from_its_distinct_values_by_code() -> N
             scanner.gather(np.array([-1], np.int32).tobytes(), ["a"])
         with pytest.raises(TypeError, match="must be str"):
             scanner.gather(np.array([0], np.int32).tobytes(), [b"a"])
+
+
+def _varint(n: int, width: int = 0) -> bytes:
+    """``n`` as a protobuf varint, padded to ``width`` bytes with continuation bytes (a longer encoding of the same
+    value, as protobuf's grammar allows and upb refuses past 5 bytes for a tag or a length)."""
+    out = bytearray()
+    while True:
+        out.append(n & 0x7F)
+        n >>= 7
+        if not n:
+            break
+    while len(out) < width:
+        out.append(0)
+    return bytes(b | 0x80 for b in out[:-1]) + bytes(out[-1:])
+
+
+def test_tags_and_lengths_longer_than_upb_reads_are_declined_and_judged_by_it() -> None:
+    """The pass reads a varint of up to 10 bytes; upb reads a tag or a length in at most 5 and refuses the export
+    otherwise. A tag or a length in 6 bytes or more is declined, so the reference judges it (and refuses it)."""
+    export = ExportTraceServiceRequest()
+    span = export.resource_spans.add().scope_spans.add().spans.add()
+    span.CopyFrom(Span(trace_id=bytes(range(16)), span_id=bytes(8), name="GET /x", kind=Span.SPAN_KIND_SERVER,
+                       start_time_unix_nano=10**18, end_time_unix_nano=10**18 + 5_000_000))  # fmt: skip
+    wire = export.SerializeToString()
+    assert wire[0] == 0x0A  # resource_spans: field 1, length-delimited
+    n, at = 0, 1
+    for shift in range(0, 64, 7):
+        n |= (wire[at] & 0x7F) << shift
+        at += 1
+        if not wire[at - 1] & 0x80:
+            break
+    payload = wire[at:]
+    assert len(payload) == n
+    for width in range(1, 11):
+        for padded in (_varint(0x0A, width) + _varint(n) + payload, b"\x0a" + _varint(n, width) + payload):
+            declined = _same([padded])
+            batch, rejects = decode_proto_exports([padded], OPTIONS)
+            if width <= 5:
+                assert (declined, batch.requests, rejects) == ([], 1, []), width
+            else:
+                assert declined == [0] and batch.requests == 0 and len(rejects) == 1, width
+
+
+def _nested(depth: int, kvlist: bool) -> Any:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    value = AnyValue(string_value="x")
+    for _ in range(depth):
+        outer = AnyValue()
+        if kvlist:
+            outer.kvlist_value.values.add(key="k").value.CopyFrom(value)
+        else:
+            outer.array_value.values.add().CopyFrom(value)
+        value = outer
+    return value
+
+
+@pytest.mark.parametrize("where", ["resource", "scope", "span", "event", "link"])
+def test_values_nested_up_to_and_past_upbs_depth_limit_give_the_reference_result(where: str) -> None:
+    """upb refuses an export nested more than 100 messages deep; a kvlist level is three messages, an array level
+    two, and an event's or a link's attributes start deepest. The pass declines before that depth everywhere."""
+    taken = []
+    for kvlist, deepest in ((True, 36), (False, 52)):
+        for depth in range(1, deepest):
+            export = ExportTraceServiceRequest()
+            rs = export.resource_spans.add()
+            ss = rs.scope_spans.add()
+            span = ss.spans.add(trace_id=bytes(range(16)), span_id=bytes(8), name="GET /x", kind=Span.SPAN_KIND_SERVER,
+                                start_time_unix_nano=1, end_time_unix_nano=2)  # fmt: skip
+            owner = {"resource": lambda: rs.resource.attributes, "scope": lambda: ss.scope.attributes,
+                     "span": lambda: span.attributes, "event": lambda: span.events.add(name="e").attributes,
+                     "link": lambda: span.links.add(trace_id=bytes(16), span_id=bytes(8)).attributes}[where]()  # fmt: skip
+            owner.add(key="deep").value.CopyFrom(_nested(depth, kvlist))
+            if not _same([export.SerializeToString()]):
+                taken.append((kvlist, depth))
+    assert (True, 1) in taken and (False, 1) in taken  # the pass takes what nests little

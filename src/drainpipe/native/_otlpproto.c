@@ -15,14 +15,16 @@
  * and declines the others, export by export, and the caller decodes a declined export with the reference (which
  * accepts it, or rejects it with its reason). An export is accepted only when all of these hold:
  *   - the wire format is sound: every tag has a field number > 0 and a wire type of 0, 1, 2 or 5 (groups
- *     decline), varints end within 10 bytes, lengths stay within their message;
+ *     decline), varints end within 10 bytes, tags and lengths within 5 (upb refuses longer ones: MAX_TAG_LEN),
+ *     lengths stay within their message;
  *   - every field of the OTLP trace messages has its schema's wire type (protobuf would read a field of another
  *     wire type as an unknown one: it declines), and a singular field this pass reads (or must merge: a resource, a
  *     status, a value) appears at most once; an AnyValue has at most one member (protobuf keeps the last);
  *     Resource.entity_refs declines; unknown field numbers are skipped, as protobuf skips them;
  *   - every string field, read or not, is valid UTF-8 (protobuf refuses the export otherwise);
  *   - an enum (kind, status code) is an int32 varint (sign-extended to 10 bytes when negative);
- *   - nesting of array and kvlist values is at most MAX_DEPTH deep.
+ *   - nesting of array and kvlist values is at most MAX_DEPTH deep (upb refuses an export nested more than 100
+ *     messages deep: see MAX_DEPTH).
  * What it returns per accepted export is what ptars reads from the projection of inputs/span_columns.py: its
  * resources (attributes into the resource pool; an absent resource has none) and its spans in export order
  * (export, resource, kind, start, end, status code (0 without a status), trace and span ids as bytes, name, trace
@@ -31,7 +33,12 @@
  */
 #include "_spanevents.h"
 
-#define MAX_DEPTH 32
+/* upb refuses an export whose messages nest more than 100 deep. A kvlist level is three messages (AnyValue,
+ * KeyValueList, KeyValue), an array level two, and an event's or a link's attribute values start six below the
+ * export: 6 + 3 * 30 leaves room, and no exporter nests values a tenth as deep. */
+#define MAX_DEPTH 30
+/* upb reads a tag or a length in at most 5 bytes (a 32-bit varint) and refuses the export otherwise. */
+#define MAX_TAG_LEN 5
 
 /* A message being read, and where the whole scan stands. */
 typedef struct {
@@ -74,7 +81,10 @@ static inline int
 tag(Msg *m, uint32_t *field, int *wire)
 {
     uint64_t t;
+    const unsigned char *start = m->p;
     TRY(varint(m, &t));
+    if (m->p - start > MAX_TAG_LEN)
+        return 1;
     *field = (uint32_t)(t >> 3);
     *wire = (int)(t & 7);
     if (*field == 0 || t >> 32)
@@ -87,8 +97,9 @@ static inline int
 sub(Msg *m, Msg *into)
 {
     uint64_t n;
+    const unsigned char *start = m->p;
     TRY(varint(m, &n));
-    if (n > (uint64_t)(m->end - m->p))
+    if (m->p - start > MAX_TAG_LEN || n > (uint64_t)(m->end - m->p))
         return 1;
     into->p = m->p;
     into->end = m->p + n;
