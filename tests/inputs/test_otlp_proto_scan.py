@@ -205,9 +205,16 @@ def test_values_nested_up_to_and_past_upbs_depth_limit_give_the_reference_result
             ss = rs.scope_spans.add()
             span = ss.spans.add(trace_id=bytes(range(16)), span_id=bytes(8), name="GET /x", kind=Span.SPAN_KIND_SERVER,
                                 start_time_unix_nano=1, end_time_unix_nano=2)  # fmt: skip
-            owner = {"resource": lambda: rs.resource.attributes, "scope": lambda: ss.scope.attributes,
-                     "span": lambda: span.attributes, "event": lambda: span.events.add(name="e").attributes,
-                     "link": lambda: span.links.add(trace_id=bytes(16), span_id=bytes(8)).attributes}[where]()  # fmt: skip
+            if where == "resource":
+                owner = rs.resource.attributes
+            elif where == "scope":
+                owner = ss.scope.attributes
+            elif where == "span":
+                owner = span.attributes
+            elif where == "event":
+                owner = span.events.add(name="e").attributes
+            else:
+                owner = span.links.add(trace_id=bytes(16), span_id=bytes(8)).attributes
             owner.add(key="deep").value.CopyFrom(_nested(depth, kvlist))
             if not _same([export.SerializeToString()]):
                 taken.append((kvlist, depth))

@@ -75,3 +75,14 @@ def test_records_read_beyond_a_full_batch_start_the_next_one(monkeypatch) -> Non
     requests = [b.requests for b in seen]
     assert sum(requests) == per * exports
     assert requests[:-1] == [(COALESCE_EVENTS // per) * per] * (len(requests) - 1)
+
+
+def test_batches_stay_within_their_bytes_whatever_their_counts(monkeypatch) -> None:
+    """Records join into one engine batch: their bytes are bounded too (two records of a request's largest events
+    could pass Arrow's 2 GiB of text in a column), here made small; every request still fed, once, in order."""
+    per = 1_000
+    one = export(per, 0).rows.nbytes
+    monkeypatch.setattr(feeder_module, "COALESCE_BYTES", 3 * one)
+    seen = fed([export(per, 0) for _ in range(10)], monkeypatch)
+    assert [b.requests for b in seen] == [3 * per, 3 * per, 3 * per, per]
+    assert all(b.rows.nbytes <= 3 * one for b in seen)

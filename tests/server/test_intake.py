@@ -33,12 +33,12 @@ class _Log:
         self.entered = threading.Event()
         self.fail: BaseException | None = None
 
-    def append(self, batch: EventBatch) -> int:
+    def append(self, *batches: EventBatch) -> int:
         self.entered.set()
         self.gate.wait(10)
         if self.fail is not None:
             raise self.fail
-        self.records.append(batch)
+        self.records += batches
         return len(self.records)
 
 
@@ -231,10 +231,10 @@ def test_the_bodies_of_a_group_are_decoded_in_one_call_beside_the_other_work_and
     only; the other work of the group runs as before; one record holds the events of both."""
     log, calls = _Log(), []
 
-    def decode_group(bodies: list[Body]) -> tuple[EventBatch, list]:
+    def decode_group(bodies: list[Body]) -> tuple[list[EventBatch], list]:
         calls.append([b.data for b in bodies])
         outcomes: list = [BadBody(400, "bad") if b.data == b"bad" else Decoded(int(b.data), [], ()) for b in bodies]
-        return _batch(5, sum(o.accepted for o in outcomes if isinstance(o, Decoded))), outcomes
+        return [_batch(5, sum(o.accepted for o in outcomes if isinstance(o, Decoded)))], outcomes
 
     intake = GroupIntake(log.append, decode_group=decode_group)
     try:
@@ -253,7 +253,7 @@ def test_a_pass_that_fails_fails_its_bodies_requests_only_and_the_rest_of_the_gr
     logged, and the intake serves on."""
     log = _Log()
 
-    def broken(bodies: list[Body]) -> tuple[EventBatch, list]:
+    def broken(bodies: list[Body]) -> tuple[list[EventBatch], list]:
         raise MemoryError("the pass")
 
     intake = GroupIntake(log.append, decode_group=broken)
@@ -265,3 +265,29 @@ def test_a_pass_that_fails_fails_its_bodies_requests_only_and_the_rest_of_the_gr
         assert intake.submit(lambda: (_batch(2, 1), [])).accepted == 1  # it serves on
     finally:
         intake.close()
+
+
+def test_a_group_past_the_record_bound_is_logged_as_several_records_in_one_append(monkeypatch) -> None:
+    """A group's events join into one record up to RECORD_BYTES (the log takes at most 1 GiB a record; Arrow 2 GiB
+    of text a column): past it, several records, in order, in one append call (one group commit: all or none)."""
+    from drainpipe.server import intake as intake_module
+
+    one = _batch(0, 100).rows.nbytes
+    monkeypatch.setattr(intake_module, "RECORD_BYTES", 2 * one)
+    calls: list[int] = []
+    log = _Log()
+    plain = log.append
+
+    def append(*batches: EventBatch) -> int:
+        calls.append(len(batches))
+        return plain(*batches)
+
+    intake = GroupIntake(append)
+    try:
+        results = _behind_an_append(intake, log, [lambda i=i: (_batch(i, 100), []) for i in range(5)])
+    finally:
+        intake.close()
+    assert calls == [1, 3]  # the five requests' group: records of 2, 2 and 1 batches, one call
+    assert [b.num_rows for b in log.records[1:]] == [200, 200, 100]
+    assert _services(log.records[1:]) == sorted(f"s{i}" for i in range(5) for _ in range(100))
+    assert all(results[i] == (100, [], ()) for i in range(5))

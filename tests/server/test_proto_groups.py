@@ -86,7 +86,8 @@ def _whole_groups(rng: random.Random) -> int:
         spans = SpanMapping(trace_ids=n % 3 == 0)
         bodies = [_body(rng, clean) for _ in range(rng.randrange(1, 9))]
         max_events = rng.choice([1, 2, 10_000, 10_000])  # (the exports the pass takes hold 1-3 events)
-        batch, outcomes = decode_proto_bodies(bodies, max_decoded=MAX_DECODED, max_events=max_events, spans=spans)
+        batches, outcomes = decode_proto_bodies(bodies, max_decoded=MAX_DECODED, max_events=max_events, spans=spans)
+        batch = EventBatch.join(batches)
         ref_batch, ref = _alone(bodies, max_events, spans)
         got = [(o.status, o.message) if isinstance(o, BadBody) else o for o in outcomes]
         assert got == ref, bodies
@@ -102,3 +103,46 @@ def _endpoints() -> Any:
     from drainpipe.inputs.endpoints import EndpointRules
 
     return EndpointRules()
+
+
+def _export(spans: int, service: str) -> bytes:
+    """One export of ``spans`` SERVER spans of one resource whose service name is ``service``."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = service
+    scope = resource.scope_spans.add()
+    for i in range(spans):
+        scope.spans.add(trace_id=(i + 1).to_bytes(16, "big"), span_id=(i + 1).to_bytes(8, "big"), name="GET /x",
+                        kind=2, start_time_unix_nano=10**18, end_time_unix_nano=10**18 + 1_000_000)  # fmt: skip
+    return request.SerializeToString()
+
+
+def test_a_body_whose_events_pass_2_gib_of_text_is_413_and_the_rest_of_its_group_is_logged() -> None:
+    """An 11 MB export repeating an 11 KB service name on each of 200,000 spans asks for 2.2 GB of service text in
+    one column: the C pass refuses to wrap its 32-bit offsets (OverflowError), the group is decoded a body at a
+    time, and that body alone is answered 413; its neighbours' events are kept, none dropped (the reviewer's case
+    was three such bodies failing the whole group, and a join past 2 GiB keeping its first chunk only)."""
+    small = _export(3, "small")
+    big = _export(200_000, "s" * 11_000)
+    batches, outcomes = decode_proto_bodies([(small, False), (big, False), (small, False)],
+                                            max_decoded=64 << 20, max_events=200_000)  # fmt: skip
+    assert isinstance(outcomes[1], BadBody) and outcomes[1].status == 413, outcomes[1]
+    assert "too large" in outcomes[1].message
+    assert [o.accepted for o in (outcomes[0], outcomes[2])] == [3, 3]
+    assert sum(b.requests for b in batches) == 6 and {s for b in batches for s in b.rows["service"].to_pylist()} == {
+        "small"
+    }
+
+
+def test_a_body_whose_events_pass_the_request_bound_is_413_alone_in_its_group(monkeypatch) -> None:
+    """A request's events are bounded (MAX_EVENT_BYTES, under the log's 1 GiB record): here made small, a group
+    whose pass is over it is decoded a body at a time, and only the body over it alone is answered 413."""
+    small, large = _export(3, "a"), _export(3, "b" * 2_000)
+    monkeypatch.setattr(bodies_module, "MAX_EVENT_BYTES", 3_000)
+    batches, outcomes = decode_proto_bodies([(small, False), (large, False), (small, False)],
+                                            max_decoded=64 << 20, max_events=200_000)  # fmt: skip
+    assert [getattr(o, "status", None) for o in outcomes] == [None, 413, None]
+    assert "more than 3,000" in outcomes[1].message
+    assert sum(b.requests for b in batches) == 6

@@ -173,6 +173,55 @@ def test_the_byte_budget_refuses_with_log_full(tmp_path: Path) -> None:
     log.close()
 
 
+def test_a_record_larger_than_opening_the_log_reads_is_refused_not_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a log cuts a record longer than MAX_RECORD as damage, so append refuses one (here MAX_RECORD is made
+    small): an acknowledged record is never one that the next start would cut."""
+    log = WriteAheadLog(tmp_path)
+    log.append(batch(10, 1))
+    small = len(b"".join(bytes(p) for p in batch(10, 2).encode_parts()))
+    monkeypatch.setattr(wal_module, "MAX_RECORD", small + 100)
+    with pytest.raises(LogFull, match="larger than the log takes"):
+        log.append(batch(10, 2), batch(1000, 3))  # all or none: the small one is not logged either
+    end = log.append(batch(10, 4))
+    log.close()
+    reopened = WriteAheadLog(tmp_path)
+    assert reopened.repair.bytes == 0 and reopened.end == end and tags(read_all(reopened)) == ["s1", "s4"]
+    reopened.close()
+
+
+def test_batches_appended_together_are_records_of_one_group_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """append(a, b, c) writes a record each, in order, with one write and one fsync; a failed write fails all."""
+    log = WriteAheadLog(tmp_path)
+    syncs = [0]
+    real_sync = os.fdatasync
+
+    def counted(fd: int) -> None:
+        syncs[0] += 1
+        real_sync(fd)
+
+    def broken(fd: int, buffers, offset: int) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(wal_module.os, "fdatasync", counted)
+    end = log.append(batch(10, 1), batch(20, 2), batch(30, 3))
+    assert syncs[0] == 1 and end == log.end
+    records = read_all(log)
+    assert tags(records) == ["s1", "s2", "s3"] and [b.num_rows for _, b in records] == [10, 20, 30]
+    assert records[-1][0] == end
+    monkeypatch.setattr(wal_module.os, "pwritev", broken)
+    with pytest.raises(LogFull, match="I/O error"):
+        log.append(batch(10, 4), batch(10, 5))
+    assert log.end == end
+    log.close()
+    memory = MemoryLog()
+    memory.append(batch(10, 1), batch(20, 2))
+    assert tags(read_all(memory)) == ["s1", "s2"]
+
+
 def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

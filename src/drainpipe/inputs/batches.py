@@ -80,7 +80,8 @@ class EventBatch:
 
     @classmethod
     def join(cls, batches: Sequence[EventBatch]) -> EventBatch:
-        """One batch: the requests of all, then the exit rows of all (none: an empty batch)."""
+        """One batch: the requests of all, then the exit rows of all (none: an empty batch). Raises
+        :class:`OverflowError` where they do not fit one (more than 2 GiB of text in a column)."""
         if len(batches) == 1:
             return batches[0]
         optional = {name for b in batches for name in b.optional}
@@ -89,6 +90,9 @@ class EventBatch:
         heads = [b.rows.slice(0, b.requests) for b in batches]
         tails = [b.rows.slice(b.requests) for b in batches if b.requests < b.rows.num_rows]
         joined = pa.Table.from_batches(heads + tails, schema=batch_schema(optional)).combine_chunks().to_batches()
+        if len(joined) > 1:  # a column past 2 GiB of text stays in chunks: never keep the first and drop the rest
+            raise OverflowError(f"{len(batches)} batches of {sum(b.rows.nbytes for b in batches):,} bytes do not fit "
+                                f"one batch (more than 2 GiB of text in a column)")  # fmt: skip
         warnings: Counter[str] = Counter()
         for b in batches:
             warnings.update(dict(b.warnings))

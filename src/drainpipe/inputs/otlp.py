@@ -49,7 +49,7 @@ from .batches import EventBatch
 from .endpoints import EndpointRules
 from .options import InputOptions
 from .span_columns import span_columns
-from .span_events import TracesResult, map_columns, map_proto_exports
+from .span_events import TracesResult, decode_halves, map_columns, map_proto_exports
 from .spans import SpanMapping
 from .trace_ids import trace_id_bytes
 
@@ -91,7 +91,19 @@ def decode_proto_exports(
 
     The exports are read, judged and mapped to events in one C pass over their wire bytes
     (:func:`~.span_events.map_proto_exports`); an export the pass declines, and every export where it is not built
-    or is off, is decoded by the reference (:func:`decode_traces`), which accepts it or says why not."""
+    or is off, is decoded by the reference (:func:`decode_traces`), which accepts it or says why not. Exports whose
+    events take more than 2 GiB of text in a column are decoded apart (:func:`~.span_events.decode_halves`)."""
+    try:
+        return _decode_proto(exports, options)
+    except OverflowError:
+        return decode_halves(0, len(exports), lambda lo, hi: _decode_proto(exports[lo:hi], options, lo),
+                             lambda k: bytes(exports[k]))  # fmt: skip
+
+
+def _decode_proto(
+    exports: Sequence[bytes | memoryview], options: InputOptions, first: int = 0
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
+    """:func:`decode_proto_exports` of ``exports``, the first numbered ``first`` in the rejects."""
     mapped = map_proto_exports(exports, options.spans, options.endpoints)
     batches: list[EventBatch] = []
     bad: list[tuple[int, Any, str]] = []
@@ -113,6 +125,8 @@ def decode_proto_exports(
         bad += [(k, {"span": index}, reason) for index, reason in one.rejects]
     if declined:
         bad.sort(key=lambda reject: reject[0])  # export order (the sort is stable: spans stay in order)
+    if first:
+        bad = [(k + first, raw, reason) for k, raw, reason in bad]
     return EventBatch.join(batches), bad
 
 

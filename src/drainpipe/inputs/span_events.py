@@ -6,7 +6,7 @@ per-span passes are C (``drainpipe.native.spanmap``), or where it is not built o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -28,6 +28,8 @@ __all__ = [
     "TracesResult",
     "UNKNOWN_SERVICE",
     "BAD_SPAN_ID",
+    "TOO_LARGE",
+    "decode_halves",
     "map_columns",
     "map_json_block",
     "map_proto_exports",
@@ -38,6 +40,32 @@ _CLIENT = KINDS["client"]
 UNKNOWN_SERVICE = "unknown_service"
 #: the warning reason of a span mapped without its span id (which only seeds the rounding of a sampled span's count)
 BAD_SPAN_ID = "bad span_id"
+#: the reason of an export (a line of OTLP JSON) rejected whole because its events take more than 2 GiB of text in
+#: a column (Arrow's offsets are 32-bit): a resource that repeats a long value on every span of a large export
+TOO_LARGE = "too large: events past 2 GiB of text"
+
+Decoded = tuple[EventBatch, list[tuple[int, Any, str]]]
+
+
+def decode_halves(lo: int, hi: int, decode: Callable[[int, int], Decoded], whole: Callable[[int], Any]) -> Decoded:
+    """Exports (or lines) ``[lo, hi)``, whose events together raised :class:`OverflowError` in ``decode(lo, hi)``
+    (events and ``(index, raw, reason)`` rejects, indexes as the caller numbers them), decoded half by half; one that
+    overflows alone is rejected whole, ``(lo, whole(lo), TOO_LARGE)``. The halves' events are joined into one
+    batch, which raises :class:`OverflowError` again where even they do not fit one (never rows dropped)."""
+    if hi - lo == 1:
+        return EventBatch.join([]), [(lo, whole(lo), TOO_LARGE)]
+    mid = (lo + hi) // 2
+    batches: list[EventBatch] = []
+    bad: list[tuple[int, Any, str]] = []
+    for a, b in ((lo, mid), (mid, hi)):
+        try:
+            batch, rejects = decode(a, b)
+        except OverflowError:
+            batch, rejects = decode_halves(a, b, decode, whole)
+        if batch.num_rows:
+            batches.append(batch)
+        bad += rejects
+    return EventBatch.join(batches), bad
 
 
 @dataclass

@@ -62,6 +62,18 @@ put_u64(Buf *b, uint64_t v) { return buf_put(b, &v, 8); }
 static inline int
 put_u8(Buf *b, uint8_t v) { return buf_put(b, &v, 1); }
 
+/* A string column's next offset: Arrow's are 32-bit, so a column past 2 GiB of text is an OverflowError (an export
+ * whose resource repeats a long value on every span can ask for that from a small body), never a wrapped offset. */
+static inline int
+put_offset(Buf *b, size_t len)
+{
+    if (len > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of text in one column");
+        return -1;
+    }
+    return put_i32(b, (int32_t)len);
+}
+
 /* Every output buffer, by index: the span columns, then the two attribute pools (span and resource). */
 enum {
     S_LINE, S_RESOURCE, S_KIND, S_START, S_END, S_CODE, S_TOFF, S_TDATA, S_SOFF, S_SDATA, S_NOFF, S_NDATA,
@@ -139,8 +151,8 @@ utf8_valid(const unsigned char *q, size_t n)
 static int
 cols_pair(Buf *pool, int has_value, int has_text, int has_int, int64_t int_value)
 {
-    if (put_i32(&pool[A_KOFF], (int32_t)pool[A_KDATA].len) < 0 || put_u8(&pool[A_VVALID], (uint8_t)has_value) < 0 ||
-        put_u8(&pool[A_TVALID], (uint8_t)has_text) < 0 || put_i32(&pool[A_TOFF], (int32_t)pool[A_TDATA].len) < 0 ||
+    if (put_offset(&pool[A_KOFF], pool[A_KDATA].len) < 0 || put_u8(&pool[A_VVALID], (uint8_t)has_value) < 0 ||
+        put_u8(&pool[A_TVALID], (uint8_t)has_text) < 0 || put_offset(&pool[A_TOFF], pool[A_TDATA].len) < 0 ||
         put_u8(&pool[A_IVALID], (uint8_t)has_int) < 0 || put_i64(&pool[A_IDATA], has_int ? int_value : 0) < 0)
         return -1;
     return 0;
@@ -161,9 +173,9 @@ cols_span(Cols *c, int32_t line, int32_t kind, uint64_t start, uint64_t end, int
     c->spans++;
     if (put_i32(&o[S_LINE], line) < 0 || put_i64(&o[S_RESOURCE], c->resources - 1) < 0 ||
         put_i32(&o[S_KIND], kind) < 0 || put_u64(&o[S_START], start) < 0 || put_u64(&o[S_END], end) < 0 ||
-        put_i32(&o[S_CODE], code) < 0 || put_i32(&o[S_TOFF], (int32_t)o[S_TDATA].len) < 0 ||
-        put_i32(&o[S_SOFF], (int32_t)o[S_SDATA].len) < 0 || put_i32(&o[S_NOFF], (int32_t)o[S_NDATA].len) < 0 ||
-        put_i32(&o[S_XOFF], (int32_t)o[S_XDATA].len) < 0)
+        put_i32(&o[S_CODE], code) < 0 || put_offset(&o[S_TOFF], o[S_TDATA].len) < 0 ||
+        put_offset(&o[S_SOFF], o[S_SDATA].len) < 0 || put_offset(&o[S_NOFF], o[S_NDATA].len) < 0 ||
+        put_offset(&o[S_XOFF], o[S_XDATA].len) < 0)
         return -1;
     return cols_owner(&o[SPAN_POOL]);
 }

@@ -47,7 +47,7 @@ put_text(Buf *off, Buf *data, const Buf *pool, int64_t i, const char *fallback, 
     }
     else if (buf_put(data, fallback, fallback_len) < 0)
         return -1;
-    return put_i32(off, (int32_t)data->len);
+    return put_offset(off, data->len);
 }
 
 /* The requests' raw endpoints, dictionary-encoded as the events are assembled: the distinct values in the order
@@ -95,7 +95,7 @@ distinct_code(Distinct *d, const char *s, size_t n)
     for (int32_t at; (at = d->table[h]); h = (h + 1) & (d->cap - 1))
         if (distinct_equal(d, at - 1, s, n))
             return at - 1;
-    if (buf_put(&d->data, s, n) < 0 || put_i32(&d->off, (int32_t)d->data.len) < 0)
+    if (buf_put(&d->data, s, n) < 0 || put_offset(&d->off, d->data.len) < 0)
         return -1;
     d->table[h] = (int32_t)++d->count;
     return (int32_t)d->count - 1;

@@ -25,16 +25,20 @@ from .. import native
 from ..errors import BadBody, ChannelClosed
 from ..inputs import EventBatch, InputOptions, ReadStats, decode_exports, validate_json_lines, validate_records
 from ..inputs.endpoints import EndpointRules
-from ..inputs.span_events import map_proto_exports
+from ..inputs.span_events import TOO_LARGE, map_proto_exports
 from ..inputs.spans import SpanMapping
 from .channel import HelperPool
 
-__all__ = ["FORMS", "INLINE_BYTES", "NATIVE_FORMS", "BadBody", "BodyDecoder", "Decoded", "decode_body",
-           "decode_proto_bodies"]  # fmt: skip
+__all__ = ["FORMS", "INLINE_BYTES", "MAX_EVENT_BYTES", "NATIVE_FORMS", "BadBody", "BodyDecoder", "Decoded",
+           "decode_body", "decode_proto_bodies"]  # fmt: skip
 
 log = logging.getLogger("drainpipe.server")
 
 INLINE_BYTES = 16 << 10  # bodies smaller than this are parsed in the request thread
+
+#: a request's events (Arrow bytes) at most, 413 above: a log record holds at most 1 GiB, and an OTLP export whose
+#: resource repeats a long value on every span takes far more as events than as a body (a 1 MB gzip body, 1 GB)
+MAX_EVENT_BYTES = 512 << 20
 
 Rejects = list[tuple[int, str]]
 
@@ -116,14 +120,15 @@ def decode_proto_bodies(
     max_events: int,
     spans: SpanMapping | None = None,
     endpoints: EndpointRules | None = None,
-) -> tuple[EventBatch, list[Decoded | BadBody]]:
-    """OTLP protobuf bodies as sent (``(body, gzipped)`` each) -> the events of those accepted, in one batch, and per
-    body what :func:`decode_body` gives it (as :class:`Decoded`) or raises: the same answers, from one native pass
-    over up to :data:`PASS_BYTES` of them at a time, so that the Python around the pass runs once a group, not once
-    a body.
+) -> tuple[list[EventBatch], list[Decoded | BadBody]]:
+    """OTLP protobuf bodies as sent (``(body, gzipped)`` each) -> the events of those accepted, in batches of at
+    most :data:`MAX_EVENT_BYTES` each, and per body what :func:`decode_body` gives it (as :class:`Decoded`) or
+    raises: the same answers, from one native pass over up to :data:`PASS_BYTES` of them at a time, so that the
+    Python around the pass runs once a group, not once a body.
 
-    A run of bodies in which the pass declines an export, a body holds more than ``max_events`` spans, or an event
-    is accepted with a warning (which the pass counts for the run, not per export) is decoded a body at a time."""
+    A run of bodies in which the pass declines an export, a body holds more than ``max_events`` spans, an event is
+    accepted with a warning (which the pass counts for the run, not per export), or the events take more than
+    :data:`MAX_EVENT_BYTES` (or 2 GiB of text in a column) is decoded a body at a time."""
     out: list[Decoded | BadBody | None] = [None] * len(bodies)
     batches: list[EventBatch] = []
     run: list[tuple[int, bytes]] = []  # (body index, its export) for the next pass
@@ -141,7 +146,7 @@ def decode_proto_bodies(
         run_bytes += len(export)
     if run:
         batches += _decode_run(run, bodies, out, max_decoded, max_events, spans, endpoints)
-    return EventBatch.join(batches), [o for o in out if o is not None]
+    return batches, [o for o in out if o is not None]
 
 
 def _decode_run(
@@ -155,8 +160,16 @@ def _decode_run(
 ) -> list[EventBatch]:
     """One native pass over ``run``'s exports, each body's outcome in ``out``; the events' batches."""
     exports = [export for _, export in run]
-    mapped = map_proto_exports(exports, spans or SpanMapping(), endpoints or EndpointRules()) if len(run) > 1 else None
-    if mapped is not None and not (mapped.declined or mapped.events.warnings):
+    try:
+        mapped = (map_proto_exports(exports, spans or SpanMapping(), endpoints or EndpointRules())
+                  if len(run) > 1 else None)  # fmt: skip
+    except OverflowError:  # more than 2 GiB of text in a column: a body at a time, below
+        mapped = None
+    if (
+        mapped is not None
+        and not (mapped.declined or mapped.events.warnings)
+        and mapped.events.rows.nbytes <= MAX_EVENT_BYTES
+    ):
         assert mapped.per_export is not None  # (the C pass counts them)
         rejects: list[Rejects] = [[] for _ in exports]
         for k, raw, reason in mapped.rejects:
@@ -222,9 +235,11 @@ def decode_body(
         events, found = decode_proto_exports([body], options)
     for _, raw, reason in found:
         if not isinstance(raw, dict):
-            raise BadBody(400, reason)
+            raise BadBody(413 if reason == TOO_LARGE else 400, reason)
     if events.num_rows + len(found) > max_events:
         raise BadBody(413, f"more than {max_events} spans in one request")
+    if events.rows.nbytes > MAX_EVENT_BYTES:
+        raise BadBody(413, f"the request's events take {events.rows.nbytes:,} bytes, more than {MAX_EVENT_BYTES:,}")
     return events, [(raw["span"], reason) for _, raw, reason in found]
 
 

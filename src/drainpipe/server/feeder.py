@@ -48,6 +48,9 @@ READ_RECORDS = 64  # records taken from the log at a time
 #: some runs (the engine's C kernels hold the GIL for a whole call over a batch).
 COALESCE_EVENTS = 131_072
 COALESCE_ROWS = 2 * COALESCE_EVENTS
+#: the Arrow bytes of one engine batch's records at most (a record alone may hold more): records join into one
+#: batch, and two large records (a request's events reach 512 MiB) could pass Arrow's 2 GiB of text in a column
+COALESCE_BYTES = 512 << 20
 #: how long live records are gathered into one batch. The engine's cost is per batch as much as per event: at a
 #: fixed 293 exports/s of 512 spans, 0.2 s (about 60 requests a batch) took the server's CPU a request from 2.59 ms to
 #: 2.03 ms against 0.05 s (medians of 4 runs in turns; the ingest thread's share halved), the answers unchanged (the
@@ -79,12 +82,12 @@ def _size(records: list[tuple[int, EventBatch]]) -> tuple[int, int]:
 
 
 def _one_batch(records: list[tuple[int, EventBatch]]) -> int:
-    """How many of ``records``, from the first, fit one engine batch (:data:`COALESCE_EVENTS` requests and
-    :data:`COALESCE_ROWS` rows; at least one record)."""
-    events = rows = 0
+    """How many of ``records``, from the first, fit one engine batch (:data:`COALESCE_EVENTS` requests,
+    :data:`COALESCE_ROWS` rows and :data:`COALESCE_BYTES`; at least one record)."""
+    events = rows = size = 0
     for i, (_, batch) in enumerate(records):
-        events, rows = events + batch.requests, rows + batch.num_rows
-        if i and (events > COALESCE_EVENTS or rows > COALESCE_ROWS):
+        events, rows, size = events + batch.requests, rows + batch.num_rows, size + batch.rows.nbytes
+        if i and (events > COALESCE_EVENTS or rows > COALESCE_ROWS or size > COALESCE_BYTES):
             return i
     return len(records)
 

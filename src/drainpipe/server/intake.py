@@ -7,7 +7,8 @@ spent about 40% of its CPU switching threads (``perf``: futex waits and wake-ups
 Here a request thread hands its work to the intake thread and waits once. The intake thread takes every request
 waiting, decodes the group's OTLP protobuf bodies in one native pass (``decode_group``: the Python around the pass
 once a group, not once a body), runs each other request's work (a JSON body arrives decoded by a parser process),
-appends the group's events to the log as one record, and wakes them all once that record is durable::
+appends the group's events to the log (one record, or a few of at most :data:`RECORD_BYTES` each in one group
+commit), and wakes them all once they are durable::
 
     request threads ── (a Body or work, a slot) ──► queue ──► intake thread: the bodies' one pass, each work
           ▲                                                             ─► join ─► log.append (fsync)
@@ -41,7 +42,7 @@ from ..errors import LogFull
 from ..inputs import EventBatch
 from .bodies import Decoded, Rejects
 
-__all__ = ["GROUP_BYTES", "Body", "DecodeGroup", "GroupIntake", "Work"]
+__all__ = ["GROUP_BYTES", "RECORD_BYTES", "Body", "DecodeGroup", "GroupIntake", "Work", "records"]
 
 log = logging.getLogger("drainpipe.server")
 
@@ -57,11 +58,34 @@ class Body:
     gzipped: bool
 
 
-#: the bodies of a group -> their events in one batch, and per body its outcome or its error
-DecodeGroup = Callable[[list[Body]], tuple[EventBatch, Sequence["Decoded | BaseException"]]]
+#: the bodies of a group -> their events in batches, and per body its outcome or its error
+DecodeGroup = Callable[[list[Body]], tuple[list[EventBatch], Sequence["Decoded | BaseException"]]]
 
 #: bodies (bytes as posted) gathered into one group at most, unless a single body is larger
 GROUP_BYTES = 16 << 20
+
+#: a log record's events (Arrow bytes) at most where a group's batches are joined into one: far under the log's
+#: largest record (1 GiB) and Arrow's 2 GiB of text in a column, which a few exports that repeat a long resource
+#: value on every span can reach from a small group of bodies (a batch larger alone is a record alone)
+RECORD_BYTES = 256 << 20
+
+
+def records(batches: Sequence[EventBatch]) -> list[EventBatch]:
+    """``batches`` (each at most a request's events) joined in order into as few log records as keep each within
+    :data:`RECORD_BYTES`: one, unless the group is that large."""
+    out: list[EventBatch] = []
+    run: list[EventBatch] = []
+    size = 0
+    for batch in batches:
+        n = batch.rows.nbytes
+        if run and size + n > RECORD_BYTES:
+            out.append(EventBatch.join(run))
+            run, size = [], 0
+        run.append(batch)
+        size += n
+    if run:
+        out.append(EventBatch.join(run))
+    return out
 
 
 class _Slot:
@@ -91,7 +115,7 @@ class GroupIntake:
 
     def __init__(
         self,
-        append: Callable[[EventBatch], object],
+        append: Callable[..., object],
         *,
         decode_group: DecodeGroup | None = None,
         name: str = "drainpipe-intake",
@@ -196,7 +220,7 @@ class GroupIntake:
                 else:
                     slot.result = outcome
             if events is not None:
-                batches.append(events)
+                batches += events
         for slot in group:
             if isinstance(slot.work, Body):
                 continue
@@ -210,7 +234,7 @@ class GroupIntake:
         batches = [b for b in batches if b.num_rows]
         if batches:
             try:
-                self._append(EventBatch.join(batches))
+                self._append(*records(batches))
             except BaseException as exc:  # nothing of the group is in the log: each request gets the refusal
                 ok = [slot for slot in group if slot.error is None]
                 for i, slot in enumerate(ok):  # (a copy each: one instance raised in many threads shares a traceback)

@@ -399,7 +399,7 @@ class IngestService:
             return functools.partial(decode_body, body, **kwargs)
         return _ready(self.decoder.decode(body, **kwargs))
 
-    def _decode_group(self, bodies: list[Body]) -> tuple[EventBatch, list[Decoded | BadBody]]:
+    def _decode_group(self, bodies: list[Body]) -> tuple[list[EventBatch], list[Decoded | BadBody]]:
         """The intake's pass over a group's OTLP protobuf bodies, under the service's limits and definitions."""
         opts, defs = self.options, self.definitions
         return decode_proto_bodies([(b.data, b.gzipped) for b in bodies], max_decoded=opts.max_decoded_bytes,

@@ -102,7 +102,7 @@ class EventLog(Protocol):
     def end(self) -> int: ...
     @property
     def size(self) -> int: ...
-    def append(self, batch: EventBatch) -> int: ...
+    def append(self, *batches: EventBatch) -> int: ...
     def reader(self, position: int) -> LogReader: ...
     def wait(self, position: int, timeout: float) -> bool: ...
     def release(self, position: int) -> None: ...
@@ -395,26 +395,33 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, batch: EventBatch) -> int:
-        """Write one validated batch; returns its end position once it is on disk (fsynced). Blocks for one group
-        commit (a few ms). Raises :class:`LogFull` over the budget or when the disk refuses the write (then the
-        batch is not in the log)."""
-        ticket = _Ticket(batch.encode_parts())
+    def append(self, *batches: EventBatch) -> int:
+        """Write validated batches, a record each, all in one group commit: all of them or none are in the log.
+        Returns the last one's end position once it is on disk (fsynced). Blocks for one group commit (a few ms).
+        Raises :class:`LogFull` over the budget, for a record larger than :data:`MAX_RECORD` (which opening the log
+        would cut as damaged: never acknowledged), or when the disk refuses the write; then none of them is in the
+        log."""
+        tickets = [_Ticket(batch.encode_parts()) for batch in batches]
+        for ticket in tickets:
+            if ticket.length > MAX_RECORD:
+                raise LogFull(f"a record of {ticket.length:,} bytes is larger than the log takes ({MAX_RECORD:,})")
+        size = sum(t.size for t in tickets)
         with self._lock:
             if self._closed:
                 raise LogFull("the log is closed")
-            if self.size + ticket.size > self.max_bytes:
+            if self.size + size > self.max_bytes:
                 raise LogFull(f"write-ahead log full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
-            self._queue.append(ticket)
-            self._queued += ticket.size
+            self._queue += tickets  # (together: a flush takes the whole queue, so they share its write and its fate)
+            self._queued += size
+        last = tickets[-1]
         with self._flush_lock:
-            if not ticket.end and ticket.error is None:
+            if not last.end and last.error is None:
                 self._flush()
-        if not ticket.end and ticket.error is None:  # (a bug: never acknowledge what was not written)
-            ticket.error = OSError(errno.EIO, "the record was not written")
-        if ticket.error is not None:
-            raise LogFull(f"write-ahead log write failed: {ticket.error}") from ticket.error
-        return ticket.end
+        if not last.end and last.error is None:  # (a bug: never acknowledge what was not written)
+            last.error = OSError(errno.EIO, "the record was not written")
+        if last.error is not None:
+            raise LogFull(f"write-ahead log write failed: {last.error}") from last.error
+        return last.end
 
     def _flush(self) -> None:
         """Write and sync every queued record (under the flush lock): one group commit."""
@@ -607,14 +614,16 @@ class MemoryLog:
     def size(self) -> int:
         return self._end - self._start
 
-    def append(self, batch: EventBatch) -> int:
+    def append(self, *batches: EventBatch) -> int:
+        size = sum(batch.rows.nbytes for batch in batches)
         with self._lock:
             if self._closed:
                 raise LogFull("the log is closed")
-            if self.size + batch.rows.nbytes > self.max_bytes:
+            if self.size + size > self.max_bytes:
                 raise LogFull(f"in-memory buffer full ({self.size:,} of {self.max_bytes:,} bytes wait for the store)")
-            self._end += batch.rows.nbytes
-            self._records.append((self._end, batch))
+            for batch in batches:
+                self._end += batch.rows.nbytes
+                self._records.append((self._end, batch))
             self._grown.notify_all()
             return self._end
 

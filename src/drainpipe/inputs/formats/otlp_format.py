@@ -19,7 +19,7 @@ from ... import native
 from ...errors import InputError, OtlpError
 from ..batches import EventBatch
 from ..options import InputOptions
-from ..span_events import Mapped, map_columns, map_json_block
+from ..span_events import Mapped, decode_halves, map_columns, map_json_block
 from ..span_json import python_json_spans
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
@@ -48,7 +48,21 @@ def decode_block(
     ``(line, raw, reason)`` rejects: those of :func:`~drainpipe.inputs.otlp.decode_otlp_lines` (the reference), in
     the same order of lines. With ``columns`` the lines are read in one pass (C, or :mod:`~..span_json` where the C
     pass is not built) and mapped at once; the lines the pass declines, and every line when ``columns`` is false, go
-    to the reference."""
+    to the reference. Lines whose events take more than 2 GiB of text in a column are decoded apart
+    (:func:`~..span_events.decode_halves`)."""
+    try:
+        return _decode_block(data, count, first_line, options, columns)
+    except OverflowError:
+        lines = split_lines(bytes(data))
+        return decode_halves(first_line + 1, first_line + 1 + count,
+                             lambda lo, hi: _decode_block(b"".join(lines[lo - first_line - 1 : hi - first_line - 1]),
+                                                          hi - lo, lo - 1, options, columns),
+                             lambda line: lines[line - first_line - 1])  # fmt: skip
+
+
+def _decode_block(
+    data: bytes | memoryview, count: int, first_line: int, options: InputOptions, columns: bool
+) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     if not columns:
         return _reference(split_lines(bytes(data)), first_line, options)
     mapped = map_json_block(data, count, options.spans, options.endpoints)

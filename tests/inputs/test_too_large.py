@@ -1,0 +1,92 @@
+"""Exports (and OTLP JSON lines) whose events do not fit Arrow's 32-bit string offsets: the C passes raise
+OverflowError rather than wrap, and the exports are decoded half by half until the one too large alone is rejected
+whole with its reason, every other one's events kept, rejects numbered as before. The real overflow (2 GiB of text)
+is exercised once, in tests/server/test_proto_groups.py; here it is simulated, so the numbering is checked cheaply."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from drainpipe.inputs import EventBatch, span_events
+from drainpipe.inputs.formats import otlp_format
+from drainpipe.inputs.options import InputOptions
+from drainpipe.inputs.otlp import decode_proto_exports
+from drainpipe.inputs.span_events import TOO_LARGE, decode_halves
+from testlib import event_batch, row
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 40))
+def test_halves_keep_every_item_that_fits_and_reject_each_that_does_not_alone(huge: list[bool], fits: int) -> None:
+    """``decode(lo, hi)`` overflows when its range holds a huge item or more than ``fits`` items (their sum too
+    large): the result is every other item's events, in order, and one reject per huge item, in order."""
+    calls: list[tuple[int, int]] = []
+
+    def decode(lo: int, hi: int) -> tuple[EventBatch, list]:
+        calls.append((lo, hi))
+        if any(huge[lo:hi]) or hi - lo > fits:
+            raise OverflowError("more than 2 GiB of text in one column")
+        rows = [row(service=f"s{i}") for i in range(lo, hi)]
+        return EventBatch.of(event_batch(rows)), [(i, {"span": 0}, "odd") for i in range(lo, hi) if i % 3 == 0]
+
+    try:  # as the callers do: the whole range first, halves once it overflows
+        batch, rejects = decode(0, len(huge))
+    except OverflowError:
+        batch, rejects = decode_halves(0, len(huge), decode, lambda i: f"raw{i}")
+    kept = [i for i, h in enumerate(huge) if not h]
+    assert batch.rows["service"].to_pylist() == [f"s{i}" for i in kept]
+    expected = sorted([(i, f"raw{i}", TOO_LARGE) for i, h in enumerate(huge) if h]
+                      + [(i, {"span": 0}, "odd") for i in kept if i % 3 == 0], key=lambda r: r[0])  # fmt: skip
+    assert rejects == expected
+    assert all(hi - lo >= 1 for lo, hi in calls)
+
+
+def _proto(service: str) -> bytes:
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = service
+    resource.scope_spans.add().spans.add(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name="GET /x",
+                                         kind=2, start_time_unix_nano=10**18, end_time_unix_nano=10**18 + 10**6)  # fmt: skip
+    return request.SerializeToString()
+
+
+def _overflowing(real, marker: bytes):
+    """A pass that raises as the C pass does past 2 GiB of text when its input holds ``marker``."""
+
+    def mapped(data, *args):
+        exports = data if isinstance(data, list) else [data]
+        if any(marker in bytes(e) for e in exports):
+            raise OverflowError("more than 2 GiB of text in one column")
+        return real(data, *args)
+
+    return mapped
+
+
+def test_a_protobuf_export_too_large_alone_is_rejected_with_its_index_and_the_others_kept(monkeypatch) -> None:
+    import drainpipe.inputs.otlp as otlp_module
+
+    monkeypatch.setattr(otlp_module, "map_proto_exports", _overflowing(span_events.map_proto_exports, b"HUGE"))
+    exports = [_proto(name) for name in ("a", "b", "HUGE", "c", "HUGE")]
+    batch, bad = decode_proto_exports(exports, InputOptions())
+    assert sorted(batch.rows["service"].to_pylist()) == ["a", "b", "c"]
+    assert [(k, raw, reason) for k, raw, reason in bad] == [(2, exports[2], TOO_LARGE), (4, exports[4], TOO_LARGE)]
+
+
+def test_an_otlp_json_line_too_large_alone_is_rejected_with_its_line_number_and_the_others_kept(monkeypatch) -> None:
+    monkeypatch.setattr(otlp_format, "map_json_block", _overflowing(span_events.map_json_block, b"HUGE"))
+
+    def line(service: str) -> bytes:
+        return json.dumps({"resourceSpans": [{"resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": service}}]}, "scopeSpans": [{"spans": [
+            {"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "name": "GET /x",
+             "kind": 2, "startTimeUnixNano": "1000000000000000000", "endTimeUnixNano": "1000000001000000000"}]}]}]}
+        ).encode() + b"\n"  # fmt: skip
+
+    lines = [line(name) for name in ("a", "HUGE", "b", "c", "HUGE", "d")]
+    batch, bad = otlp_format.decode_block(b"".join(lines), len(lines), 10, InputOptions())
+    assert sorted(batch.rows["service"].to_pylist()) == ["a", "b", "c", "d"]
+    assert bad == [(12, lines[1], TOO_LARGE), (15, lines[4], TOO_LARGE)]  # lines 11.. of the file
