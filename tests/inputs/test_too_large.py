@@ -70,10 +70,11 @@ def test_a_protobuf_export_too_large_alone_is_rejected_with_its_index_and_the_ot
     import drainpipe.inputs.otlp as otlp_module
 
     monkeypatch.setattr(otlp_module, "map_proto_exports", _overflowing(span_events.map_proto_exports, b"HUGE"))
-    exports = [_proto(name) for name in ("a", "b", "HUGE", "c", "HUGE")]
+    exports = [_proto(name) for name in ("a", "b", "HUGE", "c", "HUGE")] + [b"\xff\xff"]  # the last: no protobuf
     batch, bad = decode_proto_exports(exports, InputOptions())
     assert sorted(batch.rows["service"].to_pylist()) == ["a", "b", "c"]
-    assert [(k, raw, reason) for k, raw, reason in bad] == [(2, exports[2], TOO_LARGE), (4, exports[4], TOO_LARGE)]
+    assert [(k, reason) for k, _, reason in bad[:2]] == [(2, TOO_LARGE), (4, TOO_LARGE)]
+    assert [k for k, _, _ in bad] == [2, 4, 5] and bad[2][2].startswith("invalid OTLP protobuf")
 
 
 def test_an_otlp_json_line_too_large_alone_is_rejected_with_its_line_number_and_the_others_kept(monkeypatch) -> None:
@@ -86,7 +87,7 @@ def test_an_otlp_json_line_too_large_alone_is_rejected_with_its_line_number_and_
              "kind": 2, "startTimeUnixNano": "1000000000000000000", "endTimeUnixNano": "1000000001000000000"}]}]}]}
         ).encode() + b"\n"  # fmt: skip
 
-    lines = [line(name) for name in ("a", "HUGE", "b", "c", "HUGE", "d")]
+    lines = [line(name) for name in ("a", "HUGE", "b", "c", "HUGE", "d")] + [b"not json\n"]
     batch, bad = otlp_format.decode_block(b"".join(lines), len(lines), 10, InputOptions())
     assert sorted(batch.rows["service"].to_pylist()) == ["a", "b", "c", "d"]
-    assert bad == [(12, lines[1], TOO_LARGE), (15, lines[4], TOO_LARGE)]  # lines 11.. of the file
+    assert bad == [(12, lines[1], TOO_LARGE), (15, lines[4], TOO_LARGE), (17, lines[6], "invalid JSON")]  # lines 11..
