@@ -222,6 +222,27 @@ def test_batches_appended_together_are_records_of_one_group_commit(
     assert tags(read_all(memory)) == ["s1", "s2"]
 
 
+def test_a_record_queued_as_the_log_closes_is_refused_not_written_to_the_closed_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append queues its record, then waits for the flush lock; a close that takes the lock first closes the
+    segment's descriptor, whose number the process may give to another file. The flush that follows fails the
+    record (its append raises LogFull) and writes nothing. (The window is between append's two locks: the record is
+    queued here by hand, as append does.)"""
+    log = WriteAheadLog(tmp_path)
+    log.append(batch(10, 1))
+    ticket = wal_module._Ticket(batch(10, 2).encode_parts())
+    log._queue.append(ticket)
+    log.close()
+    writes: list[int] = []
+    monkeypatch.setattr(wal_module.os, "pwritev", lambda fd, buffers, offset: writes.append(fd) or 0)
+    log._flush()
+    assert writes == [] and isinstance(ticket.error, OSError) and ticket.error.errno == errno.EBADF and not ticket.end
+    reopened = WriteAheadLog(tmp_path)
+    assert reopened.repair.bytes == 0 and tags(read_all(reopened)) == ["s1"]
+    reopened.close()
+
+
 def test_a_full_disk_refuses_the_write_and_leaves_no_partial_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -428,8 +428,11 @@ class WriteAheadLog:
         with self._lock:
             group, self._queue = self._queue, []
             self._queued -= sum(t.size for t in group)
+            closed = self._closed
         at, offset = self._ends[-1], -1
         try:
+            if closed:  # queued before close took the flush lock: its descriptor is gone (its number maybe reused)
+                raise OSError(errno.EBADF, "the log is closed")
             if self._broken:
                 raise OSError(errno.EIO, self._broken)
             if at - self._bases[-1] >= self.segment_bytes:  # roll over before, never inside, a group
@@ -530,7 +533,9 @@ class WriteAheadLog:
             if self._closed:
                 return
             self._closed = True
-            os.close(self._fd)
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             os.close(self._lock_fd)  # releases the directory lock
             self._grown.notify_all()
 
