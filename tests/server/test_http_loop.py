@@ -291,16 +291,47 @@ def test_a_request_the_loop_cannot_parse_is_a_request_thread_s_and_the_loop_serv
 
 
 def test_admission_lost_while_the_body_came_is_refused_by_the_loop_as_a_request_thread_refuses_it() -> None:
+    """A body that began before the drain holds its request's place (as a request thread enters before it reads),
+    and is refused at admission once read whole: 503, the connection kept (its body was read), as a thread does."""
     with _server() as srv, _connect(srv) as sock:
         request = _post(otlp_export("svc-a", 4))
         sock.sendall(request[:-10])
         assert srv.head_taken.wait(10)  # the head is read; then the service stops admitting
+        wait_until(lambda: srv.service.in_flight == 1, 10)
         srv.service.drain(0.0)
         sock.sendall(request[-10:])
         ((status, headers, _),) = _answers(sock, 1)
-        assert status == 503 and "retry-after" in headers and headers["connection"] == "close"
-        assert srv.handed == [] and sock.recv(10) == b""  # (refused on entry, as a request thread refuses it)
+        assert status == 503 and "retry-after" in headers and "connection" not in headers
+        assert srv.handed == []
     assert srv.service.summary()["accepted"] == 0
+
+
+def test_bodies_still_arriving_hold_places_so_the_loop_holds_no_more_of_them_than_requests_in_flight() -> None:
+    """Each body that does not come whole holds one of ``max_concurrent_requests`` while it arrives (a request
+    thread enters before it reads): past them a request is refused 429 and its connection closed, unread; a client
+    gone mid-body gives its place back; a body completed is answered 200."""
+    opts = ServiceOptions(max_concurrent_requests=2)
+    with _server(options=opts) as srv:
+        first, second, third = (_post(otlp_export(f"svc-{i}", 3)) for i in range(3))
+        a, b = _connect(srv), _connect(srv)
+        a.sendall(first[:-5])
+        b.sendall(second[:-5])
+        wait_until(lambda: srv.service.in_flight == 2, 10)  # two bodies arriving: both places taken
+        with _connect(srv) as c:
+            c.sendall(third[:-5])
+            ((status, headers, _),) = _answers(c, 1)
+            assert status == 429 and headers["connection"] == "close"
+        b.close()  # gone mid-body: its place comes back
+        wait_until(lambda: srv.service.in_flight == 1, 10)
+        with _connect(srv) as c:
+            c.sendall(third)
+            assert _answers(c, 1)[0][0] == 200
+        a.sendall(first[-5:])
+        assert _answers(a, 1)[0][0] == 200
+        a.close()
+        wait_until(lambda: srv.service.in_flight == 0, 10)
+        assert srv.handed == []
+    assert srv.service.summary()["accepted"] == 6
 
 
 def test_an_export_waits_in_the_loop_while_the_engine_is_behind_and_is_answered_once_it_catches_up() -> None:

@@ -92,7 +92,7 @@ class Server(Protocol):
 
 class _Conn:
     __slots__ = ("sock", "addr", "buf", "head_end", "length", "gzipped", "due", "what", "out", "busy", "closing",
-                 "handoff", "events", "asked_close", "since")  # fmt: skip
+                 "handoff", "events", "asked_close", "since", "entered")  # fmt: skip
 
     def __init__(self, sock: socket.socket, addr: Any, idle_s: float) -> None:
         self.sock = sock
@@ -110,6 +110,7 @@ class _Conn:
         self.events = 0  # what the selector watches for it
         self.asked_close = False  # the request being read asked for Connection: close
         self.since = 0.0  # when the request read whole began to wait for admission (``what`` is "admit")
+        self.entered = False  # its body is arriving and holds one of the requests in flight (service.enter)
 
 
 class ConnectionLoop:
@@ -282,6 +283,15 @@ class ConnectionLoop:
                     self._hand_over(conn)
                     return
             if len(conn.buf) < conn.head_end + conn.length:
+                # a body that does not come whole holds a request's place while it arrives, as a request thread's
+                # does: the bodies this process holds are bounded by the requests in flight, not the connections
+                if not conn.entered:
+                    try:
+                        self.service.enter()
+                    except IngestRefused as r:
+                        self._refuse(conn, r, close=True)  # (its body is not read: the connection closes)
+                        return
+                    conn.entered = True
                 return
             self._submit(conn)
         self._watch(conn)
@@ -362,11 +372,14 @@ class ConnectionLoop:
         waits here (:meth:`_admit_waiting` asks again each :data:`ADMIT_POLL_S`), its connection read no further,
         and is refused as a request thread refuses it: 429 after ``admit_wait_s``, 503 at once."""
         if conn.what != "admit":
-            try:
-                self.service.enter()
-            except IngestRefused as r:
-                self._refuse(conn, r, close=True)
-                return
+            if conn.entered:  # (entered as its body began to arrive: the place passes on to the request)
+                conn.entered = False
+            else:
+                try:
+                    self.service.enter()
+                except IngestRefused as r:
+                    self._refuse(conn, r, close=True)
+                    return
             conn.busy, conn.due, conn.what, conn.since = True, 0.0, "admit", time.monotonic()
         try:
             admitted = self.service.try_admit(conn.since)
@@ -391,7 +404,8 @@ class ConnectionLoop:
         return close
 
     def _refuse(self, conn: _Conn, refused: IngestRefused, *, close: bool) -> None:
-        """Answer the request read whole on ``conn`` with ``refused`` (then close the connection if ``close``)."""
+        """Answer the request on ``conn`` (read whole, or its body still arriving) with ``refused`` (then close the
+        connection if ``close``)."""
         self._take(conn)
         conn.busy, conn.closing, conn.what = False, conn.closing or close, "answer"
         conn.out += self._answer(refused.status, status_answer(refused.status, refused.message, False),
@@ -538,6 +552,9 @@ class ConnectionLoop:
     def _close(self, conn: _Conn) -> None:
         if conn not in self._conns:
             return
+        if conn.entered:  # cut (or gone) while its body arrived
+            conn.entered = False
+            self.service.leave()
         self._conns.discard(conn)
         self._watch_now(conn)  # (unwatched before its descriptor is closed)
         try:

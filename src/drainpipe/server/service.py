@@ -294,6 +294,11 @@ class IngestService:
             self._inflight += 1
             self.counters.requests += 1
 
+    @property
+    def in_flight(self) -> int:
+        """POSTs entered and not left: being read, waiting for admission, or at the intake."""
+        return self._inflight
+
     def leave(self) -> None:
         with self._lock:
             self._inflight -= 1
