@@ -81,8 +81,8 @@ def test_batches_stay_within_their_bytes_whatever_their_counts(monkeypatch) -> N
     """Records join into one engine batch: their bytes are bounded too (two records of a request's largest events
     could pass Arrow's 2 GiB of text in a column), here made small; every request still fed, once, in order."""
     per = 1_000
-    one = export(per, 0).rows.nbytes
+    one = export(per, 0).buffer_bytes
     monkeypatch.setattr(feeder_module, "COALESCE_BYTES", 3 * one)
     seen = fed([export(per, 0) for _ in range(10)], monkeypatch)
     assert [b.requests for b in seen] == [3 * per, 3 * per, 3 * per, per]
-    assert all(b.rows.nbytes <= 3 * one for b in seen)
+    assert all(b.buffer_bytes <= 3 * one for b in seen)

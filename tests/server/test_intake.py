@@ -272,7 +272,7 @@ def test_a_group_past_the_record_bound_is_logged_as_several_records_in_one_appen
     of text a column): past it, several records, in order, in one append call (one group commit: all or none)."""
     from drainpipe.server import intake as intake_module
 
-    one = _batch(0, 100).rows.nbytes
+    one = _batch(0, 100).buffer_bytes
     monkeypatch.setattr(intake_module, "RECORD_BYTES", 2 * one)
     calls: list[int] = []
     log = _Log()

@@ -145,6 +145,12 @@ class EventBatch:
         return self.rows.num_rows
 
     @property
+    def buffer_bytes(self) -> int:
+        """The bytes of the buffers the rows are in: what they hold, or more for a slice of larger buffers (counted
+        whole). For bounds: 0.4 us, where ``rows.nbytes`` (exact for a slice) takes 13 us."""
+        return self.rows.get_total_buffer_size()
+
+    @property
     def exits(self) -> int:
         return self.rows.num_rows - self.requests
 

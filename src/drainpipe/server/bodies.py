@@ -168,7 +168,7 @@ def _decode_run(
     if (
         mapped is not None
         and not (mapped.declined or mapped.events.warnings)
-        and mapped.events.rows.nbytes <= MAX_EVENT_BYTES
+        and not _over_event_bytes(mapped.events)
     ):
         assert mapped.per_export is not None  # (the C pass counts them)
         rejects: list[Rejects] = [[] for _ in exports]
@@ -190,6 +190,11 @@ def _decode_run(
         out[i] = Decoded.of(batch, found)
         batches.append(batch)
     return batches
+
+
+def _over_event_bytes(events: EventBatch) -> bool:
+    """Whether ``events`` take more than :data:`MAX_EVENT_BYTES` (their buffers first: the exact count only then)."""
+    return events.buffer_bytes > MAX_EVENT_BYTES and events.rows.nbytes > MAX_EVENT_BYTES
 
 
 def _sized(body: bytes, gzipped: bool, max_decoded: int) -> bytes:
@@ -238,7 +243,7 @@ def decode_body(
             raise BadBody(413 if reason == TOO_LARGE else 400, reason)
     if events.num_rows + len(found) > max_events:
         raise BadBody(413, f"more than {max_events} spans in one request")
-    if events.rows.nbytes > MAX_EVENT_BYTES:
+    if _over_event_bytes(events):
         raise BadBody(413, f"the request's events take {events.rows.nbytes:,} bytes, more than {MAX_EVENT_BYTES:,}")
     return events, [(raw["span"], reason) for _, raw, reason in found]
 

@@ -86,7 +86,7 @@ def _one_batch(records: list[tuple[int, EventBatch]]) -> int:
     :data:`COALESCE_ROWS` rows and :data:`COALESCE_BYTES`; at least one record)."""
     events = rows = size = 0
     for i, (_, batch) in enumerate(records):
-        events, rows, size = events + batch.requests, rows + batch.num_rows, size + batch.rows.nbytes
+        events, rows, size = events + batch.requests, rows + batch.num_rows, size + batch.buffer_bytes
         if i and (events > COALESCE_EVENTS or rows > COALESCE_ROWS or size > COALESCE_BYTES):
             return i
     return len(records)

@@ -77,7 +77,7 @@ def records(batches: Sequence[EventBatch]) -> list[EventBatch]:
     run: list[EventBatch] = []
     size = 0
     for batch in batches:
-        n = batch.rows.nbytes
+        n = batch.buffer_bytes
         if run and size + n > RECORD_BYTES:
             out.append(EventBatch.join(run))
             run, size = [], 0
