@@ -165,11 +165,7 @@ def _decode_run(
                   if len(run) > 1 else None)  # fmt: skip
     except OverflowError:  # more than 2 GiB of text in a column: a body at a time, below
         mapped = None
-    if (
-        mapped is not None
-        and not (mapped.declined or mapped.events.warnings)
-        and not _over_event_bytes(mapped.events)
-    ):
+    if mapped is not None and not (mapped.declined or mapped.events.warnings) and not _over_event_bytes(mapped.events):
         assert mapped.per_export is not None  # (the C pass counts them)
         rejects: list[Rejects] = [[] for _ in exports]
         for k, raw, reason in mapped.rejects:
