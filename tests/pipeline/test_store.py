@@ -265,6 +265,15 @@ def test_a_commit_with_a_stale_fencing_token_writes_nothing(store: Store) -> Non
     # a purge of the books keeps the token of a part still written: every merge that carries it records it again
     store.purge(Retention(minute=DAY, hour=DAY, day=DAY, topn=DAY), now_ms=T0 + 3 * DAY + DAY // 2)
     assert store.fence_token("kafka", "c/t/0") == new
+    # ... and of a part idle past every retention (a quiet partition is still owned): its owner's next merge is not
+    # fenced, and the next owner's token is a new one, never one issued before
+    store.purge(Retention(minute=DAY, hour=DAY, day=DAY, topn=DAY), now_ms=T0 + 30 * DAY)
+    assert store.progress("kafka", part="c/t/0") and store.fence_token("kafka", "c/t/0") == new
+    assert {r.name for r in store.progress("kafka", part="c/t/0")} == {"#fence"}  # the offsets went with the data
+    now[0] = T0 + 30 * DAY
+    store.merge(aggregate_batch(EVENTS, DEFAULT_DEFINITIONS), progress=[SourceProgress("kafka", "c/t/0", "service_cpm", 20)],
+                fences=[SourceProgress("kafka", "c/t/0", "fence", new)])  # fmt: skip
+    assert store.fence("kafka", "c/t/0") == new + 1
 
 
 def test_two_halves_equal_the_whole(tmp_path: Path) -> None:

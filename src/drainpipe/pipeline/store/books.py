@@ -9,8 +9,9 @@ nothing (:func:`recorded`).
 
 Fencing: a new owner of a part (a member given a Kafka partition) issues the part's next token before it reads the
 part's progress; a merge carrying an older token is refused (:func:`check_fences`) before it writes anything. A
-token is the row of the part named :data:`FENCE`, recorded again by every merge that carries it, so that a retention
-purge of the books, which goes by record time, never takes the token of a part still being written.
+token is the row of the part named :data:`FENCE`, recorded again by every merge that carries it; a retention purge of
+the books, which goes by record time, keeps it (:mod:`.purge`): a part idle for longer than the longest retention is
+still owned, and a token is never issued twice.
 
 Every row records when it was written (``applied_at``, epoch ms of the store's clock), so that a purge can prune the
 books with the data they vouch for (:mod:`drainpipe.pipeline.retention`).

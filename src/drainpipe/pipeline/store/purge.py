@@ -3,7 +3,9 @@ longer keeps.
 
 Metric rows go per granularity by bucket start, top-N rows by bucket start, and rows of the books (:mod:`.books`) by
 the time they were recorded (``applied_at``), once older than the longest retention: a progress row outlives the
-data it vouches for, so that input replayed within any retention is still found applied.
+data it vouches for, so that input replayed within any retention is still found applied. A part's fencing token is
+never purged: a Kafka partition idle for longer than the longest retention is still owned (its owner's next merge
+would be refused as fenced by a token gone back to 0), and a token must never be issued twice.
 
 A function over a :class:`~.backend.Backend`, called inside the store's session and writing transaction (the store
 blocks other writers meanwhile); blocking; database errors propagate.
@@ -34,5 +36,7 @@ def purge(backend: Backend, retention: Retention, now_ms: int) -> dict[str, int]
         deleted["topn_values"] += backend.delete("DELETE FROM topn_values WHERE time_bucket < ?", (instant(topn),))
     recorded_before = retention.books_cutoff(now_ms)
     if recorded_before is not None:
-        deleted[books.TABLE] += backend.delete(f"DELETE FROM {books.TABLE} WHERE applied_at < ?", (recorded_before,))
+        deleted[books.TABLE] += backend.delete(
+            f"DELETE FROM {books.TABLE} WHERE applied_at < ? AND name <> ?", (recorded_before, books.FENCE)
+        )
     return dict(deleted)
