@@ -101,6 +101,11 @@ class Dispatcher:
             if not found:
                 self._idle(t, task.counters)
             return found
+        except BaseException as exc:
+            # what the cycle held is handed on inside the cycle: a handoff's fence waits for this task until it is
+            # done (after the epoch went even, a new owner could call the same handler while recover is in it)
+            self.recover(task.counters, exc, t)
+            raise
         finally:
             epoch[t] += 1
 
@@ -336,9 +341,8 @@ class DrainTask:
             while not self.stopped:
                 try:
                     found = cycle(self)
-                except BaseException as exc:  # supervision: the same task, in the same slot, at once
-                    self._dispatcher.recover(self.counters, exc, self.index)
-                    return 0.0
+                except BaseException:  # supervision (what it held was handed on inside the cycle): the same task,
+                    return 0.0  # in the same slot, at once
                 if not found:
                     break  # empty: back off
                 if self.drain_then_stop:

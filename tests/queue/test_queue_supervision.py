@@ -136,3 +136,27 @@ def test_supervision_under_stress_accounts_for_every_item(qname: str, monkeypatc
     ids = [x.id for r in recs.values() for x in r.items]
     assert len(set(ids)) == 8000
     assert all(r.overlaps == 0 and r.wrong_type == 0 for r in recs.values())
+
+
+class _SwapAll:
+    """A balancer that moves every partition to the next task."""
+
+    def assign(self, tp, owner, n, spread=None):
+        return [(o + 1) % n for o in owner]
+
+
+def test_what_a_failed_cycle_held_is_handed_on_inside_its_fence(qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The items a failed cycle held are handed on before the task leaves the cycle: a handoff of their partition
+    waits for that, so its new owner never calls the handler while the hand-on is inside it (it did, once the
+    hand-on ran after the cycle: one overlapping call in this case)."""
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(2), balancer=_SwapAll())
+    ra = Recorder("a", expect_type=A, delay=0.3)
+    q.add_handler(A, ra)
+    monkeypatch.setattr(drain_module, "group_by_type", failing_once(drain_module.group_by_type, MemoryError()))
+    assert q.produce_many([A(i) for i in range(10)]) == 10
+    assert ra.entered.wait(5)  # the hand-on's call is in the handler (0.3 s)
+    q.rebalance_now(timeout=5)  # moves the partition to the other task
+    q.produce_many([A(100 + i) for i in range(3)])  # the new owner's call
+    assert wait_until(lambda: len(ra.items) == 13, 5)
+    assert ra.overlaps == 0 and sorted(x.id for x in ra.items) == [*range(10), 100, 101, 102]
+    assert q.stats().task_restarts == 1 and q.stats().lost == 0
