@@ -566,8 +566,11 @@ many_one(ProducerObject *self, ManyState *st, PyObject *item)
         if (r != 0) {
             if (r > 0) {
                 st->accepted++;
-                if (r == 2)
+                if (r == 2) {
                     maybe_wake(self, p);
+                    /* wake ran Python, which may let a shrink move this type (set_route): route the next again */
+                    st->last_type = NULL;
+                }
             }
             return r < 0 ? -1 : 1;
         }

@@ -178,8 +178,20 @@ class BatchQueue:
             return 0
         put = 0
         parts = self._parts
+        routes = self._routes  # (empty with a custom selector: no type is moved off a partition then)
         while put < len(items) and self._wait_for_room(p):
-            put += parts.buffers.put(p, items, put)
+            # A shrink may move a type off p while this waited (the resizer's switch: its route and p's items change
+            # under p's condition lock): the routes are read and the items put under that lock, as one step, and
+            # the items whose type moved are produced again, to where their type is now.
+            with parts.conds[p]:
+                end = min(len(items), put + max(1, parts.capacity - parts.buffers.size(p)))
+                k = put
+                while k < end and routes.get(type(items[k]), p) == p:
+                    k += 1
+                if k > put:
+                    put += parts.buffers.put(p, items[put:k], 0)
+            if k < end and put == k:  # items[k] is of a type moved off p
+                return put + self.produce_many(items[put:])
         return put
 
     def _wait_for_room(self, p: int) -> bool:

@@ -303,8 +303,10 @@ class Resizer:
             if parts.owner[p] != task.index or parts.owner[q] != task.index:
                 self._loop.call(undo)  # moved meanwhile: the next shrink tries again
                 return 0
-            self._producer.set_route(entry.type, q)
-            items = parts.buffers.take(p)
+            with parts.conds[p]:  # producers waiting for room in p read the route under this lock (_put_rest)
+                self._producer.set_route(entry.type, q)
+                items = parts.buffers.take(p)
+                parts.conds[p].notify_all()
             found = dispatcher.dispatch([(p, items)], task.counters) if items is not None else 0
             self._loop.call(lambda: self._handoffs.after_cycle({task.index}, unbind, abortable=False))
             return found

@@ -212,6 +212,49 @@ def test_a_type_moved_by_a_shrink_keeps_its_order_while_its_partitions_hold_item
     _assert_once_in_order(recs, sent)
 
 
+def test_items_of_a_moved_type_that_waited_for_room_in_its_old_partition_reach_its_handler(qname: str) -> None:
+    """BLOCKING producers of a type wait for room in its partition, above the count a shrink leaves; the shrink
+    moves the type to a lower partition meanwhile. Each waiting item goes where its type is now (it was put into
+    the old partition after the move and dropped there as "no handler": 4 items of each type in a fresh reader's
+    runs). Every item accepted is handled once; none dropped."""
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(), buffer_size=20,
+                  strategy=BufferStrategy.BLOCKING)  # fmt: skip
+    types = make_types(8, prefix="W")
+    recs = {t: Recorder(t.__name__, delay=0.003) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    keep = [t for t in types if q.partitions_of(t)[0] >= 2][-2:]  # above the count the shrink leaves: they move
+    assert len(keep) == 2
+    accepted = {t: 0 for t in keep}
+    lock = threading.Lock()
+
+    def produce(t, stop: threading.Event) -> None:
+        seq = 0
+        while not stop.is_set():
+            if q.produce(t(seq, seq=seq)):
+                with lock:
+                    accepted[t] += 1
+            seq += 1
+
+    stop = threading.Event()
+    producers = [threading.Thread(target=produce, args=(t, stop)) for t in keep for _ in range(4)]
+    for th in producers:
+        th.start()
+    time.sleep(0.3)
+    for t in types:
+        if t not in keep:
+            q.remove_handler(t)
+    assert wait_until(lambda: q.partition_count == 2, 10)
+    time.sleep(0.3)
+    stop.set()
+    for th in producers:
+        th.join(10)
+    q.shutdown()
+    assert q.stats().dropped_no_handler == 0
+    for t in keep:
+        assert len(recs[t].items) == accepted[t] and recs[t].overlaps == 0, t.__name__
+
+
 def _remove_while_producing(q, policy, threads: int, types: list, keep: list, pause: float) -> dict:
     """Remove every handler but ``keep``'s while a producer sends their items (5 a type per round, numbered in
     produce order, ``pause`` between rounds); wait until the partitions have shrunk to what the policy gives for
