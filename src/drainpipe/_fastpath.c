@@ -456,28 +456,29 @@ route_item(ProducerObject *self, PyObject *item, Py_ssize_t *out, int *table)
 
 /* After the first item went into the empty partition p (its owner may be asleep in backoff): call wake(p) if the
  * owner backs off idle. A failing wake must not fail a produce that has already happened: it is reported as
- * unraisable. */
-static void
+ * unraisable. Returns 1 if it called wake (Python ran: the routes may have changed meanwhile), else 0. */
+static int
 maybe_wake(ProducerObject *self, Py_ssize_t p)
 {
     if (self->wake == NULL)
-        return;
+        return 0;
     /* only an owner that backs off idle needs waking: the common case (a busy owner) costs two list reads */
     if (p >= PyList_GET_SIZE(self->owners))
-        return;
+        return 0;
     Py_ssize_t t = PyLong_AsSsize_t(PyList_GET_ITEM(self->owners, p));
     if (t < 0 || t >= PyList_GET_SIZE(self->idle)) {
         PyErr_Clear();
-        return;
+        return 0;
     }
     if (PyList_GET_ITEM(self->idle, t) != Py_True)
-        return;
+        return 0;
     PyObject *pobj = PyLong_FromSsize_t(p);
     PyObject *r = pobj == NULL ? NULL : PyObject_CallOneArg(self->wake, pobj);
     Py_XDECREF(pobj);
     if (r == NULL)
         PyErr_WriteUnraisable(self->wake);
     Py_XDECREF(r);
+    return 1;
 }
 
 static PyObject *
@@ -566,11 +567,8 @@ many_one(ProducerObject *self, ManyState *st, PyObject *item)
         if (r != 0) {
             if (r > 0) {
                 st->accepted++;
-                if (r == 2) {
-                    maybe_wake(self, p);
-                    /* wake ran Python, which may let a shrink move this type (set_route): route the next again */
-                    st->last_type = NULL;
-                }
+                if (r == 2 && maybe_wake(self, p))
+                    st->last_type = NULL; /* Python ran: a shrink may have moved this type (set_route) */
             }
             return r < 0 ? -1 : 1;
         }
