@@ -191,6 +191,46 @@ def test_a_fenced_commit_gives_up_the_partition_another_member_took_and_rereads_
     assert stored_calls(url) == calls
 
 
+def test_a_partition_assigned_while_the_store_restarts_waits_for_it_and_every_event_is_stored_once(
+    tmp_path: Path,
+) -> None:
+    """A rebalance gives this member P1 while the store is down for a moment: its fence and its offsets are asked
+    again with the engine's backoff (the member ended with StoreUnavailable, its partitions left to the others
+    while the store was still down); then every event of both partitions is stored once."""
+    from drainpipe.errors import StoreUnavailable
+
+    log, calls = topic_log(2, 400, seed=8)
+    url = f"duckdb:///{tmp_path / 'o.duckdb'}"
+    members: list[GroupMember] = []
+    refused: list[str] = []
+
+    def script(c: FakeConsumer) -> None:
+        if c.calls == 1:
+            c.assign(P0)
+        elif c.calls == 3:
+            store = members[0].engine.store
+            fence, books = store.fence, store.progress
+
+            def down(name: str, real: Callable[..., object]) -> Callable[..., object]:
+                def refuse(*args: object, **kwargs: object) -> object:
+                    if refused.count(name) < 2:  # each refused twice: the fence, then the offsets' read
+                        refused.append(name)
+                        raise StoreUnavailable("connection refused (the server restarts)")
+                    return real(*args, **kwargs)
+
+                return refuse
+
+            store.fence = down("fence", fence)  # type: ignore[method-assign]
+            store.progress = down("progress", books)  # type: ignore[method-assign]
+            c.assign(P1)
+
+    member = run_member(url, FakeConsumer(log, script), script_member=members)
+    assert refused == ["fence", "fence", "progress", "progress"]
+    assert member.failed == ""
+    assert stored_offset(url, P0) == stored_offset(url, P1) == 400
+    assert stored_calls(url) == calls
+
+
 def test_a_rewind_whose_seek_fails_stops_the_member_and_the_next_one_stores_every_event_once(tmp_path: Path) -> None:
     """Reading on from where the consumer stands after a failed seek would skip what the rewind dropped: the member
     stops instead (InputError), and the next member reads the partitions from the store's offsets."""

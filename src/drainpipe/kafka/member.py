@@ -64,9 +64,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import DrainpipeError, InputError, StoreError, UsageError, first_line
+from ..errors import DrainpipeError, InputError, StoreError, StoreUnavailable, UsageError, first_line
 from ..inputs import DeadLetter, EventBatch, Position, ReadStats
 from ..inputs.messages import KAFKA_SOURCE, decode_values, message_source, message_text, partition_part
 from ..pipeline import Definitions, Driver, LocalEngine, PartBooks, open_books
@@ -75,6 +75,8 @@ from ..server.disk import DiskWatch
 from .config import ConsumeConfig, kafka_log
 
 log = logging.getLogger("drainpipe.server")
+
+_T = TypeVar("_T")
 
 __all__ = ["GroupMember"]
 
@@ -417,6 +419,19 @@ class GroupMember:
 
     # ------------------------------------------------------------------ rebalances (inside consume())
 
+    def _books_call(self, what: str, call: Callable[..., _T], *args: Any) -> _T:
+        """``call(*args)`` (a fence or a read of the store's books, in a rebalance), retried with the engine's backoff
+        while the store is down: a partition assigned during a store restart waits for it, as commits do, instead
+        of ending the member. Blocking; other store errors propagate."""
+        delay, cap = self.engine.options.store_retry_s
+        while True:
+            try:
+                return call(*args)
+            except StoreUnavailable as exc:
+                log.warning("kafka: store unavailable for %s (%s); retrying in %.2fs", what, exc, delay)
+                time.sleep(delay)
+                delay = min(cap, delay * 2)
+
     def _hold(self, key: TopicPartition, books: PartBooks, token: int) -> _Partition:
         self.driver.hold(key, books, token)
         held = self.partitions[key] = _Partition(books, books.start.offset)
@@ -431,8 +446,8 @@ class GroupMember:
             part = partition_part(self.cluster, tp.topic, tp.partition)
             # the token first, then the offsets: an old owner's commit lands before (its offsets are read here) or
             # is refused
-            token = store.fence(KAFKA_SOURCE, part)
-            books = open_books(store, KAFKA_SOURCE, part, self.definitions.names)
+            token = self._books_call("a fence", store.fence, KAFKA_SOURCE, part)
+            books = self._books_call("the offsets", open_books, store, KAFKA_SOURCE, part, self.definitions.names)
             held = self._hold((tp.topic, tp.partition), books, token)
             tp.offset = held.next if held.next > 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
@@ -474,11 +489,13 @@ class GroupMember:
         store = self.engine.store
         for key in list(self.partitions):
             books, token = self.driver.parts[key]
-            if key in lost or store.fence_token(KAFKA_SOURCE, books.part) != token:
+            part = books.part
+            if key in lost or self._books_call("a fence", store.fence_token, KAFKA_SOURCE, part) != token:
                 self._release(key)
                 continue
             assert token is not None
-            held = self._hold(key, open_books(store, KAFKA_SOURCE, books.part, self.definitions.names), token)
+            books = self._books_call("the offsets", open_books, store, KAFKA_SOURCE, part, self.definitions.names)
+            held = self._hold(key, books, token)
             try:
                 self._consumer.seek(TopicPartition(key[0], key[1], held.next if held.next > 0 else OFFSET_BEGINNING))
             except KafkaException as exc:  # reading on from where the consumer is would skip what was dropped:
