@@ -22,6 +22,7 @@ from .rejects import ReadStats
 from .spans import SpanMapping
 
 __all__ = [
+    "BLANK",
     "ENCODINGS",
     "KAFKA_SOURCE",
     "TOMBSTONE",
@@ -41,6 +42,8 @@ ENCODINGS = ("json", "otlp_proto", "otlp_json")
 KAFKA_SOURCE = "kafka"
 #: the reject reason of a message without a value
 TOMBSTONE = "no value (a tombstone)"
+#: the reject reason of a JSON message whose value holds nothing but white space (no event: not JSON)
+BLANK = "blank value"
 
 
 def check_encoding(encoding: str) -> None:
@@ -69,8 +72,8 @@ def json_values(
 ) -> tuple[EventBatch, list[tuple[int, Any, str]]]:
     """JSON message values (one event, or NDJSON lines, each) -> their valid events (with the warnings of those
     accepted with an odd optional field dropped) and ``(message index, raw, reason)`` per reject: a tombstone
-    (``raw`` None) or a line that does not validate (``raw`` ``{"line": its line in the message, "value": the
-    message's text}``). One validation call for all of them: a call per message would cost more than the events of
+    (``raw`` None), a value that is blank (``raw`` its text) or a line that does not validate (``raw`` ``{"line": its
+    line in the message, "value": the message's text}``); a blank line within a value is skipped, as in files. One validation call for all of them: a call per message would cost more than the events of
     one-event messages. ``dictionaries``: :func:`~.formats.jsonl_format.validate_json_lines`'s flag."""
     kept: Sequence[int] = range(len(values))
     rejects: list[tuple[int, Any, str]] = []
@@ -82,7 +85,10 @@ def json_values(
     if not present:
         return EventBatch.empty(), rejects
     stats = ReadStats()
-    batch, bad = validate_json_lines(b"\n".join(present), stats, dictionaries=dictionaries)
+    block = b"\n".join(present)
+    batch, bad = validate_json_lines(block, stats, dictionaries=dictionaries)
+    if stats.read <= block.count(b"\n"):  # blank lines (a line is a record or blank): is a whole value blank?
+        rejects += [(kept[k], message_text(v), BLANK) for k, v in enumerate(present) if not v.strip()]
     if bad:  # the block's line numbers back to messages (each value is one line or more)
         starts = list(itertools.accumulate((v.count(b"\n") + 1 for v in present[:-1]), initial=1))
         for lineno, reason in bad:
