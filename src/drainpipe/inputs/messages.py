@@ -73,8 +73,9 @@ def json_values(
     """JSON message values (one event, or NDJSON lines, each) -> their valid events (with the warnings of those
     accepted with an odd optional field dropped) and ``(message index, raw, reason)`` per reject: a tombstone
     (``raw`` None), a value that is blank (``raw`` its text) or a line that does not validate (``raw`` ``{"line": its
-    line in the message, "value": the message's text}``); a blank line within a value is skipped, as in files. One validation call for all of them: a call per message would cost more than the events of
-    one-event messages. ``dictionaries``: :func:`~.formats.jsonl_format.validate_json_lines`'s flag."""
+    line in the message, "value": the message's text}``); a blank line within a value is skipped, as in files. One
+    validation call for all of them: a call per message would cost more than the events of one-event messages.
+    ``dictionaries``: :func:`~.formats.jsonl_format.validate_json_lines`'s flag."""
     kept: Sequence[int] = range(len(values))
     rejects: list[tuple[int, Any, str]] = []
     present = cast("Sequence[bytes]", values)
