@@ -384,3 +384,20 @@ def test_a_long_merge_never_scans_a_stored_table(pg_url: str, monkeypatch: pytes
     before, after = counts
     for table in tables:  # (the counts are the session's not yet reported: the store's opening may be in them)
         assert after[table][0] == before[table][0] and after[table][1] > before[table][1], counts
+
+
+def test_a_nul_character_in_a_name_or_statement_is_stored_as_a_replacement_character(pg_url: str) -> None:
+    """The input accepts a NUL in a service, endpoint or statement; PostgreSQL's text holds none and COPY would refuse
+    the row for good (every later write of the store with it). It is stored as U+FFFD, and the store writes on."""
+    rows = [
+        {"ts": T0 + 1_000, "service": "a\x00b", "instance": None, "endpoint": "/x\x00", "latency_ms": 5.0},
+        {"ts": T0 + 2_000, "service": "c", "instance": None, "endpoint": "", "latency_ms": 900.0,
+         "db_statement": "SELECT \x00"},
+    ]  # fmt: skip
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        ingest(store, event_batch(rows), "nul")
+        ingest(store, event_batch([{**rows[0], "ts": T0 + 3_000, "service": "d"}]), "after")  # the store writes on
+        services = {row[1] for row in store.query()}
+        assert {"a\ufffdb", "c", "d"} <= services and not any("\x00" in s for s in services)
+        statements = [row for row in store.query_topn("top_slow_statements") if "SELECT" in str(row)]
+        assert statements and all("\x00" not in str(row) and "\ufffd" in str(row) for row in statements)

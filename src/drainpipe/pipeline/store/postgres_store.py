@@ -51,6 +51,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ...errors import StoreError, StoreUnavailable, first_line
@@ -333,6 +334,7 @@ class PostgresBackend:
     def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
+        rows = _without_nul(rows)
         # Arrow's CSV writer quotes every string ("" stays an empty string) and leaves nulls unquoted and
         # empty, which is exactly what COPY's CSV format reads back; floats are written round-trip exact.
         sink = io.BytesIO()
@@ -394,3 +396,19 @@ class PostgresStore(SqlStore):
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._pg.display!r})"
+
+
+#: what a NUL character in a text value is stored as (U+FFFD, the replacement character)
+NUL_REPLACEMENT = "\ufffd"
+
+
+def _without_nul(rows: pa.Table) -> pa.Table:
+    """``rows`` with every NUL character in their text replaced by :data:`NUL_REPLACEMENT`: PostgreSQL's text holds
+    no NUL, and COPY refuses a row with one for good (a service or a statement with one, which the input accepts,
+    would stop every later write of the store). Columns without one are left as they are (a scan each)."""
+    for i, field in enumerate(rows.schema):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            column = rows.column(i)
+            if pc.any(pc.match_substring(column, "\x00")).as_py():
+                rows = rows.set_column(i, field, pc.replace_substring(column, "\x00", NUL_REPLACEMENT))
+    return rows
