@@ -347,9 +347,12 @@ class Controller:
         bound = tuple(entry.targets)  # a split="auto" type's retired instances are bound to their partitions too
         for p in bound:
             self._parts.detach(p, entry.type)
-        tasks = self._parts.owners_of(bound)
+        # with a custom selector the type's items are in any partition and its handler is called by any task (the
+        # tasks that own its bound partitions only: remove_handler returned while another task was in the handler)
+        calling = bound if self._type_routing else range(self._parts.count[0])
+        tasks = self._parts.owners_of(calling)
         moving = self._handoffs.moving
-        tasks |= {moving[p][0] for p in bound if p in moving}
+        tasks |= {moving[p][0] for p in calling if p in moving}
         done: Future[None] = Future()
         self._handoffs.after_cycle(tasks, lambda: done.set_result(None), abortable=False)
         return done

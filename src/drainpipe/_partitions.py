@@ -40,6 +40,9 @@ class Partitions:
         self.count = [count]  # published partition count (custom selectors read it through the C producer)
         self.conds = [threading.Condition(threading.Lock()) for _ in range(count)]
         self.waiters = [0] * count
+        # types a shrink moved off each partition so far (changed under the partition's condition lock, with the
+        # route): a producer waiting for room in one never moved off puts without looking at the routes
+        self.moved_off = [0] * count
         self.owner = [p % tasks for p in range(count)]
         self.targets: list[tuple[Target, ...]] = [() for _ in range(count)]  # handler instances per partition
         self.type_count = [0] * count  # types placed on each partition
@@ -153,6 +156,7 @@ class Partitions:
                 self.buffers.grow()
                 self.conds.append(threading.Condition(threading.Lock()))
                 self.waiters.append(0)
+                self.moved_off.append(0)
                 self.targets.append(())
                 self.type_count.append(0)
                 self.owner.append(UNOWNED if hold else t)

@@ -184,6 +184,9 @@ class BatchQueue:
             # under p's condition lock): the routes are read and the items put under that lock, as one step, and
             # the items whose type moved are produced again, to where their type is now.
             with parts.conds[p]:
+                if not parts.moved_off[p]:  # no type was ever moved off p: every item's route is p still
+                    put += parts.buffers.put(p, items, put)
+                    continue
                 end = min(len(items), put + max(1, parts.capacity - parts.buffers.size(p)))
                 k = put
                 while k < end and routes.get(type(items[k]), p) == p:

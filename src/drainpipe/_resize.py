@@ -237,9 +237,12 @@ class Resizer:
         """Adaptive partitions follow the handlers: when the policy asks for fewer than there are (handlers
         removed), the types on the partitions beyond move to ones below (:meth:`_rehome`), and once those carry no
         type and hold no item, and their owners have left any cycle over them, the count drops. A split type's
-        partitions are not moved: while one sits beyond, the count stays above it."""
+        partitions are not moved: while one sits beyond, the count stays above it. With a custom selector no type
+        has a home to move (its items go to any partition the selector picks): the count stays."""
         parts, policy, moving = self._parts, self._policy, self._handoffs.moving
-        if self._consumer or not policy.is_adaptive or parts.closing[0] or not self._state.may_start_shrink():
+        if self._consumer or not self._type_routing or not policy.is_adaptive or parts.closing[0]:
+            return
+        if not self._state.may_start_shrink():
             return
         want = max(policy.resolve(self._thread_count, self._table.weighted_count()), self._planned_tasks)
         n = parts.count[0]
@@ -305,6 +308,7 @@ class Resizer:
                 return 0
             with parts.conds[p]:  # producers waiting for room in p read the route under this lock (_put_rest)
                 self._producer.set_route(entry.type, q)
+                parts.moved_off[p] += 1
                 items = parts.buffers.take(p)
                 parts.conds[p].notify_all()
             found = dispatcher.dispatch([(p, items)], task.counters) if items is not None else 0

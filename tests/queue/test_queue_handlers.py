@@ -10,7 +10,7 @@ import time
 import pytest
 from queue_testlib import A, B, Blocker, C, Recorder, make_gate, make_types, new_queue
 
-from drainpipe import PartitionPolicy, ThreadPolicy
+from drainpipe import PartitionPolicy, PartitionSelector, ThreadPolicy
 from testlib import wait_until
 
 
@@ -165,9 +165,13 @@ def test_remove_handler_waits_for_in_flight_call_and_drops_buffered_items(qname)
     assert q.stats().dropped_no_handler == 5
 
 
-def test_removed_handler_is_never_called_after_remove_returns(qname):
-    rec = Recorder("A", delay=0.001)
-    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4))
+@pytest.mark.parametrize("selector", ["type_hash", "key_hash"])
+def test_removed_handler_is_never_called_after_remove_returns(qname, selector):
+    """With a custom selector the type's items are in every partition and any task calls its handler: remove waits
+    for all of them (it waited for the owner of the type's home partition only, and returned during a call)."""
+    custom = {"partition_selector": PartitionSelector.key_hash(lambda x: x.id)} if selector == "key_hash" else {}
+    rec = Recorder("A", delay=0.02 if custom else 0.001)
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4), **custom)
     q.add_handler(A, rec)
     stop = threading.Event()
 
@@ -192,6 +196,35 @@ def test_removed_handler_is_never_called_after_remove_returns(qname):
     q.shutdown()
     assert len(rec.batches) == calls and rec.idle_calls == idle
     assert q.stats().dropped_no_handler > 0
+
+
+def test_a_handler_registered_again_and_again_under_a_custom_selector_never_runs_twice_at_once(qname):
+    """Replacing a handler waits for the old registration's calls on every task (a custom selector spreads the
+    type over all partitions) before the new one runs: the same handler registered again while producing never
+    overlaps itself."""
+    rec = Recorder("A", delay=0.005)
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.fixed(4),
+                  partition_selector=PartitionSelector.key_hash(lambda x: x.id))  # fmt: skip
+    q.add_handler(A, rec)
+    stop = threading.Event()
+
+    def producer():
+        i = 0
+        while not stop.is_set():
+            q.produce_many([A(i + k) for k in range(20)])
+            i += 20
+            time.sleep(0.001)
+
+    t = threading.Thread(target=producer, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        q.add_handler(A, rec)
+        time.sleep(0.02)
+    stop.set()
+    t.join(5)
+    q.shutdown()
+    assert rec.overlaps == 0 and len(rec.batches) > 20
 
 
 def test_readding_a_handler_routes_its_type_again(qname):

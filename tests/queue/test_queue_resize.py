@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from queue_testlib import Recorder, in_background, make_types, new_queue
 
-from drainpipe import BufferStrategy, PartitionPolicy, ThreadPolicy
+from drainpipe import BufferStrategy, PartitionPolicy, PartitionSelector, ThreadPolicy
 from drainpipe._autosplit import MARGIN, wanted_instances
 from drainpipe._drain import Dispatcher
 from testlib import wait_until
@@ -253,6 +253,28 @@ def test_items_of_a_moved_type_that_waited_for_room_in_its_old_partition_reach_i
     assert q.stats().dropped_no_handler == 0
     for t in keep:
         assert len(recs[t].items) == accepted[t] and recs[t].overlaps == 0, t.__name__
+
+
+def test_adaptive_partitions_under_a_custom_selector_keep_their_count_when_handlers_are_removed(qname: str) -> None:
+    """A custom selector sends a type's items to any partition: no type has a home to move, so the count stays (a
+    shrink tried to move one, failed the drain tasks and left the type changing: its next remove_handler waited for
+    ever). The remaining handlers are served, and removed, as before."""
+    q = new_queue(qname, threads=ThreadPolicy.fixed(2), partitions=PartitionPolicy.adaptive(),
+                  partition_selector=PartitionSelector.key_hash(id), rebalance_interval_ms=20)  # fmt: skip
+    types = make_types(8, prefix="K")
+    recs = {t: Recorder(t.__name__) for t in types}
+    for t in types:
+        q.add_handler(t, recs[t])
+    n = q.partition_count
+    for t in types[:6]:
+        q.remove_handler(t)
+    time.sleep(0.3)  # several control ticks, where a shrink would start
+    items = [types[6](i) for i in range(50)] + [types[7](i) for i in range(50)]
+    assert q.produce_many(items) == 100
+    assert wait_until(lambda: len(recs[types[6]].items) + len(recs[types[7]].items) == 100, 5)
+    q.remove_handler(types[7], timeout=5)
+    s = q.stats()
+    assert q.partition_count == n and s.task_restarts == 0 and s.lost == 0
 
 
 def _remove_while_producing(q, policy, threads: int, types: list, keep: list, pause: float) -> dict:
