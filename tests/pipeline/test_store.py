@@ -300,6 +300,31 @@ def test_without_progress_states_are_merged_each_time(store: Store) -> None:
     once.close()
 
 
+def test_apdex_and_sla_of_counts_past_int64_arithmetic_are_exact(store: Store) -> None:
+    """Sampled spans weigh up to 2**32 each: 110,000 of them in one key make counts whose apdex arithmetic,
+    ``(2 * ok + tol) * 10_000 + n``, passes int64 (numpy wrapped it silently: a negative apdex; PostgreSQL's bigint
+    raised). Both backends give the exact values."""
+    from drainpipe.inputs.schema import batch_schema
+    from testlib import event_batch
+
+    weight = 1 << 32
+    latencies = [100.0] * 108_990 + [1000.0] * 1_000 + [5000.0] * 10  # satisfied, tolerating, frustrated
+    rows = [{"ts": T0, "service": "big", "latency_ms": lat, "status": i % 1000 != 7, "weight": weight}
+            for i, lat in enumerate(latencies)]  # fmt: skip
+    batch = event_batch(rows, batch_schema(("weight",)))
+    definitions = Definitions(
+        (MetricDef("ap", "service", "apdex", threshold_ms=500), MetricDef("sl", "service", "sla"))
+    )
+    ingest(store, batch, None, definitions)
+    values = {r[0]: r[5] for r in store.query() if r[2] == "minute"}
+    n = len(latencies) * weight
+    good = [i % 1000 != 7 for i in range(len(latencies))]  # a failed request is frustrated whatever its latency
+    satisfied = sum(g and lat <= 500 for g, lat in zip(good, latencies)) * weight
+    tolerating = sum(g and 500 < lat <= 2000 for g, lat in zip(good, latencies)) * weight
+    assert values["ap"] == ((2 * satisfied + tolerating) * 10_000 + n) // (2 * n) / 10_000.0 == 0.9944
+    assert values["sl"] == float(100 * sum(good) * weight) / float(n)
+
+
 def test_pieces_merged_in_several_transactions_equal_the_whole(store: Store) -> None:
     """The local engine cuts partials into chunks (split_partial) that reach the store in different merges; their
     states add up to the whole batch's, and the last merge's progress rows make its retry a no-op."""

@@ -13,7 +13,7 @@ from .grouping import compact_codes, table_groups
 from .partials import MetricPartial, Partial, TopNPartial, keep_top, run_positions
 from .times import BUCKET_TIME, iso_from_ms
 
-__all__ = ["VALUE_COLUMNS", "TOPN_COLUMNS", "finalize", "finalize_table", "bucket_column"]
+__all__ = ["APDEX_INT64_N", "VALUE_COLUMNS", "TOPN_COLUMNS", "finalize", "finalize_table", "bucket_column"]
 
 VALUE_COLUMNS: tuple[str, ...] = ("metric", "entity", "granularity", "time_bucket", "label", "value")
 TOPN_COLUMNS: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key", "latency_ms")
@@ -22,8 +22,17 @@ TOPN_COLUMNS: tuple[str, ...] = ("name", "entity", "time_bucket", "rank", "key",
 # --------------------------------------------------------------------------------------------- finalize
 
 
+#: the largest count for which ``(2 * ok + tol) * 10_000 + n`` stays within int64 (sampled spans' weights, up to
+#: 2**32 each, reach it from about 107,000 spans in one key)
+APDEX_INT64_N = ((1 << 63) - 1) // 20_001
+
+
 def _apdex_values(ok: np.ndarray, tol: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """(ok + tol / 2) / n rounded half-up to 4 decimals, computed exactly in integers."""
+    """(ok + tol / 2) / n rounded half-up to 4 decimals, computed exactly in integers (in Python's unbounded ones
+    where a count is past :data:`APDEX_INT64_N`: numpy's int64 wrapped silently)."""
+    if len(n) and int(n.max()) > APDEX_INT64_N:
+        exact = [((2 * a + t) * 10_000 + m) // (2 * m) for a, t, m in zip(ok.tolist(), tol.tolist(), n.tolist())]
+        return np.array(exact, dtype=np.float64) / 10_000.0
     return ((2 * ok + tol) * 10_000 + n) // (2 * n) / 10_000.0
 
 
@@ -40,7 +49,10 @@ def _values(function: str, table: pa.Table, minutes: int) -> np.ndarray:
     if function == "avg":
         return col("v") / col("n")
     if function == "sla":
-        return (100 * col("ok")) / col("n")
+        ok = col("ok")
+        if len(ok) and int(ok.max()) > ((1 << 63) - 1) // 100:  # 100 * ok past int64: exact in Python's integers
+            return (100 * ok.astype(object)).astype(np.float64) / col("n")
+        return (100 * ok) / col("n")
     if function == "apdex":
         return _apdex_values(col("ok"), col("tol"), col("n"))
     raise ValueError(f"no single-value finalizer for {function!r}")

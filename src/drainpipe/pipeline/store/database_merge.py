@@ -76,7 +76,7 @@ from ..definitions import Definition, MetricDef
 from ..grouping import table_groups
 from ..partials import MetricPartial, TopNPartial
 from ..state_table import STATE_TABLE_SCHEMA, to_state_table, to_topn_table, with_key
-from ..values import PERCENTILE_LABELS, PERCENTILES, bucket_column
+from ..values import APDEX_INT64_N, PERCENTILE_LABELS, PERCENTILES, bucket_column
 from .backend import Backend
 
 __all__ = [
@@ -198,8 +198,10 @@ SELECT s.metric, s.entity, s.granularity, s.time_bucket, '',
         WHEN 'count' THEN s.n::float8
         WHEN 'cpm' THEN s.n::float8 / (CASE s.granularity {_MINUTES} END)
         WHEN 'avg' THEN s.v / s.n::float8
-        WHEN 'sla' THEN (100 * s.ok)::float8 / s.n::float8
-        WHEN 'apdex' THEN (((2 * s.ok + s.tol) * 10000 + s.n) / (2 * s.n))::float8 / 10000.0::float8
+        WHEN 'sla' THEN (100 * s.ok::numeric)::float8 / s.n::float8
+        WHEN 'apdex' THEN (CASE WHEN s.n <= {APDEX_INT64_N}
+            THEN ((2 * s.ok + s.tol) * 10000 + s.n) / (2 * s.n)
+            ELSE div((2 * s.ok + s.tol)::numeric * 10000 + s.n, 2 * s.n) END)::float8 / 10000.0::float8
         ELSE s.v END
 FROM s JOIN stage_defs d ON d.name = s.metric
 {_UPSERT_VALUES}"""
