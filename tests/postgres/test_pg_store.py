@@ -401,3 +401,24 @@ def test_a_nul_character_in_a_name_or_statement_is_stored_as_a_replacement_chara
         assert {"a\ufffdb", "c", "d"} <= services and not any("\x00" in s for s in services)
         statements = [row for row in store.query_topn("top_slow_statements") if "SELECT" in str(row)]
         assert statements and all("\x00" not in str(row) and "\ufffd" in str(row) for row in statements)
+
+
+def test_an_entity_longer_than_an_index_entry_is_stored_by_its_start_and_a_digest(pg_url: str) -> None:
+    """PostgreSQL's unique indexes hold 2,704 bytes an entry; a raw endpoint of 3,000 characters made every write
+    fail at every retry (reported as unavailable: the writer stalled for good). An entity past 1,024 bytes is
+    stored as its start and a digest of the whole: two such entities that differ only at the end stay apart."""
+    import random
+    import string
+
+    from drainpipe.pipeline.store.postgres_store import ENTITY_BYTES, bounded_entity
+
+    rng = random.Random(1)
+    start = "/" + "".join(rng.choice(string.ascii_letters) for _ in range(3000))
+    first, second = start + "/a", start + "/b"
+    rows = [{"ts": T0 + i, "service": "svc", "endpoint": e, "latency_ms": 5.0} for i, e in enumerate((first, second))]
+    with open_store(pg_url) as store:  # type: ignore[attr-defined]
+        ingest(store, event_batch(rows), "long")
+        ingest(store, event_batch([{**rows[0], "endpoint": "/short"}]), "after")  # the store writes on
+        entities = {row[1] for row in store.query() if row[1].startswith("svc//")}
+    assert entities == {bounded_entity("svc/" + first), bounded_entity("svc/" + second), "svc//short"}
+    assert all(len(e.encode()) <= ENTITY_BYTES for e in entities)

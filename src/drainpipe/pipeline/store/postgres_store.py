@@ -42,6 +42,7 @@ One connection per store, serialised by the store's lock (the engine writes from
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import urllib.parse
@@ -70,7 +71,7 @@ from .database_merge import (
 )
 from .sql import SqlStore
 
-__all__ = ["PostgresBackend", "PostgresStore"]
+__all__ = ["ENTITY_BYTES", "NUL_REPLACEMENT", "PostgresBackend", "PostgresStore", "bounded_entity"]
 
 _INDEXES = (
     STATE_KEY_INDEX,  # (the merge's ON CONFLICT; it serves every lookup the former key index served)
@@ -334,7 +335,7 @@ class PostgresBackend:
     def insert_arrow(self, table_name: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
-        rows = _without_nul(rows)
+        rows = _storable(rows)
         # Arrow's CSV writer quotes every string ("" stays an empty string) and leaves nulls unquoted and
         # empty, which is exactly what COPY's CSV format reads back; floats are written round-trip exact.
         sink = io.BytesIO()
@@ -400,15 +401,36 @@ class PostgresStore(SqlStore):
 
 #: what a NUL character in a text value is stored as (U+FFFD, the replacement character)
 NUL_REPLACEMENT = "\ufffd"
+#: the longest entity (bytes of UTF-8) stored as it is: the unique indexes hold entries of at most 2,704 bytes
+ENTITY_BYTES = 1024
 
 
-def _without_nul(rows: pa.Table) -> pa.Table:
-    """``rows`` with every NUL character in their text replaced by :data:`NUL_REPLACEMENT`: PostgreSQL's text holds
-    no NUL, and COPY refuses a row with one for good (a service or a statement with one, which the input accepts,
-    would stop every later write of the store). Columns without one are left as they are (a scan each)."""
+def _storable(rows: pa.Table) -> pa.Table:
+    """``rows`` as PostgreSQL can hold them, whatever the input accepted (a row it refuses would be refused at every
+    retry, and stop every later write of the store): every NUL character in their text replaced by
+    :data:`NUL_REPLACEMENT` (text holds no NUL), and an ``entity`` longer than :data:`ENTITY_BYTES` cut to its
+    start and a digest of the whole (an index entry holds 2,704 bytes at most). Columns that need neither are left
+    as they are (a scan each)."""
     for i, field in enumerate(rows.schema):
-        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-            column = rows.column(i)
-            if pc.any(pc.match_substring(column, "\x00")).as_py():
-                rows = rows.set_column(i, field, pc.replace_substring(column, "\x00", NUL_REPLACEMENT))
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            continue
+        column = rows.column(i)
+        if pc.any(pc.match_substring(column, "\x00")).as_py():
+            column = pc.replace_substring(column, "\x00", NUL_REPLACEMENT)
+        if field.name == "entity" and (pc.max(pc.binary_length(column)).as_py() or 0) > ENTITY_BYTES:
+            column = pa.array([bounded_entity(v) for v in column.to_pylist()], field.type)
+        if column is not rows.column(i):
+            rows = rows.set_column(i, field, column)
     return rows
+
+
+def bounded_entity(entity: str | None) -> str | None:
+    """``entity`` as a PostgreSQL store keeps it: as it is up to :data:`ENTITY_BYTES` bytes of UTF-8, else its start
+    and ``~`` and 16 hex digits of the SHA-256 of the whole (distinct entities stay distinct)."""
+    if entity is None:
+        return None
+    data = entity.encode()
+    if len(data) <= ENTITY_BYTES:
+        return entity
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return data[: ENTITY_BYTES - 17].decode(errors="ignore") + "~" + digest
