@@ -403,3 +403,30 @@ def test_exports_as_bodies_and_messages_read_by_the_pass_give_the_reference_resu
         assert _rows(batch) == _rows(EventBatch.join(want_batches))
         assert rejects == want_rejects
     assert any(isinstance(raw, bytes) for _, raw, _ in rejects) and any(isinstance(raw, dict) for _, raw, _ in rejects)
+
+
+def test_a_line_nested_past_pythons_recursion_limit_is_invalid_json_not_a_crash(json_pass: str) -> None:
+    """The passes decline a line nested deeper than they read; the reference's json.loads then raised RecursionError,
+    which escaped as a traceback (drainpipe run exited 70)."""
+    deep = b"[" * 1000 + b"\n"
+    good = _export_line("svc")
+    batch, rejects = decode_block(good + deep + good, 3, 10, OPTIONS)
+    assert batch.requests == 2 and rejects == [(12, deep, "invalid JSON")]
+
+
+def test_a_json_object_that_is_not_an_export_is_rejected_not_read_as_an_empty_one(json_pass: str) -> None:
+    """Protobuf's JSON parser skips unknown fields, so any object was an export of no span: an events file given an
+    OTLP suffix was read as nothing, unseen. An object without resourceSpans is rejected; {} is the empty export."""
+    event = b'{"ts":1795255200000,"service":"svc","latency_ms":1.5}\n'
+    batch, rejects = decode_block(event + b"{}\n" + b'{"resourceSpans":[]}\n' + event, 4, 0, OPTIONS)
+    assert batch.num_rows == 0 and rejects == [(1, event, "invalid OTLP"), (4, event, "invalid OTLP")]
+
+
+def _export_line(service: str) -> bytes:
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    resource.resource.attributes.add(key="service.name").value.string_value = service
+    resource.scope_spans.add().spans.add(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), name="GET /x",
+                                         kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=10**18,
+                                         end_time_unix_nano=10**18 + 10**6)  # fmt: skip
+    return json_format.MessageToJson(request, indent=None).encode() + b"\n"

@@ -63,14 +63,18 @@ def decode_traces(body: bytes, *, json_body: bool, mapping: SpanMapping, endpoin
     if json_body:
         try:
             document = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (nesting past Python's recursion limit)
             raise OtlpError(f"invalid JSON: {exc}") from None
         if not isinstance(document, dict):
             raise OtlpError("invalid OTLP JSON: not an object")
+        if document and "resourceSpans" not in document and "resource_spans" not in document:
+            # ParseDict skips unknown fields: any other object would be an export of no span, its line lost unseen
+            # (an events file given an OTLP suffix); {} stays the empty export it is
+            raise OtlpError("invalid OTLP JSON: no resourceSpans")
         _hex_ids_to_base64(document)
         try:
             json_format.ParseDict(document, request, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
+        except (json_format.ParseError, RecursionError) as exc:
             raise OtlpError(f"invalid OTLP JSON: {str(exc).splitlines()[0]}") from None
         body = request.SerializeToString()  # one mapping, on the wire form
     else:
