@@ -86,6 +86,30 @@ def test_parquet_rejects_with_reasons_and_row_objects(tmp_path):
     assert r.rejects[5]["raw"]["latency_ms"] == "nan" and r.rejects[7]["raw"]["latency_ms"] == "inf"
 
 
+def test_a_rejected_row_holding_a_value_python_has_no_type_for_is_dead_lettered_as_text(tmp_path):
+    """Epoch milliseconds in a seconds column (year 58,000), a date past Python's: the dead letter's ``raw`` took the
+    row through to_pylist, whose OverflowError escaped as a traceback (drainpipe run exited 70). Such values go
+    as text; the other columns as before."""
+    table = pa.table(
+        {
+            "ts": pa.array([T0 // 1000, 1795255200000, T0 // 1000], pa.timestamp("s")),
+            "service": ["a", "a", None],
+            "latency_ms": [1.0, 1.0, 1.0],
+            "db_statement": pa.array([None, None, (1 << 31) - 1], pa.date32()),
+        }
+    )
+    r = read([write_parquet(tmp_path, table)], tmp_path)
+    assert len(r.rows) == 1 and [x["line"] for x in r.rejects] == [2, 3]
+    assert (
+        r.rejects[0]["raw"]["ts"].startswith("<value out of range: 1795255200000")
+        and r.rejects[0]["raw"]["service"] == "a"
+    )
+    assert (
+        r.rejects[1]["raw"]["service"] is None
+        and r.rejects[1]["raw"]["db_statement"] == "<value out of range: 2147483647>"
+    )
+
+
 def test_parquet_wrong_types_and_bad_values(tmp_path):
     table = pa.table(
         {

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ...errors import InputError
 from ..batches import EventBatch
@@ -99,9 +100,27 @@ def parquet_columns(pf: pq.ParquetFile) -> list[str] | None:
 
 
 def _reject_rows(batch: pa.RecordBatch, mask: np.ndarray, reasons: list[str], offset: int, sink: Sink) -> None:
-    rows = batch.filter(pa.array(mask)).to_pylist()
+    rejected = batch.filter(pa.array(mask))
+    try:
+        rows = rejected.to_pylist()
+    except (OverflowError, ValueError, pa.ArrowException):  # a value Python has no type for (a timestamp past year
+        rows = _text_rows(rejected)  # 9999: epoch ms in a seconds column): the row as text, never a crash
     for index, row, reason in zip(np.flatnonzero(mask).tolist(), rows, reasons):
         sink.reject(offset + index + 1, row, reason)
+
+
+def _text_rows(batch: pa.RecordBatch) -> list[dict[str, object]]:
+    """``batch``'s rows for the dead letter, each value as Python has it or, where it has none, as text."""
+    columns: dict[str, list[object]] = {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            columns[name] = column.to_pylist()
+        except (OverflowError, ValueError, pa.ArrowException):
+            try:
+                columns[name] = pc.cast(column, pa.string()).to_pylist()
+            except pa.ArrowException:  # (no cast to text for this type)
+                columns[name] = [f"<{column.type}>" if column[i].is_valid else None for i in range(len(column))]
+    return [{name: values[i] for name, values in columns.items()} for i in range(batch.num_rows)]
 
 
 # ------------------------------------------------------------------------------------------------ planning
