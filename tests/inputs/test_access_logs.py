@@ -72,6 +72,20 @@ def test_every_field_of_the_default_format_nginx_and_apache():
     assert rows[1]["status"] is False and rows[1]["ts"] == 1791640537000
 
 
+def test_a_request_time_too_long_for_the_scanner_is_read_as_every_path_reads_it():
+    """A time of 64 digits or more: the scanner read it as absent and took the upstream time instead (200 ms, where
+    pyarrow and the reference read 1e-60 s). It leaves such a line to the others now; all paths agree (each line
+    alone: a block the scanner declines in part goes to pyarrow whole)."""
+    opts = InputOptions(
+        service="s", log_format=parse_log_format('[$time_local] "$request" $upstream_response_time $request_time')
+    )
+    long = b"0." + b"0" * 62 + b"1"
+    head = b'[21/Nov/2026:10:00:00 +0000] "GET /" '
+    for line, latency in ((head + b"0.2 " + long + b"\n", float(long) * 1000.0), (head + long + b" 0.3\n", 300.0)):
+        rows, rejects = same_everywhere(line, opts)
+        assert rows.column("latency_ms").to_pylist() == [latency] and rejects == []
+
+
 def test_custom_formats_take_their_units_from_the_declaration():
     ts = 1_791_639_337_000
     nginx = InputOptions(service="s", log_format=parse_log_format(NGINX_UPSTREAM))

@@ -191,7 +191,10 @@ upstream(const unsigned char *p, const unsigned char *end, double *sum)
             e = number(item, end, 1);
             if (e == NULL)
                 break;
-            total += to_double(item, e);
+            double x = to_double(item, e);
+            if (isnan(x))
+                return NULL; /* too long to read here: the reference reads the line */
+            total += x;
             any = 1;
         }
         q = e;
@@ -332,6 +335,8 @@ scan_line(const step_t *prog, Py_ssize_t nsteps, const unsigned char *base, cons
             if (e == NULL)
                 return 0;
             double x = to_double(p, e);
+            if (isnan(x))
+                return 0; /* a number too long to read here: the reference reads the line (NaN means "absent" below) */
             int dot = memchr(p, '.', (size_t)(e - p)) != NULL;
             if (st->role == R_MICROS || (st->role == R_AUTO_TIME && !dot))
                 row->latency = x / 1000.0;
