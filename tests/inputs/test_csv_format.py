@@ -192,6 +192,19 @@ def test_csv_in_columns_reads_as_the_reference(tmp_path_factory, data: bytes, ba
         assert rejects == [(r["line"], r["reason"]) for r in results[2][1]]
 
 
+def test_a_cell_past_the_csv_modules_default_limit_reads_alike_on_every_path(tmp_path):
+    """A statement of 131,073 characters: the C and pyarrow passes read it, the reference (the csv module, 131,072
+    at most by default) rejected the record as a bad CSV row. Every path reads it now."""
+    long = "x" * 131_073
+    path = write_bytes(
+        tmp_path, "in.csv", f"ts,service,latency_ms,db_statement\n1795255200000,svc,1.5,{long}\n".encode()
+    )
+    for off in ((), ("csvscan",), ("columnar",)):
+        with native.disabled(*off):
+            r = read([path], tmp_path)
+        assert r.rejects == [] and [row["db_statement"] for row in r.rows] == [long], off
+
+
 def _read_as_workers(path: str, batch_rows: int) -> tuple[list[dict], list[tuple[int, str]]]:
     """The rows (trace ids as above) and ``(line, reason)`` rejects of a file read as the workers read it: cut into
     parts (ranges the C cell pass reads straight out of their bytes), string columns maybe dictionary-encoded."""

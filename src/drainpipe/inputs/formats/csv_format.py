@@ -139,6 +139,19 @@ def _csv_typer(header: list[str]) -> Callable[[list[str]], tuple]:
     return typed
 
 
+#: the longest cell the reference reads, as long as the C and pyarrow passes read (the csv module's default,
+#: 131,072 characters, made it reject a record those accept, so the result depended on the path)
+_CELL_LIMIT = (1 << 31) - 1
+
+
+def _csv_reader(lines: Iterable[str]) -> Any:
+    """``csv.reader`` as every reference read of a record uses it: strict (malformed quoting rejects the record),
+    cells of any length (the limit is the csv module's, process-wide: only ever raised here)."""
+    if csv.field_size_limit() < _CELL_LIMIT:
+        csv.field_size_limit(_CELL_LIMIT)
+    return csv.reader(lines, strict=True)
+
+
 class _LineTracker:
     """Feeds decoded lines to ``csv.reader`` and remembers the raw bytes of the current record.
 
@@ -232,7 +245,7 @@ def _read_csv(f: BinaryIO, lines: CountedLines, batch_rows: int, sink: Sink, pat
     range part; ``lines`` is kept at the position after the last block given. ``dictionaries``: string columns
     the C pass gives dictionary-encoded may stay so (:func:`~..validation.validate_columns`)."""
     tracker = _LineTracker(lines)
-    reader = csv.reader(tracker.lines(), strict=True)  # strict: malformed quoting rejects the record
+    reader = _csv_reader(tracker.lines())
     header = _csv_header(reader, tracker, path)
     if header is None:
         return
@@ -278,7 +291,7 @@ def _csv_parts(path: str, batch_rows: int, workers: int, start: Position, hasher
         head = CountedLines(f, 3 if f.read(3) == BOM else 0, True)
         f.seek(head.offset)
         tracker = _LineTracker(head)
-        if _csv_header(csv.reader(tracker.lines(), strict=True), tracker, path) is None:
+        if _csv_header(_csv_reader(tracker.lines()), tracker, path) is None:
             return
         pos, lineno = (start.offset, start.lines) if start.offset > head.offset else (head.offset, head.count)
         if hasher is not None and pos > start.offset:
@@ -329,7 +342,7 @@ def _reference_rows(source: CountedLines, lineno: int, sink: Sink, typed: Callab
     source.count = 0
     tracker = _LineTracker(source)
     tracker.lineno = lineno
-    for first, raw, bad, cells in _csv_records(csv.reader(tracker.lines(), strict=True), tracker):
+    for first, raw, bad, cells in _csv_records(_csv_reader(tracker.lines()), tracker):
         try:
             yield _csv_row(cells, bad, typed, width, sink.stats.warnings)  # (every row given is accepted)
         except Rejected as r:
@@ -698,7 +711,7 @@ def _validated(batch: pa.RecordBatch, source: Callable[[], tuple[bytes, np.ndarr
         record = int(kept[i])
         raw = records[record].as_py()
         try:
-            accepted.append(_csv_row(next(csv.reader(io.StringIO(raw.decode("utf-8")), strict=True)), False, typed,
+            accepted.append(_csv_row(next(_csv_reader(io.StringIO(raw.decode("utf-8")))), False, typed,
                                      width, warnings))  # fmt: skip
             at.append(i)
         except Rejected as r:
