@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -91,3 +92,39 @@ def test_an_otlp_json_line_too_large_alone_is_rejected_with_its_line_number_and_
     batch, bad = otlp_format.decode_block(b"".join(lines), len(lines), 10, InputOptions())
     assert sorted(batch.rows["service"].to_pylist()) == ["a", "b", "c", "d"]
     assert bad == [(12, lines[1], TOO_LARGE), (15, lines[4], TOO_LARGE), (17, lines[6], "invalid JSON")]  # lines 11..
+
+
+def test_an_otlp_json_export_too_large_keeps_its_reason_where_exports_are_read_whole(monkeypatch) -> None:
+    """Bodies and Kafka values of OTLP JSON are read as one block; a whole-export reject is given the reference's
+    reason, by decoding the export again, which for one too large overflowed once more (ArrowInvalid escaped: a
+    Kafka message failed at every read, serve's 413 never came). Its reason is kept."""
+    monkeypatch.setattr(otlp_format, "map_json_block", _overflowing(span_events.map_json_block, b"HUGE"))
+    line = json.dumps({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "service.name", "value": {"stringValue": "HUGE"}}]}}]}).encode()  # fmt: skip
+    batch, bad = otlp_format.decode_exports([line], InputOptions())
+    assert batch.num_rows == 0 and bad == [(0, line, TOO_LARGE)]
+
+
+def test_the_python_mapping_says_overflow_as_the_c_passes_do(monkeypatch) -> None:
+    """Where the C pass declines an export (or is off), the mapping in pyarrow overflows as ArrowInvalid or
+    ArrowCapacityError ("overflowed binary array capacity"): it is raised as OverflowError, which the halving
+    catches; other Arrow errors pass as they are."""
+    import pyarrow as pa
+
+    def failing(message: str, kind: type[Exception]):
+        def fail(*args, **kwargs):
+            raise kind(message)
+
+        return fail
+
+    monkeypatch.setattr(
+        span_events, "_map_columns", failing("Take operation overflowed binary array capacity", pa.ArrowInvalid)
+    )
+    with pytest.raises(OverflowError, match="2 GiB"):
+        span_events.map_columns(None, None, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(span_events, "_map_columns", failing("offset overflow", pa.ArrowCapacityError))
+    with pytest.raises(OverflowError):
+        span_events.map_columns(None, None, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(span_events, "_map_columns", failing("some other invalid input", pa.ArrowInvalid))
+    with pytest.raises(pa.ArrowInvalid):
+        span_events.map_columns(None, None, None)  # type: ignore[arg-type]

@@ -82,7 +82,17 @@ class TracesResult:
 
 def map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
     """The mapping of :func:`map_spans`, over spans already in columns (one export's, or a block of OTLP JSON
-    lines')."""
+    lines'). Raises :class:`OverflowError` where the events would take more than 2 GiB of text in a column, as the
+    C passes do (pyarrow's take says so as ArrowInvalid or ArrowCapacityError)."""
+    try:
+        return _map_columns(columns, mapping, endpoints)
+    except (pa.ArrowCapacityError, pa.ArrowInvalid) as exc:
+        if "overflow" not in str(exc):
+            raise
+        raise OverflowError(f"more than 2 GiB of text in one column ({exc})") from exc
+
+
+def _map_columns(columns: SpanColumns, mapping: SpanMapping, endpoints: EndpointRules) -> TracesResult:
     n = columns.spans
     resource = columns.resource_attributes
     attrs = columns.attributes

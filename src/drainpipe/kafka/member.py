@@ -428,8 +428,10 @@ class GroupMember:
             try:
                 return call(*args)
             except StoreUnavailable as exc:
+                if self._stop.is_set():  # told to stop: the member ends (its partitions go back to the group)
+                    raise
                 log.warning("kafka: store unavailable for %s (%s); retrying in %.2fs", what, exc, delay)
-                time.sleep(delay)
+                self._stop.wait(delay)
                 delay = min(cap, delay * 2)
 
     def _hold(self, key: TopicPartition, books: PartBooks, token: int) -> _Partition:

@@ -19,7 +19,7 @@ from ... import native
 from ...errors import InputError, OtlpError
 from ..batches import EventBatch
 from ..options import InputOptions
-from ..span_events import Mapped, decode_halves, map_columns, map_json_block
+from ..span_events import TOO_LARGE, Mapped, decode_halves, map_columns, map_json_block
 from ..span_json import python_json_spans
 from .base import LINE_BLOCK_BYTES, LineDecoder, LineFormat, split_lines
 
@@ -98,7 +98,10 @@ def decode_exports(exports: Sequence[bytes], options: InputOptions) -> tuple[Eve
     batch, rejects = decode_block(b"\n".join(lines), len(lines), -1, options, native.enabled("columnar"))
     out: list[tuple[int, Any, str]] = []
     for k, raw, reason in rejects:
-        out.append((k, raw, reason) if isinstance(raw, dict) else (k, exports[k], _why(exports[k], options)))
+        if isinstance(raw, dict):
+            out.append((k, raw, reason))
+        else:  # rejected whole: the reference's reason, but for one too large (the reference overflows as well)
+            out.append((k, exports[k], reason if reason == TOO_LARGE else _why(exports[k], options)))
     out += [(k, exports[k], _why(exports[k], options)) for k in blank]
     out.sort(key=lambda reject: reject[0])
     return batch, out
