@@ -231,6 +231,29 @@ def test_a_partition_assigned_while_the_store_restarts_waits_for_it_and_every_ev
     assert stored_calls(url) == calls
 
 
+def test_a_poll_whose_events_together_do_not_fit_one_batch_is_decoded_half_by_half(monkeypatch, tmp_path: Path) -> None:
+    """Values that each fit but together pass 2 GiB of text in a column (a poll of large OTLP exports) made the
+    decoder raise OverflowError, which ended the member (and the next one, at the same poll). The poll is decoded
+    half by half: every event stored once. (Simulated: more than 7 values at once overflow.)"""
+    from drainpipe.kafka import member as member_module
+
+    real = member_module.decode_values
+    overflowed = []
+
+    def decode(values, *args, **kwargs):
+        if len(values) > 7:
+            overflowed.append(len(values))
+            raise OverflowError("more than 2 GiB of text in one column")
+        return real(values, *args, **kwargs)
+
+    monkeypatch.setattr(member_module, "decode_values", decode)
+    log, calls = topic_log(2, 300, seed=11)
+    url = f"duckdb:///{tmp_path / 'h.duckdb'}"
+    run_member(url, FakeConsumer(log, once(lambda c: c.assign(P0, P1))))
+    assert overflowed and stored_calls(url) == calls
+    assert stored_offset(url, P0) == stored_offset(url, P1) == 300
+
+
 def test_a_rewind_whose_seek_fails_stops_the_member_and_the_next_one_stores_every_event_once(tmp_path: Path) -> None:
     """Reading on from where the consumer stands after a failed seek would skip what the rewind dropped: the member
     stops instead (InputError), and the next member reads the partitions from the store's offsets."""

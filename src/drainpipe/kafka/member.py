@@ -313,13 +313,28 @@ class GroupMember:
                 group.append(m)
         taken = size = 0
         for names, group in groups.items():
-            table, group_size = self._decode(group)
+            for table, group_size in self._decoded(group):
+                size += group_size
+                if table.num_rows:
+                    self.driver.feed(table, names)
             taken += len(group)
-            size += group_size
-            if table.num_rows:
-                self.driver.feed(table, names)
         if size:
             self._poll = max(1, min(CONSUME_MESSAGES, POLL_BYTES * taken // size))
+
+    def _decoded(self, messages: list[Any]) -> Iterator[tuple[EventBatch, int]]:
+        """:meth:`_decode` of ``messages``, half by half where their events together would pass 2 GiB of text in a
+        column (OverflowError: values that each fit, a poll of large OTLP exports); a value too large alone is
+        rejected by the decoders."""
+        try:
+            decoded = self._decode(messages)
+        except OverflowError:
+            if len(messages) == 1:
+                raise
+            mid = len(messages) // 2
+            yield from self._decoded(messages[:mid])
+            yield from self._decoded(messages[mid:])
+            return
+        yield decoded
 
     def _decode(self, messages: list[Any]) -> tuple[EventBatch, int]:
         """The valid events of ``messages`` and the bytes of their values; every reject to the dead letter
