@@ -286,12 +286,7 @@ class ConnectionLoop:
                 # a body that does not come whole holds a request's place while it arrives, as a request thread's
                 # does: the bodies this process holds are bounded by the requests in flight, not the connections
                 if not conn.entered:
-                    try:
-                        self.service.enter()
-                    except IngestRefused as r:
-                        self._refuse(conn, r, close=True)  # (its body is not read: the connection closes)
-                        return
-                    conn.entered = True
+                    conn.entered = self._enter(conn)  # (refused: its body is not read, the connection closes)
                 return
             self._submit(conn)
         self._watch(conn)
@@ -374,12 +369,8 @@ class ConnectionLoop:
         if conn.what != "admit":
             if conn.entered:  # (entered as its body began to arrive: the place passes on to the request)
                 conn.entered = False
-            else:
-                try:
-                    self.service.enter()
-                except IngestRefused as r:
-                    self._refuse(conn, r, close=True)
-                    return
+            elif not self._enter(conn):
+                return
             conn.busy, conn.due, conn.what, conn.since = True, 0.0, "admit", time.monotonic()
         try:
             admitted = self.service.try_admit(conn.since)
@@ -396,6 +387,16 @@ class ConnectionLoop:
         close, t0 = self._take(conn), conn.since
         conn.what = "intake"
         self._bodies.append((body, conn.gzipped, lambda result, error: self._done(conn, t0, close, result, error)))
+
+    def _enter(self, conn: _Conn) -> bool:
+        """Take one of the requests in flight for ``conn``'s request; False when refused (then answered, and the
+        connection closes)."""
+        try:
+            self.service.enter()
+        except IngestRefused as r:
+            self._refuse(conn, r, close=True)
+            return False
+        return True
 
     def _take(self, conn: _Conn) -> bool:
         """Cut the request read whole off ``conn``'s buffer; returns whether it asked for Connection: close."""
