@@ -240,12 +240,13 @@ def test_items_of_a_moved_type_that_waited_for_room_in_its_old_partition_reach_i
     producers = [threading.Thread(target=produce, args=(t, stop)) for t in keep for _ in range(4)]
     for th in producers:
         th.start()
-    time.sleep(0.3)
+    # producers waiting for room: the kept types' partitions full (the state the move must meet), not a sleep
+    assert wait_until(lambda: all(q.stats().partition_used(q.partitions_of(t)[0]) >= 20 for t in keep), 10)
     for t in types:
         if t not in keep:
             q.remove_handler(t)
     assert wait_until(lambda: q.partition_count == 2, 10)
-    time.sleep(0.3)
+    time.sleep(0.3)  # traffic after the move (a duration of traffic, not a state waited for)
     stop.set()
     for th in producers:
         th.join(10)
